@@ -1,0 +1,50 @@
+# tutti — build, test, benchmark, and the GPU pieces.
+# The Go side needs no CUDA: kernels are built by nvcc on the GPU machine and
+# loaded at run time (dlopen), so `make build test` work everywhere.
+
+GO        ?= go
+NVCC      ?= nvcc
+BIN       := bin
+KBUILD    := kernels/build
+PY        ?= python3
+
+.PHONY: all build test test-go vet lint bench kernels device-test python-test clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/tutti ./cmd/tutti
+
+vet:
+	$(GO) vet ./...
+
+# staticcheck is installed by .ci/run; locally `go install honnef.co/go/tools/cmd/staticcheck@v0.8.2`.
+lint: vet
+	@command -v staticcheck >/dev/null 2>&1 || { echo "staticcheck not installed"; exit 1; }
+	staticcheck ./...
+	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+
+test-go:
+	$(GO) test -race -count=1 ./...
+
+# The test command of the README: lint, Go tests under the race detector, Python tests.
+test: lint test-go python-test
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# libtutti.so + tutti.h (C ABI), then the stdlib-only Python tests against the CPU path.
+python-test:
+	$(GO) build -buildmode=c-shared -o $(BIN)/libtutti.so ./runtime/capi
+	TUTTI_LIB=$(CURDIR)/$(BIN)/libtutti.so PYTHONPATH=$(CURDIR)/python $(PY) -m unittest discover -s python/tests -v
+
+# CUDA kernels → shared library loaded by package kernels at run time (GPU machine).
+kernels:
+	$(MAKE) -C kernels NVCC=$(NVCC)
+
+# Everything the GPU machine runs in one call: see kernels/device-test.sh.
+device-test:
+	bash kernels/device-test.sh
+
+clean:
+	rm -rf $(BIN) $(KBUILD)
