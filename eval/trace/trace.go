@@ -1,0 +1,451 @@
+// Package trace reads request traces in the Mooncake FAST'25 format: JSONL, one
+// request per line, with fields
+//
+//	timestamp      arrival time in ms relative to the first request (number ≥ 0, non-decreasing)
+//	input_length   prompt tokens (integer ≥ 0)
+//	output_length  generated tokens (integer ≥ 0)
+//	hash_ids       one id per block of BlockTokens input tokens (len == ceil(input_length/BlockTokens));
+//	               ids are chained prefix hashes: equal ids mean an equal whole prefix up to that block
+//
+// Unknown fields are ignored, so traces with extra columns parse unchanged.
+//
+// The Reader streams: memory is bounded by one line (MaxLineBytes) plus the
+// requests the caller keeps. A malformed line is an error (*LineError) naming
+// the line number and the field; with Options.SkipBad the line is skipped and
+// counted instead (Reader.Skipped), never silently dropped.
+//
+// Replay helpers work on a slice of requests: Select (first N or a time range),
+// Scale (multiply arrival times) and Spread (place requests that share a
+// timestamp bucket evenly within it, deterministically).
+package trace
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+)
+
+// DefaultBlockTokens is the block size of the Mooncake traces (tokens per hash id).
+const DefaultBlockTokens = 512
+
+// MaxLineBytes bounds one JSONL line. The longest request of the conversation
+// trace (126K tokens, 247 ids) is under 4 KiB; 16 MiB leaves room for traces
+// with million-token contexts while still bounding memory on a corrupt file.
+const MaxLineBytes = 16 << 20
+
+// maxHashIDs bounds the ids of one request (2^20 blocks = 512M tokens at 512).
+const maxHashIDs = 1 << 20
+
+// Request is one trace line.
+type Request struct {
+	Line         int      // 1-based line number in the source (for messages)
+	TimestampMs  float64  // timestamp as in the trace
+	ArrivalMs    float64  // replay arrival time: TimestampMs until Scale/Spread change it
+	InputTokens  int      // input_length
+	OutputTokens int      // output_length
+	HashIDs      []uint64 // chained block ids, one per BlockTokens input tokens
+}
+
+// ErrInvalid is wrapped by every validation error of a line.
+var ErrInvalid = errors.New("invalid trace line")
+
+// LineError names the line and the field that made it invalid.
+type LineError struct {
+	Line  int    // 1-based
+	Field string // "timestamp", "input_length", "output_length", "hash_ids", or "" for the whole line
+	Err   error
+}
+
+func (e *LineError) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("trace line %d: %v", e.Line, e.Err)
+	}
+	return fmt.Sprintf("trace line %d: field %s: %v", e.Line, e.Field, e.Err)
+}
+
+func (e *LineError) Unwrap() []error { return []error{ErrInvalid, e.Err} }
+
+// ParseLine parses and validates one line on its own (no cross-line check such
+// as monotone timestamps). blockTokens ≤ 0 means DefaultBlockTokens. Errors are
+// *LineError carrying lineNo.
+func ParseLine(line []byte, lineNo, blockTokens int) (Request, error) {
+	if blockTokens <= 0 {
+		blockTokens = DefaultBlockTokens
+	}
+	bad := func(field string, format string, args ...any) (Request, error) {
+		return Request{}, &LineError{Line: lineNo, Field: field, Err: fmt.Errorf(format, args...)}
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(line, &fields); err != nil {
+		return bad("", "not a JSON object: %v", err)
+	}
+	if fields == nil {
+		return bad("", "not a JSON object: null")
+	}
+	get := func(name string) (json.RawMessage, bool) {
+		raw, ok := fields[name]
+		if !ok || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+			return nil, false
+		}
+		return raw, true
+	}
+	req := Request{Line: lineNo}
+
+	raw, ok := get("timestamp")
+	if !ok {
+		return bad("timestamp", "missing")
+	}
+	ts, err := parseNumber(raw)
+	if err != nil {
+		return bad("timestamp", "%v", err)
+	}
+	if ts < 0 {
+		return bad("timestamp", "negative (%v)", ts)
+	}
+	req.TimestampMs, req.ArrivalMs = ts, ts
+
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"input_length", &req.InputTokens}, {"output_length", &req.OutputTokens}} {
+		raw, ok := get(f.name)
+		if !ok {
+			return bad(f.name, "missing")
+		}
+		v, err := parseCount(raw)
+		if err != nil {
+			return bad(f.name, "%v", err)
+		}
+		*f.dst = v
+	}
+
+	raw, ok = get("hash_ids")
+	if !ok {
+		return bad("hash_ids", "missing")
+	}
+	ids, err := parseIDs(raw)
+	if err != nil {
+		return bad("hash_ids", "%v", err)
+	}
+	want := (req.InputTokens + blockTokens - 1) / blockTokens
+	if len(ids) != want {
+		return bad("hash_ids", "has %d ids, want ceil(input_length %d / %d) = %d",
+			len(ids), req.InputTokens, blockTokens, want)
+	}
+	req.HashIDs = ids
+	return req, nil
+}
+
+// parseNumber accepts a finite JSON number.
+func parseNumber(raw json.RawMessage) (float64, error) {
+	var n json.Number
+	if err := unmarshalNumber(raw, &n); err != nil {
+		return 0, fmt.Errorf("not a number: %s", clip(raw))
+	}
+	v, err := strconv.ParseFloat(string(n), 64)
+	if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
+		return 0, fmt.Errorf("not a finite number: %s", clip(raw))
+	}
+	return v, nil
+}
+
+// parseCount accepts a non-negative integer that fits an int32 (token counts).
+func parseCount(raw json.RawMessage) (int, error) {
+	var n json.Number
+	if err := unmarshalNumber(raw, &n); err != nil {
+		return 0, fmt.Errorf("not a number: %s", clip(raw))
+	}
+	v, err := strconv.ParseInt(string(n), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("not an integer: %s", clip(raw))
+	}
+	if v < 0 {
+		return 0, fmt.Errorf("negative (%d)", v)
+	}
+	if v > math.MaxInt32 {
+		return 0, fmt.Errorf("too large (%d)", v)
+	}
+	return int(v), nil
+}
+
+// parseIDs accepts an array of non-negative integers.
+func parseIDs(raw json.RawMessage) ([]uint64, error) {
+	var nums []json.RawMessage
+	if err := json.Unmarshal(raw, &nums); err != nil || nums == nil {
+		return nil, fmt.Errorf("not an array of integers: %s", clip(raw))
+	}
+	if len(nums) > maxHashIDs {
+		return nil, fmt.Errorf("%d ids, more than the limit %d", len(nums), maxHashIDs)
+	}
+	ids := make([]uint64, len(nums))
+	for i, rn := range nums {
+		var n json.Number
+		if err := unmarshalNumber(rn, &n); err != nil {
+			return nil, fmt.Errorf("id %d is not a number: %s", i, clip(rn))
+		}
+		v, err := strconv.ParseUint(string(n), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("id %d is not a non-negative integer: %s", i, n)
+		}
+		ids[i] = v
+	}
+	return ids, nil
+}
+
+// unmarshalNumber decodes a JSON number literal; unlike json.Number's own
+// decoding it refuses a quoted string ("12").
+func unmarshalNumber(raw json.RawMessage, n *json.Number) error {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
+		return errors.New("not a number literal")
+	}
+	return json.Unmarshal(raw, n)
+}
+
+func clip(raw []byte) string {
+	const max = 40
+	if len(raw) > max {
+		return string(raw[:max]) + "..."
+	}
+	return string(raw)
+}
+
+// Options configure a Reader.
+type Options struct {
+	BlockTokens int  // tokens per hash id; ≤ 0 means DefaultBlockTokens
+	SkipBad     bool // skip and count invalid lines instead of failing on the first
+}
+
+// Reader streams requests from JSONL. Blank lines are ignored. It is not safe
+// for concurrent use.
+type Reader struct {
+	br       *bufio.Reader
+	opts     Options
+	line     int
+	skipped  int
+	lastTs   float64
+	haveLast bool
+	firstBad error // first skipped line's error, for reports
+	err      error // sticky
+}
+
+// NewReader returns a Reader over r.
+func NewReader(r io.Reader, opts Options) *Reader {
+	if opts.BlockTokens <= 0 {
+		opts.BlockTokens = DefaultBlockTokens
+	}
+	return &Reader{br: bufio.NewReaderSize(r, 64<<10), opts: opts}
+}
+
+// Next returns the next valid request, or io.EOF at the end. A non-EOF error is
+// sticky: a *LineError for an invalid line (without SkipBad), or the read error.
+func (r *Reader) Next() (Request, error) {
+	for r.err == nil {
+		line, err := r.readLine()
+		if err != nil {
+			r.err = err
+			break
+		}
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 {
+			continue
+		}
+		req, err := ParseLine(line, r.line, r.opts.BlockTokens)
+		if err == nil && r.haveLast && req.TimestampMs < r.lastTs {
+			err = &LineError{Line: r.line, Field: "timestamp",
+				Err: fmt.Errorf("not monotone: %v after %v", req.TimestampMs, r.lastTs)}
+		}
+		if err != nil {
+			if r.opts.SkipBad {
+				r.skipped++
+				if r.firstBad == nil {
+					r.firstBad = err
+				}
+				continue
+			}
+			r.err = err
+			break
+		}
+		r.lastTs, r.haveLast = req.TimestampMs, true
+		return req, nil
+	}
+	return Request{}, r.err
+}
+
+// readLine returns the next line without its newline; a line longer than
+// MaxLineBytes is an error naming it.
+func (r *Reader) readLine() ([]byte, error) {
+	var buf []byte
+	for {
+		chunk, err := r.br.ReadSlice('\n')
+		if len(buf)+len(chunk) > MaxLineBytes {
+			return nil, &LineError{Line: r.line + 1, Err: fmt.Errorf("line longer than %d bytes", MaxLineBytes)}
+		}
+		switch {
+		case err == nil:
+			r.line++
+			if buf == nil {
+				return chunk[:len(chunk)-1], nil
+			}
+			return append(buf, chunk[:len(chunk)-1]...), nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			buf = append(buf, chunk...)
+		case errors.Is(err, io.EOF):
+			buf = append(buf, chunk...)
+			if len(buf) == 0 {
+				return nil, io.EOF
+			}
+			r.line++
+			return buf, nil
+		default:
+			return nil, fmt.Errorf("reading trace after line %d: %w", r.line, err)
+		}
+	}
+}
+
+// Lines returns how many lines were read so far.
+func (r *Reader) Lines() int { return r.line }
+
+// Skipped returns how many invalid lines SkipBad skipped.
+func (r *Reader) Skipped() int { return r.skipped }
+
+// FirstSkipped returns the error of the first skipped line, or nil.
+func (r *Reader) FirstSkipped() error { return r.firstBad }
+
+// Window selects requests while reading. Zero values mean no limit.
+type Window struct {
+	First int // at most this many requests (after the time range)
+	// Time range on the trace's timestamps: FromMs ≤ timestamp < ToMs (ToMs 0 = no end).
+	FromMs, ToMs float64
+}
+
+// Stats describe what ReadAll read.
+type Stats struct {
+	Lines        int   // lines read
+	Skipped      int   // invalid lines skipped (SkipBad)
+	FirstSkipped error // the first skipped line's error
+	Requests     int   // requests returned
+}
+
+// ReadAll reads the requests of w from r. It stops reading at the end of the
+// window (timestamps are monotone), so a small window of a large trace is cheap.
+func ReadAll(r io.Reader, opts Options, w Window) ([]Request, Stats, error) {
+	rd := NewReader(r, opts)
+	var reqs []Request
+	for w.First <= 0 || len(reqs) < w.First {
+		req, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, Stats{}, err
+		}
+		if req.TimestampMs < w.FromMs {
+			continue
+		}
+		if w.ToMs > 0 && req.TimestampMs >= w.ToMs {
+			break
+		}
+		reqs = append(reqs, req)
+	}
+	return reqs, Stats{Lines: rd.Lines(), Skipped: rd.Skipped(), FirstSkipped: rd.FirstSkipped(), Requests: len(reqs)}, nil
+}
+
+// Rebase shifts arrival times so the first request arrives at 0 (a window cut
+// from the middle of a trace starts at once).
+func Rebase(reqs []Request) {
+	if len(reqs) == 0 {
+		return
+	}
+	t0 := reqs[0].ArrivalMs
+	for i := range reqs {
+		reqs[i].ArrivalMs -= t0
+	}
+}
+
+// Scale multiplies arrival times by factor: 0.5 replays twice as fast (double
+// the request rate), 2 half as fast. factor must be > 0.
+func Scale(reqs []Request, factor float64) error {
+	if !(factor > 0) || math.IsInf(factor, 0) {
+		return fmt.Errorf("time scale %v: must be a finite number > 0", factor)
+	}
+	for i := range reqs {
+		reqs[i].ArrivalMs *= factor
+	}
+	return nil
+}
+
+// Spread places requests that share one arrival time (a timestamp bucket)
+// evenly within the bucket: the k requests of a bucket at time t get
+// t + i*width/k for i = 0..k-1, in trace order. The width is bucketMs when > 0,
+// capped by the gap to the next distinct time; when bucketMs ≤ 0 it is that
+// gap, and for the last bucket the smallest gap seen (0 with a single bucket).
+// Deterministic; call it after Scale with a scaled bucketMs, or before with the
+// trace's own. Arrival times stay non-decreasing.
+func Spread(reqs []Request, bucketMs float64) {
+	minGap := math.Inf(1)
+	for i := 1; i < len(reqs); i++ {
+		if g := reqs[i].ArrivalMs - reqs[i-1].ArrivalMs; g > 0 && g < minGap {
+			minGap = g
+		}
+	}
+	if math.IsInf(minGap, 1) {
+		minGap = 0
+	}
+	for i := 0; i < len(reqs); {
+		j := i + 1
+		for j < len(reqs) && reqs[j].ArrivalMs == reqs[i].ArrivalMs {
+			j++
+		}
+		width := minGap
+		if j < len(reqs) {
+			width = reqs[j].ArrivalMs - reqs[i].ArrivalMs
+		}
+		if bucketMs > 0 && (bucketMs < width || j == len(reqs)) {
+			width = bucketMs
+		}
+		if k := j - i; k > 1 && width > 0 {
+			t := reqs[i].ArrivalMs
+			for n := i; n < j; n++ {
+				reqs[n].ArrivalMs = t + float64(n-i)*width/float64(k)
+			}
+		}
+		i = j
+	}
+}
+
+// Summary describes a request slice for reports.
+type Summary struct {
+	Requests       int
+	DurationMs     float64 // last arrival − first arrival
+	InputTokens    int64   // sum
+	BlockRefs      int64   // sum of len(HashIDs)
+	DistinctBlocks int64
+	RatePerS       float64 // requests per second of arrival time (0 when DurationMs is 0)
+}
+
+// Summarize computes a Summary.
+func Summarize(reqs []Request) Summary {
+	s := Summary{Requests: len(reqs)}
+	seen := make(map[uint64]struct{})
+	for _, r := range reqs {
+		s.InputTokens += int64(r.InputTokens)
+		s.BlockRefs += int64(len(r.HashIDs))
+		for _, id := range r.HashIDs {
+			seen[id] = struct{}{}
+		}
+	}
+	s.DistinctBlocks = int64(len(seen))
+	if len(reqs) > 1 {
+		s.DurationMs = reqs[len(reqs)-1].ArrivalMs - reqs[0].ArrivalMs
+		if s.DurationMs > 0 {
+			s.RatePerS = float64(len(reqs)-1) / (s.DurationMs / 1000)
+		}
+	}
+	return s
+}
