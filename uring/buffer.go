@@ -1,0 +1,129 @@
+package uring
+
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Buffer is off-heap memory from an anonymous private mmap: page-aligned,
+// zero-filled, never moved by the GC, so its address may be handed to the
+// kernel (I/O, registered buffers) or registered with CUDA.
+//
+// The owner calls Free exactly once, after every I/O using it completed (and
+// after unregistering it from any ring or GPU). Bytes() is a view valid until
+// Free; a Buffer is not safe for concurrent Free.
+type Buffer struct {
+	mem []byte
+}
+
+// AllocBuffer maps sizeBytes (rounded up to the page size) of anonymous memory.
+// Len reports sizeBytes, not the rounded size.
+func AllocBuffer(sizeBytes int) (*Buffer, error) {
+	if sizeBytes <= 0 {
+		return nil, fmt.Errorf("uring: allocating buffer of %d bytes: size must be positive", sizeBytes)
+	}
+	page := unix.Getpagesize()
+	mapped := (sizeBytes + page - 1) / page * page
+	mem, err := unix.Mmap(-1, 0, mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("uring: allocating buffer of %d bytes: mmap: %w", sizeBytes, err)
+	}
+	return &Buffer{mem: mem[:sizeBytes:mapped]}, nil
+}
+
+// Bytes is a view of the buffer; it must not be used after Free.
+func (b *Buffer) Bytes() []byte { return b.mem }
+
+// Addr is the address of the first byte (page-aligned).
+func (b *Buffer) Addr() uintptr {
+	if len(b.mem) == 0 {
+		return 0
+	}
+	return uintptr(unsafe.Pointer(&b.mem[0]))
+}
+
+// Len is the usable size in bytes.
+func (b *Buffer) Len() int { return len(b.mem) }
+
+// Free unmaps the buffer. A second Free returns ErrClosed.
+func (b *Buffer) Free() error {
+	if b.mem == nil {
+		return fmt.Errorf("uring: freeing buffer: %w", ErrClosed)
+	}
+	err := unix.Munmap(b.mem[:cap(b.mem)])
+	b.mem = nil
+	if err != nil {
+		return fmt.Errorf("uring: freeing buffer: munmap: %w", err)
+	}
+	return nil
+}
+
+// Iovecs is an off-heap array of struct iovec for READV/WRITEV, so that the
+// kernel reads the vector from memory the GC never moves. The owner calls
+// Free once. While a vectored op is in flight the engine may rewrite entries
+// (to continue a short transfer); it restores them before the callback.
+type Iovecs struct {
+	buf *Buffer
+	vec []iovec
+	n   int
+}
+
+// maxIovecs is the kernel's UIO_MAXIOV.
+const maxIovecs = 1024
+
+// NewIovecs allocates room for capacity entries (at most 1024, UIO_MAXIOV).
+func NewIovecs(capacity int) (*Iovecs, error) {
+	if capacity <= 0 || capacity > maxIovecs {
+		return nil, fmt.Errorf("uring: allocating %d iovecs: capacity must be in 1..%d", capacity, maxIovecs)
+	}
+	b, err := AllocBuffer(capacity * int(unsafe.Sizeof(iovec{})))
+	if err != nil {
+		return nil, err
+	}
+	vec := unsafe.Slice((*iovec)(unsafe.Pointer(&b.mem[0])), capacity)
+	return &Iovecs{buf: b, vec: vec}, nil
+}
+
+// Append adds one entry; it fails when the capacity is reached.
+func (v *Iovecs) Append(addr uintptr, lenBytes int) error {
+	if v.n == len(v.vec) {
+		return fmt.Errorf("uring: appending iovec: capacity %d reached", len(v.vec))
+	}
+	v.vec[v.n] = iovec{Base: uint64(addr), Len: uint64(lenBytes)}
+	v.n++
+	return nil
+}
+
+// Reset drops all entries.
+func (v *Iovecs) Reset() { v.n = 0 }
+
+// Len is the number of entries.
+func (v *Iovecs) Len() int { return v.n }
+
+// At returns entry i.
+func (v *Iovecs) At(i int) (addr uintptr, lenBytes int) {
+	return uintptr(v.vec[i].Base), int(v.vec[i].Len)
+}
+
+// TotalBytes is the sum of the entries' lengths.
+func (v *Iovecs) TotalBytes() int64 {
+	var t int64
+	for i := 0; i < v.n; i++ {
+		t += int64(v.vec[i].Len)
+	}
+	return t
+}
+
+// addr of entry i.
+func (v *Iovecs) entryAddr(i int) uintptr {
+	return v.buf.Addr() + uintptr(i)*unsafe.Sizeof(iovec{})
+}
+
+// Free releases the off-heap array.
+func (v *Iovecs) Free() error {
+	v.vec = nil
+	v.n = 0
+	return v.buf.Free()
+}

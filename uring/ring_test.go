@@ -1,0 +1,508 @@
+package uring
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// newRingOrSkip creates a ring, skipping (with the feature named) when the
+// kernel refuses it; any other error fails.
+func newRingOrSkip(t testing.TB, cfg Config) *Ring {
+	t.Helper()
+	r, err := New(cfg)
+	if errors.Is(err, ErrNotSupported) {
+		t.Skipf("kernel refuses this ring: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("New(%+v): %v", cfg, err)
+	}
+	t.Cleanup(func() {
+		if r.InFlight() > 0 {
+			_ = r.Flush(r.InFlight())
+		}
+		_ = r.Close()
+	})
+	return r
+}
+
+// directFile creates a file of sizeBytes random bytes (seeded) and opens it
+// with O_DIRECT; it returns the file and its content.
+func directFile(t testing.TB, dir string, sizeBytes int, seed uint64) (*File, []byte) {
+	t.Helper()
+	data := make([]byte, sizeBytes)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	path := filepath.Join(dir, fmt.Sprintf("data-%d", seed))
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := OpenFile(path, unix.O_RDWR|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f, data
+}
+
+func mustBuffer(t testing.TB, n int) *Buffer {
+	t.Helper()
+	b, err := AllocBuffer(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Free() })
+	return b
+}
+
+// run1 submits c, flushes until its callback ran, and returns it.
+func run1(t testing.TB, e Engine, c *Completion) *Completion {
+	t.Helper()
+	ran := false
+	c.Callback = func(*Completion) { ran = true }
+	if err := e.Submit(c); err != nil {
+		t.Fatalf("submit %s: %v", c.Op(), err)
+	}
+	for i := 0; !ran && i < 1000; i++ {
+		if err := e.Flush(1); err != nil {
+			t.Fatalf("flush: %v", err)
+		}
+	}
+	if !ran {
+		t.Fatalf("%s: callback never ran", c.Op())
+	}
+	return c
+}
+
+var ringConfigs = []struct {
+	name   string
+	cfg    Config
+	locked bool // SingleIssuer rings: lock the goroutine to its thread
+}{
+	{"default", Config{Entries: 8, SQThreadCPU: -1}, false},
+	{"no-mmap", Config{Entries: 8, SQThreadCPU: -1, NoMmap: true}, false},
+	{"sqpoll", Config{Entries: 8, SQThreadCPU: -1, SQPoll: true, SQThreadIdleMs: 10}, false},
+	{"sqpoll-aff", Config{Entries: 8, SQThreadCPU: 0, SQPoll: true, SQThreadIdleMs: 10}, false},
+	{"coop-taskrun", Config{Entries: 8, SQThreadCPU: -1, CoopTaskrun: true}, false},
+	{"defer-taskrun", Config{Entries: 8, SQThreadCPU: -1, SingleIssuer: true, DeferTaskrun: true}, true},
+	{"no-mmap-sqpoll", Config{Entries: 8, SQThreadCPU: -1, NoMmap: true, SQPoll: true, SQThreadIdleMs: 10}, false},
+}
+
+// TestRoundTripAllOps writes random data through every write op and reads
+// it back through every read op, on an O_DIRECT file, for every ring
+// configuration, with and without registered files.
+func TestRoundTripAllOps(t *testing.T) {
+	for _, rc := range ringConfigs {
+		for _, regFiles := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/regfiles=%v", rc.name, regFiles), func(t *testing.T) {
+				if rc.locked {
+					runtime.LockOSThread()
+					defer runtime.UnlockOSThread()
+				}
+				r := newRingOrSkip(t, rc.cfg)
+				roundTrip(t, r, regFiles, 42)
+			})
+		}
+	}
+}
+
+func roundTrip(t *testing.T, e Engine, regFiles bool, seed uint64) {
+	const blk = 4096
+	const blocks = 8
+	f, _ := directFile(t, t.TempDir(), blocks*blk, seed)
+	if regFiles {
+		if err := e.RegisterFiles([]*File{f}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wbuf := mustBuffer(t, blocks*blk)
+	rbuf := mustBuffer(t, blocks*blk)
+	if err := e.RegisterBuffers([]*Buffer{wbuf, rbuf}); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(seed, 2))
+	for i := range wbuf.Bytes() {
+		wbuf.Bytes()[i] = byte(rng.Uint32())
+	}
+	iov, err := NewIovecs(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer iov.Free()
+	var c Completion
+	check := func(what string, wantResult int64) {
+		t.Helper()
+		if c.Err != nil || c.Result != wantResult {
+			t.Fatalf("%s: result %d err %v, want %d", what, c.Result, c.Err, wantResult)
+		}
+	}
+	// Block 0-1: WRITE / READ.
+	c.PrepWrite(f, wbuf.Addr(), 2*blk, 0)
+	run1(t, e, &c)
+	check("write", 2*blk)
+	// Block 2-3: WRITE_FIXED.
+	c.PrepWriteFixed(f, wbuf, 0, wbuf.Addr()+2*blk, 2*blk, 2*blk)
+	run1(t, e, &c)
+	check("write_fixed", 2*blk)
+	// Blocks 4-7: WRITEV from two iovecs in reverse buffer order.
+	iov.Append(wbuf.Addr()+4*blk, blk)
+	iov.Append(wbuf.Addr()+5*blk, 3*blk)
+	c.PrepWritev(f, iov, 4*blk)
+	run1(t, e, &c)
+	check("writev", 4*blk)
+	c.PrepFsync(f)
+	run1(t, e, &c)
+	check("fsync", 0)
+	c.PrepFdatasync(f)
+	run1(t, e, &c)
+	check("fdatasync", 0)
+
+	c.PrepRead(f, rbuf.Addr(), 3*blk, 0)
+	run1(t, e, &c)
+	check("read", 3*blk)
+	c.PrepReadFixed(f, rbuf, 1, rbuf.Addr()+3*blk, 2*blk, 3*blk)
+	run1(t, e, &c)
+	check("read_fixed", 2*blk)
+	iov.Reset()
+	iov.Append(rbuf.Addr()+5*blk, 2*blk)
+	iov.Append(rbuf.Addr()+7*blk, blk)
+	c.PrepReadv(f, iov, 5*blk)
+	run1(t, e, &c)
+	check("readv", 3*blk)
+	if !bytes.Equal(wbuf.Bytes(), rbuf.Bytes()) {
+		t.Fatalf("data read back differs from data written (seed %d)", seed)
+	}
+	if err := e.RegisterBuffers(nil); err != nil {
+		t.Fatal(err)
+	}
+	if regFiles {
+		if err := e.RegisterFiles(nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestAlignmentErrors(t *testing.T) {
+	r := newRingOrSkip(t, DefaultConfig())
+	f, _ := directFile(t, t.TempDir(), 64<<10, 1)
+	buf := mustBuffer(t, 64<<10)
+	if err := r.RegisterBuffers([]*Buffer{buf}); err != nil {
+		t.Fatal(err)
+	}
+	a := uintptr(f.DirectAlign)
+	iov, err := NewIovecs(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer iov.Free()
+	for _, tc := range []struct {
+		name string
+		prep func(c *Completion)
+		what string
+	}{
+		{"read buffer", func(c *Completion) { c.PrepRead(f, buf.Addr()+1, uint32(a), 0) }, "buffer"},
+		{"read offset", func(c *Completion) { c.PrepRead(f, buf.Addr(), uint32(a), 7) }, "offset"},
+		{"read length", func(c *Completion) { c.PrepRead(f, buf.Addr(), uint32(a)+100, 0) }, "length"},
+		{"write buffer", func(c *Completion) { c.PrepWrite(f, buf.Addr()+a/2, uint32(a), 0) }, "buffer"},
+		{"write offset", func(c *Completion) { c.PrepWrite(f, buf.Addr(), uint32(a), uint64(a)+1) }, "offset"},
+		{"write length", func(c *Completion) { c.PrepWrite(f, buf.Addr(), 1, 0) }, "length"},
+		{"read_fixed buffer", func(c *Completion) { c.PrepReadFixed(f, buf, 0, buf.Addr()+8, uint32(a), 0) }, "buffer"},
+		{"write_fixed length", func(c *Completion) { c.PrepWriteFixed(f, buf, 0, buf.Addr(), uint32(a)-1, 0) }, "length"},
+		{"readv buffer", func(c *Completion) {
+			iov.Reset()
+			iov.Append(buf.Addr(), int(a))
+			iov.Append(buf.Addr()+a+3, int(a))
+			c.PrepReadv(f, iov, 0)
+		}, "buffer"},
+		{"writev length", func(c *Completion) {
+			iov.Reset()
+			iov.Append(buf.Addr(), int(a)+1)
+			c.PrepWritev(f, iov, 0)
+		}, "length"},
+		{"readv offset", func(c *Completion) {
+			iov.Reset()
+			iov.Append(buf.Addr(), int(a))
+			c.PrepReadv(f, iov, 1)
+		}, "offset"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c Completion
+			tc.prep(&c)
+			err := r.Submit(&c)
+			var ae *AlignmentError
+			if !errors.As(err, &ae) || !errors.Is(err, ErrMisaligned) || ae.What != tc.what {
+				t.Fatalf("Submit: %v, want *AlignmentError about %s wrapping ErrMisaligned", err, tc.what)
+			}
+			if r.InFlight() != 0 {
+				t.Fatalf("misaligned request was queued")
+			}
+		})
+	}
+}
+
+// TestOverflow submits far more I/O than the SQ holds; all of it must
+// complete, correctly, through the overflow queue.
+func TestOverflow(t *testing.T) {
+	r := newRingOrSkip(t, Config{Entries: 4, SQThreadCPU: -1, MaxInFlight: 6})
+	const blk, n = 4096, 200
+	f, data := directFile(t, t.TempDir(), 16*blk, 3)
+	buf := mustBuffer(t, n*blk)
+	cs := make([]Completion, n)
+	done := 0
+	for i := range cs {
+		cs[i].PrepRead(f, buf.Addr()+uintptr(i*blk), blk, uint64(i%16*blk))
+		cs[i].UserData = uint64(i)
+		cs[i].Callback = func(c *Completion) {
+			if c.Err != nil || c.Result != blk {
+				t.Errorf("read %d: %d %v", c.UserData, c.Result, c.Err)
+			}
+			done++
+		}
+		if err := r.Submit(&cs[i]); err != nil {
+			t.Fatal(err)
+		}
+		if r.inKernel > r.MaxInFlight() {
+			t.Fatalf("%d in kernel > MaxInFlight %d", r.inKernel, r.MaxInFlight())
+		}
+	}
+	if r.InFlight() != n {
+		t.Fatalf("InFlight %d, want %d", r.InFlight(), n)
+	}
+	for r.InFlight() > 0 {
+		if err := r.Flush(1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if done != n {
+		t.Fatalf("%d callbacks, want %d", done, n)
+	}
+	for i := 0; i < n; i++ {
+		if !bytes.Equal(buf.Bytes()[i*blk:(i+1)*blk], data[i%16*blk:(i%16+1)*blk]) {
+			t.Fatalf("read %d: wrong data", i)
+		}
+	}
+	if st := r.Stats(); st.Overflowed == 0 || st.Completed != n {
+		t.Fatalf("stats %+v: want overflow use and %d completed", st, n)
+	}
+}
+
+// TestShortReadPipe: a read of a pipe returns what is there; the engine must
+// continue for the rest, and finish at EOF with Result < requested.
+func TestShortReadPipe(t *testing.T) {
+	r := newRingOrSkip(t, DefaultConfig())
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	wfd := p[1]
+	defer func() {
+		if wfd >= 0 {
+			unix.Close(wfd)
+		}
+	}()
+	payload := make([]byte, 3000)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	if _, err := unix.Write(wfd, payload[:1000]); err != nil {
+		t.Fatal(err)
+	}
+	rf := NewFile(p[0], 0, "pipe")
+	buf := mustBuffer(t, 4096)
+	var c Completion
+	ran := false
+	c.PrepRead(rf, buf.Addr(), 4096, 0)
+	c.Callback = func(*Completion) { ran = true }
+	if err := r.Submit(&c); err != nil {
+		t.Fatal(err)
+	}
+	// Wait (bounded) until the first, short read came back and was continued.
+	for i := 0; r.Stats().Continuations == 0 && i < 10000; i++ {
+		if err := r.Flush(0); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if r.Stats().Continuations == 0 || ran {
+		t.Fatalf("short read was not continued: stats %+v ran %v", r.Stats(), ran)
+	}
+	if _, err := unix.Write(wfd, payload[1000:]); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(wfd)
+	wfd = -1
+	for i := 0; !ran && i < 100; i++ {
+		if err := r.Flush(1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !ran || c.Err != nil || c.Result != 3000 {
+		t.Fatalf("ran %v result %d err %v, want 3000 bytes to EOF", ran, c.Result, c.Err)
+	}
+	if !bytes.Equal(buf.Bytes()[:3000], payload) {
+		t.Fatal("wrong data")
+	}
+}
+
+// TestReadAtEOF: a read spanning EOF of a regular file completes with the
+// bytes that exist and no error.
+func TestReadAtEOF(t *testing.T) {
+	r := newRingOrSkip(t, DefaultConfig())
+	f, data := directFile(t, t.TempDir(), 3*4096, 4)
+	buf := mustBuffer(t, 8*4096)
+	var c Completion
+	c.PrepRead(f, buf.Addr(), 8*4096, 4096)
+	run1(t, r, &c)
+	if c.Err != nil || c.Result != 2*4096 || !bytes.Equal(buf.Bytes()[:2*4096], data[4096:]) {
+		t.Fatalf("result %d err %v, want %d bytes", c.Result, c.Err, 2*4096)
+	}
+}
+
+// TestErrnoOnItsCompletion: an errno goes to the completion that caused it,
+// not to its neighbours, wrapped with the op.
+func TestErrnoOnItsCompletion(t *testing.T) {
+	r := newRingOrSkip(t, DefaultConfig())
+	f, _ := directFile(t, t.TempDir(), 4096, 5)
+	ro, err := OpenFile(f.Path, unix.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	buf := mustBuffer(t, 3*4096)
+	cs := make([]Completion, 3)
+	cs[0].PrepRead(f, buf.Addr(), 4096, 0)
+	cs[1].PrepWrite(ro, buf.Addr()+4096, 4096, 0) // EBADF: not open for writing
+	cs[2].PrepRead(f, buf.Addr()+8192, 4096, 0)
+	for i := range cs {
+		if err := r.Submit(&cs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Flush(3); err != nil {
+		t.Fatal(err)
+	}
+	if cs[0].Err != nil || cs[2].Err != nil || !errors.Is(cs[1].Err, unix.EBADF) {
+		t.Fatalf("errors %v / %v / %v, want only the write to fail with EBADF", cs[0].Err, cs[1].Err, cs[2].Err)
+	}
+}
+
+// TestSQPollWakeup lets the SQPOLL thread go idle, then submits: the I/O
+// must complete, which needs the IORING_SQ_NEED_WAKEUP wake-up.
+func TestSQPollWakeup(t *testing.T) {
+	r := newRingOrSkip(t, Config{Entries: 8, SQThreadCPU: -1, SQPoll: true, SQThreadIdleMs: 5})
+	f, data := directFile(t, t.TempDir(), 4096, 6)
+	buf := mustBuffer(t, 4096)
+	var c Completion
+	c.PrepNop()
+	run1(t, r, &c)
+	// Wait (bounded) for the thread to go to sleep.
+	asleep := false
+	for i := 0; i < 2000 && !asleep; i++ {
+		time.Sleep(time.Millisecond)
+		asleep = r.needsWakeup()
+	}
+	if !asleep {
+		t.Fatal("SQPOLL thread never set IORING_SQ_NEED_WAKEUP after 5 ms idle")
+	}
+	before := r.Stats().Wakeups
+	c.PrepRead(f, buf.Addr(), 4096, 0)
+	run1(t, r, &c)
+	if c.Err != nil || c.Result != 4096 || !bytes.Equal(buf.Bytes(), data) {
+		t.Fatalf("read after wake-up: %d %v", c.Result, c.Err)
+	}
+	if r.Stats().Wakeups == before {
+		t.Fatal("no wake-up was issued although the thread slept")
+	}
+}
+
+// TestNoMmapLargeRing: app-provided ring memory spanning many pages (not a
+// huge page unless hugetlb pages are reserved) doing real I/O.
+func TestNoMmapLargeRing(t *testing.T) {
+	r := newRingOrSkip(t, Config{Entries: 1024, SQThreadCPU: -1, NoMmap: true})
+	l := r.Layout()
+	if len(l.Regions) != 1 || l.Regions[0].Len <= 4096 {
+		t.Fatalf("regions %+v: want one multi-page region", l.Regions)
+	}
+	t.Logf("NO_MMAP ring of %d bytes accepted (huge page: %v)", l.Regions[0].Len, r.HugePageRing())
+	for _, a := range []uintptr{l.SQHead, l.SQTail, l.SQFlags, l.SQArray, l.SQEs, l.CQHead, l.CQTail, l.CQEs, l.SQMask, l.CQMask} {
+		if a < l.Regions[0].Addr || a >= l.Regions[0].Addr+uintptr(l.Regions[0].Len) {
+			t.Fatalf("layout address %#x outside the ring region %+v", a, l.Regions[0])
+		}
+	}
+	f, data := directFile(t, t.TempDir(), 256*4096, 7)
+	buf := mustBuffer(t, 256*4096)
+	cs := make([]Completion, 256)
+	for i := range cs {
+		cs[i].PrepRead(f, buf.Addr()+uintptr(i*4096), 4096, uint64(i*4096))
+		if err := r.Submit(&cs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Flush(256); err != nil {
+		t.Fatal(err)
+	}
+	for i := range cs {
+		if cs[i].Err != nil {
+			t.Fatal(cs[i].Err)
+		}
+	}
+	if !bytes.Equal(buf.Bytes(), data) {
+		t.Fatal("wrong data through NO_MMAP ring")
+	}
+}
+
+func TestLayoutMmap(t *testing.T) {
+	r := newRingOrSkip(t, DefaultConfig())
+	l := r.Layout()
+	in := func(a uintptr) bool {
+		for _, g := range l.Regions {
+			if a >= g.Addr && a < g.Addr+uintptr(g.Len) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, a := range []uintptr{l.SQHead, l.SQTail, l.SQFlags, l.SQArray, l.SQEs, l.CQHead, l.CQTail, l.CQEs, l.SQMask, l.CQMask} {
+		if !in(a) {
+			t.Fatalf("address %#x outside regions %+v", a, l.Regions)
+		}
+	}
+	if l.SQEntries != 128 || l.CQEntries != 256 || l.SQESize != 64 || l.CQESize != 16 {
+		t.Fatalf("layout %+v", l)
+	}
+}
+
+func TestCloseWithInFlight(t *testing.T) {
+	r, err := New(DefaultConfig())
+	if err != nil {
+		t.Skip(err)
+	}
+	var c Completion
+	c.PrepNop()
+	if err := r.Submit(&c); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Close with I/O in flight: %v, want ErrInvalid", err)
+	}
+	if err := r.Flush(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Submit(&c); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Submit after Close: %v", err)
+	}
+}

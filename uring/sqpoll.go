@@ -1,0 +1,54 @@
+package uring
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTicksPerSecond is USER_HZ, 100 on every Linux ABI Go supports.
+const clockTicksPerSecond = 100
+
+// SQPollTID is the thread id of this ring's iou-sqp kernel thread, or -1.
+func (r *Ring) SQPollTID() int { return r.sqTID }
+
+// SQPollCPUTime is the CPU time (utime+stime from /proc/self/task/TID/stat,
+// 10 ms resolution) of this ring's iou-sqp thread. On Linux 6.18 (measured,
+// see TestSQPollCPUTimeInRusage) getrusage(RUSAGE_SELF) already includes it,
+// because the io thread belongs to the process's thread group: add it to
+// rusage only on kernels where that test says otherwise.
+func (r *Ring) SQPollCPUTime() (time.Duration, error) {
+	if !r.cfg.SQPoll {
+		return 0, fmt.Errorf("uring: SQPOLL CPU time: %w: ring has no SQPOLL thread", ErrInvalid)
+	}
+	if r.sqTID < 0 {
+		return 0, fmt.Errorf("uring: SQPOLL CPU time: %w: the ring's iou-sqp thread was not identified", ErrNotSupported)
+	}
+	return threadCPUTime(r.sqTID)
+}
+
+// threadCPUTime reads utime+stime of a thread of this process.
+func threadCPUTime(tid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/self/task/" + strconv.Itoa(tid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("uring: reading thread %d CPU time: %w", tid, err)
+	}
+	// Fields after the ")" that closes comm: state is field 3, utime 14, stime 15.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("uring: reading thread %d CPU time: malformed stat", tid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("uring: reading thread %d CPU time: short stat", tid)
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("uring: reading thread %d CPU time: malformed utime/stime", tid)
+	}
+	return time.Duration(ut+st) * time.Second / clockTicksPerSecond, nil
+}
