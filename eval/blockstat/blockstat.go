@@ -1,0 +1,237 @@
+// Package blockstat proves that a data path really read the device: it counts
+// the bytes a block device served, two ways, and CPU time.
+//
+//   - eBPF (Tracer): two programs on the block_rq_issue and block_rq_complete
+//     tracepoints, assembled with cilium/ebpf's asm package (no clang), count
+//     read/write bytes and requests per device and a log2 latency histogram.
+//     Needs root (CAP_BPF + CAP_PERFMON) and tracefs, which it mounts when
+//     missing. Kprobes and fentry are not needed.
+//   - /proc/diskstats (ReadDiskstats): sectors read and written per device,
+//     always available; the cross-check, and the fallback where eBPF is
+//     refused (the Meter records why).
+//
+// Both count the whole device, not one process: other I/O on the same disk
+// during a measurement is included. So a measurement proves a lower bound
+// ("the device served at least the bytes the backend claims to have read"),
+// which is what the replay's invariant needs.
+//
+// Meter bundles the two around one measured interval for the device that
+// holds a path.
+package blockstat
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// DiskCounts is one /proc/diskstats line (the fields used here).
+type DiskCounts struct {
+	Name                   string
+	ReadIOs, ReadSectors   uint64 // completed reads, 512-byte sectors read
+	WriteIOs, WriteSectors uint64
+}
+
+// ReadBytes is ReadSectors*512 (diskstats sectors are always 512 bytes).
+func (c DiskCounts) ReadBytes() uint64 { return c.ReadSectors * 512 }
+
+// WriteBytes is WriteSectors*512.
+func (c DiskCounts) WriteBytes() uint64 { return c.WriteSectors * 512 }
+
+// ReadDiskstats parses /proc/diskstats.
+func ReadDiskstats() (map[Dev]DiskCounts, error) {
+	f, err := os.Open("/proc/diskstats")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return parseDiskstats(bufio.NewScanner(f))
+}
+
+func parseDiskstats(sc *bufio.Scanner) (map[Dev]DiskCounts, error) {
+	out := map[Dev]DiskCounts{}
+	line := 0
+	for sc.Scan() {
+		line++
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 10 {
+			continue
+		}
+		var v [10]uint64
+		for i, j := range []int{0, 1, 3, 5, 7, 9} {
+			n, err := strconv.ParseUint(fs[j], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("diskstats line %d field %d: %w", line, j+1, err)
+			}
+			v[i] = n
+		}
+		out[Dev{Major: uint32(v[0]), Minor: uint32(v[1])}] = DiskCounts{Name: fs[2],
+			ReadIOs: v[2], ReadSectors: v[3], WriteIOs: v[4], WriteSectors: v[5]}
+	}
+	return out, sc.Err()
+}
+
+// ErrNoBlockDevice is returned when a path is not on a block device (tmpfs,
+// overlay, network file systems).
+var ErrNoBlockDevice = errors.New("blockstat: path is not on a block device")
+
+// DiskOf returns the whole disk under path: the device of its file system,
+// with a partition mapped to its parent disk (the block tracepoints report
+// the disk, and diskstats counts partition I/O in the disk's line too).
+func DiskOf(path string) (Dev, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return Dev{}, fmt.Errorf("stat %s: %w", path, err)
+	}
+	d := Dev{Major: unix.Major(st.Dev), Minor: unix.Minor(st.Dev)}
+	sys := fmt.Sprintf("/sys/dev/block/%d:%d", d.Major, d.Minor)
+	if _, err := os.Stat(sys); err != nil {
+		return Dev{}, fmt.Errorf("%s (device %s): %w", path, d, ErrNoBlockDevice)
+	}
+	if _, err := os.Stat(filepath.Join(sys, "partition")); err == nil {
+		b, err := os.ReadFile(filepath.Join(sys, "..", "dev"))
+		if err != nil {
+			return Dev{}, fmt.Errorf("parent disk of partition %s: %w", d, err)
+		}
+		var maj, mnr uint32
+		if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &maj, &mnr); err != nil {
+			return Dev{}, fmt.Errorf("parent disk of partition %s: %q: %w", d, b, err)
+		}
+		d = Dev{Major: maj, Minor: mnr}
+	}
+	return d, nil
+}
+
+// Meter measures one interval on the disk holding a path: diskstats always,
+// eBPF when it can be loaded. Use StartMeter, then Stop once.
+type Meter struct {
+	dev        Dev
+	devErr     error
+	tracer     *Tracer
+	ebpfReason string
+	diskBefore DiskCounts
+	snapBefore Snapshot
+}
+
+// Result is what a Meter measured on its disk.
+type Result struct {
+	Dev  Dev
+	Name string // diskstats name, e.g. "vda"
+	// DeviceErr is set when the path is not on a block device: nothing was measured.
+	DeviceErr string
+
+	Diskstats           bool // diskstats counted (false only with DeviceErr)
+	DiskReadBytes       uint64
+	DiskWriteBytes      uint64
+	DiskReadIOs         uint64
+	EBPF                bool   // eBPF counted
+	EBPFReason          string // why not, when EBPF is false
+	EBPFReadBytes       uint64
+	EBPFWriteBytes      uint64
+	EBPFReadIOs         uint64
+	ReadLatency         Histogram // eBPF only; over all devices
+	UnmatchedCompletion uint64
+}
+
+// DeviceReadBytes is the best count of bytes read: eBPF when it ran,
+// otherwise diskstats.
+func (r Result) DeviceReadBytes() uint64 {
+	if r.EBPF {
+		return r.EBPFReadBytes
+	}
+	return r.DiskReadBytes
+}
+
+// Source names where DeviceReadBytes came from, for reports.
+func (r Result) Source() string {
+	switch {
+	case r.DeviceErr != "":
+		return "none (" + r.DeviceErr + ")"
+	case r.EBPF:
+		return "eBPF block tracepoints (diskstats cross-check)"
+	default:
+		return "/proc/diskstats (eBPF unavailable: " + r.EBPFReason + ")"
+	}
+}
+
+// StartMeter starts measuring the disk holding path. With useEBPF false, or
+// when eBPF is refused, it measures with diskstats alone and records why.
+// It never fails as a whole: what could not be measured is in the Result.
+func StartMeter(path string, useEBPF bool) *Meter {
+	m := &Meter{}
+	m.dev, m.devErr = DiskOf(path)
+	if m.devErr == nil {
+		if ds, err := ReadDiskstats(); err != nil {
+			m.devErr = fmt.Errorf("reading /proc/diskstats: %w", err)
+		} else {
+			m.diskBefore = ds[m.dev]
+		}
+	}
+	if !useEBPF {
+		m.ebpfReason = "not requested"
+		return m
+	}
+	t, err := StartTracer()
+	if err != nil {
+		m.ebpfReason = err.Error()
+		return m
+	}
+	snap, err := t.Snapshot()
+	if err != nil {
+		t.Close()
+		m.ebpfReason = err.Error()
+		return m
+	}
+	m.tracer, m.snapBefore = t, snap
+	return m
+}
+
+// EBPF reports whether the meter traces with eBPF.
+func (m *Meter) EBPF() bool { return m.tracer != nil }
+
+// Sample returns what was measured so far without stopping.
+func (m *Meter) Sample() Result {
+	r := Result{Dev: m.dev, EBPFReason: m.ebpfReason}
+	if m.devErr != nil {
+		r.DeviceErr = m.devErr.Error()
+	} else if ds, err := ReadDiskstats(); err != nil {
+		r.DeviceErr = err.Error()
+	} else {
+		now := ds[m.dev]
+		r.Name, r.Diskstats = now.Name, true
+		r.DiskReadBytes = now.ReadBytes() - m.diskBefore.ReadBytes()
+		r.DiskWriteBytes = now.WriteBytes() - m.diskBefore.WriteBytes()
+		r.DiskReadIOs = now.ReadIOs - m.diskBefore.ReadIOs
+	}
+	if m.tracer != nil {
+		snap, err := m.tracer.Snapshot()
+		if err != nil {
+			r.EBPFReason = err.Error()
+			return r
+		}
+		d := snap.Sub(m.snapBefore)
+		c := d.Devices[m.dev]
+		r.EBPF = true
+		r.EBPFReadBytes, r.EBPFWriteBytes, r.EBPFReadIOs = c.ReadBytes, c.WriteBytes, c.ReadIOs
+		r.ReadLatency, r.UnmatchedCompletion = d.ReadLatency, d.Unmatched
+	}
+	return r
+}
+
+// Stop ends the measurement and returns it.
+func (m *Meter) Stop() Result {
+	r := m.Sample()
+	if m.tracer != nil {
+		if err := m.tracer.Close(); err != nil && r.EBPFReason == "" {
+			r.EBPFReason = "closing tracer: " + err.Error()
+		}
+		m.tracer = nil
+	}
+	return r
+}
