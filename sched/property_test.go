@@ -1,0 +1,219 @@
+package sched
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// checkPlan asserts what every plan must satisfy.
+func checkPlan(t *testing.T, p *Planner, plan Plan, req LoadRequest) {
+	t.Helper()
+	L, B := p.cfg.Layers, p.cfg.BlockTokens
+	P := 0
+	for _, r := range req.Runs {
+		P += r.Blocks
+	}
+	if plan.CachedBlocks != P || plan.LoadBlocks < 0 || plan.LoadBlocks > P {
+		t.Fatalf("plan %+v: cached %d", plan, P)
+	}
+	if plan.ComputeStartPos != plan.LoadBlocks*B || plan.ComputeTokens != (P-plan.LoadBlocks)*B+req.UncachedTokens {
+		t.Fatalf("compute range [%d, +%d) does not follow the split %d", plan.ComputeStartPos, plan.ComputeTokens, plan.LoadBlocks)
+	}
+	at := plan.LoadBlocks
+	for _, r := range plan.NotAdmitted {
+		if r.FromBlock != at || r.ToBlock <= r.FromBlock || r.Reason == ReasonNone {
+			t.Fatalf("not-admitted list %+v does not cover [%d, %d)", plan.NotAdmitted, plan.LoadBlocks, P)
+		}
+		at = r.ToBlock
+	}
+	if at != P {
+		t.Fatalf("not-admitted list %+v ends at %d, want %d", plan.NotAdmitted, at, P)
+	}
+	if plan.FirstTokenNs > plan.RecomputeAllNs {
+		t.Fatalf("plan finishes at %d, recomputing everything at %d", plan.FirstTokenNs, plan.RecomputeAllNs)
+	}
+	if plan.LoadBlocks == 0 {
+		if len(plan.Reads) != 0 {
+			t.Fatalf("no blocks loaded but %d reads", len(plan.Reads))
+		}
+		return
+	}
+	// Reads: per layer, the runs' leading blocks add up to the split.
+	blocks := make([]int, L)
+	for _, io := range plan.Reads {
+		if io.Kind != IORead || io.DeadlineNs != plan.LayerDeadlineNs[io.Layer] {
+			t.Fatalf("read %+v: deadline differs from layer's %d", io, plan.LayerDeadlineNs[io.Layer])
+		}
+		r := req.Runs[io.Run]
+		if io.Device != r.Device || io.Blocks > r.Blocks || io.Bytes != int64(io.Blocks)*r.BytesPerLayerPerBlock {
+			t.Fatalf("read %+v does not match run %+v", io, r)
+		}
+		blocks[io.Layer] += io.Blocks
+	}
+	// The pipeline of the plan: layer l's compute starts after its reads and
+	// the previous layer; each read completes before that start, and the last
+	// layer ends by the predicted first token (1 ns per layer of rounding).
+	start := max(req.ComputeReadyNs, req.NowNs)
+	var s int64
+	for l := 0; l < L; l++ {
+		if blocks[l] != plan.LoadBlocks {
+			t.Fatalf("layer %d reads %d blocks, plan loads %d", l, blocks[l], plan.LoadBlocks)
+		}
+		if plan.LayerReadDoneNs[l] > plan.LayerDeadlineNs[l] {
+			t.Fatalf("layer %d: read completes at %d after its deadline %d", l, plan.LayerReadDoneNs[l], plan.LayerDeadlineNs[l])
+		}
+		if l == 0 {
+			s = max(start, plan.LayerReadDoneNs[0])
+		} else {
+			s = max(s+plan.LayerComputeNs, plan.LayerReadDoneNs[l])
+		}
+		if s > plan.LayerDeadlineNs[l]+int64(l+1) {
+			t.Fatalf("layer %d: compute starts at %d after deadline %d", l, s, plan.LayerDeadlineNs[l])
+		}
+		if plan.LayerReadDoneNs[l] > s {
+			t.Fatalf("layer %d: read completes at %d after compute start %d", l, plan.LayerReadDoneNs[l], s)
+		}
+	}
+	if end := s + plan.LayerComputeNs; end > plan.FirstTokenNs+int64(L) {
+		t.Fatalf("pipeline ends at %d, plan says %d", end, plan.FirstTokenNs)
+	}
+}
+
+// checkLimits asserts the planner's budgets hold.
+func checkLimits(t *testing.T, p *Planner, seed uint64) {
+	t.Helper()
+	if p.Pending() > p.cfg.MaxPendingIOs {
+		t.Fatalf("seed %d: %d ops pending, limit %d", seed, p.Pending(), p.cfg.MaxPendingIOs)
+	}
+	for i := range p.devs {
+		d := &p.devs[i]
+		c := d.cfg
+		switch {
+		case d.readsInFlight > c.MaxReadsInFlight, d.writesInFlight > c.MaxWritesInFlight:
+			t.Fatalf("seed %d dev %d: %d reads, %d writes in flight", seed, i, d.readsInFlight, d.writesInFlight)
+		case d.readsInFlight > 1 && d.readBytesInFlight > c.MaxReadBytesInFlight,
+			d.writesInFlight > 1 && d.writeBytesInFlight > c.MaxWriteBytesInFlight:
+			t.Fatalf("seed %d dev %d: %d read, %d write bytes in flight", seed, i, d.readBytesInFlight, d.writeBytesInFlight)
+		case d.pendingReadBytes > c.MaxPendingReadBytes, d.pendingSaveBytes > c.MaxPendingSaveBytes:
+			t.Fatalf("seed %d dev %d: %d read, %d save bytes pending", seed, i, d.pendingReadBytes, d.pendingSaveBytes)
+		case d.pendingReadBytes < 0 || d.pendingSaveBytes < 0 || d.pendingReads < 0:
+			t.Fatalf("seed %d dev %d: negative accounting %+v", seed, i, d)
+		}
+	}
+}
+
+// TestPlanProperties drives one planner with random loads, saves, dispatches
+// and completions under tight budgets and checks every plan and the limits
+// after every step.
+func TestPlanProperties(t *testing.T) {
+	for seed := uint64(1); seed <= 30; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		cfg := Config{Layers: 1 + rng.IntN(80), BlockTokens: 16 << rng.IntN(6), Compute: testCompute(t),
+			MaxPendingIOs: 200 + rng.IntN(3000), SaveBoundNs: 3e9, MaxWriteIOBytes: 1 << (16 + rng.IntN(8))}
+		for n := 1 + rng.IntN(3); n > 0; n-- {
+			cfg.Devices = append(cfg.Devices, DeviceConfig{Profile: testDevice(0.2 + 8*rng.Float64()),
+				MaxReadsInFlight: 1 + rng.IntN(16), MaxWritesInFlight: 1 + rng.IntN(4),
+				MaxReadBytesInFlight: 1 << (20 + rng.IntN(6)), MaxWriteBytesInFlight: 1 << (18 + rng.IntN(6)),
+				MaxPendingReadBytes: 1 << (28 + rng.IntN(6)), MaxPendingSaveBytes: 1 << (26 + rng.IntN(6))})
+		}
+		p, err := NewPlanner(cfg)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		var inflight []IO
+		now := int64(0)
+		for step := 0; step < 400; step++ {
+			now += int64(rng.IntN(5e6))
+			switch op := rng.IntN(10); {
+			case op < 3:
+				var runs []Run
+				for n := rng.IntN(5); n > 0; n-- {
+					runs = append(runs, Run{Device: rng.IntN(len(cfg.Devices)), Blocks: 1 + rng.IntN(60),
+						BytesPerLayerPerBlock: int64(cfg.BlockTokens) * int64(1+rng.IntN(4096))})
+				}
+				req := LoadRequest{ID: uint64(step), NowNs: now, ComputeReadyNs: now + int64(rng.IntN(300))*1e6,
+					Runs: runs, UncachedTokens: rng.IntN(3000)}
+				plan, err := p.PlanLoad(req)
+				if err != nil {
+					t.Fatalf("seed %d step %d: %v", seed, step, err)
+				}
+				checkPlan(t, p, plan, req)
+				if rng.IntN(20) == 0 {
+					p.Cancel(req.ID)
+				}
+			case op < 5:
+				tk, err := p.EnqueueSave(SaveRequest{ID: uint64(step), NowNs: now, Device: rng.IntN(len(cfg.Devices)),
+					Blocks: 1 + rng.IntN(30), BytesPerLayerPerBlock: int64(cfg.BlockTokens) * int64(1+rng.IntN(4096))})
+				if err != nil {
+					t.Fatalf("seed %d step %d: %v", seed, step, err)
+				}
+				if tk.Blocks > 0 && (tk.Writes == 0 || tk.DeadlineNs != now+cfg.SaveBoundNs) {
+					t.Fatalf("seed %d step %d: ticket %+v", seed, step, tk)
+				}
+			case op < 8:
+				before := len(inflight)
+				inflight = p.Dispatch(now, inflight)
+				last := map[int]int64{}
+				for _, io := range inflight[before:] {
+					if io.Kind == IORead {
+						if io.DeadlineNs < last[io.Device] {
+							t.Fatalf("seed %d step %d: reads of device %d out of deadline order", seed, step, io.Device)
+						}
+						last[io.Device] = io.DeadlineNs
+					}
+				}
+			default:
+				for n := rng.IntN(8); n > 0 && len(inflight) > 0; n-- {
+					j := rng.IntN(len(inflight))
+					if err := p.Complete(inflight[j].ID, now); err != nil {
+						t.Fatalf("seed %d step %d: %v", seed, step, err)
+					}
+					if err := p.Complete(inflight[j].ID, now); err == nil {
+						t.Fatalf("seed %d step %d: completing twice succeeded", seed, step)
+					}
+					inflight[j] = inflight[len(inflight)-1]
+					inflight = inflight[:len(inflight)-1]
+				}
+			}
+			checkLimits(t, p, seed)
+		}
+		// Drain: everything admitted eventually comes out and completes.
+		for guard := 0; p.Pending() > 0; guard++ {
+			if guard > 1e6 {
+				t.Fatalf("seed %d: %d ops never drained", seed, p.Pending())
+			}
+			now = max(now+1e6, min(p.NextWakeNs(), now+1e9))
+			inflight = p.Dispatch(now, inflight)
+			for _, io := range inflight {
+				if err := p.Complete(io.ID, now); err != nil {
+					t.Fatalf("seed %d: drain: %v", seed, err)
+				}
+			}
+			inflight = inflight[:0]
+			checkLimits(t, p, seed)
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	p := testPlanner(t, 2)
+	for _, req := range []LoadRequest{
+		{Runs: []Run{{Device: 1, Blocks: 1, BytesPerLayerPerBlock: 1}}},
+		{Runs: []Run{{Device: 0, Blocks: 0, BytesPerLayerPerBlock: 1}}},
+		{Runs: []Run{{Device: 0, Blocks: 1, BytesPerLayerPerBlock: 0}}},
+		{UncachedTokens: -1},
+	} {
+		if _, err := p.PlanLoad(req); err == nil {
+			t.Fatalf("%+v: no error", req)
+		}
+	}
+	if _, err := p.EnqueueSave(SaveRequest{Device: -1, Blocks: 1, BytesPerLayerPerBlock: 1}); err == nil {
+		t.Fatal("bad save: no error")
+	}
+	if err := p.Complete(12345, 0); err == nil {
+		t.Fatal("unknown io: no error")
+	}
+	if _, err := NewPlanner(Config{Layers: 1, BlockTokens: 1, Compute: testCompute(t)}); err == nil {
+		t.Fatal("no devices: no error")
+	}
+}

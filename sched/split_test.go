@@ -1,0 +1,175 @@
+package sched
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func oneRun(blocks int) []Run {
+	return []Run{{Device: 0, Blocks: blocks, BytesPerLayerPerBlock: testBlockBytes}}
+}
+
+func TestSplitTable(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		readGBps   float64
+		runs       []Run
+		uncached   int
+		readyMs    int64 // compute ready, after now = 0
+		wantK      func(k, P int) bool
+		wantReason Reason
+	}{
+		{"fast disk loads all", 200, oneRun(64), 512, 0, func(k, P int) bool { return k == P }, ReasonNone},
+		{"slow disk recomputes all", 0.02, oneRun(64), 512, 0, func(k, P int) bool { return k == 0 }, ReasonRecomputeFaster},
+		{"2 GB/s splits", 2, oneRun(64), 512, 0, func(k, P int) bool { return k > 0 && k < P }, ReasonRecomputeFaster},
+		{"0.5 GB/s short prefix recomputes", 0.5, oneRun(2), 512, 0, func(k, P int) bool { return k == 0 }, ReasonRecomputeFaster},
+		{"busy GPU hides loads", 2, oneRun(64), 512, 60_000, func(k, P int) bool { return k == P }, ReasonNone},
+		{"several runs split", 2, []Run{
+			{Device: 0, Blocks: 10, BytesPerLayerPerBlock: testBlockBytes},
+			{Device: 0, Blocks: 30, BytesPerLayerPerBlock: testBlockBytes},
+			{Device: 0, Blocks: 24, BytesPerLayerPerBlock: testBlockBytes},
+		}, 100, 0, func(k, P int) bool { return k > 0 && k < P }, ReasonRecomputeFaster},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testPlanner(t, tc.readGBps)
+			plan, err := p.PlanLoad(LoadRequest{ID: 1, ComputeReadyNs: tc.readyMs * 1e6, Runs: tc.runs, UncachedTokens: tc.uncached})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.wantK(plan.LoadBlocks, plan.CachedBlocks) {
+				t.Fatalf("loaded %d of %d blocks (first token %d ns, recompute-all %d, load-all %d)",
+					plan.LoadBlocks, plan.CachedBlocks, plan.FirstTokenNs, plan.RecomputeAllNs, plan.LoadAdmissibleNs)
+			}
+			if plan.FirstTokenNs > plan.RecomputeAllNs || plan.FirstTokenNs > plan.LoadAdmissibleNs {
+				t.Fatalf("plan %d ns worse than an extreme (%d, %d)", plan.FirstTokenNs, plan.RecomputeAllNs, plan.LoadAdmissibleNs)
+			}
+			var reason Reason
+			if len(plan.NotAdmitted) > 0 {
+				reason = plan.NotAdmitted[0].Reason
+			}
+			if reason != tc.wantReason {
+				t.Fatalf("not admitted %+v, want reason %v", plan.NotAdmitted, tc.wantReason)
+			}
+			checkPlan(t, p, plan, LoadRequest{Runs: tc.runs, UncachedTokens: tc.uncached, ComputeReadyNs: tc.readyMs * 1e6})
+			t.Logf("k=%d/%d first token %.1f ms (recompute-all %.1f, load-all %.1f)", plan.LoadBlocks, plan.CachedBlocks,
+				float64(plan.FirstTokenNs)/1e6, float64(plan.RecomputeAllNs)/1e6, float64(plan.LoadAdmissibleNs)/1e6)
+		})
+	}
+}
+
+// bruteFinish simulates the layer pipeline of loading [0,k) on fresh devices
+// (reads of a device back to back, layer after layer; compute of layer l
+// starts when the previous layer finished and layer l's reads are in) and
+// returns the end of the last layer.
+func bruteFinish(p *Planner, req LoadRequest, k int) float64 {
+	L := p.cfg.Layers
+	B := p.cfg.BlockTokens
+	P := 0
+	for _, r := range req.Runs {
+		P += r.Blocks
+	}
+	c := p.compute.LayerNs((P-k)*B+req.UncachedTokens, k*B)
+	perDev := make([]float64, len(p.devs))
+	got := 0
+	for _, r := range req.Runs {
+		if got >= k {
+			break
+		}
+		n := min(r.Blocks, k-got)
+		got += n
+		m := p.devs[r.Device].model
+		perDev[r.Device] += m.ReadNs(int64(n) * r.BytesPerLayerPerBlock)
+	}
+	start := float64(max(req.ComputeReadyNs, req.NowNs))
+	end := start
+	for l := 0; l < L; l++ {
+		ready := math.Inf(-1)
+		for d, x := range perDev {
+			if x > 0 {
+				m := p.devs[d].model
+				ready = max(ready, float64(req.NowNs)+m.LatencyNs()+float64(l+1)*x)
+			}
+		}
+		s := max(end, ready)
+		if l == 0 {
+			s = max(start, ready)
+		}
+		end = s + c
+	}
+	return end
+}
+
+func TestSplitMatchesBruteForce(t *testing.T) {
+	for seed := uint64(1); seed <= 40; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		gb := []float64{0.3 + 6*rng.Float64(), 0.3 + 6*rng.Float64()}
+		p := testPlanner(t, gb...)
+		var runs []Run
+		for n := 1 + rng.IntN(6); n > 0; n-- {
+			runs = append(runs, Run{Device: rng.IntN(2), Blocks: 1 + rng.IntN(40), BytesPerLayerPerBlock: testBlockBytes / int64(1+rng.IntN(4))})
+		}
+		req := LoadRequest{ID: seed, NowNs: 1e9, ComputeReadyNs: 1e9 + int64(rng.IntN(200))*1e6, Runs: runs, UncachedTokens: rng.IntN(4000)}
+		plan, err := p.PlanLoad(req)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		best := math.Inf(1)
+		for k := 0; k <= plan.CachedBlocks; k++ {
+			best = min(best, bruteFinish(p, req, k))
+		}
+		got := bruteFinish(p, req, plan.LoadBlocks)
+		if got > best*(1+1e-9)+1 {
+			t.Fatalf("seed %d: planner chose k=%d finishing at %.0f, brute force best %.0f", seed, plan.LoadBlocks, got, best)
+		}
+		if math.Abs(got-float64(plan.FirstTokenNs)) > 2 {
+			t.Fatalf("seed %d: planner predicts %d, pipeline gives %.0f", seed, plan.FirstTokenNs, got)
+		}
+	}
+}
+
+// The split never loads less when loading gets relatively cheaper: a faster
+// disk, a later compute start, a slower GPU.
+func TestSplitMonotone(t *testing.T) {
+	req := LoadRequest{ID: 1, Runs: oneRun(100), UncachedTokens: 700}
+	prev := -1
+	for _, gb := range []float64{0.05, 0.2, 0.5, 1, 1.5, 2, 3, 4, 6, 8, 16, 64} {
+		plan, err := testPlanner(t, gb).PlanLoad(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plan.LoadBlocks < prev {
+			t.Fatalf("%.2f GB/s loads %d blocks, a slower disk loaded %d", gb, plan.LoadBlocks, prev)
+		}
+		prev = plan.LoadBlocks
+	}
+	prev = -1
+	for _, readyMs := range []int64{0, 10, 50, 100, 200, 400, 800, 1600} {
+		r := req
+		r.ComputeReadyNs = readyMs * 1e6
+		plan, err := testPlanner(t, 2).PlanLoad(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plan.LoadBlocks < prev {
+			t.Fatalf("compute ready at %d ms loads %d blocks, earlier loaded %d", readyMs, plan.LoadBlocks, prev)
+		}
+		prev = plan.LoadBlocks
+	}
+	prev = -1
+	for _, slow := range []int64{1, 2, 4, 8} {
+		p := testPlanner(t, 2)
+		for i := 0; i < 200; i++ { // observed layers `slow` times the profile
+			n, s := 512+i, 1000*i
+			p.ObserveLayer(n, s, int64(float64(slow)*p.compute.baseNs(n, s)))
+		}
+		plan, err := p.PlanLoad(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plan.LoadBlocks < prev {
+			t.Fatalf("GPU %dx slower loads %d blocks, faster loaded %d", slow, plan.LoadBlocks, prev)
+		}
+		prev = plan.LoadBlocks
+	}
+}
