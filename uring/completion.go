@@ -3,6 +3,9 @@ package uring
 import (
 	"errors"
 	"fmt"
+	"io"
+
+	"golang.org/x/sys/unix"
 )
 
 // Sentinel errors; callers branch with errors.Is.
@@ -57,8 +60,8 @@ func (o Op) IsWrite() bool { return o == OpWrite || o == OpWriteFixed || o == Op
 // unix.EIO)) and names the op, file and offset; on error Result holds the
 // bytes transferred before it.
 type Completion struct {
-	Context  any                // the caller's; untouched by the engine
-	UserData uint64             // the caller's; untouched by the engine
+	Context  any               // the caller's; untouched by the engine
+	UserData uint64            // the caller's; untouched by the engine
 	Callback func(*Completion) // runs on the goroutine calling Flush, after the whole batch was reaped; may Submit
 	Result   int64
 	Err      error
@@ -291,6 +294,37 @@ func (c *Completion) restoreIov() {
 // cur returns the address and length of the remaining transfer (non-vectored).
 func (c *Completion) cur() (addr uintptr, n uint32, off uint64) {
 	return c.addr + uintptr(c.progress), c.length - c.progress, c.offset + uint64(c.progress)
+}
+
+// applyResult applies one kernel result (bytes, or -errno) to c, the same
+// way for every engine. It reports whether c is finished (Result and Err
+// set); false means c must be submitted again for the rest (short transfer)
+// or after EINTR/EAGAIN, bounded by maxIORetries.
+func applyResult(c *Completion, res int32, st *Stats) bool {
+	if res < 0 {
+		errno := unix.Errno(-res)
+		if (errno == unix.EINTR || errno == unix.EAGAIN) && c.retries < maxIORetries {
+			c.retries++
+			st.Retries++
+			return false
+		}
+		c.restoreIov()
+		c.Result, c.Err = int64(c.progress), c.opError(errno)
+		return true
+	}
+	if c.op == OpNop {
+		c.Result = int64(res)
+		return true
+	}
+	if c.advance(uint32(res)) {
+		c.Result = int64(c.progress)
+		if c.op.IsWrite() && c.progress < c.length {
+			c.Err = c.opError(io.ErrShortWrite)
+		}
+		return true
+	}
+	st.Continuations++
+	return false
 }
 
 // queue is an intrusive FIFO of completions.

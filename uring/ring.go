@@ -2,7 +2,6 @@ package uring
 
 import (
 	"fmt"
-	"io"
 	"math/bits"
 	"sync/atomic"
 	"unsafe"
@@ -579,39 +578,13 @@ func (r *Ring) reap() int {
 }
 
 // complete applies one CQE result to c; it reports whether c is finished
-// (queued for its callback).
+// (queued for its callback). Unfinished completions (continuation, retry)
+// go back to the front of the overflow queue.
 func (r *Ring) complete(c *Completion, res int32) bool {
-	if res < 0 {
-		errno := unix.Errno(-res)
-		if (errno == unix.EINTR || errno == unix.EAGAIN) && c.retries < maxIORetries {
-			c.retries++
-			r.stats.Retries++
-			r.overflow.pushFront(c)
-			return false
-		}
-		c.restoreIov()
-		c.Result, c.Err = int64(c.progress), c.opError(errno)
+	if applyResult(c, res, &r.stats) {
 		r.finish(c)
 		return true
 	}
-	return r.afterTransfer(c, uint32(res))
-}
-
-func (r *Ring) afterTransfer(c *Completion, n uint32) bool {
-	if c.op == OpNop {
-		c.Result = int64(n)
-		r.finish(c)
-		return true
-	}
-	if c.advance(n) {
-		c.Result = int64(c.progress)
-		if c.op.IsWrite() && c.progress < c.length {
-			c.Err = c.opError(io.ErrShortWrite)
-		}
-		r.finish(c)
-		return true
-	}
-	r.stats.Continuations++
 	r.overflow.pushFront(c)
 	return false
 }

@@ -50,22 +50,6 @@ func sysPwrite(fd int32, addr uintptr, lenBytes uint32, off uint64) (int, error)
 	return int(n), nil
 }
 
-func sysPreadv(fd int32, iov uintptr, cnt int, off uint64) (int, error) {
-	n, _, errno := unix.Syscall6(unix.SYS_PREADV, uintptr(fd), iov, uintptr(cnt), uintptr(off), 0, 0)
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
-
-func sysPwritev(fd int32, iov uintptr, cnt int, off uint64) (int, error) {
-	n, _, errno := unix.Syscall6(unix.SYS_PWRITEV, uintptr(fd), iov, uintptr(cnt), uintptr(off), 0, 0)
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
-
 // Pread reads into off-heap memory at addr with pread(2); it is the baseline
 // engine of devbench and the Sim's data path. It returns the bytes read.
 func Pread(f *File, addr uintptr, lenBytes uint32, offset uint64) (int, error) {

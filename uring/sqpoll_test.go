@@ -1,0 +1,49 @@
+package uring
+
+import (
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func rusageSelf(t *testing.T) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestSQPollCPUTimeInRusage answers whether getrusage(RUSAGE_SELF) already
+// counts the iou-sqp thread (so devbench must not add it twice). The thread
+// busy-polls for sq_thread_idle after the last submission while this
+// goroutine sleeps; its CPU time must show up in the process's rusage.
+func TestSQPollCPUTimeInRusage(t *testing.T) {
+	r := newRingOrSkip(t, Config{Entries: 8, SQThreadCPU: -1, SQPoll: true, SQThreadIdleMs: 400})
+	if r.SQPollTID() < 0 {
+		t.Fatal("iou-sqp thread not found under /proc/self/task")
+	}
+	t0, err := r.SQPollCPUTime()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ru0 := rusageSelf(t)
+	var c Completion
+	c.PrepNop()
+	run1(t, r, &c)
+	time.Sleep(300 * time.Millisecond)
+	t1, err := r.SQPollCPUTime()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ru1 := rusageSelf(t)
+	sq, ru := t1-t0, ru1-ru0
+	t.Logf("iou-sqp thread %v, rusage(self) %v over 300 ms", sq, ru)
+	if sq < 50*time.Millisecond {
+		t.Skipf("the SQPOLL thread got only %v of CPU (machine busy); cannot tell", sq)
+	}
+	if ru < sq/2 {
+		t.Fatalf("rusage(self) %v does not include the iou-sqp thread's %v: devbench must add it", ru, sq)
+	}
+}
