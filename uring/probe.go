@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -175,18 +176,14 @@ func setupError(cfg Config, flags uint32, err error) error {
 	return fmt.Errorf("uring: setting up ring (flags %#x, %d entries): %w", flags, cfg.Entries, err)
 }
 
-// sqpollThreads lists this process's iou-sqp threads (tid set).
-func sqpollThreads() map[int]bool {
+// taskIDs lists this process's thread ids.
+func taskIDs() map[int]bool {
 	m := map[int]bool{}
 	ents, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		return m
 	}
 	for _, e := range ents {
-		comm, err := os.ReadFile("/proc/self/task/" + e.Name() + "/comm")
-		if err != nil || !strings.HasPrefix(string(comm), "iou-sqp") {
-			continue
-		}
 		if tid, err := strconv.Atoi(e.Name()); err == nil {
 			m[tid] = true
 		}
@@ -194,17 +191,38 @@ func sqpollThreads() map[int]bool {
 	return m
 }
 
-// newSQPollThread finds the iou-sqp thread that appeared since before (-1 if
-// none or ambiguous, e.g. another ring was created concurrently).
-func newSQPollThread(before map[int]bool) int {
-	found := -1
-	for tid := range sqpollThreads() {
+// newTasks are the thread ids that appeared since before: the ring's
+// iou-sqp thread is among them (it names itself only once it runs, so it is
+// resolved later by resolveSQPollThread).
+func newTasks(before map[int]bool) []int {
+	var out []int
+	for tid := range taskIDs() {
 		if !before[tid] {
+			out = append(out, tid)
+		}
+	}
+	return out
+}
+
+// resolveSQPollThread picks the one candidate named iou-sqp-*, waiting up to
+// 100 ms for the thread to name itself; -1 if none or several.
+func resolveSQPollThread(candidates []int) int {
+	for wait := 0; wait < 100; wait++ {
+		found := -1
+		for _, tid := range candidates {
+			comm, err := os.ReadFile("/proc/self/task/" + strconv.Itoa(tid) + "/comm")
+			if err != nil || !strings.HasPrefix(string(comm), "iou-sqp") {
+				continue
+			}
 			if found >= 0 {
 				return -1
 			}
 			found = tid
 		}
+		if found >= 0 {
+			return found
+		}
+		time.Sleep(time.Millisecond)
 	}
-	return found
+	return -1
 }

@@ -73,7 +73,8 @@ type Ring struct {
 
 	filesRegistered bool
 	bufs            []*Buffer
-	sqTID           int
+	sqTID           int   // iou-sqp thread, -1 until resolved
+	sqCandidates    []int // threads that appeared during setup
 	stats           Stats
 }
 
@@ -159,7 +160,7 @@ func New(cfg Config) (*Ring, error) {
 	}
 	var before map[int]bool
 	if cfg.SQPoll {
-		before = sqpollThreads()
+		before = taskIDs()
 	}
 	fd, err := sysSetup(sqN, &p)
 	if err != nil {
@@ -173,7 +174,7 @@ func New(cfg Config) (*Ring, error) {
 		return nil, err
 	}
 	if cfg.SQPoll {
-		r.sqTID = newSQPollThread(before)
+		r.sqCandidates = newTasks(before)
 	}
 	maxIn := cfg.MaxInFlight
 	if maxIn <= 0 || maxIn > int(r.p.CQEntries) {

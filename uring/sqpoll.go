@@ -11,8 +11,16 @@ import (
 // clockTicksPerSecond is USER_HZ, 100 on every Linux ABI Go supports.
 const clockTicksPerSecond = 100
 
-// SQPollTID is the thread id of this ring's iou-sqp kernel thread, or -1.
-func (r *Ring) SQPollTID() int { return r.sqTID }
+// SQPollTID is the thread id of this ring's iou-sqp kernel thread, or -1
+// (no SQPOLL, or not identifiable because other threads were created
+// concurrently with New).
+func (r *Ring) SQPollTID() int {
+	if r.sqTID < 0 && r.sqCandidates != nil {
+		r.sqTID = resolveSQPollThread(r.sqCandidates)
+		r.sqCandidates = nil
+	}
+	return r.sqTID
+}
 
 // SQPollCPUTime is the CPU time (utime+stime from /proc/self/task/TID/stat,
 // 10 ms resolution) of this ring's iou-sqp thread. On Linux 6.18 (measured,
@@ -23,7 +31,7 @@ func (r *Ring) SQPollCPUTime() (time.Duration, error) {
 	if !r.cfg.SQPoll {
 		return 0, fmt.Errorf("uring: SQPOLL CPU time: %w: ring has no SQPOLL thread", ErrInvalid)
 	}
-	if r.sqTID < 0 {
+	if r.SQPollTID() < 0 {
 		return 0, fmt.Errorf("uring: SQPOLL CPU time: %w: the ring's iou-sqp thread was not identified", ErrNotSupported)
 	}
 	return threadCPUTime(r.sqTID)
