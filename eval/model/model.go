@@ -190,14 +190,18 @@ var profiles = map[string]Profile{
 		Params: 671e9, ActiveParams: 37e9,
 	},
 	// tiny is a test shape, not a real model: small enough that the embedded
-	// replay window runs in seconds on two cores, and one page of one plane is
+	// replay window runs in seconds on two cores (1 KiB of KV per token,
+	// 512 KiB per 512-token block), and one page of one plane is
 	// 16 tokens * 2 heads * 64 dims * 2 bytes = 4 KiB so per-page O_DIRECT
-	// I/O stays aligned. Its compute is a 50M-parameter stand-in.
+	// I/O stays aligned. Its compute stand-in (220M parameters) keeps
+	// llama3-70b's ratio of prefill FLOPs to KV bytes (2*70.6e9 / 320 KiB ≈
+	// 2*220e6 / 1 KiB), so the load-versus-recompute trade-off of a tiny
+	// replay resembles a real long-context model's.
 	"tiny": {
-		Name: "tiny", Source: "test shape (not a real model)",
-		Shape:      Shape{Layers: 4, KVHeads: 2, HeadDim: 64, DType: BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Name: "tiny", Source: "test shape (not a real model); compute scaled to llama3-70b's FLOPs per KV byte",
+		Shape:      Shape{Layers: 2, KVHeads: 2, HeadDim: 64, DType: BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 512, QHeads: 8, QKDim: 64, VDim: 64,
-		Params: 50e6, ActiveParams: 50e6,
+		Params: 220e6, ActiveParams: 220e6,
 	},
 }
 

@@ -15,7 +15,7 @@ func TestKVBytesPerToken(t *testing.T) {
 		{"llama3-70b", 80 * 2 * 8 * 128 * 2, 16 * 8 * 128 * 2}, // 320 KiB
 		{"qwen3-32b", 64 * 2 * 8 * 128 * 2, 16 * 8 * 128 * 2},  // 256 KiB
 		{"deepseek-v3", 61 * 1 * 1 * 576 * 2, 16 * 576 * 2},    // 68.6 KiB
-		{"tiny", 4 * 2 * 2 * 64 * 2, 4096},
+		{"tiny", 2 * 2 * 2 * 64 * 2, 4096},
 	} {
 		p, err := Lookup(tc.name)
 		if err != nil {
@@ -76,5 +76,18 @@ func TestLookupUnknown(t *testing.T) {
 	}
 	if len(Names()) != 5 {
 		t.Fatalf("names %v", Names())
+	}
+}
+
+func TestGeometry(t *testing.T) {
+	for _, n := range Names() {
+		p, _ := Lookup(n)
+		g, err := p.Geometry()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.ChunkBytes() != p.BlockBytes() || g.PageBytesPerPlane() != p.PageBytesPerPlane() {
+			t.Fatalf("%s: geometry %v chunk %d, profile block %d", n, g, g.ChunkBytes(), p.BlockBytes())
+		}
 	}
 }
