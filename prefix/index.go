@@ -214,6 +214,9 @@ func (x *Index) Pin(chain []uint64) int {
 // (every block present under its chain parent and pinned); otherwise it changes nothing and returns
 // an error wrapping ErrNotPinned. Blocks removed while pinned leave the index when their last pin
 // goes; they are returned for the caller to free.
+//
+// Unpin, Commit, Abort and Remove also evict LRU leaves while usage is above a capacity lowered by
+// SetCapacity; those are returned in the same list (every returned entry is the caller's to free).
 func (x *Index) Unpin(chain []uint64) ([]Dropped, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -241,7 +244,7 @@ func (x *Index) Unpin(chain []uint64) ([]Dropped, error) {
 		}
 		s = p
 	}
-	return out, nil
+	return x.shrink(out), nil
 }
 
 // Reserve marks chain[from:] Pending, as far as capacity allows, for a saver that will write those
@@ -327,7 +330,7 @@ func (x *Index) Commit(ids, locs []uint64) ([]Dropped, error) {
 			x.refresh(s)
 		}
 	}
-	return out, nil
+	return x.shrink(out), nil
 }
 
 // Abort drops pending blocks the caller reserved and will not commit, with their pending
@@ -355,7 +358,7 @@ func (x *Index) Abort(ids []uint64) ([]Dropped, error) {
 		}
 		out = x.release(p, out)
 	}
-	return out, nil
+	return x.shrink(out), nil
 }
 
 // Remove takes a block whose data was found bad out of service together with its descendants,
@@ -388,7 +391,7 @@ func (x *Index) Remove(id uint64) ([]Dropped, error) {
 		}
 	}
 	out = x.release(p, out)
-	return out, nil
+	return x.shrink(out), nil
 }
 
 // Evict evicts LRU leaves until at least minBytes were freed or nothing is evictable, for an owner
@@ -573,6 +576,7 @@ func (x *Index) lruUnlink(s int32, e *entry) {
 
 // insertPending adds id as a pending child of parent (noSlot: a root).
 func (x *Index) insertPending(id uint64, parent int32, sizeBytes int64) int32 {
+	x.tabMakeRoom()
 	s := x.sl.alloc() // cannot fail: count ≤ maxBlocks+1 ≤ maxSlots
 	e := x.sl.at(s)
 	*e = entry{id: id, sizeBytes: sizeBytes, parent: parent, child: noSlot, nextSib: noSlot, prevSib: noSlot,
@@ -611,6 +615,15 @@ func (x *Index) evictHead() Dropped {
 	x.evictedBytes += e.sizeBytes
 	x.drop(s) // parent's holds is unchanged: s was on the list
 	return d
+}
+
+// shrink evicts LRU leaves while usage is above a capacity that SetCapacity lowered below what
+// non-evictable blocks held then; a no-op otherwise (Reserve never exceeds capacity).
+func (x *Index) shrink(out []Dropped) []Dropped {
+	for x.usedBytes > x.capacityBytes && x.lruHead != noSlot {
+		out = append(out, x.evictHead())
+	}
+	return out
 }
 
 // reapable: a draining block that nothing holds any more.

@@ -38,12 +38,18 @@ func (x *Index) find(id uint64) int32 {
 	}
 }
 
-// tabInsert maps id (not present) to slot s, growing the table first when needed.
-func (x *Index) tabInsert(id uint64, s int32) {
+// tabMakeRoom grows the table when one more id would exceed the load factor. Call it before
+// the new entry is written to its slot (growth re-inserts every non-free slot).
+func (x *Index) tabMakeRoom() {
 	t := &x.tab
 	if (t.count+1)*tableLoadDenom > len(t.idx)*tableLoadNum {
 		x.tabGrow()
 	}
+}
+
+// tabInsert maps id (not present) to slot s; tabMakeRoom came first.
+func (x *Index) tabInsert(id uint64, s int32) {
+	t := &x.tab
 	mask := len(t.idx) - 1
 	i := t.home(id)
 	for t.idx[i] != noSlot {

@@ -1,0 +1,655 @@
+package prefix
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"testing"
+)
+
+// The reference model: plain maps, evictability recomputed from scratch, LRU by timestamps.
+// Eviction picks the evictable leaf with the oldest stamp; a block gets a new stamp when it is
+// touched on the list or when it (re)becomes evictable (deepest first, as the index pushes them).
+
+type mBlock struct {
+	id, parent uint64
+	hasParent  bool
+	pending    bool
+	pins       int
+	doomed     bool
+	size       int64
+	loc        uint64
+	inList     bool
+	stamp      int64
+}
+
+type model struct {
+	b         map[uint64]*mBlock
+	capacity  int64
+	maxBlocks int
+	clock     int64
+}
+
+func newModel(capacity int64, maxBlocks int) *model {
+	if maxBlocks == 0 {
+		maxBlocks = MaxBlocksLimit
+	}
+	return &model{b: map[uint64]*mBlock{}, capacity: capacity, maxBlocks: maxBlocks}
+}
+
+func (m *model) children(id uint64) []*mBlock {
+	var cs []*mBlock
+	for _, c := range m.b {
+		if c.hasParent && c.parent == id {
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+func (m *model) evictable(b *mBlock) bool {
+	if b.pending || b.pins > 0 || b.doomed {
+		return false
+	}
+	for _, c := range m.children(b.id) {
+		if !m.evictable(c) {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *model) depth(b *mBlock) int {
+	d := 0
+	for b.hasParent {
+		b = m.b[b.parent]
+		d++
+	}
+	return d
+}
+
+// sync recomputes list membership; blocks that join get new stamps, deepest first.
+func (m *model) sync() {
+	var joined []*mBlock
+	for _, b := range m.b {
+		ev := m.evictable(b)
+		if ev && !b.inList {
+			joined = append(joined, b)
+		}
+		b.inList = ev
+	}
+	sort.Slice(joined, func(i, j int) bool { return m.depth(joined[i]) > m.depth(joined[j]) })
+	for _, b := range joined {
+		m.clock++
+		b.stamp = m.clock
+	}
+}
+
+func (m *model) used() (used, evictable int64, evCount int) {
+	for _, b := range m.b {
+		used += b.size
+		if b.inList {
+			evictable += b.size
+			evCount++
+		}
+	}
+	return
+}
+
+func (m *model) lru() []uint64 {
+	var l []*mBlock
+	for _, b := range m.b {
+		if b.inList {
+			l = append(l, b)
+		}
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i].stamp < l[j].stamp })
+	ids := make([]uint64, len(l))
+	for i, b := range l {
+		ids[i] = b.id
+	}
+	return ids
+}
+
+func (m *model) walk(chain []uint64) int {
+	for i, id := range chain {
+		b := m.b[id]
+		if b == nil || b.pending || b.doomed || b.hasParent != (i > 0) || (i > 0 && b.parent != chain[i-1]) {
+			return i
+		}
+	}
+	return len(chain)
+}
+
+func (m *model) lookup(chain []uint64) int {
+	n := m.walk(chain)
+	for i := n - 1; i >= 0; i-- {
+		if b := m.b[chain[i]]; b.inList {
+			m.clock++
+			b.stamp = m.clock
+		}
+	}
+	return n
+}
+
+func (m *model) pin(chain []uint64) int {
+	n := m.walk(chain)
+	for i := n - 1; i >= 0; i-- {
+		m.b[chain[i]].pins++
+		m.sync()
+	}
+	return n
+}
+
+func (m *model) reapable(b *mBlock) bool {
+	return b.doomed && b.pins == 0 && !b.pending && len(m.children(b.id)) == 0
+}
+
+func (m *model) reap(b *mBlock, out []Dropped) []Dropped {
+	for b != nil && m.reapable(b) {
+		out = append(out, Dropped{b.id, b.loc, b.size})
+		delete(m.b, b.id)
+		if !b.hasParent {
+			b = nil
+		} else {
+			b = m.b[b.parent]
+		}
+	}
+	m.sync()
+	return out
+}
+
+// shrink mirrors Index.shrink.
+func (m *model) shrink(out []Dropped) []Dropped {
+	for {
+		used, ev, _ := m.used()
+		if used <= m.capacity || ev == 0 {
+			return out
+		}
+		out = append(out, m.evictOne())
+	}
+}
+
+func (m *model) unpin(chain []uint64) ([]Dropped, error) {
+	for i, id := range chain {
+		b := m.b[id]
+		if b == nil || b.pins == 0 || b.hasParent != (i > 0) || (i > 0 && b.parent != chain[i-1]) {
+			return nil, ErrNotPinned
+		}
+	}
+	var out []Dropped
+	for i := len(chain) - 1; i >= 0; i-- {
+		b := m.b[chain[i]]
+		b.pins--
+		if b.doomed {
+			out = m.reap(b, out)
+		} else {
+			m.sync()
+		}
+	}
+	return m.shrink(out), nil
+}
+
+func (m *model) evictOne() Dropped {
+	var best *mBlock
+	for _, b := range m.b {
+		if b.inList && len(m.children(b.id)) == 0 && (best == nil || b.stamp < best.stamp) {
+			best = b
+		}
+	}
+	delete(m.b, best.id)
+	m.sync()
+	return Dropped{best.id, best.loc, best.size}
+}
+
+func (m *model) reserve(chain []uint64, from int, size int64) (Reservation, error) {
+	r := Reservation{From: from}
+	if from < 0 || from > len(chain) || size <= 0 {
+		return r, ErrBadArg
+	}
+	if m.walk(chain[:from]) < from {
+		r.Stop = StopNotCached
+		return r, nil
+	}
+	for i := from; i < len(chain); i++ {
+		if m.b[chain[i]] != nil {
+			r.Stop = StopPresent
+			break
+		}
+		b := &mBlock{id: chain[i], pending: true, size: size}
+		if i > 0 {
+			b.parent, b.hasParent = chain[i-1], true
+		}
+		m.b[b.id] = b
+		m.sync()
+		used, ev, evCount := m.used()
+		if used-ev > m.capacity {
+			r.Stop = StopCapacity
+		} else if len(m.b)-evCount > m.maxBlocks {
+			r.Stop = StopMaxBlocks
+		}
+		if r.Stop != StopNone {
+			delete(m.b, b.id)
+			m.sync()
+			break
+		}
+		for {
+			used, _, _ := m.used()
+			if used <= m.capacity && len(m.b) <= m.maxBlocks {
+				break
+			}
+			r.Evicted = append(r.Evicted, m.evictOne())
+		}
+		r.N++
+	}
+	return r, nil
+}
+
+func (m *model) checkPending(ids []uint64, chainOrder bool) error {
+	seen := map[uint64]bool{}
+	for i, id := range ids {
+		b := m.b[id]
+		switch {
+		case b == nil:
+			return ErrNotFound
+		case !b.pending:
+			return ErrNotPending
+		case seen[id]:
+			return ErrBadArg
+		case chainOrder && b.hasParent && (i == 0 || b.parent != ids[i-1]) && m.b[b.parent].pending:
+			return ErrBadChain
+		}
+		seen[id] = true
+	}
+	return nil
+}
+
+func (m *model) commit(ids, locs []uint64) ([]Dropped, error) {
+	if len(ids) != len(locs) {
+		return nil, ErrBadArg
+	}
+	if err := m.checkPending(ids, true); err != nil {
+		return nil, err
+	}
+	var out []Dropped
+	for i, id := range ids {
+		b := m.b[id]
+		b.pending = false
+		b.loc = locs[i]
+		if b.doomed {
+			out = m.reap(b, out)
+		} else {
+			m.sync()
+		}
+	}
+	return m.shrink(out), nil
+}
+
+func (m *model) subtree(id uint64) []uint64 {
+	sub := []uint64{id}
+	for i := 0; i < len(sub); i++ {
+		for _, c := range m.children(sub[i]) {
+			sub = append(sub, c.id)
+		}
+	}
+	return sub
+}
+
+func (m *model) release(b *mBlock, out []Dropped) []Dropped {
+	if b == nil {
+		return out
+	}
+	if b.doomed {
+		return m.reap(b, out)
+	}
+	m.sync()
+	return out
+}
+
+func (m *model) parentOf(b *mBlock) *mBlock {
+	if !b.hasParent {
+		return nil
+	}
+	return m.b[b.parent]
+}
+
+func (m *model) abort(ids []uint64) ([]Dropped, error) {
+	if err := m.checkPending(ids, false); err != nil {
+		return nil, err
+	}
+	var out []Dropped
+	for _, id := range ids {
+		b := m.b[id]
+		if b == nil {
+			continue
+		}
+		p := m.parentOf(b)
+		for _, d := range m.subtree(id) {
+			delete(m.b, d)
+		}
+		out = m.release(p, out)
+	}
+	return m.shrink(out), nil
+}
+
+func (m *model) remove(id uint64) ([]Dropped, error) {
+	b := m.b[id]
+	if b == nil {
+		return nil, ErrNotFound
+	}
+	sub := m.subtree(id)
+	for _, d := range sub {
+		m.b[d].doomed = true
+	}
+	m.sync()
+	p := m.parentOf(b)
+	var out []Dropped
+	for i := len(sub) - 1; i >= 0; i-- {
+		if d := m.b[sub[i]]; m.reapable(d) {
+			out = append(out, Dropped{d.id, d.loc, d.size})
+			delete(m.b, d.id)
+		}
+	}
+	m.sync()
+	return m.shrink(m.release(p, out)), nil
+}
+
+func (m *model) evict(minBytes int64) []Dropped {
+	var out []Dropped
+	for freed := int64(0); freed < minBytes; {
+		_, ev, _ := m.used()
+		if ev == 0 {
+			break
+		}
+		d := m.evictOne()
+		freed += d.SizeBytes
+		out = append(out, d)
+	}
+	return out
+}
+
+func (m *model) setCapacity(c int64) []Dropped {
+	m.capacity = c
+	var out []Dropped
+	for {
+		used, ev, _ := m.used()
+		if used <= m.capacity || ev == 0 {
+			return out
+		}
+		out = append(out, m.evictOne())
+	}
+}
+
+// simulate drives the index and the model with the same operations drawn from next (next(n)
+// returns a value in [0, n), ok=false when the source is exhausted) and compares every result and
+// the whole state after each step.
+func simulate(next func(n int) (int, bool), maxOps int) error {
+	r := func(n int) int {
+		v, _ := next(n)
+		return v
+	}
+	// A universe of 48 blocks: a random forest (block k's parent is an earlier block or none).
+	const universe = 48
+	parent := make([]int, universe)
+	for k := range parent {
+		parent[k] = -1
+		if k > 0 && r(5) > 0 {
+			parent[k] = r(k)
+		}
+	}
+	idOf := func(k int) uint64 { return uint64(k)*7 + 3 }
+	path := func(k int) []uint64 {
+		var p []uint64
+		for ; k >= 0; k = parent[k] {
+			p = append(p, idOf(k))
+		}
+		slices.Reverse(p)
+		return p
+	}
+	capacity := int64(300 + 100*r(15))
+	maxBlocks := 0
+	if r(3) == 0 {
+		maxBlocks = 4 + r(10)
+	}
+	x, err := New(Config{CapacityBytes: capacity, MaxBlocks: maxBlocks})
+	if err != nil {
+		return err
+	}
+	m := newModel(capacity, maxBlocks)
+	var pins [][]uint64
+	var reservations [][]uint64
+
+	sameErr := func(op string, a, b error) error {
+		if (a == nil) != (b == nil) || (a != nil && !errors.Is(a, b)) {
+			return fmt.Errorf("%s: index error %v, model error %v", op, a, b)
+		}
+		return nil
+	}
+	sameDropped := func(op string, a, b []Dropped, ordered bool) error {
+		if !ordered {
+			less := func(p, q Dropped) int { return int(p.ID) - int(q.ID) }
+			a, b = slices.Clone(a), slices.Clone(b)
+			slices.SortFunc(a, less)
+			slices.SortFunc(b, less)
+		}
+		if len(a) == 0 && len(b) == 0 {
+			return nil
+		}
+		if !slices.Equal(a, b) {
+			return fmt.Errorf("%s: index dropped %v, model %v", op, a, b)
+		}
+		return nil
+	}
+
+	for step := 0; step < maxOps; step++ {
+		if _, ok := next(1); !ok {
+			return nil
+		}
+		k := r(universe)
+		chain := path(k)
+		if r(4) == 0 && len(chain) > 1 { // a prefix of it
+			chain = chain[:1+r(len(chain)-1)]
+		}
+		var op string
+		var e error
+		switch c := r(20); {
+		case c < 4:
+			op = fmt.Sprintf("lookup %v", chain)
+			if a, b := x.Lookup(chain), m.lookup(chain); a != b {
+				e = fmt.Errorf("%s: index %d, model %d", op, a, b)
+			}
+		case c < 7:
+			op = fmt.Sprintf("pin %v", chain)
+			a, b := x.Pin(chain), m.pin(chain)
+			if a != b {
+				e = fmt.Errorf("%s: index %d, model %d", op, a, b)
+			} else if a > 0 {
+				pins = append(pins, chain[:a])
+			}
+		case c < 9:
+			var ch []uint64
+			if len(pins) > 0 && r(8) > 0 {
+				i := r(len(pins))
+				ch = pins[i]
+				pins = slices.Delete(pins, i, i+1)
+			} else {
+				// An unpin the index must refuse. A chain that is all pinned would be accepted, and
+				// unpinning a prefix nobody pinned is a caller bug the index cannot see: skip those.
+				ch = chain
+				valid := true
+				for _, id := range ch {
+					if b := m.b[id]; b == nil || b.pins == 0 {
+						valid = false
+					}
+				}
+				if valid {
+					ch = append(slices.Clone(ch), 1<<60)
+				}
+			}
+			op = fmt.Sprintf("unpin %v", ch)
+			a, ae := x.Unpin(ch)
+			b, be := m.unpin(ch)
+			if e = sameErr(op, ae, be); e == nil {
+				e = sameDropped(op, a, b, false)
+			}
+		case c < 13:
+			from := m.walk(chain)
+			if r(6) == 0 {
+				from = r(len(chain) + 1)
+			}
+			size := int64(50 * (1 + r(4)))
+			if r(30) == 0 {
+				size = 0
+			}
+			op = fmt.Sprintf("reserve %v from %d size %d", chain, from, size)
+			a, ae := x.Reserve(chain, from, size)
+			b, be := m.reserve(chain, from, size)
+			if e = sameErr(op, ae, be); e == nil {
+				if a.N != b.N || a.Stop != b.Stop || a.From != b.From {
+					e = fmt.Errorf("%s: index %d %s, model %d %s", op, a.N, a.Stop, b.N, b.Stop)
+				} else {
+					e = sameDropped(op, a.Evicted, b.Evicted, true)
+				}
+				if a.N > 0 {
+					reservations = append(reservations, slices.Clone(chain[from:from+a.N]))
+				}
+			}
+		case c < 16 && len(reservations) > 0:
+			i := r(len(reservations))
+			res := reservations[i]
+			n := 1 + r(len(res))
+			ids := res[:n]
+			if r(10) == 0 { // out of order or partial garbage
+				ids = res[len(res)-n:]
+			}
+			locs := make([]uint64, len(ids))
+			for j, id := range ids {
+				locs[j] = id*100 + uint64(step)
+			}
+			op = fmt.Sprintf("commit %v", ids)
+			a, ae := x.Commit(ids, locs)
+			b, be := m.commit(ids, locs)
+			if e = sameErr(op, ae, be); e == nil {
+				e = sameDropped(op, a, b, false)
+				if ae == nil {
+					reservations[i] = res[len(ids):]
+					if len(ids) < n { // committed a suffix: nothing left to track sensibly
+						reservations[i] = nil
+					}
+				}
+			}
+			if len(reservations[i]) == 0 {
+				reservations = slices.Delete(reservations, i, i+1)
+			}
+		case c < 17 && len(reservations) > 0:
+			i := r(len(reservations))
+			res := reservations[i]
+			ids := res[r(len(res)):]
+			op = fmt.Sprintf("abort %v", ids)
+			a, ae := x.Abort(ids)
+			b, be := m.abort(ids)
+			if e = sameErr(op, ae, be); e == nil {
+				e = sameDropped(op, a, b, false)
+				if ae == nil {
+					reservations[i] = res[:len(res)-len(ids)]
+				}
+			}
+			if len(reservations[i]) == 0 {
+				reservations = slices.Delete(reservations, i, i+1)
+			}
+		case c < 18:
+			id := chain[len(chain)-1]
+			op = fmt.Sprintf("remove %d", id)
+			a, ae := x.Remove(id)
+			b, be := m.remove(id)
+			if e = sameErr(op, ae, be); e == nil {
+				e = sameDropped(op, a, b, false)
+			}
+		case c < 19:
+			n := int64(r(400))
+			op = fmt.Sprintf("evict %d", n)
+			e = sameDropped(op, x.Evict(n), m.evict(n), true)
+		default:
+			if r(4) == 0 {
+				c := int64(200 + 100*r(15))
+				op = fmt.Sprintf("set-capacity %d", c)
+				a, ae := x.SetCapacity(c)
+				if e = sameErr(op, ae, nil); e == nil {
+					e = sameDropped(op, a, m.setCapacity(c), true)
+				}
+			} else {
+				op = "check"
+			}
+		}
+		if e == nil {
+			e = compare(x, m)
+		}
+		if e != nil {
+			return fmt.Errorf("step %d (%s): %w", step, op, e)
+		}
+		// Drop tracked reservations whose blocks left (Remove + Commit/Abort cascades).
+		for i := 0; i < len(reservations); i++ {
+			res := reservations[i]
+			j := 0
+			for j < len(res) && m.b[res[j]] != nil && m.b[res[j]].pending {
+				j++
+			}
+			if j < len(res) {
+				reservations[i] = res[:j]
+			}
+			if len(reservations[i]) == 0 {
+				reservations = slices.Delete(reservations, i, i+1)
+				i--
+			}
+		}
+	}
+	return nil
+}
+
+func compare(x *Index, m *model) error {
+	if err := x.Check(); err != nil {
+		return fmt.Errorf("invariant: %w", err)
+	}
+	st := x.Stats()
+	if st.Blocks != len(m.b) {
+		return fmt.Errorf("index has %d blocks, model %d", st.Blocks, len(m.b))
+	}
+	for id, b := range m.b {
+		e, ok := x.Get(id)
+		want := StateResident
+		if b.pending {
+			want = StatePending
+		} else if b.pins > 0 {
+			want = StatePinned
+		}
+		if !ok || e.State != want || e.Pins != b.pins || e.Draining != b.doomed || e.SizeBytes != b.size ||
+			e.Loc != b.loc || e.HasParent != b.hasParent || e.Parent != b.parent {
+			return fmt.Errorf("block %d: index %+v, model %+v", id, e, *b)
+		}
+	}
+	if a, b := x.LRU(), m.lru(); !slices.Equal(a, b) {
+		return fmt.Errorf("LRU: index %v, model %v", a, b)
+	}
+	return nil
+}
+
+func TestModelRandomized(t *testing.T) {
+	seeds := 200
+	if testing.Short() {
+		seeds = 20
+	}
+	for seed := uint64(1); seed <= uint64(seeds); seed++ {
+		rng := rand.New(rand.NewPCG(seed, 0x7e57))
+		next := func(n int) (int, bool) {
+			if n <= 1 {
+				return 0, true
+			}
+			return rng.IntN(n), true
+		}
+		if err := simulate(next, 600); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+}
