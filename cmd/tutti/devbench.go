@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tutti-io/tutti/eval/devbench"
+	"golang.org/x/term"
+)
+
+func init() {
+	register("devbench", "measure a device: O_DIRECT reads/writes through io_uring and pread (the ceiling)", runDevbench)
+}
+
+func runDevbench(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("devbench", stderr)
+	d := devbench.DefaultConfig()
+	path := fs.String("path", "", "file, directory (a test file is created in it) or block device to measure (required)")
+	bsFlag := fs.String("bs", "4k,16k,64k,256k,1m,4m", "block sizes, comma-separated (4k, 1m, 65536, ...)")
+	qdFlag := fs.String("qd", "1,4,16,64,256", "queue depths (for pread: goroutines), comma-separated")
+	engines := fs.String("engines", "uring,uring-sqpoll,pread", "engines: "+strings.Join(devbench.Engines, ","))
+	ops := fs.String("ops", "randread,seqread", "ops: "+strings.Join(devbench.Ops, ",")+" (writes overwrite the target)")
+	runtimeFlag := fs.Duration("runtime", d.Runtime, "measuring time per grid point")
+	sizeFlag := fs.String("size", "1GiB", "test file size (a block device is used whole)")
+	keep := fs.Bool("keep", false, "keep the test file this run wrote")
+	jsonOut := fs.Bool("json", false, "print rows as JSON (one array) instead of a table")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tutti devbench --path FILE_OR_DEVICE [flags]")
+		fmt.Fprintln(stderr, "\nfio-style O_DIRECT measurement: IOPS, bytes/s, latency p50/p99, CPU s per GiB per (engine, op, block size, queue depth).")
+		fmt.Fprintln(stderr, "example: tutti devbench --path /tmp --bs 4k,1m --qd 8,64 --engines uring,pread --ops randread --runtime 2s --size 1GiB")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErr(fs.Usage, fmt.Errorf("unexpected arguments %q", fs.Args()))
+	}
+	if *path == "" {
+		return usageErr(fs.Usage, errors.New("--path is required"))
+	}
+	cfg := devbench.Config{Path: *path, Runtime: *runtimeFlag, Keep: *keep, Seed: 1}
+	var err error
+	if cfg.BlockSizes, err = parseSizes(*bsFlag); err != nil {
+		return usageErr(fs.Usage, fmt.Errorf("--bs: %w", err))
+	}
+	if cfg.QueueDepths, err = parseInts(*qdFlag); err != nil {
+		return usageErr(fs.Usage, fmt.Errorf("--qd: %w", err))
+	}
+	cfg.Engines, cfg.Ops = splitList(*engines), splitList(*ops)
+	if cfg.SizeBytes, err = devbench.ParseBytes(*sizeFlag); err != nil {
+		return usageErr(fs.Usage, fmt.Errorf("--size: %w", err))
+	}
+	if err := cfg.Validate(); err != nil {
+		return usageErr(fs.Usage, err)
+	}
+	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		cfg.Progress = progressBar(f)
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer cancel()
+	started := time.Now()
+	rows, err := devbench.Run(ctx, cfg)
+	if cfg.Progress != nil {
+		fmt.Fprint(stderr, "\r\033[K")
+	}
+	if err != nil {
+		if len(rows) > 0 {
+			printRows(stdout, rows, *jsonOut)
+		}
+		return err
+	}
+	if err := printRows(stdout, rows, *jsonOut); err != nil {
+		return err
+	}
+	if !*jsonOut {
+		host, _ := os.Hostname()
+		fmt.Fprintf(stdout, "\n%d rows in %v on %s (%d CPUs), %s UTC\n", len(rows), time.Since(started).Round(time.Second), host, numCPU(), started.UTC().Format("2006-01-02 15:04"))
+	}
+	return nil
+}
+
+// usageErr prints the usage and returns err; flag errors exit 2 (like flag
+// parse errors) after the message.
+func usageErr(usage func(), err error) error {
+	usage()
+	return fmt.Errorf("%w", err)
+}
+
+func printRows(w io.Writer, rows []devbench.Row, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "engine\top\tbs\tqd\tIOPS\tMB/s\tp50 µs\tp99 µs\tCPU s/GiB\tsqpoll CPU s\t")
+	for _, r := range rows {
+		sq := "-"
+		if r.Engine == "uring-sqpoll" {
+			sq = fmt.Sprintf("%.2f", r.SQPollCPUS)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.3f\t%s\t\n", r.Engine, r.Op, devbench.FormatBytes(int64(r.BlockBytes)), r.QueueDepth,
+			r.IOPS, r.BytesPerS/1e6, r.P50Us, r.P99Us, r.CPUSPerGiB, sq)
+	}
+	return tw.Flush()
+}
+
+func progressBar(w io.Writer) func(done, total int, spec devbench.Spec, row *devbench.Row) {
+	return func(done, total int, spec devbench.Spec, row *devbench.Row) {
+		const width = 30
+		fill := done * width / max(total, 1)
+		last := ""
+		if row != nil {
+			last = fmt.Sprintf("  %.0f IOPS %.1f MB/s", row.IOPS, row.BytesPerS/1e6)
+		}
+		fmt.Fprintf(w, "\r\033[K[%s%s] %d/%d %s%s", strings.Repeat("#", fill), strings.Repeat(" ", width-fill), done, total, spec, last)
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parseSizes(s string) ([]int, error) {
+	var out []int
+	for _, p := range splitList(s) {
+		v, err := devbench.ParseBytes(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, int(v))
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty list")
+	}
+	return out, nil
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, p := range splitList(s) {
+		v, err := strconv.Atoi(p)
+		if err != nil {
+			return nil, fmt.Errorf("bad number %q", p)
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty list")
+	}
+	return out, nil
+}
+
+func numCPU() int { return runtime.NumCPU() }

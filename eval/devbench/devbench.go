@@ -1,0 +1,347 @@
+// Package devbench measures a storage device the way every later tutti
+// benchmark divides by: O_DIRECT reads (and writes when asked) over a grid of
+// block sizes and queue depths, through io_uring (plain and SQPOLL) and
+// through pread(2) from N goroutines. It backs `tutti devbench`, and Ceiling
+// gives other benchmarks the device's ceiling measured in their own run.
+package devbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Engines and ops devbench knows.
+var (
+	Engines = []string{"uring", "uring-sqpoll", "pread"}
+	Ops     = []string{"randread", "seqread", "randwrite", "seqwrite"}
+)
+
+// Row is one measured point. The JSON field names are part of the CLI's
+// contract. For pread, QueueDepth is the number of goroutines.
+type Row struct {
+	Engine     string  `json:"engine"`
+	Op         string  `json:"op"`
+	BlockBytes int     `json:"block_bytes"`
+	QueueDepth int     `json:"queue_depth"`
+	IOPS       float64 `json:"iops"`
+	BytesPerS  float64 `json:"bytes_per_s"`
+	P50Us      float64 `json:"p50_us"`
+	P99Us      float64 `json:"p99_us"`
+	CPUSPerGiB float64 `json:"cpu_s_per_gib"` // process CPU (getrusage RUSAGE_SELF, which includes the iou-sqp thread on Linux 6.18) per GiB moved
+
+	Ops        int64   `json:"-"` // I/Os completed
+	Seconds    float64 `json:"-"` // wall time of the row
+	CPUSeconds float64 `json:"-"` // process CPU during the row
+	SQPollCPUS float64 `json:"-"` // of which the SQPOLL thread (uring-sqpoll only)
+}
+
+// Config of a run. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	Path        string   // file, directory (a test file is created in it), or block device
+	BlockSizes  []int    // bytes; multiples of the device's O_DIRECT alignment
+	QueueDepths []int    // 1..4096
+	Engines     []string // of Engines
+	Ops         []string // of Ops
+	Runtime     time.Duration
+	SizeBytes   int64 // test file size (ignored for a block device: its size is used)
+	Keep        bool  // keep a test file this run created
+	Seed        uint64
+	// Progress, if set, is called before each row (row == nil) and after it.
+	Progress func(done, total int, spec Spec, row *Row)
+}
+
+// Spec names one grid point.
+type Spec struct {
+	Engine     string
+	Op         string
+	BlockBytes int
+	QueueDepth int
+}
+
+func (s Spec) String() string {
+	return fmt.Sprintf("%s %s %s qd%d", s.Engine, s.Op, FormatBytes(int64(s.BlockBytes)), s.QueueDepth)
+}
+
+// DefaultConfig is the full grid: 4 KiB..4 MiB, queue depth 1..256, the
+// three engines, random and sequential reads, 1 s a row, a 1 GiB file.
+func DefaultConfig() Config {
+	return Config{
+		BlockSizes:  []int{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20},
+		QueueDepths: []int{1, 4, 16, 64, 256},
+		Engines:     []string{"uring", "uring-sqpoll", "pread"},
+		Ops:         []string{"randread", "seqread"},
+		Runtime:     time.Second,
+		SizeBytes:   1 << 30,
+		Seed:        1,
+	}
+}
+
+// maxBufferBytes bounds the I/O memory of one row (block size × depth).
+const maxBufferBytes = 1 << 30
+
+func (c *Config) fill() {
+	d := DefaultConfig()
+	if len(c.BlockSizes) == 0 {
+		c.BlockSizes = d.BlockSizes
+	}
+	if len(c.QueueDepths) == 0 {
+		c.QueueDepths = d.QueueDepths
+	}
+	if len(c.Engines) == 0 {
+		c.Engines = d.Engines
+	}
+	if len(c.Ops) == 0 {
+		c.Ops = d.Ops
+	}
+	if c.Runtime == 0 {
+		c.Runtime = d.Runtime
+	}
+	if c.SizeBytes == 0 {
+		c.SizeBytes = d.SizeBytes
+	}
+}
+
+// Validate reports the first bad setting in words a user can act on.
+func (c *Config) Validate() error {
+	if c.Path == "" {
+		return errors.New("no path: give a file, directory or block device")
+	}
+	for _, e := range c.Engines {
+		if !contains(Engines, e) {
+			return fmt.Errorf("unknown engine %q (want %s)", e, strings.Join(Engines, ", "))
+		}
+	}
+	for _, o := range c.Ops {
+		if !contains(Ops, o) {
+			return fmt.Errorf("unknown op %q (want %s)", o, strings.Join(Ops, ", "))
+		}
+	}
+	for _, bs := range c.BlockSizes {
+		if bs < 512 || bs%512 != 0 || bs > 64<<20 {
+			return fmt.Errorf("block size %d: must be a multiple of 512 between 512 B and 64 MiB", bs)
+		}
+	}
+	for _, qd := range c.QueueDepths {
+		if qd < 1 || qd > 4096 {
+			return fmt.Errorf("queue depth %d: must be in 1..4096", qd)
+		}
+	}
+	if c.Runtime <= 0 || c.Runtime > time.Hour {
+		return fmt.Errorf("runtime %v: must be in (0, 1h]", c.Runtime)
+	}
+	if c.SizeBytes < 1<<20 {
+		return fmt.Errorf("size %d: must be at least 1 MiB", c.SizeBytes)
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Run measures every grid point (engines × ops × block sizes × queue depths,
+// in that nesting) and returns one Row each. The test target is prepared
+// first (a file is written with real data) and removed at the end unless
+// Keep. A grid point whose buffers would exceed 1 GiB is skipped (reported
+// through Progress with a nil row and listed in the error-free result as
+// absent). ctx cancels between and within rows.
+func Run(ctx context.Context, cfg Config) ([]Row, error) {
+	cfg.fill()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	writes := false
+	for _, o := range cfg.Ops {
+		writes = writes || strings.HasSuffix(o, "write")
+	}
+	t, err := openTarget(ctx, cfg.Path, cfg.SizeBytes, writes, cfg.Keep, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	defer t.close()
+	for _, bs := range cfg.BlockSizes {
+		if uint32(bs)%t.file.DirectAlign != 0 {
+			return nil, fmt.Errorf("block size %d is not a multiple of %s's O_DIRECT alignment %d", bs, t.path, t.file.DirectAlign)
+		}
+		if int64(bs) > t.sizeBytes {
+			return nil, fmt.Errorf("block size %d exceeds the target size %d", bs, t.sizeBytes)
+		}
+	}
+	var specs []Spec
+	for _, e := range cfg.Engines {
+		for _, o := range cfg.Ops {
+			for _, bs := range cfg.BlockSizes {
+				for _, qd := range cfg.QueueDepths {
+					if int64(bs)*int64(qd) > maxBufferBytes {
+						continue
+					}
+					specs = append(specs, Spec{Engine: e, Op: o, BlockBytes: bs, QueueDepth: qd})
+				}
+			}
+		}
+	}
+	rows := make([]Row, 0, len(specs))
+	for i, s := range specs {
+		if err := ctx.Err(); err != nil {
+			return rows, err
+		}
+		if cfg.Progress != nil {
+			cfg.Progress(i, len(specs), s, nil)
+		}
+		row, err := measure(ctx, t, s, cfg.Runtime, cfg.Seed+uint64(i))
+		if err != nil {
+			return rows, fmt.Errorf("%s: %w", s, err)
+		}
+		rows = append(rows, row)
+		if cfg.Progress != nil {
+			cfg.Progress(i+1, len(specs), s, &row)
+		}
+	}
+	return rows, nil
+}
+
+// Ceiling measures the device's read ceiling in the caller's own run: 1 MiB
+// O_DIRECT random reads at queue depth 32 through the uring engine for 2 s
+// over a test file of sizeBytes (created in path if path is a directory or
+// does not exist, and removed afterwards; an existing file or block device is
+// read as is). It returns bytes/s and the row.
+func Ceiling(ctx context.Context, path string, sizeBytes int64) (float64, Row, error) {
+	rows, err := Run(ctx, Config{
+		Path: path, BlockSizes: []int{1 << 20}, QueueDepths: []int{32},
+		Engines: []string{"uring"}, Ops: []string{"randread"},
+		Runtime: 2 * time.Second, SizeBytes: sizeBytes, Seed: 1,
+	})
+	if err != nil {
+		return 0, Row{}, fmt.Errorf("measuring the device ceiling of %s: %w", path, err)
+	}
+	if len(rows) != 1 {
+		return 0, Row{}, fmt.Errorf("measuring the device ceiling of %s: no row", path)
+	}
+	return rows[0].BytesPerS, rows[0], nil
+}
+
+// result is what an engine loop returns.
+type result struct {
+	ops, bytes int64
+	lat        hist
+	elapsed    time.Duration
+	sqpollCPU  time.Duration
+}
+
+func measure(ctx context.Context, t *target, s Spec, runtime time.Duration, seed uint64) (Row, error) {
+	cpu0 := processCPU()
+	var res *result
+	var err error
+	switch s.Engine {
+	case "uring", "uring-sqpoll":
+		res, err = runUring(ctx, t, s, runtime, seed, s.Engine == "uring-sqpoll")
+	case "pread":
+		res, err = runPread(ctx, t, s, runtime, seed)
+	}
+	if err != nil {
+		return Row{}, err
+	}
+	cpu := processCPU() - cpu0
+	secs := res.elapsed.Seconds()
+	row := Row{
+		Engine: s.Engine, Op: s.Op, BlockBytes: s.BlockBytes, QueueDepth: s.QueueDepth,
+		IOPS: float64(res.ops) / secs, BytesPerS: float64(res.bytes) / secs,
+		P50Us: res.lat.quantile(0.50) / 1e3, P99Us: res.lat.quantile(0.99) / 1e3,
+		Ops: res.ops, Seconds: secs, CPUSeconds: cpu.Seconds(), SQPollCPUS: res.sqpollCPU.Seconds(),
+	}
+	if res.bytes > 0 {
+		row.CPUSPerGiB = cpu.Seconds() / (float64(res.bytes) / (1 << 30))
+	}
+	if math.IsNaN(row.P50Us) {
+		row.P50Us, row.P99Us = 0, 0
+	}
+	return row, nil
+}
+
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// offsets generates block offsets: uniform random, or one sequential cursor
+// shared by all in-flight I/O (wrapping at the end).
+type offsets struct {
+	seq    bool
+	blocks uint64
+	next   uint64
+	bs     uint64
+	rng    uint64 // xorshift state
+}
+
+func newOffsets(op string, sizeBytes int64, bs int, seed uint64) *offsets {
+	return &offsets{seq: strings.HasPrefix(op, "seq"), blocks: uint64(sizeBytes) / uint64(bs), bs: uint64(bs), rng: seed*0x9e3779b97f4a7c15 | 1}
+}
+
+func (o *offsets) get() uint64 {
+	if o.seq {
+		b := o.next
+		o.next++
+		if o.next == o.blocks {
+			o.next = 0
+		}
+		return b * o.bs
+	}
+	o.rng ^= o.rng << 13
+	o.rng ^= o.rng >> 7
+	o.rng ^= o.rng << 17
+	return (o.rng % o.blocks) * o.bs
+}
+
+// FormatBytes prints 4096 as "4k", 1<<20 as "1m" (the CLI's own syntax).
+func FormatBytes(n int64) string {
+	for _, u := range []struct {
+		s string
+		v int64
+	}{{"g", 1 << 30}, {"m", 1 << 20}, {"k", 1 << 10}} {
+		if n >= u.v && n%u.v == 0 {
+			return fmt.Sprintf("%d%s", n/u.v, u.s)
+		}
+	}
+	return fmt.Sprint(n)
+}
+
+// ParseBytes reads "4096", "4k", "4K", "4KiB", "1m", "1MiB", "2g", "1GiB".
+func ParseBytes(s string) (int64, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "ib"), "b")
+	mult := int64(1)
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'k':
+			mult, t = 1<<10, t[:n-1]
+		case 'm':
+			mult, t = 1<<20, t[:n-1]
+		case 'g':
+			mult, t = 1<<30, t[:n-1]
+		case 't':
+			mult, t = 1<<40, t[:n-1]
+		}
+	}
+	var v int64
+	if _, err := fmt.Sscan(t, &v); err != nil || v <= 0 || fmt.Sprint(v) != t {
+		return 0, fmt.Errorf("bad size %q (examples: 4k, 1m, 1GiB, 65536)", s)
+	}
+	if v > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q too large", s)
+	}
+	return v * mult, nil
+}

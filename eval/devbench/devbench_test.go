@@ -1,0 +1,147 @@
+package devbench
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseBytes(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"4k", 4096, true}, {"4K", 4096, true}, {"4KiB", 4096, true}, {"1m", 1 << 20, true},
+		{"1GiB", 1 << 30, true}, {"2g", 2 << 30, true}, {"65536", 65536, true}, {"1MB", 1 << 20, true},
+		{"", 0, false}, {"k", 0, false}, {"-4k", 0, false}, {"4x", 0, false}, {"1.5m", 0, false}, {"0", 0, false},
+	} {
+		got, err := ParseBytes(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParseBytes(%q) = %d, %v; want %d ok=%v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	base := DefaultConfig()
+	base.Path = "/tmp"
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		msg  string
+	}{
+		{"no path", func(c *Config) { c.Path = "" }, "no path"},
+		{"engine", func(c *Config) { c.Engines = []string{"spdk"} }, "unknown engine"},
+		{"op", func(c *Config) { c.Ops = []string{"randrw"} }, "unknown op"},
+		{"bs", func(c *Config) { c.BlockSizes = []int{1000} }, "block size"},
+		{"qd", func(c *Config) { c.QueueDepths = []int{0} }, "queue depth"},
+		{"runtime", func(c *Config) { c.Runtime = -time.Second }, "runtime"},
+		{"size", func(c *Config) { c.SizeBytes = 4096 }, "size"},
+	} {
+		c := base
+		tc.mod(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want an error about %q", tc.name, err, tc.msg)
+		}
+	}
+}
+
+// TestRunSmallGrid runs every engine and op for a few milliseconds on a
+// test file in a temp dir: rows are complete, the file is removed, and the
+// JSON carries exactly the contract's field names.
+func TestRunSmallGrid(t *testing.T) {
+	dir := t.TempDir()
+	var progress int
+	rows, err := Run(context.Background(), Config{
+		Path: dir, BlockSizes: []int{4096, 65536}, QueueDepths: []int{1, 4},
+		Engines: Engines, Ops: Ops, Runtime: 20 * time.Millisecond, SizeBytes: 4 << 20,
+		Progress: func(done, total int, s Spec, r *Row) { progress++ },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(Engines) * len(Ops) * 2 * 2; len(rows) != want || progress != 2*want {
+		t.Fatalf("%d rows, %d progress calls; want %d rows", len(rows), progress, want)
+	}
+	for _, r := range rows {
+		if r.Ops == 0 || r.IOPS <= 0 || r.BytesPerS != r.IOPS*float64(r.BlockBytes) && r.BytesPerS <= 0 || r.P50Us <= 0 || r.P99Us < r.P50Us {
+			t.Fatalf("incomplete row %+v", r)
+		}
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 0 {
+		t.Fatalf("test file left behind: %v", ents)
+	}
+	b, err := json.Marshal(rows[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	json.Unmarshal(b, &m)
+	want := []string{"engine", "op", "block_bytes", "queue_depth", "iops", "bytes_per_s", "p50_us", "p99_us", "cpu_s_per_gib"}
+	if len(m) != len(want) {
+		t.Fatalf("JSON fields %v, want exactly %v", m, want)
+	}
+	for _, k := range want {
+		if _, ok := m[k]; !ok {
+			t.Fatalf("JSON lacks %q: %s", k, b)
+		}
+	}
+}
+
+func TestKeepAndReuse(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dev.dat")
+	cfg := Config{Path: path, BlockSizes: []int{4096}, QueueDepths: []int{2}, Engines: []string{"uring"},
+		Ops: []string{"seqread"}, Runtime: 10 * time.Millisecond, SizeBytes: 2 << 20, Keep: true}
+	if _, err := Run(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.Size() != 2<<20 {
+		t.Fatalf("kept file: %v %v", st, err)
+	}
+	// An existing, fully written file is reused and not removed.
+	cfg.Keep = false
+	if _, err := Run(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("an existing file was removed: %v", err)
+	}
+	// Too small for the requested size: a clear error.
+	cfg.SizeBytes = 8 << 20
+	if _, err := Run(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "less than --size") {
+		t.Fatalf("want a size error, got %v", err)
+	}
+}
+
+func TestBadPaths(t *testing.T) {
+	for _, tc := range []struct{ path, msg string }{
+		{"/nonexistent-dir/x/y", "no such file"},
+		{"/dev/null", "neither a regular file"},
+	} {
+		_, err := Run(context.Background(), Config{Path: tc.path, BlockSizes: []int{4096}, QueueDepths: []int{1},
+			Engines: []string{"uring"}, Ops: []string{"randread"}, Runtime: time.Millisecond, SizeBytes: 1 << 20})
+		if err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want error containing %q", tc.path, err, tc.msg)
+		}
+	}
+}
+
+func TestCeiling(t *testing.T) {
+	if testing.Short() {
+		t.Skip("2 s measurement")
+	}
+	bps, row, err := Ceiling(context.Background(), t.TempDir(), 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bps <= 0 || row.Engine != "uring" || row.BlockBytes != 1<<20 || row.QueueDepth != 32 {
+		t.Fatalf("ceiling %v row %+v", bps, row)
+	}
+}

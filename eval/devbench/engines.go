@@ -1,0 +1,214 @@
+package devbench
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tutti-io/tutti/uring"
+)
+
+// runUring keeps s.QueueDepth I/Os in flight on one ring, owned by this
+// goroutine (locked to its thread for SINGLE_ISSUER/DEFER_TASKRUN), with the
+// file and the buffer registered (READ_FIXED/WRITE_FIXED). Each callback
+// resubmits its completion until the deadline.
+func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed uint64, sqpoll bool) (*result, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	qd, bs := s.QueueDepth, s.BlockBytes
+	cfg := uring.Config{Entries: uint32(qd), MaxInFlight: qd, SQThreadCPU: -1}
+	if sqpoll {
+		cfg.SQPoll, cfg.SQThreadIdleMs = true, 100
+	} else {
+		cfg.SingleIssuer, cfg.DeferTaskrun = true, true
+	}
+	r, err := uring.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	buf, err := uring.AllocBuffer(qd * bs)
+	if err != nil {
+		return nil, err
+	}
+	defer buf.Free()
+	if s.Op == "randwrite" || s.Op == "seqwrite" {
+		fillPattern(buf.Bytes(), seed)
+	}
+	if err := r.RegisterFiles([]*uring.File{t.file}); err != nil {
+		return nil, err
+	}
+	defer r.RegisterFiles(nil)
+	if err := r.RegisterBuffers([]*uring.Buffer{buf}); err != nil {
+		return nil, err
+	}
+	defer r.RegisterBuffers(nil)
+
+	write := strings.HasSuffix(s.Op, "write")
+	offs := newOffsets(s.Op, t.sizeBytes, bs, seed)
+	cs := make([]uring.Completion, qd)
+	started := make([]int64, qd)
+	res := &result{}
+	var ioErr error
+	stop := false
+	epoch := time.Now()
+	submit := func(c *uring.Completion) {
+		i := c.UserData
+		addr := buf.Addr() + uintptr(int(i)*bs)
+		if write {
+			c.PrepWriteFixed(t.file, buf, 0, addr, uint32(bs), offs.get())
+		} else {
+			c.PrepReadFixed(t.file, buf, 0, addr, uint32(bs), offs.get())
+		}
+		started[i] = int64(time.Since(epoch))
+		if err := r.Submit(c); err != nil && ioErr == nil {
+			ioErr = err
+		}
+	}
+	cb := func(c *uring.Completion) {
+		if stop {
+			return // drained after the deadline: not counted
+		}
+		res.lat.add(int64(time.Since(epoch)) - started[c.UserData])
+		if c.Err != nil {
+			if ioErr == nil {
+				ioErr = c.Err
+			}
+			return
+		}
+		if c.Result != int64(bs) && ioErr == nil {
+			ioErr = fmt.Errorf("%s at offset %d: %d of %d bytes", s.Op, c.Offset(), c.Result, bs)
+		}
+		res.ops++
+		res.bytes += c.Result
+		submit(c)
+	}
+	for i := range cs {
+		cs[i].UserData = uint64(i)
+		cs[i].Callback = cb
+	}
+	var sq0 time.Duration
+	if sqpoll {
+		sq0, _ = r.SQPollCPUTime()
+	}
+	start := time.Now()
+	deadline := start.Add(dur)
+	for i := range cs {
+		submit(&cs[i])
+	}
+	for r.InFlight() > 0 {
+		if err := r.Flush(1); err != nil {
+			return nil, err
+		}
+		if !stop && (ioErr != nil || time.Now().After(deadline) || ctx.Err() != nil) {
+			stop = true
+			res.elapsed = time.Since(start)
+		}
+	}
+	if ioErr != nil {
+		return nil, ioErr
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if sqpoll {
+		sq1, err := r.SQPollCPUTime()
+		if err == nil {
+			res.sqpollCPU = sq1 - sq0
+		}
+	}
+	return res, nil
+}
+
+// runPread runs s.QueueDepth goroutines, each doing pread(2)/pwrite(2) of
+// its own buffer slice in a loop until the deadline.
+func runPread(ctx context.Context, t *target, s Spec, dur time.Duration, seed uint64) (*result, error) {
+	n, bs := s.QueueDepth, s.BlockBytes
+	buf, err := uring.AllocBuffer(n * bs)
+	if err != nil {
+		return nil, err
+	}
+	defer buf.Free()
+	write := strings.HasSuffix(s.Op, "write")
+	if write {
+		fillPattern(buf.Bytes(), seed)
+	}
+	// Sequential ops share one cursor, as the in-flight I/Os of the ring do.
+	var mu sync.Mutex
+	shared := newOffsets(s.Op, t.sizeBytes, bs, seed)
+	results := make([]result, n)
+	errs := make([]error, n)
+	start := time.Now()
+	deadline := start.Add(dur)
+	var wg sync.WaitGroup
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			own := newOffsets(s.Op, t.sizeBytes, bs, seed+uint64(w)*7919)
+			addr := buf.Addr() + uintptr(w*bs)
+			res := &results[w]
+			for i := 0; ; i++ {
+				var off uint64
+				if own.seq {
+					mu.Lock()
+					off = shared.get()
+					mu.Unlock()
+				} else {
+					off = own.get()
+				}
+				t0 := time.Now()
+				var got int
+				var err error
+				if write {
+					got, err = uring.Pwrite(t.file, addr, uint32(bs), off)
+				} else {
+					got, err = uring.Pread(t.file, addr, uint32(bs), off)
+				}
+				t1 := time.Now()
+				if err == nil && got != bs {
+					err = fmt.Errorf("%s at offset %d: %d of %d bytes", s.Op, off, got, bs)
+				}
+				if err != nil {
+					errs[w] = fmt.Errorf("pread engine: %w", err)
+					return
+				}
+				res.lat.add(int64(t1.Sub(t0)))
+				res.ops++
+				res.bytes += int64(got)
+				if t1.After(deadline) || i%64 == 0 && ctx.Err() != nil {
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	total := &result{elapsed: time.Since(start)}
+	for w := range results {
+		if errs[w] != nil {
+			return nil, errs[w]
+		}
+		total.ops += results[w].ops
+		total.bytes += results[w].bytes
+		total.lat.merge(&results[w].lat)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return total, nil
+}
+
+func fillPattern(b []byte, seed uint64) {
+	x := seed*0x9e3779b97f4a7c15 | 1
+	for i := range b {
+		if i%8 == 0 {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+		}
+		b[i] = byte(x >> (8 * (i % 8)))
+	}
+}

@@ -1,0 +1,139 @@
+package devbench
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/tutti-io/tutti/uring"
+	"golang.org/x/sys/unix"
+)
+
+// target is the file or device under test, opened with O_DIRECT.
+type target struct {
+	path      string
+	file      *uring.File
+	sizeBytes int64 // bytes of the target that I/O covers
+	created   bool  // a test file this run wrote (removed at close unless keep)
+	keep      bool
+}
+
+func directErr(path string, err error) error {
+	if errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("opening %s with O_DIRECT: %w (the file system does not support O_DIRECT, e.g. tmpfs: use a loop device, `losetup -f --show FILE`, or a disk-backed path)", path, err)
+	}
+	return err
+}
+
+func openTarget(ctx context.Context, path string, sizeBytes int64, writes, keep bool, seed uint64) (*target, error) {
+	if sizeBytes%(1<<20) != 0 {
+		sizeBytes = (sizeBytes + 1<<20 - 1) / (1 << 20) * (1 << 20)
+	}
+	st, err := os.Stat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return createTarget(ctx, path, sizeBytes, keep, seed)
+	case err != nil:
+		return nil, fmt.Errorf("checking %s: %w", path, err)
+	case st.IsDir():
+		return createTarget(ctx, filepath.Join(path, fmt.Sprintf("tutti-devbench-%d.dat", os.Getpid())), sizeBytes, keep, seed)
+	case st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0:
+		flags := unix.O_RDONLY | unix.O_DIRECT
+		if writes {
+			flags = unix.O_RDWR | unix.O_DIRECT
+		}
+		f, err := uring.OpenFile(path, flags, 0)
+		if err != nil {
+			return nil, directErr(path, err)
+		}
+		end, err := unix.Seek(int(f.FD), 0, io.SeekEnd)
+		if err != nil || end < 1<<20 {
+			f.Close()
+			return nil, fmt.Errorf("block device %s: size %d (%v): need at least 1 MiB", path, end, err)
+		}
+		return &target{path: path, file: f, sizeBytes: end / (1 << 20) * (1 << 20)}, nil
+	case st.Mode().IsRegular():
+		if st.Size() < sizeBytes {
+			return nil, fmt.Errorf("%s exists with %d bytes, less than --size %d: remove it, or pass a smaller --size", path, st.Size(), sizeBytes)
+		}
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Blocks*512 < sizeBytes {
+			return nil, fmt.Errorf("%s is sparse (%d of %d bytes allocated): reads of holes do not touch the device; remove it and let devbench write it", path, sys.Blocks*512, st.Size())
+		}
+		flags := unix.O_RDONLY | unix.O_DIRECT
+		if writes {
+			flags = unix.O_RDWR | unix.O_DIRECT
+		}
+		f, err := uring.OpenFile(path, flags, 0)
+		if err != nil {
+			return nil, directErr(path, err)
+		}
+		return &target{path: path, file: f, sizeBytes: sizeBytes}, nil
+	default:
+		return nil, fmt.Errorf("%s is neither a regular file, a directory nor a block device", path)
+	}
+}
+
+// createTarget writes a new file of sizeBytes of pseudo-random data (real
+// blocks, not sparse, not compressible) with O_DIRECT, then fsyncs it.
+func createTarget(ctx context.Context, path string, sizeBytes int64, keep bool, seed uint64) (*target, error) {
+	if _, err := os.Stat(filepath.Dir(path)); err != nil {
+		return nil, fmt.Errorf("creating test file %s: %w", path, err)
+	}
+	f, err := uring.OpenFile(path, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_DIRECT, 0o644)
+	if err != nil {
+		os.Remove(path)
+		return nil, directErr(path, err)
+	}
+	t := &target{path: path, file: f, sizeBytes: sizeBytes, created: true, keep: keep}
+	if err := t.fill(ctx, seed); err != nil {
+		t.keep = false
+		t.close()
+		return nil, fmt.Errorf("writing test file %s: %w", path, err)
+	}
+	return t, nil
+}
+
+func (t *target) fill(ctx context.Context, seed uint64) error {
+	const chunk = 1 << 20
+	buf, err := uring.AllocBuffer(chunk)
+	if err != nil {
+		return err
+	}
+	defer buf.Free()
+	x := seed*0x9e3779b97f4a7c15 | 1
+	b := buf.Bytes()
+	for off := int64(0); off < t.sizeBytes; off += chunk {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		for i := 0; i < chunk; i += 8 {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			binary.LittleEndian.PutUint64(b[i:], x)
+		}
+		n, err := uring.Pwrite(t.file, buf.Addr(), chunk, uint64(off))
+		if err != nil {
+			return err
+		}
+		if n != chunk {
+			return fmt.Errorf("short write at %d: %d bytes", off, n)
+		}
+	}
+	return unix.Fsync(int(t.file.FD))
+}
+
+func (t *target) close() error {
+	err := t.file.Close()
+	if t.created && !t.keep {
+		if rerr := os.Remove(t.path); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	return err
+}
