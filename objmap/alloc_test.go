@@ -1,0 +1,95 @@
+package objmap
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/datadriven"
+)
+
+// allocGeom makes the arithmetic readable: one layer, one 4 KiB chunk, so a
+// run of n chunks takes (n+1) blocks of 4096 bytes.
+var allocGeom = Geometry{Layers: 1, KVHeads: 1, HeadDim: 1024, DType: FP32, Planes: 1, PageTokens: 1, ChunkPages: 1}
+
+func TestAllocatorDataDriven(t *testing.T) {
+	datadriven.RunTest(t, "testdata/alloc", func(t *testing.T, d *datadriven.TestData) string {
+		return allocCmd(t, d)
+	})
+}
+
+var allocState struct {
+	a    *allocator
+	runs map[string]span
+	next int
+}
+
+func allocCmd(t *testing.T, d *datadriven.TestData) string {
+	s := &allocState
+	intArg := func(key string, def int) int {
+		if !d.HasArg(key) {
+			return def
+		}
+		var v int
+		d.ScanArgs(t, key, &v)
+		return v
+	}
+	var out strings.Builder
+	switch d.Cmd {
+	case "init":
+		files, bytes := intArg("files", 1), intArg("bytes", 40960)
+		sizes := make([]int64, files)
+		for i := range sizes {
+			sizes[i] = int64(bytes)
+		}
+		s.a = newAllocator(allocGeom, sizes)
+		s.runs = map[string]span{}
+		s.next = 1
+	case "alloc":
+		spans := s.a.alloc(intArg("chunks", 1), intArg("maxrun", MaxRunChunks(allocGeom)), intArg("maxruns", 64))
+		total := 0
+		for _, sp := range spans {
+			name := fmt.Sprintf("r%d", s.next)
+			s.next++
+			s.runs[name] = sp
+			total += sp.chunks
+			fmt.Fprintf(&out, "%s: file %d [%d,+%d) chunks %d\n", name, sp.file, sp.off, sp.n, sp.chunks)
+		}
+		fmt.Fprintf(&out, "allocated %d of %d chunks\n", total, intArg("chunks", 1))
+	case "free", "qfree":
+		var name string
+		d.ScanArgs(t, "run", &name)
+		sp, ok := s.runs[name]
+		if !ok {
+			return "no run " + name
+		}
+		if d.Cmd == "free" {
+			if err := s.a.free(sp.file, extent{sp.off, sp.n}); err != nil {
+				return "error: " + err.Error()
+			}
+			delete(s.runs, name)
+		} else {
+			s.a.quarantineFree(sp.file, extent{sp.off, sp.n}, uint64(intArg("lsn", 0)))
+			delete(s.runs, name)
+		}
+	case "freeext":
+		if err := s.a.free(intArg("file", 0), extent{int64(intArg("off", 0)), int64(intArg("len", 4096))}); err != nil {
+			return "error: " + err.Error()
+		}
+	case "release":
+		if err := s.a.release(uint64(intArg("lsn", 0))); err != nil {
+			return "error: " + err.Error()
+		}
+	case "carve":
+		err := s.a.carve(intArg("file", 0), extent{int64(intArg("off", 0)), int64(intArg("len", 4096))})
+		if err != nil {
+			return "error: " + err.Error()
+		}
+	case "freebytes":
+		return fmt.Sprintf("free %d quarantined %d", s.a.freeBytes(), s.a.quarantinedBytes())
+	default:
+		t.Fatalf("unknown command %s", d.Cmd)
+	}
+	out.WriteString(s.a.String())
+	return out.String()
+}
