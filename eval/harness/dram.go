@@ -1,0 +1,108 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DRAM keeps chain blocks in host memory: the upper bound of any storage tier
+// (no device, one memcpy per page and layer, layer by layer). Its capacity is
+// the shared block capacity, so Available refuses when that would not fit in
+// half of the machine's available memory.
+type DRAM struct {
+	env    Env
+	blocks map[uint64][]byte
+}
+
+// NewDRAM returns the dram backend.
+func NewDRAM() *DRAM { return &DRAM{} }
+
+func (d *DRAM) Name() string { return "dram" }
+
+func (d *DRAM) Available() error { return nil }
+
+// checkMemory refuses capacities beyond half of MemAvailable.
+func checkMemory(capacityBytes int64) error {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return nil // cannot tell; the allocation itself will fail loudly
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			if capacityBytes > kb*1024/2 {
+				return fmt.Errorf("dram: capacity %d MiB exceeds half of available memory (%d MiB): %w",
+					capacityBytes>>20, kb>>10, ErrUnavailable)
+			}
+		}
+	}
+	return nil
+}
+
+func (d *DRAM) Open(env Env) error {
+	if err := checkMemory(env.CapacityBytes); err != nil {
+		return err
+	}
+	d.env, d.blocks = env, map[uint64][]byte{}
+	return nil
+}
+
+func (d *DRAM) Restore(req *Request) (RestoreResult, error) {
+	g := d.env.Geometry
+	res := RestoreResult{LayerReady: make([]time.Duration, g.Layers)}
+	for b := 0; b < req.Hit; b++ {
+		if d.blocks[req.Chain[b]] == nil {
+			return res, fmt.Errorf("dram: restoring block %d (%d): not stored", b, req.Chain[b])
+		}
+	}
+	start := time.Now()
+	for l := 0; l < g.Layers; l++ {
+		for b := 0; b < req.Hit; b++ {
+			scatterLayer(&d.env, d.blocks[req.Chain[b]], l, req.BlockPages(g.ChunkPages, b))
+			res.IOs++
+		}
+		res.LayerReady[l] = time.Since(start)
+	}
+	res.Blocks, res.Runs = req.Hit, req.Hit
+	res.Bytes = int64(req.Hit) * g.ChunkBytes()
+	return res, nil
+}
+
+func (d *DRAM) Save(req *Request) (SaveResult, error) {
+	g := d.env.Geometry
+	var res SaveResult
+	for b := req.Hit; b < req.SaveEnd; b++ {
+		buf := make([]byte, g.ChunkBytes())
+		gatherBlock(&d.env, buf, req.BlockPages(g.ChunkPages, b))
+		d.blocks[req.Chain[b]] = buf
+		res.Blocks++
+		res.Bytes += g.ChunkBytes()
+		res.IOs++
+	}
+	return res, nil
+}
+
+func (d *DRAM) Evict(ids []uint64) error {
+	for _, id := range ids {
+		delete(d.blocks, id)
+	}
+	return nil
+}
+
+func (d *DRAM) Close() error { d.blocks = nil; return nil }
+
+// Recompute keeps nothing: every request prefills from scratch. It is the
+// baseline any cache must beat.
+type Recompute struct{}
+
+func (Recompute) Name() string                            { return "recompute" }
+func (Recompute) Available() error                        { return nil }
+func (Recompute) Open(Env) error                          { return nil }
+func (Recompute) Lookup([]uint64) int                     { return 0 }
+func (Recompute) Restore(*Request) (RestoreResult, error) { return RestoreResult{}, nil }
+func (Recompute) Save(*Request) (SaveResult, error)       { return SaveResult{}, nil }
+func (Recompute) Evict([]uint64) error                    { return nil }
+func (Recompute) Close() error                            { return nil }

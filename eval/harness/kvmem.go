@@ -1,0 +1,139 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tutti-io/tutti/eval/kvdata"
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/uring"
+)
+
+// KVMemory is the engine's paged KV cache in host memory, in vLLM's per-layer
+// layout: one off-heap tensor per layer, [planes, num_pages, page_tokens,
+// kv_heads, head_dim]. Backends read into it and write from it directly
+// (it is mmap'd, so O_DIRECT I/O may target it). Free releases it once.
+type KVMemory struct {
+	Geometry objmap.Geometry
+	NumPages int
+	Layers   []*uring.Buffer // one per layer
+
+	free []int32 // free page ids (stack)
+}
+
+// NewKVMemory allocates numPages pages of every layer.
+func NewKVMemory(g objmap.Geometry, numPages int) (*KVMemory, error) {
+	per, err := g.TensorBytes(objmap.LayoutPerLayer, numPages)
+	if err != nil {
+		return nil, err
+	}
+	if per > 1<<40 {
+		return nil, fmt.Errorf("KV memory of %d bytes per layer: too large", per)
+	}
+	m := &KVMemory{Geometry: g, NumPages: numPages}
+	for l := 0; l < g.Layers; l++ {
+		b, err := uring.AllocBuffer(int(per))
+		if err != nil {
+			m.Free()
+			return nil, fmt.Errorf("allocating KV memory layer %d (%d bytes): %w", l, per, err)
+		}
+		m.Layers = append(m.Layers, b)
+	}
+	m.free = make([]int32, numPages)
+	for i := range m.free {
+		m.free[i] = int32(numPages - 1 - i)
+	}
+	return m, nil
+}
+
+// Bytes is the total size.
+func (m *KVMemory) Bytes() int64 {
+	per, _ := m.Geometry.TensorBytes(objmap.LayoutPerLayer, m.NumPages)
+	return per * int64(m.Geometry.Layers)
+}
+
+// Page returns the bytes of (layer, plane, page): a view into the layer's
+// buffer, valid until Free.
+func (m *KVMemory) Page(layer, plane int, page int32) []byte {
+	off, err := m.Geometry.PageOffset(objmap.LayoutPerLayer, m.NumPages, layer, plane, int(page))
+	if err != nil {
+		panic(err) // page ids come from Alloc; a bad one is a harness bug
+	}
+	n := m.Geometry.PageBytesPerPlane()
+	return m.Layers[layer].Bytes()[off : off+n]
+}
+
+// PageAddr is the address of Page(layer, plane, page).
+func (m *KVMemory) PageAddr(layer, plane int, page int32) uintptr {
+	off, err := m.Geometry.PageOffset(objmap.LayoutPerLayer, m.NumPages, layer, plane, int(page))
+	if err != nil {
+		panic(err)
+	}
+	return m.Layers[layer].Addr() + uintptr(off)
+}
+
+// ErrNoPages is returned when a request needs more pages than are free.
+var ErrNoPages = errors.New("not enough free KV pages")
+
+// Alloc takes n free pages.
+func (m *KVMemory) Alloc(n int) ([]int32, error) {
+	if n > len(m.free) {
+		return nil, fmt.Errorf("%w: want %d, %d free of %d", ErrNoPages, n, len(m.free), m.NumPages)
+	}
+	out := append([]int32(nil), m.free[len(m.free)-n:]...)
+	m.free = m.free[:len(m.free)-n]
+	return out, nil
+}
+
+// Release returns pages taken by Alloc.
+func (m *KVMemory) Release(pages []int32) { m.free = append(m.free, pages...) }
+
+// FillBlock writes the deterministic KV of chain block id into its pages (all
+// layers and planes), as a prefill would produce it.
+func (m *KVMemory) FillBlock(id uint64, pages []int32) {
+	for l := 0; l < m.Geometry.Layers; l++ {
+		for p := 0; p < m.Geometry.Planes; p++ {
+			for i, pg := range pages {
+				kvdata.Fill(m.Page(l, p, pg), kvdata.Key{Block: id, Layer: l, Plane: p, Page: i})
+			}
+		}
+	}
+}
+
+// VerifyBlock checks chain block id in its pages and returns how many pages
+// (per layer and plane) differ from what was saved.
+func (m *KVMemory) VerifyBlock(id uint64, pages []int32) int {
+	bad := 0
+	for l := 0; l < m.Geometry.Layers; l++ {
+		for p := 0; p < m.Geometry.Planes; p++ {
+			for i, pg := range pages {
+				if kvdata.Verify(m.Page(l, p, pg), kvdata.Key{Block: id, Layer: l, Plane: p, Page: i}) >= 0 {
+					bad++
+				}
+			}
+		}
+	}
+	return bad
+}
+
+// Scribble zeroes pages (content no block has), so a restore that writes
+// nothing cannot pass verification with stale content.
+func (m *KVMemory) Scribble(pages []int32) {
+	for l := 0; l < m.Geometry.Layers; l++ {
+		for p := 0; p < m.Geometry.Planes; p++ {
+			for _, pg := range pages {
+				clear(m.Page(l, p, pg))
+			}
+		}
+	}
+}
+
+// Free releases the memory.
+func (m *KVMemory) Free() error {
+	var errs []error
+	for _, b := range m.Layers {
+		errs = append(errs, b.Free())
+	}
+	m.Layers = nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,369 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tutti-io/tutti/eval/blockstat"
+	"github.com/tutti-io/tutti/eval/devbench"
+	"github.com/tutti-io/tutti/eval/metrics"
+	"github.com/tutti-io/tutti/eval/model"
+	"github.com/tutti-io/tutti/eval/trace"
+)
+
+// Config of a replay.
+type Config struct {
+	Requests []trace.Request // arrival times final (window, scale, spread applied)
+	Profile  model.Profile
+	Dir      string    // store root; each backend gets Dir/<name>
+	Backends []Backend // run in this order on the same requests
+	// CapacityBlocks caps the storage of every backend (evicting leaf-first
+	// LRU beyond it); 0 = every distinct block of the requests fits.
+	CapacityBlocks int
+	QueueDepth     int     // I/Os in flight per backend; 0 = 64
+	Compute        Compute // prefill model
+	SLOms          float64 // p90 TTFT target; 0 = 2 × recompute's unloaded p90
+	EBPF           bool    // count device bytes with eBPF (else diskstats only)
+	// CeilingBytes is the size of the devbench ceiling file; 0 = 256 MiB,
+	// negative = do not measure a ceiling.
+	CeilingBytes int64
+	// Progress, if set, is called after each request of each backend.
+	Progress func(backend string, done, total int)
+}
+
+// BackendResult is one backend's row: the --json object.
+type BackendResult struct {
+	Backend string `json:"backend"`
+	Label   string `json:"label,omitempty"`
+	Skipped string `json:"skipped,omitempty"` // why it did not run
+
+	Requests                int     `json:"requests"`
+	TTFTmsP50               float64 `json:"ttft_ms_p50"`
+	TTFTmsP90               float64 `json:"ttft_ms_p90"`
+	TTFTmsP99               float64 `json:"ttft_ms_p99"`
+	MaxRateAtSLO            float64 `json:"max_rate_at_slo"`
+	BytesPerS               float64 `json:"bytes_per_s"`
+	CeilingFraction         float64 `json:"ceiling_fraction"`
+	CPUSPerGiB              float64 `json:"cpu_s_per_gib"`
+	DeviceReadBytes         uint64  `json:"device_read_bytes"`
+	DeviceBytesSource       string  `json:"device_bytes_source"`
+	VerifyMismatches        int64   `json:"verify_mismatches"`
+	HitBlocks               int64   `json:"hit_blocks"`
+	RestoredBytes           int64   `json:"restored_bytes"`
+	IOsPerLayerRequestMean  float64 `json:"ios_per_layer_request_mean"`
+	RunsPerRequestMean      float64 `json:"runs_per_request_mean"`
+	BlocksPerRequestMean    float64 `json:"blocks_per_request_mean"`
+	IOsPerRequestMean       float64 `json:"ios_per_request_mean"`
+	HitRatio                float64 `json:"hit_ratio"`
+	GPUStallMsMean          float64 `json:"gpu_stall_ms_mean"`
+	Fallbacks               int64   `json:"fallbacks"`
+	SaveFallbacks           int64   `json:"save_fallbacks"`
+	SavedBytes              int64   `json:"saved_bytes"`
+	SaveCPUSPerGiB          float64 `json:"save_cpu_s_per_gib"`
+	EvictedBlocks           int64   `json:"evicted_blocks"`
+	DeviceWriteBytes        uint64  `json:"device_write_bytes"`
+	DiskstatsReadBytes      uint64  `json:"diskstats_read_bytes"`
+	DeviceReadLatencyP50Us  float64 `json:"device_read_latency_p50_us,omitempty"`
+	DeviceReadLatencyP99Us  float64 `json:"device_read_latency_p99_us,omitempty"`
+	DirectIO                bool    `json:"direct_io"`
+	WallSeconds             float64 `json:"wall_s"`
+	LoadSeconds             float64 `json:"load_s"`
+	SaveSeconds             float64 `json:"save_s"`
+	ComputeModel            string  `json:"compute"`
+	RequestsWithHitsRestore int     `json:"requests_with_hits"`
+
+	// Not in JSON: for the report and plots.
+	TTFTms     []float64   `json:"-"`
+	Curve      []RatePoint `json:"-"`
+	BandwidthT []float64   `json:"-"`
+	Bandwidth  []float64   `json:"-"`
+	Services   []Service   `json:"-"`
+}
+
+// Result of a replay.
+type Result struct {
+	Model          string
+	Geometry       string
+	Trace          trace.Summary
+	CapacityBlocks int
+	CapacityBytes  int64
+	DistinctBlocks int64
+	KVMemoryBytes  int64
+	SLOms          float64
+	SLOSource      string
+	CeilingBytesPS float64
+	CeilingNote    string
+	ComputeModel   string
+	Backends       []BackendResult
+	Started        time.Time
+	Host           string
+}
+
+// Run replays cfg.Requests through every backend.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if len(cfg.Requests) == 0 {
+		return nil, errors.New("replay: no requests")
+	}
+	g, err := cfg.Profile.Geometry()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.QueueDepth <= 0 {
+		cfg.QueueDepth = 64
+	}
+	sum := trace.Summarize(cfg.Requests)
+	capBlocks := cfg.CapacityBlocks
+	if capBlocks <= 0 || int64(capBlocks) > sum.DistinctBlocks {
+		capBlocks = int(sum.DistinctBlocks)
+	}
+	if capBlocks < 1 {
+		capBlocks = 1
+	}
+	maxBlocks := 0
+	for _, r := range cfg.Requests {
+		maxBlocks = max(maxBlocks, len(r.HashIDs))
+	}
+	host, _ := os.Hostname()
+	res := &Result{
+		Model: cfg.Profile.Name, Geometry: g.String(), Trace: sum,
+		CapacityBlocks: capBlocks, CapacityBytes: int64(capBlocks) * g.ChunkBytes(),
+		DistinctBlocks: sum.DistinctBlocks, ComputeModel: cfg.Compute.Label,
+		Started: time.Now().UTC(), Host: host,
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+
+	// One page pool for all backends, sized for the largest request.
+	kv, err := NewKVMemory(g, max(1, maxBlocks)*g.ChunkPages)
+	if err != nil {
+		return nil, fmt.Errorf("replay: KV memory for a %d-block request: %w", maxBlocks, err)
+	}
+	defer kv.Free()
+	res.KVMemoryBytes = kv.Bytes()
+
+	// The SLO: by default twice the unloaded p90 TTFT of prefill from scratch.
+	res.SLOms, res.SLOSource = cfg.SLOms, "given"
+	if res.SLOms <= 0 {
+		var ttft []float64
+		for _, r := range cfg.Requests {
+			ttft = append(ttft, float64(g.Layers)*float64(cfg.Compute.Layer(r.InputTokens, 0))/1e6)
+		}
+		res.SLOms = 2 * metrics.Percentile(ttft, 0.9)
+		res.SLOSource = "2 × p90 TTFT of recompute without queueing"
+	}
+
+	if cfg.CeilingBytes >= 0 {
+		size := cfg.CeilingBytes
+		if size == 0 {
+			size = 256 << 20
+		}
+		bps, _, err := devbench.Ceiling(ctx, filepath.Join(cfg.Dir, "ceiling.dat"), size)
+		if err != nil {
+			res.CeilingNote = "not measured: " + err.Error()
+		} else {
+			res.CeilingBytesPS = bps
+			res.CeilingNote = fmt.Sprintf("devbench: 1 MiB O_DIRECT random reads, QD 32, uring, 2 s, %d MiB file in %s", size>>20, cfg.Dir)
+		}
+	}
+
+	for _, b := range cfg.Backends {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		br, err := runBackend(ctx, cfg, res, g.Layers, kv, b)
+		if err != nil {
+			return res, fmt.Errorf("replay: backend %s: %w", b.Name(), err)
+		}
+		res.Backends = append(res.Backends, br)
+	}
+	return res, nil
+}
+
+func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KVMemory, b Backend) (BackendResult, error) {
+	g := kv.Geometry
+	br := BackendResult{Backend: b.Name(), ComputeModel: cfg.Compute.Label}
+	if l, ok := b.(Labeler); ok {
+		br.Label = l.Label()
+	}
+	if d, ok := b.(DirectIO); ok {
+		br.DirectIO = d.DirectIO()
+	}
+	if err := b.Available(); err != nil {
+		br.Skipped = err.Error()
+		return br, nil
+	}
+	dir := filepath.Join(cfg.Dir, b.Name())
+	if err := os.RemoveAll(dir); err != nil {
+		return br, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return br, err
+	}
+	env := Env{Profile: cfg.Profile, Geometry: g, Dir: dir, CapacityBlocks: res.CapacityBlocks,
+		CapacityBytes: res.CapacityBytes, KV: kv, QueueDepth: cfg.QueueDepth}
+	if err := b.Open(env); err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			br.Skipped = err.Error()
+			return br, nil
+		}
+		return br, fmt.Errorf("open: %w", err)
+	}
+	defer b.Close()
+
+	self, selfIndexed := b.(SelfIndexed)
+	index := NewIndex(res.CapacityBlocks)
+	meter := blockstat.StartMeter(dir, cfg.EBPF)
+	wall := time.Now()
+	var loadCPU, saveCPU time.Duration
+	var loadTime, saveTime time.Duration
+	var withHits, hitBlocks, ios, runs int64
+	var stalls []float64
+
+	for seq, tr := range cfg.Requests {
+		if err := ctx.Err(); err != nil {
+			meter.Stop()
+			return br, err
+		}
+		req := &Request{Seq: seq, Trace: tr, Chain: tr.HashIDs}
+		pages, err := kv.Alloc(len(req.Chain) * g.ChunkPages)
+		if err != nil {
+			meter.Stop()
+			return br, err
+		}
+		req.Pages = pages
+		if selfIndexed {
+			req.Hit = self.Lookup(req.Chain)
+		} else {
+			req.Hit = index.Lookup(req.Chain)
+		}
+
+		svc := Service{ArrivalMs: tr.ArrivalMs, Layers: layers}
+		restored := 0
+		if req.Hit > 0 {
+			kv.Scribble(pages[:req.Hit*g.ChunkPages])
+			c0, _ := blockstat.ProcessCPU()
+			t0 := time.Now()
+			rr, err := b.Restore(req)
+			d := time.Since(t0)
+			c1, _ := blockstat.ProcessCPU()
+			if err != nil {
+				meter.Stop()
+				return br, fmt.Errorf("request %d (trace line %d): restore: %w", seq, tr.Line, err)
+			}
+			loadCPU += c1.Sub(c0).Total()
+			loadTime += d
+			restored = rr.Blocks
+			for blk := 0; blk < rr.Blocks; blk++ {
+				br.VerifyMismatches += int64(kv.VerifyBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk)))
+			}
+			br.Fallbacks += int64(rr.Fallbacks)
+			br.RestoredBytes += rr.Bytes
+			withHits++
+			hitBlocks += int64(rr.Blocks)
+			ios += rr.IOs
+			runs += int64(rr.Runs)
+			if rr.Blocks > 0 {
+				svc.LayerReady, svc.Load, svc.Bytes = rr.LayerReady, d, rr.Bytes
+			}
+		}
+		// The prefill computes the rest: its KV goes into the pages.
+		for blk := restored; blk < len(req.Chain); blk++ {
+			kv.FillBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk))
+		}
+		cachedTokens := min(restored*cfg.Profile.BlockTokens(), tr.InputTokens)
+		svc.LayerCompute = cfg.Compute.Layer(tr.InputTokens-cachedTokens, cachedTokens)
+
+		// Save what is new, within the capacity.
+		end := len(req.Chain)
+		if !selfIndexed {
+			var evict []uint64
+			end, evict = index.Admit(req.Chain, req.Hit)
+			if err := b.Evict(evict); err != nil {
+				meter.Stop()
+				return br, err
+			}
+			br.EvictedBlocks += int64(len(evict))
+		}
+		req.SaveEnd = end
+		if end > req.Hit {
+			c0, _ := blockstat.ProcessCPU()
+			t0 := time.Now()
+			sr, err := b.Save(req)
+			d := time.Since(t0)
+			c1, _ := blockstat.ProcessCPU()
+			if err != nil {
+				meter.Stop()
+				return br, fmt.Errorf("request %d (trace line %d): save: %w", seq, tr.Line, err)
+			}
+			saveCPU += c1.Sub(c0).Total()
+			saveTime += d
+			svc.Save = d
+			br.SavedBytes += sr.Bytes
+			br.SaveFallbacks += int64(sr.Fallbacks)
+			if !selfIndexed {
+				index.Insert(req.Chain, req.Hit, req.Hit+sr.Blocks)
+			}
+		}
+		kv.Release(pages)
+		br.Services = append(br.Services, svc)
+		br.Requests++
+		if cfg.Progress != nil {
+			cfg.Progress(b.Name(), seq+1, len(cfg.Requests))
+		}
+	}
+	m := meter.Stop()
+	br.WallSeconds = time.Since(wall).Seconds()
+	br.LoadSeconds, br.SaveSeconds = loadTime.Seconds(), saveTime.Seconds()
+	br.DeviceReadBytes = m.DeviceReadBytes()
+	br.DeviceBytesSource = m.Source()
+	br.DiskstatsReadBytes = m.DiskReadBytes
+	br.DeviceWriteBytes = m.DiskWriteBytes
+	if m.EBPF {
+		br.DeviceWriteBytes = m.EBPFWriteBytes
+		if m.ReadLatency.Count() > 0 {
+			br.DeviceReadLatencyP50Us = float64(m.ReadLatency.Quantile(0.5)) / 1e3
+			br.DeviceReadLatencyP99Us = float64(m.ReadLatency.Quantile(0.99)) / 1e3
+		}
+	}
+
+	// Metrics from the measured services.
+	o := Simulate(br.Services, 1)
+	br.TTFTms = o.TTFTms
+	s := metrics.Summarize(o.TTFTms)
+	br.TTFTmsP50, br.TTFTmsP90, br.TTFTmsP99 = s.P50, s.P90, s.P99
+	stalls = o.StallMs
+	br.GPUStallMsMean = metrics.Mean(stalls)
+	br.Curve, br.MaxRateAtSLO = Sweep(br.Services, res.SLOms)
+	binMs := math.Max(1, (res.Trace.DurationMs+1)/200)
+	br.BandwidthT, br.Bandwidth = Bandwidth(br.Services, o, binMs)
+	br.HitBlocks = hitBlocks
+	var refs int64
+	for _, r := range cfg.Requests {
+		refs += int64(len(r.HashIDs))
+	}
+	if refs > 0 {
+		br.HitRatio = float64(hitBlocks) / float64(refs)
+	}
+	br.RequestsWithHitsRestore = int(withHits)
+	if withHits > 0 {
+		br.IOsPerRequestMean = float64(ios) / float64(withHits)
+		br.IOsPerLayerRequestMean = br.IOsPerRequestMean / float64(layers)
+		br.RunsPerRequestMean = float64(runs) / float64(withHits)
+		br.BlocksPerRequestMean = float64(hitBlocks) / float64(withHits)
+	}
+	if loadTime > 0 {
+		br.BytesPerS = float64(br.RestoredBytes) / loadTime.Seconds()
+	}
+	if res.CeilingBytesPS > 0 {
+		br.CeilingFraction = br.BytesPerS / res.CeilingBytesPS
+	}
+	br.CPUSPerGiB = blockstat.CPU{User: loadCPU}.PerGiB(br.RestoredBytes)
+	br.SaveCPUSPerGiB = blockstat.CPU{User: saveCPU}.PerGiB(br.SavedBytes)
+	return br, nil
+}

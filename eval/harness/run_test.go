@@ -1,0 +1,86 @@
+package harness
+
+import (
+	"context"
+	"testing"
+
+	"github.com/tutti-io/tutti/eval/model"
+	"github.com/tutti-io/tutti/eval/trace"
+)
+
+// synthetic returns requests that share prefixes: request i extends the
+// chain of request i/2 (so about half its blocks were seen before).
+func synthetic(n int) []trace.Request {
+	var reqs []trace.Request
+	next := uint64(1)
+	for i := 0; i < n; i++ {
+		var chain []uint64
+		if i > 0 {
+			chain = append(chain, reqs[i/2].HashIDs...)
+		}
+		for k := 0; k < 1+i%3; k++ {
+			chain = append(chain, next)
+			next++
+		}
+		reqs = append(reqs, trace.Request{Line: i + 1, TimestampMs: float64(i * 100), ArrivalMs: float64(i * 100),
+			InputTokens: len(chain)*512 - 100, OutputTokens: 10, HashIDs: chain})
+	}
+	return reqs
+}
+
+func TestRunAllCPUBackends(t *testing.T) {
+	p, _ := model.Lookup("tiny")
+	comp, err := NewCompute(p, DefaultGPUFLOPs, DefaultLayerFixedNs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, capBlocks := range []int{0, 12} { // everything fits; eviction
+		reqs := synthetic(24)
+		res, err := Run(context.Background(), Config{
+			Requests: reqs, Profile: p, Dir: t.TempDir(), CapacityBlocks: capBlocks,
+			Backends: []Backend{NewPageCache(), NewPerBlock(), NewDRAM(), Recompute{}},
+			Compute:  comp, EBPF: true, CeilingBytes: -1,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hits []int64
+		for _, b := range res.Backends {
+			if b.Skipped != "" {
+				t.Logf("%s skipped: %s", b.Backend, b.Skipped)
+				continue
+			}
+			if b.Requests != len(reqs) {
+				t.Fatalf("%s served %d requests, want %d", b.Backend, b.Requests, len(reqs))
+			}
+			if b.VerifyMismatches != 0 || b.Fallbacks != 0 {
+				t.Fatalf("%s: %d mismatches, %d fallbacks", b.Backend, b.VerifyMismatches, b.Fallbacks)
+			}
+			if b.DirectIO && b.DeviceReadBytes < uint64(b.RestoredBytes) {
+				t.Fatalf("%s: device read %d bytes < restored %d (%s)", b.Backend, b.DeviceReadBytes, b.RestoredBytes, b.DeviceBytesSource)
+			}
+			if b.Backend != "recompute" {
+				hits = append(hits, b.HitBlocks)
+				if b.HitBlocks == 0 || b.RestoredBytes != b.HitBlocks*p.BlockBytes() {
+					t.Fatalf("%s: %d hit blocks, %d bytes", b.Backend, b.HitBlocks, b.RestoredBytes)
+				}
+			} else if b.HitBlocks != 0 {
+				t.Fatal("recompute restored something")
+			}
+			if capBlocks > 0 && b.Backend != "recompute" && b.EvictedBlocks == 0 {
+				t.Fatalf("%s: capacity %d but nothing evicted", b.Backend, capBlocks)
+			}
+			if len(b.TTFTms) != len(reqs) || b.TTFTmsP50 <= 0 {
+				t.Fatalf("%s: TTFTs %v", b.Backend, b.TTFTms)
+			}
+			t.Logf("cap %d %s: hits %d, %.0f I/Os per request, device %d B (%s), ttft p50 %.2f ms",
+				capBlocks, b.Backend, b.HitBlocks, b.IOsPerRequestMean, b.DeviceReadBytes, b.DeviceBytesSource, b.TTFTmsP50)
+		}
+		// Same cache policy: every storing backend hit the same blocks.
+		for _, h := range hits {
+			if h != hits[0] {
+				t.Fatalf("cap %d: hit blocks differ between backends: %v", capBlocks, hits)
+			}
+		}
+	}
+}

@@ -1,0 +1,165 @@
+package harness
+
+import (
+	"math"
+	"time"
+
+	"github.com/tutti-io/tutti/eval/metrics"
+)
+
+// Service is what one request cost one backend, measured (load, save) or
+// modelled (compute). The timeline replays these at the arrival times.
+type Service struct {
+	ArrivalMs    float64         // after window, time scale and spreading
+	LayerReady   []time.Duration // from load start; empty when nothing was restored
+	Load         time.Duration   // device busy restoring
+	Save         time.Duration   // device busy saving
+	LayerCompute time.Duration   // per layer, for the tokens not restored
+	Layers       int
+	Bytes        int64 // restored
+}
+
+// Outcome is the timeline of one replay.
+type Outcome struct {
+	TTFTms    []float64 // per request
+	StallMs   []float64 // per request: time the GPU waited for loaded layers
+	LoadStart []float64 // ms, per request (= arrival when nothing is loaded)
+	LoadEnd   []float64
+}
+
+// Simulate runs the timeline with arrivals multiplied by scale (1 = as
+// given). Two FIFO servers: the device serves loads (requested at arrival)
+// and saves (requested when the request's prefill ends) in the order they
+// were requested; the GPU runs one prefill at a time, layer l starting when
+// layer l−1 is done and layer l is loaded. Deterministic.
+func Simulate(svc []Service, scale float64) Outcome {
+	o := Outcome{TTFTms: make([]float64, len(svc)), StallMs: make([]float64, len(svc)),
+		LoadStart: make([]float64, len(svc)), LoadEnd: make([]float64, len(svc))}
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	var devFree, gpuFree float64
+	type save struct{ readyMs, durMs float64 }
+	var saves []save // pending, in ready order (prefills end in order)
+	for i, s := range svc {
+		a := s.ArrivalMs * scale
+		// Saves requested before this arrival go first.
+		for len(saves) > 0 && saves[0].readyMs <= a {
+			devFree = math.Max(devFree, saves[0].readyMs) + saves[0].durMs
+			saves = saves[1:]
+		}
+		loadStart := a
+		if len(s.LayerReady) > 0 {
+			loadStart = math.Max(a, devFree)
+			devFree = loadStart + ms(s.Load)
+		}
+		o.LoadStart[i], o.LoadEnd[i] = loadStart, loadStart+ms(s.Load)
+		t := math.Max(a, gpuFree)
+		g0 := t
+		c := ms(s.LayerCompute)
+		for l := 0; l < s.Layers; l++ {
+			if l < len(s.LayerReady) {
+				t = math.Max(t, loadStart+ms(s.LayerReady[l]))
+			}
+			t += c
+		}
+		gpuFree = t
+		o.TTFTms[i] = t - a
+		o.StallMs[i] = math.Max(0, (t-g0)-float64(s.Layers)*c)
+		if s.Save > 0 {
+			saves = append(saves, save{readyMs: t, durMs: ms(s.Save)})
+		}
+	}
+	return o
+}
+
+// RatePoint is the SLO attainment at one request rate.
+type RatePoint struct {
+	RatePerS   float64
+	Attainment float64 // fraction of requests with TTFT ≤ SLO
+	P90ms      float64
+}
+
+// Sweep replays svc at request rates from 1/64 to 1024 times the base rate
+// (log grid, 4 points per doubling) and returns the attainment curve and the
+// highest rate whose p90 TTFT meets sloMs (refined by bisection between the
+// last passing and first failing grid point; 0 when even the lowest fails).
+func Sweep(svc []Service, sloMs float64) (curve []RatePoint, maxRate float64) {
+	if len(svc) < 2 {
+		return nil, 0
+	}
+	span := svc[len(svc)-1].ArrivalMs - svc[0].ArrivalMs
+	if span <= 0 {
+		return nil, 0
+	}
+	base := float64(len(svc)-1) / (span / 1000)
+	p90 := func(speed float64) float64 { return metrics.Percentile(Simulate(svc, 1/speed).TTFTms, 0.9) }
+	lastOK, firstBad := 0.0, 0.0
+	for k := -24; k <= 40; k++ {
+		speed := math.Pow(2, float64(k)/4)
+		o := Simulate(svc, 1/speed)
+		pt := RatePoint{RatePerS: base * speed, Attainment: metrics.Attainment(o.TTFTms, sloMs),
+			P90ms: metrics.Percentile(o.TTFTms, 0.9)}
+		curve = append(curve, pt)
+		if pt.P90ms <= sloMs {
+			if firstBad == 0 {
+				lastOK = speed
+			}
+		} else if firstBad == 0 {
+			firstBad = speed
+		}
+	}
+	if lastOK == 0 {
+		return curve, 0
+	}
+	if firstBad == 0 {
+		return curve, base * lastOK // meets the SLO at every rate tried
+	}
+	lo, hi := lastOK, firstBad
+	for i := 0; i < 30 && hi/lo > 1.001; i++ {
+		mid := math.Sqrt(lo * hi)
+		if p90(mid) <= sloMs {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return curve, base * lo
+}
+
+// Bandwidth bins restored bytes over the timeline into bins of binMs (each
+// load's bytes spread evenly over its interval). Returns bin start times and
+// bytes per second.
+func Bandwidth(svc []Service, o Outcome, binMs float64) (tMs, bytesPerS []float64) {
+	if len(svc) == 0 || binMs <= 0 {
+		return nil, nil
+	}
+	end := 0.0
+	for i := range svc {
+		end = math.Max(end, o.LoadEnd[i])
+	}
+	n := int(end/binMs) + 1
+	if n > 100000 {
+		n = 100000
+		binMs = end / float64(n-1)
+	}
+	bins := make([]float64, n)
+	for i, s := range svc {
+		a, b := o.LoadStart[i], o.LoadEnd[i]
+		if s.Bytes == 0 || b <= a {
+			continue
+		}
+		rate := float64(s.Bytes) / (b - a) // bytes per ms
+		for k := int(a / binMs); k < n && float64(k)*binMs < b; k++ {
+			lo, hi := math.Max(a, float64(k)*binMs), math.Min(b, float64(k+1)*binMs)
+			if hi > lo {
+				bins[k] += rate * (hi - lo)
+			}
+		}
+	}
+	tMs = make([]float64, n)
+	bytesPerS = make([]float64, n)
+	for k := range bins {
+		tMs[k] = float64(k) * binMs
+		bytesPerS[k] = bins[k] / (binMs / 1000)
+	}
+	return tMs, bytesPerS
+}

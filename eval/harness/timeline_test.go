@@ -1,0 +1,76 @@
+package harness
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestSimulate(t *testing.T) {
+	ms := time.Millisecond
+	svc := []Service{
+		// Loads 2 layers (ready at 4 and 8 ms), computes 1 ms per layer.
+		{ArrivalMs: 0, LayerReady: []time.Duration{4 * ms, 8 * ms}, Load: 8 * ms, LayerCompute: ms, Layers: 2, Bytes: 8e6},
+		// Arrives at 1 ms, nothing to load, waits for the GPU (free at 9 ms).
+		{ArrivalMs: 1, LayerCompute: 2 * ms, Layers: 2, Save: 3 * ms},
+		// Arrives at 2 ms, loads after the first load (device free at 8 ms).
+		{ArrivalMs: 2, LayerReady: []time.Duration{ms, 2 * ms}, Load: 2 * ms, LayerCompute: ms, Layers: 2, Bytes: 2e6},
+	}
+	o := Simulate(svc, 1)
+	// r0: layers ready 4, 8 → done 9. r1: GPU 9..13 → 12; its save is
+	// requested at 13, after r2's load (requested at 2): r2 loads 8..10,
+	// computes 13..15 → 13.
+	want := []float64{9, 12, 13}
+	for i, w := range want {
+		if math.Abs(o.TTFTms[i]-w) > 1e-9 {
+			t.Fatalf("request %d: TTFT %v want %v (all %v)", i, o.TTFTms[i], w, o.TTFTms)
+		}
+	}
+	// Request 0 stalled 7 ms on loads (9 ms wall, 2 ms compute); request 1 none.
+	if o.StallMs[0] != 7 || o.StallMs[1] != 0 {
+		t.Fatalf("stalls %v", o.StallMs)
+	}
+	// Slower arrivals (scale 100): no queueing, each TTFT is its own service.
+	o = Simulate(svc, 100)
+	if o.TTFTms[1] != 4 || o.TTFTms[2] != 3 {
+		t.Fatalf("unloaded TTFTs %v", o.TTFTms)
+	}
+}
+
+func TestSweepMonotone(t *testing.T) {
+	ms := time.Millisecond
+	var svc []Service
+	for i := 0; i < 50; i++ {
+		svc = append(svc, Service{ArrivalMs: float64(i) * 100, LayerReady: []time.Duration{5 * ms}, Load: 5 * ms,
+			LayerCompute: 5 * ms, Layers: 1, Bytes: 1e6})
+	}
+	curve, maxRate := Sweep(svc, 50)
+	if len(curve) == 0 || maxRate <= 0 {
+		t.Fatalf("max rate %v", maxRate)
+	}
+	// Each server needs 5 ms per request (200/s); 50 requests queue only so far.
+	if maxRate > 400 || maxRate < 10 {
+		t.Fatalf("max rate %v", maxRate)
+	}
+	for i := 1; i < len(curve); i++ {
+		if curve[i].P90ms+1e-9 < curve[i-1].P90ms {
+			t.Fatalf("p90 not monotone in rate at %d: %+v", i, curve[i-1:i+1])
+		}
+	}
+	if _, r := Sweep(svc, 1); r != 0 {
+		t.Fatalf("impossible SLO met at %v", r)
+	}
+}
+
+func TestBandwidth(t *testing.T) {
+	svc := []Service{{Bytes: 1000, LayerReady: []time.Duration{time.Second}}}
+	o := Outcome{LoadStart: []float64{0}, LoadEnd: []float64{1000}}
+	ts, bw := Bandwidth(svc, o, 250)
+	var total float64
+	for _, b := range bw {
+		total += b * 0.25
+	}
+	if len(ts) != 5 || math.Abs(total-1000) > 1e-6 || math.Abs(bw[0]-1000) > 1e-6 {
+		t.Fatalf("ts %v bw %v", ts, bw)
+	}
+}
