@@ -1,0 +1,208 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/sched"
+	"github.com/tutti-io/tutti/uring"
+)
+
+// Path selects who moves the bytes between the store and the engine's KV memory.
+type Path uint8
+
+const (
+	// PathCPU: io_uring submitted from Go into off-heap host staging, then
+	// copied into host KV memory. Needs no GPU.
+	PathCPU Path = iota
+	// PathGPU: package kernels drives the reads and scatters into device KV
+	// memory. Open fails (wrapping kernels.ErrNoGPU or kernels.ErrNotLoaded)
+	// where that path cannot run; it never falls back to PathCPU by itself.
+	PathGPU
+)
+
+func (p Path) String() string {
+	switch p {
+	case PathCPU:
+		return "cpu"
+	case PathGPU:
+		return "gpu"
+	}
+	return fmt.Sprintf("Path(%d)", uint8(p))
+}
+
+// Defaults applied by Open to zero fields (Validate accepts zero for them).
+const (
+	DefaultQueueDepth       = 64
+	DefaultStagingBytes     = 256 << 20
+	DefaultStagingSlotBytes = 64 << 20
+	DefaultSaveBoundMs      = 2000
+	DefaultMaxLoads         = 64
+)
+
+// Limits that bound what a Config may ask for.
+const (
+	maxQueueDepth  = 4096
+	maxStagingSlot = 1 << 30 // one read is one uring op: its length is a uint32
+	maxSaveBoundMs = 10 * 60 * 1000
+)
+
+// Config is what Open needs. The zero value of the tuning fields (QueueDepth,
+// StagingBytes, StagingSlotBytes, SaveBoundMs, MaxLoads) means the default.
+type Config struct {
+	// Dirs are the store directories; runs are striped over them. Each is
+	// locked by Open against a second process.
+	Dirs []string
+	// CapacityBytes is the on-disk capacity of the store (preallocated,
+	// split evenly over Dirs).
+	CapacityBytes int64
+
+	// Geometry is the model's KV shape; its fingerprint is in every header,
+	// so a store written for another shape is never served.
+	Geometry objmap.Geometry
+	// Layout is the engine's paged KV memory layout (per-layer tensors or
+	// one cross-layer tensor).
+	Layout objmap.Layout
+	// NumPages is the number of pages (blocks of Geometry.PageTokens tokens)
+	// in the engine's paged KV memory; every page index is checked against it.
+	NumPages int
+
+	// Path selects the CPU or the GPU data path.
+	Path Path
+
+	// QueueDepth bounds the I/Os in flight on each engine.
+	QueueDepth int
+	// StagingBytes is the off-heap staging memory allocated at Open; it
+	// bounds the bytes of reads and writes in flight.
+	StagingBytes int64
+	// StagingSlotBytes is the unit of staging: one read or write is at most
+	// one slot, so a (layer, run) larger than a slot takes several I/Os
+	// (counted in Stats.SplitIOs). Must divide StagingBytes.
+	StagingSlotBytes int64
+	// SaveBoundMs bounds how long a save may be deferred behind loads
+	// before it is issued regardless (the scheduler's save bound).
+	SaveBoundMs int
+	// MaxLoads bounds the Loads in flight at once; Load returns
+	// ErrBusy beyond it instead of queueing without bound.
+	MaxLoads int
+
+	// Compute predicts prefill time per layer (sched.FitCompute or
+	// sched.ComputeFromFLOPs from the model profile); the scheduler loads a
+	// cached block only where that beats recomputing it. Zero: no profile,
+	// every cached block is loaded.
+	Compute sched.ComputeModel
+	// Device is each directory's device profile (devbench); corrected online
+	// from completions. Zero: a conservative SSD (2 GB/s reads).
+	Device sched.DeviceProfile
+
+	// NewEngine, if set, makes the I/O engine instead of a real io_uring
+	// ring: tests pass a *uring.Sim here (seeded latency, fault injection).
+	// It is called once per engine at Open; the store owns and closes it.
+	NewEngine func() (uring.Engine, error)
+}
+
+// ErrConfig is wrapped by every Validate error.
+var ErrConfig = errors.New("runtime: invalid config")
+
+func configErr(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
+}
+
+// Validate reports the first field that is wrong, by name.
+func (c *Config) Validate() error {
+	if len(c.Dirs) == 0 {
+		return configErr("Dirs", "at least one directory is needed")
+	}
+	seen := make(map[string]bool, len(c.Dirs))
+	for i, d := range c.Dirs {
+		if d == "" {
+			return configErr(fmt.Sprintf("Dirs[%d]", i), "empty path")
+		}
+		if seen[d] {
+			return configErr(fmt.Sprintf("Dirs[%d]", i), "%q listed twice", d)
+		}
+		seen[d] = true
+	}
+	if c.CapacityBytes <= 0 {
+		return configErr("CapacityBytes", "must be > 0, got %d", c.CapacityBytes)
+	}
+	if err := c.Geometry.Validate(); err != nil {
+		return configErr("Geometry", "%v", err)
+	}
+	switch c.Layout {
+	case objmap.LayoutPerLayer, objmap.LayoutCrossLayer:
+	default:
+		return configErr("Layout", "unknown layout %d", c.Layout)
+	}
+	if c.NumPages <= 0 || c.NumPages > 1<<31-1 {
+		return configErr("NumPages", "must be in [1, 2^31), got %d", c.NumPages)
+	}
+	switch c.Path {
+	case PathCPU, PathGPU:
+	default:
+		return configErr("Path", "unknown path %d", c.Path)
+	}
+	if c.QueueDepth < 0 || c.QueueDepth > maxQueueDepth {
+		return configErr("QueueDepth", "must be in [0, %d], got %d", maxQueueDepth, c.QueueDepth)
+	}
+	if c.StagingBytes < 0 {
+		return configErr("StagingBytes", "must be >= 0, got %d", c.StagingBytes)
+	}
+	if c.StagingSlotBytes < 0 || c.StagingSlotBytes > maxStagingSlot {
+		return configErr("StagingSlotBytes", "must be in [0, %d], got %d", maxStagingSlot, c.StagingSlotBytes)
+	}
+	if c.StagingSlotBytes%4096 != 0 {
+		return configErr("StagingSlotBytes", "must be a multiple of 4096, got %d", c.StagingSlotBytes)
+	}
+	if c.SaveBoundMs < 0 || c.SaveBoundMs > maxSaveBoundMs {
+		return configErr("SaveBoundMs", "must be in [0, %d], got %d", maxSaveBoundMs, c.SaveBoundMs)
+	}
+	if c.MaxLoads < 0 || c.MaxLoads > 1<<16 {
+		return configErr("MaxLoads", "must be in [0, 65536], got %d", c.MaxLoads)
+	}
+	w := c.withDefaults()
+	if w.StagingBytes%w.StagingSlotBytes != 0 {
+		return configErr("StagingBytes", "%d is not a multiple of StagingSlotBytes %d", w.StagingBytes, w.StagingSlotBytes)
+	}
+	if w.StagingBytes/w.StagingSlotBytes < 2 {
+		return configErr("StagingBytes", "%d holds fewer than 2 slots of %d bytes (the load pipeline needs 2)", w.StagingBytes, w.StagingSlotBytes)
+	}
+	if pb := c.Geometry.PageBytesPerLayer(); w.StagingSlotBytes < pb {
+		return configErr("StagingSlotBytes", "%d is smaller than one page of one layer (%d bytes)", w.StagingSlotBytes, pb)
+	}
+	return nil
+}
+
+// withDefaults returns c with zero tuning fields replaced by their defaults.
+func (c Config) withDefaults() Config {
+	if c.QueueDepth == 0 {
+		c.QueueDepth = DefaultQueueDepth
+	}
+	if c.StagingSlotBytes == 0 {
+		c.StagingSlotBytes = DefaultStagingSlotBytes
+		if c.StagingBytes != 0 && c.StagingBytes/2 < c.StagingSlotBytes {
+			c.StagingSlotBytes = c.StagingBytes / 2 &^ 4095
+		}
+	}
+	if c.StagingBytes == 0 {
+		c.StagingBytes = DefaultStagingBytes
+		if c.StagingBytes < 2*c.StagingSlotBytes {
+			c.StagingBytes = 2 * c.StagingSlotBytes
+		}
+		c.StagingBytes -= c.StagingBytes % c.StagingSlotBytes
+	}
+	if c.SaveBoundMs == 0 {
+		c.SaveBoundMs = DefaultSaveBoundMs
+	}
+	if c.MaxLoads == 0 {
+		c.MaxLoads = DefaultMaxLoads
+	}
+	if c.Compute == (sched.ComputeModel{}) {
+		c.Compute = defaultCompute
+	}
+	if c.Device == (sched.DeviceProfile{}) {
+		c.Device = defaultDevice
+	}
+	return c
+}

@@ -1,0 +1,212 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/uring"
+)
+
+// Region is a span of memory owned by the caller, given by address and
+// length: host memory on PathCPU (off-heap: mmap'd, pinned or C-allocated,
+// never a Go slice the GC may move), device memory on PathGPU.
+type Region struct {
+	Addr     uintptr
+	LenBytes int64
+}
+
+// KVMemory describes the engine's paged KV memory. Exactly one of Layers
+// (objmap.LayoutPerLayer: one tensor per layer, each
+// [planes, num_pages, page_tokens, kv_heads, head_dim]) or Cross
+// (objmap.LayoutCrossLayer: one tensor
+// [num_pages, layers, planes, page_tokens, kv_heads, head_dim]) is set,
+// matching Config.Layout. The caller keeps the memory valid and unmoved
+// from RegisterKV until Close.
+type KVMemory struct {
+	Layers []Region
+	Cross  Region
+}
+
+// ErrKV is wrapped by every error about the registered KV memory or a page
+// index (block table entry) that does not fit it.
+var ErrKV = errors.New("runtime: bad KV memory")
+
+// kvViews are byte views over the registered host KV memory, built once at
+// RegisterKV so the hot path only slices.
+type kvViews struct {
+	layout     objmap.Layout
+	layers     [][]byte // per-layer layout: one view per layer
+	cross      []byte   // cross-layer layout
+	planeBytes int64
+	planes     int64
+	numPages   int64
+	numLayers  int64
+}
+
+// view makes a []byte over caller-owned memory that the GC does not manage.
+func view(addr uintptr, n int64) []byte {
+	// Converting through a pointer to the uintptr keeps vet's unsafeptr check
+	// quiet: the memory is off-heap, so there is nothing for the GC to move.
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&addr))
+	return unsafe.Slice((*byte)(p), n)
+}
+
+func newKVViews(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemory) (*kvViews, error) {
+	v := &kvViews{
+		layout:     layout,
+		planeBytes: g.PageBytesPerPlane(),
+		planes:     int64(g.Planes),
+		numPages:   int64(numPages),
+		numLayers:  int64(g.Layers),
+	}
+	switch layout {
+	case objmap.LayoutPerLayer:
+		if kv.Cross != (Region{}) {
+			return nil, fmt.Errorf("%w: Cross is set but the layout is per-layer (use Layers)", ErrKV)
+		}
+		if len(kv.Layers) != g.Layers {
+			return nil, fmt.Errorf("%w: Layers has %d tensors, geometry has %d layers", ErrKV, len(kv.Layers), g.Layers)
+		}
+		need := v.planes * v.numPages * v.planeBytes
+		v.layers = make([][]byte, g.Layers)
+		for l, r := range kv.Layers {
+			if r.Addr == 0 {
+				return nil, fmt.Errorf("%w: Layers[%d]: nil address", ErrKV, l)
+			}
+			if r.LenBytes < need {
+				return nil, fmt.Errorf("%w: Layers[%d]: %d bytes, %d pages need %d", ErrKV, l, r.LenBytes, numPages, need)
+			}
+			v.layers[l] = view(r.Addr, need)
+		}
+	case objmap.LayoutCrossLayer:
+		if len(kv.Layers) != 0 {
+			return nil, fmt.Errorf("%w: Layers is set but the layout is cross-layer (use Cross)", ErrKV)
+		}
+		need := v.numPages * v.numLayers * v.planes * v.planeBytes
+		if kv.Cross.Addr == 0 {
+			return nil, fmt.Errorf("%w: Cross: nil address", ErrKV)
+		}
+		if kv.Cross.LenBytes < need {
+			return nil, fmt.Errorf("%w: Cross: %d bytes, %d pages need %d", ErrKV, kv.Cross.LenBytes, numPages, need)
+		}
+		v.cross = view(kv.Cross.Addr, need)
+	default:
+		return nil, fmt.Errorf("%w: unknown layout %d", ErrKV, layout)
+	}
+	return v, nil
+}
+
+// plane returns the bytes of (layer, plane, page). The caller has checked
+// every index.
+func (v *kvViews) plane(layer, plane int, page int32) []byte {
+	if v.layout == objmap.LayoutPerLayer {
+		off := (int64(plane)*v.numPages + int64(page)) * v.planeBytes
+		return v.layers[layer][off : off+v.planeBytes]
+	}
+	off := ((int64(page)*v.numLayers+int64(layer))*v.planes + int64(plane)) * v.planeBytes
+	return v.cross[off : off+v.planeBytes]
+}
+
+// copyPages moves the bytes [start, end) of one layer of consecutive chunks,
+// laid out as objmap stores them (page-major, then plane), between buf
+// (which holds exactly those bytes) and the engine's pages: pages[p] is the
+// page id of the p-th page from the first chunk. toKV chooses the direction
+// (restore: staging → KV; save: KV → staging). Planes may be cut at start and
+// end; each part goes where it belongs.
+func (v *kvViews) copyPages(layer int, pages []int32, start, end int64, buf []byte, toKV bool) {
+	pb := v.planeBytes
+	for u := start / pb; u*pb < end; u++ {
+		plane := int(u % v.planes)
+		kv := v.plane(layer, plane, pages[u/v.planes])
+		us := u * pb
+		lo, hi := max(us, start), min(us+pb, end)
+		if toKV {
+			copy(kv[lo-us:hi-us], buf[lo-start:hi-start])
+		} else {
+			copy(buf[lo-start:hi-start], kv[lo-us:hi-us])
+		}
+	}
+}
+
+// HostKV is paged KV memory allocated off-heap (anonymous mmap) in a
+// store's layout, for tests, benchmarks and the eval harness. Free it once
+// after the store that registered it is closed.
+type HostKV struct {
+	bufs  []*uring.Buffer
+	mem   KVMemory
+	views *kvViews
+}
+
+// AllocHostKV allocates host KV memory for numPages pages of g in layout.
+func AllocHostKV(g objmap.Geometry, layout objmap.Layout, numPages int) (*HostKV, error) {
+	if err := g.Validate(); err != nil {
+		return nil, fmt.Errorf("allocating host KV: %w", err)
+	}
+	if numPages <= 0 {
+		return nil, fmt.Errorf("allocating host KV: numPages %d", numPages)
+	}
+	h := &HostKV{}
+	alloc := func(n int64) (Region, error) {
+		b, err := uring.AllocBuffer(int(n))
+		if err != nil {
+			return Region{}, fmt.Errorf("allocating host KV (%d bytes): %w", n, err)
+		}
+		h.bufs = append(h.bufs, b)
+		return Region{Addr: b.Addr(), LenBytes: int64(b.Len())}, nil
+	}
+	switch layout {
+	case objmap.LayoutPerLayer:
+		per := int64(g.Planes) * int64(numPages) * g.PageBytesPerPlane()
+		for l := 0; l < g.Layers; l++ {
+			r, err := alloc(per)
+			if err != nil {
+				h.Free()
+				return nil, err
+			}
+			h.mem.Layers = append(h.mem.Layers, r)
+		}
+	case objmap.LayoutCrossLayer:
+		r, err := alloc(int64(numPages) * int64(g.Layers) * g.PageBytesPerLayer())
+		if err != nil {
+			return nil, err
+		}
+		h.mem.Cross = r
+	default:
+		return nil, fmt.Errorf("allocating host KV: unknown layout %d", layout)
+	}
+	v, err := newKVViews(g, layout, numPages, h.mem)
+	if err != nil {
+		h.Free()
+		return nil, err
+	}
+	h.views = v
+	return h, nil
+}
+
+// Memory describes h for Store.RegisterKV.
+func (h *HostKV) Memory() KVMemory { return h.mem }
+
+// Page returns the bytes of (layer, plane, page): a view valid until Free.
+// It panics on an index out of range, like a slice.
+func (h *HostKV) Page(layer, plane int, page int32) []byte {
+	if layer < 0 || int64(layer) >= h.views.numLayers || plane < 0 || int64(plane) >= h.views.planes ||
+		page < 0 || int64(page) >= h.views.numPages {
+		panic(fmt.Sprintf("runtime: HostKV.Page(%d, %d, %d) out of range", layer, plane, page))
+	}
+	return h.views.plane(layer, plane, page)
+}
+
+// Free unmaps the memory. Calling it twice is a no-op.
+func (h *HostKV) Free() error {
+	var first error
+	for _, b := range h.bufs {
+		if err := b.Free(); err != nil && first == nil {
+			first = err
+		}
+	}
+	h.bufs = nil
+	h.views = nil
+	return first
+}

@@ -1,0 +1,328 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/sched"
+	"github.com/tutti-io/tutti/uring"
+)
+
+// MissCause says why a cached block was not restored.
+type MissCause uint8
+
+const (
+	MissIOError   MissCause = iota // a read failed (EIO, ...)
+	MissShortRead                  // a read returned fewer bytes than the object holds
+	MissCRC                        // the restored object did not match its header's CRC32C
+	MissNotFound                   // the index named a run the object map no longer has
+	MissClosed                     // the store was closing
+	numMissCauses
+)
+
+func (c MissCause) String() string {
+	switch c {
+	case MissIOError:
+		return "io-error"
+	case MissShortRead:
+		return "short-read"
+	case MissCRC:
+		return "crc"
+	case MissNotFound:
+		return "not-found"
+	case MissClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("MissCause(%d)", uint8(c))
+}
+
+// loadRun is one run of the loaded prefix: its chunks [first, first+k) are
+// restored into the pages of chain positions [chainPos, chainPos+k).
+type loadRun struct {
+	run      *runEntry
+	first, k int
+	chainPos int
+}
+
+// segment is what one staging slot holds: part of one (layer, run) read
+// (a dispatched sched.IO) or write.
+type segment struct {
+	io sched.IO
+	// objOff is the object byte offset where the staged bytes start;
+	// dataBytes of them are payload, ioBytes are transferred (BlockBytes-aligned).
+	objOff, dataBytes, ioBytes int64
+	last                       bool  // last segment of its sched.IO
+	startNs                    int64 // when the IO's first segment was submitted
+}
+
+// Load is one restore in progress. WaitLayer(l) returns once layer l of the
+// loaded blocks is in the KV memory (layers complete in order), Wait once all
+// are. Blocks says how many leading chain blocks were restored: it only
+// decreases while the load runs (a failed run turns it and every later run
+// into a miss) and is final after Wait. The pages of blocks past Blocks()
+// hold unspecified bytes and must be recomputed.
+type Load struct {
+	s     *Store
+	chain []uint64
+	pages []int32
+	runs  []loadRun
+
+	pinned  int // chain[:pinned] is pinned in the index until the load ends
+	planned int // blocks the plan chose to load (≤ cached)
+	plan    sched.Plan
+
+	ios  chan sched.IO // reads dispatched by the scheduler
+	done chan *slot    // completed reads; room for every slot
+
+	mu        sync.Mutex
+	cond      sync.Cond
+	ready     int // layers complete
+	finished  bool
+	validRuns int // runs[:validRuns] are good so far
+	err       error
+
+	// Touched by the driver goroutine only.
+	remaining                      []int // per layer: reads not finished
+	readsLeft                      int
+	overreadBytes, ioCount, splits int64
+	missBlocks                     [numMissCauses]int64
+}
+
+// Blocks is the number of leading chain blocks restored (final after Wait).
+func (l *Load) Blocks() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.blocksLocked()
+}
+
+func (l *Load) blocksLocked() int {
+	n := 0
+	for _, r := range l.runs[:l.validRuns] {
+		n += r.k
+	}
+	return n
+}
+
+// Planned is the number of leading blocks the scheduler chose to load; the
+// cached blocks after them are cheaper to recompute than to load.
+func (l *Load) Planned() int { return l.planned }
+
+// Cached is the number of leading chain blocks the index had (and pinned).
+func (l *Load) Cached() int { return l.pinned }
+
+// WaitLayer blocks until layer is restored (or the load ended). The error is
+// about the load as a whole (store closing); a run that failed is not an
+// error here but a shorter Blocks().
+func (l *Load) WaitLayer(layer int) error {
+	if layer < 0 || layer >= l.s.geo.Layers {
+		return fmt.Errorf("runtime: WaitLayer(%d): layer out of range [0, %d)", layer, l.s.geo.Layers)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for l.ready <= layer && !l.finished {
+		l.cond.Wait()
+	}
+	return l.err
+}
+
+// Wait blocks until the load ended; then Blocks is final.
+func (l *Load) Wait() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for !l.finished {
+		l.cond.Wait()
+	}
+	return l.err
+}
+
+func (l *Load) route(io sched.IO) { l.ios <- io }
+
+// failRuns turns run index r and everything after it into a miss.
+func (l *Load) failRuns(r int, cause MissCause) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r >= l.validRuns {
+		return
+	}
+	for _, x := range l.runs[r:l.validRuns] {
+		l.missBlocks[cause] += int64(x.k)
+	}
+	l.validRuns = r
+}
+
+func (l *Load) runValid(r int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return r < l.validRuns
+}
+
+// finishRead retires one (layer, run) read and marks layers ready in order.
+func (l *Load) finishRead(io sched.IO) {
+	l.remaining[io.Layer]--
+	l.readsLeft--
+	l.s.sched.complete(io, l.readsLeft == 0)
+	l.mu.Lock()
+	advanced := false
+	for l.ready < len(l.remaining) && l.remaining[l.ready] == 0 {
+		l.ready++
+		advanced = true
+	}
+	l.mu.Unlock()
+	if advanced {
+		l.cond.Broadcast()
+	}
+}
+
+// objectSpan is what a read of layer of run r transfers: the whole object,
+// because its CRC covers all of it; only the first k chunks are scattered.
+func (l *Load) objectSpan(r *runEntry) (ioBytes, dataBytes int64) {
+	return l.s.geo.ObjectStride(r.chunks), l.s.geo.ObjectBytes(r.chunks)
+}
+
+// drive is the load's goroutine: it stages and submits the reads the
+// scheduler dispatches (as many as staging slots allow), verifies and
+// scatters completed ones in submission order, and marks layers ready. It
+// holds at least one slot whenever it waits for one, and its oldest read
+// always completes, so loads never deadlock on staging.
+func (l *Load) drive() {
+	s := l.s
+	slotBytes := s.staging.slotBytes
+	queue := make([]sched.IO, 0, len(l.plan.Reads)) // dispatched, not yet fully submitted
+	ring := make([]*slot, 0, len(s.staging.all))    // submitted, in order
+	var off, startNs int64                          // progress within queue[0]
+	var crc uint32
+	for l.readsLeft > 0 {
+		for len(queue) > 0 {
+			io := queue[0]
+			r := l.runs[io.Run].run
+			if off == 0 && !l.runValid(io.Run) {
+				queue = queue[1:]
+				l.finishRead(io)
+				continue
+			}
+			var sl *slot
+			if len(ring) == 0 {
+				sl = s.staging.acquire()
+			} else if sl = s.staging.tryAcquire(); sl == nil {
+				break
+			}
+			if off == 0 {
+				startNs = s.sched.nowNs()
+			}
+			total, data := l.objectSpan(r)
+			seg := segment{io: io, objOff: off, ioBytes: min(slotBytes, total-off), startNs: startNs}
+			seg.dataBytes = max(0, min(seg.ioBytes, data-off))
+			off += seg.ioBytes
+			if off == total {
+				seg.last = true
+				queue, off = queue[1:], 0
+			}
+			objOff, _ := s.geo.ObjectOffset(r.chunks, io.Layer)
+			sl.tag = seg
+			sl.sink, sl.completed = l.done, false
+			sl.req.c.PrepRead(r.file, sl.buf.Addr(), uint32(seg.ioBytes), uint64(r.offset+objOff+seg.objOff))
+			ring = append(ring, sl)
+			l.ioCount++
+			if seg.objOff > 0 {
+				l.splits++
+			}
+			s.worker.submit(&sl.req)
+		}
+		if len(ring) == 0 && len(queue) == 0 {
+			if l.readsLeft == 0 {
+				break
+			}
+			queue = append(queue, <-l.ios)
+			continue
+		}
+		if len(ring) > 0 && ring[0].completed {
+			sl := ring[0]
+			copy(ring, ring[1:])
+			ring = ring[:len(ring)-1]
+			crc = l.consume(sl, crc)
+			s.staging.release(sl)
+			if sl.tag.last {
+				l.finishRead(sl.tag.io)
+			}
+			continue
+		}
+		select {
+		case io := <-l.ios:
+			queue = append(queue, io)
+		case sl := <-l.done:
+			sl.completed = true
+		}
+	}
+	l.finish()
+}
+
+// consume checks one completed segment, continues its object's CRC,
+// scatters its pages and returns the running CRC.
+func (l *Load) consume(sl *slot, crc uint32) uint32 {
+	seg := &sl.tag
+	run := seg.io.Run
+	r := l.runs[run]
+	if seg.objOff == 0 {
+		crc = 0
+	}
+	if !l.runValid(run) {
+		return crc
+	}
+	req := &sl.req
+	switch {
+	case req.err != nil:
+		l.failRuns(run, missCauseOf(req.err))
+		return crc
+	case req.result != seg.ioBytes:
+		l.failRuns(run, MissShortRead)
+		return crc
+	}
+	data := sl.data[:seg.dataBytes]
+	crc = objmap.UpdateCRC32C(crc, data)
+	if seg.last && crc != r.run.crcs[seg.io.Layer] {
+		l.failRuns(run, MissCRC)
+		l.s.dropCorrupt(r.run)
+		return crc
+	}
+	l.scatter(seg, r, data)
+	if seg.last {
+		total, _ := l.objectSpan(r.run)
+		l.overreadBytes += total - l.s.geo.ObjectBytes(r.k)
+		ops := int((total + l.s.staging.slotBytes - 1) / l.s.staging.slotBytes)
+		l.s.sched.observeReads(r.run.device, total, ops, l.s.sched.nowNs()-seg.startNs)
+	}
+	return crc
+}
+
+func missCauseOf(err error) MissCause {
+	if errors.Is(err, errWorkerClosed) || errors.Is(err, uring.ErrClosed) {
+		return MissClosed
+	}
+	return MissIOError
+}
+
+// scatter copies the staged payload bytes [seg.objOff, +len(data)) of the
+// object into the pages of the run's loaded chunks. Page planes may straddle
+// two segments; each part is copied where it lands.
+func (l *Load) scatter(seg *segment, r loadRun, data []byte) {
+	g := l.s.geo
+	cb := g.ChunkBytesPerLayer()
+	base := int64(r.first) * cb
+	start := max(seg.objOff, base)
+	end := min(seg.objOff+int64(len(data)), base+int64(r.k)*cb)
+	if start >= end {
+		return
+	}
+	l.s.kv.copyPages(seg.io.Layer, l.pages[r.chainPos*g.ChunkPages:], start-base, end-base, data[start-seg.objOff:end-seg.objOff], true)
+}
+
+func (l *Load) finish() {
+	l.mu.Lock()
+	l.finished = true
+	blocks := l.blocksLocked()
+	l.mu.Unlock()
+	l.cond.Broadcast()
+	l.s.loadFinished(l, blocks)
+}

@@ -1,0 +1,526 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/sched"
+	"golang.org/x/sys/unix"
+)
+
+// SkipCause says why blocks of a Save were not stored.
+type SkipCause uint8
+
+const (
+	SkipCached  SkipCause = iota // already cached, being saved by another Save, or its parent left the index
+	SkipNoSpace                  // the index or the pool had no room (partial admission)
+	SkipBudget                   // the scheduler's save budget or bound cut the save (partial admission)
+	SkipENOSPC                   // a write failed with ENOSPC
+	SkipIOError                  // a write, sync or commit failed otherwise
+	SkipClosed                   // the store was closing
+	numSkipCauses
+)
+
+func (c SkipCause) String() string {
+	switch c {
+	case SkipCached:
+		return "cached"
+	case SkipNoSpace:
+		return "no-space"
+	case SkipBudget:
+		return "budget"
+	case SkipENOSPC:
+		return "enospc"
+	case SkipIOError:
+		return "io-error"
+	case SkipClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("SkipCause(%d)", uint8(c))
+}
+
+// saveRun is one run of a save: chain positions [chainPos, chainPos+chunks)
+// written into one objmap reservation.
+type saveRun struct {
+	res      objmap.Reservation
+	reqID    uint64 // scheduler request
+	chainPos int
+	writes   int  // writes the scheduler will dispatch for it
+	admitted bool // false: cut at admission, nothing is ever written
+	skip     bool // its dispatched writes are retired without I/O
+	mapAbort bool // its objmap reservation is aborted once no write is in flight
+	failed   error
+	crcs     []uint32
+	nextOff  []int64 // per layer: payload offset the running CRC reached
+	crcStale bool    // writes came out of order: CRCs are recomputed from the pages
+	done     bool    // committed or aborted
+}
+
+// Save is one asynchronous save. The pages it names must stay unchanged until
+// Gathered is closed (their bytes are then in staging or on disk); Done is
+// closed when the save ended, after which Saved and Skipped are final.
+type Save struct {
+	s     *Store
+	chain []uint64
+	pages []int32
+	runs  []*saveRun
+
+	ios      chan sched.IO
+	sink     chan *slot
+	gathered chan struct{}
+	done     chan struct{}
+
+	writesLeft int // dispatched writes not yet retired (driver only)
+	gatherLeft int // writes not yet gathered (driver only)
+
+	mu      sync.Mutex
+	saved   int
+	skipped [numSkipCauses]int
+}
+
+// Gathered is closed once the save no longer reads the engine's pages.
+func (sv *Save) Gathered() <-chan struct{} { return sv.gathered }
+
+// Done is closed when the save ended (committed, or skipped in part or whole).
+func (sv *Save) Done() <-chan struct{} { return sv.done }
+
+// Wait blocks until the save ended.
+func (sv *Save) Wait() { <-sv.done }
+
+// Saved is the number of leading blocks of the uncached part committed
+// (final after Done).
+func (sv *Save) Saved() int {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	return sv.saved
+}
+
+// Skipped is the number of blocks of the chain not stored for cause (final
+// after Done); blocks already cached count as SkipCached.
+func (sv *Save) Skipped(cause SkipCause) int {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	return sv.skipped[cause]
+}
+
+func (sv *Save) skip(cause SkipCause, blocks int) {
+	if blocks <= 0 {
+		return
+	}
+	sv.mu.Lock()
+	sv.skipped[cause] += blocks
+	sv.mu.Unlock()
+	sv.s.stats.skippedBlocks[cause].Add(int64(blocks))
+}
+
+func (sv *Save) route(io sched.IO) { sv.ios <- io }
+
+func skipCauseOf(err error) SkipCause {
+	switch {
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, objmap.ErrNoSpace):
+		return SkipENOSPC
+	case errors.Is(err, errWorkerClosed), errors.Is(err, objmap.ErrClosed):
+		return SkipClosed
+	}
+	return SkipIOError
+}
+
+// Save stores the blocks of chain that are not cached yet, reading their KV
+// from the pages of the block table (pages[i*ChunkPages+j] is page j of chain
+// block i). It returns at once: the scheduler defers the writes into the
+// slack of loads, within Config.SaveBoundMs. What does not fit (pool, index,
+// scheduler budget) is not admitted and counted, never waited for; a write
+// error skips the run and everything after it, counted. The pages must stay
+// unchanged until Gathered.
+func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
+	if err := s.checkRequest("save", chain, pages); err != nil {
+		return nil, err
+	}
+	if err := s.begin(); err != nil {
+		return nil, err
+	}
+	s.saves.Add(1)
+	sv := &Save{s: s, chain: chain, pages: pages, gathered: make(chan struct{}), done: make(chan struct{})}
+	s.stats.saves.Add(1)
+	s.stats.saveBlocks.Add(int64(len(chain)))
+
+	from := s.idx.Lookup(chain)
+	sv.skip(SkipCached, from)
+	res, err := s.idx.Reserve(chain, from, s.bytesPerBlock())
+	if err != nil { // only bad arguments, which checkRequest excludes
+		panic(fmt.Sprintf("runtime: reserving a save: %v", err))
+	}
+	s.release(res.Evicted)
+	rest := len(chain) - from - res.N
+	switch res.Stop {
+	case prefix.StopCapacity, prefix.StopMaxBlocks:
+		sv.skip(SkipNoSpace, rest)
+	default:
+		sv.skip(SkipCached, rest)
+	}
+	if res.N > 0 {
+		sv.admit(chain[from:from+res.N], from)
+	}
+	total := 0
+	for _, r := range sv.runs {
+		total += r.writes
+	}
+	if total == 0 {
+		sv.finish()
+		return sv, nil
+	}
+	go sv.drive()
+	return sv, nil
+}
+
+// admit allocates runs for the reserved blocks ids (chain positions
+// [from, from+len(ids))) and enqueues their writes. Whatever it cannot admit
+// it aborts in the index and counts.
+func (sv *Save) admit(ids []uint64, from int) {
+	s := sv.s
+	resv, err := s.m.Allocate(len(ids))
+	if errors.Is(err, objmap.ErrNoSpace) {
+		// The index had room but the pool has none (headers, padding,
+		// fragmentation, quarantined frees): evict, make the frees durable,
+		// try once more.
+		s.release(s.idx.Evict(int64(len(ids)) * s.bytesPerBlock()))
+		if serr := s.m.Sync(); serr == nil {
+			resv, err = s.m.Allocate(len(ids))
+		}
+	}
+	if err != nil {
+		sv.abortIDs(ids)
+		sv.skip(skipCauseOf(err), len(ids))
+		if errors.Is(err, objmap.ErrNoSpace) {
+			sv.skip(SkipENOSPC, -len(ids))
+			sv.skip(SkipNoSpace, len(ids))
+		}
+		return
+	}
+	total := 0
+	for _, r := range resv {
+		total += r.Chunks
+	}
+	// Room for every write the scheduler can dispatch, so routing never blocks.
+	bound := 0
+	for _, r := range resv {
+		bound += s.geo.Layers * int((s.geo.ObjectBytes(r.Chunks)+s.maxWriteIOBytes-1)/s.maxWriteIOBytes)
+	}
+	sv.ios = make(chan sched.IO, max(1, bound))
+	pos := from
+	cut := false
+	nwrites := 0
+	for _, r := range resv {
+		sr := &saveRun{res: r, chainPos: pos, crcs: make([]uint32, s.geo.Layers), nextOff: make([]int64, s.geo.Layers)}
+		pos += r.Chunks
+		sv.runs = append(sv.runs, sr)
+		if cut {
+			sr.skip = true
+			continue
+		}
+		id, t, err := s.sched.enqueueSave(sched.SaveRequest{Device: s.deviceOf(r.File), Blocks: r.Chunks,
+			BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()}, sv)
+		if err != nil {
+			panic(fmt.Sprintf("runtime: enqueueing a save: %v", err)) // only bad arguments
+		}
+		sr.reqID, sr.writes = id, t.Writes
+		nwrites += t.Writes
+		if t.Blocks < r.Chunks {
+			// A run's layout depends on its chunk count: a run cut short is
+			// not written at all, nor anything after it.
+			sr.skip, cut = true, true
+			continue
+		}
+		sr.admitted = true
+	}
+	sv.sink = make(chan *slot, len(s.staging.all))
+	sv.writesLeft = nwrites
+	for _, r := range sv.runs {
+		if r.admitted {
+			sv.gatherLeft += r.writes
+		}
+	}
+	// Abort the reserved blocks past the allocation and the runs cut.
+	if total < len(ids) {
+		sv.abortIDs(ids[total:])
+		sv.skip(SkipNoSpace, len(ids)-total)
+	}
+	for i, r := range sv.runs {
+		if !r.admitted {
+			sv.abortRuns(i, SkipBudget, nil, nil)
+			break
+		}
+	}
+}
+
+// deviceOf maps a pool file to its device: file i lies in directory i%dirs.
+func (s *Store) deviceOf(file int) int { return file % len(s.cfg.Dirs) }
+
+func (sv *Save) abortIDs(ids []uint64) {
+	if len(ids) == 0 {
+		return
+	}
+	dropped, err := sv.s.idx.Abort(ids)
+	if err != nil {
+		panic(fmt.Sprintf("runtime: aborting a save's reservation: %v", err))
+	}
+	sv.s.release(dropped)
+}
+
+// abortRuns gives up runs[i:] that are not done: their index reservations
+// are aborted at once (nothing of them is ever served), their objmap
+// reservations once no write of theirs is left (remaining and inflight per
+// run; nil when none was ever dispatched).
+func (sv *Save) abortRuns(i int, cause SkipCause, remaining, inflight []int) {
+	var ids []uint64
+	blocks := 0
+	for j, r := range sv.runs[i:] {
+		if r.done || r.mapAbort {
+			continue
+		}
+		r.skip = true
+		ids = append(ids, sv.chain[r.chainPos:r.chainPos+r.res.Chunks]...)
+		blocks += r.res.Chunks
+		if remaining == nil || (remaining[i+j] == 0 && inflight[i+j] == 0) {
+			_ = sv.s.m.Abort(r.res)
+			r.done = true
+		} else {
+			r.mapAbort = true
+		}
+	}
+	sv.abortIDs(ids)
+	sv.skip(cause, blocks)
+}
+
+func (sv *Save) runOf(reqID uint64) int {
+	for i, r := range sv.runs {
+		if r.reqID == reqID {
+			return i
+		}
+	}
+	panic(fmt.Sprintf("runtime: write for unknown save request %d", reqID))
+}
+
+// drive is the save's goroutine: it gathers and submits the writes the
+// scheduler dispatches, then commits runs in chain order (a block is
+// committed only after its parent).
+func (sv *Save) drive() {
+	s := sv.s
+	queue := make([]sched.IO, 0, sv.writesLeft)
+	ring := make([]*slot, 0, len(s.staging.all))
+	inflight := make([]int, len(sv.runs)) // writes submitted, per run
+	remaining := make([]int, len(sv.runs))
+	for i, r := range sv.runs {
+		remaining[i] = r.writes
+	}
+	nextCommit := 0
+	retire := func(io sched.IO, ri int) {
+		remaining[ri]--
+		sv.writesLeft--
+		s.sched.complete(io, remaining[ri] == 0)
+	}
+	for sv.writesLeft > 0 || len(ring) > 0 {
+		for len(queue) > 0 {
+			io := queue[0]
+			ri := sv.runOf(io.ReqID)
+			r := sv.runs[ri]
+			if r.skip || r.failed != nil {
+				queue = queue[1:]
+				if r.admitted {
+					sv.gathered1()
+				}
+				retire(io, ri)
+				continue
+			}
+			var sl *slot
+			if len(ring) == 0 {
+				sl = s.staging.acquire()
+			} else if sl = s.staging.tryAcquire(); sl == nil {
+				break
+			}
+			queue = queue[1:]
+			sv.stage(sl, io, r)
+			sl.sink, sl.completed = sv.sink, false
+			ring = append(ring, sl)
+			inflight[ri]++
+			s.stats.writeIOs.Add(1)
+			s.worker.submit(&sl.req)
+		}
+		if len(ring) > 0 && ring[0].completed {
+			sl := ring[0]
+			copy(ring, ring[1:])
+			ring = ring[:len(ring)-1]
+			ri := sv.runOf(sl.tag.io.ReqID)
+			r := sv.runs[ri]
+			inflight[ri]--
+			if r.failed == nil {
+				if sl.req.err != nil {
+					r.failed = fmt.Errorf("writing run %d layer %d: %w", r.res.ID, sl.tag.io.Layer, sl.req.err)
+				} else if sl.req.result != sl.tag.ioBytes {
+					r.failed = fmt.Errorf("writing run %d layer %d: %d of %d bytes: %w", r.res.ID, sl.tag.io.Layer, sl.req.result, sl.tag.ioBytes, unix.EIO)
+				}
+			}
+			s.staging.release(sl)
+			retire(sl.tag.io, ri)
+			// Commit (or give up) runs in order once their writes are done.
+			for nextCommit < len(sv.runs) {
+				r := sv.runs[nextCommit]
+				if r.done {
+					nextCommit++
+					continue
+				}
+				if remaining[nextCommit] > 0 || inflight[nextCommit] > 0 {
+					break
+				}
+				sv.commit(nextCommit, remaining, inflight)
+				nextCommit++
+			}
+			continue
+		}
+		if sv.writesLeft == 0 && len(ring) == 0 {
+			break
+		}
+		select {
+		case io := <-sv.ios:
+			queue = append(queue, io)
+		case sl := <-sv.sink:
+			sl.completed = true
+		}
+	}
+	for ; nextCommit < len(sv.runs); nextCommit++ {
+		if !sv.runs[nextCommit].done {
+			sv.commit(nextCommit, remaining, inflight)
+		}
+	}
+	sv.finish()
+}
+
+// gathered1 counts one write gathered (or given up) and closes Gathered
+// after the last.
+func (sv *Save) gathered1() {
+	sv.gatherLeft--
+	if sv.gatherLeft == 0 {
+		close(sv.gathered)
+	}
+}
+
+// stage gathers one dispatched write into sl and prepares it.
+func (sv *Save) stage(sl *slot, io sched.IO, r *saveRun) {
+	s := sv.s
+	g := s.geo
+	dataBytes := io.Bytes
+	ioBytes := (dataBytes + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
+	buf := sl.data[:ioBytes]
+	s.kv.copyPages(io.Layer, sv.pages[r.chainPos*g.ChunkPages:], io.OffsetBytes, io.OffsetBytes+dataBytes, buf[:dataBytes], false)
+	clear(buf[dataBytes:]) // padding: deterministic bytes on disk
+	if !r.crcStale && r.nextOff[io.Layer] == io.OffsetBytes {
+		r.crcs[io.Layer] = objmap.UpdateCRC32C(r.crcs[io.Layer], buf[:dataBytes])
+		r.nextOff[io.Layer] += dataBytes
+	} else {
+		r.crcStale = true
+	}
+	sv.gathered1()
+	if r.crcStale && sv.gatherLeft == 0 {
+		sv.recomputeCRCs()
+	}
+	objOff, _ := g.ObjectOffset(r.res.Chunks, io.Layer)
+	sl.tag = segment{io: io, objOff: io.OffsetBytes, dataBytes: dataBytes, ioBytes: ioBytes}
+	sl.req.c.PrepWrite(s.m.Files()[r.res.File], sl.buf.Addr(), uint32(ioBytes), uint64(r.res.Offset+objOff+io.OffsetBytes))
+}
+
+// recomputeCRCs computes the object CRCs of runs whose writes were
+// dispatched out of order straight from the pages. It runs before Gathered
+// closes, so the pages are still the saved ones.
+func (sv *Save) recomputeCRCs() {
+	g := sv.s.geo
+	pb := g.PageBytesPerPlane()
+	for _, r := range sv.runs {
+		if !r.crcStale || r.skip {
+			continue
+		}
+		for l := 0; l < g.Layers; l++ {
+			crc := uint32(0)
+			n := r.res.Chunks * g.ChunkPages
+			for p := 0; p < n; p++ {
+				for pl := 0; pl < g.Planes; pl++ {
+					crc = objmap.UpdateCRC32C(crc, sv.s.kv.plane(l, pl, sv.pages[r.chainPos*g.ChunkPages+p])[:pb])
+				}
+			}
+			r.crcs[l] = crc
+		}
+		r.crcStale = false
+	}
+}
+
+// commit makes run i durable (payload writes all completed) and serves it,
+// or gives it and every later run up after a failure.
+func (sv *Save) commit(i int, remaining, inflight []int) {
+	s := sv.s
+	r := sv.runs[i]
+	switch {
+	case r.mapAbort:
+		_ = s.m.Abort(r.res)
+		r.done = true
+		return
+	case r.failed != nil:
+		sv.abortRuns(i, skipCauseOf(r.failed), remaining, inflight)
+		return
+	case r.skip:
+		return
+	}
+	ids := sv.chain[r.chainPos : r.chainPos+r.res.Chunks]
+	parent := parentRef{}
+	if r.chainPos > 0 {
+		parent = parentRef{id: sv.chain[r.chainPos-1], has: true}
+	}
+	s.commitMu.Lock()
+	err := s.plog.append(r.res.ID, parent)
+	if err == nil {
+		err = s.m.Commit([]objmap.CommitRequest{{Res: r.res, Chain: ids, LayerCRCs: r.crcs}})
+	}
+	s.commitMu.Unlock()
+	if err != nil {
+		// objmap aborted the reservation unless the journal failed; either
+		// way nothing of it is served.
+		r.done = true
+		sv.abortIDs(ids)
+		sv.skip(skipCauseOf(err), r.res.Chunks)
+		sv.abortRuns(i+1, skipCauseOf(err), remaining, inflight)
+		return
+	}
+	e := &runEntry{id: r.res.ID, file: s.m.Files()[r.res.File], device: s.deviceOf(r.res.File), offset: r.res.Offset,
+		chunks: r.res.Chunks, crcs: r.crcs, chain: append([]uint64(nil), ids...), parent: parent, live: len(ids)}
+	s.mu.Lock()
+	s.runs[e.id] = e
+	s.mu.Unlock()
+	locs := make([]uint64, len(ids))
+	for c := range locs {
+		locs[c] = loc(e.id, c)
+	}
+	dropped, cerr := s.idx.Commit(ids, locs)
+	if cerr != nil {
+		panic(fmt.Sprintf("runtime: committing run %d in the index: %v", e.id, cerr))
+	}
+	s.release(dropped)
+	r.done = true
+	sv.mu.Lock()
+	sv.saved += len(ids)
+	sv.mu.Unlock()
+	s.stats.savedBlocks.Add(int64(len(ids)))
+	s.stats.savedBytes.Add(int64(len(ids)) * s.geo.ChunkBytes())
+	s.stats.committedRuns.Add(1)
+}
+
+func (sv *Save) finish() {
+	select {
+	case <-sv.gathered:
+	default:
+		close(sv.gathered)
+	}
+	close(sv.done)
+	sv.s.ops.Done()
+	sv.s.saves.Done()
+}

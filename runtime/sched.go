@@ -1,0 +1,160 @@
+package runtime
+
+// The scheduler wiring: every load read and save write goes through
+// sched.Planner, which decides the load-versus-recompute split, admits saves
+// (partially when its budgets are short) and hands out I/O in least-slack
+// order, deferring writes into the reads' slack within the save bound. The
+// planner is not safe for concurrent use; scheduler serialises it and one
+// dispatcher goroutine routes what Dispatch hands out to the Load or Save
+// that owns it (whose driver goroutine stages and submits it).
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/tutti-io/tutti/sched"
+)
+
+// ioRoute receives the I/O the planner dispatched for one request. route must
+// not block: receivers buffer every I/O their request can have.
+type ioRoute interface {
+	route(io sched.IO)
+}
+
+type scheduler struct {
+	mu      sync.Mutex
+	p       *sched.Planner
+	startAt time.Time
+	routes  map[uint64]ioRoute
+	nextID  uint64
+	buf     []sched.IO
+
+	kick chan struct{}
+	quit chan struct{}
+	done chan struct{}
+}
+
+func newScheduler(cfg sched.Config) (*scheduler, error) {
+	p, err := sched.NewPlanner(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("starting the scheduler: %w", err)
+	}
+	sc := &scheduler{
+		p:       p,
+		startAt: time.Now(),
+		routes:  make(map[uint64]ioRoute),
+		kick:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	go sc.loop()
+	return sc, nil
+}
+
+func (sc *scheduler) nowNs() int64 { return int64(time.Since(sc.startAt)) }
+
+func (sc *scheduler) poke() {
+	select {
+	case sc.kick <- struct{}{}:
+	default:
+	}
+}
+
+// planLoad plans req (its ID and NowNs are filled in) and routes its reads
+// to r. With no read admitted nothing is routed.
+func (sc *scheduler) planLoad(req sched.LoadRequest, r ioRoute) (sched.Plan, error) {
+	sc.mu.Lock()
+	sc.nextID++
+	req.ID = sc.nextID
+	req.NowNs = sc.nowNs()
+	plan, err := sc.p.PlanLoad(req)
+	if err == nil && len(plan.Reads) > 0 {
+		sc.routes[req.ID] = r
+	}
+	sc.mu.Unlock()
+	if err != nil {
+		return plan, fmt.Errorf("planning load: %w", err)
+	}
+	sc.poke()
+	return plan, nil
+}
+
+// enqueueSave admits the leading blocks of a run's save and routes its
+// writes to r.
+func (sc *scheduler) enqueueSave(req sched.SaveRequest, r ioRoute) (uint64, sched.SaveTicket, error) {
+	sc.mu.Lock()
+	sc.nextID++
+	req.ID = sc.nextID
+	req.NowNs = sc.nowNs()
+	t, err := sc.p.EnqueueSave(req)
+	if err == nil && t.Blocks > 0 {
+		sc.routes[req.ID] = r
+	}
+	sc.mu.Unlock()
+	if err != nil {
+		return 0, t, fmt.Errorf("enqueueing save: %w", err)
+	}
+	sc.poke()
+	return req.ID, t, nil
+}
+
+// complete retires a dispatched I/O. last says the request has no more
+// I/O, so its route is dropped.
+func (sc *scheduler) complete(io sched.IO, last bool) {
+	sc.mu.Lock()
+	err := sc.p.Complete(io.ID, sc.nowNs())
+	if last {
+		delete(sc.routes, io.ReqID)
+	}
+	sc.mu.Unlock()
+	if err != nil {
+		// Only a runtime bug gets here (an I/O completed twice).
+		panic(fmt.Sprintf("runtime: scheduler: %v", err))
+	}
+	sc.poke()
+}
+
+// observeReads feeds the device model with a finished (layer, run) read.
+func (sc *scheduler) observeReads(dev int, bytes int64, ops int, busyNs int64) {
+	sc.mu.Lock()
+	sc.p.ObserveReads(dev, bytes, ops, busyNs, false)
+	sc.mu.Unlock()
+}
+
+func (sc *scheduler) stats() sched.Stats {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.p.Stats()
+}
+
+func (sc *scheduler) loop() {
+	defer close(sc.done)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		sc.mu.Lock()
+		now := sc.nowNs()
+		sc.buf = sc.p.Dispatch(now, sc.buf[:0])
+		for _, io := range sc.buf {
+			sc.routes[io.ReqID].route(io)
+		}
+		wake := sc.p.NextWakeNs()
+		sc.mu.Unlock()
+		if wake != math.MaxInt64 {
+			timer.Reset(time.Duration(max(wake-now, 0)))
+		}
+		select {
+		case <-sc.kick:
+		case <-timer.C:
+		case <-sc.quit:
+			return
+		}
+	}
+}
+
+func (sc *scheduler) close() {
+	close(sc.quit)
+	<-sc.done
+}

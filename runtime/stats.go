@@ -1,0 +1,96 @@
+package runtime
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// Stats are the store's counters since Open. Misses and skips are counted in
+// blocks, by cause; every fallback is counted.
+type Stats struct {
+	Lookups      int64 // Lookup calls
+	LookupBlocks int64 // blocks asked for by Lookup
+	HitBlocks    int64 // blocks Lookup found cached
+
+	Loads          int64 // Load calls that started a restore
+	CachedBlocks   int64 // blocks cached at Load (pinned)
+	PlannedBlocks  int64 // blocks the scheduler chose to load (the rest: recompute)
+	RestoredBlocks int64 // blocks restored and verified
+	RestoredBytes  int64 // payload bytes scattered into KV memory (restored blocks only)
+	ReadIOs        int64 // reads submitted
+	SplitIOs       int64 // reads beyond the first of a (layer, run) (staging slot smaller than the object)
+	OverreadBytes  int64 // bytes read only to verify a whole object's CRC (partial runs, padding)
+	// MissBlocks counts cached and planned blocks not restored, by MissCause.
+	MissBlocks [numMissCauses]int64
+
+	Saves          int64 // Save calls
+	SaveBlocks     int64 // blocks asked to be saved
+	SavedBlocks    int64 // blocks committed
+	SavedBytes     int64 // payload bytes written for committed blocks
+	WriteIOs       int64 // payload writes submitted
+	CommittedRuns  int64
+	CorruptDropped int64 // runs dropped from the index after a CRC mismatch
+	// SkippedBlocks counts blocks of saves not stored, by SkipCause.
+	SkippedBlocks [numSkipCauses]int64
+
+	// Fallbacks counts stores opened on PathCPU after PathGPU failed
+	// (OpenWithFallback); FallbackReason is the last such error.
+	Fallbacks      int64
+	FallbackReason string
+}
+
+// MissCauses lists the causes indexing Stats.MissBlocks.
+func MissCauses() []MissCause {
+	out := make([]MissCause, numMissCauses)
+	for i := range out {
+		out[i] = MissCause(i)
+	}
+	return out
+}
+
+// SkipCauses lists the causes indexing Stats.SkippedBlocks.
+func SkipCauses() []SkipCause {
+	out := make([]SkipCause, numSkipCauses)
+	for i := range out {
+		out[i] = SkipCause(i)
+	}
+	return out
+}
+
+func (s Stats) String() string {
+	return fmt.Sprintf("lookups=%d hit=%d/%d loads=%d restored=%d blocks/%d bytes reads=%d split=%d misses=%v saves=%d saved=%d skipped=%v fallbacks=%d",
+		s.Lookups, s.HitBlocks, s.LookupBlocks, s.Loads, s.RestoredBlocks, s.RestoredBytes, s.ReadIOs, s.SplitIOs,
+		s.MissBlocks, s.Saves, s.SavedBlocks, s.SkippedBlocks, s.Fallbacks)
+}
+
+// counters are the live atomics behind Stats.
+type counters struct {
+	lookups, lookupBlocks, hitBlocks                         atomic.Int64
+	loads, cachedBlocks, plannedBlocks                       atomic.Int64
+	restoredBlocks, restoredBytes, readIOs, splitIOs, overrd atomic.Int64
+	missBlocks                                               [numMissCauses]atomic.Int64
+	saves, saveBlocks, savedBlocks, savedBytes, writeIOs     atomic.Int64
+	committedRuns, corruptDropped                            atomic.Int64
+	skippedBlocks                                            [numSkipCauses]atomic.Int64
+	fallbacks                                                atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	s := Stats{
+		Lookups: c.lookups.Load(), LookupBlocks: c.lookupBlocks.Load(), HitBlocks: c.hitBlocks.Load(),
+		Loads: c.loads.Load(), CachedBlocks: c.cachedBlocks.Load(), PlannedBlocks: c.plannedBlocks.Load(),
+		RestoredBlocks: c.restoredBlocks.Load(), RestoredBytes: c.restoredBytes.Load(),
+		ReadIOs: c.readIOs.Load(), SplitIOs: c.splitIOs.Load(), OverreadBytes: c.overrd.Load(),
+		Saves: c.saves.Load(), SaveBlocks: c.saveBlocks.Load(), SavedBlocks: c.savedBlocks.Load(),
+		SavedBytes: c.savedBytes.Load(), WriteIOs: c.writeIOs.Load(),
+		CommittedRuns: c.committedRuns.Load(), CorruptDropped: c.corruptDropped.Load(),
+		Fallbacks: c.fallbacks.Load(),
+	}
+	for i := range s.MissBlocks {
+		s.MissBlocks[i] = c.missBlocks[i].Load()
+	}
+	for i := range s.SkippedBlocks {
+		s.SkippedBlocks[i] = c.skippedBlocks[i].Load()
+	}
+	return s
+}

@@ -1,0 +1,370 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/sched"
+	"github.com/tutti-io/tutti/uring"
+)
+
+// Sentinel errors callers branch on.
+var (
+	// ErrClosed: the store is closed (or closing).
+	ErrClosed = errors.New("runtime: store closed")
+	// ErrNoKV: Load or Save before RegisterKV.
+	ErrNoKV = errors.New("runtime: no KV memory registered")
+	// ErrBusy: MaxLoads loads are in flight; the caller recomputes or retries.
+	ErrBusy = errors.New("runtime: too many loads in flight")
+	// ErrBadRequest: a chain or block table that does not fit the store.
+	ErrBadRequest = errors.New("runtime: bad request")
+)
+
+// runEntry is a committed run as the runtime serves it. The fields other than
+// live are immutable after registration.
+type runEntry struct {
+	id     objmap.RunID
+	file   *uring.File
+	device int
+	offset int64
+	chunks int
+	crcs   []uint32
+	chain  []uint64
+	parent parentRef
+	live   int // blocks of the run still in the index (Store.mu)
+}
+
+// loc packs a run id and a chunk index into the prefix index's location.
+func loc(id objmap.RunID, chunk int) uint64 { return uint64(id)<<16 | uint64(chunk) }
+
+func unloc(l uint64) (objmap.RunID, int) { return objmap.RunID(l >> 16), int(l & 0xffff) }
+
+// RecoveryReport is what Open found: objmap's report (runs recovered and
+// dropped by the object map) plus what the runtime rebuilt into its index.
+type RecoveryReport struct {
+	Map objmap.RecoveryReport
+	// IndexedRuns and IndexedBlocks were rebuilt into the prefix index.
+	IndexedRuns, IndexedBlocks int
+	// DroppedRuns were recovered by the object map but not served: their
+	// parent is unknown or dropped, their header does not match, or the index
+	// had no room. Each is freed; DroppedReasons says why.
+	DroppedRuns    int
+	DroppedReasons []string
+}
+
+// Store is an open tutti store. All methods are safe for concurrent use.
+type Store struct {
+	cfg     Config
+	geo     objmap.Geometry
+	m       *objmap.Map
+	idx     *prefix.Index
+	worker  *ioWorker
+	staging *stagingPool
+	sched   *scheduler
+	plog    *parentLog
+	kv      *kvViews // set once by RegisterKV
+	kvSet   atomic.Bool
+
+	commitMu sync.Mutex // parent log appends + objmap commits, in order
+
+	mu     sync.Mutex
+	runs   map[objmap.RunID]*runEntry
+	closed bool
+	ops    sync.WaitGroup // loads and saves in flight
+	saves  sync.WaitGroup
+	loadN  chan struct{} // MaxLoads tokens
+
+	report          RecoveryReport
+	stats           counters
+	maxWriteIOBytes int64  // the scheduler's write size: at most one staging slot
+	fallbackReason  string // set by OpenWithFallback before the store is shared
+}
+
+// bytesPerBlock is what one chain block costs in the index's capacity: its
+// payload. Headers and padding are covered by indexing only indexShare of
+// the pool.
+func (s *Store) bytesPerBlock() int64 { return s.geo.ChunkBytes() }
+
+const indexShare = 0.9
+
+// Recovery returns the report of the recovery done by Open.
+func (s *Store) Recovery() RecoveryReport { return s.report }
+
+// Config returns the configuration in use (defaults filled in).
+func (s *Store) Config() Config { return s.cfg }
+
+// Geometry returns the store's KV shape.
+func (s *Store) Geometry() objmap.Geometry { return s.geo }
+
+// RegisterKV gives the store the engine's KV memory; it must be called once,
+// before the first Load or Save. The memory must stay valid until Close.
+func (s *Store) RegisterKV(kv KVMemory) error {
+	if s.cfg.Path != PathCPU {
+		return fmt.Errorf("runtime: RegisterKV: path %s: %w", s.cfg.Path, ErrKV)
+	}
+	v, err := newKVViews(s.geo, s.cfg.Layout, s.cfg.NumPages, kv)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if s.kvSet.Load() {
+		return fmt.Errorf("%w: RegisterKV called twice", ErrKV)
+	}
+	s.kv = v
+	s.kvSet.Store(true)
+	return nil
+}
+
+// checkRequest validates a chain and its block table: pages holds the
+// engine's page ids of the chain's blocks, ChunkPages per block in order.
+func (s *Store) checkRequest(op string, chain []uint64, pages []int32) error {
+	if !s.kvSet.Load() {
+		return fmt.Errorf("runtime: %s: %w", op, ErrNoKV)
+	}
+	if len(chain) == 0 {
+		return fmt.Errorf("runtime: %s: empty chain: %w", op, ErrBadRequest)
+	}
+	if want := len(chain) * s.geo.ChunkPages; len(pages) != want {
+		return fmt.Errorf("runtime: %s: %d chain blocks need %d page ids, got %d: %w", op, len(chain), want, len(pages), ErrBadRequest)
+	}
+	for i, p := range pages {
+		if p < 0 || int(p) >= s.cfg.NumPages {
+			return fmt.Errorf("runtime: %s: pages[%d] = %d out of range [0, %d): %w", op, i, p, s.cfg.NumPages, ErrKV)
+		}
+	}
+	return nil
+}
+
+// begin registers an operation unless the store is closing.
+func (s *Store) begin() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.ops.Add(1)
+	return nil
+}
+
+// Lookup returns how many leading blocks of chain are cached (resident). It
+// does no I/O and pins nothing: a later Load may find fewer.
+func (s *Store) Lookup(chain []uint64) int {
+	n := s.idx.Lookup(chain)
+	s.stats.lookups.Add(1)
+	s.stats.lookupBlocks.Add(int64(len(chain)))
+	s.stats.hitBlocks.Add(int64(n))
+	return n
+}
+
+// Load restores the cached prefix of chain into the pages of its block table
+// (pages[i*ChunkPages+j] is page j of chain block i) and returns at once; the
+// reads run in the background, layer by layer. The scheduler may load fewer
+// blocks than are cached (Load.Planned) when recomputing the rest is faster.
+// The pages of the loaded blocks must not be used before WaitLayer; the
+// store holds no reference to chain or pages after Wait.
+func (s *Store) Load(chain []uint64, pages []int32) (*Load, error) {
+	if err := s.checkRequest("load", chain, pages); err != nil {
+		return nil, err
+	}
+	select {
+	case s.loadN <- struct{}{}:
+	default:
+		return nil, ErrBusy
+	}
+	if err := s.begin(); err != nil {
+		<-s.loadN
+		return nil, err
+	}
+	l := &Load{s: s, chain: chain, pages: pages, done: make(chan *slot, len(s.staging.all))}
+	l.cond.L = &l.mu
+	l.pinned = s.idx.Pin(chain)
+	l.runs = s.resolve(chain[:l.pinned], &l.missBlocks)
+	cached := 0
+	for _, r := range l.runs {
+		cached += r.k
+	}
+	s.stats.loads.Add(1)
+	s.stats.cachedBlocks.Add(int64(l.pinned))
+	if cached > 0 {
+		req := sched.LoadRequest{UncachedTokens: (len(chain) - cached) * s.geo.ChunkPages * s.geo.PageTokens}
+		for _, r := range l.runs {
+			req.Runs = append(req.Runs, sched.Run{Device: r.run.device, Blocks: r.k, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()})
+		}
+		l.ios = make(chan sched.IO, max(1, s.geo.Layers*len(l.runs)))
+		plan, err := s.sched.planLoad(req, l)
+		if err != nil {
+			l.runs = nil
+			l.finish()
+			return nil, err
+		}
+		l.plan = plan
+		l.planned = plan.LoadBlocks
+		// Keep the runs the plan loads, the last one cut to the plan.
+		kept, n := l.runs[:0], 0
+		for _, r := range l.runs {
+			if n >= plan.LoadBlocks {
+				break
+			}
+			r.k = min(r.k, plan.LoadBlocks-n)
+			n += r.k
+			kept = append(kept, r)
+		}
+		l.runs = kept
+		l.remaining = make([]int, s.geo.Layers)
+		for _, io := range plan.Reads {
+			l.remaining[io.Layer]++
+		}
+		l.readsLeft = len(plan.Reads)
+	}
+	s.stats.plannedBlocks.Add(int64(l.planned))
+	l.validRuns = len(l.runs)
+	if l.readsLeft == 0 {
+		l.mu.Lock()
+		l.ready = s.geo.Layers
+		l.mu.Unlock()
+		l.finish()
+		return l, nil
+	}
+	go l.drive()
+	return l, nil
+}
+
+// resolve maps the pinned blocks to runs: consecutive blocks stored
+// consecutively in one run form one loadRun. A block whose run is unknown
+// ends the prefix (counted as MissNotFound).
+func (s *Store) resolve(chain []uint64, miss *[numMissCauses]int64) []loadRun {
+	var runs []loadRun
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, id := range chain {
+		e, ok := s.idx.Get(id)
+		var r *runEntry
+		if ok {
+			rid, chunk := unloc(e.Loc)
+			r = s.runs[rid]
+			if r != nil && chunk < r.chunks && r.chain[chunk] == id {
+				if n := len(runs); n > 0 && runs[n-1].run == r && runs[n-1].first+runs[n-1].k == chunk {
+					runs[n-1].k++
+				} else {
+					runs = append(runs, loadRun{run: r, first: chunk, k: 1, chainPos: i})
+				}
+				continue
+			}
+		}
+		miss[MissNotFound] += int64(len(chain) - i)
+		break
+	}
+	return runs
+}
+
+// loadFinished accounts a finished load and releases its pins.
+func (s *Store) loadFinished(l *Load, blocks int) {
+	if l.pinned > 0 {
+		dropped, err := s.idx.Unpin(l.chain[:l.pinned])
+		if err != nil {
+			// Only a runtime bug gets here: pins are taken and released in pairs.
+			panic(fmt.Sprintf("runtime: unpinning a finished load: %v", err))
+		}
+		s.release(dropped)
+	}
+	st := &s.stats
+	st.restoredBlocks.Add(int64(blocks))
+	st.restoredBytes.Add(int64(blocks) * s.geo.ChunkBytes())
+	st.readIOs.Add(l.ioCount)
+	st.splitIOs.Add(l.splits)
+	st.overrd.Add(l.overreadBytes)
+	l.mu.Lock()
+	for i, n := range l.missBlocks {
+		st.missBlocks[i].Add(n)
+	}
+	l.mu.Unlock()
+	<-s.loadN
+	s.ops.Done()
+}
+
+// release frees the storage of blocks that left the index: a run is freed
+// in the object map once none of its blocks is indexed.
+func (s *Store) release(dropped []prefix.Dropped) {
+	if len(dropped) == 0 {
+		return
+	}
+	var free []objmap.RunID
+	s.mu.Lock()
+	for _, d := range dropped {
+		rid, _ := unloc(d.Loc)
+		r := s.runs[rid]
+		if r == nil {
+			continue
+		}
+		r.live--
+		if r.live == 0 {
+			delete(s.runs, rid)
+			free = append(free, rid)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range free {
+		// A failed free leaves the run on disk until the next recovery; the
+		// index no longer serves it either way.
+		_ = s.m.Free(id)
+	}
+}
+
+// dropCorrupt takes a run whose payload failed its CRC out of service with
+// everything cached below it (unreachable without it).
+func (s *Store) dropCorrupt(r *runEntry) {
+	dropped, err := s.idx.Remove(r.chain[0])
+	if err != nil {
+		return // already removed by a concurrent load
+	}
+	s.stats.corruptDropped.Add(1)
+	s.release(dropped)
+}
+
+// WaitSaves blocks until every Save started so far ended.
+func (s *Store) WaitSaves() error {
+	s.saves.Wait()
+	return nil
+}
+
+// Stats returns the counters.
+func (s *Store) Stats() Stats {
+	st := s.stats.snapshot()
+	st.FallbackReason = s.fallbackReason
+	return st
+}
+
+// SchedStats returns the scheduler's counters.
+func (s *Store) SchedStats() sched.Stats { return s.sched.stats() }
+
+// MapStats returns the object map's counters.
+func (s *Store) MapStats() objmap.Stats { return s.m.Stats() }
+
+// Check verifies every stored run's header and payload (objmap's fsck) while
+// the store is open.
+func (s *Store) Check() (objmap.RecoveryReport, error) { return s.m.Check() }
+
+// Close waits for loads and saves in flight, then stops the scheduler and
+// the I/O worker, frees staging and closes the object map (its journal is
+// made durable). Registered KV memory is no longer referenced after Close.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.ops.Wait()
+	s.sched.close()
+	errs := []error{s.worker.close(), s.staging.close(), s.plog.close(), s.m.Close()}
+	return errors.Join(errs...)
+}
