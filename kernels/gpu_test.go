@@ -1,0 +1,392 @@
+package kernels
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/tutti-io/tutti/uring"
+	"golang.org/x/sys/unix"
+)
+
+// gpuOrSkip skips when the library or the GPU is absent, saying why, unless
+// TUTTI_KERNELS_LIB names a library: then a machine that should run the GPU
+// tests fails instead of skipping.
+func gpuOrSkip(t *testing.T) {
+	t.Helper()
+	err := Init(0)
+	if err == nil {
+		return
+	}
+	if !Explicit() && (errors.Is(err, ErrNotLoaded) || errors.Is(err, ErrNoGPU)) {
+		t.Skipf("GPU test skipped: %v", err)
+	}
+	t.Fatalf("GPU test cannot start: %v", err)
+}
+
+// kvTensors allocates the KV memory of g (per-layer tensors or one
+// cross-layer tensor) and frees it at the end of the test.
+func kvTensors(t *testing.T, g Geometry, layout Layout, numPages int) []uint64 {
+	t.Helper()
+	per := g.PageBytes() * int64(numPages)
+	var ptrs []uint64
+	n, bytes := g.Layers, per
+	if layout == LayoutCrossLayer {
+		n, bytes = 1, per*int64(g.Layers)
+	}
+	for i := 0; i < n; i++ {
+		p, err := DevAlloc(bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ptrs = append(ptrs, p)
+	}
+	t.Cleanup(func() {
+		for _, p := range ptrs {
+			if err := DevFree(p); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	return ptrs
+}
+
+// objectFile writes layers objects of pages pages each (object l at
+// l*stride) with GenWord content and opens it with O_DIRECT.
+func objectFile(t *testing.T, g Geometry, pages int, seed uint64) (*uring.File, int64) {
+	t.Helper()
+	stride := roundUp(int64(pages)*g.PageBytes(), StagingAlign)
+	path := filepath.Join(t.TempDir(), "objects")
+	w, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, stride)
+	for l := 0; l < g.Layers; l++ {
+		clear(buf)
+		if err := FillObject(buf, g, seed, l, 0, pages); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.WriteAt(buf, int64(l)*stride); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := uring.OpenFile(path, unix.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f, stride
+}
+
+func sqpollRing(t *testing.T, entries uint32) *uring.Ring {
+	t.Helper()
+	cfg := uring.DefaultConfig()
+	cfg.Entries = entries
+	cfg.SQPoll = true
+	cfg.SQThreadIdleMs = 20
+	r, err := uring.New(cfg)
+	if err != nil {
+		t.Fatalf("SQPOLL ring: %v", err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// wholeRequest restores pages [0,n) of every layer from f, split into runs.
+func wholeRequest(f *uring.File, g Geometry, stride int64, runs []int, dst func(i int) int32) Request {
+	req := Request{}
+	n := 0
+	for _, r := range runs {
+		n += r
+	}
+	for i := 0; i < n; i++ {
+		req.Pages = append(req.Pages, dst(i))
+	}
+	for l := 0; l < g.Layers; l++ {
+		var xs []Extent
+		off := int64(l) * stride
+		for _, r := range runs {
+			xs = append(xs, Extent{FD: f.FD, Align: f.DirectAlign, Offset: off, Pages: r})
+			off += int64(r) * g.PageBytes()
+		}
+		req.Layers = append(req.Layers, xs)
+	}
+	return req
+}
+
+// verifyMap is the page map VerifyKV needs: request page i at engine page dst(i).
+func verifyMap(n int, dst func(i int) int32) []PageMap {
+	m := make([]PageMap, n)
+	for i := range m {
+		m[i].DstPage = uint32(dst(i))
+	}
+	return m
+}
+
+func TestGPUScatterGather(t *testing.T) {
+	gpuOrSkip(t)
+	for _, c := range []struct {
+		g      Geometry
+		layout Layout
+	}{
+		{Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer},
+		{Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutCrossLayer},
+		{Geometry{Layers: 3, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer},
+	} {
+		const pages, numPages = 37, 100
+		dst := func(i int) int32 { return int32((i*13 + 5) % numPages) }
+		r, err := Bind(Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages), MaxPages: pages})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.FillKV(0xA5); err != nil {
+			t.Fatal(err)
+		}
+		pb := c.g.PageBytes()
+		obj, err := uring.AllocBuffer(int(pb) * pages)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := HostRegister(obj.Addr(), int64(obj.Len())); err != nil {
+			t.Fatal(err)
+		}
+		pm := make([]PageMap, pages)
+		for i := range pm {
+			pm[i] = PageMap{DstPage: uint32(dst(i)), SlotOff: uint32(int64(i) * pb)}
+		}
+		if err := r.SetHostMap(pm); err != nil {
+			t.Fatal(err)
+		}
+		for l := 0; l < c.g.Layers; l++ {
+			if err := FillObject(obj.Bytes(), c.g, 11, l, 0, pages); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.ScatterHost(l, obj.Addr(), int64(obj.Len())); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.SyncCopies(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		bad, err := r.VerifyKV(11, pm, 0, c.g.Layers)
+		if err != nil || bad != 0 {
+			t.Fatalf("%v %v: %d mismatched words, err %v", c.g, c.layout, bad, err)
+		}
+		// a wrong seed must be seen: the verifier is not vacuous
+		if bad, _ := r.VerifyKV(12, pm, 0, 1); bad == 0 {
+			t.Fatal("verifier accepted the wrong seed")
+		}
+		// copies that would leave the registered buffer are refused
+		if err := r.ScatterHost(0, obj.Addr()+4096, int64(obj.Len())); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("scatter from outside registered memory: %v", err)
+		}
+		if err := r.ScatterHost(0, obj.Addr(), int64(obj.Len())-16); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("scatter from a buffer shorter than the map: %v", err)
+		}
+		// gather layer 1 back and compare with the generator byte for byte
+		clear(obj.Bytes())
+		pages32 := make([]int32, pages)
+		for i := range pages32 {
+			pages32[i] = dst(i)
+		}
+		if err := r.Gather(pages32, 1, 1, obj.Addr(), int64(obj.Len())); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]byte, obj.Len())
+		if err := FillObject(want, c.g, 11, 1, 0, pages); err != nil {
+			t.Fatal(err)
+		}
+		if string(want) != string(obj.Bytes()) {
+			t.Fatalf("%v %v: gathered layer differs from what was scattered", c.g, c.layout)
+		}
+		if err := HostUnregister(obj.Addr()); err != nil {
+			t.Fatal(err)
+		}
+		obj.Free()
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestGPURestore(t *testing.T) {
+	gpuOrSkip(t)
+	cases := []struct {
+		name   string
+		g      Geometry
+		layout Layout
+		runs   []int
+		maxIO  int
+		ring   uint32
+	}{
+		// a 16-entry ring far smaller than a layer: wrap-around and SQ-full back-pressure
+		{"gqa-per-layer-small-ring", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16},
+		{"gqa-cross-layer", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutCrossLayer, []int{40}, 256 << 10, 64},
+		{"mla-per-layer", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			n := 0
+			for _, r := range c.runs {
+				n += r
+			}
+			const numPages = 200
+			dst := func(i int) int32 { return int32((i*7 + 3) % numPages) }
+			f, stride := objectFile(t, c.g, n, 5)
+			ring := sqpollRing(t, c.ring)
+			r, err := Bind(Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages),
+				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			if err := r.FillKV(0xA5); err != nil {
+				t.Fatal(err)
+			}
+			req := wholeRequest(f, c.g, stride, c.runs, dst)
+			// two requests in flight at once: layers [0,k) and [k,L)
+			k := c.g.Layers / 2
+			a, b := req, req
+			a.Layers = req.Layers[:k]
+			b.FirstLayer, b.Layers = k, req.Layers[k:]
+			ra, err := r.Restore(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rb, err := r.Restore(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ra.StreamWaitLayer(k-1, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := rb.WaitLayer(k); err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range []*Restore{ra, rb} {
+				res, err := x.Wait()
+				if err != nil {
+					t.Fatalf("restore: %v", err)
+				}
+				if len(res.Failed) != 0 || len(res.LayerMs) == 0 {
+					t.Fatalf("result %+v", res)
+				}
+				if err := x.Release(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			bad, err := r.VerifyKV(5, verifyMap(n, dst), 0, c.g.Layers)
+			if err != nil || bad != 0 {
+				t.Fatalf("%d mismatched words after restore (err %v)", bad, err)
+			}
+		})
+	}
+}
+
+// TestGPURestoreFaults: a read past the end of the file, a removed (closed)
+// file and a bad descriptor give per-entry errors; their pages keep the
+// poison, every other page is right, and the ring serves the next request.
+func TestGPURestoreFaults(t *testing.T) {
+	gpuOrSkip(t)
+	g := Geometry{Layers: 6, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
+	const n, numPages = 24, 64
+	dst := func(i int) int32 { return int32(numPages - 1 - i) }
+	f, stride := objectFile(t, g, n, 21)
+	// a second file, removed and closed before the restore
+	gone, _ := objectFile(t, g, n, 21)
+	goneFD := gone.FD
+	os.Remove(gone.Path)
+	gone.Close()
+	ring := sqpollRing(t, 32)
+	r, err := Bind(Config{Geometry: g, NumPages: numPages, KV: kvTensors(t, g, LayoutPerLayer, numPages), Ring: ring,
+		MaxPages: n, MaxIOBytes: 128 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	faults := []struct {
+		name  string
+		layer int
+		mut   func(x *Extent)
+		errno syscall.Errno
+	}{
+		{"past-eof", 1, func(x *Extent) { x.Offset = 1 << 40 }, 0},
+		{"removed-file", 3, func(x *Extent) { x.FD = goneFD }, syscall.EBADF},
+		{"bad-descriptor", 4, func(x *Extent) { x.FD = 100000 }, syscall.EBADF},
+	}
+	for _, fc := range faults {
+		t.Run(fc.name, func(t *testing.T) {
+			if err := r.FillKV(0xA5); err != nil {
+				t.Fatal(err)
+			}
+			req := wholeRequest(f, g, stride, []int{12, 12}, dst)
+			fc.mut(&req.Layers[fc.layer][1]) // pages 12..23 of that layer
+			x, err := r.Restore(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := x.Wait()
+			if !errors.Is(err, ErrIO) {
+				t.Fatalf("wait: %v, want ErrIO", err)
+			}
+			if fc.errno != 0 && !errors.Is(err, fc.errno) {
+				t.Fatalf("wait: %v, want %v", err, fc.errno)
+			}
+			for _, fe := range res.Failed {
+				if fe.Layer != fc.layer {
+					t.Fatalf("failure in layer %d: %v", fe.Layer, fe)
+				}
+			}
+			if res.FailedPages != 12 {
+				t.Fatalf("%d failed pages, want 12", res.FailedPages)
+			}
+			if err := x.Release(); err != nil {
+				t.Fatal(err)
+			}
+			// Every word of a failed page must differ from the saved data (it
+			// keeps the poison); every other page must be exact.
+			full := verifyMap(n, dst)
+			words := uint64(12 * g.PageBytes() / 8)
+			for l := 0; l < g.Layers; l++ {
+				head, err := r.VerifyKV(21, full[:12], l, 1)
+				if err != nil || head != 0 {
+					t.Fatalf("layer %d: first run has %d bad words (%v)", l, head, err)
+				}
+				all, err := r.VerifyKV(21, full, l, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := map[bool]uint64{true: words, false: 0}[l == fc.layer]; all != want {
+					t.Fatalf("layer %d: %d mismatched words, want %d", l, all, want)
+				}
+			}
+		})
+	}
+	// the ring still works
+	if err := r.FillKV(0); err != nil {
+		t.Fatal(err)
+	}
+	x, err := r.Restore(wholeRequest(f, g, stride, []int{24}, dst))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Wait(); err != nil {
+		t.Fatalf("restore after faults: %v", err)
+	}
+	x.Release()
+	if bad, err := r.VerifyKV(21, verifyMap(n, dst), 0, g.Layers); err != nil || bad != 0 {
+		t.Fatalf("after faults: %d bad words (%v)", bad, err)
+	}
+	// a descriptor outside the KV tensors never reaches the GPU
+	req := wholeRequest(f, g, stride, []int{24}, dst)
+	req.Pages[3] = numPages
+	if _, err := r.Restore(req); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("out-of-range page: %v", err)
+	}
+}

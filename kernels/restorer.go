@@ -1,0 +1,530 @@
+package kernels
+
+/*
+#include <stdlib.h>
+#include "tutti_kernels.h"
+tk_status tkl_bind(const tk_bind_params *p, uint64_t *c);
+tk_status tkl_unbind(uint64_t c);
+tk_status tkl_restore_submit(uint64_t c, const tk_restore_params *p, uint32_t *r);
+tk_status tkl_restore_stream_wait(uint64_t c, uint32_t r, uint32_t l, uint64_t s);
+tk_status tkl_restore_wait_layer(uint64_t c, uint32_t r, uint32_t l);
+tk_status tkl_restore_wait(uint64_t c, uint32_t r, tk_entry_result *res, uint32_t n, float *ms, uint32_t nm);
+tk_status tkl_restore_release(uint64_t c, uint32_t r);
+tk_status tkl_host_map(uint64_t c, const tk_page_map *m, uint32_t n);
+tk_status tkl_scatter_host(uint64_t c, uint32_t l, uint64_t a, uint64_t n);
+tk_status tkl_gather_host(uint64_t c, uint32_t l, uint64_t a, uint64_t n);
+tk_status tkl_scatter_dev(uint64_t c, uint32_t l, uint64_t a, uint64_t n);
+tk_status tkl_copy_event(uint64_t c, uint32_t i);
+tk_status tkl_copy_event_wait(uint64_t c, uint32_t i);
+tk_status tkl_sync(uint64_t c);
+tk_status tkl_kv_fill(uint64_t c, uint32_t v);
+tk_status tkl_kv_verify(uint64_t c, uint64_t seed, const tk_page_map *m, uint32_t n, uint32_t fl, uint32_t nl, uint64_t *out);
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/tutti-io/tutti/uring"
+)
+
+// The Go mirrors must have the C sizes (they are passed as arrays).
+var (
+	_ [unsafe.Sizeof(C.tk_io_entry{}) - unsafe.Sizeof(ioEntry{})]struct{}
+	_ [unsafe.Sizeof(ioEntry{}) - unsafe.Sizeof(C.tk_io_entry{})]struct{}
+	_ [unsafe.Sizeof(C.tk_page_map{}) - unsafe.Sizeof(PageMap{})]struct{}
+	_ [unsafe.Sizeof(PageMap{}) - unsafe.Sizeof(C.tk_page_map{})]struct{}
+	_ [unsafe.Sizeof(C.tk_entry_result{}) - unsafe.Sizeof(EntryResult{})]struct{}
+	_ [unsafe.Sizeof(EntryResult{}) - unsafe.Sizeof(C.tk_entry_result{})]struct{}
+)
+
+// Config describes what Bind allocates and binds. Zero fields take the
+// defaults named.
+type Config struct {
+	Device   int
+	Geometry Geometry
+	Layout   Layout
+	NumPages int      // engine pages in each KV tensor
+	KV       []uint64 // device pointers: Geometry.Layers tensors (per-layer) or one (cross-layer)
+
+	// Ring is an SQPOLL ring dedicated to the GPU (nothing else may Submit to
+	// it while bound); nil binds host copies only (CPU-issued I/O paths).
+	Ring *uring.Ring
+
+	MaxPages      int           // pages per request (required)
+	MaxExtents    int           // extents per layer per request; 64
+	MaxIOBytes    int           // largest single read; 1 MiB (multiple of 4096)
+	StagingSlots  int           // layer slots of the pinned staging pool; Lookahead+3
+	MaxRequests   int           // requests in flight; 4
+	IOWindow      int           // SQEs in flight; 128 (capped by the ring's SQ and CQ)
+	Lookahead     int           // layers beyond the one waited for that may be in flight; 1
+	PollTimeout   time.Duration // no completion for this long: entries time out, the ring breaks; 5 s
+	WakeInterval  time.Duration // how often the wake helper looks at the SQPOLL flags; 50 µs
+	SlotBytesHint int64         // staging slot size; derived from MaxPages and MaxExtents
+}
+
+func (c *Config) defaults() {
+	if c.MaxExtents == 0 {
+		c.MaxExtents = 64
+	}
+	if c.MaxIOBytes == 0 {
+		c.MaxIOBytes = 1 << 20
+	}
+	if c.Lookahead == 0 {
+		c.Lookahead = 1
+	}
+	if c.StagingSlots == 0 {
+		c.StagingSlots = c.Lookahead + 3
+	}
+	if c.MaxRequests == 0 {
+		c.MaxRequests = 4
+	}
+	if c.IOWindow == 0 {
+		c.IOWindow = 128
+	}
+	if c.PollTimeout == 0 {
+		c.PollTimeout = 5 * time.Second
+	}
+	if c.WakeInterval == 0 {
+		c.WakeInterval = 50 * time.Microsecond
+	}
+}
+
+// Restorer is a bound context: KV tensors, staging pool, ring, streams and
+// every descriptor buffer, allocated once by Bind. Its methods are safe for
+// concurrent use.
+type Restorer struct {
+	cfg     Config
+	lim     Limits
+	ctx     C.uint64_t
+	staging *uring.Buffer
+	ring    *uring.Ring
+
+	mu      sync.Mutex // serializes calls that change the context
+	plan    Plan       // scratch for Restore (the library copies it)
+	slots   []reqSlot  // per request slot: the entries (for error reports) and results
+	closed  bool
+	active  atomic.Int32
+	kick    chan struct{}
+	stop    chan struct{}
+	waker   sync.WaitGroup
+	wakeErr atomic.Pointer[error]
+	wakes   atomic.Int64
+}
+
+type reqSlot struct {
+	pages   []PageMap
+	entries []ioEntry
+	results []EntryResult
+	layerMs []float32
+}
+
+// Bind allocates the staging pool (off-heap, registered with CUDA), binds the
+// KV tensors and the ring, and starts the wake helper. Close releases all.
+func Bind(cfg Config) (*Restorer, error) {
+	cfg.defaults()
+	if err := Init(cfg.Device); err != nil {
+		return nil, err
+	}
+	g := cfg.Geometry
+	if err := g.Validate(); err != nil {
+		return nil, fmt.Errorf("binding kernels: %w", err)
+	}
+	want := g.Layers
+	if cfg.Layout == LayoutCrossLayer {
+		want = 1
+	}
+	if len(cfg.KV) != want || cfg.NumPages <= 0 || cfg.MaxPages <= 0 || cfg.MaxIOBytes%StagingAlign != 0 {
+		return nil, fmt.Errorf("binding kernels: %d KV tensors (want %d), %d pages, %d max pages, %d max I/O bytes: %w",
+			len(cfg.KV), want, cfg.NumPages, cfg.MaxPages, cfg.MaxIOBytes, ErrInvalid)
+	}
+	slotBytes := cfg.SlotBytesHint
+	if slotBytes == 0 {
+		slotBytes = roundUp(int64(cfg.MaxPages)*g.PageBytes(), StagingAlign) + int64(cfg.MaxExtents)*StagingAlign
+	}
+	slotBytes = roundUp(slotBytes, StagingAlign)
+	lim := Limits{Layers: g.Layers, NumPages: cfg.NumPages, MaxPages: cfg.MaxPages, SlotBytes: slotBytes,
+		MaxIOBytes: cfg.MaxIOBytes, MaxEntries: int((slotBytes+int64(cfg.MaxIOBytes)-1)/int64(cfg.MaxIOBytes)) + cfg.MaxExtents}
+	staging, err := uring.AllocBuffer(int(slotBytes) * cfg.StagingSlots)
+	if err != nil {
+		return nil, fmt.Errorf("binding kernels: staging pool: %w", err)
+	}
+	p := (*C.tk_bind_params)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tk_bind_params{}))))
+	defer C.free(unsafe.Pointer(p))
+	p.abi_version = C.TK_ABI_VERSION
+	p.device = C.int32_t(cfg.Device)
+	p.kv.layers = C.uint32_t(g.Layers)
+	p.kv.planes = C.uint32_t(g.Planes)
+	p.kv.page_tokens = C.uint32_t(g.PageTokens)
+	p.kv.kv_heads = C.uint32_t(g.KVHeads)
+	p.kv.head_dim = C.uint32_t(g.HeadDim)
+	p.kv.dtype_bytes = C.uint32_t(g.DTypeBytes)
+	p.kv.layout = C.uint32_t(cfg.Layout)
+	p.kv.num_pages = C.uint32_t(cfg.NumPages)
+	for i, ptr := range cfg.KV {
+		p.kv.kv_ptrs[i] = C.uint64_t(ptr)
+	}
+	p.staging_addr = C.uint64_t(staging.Addr())
+	p.staging_bytes = C.uint64_t(slotBytes * int64(cfg.StagingSlots))
+	p.staging_slots = C.uint32_t(cfg.StagingSlots)
+	p.max_pages = C.uint32_t(cfg.MaxPages)
+	p.max_entries = C.uint32_t(lim.MaxEntries)
+	p.max_requests = C.uint32_t(cfg.MaxRequests)
+	p.io_window = C.uint32_t(cfg.IOWindow)
+	p.lookahead = C.uint32_t(cfg.Lookahead)
+	p.poll_timeout_ns = C.uint64_t(cfg.PollTimeout.Nanoseconds())
+	if cfg.Ring != nil {
+		rd := (*C.tk_ring)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tk_ring{}))))
+		defer C.free(unsafe.Pointer(rd))
+		if err := fillRing(rd, cfg.Ring.Layout()); err != nil {
+			staging.Free()
+			return nil, fmt.Errorf("binding kernels: %w", err)
+		}
+		p.ring = rd
+	}
+	r := &Restorer{cfg: cfg, lim: lim, staging: staging, ring: cfg.Ring, kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	if err := status("tk_bind", C.tkl_bind(p, &r.ctx)); err != nil {
+		staging.Free()
+		return nil, fmt.Errorf("binding kernels: %w", err)
+	}
+	r.slots = make([]reqSlot, cfg.MaxRequests)
+	for i := range r.slots {
+		r.slots[i] = reqSlot{
+			pages:   make([]PageMap, 0, cfg.MaxPages),
+			entries: make([]ioEntry, 0, g.Layers*lim.MaxEntries),
+			results: make([]EntryResult, g.Layers*lim.MaxEntries),
+			layerMs: make([]float32, g.Layers),
+		}
+	}
+	if r.ring != nil {
+		r.waker.Add(1)
+		go r.wakeLoop()
+	}
+	return r, nil
+}
+
+func fillRing(rd *C.tk_ring, l uring.RingLayout) error {
+	if len(l.Regions) == 0 || len(l.Regions) > C.TK_MAX_RING_REGIONS {
+		return fmt.Errorf("ring with %d memory regions: %w", len(l.Regions), ErrInvalid)
+	}
+	rd.sq_head = C.uint64_t(l.SQHead)
+	rd.sq_tail = C.uint64_t(l.SQTail)
+	rd.sq_mask = C.uint64_t(l.SQMask)
+	rd.sq_flags = C.uint64_t(l.SQFlags)
+	rd.sq_array = C.uint64_t(l.SQArray)
+	rd.sqes = C.uint64_t(l.SQEs)
+	rd.cq_head = C.uint64_t(l.CQHead)
+	rd.cq_tail = C.uint64_t(l.CQTail)
+	rd.cq_mask = C.uint64_t(l.CQMask)
+	rd.cqes = C.uint64_t(l.CQEs)
+	rd.sq_entries = C.uint32_t(l.SQEntries)
+	rd.cq_entries = C.uint32_t(l.CQEntries)
+	rd.sqe_bytes = C.uint32_t(l.SQESize)
+	rd.cqe_bytes = C.uint32_t(l.CQESize)
+	rd.ring_fd = C.int32_t(l.FD)
+	rd.n_regions = C.uint32_t(len(l.Regions))
+	for i, g := range l.Regions {
+		// Registration works on whole pages; ring mappings are page aligned.
+		rd.region_addr[i] = C.uint64_t(g.Addr)
+		rd.region_bytes[i] = C.uint64_t(roundUp(int64(g.Len), 4096))
+	}
+	return nil
+}
+
+// wakeLoop is the CPU helper of the GPU ring: while a restore is live it looks
+// at the SQPOLL thread's flags every WakeInterval and enters the kernel only
+// when the thread sleeps (IORING_SQ_NEED_WAKEUP), so the per-I/O path stays on
+// the GPU.
+func (r *Restorer) wakeLoop() {
+	defer r.waker.Done()
+	t := time.NewTicker(r.cfg.WakeInterval)
+	defer t.Stop()
+	for {
+		if r.active.Load() == 0 {
+			select {
+			case <-r.kick:
+			case <-r.stop:
+				return
+			}
+		}
+		woke, err := r.ring.WakeIfNeeded()
+		if err != nil {
+			r.wakeErr.Store(&err)
+		}
+		if woke {
+			r.wakes.Add(1)
+		}
+		select {
+		case <-t.C:
+		case <-r.stop:
+			return
+		}
+	}
+}
+
+// Wakeups counts the times the helper had to wake the SQPOLL thread.
+func (r *Restorer) Wakeups() int64 { return r.wakes.Load() }
+
+// Limits are the bounds every request is checked against.
+func (r *Restorer) Limits() Limits { return r.lim }
+
+// Staging is the pinned staging pool: StagingSlots slots of Limits().SlotBytes.
+// Host-issued paths may read into it and scatter from it (ScatterHost).
+func (r *Restorer) Staging() *uring.Buffer { return r.staging }
+
+// Close waits for the GPU, unbinds and frees the staging pool. Restores must
+// have been released.
+func (r *Restorer) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	close(r.stop)
+	r.waker.Wait()
+	err := status("tk_unbind", C.tkl_unbind(r.ctx))
+	if ferr := r.staging.Free(); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// Restore is one GPU-driven restore in flight.
+type Restore struct {
+	r          *Restorer
+	id         uint32
+	firstLayer int
+	layers     int
+	epl        int
+	released   bool
+}
+
+// Restore checks req, builds its descriptors and enqueues, for each layer, the
+// GPU I/O kernel and the scatter kernel; it returns at once. The caller must
+// call Release (after Wait, or to abandon it).
+func (r *Restorer) Restore(req Request) (*Restore, error) {
+	if r.ring == nil {
+		return nil, fmt.Errorf("restore: %w: bound without a ring", ErrNotSupported)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, fmt.Errorf("restore: %w: restorer closed", ErrInvalid)
+	}
+	if err := BuildPlan(r.cfg.Geometry, r.lim, req, &r.plan); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	pl := &r.plan
+	var rp C.tk_restore_params
+	rp.n_pages = C.uint32_t(len(pl.Pages))
+	rp.pages = (*C.tk_page_map)(unsafe.Pointer(&pl.Pages[0]))
+	rp.first_layer = C.uint32_t(req.FirstLayer)
+	rp.n_layers = C.uint32_t(len(req.Layers))
+	rp.entries_per_layer = C.uint32_t(pl.EntriesPerLayer)
+	rp.entries = (*C.tk_io_entry)(unsafe.Pointer(&pl.Entries[0]))
+	var id C.uint32_t
+	if err := status("tk_restore_submit", C.tkl_restore_submit(r.ctx, &rp, &id)); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	s := &r.slots[id]
+	s.entries = append(s.entries[:0], pl.Entries...)
+	s.pages = append(s.pages[:0], pl.Pages...)
+	if r.active.Add(1) == 1 {
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+	return &Restore{r: r, id: uint32(id), firstLayer: req.FirstLayer, layers: len(req.Layers), epl: pl.EntriesPerLayer}, nil
+}
+
+// Layers is the range of layers the restore covers.
+func (x *Restore) Layers() (first, n int) { return x.firstLayer, x.layers }
+
+// StreamWaitLayer makes a CUDA stream (a cudaStream_t; 0 is the legacy
+// default stream) wait until layer is in the KV tensors, with no host round
+// trip: the compute of that layer can be enqueued right after.
+func (x *Restore) StreamWaitLayer(layer int, stream uintptr) error {
+	return status(fmt.Sprintf("waiting on layer %d in stream", layer),
+		C.tkl_restore_stream_wait(x.r.ctx, C.uint32_t(x.id), C.uint32_t(layer), C.uint64_t(stream)))
+}
+
+// WaitLayer blocks until layer is scattered; it returns an error wrapping
+// ErrIO if one of its entries failed (its pages were not written).
+func (x *Restore) WaitLayer(layer int) error {
+	return status(fmt.Sprintf("waiting for layer %d", layer),
+		C.tkl_restore_wait_layer(x.r.ctx, C.uint32_t(x.id), C.uint32_t(layer)))
+}
+
+// Result is the outcome of a whole restore.
+type Result struct {
+	Entries         []EntryResult // layer-major; valid until Release
+	EntriesPerLayer int
+	LayerMs         []float32 // per layer: ms from submit until scattered
+	Failed          []*EntryError
+	FailedPages     int // (layer, page) pairs not written because an entry failed
+}
+
+// Wait blocks until every layer is done. err wraps ErrIO (or ErrRingBroken)
+// when entries failed; Result lists them. The pages of a failed entry keep
+// whatever the KV memory held before: they were never scattered.
+func (x *Restore) Wait() (*Result, error) {
+	s := &x.r.slots[x.id]
+	n := x.layers * x.epl
+	st := C.tkl_restore_wait(x.r.ctx, C.uint32_t(x.id), (*C.tk_entry_result)(unsafe.Pointer(&s.results[0])),
+		C.uint32_t(n), (*C.float)(unsafe.Pointer(&s.layerMs[0])), C.uint32_t(x.layers))
+	res := &Result{Entries: s.results[:n], EntriesPerLayer: x.epl, LayerMs: s.layerMs[:x.layers]}
+	err := status("restore", st)
+	if err != nil && !errors.Is(err, ErrIO) && !errors.Is(err, ErrRingBroken) {
+		return res, err
+	}
+	for e, er := range res.Entries {
+		if er.Status != EntryOK {
+			res.Failed = append(res.Failed, &EntryError{Layer: x.firstLayer + e/x.epl, Entry: e % x.epl,
+				Offset: int64(s.entries[e].Offset), Result: er})
+		}
+	}
+	if len(res.Failed) > 0 {
+		res.FailedPages = failedPages(s.pages, res.Entries, x.epl)
+		errs := make([]error, 0, 4)
+		errs = append(errs, err)
+		for i, f := range res.Failed {
+			if i == 3 {
+				errs = append(errs, fmt.Errorf("and %d more failed entries", len(res.Failed)-3))
+				break
+			}
+			errs = append(errs, f)
+		}
+		return res, errors.Join(errs...)
+	}
+	return res, err
+}
+
+// Release frees the request slot (waiting for the GPU if it is still busy).
+func (x *Restore) Release() error {
+	if x.released {
+		return nil
+	}
+	x.r.mu.Lock()
+	defer x.r.mu.Unlock()
+	x.released = true
+	x.r.active.Add(-1)
+	return status("releasing restore", C.tkl_restore_release(x.r.ctx, C.uint32_t(x.id)))
+}
+
+// ---- host-issued paths and saves: copies between host object layout and the KV tensors.
+
+// SetHostMap sets the page map of the following ScatterHost/GatherHost/
+// ScatterDevice calls (after the earlier ones finished).
+func (r *Restorer) SetHostMap(pages []PageMap) error {
+	if len(pages) == 0 {
+		return fmt.Errorf("host map: %w: no pages", ErrInvalid)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return status("tk_host_map", C.tkl_host_map(r.ctx, (*C.tk_page_map)(unsafe.Pointer(&pages[0])), C.uint32_t(len(pages))))
+}
+
+// ScatterHost enqueues the copy of one layer from host memory [addr,
+// addr+bytes) (object layout; inside the staging pool or HostRegister'ed
+// memory) into the KV tensors.
+func (r *Restorer) ScatterHost(layer int, addr uintptr, bytes int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return status(fmt.Sprintf("scatter layer %d", layer), C.tkl_scatter_host(r.ctx, C.uint32_t(layer), C.uint64_t(addr), C.uint64_t(bytes)))
+}
+
+// GatherHost enqueues the copy of one layer from the KV tensors into host
+// memory (object layout), for a save.
+func (r *Restorer) GatherHost(layer int, addr uintptr, bytes int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return status(fmt.Sprintf("gather layer %d", layer), C.tkl_gather_host(r.ctx, C.uint32_t(layer), C.uint64_t(addr), C.uint64_t(bytes)))
+}
+
+// ScatterDevice enqueues the copy of one layer from device memory (object
+// layout) into the KV tensors.
+func (r *Restorer) ScatterDevice(layer int, dptr uint64, bytes int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return status(fmt.Sprintf("scatter layer %d from device", layer), C.tkl_scatter_dev(r.ctx, C.uint32_t(layer), C.uint64_t(dptr), C.uint64_t(bytes)))
+}
+
+// RecordCopy records copy event i (i < StagingSlots) after the copies enqueued so far.
+func (r *Restorer) RecordCopy(i int) error {
+	return status("recording copy event", C.tkl_copy_event(r.ctx, C.uint32_t(i)))
+}
+
+// WaitCopy blocks until copy event i has passed.
+func (r *Restorer) WaitCopy(i int) error {
+	return status("waiting for copy event", C.tkl_copy_event_wait(r.ctx, C.uint32_t(i)))
+}
+
+// SyncCopies blocks until every enqueued copy finished.
+func (r *Restorer) SyncCopies() error { return status("sync copies", C.tkl_sync(r.ctx)) }
+
+// Gather copies layers [firstLayer, firstLayer+layers) of the given engine
+// pages into dst (registered host memory) in object layout, layer l at
+// dst + (l-firstLayer)*layerStride, and waits. This is the save path's
+// HBM -> staging step; the bytes are then written by the CPU (uring).
+func (r *Restorer) Gather(pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error {
+	pb := r.cfg.Geometry.PageBytes()
+	if layerStride < int64(len(pages))*pb || firstLayer < 0 || layers <= 0 || firstLayer+layers > r.cfg.Geometry.Layers {
+		return fmt.Errorf("gather: %w: stride %d for %d pages, layers [%d,+%d)", ErrInvalid, layerStride, len(pages), firstLayer, layers)
+	}
+	pm := make([]PageMap, len(pages))
+	for i, p := range pages {
+		pm[i] = PageMap{DstPage: uint32(p), SlotOff: uint32(int64(i) * pb)}
+	}
+	if err := r.SetHostMap(pm); err != nil {
+		return fmt.Errorf("gather: %w", err)
+	}
+	for l := 0; l < layers; l++ {
+		if err := r.GatherHost(firstLayer+l, dst+uintptr(int64(l)*layerStride), layerStride); err != nil {
+			return fmt.Errorf("gather: %w", err)
+		}
+	}
+	return r.SyncCopies()
+}
+
+// FillKV sets every byte of the bound KV tensors (poison before a check).
+func (r *Restorer) FillKV(b byte) error {
+	return status("fill kv", C.tkl_kv_fill(r.ctx, C.uint32_t(b)))
+}
+
+// VerifyKV counts the 8-byte words of layers [firstLayer, +layers) of the
+// mapped pages that differ from GenWord(seed, layer, i, w), where i is the
+// page's index in pages (its place in the saved object).
+func (r *Restorer) VerifyKV(seed uint64, pages []PageMap, firstLayer, layers int) (uint64, error) {
+	if len(pages) == 0 {
+		return 0, fmt.Errorf("verify: %w: no pages", ErrInvalid)
+	}
+	var n C.uint64_t
+	err := status("verify kv", C.tkl_kv_verify(r.ctx, C.uint64_t(seed), (*C.tk_page_map)(unsafe.Pointer(&pages[0])),
+		C.uint32_t(len(pages)), C.uint32_t(firstLayer), C.uint32_t(layers), &n))
+	return uint64(n), err
+}
+
+// failedPages counts (layer, page) pairs that a failed entry kept from being
+// scattered.
+func failedPages(pages []PageMap, entries []EntryResult, epl int) int {
+	n := 0
+	for l := 0; l*epl < len(entries); l++ {
+		layer := entries[l*epl : (l+1)*epl]
+		for _, p := range pages {
+			for e := p.FirstEntry; e <= p.LastEntry; e++ {
+				if layer[e].Status != EntryOK {
+					n++
+					break
+				}
+			}
+		}
+	}
+	return n
+}

@@ -1,0 +1,964 @@
+// libtutti_kernels: GPU-driven io_uring restore, paged-KV scatter/gather.
+// The ABI is tutti_kernels.h; read it first. Design notes in kernels/doc.go.
+#include "tutti_kernels.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+// ---------------------------------------------------------------- errors
+
+static thread_local char g_err[512];
+
+static tk_status fail(tk_status code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+// tk_fail_msg lets the other translation units (cuFile) set the message.
+tk_status tk_fail_msg(tk_status code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+#define CK(call)                                                                          \
+  do {                                                                                    \
+    cudaError_t e_ = (call);                                                              \
+    if (e_ != cudaSuccess) {                                                              \
+      cudaGetLastError();                                                                 \
+      return fail(e_ == cudaErrorNoDevice || e_ == cudaErrorInsufficientDriver            \
+                      ? TK_ERR_NO_GPU : TK_ERR_CUDA,                                      \
+                  "%s: %s (%d) at %s:%d", #call, cudaGetErrorString(e_), (int)e_,         \
+                  __FILE__, __LINE__);                                                    \
+    }                                                                                     \
+  } while (0)
+
+extern "C" int32_t tk_last_error(char *buf, int32_t n) {
+  if (!buf || n <= 0) return 0;
+  snprintf(buf, (size_t)n, "%s", g_err);
+  return (int32_t)strlen(buf);
+}
+
+extern "C" int32_t tk_abi_version(void) { return TK_ABI_VERSION; }
+
+// ---------------------------------------------------------------- registered host memory
+
+// Every host range the GPU may touch is in this table with its device alias, so
+// a copy's source or destination is checked against it before launch.
+struct Region { uint64_t addr, bytes, dptr; bool ours; };
+static const int kMaxRegions = 256;
+static Region g_regions[kMaxRegions];
+static int g_nregions;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+
+// lookup returns the device alias of [addr, addr+bytes) if it lies in one registered region.
+static bool lookup(uint64_t addr, uint64_t bytes, uint64_t *dptr) {
+  pthread_mutex_lock(&g_mu);
+  bool ok = false;
+  for (int i = 0; i < g_nregions; i++) {
+    Region &r = g_regions[i];
+    if (addr >= r.addr && bytes <= r.bytes && addr - r.addr <= r.bytes - bytes) {
+      *dptr = r.dptr + (addr - r.addr);
+      ok = true;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g_mu);
+  return ok;
+}
+
+static tk_status region_add(uint64_t addr, uint64_t bytes, bool allow_existing) {
+  uint64_t d;
+  if (lookup(addr, bytes, &d)) return TK_OK;
+  cudaError_t e = cudaHostRegister((void *)addr, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  bool ours = true;
+  if (e == cudaErrorHostMemoryAlreadyRegistered && allow_existing) {
+    cudaGetLastError();
+    ours = false;
+  } else if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fail(TK_ERR_CUDA, "cudaHostRegister(%#llx, %llu): %s", (unsigned long long)addr,
+                (unsigned long long)bytes, cudaGetErrorString(e));
+  }
+  void *dp = nullptr;
+  e = cudaHostGetDevicePointer(&dp, (void *)addr, 0);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (ours) cudaHostUnregister((void *)addr);
+    return fail(TK_ERR_CUDA, "cudaHostGetDevicePointer(%#llx): %s", (unsigned long long)addr,
+                cudaGetErrorString(e));
+  }
+  pthread_mutex_lock(&g_mu);
+  if (g_nregions == kMaxRegions) {
+    pthread_mutex_unlock(&g_mu);
+    if (ours) cudaHostUnregister((void *)addr);
+    return fail(TK_ERR_INVALID, "more than %d registered host regions", kMaxRegions);
+  }
+  g_regions[g_nregions++] = Region{addr, bytes, (uint64_t)dp, ours};
+  pthread_mutex_unlock(&g_mu);
+  return TK_OK;
+}
+
+static tk_status region_remove(uint64_t addr) {
+  pthread_mutex_lock(&g_mu);
+  for (int i = 0; i < g_nregions; i++) {
+    if (g_regions[i].addr == addr) {
+      Region r = g_regions[i];
+      g_regions[i] = g_regions[--g_nregions];
+      pthread_mutex_unlock(&g_mu);
+      if (r.ours) CK(cudaHostUnregister((void *)addr));
+      return TK_OK;
+    }
+  }
+  pthread_mutex_unlock(&g_mu);
+  return fail(TK_ERR_INVALID, "host region %#llx is not registered", (unsigned long long)addr);
+}
+
+// ---------------------------------------------------------------- device and memory
+
+extern "C" tk_status tk_init(int32_t device) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return fail(TK_ERR_NO_GPU, "no CUDA device: %s", e == cudaSuccess ? "count is 0" : cudaGetErrorString(e));
+  }
+  if (device < 0 || device >= n) return fail(TK_ERR_INVALID, "device %d of %d", device, n);
+  CK(cudaSetDevice(device));
+  // Host waits block in the driver instead of spinning, so CPU time measures work.
+  // Refused once the context is active with other flags; the events that the
+  // waits use are created with cudaEventBlockingSync either way.
+  e = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync | cudaDeviceMapHost);
+  if (e != cudaSuccess) cudaGetLastError();
+  CK(cudaFree(0));  // create the context now, not on the hot path
+  return TK_OK;
+}
+
+extern "C" tk_status tk_device_name(int32_t device, char *buf, int32_t n, int32_t *sm_count) {
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, device));
+  if (buf && n > 0) snprintf(buf, (size_t)n, "%s", p.name);
+  if (sm_count) *sm_count = p.multiProcessorCount;
+  return TK_OK;
+}
+
+extern "C" tk_status tk_dev_alloc(uint64_t bytes, uint64_t *dptr) {
+  void *p = nullptr;
+  CK(cudaMalloc(&p, bytes));
+  *dptr = (uint64_t)p;
+  return TK_OK;
+}
+extern "C" tk_status tk_dev_free(uint64_t dptr) { CK(cudaFree((void *)dptr)); return TK_OK; }
+extern "C" tk_status tk_memcpy_htod(uint64_t d, uint64_t h, uint64_t n) {
+  CK(cudaMemcpy((void *)d, (void *)h, n, cudaMemcpyHostToDevice));
+  return TK_OK;
+}
+extern "C" tk_status tk_memcpy_dtoh(uint64_t h, uint64_t d, uint64_t n) {
+  CK(cudaMemcpy((void *)h, (void *)d, n, cudaMemcpyDeviceToHost));
+  return TK_OK;
+}
+extern "C" tk_status tk_memset_dev(uint64_t d, uint32_t v, uint64_t n) {
+  CK(cudaMemset((void *)d, (int)(v & 0xff), n));
+  CK(cudaDeviceSynchronize());
+  return TK_OK;
+}
+extern "C" tk_status tk_host_register(uint64_t addr, uint64_t bytes) {
+  if (!addr || !bytes) return fail(TK_ERR_INVALID, "tk_host_register: empty range");
+  return region_add(addr, bytes, false);
+}
+extern "C" tk_status tk_host_unregister(uint64_t addr) { return region_remove(addr); }
+
+// ---------------------------------------------------------------- device side
+
+struct KVDesc {
+  uint64_t ptrs[1024];  // per-layer tensors or [0] = cross-layer base (passed via device copy)
+};
+
+struct Geo {
+  uint32_t layers, planes, num_pages, layout;
+  uint64_t plane_bytes;
+};
+
+__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_sys(uint32_t *p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__device__ __forceinline__ char *plane_ptr(const uint64_t *kvp, const Geo &g, uint32_t layer,
+                                           uint32_t plane, uint32_t page) {
+  if (g.layout == TK_LAYOUT_PER_LAYER)
+    return (char *)kvp[layer] + ((uint64_t)plane * g.num_pages + page) * g.plane_bytes;
+  return (char *)kvp[0] + (((uint64_t)page * g.layers + layer) * g.planes + plane) * g.plane_bytes;
+}
+
+// Device view of the io_uring: addresses are device aliases of the host ring.
+struct DRing {
+  uint32_t *sq_head, *sq_tail, *sq_array;
+  unsigned long long *sqes;  // 8 words per SQE
+  uint32_t *cq_head, *cq_tail;
+  const unsigned long long *cqes;  // 2 words per CQE
+  uint32_t sq_entries, sq_mask, cq_entries, cq_mask;
+};
+
+// Ring state owned by the GPU (device memory), persistent across kernels.
+struct DState {
+  uint32_t sq_tail, cq_head, inflight, broken;
+  uint32_t stray;  // CQEs that belonged to no live request (after a timeout)
+};
+
+// A request slot's device view.
+struct DReq {
+  const tk_io_entry *entries;  // n_layers*epl
+  tk_entry_result *results;    // host-mapped, device alias
+  uint32_t *done;              // per-layer completions (device memory)
+  uint32_t *cursor;            // next entry to submit (device memory)
+  uint32_t n_layers, epl, slot_id;
+  uint32_t seq0;               // global layer sequence of the request's layer 0 (staging slots)
+  uint64_t staging_host;       // host address of the staging pool (SQE addresses are host addresses)
+  uint64_t slot_bytes;
+  uint32_t n_slots;
+};
+
+enum { OP_READ = 22, OP_WRITE = 23 };
+
+// One launch per layer, one block. Submits entries of layers [0, layer+lookahead]
+// of the request as SQ space and the window allow, reaps CQEs into per-entry
+// results, and returns once every entry of `layer` completed (or timed out).
+// Kernels of one context run in order on one stream, so only one touches the ring.
+__global__ void io_layer_kernel(DRing r, DState *st, DReq q, uint32_t layer, uint32_t lookahead,
+                                uint32_t window, uint64_t timeout_ns) {
+  __shared__ uint32_t s_tail, s_n, s_cursor, s_stop;
+  const uint32_t total_end = min(q.n_layers, layer + 1 + lookahead) * q.epl;
+  const uint32_t need_end = (layer + 1) * q.epl;
+  if (threadIdx.x == 0) s_stop = 0;
+  __syncthreads();
+  if (st->broken) {
+    // An earlier timeout left I/O in flight: nothing is submitted, nothing is scattered.
+    for (uint32_t e = threadIdx.x + layer * q.epl; e < need_end; e += blockDim.x)
+      if (q.results[e].status == TK_ENTRY_PENDING) q.results[e].status = TK_ENTRY_SKIPPED;
+    if (threadIdx.x == 0) { q.done[layer] = q.epl; *q.cursor = max(*q.cursor, need_end); }
+    return;
+  }
+  uint64_t last_progress = globaltimer_ns();
+  for (;;) {
+    if (threadIdx.x == 0) {
+      uint32_t cur = *q.cursor;
+      uint32_t tail = st->sq_tail;
+      uint32_t head = ld_acquire_sys(r.sq_head);
+      uint32_t sq_free = r.sq_entries - (tail - head);
+      uint32_t room = window > st->inflight ? window - st->inflight : 0;
+      uint32_t n = total_end > cur ? total_end - cur : 0;
+      n = min(n, min(room, sq_free));
+      s_tail = tail;
+      s_n = n;
+      s_cursor = cur;
+    }
+    __syncthreads();
+    const uint32_t n = s_n;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const uint32_t e = s_cursor + i;
+      const tk_io_entry en = q.entries[e];
+      const uint32_t l = e / q.epl;
+      const uint64_t slot = (uint64_t)((q.seq0 + l) % q.n_slots);
+      const uint64_t addr = q.staging_host + slot * q.slot_bytes + en.slot_off;
+      const uint32_t idx = (s_tail + i) & r.sq_mask;
+      unsigned long long *s = r.sqes + (uint64_t)idx * 8;
+      const uint32_t op = (en.flags & TK_IO_WRITE) ? OP_WRITE : OP_READ;
+      const uint32_t sqe_flags = (en.flags & TK_IO_FIXED_FILE) ? 1u : 0u;  // IOSQE_FIXED_FILE
+      s[0] = (unsigned long long)op | ((unsigned long long)sqe_flags << 8) |
+             ((unsigned long long)(uint32_t)en.fd << 32);
+      s[1] = en.offset;
+      s[2] = addr;
+      s[3] = (unsigned long long)en.len;  // rw_flags = 0
+      s[4] = ((unsigned long long)q.slot_id << 32) | e;
+      s[5] = 0;  // buf_index, personality, file_index
+      s[6] = 0;
+      s[7] = 0;
+      if (r.sq_array) r.sq_array[idx] = idx;
+      __threadfence_system();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (n) {
+        st->sq_tail = s_tail + n;
+        st_release_sys(r.sq_tail, s_tail + n);
+        *q.cursor = s_cursor + n;
+        st->inflight += n;
+      }
+      // Reap every CQE present.
+      uint32_t head = st->cq_head;
+      const uint32_t ctail = ld_acquire_sys(r.cq_tail);
+      bool progress = n != 0;
+      while (head != ctail) {
+        const unsigned long long *c = r.cqes + (uint64_t)(head & r.cq_mask) * 2;
+        const unsigned long long ud = c[0];
+        const int32_t res = (int32_t)(c[1] & 0xffffffffull);
+        head++;
+        progress = true;
+        const uint32_t e = (uint32_t)ud;
+        if ((uint32_t)(ud >> 32) != q.slot_id || e >= q.n_layers * q.epl) {
+          st->stray++;
+          continue;
+        }
+        st->inflight--;
+        const uint32_t need = q.entries[e].min_len;
+        tk_entry_result out;
+        out.res = res;
+        out.status = res < 0 ? TK_ENTRY_IOERR : ((uint32_t)res >= need ? TK_ENTRY_OK : TK_ENTRY_SHORT);
+        q.results[e] = out;
+        q.done[e / q.epl]++;
+      }
+      if (head != st->cq_head) {
+        st->cq_head = head;
+        st_release_sys(r.cq_head, head);
+      }
+      const uint64_t now = globaltimer_ns();
+      if (progress) last_progress = now;
+      if (q.done[layer] >= q.epl) {
+        s_stop = 1;
+      } else if (now - last_progress > timeout_ns) {
+        // Entries in flight may still land later: the ring is broken from now on.
+        st->broken = 1;
+        const uint32_t cur = *q.cursor;
+        for (uint32_t e = 0; e < q.n_layers * q.epl; e++) {
+          if (q.results[e].status != TK_ENTRY_PENDING) continue;
+          q.results[e].status = e < cur ? TK_ENTRY_TIMEOUT : TK_ENTRY_SKIPPED;
+        }
+        for (uint32_t l = 0; l < q.n_layers; l++) q.done[l] = q.epl;
+        *q.cursor = q.n_layers * q.epl;
+        s_stop = 1;
+      }
+      __threadfence_system();
+    }
+    __syncthreads();
+    if (s_stop) break;
+  }
+}
+
+// Copies one layer between object layout (src/dst "obj": page i's planes at
+// map[i].slot_off) and the paged KV. One block per page; 16-byte vectors, four
+// loads in flight per thread. results (may be NULL) gate each page: a page is
+// copied only if every entry covering it is OK.
+template <bool kToKV>
+__global__ void copy_layer_kernel(char *obj, const tk_page_map *map, uint32_t n_pages,
+                                  const tk_entry_result *results, const uint64_t *kvp, Geo g,
+                                  uint32_t layer) {
+  for (uint32_t i = blockIdx.x; i < n_pages; i += gridDim.x) {
+    const tk_page_map m = map[i];
+    if (results) {
+      __shared__ int ok;
+      if (threadIdx.x == 0) {
+        int good = 1;
+        for (uint32_t e = m.first_entry; e <= m.last_entry; e++)
+          if (results[e].status != TK_ENTRY_OK) good = 0;
+        ok = good;
+      }
+      __syncthreads();
+      const int good = ok;
+      __syncthreads();
+      if (!good) continue;
+    }
+    const uint32_t nv = (uint32_t)(g.plane_bytes / 16);
+    for (uint32_t p = 0; p < g.planes; p++) {
+      uint4 *kv = (uint4 *)plane_ptr(kvp, g, layer, p, m.dst_page);
+      uint4 *ob = (uint4 *)(obj + m.slot_off + (uint64_t)p * g.plane_bytes);
+      const uint4 *src = kToKV ? ob : kv;
+      uint4 *dst = kToKV ? kv : ob;
+      uint32_t v = threadIdx.x;
+      for (; v + 3 * blockDim.x < nv; v += 4 * blockDim.x) {
+        uint4 a = src[v], b = src[v + blockDim.x], c = src[v + 2 * blockDim.x], d = src[v + 3 * blockDim.x];
+        dst[v] = a; dst[v + blockDim.x] = b; dst[v + 2 * blockDim.x] = c; dst[v + 3 * blockDim.x] = d;
+      }
+      for (; v < nv; v += blockDim.x) dst[v] = src[v];
+    }
+  }
+}
+
+__global__ void verify_kernel(const tk_page_map *map, uint32_t n_pages, const uint64_t *kvp, Geo g,
+                              uint32_t first_layer, uint64_t seed, unsigned long long *mismatches) {
+  const uint32_t layer = first_layer + blockIdx.y;
+  unsigned long long bad = 0;
+  const uint32_t words = (uint32_t)(g.plane_bytes / 8);
+  for (uint32_t i = blockIdx.x; i < n_pages; i += gridDim.x) {
+    for (uint32_t p = 0; p < g.planes; p++) {
+      const uint64_t *kv = (const uint64_t *)plane_ptr(kvp, g, layer, p, map[i].dst_page);
+      for (uint32_t w = threadIdx.x; w < words; w += blockDim.x) {
+        const uint64_t word = (uint64_t)p * words + w;
+        const uint64_t want = splitmix64(seed ^ ((uint64_t)layer << 40) ^ ((uint64_t)i << 20) ^ word);
+        bad += kv[w] != want;
+      }
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) bad += __shfl_down_sync(0xffffffffu, bad, o);
+  if ((threadIdx.x & 31) == 0 && bad) atomicAdd(mismatches, bad);
+}
+
+// ---------------------------------------------------------------- context
+
+static const uint32_t kCopyThreads = 256;
+static const uint32_t kIOThreads = 128;
+
+struct Req {
+  bool busy;
+  uint32_t n_layers, first_layer, epl, n_pages, seq0;
+  tk_io_entry *up_entries;  // pinned upload buffers
+  tk_page_map *up_pages;
+  tk_io_entry *d_entries;
+  tk_page_map *d_pages;
+  uint32_t *d_done;  // [layers] + cursor
+  tk_entry_result *h_results, *d_results;  // pinned mapped
+  cudaEvent_t start;
+  cudaEvent_t *io_done, *ready;  // [layers]
+};
+
+struct Ctx {
+  int device;
+  tk_kv kv;
+  Geo geo;
+  uint64_t *d_kvp;  // device copy of kv pointers
+  uint64_t staging_host, staging_dev, staging_bytes, slot_bytes;
+  uint32_t n_slots, max_pages, max_entries, max_requests, window, lookahead;
+  uint64_t timeout_ns;
+  bool has_ring;
+  DRing ring;
+  uint64_t ring_regions[TK_MAX_RING_REGIONS];
+  uint32_t n_ring_regions;
+  DState *d_state;
+  cudaStream_t io, scatter, copy;
+  cudaEvent_t *slot_free;   // [n_slots]
+  cudaEvent_t *copy_events; // [n_slots]
+  uint32_t seq;             // global layer sequence (staging slot = seq % n_slots)
+  Req *reqs;
+  tk_page_map *d_host_map, *d_verify_map;
+  uint32_t host_map_pages;
+  uint64_t host_map_end;
+  unsigned long long *d_count, *h_count;
+  bool staging_ours;
+};
+
+static Ctx *as_ctx(uint64_t h) { return (Ctx *)h; }
+
+static tk_status map_ring_field(const Ctx *c, uint64_t host, uint64_t bytes, void **dev) {
+  uint64_t d;
+  if (!lookup(host, bytes, &d))
+    return fail(TK_ERR_INVALID, "ring field %#llx (+%llu) lies in no registered ring region",
+                (unsigned long long)host, (unsigned long long)bytes);
+  *dev = (void *)d;
+  return TK_OK;
+}
+
+static tk_status bind_ring(Ctx *c, const tk_ring *r) {
+  if (r->sqe_bytes != 64 || r->cqe_bytes != 16)
+    return fail(TK_ERR_NOT_SUPPORTED, "ring with %u-byte SQEs / %u-byte CQEs (want 64/16)", r->sqe_bytes, r->cqe_bytes);
+  if (!r->sq_entries || (r->sq_entries & (r->sq_entries - 1)) || !r->cq_entries || (r->cq_entries & (r->cq_entries - 1)))
+    return fail(TK_ERR_INVALID, "ring sizes %u/%u are not powers of two", r->sq_entries, r->cq_entries);
+  if (r->n_regions == 0 || r->n_regions > TK_MAX_RING_REGIONS)
+    return fail(TK_ERR_INVALID, "ring regions: %u", r->n_regions);
+  for (uint32_t i = 0; i < r->n_regions; i++) {
+    tk_status s = region_add(r->region_addr[i], r->region_bytes[i], true);
+    if (s) return s;
+    c->ring_regions[c->n_ring_regions++] = r->region_addr[i];
+  }
+  tk_status s;
+  void *p;
+#define MAPF(field, bytes, dst)                               \
+  if ((s = map_ring_field(c, r->field, bytes, &p))) return s; \
+  dst = (decltype(dst))p;
+  MAPF(sq_head, 4, c->ring.sq_head);
+  MAPF(sq_tail, 4, c->ring.sq_tail);
+  MAPF(sqes, (uint64_t)r->sq_entries * 64, c->ring.sqes);
+  MAPF(cq_head, 4, c->ring.cq_head);
+  MAPF(cq_tail, 4, c->ring.cq_tail);
+  MAPF(cqes, (uint64_t)r->cq_entries * 16, c->ring.cqes);
+  c->ring.sq_array = nullptr;
+  if (r->sq_array) { MAPF(sq_array, (uint64_t)r->sq_entries * 4, c->ring.sq_array); }
+#undef MAPF
+  c->ring.sq_entries = r->sq_entries;
+  c->ring.sq_mask = *(const uint32_t *)r->sq_mask;
+  c->ring.cq_entries = r->cq_entries;
+  c->ring.cq_mask = *(const uint32_t *)r->cq_mask;
+  if (c->ring.sq_mask != r->sq_entries - 1 || c->ring.cq_mask != r->cq_entries - 1)
+    return fail(TK_ERR_INVALID, "ring masks %u/%u disagree with sizes %u/%u", c->ring.sq_mask, c->ring.cq_mask,
+                r->sq_entries, r->cq_entries);
+  // The GPU continues from the ring's current indices.
+  DState st{};
+  st.sq_tail = *(volatile uint32_t *)r->sq_tail;
+  st.cq_head = *(volatile uint32_t *)r->cq_head;
+  if (st.sq_tail != *(volatile uint32_t *)r->sq_head || st.cq_head != *(volatile uint32_t *)r->cq_tail)
+    return fail(TK_ERR_INVALID, "ring is not idle at bind (sq %u/%u, cq %u/%u)", *(volatile uint32_t *)r->sq_head,
+                st.sq_tail, st.cq_head, *(volatile uint32_t *)r->cq_tail);
+  CK(cudaMemcpy(c->d_state, &st, sizeof st, cudaMemcpyHostToDevice));
+  c->window = c->window ? c->window : 128;
+  if (c->window > r->sq_entries) c->window = r->sq_entries;
+  if (c->window > r->cq_entries) c->window = r->cq_entries;  // the CQ never overflows
+  c->has_ring = true;
+  return TK_OK;
+}
+
+static void free_ctx(Ctx *c);
+
+static tk_status check_kv(const tk_kv &kv) {
+  if (!kv.layers || kv.layers > 1024 || !kv.planes || kv.planes > 2 || !kv.page_tokens || !kv.kv_heads ||
+      !kv.head_dim || !kv.dtype_bytes || !kv.num_pages)
+    return fail(TK_ERR_INVALID, "kv geometry: layers=%u planes=%u page_tokens=%u kv_heads=%u head_dim=%u dtype=%u pages=%u",
+                kv.layers, kv.planes, kv.page_tokens, kv.kv_heads, kv.head_dim, kv.dtype_bytes, kv.num_pages);
+  uint64_t pb = (uint64_t)kv.page_tokens * kv.kv_heads * kv.head_dim * kv.dtype_bytes;
+  if (pb % 16) return fail(TK_ERR_INVALID, "plane bytes %llu not a multiple of 16", (unsigned long long)pb);
+  uint32_t n = kv.layout == TK_LAYOUT_PER_LAYER ? kv.layers : 1;
+  if (kv.layout > TK_LAYOUT_CROSS_LAYER) return fail(TK_ERR_INVALID, "layout %u", kv.layout);
+  for (uint32_t i = 0; i < n; i++) {
+    if (!kv.kv_ptrs[i] || kv.kv_ptrs[i] % 16) return fail(TK_ERR_INVALID, "kv pointer %u is null or not 16-byte aligned", i);
+    cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, (void *)kv.kv_ptrs[i]);
+    if (e != cudaSuccess || a.type != cudaMemoryTypeDevice) {
+      cudaGetLastError();
+      return fail(TK_ERR_INVALID, "kv pointer %u (%#llx) is not device memory", i, (unsigned long long)kv.kv_ptrs[i]);
+    }
+  }
+  return TK_OK;
+}
+
+extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
+  if (!p || !out) return fail(TK_ERR_INVALID, "tk_bind: null argument");
+  if (p->abi_version != TK_ABI_VERSION) return fail(TK_ERR_INVALID, "abi %u, library %d", p->abi_version, TK_ABI_VERSION);
+  tk_status s = check_kv(p->kv);
+  if (s) return s;
+  if (!p->staging_slots || !p->max_pages || !p->max_entries || !p->max_requests || p->max_requests > 64)
+    return fail(TK_ERR_INVALID, "slots=%u max_pages=%u max_entries=%u max_requests=%u", p->staging_slots,
+                p->max_pages, p->max_entries, p->max_requests);
+  if (!p->staging_addr || p->staging_addr % 4096 || p->staging_bytes % p->staging_slots ||
+      (p->staging_bytes / p->staging_slots) % 4096)
+    return fail(TK_ERR_INVALID, "staging %#llx+%llu in %u slots: want page-aligned slots",
+                (unsigned long long)p->staging_addr, (unsigned long long)p->staging_bytes, p->staging_slots);
+  if (p->ring && p->staging_slots < p->lookahead + 2)
+    return fail(TK_ERR_INVALID, "staging slots %u < lookahead %u + 2", p->staging_slots, p->lookahead);
+  CK(cudaSetDevice(p->device));
+  Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
+  if (!c) return fail(TK_ERR_INVALID, "out of host memory");
+  c->device = p->device;
+  c->kv = p->kv;
+  c->geo.layers = p->kv.layers;
+  c->geo.planes = p->kv.planes;
+  c->geo.num_pages = p->kv.num_pages;
+  c->geo.layout = p->kv.layout;
+  c->geo.plane_bytes = (uint64_t)p->kv.page_tokens * p->kv.kv_heads * p->kv.head_dim * p->kv.dtype_bytes;
+  c->staging_host = p->staging_addr;
+  c->staging_bytes = p->staging_bytes;
+  c->n_slots = p->staging_slots;
+  c->slot_bytes = p->staging_bytes / p->staging_slots;
+  c->max_pages = p->max_pages;
+  c->max_entries = p->max_entries;
+  c->max_requests = p->max_requests;
+  c->window = p->io_window;
+  c->lookahead = p->lookahead;
+  c->timeout_ns = p->poll_timeout_ns ? p->poll_timeout_ns : 5000000000ull;
+#define TRY(x)                       \
+  do {                               \
+    tk_status s_ = (x);              \
+    if (s_) { free_ctx(c); return s_; } \
+  } while (0)
+#define TRYC(call)                                                                                    \
+  do {                                                                                                \
+    cudaError_t e_ = (call);                                                                          \
+    if (e_ != cudaSuccess) {                                                                          \
+      cudaGetLastError();                                                                             \
+      tk_status s_ = fail(TK_ERR_CUDA, "%s: %s at %s:%d", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      free_ctx(c);                                                                                    \
+      return s_;                                                                                      \
+    }                                                                                                 \
+  } while (0)
+  TRY(region_add(c->staging_host, c->staging_bytes, false));
+  c->staging_ours = true;
+  if (!lookup(c->staging_host, c->staging_bytes, &c->staging_dev)) TRY(fail(TK_ERR_INVALID, "staging lookup"));
+  TRYC(cudaMalloc(&c->d_kvp, sizeof(uint64_t) * 1024));
+  TRYC(cudaMemcpy(c->d_kvp, p->kv.kv_ptrs, sizeof(uint64_t) * 1024, cudaMemcpyHostToDevice));
+  TRYC(cudaMalloc(&c->d_state, sizeof(DState)));
+  TRYC(cudaMemset(c->d_state, 0, sizeof(DState)));
+  TRYC(cudaStreamCreateWithFlags(&c->io, cudaStreamNonBlocking));
+  TRYC(cudaStreamCreateWithFlags(&c->scatter, cudaStreamNonBlocking));
+  TRYC(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
+  c->slot_free = (cudaEvent_t *)calloc(c->n_slots, sizeof(cudaEvent_t));
+  c->copy_events = (cudaEvent_t *)calloc(c->n_slots, sizeof(cudaEvent_t));
+  for (uint32_t i = 0; i < c->n_slots; i++) {
+    TRYC(cudaEventCreateWithFlags(&c->slot_free[i], cudaEventDisableTiming));
+    TRYC(cudaEventCreateWithFlags(&c->copy_events[i], cudaEventDisableTiming | cudaEventBlockingSync));
+  }
+  TRYC(cudaMalloc(&c->d_host_map, sizeof(tk_page_map) * c->max_pages));
+  TRYC(cudaMalloc(&c->d_verify_map, sizeof(tk_page_map) * c->max_pages));
+  TRYC(cudaHostAlloc(&c->h_count, sizeof(unsigned long long), cudaHostAllocDefault));
+  TRYC(cudaMalloc(&c->d_count, sizeof(unsigned long long)));
+  const uint32_t L = c->kv.layers;
+  c->reqs = (Req *)calloc(c->max_requests, sizeof(Req));
+  for (uint32_t i = 0; i < c->max_requests; i++) {
+    Req &q = c->reqs[i];
+    const uint64_t ne = (uint64_t)L * c->max_entries;
+    TRYC(cudaHostAlloc(&q.up_entries, sizeof(tk_io_entry) * ne, cudaHostAllocDefault));
+    TRYC(cudaHostAlloc(&q.up_pages, sizeof(tk_page_map) * c->max_pages, cudaHostAllocDefault));
+    TRYC(cudaMalloc(&q.d_entries, sizeof(tk_io_entry) * ne));
+    TRYC(cudaMalloc(&q.d_pages, sizeof(tk_page_map) * c->max_pages));
+    TRYC(cudaMalloc(&q.d_done, sizeof(uint32_t) * (L + 1)));
+    TRYC(cudaHostAlloc(&q.h_results, sizeof(tk_entry_result) * ne, cudaHostAllocMapped));
+    TRYC(cudaHostGetDevicePointer((void **)&q.d_results, q.h_results, 0));
+    TRYC(cudaEventCreateWithFlags(&q.start, cudaEventBlockingSync));
+    q.io_done = (cudaEvent_t *)calloc(L, sizeof(cudaEvent_t));
+    q.ready = (cudaEvent_t *)calloc(L, sizeof(cudaEvent_t));
+    for (uint32_t l = 0; l < L; l++) {
+      TRYC(cudaEventCreateWithFlags(&q.io_done[l], cudaEventDisableTiming));
+      TRYC(cudaEventCreateWithFlags(&q.ready[l], cudaEventBlockingSync));
+    }
+  }
+  if (p->ring) TRY(bind_ring(c, p->ring));
+  *out = (uint64_t)c;
+  return TK_OK;
+#undef TRY
+#undef TRYC
+}
+
+static void free_ctx(Ctx *c) {
+  if (!c) return;
+  if (c->io) cudaStreamSynchronize(c->io);
+  if (c->scatter) cudaStreamSynchronize(c->scatter);
+  if (c->copy) cudaStreamSynchronize(c->copy);
+  if (c->reqs) {
+    for (uint32_t i = 0; i < c->max_requests; i++) {
+      Req &q = c->reqs[i];
+      if (q.up_entries) cudaFreeHost(q.up_entries);
+      if (q.up_pages) cudaFreeHost(q.up_pages);
+      if (q.d_entries) cudaFree(q.d_entries);
+      if (q.d_pages) cudaFree(q.d_pages);
+      if (q.d_done) cudaFree(q.d_done);
+      if (q.h_results) cudaFreeHost(q.h_results);
+      if (q.start) cudaEventDestroy(q.start);
+      for (uint32_t l = 0; l < c->kv.layers; l++) {
+        if (q.io_done && q.io_done[l]) cudaEventDestroy(q.io_done[l]);
+        if (q.ready && q.ready[l]) cudaEventDestroy(q.ready[l]);
+      }
+      free(q.io_done);
+      free(q.ready);
+    }
+    free(c->reqs);
+  }
+  for (uint32_t i = 0; c->slot_free && i < c->n_slots; i++) {
+    if (c->slot_free[i]) cudaEventDestroy(c->slot_free[i]);
+    if (c->copy_events[i]) cudaEventDestroy(c->copy_events[i]);
+  }
+  free(c->slot_free);
+  free(c->copy_events);
+  if (c->d_host_map) cudaFree(c->d_host_map);
+  if (c->d_verify_map) cudaFree(c->d_verify_map);
+  if (c->h_count) cudaFreeHost(c->h_count);
+  if (c->d_count) cudaFree(c->d_count);
+  if (c->d_kvp) cudaFree(c->d_kvp);
+  if (c->d_state) cudaFree(c->d_state);
+  if (c->io) cudaStreamDestroy(c->io);
+  if (c->scatter) cudaStreamDestroy(c->scatter);
+  if (c->copy) cudaStreamDestroy(c->copy);
+  for (uint32_t i = 0; i < c->n_ring_regions; i++) region_remove(c->ring_regions[i]);
+  if (c->staging_ours) region_remove(c->staging_host);
+  cudaGetLastError();
+  free(c);
+}
+
+extern "C" tk_status tk_unbind(uint64_t h) {
+  Ctx *c = as_ctx(h);
+  if (!c) return fail(TK_ERR_INVALID, "tk_unbind: null context");
+  CK(cudaSetDevice(c->device));
+  free_ctx(c);
+  return TK_OK;
+}
+
+// check_map validates a page map against the context: no copy can leave the
+// KV tensors or the staging slot.
+static tk_status check_map(const Ctx *c, const tk_page_map *m, uint32_t n, uint32_t epl, uint64_t obj_bytes) {
+  const uint64_t page_bytes = c->geo.plane_bytes * c->geo.planes;
+  for (uint32_t i = 0; i < n; i++) {
+    if (m[i].dst_page >= c->geo.num_pages)
+      return fail(TK_ERR_INVALID, "page %u: destination page %u >= %u", i, m[i].dst_page, c->geo.num_pages);
+    if ((uint64_t)m[i].slot_off + page_bytes > obj_bytes || m[i].slot_off % 16)
+      return fail(TK_ERR_INVALID, "page %u: source offset %u (+%llu) outside %llu bytes or unaligned", i,
+                  m[i].slot_off, (unsigned long long)page_bytes, (unsigned long long)obj_bytes);
+    if (epl && (m[i].first_entry > m[i].last_entry || m[i].last_entry >= epl))
+      return fail(TK_ERR_INVALID, "page %u: entries [%u,%u] of %u", i, m[i].first_entry, m[i].last_entry, epl);
+  }
+  return TK_OK;
+}
+
+extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, uint32_t *req_out) {
+  Ctx *c = as_ctx(h);
+  if (!c || !p || !req_out) return fail(TK_ERR_INVALID, "tk_restore_submit: null argument");
+  if (!c->has_ring) return fail(TK_ERR_NOT_SUPPORTED, "no ring bound");
+  if (!p->n_layers || p->first_layer + (uint64_t)p->n_layers > c->kv.layers)
+    return fail(TK_ERR_INVALID, "layers [%u,+%u) of %u", p->first_layer, p->n_layers, c->kv.layers);
+  if (!p->n_pages || p->n_pages > c->max_pages) return fail(TK_ERR_INVALID, "%u pages (max %u)", p->n_pages, c->max_pages);
+  if (!p->entries_per_layer || p->entries_per_layer > c->max_entries)
+    return fail(TK_ERR_INVALID, "%u entries per layer (max %u)", p->entries_per_layer, c->max_entries);
+  tk_status s = check_map(c, p->pages, p->n_pages, p->entries_per_layer, c->slot_bytes);
+  if (s) return s;
+  const uint32_t ne = p->n_layers * p->entries_per_layer;
+  for (uint32_t e = 0; e < ne; e++) {
+    const tk_io_entry &en = p->entries[e];
+    if (!en.len || en.min_len > en.len || !en.min_len || (uint64_t)en.slot_off + en.len > c->slot_bytes || en.fd < 0)
+      return fail(TK_ERR_INVALID, "entry %u: fd %d, %u bytes at slot offset %u (slot %llu bytes)", e, en.fd, en.len,
+                  en.slot_off, (unsigned long long)c->slot_bytes);
+    if (en.flags & ~(TK_IO_FIXED_FILE | TK_IO_WRITE)) return fail(TK_ERR_INVALID, "entry %u: flags %#x", e, en.flags);
+  }
+  int slot = -1;
+  for (uint32_t i = 0; i < c->max_requests; i++)
+    if (!c->reqs[i].busy) { slot = (int)i; break; }
+  if (slot < 0) return fail(TK_ERR_BUSY, "all %u request slots in use", c->max_requests);
+  CK(cudaSetDevice(c->device));
+  Req &q = c->reqs[slot];
+  q.n_layers = p->n_layers;
+  q.first_layer = p->first_layer;
+  q.epl = p->entries_per_layer;
+  q.n_pages = p->n_pages;
+  q.seq0 = c->seq;
+  memcpy(q.up_entries, p->entries, sizeof(tk_io_entry) * ne);
+  memcpy(q.up_pages, p->pages, sizeof(tk_page_map) * p->n_pages);
+  memset(q.h_results, 0, sizeof(tk_entry_result) * ne);
+  CK(cudaEventRecord(q.start, c->io));
+  CK(cudaMemcpyAsync(q.d_entries, q.up_entries, sizeof(tk_io_entry) * ne, cudaMemcpyHostToDevice, c->io));
+  CK(cudaMemcpyAsync(q.d_pages, q.up_pages, sizeof(tk_page_map) * p->n_pages, cudaMemcpyHostToDevice, c->io));
+  CK(cudaMemsetAsync(q.d_done, 0, sizeof(uint32_t) * (c->kv.layers + 1), c->io));
+  DReq dq;
+  dq.entries = q.d_entries;
+  dq.results = q.d_results;
+  dq.done = q.d_done;
+  dq.cursor = q.d_done + c->kv.layers;
+  dq.n_layers = q.n_layers;
+  dq.epl = q.epl;
+  dq.slot_id = (uint32_t)slot;
+  dq.seq0 = q.seq0;
+  dq.staging_host = c->staging_host;
+  dq.slot_bytes = c->slot_bytes;
+  dq.n_slots = c->n_slots;
+  const uint32_t la = c->lookahead;
+  for (uint32_t l = 0; l < q.n_layers; l++) {
+    // The staging slot of the farthest layer this kernel may fill must have
+    // been scattered by its previous user (slot_free is recorded in order).
+    const uint32_t far = l + la < q.n_layers - 1 ? l + la : q.n_layers - 1;
+    const uint32_t far_seq = q.seq0 + far;
+    if (far_seq >= c->n_slots) CK(cudaStreamWaitEvent(c->io, c->slot_free[far_seq % c->n_slots], 0));
+    io_layer_kernel<<<1, kIOThreads, 0, c->io>>>(c->ring, c->d_state, dq, l, la, c->window, c->timeout_ns);
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(q.io_done[l], c->io));
+    CK(cudaStreamWaitEvent(c->scatter, q.io_done[l], 0));
+    char *slot_dev = (char *)(c->staging_dev + (uint64_t)((q.seq0 + l) % c->n_slots) * c->slot_bytes);
+    const uint32_t grid = q.n_pages < 1024 ? q.n_pages : 1024;
+    copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->scatter>>>(slot_dev, q.d_pages, q.n_pages,
+                                                                  q.d_results + (uint64_t)l * q.epl, c->d_kvp,
+                                                                  c->geo, q.first_layer + l);
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(q.ready[l], c->scatter));
+    CK(cudaEventRecord(c->slot_free[(q.seq0 + l) % c->n_slots], c->scatter));
+  }
+  c->seq += q.n_layers;
+  q.busy = true;
+  *req_out = (uint32_t)slot;
+  return TK_OK;
+}
+
+static tk_status get_req(Ctx *c, uint32_t req, Req **out) {
+  if (!c || req >= c->max_requests || !c->reqs[req].busy) return fail(TK_ERR_INVALID, "request %u is not live", req);
+  *out = &c->reqs[req];
+  return TK_OK;
+}
+
+static tk_status layer_status(const Req &q, uint32_t l) {
+  for (uint32_t e = 0; e < q.epl; e++) {
+    const tk_entry_result r = q.h_results[(uint64_t)l * q.epl + e];
+    if (r.status != TK_ENTRY_OK)
+      return fail(TK_ERR_IO, "layer %u entry %u: status %u res %d", q.first_layer + l, e, r.status, r.res);
+  }
+  return TK_OK;
+}
+
+extern "C" tk_status tk_restore_stream_wait(uint64_t h, uint32_t req, uint32_t layer, uint64_t stream) {
+  Ctx *c = as_ctx(h);
+  Req *q;
+  tk_status s = get_req(c, req, &q);
+  if (s) return s;
+  if (layer < q->first_layer || layer >= q->first_layer + q->n_layers) return fail(TK_ERR_INVALID, "layer %u not in request", layer);
+  CK(cudaStreamWaitEvent((cudaStream_t)stream, q->ready[layer - q->first_layer], 0));
+  return TK_OK;
+}
+
+extern "C" tk_status tk_restore_wait_layer(uint64_t h, uint32_t req, uint32_t layer) {
+  Ctx *c = as_ctx(h);
+  Req *q;
+  tk_status s = get_req(c, req, &q);
+  if (s) return s;
+  if (layer < q->first_layer || layer >= q->first_layer + q->n_layers) return fail(TK_ERR_INVALID, "layer %u not in request", layer);
+  CK(cudaEventSynchronize(q->ready[layer - q->first_layer]));
+  return layer_status(*q, layer - q->first_layer);
+}
+
+extern "C" tk_status tk_restore_wait(uint64_t h, uint32_t req, tk_entry_result *results, uint32_t n_results,
+                                     float *layer_ms, uint32_t n_layer_ms) {
+  Ctx *c = as_ctx(h);
+  Req *q;
+  tk_status s = get_req(c, req, &q);
+  if (s) return s;
+  CK(cudaEventSynchronize(q->ready[q->n_layers - 1]));
+  const uint32_t ne = q->n_layers * q->epl;
+  if (results) memcpy(results, q->h_results, sizeof(tk_entry_result) * (n_results < ne ? n_results : ne));
+  for (uint32_t l = 0; layer_ms && l < n_layer_ms && l < q->n_layers; l++)
+    CK(cudaEventElapsedTime(&layer_ms[l], q->start, q->ready[l]));
+  DState st;
+  CK(cudaMemcpy(&st, c->d_state, sizeof st, cudaMemcpyDeviceToHost));
+  for (uint32_t l = 0; l < q->n_layers; l++)
+    if ((s = layer_status(*q, l))) return st.broken ? fail(TK_ERR_RING, "ring broken: %s", g_err) : s;
+  return TK_OK;
+}
+
+extern "C" tk_status tk_restore_release(uint64_t h, uint32_t req) {
+  Ctx *c = as_ctx(h);
+  Req *q;
+  tk_status s = get_req(c, req, &q);
+  if (s) return s;
+  CK(cudaEventSynchronize(q->ready[q->n_layers - 1]));
+  q->busy = false;
+  return TK_OK;
+}
+
+// ---------------------------------------------------------------- host-side copies
+
+extern "C" tk_status tk_host_map(uint64_t h, const tk_page_map *pages, uint32_t n) {
+  Ctx *c = as_ctx(h);
+  if (!c || !pages || !n || n > c->max_pages) return fail(TK_ERR_INVALID, "tk_host_map: %u pages (max %u)", n, c ? c->max_pages : 0);
+  tk_status s = check_map(c, pages, n, 0, ~0ull >> 1);
+  if (s) return s;
+  CK(cudaStreamSynchronize(c->copy));
+  CK(cudaMemcpy(c->d_host_map, pages, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice));
+  c->host_map_pages = n;
+  c->host_map_end = 0;
+  const uint64_t page_bytes = c->geo.plane_bytes * c->geo.planes;
+  for (uint32_t i = 0; i < n; i++)
+    if (pages[i].slot_off + page_bytes > c->host_map_end) c->host_map_end = pages[i].slot_off + page_bytes;
+  return TK_OK;
+}
+
+static tk_status host_copy(Ctx *c, uint32_t layer, uint64_t obj_dev, uint64_t obj_bytes, bool to_kv) {
+  if (!c->host_map_pages) return fail(TK_ERR_INVALID, "no page map set (tk_host_map)");
+  if (layer >= c->kv.layers) return fail(TK_ERR_INVALID, "layer %u of %u", layer, c->kv.layers);
+  // The map was checked against the KV tensors; this checks it against the buffer.
+  if (obj_bytes < c->host_map_end)
+    return fail(TK_ERR_INVALID, "buffer of %llu bytes, page map reaches %llu", (unsigned long long)obj_bytes,
+                (unsigned long long)c->host_map_end);
+  const uint32_t n = c->host_map_pages;
+  const uint32_t grid = n < 1024 ? n : 1024;
+  if (to_kv)
+    copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->copy>>>((char *)obj_dev, c->d_host_map, n, nullptr, c->d_kvp, c->geo, layer);
+  else
+    copy_layer_kernel<false><<<grid, kCopyThreads, 0, c->copy>>>((char *)obj_dev, c->d_host_map, n, nullptr, c->d_kvp, c->geo, layer);
+  CK(cudaGetLastError());
+  return TK_OK;
+}
+
+extern "C" tk_status tk_scatter_host(uint64_t h, uint32_t layer, uint64_t src, uint64_t bytes) {
+  Ctx *c = as_ctx(h);
+  if (!c) return fail(TK_ERR_INVALID, "null context");
+  uint64_t d;
+  if (!lookup(src, bytes, &d)) return fail(TK_ERR_INVALID, "source %#llx+%llu is not registered host memory", (unsigned long long)src, (unsigned long long)bytes);
+  return host_copy(c, layer, d, bytes, true);
+}
+
+extern "C" tk_status tk_gather_host(uint64_t h, uint32_t layer, uint64_t dst, uint64_t bytes) {
+  Ctx *c = as_ctx(h);
+  if (!c) return fail(TK_ERR_INVALID, "null context");
+  uint64_t d;
+  if (!lookup(dst, bytes, &d)) return fail(TK_ERR_INVALID, "destination %#llx+%llu is not registered host memory", (unsigned long long)dst, (unsigned long long)bytes);
+  return host_copy(c, layer, d, bytes, false);
+}
+
+extern "C" tk_status tk_scatter_dev(uint64_t h, uint32_t layer, uint64_t dsrc, uint64_t bytes) {
+  Ctx *c = as_ctx(h);
+  if (!c) return fail(TK_ERR_INVALID, "null context");
+  cudaPointerAttributes a;
+  cudaError_t e = cudaPointerGetAttributes(&a, (void *)dsrc);
+  if (e != cudaSuccess || a.type != cudaMemoryTypeDevice) {
+    cudaGetLastError();
+    return fail(TK_ERR_INVALID, "source %#llx is not device memory", (unsigned long long)dsrc);
+  }
+  return host_copy(c, layer, dsrc, bytes, true);
+}
+
+extern "C" tk_status tk_copy_event(uint64_t h, uint32_t i) {
+  Ctx *c = as_ctx(h);
+  if (!c || i >= c->n_slots) return fail(TK_ERR_INVALID, "copy event %u", i);
+  CK(cudaEventRecord(c->copy_events[i], c->copy));
+  return TK_OK;
+}
+extern "C" tk_status tk_copy_event_wait(uint64_t h, uint32_t i) {
+  Ctx *c = as_ctx(h);
+  if (!c || i >= c->n_slots) return fail(TK_ERR_INVALID, "copy event %u", i);
+  CK(cudaEventSynchronize(c->copy_events[i]));
+  return TK_OK;
+}
+extern "C" tk_status tk_sync(uint64_t h) {
+  Ctx *c = as_ctx(h);
+  if (!c) return fail(TK_ERR_INVALID, "null context");
+  CK(cudaStreamSynchronize(c->copy));
+  return TK_OK;
+}
+
+extern "C" tk_status tk_kv_fill(uint64_t h, uint32_t v) {
+  Ctx *c = as_ctx(h);
+  if (!c) return fail(TK_ERR_INVALID, "null context");
+  const uint64_t per_layer = c->geo.plane_bytes * c->geo.planes * c->geo.num_pages;
+  if (c->kv.layout == TK_LAYOUT_PER_LAYER) {
+    for (uint32_t l = 0; l < c->kv.layers; l++) CK(cudaMemsetAsync((void *)c->kv.kv_ptrs[l], (int)(v & 0xff), per_layer, c->copy));
+  } else {
+    CK(cudaMemsetAsync((void *)c->kv.kv_ptrs[0], (int)(v & 0xff), per_layer * c->kv.layers, c->copy));
+  }
+  CK(cudaStreamSynchronize(c->copy));
+  return TK_OK;
+}
+
+extern "C" tk_status tk_kv_verify(uint64_t h, uint64_t seed, const tk_page_map *pages, uint32_t n,
+                                  uint32_t first_layer, uint32_t n_layers, uint64_t *mismatched) {
+  Ctx *c = as_ctx(h);
+  if (!c || !mismatched) return fail(TK_ERR_INVALID, "null argument");
+  if (!n || n > c->max_pages || !n_layers || first_layer + (uint64_t)n_layers > c->kv.layers)
+    return fail(TK_ERR_INVALID, "verify %u pages, layers [%u,+%u)", n, first_layer, n_layers);
+  tk_status s = check_map(c, pages, n, 0, ~0ull >> 1);
+  if (s) return s;
+  CK(cudaStreamSynchronize(c->copy));
+  CK(cudaMemcpy(c->d_verify_map, pages, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice));
+  CK(cudaMemsetAsync(c->d_count, 0, sizeof(unsigned long long), c->copy));
+  dim3 grid(n < 256 ? n : 256, n_layers);
+  verify_kernel<<<grid, kCopyThreads, 0, c->copy>>>(c->d_verify_map, n, c->d_kvp, c->geo, first_layer, seed, c->d_count);
+  CK(cudaGetLastError());
+  CK(cudaMemcpyAsync(c->h_count, c->d_count, sizeof(unsigned long long), cudaMemcpyDeviceToHost, c->copy));
+  CK(cudaStreamSynchronize(c->copy));
+  *mismatched = *c->h_count;
+  return TK_OK;
+}
