@@ -123,7 +123,7 @@ func runCmd(t *testing.T, d *datadriven.TestData, xp **Index) string {
 	case "lookup":
 		return fmt.Sprintf("hit %d", x.Lookup(ddIDs(t, d, "chain")))
 	case "pin":
-		return fmt.Sprintf("pinned %d", x.Pin(ddIDs(t, d, "chain")))
+		return fmt.Sprintf("pinned %d", pinN(x, ddIDs(t, d, "chain")))
 	case "unpin":
 		dropped, err := x.Unpin(ddIDs(t, d, "chain"))
 		return fmtErr(err) + "dropped: " + fmtDropped(dropped)

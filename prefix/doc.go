@@ -35,6 +35,20 @@
 // sets at Commit; every call that drops committed entries returns them ([Dropped]) so the owner frees
 // their storage.
 //
+// # Use by the store
+//
+// Load: n, locs := x.Pin(chain, locs[:0]); restore chain[:n] from locs (a partial restore is fine);
+// if a block's data is bad, x.Remove(id); finally x.Unpin(chain[:n]) and free what it returns.
+// Lookup alone answers "how much is cached" without protecting anything.
+//
+// Save: r, _ := x.Reserve(chain, h, bytesPerBlock) with h the hit length (e.g. from Pin or Lookup;
+// StopNotCached if chain[:h] was evicted meanwhile, so look up again); free r.Evicted; write
+// chain[h:h+r.N]; then x.Commit(written ids, their locations) parent first, and x.Abort the rest.
+// Pending blocks hold their ancestors, so chain[:h] is not evicted while the save is in flight.
+//
+// Every []Dropped a call returns is storage the owner must free; nothing in it is pinned, so no
+// load is reading it.
+//
 // # Memory
 //
 // Entries are 64-byte slots (one cache line, no pointers, so the GC never scans them) in 64 Ki-slot

@@ -184,10 +184,11 @@ func (x *Index) Lookup(chain []uint64) int {
 }
 
 // Pin is Lookup plus a pin on each hit block: it returns n, and chain[:n] is pinned (not evictable,
-// its storage not freed) until the caller calls Unpin(chain[:n]) exactly once. A block at MaxPins
-// ends the pinned prefix. Pinning counts as a use for LRU order (blocks rejoin the list at the
-// tail when unpinned).
-func (x *Index) Pin(chain []uint64) int {
+// its storage not freed) until the caller calls Unpin(chain[:n]) exactly once. It appends to dst
+// the location of each pinned block (chain[i]'s at len(dst)+i) and returns the extended slice; pass
+// nil when not needed. A block at MaxPins ends the pinned prefix. Pinning counts as a use for LRU
+// order (blocks rejoin the list at the tail when unpinned).
+func (x *Index) Pin(chain []uint64, dst []uint64) (int, []uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	n, last := x.walk(chain)
@@ -197,8 +198,13 @@ func (x *Index) Pin(chain []uint64) int {
 			n, last = i, x.sl.at(s).parent
 		}
 	}
-	for s := last; s != noSlot; {
+	base := len(dst)
+	for range n {
+		dst = append(dst, 0)
+	}
+	for s, i := last, n-1; s != noSlot; i-- {
 		e := x.sl.at(s)
+		dst[base+i] = e.loc
 		if e.pins == 0 {
 			x.nPinned++
 			x.pinnedBytes += e.sizeBytes
@@ -207,7 +213,7 @@ func (x *Index) Pin(chain []uint64) int {
 		x.refresh(s)
 		s = e.parent
 	}
-	return n
+	return n, dst
 }
 
 // Unpin releases one pin on each block of chain, which must be a prefix the caller pinned with Pin
@@ -222,8 +228,8 @@ func (x *Index) Unpin(chain []uint64) ([]Dropped, error) {
 	defer x.mu.Unlock()
 	prev := noSlot
 	for i, id := range chain {
-		s := x.find(id)
-		if s == noSlot || x.sl.at(s).parent != prev || x.sl.at(s).pins == 0 {
+		s := x.next(prev, id)
+		if s == noSlot || x.sl.at(s).pins == 0 {
 			return nil, fmt.Errorf("unpin chain[%d] id %#x: %w", i, id, ErrNotPinned)
 		}
 		prev = s
@@ -480,16 +486,44 @@ func (x *Index) LRU() []uint64 {
 	return ids
 }
 
+// childScan is how many children of the previous block are compared before the table is probed:
+// a chain saved together sits in consecutive slots with the newest child first, so the next block
+// of a lookup is usually found in the cache line next to its parent, without a random table probe.
+const childScan = 4
+
+// next returns the slot of id as a child of prev (noSlot: a root), or noSlot when id is absent or
+// hangs elsewhere.
+func (x *Index) next(prev int32, id uint64) int32 {
+	if prev != noSlot {
+		c := x.sl.at(prev).child
+		for k := 0; k < childScan && c != noSlot; k++ {
+			ce := x.sl.at(c)
+			if ce.id == id {
+				return c
+			}
+			c = ce.nextSib
+		}
+		if c == noSlot {
+			return noSlot // all children compared
+		}
+	}
+	s := x.find(id)
+	if s == noSlot || x.sl.at(s).parent != prev {
+		return noSlot
+	}
+	return s
+}
+
 // walk returns how many leading blocks of chain are hits, and the slot of the last one.
 func (x *Index) walk(chain []uint64) (int, int32) {
 	prev := noSlot
 	for i, id := range chain {
-		s := x.find(id)
+		s := x.next(prev, id)
 		if s == noSlot {
 			return i, prev
 		}
 		e := x.sl.at(s)
-		if e.state != stateResident || e.flags&flagDoomed != 0 || e.parent != prev {
+		if e.state != stateResident || e.flags&flagDoomed != 0 {
 			return i, prev
 		}
 		prev = s

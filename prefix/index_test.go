@@ -103,7 +103,7 @@ func TestReserveStops(t *testing.T) {
 			for _, s := range tc.setup {
 				save(t, x, s.chain, s.from, s.size)
 			}
-			if tc.pin != nil && x.Pin(tc.pin) != len(tc.pin) {
+			if tc.pin != nil && pinN(x, tc.pin) != len(tc.pin) {
 				t.Fatal("pin failed")
 			}
 			r, err := x.Reserve(tc.reserve.chain, tc.reserve.from, tc.reserve.size)
@@ -197,11 +197,11 @@ func TestPinLimit(t *testing.T) {
 	x.pinnedBytes = 20
 	x.refresh(x.find(2))
 	x.refresh(x.find(1))
-	if n := x.Pin([]uint64{1, 2, 3}); n != 0 {
+	if n := pinN(x, []uint64{1, 2, 3}); n != 0 {
 		t.Fatalf("pinned %d past the limit", n)
 	}
 	x.sl.at(x.find(1)).pins = MaxPins - 1
-	if n := x.Pin([]uint64{1, 2, 3}); n != 1 {
+	if n := pinN(x, []uint64{1, 2, 3}); n != 1 {
 		t.Fatalf("pinned %d, want 1 (block 2 at the limit)", n)
 	}
 }
@@ -268,7 +268,7 @@ func TestConcurrent(t *testing.T) {
 					chain[k] = id
 					id = id*3 + uint64(rng.IntN(3)) + 100
 				}
-				n := x.Pin(chain)
+				n := pinN(x, chain)
 				r, err := x.Reserve(chain, n, 100)
 				if err != nil {
 					t.Error(err)
@@ -311,5 +311,20 @@ func TestStrings(t *testing.T) {
 		if r.String() != want {
 			t.Errorf("%d: %s", r, r)
 		}
+	}
+}
+
+// pinN pins and returns only the count.
+func pinN(x *Index, chain []uint64) int {
+	n, _ := x.Pin(chain, nil)
+	return n
+}
+
+func TestPinLocations(t *testing.T) {
+	x := mustNew(t, Config{CapacityBytes: 1000})
+	save(t, x, []uint64{1, 2, 3}, 0, 10) // loc = id
+	n, locs := x.Pin([]uint64{1, 2, 3, 4}, []uint64{99})
+	if n != 3 || !slices.Equal(locs, []uint64{99, 1, 2, 3}) {
+		t.Fatalf("Pin = %d %v", n, locs)
 	}
 }

@@ -49,16 +49,19 @@ func (m *model) children(id uint64) []*mBlock {
 	return cs
 }
 
-func (m *model) evictable(b *mBlock) bool {
-	if b.pending || b.pins > 0 || b.doomed {
-		return false
+// evictable: resident, unpinned, not draining, and every child evictable (memoized per sync).
+func (m *model) evictable(b *mBlock, kids map[uint64][]*mBlock, memo map[uint64]bool) bool {
+	if v, ok := memo[b.id]; ok {
+		return v
 	}
-	for _, c := range m.children(b.id) {
-		if !m.evictable(c) {
-			return false
+	ev := !b.pending && b.pins == 0 && !b.doomed
+	for _, c := range kids[b.id] {
+		if !m.evictable(c, kids, memo) {
+			ev = false
 		}
 	}
-	return true
+	memo[b.id] = ev
+	return ev
 }
 
 func (m *model) depth(b *mBlock) int {
@@ -73,8 +76,15 @@ func (m *model) depth(b *mBlock) int {
 // sync recomputes list membership; blocks that join get new stamps, deepest first.
 func (m *model) sync() {
 	var joined []*mBlock
+	kids := make(map[uint64][]*mBlock, len(m.b))
 	for _, b := range m.b {
-		ev := m.evictable(b)
+		if b.hasParent {
+			kids[b.parent] = append(kids[b.parent], b)
+		}
+	}
+	memo := make(map[uint64]bool, len(m.b))
+	for _, b := range m.b {
+		ev := m.evictable(b, kids, memo)
 		if ev && !b.inList {
 			joined = append(joined, b)
 		}
@@ -462,7 +472,7 @@ func simulate(next func(n int) (int, bool), maxOps int) error {
 			}
 		case c < 7:
 			op = fmt.Sprintf("pin %v", chain)
-			a, b := x.Pin(chain), m.pin(chain)
+			a, b := pinN(x, chain), m.pin(chain)
 			if a != b {
 				e = fmt.Errorf("%s: index %d, model %d", op, a, b)
 			} else if a > 0 {
