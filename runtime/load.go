@@ -320,9 +320,15 @@ func (l *Load) scatter(seg *segment, r loadRun, data []byte) {
 
 func (l *Load) finish() {
 	l.mu.Lock()
-	l.finished = true
 	blocks := l.blocksLocked()
 	l.mu.Unlock()
-	l.cond.Broadcast()
+	// Account and unpin before Wait returns, so the caller's next Stats or
+	// Lookup sees this load whole.
 	l.s.loadFinished(l, blocks)
+	l.mu.Lock()
+	l.finished = true
+	l.mu.Unlock()
+	l.cond.Broadcast()
+	<-l.s.loadN
+	l.s.ops.Done()
 }

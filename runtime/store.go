@@ -185,8 +185,9 @@ func (s *Store) Load(chain []uint64, pages []int32) (*Load, error) {
 	}
 	l := &Load{s: s, chain: chain, pages: pages, done: make(chan *slot, len(s.staging.all))}
 	l.cond.L = &l.mu
-	l.pinned = s.idx.Pin(chain)
-	l.runs = s.resolve(chain[:l.pinned], &l.missBlocks)
+	var locs []uint64
+	l.pinned, locs = s.idx.Pin(chain, nil)
+	l.runs = s.resolve(chain[:l.pinned], locs, &l.missBlocks)
 	cached := 0
 	for _, r := range l.runs {
 		cached += r.k
@@ -240,24 +241,20 @@ func (s *Store) Load(chain []uint64, pages []int32) (*Load, error) {
 // resolve maps the pinned blocks to runs: consecutive blocks stored
 // consecutively in one run form one loadRun. A block whose run is unknown
 // ends the prefix (counted as MissNotFound).
-func (s *Store) resolve(chain []uint64, miss *[numMissCauses]int64) []loadRun {
+func (s *Store) resolve(chain, locs []uint64, miss *[numMissCauses]int64) []loadRun {
 	var runs []loadRun
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, id := range chain {
-		e, ok := s.idx.Get(id)
-		var r *runEntry
-		if ok {
-			rid, chunk := unloc(e.Loc)
-			r = s.runs[rid]
-			if r != nil && chunk < r.chunks && r.chain[chunk] == id {
-				if n := len(runs); n > 0 && runs[n-1].run == r && runs[n-1].first+runs[n-1].k == chunk {
-					runs[n-1].k++
-				} else {
-					runs = append(runs, loadRun{run: r, first: chunk, k: 1, chainPos: i})
-				}
-				continue
+		rid, chunk := unloc(locs[i])
+		r := s.runs[rid]
+		if r != nil && chunk < r.chunks && r.chain[chunk] == id {
+			if n := len(runs); n > 0 && runs[n-1].run == r && runs[n-1].first+runs[n-1].k == chunk {
+				runs[n-1].k++
+			} else {
+				runs = append(runs, loadRun{run: r, first: chunk, k: 1, chainPos: i})
 			}
+			continue
 		}
 		miss[MissNotFound] += int64(len(chain) - i)
 		break
@@ -286,8 +283,6 @@ func (s *Store) loadFinished(l *Load, blocks int) {
 		st.missBlocks[i].Add(n)
 	}
 	l.mu.Unlock()
-	<-s.loadN
-	s.ops.Done()
 }
 
 // release frees the storage of blocks that left the index: a run is freed
