@@ -438,6 +438,11 @@ func (m *Map) writeCheckpoint() (uint64, error) {
 	if err := writeFileAtomic(j.dir, checkpointTmpName, checkpointName, b); err != nil {
 		return 0, err
 	}
+	if testHookAfterCheckpointRename != nil {
+		if err := testHookAfterCheckpointRename(); err != nil {
+			return 0, err
+		}
+	}
 	fd, size, err := createSegment(j.dir, seq)
 	if err != nil {
 		return 0, err
@@ -456,6 +461,10 @@ func (m *Map) writeCheckpoint() (uint64, error) {
 	m.mu.Unlock()
 	return covered, nil
 }
+
+// testHookAfterCheckpointRename lets a test crash between the checkpoint's
+// rename and the creation of the next segment.
+var testHookAfterCheckpointRename func() error
 
 // checkPieceBytes bounds the memory Check reads through.
 const checkPieceBytes = 1 << 20

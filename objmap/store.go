@@ -33,7 +33,7 @@ type Options struct {
 	// tail is reported but not truncated, Allocate/Commit/Free fail.
 	ReadOnly bool
 	// SegmentBytes bounds a journal segment: past it, a checkpoint is
-	// written and a new segment started (default 64 MiB, minimum 4 KiB).
+	// written and a new segment started (default 64 MiB, minimum 512 bytes).
 	SegmentBytes int64
 	// MaxGroupBytes bounds the records one fdatasync covers (default 1 MiB).
 	MaxGroupBytes int
@@ -133,8 +133,8 @@ func Open(opts Options) (*Map, error) {
 	if opts.SegmentBytes == 0 {
 		opts.SegmentBytes = DefaultSegmentBytes
 	}
-	if opts.SegmentBytes < 4096 {
-		return nil, fmt.Errorf("objmap: open: SegmentBytes %d, want >= 4096", opts.SegmentBytes)
+	if opts.SegmentBytes < 512 {
+		return nil, fmt.Errorf("objmap: open: SegmentBytes %d, want >= 512", opts.SegmentBytes)
 	}
 	if opts.MaxGroupBytes == 0 {
 		opts.MaxGroupBytes = DefaultMaxGroupBytes
