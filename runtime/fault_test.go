@@ -162,7 +162,7 @@ func TestSaveFaults(t *testing.T) {
 			inj   uring.Injector
 			cause SkipCause
 		}{
-			{"enospc", &uring.ENOSPC{AfterBytes: int64(seed) * 20000}, SkipENOSPC},
+			{"enospc", &uring.ENOSPC{AfterBytes: int64(seed) * 10000}, SkipENOSPC},
 			{"eio", &uring.EIO{P: 0.15, Ops: uring.WriteOps}, SkipIOError},
 		} {
 			rng := rand.New(rand.NewPCG(seed, 11))
