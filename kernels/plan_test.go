@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/tutti-io/tutti/eval/kvdata"
 )
 
 var (
@@ -253,22 +255,20 @@ func FuzzBuildPlan(f *testing.F) {
 	})
 }
 
-func TestGenWordMatchesFill(t *testing.T) {
+func TestFillObjectIsKVData(t *testing.T) {
 	g := mla
 	buf := make([]byte, 3*g.PageBytes())
 	if err := FillObject(buf, g, 9, 4, 10, 3); err != nil {
 		t.Fatal(err)
 	}
-	w := g.PageBytes()/8 + 5 // page 11, word 5
-	got := uint64(0)
-	for i := 0; i < 8; i++ {
-		got |= uint64(buf[w*8+int64(i)]) << (8 * i)
+	c := kvdata.ChunkLayout{Pages: 1, Planes: g.Planes, PageBytes: int(g.PlaneBytes())}
+	for i := 0; i < 3; i++ {
+		if bad := kvdata.VerifyChunk(buf[int64(i)*g.PageBytes():], c, uint64(9+10+i), 4); bad >= 0 {
+			t.Fatalf("page %d differs from kvdata at byte %d", i, bad)
+		}
 	}
-	if want := GenWord(9, 4, 11, 5); got != want {
-		t.Fatalf("word %x, want %x", got, want)
-	}
-	if GenWord(1, 0, 0, 0) == GenWord(1, 0, 0, 1) || GenWord(1, 0, 0, 0) == GenWord(1, 1, 0, 0) || GenWord(1, 0, 0, 0) == GenWord(1, 0, 1, 0) {
-		t.Fatal("generator repeats across word, layer or page")
+	if err := FillObject(buf[:10], g, 0, 0, 0, 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("short buffer: %v", err)
 	}
 }
 

@@ -25,6 +25,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -321,6 +322,12 @@ func (r *Restorer) Restore(req Request) (*Restore, error) {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	pl := &r.plan
+	// The parameter block points at the plan's slices: pin them for the call
+	// (the library copies them into pinned upload buffers before returning).
+	var pin runtime.Pinner
+	pin.Pin(&pl.Pages[0])
+	pin.Pin(&pl.Entries[0])
+	defer pin.Unpin()
 	var rp C.tk_restore_params
 	rp.n_pages = C.uint32_t(len(pl.Pages))
 	rp.pages = (*C.tk_page_map)(unsafe.Pointer(&pl.Pages[0]))

@@ -205,11 +205,17 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   return t;
 }
 
-__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+// eval/kvdata's generator: word w of (block, layer, plane, page) is
+// mix(seed(key) + (w+1)*golden).
+__device__ __forceinline__ uint64_t kv_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ uint64_t kv_seed(uint64_t block, uint32_t layer, uint32_t plane, uint32_t page) {
+  uint64_t s = kv_mix(block ^ 0x7475747469ull);
+  s = kv_mix(s ^ ((uint64_t)layer << 32) ^ (uint64_t)plane);
+  return kv_mix(s ^ (uint64_t)page);
 }
 
 __device__ __forceinline__ char *plane_ptr(const uint64_t *kvp, const Geo &g, uint32_t layer,
@@ -410,11 +416,9 @@ __global__ void verify_kernel(const tk_page_map *map, uint32_t n_pages, const ui
   for (uint32_t i = blockIdx.x; i < n_pages; i += gridDim.x) {
     for (uint32_t p = 0; p < g.planes; p++) {
       const uint64_t *kv = (const uint64_t *)plane_ptr(kvp, g, layer, p, map[i].dst_page);
-      for (uint32_t w = threadIdx.x; w < words; w += blockDim.x) {
-        const uint64_t word = (uint64_t)p * words + w;
-        const uint64_t want = splitmix64(seed ^ ((uint64_t)layer << 40) ^ ((uint64_t)i << 20) ^ word);
-        bad += kv[w] != want;
-      }
+      const uint64_t s = kv_seed(seed + i, layer, p, 0);
+      for (uint32_t w = threadIdx.x; w < words; w += blockDim.x)
+        bad += kv[w] != kv_mix(s + (uint64_t)(w + 1) * 0x9e3779b97f4a7c15ull);
     }
   }
   for (int o = 16; o > 0; o >>= 1) bad += __shfl_down_sync(0xffffffffu, bad, o);

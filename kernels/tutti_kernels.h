@@ -194,9 +194,9 @@ tk_status tk_sync(uint64_t ctx);
 
 /* Poison the bound KV memory (every byte = byte_value). */
 tk_status tk_kv_fill(uint64_t ctx, uint32_t byte_value);
-/* Count 8-byte words of the restored pages that differ from the deterministic
- * generator tk_gen_word(seed, layer, src_page, word) (see below); src_page is
- * the page's index in the saved object (its position in `pages`). */
+/* Count 8-byte words of the restored pages that differ from eval/kvdata's
+ * content of Key{Block: seed + i, Layer, Plane, Page: 0}, where i is the page's
+ * index in `pages` (its place in the saved object; one page per chain block). */
 tk_status tk_kv_verify(uint64_t ctx, uint64_t seed, const tk_page_map *pages, uint32_t n_pages,
                        uint32_t first_layer, uint32_t n_layers, uint64_t *mismatched_words);
 
@@ -208,13 +208,6 @@ tk_status tk_cufile_probe(const char *path, int32_t *cufile_err);
  * dptr + dst_off[i]; ios counts submitted I/Os. */
 tk_status tk_cufile_batch_read(const char *path, const uint64_t *file_off, const uint64_t *dst_off,
                                const uint32_t *len, uint32_t n, uint64_t dptr, uint64_t dbytes);
-
-/*
- * The deterministic KV content of the benchmarks and tests: 8-byte word w of
- * (layer, src_page) is splitmix64(seed ^ (layer<<40) ^ (src_page<<20) ^ w)
- * where w counts words within the page's planes (plane p's words follow plane
- * p-1's). The same function lives in Go (kernels.GenWord).
- */
 
 #ifdef __cplusplus
 }

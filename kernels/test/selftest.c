@@ -32,9 +32,15 @@ static int failures;
 #define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 static void tkerr(const char *what, int s) { char b[512]; p_tk_last_error(b, sizeof b); printf("  %s -> %d: %s\n", what, s, b); }
 
-static uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull; x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull; return x ^ (x >> 31);
+// eval/kvdata's generator (one page per chain block, block = seed + page).
+static uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; z = (z ^ (z >> 27)) * 0x94d049bb133111ebull; return z ^ (z >> 31);
+}
+static uint64_t kvword(uint64_t block, unsigned layer, unsigned plane, uint64_t w) {
+  uint64_t s = mix(block ^ 0x7475747469ull);
+  s = mix(s ^ ((uint64_t)layer << 32) ^ plane);
+  s = mix(s ^ 0);
+  return mix(s + (w + 1) * 0x9e3779b97f4a7c15ull);
 }
 
 // ---- ring
@@ -103,7 +109,7 @@ static int write_file(const char *path, Shape s, unsigned pages, uint64_t seed, 
   for (unsigned l = 0; l < s.layers; l++) {
     for (unsigned i = 0; i < pages; i++)
       for (uint64_t w = 0; w < page / 8; w++)
-        buf[(i * page) / 8 + w] = splitmix64(seed ^ ((uint64_t)l << 40) ^ ((uint64_t)i << 20) ^ w);
+        buf[(i * page) / 8 + w] = kvword(seed + i, l, (unsigned)(w / (plane / 8)), w % (plane / 8));
     if (pwrite(fd, buf, obj, (off_t)(l * obj)) != (ssize_t)obj) { perror("pwrite"); return -1; }
   }
   fsync(fd);
@@ -219,7 +225,7 @@ static int restore_case(const char *name, Shape s, unsigned layout, unsigned pag
     uint64_t gbad = 0;
     for (uint64_t w = 0; w < pages * page / 8; w++) {
       uint64_t i = (w * 8) / page, ww = w - i * page / 8;
-      if (((uint64_t *)g)[w] != splitmix64(seed ^ (1ull << 40) ^ (i << 20) ^ ww)) gbad++;
+      if (((uint64_t *)g)[w] != kvword(seed + i, 1, (unsigned)(ww / (plane / 8)), ww % (plane / 8))) gbad++;
     }
     CHECK(gbad == 0, "gather mismatched %llu words", (unsigned long long)gbad);
     p_tk_host_unregister((uint64_t)g);
