@@ -1,0 +1,316 @@
+"""The CPU path through the C ABI: register, save, lookup, load, bit-exact
+round trips, and every argument error the store must refuse."""
+
+import ctypes
+import shutil
+import tempfile
+import unittest
+
+import tutti
+from tutti import _lib
+
+from helpers import HostBuffer, NUM_PAGES, SMALL, StoreFixture, small_geometry
+
+
+def chain_of(seed, n):
+    return tutti.chain_from_tokens([(seed * 1000003 + i) & 0xFFFFFFFF for i in range(n * SMALL.block_tokens)],
+                                   SMALL.block_tokens)
+
+
+class RoundTripTest(unittest.TestCase):
+    def round_trip(self, layout, geometry=SMALL):
+        fx = StoreFixture(geometry=geometry, layout=layout)
+        self.addCleanup(fx.close)
+        st = fx.store
+        st.register_kv(fx.regions())
+        for i, b in enumerate(fx.bufs):
+            b.fill_random(1000 + i)
+        g = geometry
+        blocks = 5
+        chain = tutti.chain_from_tokens(list(range(blocks * g.block_tokens)), g.block_tokens)
+        src = [p for p in range(3, 3 + blocks * g.chunk_pages)]
+        dst = [p for p in range(40, 40 + blocks * g.chunk_pages)]
+        self.assertEqual(st.lookup(chain), 0)
+        with st.save(chain, src) as sv:
+            sv.wait_gathered()
+        st.wait_saves()
+        self.assertEqual(st.lookup(chain), blocks)
+        self.assertEqual(st.lookup(chain[:2]), 2)
+        self.assertEqual(st.lookup(chain + [12345]), blocks)
+        # Scramble the destination pages, then restore into them.
+        want = {(l, pl, i): fx.page_bytes(l, pl, s) for l in range(g.layers) for pl in range(g.planes)
+                for i, s in enumerate(src)}
+        for b in fx.bufs:
+            for p in dst:
+                for l in range(g.layers):
+                    for pl in range(g.planes):
+                        off = g.page_offset(layout, fx.num_pages, l, pl, p)
+                        if layout == "per_layer" and b is not fx.bufs[l]:
+                            continue
+                        b.view()[off:off + g.page_bytes_per_plane] = b"\xAA" * g.page_bytes_per_plane
+        with st.load(chain, dst) as ld:
+            for l in range(g.layers):
+                ld.wait_layer(l)
+            self.assertEqual(ld.wait(), blocks)
+        for (l, pl, i), w in want.items():
+            got = fx.page_bytes(l, pl, dst[i])
+            self.assertEqual(got, w, f"layer {l} plane {pl} block {i}: restored bytes differ")
+        s = st.stats()
+        self.assertGreaterEqual(s["restored_blocks"], blocks)
+        self.assertGreaterEqual(s["saved_blocks"], blocks)
+        return fx
+
+    def test_per_layer(self):
+        self.round_trip("per_layer")
+
+    def test_cross_layer(self):
+        self.round_trip("cross_layer")
+
+    def test_chunked_mla(self):
+        self.round_trip("per_layer", small_geometry(planes=1, kv_heads=1, head_dim=96, dtype="bf16", chunk_pages=4))
+
+    def test_partial_hit(self):
+        fx = StoreFixture()
+        self.addCleanup(fx.close)
+        fx.store.register_kv(fx.regions())
+        chain = chain_of(7, 4)
+        with fx.store.save(chain[:2], [0, 1]) as sv:
+            sv.wait_gathered()
+        fx.store.wait_saves()
+        self.assertEqual(fx.store.lookup(chain), 2)
+        with fx.store.load(chain, [10, 11, 12, 13]) as ld:
+            self.assertEqual(ld.wait(), 2)
+
+    def test_reopen_recovers(self):
+        d = tempfile.mkdtemp(prefix="tutti-pytest-")
+        self.addCleanup(shutil.rmtree, d, True)
+        chain = chain_of(3, 3)
+        buf = HostBuffer(SMALL.tensor_bytes("per_layer", NUM_PAGES))
+        self.addCleanup(buf.close)
+        with tutti.Store([d], 64 << 20, SMALL, NUM_PAGES, staging_bytes=4 << 20, staging_slot_bytes=1 << 20) as st:
+            st.register_kv([(buf.addr, buf.nbytes)] * SMALL.layers)
+            st.save(chain, [1, 2, 3]).release()
+            st.wait_saves()
+        with tutti.Store([d], 64 << 20, SMALL, NUM_PAGES, staging_bytes=4 << 20, staging_slot_bytes=1 << 20) as st:
+            self.assertEqual(st.lookup(chain), 3)
+
+
+class ArgumentErrorTest(unittest.TestCase):
+    def setUp(self):
+        self.fx = StoreFixture()
+        self.addCleanup(self.fx.close)
+        self.st = self.fx.store
+        self.lib = _lib.lib()
+
+    def test_load_before_register(self):
+        with self.assertRaises(tutti.NotRegistered):
+            self.st.load(chain_of(1, 1), [0])
+        with self.assertRaises(tutti.NotRegistered):
+            self.st.save(chain_of(1, 1), [0])
+
+    def test_register_twice(self):
+        self.st.register_kv(self.fx.regions())
+        with self.assertRaises(tutti.InvalidArgument) as cm:
+            self.st.register_kv(self.fx.regions())
+        self.assertIn("already registered", str(cm.exception))
+
+    def test_register_wrong_count(self):
+        with self.assertRaises(tutti.GeometryMismatch) as cm:
+            self.st.register_kv(self.fx.regions()[:3])
+        self.assertIn("num_regions = 3, want 4", str(cm.exception))
+
+    def test_register_wrong_length(self):
+        r = self.fx.regions()
+        r[2] = (r[2][0], r[2][1] - 2)
+        with self.assertRaises(tutti.GeometryMismatch) as cm:
+            self.st.register_kv(r)
+        self.assertIn("regions[2].len_bytes", str(cm.exception))
+
+    def test_register_misaligned_and_null(self):
+        r = self.fx.regions()
+        r[1] = (r[1][0] + 2, r[1][1])
+        with self.assertRaises(tutti.InvalidArgument) as cm:
+            self.st.register_kv(r)
+        self.assertIn("regions[1].addr", str(cm.exception))
+        self.assertIn("aligned", str(cm.exception))
+        r = self.fx.regions()
+        r[0] = (0, r[0][1])
+        with self.assertRaises(tutti.InvalidArgument) as cm:
+            self.st.register_kv(r)
+        self.assertIn("NULL", str(cm.exception))
+
+    def test_register_overflow(self):
+        r = self.fx.regions()
+        r[0] = ((1 << 64) - 4096, r[0][1])
+        with self.assertRaises(tutti.InvalidArgument) as cm:
+            self.st.register_kv(r)
+        self.assertIn("overflow", str(cm.exception))
+
+    def test_register_device_memory_on_cpu_path(self):
+        with self.assertRaises(tutti.InvalidArgument) as cm:
+            self.st.register_kv(self.fx.regions(), memory="cuda")
+        self.assertIn("CPU path", str(cm.exception))
+
+    def test_register_null_regions(self):
+        rc = self.lib.tutti_register_kv(self.st.handle, _lib.MEMORY_HOST, None, 4)
+        self.assertEqual(rc, tutti.InvalidArgument.code)
+        rc = self.lib.tutti_register_kv(self.st.handle, 77, None, 4)
+        self.assertEqual(rc, tutti.InvalidArgument.code)
+
+    def test_pages_out_of_range(self):
+        self.st.register_kv(self.fx.regions())
+        for bad in (NUM_PAGES, -1, 1 << 30):
+            with self.assertRaises(tutti.OutOfRange) as cm:
+                self.st.load(chain_of(1, 2), [0, bad])
+            self.assertIn("pages[1]", str(cm.exception))
+            with self.assertRaises(tutti.OutOfRange):
+                self.st.save(chain_of(1, 2), [bad, 0])
+
+    def test_pages_count_mismatch(self):
+        self.st.register_kv(self.fx.regions())
+        with self.assertRaises(tutti.GeometryMismatch):
+            self.st.load(chain_of(1, 2), [0, 1, 2])
+        with self.assertRaises(tutti.GeometryMismatch):
+            self.st.save(chain_of(1, 2), [0])
+
+    def test_duplicate_load_pages(self):
+        self.st.register_kv(self.fx.regions())
+        with self.assertRaises(tutti.InvalidArgument) as cm:
+            self.st.load(chain_of(1, 2), [5, 5])
+        self.assertIn("distinct", str(cm.exception))
+
+    def test_null_and_empty_arrays(self):
+        self.st.register_kv(self.fx.regions())
+        h, out = ctypes.c_uint64(), ctypes.c_uint32()
+        pages = (ctypes.c_int32 * 1)(0)
+        chain = (ctypes.c_uint64 * 1)(1)
+        self.assertEqual(self.lib.tutti_load(self.st.handle, None, 1, pages, 1, ctypes.byref(h)), tutti.InvalidArgument.code)
+        self.assertEqual(self.lib.tutti_load(self.st.handle, chain, 1, None, 1, ctypes.byref(h)), tutti.InvalidArgument.code)
+        self.assertEqual(self.lib.tutti_load(self.st.handle, chain, 0, pages, 0, ctypes.byref(h)), tutti.InvalidArgument.code)
+        self.assertEqual(self.lib.tutti_load(self.st.handle, chain, 1, pages, 1, None), tutti.InvalidArgument.code)
+        self.assertEqual(self.lib.tutti_save(self.st.handle, chain, 1, pages, 1, None), tutti.InvalidArgument.code)
+        self.assertEqual(self.lib.tutti_lookup(self.st.handle, chain, 1, None), tutti.InvalidArgument.code)
+        self.assertEqual(self.lib.tutti_lookup(self.st.handle, None, 1, ctypes.byref(out)), tutti.InvalidArgument.code)
+        self.assertEqual(self.lib.tutti_lookup(self.st.handle, chain, 1 << 30, ctypes.byref(out)), tutti.InvalidArgument.code)
+        self.assertEqual(self.lib.tutti_get_stats(self.st.handle, None), tutti.InvalidArgument.code)
+
+    def test_wait_layer_out_of_range(self):
+        self.st.register_kv(self.fx.regions())
+        with self.st.load(chain_of(9, 1), [0]) as ld:
+            with self.assertRaises(tutti.OutOfRange):
+                ld.wait_layer(SMALL.layers)
+            with self.assertRaises(tutti.OutOfRange):
+                ld.wait_layer(-1)
+            self.assertEqual(ld.wait(), 0)
+
+    def test_handle_kinds_do_not_mix(self):
+        self.st.register_kv(self.fx.regions())
+        ld = self.st.load(chain_of(9, 1), [0])
+        self.assertEqual(self.lib.tutti_close(ld.handle), tutti.BadHandle.code)
+        self.assertEqual(self.lib.tutti_save_release(ld.handle), tutti.BadHandle.code)
+        self.assertEqual(self.lib.tutti_load_release(self.st.handle), tutti.BadHandle.code)
+        ld.release()
+        self.assertEqual(self.lib.tutti_load_wait(ld.handle or 1 << 57, None), tutti.BadHandle.code)
+
+    def test_released_handle(self):
+        self.st.register_kv(self.fx.regions())
+        ld = self.st.load(chain_of(9, 1), [0])
+        h = ld.handle
+        ld.release()
+        self.assertEqual(self.lib.tutti_load_wait_layer(h, 0), tutti.BadHandle.code)
+        self.assertEqual(self.lib.tutti_load_release(h), tutti.BadHandle.code)
+
+    def test_closed_store(self):
+        self.st.register_kv(self.fx.regions())
+        ld = self.st.load(chain_of(9, 1), [0])
+        sv = self.st.save(chain_of(9, 1), [0])
+        h = self.st.handle
+        self.st.close()
+        self.assertTrue(self.st.closed)
+        self.st.close()  # idempotent in Python
+        self.assertEqual(self.lib.tutti_close(h), tutti.BadHandle.code)
+        out = ctypes.c_uint32()
+        chain = (ctypes.c_uint64 * 1)(1)
+        self.assertEqual(self.lib.tutti_lookup(h, chain, 1, ctypes.byref(out)), tutti.BadHandle.code)
+        # Loads and saves of a closed store are gone with it.
+        with self.assertRaises(tutti.BadHandle):
+            ld.wait_layer(0)
+        with self.assertRaises(tutti.BadHandle):
+            sv.wait_gathered()
+        with self.assertRaises(tutti.BadHandle):
+            ld.release()
+
+    def test_second_open_is_locked(self):
+        with self.assertRaises(tutti.Locked) as cm:
+            tutti.Store([self.fx.dir], 64 << 20, SMALL, NUM_PAGES)
+        self.assertIn(self.fx.dir, str(cm.exception))
+
+
+class ConfigErrorTest(unittest.TestCase):
+    def open(self, **kw):
+        d = tempfile.mkdtemp(prefix="tutti-pytest-")
+        self.addCleanup(shutil.rmtree, d, True)
+        args = dict(dirs=[d], capacity_bytes=64 << 20, geometry=SMALL, num_pages=NUM_PAGES)
+        args.update(kw)
+        return tutti.Store(**args)
+
+    def test_bad_geometry(self):
+        with self.assertRaises(tutti.GeometryMismatch) as cm:
+            self.open(geometry=small_geometry(planes=3))
+        self.assertIn("Planes", str(cm.exception))
+        with self.assertRaises(tutti.GeometryMismatch):
+            self.open(geometry=small_geometry(layers=0))
+
+    def test_bad_fields(self):
+        for kw, frag in ((dict(num_pages=0), "num_pages"), (dict(capacity_bytes=0), "CapacityBytes"),
+                         (dict(queue_depth=-1), "QueueDepth"), (dict(dirs=[]), "num_dirs")):
+            with self.assertRaises(tutti.InvalidArgument, msg=str(kw)) as cm:
+                self.open(**kw)
+            self.assertIn(frag, str(cm.exception))
+
+    def test_bad_enums(self):
+        lib = _lib.lib()
+        d = tempfile.mkdtemp(prefix="tutti-pytest-")
+        self.addCleanup(shutil.rmtree, d, True)
+        arr = (ctypes.c_char_p * 1)(d.encode())
+        base = dict(struct_size=ctypes.sizeof(_lib.tutti_config), abi_major=1,
+                    dirs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)), num_dirs=1, path=1,
+                    capacity_bytes=64 << 20, layers=2, kv_heads=1, head_dim=64, dtype=2, planes=2,
+                    page_tokens=16, chunk_pages=1, layout=1, num_pages=8)
+        for field, val in (("path", 9), ("dtype", 0), ("dtype", 9), ("layout", 0), ("reserved", 1)):
+            cfg = _lib.tutti_config(**dict(base, **{field: val}))
+            h = ctypes.c_uint64()
+            self.assertEqual(lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), tutti.InvalidArgument.code, field)
+            self.assertIn(field, tutti.last_error())
+
+    def test_gpu_path_without_gpu(self):
+        try:
+            st = self.open(path="gpu")
+        except (tutti.NoGPU, tutti.NotSupported) as e:
+            self.assertIn("tutti_open", str(e))
+        else:
+            st.close()  # a GPU machine: the path opened
+
+    def test_larger_struct_from_newer_caller(self):
+        # A caller compiled against a later 1.x passes a bigger struct; the
+        # library reads only what it knows (the tail must be zero-compatible).
+        lib = _lib.lib()
+        d = tempfile.mkdtemp(prefix="tutti-pytest-")
+        self.addCleanup(shutil.rmtree, d, True)
+
+        class Bigger(ctypes.Structure):
+            _fields_ = _lib.tutti_config._fields_ + [("future", ctypes.c_uint64 * 4)]
+
+        arr = (ctypes.c_char_p * 1)(d.encode())
+        cfg = Bigger(struct_size=ctypes.sizeof(Bigger), abi_major=1,
+                     dirs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)), num_dirs=1, path=1,
+                     capacity_bytes=64 << 20, layers=2, kv_heads=1, head_dim=64, dtype=2, planes=2,
+                     page_tokens=16, chunk_pages=1, layout=1, num_pages=8)
+        h = ctypes.c_uint64()
+        rc = lib.tutti_open(ctypes.cast(ctypes.byref(cfg), ctypes.POINTER(_lib.tutti_config)), ctypes.byref(h))
+        self.assertEqual(rc, 0, tutti.last_error())
+        self.assertEqual(lib.tutti_close(h.value), 0, tutti.last_error())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,166 @@
+"""PyTorch tensors through the binding. Needs torch (the GPU machine has it;
+CI does not): every test here skips with a message where torch, CUDA, or the
+GPU path is missing. The CPU-tensor tests run wherever torch is installed."""
+
+import shutil
+import tempfile
+import unittest
+
+import tutti
+
+try:
+    import torch
+except ImportError:  # CI: no PyPI, no torch
+    torch = None
+
+from helpers import small_geometry
+
+NO_TORCH = "torch is not installed (runs on the GPU machine)"
+GEOM = small_geometry(layers=4, kv_heads=8, head_dim=128, dtype="bf16", page_tokens=16, chunk_pages=1)
+PAGES = 32
+
+
+def open_store(path, layout="per_layer", geometry=GEOM):
+    d = tempfile.mkdtemp(prefix="tutti-torch-")
+    st = tutti.Store([d], 256 << 20, geometry, PAGES, layout=layout, path=path,
+                     staging_bytes=16 << 20, staging_slot_bytes=4 << 20)
+    return st, d
+
+
+def gpu_store_or_skip(test):
+    if not torch.cuda.is_available():
+        test.skipTest("no CUDA device visible to torch")
+    try:
+        st, d = open_store("gpu")
+    except (tutti.NoGPU, tutti.NotSupported) as e:
+        test.skipTest(f"tutti GPU path unavailable here: {e}")
+    test.addCleanup(shutil.rmtree, d, True)
+    test.addCleanup(st.close)
+    return st
+
+
+def per_layer_cache(device, dtype=None):
+    dtype = dtype or torch.bfloat16
+    shape = GEOM.tensor_shape("per_layer", PAGES)
+    return {f"model.layers.{l}.self_attn.attn": torch.zeros(shape, dtype=dtype, device=device) for l in range(GEOM.layers)}
+
+
+def round_trip(test, st, kv, sync):
+    conn = tutti.TuttiConnector(st)
+    conn.register_kv_caches(kv)
+    names = list(kv)
+    g = torch.Generator(device="cpu").manual_seed(1234)
+    for t in kv.values():
+        t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+    sync()
+    chain = tutti.chain_from_tokens(list(range(5 * GEOM.block_tokens)), GEOM.block_tokens)
+    src, dst = [1, 2, 3, 4, 5], [20, 21, 22, 23, 24]
+    with st.save(chain, src) as sv:
+        sv.wait_gathered()
+    st.wait_saves()
+    for t in kv.values():
+        t[:, dst].fill_(0)
+    sync()
+    with st.load(chain, dst) as ld:
+        for l in range(GEOM.layers):
+            ld.wait_layer(l)
+        test.assertEqual(ld.wait(), 5)
+    sync()
+    for n in names:
+        t = kv[n]
+        test.assertTrue(torch.equal(t[:, dst], t[:, src]), f"{n}: restored pages differ from the saved ones")
+
+
+@unittest.skipIf(torch is None, NO_TORCH)
+class TorchCPUTest(unittest.TestCase):
+    def setUp(self):
+        self.st, d = open_store("cpu")
+        self.addCleanup(shutil.rmtree, d, True)
+        self.addCleanup(self.st.close)
+
+    def test_round_trip_bit_exact(self):
+        round_trip(self, self.st, per_layer_cache("cpu"), lambda: None)
+
+    def test_wrong_dtype(self):
+        kv = per_layer_cache("cpu", torch.float16)
+        with self.assertRaises(tutti.DTypeMismatch) as cm:
+            tutti.TuttiConnector(self.st).register_kv_caches(kv)
+        self.assertIn("torch.float16", str(cm.exception))
+
+    def test_wrong_shape(self):
+        kv = per_layer_cache("cpu")
+        kv["model.layers.1.self_attn.attn"] = torch.zeros(2, PAGES, 16, 8, 64, dtype=torch.bfloat16)
+        with self.assertRaises(tutti.ShapeMismatch) as cm:
+            tutti.TuttiConnector(self.st).register_kv_caches(kv)
+        self.assertIn("model.layers.1", str(cm.exception))
+
+    def test_non_contiguous(self):
+        kv = per_layer_cache("cpu")
+        shape = GEOM.tensor_shape("per_layer", PAGES)
+        # [pages, planes, ...] storage seen as [planes, pages, ...]: right shape, wrong strides.
+        kv["model.layers.2.self_attn.attn"] = torch.zeros(shape[1], shape[0], *shape[2:], dtype=torch.bfloat16).transpose(0, 1)
+        with self.assertRaises(tutti.StrideMismatch):
+            tutti.TuttiConnector(self.st).register_kv_caches(kv)
+
+    def test_misaligned(self):
+        kv = per_layer_cache("cpu")
+        shape = GEOM.tensor_shape("per_layer", PAGES)
+        n = 1
+        for d in shape:
+            n *= d
+        kv["model.layers.3.self_attn.attn"] = torch.zeros(n + 1, dtype=torch.bfloat16)[1:].view(shape)
+        with self.assertRaises(tutti.AlignmentError):
+            tutti.TuttiConnector(self.st).register_kv_caches(kv)
+
+    def test_cuda_tensor_on_cpu_path(self):
+        if not torch.cuda.is_available():
+            self.skipTest("no CUDA device visible to torch")
+        with self.assertRaises(tutti.DeviceMismatch):
+            tutti.TuttiConnector(self.st).register_kv_caches(per_layer_cache("cuda"))
+
+
+@unittest.skipIf(torch is None, NO_TORCH)
+class TorchGPUTest(unittest.TestCase):
+    def test_round_trip_bit_exact(self):
+        st = gpu_store_or_skip(self)
+        round_trip(self, st, per_layer_cache("cuda"), torch.cuda.synchronize)
+
+    def test_cross_layer_round_trip(self):
+        if not torch.cuda.is_available():
+            self.skipTest("no CUDA device visible to torch")
+        try:
+            st, d = open_store("gpu", layout="cross_layer")
+        except (tutti.NoGPU, tutti.NotSupported) as e:
+            self.skipTest(f"tutti GPU path unavailable here: {e}")
+        self.addCleanup(shutil.rmtree, d, True)
+        self.addCleanup(st.close)
+        t = torch.zeros(GEOM.tensor_shape("cross_layer", PAGES), dtype=torch.bfloat16, device="cuda")
+        conn = tutti.TuttiConnector(st)
+        conn.register_kv_caches({f"l{i}": t for i in range(GEOM.layers)})
+        t.copy_(torch.randn(t.shape, device="cuda").to(torch.bfloat16))
+        torch.cuda.synchronize()
+        chain = [101, 202, 303]
+        with st.save(chain, [0, 1, 2]) as sv:
+            sv.wait_gathered()
+        st.wait_saves()
+        t[5:8].fill_(0)
+        torch.cuda.synchronize()
+        with st.load(chain, [5, 6, 7]) as ld:
+            self.assertEqual(ld.wait(), 3)
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(t[5:8], t[0:3]))
+
+    def test_cpu_tensor_on_gpu_path(self):
+        st = gpu_store_or_skip(self)
+        with self.assertRaises(tutti.DeviceMismatch) as cm:
+            tutti.TuttiConnector(st).register_kv_caches(per_layer_cache("cpu"))
+        self.assertIn("cuda", str(cm.exception))
+
+    def test_wrong_dtype_on_gpu(self):
+        st = gpu_store_or_skip(self)
+        with self.assertRaises(tutti.DTypeMismatch):
+            tutti.TuttiConnector(st).register_kv_caches(per_layer_cache("cuda", torch.float32))
+
+
+if __name__ == "__main__":
+    unittest.main()

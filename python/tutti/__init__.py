@@ -1,0 +1,24 @@
+"""tutti: SSD-backed KV cache for LLM serving, Python binding (stdlib ctypes).
+
+Low level: :mod:`tutti._lib` mirrors the C ABI (runtime/capi/tutti.h).
+:class:`Store`/:class:`Load`/:class:`Save` wrap its handles;
+:class:`TuttiConnector` is shaped like vLLM's KVConnectorBase_V1.
+"""
+
+from ._lib import (  # noqa: F401
+    ABI_MAJOR, ABI_MINOR_NEEDED, TuttiError, InvalidArgument, BadHandle, VersionMismatch,
+    GeometryMismatch, OutOfRange, NotRegistered, BufferTooSmall, NoGPU, NotSupported, Locked,
+    Closed, NoSpace, StoreIOError, Corrupt, Busy, Internal, load_library, last_error,
+)
+from .tensor import (  # noqa: F401
+    RawTensor, TensorMismatch, DTypeMismatch, ShapeMismatch, StrideMismatch, AlignmentError,
+    DeviceMismatch, AddressError, NotATensor, describe, contiguous_strides,
+)
+from .store import Geometry, Store, Load, Save, chain_from_tokens  # noqa: F401
+from .connector import TuttiConnector, ReqMeta, ConnectorMetadata  # noqa: F401
+
+
+def abi_version():
+    """(major, minor) of the loaded library."""
+    v = load_library().tutti_abi_version()
+    return v >> 16, v & 0xFFFF

@@ -1,0 +1,288 @@
+"""Pythonic wrappers over the C ABI: Geometry, Store, Load, Save.
+
+A :class:`Store` owns one store handle; :class:`Load` and :class:`Save` own
+one load or save handle each and release it on ``release()``, on leaving a
+``with`` block, or (as a last resort) when garbage-collected. Calls that wait
+release the GIL (ctypes does for every call), so other Python threads run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from . import _lib
+from .tensor import DTYPE_BYTES, dtype_code
+
+_PATHS = {"cpu": _lib.PATH_CPU, "gpu": _lib.PATH_GPU}
+_LAYOUTS = {"per_layer": _lib.LAYOUT_PER_LAYER, "cross_layer": _lib.LAYOUT_CROSS_LAYER}
+_MEMORY = {"host": _lib.MEMORY_HOST, "cuda": _lib.MEMORY_CUDA}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The engine's KV shape (objmap.Geometry in Go)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "bf16"
+    planes: int = 2  # 2 = K and V, 1 = one latent plane (MLA)
+    page_tokens: int = 16  # tokens per engine page (vLLM block_size)
+    chunk_pages: int = 1  # pages per chain block (hash granularity)
+
+    @property
+    def dtype_code(self) -> int:
+        return dtype_code(self.dtype)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype_code]
+
+    @property
+    def page_bytes_per_plane(self) -> int:
+        return self.page_tokens * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def page_bytes_per_layer(self) -> int:
+        return self.planes * self.page_bytes_per_plane
+
+    @property
+    def block_tokens(self) -> int:
+        """Tokens per chain block (one hash)."""
+        return self.page_tokens * self.chunk_pages
+
+    def tensor_bytes(self, layout: str, num_pages: int) -> int:
+        per_layer = num_pages * self.page_bytes_per_layer
+        return per_layer if layout == "per_layer" else per_layer * self.layers
+
+    def tensor_shape(self, layout: str, num_pages: int):
+        if layout == "per_layer":
+            return (self.planes, num_pages, self.page_tokens, self.kv_heads, self.head_dim)
+        return (num_pages, self.layers, self.planes, self.page_tokens, self.kv_heads, self.head_dim)
+
+    def page_offset(self, layout: str, num_pages: int, layer: int, plane: int, page: int) -> int:
+        """Byte offset of (layer, plane, page): inside the layer's tensor
+        (per_layer) or the single tensor (cross_layer)."""
+        pp = self.page_bytes_per_plane
+        if layout == "per_layer":
+            return (plane * num_pages + page) * pp
+        return ((page * self.layers + layer) * self.planes + plane) * pp
+
+
+def _u64_array(values: Sequence[int], what: str):
+    vals = list(values)
+    for i, v in enumerate(vals):
+        if not isinstance(v, int) or v < 0 or v >= 1 << 64:
+            raise ValueError(f"{what}[{i}] = {v!r} is not a uint64")
+    return (ctypes.c_uint64 * len(vals))(*vals), len(vals)
+
+
+def _i32_array(values: Sequence[int], what: str):
+    vals = list(values)
+    for i, v in enumerate(vals):
+        if not isinstance(v, int) or v < -(1 << 31) or v >= 1 << 31:
+            raise ValueError(f"{what}[{i}] = {v!r} is not an int32")
+    return (ctypes.c_int32 * len(vals))(*vals), len(vals)
+
+
+def _u32_array(values: Sequence[int], what: str):
+    vals = list(values)
+    for i, v in enumerate(vals):
+        if not isinstance(v, int) or v < 0 or v >= 1 << 32:
+            raise ValueError(f"{what}[{i}] = {v!r} is not a uint32 token id")
+    return (ctypes.c_uint32 * len(vals))(*vals), len(vals)
+
+
+def chain_from_tokens(tokens: Sequence[int], block_tokens: int, seed: int = 0):
+    """The block-hash chain of ``tokens``, computed by the library with the Go
+    prefix package's ChainFromTokens (so Python and Go never disagree): one
+    id per full block of ``block_tokens`` tokens (a trailing partial block
+    has none), XXH64 of the parent id and the block's tokens under ``seed``."""
+    lib = _lib.lib()
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens = {block_tokens}, want > 0")
+    n_full = (len(tokens) // block_tokens) * block_tokens
+    toks, n = _u32_array(list(tokens[:n_full]), "tokens")
+    want = n // block_tokens
+    if want == 0:
+        return []
+    out = (ctypes.c_uint64 * want)()
+    out_len = ctypes.c_uint32()
+    _lib.check(lib.tutti_chain_from_tokens(toks, n, block_tokens, seed, out, want, ctypes.byref(out_len)),
+               "tutti_chain_from_tokens")
+    return list(out[: out_len.value])
+
+
+class Store:
+    """An open tutti store. Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, dirs: Iterable[str], capacity_bytes: int, geometry: Geometry, num_pages: int,
+                 layout: str = "per_layer", path: str = "cpu", queue_depth: int = 0, save_bound_ms: int = 0,
+                 staging_bytes: int = 0, staging_slot_bytes: int = 0, max_loads: int = 0):
+        if layout not in _LAYOUTS:
+            raise ValueError(f"layout = {layout!r}, want one of {sorted(_LAYOUTS)}")
+        if path not in _PATHS:
+            raise ValueError(f"path = {path!r}, want one of {sorted(_PATHS)}")
+        self.geometry = geometry
+        self.num_pages = num_pages
+        self.layout = layout
+        self.path = path
+        self._lib = _lib.lib()
+        dirs = [os.fsencode(d) for d in dirs]
+        self._dirs = (ctypes.c_char_p * max(len(dirs), 1))(*dirs)
+        cfg = _lib.tutti_config(
+            struct_size=ctypes.sizeof(_lib.tutti_config), abi_major=_lib.ABI_MAJOR,
+            dirs=ctypes.cast(self._dirs, ctypes.POINTER(ctypes.c_char_p)), num_dirs=len(dirs),
+            path=_PATHS[path], capacity_bytes=capacity_bytes,
+            layers=geometry.layers, kv_heads=geometry.kv_heads, head_dim=geometry.head_dim,
+            dtype=geometry.dtype_code, planes=geometry.planes, page_tokens=geometry.page_tokens,
+            chunk_pages=geometry.chunk_pages, layout=_LAYOUTS[layout], num_pages=num_pages,
+            queue_depth=queue_depth, save_bound_ms=save_bound_ms, staging_bytes=staging_bytes,
+            staging_slot_bytes=staging_slot_bytes, max_loads=max_loads,
+        )
+        h = ctypes.c_uint64()
+        _lib.check(self._lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), "tutti_open")
+        self.handle = h.value
+        self._regions = None
+
+    # -- lifecycle
+    def close(self):
+        """Waits for deferred saves and closes; idempotent."""
+        h, self.handle = self.handle, 0
+        if h:
+            _lib.check(self._lib.tutti_close(h), "tutti_close")
+
+    @property
+    def closed(self):
+        return self.handle == 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "handle", 0):
+                self._lib.tutti_close(self.handle)
+        except Exception:  # interpreter shutdown: nothing left to report to
+            pass
+
+    # -- KV memory
+    def register_kv(self, regions: Sequence[tuple], memory: str = None):
+        """Registers KV memory: ``regions`` is a list of (address, length in
+        bytes), one per layer (per_layer) or one (cross_layer). ``memory`` is
+        'host' or 'cuda' (default: by the store's path)."""
+        if memory is None:
+            memory = "host" if self.path == "cpu" else "cuda"
+        if memory not in _MEMORY:
+            raise ValueError(f"memory = {memory!r}, want 'host' or 'cuda'")
+        arr = (_lib.tutti_kv_region * max(len(regions), 1))()
+        for i, (addr, n) in enumerate(regions):
+            arr[i].addr, arr[i].len_bytes = addr, n
+        _lib.check(self._lib.tutti_register_kv(self.handle, _MEMORY[memory], arr, len(regions)), "tutti_register_kv")
+        self._regions = arr  # keep the description alive alongside the registration
+
+    # -- lookup / load / save
+    def lookup(self, chain: Sequence[int]) -> int:
+        """Leading blocks of ``chain`` that are stored."""
+        arr, n = _u64_array(chain, "chain")
+        out = ctypes.c_uint32()
+        _lib.check(self._lib.tutti_lookup(self.handle, arr, n, ctypes.byref(out)), "tutti_lookup")
+        return out.value
+
+    def load(self, chain: Sequence[int], pages: Sequence[int]) -> "Load":
+        """Starts restoring the stored prefix of ``chain`` into ``pages``
+        (chunk_pages page ids per block)."""
+        c, nc = _u64_array(chain, "chain")
+        p, np_ = _i32_array(pages, "pages")
+        h = ctypes.c_uint64()
+        _lib.check(self._lib.tutti_load(self.handle, c, nc, p, np_, ctypes.byref(h)), "tutti_load")
+        return Load(self, h.value, nc)
+
+    def save(self, chain: Sequence[int], pages: Sequence[int]) -> "Save":
+        """Starts saving ``chain``'s blocks from ``pages``; the pages must
+        stay unchanged until :meth:`Save.wait_gathered`."""
+        c, nc = _u64_array(chain, "chain")
+        p, np_ = _i32_array(pages, "pages")
+        h = ctypes.c_uint64()
+        _lib.check(self._lib.tutti_save(self.handle, c, nc, p, np_, ctypes.byref(h)), "tutti_save")
+        return Save(self, h.value)
+
+    def wait_saves(self):
+        """Blocks until every save so far is durable and found by lookup."""
+        _lib.check(self._lib.tutti_wait_saves(self.handle), "tutti_wait_saves")
+
+    def stats(self) -> dict:
+        s = _lib.tutti_stats(struct_size=ctypes.sizeof(_lib.tutti_stats))
+        _lib.check(self._lib.tutti_get_stats(self.handle, ctypes.byref(s)), "tutti_get_stats")
+        return {name: getattr(s, name) for name in _lib.STATS_FIELDS}
+
+
+class _Handle:
+    _release_fn = ""
+
+    def __init__(self, store, handle):
+        self.store = store
+        self.handle = handle
+
+    def release(self):
+        h, self.handle = self.handle, 0
+        if h:
+            _lib.check(getattr(self.store._lib, self._release_fn)(h), self._release_fn)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            if getattr(self, "handle", 0) and self.store.handle:
+                getattr(self.store._lib, self._release_fn)(self.handle)
+        except Exception:
+            pass
+
+
+class Load(_Handle):
+    """A restore in progress."""
+
+    _release_fn = "tutti_load_release"
+
+    def __init__(self, store, handle, chain_len):
+        super().__init__(store, handle)
+        self.chain_len = chain_len
+
+    def plan(self):
+        """(cached, planned): leading blocks stored when the load started, and
+        those it restores unless an I/O fails (the rest is to be recomputed)."""
+        cached, planned = ctypes.c_uint32(), ctypes.c_uint32()
+        _lib.check(self.store._lib.tutti_load_plan(self.handle, ctypes.byref(cached), ctypes.byref(planned)),
+                   "tutti_load_plan")
+        return cached.value, planned.value
+
+    def wait_layer(self, layer: int):
+        """Blocks until ``layer`` is in KV memory."""
+        _lib.check(self.store._lib.tutti_load_wait_layer(self.handle, layer), "tutti_load_wait_layer")
+
+    def wait(self) -> int:
+        """Blocks until done; returns the leading blocks restored (the rest
+        must be recomputed)."""
+        out = ctypes.c_uint32()
+        _lib.check(self.store._lib.tutti_load_wait(self.handle, ctypes.byref(out)), "tutti_load_wait")
+        return out.value
+
+
+class Save(_Handle):
+    """A save in progress."""
+
+    _release_fn = "tutti_save_release"
+
+    def wait_gathered(self):
+        """Blocks until the pages have been copied out (they may change after)."""
+        _lib.check(self.store._lib.tutti_save_wait_gathered(self.handle), "tutti_save_wait_gathered")

@@ -1,0 +1,167 @@
+"""Tensor descriptions and their validation against a store's geometry.
+
+A KV tensor is accepted either as a PyTorch tensor (duck-typed: anything with
+``data_ptr()``, ``shape``, ``stride()``, ``dtype``, ``device`` and
+``is_contiguous()``; torch itself is never imported here) or as a
+:class:`RawTensor`, a plain description (address, shape, strides in elements,
+dtype name, device) for memory that torch does not own: a ctypes buffer, an
+``mmap``, or a device pointer from another framework.
+
+Every check raises a :class:`TensorMismatch` subclass whose message names the
+tensor (its layer name), the property that is wrong, what was found and what
+was expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+from . import _lib
+
+# Alignment of every registered region (REGION_ALIGN in the C library).
+REGION_ALIGN = 16
+
+
+class TensorMismatch(ValueError):
+    """A KV tensor does not fit the store. ``field`` is the property that is
+    wrong: 'dtype', 'shape', 'stride', 'alignment', 'device', 'address' or
+    'type'; ``name`` is the tensor's name (the layer name)."""
+
+    field = "tensor"
+
+    def __init__(self, name, message):
+        super().__init__(f"KV tensor {name!r}: {self.field}: {message}")
+        self.name = name
+
+
+class DTypeMismatch(TensorMismatch):
+    field = "dtype"
+
+
+class ShapeMismatch(TensorMismatch):
+    field = "shape"
+
+
+class StrideMismatch(TensorMismatch):
+    field = "stride"
+
+
+class AlignmentError(TensorMismatch):
+    field = "alignment"
+
+
+class DeviceMismatch(TensorMismatch):
+    field = "device"
+
+
+class AddressError(TensorMismatch):
+    field = "address"
+
+
+class NotATensor(TensorMismatch, TypeError):
+    field = "type"
+
+
+# Names accepted for each dtype (torch's str(dtype) without the prefix, and
+# the short names of the Go geometry).
+_DTYPES = {
+    "bfloat16": _lib.DTYPE_BF16, "bf16": _lib.DTYPE_BF16,
+    "float16": _lib.DTYPE_FP16, "half": _lib.DTYPE_FP16, "fp16": _lib.DTYPE_FP16,
+    "float8_e4m3fn": _lib.DTYPE_FP8, "float8_e5m2": _lib.DTYPE_FP8, "float8_e4m3fnuz": _lib.DTYPE_FP8,
+    "float8_e5m2fnuz": _lib.DTYPE_FP8, "fp8": _lib.DTYPE_FP8, "uint8": _lib.DTYPE_FP8,
+    "float32": _lib.DTYPE_FP32, "float": _lib.DTYPE_FP32, "fp32": _lib.DTYPE_FP32,
+}
+DTYPE_BYTES = {_lib.DTYPE_BF16: 2, _lib.DTYPE_FP16: 2, _lib.DTYPE_FP8: 1, _lib.DTYPE_FP32: 4}
+DTYPE_NAMES = {_lib.DTYPE_BF16: "bf16", _lib.DTYPE_FP16: "fp16", _lib.DTYPE_FP8: "fp8", _lib.DTYPE_FP32: "fp32"}
+
+
+def dtype_code(name) -> int:
+    """The tutti_dtype of a dtype name ('bf16', 'torch.bfloat16', ...)."""
+    s = str(name)
+    if s.startswith("torch."):
+        s = s[len("torch."):]
+    code = _DTYPES.get(s)
+    if code is None:
+        raise ValueError(f"unknown dtype {name!r} (want one of {sorted(set(_DTYPES))})")
+    return code
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    """A tensor given by address. ``strides`` are in elements (as torch's
+    ``stride()``); ``device`` is 'cpu' for host memory or 'cuda'/'cuda:N'
+    for a device pointer."""
+
+    data_ptr: int
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]
+    dtype: str
+    device: str = "cpu"
+
+    @staticmethod
+    def contiguous(data_ptr, shape, dtype, device="cpu"):
+        return RawTensor(data_ptr, tuple(shape), contiguous_strides(shape), dtype, device)
+
+
+def contiguous_strides(shape):
+    strides, acc = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def describe(t, name="tensor") -> RawTensor:
+    """A RawTensor for ``t`` (a RawTensor, or a torch-like tensor)."""
+    if isinstance(t, RawTensor):
+        return t
+    needed = ("data_ptr", "shape", "stride", "dtype", "device")
+    missing = [a for a in needed if not hasattr(t, a)]
+    if missing:
+        raise NotATensor(name, f"{type(t).__name__} is neither a RawTensor nor a torch tensor (lacks {', '.join(missing)})")
+    return RawTensor(
+        data_ptr=int(t.data_ptr()),
+        shape=tuple(int(d) for d in t.shape),
+        strides=tuple(int(s) for s in t.stride()),
+        dtype=str(t.dtype),
+        device=str(t.device),
+    )
+
+
+def _device_kind(dev: str) -> str:
+    return dev.split(":", 1)[0]
+
+
+def check_tensor(t: RawTensor, name, want_shape, want_dtype, want_device, alt_shapes=()):
+    """Checks one KV tensor; returns its byte length. ``want_device`` is
+    'cpu' or 'cuda' (any ordinal), or 'cuda:N'."""
+    try:
+        code = dtype_code(t.dtype)
+    except ValueError as e:
+        raise DTypeMismatch(name, str(e)) from None
+    if code != want_dtype:
+        raise DTypeMismatch(name, f"got {t.dtype}, the store's geometry is {DTYPE_NAMES[want_dtype]}")
+    dev = str(t.device)
+    if (":" in want_device and dev != want_device) or _device_kind(dev) != _device_kind(want_device):
+        raise DeviceMismatch(name, f"tensor is on {dev}, the store's path needs {want_device} memory")
+    shapes = (tuple(want_shape),) + tuple(tuple(s) for s in alt_shapes)
+    if tuple(t.shape) not in shapes:
+        alts = " or ".join(str(list(s)) for s in shapes)
+        raise ShapeMismatch(name, f"got {list(t.shape)}, want {alts}")
+    if len(t.strides) != len(t.shape):
+        raise StrideMismatch(name, f"{len(t.strides)} strides for {len(t.shape)} dimensions")
+    want_strides = contiguous_strides(t.shape)
+    for i, (got, want, dim) in enumerate(zip(t.strides, want_strides, t.shape)):
+        if dim != 1 and got != want:
+            raise StrideMismatch(
+                name, f"dimension {i} has stride {got}, a contiguous {list(t.shape)} tensor has {want} "
+                      f"(strides {list(t.strides)} vs {list(want_strides)}; call .contiguous() or allocate the cache contiguously)")
+    if t.data_ptr == 0:
+        raise AddressError(name, "data pointer is NULL")
+    if t.data_ptr % REGION_ALIGN != 0:
+        raise AlignmentError(name, f"data pointer {t.data_ptr:#x} is not {REGION_ALIGN}-byte aligned")
+    n = 1
+    for d in t.shape:
+        n *= d
+    return n * DTYPE_BYTES[code]

@@ -1,0 +1,233 @@
+/*
+ * tutti.h — the C ABI of libtutti, the tutti KV-cache runtime.
+ *
+ * Built with `go build -buildmode=c-shared -o bin/libtutti.so ./runtime/capi`.
+ * This header is the checked-in contract; the header cgo generates next to the
+ * library (bin/libtutti.h) includes it, and TestHeaderMatchesGenerated fails
+ * when the exported signatures of the two drift apart.
+ *
+ * Conventions
+ *  - Every function returns a tutti_status (0 = TUTTI_OK) except
+ *    tutti_abi_version and tutti_last_error.
+ *  - On failure the calling thread's last-error message says what was wrong
+ *    (naming the argument or the operation); read it with tutti_last_error.
+ *    Success leaves the message of an earlier failure untouched.
+ *  - Handles are opaque non-zero integers into tables inside the library; no
+ *    library memory is ever handed out. 0 is never a valid handle. A handle
+ *    of the wrong kind, a released or closed one, or one never issued gives
+ *    TUTTI_ERR_BAD_HANDLE, never a crash.
+ *  - Arrays passed in (chains, page ids, regions, directory names) are copied
+ *    before the call returns; the library keeps no pointer into caller memory
+ *    except the registered KV memory (see tutti_register_kv).
+ *  - Every pointer and length is checked: NULL where data is needed, a zero or
+ *    oversize count, an address range that overflows, a length that does not
+ *    match the geometry: TUTTI_ERR_INVALID_ARGUMENT or TUTTI_ERR_GEOMETRY.
+ *  - All functions are safe to call from several threads; a load or save
+ *    handle must not be released while another thread waits on it.
+ *  - Structs that may grow start with struct_size (= sizeof as the caller
+ *    was compiled). The library reads or writes only the first struct_size
+ *    bytes; fields past it are taken as zero (config) or left unwritten
+ *    (stats). A struct_size below the version-1 size is TUTTI_ERR_VERSION.
+ */
+#ifndef TUTTI_H
+#define TUTTI_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ABI version: a caller built for major M works with any library of major M
+ * and minor >= the minor it needs. tutti_abi_version() returns
+ * (major << 16) | minor. */
+#define TUTTI_ABI_MAJOR 1
+#define TUTTI_ABI_MINOR 0
+
+typedef enum tutti_status {
+	TUTTI_OK = 0,
+	TUTTI_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, zero/oversize count, overflow, bad enum */
+	TUTTI_ERR_BAD_HANDLE = 2,       /* unknown, released, closed, or wrong kind of handle */
+	TUTTI_ERR_VERSION = 3,          /* abi_major or struct_size not supported */
+	TUTTI_ERR_GEOMETRY = 4,         /* lengths or shapes do not match the store's geometry */
+	TUTTI_ERR_OUT_OF_RANGE = 5,     /* page id, layer or block outside its range */
+	TUTTI_ERR_NOT_REGISTERED = 6,   /* load or save before tutti_register_kv */
+	TUTTI_ERR_BUFFER_TOO_SMALL = 7, /* an output array is too short; *out_len says the need */
+	TUTTI_ERR_NO_GPU = 8,           /* GPU path asked for, no GPU or no kernels library */
+	TUTTI_ERR_NOT_SUPPORTED = 9,    /* the kernel or device lacks a needed feature */
+	TUTTI_ERR_LOCKED = 10,          /* a store directory is held by another open store */
+	TUTTI_ERR_CLOSED = 11,          /* the store was closed while the call ran */
+	TUTTI_ERR_NO_SPACE = 12,        /* the store cannot hold what was asked */
+	TUTTI_ERR_IO = 13,              /* a read, write or sync failed (message names it) */
+	TUTTI_ERR_CORRUPT = 14,         /* stored data failed a checksum or header check */
+	TUTTI_ERR_BUSY = 15,            /* too many loads in flight; release some and retry */
+	TUTTI_ERR_INTERNAL = 16         /* a bug in the library; the message says where */
+} tutti_status;
+
+typedef enum tutti_path {
+	TUTTI_PATH_CPU = 1, /* io_uring from the library's threads, KV memory in host RAM */
+	TUTTI_PATH_GPU = 2  /* GPU-driven io_uring + CUDA scatter/gather, KV memory in HBM */
+} tutti_path;
+
+typedef enum tutti_dtype {
+	TUTTI_DTYPE_BF16 = 1,
+	TUTTI_DTYPE_FP16 = 2,
+	TUTTI_DTYPE_FP8 = 3, /* e4m3 or e5m2: the library moves bytes, it never converts */
+	TUTTI_DTYPE_FP32 = 4
+} tutti_dtype;
+
+typedef enum tutti_layout {
+	/* one region per layer, each [planes, num_pages, page_tokens, kv_heads, head_dim] (vLLM) */
+	TUTTI_LAYOUT_PER_LAYER = 1,
+	/* one region, [num_pages, layers, planes, page_tokens, kv_heads, head_dim] */
+	TUTTI_LAYOUT_CROSS_LAYER = 2
+} tutti_layout;
+
+typedef enum tutti_memory {
+	TUTTI_MEMORY_HOST = 1, /* host virtual addresses (CPU path) */
+	TUTTI_MEMORY_CUDA = 2  /* CUDA device pointers on the store's device (GPU path) */
+} tutti_memory;
+
+/* Store configuration. Zero means "library default" for the tuning fields. */
+typedef struct tutti_config {
+	uint32_t struct_size;     /* sizeof(tutti_config) */
+	uint32_t abi_major;       /* TUTTI_ABI_MAJOR */
+	const char *const *dirs;  /* num_dirs NUL-terminated paths (each < 4096 bytes) */
+	uint32_t num_dirs;        /* 1..64 */
+	uint32_t path;            /* tutti_path */
+	int64_t capacity_bytes;   /* on-disk capacity over all dirs, > 0 */
+	/* geometry of the engine's KV cache */
+	int32_t layers;
+	int32_t kv_heads;
+	int32_t head_dim;
+	uint32_t dtype;           /* tutti_dtype */
+	int32_t planes;           /* 2 = K and V, 1 = one latent plane (MLA) */
+	int32_t page_tokens;      /* tokens per engine page (vLLM block) */
+	int32_t chunk_pages;      /* pages per chain block (hash granularity) */
+	uint32_t layout;          /* tutti_layout */
+	int64_t num_pages;        /* pages in the engine's KV memory */
+	/* tuning: 0 = default */
+	int32_t queue_depth;        /* I/Os in flight per engine */
+	int32_t save_bound_ms;      /* longest a save may be deferred behind loads */
+	int64_t staging_bytes;      /* off-heap staging memory; bounds bytes in flight */
+	int64_t staging_slot_bytes; /* largest single I/O; divides staging_bytes */
+	int32_t max_loads;          /* loads in flight at once (more: TUTTI_ERR_BUSY) */
+	uint32_t reserved;          /* must be 0 */
+} tutti_config;
+
+/* One contiguous range of KV memory. */
+typedef struct tutti_kv_region {
+	uint64_t addr;      /* first byte; aligned to at least the dtype size */
+	uint64_t len_bytes; /* exactly the bytes the layout gives this region */
+} tutti_kv_region;
+
+/* Counters since open (runtime.Stats). Blocks are chain blocks. */
+typedef struct tutti_stats {
+	uint32_t struct_size; /* sizeof(tutti_stats), set by the caller */
+	uint32_t reserved;
+	uint64_t lookups;         /* tutti_lookup calls */
+	uint64_t lookup_blocks;   /* blocks asked for by lookups */
+	uint64_t hit_blocks;      /* blocks lookups found stored */
+	uint64_t loads;           /* loads that started a restore */
+	uint64_t cached_blocks;   /* blocks stored at load time (pinned) */
+	uint64_t planned_blocks;  /* blocks the scheduler chose to load (the rest: recompute) */
+	uint64_t restored_blocks; /* blocks restored and verified */
+	uint64_t restored_bytes;  /* payload bytes written into KV memory */
+	uint64_t read_ios;        /* reads submitted */
+	uint64_t split_ios;       /* reads beyond the first of a (layer, run) */
+	uint64_t overread_bytes;  /* bytes read only to verify a checksum or for alignment */
+	uint64_t miss_blocks;     /* planned blocks not restored (I/O error, checksum, ...) */
+	uint64_t saves;           /* tutti_save calls */
+	uint64_t save_blocks;     /* blocks asked to be saved */
+	uint64_t saved_blocks;    /* blocks committed */
+	uint64_t saved_bytes;     /* payload bytes written for committed blocks */
+	uint64_t write_ios;       /* payload writes submitted */
+	uint64_t committed_runs;
+	uint64_t corrupt_dropped; /* runs dropped after a checksum mismatch */
+	uint64_t skipped_blocks;  /* blocks of saves not stored (already stored, no space, ...) */
+	uint64_t fallbacks;       /* times a slower path was taken (counted, never silent) */
+} tutti_stats;
+
+/* (TUTTI_ABI_MAJOR << 16) | TUTTI_ABI_MINOR of the library. */
+uint32_t tutti_abi_version(void);
+
+/* Copies the calling thread's last error message, NUL-terminated and truncated
+ * to len-1 bytes, into buf; returns the message's full length (0 if none). buf
+ * may be NULL when len is 0, to ask for the length. */
+int64_t tutti_last_error(char *buf, uint64_t len);
+
+/* Opens (creating if empty) the store in cfg->dirs, locking each directory and
+ * recovering committed runs. *out_store receives the handle. */
+int32_t tutti_open(tutti_config *cfg, uint64_t *out_store);
+
+/* Waits for deferred saves, releases the store's loads and saves, unlocks the
+ * directories. The handle and its load/save handles are invalid afterwards. */
+int32_t tutti_close(uint64_t store);
+
+/* Registers the engine's KV memory, once per store, before the first load or
+ * save: regions[i] is layer i (PER_LAYER, then num_regions == layers) or the
+ * whole cache (CROSS_LAYER, num_regions == 1); each len_bytes is exactly the
+ * layout's size and each addr is 16-byte aligned. The memory must stay mapped
+ * and unmoved until tutti_close returns: the library reads it inside a save
+ * (until tutti_save_wait_gathered) and writes it inside a load (until the
+ * load is waited for or released), and never touches it after tutti_close. */
+int32_t tutti_register_kv(uint64_t store, uint32_t memory, tutti_kv_region *regions, uint32_t num_regions);
+
+/* *out_blocks = how many leading blocks of chain are stored and loadable. */
+int32_t tutti_lookup(uint64_t store, uint64_t *chain, uint32_t chain_len, uint32_t *out_blocks);
+
+/* Starts restoring the leading stored blocks of chain into pages (chunk_pages
+ * page ids per chain block, num_pages == chain_len * chunk_pages). Returns at
+ * once with *out_load; layers arrive in order. Blocks not restored (a miss, or
+ * cheaper to recompute) are reported by tutti_load_wait and their pages are
+ * left untouched. */
+int32_t tutti_load(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t *pages, uint32_t num_pages, uint64_t *out_load);
+
+/* Blocks until layer `layer` of the load is in KV memory (GPU path: ready in
+ * the store's stream order, see docs/integration.md). */
+int32_t tutti_load_wait_layer(uint64_t load, int32_t layer);
+
+/* Blocks until the whole load is done; *out_blocks (may be NULL) = leading
+ * blocks restored, the rest are to be recomputed. */
+int32_t tutti_load_wait(uint64_t load, uint32_t *out_blocks);
+
+/* The load's plan, fixed when tutti_load returned: *out_cached = leading
+ * blocks stored at that time (pinned for the load), *out_planned = blocks it
+ * restores unless an I/O fails (the scheduler may leave a stored tail to be
+ * recomputed when that is faster). Either pointer may be NULL. */
+int32_t tutti_load_plan(uint64_t load, uint32_t *out_cached, uint32_t *out_planned);
+
+/* Waits for the load if it still runs, then frees its handle and unpins it. */
+int32_t tutti_load_release(uint64_t load);
+
+/* Starts saving chain's blocks from pages (num_pages == chain_len * chunk_pages).
+ * Blocks already stored are skipped. The pages must stay unchanged until
+ * tutti_save_wait_gathered returns; durability comes later (tutti_wait_saves). */
+int32_t tutti_save(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t *pages, uint32_t num_pages, uint64_t *out_save);
+
+/* Blocks until the save has copied its pages out of KV memory. */
+int32_t tutti_save_wait_gathered(uint64_t save);
+
+/* Waits for gathering if needed, then frees the save handle (the write itself
+ * continues; tutti_wait_saves waits for it). */
+int32_t tutti_save_release(uint64_t save);
+
+/* Blocks until every save started so far is durable and looked up as stored. */
+int32_t tutti_wait_saves(uint64_t store);
+
+/* Fills the first out->struct_size bytes of *out. */
+int32_t tutti_get_stats(uint64_t store, tutti_stats *out);
+
+/* Derives the block-hash chain of a token sequence with the Go prefix
+ * package's ChainFromTokens: one id per full block of block_tokens tokens (a
+ * trailing partial block has none), id[i] = XXH64(LE64(id[i-1]) ||
+ * LE32(tokens of block i), seed) with id[-1] = 0. The seed separates
+ * namespaces (e.g. one per model). out_chain gets the ids; *out_len =
+ * num_tokens / block_tokens; TUTTI_ERR_BUFFER_TOO_SMALL if cap is less. */
+int32_t tutti_chain_from_tokens(uint32_t *tokens, uint64_t num_tokens, uint32_t block_tokens, uint64_t seed, uint64_t *out_chain, uint32_t cap, uint32_t *out_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TUTTI_H */
