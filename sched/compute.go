@@ -194,7 +194,7 @@ func pairs(n, s int) float64 {
 }
 
 // baseNs is the profile's prediction without the online correction.
-func (m *ComputeModel) baseNs(tokens, startPos int) float64 {
+func (m ComputeModel) baseNs(tokens, startPos int) float64 {
 	if tokens <= 0 {
 		return 0
 	}
@@ -202,13 +202,13 @@ func (m *ComputeModel) baseNs(tokens, startPos int) float64 {
 }
 
 // Scale is the online correction factor applied to the profile (1 = none).
-func (m *ComputeModel) Scale() float64 { return math.Exp(m.logScale) }
+func (m ComputeModel) Scale() float64 { return math.Exp(m.logScale) }
 
 // Observations counts the layer times Observe has taken.
-func (m *ComputeModel) Observations() int64 { return m.observations }
+func (m ComputeModel) Observations() int64 { return m.observations }
 
 // LayerNs predicts one layer's time for tokens computed from startPos.
-func (m *ComputeModel) LayerNs(tokens, startPos int) float64 {
+func (m ComputeModel) LayerNs(tokens, startPos int) float64 {
 	return math.Exp(m.logScale) * m.baseNs(tokens, startPos)
 }
 

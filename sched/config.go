@@ -37,6 +37,10 @@ type Config struct {
 	// SlackMarginNs is kept free when a deferred save is slipped under reads,
 	// and before a save's bound when it is promoted.
 	SlackMarginNs int64 // default 1 ms
+	// SlackFrac discounts a pending read's slack by this fraction of the time
+	// until its planned completion when deciding whether a save fits under it:
+	// predictions err in proportion to how far ahead they look.
+	SlackFrac float64 // default 0.1; negative = 0
 	// MaxWriteIOBytes cuts a save's per-layer object into writes of at most this
 	// size, which bounds how long one deferred write can hold reads back.
 	MaxWriteIOBytes int64 // default 4 MiB
@@ -54,6 +58,7 @@ const (
 	defaultMaxPendingSaveBytes   = 2 << 30
 	defaultSaveBoundNs           = 2e9
 	defaultSlackMarginNs         = 1e6
+	defaultSlackFrac             = 0.1
 	defaultMaxWriteIOBytes       = 4 << 20
 	defaultMaxPendingIOs         = 1 << 16
 	maxLayers                    = 1 << 12
@@ -87,6 +92,10 @@ func (c Config) withDefaults() (Config, error) {
 	c.SlackMarginNs = orDefault(c.SlackMarginNs, int64(defaultSlackMarginNs))
 	c.MaxWriteIOBytes = orDefault(c.MaxWriteIOBytes, int64(defaultMaxWriteIOBytes))
 	c.MaxPendingIOs = orDefault(c.MaxPendingIOs, defaultMaxPendingIOs)
+	if c.SlackFrac == 0 {
+		c.SlackFrac = defaultSlackFrac
+	}
+	c.SlackFrac = max(0, c.SlackFrac)
 	if c.SaveBoundNs < 0 || c.SlackMarginNs < 0 || c.MaxWriteIOBytes < 0 || c.MaxPendingIOs < 0 || c.MaxPendingIOs > 1<<30 {
 		return c, fmt.Errorf("negative or huge limit in %+v: %w", c, ErrConfig)
 	}

@@ -68,29 +68,29 @@ func NewDeviceModel(p DeviceProfile) (DeviceModel, error) {
 }
 
 // Profile returns the current (corrected) estimates.
-func (d *DeviceModel) Profile() DeviceProfile { return d.cur }
+func (d DeviceModel) Profile() DeviceProfile { return d.cur }
 
 // Observations counts the batches that corrected the model.
-func (d *DeviceModel) Observations() int64 { return d.obs }
+func (d DeviceModel) Observations() int64 { return d.obs }
 
 // ReadNs is the device busy time of one read of bytes, concurrent writes absent.
-func (d *DeviceModel) ReadNs(bytes int64) float64 {
+func (d DeviceModel) ReadNs(bytes int64) float64 {
 	return math.Max(float64(bytes)*1e9/d.cur.ReadBytesPerSec, 1e9/d.cur.ReadIOPS)
 }
 
 // WriteNs is the device busy time of one write of bytes.
-func (d *DeviceModel) WriteNs(bytes int64) float64 {
+func (d DeviceModel) WriteNs(bytes int64) float64 {
 	return math.Max(float64(bytes)*1e9/d.cur.WriteBytesPerSec, 1e9/d.cur.WriteIOPS)
 }
 
 // ReadShare is the fraction of read bandwidth left while writes run.
-func (d *DeviceModel) ReadShare() float64 { return d.cur.ReadShareUnderWrites }
+func (d DeviceModel) ReadShare() float64 { return d.cur.ReadShareUnderWrites }
 
 // WriteShare is the fraction of write bandwidth left while reads run.
-func (d *DeviceModel) WriteShare() float64 { return d.cur.WriteShareUnderReads }
+func (d DeviceModel) WriteShare() float64 { return d.cur.WriteShareUnderReads }
 
 // LatencyNs is the first-completion latency of an idle device.
-func (d *DeviceModel) LatencyNs() float64 { return d.cur.ReadLatencyNs }
+func (d DeviceModel) LatencyNs() float64 { return d.cur.ReadLatencyNs }
 
 func ewmaLog(cur, seed, observed float64) float64 {
 	e := math.Log(observed / cur)

@@ -693,15 +693,19 @@ func (p *Planner) promoteAtNs(d *devState) int64 {
 	return at
 }
 
-// minReadSlackNs is the least slack among the device's pending reads, less the
-// amount by which the device runs behind the plans that admitted them.
+// minReadSlackNs is the least slack among the device's pending reads, each
+// discounted by SlackFrac of its remaining horizon, less the amount by which
+// the device runs behind the plans that admitted them.
 func (p *Planner) minReadSlackNs(d *devState, now int64) float64 {
 	m := math.Inf(1)
+	f := p.cfg.SlackFrac
 	for _, i := range d.readQ {
-		m = min(m, p.entries[i].slackNs)
+		e := &p.entries[i]
+		m = min(m, e.slackNs-f*float64(max(0, e.plannedDoneNs-now)))
 	}
 	for _, i := range d.inflightRd {
-		m = min(m, p.entries[i].slackNs)
+		e := &p.entries[i]
+		m = min(m, e.slackNs-f*float64(max(0, e.plannedDoneNs-now)))
 	}
 	tail := float64(now) + d.pendingReadNs + (1-d.model.ReadShare())*d.inflightWriteNs
 	if drift := tail - float64(d.plannedTailNs); drift > 0 {

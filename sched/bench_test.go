@@ -1,0 +1,50 @@
+package sched
+
+import "testing"
+
+// benchPlan plans a 128K-token request on an 80-layer model (Llama-3-70B
+// shape: 8 KV heads × 128 dims, BF16) whose prefix is cached in `runs` runs
+// striped over two devices, then cancels it so the planner's state stays
+// the same from one iteration to the next.
+func benchPlan(b *testing.B, blockTokens, runs int) {
+	m, err := ComputeFromFLOPs(FLOPsProfile{LinearFLOPsPerToken: 2 * 862e6, AttnFLOPsPerPair: 4 * 64 * 128,
+		GEMMFLOPsPerSec: 400e12, AttnFLOPsPerSec: 200e12, FixedNs: 20e3})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := NewPlanner(Config{Layers: 80, BlockTokens: blockTokens, Compute: m,
+		Devices: []DeviceConfig{{Profile: testDevice(4)}, {Profile: testDevice(4)}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const tokens = 128 << 10
+	blocks := tokens / blockTokens
+	perLayerPerBlock := int64(blockTokens) * 8 * 128 * 2 * 2
+	req := LoadRequest{ID: 1, NowNs: 1e9, ComputeReadyNs: 1e9, UncachedTokens: 1000}
+	for i := 0; i < runs; i++ {
+		n := blocks / runs
+		if i == runs-1 {
+			n = blocks - (runs-1)*(blocks/runs)
+		}
+		req.Runs = append(req.Runs, Run{Device: i % 2, Blocks: n, BytesPerLayerPerBlock: perLayerPerBlock})
+	}
+	loaded := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		plan, err := p.PlanLoad(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		loaded = plan.LoadBlocks
+		p.Cancel(req.ID)
+	}
+	b.ReportMetric(float64(loaded), "loaded-blocks")
+	b.ReportMetric(float64(blocks), "cached-blocks")
+}
+
+// BenchmarkPlan128K80L: 512-token chain blocks (Mooncake), 8 runs.
+func BenchmarkPlan128K80L(b *testing.B) { benchPlan(b, 512, 8) }
+
+// BenchmarkPlan128K80LPages16: 16-token blocks (vLLM hashing, 8192 candidates
+// for the split), 64 runs: the O(blocks) part of the scan.
+func BenchmarkPlan128K80LPages16(b *testing.B) { benchPlan(b, 16, 64) }
