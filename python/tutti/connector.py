@@ -31,7 +31,8 @@ seeded with ``hash_seed``: use one seed per model).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+import sys
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .store import Load, Save, Store, chain_from_tokens
 from .tensor import TensorMismatch, check_tensor, describe
@@ -60,6 +61,12 @@ class ConnectorMetadata:
     saves: List[ReqMeta] = field(default_factory=list)
 
 
+def _torch_stream_sync():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.current_stream().synchronize()
+
+
 class TuttiConnector:
     """vLLM-style KV connector over one tutti :class:`Store`.
 
@@ -67,9 +74,17 @@ class TuttiConnector:
     otherwise the order of the dict passed to :meth:`register_kv_caches` is
     used (vLLM passes layers in model order)."""
 
-    def __init__(self, store: Store, layer_names: Optional[Sequence[str]] = None, hash_seed: int = 0):
+    def __init__(self, store: Store, layer_names: Optional[Sequence[str]] = None, hash_seed: int = 0,
+                 device_sync: Optional[Callable[[], None]] = None):
         self.store = store
         self.hash_seed = hash_seed
+        # On the GPU path tutti's copies run on their own CUDA streams: the
+        # engine's kernels that wrote the pages to save (or still use the
+        # pages a load overwrites) must be finished first. Default: sync
+        # torch's current stream when torch is loaded.
+        if device_sync is None and store.path == "gpu":
+            device_sync = _torch_stream_sync
+        self._device_sync = device_sync or (lambda: None)
         self.geometry = store.geometry
         self._layer_index: Dict[str, int] = {}
         if layer_names is not None:
@@ -212,6 +227,8 @@ class TuttiConnector:
     def start_load_kv(self, forward_context=None, **kwargs):
         """Starts every load of the bound metadata (returns at once)."""
         meta = self._meta or ConnectorMetadata()
+        if meta.loads:
+            self._device_sync()
         for req in meta.loads:
             chain = self.chain_of(req)
             if not chain:
@@ -252,6 +269,8 @@ class TuttiConnector:
             return
         self._saves_started = True
         meta = self._meta or ConnectorMetadata()
+        if meta.saves:
+            self._device_sync()
         for req in meta.saves:
             chain = self.chain_of(req)
             if not chain:
