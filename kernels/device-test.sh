@@ -66,7 +66,7 @@ if [ "$BENCH" != none ] && [ -x bin/gpu/tutti ]; then
 	# emulated storage: 4 RAM-backed loop devices striped
 	LOOPS=()
 	for i in 0 1 2 3; do
-		truncate -s 12G /dev/shm/tk-loop$i && dev=$(losetup --find --show --direct-io=on /dev/shm/tk-loop$i 2>/dev/null || losetup --find --show /dev/shm/tk-loop$i) && LOOPS+=("$dev")
+		truncate -s 3G /dev/shm/tk-loop$i && dev=$(losetup --find --show --direct-io=on /dev/shm/tk-loop$i 2>/dev/null || losetup --find --show /dev/shm/tk-loop$i) && LOOPS+=("$dev")
 	done
 	if [ ${#LOOPS[@]} -eq 4 ]; then
 		devs=$(IFS=,; echo "${LOOPS[*]}")
