@@ -65,7 +65,7 @@ func bigIndex(b *testing.B) *Index {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		x, err := New(Config{CapacityBytes: 1 << 62})
+		x, err := New(Config{CapacityBytes: MaxCapacityBytes})
 		if err != nil {
 			b.Fatal(err)
 		}

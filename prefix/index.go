@@ -21,6 +21,9 @@ const MaxPins = 1 << 24
 // MaxBlocksLimit is the largest Config.MaxBlocks (slot numbers are int32).
 const MaxBlocksLimit = maxSlots - 1
 
+// MaxCapacityBytes is the largest capacity (2 EiB), so byte sums cannot overflow int64.
+const MaxCapacityBytes = 1 << 61
+
 // State is a block's state as reported by Get.
 type State uint8
 
@@ -153,7 +156,7 @@ type Index struct {
 
 // New returns an empty index.
 func New(cfg Config) (*Index, error) {
-	if cfg.CapacityBytes <= 0 {
+	if cfg.CapacityBytes <= 0 || cfg.CapacityBytes > MaxCapacityBytes {
 		return nil, fmt.Errorf("new index: capacity %d bytes: %w", cfg.CapacityBytes, ErrBadArg)
 	}
 	if cfg.MaxBlocks < 0 || cfg.MaxBlocks > MaxBlocksLimit {
@@ -259,7 +262,8 @@ func (x *Index) Unpin(chain []uint64) ([]Dropped, error) {
 // (StopPresent: cached, being saved by someone else, or draining). To make room it evicts LRU
 // leaves, and only when that is enough for the next block: it never evicts for a block it then
 // cannot admit, and never blocks. It stops with StopCapacity (or StopMaxBlocks) when the bytes (or
-// block count) left are held by pinned, pending or held blocks. Evicted entries are returned for the
+// block count) left are held by pinned, pending or held blocks, or at once when bytesPerBlock
+// exceeds the capacity. Evicted entries are returned for the
 // caller to free, even when N is 0. The caller owns chain[From:From+N]: it must Commit or Abort
 // each of them. Errors (ErrBadArg) only for from outside [0, len(chain)] or bytesPerBlock ≤ 0.
 func (x *Index) Reserve(chain []uint64, from int, bytesPerBlock int64) (Reservation, error) {
@@ -277,6 +281,10 @@ func (x *Index) Reserve(chain []uint64, from int, bytesPerBlock int64) (Reservat
 	for i := from; i < len(chain); i++ {
 		if x.find(chain[i]) != noSlot {
 			r.Stop = StopPresent
+			break
+		}
+		if bytesPerBlock > x.capacityBytes { // can never fit; also keeps byte sums far from overflow
+			r.Stop = StopCapacity
 			break
 		}
 		s := x.insertPending(chain[i], prev, bytesPerBlock)
@@ -419,7 +427,7 @@ func (x *Index) Evict(minBytes int64) []Dropped {
 // held by pinned, pending or held blocks may stay above a lowered capacity until released; Reserve
 // admits nothing until usage is below it again.
 func (x *Index) SetCapacity(capacityBytes int64) ([]Dropped, error) {
-	if capacityBytes <= 0 {
+	if capacityBytes <= 0 || capacityBytes > MaxCapacityBytes {
 		return nil, fmt.Errorf("set capacity %d bytes: %w", capacityBytes, ErrBadArg)
 	}
 	x.mu.Lock()

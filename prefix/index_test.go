@@ -38,6 +38,8 @@ func TestNewConfig(t *testing.T) {
 	}{
 		{Config{CapacityBytes: 1}, nil},
 		{Config{CapacityBytes: 1, MaxBlocks: MaxBlocksLimit}, nil},
+		{Config{CapacityBytes: MaxCapacityBytes}, nil},
+		{Config{CapacityBytes: MaxCapacityBytes + 1}, ErrBadArg},
 		{Config{CapacityBytes: 0}, ErrBadArg},
 		{Config{CapacityBytes: -5}, ErrBadArg},
 		{Config{CapacityBytes: 1, MaxBlocks: -1}, ErrBadArg},

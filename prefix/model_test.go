@@ -228,6 +228,10 @@ func (m *model) reserve(chain []uint64, from int, size int64) (Reservation, erro
 			r.Stop = StopPresent
 			break
 		}
+		if size > m.capacity {
+			r.Stop = StopCapacity
+			break
+		}
 		b := &mBlock{id: chain[i], pending: true, size: size}
 		if i > 0 {
 			b.parent, b.hasParent = chain[i-1], true
