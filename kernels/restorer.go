@@ -32,6 +32,7 @@ import (
 	"unsafe"
 
 	"github.com/tutti-io/tutti/uring"
+	"golang.org/x/sys/unix"
 )
 
 // The Go mirrors must have the C sizes (they are passed as arrays).
@@ -53,8 +54,10 @@ type Config struct {
 	NumPages int      // engine pages in each KV tensor
 	KV       []uint64 // device pointers: Geometry.Layers tensors (per-layer) or one (cross-layer)
 
-	// Ring is an SQPOLL ring dedicated to the GPU (nothing else may Submit to
-	// it while bound); nil binds host copies only (CPU-issued I/O paths).
+	// Ring is a ring dedicated to the GPU (nothing else may Submit to it while
+	// bound); nil binds host copies only (CPU-issued I/O paths). With SQPOLL
+	// the kernel thread submits and the helper only wakes it; without, the
+	// helper enters the kernel once per WakeInterval (kick mode).
 	Ring *uring.Ring
 
 	MaxPages      int           // pages per request (required)
@@ -241,8 +244,20 @@ func fillRing(rd *C.tk_ring, l uring.RingLayout) error {
 // at the SQPOLL thread's flags every WakeInterval and enters the kernel only
 // when the thread sleeps (IORING_SQ_NEED_WAKEUP), so the per-I/O path stays on
 // the GPU.
+//
+// A ring without SQPOLL is driven in kick mode instead: the helper enters
+// the kernel once per interval (to_submit = whatever the GPU published, and
+// GETEVENTS so completions are posted); still one system call per batch, never
+// per I/O. Its OS thread is locked because completions of a non-SQPOLL ring
+// run as task work of the thread that submitted.
 func (r *Restorer) wakeLoop() {
 	defer r.waker.Done()
+	l := r.ring.Layout()
+	kick := l.SetupFlags&setupSQPoll == 0
+	if kick {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	t := time.NewTicker(r.cfg.WakeInterval)
 	defer t.Stop()
 	for {
@@ -253,7 +268,13 @@ func (r *Restorer) wakeLoop() {
 				return
 			}
 		}
-		woke, err := r.ring.WakeIfNeeded()
+		var woke bool
+		var err error
+		if kick {
+			woke, err = true, enter(l.FD, l.SQEntries, l.EnterGetEvents)
+		} else {
+			woke, err = r.ring.WakeIfNeeded()
+		}
 		if err != nil {
 			r.wakeErr.Store(&err)
 		}
@@ -268,7 +289,18 @@ func (r *Restorer) wakeLoop() {
 	}
 }
 
-// Wakeups counts the times the helper had to wake the SQPOLL thread.
+const setupSQPoll = 1 << 1 // IORING_SETUP_SQPOLL
+
+func enter(fd int, toSubmit, flags uint32) error {
+	_, _, e := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(fd), uintptr(toSubmit), 0, uintptr(flags), 0, 0)
+	if e != 0 && e != unix.EINTR && e != unix.EAGAIN && e != unix.EBUSY {
+		return fmt.Errorf("io_uring_enter (kick): %w", e)
+	}
+	return nil
+}
+
+// Wakeups counts the times the helper had to wake the SQPOLL thread (or, in
+// kick mode, entered the kernel).
 func (r *Restorer) Wakeups() int64 { return r.wakes.Load() }
 
 // Limits are the bounds every request is checked against.

@@ -69,6 +69,9 @@ type gpuBench struct {
 	seed     uint64
 	r        *kernels.Restorer
 	ring     *uring.Ring
+	kcfg     kernels.Config    // for the kick-mode context, bound on first use
+	rk       *kernels.Restorer // GPU path on a ring without SQPOLL (kick mode)
+	ringK    *uring.Ring
 	stderr   io.Writer
 }
 
@@ -87,13 +90,14 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	devices := fs.String("devices", "", "comma-separated files or block devices to stripe layers over (their contents are overwritten)")
 	label := fs.String("label", "", "storage label printed with the results")
 	jsonPath := fs.String("json", "", "write JSON rows (one per line) to this file ('-' = stdout)")
-	pathList := fs.String("paths", "gpu,uring,per-block,cufile,cufile-compat,page-cache,dram,gpu", "paths to run, in order")
+	pathList := fs.String("paths", "gpu,gpu-kick,uring,per-block,cufile,cufile-compat,page-cache,dram,gpu", "paths to run, in order")
 	maxIO := fs.Int("max-io", 1<<20, "largest read of the object paths (bytes)")
 	qd := fs.Int("qd", 64, "queue depth of the CPU-issued paths")
 	window := fs.Int("window", 128, "GPU path: SQEs in flight")
 	lookahead := fs.Int("lookahead", 2, "GPU path: layers in flight beyond the one waited for")
 	idleMs := fs.Uint("sqpoll-idle-ms", 50, "GPU path: SQPOLL thread idle time before it sleeps")
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")
+	kickUs := fs.Duration("wake-interval", 50*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (wake or kick)")
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -163,12 +167,20 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("GPU ring: %w", err)
 	}
 	defer b.ring.Close()
-	b.r, err = kernels.Bind(kernels.Config{Geometry: g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
-		MaxPages: b.pages, MaxExtents: 1, MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead})
+	b.kcfg = kernels.Config{Geometry: g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
+		MaxPages: b.pages, MaxExtents: 1, MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
+		WakeInterval: *kickUs}
+	b.r, err = kernels.Bind(b.kcfg)
 	if err != nil {
 		return err
 	}
 	defer b.r.Close()
+	defer func() {
+		if b.rk != nil {
+			b.rk.Close()
+			b.ringK.Close()
+		}
+	}()
 
 	var rows []benchRow
 	for _, p := range strings.Split(*pathList, ",") {
@@ -372,8 +384,16 @@ func (b *gpuBench) runPath(p string) benchRow {
 	var err error
 	switch p {
 	case "gpu":
-		row.Path = "gpu-driven (io_uring from GPU)"
-		err = b.runGPU(&row)
+		row.Path = "gpu-driven (SQPOLL)"
+		err = b.runGPU(&row, b.r)
+	case "gpu-kick":
+		row.Path = "gpu-driven (kick, no SQPOLL)"
+		if b.rk == nil {
+			err = b.bindKick()
+		}
+		if err == nil {
+			err = b.runGPU(&row, b.rk)
+		}
 	case "uring":
 		row.Path = "(a) uring -> staging -> scatter"
 		err = b.runHost(&row, false)
@@ -409,15 +429,15 @@ func (b *gpuBench) runPath(p string) benchRow {
 }
 
 // runGPU restores the whole prefix with the GPU driving the ring.
-func (b *gpuBench) runGPU(row *benchRow) error {
+func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	req := kernels.Request{Pages: b.dst}
 	for l := 0; l < b.g.Layers; l++ {
 		f := b.direct[b.layerDev(l)]
 		req.Layers = append(req.Layers, []kernels.Extent{{FD: f.FD, Align: f.DirectAlign, Offset: b.layerOff(l), Pages: b.pages}})
 	}
-	wakes0 := b.r.Wakeups()
+	wakes0 := r.Wakeups()
 	m0 := b.mark()
-	x, err := b.r.Restore(req)
+	x, err := r.Restore(req)
 	if err != nil {
 		return err
 	}
@@ -432,8 +452,30 @@ func (b *gpuBench) runGPU(row *benchRow) error {
 		}
 		layerStats(row, ms)
 	}
-	row.Note = fmt.Sprintf("sqpoll %.2fs, %d wake-ups", row.SQPollCPUS, b.r.Wakeups()-wakes0)
+	if r == b.r {
+		row.Note = fmt.Sprintf("sqpoll thread %.2f s, %d wake-ups", row.SQPollCPUS, r.Wakeups()-wakes0)
+	} else {
+		row.Note = fmt.Sprintf("%d kicks", r.Wakeups()-wakes0)
+	}
 	return err
+}
+
+// bindKick binds a second context on the same KV tensors with a ring that
+// has no SQPOLL thread: the CPU helper enters the kernel once per interval.
+func (b *gpuBench) bindKick() error {
+	ring, err := uring.New(uring.Config{Entries: 256, SQThreadCPU: -1})
+	if err != nil {
+		return err
+	}
+	cfg := b.kcfg
+	cfg.Ring = ring
+	b.rk, err = kernels.Bind(cfg)
+	if err != nil {
+		ring.Close()
+		return err
+	}
+	b.ringK = ring
+	return nil
 }
 
 // hostIO is one CPU-issued read of the host paths.
