@@ -8,6 +8,7 @@ release the GIL (ctypes does for every call), so other Python threads run.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import os
 from dataclasses import dataclass
@@ -72,28 +73,34 @@ class Geometry:
         return ((page * self.layers + layer) * self.planes + plane) * pp
 
 
+def _c_array(typecode, ctype, values, what):
+    """A ctypes array over a compact copy of ``values`` (the array module
+    range-checks in C, with no per-element Python work). Returns
+    (array, length)."""
+    if isinstance(values, array.array) and values.typecode == typecode:
+        buf = values
+    else:
+        try:
+            buf = array.array(typecode, values)
+        except (OverflowError, TypeError) as e:
+            raise ValueError(f"{what}: every element must be a {ctype.__name__[2:]}: {e}") from None
+    n = len(buf)
+    if n == 0:
+        return (ctype * 1)(), 0
+    arr = (ctype * n).from_buffer(buf)  # borrows buf's memory and keeps buf alive
+    return arr, n
+
+
 def _u64_array(values: Sequence[int], what: str):
-    vals = list(values)
-    for i, v in enumerate(vals):
-        if not isinstance(v, int) or v < 0 or v >= 1 << 64:
-            raise ValueError(f"{what}[{i}] = {v!r} is not a uint64")
-    return (ctypes.c_uint64 * len(vals))(*vals), len(vals)
+    return _c_array("Q", ctypes.c_uint64, values, what)
 
 
 def _i32_array(values: Sequence[int], what: str):
-    vals = list(values)
-    for i, v in enumerate(vals):
-        if not isinstance(v, int) or v < -(1 << 31) or v >= 1 << 31:
-            raise ValueError(f"{what}[{i}] = {v!r} is not an int32")
-    return (ctypes.c_int32 * len(vals))(*vals), len(vals)
+    return _c_array("i", ctypes.c_int32, values, what)
 
 
 def _u32_array(values: Sequence[int], what: str):
-    vals = list(values)
-    for i, v in enumerate(vals):
-        if not isinstance(v, int) or v < 0 or v >= 1 << 32:
-            raise ValueError(f"{what}[{i}] = {v!r} is not a uint32 token id")
-    return (ctypes.c_uint32 * len(vals))(*vals), len(vals)
+    return _c_array("I", ctypes.c_uint32, values, what)
 
 
 def chain_from_tokens(tokens: Sequence[int], block_tokens: int, seed: int = 0):
@@ -105,7 +112,7 @@ def chain_from_tokens(tokens: Sequence[int], block_tokens: int, seed: int = 0):
     if block_tokens <= 0:
         raise ValueError(f"block_tokens = {block_tokens}, want > 0")
     n_full = (len(tokens) // block_tokens) * block_tokens
-    toks, n = _u32_array(list(tokens[:n_full]), "tokens")
+    toks, n = _u32_array(tokens[:n_full], "tokens")
     want = n // block_tokens
     if want == 0:
         return []
