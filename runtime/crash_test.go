@@ -123,7 +123,9 @@ func TestCrash(t *testing.T) {
 	var cfg Config
 	var okAll [][]uint64
 	triedN, okN := 0, 0
-	defer func() { t.Logf("seed %d: %d kill points, %d saves tried, %d returned success", seed, points, triedN, okN) }()
+	defer func() {
+		t.Logf("seed %d: %d kill points, %d saves tried, %d returned success", seed, points, triedN, okN)
+	}()
 	for p := 0; p < points; p++ {
 		if p%pointsPerStore == 0 {
 			dirs = []string{t.TempDir(), t.TempDir()}
