@@ -1,0 +1,95 @@
+// Package kernels is tutti's GPU restore path: the GPU drives an io_uring
+// itself (it writes the SQEs of a layer's reads, publishes the SQ tail, polls
+// the CQ), a scatter kernel moves each layer from pinned staging into the
+// engine's paged KV tensors in HBM, and every layer's readiness is a CUDA
+// event that a compute stream can wait on with no host round trip.
+//
+// The CUDA side is libtutti_kernels.so (tutti_kernels.cu, tk_cufile.cu; the
+// one ABI header tutti_kernels.h), built by nvcc on a GPU machine with `make
+// kernels` (sm_90 SASS + compute_90 PTX, static CUDA runtime: it needs only the
+// driver's libcuda). This package loads it at run time with dlopen, so `go
+// build` and CI need no CUDA. Without the library every call returns an error
+// wrapping ErrNotLoaded; without a GPU, ErrNoGPU; the CPU path (package uring,
+// runtime's PathCPU) works on. GPU tests skip with the reason, unless
+// TUTTI_KERNELS_LIB names the library: then they must run and pass.
+//
+// # API for the runtime
+//
+//	Init(device) / DeviceName                load the library, select the device
+//	Bind(Config) (*Restorer, error)          KV tensors (device pointers, Geometry, Layout,
+//	                                         NumPages), an SQPOLL uring.Ring dedicated to the
+//	                                         GPU, the pinned staging pool, request slots,
+//	                                         streams, events: everything, once
+//	(*Restorer).Restore(Request) (*Restore, error)
+//	                                         Request: Pages (engine page of request page i)
+//	                                         and, per layer, the object extents from objmap
+//	                                         (fd or registered index, offset, pages); checked
+//	                                         on the CPU (BuildPlan), then enqueued; returns at once
+//	(*Restore).StreamWaitLayer(l, stream)    the engine's compute stream waits for layer l
+//	(*Restore).WaitLayer(l) / Wait()         host waits; per-entry results, failed pages
+//	(*Restore).Release()                     frees the request slot (always call it)
+//	(*Restorer).Gather(pages, l0, n, dst, stride)
+//	                                         save path: HBM -> registered host memory in
+//	                                         object layout; the CPU then writes it (uring)
+//	(*Restorer).SetHostMap/ScatterHost/ScatterDevice/RecordCopy/WaitCopy/SyncCopies
+//	                                         copies for CPU-issued I/O (fallback, baselines)
+//	HostRegister/HostUnregister              pin + map off-heap memory (uring.Buffer) for copies
+//	(*Restorer).Close()
+//
+// # Ring protocol
+//
+// The ring is uring's (Ring.Layout gives the SQ/CQ indices, arrays and the
+// memory regions); Bind cudaHostRegisters those regions, so GPU threads
+// address them directly. The GPU is the ring's only producer while bound.
+// Per layer, one I/O kernel (one block) runs on the context's I/O stream:
+// thread 0 reads the SQ head (ld.acquire.sys) and computes the free slots —
+// it never overruns them (back-pressure) nor the window (IOWindow, capped by
+// the CQ size so the CQ cannot overflow); threads write the SQEs with plain
+// stores, __threadfence_system, and thread 0 publishes the tail with
+// st.release.sys. It reaps CQEs with ld.acquire.sys of the CQ tail, records
+// each entry's status (ok, I/O error with errno, short, timeout) in a host-
+// mapped result array, and releases the CQ head. Indices wrap modulo 2^32
+// and are masked, so ring wrap-around needs nothing special. The kernel of
+// layer l may submit entries of layers up to l+Lookahead of the same request,
+// so the queue stays full across layer boundaries; it returns when every
+// entry of layer l completed. Kernels of one context run in stream order, so
+// one kernel at a time touches the ring, and several requests (MaxRequests)
+// and layers are in flight.
+//
+// Polls are bounded: with no completion for PollTimeout the in-flight entries
+// are marked timed out and the ring is marked broken (their data may still
+// land later); later restores fail fast with ErrRingBroken. Close and re-bind
+// a new ring after that.
+//
+// A CPU helper goroutine looks at the SQ flags every WakeInterval while a
+// restore is live and enters the kernel only when the SQPOLL thread sleeps
+// (IORING_SQ_NEED_WAKEUP). A ring without SQPOLL runs in kick mode: the
+// helper enters the kernel once per interval (submit what the GPU published,
+// post completions) — one system call per batch, not per I/O.
+//
+// # Scatter, pipeline, failures
+//
+// Layer l's reads land in staging slot (global layer sequence) % StagingSlots
+// in object layout; after the layer's I/O kernel, an event lets the scatter
+// stream copy it into the KV tensors (one block per page, 16-byte vectors,
+// per-layer layout [planes, num_pages, page_tokens, kv_heads, head_dim] or
+// cross-layer [num_pages, layers, planes, ...]) and record the layer's ready
+// event; a slot is refilled only after its scatter (stream-ordered events, no
+// host round trip). So layer l+1 is read while layer l is scattered and
+// consumed. A page is scattered only if every entry covering it is OK: a
+// failed entry's pages keep what the KV memory held (Result.FailedPages
+// counts them) — the engine recomputes them. Descriptors are checked twice
+// before launch (BuildPlan in Go, again in C): engine pages in range and
+// unique, staging offsets inside the slot, entries covering each page, file
+// offsets aligned to the file's O_DIRECT alignment, so no kernel can write
+// outside the registered tensors or the staging pool.
+//
+// # Memory
+//
+// Bind allocates everything: the staging pool (uring.AllocBuffer, registered
+// with CUDA), per request slot the pinned descriptor upload buffers, device
+// descriptor tables, host-mapped result arrays and per-layer events. Restore
+// allocates nothing on the GPU or in pinned memory; the library copies the
+// descriptors during the call, so the caller's slices are free afterwards.
+// A Restore's Result is valid until its Release.
+package kernels
