@@ -1,0 +1,74 @@
+// Package objmap is tutti's object map: the KV geometry and layouts, where
+// each run of saved chain blocks lives on disk, the free space of a striped,
+// preallocated file pool, and the crash-safe metadata (run headers, a
+// journal with group commit and checkpoints, recovery, fsck).
+//
+// # Objects and runs
+//
+// A run is a span of consecutive chain blocks (chunks) of one prefix saved
+// together; it is one extent in one pool file: a 4 KiB header, then one
+// object per layer. Object l holds layer l of the whole run, chunk-major,
+// then page, then plane (K and V of a page side by side). Restoring the
+// first k chunks of a run is therefore one read per layer (LayerSpan), K
+// and V included. K and V are kept together, not in separate objects,
+// because the engine always needs both for a layer before it can compute
+// it: apart, every restore would issue twice the reads for the same bytes,
+// and a K object without its V is useless. MLA models (Planes = 1) have one
+// latent plane and the same layout. Objects start on 4 KiB boundaries
+// (padded), so every read meets O_DIRECT alignment for any shape.
+//
+// # API the runtime uses
+//
+//	m, err := objmap.Open(objmap.Options{Dirs, CapacityBytes, Geometry})  // locks, recovers
+//	m.Recovery()                          // RecoveryReport: objects, recovered, dropped (reasons)
+//	m.Files()                             // []*uring.File, index = RunInfo.File; register with the ring
+//	m.Runs(func(objmap.RunInfo) bool)     // durable runs, to rebuild the prefix index
+//	res, err := m.Allocate(chunks)        // []Reservation, partial when the pool is full; ErrNoSpace when empty
+//	  ... write object l at res.Offset + Geometry.ObjectOffset(res.Chunks, l) (uring, O_DIRECT) ...
+//	err = m.Commit([]objmap.CommitRequest{{Res, Chain, LayerCRCs}})  // header, fdatasync, journal: durable
+//	m.Abort(res)                          // give an uncommitted reservation back
+//	info, ok := m.Lookup(id)              // extent of a durable run
+//	off, ioBytes, dataBytes, err := g.LayerSpan(info.Chunks(), layer, k) // one read per (layer, run)
+//	m.Free(id); m.Sync()                  // forget a run; its space is reusable once the free is durable
+//	m.Check()                             // fsck: read every payload, verify per-layer CRC32C
+//	m.Close()
+//
+// Allocate, Commit, Abort, Free, Sync, Lookup, Runs, Stats and Check are
+// safe for concurrent use; Close must not race with them.
+//
+// # Commit protocol and recovery
+//
+// The caller writes a run's objects into its reservation and reaps the
+// writes; Commit then writes the run's header (magic, version, geometry
+// fingerprint, generation, run id, file and offset, chain ids, per-layer
+// CRC32C, header CRC), fdatasyncs the pool file, and appends a commit record
+// to the journal, returning once a group commit made it durable. The
+// journal record is the point of no return; the header lets recovery prove
+// that the extent still holds that run. Open loads the checkpoint, replays
+// the journal (a torn tail is dropped: nothing in it was acknowledged),
+// carves every run out of the free space and reads its header: a header
+// that is missing, garbled, of another generation, run, place or geometry
+// drops the run (the reason is in the report) and its space is freed,
+// durably, before anything is allocated. Freed space is quarantined until
+// its free record is durable (see allocator). Check additionally reads
+// every payload and compares the per-layer CRCs.
+//
+// # Choices
+//
+//   - Best-fit allocation in a per-file size-ordered B-tree (plus an
+//     offset-ordered one for coalescing): runs vary from one chunk to
+//     MaxRunChunks, and best-fit keeps large extents whole for long runs.
+//   - Journal: buffered pwrite + fdatasync rather than O_DIRECT, so durable
+//     bytes are never rewritten (no read-modify-write of a partial tail
+//     block), with group commit: one fdatasync covers every record queued
+//     while the previous one ran, bounded by Options.MaxGroupBytes.
+//   - Checkpoints bound the journal: past Options.SegmentBytes the group
+//     leader writes all runs to a temp file, fsyncs, renames, fsyncs the
+//     directory, then starts the next segment and deletes the old one.
+//   - Generation is the store's open count (journaled at each Open); run ids
+//     increase monotonically and are never reused.
+//   - Files are created 0600 and directories 0700; each directory is
+//     flock'ed (LOCK holds the owner's pid for the error of a second open).
+//   - The store records its geometry and pool shape in a MANIFEST in each
+//     directory, so fsck needs only the directories.
+package objmap
