@@ -291,6 +291,34 @@ class ConfigErrorTest(unittest.TestCase):
         else:
             st.close()  # a GPU machine: the path opened
 
+    def test_bad_device_profile(self):
+        with self.assertRaises(tutti.InvalidArgument) as cm:
+            self.open(device=dict(read_bytes_per_sec=-1))
+        self.assertIn("device", str(cm.exception))
+        with self.assertRaises(ValueError):
+            self.open(compute=dict(per_flop_ns=1))
+
+    def test_compute_model_plans_recompute(self):
+        # Recomputation nearly free, a slow device: the scheduler loads less
+        # than is stored, and the load says so up front.
+        st = self.open(compute=dict(per_token_ns=1e-3),
+                       device=dict(read_bytes_per_sec=1e6, write_bytes_per_sec=1e6, read_iops=100, write_iops=100,
+                                   read_latency_ns=1e7, read_share_under_writes=1, write_share_under_reads=1),
+                       staging_bytes=4 << 20, staging_slot_bytes=1 << 20)
+        self.addCleanup(st.close)
+        buf = HostBuffer(SMALL.tensor_bytes("per_layer", NUM_PAGES))
+        self.addCleanup(buf.close)
+        st.register_kv([(buf.addr, buf.nbytes)] * SMALL.layers)
+        chain = chain_of(5, 8)
+        st.save(chain, list(range(8))).release()
+        st.wait_saves()
+        self.assertEqual(st.lookup(chain), 8)
+        with st.load(chain, list(range(20, 28))) as ld:
+            cached, planned = ld.plan()
+            self.assertEqual(cached, 8)
+            self.assertLess(planned, cached)
+            self.assertEqual(ld.wait(), planned)
+
     def test_larger_struct_from_newer_caller(self):
         # A caller compiled against a later 1.x passes a bigger struct; the
         # library reads only what it knows (the tail must be zero-compatible).

@@ -50,7 +50,11 @@ class tutti_config(ctypes.Structure):
         ("staging_slot_bytes", ctypes.c_int64),
         ("max_loads", ctypes.c_int32),
         ("reserved", ctypes.c_uint32),
-    ]
+    ] + [(f, ctypes.c_double) for f in (
+        "compute_fixed_ns", "compute_per_token_ns", "compute_per_pair_ns",
+        "device_read_bytes_per_sec", "device_write_bytes_per_sec", "device_read_iops", "device_write_iops",
+        "device_read_latency_ns", "device_read_share_under_writes", "device_write_share_under_reads",
+    )]
 
 
 class tutti_kv_region(ctypes.Structure):

@@ -128,7 +128,14 @@ class Store:
 
     def __init__(self, dirs: Iterable[str], capacity_bytes: int, geometry: Geometry, num_pages: int,
                  layout: str = "per_layer", path: str = "cpu", queue_depth: int = 0, save_bound_ms: int = 0,
-                 staging_bytes: int = 0, staging_slot_bytes: int = 0, max_loads: int = 0):
+                 staging_bytes: int = 0, staging_slot_bytes: int = 0, max_loads: int = 0,
+                 compute: dict = None, device: dict = None):
+        """``compute`` (keys fixed_ns, per_token_ns, per_pair_ns: prefill time
+        per layer) lets the scheduler leave a stored tail to recompute where
+        that is faster; without it every stored block is loaded. ``device``
+        (keys read_bytes_per_sec, write_bytes_per_sec, read_iops, write_iops,
+        read_latency_ns, read_share_under_writes, write_share_under_reads;
+        from `tutti devbench`) describes each directory's device."""
         if layout not in _LAYOUTS:
             raise ValueError(f"layout = {layout!r}, want one of {sorted(_LAYOUTS)}")
         if path not in _PATHS:
@@ -150,6 +157,11 @@ class Store:
             queue_depth=queue_depth, save_bound_ms=save_bound_ms, staging_bytes=staging_bytes,
             staging_slot_bytes=staging_slot_bytes, max_loads=max_loads,
         )
+        for prefix, given in (("compute_", compute), ("device_", device)):
+            for k, v in (given or {}).items():
+                if not hasattr(cfg, prefix + k):
+                    raise ValueError(f"unknown {prefix[:-1]} field {k!r}")
+                setattr(cfg, prefix + k, float(v))
         h = ctypes.c_uint64()
         _lib.check(self._lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), "tutti_open")
         self.handle = h.value

@@ -5,6 +5,7 @@ import (
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
+	"github.com/tutti-io/tutti/sched"
 )
 
 // ABI version of this library (TUTTI_ABI_MAJOR/MINOR in tutti.h).
@@ -58,6 +59,8 @@ type config struct {
 	stagingBytes, stagingSlotBytes int64
 	maxLoads                       int32
 	reserved                       uint32
+	compute                        [3]float64 // fixed, per token, per pair (ns)
+	device                         [7]float64 // sched.DeviceProfile in field order
 }
 
 // runtimeConfig checks what the runtime cannot see (ABI version, enum
@@ -109,6 +112,15 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	rc.StagingBytes = c.stagingBytes
 	rc.StagingSlotBytes = c.stagingSlotBytes
 	rc.MaxLoads = int(c.maxLoads)
+	rc.Compute = sched.ComputeModel{FixedNs: c.compute[0], PerTokenNs: c.compute[1], PerPairNs: c.compute[2]}
+	d := c.device
+	rc.Device = sched.DeviceProfile{ReadBytesPerSec: d[0], WriteBytesPerSec: d[1], ReadIOPS: d[2], WriteIOPS: d[3],
+		ReadLatencyNs: d[4], ReadShareUnderWrites: d[5], WriteShareUnderReads: d[6]}
+	if rc.Device != (sched.DeviceProfile{}) {
+		if err := rc.Device.Validate(); err != nil {
+			return rc, &abiError{code: errInvalidArgument, msg: "tutti_config.device_*", err: err}
+		}
+	}
 	if err := rc.Validate(); err != nil {
 		return rc, &abiError{code: errInvalidArgument, msg: "tutti_config", err: err}
 	}

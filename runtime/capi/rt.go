@@ -5,6 +5,7 @@ import (
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
 	"github.com/tutti-io/tutti/runtime"
+	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 )
 
@@ -32,6 +33,8 @@ var sentinelStatus = []struct {
 	{runtime.ErrKV, errGeometry},
 	{runtime.ErrConfig, errInvalidArgument},
 	{prefix.ErrBadArg, errInvalidArgument},
+	{sched.ErrBadProfile, errInvalidArgument},
+	{sched.ErrConfig, errInvalidArgument},
 	{kernels.ErrNoGPU, errNoGPU},
 	{kernels.ErrNotLoaded, errNoGPU},
 	{kernels.ErrABI, errVersion},

@@ -113,6 +113,19 @@ typedef struct tutti_config {
 	int64_t staging_slot_bytes; /* largest single I/O; divides staging_bytes */
 	int32_t max_loads;          /* loads in flight at once (more: TUTTI_ERR_BUSY) */
 	uint32_t reserved;          /* must be 0 */
+	/* Scheduler models. All compute fields 0: no compute profile, every
+	 * stored block is loaded. All device fields 0: a conservative SSD
+	 * (2 GB/s reads). Otherwise the group is used as given and checked. */
+	double compute_fixed_ns;               /* per layer and chain block */
+	double compute_per_token_ns;           /* per computed token, per layer */
+	double compute_per_pair_ns;            /* per (query, key) token pair, per layer */
+	double device_read_bytes_per_sec;      /* large O_DIRECT reads, deep queue */
+	double device_write_bytes_per_sec;
+	double device_read_iops;               /* small reads, deep queue */
+	double device_write_iops;
+	double device_read_latency_ns;         /* first completion on an idle device */
+	double device_read_share_under_writes; /* read bandwidth with writes running / alone, (0, 1] */
+	double device_write_share_under_reads; /* write bandwidth with reads running / alone, (0, 1] */
 } tutti_config;
 
 /* One contiguous range of KV memory. */
