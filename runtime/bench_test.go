@@ -1,0 +1,118 @@
+package runtime
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tutti-io/tutti/eval/devbench"
+	"github.com/tutti-io/tutti/objmap"
+)
+
+// BenchmarkRestore70B restores a 32K-token prefix in the Llama-3-70B KV shape
+// (80 layers, 8 KV heads, head dim 128, bf16, 16-token pages, vLLM block
+// hashing: one page per chain block) into host KV memory on the CPU path,
+// and reports its bandwidth as a fraction of the devbench ceiling (1 MiB
+// O_DIRECT random reads, queue depth 32) measured in the same run on the
+// same directory.
+//
+// Knobs: TUTTI_BENCH_DIR (store directory; default a temporary one),
+// TUTTI_BENCH_LAYERS (default 80: 10 GiB of KV, as much host memory),
+// TUTTI_BENCH_STAGING_MIB (default 256), TUTTI_BENCH_SLOT_MIB (default 32).
+func BenchmarkRestore70B(b *testing.B) {
+	envInt := func(name string, def int) int {
+		if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+			return v
+		}
+		return def
+	}
+	dir := os.Getenv("TUTTI_BENCH_DIR")
+	if dir == "" {
+		dir = b.TempDir()
+	} else {
+		var err error
+		if dir, err = os.MkdirTemp(dir, "tutti-bench-"); err != nil {
+			b.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+	}
+	g := objmap.Geometry{Layers: envInt("TUTTI_BENCH_LAYERS", 80), KVHeads: 8, HeadDim: 128, DType: objmap.BF16,
+		Planes: 2, PageTokens: 16, ChunkPages: 1}
+	const tokens = 32 << 10
+	blocks := tokens / g.PageTokens
+	payload := int64(blocks) * g.ChunkBytes()
+	cfg := Config{
+		Dirs:             []string{dir},
+		CapacityBytes:    payload + payload/8 + 64<<20,
+		Geometry:         g,
+		Layout:           objmap.LayoutPerLayer,
+		NumPages:         blocks,
+		StagingBytes:     int64(envInt("TUTTI_BENCH_STAGING_MIB", 256)) << 20,
+		StagingSlotBytes: int64(envInt("TUTTI_BENCH_SLOT_MIB", 32)) << 20,
+		QueueDepth:       64,
+		SaveBoundMs:      600000,
+	}
+	s, err := Open(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	kv, err := AllocHostKV(g, cfg.Layout, cfg.NumPages)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer kv.Free()
+	if err := s.RegisterKV(kv.Memory()); err != nil {
+		b.Fatal(err)
+	}
+	chain := chainOf(1<<40, blocks)
+	pages := make([]int32, blocks)
+	for i := range pages {
+		pages[i] = int32(i)
+	}
+	fill(kv, g, chain, pages)
+	sv, err := s.Save(chain, pages)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sv.Wait()
+	if sv.Saved() != blocks {
+		b.Fatalf("saved %d of %d blocks: %v", sv.Saved(), blocks, s.Stats())
+	}
+	ceiling, _, err := devbench.Ceiling(context.Background(), dir, 4<<30)
+	if err != nil {
+		b.Fatal(err)
+	}
+	scramble(kv, g, cfg.NumPages)
+	var elapsed time.Duration
+	var bytes int64
+	b.SetBytes(payload)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		l, err := s.Load(chain, pages)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		elapsed += time.Since(start)
+		if l.Blocks() != blocks {
+			b.Fatalf("restored %d of %d blocks: %v", l.Blocks(), blocks, s.Stats())
+		}
+		bytes += payload
+	}
+	b.StopTimer()
+	if err := verify(kv, g, chain, pages, blocks); err != nil {
+		b.Fatal(err)
+	}
+	bw := float64(bytes) / elapsed.Seconds()
+	st := s.Stats()
+	b.ReportMetric(bw/1e9, "GB/s")
+	b.ReportMetric(ceiling/1e9, "ceiling-GB/s")
+	b.ReportMetric(bw/ceiling, "of-ceiling")
+	b.ReportMetric(float64(st.ReadIOs)/float64(st.Loads)/float64(g.Layers), "reads/layer")
+}
