@@ -121,9 +121,13 @@ type Plan struct {
 	RecomputeAllNs   int64 // prediction with LoadBlocks = 0
 	LoadAdmissibleNs int64 // prediction when loading everything admissible
 
-	// Reads admitted, layer-major (all runs of layer 0, then layer 1, ...); the
-	// planner hands them out through Dispatch in least-slack order.
-	Reads []IO
+	// Segments are the reads of every layer: for each layer l and segment s,
+	// one read of s.Bytes from layer l's object of run s.Run (its first
+	// s.Blocks blocks). Reads = Layers × len(Segments); the planner keeps them
+	// (O(1) per plan and device, not per read) and hands them out through
+	// Dispatch in least-slack order.
+	Segments []Segment
+	Reads    int
 	// Per layer (nil when LoadBlocks == 0): the reads' deadline and their
 	// predicted completion; LayerReadDoneNs[l] ≤ LayerDeadlineNs[l].
 	LayerDeadlineNs []int64
@@ -131,6 +135,14 @@ type Plan struct {
 
 	// NotAdmitted covers [LoadBlocks, CachedBlocks) exactly, in order.
 	NotAdmitted []Rejection
+}
+
+// Segment is the part of one run that a plan loads, read once per layer.
+type Segment struct {
+	Run    int // index into LoadRequest.Runs
+	Device int
+	Blocks int   // the run's first Blocks blocks
+	Bytes  int64 // per layer
 }
 
 // SaveRequest asks to save a new run of Blocks chain blocks to Device. Every
@@ -189,8 +201,8 @@ type devState struct {
 	cfg   DeviceConfig
 	model DeviceModel
 
-	readQ      []int32 // min-heap by (deadline, seq)
-	inflightRd []int32
+	readQ      []int32 // cursors, min-heap by (deadline of their next read, seq)
+	inflightRd []int32 // entries
 	saveQ      []int32 // FIFO = EDF, the bound is the same for all saves
 	saveHead   int
 
@@ -204,7 +216,36 @@ type devState struct {
 	pendingReads                          int
 
 	// scratch of PlanLoad
-	t0, d, segNs float64
+	t0, d float64
+	nseg  int
+}
+
+// cursor is the queued reads of one plan on one device: for layer = 0..L-1,
+// for each of its segments, one read. Its place in the device's heap is the
+// deadline of its next read.
+type cursor struct {
+	reqID     uint64
+	dev       int
+	segs      []Segment
+	segNs     []float64 // predicted busy time of each segment's read
+	segCumNs  []float64 // len(segs)+1 prefix sums of segNs
+	segCumB   []int64   // len(segs)+1 prefix sums of bytes
+	deadline  []int64   // per layer, shared by the plan's cursors
+	t0, dNs   float64   // layer l's j-th read planned done at t0 + l·dNs + segCumNs[j+1]
+	slackMin  []float64 // suffix minima over layers ≥ l of deadline − planned done
+	slackMinH []float64 // suffix minima of deadline − (1+SlackFrac)·planned done
+	layer, si int       // next read
+	seq       uint64
+	live      bool
+}
+
+// remaining returns the reads, bytes and busy time not yet dispatched.
+func (c *cursor) remaining(layers int) (n int, bytes int64, ns float64) {
+	left := layers - c.layer
+	n = left*len(c.segs) - c.si
+	bytes = int64(left)*c.segCumB[len(c.segs)] - c.segCumB[c.si]
+	ns = float64(left)*c.segCumNs[len(c.segs)] - c.segCumNs[c.si]
+	return n, bytes, ns
 }
 
 // Planner is the scheduler's state: models, per-device queues and budgets.
@@ -218,6 +259,8 @@ type Planner struct {
 	devs    []devState
 	entries []entry
 	free    []int32
+	cursors []cursor
+	cfree   []int32
 	seq     uint64
 	stats   Stats
 }
@@ -272,17 +315,21 @@ func (p *Planner) ObserveWrites(d int, bytes int64, ops int, busyNs int64, withR
 	}
 }
 
-// Pending returns ops queued or in flight (all devices).
-func (p *Planner) Pending() int { return len(p.entries) - len(p.free) }
+// Pending returns the records the planner holds (bounded by MaxPendingIOs):
+// ops in flight, queued save writes, and one per plan and device with reads
+// still queued.
+func (p *Planner) Pending() int {
+	return len(p.entries) - len(p.free) + len(p.cursors) - len(p.cfree)
+}
 
 func (p *Planner) alloc() (int32, bool) {
+	if p.Pending() >= p.cfg.MaxPendingIOs {
+		return 0, false
+	}
 	if n := len(p.free); n > 0 {
 		i := p.free[n-1]
 		p.free = p.free[:n-1]
 		return i, true
-	}
-	if len(p.entries) >= p.cfg.MaxPendingIOs {
-		return 0, false
 	}
 	p.entries = append(p.entries, entry{})
 	return int32(len(p.entries) - 1), true
@@ -297,14 +344,30 @@ func (p *Planner) release(i int32) {
 
 func (p *Planner) id(i int32) uint64 { return uint64(p.entries[i].gen)<<32 | uint64(i) }
 
-// ---- read heap (EDF) ----
+func (p *Planner) allocCursor() int32 {
+	if n := len(p.cfree); n > 0 {
+		i := p.cfree[n-1]
+		p.cfree = p.cfree[:n-1]
+		return i
+	}
+	p.cursors = append(p.cursors, cursor{})
+	return int32(len(p.cursors) - 1)
+}
+
+func (p *Planner) releaseCursor(i int32) {
+	p.cursors[i] = cursor{}
+	p.cfree = append(p.cfree, i)
+}
+
+// ---- read heap (EDF over cursors) ----
 
 func (p *Planner) less(a, b int32) bool {
-	ea, eb := &p.entries[a], &p.entries[b]
-	if ea.io.DeadlineNs != eb.io.DeadlineNs {
-		return ea.io.DeadlineNs < eb.io.DeadlineNs
+	ca, cb := &p.cursors[a], &p.cursors[b]
+	da, db := ca.deadline[ca.layer], cb.deadline[cb.layer]
+	if da != db {
+		return da < db
 	}
-	return ea.seq < eb.seq
+	return ca.seq < cb.seq
 }
 
 func (p *Planner) heapPush(d *devState, i int32) {
@@ -383,29 +446,41 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 
 	// Admission cap: blocks whose reads fit each device's pending read bytes and
 	// the op table.
+	// Admission cap: blocks whose reads fit each device's pending read bytes,
+	// and a cursor per device touched in the planner's record table.
 	kmax, capReason := P, ReasonNone
-	freeOps := p.cfg.MaxPendingIOs - p.Pending()
 	{
+		freeRecs := p.cfg.MaxPendingIOs - p.Pending()
 		pos := 0
-		var extra [maxDevices]int64 // bytes this request adds per device; maxDevices is small
+		for i := range p.devs {
+			p.devs[i].nseg = 0
+			p.devs[i].d = 0 // bytes admitted so far, as float scratch
+		}
 		for _, r := range req.Runs {
-			if freeOps < L {
+			d := &p.devs[r.Device]
+			if d.nseg == 0 && freeRecs == 0 {
 				kmax, capReason = pos, ReasonQueueFull
 				break
 			}
-			d := &p.devs[r.Device]
-			room := d.cfg.MaxPendingReadBytes - d.pendingReadBytes - extra[r.Device]
+			room := d.cfg.MaxPendingReadBytes - d.pendingReadBytes - int64(d.d)
 			perBlock := int64(L) * r.BytesPerLayerPerBlock
 			fit := int(min(int64(r.Blocks), max(room, 0)/perBlock))
-			extra[r.Device] += int64(fit) * perBlock
 			if fit > 0 {
-				freeOps -= L
+				if d.nseg == 0 {
+					freeRecs--
+				}
+				d.nseg++
+				d.d += float64(int64(fit) * perBlock)
 			}
 			if fit < r.Blocks {
 				kmax, capReason = pos+fit, ReasonReadBudget
 				break
 			}
 			pos += r.Blocks
+		}
+		for i := range p.devs {
+			p.devs[i].nseg = 0
+			p.devs[i].d = 0
 		}
 	}
 
@@ -414,9 +489,14 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 	// A = t0 + D (first layer read), Bv = t0 + L·D (last layer read); D grows
 	// with k, so A and Bv are running maxima, O(1) per candidate.
 	scale := p.compute.Scale()
-	layerC := func(k int) float64 {
-		n := (P-k)*B + req.UncachedTokens
-		return scale * p.compute.baseNs(n, k*B)
+	a0, b0, c0 := scale*p.compute.FixedNs, scale*p.compute.PerTokenNs, scale*p.compute.PerPairNs
+	total := P*B + req.UncachedTokens
+	layerC := func(k int) float64 { // = p.compute.LayerNs(total-k*B, k*B), inlined for the scan
+		n := float64(total - k*B)
+		if n <= 0 {
+			return 0
+		}
+		return a0 + b0*n + c0*(n*float64(k*B)+n*(n+1)/2)
 	}
 	fL := float64(L)
 	finish := func(k int, A, Bv float64) float64 {
@@ -433,15 +513,32 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 			break
 		}
 		d := &p.devs[r.Device]
+		prof := d.model.Profile()
+		nsPerByte, floorNs := 1e9/prof.ReadBytesPerSec, 1e9/prof.ReadIOPS // ReadNs, inlined
+		bpb := float64(r.BytesPerLayerPerBlock)
 		prev := 0.0
 		for j := 1; j <= r.Blocks && k < kmax; j++ {
-			ns := d.model.ReadNs(int64(j) * r.BytesPerLayerPerBlock)
+			ns := float64(j) * bpb * nsPerByte
+			if ns < floorNs {
+				ns = floorNs
+			}
 			d.d += ns - prev
 			prev = ns
-			A = max(A, d.t0+d.d)
-			Bv = max(Bv, d.t0+fL*d.d)
+			if v := d.t0 + d.d; v > A {
+				A = v
+			}
+			if v := d.t0 + fL*d.d; v > Bv {
+				Bv = v
+			}
 			k++
-			f := finish(k, A, Bv)
+			c := layerC(k)
+			f := cR + fL*c
+			if v := A + fL*c; v > f {
+				f = v
+			}
+			if v := Bv + c; v > f {
+				f = v
+			}
 			lastF = f
 			if f < bestF {
 				bestK, bestF = k, f
@@ -476,39 +573,9 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		return plan, nil
 	}
 
-	// Per device per-layer read time of [0, bestK).
-	for i := range p.devs {
-		p.devs[i].d = 0
-	}
-	nseg := 0
+	// Segments of [0, bestK) and each device's per-layer read time.
+	plan.Segments = make([]Segment, 0, len(req.Runs))
 	{
-		k := 0
-		for _, r := range req.Runs {
-			if k >= bestK {
-				break
-			}
-			n := min(r.Blocks, bestK-k)
-			p.devs[r.Device].d += p.devs[r.Device].model.ReadNs(int64(n) * r.BytesPerLayerPerBlock)
-			k += n
-			nseg++
-		}
-	}
-	plan.Reads = make([]IO, 0, L*nseg)
-	plan.LayerDeadlineNs = make([]int64, L)
-	plan.LayerReadDoneNs = make([]int64, L)
-	r0 := math.Inf(-1)
-	for i := range p.devs {
-		if d := &p.devs[i]; d.d > 0 {
-			r0 = max(r0, d.t0+d.d)
-		}
-	}
-	plan.ComputeStartNs = ceilNs(max(cR, r0))
-	for l := 0; l < L; l++ {
-		deadline := ceilNs(bestF - float64(L-l)*c)
-		var layerDone int64
-		for i := range p.devs {
-			p.devs[i].segNs = p.devs[i].t0 + float64(l)*p.devs[i].d
-		}
 		k := 0
 		for ri, r := range req.Runs {
 			if k >= bestK {
@@ -516,36 +583,72 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 			}
 			n := min(r.Blocks, bestK-k)
 			k += n
-			d := &p.devs[r.Device]
-			bytes := int64(n) * r.BytesPerLayerPerBlock
-			svc := d.model.ReadNs(bytes)
-			d.segNs += svc
-			done := ceilNs(d.segNs)
-			layerDone = max(layerDone, done)
-			idx, _ := p.alloc() // capacity checked by the admission cap
-			e := &p.entries[idx]
-			p.seq++
-			*e = entry{gen: e.gen, state: stateQueued, svcNs: svc, plannedDoneNs: done, seq: p.seq}
-			e.io = IO{ID: p.id(idx), Kind: IORead, ReqID: req.ID, Device: r.Device, Layer: l, Run: ri, Blocks: n, Bytes: bytes}
-			plan.Reads = append(plan.Reads, e.io) // deadline set below
-			d.pendingReadBytes += bytes
-			d.pendingReadNs += svc
-			d.pendingReads++
-			d.plannedTailNs = max(d.plannedTailNs, done)
+			plan.Segments = append(plan.Segments, Segment{Run: ri, Device: r.Device, Blocks: n, Bytes: int64(n) * r.BytesPerLayerPerBlock})
+		}
+	}
+	for i := range p.devs {
+		p.devs[i].d, p.devs[i].nseg = 0, 0
+	}
+	for _, sg := range plan.Segments {
+		d := &p.devs[sg.Device]
+		d.d += d.model.ReadNs(sg.Bytes)
+		d.nseg++
+	}
+	plan.Reads = L * len(plan.Segments)
+	plan.LayerDeadlineNs = make([]int64, L)
+	plan.LayerReadDoneNs = make([]int64, L)
+	r0 := math.Inf(-1)
+	for i := range p.devs {
+		if d := &p.devs[i]; d.nseg > 0 {
+			r0 = max(r0, d.t0+d.d)
+		}
+	}
+	plan.ComputeStartNs = ceilNs(max(cR, r0))
+	for l := 0; l < L; l++ {
+		var done int64
+		for i := range p.devs {
+			if d := &p.devs[i]; d.nseg > 0 {
+				done = max(done, ceilNs(d.t0+float64(l+1)*d.d))
+			}
 		}
 		// Rounding can put the read a nanosecond past the float deadline.
-		deadline = max(deadline, layerDone)
-		plan.LayerDeadlineNs[l] = deadline
-		plan.LayerReadDoneNs[l] = layerDone
+		plan.LayerDeadlineNs[l] = max(ceilNs(bestF-float64(L-l)*c), done)
+		plan.LayerReadDoneNs[l] = done
 	}
-	for i := range plan.Reads {
-		io := &plan.Reads[i]
-		io.DeadlineNs = plan.LayerDeadlineNs[io.Layer]
-		idx := int32(io.ID & 0xffffffff)
-		e := &p.entries[idx]
-		e.io.DeadlineNs = io.DeadlineNs
-		e.slackNs = float64(io.DeadlineNs - e.plannedDoneNs)
-		p.heapPush(&p.devs[io.Device], idx)
+	f := p.cfg.SlackFrac
+	for di := range p.devs {
+		d := &p.devs[di]
+		if d.nseg == 0 {
+			continue
+		}
+		ci := p.allocCursor()
+		cu := &p.cursors[ci]
+		p.seq++
+		*cu = cursor{reqID: req.ID, dev: di, deadline: plan.LayerDeadlineNs, t0: d.t0, dNs: d.d, seq: p.seq, live: true,
+			segs: make([]Segment, 0, d.nseg), segNs: make([]float64, 0, d.nseg),
+			segCumNs: make([]float64, 1, d.nseg+1), segCumB: make([]int64, 1, d.nseg+1),
+			slackMin: make([]float64, L+1), slackMinH: make([]float64, L+1)}
+		for _, sg := range plan.Segments {
+			if sg.Device == di {
+				ns := d.model.ReadNs(sg.Bytes)
+				cu.segs = append(cu.segs, sg)
+				cu.segNs = append(cu.segNs, ns)
+				cu.segCumNs = append(cu.segCumNs, cu.segCumNs[len(cu.segCumNs)-1]+ns)
+				cu.segCumB = append(cu.segCumB, cu.segCumB[len(cu.segCumB)-1]+sg.Bytes)
+			}
+		}
+		cu.slackMin[L], cu.slackMinH[L] = math.Inf(1), math.Inf(1)
+		for l := L - 1; l >= 0; l-- {
+			done := d.t0 + float64(l+1)*d.d
+			dl := float64(plan.LayerDeadlineNs[l])
+			cu.slackMin[l] = min(cu.slackMin[l+1], dl-done)
+			cu.slackMinH[l] = min(cu.slackMinH[l+1], dl-(1+f)*done)
+		}
+		p.heapPush(d, ci)
+		d.pendingReadBytes += int64(L) * cu.segCumB[len(cu.segs)]
+		d.pendingReadNs += float64(L) * d.d
+		d.pendingReads += L * len(cu.segs)
+		d.plannedTailNs = max(d.plannedTailNs, ceilNs(d.t0+float64(L)*d.d))
 	}
 	return plan, nil
 }
@@ -562,21 +665,27 @@ func ceilNs(v float64) int64 {
 
 // Cancel drops the queued (not yet dispatched) reads of load request id, e.g.
 // when the engine aborted it; reads in flight still need Complete. It returns
-// the number dropped. O(pending reads).
+// the number of reads dropped. O(queued plans).
 func (p *Planner) Cancel(id uint64) int {
 	n := 0
 	for di := range p.devs {
 		d := &p.devs[di]
 		q := d.readQ[:0]
-		for _, i := range d.readQ {
-			e := &p.entries[i]
-			if e.io.ReqID != id {
-				q = append(q, i)
+		for _, ci := range d.readQ {
+			c := &p.cursors[ci]
+			if c.reqID != id {
+				q = append(q, ci)
 				continue
 			}
-			p.retireRead(d, e)
-			p.release(i)
-			n++
+			reads, bytes, ns := c.remaining(p.cfg.Layers)
+			d.pendingReadBytes -= bytes
+			d.pendingReadNs -= ns
+			d.pendingReads -= reads
+			if d.pendingReads == 0 {
+				d.pendingReadNs, d.plannedTailNs = 0, 0
+			}
+			n += reads
+			p.releaseCursor(ci)
 		}
 		d.readQ = q
 		for j := len(q)/2 - 1; j >= 0; j-- {
@@ -699,9 +808,9 @@ func (p *Planner) promoteAtNs(d *devState) int64 {
 func (p *Planner) minReadSlackNs(d *devState, now int64) float64 {
 	m := math.Inf(1)
 	f := p.cfg.SlackFrac
-	for _, i := range d.readQ {
-		e := &p.entries[i]
-		m = min(m, e.slackNs-f*float64(max(0, e.plannedDoneNs-now)))
+	for _, ci := range d.readQ {
+		c := &p.cursors[ci]
+		m = min(m, c.slackMin[c.layer], c.slackMinH[c.layer]+f*float64(now))
 	}
 	for _, i := range d.inflightRd {
 		e := &p.entries[i]
@@ -738,12 +847,33 @@ func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
 	for di := range p.devs {
 		d := &p.devs[di]
 		for len(d.readQ) > 0 && d.readsInFlight < d.cfg.MaxReadsInFlight {
-			e := &p.entries[d.readQ[0]]
-			if d.readsInFlight > 0 && d.readBytesInFlight+e.io.Bytes > d.cfg.MaxReadBytesInFlight {
+			ci := d.readQ[0]
+			c := &p.cursors[ci]
+			sg := c.segs[c.si]
+			if d.readsInFlight > 0 && d.readBytesInFlight+sg.Bytes > d.cfg.MaxReadBytesInFlight {
 				break
 			}
-			i := p.heapPop(d)
-			e.state = stateInFlight
+			i, ok := p.alloc()
+			if !ok {
+				break // record table full: the rest waits for completions
+			}
+			e := &p.entries[i]
+			done := c.t0 + float64(c.layer)*c.dNs + c.segCumNs[c.si+1]
+			p.seq++
+			*e = entry{gen: e.gen, state: stateInFlight, svcNs: c.segNs[c.si], plannedDoneNs: ceilNs(done), seq: p.seq}
+			e.io = IO{ID: p.id(i), Kind: IORead, ReqID: c.reqID, Device: di, Layer: c.layer, Run: sg.Run,
+				Blocks: sg.Blocks, Bytes: sg.Bytes, DeadlineNs: c.deadline[c.layer]}
+			e.slackNs = float64(e.io.DeadlineNs) - done
+			if c.si++; c.si == len(c.segs) {
+				c.si = 0
+				c.layer++
+			}
+			if c.layer == p.cfg.Layers {
+				p.heapPop(d)
+				p.releaseCursor(ci)
+			} else {
+				p.heapDown(d.readQ, 0)
+			}
 			e.pos = int32(len(d.inflightRd))
 			d.inflightRd = append(d.inflightRd, i)
 			d.readsInFlight++

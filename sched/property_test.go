@@ -33,22 +33,23 @@ func checkPlan(t *testing.T, p *Planner, plan Plan, req LoadRequest) {
 		t.Fatalf("plan finishes at %d, recomputing everything at %d", plan.FirstTokenNs, plan.RecomputeAllNs)
 	}
 	if plan.LoadBlocks == 0 {
-		if len(plan.Reads) != 0 {
-			t.Fatalf("no blocks loaded but %d reads", len(plan.Reads))
+		if plan.Reads != 0 || len(plan.Segments) != 0 {
+			t.Fatalf("no blocks loaded but %d reads", plan.Reads)
 		}
 		return
 	}
-	// Reads: per layer, the runs' leading blocks add up to the split.
-	blocks := make([]int, L)
-	for _, io := range plan.Reads {
-		if io.Kind != IORead || io.DeadlineNs != plan.LayerDeadlineNs[io.Layer] {
-			t.Fatalf("read %+v: deadline differs from layer's %d", io, plan.LayerDeadlineNs[io.Layer])
+	// Segments: the runs' leading blocks add up to the split, read every layer.
+	blocks := 0
+	for i, sg := range plan.Segments {
+		r := req.Runs[sg.Run]
+		if sg.Run != i || sg.Device != r.Device || sg.Blocks > r.Blocks || (sg.Blocks < r.Blocks && i != len(plan.Segments)-1) ||
+			sg.Bytes != int64(sg.Blocks)*r.BytesPerLayerPerBlock {
+			t.Fatalf("segment %d %+v does not match run %+v", i, sg, r)
 		}
-		r := req.Runs[io.Run]
-		if io.Device != r.Device || io.Blocks > r.Blocks || io.Bytes != int64(io.Blocks)*r.BytesPerLayerPerBlock {
-			t.Fatalf("read %+v does not match run %+v", io, r)
-		}
-		blocks[io.Layer] += io.Blocks
+		blocks += sg.Blocks
+	}
+	if blocks != plan.LoadBlocks || plan.Reads != L*len(plan.Segments) {
+		t.Fatalf("segments %+v cover %d blocks in %d reads, plan loads %d", plan.Segments, blocks, plan.Reads, plan.LoadBlocks)
 	}
 	// The pipeline of the plan: layer l's compute starts after its reads and
 	// the previous layer; each read completes before that start, and the last
@@ -56,9 +57,6 @@ func checkPlan(t *testing.T, p *Planner, plan Plan, req LoadRequest) {
 	start := max(req.ComputeReadyNs, req.NowNs)
 	var s int64
 	for l := 0; l < L; l++ {
-		if blocks[l] != plan.LoadBlocks {
-			t.Fatalf("layer %d reads %d blocks, plan loads %d", l, blocks[l], plan.LoadBlocks)
-		}
 		if plan.LayerReadDoneNs[l] > plan.LayerDeadlineNs[l] {
 			t.Fatalf("layer %d: read completes at %d after its deadline %d", l, plan.LayerReadDoneNs[l], plan.LayerDeadlineNs[l])
 		}
@@ -121,6 +119,9 @@ func TestPlanProperties(t *testing.T) {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
 		var inflight []IO
+		plans := map[uint64]Plan{}
+		cancelled := map[uint64]bool{}
+		reads := map[uint64]int{}
 		now := int64(0)
 		for step := 0; step < 400; step++ {
 			now += int64(rng.IntN(5e6))
@@ -138,8 +139,10 @@ func TestPlanProperties(t *testing.T) {
 					t.Fatalf("seed %d step %d: %v", seed, step, err)
 				}
 				checkPlan(t, p, plan, req)
+				plans[req.ID] = plan
 				if rng.IntN(20) == 0 {
 					p.Cancel(req.ID)
+					cancelled[req.ID] = true
 				}
 			case op < 5:
 				tk, err := p.EnqueueSave(SaveRequest{ID: uint64(step), NowNs: now, Device: rng.IntN(len(cfg.Devices)),
@@ -156,6 +159,12 @@ func TestPlanProperties(t *testing.T) {
 				last := map[int]int64{}
 				for _, io := range inflight[before:] {
 					if io.Kind == IORead {
+						pl := plans[io.ReqID]
+						if io.DeadlineNs != pl.LayerDeadlineNs[io.Layer] || io.Run >= len(pl.Segments) ||
+							io.Bytes != pl.Segments[io.Run].Bytes || io.Device != pl.Segments[io.Run].Device {
+							t.Fatalf("seed %d step %d: read %+v not in its plan %+v", seed, step, io, pl.Segments)
+						}
+						reads[io.ReqID]++
 						if io.DeadlineNs < last[io.Device] {
 							t.Fatalf("seed %d step %d: reads of device %d out of deadline order", seed, step, io.Device)
 						}
@@ -183,14 +192,23 @@ func TestPlanProperties(t *testing.T) {
 				t.Fatalf("seed %d: %d ops never drained", seed, p.Pending())
 			}
 			now = max(now+1e6, min(p.NextWakeNs(), now+1e9))
+			before := len(inflight)
 			inflight = p.Dispatch(now, inflight)
-			for _, io := range inflight {
+			for j, io := range inflight {
+				if io.Kind == IORead && j >= before {
+					reads[io.ReqID]++
+				}
 				if err := p.Complete(io.ID, now); err != nil {
 					t.Fatalf("seed %d: drain: %v", seed, err)
 				}
 			}
 			inflight = inflight[:0]
 			checkLimits(t, p, seed)
+		}
+		for id, pl := range plans {
+			if !cancelled[id] && reads[id] != pl.Reads {
+				t.Fatalf("seed %d: plan %d had %d reads, %d dispatched", seed, id, pl.Reads, reads[id])
+			}
 		}
 	}
 }

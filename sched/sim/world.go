@@ -225,8 +225,8 @@ func (s *state) arrive(i int) error {
 		r.predLayerNs = plan.LayerComputeNs
 		if r.load > 0 {
 			r.readsLeft = make([]int, s.cfg.Layers)
-			for _, io := range plan.Reads {
-				r.readsLeft[io.Layer]++
+			for l := range r.readsLeft {
+				r.readsLeft[l] = len(plan.Segments)
 			}
 		}
 	case PolicyFIFO, PolicyLoadAll:
