@@ -10,6 +10,7 @@ import (
 
 func sampleHeader(layers, chunks int) Header {
 	h := Header{Fingerprint: 0x1122334455667788, Generation: 7, RunID: 42, File: 3, Offset: 8192, ChunkBytesPerLayer: 65536,
+		Parent: 0xabcdef, HasParent: chunks%2 == 1,
 		LayerCRCs: make([]uint32, layers), Chain: make([]uint64, chunks)}
 	for i := range h.LayerCRCs {
 		h.LayerCRCs[i] = uint32(i*2654435761) ^ 0xdeadbeef
@@ -74,7 +75,8 @@ func TestHeaderMatches(t *testing.T) {
 	g := Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, DType: BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
 	h := sampleHeader(4, 3)
 	h.Fingerprint, h.ChunkBytesPerLayer = g.Fingerprint(), uint64(g.ChunkBytesPerLayer())
-	run := RunInfo{ID: h.RunID, Generation: h.Generation, File: int(h.File), Offset: int64(h.Offset), Chain: h.Chain}
+	run := RunInfo{ID: h.RunID, Generation: h.Generation, File: int(h.File), Offset: int64(h.Offset), Chain: h.Chain,
+		Parent: h.Parent, HasParent: h.HasParent}
 	if err := h.Matches(g, &run); err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +87,8 @@ func TestHeaderMatches(t *testing.T) {
 		"file":   func(r *RunInfo, _ *Geometry) { r.File++ },
 		"chain":  func(r *RunInfo, _ *Geometry) { r.Chain = []uint64{h.Chain[0], h.Chain[1], 5} },
 		"shape":  func(_ *RunInfo, g *Geometry) { g.HeadDim = 64 },
+		"parent": func(r *RunInfo, _ *Geometry) { r.Parent++ },
+		"root":   func(r *RunInfo, _ *Geometry) { r.HasParent = !r.HasParent },
 	} {
 		r, gg := run, g
 		mut(&r, &gg)
@@ -103,6 +107,7 @@ func sampleRecords(rng *rand.Rand) []Record {
 		{Type: RecSegment, Seq: 3},
 		{Type: RecEpoch, Epoch: 9},
 		{Type: RecCommit, Run: RunInfo{ID: 5, Generation: 9, File: 2, Offset: 4096 * 7, Length: 4096 * 3, Chain: chain}},
+		{Type: RecCommit, Run: RunInfo{ID: 6, Generation: 9, File: 1, Offset: 0, Length: 4096 * 3, Chain: chain[:1], Parent: 77, HasParent: true}},
 		{Type: RecFree, ID: 5},
 		{Type: RecCheckpoint, Seq: 4, Epoch: 9, NextID: 77, Count: 1},
 		{Type: RecCheckpointEnd, Count: 1},

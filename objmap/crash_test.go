@@ -136,7 +136,8 @@ func crashOnce(t *testing.T, seed uint64) {
 		}
 		req := writeRun(t, m, r)
 		writeHeaderForTest(t, m, req)
-		info := RunInfo{ID: r.ID, Generation: r.Generation, File: r.File, Offset: r.Offset, Length: r.Length, Chain: req.Chain}
+		info := RunInfo{ID: r.ID, Generation: r.Generation, File: r.File, Offset: r.Offset, Length: r.Length, Chain: req.Chain,
+			Parent: req.Parent, HasParent: req.HasParent}
 		tail, _ = AppendRecord(tail, &Record{Type: RecCommit, Run: info})
 		recs = append(recs, inflight{end: len(tail), run: &info})
 	}

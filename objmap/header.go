@@ -27,10 +27,13 @@ var headerMagic = [8]byte{'T', 'U', 'T', 'T', 'I', 'R', 'U', 'N'}
 //	44  chunks u32
 //	48  extent offset u64 (self-locating: a header copied elsewhere fails)
 //	56  chunk bytes per layer u64
-//	64  per-layer CRC32C [layers]u32, then chain ids [chunks]u64
+//	64  parent chain id u64
+//	72  flags u32 (bit 0: has a parent)
+//	76  reserved u32 (zero)
+//	80  per-layer CRC32C [layers]u32, then chain ids [chunks]u64
 //	4092 CRC32C of bytes [0, 4092)
 const (
-	headerFixedBytes = 64
+	headerFixedBytes = 80
 	headerCRCOffset  = HeaderBytes - 4
 )
 
@@ -53,6 +56,8 @@ type Header struct {
 	File               uint32
 	Offset             uint64
 	ChunkBytesPerLayer uint64
+	Parent             uint64 // chain id the first block follows, if HasParent
+	HasParent          bool
 	// LayerCRCs holds CRC32C (Castagnoli) of each object's payload
 	// (ObjectBytes, without padding); its length is the layer count.
 	LayerCRCs []uint32
@@ -100,6 +105,10 @@ func EncodeHeader(dst []byte, h *Header) error {
 	le.PutUint32(b[44:], uint32(chunks))
 	le.PutUint64(b[48:], h.Offset)
 	le.PutUint64(b[56:], h.ChunkBytesPerLayer)
+	le.PutUint64(b[64:], h.Parent)
+	if h.HasParent {
+		le.PutUint32(b[72:], 1)
+	}
 	p := headerFixedBytes
 	for _, c := range h.LayerCRCs {
 		le.PutUint32(b[p:], c)
@@ -139,7 +148,13 @@ func DecodeHeader(src []byte) (Header, error) {
 	if maxc := MaxRunChunks(Geometry{Layers: layers}); chunks < 1 || chunks > maxc {
 		return Header{}, fmt.Errorf("%w: %d chunks, want 1..%d for %d layers", ErrBadHeader, chunks, maxc, layers)
 	}
+	flags, reserved := le.Uint32(b[72:]), le.Uint32(b[76:])
+	if flags > 1 || reserved != 0 {
+		return Header{}, fmt.Errorf("%w: flags %#x, reserved %#x", ErrBadHeader, flags, reserved)
+	}
 	h := Header{
+		Parent:             le.Uint64(b[64:]),
+		HasParent:          flags == 1,
 		Fingerprint:        le.Uint64(b[16:]),
 		Generation:         le.Uint64(b[24:]),
 		RunID:              RunID(le.Uint64(b[32:])),
@@ -178,6 +193,8 @@ func (h *Header) Matches(g Geometry, run *RunInfo) error {
 		return fmt.Errorf("%d layers, geometry %d", len(h.LayerCRCs), g.Layers)
 	case h.ChunkBytesPerLayer != uint64(g.ChunkBytesPerLayer()):
 		return fmt.Errorf("chunk bytes per layer %d, geometry %d", h.ChunkBytesPerLayer, g.ChunkBytesPerLayer())
+	case h.HasParent != run.HasParent || h.Parent != run.Parent:
+		return fmt.Errorf("parent %016x (set %v), journal %016x (set %v)", h.Parent, h.HasParent, run.Parent, run.HasParent)
 	case len(h.Chain) != len(run.Chain):
 		return fmt.Errorf("%d chunks, journal %d", len(h.Chain), len(run.Chain))
 	}

@@ -14,6 +14,14 @@ type RunInfo struct {
 	Offset     int64  // extent start in the file (BlockBytes-aligned); the header is here
 	Length     int64  // extent length: Geometry.RunBytes(len(Chain))
 	Chain      []uint64
+	// Parent is the chain id the run's first block follows (HasParent false
+	// for a run that starts a prefix), so the prefix index can be rebuilt
+	// from the runs alone; it is journaled with the commit, atomically.
+	Parent    uint64
+	HasParent bool
+	// LayerCRCs are the per-layer CRC32C from the run's verified header
+	// (filled by Commit and by recovery; not journaled). Read-only.
+	LayerCRCs []uint32
 }
 
 // Chunks is the number of chain blocks in the run.
@@ -77,7 +85,7 @@ const (
 	// ids is about 4 KiB, so anything above 64 KiB is garbage.
 	MaxRecordBytes = 64 << 10
 	maxRecordChain = (MaxRecordBytes - 64) / 8
-	commitFixed    = 1 + 8 + 8 + 4 + 8 + 8 + 4
+	commitFixed    = 1 + 8 + 8 + 4 + 8 + 8 + 4 + 8 + 4
 )
 
 // Decode errors. ErrTruncatedRecord means the bytes end inside a record (a
@@ -107,6 +115,12 @@ func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 		dst = le.AppendUint64(dst, uint64(r.Run.Offset))
 		dst = le.AppendUint64(dst, uint64(r.Run.Length))
 		dst = le.AppendUint32(dst, uint32(len(r.Run.Chain)))
+		dst = le.AppendUint64(dst, r.Run.Parent)
+		var flags uint32
+		if r.Run.HasParent {
+			flags = 1
+		}
+		dst = le.AppendUint32(dst, flags)
 		for _, id := range r.Run.Chain {
 			dst = le.AppendUint64(dst, id)
 		}
@@ -179,10 +193,15 @@ func DecodeRecord(src []byte) (Record, int, error) {
 		if file > 1<<31-1 || off > 1<<62 || length > 1<<62 {
 			return Record{}, 0, fmt.Errorf("%w: commit extent file %d [%d,+%d) out of range", ErrBadRecord, file, off, length)
 		}
+		flags := le.Uint32(p[48:])
+		if flags > 1 {
+			return Record{}, 0, fmt.Errorf("%w: commit flags %#x", ErrBadRecord, flags)
+		}
 		r.Run = RunInfo{ID: RunID(le.Uint64(p)), Generation: le.Uint64(p[8:]), File: int(file),
-			Offset: int64(off), Length: int64(length), Chain: make([]uint64, chunks)}
+			Offset: int64(off), Length: int64(length), Chain: make([]uint64, chunks),
+			Parent: le.Uint64(p[40:]), HasParent: flags == 1}
 		for i := range r.Run.Chain {
-			r.Run.Chain[i] = le.Uint64(p[40+8*i:])
+			r.Run.Chain[i] = le.Uint64(p[52+8*i:])
 		}
 	case RecFree:
 		if err := need(8); err != nil {

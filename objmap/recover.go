@@ -296,9 +296,10 @@ func (m *Map) recover() error {
 			carved = append(carved, r)
 		}
 	}
-	reasons := m.verifyHeaders(carved)
+	reasons, crcs := m.verifyHeaders(carved)
 	for i, r := range carved {
 		if reasons[i] == "" {
+			r.LayerCRCs = crcs[i]
 			m.runs[r.ID] = &runEntry{info: *r, state: stateLive}
 			continue
 		}
@@ -336,9 +337,10 @@ func (m *Map) recover() error {
 }
 
 // verifyHeaders reads each run's header (bounded concurrency) and returns
-// why it does not match (empty when it does).
-func (m *Map) verifyHeaders(runs []*RunInfo) []string {
+// why it does not match (empty when it does) and, when it does, its CRCs.
+func (m *Map) verifyHeaders(runs []*RunInfo) ([]string, [][]uint32) {
 	reasons := make([]string, len(runs))
+	crcs := make([][]uint32, len(runs))
 	workers := min(m.opts.HeaderReaders, len(runs))
 	var wg sync.WaitGroup
 	next := make(chan int)
@@ -355,7 +357,9 @@ func (m *Map) verifyHeaders(runs []*RunInfo) []string {
 			}
 			defer buf.Free()
 			for i := range next {
-				reasons[i] = m.checkHeader(runs[i], buf.Bytes())
+				var h Header
+				h, reasons[i] = m.checkHeader(runs[i], buf.Bytes())
+				crcs[i] = h.LayerCRCs
 			}
 		}()
 	}
@@ -364,22 +368,23 @@ func (m *Map) verifyHeaders(runs []*RunInfo) []string {
 	}
 	close(next)
 	wg.Wait()
-	return reasons
+	return reasons, crcs
 }
 
-func (m *Map) checkHeader(r *RunInfo, buf []byte) string {
+// checkHeader reads and verifies r's header; the reason is empty when it matches.
+func (m *Map) checkHeader(r *RunInfo, buf []byte) (Header, string) {
 	f := m.files[r.File]
 	if err := preadFull(int(f.FD), buf[:HeaderBytes], r.Offset); err != nil {
-		return fmt.Sprintf("reading header at %s offset %d: %v", f.Path, r.Offset, err)
+		return Header{}, fmt.Sprintf("reading header at %s offset %d: %v", f.Path, r.Offset, err)
 	}
 	h, err := DecodeHeader(buf)
 	if err != nil {
-		return err.Error()
+		return Header{}, err.Error()
 	}
 	if err := h.Matches(m.g, r); err != nil {
-		return "header does not match the journal: " + err.Error()
+		return Header{}, "header does not match the journal: " + err.Error()
 	}
-	return ""
+	return h, ""
 }
 
 func preadFull(fd int, b []byte, off int64) error {
@@ -500,12 +505,9 @@ func (m *Map) Check() (RecoveryReport, error) {
 }
 
 func (m *Map) checkRun(r *RunInfo, buf []byte) string {
-	if why := m.checkHeader(r, buf); why != "" {
+	h, why := m.checkHeader(r, buf)
+	if why != "" {
 		return why
-	}
-	h, err := DecodeHeader(buf)
-	if err != nil {
-		return err.Error()
 	}
 	f := m.files[r.File]
 	n := r.Chunks()

@@ -75,6 +75,11 @@ type CommitRequest struct {
 	// LayerCRCs holds CRC32C of each object's payload, ObjectBytes(Chunks)
 	// bytes without padding (len == Layers).
 	LayerCRCs []uint32
+	// Parent is the chain id the run's first block follows; HasParent is
+	// false when the run starts a prefix. Stored in the header and the
+	// journal record, returned in RunInfo.
+	Parent    uint64
+	HasParent bool
 }
 
 type runState uint8
@@ -504,7 +509,8 @@ func (m *Map) Commit(reqs []CommitRequest) error {
 	var overfull bool
 	for _, r := range reqs {
 		info := RunInfo{ID: r.Res.ID, Generation: r.Res.Generation, File: r.Res.File, Offset: r.Res.Offset,
-			Length: r.Res.Length, Chain: slices.Clone(r.Chain)}
+			Length: r.Res.Length, Chain: slices.Clone(r.Chain), Parent: r.Parent, HasParent: r.HasParent,
+			LayerCRCs: slices.Clone(r.LayerCRCs)}
 		lsn, of, err := m.j.append(&Record{Type: RecCommit, Run: info})
 		if err != nil {
 			m.mu.Unlock()
@@ -541,7 +547,8 @@ func (m *Map) writeHeaders(reqs []CommitRequest) error {
 	var sync []int
 	for i, r := range reqs {
 		h := Header{Fingerprint: m.g.Fingerprint(), Generation: r.Res.Generation, RunID: r.Res.ID, File: uint32(r.Res.File),
-			Offset: uint64(r.Res.Offset), ChunkBytesPerLayer: uint64(m.g.ChunkBytesPerLayer()), LayerCRCs: r.LayerCRCs, Chain: r.Chain}
+			Offset: uint64(r.Res.Offset), ChunkBytesPerLayer: uint64(m.g.ChunkBytesPerLayer()), Parent: r.Parent, HasParent: r.HasParent,
+			LayerCRCs: r.LayerCRCs, Chain: r.Chain}
 		hb := b[i*HeaderBytes : (i+1)*HeaderBytes]
 		if err := EncodeHeader(hb, &h); err != nil {
 			return fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)

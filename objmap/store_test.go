@@ -63,7 +63,7 @@ func writeRun(t *testing.T, m *Map, r Reservation) CommitRequest {
 		t.Fatal(err)
 	}
 	defer buf.Free()
-	req := CommitRequest{Res: r, Chain: chainFor(r.ID, r.Chunks)}
+	req := CommitRequest{Res: r, Chain: chainFor(r.ID, r.Chunks), Parent: uint64(r.ID) * 3, HasParent: r.ID%2 == 0}
 	f := m.Files()[r.File]
 	for l := 0; l < g.Layers; l++ {
 		p := payload(g, r.ID, r.Chunks, l)
@@ -167,8 +167,11 @@ func TestStoreRoundTripAndReopen(t *testing.T) {
 		if !ok {
 			t.Fatalf("run %d lost", r.ID)
 		}
-		if got.Generation != 1 {
-			t.Fatalf("run %d generation %d", r.ID, got.Generation)
+		if got.Generation != 1 || got.HasParent != (r.ID%2 == 0) || got.Parent != uint64(r.ID)*3 {
+			t.Fatalf("run %d: generation %d parent %d (%v)", r.ID, got.Generation, got.Parent, got.HasParent)
+		}
+		if len(got.LayerCRCs) != tinyGeom.Layers || got.LayerCRCs[1] != CRC32C(payload(tinyGeom, r.ID, r.Chunks(), 1)) {
+			t.Fatalf("run %d: LayerCRCs %v", r.ID, got.LayerCRCs)
 		}
 		readBack(t, m, got, 0, 1)
 		readBack(t, m, got, 1, got.Chunks())
