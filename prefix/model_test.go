@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"testing"
 )
 
@@ -404,12 +406,18 @@ func simulate(next func(n int) (int, bool), maxOps int) error {
 		v, _ := next(n)
 		return v
 	}
-	// A universe of 48 blocks: a random forest (block k's parent is an earlier block or none).
+	// A universe of 48 blocks: a random forest (block k's parent is an earlier block or none), or
+	// in one run of three mostly long chains (block k's parent is usually k-1).
 	const universe = 48
+	deep := r(3) == 0
 	parent := make([]int, universe)
 	for k := range parent {
 		parent[k] = -1
-		if k > 0 && r(5) > 0 {
+		switch {
+		case k == 0:
+		case deep && r(8) > 0:
+			parent[k] = k - 1
+		case r(5) > 0:
 			parent[k] = r(k)
 		}
 	}
@@ -653,6 +661,10 @@ func TestModelRandomized(t *testing.T) {
 	seeds := 200
 	if testing.Short() {
 		seeds = 20
+	}
+	// PREFIX_MODEL_SEEDS=N runs more seeds (a soak, not for CI).
+	if v, err := strconv.Atoi(os.Getenv("PREFIX_MODEL_SEEDS")); err == nil && v > 0 {
+		seeds = v
 	}
 	for seed := uint64(1); seed <= uint64(seeds); seed++ {
 		rng := rand.New(rand.NewPCG(seed, 0x7e57))
