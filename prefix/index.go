@@ -372,13 +372,14 @@ func (x *Index) Abort(ids []uint64) ([]Dropped, error) {
 		}
 		out = x.release(p, out)
 	}
+	x.trimScratch()
 	return x.shrink(out), nil
 }
 
 // Remove takes a block whose data was found bad out of service together with its descendants,
 // which are unreachable without it. Entries that are neither pinned nor pending (nor holding such
 // descendants) leave at once and are returned for the caller to free. The others stop being hits
-// at once ("draining") and leave later: a pinned one is returned by the Unpin that drops its last
+// at once ("draining") and leave later (O(subtree) under the lock): a pinned one is returned by the Unpin that drops its last
 // pin, a pending one by its Commit (or it is dropped by its Abort, like any aborted block), and a
 // draining ancestor by whichever of these calls releases its last held descendant.
 func (x *Index) Remove(id uint64) ([]Dropped, error) {
@@ -405,6 +406,7 @@ func (x *Index) Remove(id uint64) ([]Dropped, error) {
 		}
 	}
 	out = x.release(p, out)
+	x.trimScratch()
 	return x.shrink(out), nil
 }
 
@@ -754,6 +756,15 @@ func (x *Index) subtree(s int32) []int32 {
 	}
 	x.scratch = sub
 	return sub
+}
+
+// maxScratch bounds the scratch slice kept between calls (a Remove near a root may list millions).
+const maxScratch = 1 << 16
+
+func (x *Index) trimScratch() {
+	if cap(x.scratch) > maxScratch {
+		x.scratch = nil
+	}
 }
 
 // checkPending validates ids for Commit (chain order) or Abort: all present, pending, distinct.
