@@ -377,11 +377,12 @@ func (x *Index) Abort(ids []uint64) ([]Dropped, error) {
 }
 
 // Remove takes a block whose data was found bad out of service together with its descendants,
-// which are unreachable without it. Entries that are neither pinned nor pending (nor holding such
-// descendants) leave at once and are returned for the caller to free. The others stop being hits
-// at once ("draining") and leave later (O(subtree) under the lock): a pinned one is returned by the Unpin that drops its last
-// pin, a pending one by its Commit (or it is dropped by its Abort, like any aborted block), and a
-// draining ancestor by whichever of these calls releases its last held descendant.
+// which are unreachable without it (O(subtree) under the lock). Entries that are neither pinned
+// nor pending (nor holding such descendants) leave at once and are returned for the caller to
+// free. The others stop being hits at once ("draining") and leave later: a pinned one is returned
+// by the Unpin that drops its last pin, a pending one by its Commit (or it is dropped by its
+// Abort, like any aborted block), and a draining ancestor by whichever of these calls releases its
+// last held descendant.
 func (x *Index) Remove(id uint64) ([]Dropped, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
