@@ -44,11 +44,13 @@ func worldConfig(t testing.TB, seed uint64, policy Policy) Config {
 	}
 }
 
-// Read and write bandwidth shares under the other direction, measured with
-// the devbench program of BENCHMARKS.md on the dev machine.
+// Read and write bandwidth shares under the other direction, measured on the
+// GPU machine's virtio disk with sched/internal/rwbench (devbench's io_uring
+// O_DIRECT engine, 1 MiB and 4 MiB, two processes; medians of five runs, see
+// BENCHMARKS.md "## sched").
 const (
-	measuredReadShare  = 0.5
-	measuredWriteShare = 0.5
+	measuredReadShare  = 0.67
+	measuredWriteShare = 0.28
 )
 
 // traceFile finds the shared trace: $TUTTI_TRACE, else ../shared/traces next
