@@ -50,3 +50,7 @@ func (c Compute) Layer(newTokens, cachedTokens int) time.Duration {
 	}
 	return time.Duration(c.model.LayerNs(newTokens, cachedTokens))
 }
+
+// Model returns the scheduler's compute model (for a backend whose planner
+// weighs loading against recomputing with the same costs).
+func (c Compute) Model() sched.ComputeModel { return c.model }

@@ -2,6 +2,8 @@ package harness
 
 import (
 	"fmt"
+
+	"github.com/tutti-io/tutti/uring"
 	"os"
 	"strconv"
 	"strings"
@@ -13,8 +15,10 @@ import (
 // the shared block capacity, so Available refuses when that would not fit in
 // half of the machine's available memory.
 type DRAM struct {
-	env    Env
-	blocks map[uint64][]byte
+	env   Env
+	arena *uring.Buffer // CapacityBlocks slots of ChunkBytes, off-heap (no GC, no zeroing per save)
+	slots map[uint64]int64
+	free  []int64
 }
 
 // NewDRAM returns the dram backend.
@@ -46,22 +50,37 @@ func (d *DRAM) Open(env Env) error {
 	if err := checkMemory(env.CapacityBytes); err != nil {
 		return err
 	}
-	d.env, d.blocks = env, map[uint64][]byte{}
+	arena, err := uring.AllocBuffer(int(env.CapacityBytes))
+	if err != nil {
+		return fmt.Errorf("dram: %w", err)
+	}
+	d.env, d.arena, d.slots, d.free = env, arena, map[uint64]int64{}, nil
+	for s := int64(env.CapacityBlocks) - 1; s >= 0; s-- {
+		d.free = append(d.free, s)
+	}
 	return nil
+}
+
+func (d *DRAM) slot(s int64) []byte {
+	n := d.env.Geometry.ChunkBytes()
+	return d.arena.Bytes()[s*n : (s+1)*n]
 }
 
 func (d *DRAM) Restore(req *Request) (RestoreResult, error) {
 	g := d.env.Geometry
 	res := RestoreResult{LayerReady: make([]time.Duration, g.Layers)}
+	slots := make([]int64, req.Hit)
 	for b := 0; b < req.Hit; b++ {
-		if d.blocks[req.Chain[b]] == nil {
+		s, ok := d.slots[req.Chain[b]]
+		if !ok {
 			return res, fmt.Errorf("dram: restoring block %d (%d): not stored", b, req.Chain[b])
 		}
+		slots[b] = s
 	}
 	start := time.Now()
 	for l := 0; l < g.Layers; l++ {
 		for b := 0; b < req.Hit; b++ {
-			scatterLayer(&d.env, d.blocks[req.Chain[b]], l, req.BlockPages(g.ChunkPages, b))
+			scatterLayer(&d.env, d.slot(slots[b]), l, req.BlockPages(g.ChunkPages, b))
 			res.IOs++
 		}
 		res.LayerReady[l] = time.Since(start)
@@ -75,9 +94,17 @@ func (d *DRAM) Save(req *Request) (SaveResult, error) {
 	g := d.env.Geometry
 	var res SaveResult
 	for b := req.Hit; b < req.SaveEnd; b++ {
-		buf := make([]byte, g.ChunkBytes())
-		gatherBlock(&d.env, buf, req.BlockPages(g.ChunkPages, b))
-		d.blocks[req.Chain[b]] = buf
+		s, ok := d.slots[req.Chain[b]]
+		if !ok {
+			if len(d.free) == 0 {
+				res.Fallbacks += req.SaveEnd - b
+				break
+			}
+			s = d.free[len(d.free)-1]
+			d.free = d.free[:len(d.free)-1]
+			d.slots[req.Chain[b]] = s
+		}
+		gatherBlock(&d.env, d.slot(s), req.BlockPages(g.ChunkPages, b))
 		res.Blocks++
 		res.Bytes += g.ChunkBytes()
 		res.IOs++
@@ -87,12 +114,23 @@ func (d *DRAM) Save(req *Request) (SaveResult, error) {
 
 func (d *DRAM) Evict(ids []uint64) error {
 	for _, id := range ids {
-		delete(d.blocks, id)
+		if s, ok := d.slots[id]; ok {
+			delete(d.slots, id)
+			d.free = append(d.free, s)
+		}
 	}
 	return nil
 }
 
-func (d *DRAM) Close() error { d.blocks = nil; return nil }
+func (d *DRAM) Close() error {
+	d.slots, d.free = nil, nil
+	if d.arena == nil {
+		return nil
+	}
+	err := d.arena.Free()
+	d.arena = nil
+	return err
+}
 
 // Recompute keeps nothing: every request prefills from scratch. It is the
 // baseline any cache must beat.

@@ -272,8 +272,9 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 				svc.LayerReady, svc.Load, svc.Bytes = rr.LayerReady, d, rr.Bytes
 			}
 		}
-		// The prefill computes the rest: its KV goes into the pages.
-		for blk := restored; blk < len(req.Chain); blk++ {
+		// The prefill computes the rest: its KV goes into the pages (only
+		// needed when something will be saved from them).
+		for blk := restored; blk < len(req.Chain) && b.Name() != "recompute"; blk++ {
 			kv.FillBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk))
 		}
 		cachedTokens := min(restored*cfg.Profile.BlockTokens(), tr.InputTokens)
@@ -303,7 +304,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 			}
 			saveCPU += c1.Sub(c0).Total()
 			saveTime += d
-			svc.Save = d
+			svc.Save, svc.SaveBlocks = d, sr.Blocks
 			br.SavedBytes += sr.Bytes
 			br.SaveFallbacks += int64(sr.Fallbacks)
 			if !selfIndexed {

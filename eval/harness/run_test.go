@@ -38,7 +38,7 @@ func TestRunAllCPUBackends(t *testing.T) {
 		reqs := synthetic(24)
 		res, err := Run(context.Background(), Config{
 			Requests: reqs, Profile: p, Dir: t.TempDir(), CapacityBlocks: capBlocks,
-			Backends: []Backend{NewPageCache(), NewPerBlock(), NewDRAM(), Recompute{}},
+			Backends: []Backend{NewPageCache(), NewPerBlock(), NewDRAM(), Recompute{}, NewTuttiCPU(&comp)},
 			Compute:  comp, EBPF: true, CeilingBytes: -1,
 		})
 		if err != nil {
@@ -59,7 +59,13 @@ func TestRunAllCPUBackends(t *testing.T) {
 			if b.DirectIO && b.DeviceReadBytes < uint64(b.RestoredBytes) {
 				t.Fatalf("%s: device read %d bytes < restored %d (%s)", b.Backend, b.DeviceReadBytes, b.RestoredBytes, b.DeviceBytesSource)
 			}
-			if b.Backend != "recompute" {
+			if b.Backend == "tutti-cpu" {
+				// Its own index and planner: at least it restores, and in one read per (layer, run).
+				if b.HitBlocks == 0 || b.IOsPerLayerRequestMean > b.RunsPerRequestMean+1e-9 {
+					t.Fatalf("tutti-cpu: %d hit blocks, %.2f I/Os per layer and request, %.2f runs per request",
+						b.HitBlocks, b.IOsPerLayerRequestMean, b.RunsPerRequestMean)
+				}
+			} else if b.Backend != "recompute" {
 				hits = append(hits, b.HitBlocks)
 				if b.HitBlocks == 0 || b.RestoredBytes != b.HitBlocks*p.BlockBytes() {
 					t.Fatalf("%s: %d hit blocks, %d bytes", b.Backend, b.HitBlocks, b.RestoredBytes)
@@ -67,7 +73,7 @@ func TestRunAllCPUBackends(t *testing.T) {
 			} else if b.HitBlocks != 0 {
 				t.Fatal("recompute restored something")
 			}
-			if capBlocks > 0 && b.Backend != "recompute" && b.EvictedBlocks == 0 {
+			if capBlocks > 0 && b.Backend != "recompute" && b.Backend != "tutti-cpu" && b.EvictedBlocks == 0 {
 				t.Fatalf("%s: capacity %d but nothing evicted", b.Backend, capBlocks)
 			}
 			if len(b.TTFTms) != len(reqs) || b.TTFTmsP50 <= 0 {

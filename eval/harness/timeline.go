@@ -14,6 +14,7 @@ type Service struct {
 	LayerReady   []time.Duration // from load start; empty when nothing was restored
 	Load         time.Duration   // device busy restoring
 	Save         time.Duration   // device busy saving
+	SaveBlocks   int             // blocks saved: the save yields to loads between blocks
 	LayerCompute time.Duration   // per layer, for the tokens not restored
 	Layers       int
 	Bytes        int64 // restored
@@ -28,9 +29,12 @@ type Outcome struct {
 }
 
 // Simulate runs the timeline with arrivals multiplied by scale (1 = as
-// given). Two FIFO servers: the device serves loads (requested at arrival)
-// and saves (requested when the request's prefill ends) in the order they
-// were requested; the GPU runs one prefill at a time, layer l starting when
+// given). Two servers: the device serves loads (requested at arrival) first,
+// in arrival order, and saves (requested when the request's prefill ends)
+// only in its idle time — a save starts only when no load is waiting, and
+// once started runs to its end (writes deferred into slack, for every
+// backend alike; a save yields between its blocks, so a load waits at most
+// for one block's write); the GPU runs one prefill at a time, layer l starting when
 // layer l−1 is done and layer l is loaded. Deterministic.
 func Simulate(svc []Service, scale float64) Outcome {
 	o := Outcome{TTFTms: make([]float64, len(svc)), StallMs: make([]float64, len(svc)),
@@ -41,8 +45,8 @@ func Simulate(svc []Service, scale float64) Outcome {
 	var saves []save // pending, in ready order (prefills end in order)
 	for i, s := range svc {
 		a := s.ArrivalMs * scale
-		// Saves requested before this arrival go first.
-		for len(saves) > 0 && saves[0].readyMs <= a {
+		// Saves that can start before this arrival do (then run to their end).
+		for len(saves) > 0 && math.Max(devFree, saves[0].readyMs) < a {
 			devFree = math.Max(devFree, saves[0].readyMs) + saves[0].durMs
 			saves = saves[1:]
 		}
@@ -65,7 +69,10 @@ func Simulate(svc []Service, scale float64) Outcome {
 		o.TTFTms[i] = t - a
 		o.StallMs[i] = math.Max(0, (t-g0)-float64(s.Layers)*c)
 		if s.Save > 0 {
-			saves = append(saves, save{readyMs: t, durMs: ms(s.Save)})
+			n := max(1, s.SaveBlocks)
+			for k := 0; k < n; k++ {
+				saves = append(saves, save{readyMs: t, durMs: ms(s.Save) / float64(n)})
+			}
 		}
 	}
 	return o

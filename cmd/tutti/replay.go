@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+
+	"github.com/tutti-io/tutti/eval"
+	"github.com/tutti-io/tutti/eval/devbench"
+	"github.com/tutti-io/tutti/eval/harness"
+	"github.com/tutti-io/tutti/eval/model"
+	"github.com/tutti-io/tutti/eval/report"
+	"github.com/tutti-io/tutti/eval/trace"
+)
+
+func init() {
+	register("replay", "replay a Mooncake-format trace through every KV-cache backend; TTFT, SLO, bandwidth report", runReplay)
+}
+
+// defaultCPUBackends are what the no-flag run uses: every backend that needs
+// no GPU.
+var defaultCPUBackends = []string{"tutti-cpu", "per-block", "pagecache", "dram", "recompute"}
+
+// defaultWindowRequests is how much of the embedded window the no-flag run replays.
+const defaultWindowRequests = 100
+
+func runReplay(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("replay", stderr)
+	tracePath := fs.String("trace", "", "Mooncake-format JSONL trace (default: the embedded 200-request window)")
+	dir := fs.String("dir", "", "store directory; each backend uses DIR/<backend> (default: a temporary directory, removed afterwards)")
+	backends := fs.String("backends", "", "comma-separated backends: "+strings.Join(harness.BackendNames, ",")+
+		" (default: every backend this machine can run)")
+	modelName := fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
+	requests := fs.Int("requests", -1, "replay only the first N requests (0 = all; default: all of --trace, or the first 100 of the embedded window)")
+	fromMs := fs.Float64("from-ms", 0, "window start on the trace's timestamps (ms)")
+	toMs := fs.Float64("to-ms", 0, "window end on the trace's timestamps (ms, 0 = no end)")
+	jsonOut := fs.Bool("json", false, "print one JSON object per backend (an array) on stdout")
+	skipBad := fs.Bool("skip-bad", false, "skip and count malformed trace lines instead of failing on the first")
+	out := fs.String("out", "", "report directory (default: a new temporary directory, kept)")
+	timeScale := fs.Float64("time-scale", 1, "multiply arrival times by this (0.5 = twice the request rate)")
+	blockTokens := fs.Int("block-tokens", trace.DefaultBlockTokens, "tokens per hash id in the trace")
+	capBlocks := fs.Int("capacity-blocks", 0, "storage capacity per backend in chain blocks (0 = every distinct block fits)")
+	capBytes := fs.String("capacity", "", "storage capacity per backend in bytes (e.g. 2GiB); overrides --capacity-blocks")
+	sloMs := fs.Float64("slo-ms", 0, "TTFT SLO on p90 in ms (0 = 2 × recompute's unloaded p90)")
+	gpuTFLOPs := fs.Float64("gpu-tflops", harness.DefaultGPUFLOPs/1e12, "simulated GPU prefill rate (TFLOP/s)")
+	qd := fs.Int("qd", 64, "I/Os in flight per backend")
+	noEBPF := fs.Bool("no-ebpf", false, "count device bytes with /proc/diskstats only")
+	noCeiling := fs.Bool("no-ceiling", false, "skip the devbench ceiling measurement")
+	planner := fs.Bool("tutti-planner", false, "give tutti's scheduler the compute model, so it may recompute cached blocks where loading is slower")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
+		fmt.Fprintln(stderr, "\nWith no flags: the embedded trace window, the tiny model, the CPU backends, a temporary store; prints where the report is.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErr(fs.Usage, fmt.Errorf("unexpected arguments %q", fs.Args()))
+	}
+	prof, err := model.Lookup(*modelName)
+	if err != nil {
+		return usageErr(fs.Usage, err)
+	}
+	if *blockTokens != prof.BlockTokens() {
+		return usageErr(fs.Usage, fmt.Errorf("--block-tokens %d: model %s pages %d tokens per chain block",
+			*blockTokens, prof.Name, prof.BlockTokens()))
+	}
+	if *requests < 0 {
+		*requests = 0
+		if *tracePath == "" {
+			// Keeps the no-flag run well under a minute on two shared cores:
+			// the saves of ~1,800 distinct 512 KiB blocks per backend dominate.
+			*requests = defaultWindowRequests
+		}
+	}
+	if *qd < 1 || *qd > 4096 {
+		return usageErr(fs.Usage, errors.New("--qd must be in 1..4096"))
+	}
+
+	// The trace.
+	var src io.Reader
+	traceDesc := eval.DefaultWindowName
+	if *tracePath == "" {
+		src = bytes.NewReader(eval.DefaultWindow)
+	} else {
+		f, err := os.Open(*tracePath)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		src, traceDesc = f, *tracePath
+	}
+	reqs, st, err := trace.ReadAll(src, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad},
+		trace.Window{First: *requests, FromMs: *fromMs, ToMs: *toMs})
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", traceDesc, err)
+	}
+	if len(reqs) == 0 {
+		return fmt.Errorf("%s: no requests in the window", traceDesc)
+	}
+	if st.Skipped > 0 {
+		fmt.Fprintf(stderr, "skipped %d malformed lines (first: %v)\n", st.Skipped, st.FirstSkipped)
+	}
+	trace.Rebase(reqs)
+	if err := trace.Scale(reqs, *timeScale); err != nil {
+		return usageErr(fs.Usage, fmt.Errorf("--time-scale: %w", err))
+	}
+	trace.Spread(reqs, 0)
+
+	comp, err := harness.NewCompute(prof, *gpuTFLOPs*1e12, harness.DefaultLayerFixedNs)
+	if err != nil {
+		return usageErr(fs.Usage, err)
+	}
+	var plannerModel *harness.Compute
+	if *planner {
+		plannerModel = &comp
+	}
+
+	// The backends: named ones must run; by default, those available here.
+	names := splitList(*backends)
+	explicit := len(names) > 0
+	if !explicit {
+		names = harness.BackendNames
+		if *tracePath == "" && *modelName == "tiny" {
+			names = defaultCPUBackends
+		}
+	}
+	var bs []harness.Backend
+	var notes []string
+	for _, n := range names {
+		b, err := harness.NewBackend(n, plannerModel)
+		if err != nil {
+			return usageErr(fs.Usage, err)
+		}
+		if err := b.Available(); err != nil && !explicit {
+			notes = append(notes, fmt.Sprintf("%s not run: %v", n, err))
+			continue
+		}
+		bs = append(bs, b)
+	}
+
+	if *capBytes != "" {
+		v, err := devbench.ParseBytes(*capBytes)
+		if err != nil {
+			return usageErr(fs.Usage, fmt.Errorf("--capacity: %w", err))
+		}
+		g, _ := prof.Geometry()
+		*capBlocks = int(max(1, v/g.ChunkBytes()))
+	}
+
+	storeDir := *dir
+	if storeDir == "" {
+		d, err := os.MkdirTemp("", "tutti-replay-store-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		storeDir = d
+	}
+	outDir := *out
+	if outDir == "" {
+		d, err := os.MkdirTemp("", "tutti-replay-report-")
+		if err != nil {
+			return err
+		}
+		outDir = d
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	bar := report.NewProgress(stderr)
+	cfg := harness.Config{
+		Requests: reqs, Profile: prof, Dir: storeDir, Backends: bs, CapacityBlocks: *capBlocks,
+		QueueDepth: *qd, Compute: comp, SLOms: *sloMs, EBPF: !*noEBPF,
+		Progress: bar.Update,
+	}
+	if *noCeiling {
+		cfg.CeilingBytes = -1
+	}
+	res, err := harness.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	for _, b := range bs {
+		if t, ok := b.(*harness.Tutti); ok && t.PlannedRecomputeBlocks() > 0 {
+			notes = append(notes, fmt.Sprintf("%s: the planner recomputed %d cached blocks instead of loading them",
+				t.Name(), t.PlannedRecomputeBlocks()))
+		}
+	}
+	notes = append(notes, fmt.Sprintf("every backend replays the same %d requests in the same order, with the same block capacity", len(reqs)))
+	meta := report.Meta{Command: "tutti replay " + strings.Join(args, " "), TracePath: traceDesc,
+		Skipped: st.Skipped, TimeScale: *timeScale, Notes: notes}
+	path, werr := report.Write(outDir, res, meta)
+	if *jsonOut {
+		if err := report.WriteJSON(stdout, res); err != nil {
+			return err
+		}
+	} else {
+		printSummary(stdout, res)
+	}
+	if werr != nil {
+		fmt.Fprintf(stderr, "report: %v\n", werr)
+	}
+	if path != "" {
+		fmt.Fprintf(stderr, "report: %s\n", path)
+	}
+	// Fail closed: a wrong byte is an error exit, not a line in a report.
+	for _, b := range res.Backends {
+		if b.VerifyMismatches > 0 {
+			fmt.Fprintf(stderr, "%s: %d restored pages differ from what was saved\n", b.Backend, b.VerifyMismatches)
+			return exitError{code: 3}
+		}
+	}
+	return werr
+}
+
+func printSummary(w io.Writer, res *harness.Result) {
+	fmt.Fprintf(w, "model %s, %d requests, capacity %d blocks (%d MiB), SLO p90 ≤ %.2f ms, ceiling %.2f GB/s\n",
+		res.Model, res.Trace.Requests, res.CapacityBlocks, res.CapacityBytes>>20, res.SLOms, res.CeilingBytesPS/1e9)
+	fmt.Fprintf(w, "%-10s %9s %9s %9s %10s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "hit", "I/O/req", "CPU/GiB", "bad")
+	for _, b := range res.Backends {
+		if b.Skipped != "" {
+			fmt.Fprintf(w, "%-10s skipped: %s\n", b.Backend, b.Skipped)
+			continue
+		}
+		fmt.Fprintf(w, "%-10s %9.2f %9.2f %9.3f %10.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
+			b.MaxRateAtSLO, b.BytesPerS/1e9, b.CeilingFraction, b.HitRatio, b.IOsPerRequestMean, b.CPUSPerGiB, b.VerifyMismatches)
+	}
+}

@@ -1,0 +1,350 @@
+// Package report turns a replay's results into what a person reads: a
+// Markdown report, PNG plots (TTFT CDF per backend, SLO attainment against
+// request rate, restore bandwidth over time; drawn with gonum.org/v1/plot),
+// and a progress bar on a terminal.
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tutti-io/tutti/eval/harness"
+	"golang.org/x/term"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// Meta is how the replay was invoked, for the report's header.
+type Meta struct {
+	Command   string // the command line that reproduces the run
+	TracePath string // or "embedded window (eval/testdata/window.jsonl)"
+	Skipped   int    // invalid trace lines skipped (--skip-bad)
+	TimeScale float64
+	Notes     []string
+}
+
+// Files written by Write.
+const (
+	MarkdownFile  = "report.md"
+	JSONFile      = "results.json"
+	TTFTPlot      = "ttft_cdf.png"
+	SLOPlot       = "slo_vs_rate.png"
+	BandwidthPlot = "bandwidth.png"
+)
+
+// Write writes the Markdown report, results.json and the plots into dir and
+// returns the report's path.
+func Write(dir string, res *harness.Result, meta Meta) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	var plotErrs []string
+	for name, draw := range map[string]func(*harness.Result, string) error{
+		TTFTPlot: plotTTFT, SLOPlot: plotSLO, BandwidthPlot: plotBandwidth,
+	} {
+		if err := draw(res, filepath.Join(dir, name)); err != nil {
+			plotErrs = append(plotErrs, fmt.Sprintf("%s: %v", name, err))
+		}
+	}
+	f, err := os.Create(filepath.Join(dir, JSONFile))
+	if err != nil {
+		return "", err
+	}
+	if err := WriteJSON(f, res); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Close(); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, MarkdownFile)
+	f, err = os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	WriteMarkdown(f, res, meta, plotErrs)
+	if err := f.Close(); err != nil {
+		return "", err
+	}
+	if len(plotErrs) > 0 {
+		return path, fmt.Errorf("plots: %s", strings.Join(plotErrs, "; "))
+	}
+	return path, nil
+}
+
+// WriteJSON writes one object per backend (a JSON array).
+func WriteJSON(w io.Writer, res *harness.Result) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	rows := make([]harness.BackendResult, 0, len(res.Backends))
+	for _, b := range res.Backends {
+		rows = append(rows, sanitize(b))
+	}
+	return enc.Encode(rows)
+}
+
+// sanitize replaces NaN/Inf (no requests, no loads) with 0 so the JSON is valid.
+func sanitize(b harness.BackendResult) harness.BackendResult {
+	for _, p := range []*float64{&b.TTFTmsP50, &b.TTFTmsP90, &b.TTFTmsP99, &b.MaxRateAtSLO, &b.BytesPerS,
+		&b.CeilingFraction, &b.CPUSPerGiB, &b.IOsPerLayerRequestMean, &b.RunsPerRequestMean,
+		&b.BlocksPerRequestMean, &b.IOsPerRequestMean, &b.HitRatio, &b.GPUStallMsMean, &b.SaveCPUSPerGiB} {
+		if math.IsNaN(*p) || math.IsInf(*p, 0) {
+			*p = 0
+		}
+	}
+	return b
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func gbps(b float64) string { return fmt.Sprintf("%.2f GB/s", b/1e9) }
+
+// WriteMarkdown writes the report.
+func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []string) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("# tutti replay report\n\n")
+	p("Run %s on %s. Reproduce with:\n\n```sh\n%s\n```\n\n", res.Started.Format(time.RFC3339), res.Host, meta.Command)
+	p("## Setup\n\n")
+	p("| | |\n| --- | --- |\n")
+	p("| trace | %s |\n", meta.TracePath)
+	p("| requests | %d (%d block references, %d distinct blocks, %.1f s of arrivals, %.2f req/s) |\n",
+		res.Trace.Requests, res.Trace.BlockRefs, res.Trace.DistinctBlocks, res.Trace.DurationMs/1000, res.Trace.RatePerS)
+	if meta.Skipped > 0 {
+		p("| skipped trace lines | %d (--skip-bad) |\n", meta.Skipped)
+	}
+	p("| time scale | %g (arrival times × this; requests sharing a timestamp bucket spread evenly within it) |\n", meta.TimeScale)
+	p("| model | %s (%s) |\n", res.Model, res.Geometry)
+	p("| storage capacity | %d blocks = %s per backend%s |\n", res.CapacityBlocks, mib(res.CapacityBytes), capNote(res))
+	p("| engine KV memory | %s (host, per-layer layout) |\n", mib(res.KVMemoryBytes))
+	p("| compute | %s |\n", res.ComputeModel)
+	p("| TTFT SLO | p90 ≤ %.2f ms (%s) |\n", res.SLOms, res.SLOSource)
+	if res.CeilingBytesPS > 0 {
+		p("| device ceiling | %s (%s) |\n", gbps(res.CeilingBytesPS), res.CeilingNote)
+	} else {
+		p("| device ceiling | %s |\n", res.CeilingNote)
+	}
+	p("\n")
+	p("TTFT comes from a deterministic timeline: restore and save times are measured for real on this machine, " +
+		"one request at a time; the prefill is the compute model above; the device and the GPU are FIFO servers " +
+		"and a layer computes once it is loaded. SLO attainment against rate replays the same measured service " +
+		"times at scaled arrival rates.\n\n")
+
+	p("## Results\n\n")
+	p("| backend | TTFT p50 ms | p90 | p99 | max rate at SLO (req/s) | restore GB/s | of ceiling | CPU s/GiB | hit ratio | I/Os per request | GPU stall ms | fallbacks | verify mismatches |\n")
+	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, b := range res.Backends {
+		if b.Skipped != "" {
+			continue
+		}
+		b = sanitize(b)
+		p("| %s | %.2f | %.2f | %.2f | %.3f | %.2f | %.2f | %.3f | %.3f | %.1f | %.2f | %d | %d |\n",
+			b.Backend, b.TTFTmsP50, b.TTFTmsP90, b.TTFTmsP99, b.MaxRateAtSLO, b.BytesPerS/1e9, b.CeilingFraction,
+			b.CPUSPerGiB, b.HitRatio, b.IOsPerRequestMean, b.GPUStallMsMean, b.Fallbacks+b.SaveFallbacks, b.VerifyMismatches)
+	}
+	p("\n### Data path proof\n\n")
+	p("| backend | restored | device read | source | diskstats read | device write | saved | evicted blocks | read latency p50/p99 µs | O_DIRECT |\n")
+	p("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |\n")
+	for _, b := range res.Backends {
+		if b.Skipped != "" {
+			continue
+		}
+		lat := "—"
+		if b.DeviceReadLatencyP50Us > 0 {
+			lat = fmt.Sprintf("≤%.0f / ≤%.0f", b.DeviceReadLatencyP50Us, b.DeviceReadLatencyP99Us)
+		}
+		p("| %s | %s | %s | %s | %s | %s | %s | %d | %s | %v |\n", b.Backend, mib(b.RestoredBytes),
+			mib(int64(b.DeviceReadBytes)), b.DeviceBytesSource, mib(int64(b.DiskstatsReadBytes)),
+			mib(int64(b.DeviceWriteBytes)), mib(b.SavedBytes), b.EvictedBlocks, lat, b.DirectIO)
+	}
+	p("\nDevice counters cover the whole disk during the backend's run (other processes' I/O included), so they " +
+		"bound the backend's reads from above; for O_DIRECT backends device reads must be at least the restored bytes. " +
+		"The page-cache backend may restore from memory (device reads below restored bytes).\n\n")
+	var skipped []string
+	for _, b := range res.Backends {
+		switch {
+		case b.Skipped != "":
+			skipped = append(skipped, fmt.Sprintf("- `%s` not run: %s", b.Backend, b.Skipped))
+		case b.Label != "":
+			skipped = append(skipped, fmt.Sprintf("- `%s`: %s", b.Backend, b.Label))
+		}
+	}
+	if len(skipped) > 0 {
+		p("### Backends not run, and labels\n\n%s\n\n", strings.Join(skipped, "\n"))
+	}
+	p("### Per backend\n\n")
+	p("| backend | requests | with hits | hit blocks | blocks/request | runs/request | I/Os per layer and request | wall s | load s | save s | save CPU s/GiB |\n")
+	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, b := range res.Backends {
+		if b.Skipped != "" {
+			continue
+		}
+		b = sanitize(b)
+		p("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.3f |\n", b.Backend, b.Requests,
+			b.RequestsWithHitsRestore, b.HitBlocks, b.BlocksPerRequestMean, b.RunsPerRequestMean,
+			b.IOsPerLayerRequestMean, b.WallSeconds, b.LoadSeconds, b.SaveSeconds, b.SaveCPUSPerGiB)
+	}
+	p("\n## Plots\n\n![TTFT CDF](%s)\n\n![SLO attainment vs rate](%s)\n\n![restore bandwidth over time](%s)\n\n",
+		TTFTPlot, SLOPlot, BandwidthPlot)
+	if len(plotErrs) > 0 {
+		p("Plot errors: %s\n\n", strings.Join(plotErrs, "; "))
+	}
+	if len(meta.Notes) > 0 {
+		p("## Notes\n\n")
+		for _, n := range meta.Notes {
+			p("- %s\n", n)
+		}
+		p("\n")
+	}
+}
+
+func capNote(res *harness.Result) string {
+	if int64(res.CapacityBlocks) < res.DistinctBlocks {
+		return fmt.Sprintf(" (capped below the %d distinct blocks of the window: leaf-first LRU eviction)", res.DistinctBlocks)
+	}
+	return " (every distinct block of the window fits: no eviction)"
+}
+
+func newPlot(title, x, y string) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = x
+	p.Y.Label.Text = y
+	p.Legend.Top = true
+	p.Add(plotter.NewGrid())
+	return p
+}
+
+func ran(res *harness.Result) []harness.BackendResult {
+	var out []harness.BackendResult
+	for _, b := range res.Backends {
+		if b.Skipped == "" && len(b.TTFTms) > 0 {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+func addLine(p *plot.Plot, i int, name string, xys plotter.XYs) error {
+	l, err := plotter.NewLine(xys)
+	if err != nil {
+		return err
+	}
+	l.Color = plotutil.Color(i)
+	l.Dashes = plotutil.Dashes(i)
+	l.Width = vg.Points(1.5)
+	p.Add(l)
+	p.Legend.Add(name, l)
+	return nil
+}
+
+func plotTTFT(res *harness.Result, path string) error {
+	p := newPlot("TTFT CDF ("+res.Model+")", "TTFT (ms, log scale)", "fraction of requests")
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	for i, b := range ran(res) {
+		xs := append([]float64(nil), b.TTFTms...)
+		sort.Float64s(xs)
+		xys := make(plotter.XYs, 0, len(xs))
+		for k, x := range xs {
+			xys = append(xys, plotter.XY{X: math.Max(x, 1e-3), Y: float64(k+1) / float64(len(xs))})
+		}
+		if err := addLine(p, i, b.Backend, xys); err != nil {
+			return err
+		}
+	}
+	p.Legend.Left = false
+	p.Legend.Top = false
+	p.Legend.XOffs = -vg.Points(5)
+	p.Legend.YOffs = vg.Points(5)
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
+func plotSLO(res *harness.Result, path string) error {
+	p := newPlot(fmt.Sprintf("SLO attainment vs request rate (TTFT ≤ %.1f ms)", res.SLOms),
+		"request rate (req/s, log scale)", "fraction of requests within SLO")
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Min, p.Y.Max = 0, 1.05
+	for i, b := range ran(res) {
+		var xys plotter.XYs
+		for _, pt := range b.Curve {
+			if pt.RatePerS > 0 {
+				xys = append(xys, plotter.XY{X: pt.RatePerS, Y: pt.Attainment})
+			}
+		}
+		if len(xys) == 0 {
+			continue
+		}
+		if err := addLine(p, i, fmt.Sprintf("%s (max %.3g req/s)", b.Backend, b.MaxRateAtSLO), xys); err != nil {
+			return err
+		}
+	}
+	p.Legend.Top = false
+	p.Legend.Left = true
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
+func plotBandwidth(res *harness.Result, path string) error {
+	p := newPlot("Restore bandwidth over the replay timeline", "time since first arrival (s)", "restore bandwidth (GB/s)")
+	for i, b := range ran(res) {
+		if len(b.Bandwidth) == 0 {
+			continue
+		}
+		xys := make(plotter.XYs, len(b.Bandwidth))
+		for k := range b.Bandwidth {
+			xys[k] = plotter.XY{X: b.BandwidthT[k] / 1000, Y: b.Bandwidth[k] / 1e9}
+		}
+		if err := addLine(p, i, b.Backend, xys); err != nil {
+			return err
+		}
+	}
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// Progress draws a one-line progress bar when its writer is a terminal and
+// stays silent otherwise (logs and pipes get no control characters). Safe
+// for concurrent use.
+type Progress struct {
+	mu   sync.Mutex
+	w    io.Writer
+	on   bool
+	last time.Time
+}
+
+// NewProgress returns a progress bar on w.
+func NewProgress(w io.Writer) *Progress {
+	f, ok := w.(*os.File)
+	return &Progress{w: w, on: ok && term.IsTerminal(int(f.Fd()))}
+}
+
+// Enabled reports whether the bar draws.
+func (p *Progress) Enabled() bool { return p.on }
+
+// Update shows label and done/total, at most every 100 ms and always at the end.
+func (p *Progress) Update(label string, done, total int) {
+	if !p.on || total <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if done < total && time.Since(p.last) < 100*time.Millisecond {
+		return
+	}
+	p.last = time.Now()
+	const width = 30
+	n := done * width / total
+	fmt.Fprintf(p.w, "\r%-12s [%s%s] %d/%d", label, strings.Repeat("=", n), strings.Repeat(" ", width-n), done, total)
+	if done == total {
+		fmt.Fprintln(p.w)
+	}
+}
