@@ -74,6 +74,7 @@ def parse_args(argv=None):
     p.add_argument("--capacity-gib", type=float, default=0, help="store capacity; default: 2x the prefix KV")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report here too")
+    p.add_argument("--device", default="cuda", help="torch device; 'cpu' only smoke-tests the flow (tiny shapes)")
     return p.parse_args(argv)
 
 
@@ -148,10 +149,8 @@ class Llama:
             V = cache[1, ctx_pages].reshape(-1, KVH, D)[:ctx]
             K = K.repeat_interleave(H // KVH, dim=1)
             V = V.repeat_interleave(H // KVH, dim=1)
-            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], K.transpose(0, 1)[None], V.transpose(0, 1)[None],
-                                               attn_mask=None if mask is None else mask[None, None],
-                                               is_causal=mask is None)
-            h = h + o[0].transpose(0, 1).reshape(T, H * D) @ L["wo"]
+            o = attention(q.transpose(0, 1), K.transpose(0, 1), V.transpose(0, 1), mask)
+            h = h + o.transpose(0, 1).reshape(T, H * D) @ L["wo"]
             if after_attn:
                 after_attn(l)
             x = self.rms(h, L["ln2"])
@@ -159,11 +158,31 @@ class Llama:
         return (self.rms(h[-1:], self.lnf) @ self.lm_head).float()[0]
 
 
-def cuda_ms(fn):
-    torch.cuda.synchronize()
+def attention(q, k, v, mask):
+    """Causal attention of q [H, T, D] over k, v [H, ctx, D]; mask [T, ctx]
+    (True = attend) or None for a full causal prefill (T == ctx)."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=None if mask is None else mask[None, None],
+                                              is_causal=mask is None)[0]
+    # torch < 2.0 (CPU smoke tests only)
+    T, ctx = q.shape[1], k.shape[1]
+    if mask is None:
+        mask = torch.ones(T, ctx, dtype=torch.bool, device=q.device).tril()
+    s = (q.float() @ k.float().transpose(1, 2)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~mask[None], float("-inf"))
+    return (s.softmax(-1) @ v.float()).to(q.dtype)
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_ms(fn):
+    sync()
     t0 = time.perf_counter()
     out = fn()
-    torch.cuda.synchronize()
+    sync()
     return out, (time.perf_counter() - t0) * 1e3
 
 
@@ -172,11 +191,10 @@ def main(argv=None):
     if torch is None:
         print("llama_loop: torch is not installed; this example runs on the GPU machine", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
+    dev, dtype = torch.device(a.device), torch.bfloat16
+    if dev.type == "cuda" and not torch.cuda.is_available():
         print("llama_loop: no CUDA device visible to torch", file=sys.stderr)
         return 2
-    dev, dtype = torch.device("cuda"), torch.bfloat16
-    torch.backends.cuda.matmul.allow_tf32 = False
     PT = a.page_tokens
     block_tokens = PT * a.chunk_pages
     if a.prefix_tokens % block_tokens:
@@ -202,7 +220,8 @@ def main(argv=None):
     report = dict(model=dict(layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads, head_dim=a.head_dim,
                              intermediate=a.intermediate, vocab=a.vocab, dtype="bf16"),
                   prefix_tokens=P, suffix_tokens=S, page_tokens=PT, chunk_pages=a.chunk_pages,
-                  prefix_kv_bytes=prefix_kv_bytes, device=torch.cuda.get_device_name(0), dirs=dirs)
+                  prefix_kv_bytes=prefix_kv_bytes, dirs=dirs,
+                  device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", torch=torch.__version__)
 
     def open_store(path):
         for d in dirs:  # a fresh store for each attempt
@@ -213,6 +232,8 @@ def main(argv=None):
 
     path = a.path
     store = None
+    if path == "auto" and dev.type != "cuda":
+        path = "cpu"
     if path in ("auto", "gpu"):
         try:
             store = open_store("gpu")
@@ -234,7 +255,7 @@ def main(argv=None):
             host = None
         else:
             # Pinned host mirror of the cache: tutti's CPU path reads and writes it.
-            host = [torch.zeros(shape, dtype=dtype, pin_memory=True) for _ in range(a.layers)]
+            host = [torch.zeros(shape, dtype=dtype, pin_memory=dev.type == "cuda") for _ in range(a.layers)]
             conn.register_kv_caches(dict(zip(names, host)))
 
         g = torch.Generator(device="cpu").manual_seed(a.seed + 1)
@@ -252,14 +273,12 @@ def main(argv=None):
         conn.start_load_kv()
 
         def save_hook(l):
-            if host is not None:
-                torch.cuda.synchronize()
+            if host is not None:  # CPU path: the host mirror is what tutti saves
                 host[l][:, page_ids_1] = kv[l][:, t1[:n_pages_prefix]].cpu()
-            else:
-                torch.cuda.synchronize()  # the layer's KV is written before tutti gathers it
+            # GPU path: the connector syncs torch's stream before tutti gathers.
             conn.save_kv_layer(names[l], kv[l], None)
 
-        _, ms_req1 = cuda_ms(lambda: model.forward(prefix_d, 0, kv, t1, after_attn=save_hook))
+        _, ms_req1 = timed_ms(lambda: model.forward(prefix_d, 0, kv, t1, after_attn=save_hook))
         conn.wait_for_save()
         conn.get_finished({"r1"})
         conn.clear_connector_metadata()
@@ -280,8 +299,8 @@ def main(argv=None):
 
         def tutti_request():
             for t in kv:
-                t[:, t2].fill_(0)  # the destination pages start as garbage-free zeros each rep
-            torch.cuda.synchronize()
+                t[:, t2] = 0  # every rep starts from zeroed destination pages
+            sync()
             t0 = time.perf_counter()
             conn.bind_connector_metadata(tutti.ConnectorMetadata(loads=[
                 tutti.ReqMeta("r2", page_ids_2, token_ids=prompt2.tolist(), num_tokens=P)]))
@@ -298,7 +317,7 @@ def main(argv=None):
                     kv[l][:, t2[:n_loaded_pages]] = host[l][:, page_ids_2[:n_loaded_pages]].to(dev, non_blocking=True)
 
             logits = model.forward(prompt2_d[start:], start, kv, t2, before_attn=wait_hook)
-            torch.cuda.synchronize()
+            sync()
             ms = (time.perf_counter() - t0) * 1e3
             conn.get_finished(set())
             conn.clear_connector_metadata()
@@ -323,7 +342,7 @@ def main(argv=None):
             model.forward(prefix_d, 0, kv, t3)
             return model.forward(suffix_d, P, kv, t3)
 
-        logits_ref, _ = cuda_ms(two_step)
+        logits_ref, _ = timed_ms(two_step)
         # Bit-exactness is a property of the restored pages; the logits are
         # identical when the whole prefix was restored (with a recomputed tail
         # the tail's GEMMs have other shapes and may round differently).
@@ -334,7 +353,7 @@ def main(argv=None):
 
         # -- TTFT baseline: one-pass recomputation of the whole prompt.
         t4 = tables[3]
-        recompute_runs = [cuda_ms(lambda: model.forward(prompt2_d, 0, kv, t4)) for _ in range(a.reps)]
+        recompute_runs = [timed_ms(lambda: model.forward(prompt2_d, 0, kv, t4)) for _ in range(a.reps)]
         logits_full = recompute_runs[-1][0]
         report["recompute_ttft_ms"] = [r[1] for r in recompute_runs]
         diff = (logits_tutti - logits_full).abs().max().item()

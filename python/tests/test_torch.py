@@ -164,3 +164,30 @@ class TorchGPUTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(torch is None, NO_TORCH)
+class LlamaLoopSmokeTest(unittest.TestCase):
+    """The model-loop example end to end with tiny shapes on the CPU (the
+    real run, on CUDA, is the lead's device command)."""
+
+    def test_cpu_flow(self):
+        import importlib.util
+        import json
+        import os
+
+        path = os.path.join(os.path.dirname(__file__), "..", "examples", "llama_loop.py")
+        spec = importlib.util.spec_from_file_location("llama_loop", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out = tempfile.mktemp(suffix=".json")
+        self.addCleanup(lambda: os.path.exists(out) and os.remove(out))
+        rc = mod.main(["--device", "cpu", "--path", "cpu", "--layers", "2", "--hidden", "128", "--heads", "4",
+                       "--kv-heads", "2", "--head-dim", "32", "--intermediate", "256", "--vocab", "500",
+                       "--prefix-tokens", "128", "--suffix-tokens", "8", "--reps", "1", "--json", out])
+        with open(out) as f:
+            rep = json.load(f)
+        self.assertEqual(rc, 0, rep)
+        self.assertTrue(rep["kv_bit_exact_vs_saved"])
+        self.assertTrue(rep["logits_equal_vs_recompute"])
+        self.assertEqual(rep["loaded_blocks"], 8)
