@@ -50,7 +50,10 @@ type Stats struct {
 
 // maxIORetries bounds EINTR/EAGAIN resubmissions of one I/O; maxEnterRetries
 // bounds consecutive failing io_uring_enter calls within one Flush.
+// maxSQStalls bounds the polls for SQ space that the kernel has consumed
+// but not yet released (SQPOLL).
 const (
 	maxIORetries    = 16
 	maxEnterRetries = 1000
+	maxSQStalls     = 10_000_000
 )

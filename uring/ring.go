@@ -3,6 +3,7 @@ package uring
 import (
 	"fmt"
 	"math/bits"
+	"runtime"
 	"sync/atomic"
 	"unsafe"
 
@@ -490,7 +491,7 @@ func (r *Ring) Flush(waitNr int) error {
 	}
 	target := min(waitNr, r.InFlight())
 	delivered := 0
-	enterFails := 0
+	enterFails, stalls := 0, 0
 	for pass := 0; ; pass++ {
 		r.fill()
 		delivered += r.reap()
@@ -504,9 +505,22 @@ func (r *Ring) Flush(waitNr int) error {
 				flags |= enterSQWakeup
 			}
 		}
-		if need > 0 {
+		if need > 0 && r.inKernel == 0 {
+			// Everything wanted is still in the overflow queue because the
+			// SQ looks full: with SQPOLL the kernel posts CQEs before it
+			// commits the SQ head, so the space appears shortly. Waiting in
+			// the kernel would wait for nothing; yield and retry (bounded).
+			if submit == 0 && flags == 0 {
+				stalls++
+				if stalls > maxSQStalls {
+					return fmt.Errorf("uring: flush: SQ head did not advance after %d polls (%d queued, SQ free %d)", stalls, r.overflow.n, r.sqFree())
+				}
+				runtime.Gosched()
+				continue
+			}
+		} else if need > 0 {
 			flags |= enterGetEvents
-			minC = uint32(need)
+			minC = uint32(min(need, r.inKernel))
 		} else if r.inKernel > 0 && (r.cfg.DeferTaskrun || (r.cfg.CoopTaskrun && atomic.LoadUint32(r.sqFlags)&sqTaskrun != 0)) {
 			// Completions are posted only when this task enters the kernel.
 			flags |= enterGetEvents
@@ -547,7 +561,7 @@ func (r *Ring) Flush(waitNr int) error {
 		if delivered >= target && r.toSubmit == 0 && (r.overflow.head == nil || r.inKernel >= r.cfg.MaxInFlight || r.sqFree() == 0) {
 			break
 		}
-		if pass > 4*maxEnterRetries {
+		if pass > 4*maxEnterRetries+maxSQStalls {
 			return fmt.Errorf("uring: flush: no progress after %d passes (%d of %d delivered)", pass, delivered, target)
 		}
 	}

@@ -47,3 +47,47 @@ func TestSQPollCPUTimeInRusage(t *testing.T) {
 		t.Fatalf("rusage(self) %v does not include the iou-sqp thread's %v: devbench must add it", ru, sq)
 	}
 }
+
+// TestSQPollTinyRingResubmit: with SQPOLL the kernel posts a CQE before it
+// releases the SQ slot, so a callback that resubmits can find the SQ full
+// with nothing in the kernel. Flush must not wait in the kernel then (it
+// used to hang forever).
+func TestSQPollTinyRingResubmit(t *testing.T) {
+	r := newRingOrSkip(t, Config{Entries: 1, SQThreadCPU: -1, SQPoll: true, SQThreadIdleMs: 50})
+	f, _ := directFile(t, t.TempDir(), 4096, 8)
+	buf := mustBuffer(t, 4096)
+	const n = 10000
+	left := n
+	var c Completion
+	var cb func(*Completion)
+	cb = func(c *Completion) {
+		if c.Err != nil {
+			t.Fatal(c.Err)
+		}
+		if left--; left > 0 {
+			if left%2 == 0 {
+				c.PrepNop()
+			} else {
+				c.PrepRead(f, buf.Addr(), 4096, 0)
+			}
+			c.Callback = cb
+			if err := r.Submit(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c.PrepNop()
+	c.Callback = cb
+	if err := r.Submit(&c); err != nil {
+		t.Fatal(err)
+	}
+	for r.InFlight() > 0 {
+		if err := r.Flush(1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if left != 0 {
+		t.Fatalf("%d ops left", left)
+	}
+	t.Logf("stats %+v", r.Stats())
+}

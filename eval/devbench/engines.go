@@ -19,7 +19,7 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	qd, bs := s.QueueDepth, s.BlockBytes
-	cfg := uring.Config{Entries: uint32(qd), MaxInFlight: qd, SQThreadCPU: -1}
+	cfg := uring.Config{Entries: uint32(2 * qd), MaxInFlight: qd, SQThreadCPU: -1}
 	if sqpoll {
 		cfg.SQPoll, cfg.SQThreadIdleMs = true, 100
 	} else {
