@@ -160,6 +160,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	}
 	rc := uring.DefaultConfig()
 	rc.Entries = 256
+	rc.NoMmap = true // rings in process memory: CUDA maps multi-page rings reliably
 	rc.SQPoll = true
 	rc.SQThreadIdleMs = uint32(*idleMs)
 	b.ring, err = uring.New(rc)
@@ -463,7 +464,7 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 // bindKick binds a second context on the same KV tensors with a ring that
 // has no SQPOLL thread: the CPU helper enters the kernel once per interval.
 func (b *gpuBench) bindKick() error {
-	ring, err := uring.New(uring.Config{Entries: 256, SQThreadCPU: -1})
+	ring, err := uring.New(uring.Config{Entries: 256, SQThreadCPU: -1, NoMmap: true})
 	if err != nil {
 		return err
 	}
