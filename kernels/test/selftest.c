@@ -278,6 +278,18 @@ int main(int argc, char **argv) {
   restore_case("mla-per-layer", mla, TK_LAYOUT_PER_LAYER, pages, 64 << 10, path, 7, 0);
   atomic_store(&stop_waker, 1);
   pthread_join(w, NULL);
+  // Diagnostic, not counted: a 256-entry ring whose kernel-allocated rings
+  // span several pages (package uring uses NO_MMAP memory for GPU rings).
+  if (setup_ring(256) == 0) {
+    atomic_store(&stop_waker, 0);
+    pthread_create(&w, NULL, waker, NULL);
+    int before = failures;
+    restore_case("diagnostic-mmap-ring-256", mla, TK_LAYOUT_PER_LAYER, pages, 64 << 10, path, 7, 0);
+    printf("diagnostic: multi-page mmap'd ring %s\n", failures == before ? "works" : "FAILS (GPU does not see the kernel's ring pages)");
+    failures = before;
+    atomic_store(&stop_waker, 1);
+    pthread_join(w, NULL);
+  }
   unlink(path);
   printf("selftest: %s (%d failures, %ld wake-ups)\n", failures ? "FAIL" : "PASS", failures, atomic_load(&wakes));
   return failures ? 1 : 0;
