@@ -162,9 +162,19 @@ class ConnectorFlowTest(unittest.TestCase):
         self.assertEqual(conn.get_block_ids_with_load_errors(), set())
         conn.clear_connector_metadata()
 
-        # A prompt that is entirely cached reports one token less (its logits are needed).
+        # A prompt that is entirely cached reports one token less (its logits are
+        # needed); loading that many tokens still restores every block.
         req_c = Request("c", prompt[: 3 * bt])
-        self.assertEqual(conn.get_num_new_matched_tokens(req_c, 0), (3 * bt - 1, False))
+        n, _ = conn.get_num_new_matched_tokens(req_c, 0)
+        self.assertEqual(n, 3 * bt - 1)
+        pages_c = list(range(40, 40 + 3 * g.chunk_pages))
+        conn.bind_connector_metadata(tutti.ConnectorMetadata(loads=[
+            tutti.ReqMeta("c", pages_c, token_ids=req_c.prompt_token_ids, num_tokens=n)]))
+        conn.start_load_kv()
+        for name in names:
+            conn.wait_for_layer_load(name)
+        self.assertEqual(conn.loaded_blocks["c"], 3)
+        self.assertEqual(fx.page_bytes(1, 0, pages_c[-1]), want[(1, 0, 3 * g.chunk_pages - 1)])
 
     def test_per_layer(self):
         self.flow(SMALL, "per_layer")

@@ -44,7 +44,8 @@ class ReqMeta:
 
     ``block_ids`` are the engine's page ids for the request's tokens in
     order (vLLM's block table row). ``num_tokens`` limits the blocks used to
-    those covering the first ``num_tokens`` tokens (full blocks only)."""
+    those covering the first ``num_tokens`` tokens (only whole blocks have a
+    hash, so a trailing partial block is never loaded or saved)."""
 
     req_id: str
     block_ids: Sequence[int]
@@ -134,7 +135,11 @@ class TuttiConnector:
             chain = chain_from_tokens(list(toks), self.geometry.block_tokens, self.hash_seed)
         n = getattr(req, "num_tokens", None)
         if n is not None:
-            chain = chain[: n // self.geometry.block_tokens]
+            # The blocks covering the first n tokens: a block the count ends
+            # inside is loaded whole (get_num_new_matched_tokens reports one
+            # token less than a fully cached prompt; that token is recomputed
+            # over its own, identical, KV).
+            chain = chain[: -(-n // self.geometry.block_tokens)]
         return chain
 
     # ------------------------------------------------------------ scheduler side
