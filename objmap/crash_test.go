@@ -29,7 +29,7 @@ func TestSimulatedCrash(t *testing.T) {
 		}
 		seeds = append(seeds, v)
 	} else {
-		for i := uint64(1); i <= 40; i++ {
+		for i := uint64(1); i <= 30; i++ {
 			seeds = append(seeds, i)
 		}
 	}
