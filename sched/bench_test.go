@@ -48,3 +48,51 @@ func BenchmarkPlan128K80L(b *testing.B) { benchPlan(b, 512, 8) }
 // BenchmarkPlan128K80LPages16: 16-token blocks (vLLM hashing, 8192 candidates
 // for the split), 64 runs: the O(blocks) part of the scan.
 func BenchmarkPlan128K80LPages16(b *testing.B) { benchPlan(b, 16, 64) }
+
+// BenchmarkDispatchComplete: the per-I/O cost of the planner in the I/O loop:
+// Dispatch hands out the reads of a planned 128K-token, 80-layer request and a
+// queued save in batches, Complete retires them.
+func BenchmarkDispatchComplete(b *testing.B) {
+	m, err := ComputeFromFLOPs(FLOPsProfile{LinearFLOPsPerToken: 2 * 862e6, AttnFLOPsPerPair: 4 * 64 * 128,
+		GEMMFLOPsPerSec: 400e12, AttnFLOPsPerSec: 200e12, FixedNs: 20e3})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := NewPlanner(Config{Layers: 80, BlockTokens: 512, Compute: m, SaveBoundNs: 60e9,
+		Devices: []DeviceConfig{{Profile: testDevice(4), MaxPendingSaveBytes: 64 << 30}, {Profile: testDevice(4), MaxPendingSaveBytes: 64 << 30}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var runs []Run
+	for i := 0; i < 8; i++ {
+		runs = append(runs, Run{Device: i % 2, Blocks: 32, BytesPerLayerPerBlock: 2 << 20})
+	}
+	ios := make([]IO, 0, 256)
+	now := int64(0)
+	n := 0
+	b.ResetTimer()
+	for b.Loop() {
+		now += 1e9
+		if _, err := p.PlanLoad(LoadRequest{ID: uint64(now), NowNs: now, ComputeReadyNs: now + 30e9, Runs: runs, UncachedTokens: 1000}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := p.EnqueueSave(SaveRequest{ID: uint64(now), NowNs: now, Device: 0, Blocks: 8, BytesPerLayerPerBlock: 2 << 20}); err != nil {
+			b.Fatal(err)
+		}
+		for p.Pending() > 0 {
+			ios = p.Dispatch(now, ios[:0])
+			if len(ios) == 0 {
+				now = max(now+1e6, p.NextWakeNs())
+				continue
+			}
+			for _, io := range ios {
+				if err := p.Complete(io.ID, now); err != nil {
+					b.Fatal(err)
+				}
+				n++
+			}
+			now += 1e5
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/io")
+}

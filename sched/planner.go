@@ -123,11 +123,13 @@ type Plan struct {
 
 	// Segments are the reads of every layer: for each layer l and segment s,
 	// one read of s.Bytes from layer l's object of run s.Run (its first
-	// s.Blocks blocks). Reads = Layers × len(Segments); the planner keeps them
-	// (O(1) per plan and device, not per read) and hands them out through
-	// Dispatch in least-slack order.
+	// s.Blocks blocks). The planner keeps them (O(1) per plan and device, not
+	// per read) and hands them out through Dispatch in least-slack order.
 	Segments []Segment
-	Reads    int
+	// Reads lists the same reads, layer-major (all segments of layer 0, then
+	// layer 1, ...), for callers that count them per layer; ID is 0 here (the
+	// planner assigns IDs at Dispatch). len(Reads) == Layers × len(Segments).
+	Reads []IO
 	// Per layer (nil when LoadBlocks == 0): the reads' deadline and their
 	// predicted completion; LayerReadDoneNs[l] ≤ LayerDeadlineNs[l].
 	LayerDeadlineNs []int64
@@ -594,7 +596,7 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		d.d += d.model.ReadNs(sg.Bytes)
 		d.nseg++
 	}
-	plan.Reads = L * len(plan.Segments)
+	plan.Reads = make([]IO, 0, L*len(plan.Segments))
 	plan.LayerDeadlineNs = make([]int64, L)
 	plan.LayerReadDoneNs = make([]int64, L)
 	r0 := math.Inf(-1)
@@ -614,6 +616,10 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		// Rounding can put the read a nanosecond past the float deadline.
 		plan.LayerDeadlineNs[l] = max(ceilNs(bestF-float64(L-l)*c), done)
 		plan.LayerReadDoneNs[l] = done
+		for _, sg := range plan.Segments {
+			plan.Reads = append(plan.Reads, IO{Kind: IORead, ReqID: req.ID, Device: sg.Device, Layer: l, Run: sg.Run,
+				Blocks: sg.Blocks, Bytes: sg.Bytes, DeadlineNs: plan.LayerDeadlineNs[l]})
+		}
 	}
 	f := p.cfg.SlackFrac
 	for di := range p.devs {

@@ -33,8 +33,8 @@ func checkPlan(t *testing.T, p *Planner, plan Plan, req LoadRequest) {
 		t.Fatalf("plan finishes at %d, recomputing everything at %d", plan.FirstTokenNs, plan.RecomputeAllNs)
 	}
 	if plan.LoadBlocks == 0 {
-		if plan.Reads != 0 || len(plan.Segments) != 0 {
-			t.Fatalf("no blocks loaded but %d reads", plan.Reads)
+		if len(plan.Reads) != 0 || len(plan.Segments) != 0 {
+			t.Fatalf("no blocks loaded but %d reads", len(plan.Reads))
 		}
 		return
 	}
@@ -48,8 +48,15 @@ func checkPlan(t *testing.T, p *Planner, plan Plan, req LoadRequest) {
 		}
 		blocks += sg.Blocks
 	}
-	if blocks != plan.LoadBlocks || plan.Reads != L*len(plan.Segments) {
-		t.Fatalf("segments %+v cover %d blocks in %d reads, plan loads %d", plan.Segments, blocks, plan.Reads, plan.LoadBlocks)
+	if blocks != plan.LoadBlocks || len(plan.Reads) != L*len(plan.Segments) {
+		t.Fatalf("segments %+v cover %d blocks in %d reads, plan loads %d", plan.Segments, blocks, len(plan.Reads), plan.LoadBlocks)
+	}
+	for i, io := range plan.Reads {
+		sg := plan.Segments[i%len(plan.Segments)]
+		if io.Kind != IORead || io.Layer != i/len(plan.Segments) || io.Run != sg.Run || io.Bytes != sg.Bytes ||
+			io.DeadlineNs != plan.LayerDeadlineNs[io.Layer] {
+			t.Fatalf("read %d %+v does not match segment %+v", i, io, sg)
+		}
 	}
 	// The pipeline of the plan: layer l's compute starts after its reads and
 	// the previous layer; each read completes before that start, and the last
@@ -206,8 +213,8 @@ func TestPlanProperties(t *testing.T) {
 			checkLimits(t, p, seed)
 		}
 		for id, pl := range plans {
-			if !cancelled[id] && reads[id] != pl.Reads {
-				t.Fatalf("seed %d: plan %d had %d reads, %d dispatched", seed, id, pl.Reads, reads[id])
+			if !cancelled[id] && reads[id] != len(pl.Reads) {
+				t.Fatalf("seed %d: plan %d had %d reads, %d dispatched", seed, id, len(pl.Reads), reads[id])
 			}
 		}
 	}
