@@ -53,6 +53,7 @@ func BenchmarkRestore70B(b *testing.B) {
 		StagingSlotBytes: int64(envInt("TUTTI_BENCH_SLOT_MIB", 32)) << 20,
 		QueueDepth:       64,
 		SaveBoundMs:      600000,
+		SaveBudgetBytes:  payload * 2,
 	}
 	s, err := Open(cfg)
 	if err != nil {
@@ -101,7 +102,7 @@ func BenchmarkRestore70B(b *testing.B) {
 		}
 		elapsed += time.Since(start)
 		if l.Blocks() != blocks {
-			b.Fatalf("restored %d of %d blocks: %v", l.Blocks(), blocks, s.Stats())
+			b.Fatalf("restored %d of %d blocks (planned %d): %v", l.Blocks(), blocks, l.Planned(), s.Stats())
 		}
 		bytes += payload
 	}

@@ -39,6 +39,7 @@ const (
 	DefaultStagingSlotBytes = 64 << 20
 	DefaultSaveBoundMs      = 2000
 	DefaultMaxLoads         = 64
+	DefaultSaveBudgetBytes  = 2 << 30
 )
 
 // Limits that bound what a Config may ask for.
@@ -83,6 +84,10 @@ type Config struct {
 	// SaveBoundMs bounds how long a save may be deferred behind loads
 	// before it is issued regardless (the scheduler's save bound).
 	SaveBoundMs int
+	// SaveBudgetBytes bounds the save bytes admitted and not yet written,
+	// per device; a Save beyond it is admitted in part (counted as
+	// SkipBudget). Zero: 2 GiB.
+	SaveBudgetBytes int64
 	// MaxLoads bounds the Loads in flight at once; Load returns
 	// ErrBusy beyond it instead of queueing without bound.
 	MaxLoads int
@@ -158,6 +163,9 @@ func (c *Config) Validate() error {
 	if c.SaveBoundMs < 0 || c.SaveBoundMs > maxSaveBoundMs {
 		return configErr("SaveBoundMs", "must be in [0, %d], got %d", maxSaveBoundMs, c.SaveBoundMs)
 	}
+	if c.SaveBudgetBytes < 0 {
+		return configErr("SaveBudgetBytes", "must be >= 0, got %d", c.SaveBudgetBytes)
+	}
 	if c.MaxLoads < 0 || c.MaxLoads > 1<<16 {
 		return configErr("MaxLoads", "must be in [0, 65536], got %d", c.MaxLoads)
 	}
@@ -197,6 +205,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxLoads == 0 {
 		c.MaxLoads = DefaultMaxLoads
+	}
+	if c.SaveBudgetBytes == 0 {
+		c.SaveBudgetBytes = DefaultSaveBudgetBytes
 	}
 	if c.Compute == (sched.ComputeModel{}) {
 		c.Compute = defaultCompute

@@ -53,8 +53,7 @@ type segment struct {
 	// objOff is the object byte offset where the staged bytes start;
 	// dataBytes of them are payload, ioBytes are transferred (BlockBytes-aligned).
 	objOff, dataBytes, ioBytes int64
-	last                       bool  // last segment of its sched.IO
-	startNs                    int64 // when the IO's first segment was submitted
+	last                       bool // last segment of its sched.IO
 }
 
 // Load is one restore in progress. WaitLayer(l) returns once layer l of the
@@ -87,6 +86,7 @@ type Load struct {
 	remaining                      []int // per layer: reads not finished
 	readsLeft                      int
 	overreadBytes, ioCount, splits int64
+	readBytes, firstNs             int64 // for the device model: the load's reads as one batch
 	missBlocks                     [numMissCauses]int64
 }
 
@@ -191,7 +191,7 @@ func (l *Load) drive() {
 	slotBytes := s.staging.slotBytes
 	queue := make([]sched.IO, 0, len(l.plan.Reads)) // dispatched, not yet fully submitted
 	ring := make([]*slot, 0, len(s.staging.all))    // submitted, in order
-	var off, startNs int64                          // progress within queue[0]
+	var off int64                                   // progress within queue[0]
 	var crc uint32
 	for l.readsLeft > 0 {
 		for len(queue) > 0 {
@@ -208,11 +208,11 @@ func (l *Load) drive() {
 			} else if sl = s.staging.tryAcquire(); sl == nil {
 				break
 			}
-			if off == 0 {
-				startNs = s.sched.nowNs()
+			if l.firstNs == 0 {
+				l.firstNs = s.sched.nowNs()
 			}
 			total, data := l.objectSpan(r)
-			seg := segment{io: io, objOff: off, ioBytes: min(slotBytes, total-off), startNs: startNs}
+			seg := segment{io: io, objOff: off, ioBytes: min(slotBytes, total-off)}
 			seg.dataBytes = max(0, min(seg.ioBytes, data-off))
 			off += seg.ioBytes
 			if off == total {
@@ -225,6 +225,7 @@ func (l *Load) drive() {
 			sl.req.c.PrepRead(r.file, sl.buf.Addr(), uint32(seg.ioBytes), uint64(r.offset+objOff+seg.objOff))
 			ring = append(ring, sl)
 			l.ioCount++
+			l.readBytes += seg.ioBytes
 			if seg.objOff > 0 {
 				l.splits++
 			}
@@ -254,6 +255,12 @@ func (l *Load) drive() {
 		case sl := <-l.done:
 			sl.completed = true
 		}
+	}
+	if l.ioCount > 0 {
+		// One batch per load: busy time is the span in which its reads were
+		// in flight, which is what the device model wants (not per-read
+		// latencies, which include queueing behind each other).
+		l.s.sched.observeReads(l.runs[0].run.device, l.readBytes, int(l.ioCount), s.sched.nowNs()-l.firstNs)
 	}
 	l.finish()
 }
@@ -290,8 +297,6 @@ func (l *Load) consume(sl *slot, crc uint32) uint32 {
 	if seg.last {
 		total, _ := l.objectSpan(r.run)
 		l.overreadBytes += total - l.s.geo.ObjectBytes(r.k)
-		ops := int((total + l.s.staging.slotBytes - 1) / l.s.staging.slotBytes)
-		l.s.sched.observeReads(r.run.device, total, ops, l.s.sched.nowNs()-seg.startNs)
 	}
 	return crc
 }

@@ -86,7 +86,7 @@ func Open(cfg Config) (*Store, error) {
 	devs := make([]sched.DeviceConfig, len(cfg.Dirs))
 	for i := range devs {
 		devs[i] = sched.DeviceConfig{Profile: cfg.Device, MaxReadsInFlight: cfg.QueueDepth,
-			MaxReadBytesInFlight: cfg.StagingBytes, MaxWriteBytesInFlight: max(cfg.StagingBytes/4, s.maxWriteIOBytes)}
+			MaxReadBytesInFlight: cfg.StagingBytes, MaxWriteBytesInFlight: max(cfg.StagingBytes/4, s.maxWriteIOBytes), MaxPendingSaveBytes: cfg.SaveBudgetBytes}
 	}
 	if s.sched, err = newScheduler(sched.Config{Layers: s.geo.Layers, BlockTokens: s.geo.ChunkPages * s.geo.PageTokens,
 		Compute: cfg.Compute, Devices: devs, SaveBoundNs: int64(cfg.SaveBoundMs) * 1e6, MaxWriteIOBytes: s.maxWriteIOBytes}); err != nil {

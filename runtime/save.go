@@ -75,6 +75,9 @@ type Save struct {
 
 	writesLeft int // dispatched writes not yet retired (driver only)
 	gatherLeft int // writes not yet gathered (driver only)
+	// The save's writes as one batch for the device model (driver only).
+	writeBytes, writeOps, firstNs, lastNs int64
+	withReads                             bool
 
 	mu      sync.Mutex
 	saved   int
@@ -343,6 +346,12 @@ func (sv *Save) drive() {
 			}
 			queue = queue[1:]
 			sv.stage(sl, io, r)
+			if sv.firstNs == 0 {
+				sv.firstNs = s.sched.nowNs()
+			}
+			sv.writeBytes += sl.tag.ioBytes
+			sv.writeOps++
+			sv.withReads = sv.withReads || len(s.loadN) > 0
 			sl.sink, sl.completed = sv.sink, false
 			ring = append(ring, sl)
 			inflight[ri]++
@@ -356,6 +365,7 @@ func (sv *Save) drive() {
 			ri := sv.runOf(sl.tag.io.ReqID)
 			r := sv.runs[ri]
 			inflight[ri]--
+			sv.lastNs = s.sched.nowNs()
 			if r.failed == nil {
 				if sl.req.err != nil {
 					r.failed = fmt.Errorf("writing run %d layer %d: %w", r.res.ID, sl.tag.io.Layer, sl.req.err)
@@ -394,6 +404,9 @@ func (sv *Save) drive() {
 		if !sv.runs[nextCommit].done {
 			sv.commit(nextCommit, remaining, inflight)
 		}
+	}
+	if sv.writeOps > 0 {
+		s.sched.observeWrites(s.deviceOf(sv.runs[0].res.File), sv.writeBytes, int(sv.writeOps), sv.lastNs-sv.firstNs, sv.withReads)
 	}
 	sv.finish()
 }

@@ -116,10 +116,17 @@ func (sc *scheduler) complete(io sched.IO, last bool) {
 	sc.poke()
 }
 
-// observeReads feeds the device model with a finished (layer, run) read.
+// observeReads feeds the device model with a load's reads as one batch.
 func (sc *scheduler) observeReads(dev int, bytes int64, ops int, busyNs int64) {
 	sc.mu.Lock()
 	sc.p.ObserveReads(dev, bytes, ops, busyNs, false)
+	sc.mu.Unlock()
+}
+
+// observeWrites feeds the device model with a finished save's writes.
+func (sc *scheduler) observeWrites(dev int, bytes int64, ops int, busyNs int64, withReads bool) {
+	sc.mu.Lock()
+	sc.p.ObserveWrites(dev, bytes, ops, busyNs, withReads)
 	sc.mu.Unlock()
 }
 

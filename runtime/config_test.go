@@ -1,0 +1,119 @@
+package runtime
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/tutti-io/tutti/objmap"
+)
+
+func TestConfigValidate(t *testing.T) {
+	good := func() Config {
+		return Config{Dirs: []string{"/a", "/b"}, CapacityBytes: 1 << 30, Geometry: tinyGeometry(),
+			Layout: objmap.LayoutPerLayer, NumPages: 16}
+	}
+	if err := func() error { c := good(); return c.Validate() }(); err != nil {
+		t.Fatalf("good config: %v", err)
+	}
+	cases := []struct {
+		field string
+		edit  func(*Config)
+	}{
+		{"Dirs", func(c *Config) { c.Dirs = nil }},
+		{"Dirs[1]", func(c *Config) { c.Dirs = []string{"/a", ""} }},
+		{"Dirs[1]", func(c *Config) { c.Dirs = []string{"/a", "/a"} }},
+		{"CapacityBytes", func(c *Config) { c.CapacityBytes = 0 }},
+		{"Geometry", func(c *Config) { c.Geometry.Layers = 0 }},
+		{"Layout", func(c *Config) { c.Layout = 7 }},
+		{"NumPages", func(c *Config) { c.NumPages = -1 }},
+		{"Path", func(c *Config) { c.Path = 9 }},
+		{"QueueDepth", func(c *Config) { c.QueueDepth = 1 << 20 }},
+		{"StagingBytes", func(c *Config) { c.StagingBytes = -1 }},
+		{"StagingSlotBytes", func(c *Config) { c.StagingSlotBytes = 4097 }},
+		{"StagingBytes", func(c *Config) { c.StagingBytes, c.StagingSlotBytes = 12288, 8192 }},
+		{"StagingBytes", func(c *Config) { c.StagingBytes, c.StagingSlotBytes = 8192, 8192 }},
+		{"StagingSlotBytes", func(c *Config) {
+			c.Geometry = objmap.Geometry{Layers: 1, KVHeads: 8, HeadDim: 128, DType: objmap.FP32, Planes: 2, PageTokens: 16, ChunkPages: 1}
+			c.StagingBytes, c.StagingSlotBytes = 1<<20, 64<<10
+		}},
+		{"SaveBoundMs", func(c *Config) { c.SaveBoundMs = -5 }},
+		{"SaveBudgetBytes", func(c *Config) { c.SaveBudgetBytes = -5 }},
+		{"MaxLoads", func(c *Config) { c.MaxLoads = -1 }},
+	}
+	for _, tc := range cases {
+		c := good()
+		tc.edit(&c)
+		err := c.Validate()
+		if err == nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.field+":") {
+			t.Errorf("%s: Validate() = %v, want an ErrConfig naming %s", tc.field, err, tc.field)
+		}
+	}
+}
+
+// TestRequestChecks: every bad argument is an error naming it, before any
+// I/O; a second Open of the same directories is refused.
+func TestRequestChecks(t *testing.T) {
+	g := tinyGeometry()
+	cfg := testConfig(t, g, objmap.LayoutPerLayer, 8)
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Load([]uint64{1}, []int32{0, 1}); !errors.Is(err, ErrNoKV) {
+		t.Fatalf("Load before RegisterKV: %v", err)
+	}
+	kv, err := AllocHostKV(g, objmap.LayoutPerLayer, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kv.Free()
+	mem := kv.Memory()
+	short := mem
+	short.Layers = append([]Region(nil), mem.Layers...)
+	short.Layers[2].LenBytes--
+	for name, bad := range map[string]KVMemory{
+		"Layers[2]":    short,
+		"3 layers":     {Layers: mem.Layers[:2]},
+		"Cross is set": {Layers: mem.Layers, Cross: Region{Addr: 1, LenBytes: 1}},
+	} {
+		if err := s.RegisterKV(bad); !errors.Is(err, ErrKV) || !strings.Contains(err.Error(), strings.Fields(name)[0]) {
+			t.Errorf("RegisterKV(%s) = %v", name, err)
+		}
+	}
+	if err := s.RegisterKV(mem); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RegisterKV(mem); !errors.Is(err, ErrKV) {
+		t.Fatalf("second RegisterKV: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		chain []uint64
+		pages []int32
+		want  error
+		says  string
+	}{
+		"empty":    {nil, nil, ErrBadRequest, "empty chain"},
+		"too few":  {[]uint64{1, 2}, []int32{0, 1, 2}, ErrBadRequest, "need 4 page ids"},
+		"negative": {[]uint64{1, 2}, []int32{0, 1, -1, 3}, ErrKV, "pages[2] = -1"},
+		"past end": {[]uint64{1}, []int32{0, 8}, ErrKV, "pages[1] = 8"},
+	} {
+		if _, err := s.Load(tc.chain, tc.pages); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("Load %s: %v", name, err)
+		}
+		if _, err := s.Save(tc.chain, tc.pages); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("Save %s: %v", name, err)
+		}
+	}
+	if _, err := Open(cfg); !errors.Is(err, objmap.ErrLocked) {
+		t.Fatalf("second Open of the same dirs: %v, want objmap.ErrLocked", err)
+	}
+	if l := s.Lookup([]uint64{1, 2, 3}); l != 0 {
+		t.Fatalf("Lookup on an empty store = %d", l)
+	}
+	if _, err := Open(Config{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: g, Layout: objmap.LayoutPerLayer,
+		NumPages: 8, Path: PathGPU}); !errors.Is(err, ErrGPUUnavailable) {
+		t.Fatalf("Open with PathGPU here: %v, want ErrGPUUnavailable", err)
+	}
+}
