@@ -172,7 +172,9 @@ class LlamaLoopSmokeTest(unittest.TestCase):
     real run, on CUDA, is the lead's device command)."""
 
     def test_cpu_flow(self):
+        import contextlib
         import importlib.util
+        import io
         import json
         import os
 
@@ -182,9 +184,10 @@ class LlamaLoopSmokeTest(unittest.TestCase):
         spec.loader.exec_module(mod)
         out = tempfile.mktemp(suffix=".json")
         self.addCleanup(lambda: os.path.exists(out) and os.remove(out))
-        rc = mod.main(["--device", "cpu", "--path", "cpu", "--layers", "2", "--hidden", "128", "--heads", "4",
-                       "--kv-heads", "2", "--head-dim", "32", "--intermediate", "256", "--vocab", "500",
-                       "--prefix-tokens", "128", "--suffix-tokens", "8", "--reps", "1", "--json", out])
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = mod.main(["--device", "cpu", "--path", "cpu", "--layers", "2", "--hidden", "128", "--heads", "4",
+                           "--kv-heads", "2", "--head-dim", "32", "--intermediate", "256", "--vocab", "500",
+                           "--prefix-tokens", "128", "--suffix-tokens", "8", "--reps", "1", "--json", out])
         with open(out) as f:
             rep = json.load(f)
         self.assertEqual(rc, 0, rep)
