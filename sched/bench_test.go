@@ -6,7 +6,7 @@ import "testing"
 // shape: 8 KV heads × 128 dims, BF16) whose prefix is cached in `runs` runs
 // striped over two devices, then cancels it so the planner's state stays
 // the same from one iteration to the next.
-func benchPlan(b *testing.B, blockTokens, runs int) {
+func benchPlan(b *testing.B, blockTokens, runs int, segmentsOnly bool) {
 	m, err := ComputeFromFLOPs(FLOPsProfile{LinearFLOPsPerToken: 2 * 862e6, AttnFLOPsPerPair: 4 * 64 * 128,
 		GEMMFLOPsPerSec: 400e12, AttnFLOPsPerSec: 200e12, FixedNs: 20e3})
 	if err != nil {
@@ -20,7 +20,7 @@ func benchPlan(b *testing.B, blockTokens, runs int) {
 	const tokens = 128 << 10
 	blocks := tokens / blockTokens
 	perLayerPerBlock := int64(blockTokens) * 8 * 128 * 2 * 2
-	req := LoadRequest{ID: 1, NowNs: 1e9, ComputeReadyNs: 1e9, UncachedTokens: 1000}
+	req := LoadRequest{ID: 1, NowNs: 1e9, ComputeReadyNs: 1e9, UncachedTokens: 1000, SegmentsOnly: segmentsOnly}
 	for i := 0; i < runs; i++ {
 		n := blocks / runs
 		if i == runs-1 {
@@ -42,12 +42,16 @@ func benchPlan(b *testing.B, blockTokens, runs int) {
 	b.ReportMetric(float64(blocks), "cached-blocks")
 }
 
-// BenchmarkPlan128K80L: 512-token chain blocks (Mooncake), 8 runs.
-func BenchmarkPlan128K80L(b *testing.B) { benchPlan(b, 512, 8) }
+// BenchmarkPlan128K80L: 512-token chain blocks (Mooncake), 8 runs, with the
+// Plan.Reads list (640 reads).
+func BenchmarkPlan128K80L(b *testing.B) { benchPlan(b, 512, 8, false) }
+
+// BenchmarkPlan128K80LSegments: the same without the Plan.Reads list.
+func BenchmarkPlan128K80LSegments(b *testing.B) { benchPlan(b, 512, 8, true) }
 
 // BenchmarkPlan128K80LPages16: 16-token blocks (vLLM hashing, 8192 candidates
-// for the split), 64 runs: the O(blocks) part of the scan.
-func BenchmarkPlan128K80LPages16(b *testing.B) { benchPlan(b, 16, 64) }
+// for the split), 64 runs: the O(blocks) part of the scan, without the list.
+func BenchmarkPlan128K80LPages16(b *testing.B) { benchPlan(b, 16, 64, true) }
 
 // BenchmarkDispatchComplete: the per-I/O cost of the planner in the I/O loop:
 // Dispatch hands out the reads of a planned 128K-token, 80-layer request and a

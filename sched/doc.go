@@ -61,11 +61,13 @@
 //
 //	// Load(chain, pages): after prefix lookup and objmap resolved the cached
 //	// prefix into runs (one extent per run per layer):
-//	plan, err := p.PlanLoad(sched.LoadRequest{ID, NowNs, ComputeReadyNs, Runs, UncachedTokens})
+//	plan, err := p.PlanLoad(sched.LoadRequest{ID, NowNs, ComputeReadyNs, Runs, UncachedTokens, SegmentsOnly})
 //	//   plan.LoadBlocks: restore blocks [0, LoadBlocks); the engine recomputes the rest
 //	//   (Load.Blocks() reports LoadBlocks; the rest is a miss to the engine);
 //	//   plan.NotAdmitted says why the rest is not loaded (recompute-faster,
-//	//   read-budget, queue-full).
+//	//   read-budget, queue-full). Per layer there is one read per
+//	//   plan.Segments entry (len(plan.Reads) = Layers × len(Segments));
+//	//   SegmentsOnly skips building the plan.Reads list.
 //
 //	// Save(chain, pages), after the pages were gathered:
 //	tk, err := p.EnqueueSave(sched.SaveRequest{ID, NowNs, Device, Blocks, BytesPerLayerPerBlock})

@@ -102,6 +102,9 @@ type LoadRequest struct {
 	ComputeReadyNs int64
 	Runs           []Run // the cached prefix, in prefix order
 	UncachedTokens int   // tokens after the cached prefix, always computed (≥ 0)
+	// SegmentsOnly leaves Plan.Reads nil: callers that use Plan.Segments save
+	// the O(layers × runs) list (the planner itself never needs it).
+	SegmentsOnly bool
 }
 
 // Plan is what PlanLoad decided. Blocks [0, LoadBlocks) are loaded; blocks
@@ -596,7 +599,9 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		d.d += d.model.ReadNs(sg.Bytes)
 		d.nseg++
 	}
-	plan.Reads = make([]IO, 0, L*len(plan.Segments))
+	if !req.SegmentsOnly {
+		plan.Reads = make([]IO, 0, L*len(plan.Segments))
+	}
 	plan.LayerDeadlineNs = make([]int64, L)
 	plan.LayerReadDoneNs = make([]int64, L)
 	r0 := math.Inf(-1)
@@ -617,6 +622,9 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		plan.LayerDeadlineNs[l] = max(ceilNs(bestF-float64(L-l)*c), done)
 		plan.LayerReadDoneNs[l] = done
 		for _, sg := range plan.Segments {
+			if req.SegmentsOnly {
+				break
+			}
 			plan.Reads = append(plan.Reads, IO{Kind: IORead, ReqID: req.ID, Device: sg.Device, Layer: l, Run: sg.Run,
 				Blocks: sg.Blocks, Bytes: sg.Bytes, DeadlineNs: plan.LayerDeadlineNs[l]})
 		}

@@ -48,7 +48,10 @@ func checkPlan(t *testing.T, p *Planner, plan Plan, req LoadRequest) {
 		}
 		blocks += sg.Blocks
 	}
-	if blocks != plan.LoadBlocks || len(plan.Reads) != L*len(plan.Segments) {
+	if req.SegmentsOnly != (plan.Reads == nil) {
+		t.Fatalf("SegmentsOnly %v but %d reads listed", req.SegmentsOnly, len(plan.Reads))
+	}
+	if blocks != plan.LoadBlocks || (!req.SegmentsOnly && len(plan.Reads) != L*len(plan.Segments)) {
 		t.Fatalf("segments %+v cover %d blocks in %d reads, plan loads %d", plan.Segments, blocks, len(plan.Reads), plan.LoadBlocks)
 	}
 	for i, io := range plan.Reads {
@@ -140,7 +143,7 @@ func TestPlanProperties(t *testing.T) {
 						BytesPerLayerPerBlock: int64(cfg.BlockTokens) * int64(1+rng.IntN(4096))})
 				}
 				req := LoadRequest{ID: uint64(step), NowNs: now, ComputeReadyNs: now + int64(rng.IntN(300))*1e6,
-					Runs: runs, UncachedTokens: rng.IntN(3000)}
+					Runs: runs, UncachedTokens: rng.IntN(3000), SegmentsOnly: rng.IntN(4) == 0}
 				plan, err := p.PlanLoad(req)
 				if err != nil {
 					t.Fatalf("seed %d step %d: %v", seed, step, err)
@@ -213,8 +216,8 @@ func TestPlanProperties(t *testing.T) {
 			checkLimits(t, p, seed)
 		}
 		for id, pl := range plans {
-			if !cancelled[id] && reads[id] != len(pl.Reads) {
-				t.Fatalf("seed %d: plan %d had %d reads, %d dispatched", seed, id, len(pl.Reads), reads[id])
+			if want := cfg.Layers * len(pl.Segments); !cancelled[id] && reads[id] != want {
+				t.Fatalf("seed %d: plan %d had %d reads, %d dispatched", seed, id, want, reads[id])
 			}
 		}
 	}

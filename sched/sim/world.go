@@ -216,7 +216,7 @@ func (s *state) arrive(i int) error {
 	case PolicyScheduler:
 		ready := s.gpuReadyEstimate()
 		plan, err := s.planner.PlanLoad(sched.LoadRequest{ID: uint64(i), NowNs: s.now, ComputeReadyNs: ready,
-			Runs: r.segs, UncachedTokens: uncached})
+			Runs: r.segs, UncachedTokens: uncached, SegmentsOnly: true})
 		if err != nil {
 			return err
 		}
