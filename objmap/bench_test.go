@@ -74,6 +74,7 @@ func BenchmarkCommit(b *testing.B) {
 			b.StopTimer()
 			s := m.Stats()
 			b.ReportMetric(float64(s.JournalSyncs)/float64(s.Commits), "journal_syncs/commit")
+			b.ReportMetric(float64(s.PoolSyncs)/float64(s.Commits), "pool_syncs/commit")
 		})
 	}
 }

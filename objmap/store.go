@@ -102,6 +102,7 @@ type Map struct {
 	dirs     []string // ordered by manifest index; journal in dirs[0]
 	locks    []*dirLock
 	files    []*uring.File
+	syncers  []*fileSyncer
 	fileSize int64
 	readOnly bool
 
@@ -353,6 +354,7 @@ func (m *Map) openPool() error {
 			return fmt.Errorf("objmap: opening pool file: %w", err)
 		}
 		m.files = append(m.files, f)
+		m.syncers = append(m.syncers, newFileSyncer(int(f.FD)))
 		var st unix.Stat_t
 		if err := unix.Fstat(int(f.FD), &st); err != nil {
 			return fmt.Errorf("objmap: stat of pool file %s: %w", path, err)
@@ -562,7 +564,7 @@ func (m *Map) writeHeaders(reqs []CommitRequest) error {
 		}
 	}
 	for _, fi := range sync {
-		if err := unix.Fdatasync(int(m.files[fi].FD)); err != nil {
+		if err := m.syncers[fi].sync(); err != nil {
 			return fmt.Errorf("objmap: commit: fdatasync of %s: %w", m.files[fi].Path, err)
 		}
 	}
@@ -673,6 +675,7 @@ type Stats struct {
 	JournalRecords   int64 `json:"journal_records"`
 	JournalSyncs     int64 `json:"journal_syncs"`
 	JournalBytes     int64 `json:"journal_bytes"`
+	PoolSyncs        int64 `json:"pool_syncs"`
 	Checkpoints      int64 `json:"checkpoints"`
 	Epoch            uint64
 }
@@ -686,6 +689,11 @@ func (m *Map) Stats() Stats {
 		Checkpoints: m.checkpoints, Epoch: m.epoch}
 	for _, r := range m.reserved {
 		s.ReservedBytes += r.Length
+	}
+	for _, fs := range m.syncers {
+		fs.mu.Lock()
+		s.PoolSyncs += fs.syncs
+		fs.mu.Unlock()
 	}
 	for _, e := range m.runs {
 		if e.state == stateLive {
