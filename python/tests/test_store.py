@@ -263,7 +263,8 @@ class ConfigErrorTest(unittest.TestCase):
 
     def test_bad_fields(self):
         for kw, frag in ((dict(num_pages=0), "num_pages"), (dict(capacity_bytes=0), "CapacityBytes"),
-                         (dict(queue_depth=-1), "QueueDepth"), (dict(dirs=[]), "num_dirs")):
+                         (dict(queue_depth=-1), "QueueDepth"), (dict(dirs=[]), "num_dirs"),
+                         (dict(save_budget_bytes=-1), "SaveBudgetBytes")):
             with self.assertRaises(tutti.InvalidArgument, msg=str(kw)) as cm:
                 self.open(**kw)
             self.assertIn(frag, str(cm.exception))

@@ -54,7 +54,7 @@ class tutti_config(ctypes.Structure):
         "compute_fixed_ns", "compute_per_token_ns", "compute_per_pair_ns",
         "device_read_bytes_per_sec", "device_write_bytes_per_sec", "device_read_iops", "device_write_iops",
         "device_read_latency_ns", "device_read_share_under_writes", "device_write_share_under_reads",
-    )]
+    )] + [("save_budget_bytes", ctypes.c_int64)]
 
 
 class tutti_kv_region(ctypes.Structure):

@@ -129,7 +129,7 @@ class Store:
     def __init__(self, dirs: Iterable[str], capacity_bytes: int, geometry: Geometry, num_pages: int,
                  layout: str = "per_layer", path: str = "cpu", queue_depth: int = 0, save_bound_ms: int = 0,
                  staging_bytes: int = 0, staging_slot_bytes: int = 0, max_loads: int = 0,
-                 compute: dict = None, device: dict = None):
+                 compute: dict = None, device: dict = None, save_budget_bytes: int = 0):
         """``compute`` (keys fixed_ns, per_token_ns, per_pair_ns: prefill time
         per layer) lets the scheduler leave a stored tail to recompute where
         that is faster; without it every stored block is loaded. ``device``
@@ -155,7 +155,7 @@ class Store:
             dtype=geometry.dtype_code, planes=geometry.planes, page_tokens=geometry.page_tokens,
             chunk_pages=geometry.chunk_pages, layout=_LAYOUTS[layout], num_pages=num_pages,
             queue_depth=queue_depth, save_bound_ms=save_bound_ms, staging_bytes=staging_bytes,
-            staging_slot_bytes=staging_slot_bytes, max_loads=max_loads,
+            staging_slot_bytes=staging_slot_bytes, max_loads=max_loads, save_budget_bytes=save_budget_bytes,
         )
         for prefix, given in (("compute_", compute), ("device_", device)):
             for k, v in (given or {}).items():

@@ -61,6 +61,7 @@ type config struct {
 	reserved                       uint32
 	compute                        [3]float64 // fixed, per token, per pair (ns)
 	device                         [7]float64 // sched.DeviceProfile in field order
+	saveBudgetBytes                int64
 }
 
 // runtimeConfig checks what the runtime cannot see (ABI version, enum
@@ -112,6 +113,7 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	rc.StagingBytes = c.stagingBytes
 	rc.StagingSlotBytes = c.stagingSlotBytes
 	rc.MaxLoads = int(c.maxLoads)
+	rc.SaveBudgetBytes = c.saveBudgetBytes
 	rc.Compute = sched.ComputeModel{FixedNs: c.compute[0], PerTokenNs: c.compute[1], PerPairNs: c.compute[2]}
 	d := c.device
 	rc.Device = sched.DeviceProfile{ReadBytesPerSec: d[0], WriteBytesPerSec: d[1], ReadIOPS: d[2], WriteIOPS: d[3],

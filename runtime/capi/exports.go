@@ -35,7 +35,7 @@ func main() {}
 // Version-1 sizes of the growable structs: a caller's struct_size below them
 // is refused. The array lengths fail to compile if tutti.h changes them.
 const (
-	configSizeV1 = 184
+	configSizeV1 = 192
 	statsSizeV1  = 176
 )
 
@@ -205,6 +205,7 @@ func readConfig(p *C.tutti_config) (config, error) {
 	c.stagingBytes, c.stagingSlotBytes = int64(local.staging_bytes), int64(local.staging_slot_bytes)
 	c.maxLoads = int32(local.max_loads)
 	c.reserved = uint32(local.reserved)
+	c.saveBudgetBytes = int64(local.save_budget_bytes)
 	c.compute = [3]float64{float64(local.compute_fixed_ns), float64(local.compute_per_token_ns), float64(local.compute_per_pair_ns)}
 	c.device = [7]float64{float64(local.device_read_bytes_per_sec), float64(local.device_write_bytes_per_sec),
 		float64(local.device_read_iops), float64(local.device_write_iops), float64(local.device_read_latency_ns),

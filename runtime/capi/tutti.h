@@ -126,6 +126,8 @@ typedef struct tutti_config {
 	double device_read_latency_ns;         /* first completion on an idle device */
 	double device_read_share_under_writes; /* read bandwidth with writes running / alone, (0, 1] */
 	double device_write_share_under_reads; /* write bandwidth with reads running / alone, (0, 1] */
+	int64_t save_budget_bytes;             /* save bytes admitted and not yet written, per device
+	                                          (a save beyond it is stored in part); 0 = default */
 } tutti_config;
 
 /* One contiguous range of KV memory. */
