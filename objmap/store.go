@@ -29,8 +29,9 @@ type Options struct {
 	// Buffered opens pool files without O_DIRECT (for file systems that
 	// refuse it, such as tmpfs). Files() reports DirectAlign 0 then.
 	Buffered bool
-	// ReadOnly opens for checking (fsck): no writes at all, a torn journal
-	// tail is reported but not truncated, Allocate/Commit/Free fail.
+	// ReadOnly opens for checking (fsck): nothing of the store is written
+	// (only the LOCK file, with this pid), a torn journal tail is reported
+	// but not truncated, and Allocate/Commit/Free fail with ErrReadOnly.
 	ReadOnly bool
 	// SegmentBytes bounds a journal segment: past it, a checkpoint is
 	// written and a new segment started (default 64 MiB, minimum 512 bytes).
