@@ -135,10 +135,12 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	}
 	p("\n")
 	p("TTFT comes from a deterministic timeline: restore and save times are measured for real on this machine, " +
-		"one request at a time; the prefill is the compute model above; the device and the GPU are FIFO servers " +
-		"and a layer computes once it is loaded. SLO attainment against rate replays the same measured service " +
-		"times at scaled arrival rates.\n\n")
-
+		"one request at a time, in arrival order; the prefill is the compute model above. In the timeline the GPU runs " +
+		"one prefill at a time and a layer computes once it is loaded and the previous layer is done (time the GPU " +
+		"waits is the GPU stall); the device serves loads first, in arrival order, and saves only in its idle time, " +
+		"yielding between blocks (every backend alike). SLO attainment against rate replays the same measured service " +
+		"times at scaled arrival rates (max rate: highest rate whose p90 TTFT meets the SLO). Restore GB/s is restored " +
+		"bytes over the summed restore times; CPU s/GiB is process CPU time during restores per GiB restored.\n\n")
 	p("## Results\n\n")
 	p("| backend | TTFT p50 ms | p90 | p99 | max rate at SLO (req/s) | restore GB/s | of ceiling | CPU s/GiB | hit ratio | I/Os per request | GPU stall ms | fallbacks | verify mismatches |\n")
 	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
