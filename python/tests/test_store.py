@@ -81,6 +81,25 @@ class RoundTripTest(unittest.TestCase):
         with fx.store.load(chain, [10, 11, 12, 13]) as ld:
             self.assertEqual(ld.wait(), 2)
 
+    def test_save_twice_and_extend(self):
+        fx = StoreFixture()
+        self.addCleanup(fx.close)
+        st = fx.store
+        st.register_kv(fx.regions())
+        chain = chain_of(11, 4)
+        with st.save(chain[:2], [0, 1]) as sv:
+            sv.wait_gathered()
+        st.wait_saves()
+        with st.save(chain[:2], [0, 1]) as sv:  # already stored: skipped, still gathered/released
+            sv.wait_gathered()
+        with st.save(chain, [0, 1, 2, 3]) as sv:  # extends the stored prefix
+            sv.wait_gathered()
+        st.wait_saves()
+        self.assertEqual(st.lookup(chain), 4)
+        s = st.stats()
+        self.assertEqual(s["saves"], 3)
+        self.assertGreaterEqual(s["skipped_blocks"], 2)
+
     def test_reopen_recovers(self):
         d = tempfile.mkdtemp(prefix="tutti-pytest-")
         self.addCleanup(shutil.rmtree, d, True)

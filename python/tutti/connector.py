@@ -213,6 +213,9 @@ class TuttiConnector:
             n = check_tensor(descs[0], names[0], shape, g.dtype_code, device)
             regions = [(descs[0].data_ptr, n)]
         st.register_kv(regions)
+        # The library writes into these tensors until the store is closed:
+        # hold them so that they cannot be freed under it.
+        self._kv_refs = dict(kv_caches)
 
     def bind_connector_metadata(self, meta: ConnectorMetadata):
         self._meta = meta
