@@ -77,7 +77,7 @@ func BenchmarkDispatchComplete(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		now += 1e9
-		if _, err := p.PlanLoad(LoadRequest{ID: uint64(now), NowNs: now, ComputeReadyNs: now + 30e9, Runs: runs, UncachedTokens: 1000}); err != nil {
+		if _, err := p.PlanLoad(LoadRequest{ID: uint64(now), NowNs: now, ComputeReadyNs: now + 30e9, Runs: runs, UncachedTokens: 1000, SegmentsOnly: true}); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := p.EnqueueSave(SaveRequest{ID: uint64(now), NowNs: now, Device: 0, Blocks: 8, BytesPerLayerPerBlock: 2 << 20}); err != nil {
