@@ -38,7 +38,7 @@ type Options struct {
 	SegmentBytes int64
 	// MaxGroupBytes bounds the records one fdatasync covers (default 1 MiB).
 	MaxGroupBytes int
-	// HeaderReaders bounds the concurrent header reads of recovery (default 8).
+	// HeaderReaders bounds the concurrent header reads of recovery (default 32).
 	HeaderReaders int
 }
 
@@ -150,7 +150,7 @@ func Open(opts Options) (*Map, error) {
 		return nil, fmt.Errorf("objmap: open: MaxGroupBytes %d, want >= %d", opts.MaxGroupBytes, MaxRecordBytes+recordFrameBytes)
 	}
 	if opts.HeaderReaders == 0 {
-		opts.HeaderReaders = 8
+		opts.HeaderReaders = 32
 	}
 	opts.HeaderReaders = min(max(opts.HeaderReaders, 1), 64)
 	seen := map[string]bool{}
