@@ -160,3 +160,44 @@ func TestHeaderEnums(t *testing.T) {
 		t.Errorf("tutti.h has %s = %d, unknown to the Go side", name, v)
 	}
 }
+
+// TestCProgram builds the library as `make python-test` does, then compiles
+// testdata/abi_test.c against tutti.h (-Wall -Werror, C11), links it to the
+// library and runs it: the ABI as a C engine sees it, round trip included.
+// The header must also compile as C++.
+func TestCProgram(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("go tool not in PATH")
+	}
+	cc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("gcc not in PATH")
+	}
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "libtutti.so")
+	if out, err := exec.Command(gobin, "build", "-buildmode=c-shared", "-o", lib, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build -buildmode=c-shared: %v\n%s", err, out)
+	}
+	exe := filepath.Join(dir, "abi_test")
+	args := []string{"-std=c11", "-Wall", "-Wextra", "-Werror", "-I", ".", "-o", exe, "testdata/abi_test.c",
+		"-L", dir, "-ltutti", "-Wl,-rpath," + dir}
+	if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	store := filepath.Join(dir, "store")
+	if err := os.Mkdir(store, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(exe, store).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "ok" {
+		t.Fatalf("abi_test: %v\n%s", err, out)
+	}
+	if cxx, err := exec.LookPath("g++"); err == nil {
+		cmd := exec.Command(cxx, "-x", "c++", "-std=c++17", "-Wall", "-Werror", "-fsyntax-only", "-I", ".", "-")
+		cmd.Stdin = strings.NewReader("#include \"tutti.h\"\nint main() { return tutti_abi_version() == 0; }\n")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("tutti.h as C++: %v\n%s", err, out)
+		}
+	}
+}
