@@ -147,7 +147,8 @@ class ConnectorFlowTest(unittest.TestCase):
         req_b = Request("b", prompt + [1, 2, 3])
         self.assertEqual(conn.get_num_new_matched_tokens(req_b, 0), (3 * bt, False))
         self.assertEqual(conn.get_num_new_matched_tokens(req_b, bt), (2 * bt, False))
-        conn.add_load(tutti.ReqMeta("b", pages_b, token_ids=req_b.prompt_token_ids, num_tokens=3 * bt))
+        conn.update_state_after_alloc(req_b, pages_b, 3 * bt)  # as vLLM's scheduler would
+        self.assertEqual(conn.request_finished(req_b, pages_b), (False, None))
         conn.bind_connector_metadata(conn.build_connector_meta(None))
         conn.start_load_kv()
         for l, n in enumerate(names):

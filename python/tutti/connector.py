@@ -162,6 +162,25 @@ class TuttiConnector:
             hit = toks - 1
         return max(0, hit - num_computed_tokens), False
 
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        """vLLM calls this once the request's pages are allocated: queue the
+        load of the blocks covering its first num_computed_tokens +
+        num_external_tokens tokens. ``blocks`` is a list of page ids or an
+        object with ``get_block_ids()`` (vLLM's KVCacheBlocks)."""
+        if num_external_tokens <= 0:
+            return
+        ids = blocks.get_block_ids()[0] if hasattr(blocks, "get_block_ids") else blocks
+        req_id = getattr(request, "request_id", None) or getattr(request, "req_id")
+        n = getattr(request, "num_computed_tokens", 0) + num_external_tokens
+        self.add_load(ReqMeta(req_id, list(ids), token_ids=getattr(request, "prompt_token_ids", None)
+                              or getattr(request, "token_ids", None),
+                              block_hashes=getattr(request, "block_hashes", None), num_tokens=n))
+
+    def request_finished(self, request, block_ids):
+        """(delay freeing the pages?, transfer params): never delayed, since a
+        save's pages are released by wait_for_save in the step that wrote them."""
+        return False, None
+
     def build_connector_meta(self, scheduler_output=None) -> ConnectorMetadata:
         """Returns the loads and saves queued with :meth:`add_load` /
         :meth:`add_save` since the last call."""
