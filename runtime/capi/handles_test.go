@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -64,7 +65,7 @@ func TestClassify(t *testing.T) {
 	}{
 		{nil, statusOK},
 		{base, errOutOfRange},
-		{wrap("tutti_load", base), errOutOfRange},
+		{fmt.Errorf("tutti_load: %w", base), errOutOfRange},
 		{errors.New("something new"), errInternal},
 	} {
 		if got := classify(c.err); got != c.want {

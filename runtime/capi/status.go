@@ -67,11 +67,6 @@ func errorf(code status, format string, args ...any) error {
 	return &abiError{code: code, msg: fmt.Sprintf(format, args...)}
 }
 
-// wrap attaches the C function's name to err, keeping err's status.
-func wrap(op string, err error) error {
-	return &abiError{code: classify(err), msg: op, err: err}
-}
-
 // classify maps an error to the status a C caller branches on. Errors that
 // match no known sentinel are TUTTI_ERR_IO when they carry an errno and TUTTI_ERR_INTERNAL otherwise, so an unexpected error is never
 // reported as success or as a caller mistake.
