@@ -22,8 +22,12 @@ import (
 // not a multiple of 4 KiB (MLA: 18 KiB per page), the I/O goes through a
 // per-operation bounce buffer of stride bytes instead (counted in Stats).
 type PerBlock struct {
+	// NewEngine, if set, makes the I/O engine instead of an io_uring ring
+	// (tests pass a *uring.Sim with fault injectors).
+	NewEngine func(queueDepth int) (uring.Engine, error)
+
 	env     Env
-	ring    *uring.Ring
+	ring    uring.Engine
 	file    *uring.File
 	stride  int64
 	slotB   int64
@@ -60,6 +64,9 @@ func (p *PerBlock) Name() string   { return "per-block" }
 func (p *PerBlock) DirectIO() bool { return true }
 
 func (p *PerBlock) Available() error {
+	if p.NewEngine != nil {
+		return nil
+	}
 	r, err := uring.New(uring.Config{Entries: 8, SQThreadCPU: -1})
 	if err != nil {
 		return fmt.Errorf("per-block: io_uring: %v: %w", err, ErrUnavailable)
@@ -78,7 +85,12 @@ func (p *PerBlock) Open(env Env) error {
 		qd = 64
 	}
 	var err error
-	if p.ring, err = uring.New(uring.Config{Entries: uint32(qd), MaxInFlight: qd, SQThreadCPU: -1}); err != nil {
+	if p.NewEngine != nil {
+		p.ring, err = p.NewEngine(qd)
+	} else {
+		p.ring, err = uring.New(uring.Config{Entries: uint32(qd), MaxInFlight: qd, SQThreadCPU: -1})
+	}
+	if err != nil {
 		return fmt.Errorf("per-block: %w", err)
 	}
 	path := filepath.Join(env.Dir, "slots.dat")
