@@ -72,6 +72,16 @@ type Config struct {
 	// Path selects the CPU or the GPU data path.
 	Path Path
 
+	// GPUDevice is the CUDA device of the KV tensors (PathGPU).
+	GPUDevice int
+	// GPUMaxPages bounds the pages one GPU restore moves (the kernels'
+	// staging slots are sized for it); a longer load is cut, the rest is
+	// recomputed. Zero: min(NumPages, 4096).
+	GPUMaxPages int
+	// GPUMaxRuns bounds the runs (extents per layer) of one GPU restore.
+	// Zero: 64.
+	GPUMaxRuns int
+
 	// QueueDepth bounds the I/Os in flight on each engine.
 	QueueDepth int
 	// StagingBytes is the off-heap staging memory allocated at Open; it
@@ -163,6 +173,15 @@ func (c *Config) Validate() error {
 	if c.SaveBoundMs < 0 || c.SaveBoundMs > maxSaveBoundMs {
 		return configErr("SaveBoundMs", "must be in [0, %d], got %d", maxSaveBoundMs, c.SaveBoundMs)
 	}
+	if c.GPUDevice < 0 {
+		return configErr("GPUDevice", "must be >= 0, got %d", c.GPUDevice)
+	}
+	if c.GPUMaxPages < 0 {
+		return configErr("GPUMaxPages", "must be >= 0, got %d", c.GPUMaxPages)
+	}
+	if c.GPUMaxRuns < 0 || c.GPUMaxRuns > 4096 {
+		return configErr("GPUMaxRuns", "must be in [0, 4096], got %d", c.GPUMaxRuns)
+	}
 	if c.SaveBudgetBytes < 0 {
 		return configErr("SaveBudgetBytes", "must be >= 0, got %d", c.SaveBudgetBytes)
 	}
@@ -178,6 +197,9 @@ func (c *Config) Validate() error {
 	}
 	if pb := c.Geometry.PageBytesPerLayer(); w.StagingSlotBytes < pb {
 		return configErr("StagingSlotBytes", "%d is smaller than one page of one layer (%d bytes)", w.StagingSlotBytes, pb)
+	}
+	if u := gpuWriteUnit(c.Geometry); c.Path == PathGPU && w.StagingSlotBytes < u {
+		return configErr("StagingSlotBytes", "%d is smaller than the GPU save unit (%d bytes: whole pages and 4 KiB blocks)", w.StagingSlotBytes, u)
 	}
 	return nil
 }
@@ -205,6 +227,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxLoads == 0 {
 		c.MaxLoads = DefaultMaxLoads
+	}
+	if c.GPUMaxPages == 0 {
+		c.GPUMaxPages = min(c.NumPages, 4096)
+	}
+	if c.GPUMaxRuns == 0 {
+		c.GPUMaxRuns = 64
 	}
 	if c.SaveBudgetBytes == 0 {
 		c.SaveBudgetBytes = DefaultSaveBudgetBytes

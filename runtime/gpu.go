@@ -1,16 +1,236 @@
 package runtime
 
+// PathGPU: package kernels restores. The GPU drives its own SQPOLL io_uring
+// (one read per (layer, extent), in the kernels' staging), scatters into the
+// engine's KV tensors in HBM and marks layers ready with CUDA events. Saves
+// gather pages from HBM into this store's (CUDA-registered) staging slots
+// and write them from the CPU through the same save path as PathCPU.
+
 import (
 	"errors"
 	"fmt"
+	"sync"
+
+	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/uring"
 )
 
 // ErrGPUUnavailable is wrapped by Open with PathGPU when the GPU path cannot
-// run here (no GPU, or the kernels library is not loaded); the cause is
-// wrapped too. Open never falls back to PathCPU by itself.
+// run here; the kernels' cause (kernels.ErrNoGPU, kernels.ErrNotLoaded, ...)
+// is wrapped too. Open never falls back to PathCPU by itself.
 var ErrGPUUnavailable = errors.New("runtime: GPU path unavailable")
 
-// gpuAvailable reports why PathGPU cannot run.
-func gpuAvailable() error {
-	return fmt.Errorf("%w: the GPU restore path is not wired into this build", ErrGPUUnavailable)
+// ErrNotGPU is returned by GPU-only calls (Load.StreamWaitLayer) on PathCPU.
+var ErrNotGPU = errors.New("runtime: not on the GPU path")
+
+// gpuAvailable initialises the kernels on device, or says why it cannot.
+func gpuAvailable(device int) error {
+	if err := kernels.Init(device); err != nil {
+		return fmt.Errorf("%w: %w", ErrGPUUnavailable, err)
+	}
+	return nil
+}
+
+// gpuPath is the bound GPU context of a store.
+type gpuPath struct {
+	r        *kernels.Restorer
+	ring     *uring.Ring
+	gatherMu sync.Mutex // Gather sets the restorer's host page map: one at a time
+	slots    []uintptr  // staging slots registered with CUDA
+}
+
+func kernelsGeometry(g objmap.Geometry) kernels.Geometry {
+	return kernels.Geometry{Layers: g.Layers, Planes: g.Planes, PageTokens: g.PageTokens, KVHeads: g.KVHeads,
+		HeadDim: g.HeadDim, DTypeBytes: g.DType.Bytes()}
+}
+
+// bindGPU binds the engine's device KV tensors, a ring dedicated to the GPU
+// and the store's staging slots (for save gathers).
+func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
+	if err := checkKV(s.geo, s.cfg.Layout, s.cfg.NumPages, kv); err != nil {
+		return nil, err
+	}
+	var ptrs []uint64
+	if s.cfg.Layout == objmap.LayoutPerLayer {
+		for _, r := range kv.Layers {
+			ptrs = append(ptrs, uint64(r.Addr))
+		}
+	} else {
+		ptrs = []uint64{uint64(kv.Cross.Addr)}
+	}
+	rc := uring.DefaultConfig()
+	rc.Entries = uint32(s.cfg.QueueDepth)
+	rc.SQPoll = true
+	rc.SQThreadIdleMs = 20
+	ring, err := uring.New(rc)
+	if err != nil {
+		return nil, fmt.Errorf("runtime: GPU ring: %w", err)
+	}
+	layout := kernels.LayoutPerLayer
+	if s.cfg.Layout == objmap.LayoutCrossLayer {
+		layout = kernels.LayoutCrossLayer
+	}
+	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPUDevice, Geometry: kernelsGeometry(s.geo), Layout: layout,
+		NumPages: s.cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: s.cfg.GPUMaxPages, MaxExtents: s.cfg.GPUMaxRuns,
+		IOWindow: s.cfg.QueueDepth})
+	if err != nil {
+		ring.Close()
+		return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
+	}
+	gp := &gpuPath{r: r, ring: ring}
+	for _, sl := range s.staging.all {
+		if err := kernels.HostRegister(sl.buf.Addr(), int64(sl.buf.Len())); err != nil {
+			gp.close()
+			return nil, fmt.Errorf("runtime: registering staging with CUDA: %w", err)
+		}
+		gp.slots = append(gp.slots, sl.buf.Addr())
+	}
+	return gp, nil
+}
+
+func (gp *gpuPath) close() error {
+	var errs []error
+	for _, a := range gp.slots {
+		errs = append(errs, kernels.HostUnregister(a))
+	}
+	errs = append(errs, gp.r.Close(), gp.ring.Close())
+	return errors.Join(errs...)
+}
+
+// gather copies pages [first, first+n) of the run's page list, layer layer,
+// from HBM into dst (a registered staging slot) in object layout.
+func (gp *gpuPath) gather(pages []int32, layer int, dst uintptr, bytes int64) error {
+	gp.gatherMu.Lock()
+	defer gp.gatherMu.Unlock()
+	return gp.r.Gather(pages, layer, 1, dst, bytes)
+}
+
+// gpuWriteUnit is the size GPU save writes are cut at: whole pages (Gather
+// copies pages) and whole O_DIRECT blocks.
+func gpuWriteUnit(g objmap.Geometry) int64 {
+	pb := g.PageBytesPerLayer()
+	a, b := pb, int64(objmap.BlockBytes)
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return pb / a * objmap.BlockBytes
+}
+
+// gpuCut trims runs to what one GPU restore can take (GPUMaxRuns extents,
+// GPUMaxPages pages, extents starting on an O_DIRECT boundary) and returns
+// the blocks kept; the rest is recomputed like blocks the plan left out.
+func (s *Store) gpuCut(runs []loadRun, planned int) int {
+	g := s.geo
+	kept, pages := 0, 0
+	for i, r := range runs {
+		if kept >= planned || i >= s.cfg.GPUMaxRuns || (int64(r.first)*g.ChunkBytesPerLayer())%objmap.BlockBytes != 0 {
+			break
+		}
+		k := min(r.k, planned-kept, (s.cfg.GPUMaxPages-pages)/g.ChunkPages)
+		if k <= 0 {
+			break
+		}
+		kept += k
+		pages += k * g.ChunkPages
+	}
+	return kept
+}
+
+// startGPU enqueues the load's restore on the GPU and waits for it on a
+// goroutine that marks layers ready and maps failed entries to runs.
+func (l *Load) startGPU() {
+	s := l.s
+	g := s.geo
+	req := kernels.Request{Layers: make([][]kernels.Extent, g.Layers)}
+	for _, r := range l.runs {
+		base := r.chainPos * g.ChunkPages
+		req.Pages = append(req.Pages, l.pages[base:base+r.k*g.ChunkPages]...)
+	}
+	for layer := range req.Layers {
+		for _, r := range l.runs {
+			off, _ := g.ObjectOffset(r.run.chunks, layer)
+			req.Layers[layer] = append(req.Layers[layer], kernels.Extent{FD: r.run.file.FD, Align: r.run.file.DirectAlign,
+				Offset: r.run.offset + off + int64(r.first)*g.ChunkBytesPerLayer(), Pages: r.k * g.ChunkPages})
+		}
+	}
+	x, err := s.gpu.r.Restore(req)
+	if err != nil {
+		l.failRuns(0, MissGPU)
+		l.gpuErr = err
+		go l.driveGPU(nil)
+		return
+	}
+	l.ioCount = int64(g.Layers * len(l.runs))
+	l.gpuX = x
+	go l.driveGPU(x)
+}
+
+func (l *Load) driveGPU(x *kernels.Restore) {
+	g := l.s.geo
+	if x != nil {
+		for layer := 0; layer < g.Layers; layer++ {
+			// ErrIO here is a failed entry: mapped to runs after Wait.
+			if err := x.WaitLayer(layer); err != nil && !errors.Is(err, kernels.ErrIO) && l.gpuErr == nil {
+				l.gpuErr = err
+			}
+			l.mu.Lock()
+			l.ready = layer + 1
+			l.mu.Unlock()
+			l.cond.Broadcast()
+		}
+		res, err := x.Wait()
+		if res != nil {
+			for _, f := range res.Failed {
+				l.failRuns(l.runOfOffset(f.Layer, f.Offset), MissIOError)
+			}
+		}
+		if err != nil && (res == nil || len(res.Failed) == 0) {
+			l.failRuns(0, MissGPU)
+			if l.gpuErr == nil {
+				l.gpuErr = err
+			}
+		}
+		l.mu.Lock()
+		_ = x.Release()
+		l.gpuX = nil
+		l.err = l.gpuErr
+		l.mu.Unlock()
+	} else {
+		l.mu.Lock()
+		l.err = l.gpuErr
+		l.mu.Unlock()
+	}
+	l.finish()
+}
+
+// runOfOffset returns the first run whose object of layer holds file offset
+// off (the earliest when offsets of runs in different files coincide: a miss
+// too many is safe, a wrong hit is not).
+func (l *Load) runOfOffset(layer int, off int64) int {
+	g := l.s.geo
+	for i, r := range l.runs {
+		o, _ := g.ObjectOffset(r.run.chunks, layer)
+		start := r.run.offset + o
+		if off >= start && off < start+g.ObjectStride(r.run.chunks) {
+			return i
+		}
+	}
+	return 0
+}
+
+// StreamWaitLayer makes a CUDA stream wait until layer is in the KV tensors,
+// with no host round trip (PathGPU only; ErrNotGPU otherwise). A failed
+// entry leaves its pages unwritten; Blocks after Wait says how far the load
+// really got.
+func (l *Load) StreamWaitLayer(layer int, stream uintptr) error {
+	if l.s.gpu == nil {
+		return ErrNotGPU
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.gpuX == nil || l.finished {
+		return nil // nothing in flight: the layer is as done as it gets
+	}
+	return l.gpuX.StreamWaitLayer(layer, stream)
 }

@@ -53,14 +53,15 @@ func view(addr uintptr, n int64) []byte {
 	return unsafe.Slice((*byte)(p), n)
 }
 
-func newKVViews(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemory) (*kvViews, error) {
-	v := &kvViews{
-		layout:     layout,
-		planeBytes: g.PageBytesPerPlane(),
-		planes:     int64(g.Planes),
-		numPages:   int64(numPages),
-		numLayers:  int64(g.Layers),
-	}
+// checkKV checks that kv describes memory of the right shape and size for
+// numPages pages of g in layout (host or device addresses alike).
+func checkKV(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemory) error {
+	_, err := kvRegions(g, layout, numPages, kv)
+	return err
+}
+
+// kvRegions checks kv and returns the regions with their needed lengths.
+func kvRegions(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemory) ([]Region, error) {
 	switch layout {
 	case objmap.LayoutPerLayer:
 		if kv.Cross != (Region{}) {
@@ -69,8 +70,8 @@ func newKVViews(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemo
 		if len(kv.Layers) != g.Layers {
 			return nil, fmt.Errorf("%w: Layers has %d tensors, geometry has %d layers", ErrKV, len(kv.Layers), g.Layers)
 		}
-		need := v.planes * v.numPages * v.planeBytes
-		v.layers = make([][]byte, g.Layers)
+		need := int64(g.Planes) * int64(numPages) * g.PageBytesPerPlane()
+		out := make([]Region, g.Layers)
 		for l, r := range kv.Layers {
 			if r.Addr == 0 {
 				return nil, fmt.Errorf("%w: Layers[%d]: nil address", ErrKV, l)
@@ -78,22 +79,43 @@ func newKVViews(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemo
 			if r.LenBytes < need {
 				return nil, fmt.Errorf("%w: Layers[%d]: %d bytes, %d pages need %d", ErrKV, l, r.LenBytes, numPages, need)
 			}
-			v.layers[l] = view(r.Addr, need)
+			out[l] = Region{Addr: r.Addr, LenBytes: need}
 		}
+		return out, nil
 	case objmap.LayoutCrossLayer:
 		if len(kv.Layers) != 0 {
 			return nil, fmt.Errorf("%w: Layers is set but the layout is cross-layer (use Cross)", ErrKV)
 		}
-		need := v.numPages * v.numLayers * v.planes * v.planeBytes
+		need := int64(numPages) * int64(g.Layers) * g.PageBytesPerLayer()
 		if kv.Cross.Addr == 0 {
 			return nil, fmt.Errorf("%w: Cross: nil address", ErrKV)
 		}
 		if kv.Cross.LenBytes < need {
 			return nil, fmt.Errorf("%w: Cross: %d bytes, %d pages need %d", ErrKV, kv.Cross.LenBytes, numPages, need)
 		}
-		v.cross = view(kv.Cross.Addr, need)
-	default:
-		return nil, fmt.Errorf("%w: unknown layout %d", ErrKV, layout)
+		return []Region{{Addr: kv.Cross.Addr, LenBytes: need}}, nil
+	}
+	return nil, fmt.Errorf("%w: unknown layout %d", ErrKV, layout)
+}
+
+func newKVViews(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemory) (*kvViews, error) {
+	regions, err := kvRegions(g, layout, numPages, kv)
+	if err != nil {
+		return nil, err
+	}
+	v := &kvViews{
+		layout:     layout,
+		planeBytes: g.PageBytesPerPlane(),
+		planes:     int64(g.Planes),
+		numPages:   int64(numPages),
+		numLayers:  int64(g.Layers),
+	}
+	if layout == objmap.LayoutPerLayer {
+		for _, r := range regions {
+			v.layers = append(v.layers, view(r.Addr, r.LenBytes))
+		}
+	} else {
+		v.cross = view(regions[0].Addr, regions[0].LenBytes)
 	}
 	return v, nil
 }

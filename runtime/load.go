@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
@@ -19,6 +20,7 @@ const (
 	MissCRC                        // the restored object did not match its header's CRC32C
 	MissNotFound                   // the index named a run the object map no longer has
 	MissClosed                     // the store was closing
+	MissGPU                        // the GPU refused or failed the restore as a whole
 	numMissCauses
 )
 
@@ -34,6 +36,8 @@ func (c MissCause) String() string {
 		return "not-found"
 	case MissClosed:
 		return "closed"
+	case MissGPU:
+		return "gpu"
 	}
 	return fmt.Sprintf("MissCause(%d)", uint8(c))
 }
@@ -88,6 +92,9 @@ type Load struct {
 	overreadBytes, ioCount, splits int64
 	readBytes, firstNs             int64 // for the device model: the load's reads as one batch
 	missBlocks                     [numMissCauses]int64
+
+	gpuX   *kernels.Restore // PathGPU: the restore in flight
+	gpuErr error
 }
 
 // Blocks is the number of leading chain blocks restored (final after Wait).

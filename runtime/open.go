@@ -33,7 +33,7 @@ func Open(cfg Config) (*Store, error) {
 	}
 	cfg = cfg.withDefaults()
 	if cfg.Path == PathGPU {
-		if err := gpuAvailable(); err != nil {
+		if err := gpuAvailable(cfg.GPUDevice); err != nil {
 			return nil, fmt.Errorf("runtime: open with path gpu: %w", err)
 		}
 	}
@@ -83,6 +83,11 @@ func Open(cfg Config) (*Store, error) {
 	}
 	s.worker = newIOWorker("runtime io", eng, cfg.QueueDepth)
 	s.maxWriteIOBytes = min(cfg.StagingSlotBytes, 4<<20)
+	if cfg.Path == PathGPU {
+		// GPU gathers copy whole pages: cut writes at page and block boundaries.
+		u := gpuWriteUnit(s.geo)
+		s.maxWriteIOBytes = max(u, s.maxWriteIOBytes/u*u)
+	}
 	devs := make([]sched.DeviceConfig, len(cfg.Dirs))
 	for i := range devs {
 		devs[i] = sched.DeviceConfig{Profile: cfg.Device, MaxReadsInFlight: cfg.QueueDepth,

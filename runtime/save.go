@@ -121,6 +121,8 @@ func (sv *Save) skip(cause SkipCause, blocks int) {
 
 func (sv *Save) route(io sched.IO) { sv.ios <- io }
 
+var errCRCOrder = errors.New("runtime: save writes out of order")
+
 func skipCauseOf(err error) SkipCause {
 	switch {
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, objmap.ErrNoSpace):
@@ -427,7 +429,16 @@ func (sv *Save) stage(sl *slot, io sched.IO, r *saveRun) {
 	dataBytes := io.Bytes
 	ioBytes := (dataBytes + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
 	buf := sl.data[:ioBytes]
-	s.kv.copyPages(io.Layer, sv.pages[r.chainPos*g.ChunkPages:], io.OffsetBytes, io.OffsetBytes+dataBytes, buf[:dataBytes], false)
+	if s.gpu != nil {
+		// Writes are cut at whole pages on this path (gpuWriteUnit).
+		pb := g.PageBytesPerLayer()
+		first := r.chainPos*g.ChunkPages + int(io.OffsetBytes/pb)
+		if err := s.gpu.gather(sv.pages[first:first+int(dataBytes/pb)], io.Layer, sl.buf.Addr(), dataBytes); err != nil && r.failed == nil {
+			r.failed = fmt.Errorf("gathering run %d layer %d from the GPU: %w", r.res.ID, io.Layer, err)
+		}
+	} else {
+		s.kv.copyPages(io.Layer, sv.pages[r.chainPos*g.ChunkPages:], io.OffsetBytes, io.OffsetBytes+dataBytes, buf[:dataBytes], false)
+	}
 	clear(buf[dataBytes:]) // padding: deterministic bytes on disk
 	if !r.crcStale && r.nextOff[io.Layer] == io.OffsetBytes {
 		r.crcs[io.Layer] = objmap.UpdateCRC32C(r.crcs[io.Layer], buf[:dataBytes])
@@ -452,6 +463,14 @@ func (sv *Save) recomputeCRCs() {
 	pb := g.PageBytesPerPlane()
 	for _, r := range sv.runs {
 		if !r.crcStale || r.skip {
+			continue
+		}
+		if sv.s.gpu != nil {
+			// The pages are in HBM: no CRC without reading them back; give
+			// the run up rather than commit a CRC that may be wrong.
+			if r.failed == nil {
+				r.failed = fmt.Errorf("run %d: writes dispatched out of order on the GPU path: %w", r.res.ID, errCRCOrder)
+			}
 			continue
 		}
 		for l := 0; l < g.Layers; l++ {

@@ -100,6 +100,25 @@ func (sc *scheduler) enqueueSave(req sched.SaveRequest, r ioRoute) (uint64, sche
 	return req.ID, t, nil
 }
 
+// cancelLoad drops the queued reads of load id and its route (the GPU path
+// issues its reads itself); it returns the reads already dispatched to ios,
+// which the caller must complete.
+func (sc *scheduler) cancelLoad(id uint64, ios chan sched.IO) []sched.IO {
+	sc.mu.Lock()
+	sc.p.Cancel(id)
+	delete(sc.routes, id)
+	sc.mu.Unlock()
+	var out []sched.IO
+	for {
+		select {
+		case io := <-ios:
+			out = append(out, io)
+		default:
+			return out
+		}
+	}
+}
+
 // complete retires a dispatched I/O. last says the request has no more
 // I/O, so its route is dropped.
 func (sc *scheduler) complete(io sched.IO, last bool) {

@@ -66,7 +66,8 @@ type Store struct {
 	staging *stagingPool
 	sched   *scheduler
 	plog    *parentLog
-	kv      *kvViews // set once by RegisterKV
+	kv      *kvViews // set once by RegisterKV (PathCPU)
+	gpu     *gpuPath // set once by RegisterKV (PathGPU)
 	kvSet   atomic.Bool
 
 	commitMu sync.Mutex // parent log appends + objmap commits, in order
@@ -103,13 +104,6 @@ func (s *Store) Geometry() objmap.Geometry { return s.geo }
 // RegisterKV gives the store the engine's KV memory; it must be called once,
 // before the first Load or Save. The memory must stay valid until Close.
 func (s *Store) RegisterKV(kv KVMemory) error {
-	if s.cfg.Path != PathCPU {
-		return fmt.Errorf("runtime: RegisterKV: path %s: %w", s.cfg.Path, ErrKV)
-	}
-	v, err := newKVViews(s.geo, s.cfg.Layout, s.cfg.NumPages, kv)
-	if err != nil {
-		return err
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -118,7 +112,19 @@ func (s *Store) RegisterKV(kv KVMemory) error {
 	if s.kvSet.Load() {
 		return fmt.Errorf("%w: RegisterKV called twice", ErrKV)
 	}
-	s.kv = v
+	if s.cfg.Path == PathGPU {
+		gp, err := s.bindGPU(kv)
+		if err != nil {
+			return err
+		}
+		s.gpu = gp
+	} else {
+		v, err := newKVViews(s.geo, s.cfg.Layout, s.cfg.NumPages, kv)
+		if err != nil {
+			return err
+		}
+		s.kv = v
+	}
 	s.kvSet.Store(true)
 	return nil
 }
@@ -208,13 +214,20 @@ func (s *Store) Load(chain []uint64, pages []int32) (*Load, error) {
 		}
 		l.plan = plan
 		l.planned = plan.LoadBlocks
+		if s.gpu != nil {
+			// The GPU issues the reads itself: the plan gives the split only.
+			for _, io := range s.sched.cancelLoad(plan.ID, l.ios) {
+				s.sched.complete(io, false)
+			}
+			l.planned = s.gpuCut(l.runs, plan.LoadBlocks)
+		}
 		// Keep the runs the plan loads, the last one cut to the plan.
 		kept, n := l.runs[:0], 0
 		for _, r := range l.runs {
-			if n >= plan.LoadBlocks {
+			if n >= l.planned {
 				break
 			}
-			r.k = min(r.k, plan.LoadBlocks-n)
+			r.k = min(r.k, l.planned-n)
 			n += r.k
 			kept = append(kept, r)
 		}
@@ -224,9 +237,16 @@ func (s *Store) Load(chain []uint64, pages []int32) (*Load, error) {
 			l.remaining[io.Layer]++
 		}
 		l.readsLeft = len(plan.Reads)
+		if s.gpu != nil {
+			l.readsLeft = 0
+		}
 	}
 	s.stats.plannedBlocks.Add(int64(l.planned))
 	l.validRuns = len(l.runs)
+	if s.gpu != nil && len(l.runs) > 0 {
+		l.startGPU()
+		return l, nil
+	}
 	if l.readsLeft == 0 {
 		l.mu.Lock()
 		l.ready = s.geo.Layers
@@ -360,6 +380,10 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.ops.Wait()
 	s.sched.close()
-	errs := []error{s.worker.close(), s.staging.close(), s.plog.close(), s.m.Close()}
+	var errs []error
+	if s.gpu != nil {
+		errs = append(errs, s.gpu.close())
+	}
+	errs = append(errs, s.worker.close(), s.staging.close(), s.plog.close(), s.m.Close())
 	return errors.Join(errs...)
 }
