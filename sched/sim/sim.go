@@ -106,6 +106,9 @@ type Config struct {
 	PlannerDevice sched.DeviceConfig
 	// MaxWriteIOBytes cuts save writes, for every policy (0 = 4 MiB).
 	MaxWriteIOBytes int64
+	// NoCalibration withholds observations from the planner (an ablation: the
+	// scheduler then plans with the profiles as given, skews and all).
+	NoCalibration bool
 }
 
 // Result is what a run measured.
@@ -119,6 +122,7 @@ type Result struct {
 	SaveBoundMisses            int   // saves that took longer than the planner's bound
 	GPUIdleNs                  int64 // GPU waiting for reads while a request was on it
 	Planner                    sched.Stats
+	ComputeScale               float64 // the planner's learned compute correction at the end
 }
 
 // Percentile returns the q-quantile (0..1) of v by nearest rank.
@@ -262,6 +266,7 @@ func Run(cfg Config, history, reqs []Request) (Result, error) {
 	}
 	if s.planner != nil {
 		res.Planner = s.planner.Stats()
+		res.ComputeScale = s.planner.Compute().Scale()
 	}
 	return res, nil
 }

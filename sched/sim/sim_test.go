@@ -284,3 +284,28 @@ func TestSaveBound(t *testing.T) {
 		}
 	}
 }
+
+// TestCalibration is an ablation: on hardware 40% off its profiles (GPU
+// slower, disk faster), the scheduler that observes layer times and
+// completions beats the same scheduler planning with the profiles as given.
+func TestCalibration(t *testing.T) {
+	history, reqs := window(t, filepath.Join("testdata", "conversation_8500_800.jsonl"), 500, 300, 500, winScale)
+	for seed := uint64(1); seed <= 2; seed++ {
+		var p50, p90 [2]int64
+		for i, off := range []bool{false, true} {
+			cfg := worldConfig(t, seed, PolicyScheduler)
+			cfg.ComputeSkew, cfg.ReadSkew, cfg.WriteSkew = 1.4, 1.4, 1.4
+			cfg.NoCalibration = off
+			res, err := Run(cfg, history, reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p50[i], p90[i] = Percentile(res.TTFTNs, 0.5), Percentile(res.TTFTNs, 0.9)
+			t.Logf("seed %d calibration off=%v: p50 %.0f ms p90 %.0f ms p99 %.0f ms, loaded %d of %d blocks, compute scale learned %.2f",
+				seed, off, ms(p50[i]), ms(p90[i]), ms(Percentile(res.TTFTNs, 0.99)), res.LoadedBlocks, res.CachedBlocks, res.ComputeScale)
+		}
+		if worse(p50[0], p50[1]) || worse(p90[0], p90[1]) {
+			t.Errorf("seed %d: calibrated p50/p90 %.0f/%.0f ms worse than uncalibrated %.0f/%.0f ms", seed, ms(p50[0]), ms(p90[0]), ms(p50[1]), ms(p90[1]))
+		}
+	}
+}

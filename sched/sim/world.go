@@ -307,7 +307,7 @@ func (s *state) gpuPump() {
 func (s *state) layerDone(i, layer int) error {
 	r := &s.reqs[i]
 	s.gpuBusy = false
-	if s.planner != nil {
+	if s.planner != nil && !s.cfg.NoCalibration {
 		s.planner.ObserveLayer(r.tokens, r.startPos, s.now-r.layerAt)
 	}
 	s.gpuLayer++
@@ -504,7 +504,7 @@ func (s *state) serviceDone(di, ln int) error {
 	o := &s.ops[oi]
 	// Feed the planner what the runtime would measure: an op that ran wholly
 	// alone or wholly next to the other direction (mixed ones say little).
-	if busy := s.now - o.startNs; s.planner != nil && busy > 0 {
+	if busy := s.now - o.startNs; s.planner != nil && !s.cfg.NoCalibration && busy > 0 {
 		alone, along := o.overlapNs == 0, o.overlapNs >= 0.95*float64(busy)
 		switch {
 		case o.write && (alone || along):
