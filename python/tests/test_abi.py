@@ -74,7 +74,7 @@ class LayoutTest(unittest.TestCase):
 
     def test_config_fields(self):
         self.assertEqual([f for f, _ in _lib.tutti_config._fields_], header_struct_fields("tutti_config"))
-        self.assertEqual(ctypes.sizeof(_lib.tutti_config), 192)
+        self.assertEqual(ctypes.sizeof(_lib.tutti_config), 208)
 
     def test_stats_fields(self):
         self.assertEqual([f for f, _ in _lib.tutti_stats._fields_], header_struct_fields("tutti_stats"))

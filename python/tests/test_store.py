@@ -222,6 +222,14 @@ class ArgumentErrorTest(unittest.TestCase):
                 ld.wait_layer(-1)
             self.assertEqual(ld.wait(), 0)
 
+    def test_stream_wait_on_cpu_path(self):
+        self.st.register_kv(self.fx.regions())
+        with self.st.load(chain_of(9, 1), [0]) as ld:
+            with self.assertRaises(tutti.NotSupported):
+                ld.stream_wait_layer(0, 0)
+            with self.assertRaises(tutti.OutOfRange):
+                ld.stream_wait_layer(99, 0)
+
     def test_handle_kinds_do_not_mix(self):
         self.st.register_kv(self.fx.regions())
         ld = self.st.load(chain_of(9, 1), [0])
@@ -297,7 +305,7 @@ class ConfigErrorTest(unittest.TestCase):
                     dirs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)), num_dirs=1, path=1,
                     capacity_bytes=64 << 20, layers=2, kv_heads=1, head_dim=64, dtype=2, planes=2,
                     page_tokens=16, chunk_pages=1, layout=1, num_pages=8)
-        for field, val in (("path", 9), ("dtype", 0), ("dtype", 9), ("layout", 0), ("reserved", 1)):
+        for field, val in (("path", 9), ("dtype", 0), ("dtype", 9), ("layout", 0), ("reserved", 1), ("reserved2", 1)):
             cfg = _lib.tutti_config(**dict(base, **{field: val}))
             h = ctypes.c_uint64()
             self.assertEqual(lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), tutti.InvalidArgument.code, field)

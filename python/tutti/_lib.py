@@ -54,7 +54,13 @@ class tutti_config(ctypes.Structure):
         "compute_fixed_ns", "compute_per_token_ns", "compute_per_pair_ns",
         "device_read_bytes_per_sec", "device_write_bytes_per_sec", "device_read_iops", "device_write_iops",
         "device_read_latency_ns", "device_read_share_under_writes", "device_write_share_under_reads",
-    )] + [("save_budget_bytes", ctypes.c_int64)]
+    )] + [
+        ("save_budget_bytes", ctypes.c_int64),
+        ("gpu_device", ctypes.c_int32),
+        ("gpu_max_pages", ctypes.c_int32),
+        ("gpu_max_runs", ctypes.c_int32),
+        ("reserved2", ctypes.c_uint32),
+    ]
 
 
 class tutti_kv_region(ctypes.Structure):
@@ -170,6 +176,7 @@ def _prototype(lib):
         "tutti_lookup": (i32, [u64, p(u64), u32, p(u32)]),
         "tutti_load": (i32, [u64, p(u64), u32, p(i32), u32, p(u64)]),
         "tutti_load_wait_layer": (i32, [u64, i32]),
+        "tutti_load_stream_wait_layer": (i32, [u64, i32, u64]),
         "tutti_load_wait": (i32, [u64, p(u32)]),
         "tutti_load_plan": (i32, [u64, p(u32), p(u32)]),
         "tutti_load_release": (i32, [u64]),

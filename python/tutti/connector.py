@@ -68,6 +68,10 @@ def _torch_stream_sync():
         torch.cuda.current_stream().synchronize()
 
 
+def _torch_current_stream() -> int:
+    return sys.modules["torch"].cuda.current_stream().cuda_stream
+
+
 class TuttiConnector:
     """vLLM-style KV connector over one tutti :class:`Store`.
 
@@ -76,7 +80,7 @@ class TuttiConnector:
     used (vLLM passes layers in model order)."""
 
     def __init__(self, store: Store, layer_names: Optional[Sequence[str]] = None, hash_seed: int = 0,
-                 device_sync: Optional[Callable[[], None]] = None):
+                 device_sync: Optional[Callable[[], None]] = None, stream_wait: Optional[bool] = None):
         self.store = store
         self.hash_seed = hash_seed
         # On the GPU path tutti's copies run on their own CUDA streams: the
@@ -86,6 +90,12 @@ class TuttiConnector:
         if device_sync is None and store.path == "gpu":
             device_sync = _torch_stream_sync
         self._device_sync = device_sync or (lambda: None)
+        # GPU path with torch: wait_for_layer_load makes torch's current CUDA
+        # stream wait for the layer (no host round trip); the loads are then
+        # finished on the host by get_finished, after the forward.
+        if stream_wait is None:
+            stream_wait = store.path == "gpu" and "torch" in sys.modules
+        self.stream_wait = stream_wait
         self.geometry = store.geometry
         self._layer_index: Dict[str, int] = {}
         if layer_names is not None:
@@ -268,8 +278,15 @@ class TuttiConnector:
             self.planned_blocks[req.req_id] = ld.plan()[1]
 
     def wait_for_layer_load(self, layer_name: str):
-        """Blocks until ``layer_name`` of every load of this step is in KV memory."""
+        """Returns once ``layer_name`` of every load of this step is in KV
+        memory (host wait), or once torch's current CUDA stream has been made
+        to wait for it (``stream_wait``, GPU path)."""
         layer = self.layer_index(layer_name)
+        if self.stream_wait:
+            stream = _torch_current_stream()
+            for ld in self._loads.values():
+                ld.stream_wait_layer(layer, stream)
+            return
         for ld in self._loads.values():
             ld.wait_layer(layer)
         if layer == self.geometry.layers - 1:

@@ -129,7 +129,8 @@ class Store:
     def __init__(self, dirs: Iterable[str], capacity_bytes: int, geometry: Geometry, num_pages: int,
                  layout: str = "per_layer", path: str = "cpu", queue_depth: int = 0, save_bound_ms: int = 0,
                  staging_bytes: int = 0, staging_slot_bytes: int = 0, max_loads: int = 0,
-                 compute: dict = None, device: dict = None, save_budget_bytes: int = 0):
+                 compute: dict = None, device: dict = None, save_budget_bytes: int = 0,
+                 gpu_device: int = 0, gpu_max_pages: int = 0, gpu_max_runs: int = 0):
         """``compute`` (keys fixed_ns, per_token_ns, per_pair_ns: prefill time
         per layer) lets the scheduler leave a stored tail to recompute where
         that is faster; without it every stored block is loaded. ``device``
@@ -156,6 +157,7 @@ class Store:
             chunk_pages=geometry.chunk_pages, layout=_LAYOUTS[layout], num_pages=num_pages,
             queue_depth=queue_depth, save_bound_ms=save_bound_ms, staging_bytes=staging_bytes,
             staging_slot_bytes=staging_slot_bytes, max_loads=max_loads, save_budget_bytes=save_budget_bytes,
+            gpu_device=gpu_device, gpu_max_pages=gpu_max_pages, gpu_max_runs=gpu_max_runs,
         )
         for prefix, given in (("compute_", compute), ("device_", device)):
             for k, v in (given or {}).items():
@@ -288,6 +290,13 @@ class Load(_Handle):
     def wait_layer(self, layer: int):
         """Blocks until ``layer`` is in KV memory."""
         _lib.check(self.store._lib.tutti_load_wait_layer(self.handle, layer), "tutti_load_wait_layer")
+
+    def stream_wait_layer(self, layer: int, stream: int):
+        """GPU path: makes CUDA stream ``stream`` (a cudaStream_t as an int,
+        e.g. ``torch.cuda.current_stream().cuda_stream``; 0 = legacy default)
+        wait for ``layer`` without blocking this thread."""
+        _lib.check(self.store._lib.tutti_load_stream_wait_layer(self.handle, layer, stream),
+                   "tutti_load_stream_wait_layer")
 
     def wait(self) -> int:
         """Blocks until done; returns the leading blocks restored (the rest

@@ -62,6 +62,9 @@ type config struct {
 	compute                        [3]float64 // fixed, per token, per pair (ns)
 	device                         [7]float64 // sched.DeviceProfile in field order
 	saveBudgetBytes                int64
+	gpuDevice, gpuMaxPages         int32
+	gpuMaxRuns                     int32
+	reserved2                      uint32
 }
 
 // runtimeConfig checks what the runtime cannot see (ABI version, enum
@@ -72,8 +75,8 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	if c.abiMajor != abiMajor {
 		return rc, errorf(errVersion, "tutti_config.abi_major = %d, this library is ABI %d.%d", c.abiMajor, abiMajor, abiMinor)
 	}
-	if c.reserved != 0 {
-		return rc, errorf(errInvalidArgument, "tutti_config.reserved = %d, must be 0", c.reserved)
+	if c.reserved != 0 || c.reserved2 != 0 {
+		return rc, errorf(errInvalidArgument, "tutti_config.reserved = %d, reserved2 = %d: both must be 0", c.reserved, c.reserved2)
 	}
 	switch c.path {
 	case pathCPU:
@@ -114,6 +117,7 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	rc.StagingSlotBytes = c.stagingSlotBytes
 	rc.MaxLoads = int(c.maxLoads)
 	rc.SaveBudgetBytes = c.saveBudgetBytes
+	rc.GPUDevice, rc.GPUMaxPages, rc.GPUMaxRuns = int(c.gpuDevice), int(c.gpuMaxPages), int(c.gpuMaxRuns)
 	rc.Compute = sched.ComputeModel{FixedNs: c.compute[0], PerTokenNs: c.compute[1], PerPairNs: c.compute[2]}
 	d := c.device
 	rc.Device = sched.DeviceProfile{ReadBytesPerSec: d[0], WriteBytesPerSec: d[1], ReadIOPS: d[2], WriteIOPS: d[3],

@@ -35,7 +35,7 @@ func main() {}
 // Version-1 sizes of the growable structs: a caller's struct_size below them
 // is refused. The array lengths fail to compile if tutti.h changes them.
 const (
-	configSizeV1 = 192
+	configSizeV1 = 208
 	statsSizeV1  = 176
 )
 
@@ -206,6 +206,8 @@ func readConfig(p *C.tutti_config) (config, error) {
 	c.maxLoads = int32(local.max_loads)
 	c.reserved = uint32(local.reserved)
 	c.saveBudgetBytes = int64(local.save_budget_bytes)
+	c.gpuDevice, c.gpuMaxPages, c.gpuMaxRuns = int32(local.gpu_device), int32(local.gpu_max_pages), int32(local.gpu_max_runs)
+	c.reserved2 = uint32(local.reserved2)
 	c.compute = [3]float64{float64(local.compute_fixed_ns), float64(local.compute_per_token_ns), float64(local.compute_per_pair_ns)}
 	c.device = [7]float64{float64(local.device_read_bytes_per_sec), float64(local.device_write_bytes_per_sec),
 		float64(local.device_read_iops), float64(local.device_write_iops), float64(local.device_read_latency_ns),
@@ -439,6 +441,21 @@ func waitLayer(h C.uint64_t, layer int) error {
 		return errorf(errOutOfRange, "layer = %d, want 0..%d", layer, n-1)
 	}
 	return le.l.WaitLayer(layer)
+}
+
+//export tutti_load_stream_wait_layer
+func tutti_load_stream_wait_layer(load C.uint64_t, layer C.int32_t, stream C.uint64_t) (rc C.int32_t) {
+	defer guard("tutti_load_stream_wait_layer", &rc)
+	return finish("tutti_load_stream_wait_layer", func() error {
+		le, err := loadArg(load)
+		if err != nil {
+			return err
+		}
+		if n := le.owner.cfg.Geometry.Layers; layer < 0 || int(layer) >= n {
+			return errorf(errOutOfRange, "layer = %d, want 0..%d", layer, n-1)
+		}
+		return le.l.StreamWaitLayer(int(layer), uintptr(stream))
+	}())
 }
 
 //export tutti_load_wait

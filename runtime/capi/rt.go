@@ -26,6 +26,7 @@ var sentinelStatus = []struct {
 	{objmap.ErrGeometry, errGeometry},
 	{objmap.ErrOutOfRange, errOutOfRange},
 	{runtime.ErrGPUUnavailable, errNoGPU},
+	{runtime.ErrNotGPU, errNotSupported},
 	{runtime.ErrClosed, errClosed},
 	{runtime.ErrNoKV, errNotRegistered},
 	{runtime.ErrBusy, errBusy},

@@ -128,6 +128,12 @@ typedef struct tutti_config {
 	double device_write_share_under_reads; /* write bandwidth with reads running / alone, (0, 1] */
 	int64_t save_budget_bytes;             /* save bytes admitted and not yet written, per device
 	                                          (a save beyond it is stored in part); 0 = default */
+	/* GPU path */
+	int32_t gpu_device;    /* CUDA ordinal of the KV tensors */
+	int32_t gpu_max_pages; /* pages one restore moves (a longer load is cut, the rest recomputed);
+	                          0 = min(num_pages, 4096) */
+	int32_t gpu_max_runs;  /* runs (extents per layer) of one restore; 0 = 64 */
+	uint32_t reserved2;    /* must be 0 */
 } tutti_config;
 
 /* One contiguous range of KV memory. */
@@ -201,6 +207,14 @@ int32_t tutti_load(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t 
 /* Blocks until layer `layer` of the load is in KV memory (GPU path: ready in
  * the store's stream order, see docs/integration.md). */
 int32_t tutti_load_wait_layer(uint64_t load, int32_t layer);
+
+/* GPU path: makes CUDA stream `stream` (a cudaStream_t; 0 = the legacy
+ * default stream) wait until layer `layer` of the load is in the KV tensors,
+ * without blocking the calling thread. Kernels the engine enqueues on that
+ * stream afterwards see the layer. TUTTI_ERR_NOT_SUPPORTED on the CPU path.
+ * A failed read leaves its pages unwritten: tutti_load_wait says how many
+ * blocks really arrived. */
+int32_t tutti_load_stream_wait_layer(uint64_t load, int32_t layer, uint64_t stream);
 
 /* Blocks until the whole load is done; *out_blocks (may be NULL) = leading
  * blocks restored, the rest are to be recomputed. */
