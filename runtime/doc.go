@@ -1,20 +1,53 @@
 // Package runtime is the Go API an LLM serving engine links to keep its KV
 // cache on local SSDs and restore it faster than recomputing it.
 //
-// An engine opens a Store over one or more directories, registers its paged
-// KV memory, and then per request: Lookup (how many leading chain blocks are
-// cached), Load (restore them into the request's pages, layer by layer,
-// asynchronously), Save (store the blocks that are new, asynchronously).
+// # API
 //
-//	s, err := runtime.Open(runtime.Config{Dirs: dirs, CapacityBytes: capBytes,
-//		Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: numPages})
-//	err = s.RegisterKV(runtime.KVMemory{Layers: perLayerTensors})
-//	n := s.Lookup(chain)                 // cached leading blocks, no I/O
-//	l, err := s.Load(chain, blockTable)  // restore in the background
-//	err = l.WaitLayer(0)                 // before layer 0's attention
-//	err = l.Wait(); restored := l.Blocks() // final; recompute the rest
-//	sv, err := s.Save(chain, blockTable) // pages unchanged until <-sv.Gathered()
-//	err = s.WaitSaves(); err = s.Close()
+//	Open(Config) (*Store, error)          validate, lock the dirs, recover, start the I/O goroutines
+//	OpenWithFallback(Config)              PathGPU, else PathCPU — counted in Stats.Fallbacks
+//	(*Store).RegisterKV(KVMemory)         the engine's paged KV memory, once (host: PathCPU; HBM: PathGPU)
+//	AllocHostKV(g, layout, pages)         off-heap host KV memory for tests and tools
+//	(*Store).Lookup(chain) int            cached leading chain blocks; no I/O
+//	(*Store).Load(chain, pages) (*Load, error)
+//	    (*Load).WaitLayer(l) / StreamWaitLayer(l, stream) / Wait() / Blocks() / Planned() / Cached()
+//	(*Store).Save(chain, pages) (*Save, error)
+//	    (*Save).Gathered() / Done() / Wait() / Saved() / Skipped(cause)
+//	(*Store).WaitSaves() / Stats() / SchedStats() / MapStats() / Check() / Recovery() / Close()
 //
-// See docs/integration.md for costs and what is asynchronous.
+// A chain is a request's prefix as chained block ids (id i names the whole
+// prefix up to block i); pages is its block table: pages[i*ChunkPages+j] is
+// the engine's page id of page j of chain block i.
+//
+// # Contracts
+//
+//   - Load returns before any I/O. Layer l of the loaded blocks is in the KV
+//     memory when WaitLayer(l) returns; layers complete in order. Blocks() is
+//     the number of leading chain blocks restored: it only decreases while
+//     the load runs (a failed or corrupt run is a miss for it and every run
+//     after it, counted by MissCause) and is final after Wait. Pages past
+//     Blocks() hold unspecified bytes: recompute them. Nothing that failed its
+//     CRC32C is ever reported restored (PathCPU verifies every object read;
+//     PathGPU reports the kernels' per-entry I/O status and does not check
+//     CRCs).
+//   - Save returns at once; the scheduler defers its writes into the slack of
+//     loads within Config.SaveBoundMs. The pages must stay unchanged until
+//     Gathered is closed. A run is served only after its payload, header and
+//     journal record are durable; what the index, the pool or the save budget
+//     cannot take, and any write error, skips blocks (counted by SkipCause),
+//     never blocks.
+//   - KV memory given to RegisterKV belongs to the engine and must stay valid
+//     until Close; chain and pages must stay unchanged until the Load's Wait
+//     returned or the Save's Done is closed.
+//   - Every method is safe for concurrent use. Everything is bounded:
+//     staging (StagingBytes, allocated at Open), I/Os in flight (QueueDepth),
+//     loads in flight (MaxLoads: ErrBusy beyond), pending save bytes
+//     (SaveBudgetBytes).
+//
+// # Goroutines
+//
+// One goroutine owns the io_uring engine (single issuer) and runs
+// completions; one runs the scheduler's dispatch loop; each Load and Save has
+// one that stages, verifies and copies, ending with it.
+//
+// See docs/integration.md for what each call costs and how an engine drives it.
 package runtime

@@ -1,0 +1,147 @@
+package runtime
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/objmap"
+)
+
+// deviceKV is KV memory in HBM plus a host mirror (HostKV) to fill and
+// check it.
+type deviceKV struct {
+	mirror *HostKV
+	dev    []uint64
+	mem    KVMemory
+}
+
+func newDeviceKV(t *testing.T, g objmap.Geometry, layout objmap.Layout, numPages int) *deviceKV {
+	t.Helper()
+	h, err := AllocHostKV(g, layout, numPages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &deviceKV{mirror: h}
+	hm := h.Memory()
+	regions := hm.Layers
+	if layout == objmap.LayoutCrossLayer {
+		regions = []Region{hm.Cross}
+	}
+	for _, r := range regions {
+		p, err := kernels.DevAlloc(r.LenBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.dev = append(d.dev, p)
+		if layout == objmap.LayoutPerLayer {
+			d.mem.Layers = append(d.mem.Layers, Region{Addr: uintptr(p), LenBytes: r.LenBytes})
+		} else {
+			d.mem.Cross = Region{Addr: uintptr(p), LenBytes: r.LenBytes}
+		}
+	}
+	t.Cleanup(func() {
+		for _, p := range d.dev {
+			kernels.DevFree(p)
+		}
+		h.Free()
+	})
+	return d
+}
+
+func (d *deviceKV) regions() (host, dev []Region) {
+	hm := d.mirror.Memory()
+	if len(hm.Layers) > 0 {
+		return hm.Layers, d.mem.Layers
+	}
+	return []Region{hm.Cross}, []Region{d.mem.Cross}
+}
+
+func (d *deviceKV) upload(t *testing.T) {
+	t.Helper()
+	host, dev := d.regions()
+	for i := range host {
+		if err := kernels.CopyToDevice(uint64(dev[i].Addr), host[i].Addr, host[i].LenBytes); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (d *deviceKV) download(t *testing.T) {
+	t.Helper()
+	host, dev := d.regions()
+	for i := range host {
+		if err := kernels.CopyToHost(host[i].Addr, uint64(dev[i].Addr), host[i].LenBytes); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestGPURoundTrip saves KV from HBM (gathered by the GPU), restores it with
+// GPU-driven reads into other pages, checks it bit-exact, then reopens the
+// store on the CPU path and restores the same runs there. It skips where the
+// GPU path cannot run (the reason is printed).
+func TestGPURoundTrip(t *testing.T) {
+	g := tinyGeometry()
+	for _, layout := range []objmap.Layout{objmap.LayoutPerLayer, objmap.LayoutCrossLayer} {
+		t.Run(layout.String(), func(t *testing.T) {
+			const numPages = 64
+			cfg := testConfig(t, g, layout, numPages)
+			cfg.Path = PathGPU
+			s, err := Open(cfg)
+			if errors.Is(err, ErrGPUUnavailable) {
+				t.Skip(err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := newDeviceKV(t, g, layout, numPages)
+			if err := s.RegisterKV(d.mem); err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(5, 5))
+			a := chainOf(7000, 6)
+			pa := pageTable(rng, g, numPages, len(a))
+			fill(d.mirror, g, a, pa)
+			d.upload(t)
+			if sv := saveWait(t, s, a, pa); sv.Saved() != len(a) {
+				t.Fatalf("saved %d of %d: %v", sv.Saved(), len(a), s.Stats())
+			}
+			b := append(append([]uint64(nil), a...), chainOf(8000, 3)...)
+			pb := pageTable(rng, g, numPages, len(b))
+			fill(d.mirror, g, b, pb)
+			d.upload(t)
+			if sv := saveWait(t, s, b, pb); sv.Saved() != 3 {
+				t.Fatalf("extension saved %d of 3: %v", sv.Saved(), s.Stats())
+			}
+
+			scramble(d.mirror, g, numPages)
+			d.upload(t)
+			p2 := pageTable(rng, g, numPages, len(b))
+			l := loadWait(t, s, b, p2)
+			if l.Blocks() != len(b) {
+				t.Fatalf("GPU restore: %d of %d blocks: %v", l.Blocks(), len(b), s.Stats())
+			}
+			d.download(t)
+			if err := verify(d.mirror, g, b, p2, len(b)); err != nil {
+				t.Fatalf("GPU restore: %v", err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			// The same store on the CPU path: what the GPU saved restores here.
+			cfg.Path = PathCPU
+			cs, kv := openKV(t, cfg)
+			defer closeKV(t, cs, kv)
+			p3 := pageTable(rng, g, numPages, len(b))
+			if l := loadWait(t, cs, b, p3); l.Blocks() != len(b) {
+				t.Fatalf("CPU restore of GPU saves: %d of %d", l.Blocks(), len(b))
+			}
+			if err := verify(kv, g, b, p3, len(b)); err != nil {
+				t.Fatalf("CPU restore of GPU saves: %v", err)
+			}
+		})
+	}
+}
