@@ -74,6 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--capacity-gib", type=float, default=0, help="store capacity; default: 2x the prefix KV")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report here too")
+    p.add_argument("--wait", choices=("auto", "host", "stream"), default="auto",
+                   help="GPU path: wait for a layer on the host, or make torch's stream wait (auto: stream)")
     p.add_argument("--device", default="cuda", help="torch device; 'cpu' only smoke-tests the flow (tiny shapes)")
     return p.parse_args(argv)
 
@@ -249,7 +251,9 @@ def main(argv=None):
     report["path"] = path
 
     try:
-        conn = tutti.TuttiConnector(store, layer_names=names, hash_seed=0x11A3A)
+        stream_wait = None if a.wait == "auto" else (a.wait == "stream" and path == "gpu")
+        conn = tutti.TuttiConnector(store, layer_names=names, hash_seed=0x11A3A, stream_wait=stream_wait)
+        report["layer_wait"] = "stream" if conn.stream_wait else "host"
         if path == "gpu":
             conn.register_kv_caches(dict(zip(names, kv)))
             host = None
