@@ -59,7 +59,7 @@ def round_trip(test, st, kv, sync):
         sv.wait_gathered()
     st.wait_saves()
     for t in kv.values():
-        t[:, dst].fill_(0)
+        t[:, dst] = 0
     sync()
     with st.load(chain, dst) as ld:
         for l in range(GEOM.layers):
@@ -149,6 +149,35 @@ class TorchGPUTest(unittest.TestCase):
             self.assertEqual(ld.wait(), 3)
         torch.cuda.synchronize()
         self.assertTrue(torch.equal(t[5:8], t[0:3]))
+
+    def test_connector_stream_wait(self):
+        """wait_for_layer_load makes torch's stream wait (no host wait): kernels
+        enqueued after it see the layer; get_finished ends the loads."""
+        st = gpu_store_or_skip(self)
+        kv = per_layer_cache("cuda")
+        names = list(kv)
+        conn = tutti.TuttiConnector(st)
+        self.assertTrue(conn.stream_wait)
+        conn.register_kv_caches(kv)
+        for t in kv.values():
+            t.copy_(torch.randn(t.shape, device="cuda").to(t.dtype))
+        prompt = list(range(4 * GEOM.block_tokens + 3))
+        conn.bind_connector_metadata(tutti.ConnectorMetadata(saves=[tutti.ReqMeta("a", [0, 1, 2, 3], token_ids=prompt)]))
+        for n in names:
+            conn.save_kv_layer(n, kv[n], None)
+        conn.wait_for_save()
+        st.wait_saves()
+        conn.bind_connector_metadata(tutti.ConnectorMetadata(loads=[tutti.ReqMeta("b", [10, 11, 12, 13], token_ids=prompt)]))
+        for t in kv.values():
+            t[:, 10:14] = 0
+        conn.start_load_kv()
+        same = []
+        for n in names:
+            conn.wait_for_layer_load(n)
+            same.append(torch.equal(kv[n][:, 10:14], kv[n][:, 0:4]))  # ordered after the stream wait
+        self.assertEqual(conn.get_finished(set()), (None, {"b"}))
+        self.assertEqual(conn.loaded_blocks["b"], 4)
+        self.assertEqual(same, [True] * len(names))
 
     def test_cpu_tensor_on_gpu_path(self):
         st = gpu_store_or_skip(self)
