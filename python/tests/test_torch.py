@@ -166,6 +166,7 @@ class TorchGPUTest(unittest.TestCase):
         for n in names:
             conn.save_kv_layer(n, kv[n], None)
         conn.wait_for_save()
+        self.assertEqual(conn.get_finished(set()), ({"a"}, None))
         st.wait_saves()
         conn.bind_connector_metadata(tutti.ConnectorMetadata(loads=[tutti.ReqMeta("b", [10, 11, 12, 13], token_ids=prompt)]))
         for t in kv.values():
