@@ -223,13 +223,17 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 func printSummary(w io.Writer, res *harness.Result) {
 	fmt.Fprintf(w, "model %s, %d requests, capacity %d blocks (%d MiB), SLO p90 ≤ %.2f ms, ceiling %.2f GB/s\n",
 		res.Model, res.Trace.Requests, res.CapacityBlocks, res.CapacityBytes>>20, res.SLOms, res.CeilingBytesPS/1e9)
-	fmt.Fprintf(w, "%-10s %9s %9s %9s %10s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "hit", "I/O/req", "CPU/GiB", "bad")
+	fmt.Fprintf(w, "%-10s %9s %9s %10s %10s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "hit", "I/O/req", "CPU/GiB", "bad")
 	for _, b := range res.Backends {
 		if b.Skipped != "" {
 			fmt.Fprintf(w, "%-10s skipped: %s\n", b.Backend, b.Skipped)
 			continue
 		}
-		fmt.Fprintf(w, "%-10s %9.2f %9.2f %9.3f %10.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
-			b.MaxRateAtSLO, b.BytesPerS/1e9, b.CeilingFraction, b.HitRatio, b.IOsPerRequestMean, b.CPUSPerGiB, b.VerifyMismatches)
+		rate := fmt.Sprintf("%.3f", b.MaxRateAtSLO)
+		if b.MaxRateIsLowerBound {
+			rate = ">=" + rate
+		}
+		fmt.Fprintf(w, "%-10s %9.2f %9.2f %10s %10.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
+			rate, b.BytesPerS/1e9, b.CeilingFraction, b.HitRatio, b.IOsPerRequestMean, b.CPUSPerGiB, b.VerifyMismatches)
 	}
 }

@@ -47,6 +47,7 @@ type BackendResult struct {
 	TTFTmsP90               float64 `json:"ttft_ms_p90"`
 	TTFTmsP99               float64 `json:"ttft_ms_p99"`
 	MaxRateAtSLO            float64 `json:"max_rate_at_slo"`
+	MaxRateIsLowerBound     bool    `json:"max_rate_is_lower_bound,omitempty"` // the SLO held at every rate tried
 	BytesPerS               float64 `json:"bytes_per_s"`
 	CeilingFraction         float64 `json:"ceiling_fraction"`
 	CPUSPerGiB              float64 `json:"cpu_s_per_gib"`
@@ -341,6 +342,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 	stalls = o.StallMs
 	br.GPUStallMsMean = metrics.Mean(stalls)
 	br.Curve, br.MaxRateAtSLO = Sweep(br.Services, res.SLOms)
+	br.MaxRateIsLowerBound = MaxRateTried(br.Curve, br.MaxRateAtSLO)
 	binMs := math.Max(1, (res.Trace.DurationMs+1)/200)
 	br.BandwidthT, br.Bandwidth = Bandwidth(br.Services, o, binMs)
 	br.HitBlocks = hitBlocks

@@ -89,6 +89,8 @@ type RatePoint struct {
 // (log grid, 4 points per doubling) and returns the attainment curve and the
 // highest rate whose p90 TTFT meets sloMs (refined by bisection between the
 // last passing and first failing grid point; 0 when even the lowest fails).
+// When even the highest rate tried meets the SLO, maxRate is that rate and
+// the true maximum is higher: MaxRateTried reports it.
 func Sweep(svc []Service, sloMs float64) (curve []RatePoint, maxRate float64) {
 	if len(svc) < 2 {
 		return nil, 0
@@ -130,6 +132,12 @@ func Sweep(svc []Service, sloMs float64) (curve []RatePoint, maxRate float64) {
 		}
 	}
 	return curve, base * lo
+}
+
+// MaxRateTried reports whether maxRate is the highest rate Sweep tried (so
+// the SLO holds beyond it: a lower bound, not the maximum).
+func MaxRateTried(curve []RatePoint, maxRate float64) bool {
+	return len(curve) > 0 && maxRate > 0 && maxRate >= curve[len(curve)-1].RatePerS*(1-1e-9)
 }
 
 // Bandwidth bins restored bytes over the timeline into bins of binMs (each

@@ -57,6 +57,12 @@ func TestSweepMonotone(t *testing.T) {
 			t.Fatalf("p90 not monotone in rate at %d: %+v", i, curve[i-1:i+1])
 		}
 	}
+	if MaxRateTried(curve, maxRate) {
+		t.Fatal("a finite maximum reported as a lower bound")
+	}
+	if c, r := Sweep(svc, 1e9); !MaxRateTried(c, r) {
+		t.Fatalf("an SLO met at every rate: %v not flagged as a lower bound", r)
+	}
 	if _, r := Sweep(svc, 1); r != 0 {
 		t.Fatalf("impossible SLO met at %v", r)
 	}
