@@ -22,6 +22,10 @@
  *  - Every pointer and length is checked: NULL where data is needed, a zero or
  *    oversize count, an address range that overflows, a length that does not
  *    match the geometry: TUTTI_ERR_INVALID_ARGUMENT or TUTTI_ERR_GEOMETRY.
+ *    Limits: chain_len <= 2^20 blocks, num_pages (per call) <= 2^24,
+ *    num_dirs <= 64 (paths < 4096 bytes), num_regions <= 65536. The library
+ *    cannot check that a non-NULL pointer is valid: it must point to the
+ *    counted elements.
  *  - All functions are safe to call from several threads; a load or save
  *    handle must not be released while another thread waits on it.
  *  - Structs that may grow start with struct_size (= sizeof as the caller
@@ -199,13 +203,14 @@ int32_t tutti_lookup(uint64_t store, uint64_t *chain, uint32_t chain_len, uint32
 
 /* Starts restoring the leading stored blocks of chain into pages (chunk_pages
  * page ids per chain block, num_pages == chain_len * chunk_pages). Returns at
- * once with *out_load; layers arrive in order. Blocks not restored (a miss, or
- * cheaper to recompute) are reported by tutti_load_wait and their pages are
- * left untouched. */
+ * once with *out_load; layers arrive in order. Blocks not restored (a miss, a
+ * failed read, or cheaper to recompute) are reported by tutti_load_plan and
+ * tutti_load_wait; their pages hold unspecified bytes and must be recomputed. */
 int32_t tutti_load(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t *pages, uint32_t num_pages, uint64_t *out_load);
 
-/* Blocks until layer `layer` of the load is in KV memory (GPU path: ready in
- * the store's stream order, see docs/integration.md). */
+/* Blocks the calling thread until layer `layer` of the load is in KV memory
+ * (GPU path: its scatter has completed on the device, so work enqueued after
+ * the return sees it; tutti_load_stream_wait_layer avoids the host wait). */
 int32_t tutti_load_wait_layer(uint64_t load, int32_t layer);
 
 /* GPU path: makes CUDA stream `stream` (a cudaStream_t; 0 = the legacy
@@ -241,7 +246,8 @@ int32_t tutti_save_wait_gathered(uint64_t save);
  * continues; tutti_wait_saves waits for it). */
 int32_t tutti_save_release(uint64_t save);
 
-/* Blocks until every save started so far is durable and looked up as stored. */
+/* Blocks until every save started so far has ended: committed (durable, and
+ * a hit for tutti_lookup) or skipped (counted in tutti_stats). */
 int32_t tutti_wait_saves(uint64_t store);
 
 /* Fills the first out->struct_size bytes of *out. */
