@@ -678,7 +678,7 @@ type Stats struct {
 	JournalBytes     int64 `json:"journal_bytes"`
 	PoolSyncs        int64 `json:"pool_syncs"`
 	Checkpoints      int64 `json:"checkpoints"`
-	Epoch            uint64
+	Epoch            uint64 `json:"epoch"`
 }
 
 // Stats returns the current counters.
