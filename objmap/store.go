@@ -665,19 +665,19 @@ func cmpID(a, b RunID) int {
 
 // Stats is a snapshot of the store's counters.
 type Stats struct {
-	CapacityBytes    int64 `json:"capacity_bytes"`
-	FreeBytes        int64 `json:"free_bytes"`
-	QuarantinedBytes int64 `json:"quarantined_bytes"`
-	ReservedBytes    int64 `json:"reserved_bytes"`
-	LiveRuns         int   `json:"live_runs"`
-	Commits          int64 `json:"commits"`
-	Frees            int64 `json:"frees"`
-	Aborts           int64 `json:"aborts"`
-	JournalRecords   int64 `json:"journal_records"`
-	JournalSyncs     int64 `json:"journal_syncs"`
-	JournalBytes     int64 `json:"journal_bytes"`
-	PoolSyncs        int64 `json:"pool_syncs"`
-	Checkpoints      int64 `json:"checkpoints"`
+	CapacityBytes    int64  `json:"capacity_bytes"`
+	FreeBytes        int64  `json:"free_bytes"`
+	QuarantinedBytes int64  `json:"quarantined_bytes"`
+	ReservedBytes    int64  `json:"reserved_bytes"`
+	LiveRuns         int    `json:"live_runs"`
+	Commits          int64  `json:"commits"`
+	Frees            int64  `json:"frees"`
+	Aborts           int64  `json:"aborts"`
+	JournalRecords   int64  `json:"journal_records"`
+	JournalSyncs     int64  `json:"journal_syncs"`
+	JournalBytes     int64  `json:"journal_bytes"`
+	PoolSyncs        int64  `json:"pool_syncs"`
+	Checkpoints      int64  `json:"checkpoints"`
 	Epoch            uint64 `json:"epoch"`
 }
 
