@@ -47,9 +47,10 @@
 //     offset 0, SQEs at the next page boundary). Linux 6.18 accepts ordinary
 //     4 KiB pages for multi-page rings (TestNoMmapLargeRing: 1024 entries,
 //     104 KiB). Kernels 6.5–6.12 require each multi-page region to be one
-//     folio; New therefore tries a 2 MiB MAP_HUGETLB mapping first (it fails
-//     here: no hugetlb pages reserved) and reports EINVAL from such kernels
-//     with that explanation. Ubuntu 24.04's 6.8 (the GPU machine) is one of
+//     folio; New therefore tries a 2 MiB MAP_HUGETLB mapping first (used when
+//     vm.nr_hugepages > 0: verified here with 2 reserved pages, the 2 MiB
+//     huge-page ring did real I/O; with none reserved, plain pages are used)
+//     and reports EINVAL from such kernels with that explanation. Ubuntu 24.04's 6.8 (the GPU machine) is one of
 //     them: reserve huge pages (vm.nr_hugepages) or keep the ring ≤ 1 page.
 //   - getrusage(RUSAGE_SELF) includes the iou-sqp thread's CPU time on 6.18
 //     (TestSQPollCPUTimeInRusage), so CPU accounting must not add
@@ -63,4 +64,11 @@
 // checks SQFlags for NeedWakeupFlag and, if set, asks the CPU to call
 // WakeIfNeeded (io_uring_enter with SQ_WAKEUP). A ring shared with a GPU
 // producer must not be driven by Submit/Flush at the same time.
+//
+// SQE layout (64 bytes, little endian): opcode u8 @0, flags u8 @1 (1 =
+// IOSQE_FIXED_FILE), ioprio u16 @2, fd i32 @4 (registered index with
+// FIXED_FILE), off u64 @8, addr u64 @16, len u32 @24, rw/fsync flags u32
+// @28, user_data u64 @32, buf_index u16 @40, zero elsewhere. Opcodes: READV
+// 1, WRITEV 2, FSYNC 3, READ_FIXED 4, WRITE_FIXED 5, READ 22, WRITE 23. CQE
+// (16 bytes): user_data u64 @0, res i32 @8 (bytes or -errno), flags u32 @12.
 package uring

@@ -43,20 +43,29 @@ func threadCPUTime(tid int) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("uring: reading thread %d CPU time: %w", tid, err)
 	}
-	// Fields after the ")" that closes comm: state is field 3, utime 14, stime 15.
-	s := string(b)
+	d, err := parseStatCPU(string(b))
+	if err != nil {
+		return 0, fmt.Errorf("uring: reading thread %d CPU time: %w", tid, err)
+	}
+	return d, nil
+}
+
+// parseStatCPU extracts utime+stime from a /proc/.../stat line.
+func parseStatCPU(s string) (time.Duration, error) {
+	// Fields after the ")" that closes comm (which may itself contain
+	// spaces and parentheses): state is field 3, utime 14, stime 15.
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("uring: reading thread %d CPU time: malformed stat", tid)
+		return 0, fmt.Errorf("malformed stat: no comm")
 	}
 	f := strings.Fields(s[i+1:])
 	if len(f) < 13 {
-		return 0, fmt.Errorf("uring: reading thread %d CPU time: short stat", tid)
+		return 0, fmt.Errorf("malformed stat: %d fields after comm", len(f))
 	}
 	ut, err1 := strconv.ParseUint(f[11], 10, 64)
 	st, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("uring: reading thread %d CPU time: malformed utime/stime", tid)
+	if err1 != nil || err2 != nil || ut > 1<<36 || st > 1<<36 {
+		return 0, fmt.Errorf("malformed stat: utime %q stime %q", f[11], f[12])
 	}
-	return time.Duration(ut+st) * time.Second / clockTicksPerSecond, nil
+	return time.Duration(ut+st) * (time.Second / clockTicksPerSecond), nil
 }

@@ -91,3 +91,26 @@ func TestSQPollTinyRingResubmit(t *testing.T) {
 	}
 	t.Logf("stats %+v", r.Stats())
 }
+
+func TestParseStatCPU(t *testing.T) {
+	line := "1234 (iou-sqp-1) S 1 1234 1234 0 -1 4194368 0 0 0 0 150 25 0 0 20 0 1 0 100 0 0"
+	d, err := parseStatCPU(line)
+	if err != nil || d != 1750*time.Millisecond {
+		t.Fatalf("%v %v, want 1.75s", d, err)
+	}
+	if _, err := parseStatCPU("1234 (a) b) S 1"); err == nil {
+		t.Fatal("short line accepted")
+	}
+}
+
+func FuzzParseStatCPU(f *testing.F) {
+	f.Add("1234 (iou-sqp-1) S 1 1234 1234 0 -1 4194368 0 0 0 0 150 25 0 0 20 0 1 0 100 0 0")
+	f.Add("1 (x) y) R 0 0 0 0 0 0 0 0 0 0 18446744073709551615 1")
+	f.Add(")")
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := parseStatCPU(s)
+		if err == nil && d < 0 {
+			t.Fatalf("negative CPU time %v from %q", d, s)
+		}
+	})
+}

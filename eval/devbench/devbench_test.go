@@ -145,3 +145,21 @@ func TestCeiling(t *testing.T) {
 		t.Fatalf("ceiling %v row %+v", bps, row)
 	}
 }
+
+func FuzzParseBytes(f *testing.F) {
+	for _, s := range []string{"4k", "1MiB", "65536", "2g", "", "9223372036854775807k", "-1", "1t"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, err := ParseBytes(s)
+		if err == nil && v <= 0 {
+			t.Fatalf("ParseBytes(%q) = %d without error", s, v)
+		}
+		if err == nil {
+			// What FormatBytes prints parses back to the same value.
+			if w, err := ParseBytes(FormatBytes(v)); err != nil || w != v {
+				t.Fatalf("round trip of %d: %d %v", v, w, err)
+			}
+		}
+	})
+}
