@@ -135,6 +135,28 @@ func copyU64(name string, p *C.uint64_t, n uint64, limit uint64) ([]uint64, erro
 	return out, nil
 }
 
+// copyChainPages copies a (chain, pages) pair after checking that the counts
+// agree with each other and the geometry, so that an inconsistent count is
+// refused before any caller memory is read.
+func copyChainPages(cfg runtime.Config, chainP *C.uint64_t, chainLen uint64, pagesP *C.int32_t, numPages uint64) ([]uint64, []int32, error) {
+	if err := countArg("chain length", chainLen, maxChainBlocks); err != nil {
+		return nil, nil, err
+	}
+	if want := chainLen * uint64(cfg.Geometry.ChunkPages); numPages != want {
+		return nil, nil, errorf(errGeometry, "num_pages = %d, want chain_len (%d) * chunk_pages (%d) = %d",
+			numPages, chainLen, cfg.Geometry.ChunkPages, want)
+	}
+	chain, err := copyU64("chain", chainP, chainLen, maxChainBlocks)
+	if err != nil {
+		return nil, nil, err
+	}
+	pages, err := copyI32("pages", pagesP, numPages, maxPagesPerOp)
+	if err != nil {
+		return nil, nil, err
+	}
+	return chain, pages, nil
+}
+
 func copyI32(name string, p *C.int32_t, n uint64, limit uint64) ([]int32, error) {
 	if err := countArg(name+" length", n, limit); err != nil {
 		return nil, err
@@ -383,11 +405,7 @@ func startLoad(store C.uint64_t, chainP *C.uint64_t, chainLen uint64, pagesP *C.
 	if err != nil {
 		return err
 	}
-	chain, err := copyU64("chain", chainP, chainLen, maxChainBlocks)
-	if err != nil {
-		return err
-	}
-	pages, err := copyI32("pages", pagesP, numPages, maxPagesPerOp)
+	chain, pages, err := copyChainPages(e.cfg, chainP, chainLen, pagesP, numPages)
 	if err != nil {
 		return err
 	}
@@ -528,11 +546,7 @@ func startSave(store C.uint64_t, chainP *C.uint64_t, chainLen uint64, pagesP *C.
 	if err != nil {
 		return err
 	}
-	chain, err := copyU64("chain", chainP, chainLen, maxChainBlocks)
-	if err != nil {
-		return err
-	}
-	pages, err := copyI32("pages", pagesP, numPages, maxPagesPerOp)
+	chain, pages, err := copyChainPages(e.cfg, chainP, chainLen, pagesP, numPages)
 	if err != nil {
 		return err
 	}
