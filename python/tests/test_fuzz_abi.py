@@ -6,6 +6,7 @@ still round-trips afterwards. TUTTI_FUZZ_SEED=N reruns one seed."""
 import ctypes
 import os
 import random
+import sys
 import time
 import unittest
 
@@ -20,6 +21,8 @@ BUF = 64  # elements in every array handed to the library
 class FuzzABITest(unittest.TestCase):
     def test_random_calls(self):
         seed = int(os.environ.get("TUTTI_FUZZ_SEED", time.time_ns() % 1000003))
+        sys.stderr.write(f"[fuzz seed={seed}] ")  # shown even if the process dies
+        sys.stderr.flush()
         rnd = random.Random(seed)
         fx = StoreFixture()
         self.addCleanup(fx.close)
