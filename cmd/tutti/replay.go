@@ -24,7 +24,7 @@ func init() {
 
 // defaultCPUBackends are what the no-flag run uses: every backend that needs
 // no GPU.
-var defaultCPUBackends = []string{"tutti-cpu", "per-block", "pagecache", "dram", "recompute"}
+var defaultCPUBackends = []string{"tutti-cpu", "per-block", "cufile", "pagecache", "dram", "recompute"}
 
 // defaultWindowRequests is how much of the embedded window the no-flag run replays.
 const defaultWindowRequests = 100

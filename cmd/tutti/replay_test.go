@@ -17,7 +17,7 @@ func TestReplayInvariants(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	out := t.TempDir()
 	code := run([]string{"replay", "--requests", "30", "--json", "--no-ceiling", "--dir", t.TempDir(), "--out", out,
-		"--backends", "tutti-cpu,per-block,pagecache,dram,recompute"}, &stdout, &stderr)
+		"--backends", "tutti-cpu,per-block,cufile,pagecache,dram,recompute"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -36,7 +36,7 @@ func TestReplayInvariants(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &rows); err != nil {
 		t.Fatalf("%v: %s", err, stdout.String())
 	}
-	if len(rows) != 5 {
+	if len(rows) != 6 {
 		t.Fatalf("%d rows", len(rows))
 	}
 	for _, r := range rows {

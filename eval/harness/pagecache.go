@@ -19,21 +19,56 @@ import (
 // cache (recently written blocks), so its device bytes can be below its
 // restored bytes; that is this design's advantage and cost (memory), and the
 // report shows both.
+//
+// With direct set it is the "cufile" backend's stand-in: the same file per
+// chunk, but read and written with O_DIRECT through an aligned bounce buffer,
+// which is what cuFile does in its POSIX compatibility mode (GDS-backed
+// LMCache's path where nvidia-fs is absent). The harness's KV memory is host
+// memory, so real cuFile (which reads into GPU memory) is not used; reports
+// label it.
 type PageCache struct {
+	direct bool
 	env    Env
 	bounce *uring.Buffer
+	stride int64 // file size: ChunkBytes rounded up to 4 KiB for O_DIRECT
 }
 
 // NewPageCache returns the pagecache backend.
 func NewPageCache() *PageCache { return &PageCache{} }
 
-func (p *PageCache) Name() string     { return "pagecache" }
+// NewCuFileStandIn returns the cufile backend (O_DIRECT bounce stand-in).
+func NewCuFileStandIn() *PageCache { return &PageCache{direct: true} }
+
+func (p *PageCache) Name() string {
+	if p.direct {
+		return "cufile"
+	}
+	return "pagecache"
+}
+
 func (p *PageCache) Available() error { return nil }
 
+func (p *PageCache) DirectIO() bool { return p.direct }
+
+func (p *PageCache) Label() string {
+	if p.direct {
+		return "POSIX O_DIRECT bounce stand-in for cuFile (GDS compatibility mode): one file per chunk, one synchronous read per file; cuFile itself not used (host KV memory)"
+	}
+	return ""
+}
+
+func (p *PageCache) flags() int {
+	if p.direct {
+		return unix.O_DIRECT
+	}
+	return 0
+}
+
 func (p *PageCache) Open(env Env) error {
-	b, err := uring.AllocBuffer(int(env.Geometry.ChunkBytes()))
+	p.stride = (env.Geometry.ChunkBytes() + 4095) &^ 4095
+	b, err := uring.AllocBuffer(int(p.stride))
 	if err != nil {
-		return fmt.Errorf("pagecache: bounce buffer: %w", err)
+		return fmt.Errorf("%s: bounce buffer: %w", p.Name(), err)
 	}
 	p.env, p.bounce = env, b
 	return nil
@@ -49,12 +84,12 @@ func (p *PageCache) Restore(req *Request) (RestoreResult, error) {
 	n := g.ChunkBytes()
 	start := time.Now()
 	for b := 0; b < req.Hit; b++ {
-		f, err := uring.OpenFile(p.path(req.Chain[b]), unix.O_RDONLY, 0)
+		f, err := uring.OpenFile(p.path(req.Chain[b]), unix.O_RDONLY|p.flags(), 0)
 		if err == nil {
 			var got int
-			got, err = uring.Pread(f, p.bounce.Addr(), uint32(n), 0)
+			got, err = uring.Pread(f, p.bounce.Addr(), uint32(p.stride), 0)
 			f.Close()
-			if err == nil && int64(got) != n {
+			if err == nil && int64(got) < n {
 				err = fmt.Errorf("short file: %d of %d bytes", got, n)
 			}
 		}
@@ -84,22 +119,22 @@ func (p *PageCache) Save(req *Request) (SaveResult, error) {
 	var res SaveResult
 	for b := req.Hit; b < req.SaveEnd; b++ {
 		gatherBlock(&p.env, p.bounce.Bytes(), req.BlockPages(g.ChunkPages, b))
-		f, err := uring.OpenFile(p.path(req.Chain[b]), unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o600)
+		f, err := uring.OpenFile(p.path(req.Chain[b]), unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|p.flags(), 0o600)
 		if err != nil {
-			return res, fmt.Errorf("pagecache: saving block %d: %w", req.Chain[b], err)
+			return res, fmt.Errorf("%s: saving block %d: %w", p.Name(), req.Chain[b], err)
 		}
-		got, err := uring.Pwrite(f, p.bounce.Addr(), uint32(n), 0)
+		got, err := uring.Pwrite(f, p.bounce.Addr(), uint32(p.stride), 0)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
 		res.IOs++
-		if err != nil || int64(got) != n {
+		if err != nil || int64(got) != p.stride {
 			if errors.Is(err, unix.ENOSPC) {
 				res.Fallbacks += req.SaveEnd - b
 				os.Remove(p.path(req.Chain[b]))
 				return res, nil
 			}
-			return res, fmt.Errorf("pagecache: writing block %d (%d of %d bytes): %v", req.Chain[b], got, n, err)
+			return res, fmt.Errorf("%s: writing block %d (%d of %d bytes): %v", p.Name(), req.Chain[b], got, p.stride, err)
 		}
 		res.Blocks++
 		res.Bytes += n
@@ -110,7 +145,7 @@ func (p *PageCache) Save(req *Request) (SaveResult, error) {
 func (p *PageCache) Evict(ids []uint64) error {
 	for _, id := range ids {
 		if err := os.Remove(p.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("pagecache: evicting %d: %w", id, err)
+			return fmt.Errorf("%s: evicting %d: %w", p.Name(), id, err)
 		}
 	}
 	return nil

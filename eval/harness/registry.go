@@ -6,7 +6,7 @@ import (
 )
 
 // BackendNames lists every backend, in the order a replay runs them.
-var BackendNames = []string{"tutti-gpu", "tutti-cpu", "per-block", "pagecache", "dram", "recompute"}
+var BackendNames = []string{"tutti-gpu", "tutti-cpu", "per-block", "cufile", "pagecache", "dram", "recompute"}
 
 // NewBackend returns the backend called name. planner, when non-nil, is the
 // compute model tutti's scheduler uses to weigh loading against recomputing
@@ -19,6 +19,8 @@ func NewBackend(name string, planner *Compute) (Backend, error) {
 		return NewTuttiCPU(planner), nil
 	case "per-block":
 		return NewPerBlock(), nil
+	case "cufile":
+		return NewCuFileStandIn(), nil
 	case "pagecache":
 		return NewPageCache(), nil
 	case "dram":
