@@ -250,9 +250,10 @@ func (l *Load) drive() {
 			copy(ring, ring[1:])
 			ring = ring[:len(ring)-1]
 			crc = l.consume(sl, crc)
+			tag := sl.tag // the slot is another request's once released
 			s.staging.release(sl)
-			if sl.tag.last {
-				l.finishRead(sl.tag.io)
+			if tag.last {
+				l.finishRead(tag.io)
 			}
 			continue
 		}

@@ -38,6 +38,7 @@ func Open(cfg Config) (*Store, error) {
 		}
 	}
 	s := &Store{cfg: cfg, geo: cfg.Geometry, runs: make(map[objmap.RunID]*runEntry), loadN: make(chan struct{}, cfg.MaxLoads)}
+	s.savesCond.L = &s.mu
 	var err error
 	s.m, err = objmap.Open(objmap.Options{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: cfg.Geometry})
 	if err != nil {

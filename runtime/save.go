@@ -147,7 +147,9 @@ func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
 	if err := s.begin(); err != nil {
 		return nil, err
 	}
-	s.saves.Add(1)
+	s.mu.Lock()
+	s.savesLive++
+	s.mu.Unlock()
 	sv := &Save{s: s, chain: chain, pages: pages, gathered: make(chan struct{}), done: make(chan struct{})}
 	s.stats.saves.Add(1)
 	s.stats.saveBlocks.Add(int64(len(chain)))
@@ -375,8 +377,9 @@ func (sv *Save) drive() {
 					r.failed = fmt.Errorf("writing run %d layer %d: %d of %d bytes: %w", r.res.ID, sl.tag.io.Layer, sl.req.result, sl.tag.ioBytes, unix.EIO)
 				}
 			}
+			io := sl.tag.io // the slot is another request's once released
 			s.staging.release(sl)
-			retire(sl.tag.io, ri)
+			retire(io, ri)
 			// Commit (or give up) runs in order once their writes are done.
 			for nextCommit < len(sv.runs) {
 				r := sv.runs[nextCommit]
@@ -554,5 +557,8 @@ func (sv *Save) finish() {
 	}
 	close(sv.done)
 	sv.s.ops.Done()
-	sv.s.saves.Done()
+	sv.s.mu.Lock()
+	sv.s.savesLive--
+	sv.s.mu.Unlock()
+	sv.s.savesCond.Broadcast()
 }

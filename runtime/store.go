@@ -76,8 +76,11 @@ type Store struct {
 	runs   map[objmap.RunID]*runEntry
 	closed bool
 	ops    sync.WaitGroup // loads and saves in flight
-	saves  sync.WaitGroup
-	loadN  chan struct{} // MaxLoads tokens
+	// savesLive counts saves not ended; savesCond (on mu) wakes WaitSaves.
+	// (A WaitGroup would forbid a Save racing with WaitSaves.)
+	savesLive int
+	savesCond sync.Cond
+	loadN     chan struct{} // MaxLoads tokens
 
 	report          RecoveryReport
 	stats           counters
@@ -346,7 +349,11 @@ func (s *Store) dropCorrupt(r *runEntry) {
 
 // WaitSaves blocks until every Save started so far ended.
 func (s *Store) WaitSaves() error {
-	s.saves.Wait()
+	s.mu.Lock()
+	for s.savesLive > 0 {
+		s.savesCond.Wait()
+	}
+	s.mu.Unlock()
 	return nil
 }
 
