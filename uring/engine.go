@@ -24,7 +24,9 @@ type Engine interface {
 	// those waiting in the overflow queue.
 	InFlight() int
 	// RegisterFiles registers files and sets their Index (replacing any
-	// earlier registration of this engine). Only with nothing in flight.
+	// earlier registration of this engine; nil unregisters and resets the
+	// Index of the files it had). A File registered with one ring is used
+	// through its plain fd on any other. Only with nothing in flight.
 	RegisterFiles(files []*File) error
 	// RegisterBuffers registers buffers; buffer i gets index i. Only with
 	// nothing in flight.

@@ -72,11 +72,11 @@ type Ring struct {
 	overflow queue // prepared, not yet in the SQ (SQ full, MaxInFlight, continuations, retries)
 	done     queue // reaped, callbacks pending
 
-	filesRegistered bool
-	bufs            []*Buffer
-	sqTID           int   // iou-sqp thread, -1 until resolved
-	sqCandidates    []int // threads that appeared during setup
-	stats           Stats
+	files        []*File // registered files; File.Index is valid only for these on this ring
+	bufs         []*Buffer
+	sqTID        int   // iou-sqp thread, -1 until resolved
+	sqCandidates []int // threads that appeared during setup
+	stats        Stats
 }
 
 // Region is memory of the ring that a second producer (the GPU) must map.
@@ -414,7 +414,7 @@ func (r *Ring) fill() {
 func (r *Ring) prep(s *sqe, c *Completion, slot uint32) {
 	*s = sqe{UserData: uint64(slot)}
 	if c.file != nil {
-		if c.file.Index >= 0 && r.filesRegistered {
+		if i := c.file.Index; i >= 0 && int(i) < len(r.files) && r.files[i] == c.file {
 			s.FD = c.file.Index
 			s.Flags |= sqeFixedFile
 		} else {
@@ -617,11 +617,11 @@ func (r *Ring) RegisterFiles(files []*File) error {
 	if r.InFlight() > 0 {
 		return fmt.Errorf("uring: register files: %w: %d I/O in flight", ErrInvalid, r.InFlight())
 	}
-	if r.filesRegistered {
+	if r.files != nil {
 		if _, err := sysRegister(r.fd, unregisterFiles, nil, 0); err != nil {
 			return fmt.Errorf("uring: unregister files: %w", err)
 		}
-		r.filesRegistered = false
+		r.forgetFiles()
 	}
 	if len(files) == 0 {
 		return nil
@@ -636,8 +636,18 @@ func (r *Ring) RegisterFiles(files []*File) error {
 	for i, f := range files {
 		f.Index = int32(i)
 	}
-	r.filesRegistered = true
+	r.files = append([]*File(nil), files...)
 	return nil
+}
+
+// forgetFiles resets the Index of the files this ring registered.
+func (r *Ring) forgetFiles() {
+	for i, f := range r.files {
+		if f.Index == int32(i) {
+			f.Index = -1
+		}
+	}
+	r.files = nil
 }
 
 // RegisterBuffers implements Engine. The buffers must stay allocated until
@@ -684,6 +694,8 @@ func (r *Ring) Close() error {
 		return fmt.Errorf("uring: close: %w: %d I/O in flight (Flush them first)", ErrInvalid, n)
 	}
 	r.closed = true
+	r.forgetFiles()
+	r.bufs = nil
 	err := unix.Close(r.fd)
 	r.freeMem()
 	r.sqes, r.cqes, r.sqArray = nil, nil, nil

@@ -506,3 +506,40 @@ func TestCloseWithInFlight(t *testing.T) {
 		t.Fatalf("Submit after Close: %v", err)
 	}
 }
+
+// TestRegisteredFileOtherRing: a File registered on ring A keeps working on
+// ring B (through its fd, not A's index), and unregistering resets Index.
+func TestRegisteredFileOtherRing(t *testing.T) {
+	a := newRingOrSkip(t, DefaultConfig())
+	b := newRingOrSkip(t, DefaultConfig())
+	dir := t.TempDir()
+	f1, d1 := directFile(t, dir, 4096, 21)
+	f2, d2 := directFile(t, dir, 4096, 22)
+	if err := a.RegisterFiles([]*File{f1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RegisterFiles([]*File{f2}); err != nil {
+		t.Fatal(err)
+	}
+	if f1.Index != 0 || f2.Index != 0 {
+		t.Fatalf("indexes %d %d", f1.Index, f2.Index)
+	}
+	buf := mustBuffer(t, 4096)
+	var c Completion
+	c.PrepRead(f1, buf.Addr(), 4096, 0) // f1.Index 0 is f2 on ring b
+	run1(t, b, &c)
+	if c.Err != nil || !bytes.Equal(buf.Bytes(), d1) {
+		t.Fatalf("read of f1 on ring b: %v, data from the right file: %v", c.Err, bytes.Equal(buf.Bytes(), d1))
+	}
+	c.PrepRead(f2, buf.Addr(), 4096, 0)
+	run1(t, b, &c)
+	if c.Err != nil || !bytes.Equal(buf.Bytes(), d2) {
+		t.Fatal("read of f2 on ring b")
+	}
+	if err := a.RegisterFiles(nil); err != nil {
+		t.Fatal(err)
+	}
+	if f1.Index != -1 {
+		t.Fatalf("Index %d after unregistering, want -1", f1.Index)
+	}
+}
