@@ -232,36 +232,41 @@ def main(argv=None):
                 shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
         return tutti.Store(dirs, capacity, geom, num_pages, layout="per_layer", path=path)
 
-    path = a.path
-    store = None
-    if path == "auto" and dev.type != "cuda":
-        path = "cpu"
-    if path in ("auto", "gpu"):
+    def connect(path):
+        """Opens a store on `path` and registers the KV memory with a
+        connector: the CUDA cache on the GPU path, a pinned host mirror of it
+        on the CPU path (tutti's CPU path reads and writes host memory)."""
+        store = open_store(path)
         try:
-            store = open_store("gpu")
-            path = "gpu"
-        except (tutti.NoGPU, tutti.NotSupported) as e:
-            if a.path == "gpu":
-                raise
-            report["fallback"] = f"GPU path unavailable ({e}); using the CPU path"
-            print("fallback:", report["fallback"])
-    if store is None:
-        store = open_store("cpu")
+            stream_wait = None if a.wait == "auto" else (a.wait == "stream" and path == "gpu")
+            conn = tutti.TuttiConnector(store, layer_names=names, hash_seed=0x11A3A, stream_wait=stream_wait)
+            host = None
+            if path == "gpu":
+                conn.register_kv_caches(dict(zip(names, kv)))
+            else:
+                host = [torch.zeros(shape, dtype=dtype, pin_memory=dev.type == "cuda") for _ in range(a.layers)]
+                conn.register_kv_caches(dict(zip(names, host)))
+            return store, conn, host
+        except BaseException:
+            store.close()
+            raise
+
+    path = a.path
+    if path == "auto":
+        path = "gpu" if dev.type == "cuda" else "cpu"
+    try:
+        store, conn, host = connect(path)
+    except (tutti.NoGPU, tutti.NotSupported) as e:
+        if a.path != "auto":
+            raise
+        report["fallback"] = f"GPU path unavailable ({type(e).__name__}: {e}); using the CPU path"
+        print("fallback:", report["fallback"])
         path = "cpu"
+        store, conn, host = connect(path)
     report["path"] = path
+    report["layer_wait"] = "stream" if conn.stream_wait else "host"
 
     try:
-        stream_wait = None if a.wait == "auto" else (a.wait == "stream" and path == "gpu")
-        conn = tutti.TuttiConnector(store, layer_names=names, hash_seed=0x11A3A, stream_wait=stream_wait)
-        report["layer_wait"] = "stream" if conn.stream_wait else "host"
-        if path == "gpu":
-            conn.register_kv_caches(dict(zip(names, kv)))
-            host = None
-        else:
-            # Pinned host mirror of the cache: tutti's CPU path reads and writes it.
-            host = [torch.zeros(shape, dtype=dtype, pin_memory=dev.type == "cuda") for _ in range(a.layers)]
-            conn.register_kv_caches(dict(zip(names, host)))
-
         g = torch.Generator(device="cpu").manual_seed(a.seed + 1)
         prefix = torch.randint(0, a.vocab, (P,), generator=g)
         suffix = torch.randint(0, a.vocab, (S,), generator=g)
