@@ -91,8 +91,9 @@ func (s *Sim) Tick() uint64 { return s.tick }
 // Stats returns the counters so far.
 func (s *Sim) Stats() SimStats { st := s.stats; st.Ticks = s.tick; return st }
 
-// InFlight implements Engine.
-func (s *Sim) InFlight() int { return len(s.pending) + s.overflow.n }
+// InFlight implements Engine. After Crash it includes the completions
+// failed by the crash until a Flush runs their callbacks.
+func (s *Sim) InFlight() int { return len(s.pending) + s.overflow.n + s.done.n }
 
 // Submit implements Engine.
 func (s *Sim) Submit(c *Completion) error {
@@ -141,7 +142,7 @@ func (s *Sim) Flush(waitNr int) error {
 		return fmt.Errorf("uring: sim flush: %w", ErrClosed)
 	}
 	target := min(waitNr, s.InFlight())
-	delivered := 0
+	delivered := s.done.n // failed by Crash, callbacks pending
 	// Every op completes within MaxLatencyTicks of being scheduled, and each
 	// continuation or retry reschedules it; this bounds the loop generously.
 	limit := (s.cfg.MaxLatencyTicks + 1) * uint64(s.InFlight()+1) * (maxIORetries + 2) * 64
