@@ -92,5 +92,8 @@ func TestConcurrent(t *testing.T) {
 	if st.SavedBlocks == 0 || st.RestoredBlocks == 0 || s.idx.Stats().Evictions == 0 {
 		t.Fatalf("nothing saved, restored or evicted: %v %+v", st, s.idx.Stats())
 	}
+	if n := st.SkippedBlocks[SkipENOSPC] + st.SkippedBlocks[SkipIOError]; n != 0 {
+		t.Fatalf("%d blocks skipped for I/O errors on a healthy engine: %v", n, st)
+	}
 	t.Logf("%v; index %+v", st, s.idx.Stats())
 }

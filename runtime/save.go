@@ -200,11 +200,11 @@ func (sv *Save) admit(ids []uint64, from int) {
 	}
 	if err != nil {
 		sv.abortIDs(ids)
-		sv.skip(skipCauseOf(err), len(ids))
+		cause := skipCauseOf(err)
 		if errors.Is(err, objmap.ErrNoSpace) {
-			sv.skip(SkipENOSPC, -len(ids))
-			sv.skip(SkipNoSpace, len(ids))
+			cause = SkipNoSpace // the pool is full: an admission shortfall, not a failed write
 		}
+		sv.skip(cause, len(ids))
 		return
 	}
 	total := 0
