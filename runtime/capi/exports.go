@@ -114,8 +114,8 @@ func guard(op string, rc *C.int32_t) {
 	}
 }
 
-func storeArg(h C.uint64_t) (*storeEntry, error) {
-	v, err := handles.get(uint64(h), kindStore)
+func storeArg(h uint64) (*storeEntry, error) {
+	v, err := handles.get(h, kindStore)
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +319,7 @@ func tutti_register_kv(store C.uint64_t, memory C.uint32_t, regions *C.tutti_kv_
 }
 
 func registerKV(store C.uint64_t, memory uint32, p *C.tutti_kv_region, n uint64) error {
-	e, err := storeArg(store)
+	e, err := storeArg(uint64(store))
 	if err != nil {
 		return err
 	}
@@ -378,15 +378,19 @@ func lookup(store C.uint64_t, chainP *C.uint64_t, n uint64, out *C.uint32_t) err
 		return errorf(errInvalidArgument, "out_blocks is NULL")
 	}
 	*out = 0
-	e, err := storeArg(store)
+	e, err := storeArg(uint64(store))
 	if err != nil {
 		return err
 	}
-	chain, err := copyU64("chain", chainP, n, maxChainBlocks)
-	if err != nil {
+	if err := countArg("chain length", n, maxChainBlocks); err != nil {
 		return err
 	}
-	*out = C.uint32_t(e.s.Lookup(chain))
+	if chainP == nil {
+		return errorf(errInvalidArgument, "chain is NULL with length %d", n)
+	}
+	// Lookup only reads the chain during the call and keeps nothing, so it
+	// gets a view of the caller's array instead of a copy.
+	*out = C.uint32_t(e.s.Lookup(unsafe.Slice((*uint64)(unsafe.Pointer(chainP)), n)))
 	return nil
 }
 
@@ -401,7 +405,7 @@ func startLoad(store C.uint64_t, chainP *C.uint64_t, chainLen uint64, pagesP *C.
 		return errorf(errInvalidArgument, "out_load is NULL")
 	}
 	*out = 0
-	e, err := storeArg(store)
+	e, err := storeArg(uint64(store))
 	if err != nil {
 		return err
 	}
@@ -542,7 +546,7 @@ func startSave(store C.uint64_t, chainP *C.uint64_t, chainLen uint64, pagesP *C.
 		return errorf(errInvalidArgument, "out_save is NULL")
 	}
 	*out = 0
-	e, err := storeArg(store)
+	e, err := storeArg(uint64(store))
 	if err != nil {
 		return err
 	}
@@ -615,7 +619,7 @@ func tutti_save_release(save C.uint64_t) (rc C.int32_t) {
 func tutti_wait_saves(store C.uint64_t) (rc C.int32_t) {
 	defer guard("tutti_wait_saves", &rc)
 	return finish("tutti_wait_saves", func() error {
-		e, err := storeArg(store)
+		e, err := storeArg(uint64(store))
 		if err != nil {
 			return err
 		}
@@ -634,7 +638,7 @@ func tutti_get_stats(store C.uint64_t, out *C.tutti_stats) (rc C.int32_t) {
 		if size < statsSizeV1 {
 			return errorf(errVersion, "out->struct_size = %d, the smallest supported tutti_stats is %d bytes (ABI %d.0)", size, statsSizeV1, abiMajor)
 		}
-		e, err := storeArg(store)
+		e, err := storeArg(uint64(store))
 		if err != nil {
 			return err
 		}

@@ -16,9 +16,10 @@
  *    library memory is ever handed out. 0 is never a valid handle. A handle
  *    of the wrong kind, a released or closed one, or one never issued gives
  *    TUTTI_ERR_BAD_HANDLE, never a crash.
- *  - Arrays passed in (chains, page ids, regions, directory names) are copied
- *    before the call returns; the library keeps no pointer into caller memory
- *    except the registered KV memory (see tutti_register_kv).
+ *  - Arrays passed in (chains, page ids, regions, directory names, tokens)
+ *    are read during the call only (copied where the library needs them
+ *    later); the library keeps no pointer into caller memory except the
+ *    registered KV memory (see tutti_register_kv).
  *  - Every pointer and length is checked: NULL where data is needed, a zero or
  *    oversize count, an address range that overflows, a length that does not
  *    match the geometry: TUTTI_ERR_INVALID_ARGUMENT or TUTTI_ERR_GEOMETRY.
