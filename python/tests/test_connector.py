@@ -197,6 +197,19 @@ class ConnectorFlowTest(unittest.TestCase):
         fx.store.wait_saves()
         self.assertEqual(fx.store.lookup([11, 22, 33]), 2)
 
+    def test_block_hash_forms(self):
+        class H:
+            hash_value = 22
+
+        conn = tutti.TuttiConnector(self._fixture().store)
+        chain = conn.chain_of(tutti.ReqMeta("z", [], block_hashes=[11, H(), (7).to_bytes(8, "little") + b"rest", -1]))
+        self.assertEqual(chain, [11, 22, 7, 0xFFFFFFFFFFFFFFFF])
+
+    def _fixture(self):
+        fx = StoreFixture()
+        self.addCleanup(fx.close)
+        return fx
+
     def test_missing_block_ids(self):
         fx = StoreFixture()
         self.addCleanup(fx.close)

@@ -68,6 +68,17 @@ def _torch_stream_sync():
         torch.cuda.current_stream().synchronize()
 
 
+def _hash64(h) -> int:
+    """A block hash as a uint64 chain id: an int (folded to 64 bits), bytes
+    (vLLM's BlockHash: the first 8 bytes, little-endian; the bytes are already
+    a chained hash of the whole prefix), or an object with ``hash_value``."""
+    if isinstance(h, (bytes, bytearray, memoryview)):
+        return int.from_bytes(bytes(h[:8]), "little")
+    if hasattr(h, "hash_value"):
+        return _hash64(h.hash_value)
+    return int(h) & 0xFFFFFFFFFFFFFFFF
+
+
 def _torch_current_stream() -> int:
     return sys.modules["torch"].cuda.current_stream().cuda_stream
 
@@ -135,14 +146,15 @@ class TuttiConnector:
         with ``block_hashes`` or ``prompt_token_ids``/``token_ids``)."""
         hashes = getattr(req, "block_hashes", None)
         if hashes is not None and len(hashes) > 0:
-            chain = [int(h) & 0xFFFFFFFFFFFFFFFF for h in hashes]
+            chain = [_hash64(h) for h in hashes]
         else:
             toks = getattr(req, "token_ids", None)
             if toks is None:
                 toks = getattr(req, "prompt_token_ids", None)
             if toks is None:
                 raise ValueError(f"request {getattr(req, 'req_id', getattr(req, 'request_id', '?'))!r} has neither block_hashes nor token ids")
-            chain = chain_from_tokens(list(toks), self.geometry.block_tokens, self.hash_seed)
+            toks = toks.tolist() if hasattr(toks, "tolist") else list(toks)  # a tensor, or any sequence
+            chain = chain_from_tokens(toks, self.geometry.block_tokens, self.hash_seed)
         n = getattr(req, "num_tokens", None)
         if n is not None:
             # The blocks covering the first n tokens: a block the count ends
