@@ -51,6 +51,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	qd := fs.Int("qd", 64, "I/Os in flight per backend")
 	noEBPF := fs.Bool("no-ebpf", false, "count device bytes with /proc/diskstats only")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the devbench ceiling measurement")
+	kvMem := fs.String("kv-mem", "", "bound on the engine KV memory (e.g. 8GiB); longer requests are left out for every backend (default: half of available memory, at most 16 GiB)")
+	keep := fs.Bool("keep", false, "keep each backend's store directory after its run")
 	planner := fs.Bool("tutti-planner", false, "give tutti's scheduler the compute model, so it may recompute cached blocks where loading is slower")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
@@ -183,9 +185,20 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if *noCeiling {
 		cfg.CeilingBytes = -1
 	}
+	cfg.KeepStores = *keep
+	if *kvMem != "" {
+		v, err := devbench.ParseBytes(*kvMem)
+		if err != nil {
+			return usageErr(fs.Usage, fmt.Errorf("--kv-mem: %w", err))
+		}
+		cfg.MaxKVBytes = v
+	}
 	res, err := harness.Run(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	if res.Oversize > 0 {
+		fmt.Fprintf(stderr, "left out %d requests whose KV exceeds the engine memory bound (--kv-mem)\n", res.Oversize)
 	}
 	for _, b := range bs {
 		if t, ok := b.(*harness.Tutti); ok && t.PlannedRecomputeBlocks() > 0 {

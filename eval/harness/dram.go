@@ -2,12 +2,9 @@ package harness
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/tutti-io/tutti/uring"
-	"os"
-	"strconv"
-	"strings"
-	"time"
 )
 
 // DRAM keeps chain blocks in host memory: the upper bound of any storage tier
@@ -30,18 +27,9 @@ func (d *DRAM) Available() error { return nil }
 
 // checkMemory refuses capacities beyond half of MemAvailable.
 func checkMemory(capacityBytes int64) error {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return nil // cannot tell; the allocation itself will fail loudly
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			if capacityBytes > kb*1024/2 {
-				return fmt.Errorf("dram: capacity %d MiB exceeds half of available memory (%d MiB): %w",
-					capacityBytes>>20, kb>>10, ErrUnavailable)
-			}
-		}
+	if avail := memAvailable(); capacityBytes > avail/2 {
+		return fmt.Errorf("dram: capacity %d MiB exceeds half of available memory (%d MiB): %w",
+			capacityBytes>>20, avail>>20, ErrUnavailable)
 	}
 	return nil
 }

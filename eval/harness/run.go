@@ -7,6 +7,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tutti-io/tutti/eval/blockstat"
@@ -14,6 +16,7 @@ import (
 	"github.com/tutti-io/tutti/eval/metrics"
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/eval/trace"
+	"golang.org/x/sys/unix"
 )
 
 // Config of a replay.
@@ -23,12 +26,20 @@ type Config struct {
 	Dir      string    // store root; each backend gets Dir/<name>
 	Backends []Backend // run in this order on the same requests
 	// CapacityBlocks caps the storage of every backend (evicting leaf-first
-	// LRU beyond it); 0 = every distinct block of the requests fits.
+	// LRU beyond it); 0 = every distinct block of the requests fits, capped
+	// at half the free space of Dir's file system.
 	CapacityBlocks int
-	QueueDepth     int     // I/Os in flight per backend; 0 = 64
-	Compute        Compute // prefill model
-	SLOms          float64 // p90 TTFT target; 0 = 2 × recompute's unloaded p90
-	EBPF           bool    // count device bytes with eBPF (else diskstats only)
+	// MaxKVBytes bounds the engine KV memory (sized for the largest request);
+	// requests needing more are left out of the replay for every backend
+	// (counted in Result.Oversize). 0 = half of MemAvailable, at most 16 GiB.
+	MaxKVBytes int64
+	// KeepStores keeps each backend's directory after its run (default:
+	// removed, so backends run one after another never hold the disk twice).
+	KeepStores bool
+	QueueDepth int     // I/Os in flight per backend; 0 = 64
+	Compute    Compute // prefill model
+	SLOms      float64 // p90 TTFT target; 0 = 2 × recompute's unloaded p90
+	EBPF       bool    // count device bytes with eBPF (else diskstats only)
 	// CeilingBytes is the size of the devbench ceiling file; 0 = 256 MiB,
 	// negative = do not measure a ceiling.
 	CeilingBytes int64
@@ -90,6 +101,8 @@ type BackendResult struct {
 type Result struct {
 	Model          string
 	Geometry       string
+	Oversize       int // requests left out: their KV exceeds MaxKVBytes
+	CapacityNote   string
 	Trace          trace.Summary
 	CapacityBlocks int
 	CapacityBytes  int64
@@ -105,6 +118,31 @@ type Result struct {
 	Host           string
 }
 
+// memAvailable is /proc/meminfo's MemAvailable in bytes (8 GiB if unknown).
+func memAvailable() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
+				if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+					return kb << 10
+				}
+			}
+		}
+	}
+	return 8 << 30
+}
+
+// freeBytes is the space available to unprivileged users on dir's file
+// system (0 if unknown).
+func freeBytes(dir string) int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0
+	}
+	return int64(st.Bavail) * int64(st.Bsize)
+}
+
 // Run replays cfg.Requests through every backend.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if len(cfg.Requests) == 0 {
@@ -117,29 +155,53 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.QueueDepth <= 0 {
 		cfg.QueueDepth = 64
 	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	// Requests whose KV does not fit the engine memory bound are left out,
+	// for every backend alike.
+	maxKV := cfg.MaxKVBytes
+	if maxKV <= 0 {
+		maxKV = min(int64(16<<30), memAvailable()/2)
+	}
+	perBlockKV := int64(g.ChunkPages) * g.PageBytesPerLayer() * int64(g.Layers)
+	var oversize int
+	kept := cfg.Requests[:0:0]
+	maxBlocks := 0
+	for _, r := range cfg.Requests {
+		if int64(len(r.HashIDs))*perBlockKV > maxKV {
+			oversize++
+			continue
+		}
+		kept = append(kept, r)
+		maxBlocks = max(maxBlocks, len(r.HashIDs))
+	}
+	if len(kept) == 0 {
+		return nil, fmt.Errorf("replay: every request needs more than %d MiB of KV memory", maxKV>>20)
+	}
+	cfg.Requests = kept
 	sum := trace.Summarize(cfg.Requests)
-	capBlocks := cfg.CapacityBlocks
+	capBlocks, capNote := cfg.CapacityBlocks, "given"
 	if capBlocks <= 0 || int64(capBlocks) > sum.DistinctBlocks {
-		capBlocks = int(sum.DistinctBlocks)
+		capBlocks, capNote = int(sum.DistinctBlocks), "every distinct block"
+		if cfg.CapacityBlocks <= 0 {
+			if free := freeBytes(cfg.Dir); free > 0 && int64(capBlocks)*g.ChunkBytes() > free/2 {
+				capBlocks = int(free / 2 / g.ChunkBytes())
+				capNote = fmt.Sprintf("half of the %d MiB free in %s", free>>20, cfg.Dir)
+			}
+		}
 	}
 	if capBlocks < 1 {
 		capBlocks = 1
 	}
-	maxBlocks := 0
-	for _, r := range cfg.Requests {
-		maxBlocks = max(maxBlocks, len(r.HashIDs))
-	}
 	host, _ := os.Hostname()
 	res := &Result{
 		Model: cfg.Profile.Name, Geometry: g.String(), Trace: sum,
-		CapacityBlocks: capBlocks, CapacityBytes: int64(capBlocks) * g.ChunkBytes(),
+		CapacityBlocks: capBlocks, CapacityBytes: int64(capBlocks) * g.ChunkBytes(), CapacityNote: capNote,
+		Oversize:       oversize,
 		DistinctBlocks: sum.DistinctBlocks, ComputeModel: cfg.Compute.Label,
 		Started: time.Now().UTC(), Host: host,
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("replay: %w", err)
-	}
-
 	// One page pool for all backends, sized for the largest request.
 	kv, err := NewKVMemory(g, max(1, maxBlocks)*g.ChunkPages)
 	if err != nil {
@@ -215,7 +277,12 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 		}
 		return br, fmt.Errorf("open: %w", err)
 	}
-	defer b.Close()
+	defer func() {
+		b.Close()
+		if !cfg.KeepStores {
+			os.RemoveAll(dir)
+		}
+	}()
 
 	self, selfIndexed := b.(SelfIndexed)
 	index := NewIndex(res.CapacityBlocks)

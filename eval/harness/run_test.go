@@ -119,3 +119,30 @@ func TestPerBlockFaults(t *testing.T) {
 		t.Logf("seed %d: %d fallbacks, %d blocks restored", seed, b.Fallbacks, b.HitBlocks)
 	}
 }
+
+// Requests whose KV exceeds the engine memory bound are left out for every
+// backend, and counted.
+func TestOversizeLeftOut(t *testing.T) {
+	p, _ := model.Lookup("tiny")
+	comp, _ := NewCompute(p, DefaultGPUFLOPs, DefaultLayerFixedNs)
+	reqs := synthetic(12) // chains grow to 7 blocks
+	res, err := Run(context.Background(), Config{Requests: reqs, Profile: p, Dir: t.TempDir(), Compute: comp,
+		CeilingBytes: -1, MaxKVBytes: 4 * p.BlockBytes(), Backends: []Backend{NewDRAM(), Recompute{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := 0
+	for _, r := range reqs {
+		if len(r.HashIDs) > 4 {
+			want++
+		}
+	}
+	if want == 0 || res.Oversize != want {
+		t.Fatalf("left out %d, want %d", res.Oversize, want)
+	}
+	for _, b := range res.Backends {
+		if b.Requests != len(reqs)-want {
+			t.Fatalf("%s served %d", b.Backend, b.Requests)
+		}
+	}
+}

@@ -124,7 +124,10 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	}
 	p("| time scale | %g (arrival times × this; requests sharing a timestamp bucket spread evenly within it) |\n", meta.TimeScale)
 	p("| model | %s (%s) |\n", res.Model, res.Geometry)
-	p("| storage capacity | %d blocks = %s per backend%s |\n", res.CapacityBlocks, mib(res.CapacityBytes), capNote(res))
+	p("| storage capacity | %d blocks = %s per backend (%s)%s |\n", res.CapacityBlocks, mib(res.CapacityBytes), res.CapacityNote, capNote(res))
+	if res.Oversize > 0 {
+		p("| left out | %d requests whose KV exceeds the engine memory bound (for every backend) |\n", res.Oversize)
+	}
 	p("| engine KV memory | %s (host, per-layer layout) |\n", mib(res.KVMemoryBytes))
 	p("| compute | %s |\n", res.ComputeModel)
 	p("| TTFT SLO | p90 ≤ %.2f ms (%s) |\n", res.SLOms, res.SLOSource)
