@@ -20,12 +20,20 @@
 //     drops (Backend.Evict).
 //
 // Restore and save durations are measured for real; the GPU's prefill is a
-// compute model (FLOPs / rate, labelled "simulated"). Time-to-first-token
-// comes from a deterministic timeline (Timeline) that honours the arrival
-// times: the storage device and the GPU are FIFO servers, layer l's compute
-// starts when layer l is loaded and layer l−1 computed. The same measured
-// service times replayed at scaled arrival rates give SLO attainment against
-// request rate.
+// compute model (sched's, from the profile's FLOPs; labelled "simulated").
+// Time-to-first-token comes from a deterministic timeline (Simulate) that
+// honours the arrival times: the GPU runs one prefill at a time, layer l
+// starting when layer l is loaded and layer l−1 computed; the device serves
+// loads first, in arrival order, and saves in its idle time (yielding
+// between blocks). The same measured service times replayed at scaled
+// arrival rates give SLO attainment against request rate (Sweep).
+//
+// Backends: tutti-cpu and tutti-gpu (runtime package; the GPU path reports
+// itself unavailable until the runtime wires it), per-block (one O_DIRECT
+// io_uring I/O per page and layer), cufile (O_DIRECT bounce stand-in for
+// cuFile's POSIX mode, one file per chunk), pagecache (LMCache-style file per
+// chunk through the page cache), dram (host memory, the upper bound) and
+// recompute (no cache).
 package harness
 
 import (
