@@ -100,6 +100,21 @@ class RoundTripTest(unittest.TestCase):
         self.assertEqual(s["saves"], 3)
         self.assertGreaterEqual(s["skipped_blocks"], 2)
 
+    def test_save_beyond_capacity_is_partial(self):
+        # A save the store cannot hold is stored in part and counted, not an error.
+        fx = StoreFixture(capacity_bytes=1 << 20)
+        self.addCleanup(fx.close)
+        st = fx.store
+        st.register_kv(fx.regions())
+        chain = chain_of(21, 40)
+        with st.save(chain, list(range(40))) as sv:
+            sv.wait_gathered()
+        st.wait_saves()
+        s = st.stats()
+        self.assertLess(st.lookup(chain), 40)
+        self.assertEqual(s["saved_blocks"] + s["skipped_blocks"], 40)
+        self.assertEqual(st.lookup(chain), s["saved_blocks"])
+
     def test_reopen_recovers(self):
         d = tempfile.mkdtemp(prefix="tutti-pytest-")
         self.addCleanup(shutil.rmtree, d, True)
