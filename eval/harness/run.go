@@ -90,11 +90,12 @@ type BackendResult struct {
 	RequestsWithHitsRestore int     `json:"requests_with_hits"`
 
 	// Not in JSON: for the report and plots.
-	TTFTms     []float64   `json:"-"`
-	Curve      []RatePoint `json:"-"`
-	BandwidthT []float64   `json:"-"`
-	Bandwidth  []float64   `json:"-"`
-	Services   []Service   `json:"-"`
+	TTFTms     []float64      `json:"-"`
+	Curve      []RatePoint    `json:"-"`
+	BandwidthT []float64      `json:"-"`
+	Device     []DeviceSample `json:"-"` // measured device bandwidth during the run
+	Bandwidth  []float64      `json:"-"`
+	Services   []Service      `json:"-"`
 }
 
 // Result of a replay.
@@ -287,6 +288,11 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 	self, selfIndexed := b.(SelfIndexed)
 	index := NewIndex(res.CapacityBlocks)
 	meter := blockstat.StartMeter(dir, cfg.EBPF)
+	samp := startSampler(meter, 200*time.Millisecond)
+	stopMeter := func() blockstat.Result {
+		br.Device = samp.Stop()
+		return meter.Stop()
+	}
 	wall := time.Now()
 	var loadCPU, saveCPU time.Duration
 	var loadTime, saveTime time.Duration
@@ -295,13 +301,13 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 
 	for seq, tr := range cfg.Requests {
 		if err := ctx.Err(); err != nil {
-			meter.Stop()
+			stopMeter()
 			return br, err
 		}
 		req := &Request{Seq: seq, Trace: tr, Chain: tr.HashIDs}
 		pages, err := kv.Alloc(len(req.Chain) * g.ChunkPages)
 		if err != nil {
-			meter.Stop()
+			stopMeter()
 			return br, err
 		}
 		req.Pages = pages
@@ -321,7 +327,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 			d := time.Since(t0)
 			c1, _ := blockstat.ProcessCPU()
 			if err != nil {
-				meter.Stop()
+				stopMeter()
 				return br, fmt.Errorf("request %d (trace line %d): restore: %w", seq, tr.Line, err)
 			}
 			loadCPU += c1.Sub(c0).Total()
@@ -354,7 +360,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 			var evict []uint64
 			end, evict = index.Admit(req.Chain, req.Hit)
 			if err := b.Evict(evict); err != nil {
-				meter.Stop()
+				stopMeter()
 				return br, err
 			}
 			br.EvictedBlocks += int64(len(evict))
@@ -367,7 +373,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 			d := time.Since(t0)
 			c1, _ := blockstat.ProcessCPU()
 			if err != nil {
-				meter.Stop()
+				stopMeter()
 				return br, fmt.Errorf("request %d (trace line %d): save: %w", seq, tr.Line, err)
 			}
 			saveCPU += c1.Sub(c0).Total()
@@ -386,7 +392,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 			cfg.Progress(b.Name(), seq+1, len(cfg.Requests))
 		}
 	}
-	m := meter.Stop()
+	m := stopMeter()
 	br.WallSeconds = time.Since(wall).Seconds()
 	br.LoadSeconds, br.SaveSeconds = loadTime.Seconds(), saveTime.Seconds()
 	br.DeviceReadBytes = m.DeviceReadBytes()
