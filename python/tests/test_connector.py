@@ -186,6 +186,44 @@ class ConnectorFlowTest(unittest.TestCase):
     def test_chunked(self):
         self.flow(small_geometry(chunk_pages=2), "per_layer")
 
+    def test_batch_step(self):
+        # One step with two loads (one a partial hit) and a save, as a batched forward.
+        fx = StoreFixture(num_pages=64)
+        self.addCleanup(fx.close)
+        conn = tutti.TuttiConnector(fx.store)
+        kv = fx.tensors()
+        names = list(kv)
+        conn.register_kv_caches(kv)
+        for i, b in enumerate(fx.bufs):
+            b.fill_random(900 + i)
+        bt = SMALL.block_tokens
+        p1 = list(range(1000, 1000 + 3 * bt))
+        p2 = list(range(5000, 5000 + 2 * bt))
+        conn.bind_connector_metadata(tutti.ConnectorMetadata(saves=[
+            tutti.ReqMeta("s1", [0, 1, 2], token_ids=p1), tutti.ReqMeta("s2", [3, 4], token_ids=p2[:bt])]))
+        for n in names:
+            conn.save_kv_layer(n, kv[n], None)
+        conn.wait_for_save()
+        self.assertEqual(conn.get_finished(set()), ({"s1", "s2"}, None))
+        fx.store.wait_saves()
+        conn.bind_connector_metadata(tutti.ConnectorMetadata(
+            loads=[tutti.ReqMeta("l1", [10, 11, 12], token_ids=p1), tutti.ReqMeta("l2", [20, 21], token_ids=p2)],
+            saves=[tutti.ReqMeta("s3", [3, 4], token_ids=p2)]))
+        conn.start_load_kv()
+        self.assertEqual(conn.planned_blocks, {"l1": 3, "l2": 1})
+        for n in names:
+            conn.wait_for_layer_load(n)
+            conn.save_kv_layer(n, kv[n], None)
+        conn.wait_for_save()
+        self.assertEqual(conn.get_finished(set()), ({"s3"}, {"l1", "l2"}))
+        self.assertEqual(conn.loaded_blocks, {"l1": 3, "l2": 1})
+        self.assertEqual(conn.get_block_ids_with_load_errors(), {21})  # l2's second block was not stored
+        for l in range(SMALL.layers):
+            for src, dst in ((0, 10), (1, 11), (2, 12), (3, 20)):
+                self.assertEqual(fx.page_bytes(l, 1, dst), fx.page_bytes(l, 1, src))
+        fx.store.wait_saves()
+        self.assertEqual(fx.store.lookup(tutti.chain_from_tokens(p2, bt)), 2)
+
     def test_block_hashes(self):
         fx = StoreFixture()
         self.addCleanup(fx.close)
