@@ -180,6 +180,11 @@ class Store:
     def closed(self):
         return self.handle == 0
 
+    def _h(self):
+        if not self.handle:
+            raise _lib.Closed("the store is closed", op="tutti")
+        return self.handle
+
     def __enter__(self):
         return self
 
@@ -195,9 +200,11 @@ class Store:
 
     # -- KV memory
     def register_kv(self, regions: Sequence[tuple], memory: str = None):
-        """Registers KV memory: ``regions`` is a list of (address, length in
-        bytes), one per layer (per_layer) or one (cross_layer). ``memory`` is
-        'host' or 'cuda' (default: by the store's path)."""
+        """Registers KV memory, once per store: ``regions`` is a list of
+        (address, length in bytes), one per layer (per_layer) or one
+        (cross_layer). ``memory`` is 'host' or 'cuda' (default: by the
+        store's path). The memory must stay valid until :meth:`close`
+        returns."""
         if memory is None:
             memory = "host" if self.path == "cpu" else "cuda"
         if memory not in _MEMORY:
@@ -205,7 +212,7 @@ class Store:
         arr = (_lib.tutti_kv_region * max(len(regions), 1))()
         for i, (addr, n) in enumerate(regions):
             arr[i].addr, arr[i].len_bytes = addr, n
-        _lib.check(self._lib.tutti_register_kv(self.handle, _MEMORY[memory], arr, len(regions)), "tutti_register_kv")
+        _lib.check(self._lib.tutti_register_kv(self._h(), _MEMORY[memory], arr, len(regions)), "tutti_register_kv")
         self._regions = arr  # keep the description alive alongside the registration
 
     # -- lookup / load / save
@@ -213,7 +220,7 @@ class Store:
         """Leading blocks of ``chain`` that are stored."""
         arr, n = _u64_array(chain, "chain")
         out = ctypes.c_uint32()
-        _lib.check(self._lib.tutti_lookup(self.handle, arr, n, ctypes.byref(out)), "tutti_lookup")
+        _lib.check(self._lib.tutti_lookup(self._h(), arr, n, ctypes.byref(out)), "tutti_lookup")
         return out.value
 
     def load(self, chain: Sequence[int], pages: Sequence[int]) -> "Load":
@@ -222,7 +229,7 @@ class Store:
         c, nc = _u64_array(chain, "chain")
         p, np_ = _i32_array(pages, "pages")
         h = ctypes.c_uint64()
-        _lib.check(self._lib.tutti_load(self.handle, c, nc, p, np_, ctypes.byref(h)), "tutti_load")
+        _lib.check(self._lib.tutti_load(self._h(), c, nc, p, np_, ctypes.byref(h)), "tutti_load")
         return Load(self, h.value, nc)
 
     def save(self, chain: Sequence[int], pages: Sequence[int]) -> "Save":
@@ -231,16 +238,16 @@ class Store:
         c, nc = _u64_array(chain, "chain")
         p, np_ = _i32_array(pages, "pages")
         h = ctypes.c_uint64()
-        _lib.check(self._lib.tutti_save(self.handle, c, nc, p, np_, ctypes.byref(h)), "tutti_save")
+        _lib.check(self._lib.tutti_save(self._h(), c, nc, p, np_, ctypes.byref(h)), "tutti_save")
         return Save(self, h.value)
 
     def wait_saves(self):
         """Blocks until every save so far is durable and found by lookup."""
-        _lib.check(self._lib.tutti_wait_saves(self.handle), "tutti_wait_saves")
+        _lib.check(self._lib.tutti_wait_saves(self._h()), "tutti_wait_saves")
 
     def stats(self) -> dict:
         s = _lib.tutti_stats(struct_size=ctypes.sizeof(_lib.tutti_stats))
-        _lib.check(self._lib.tutti_get_stats(self.handle, ctypes.byref(s)), "tutti_get_stats")
+        _lib.check(self._lib.tutti_get_stats(self._h(), ctypes.byref(s)), "tutti_get_stats")
         return {name: getattr(s, name) for name in _lib.STATS_FIELDS}
 
 
