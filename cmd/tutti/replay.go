@@ -53,7 +53,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	noCeiling := fs.Bool("no-ceiling", false, "skip the devbench ceiling measurement")
 	kvMem := fs.String("kv-mem", "", "bound on the engine KV memory (e.g. 8GiB); longer requests are left out for every backend (default: half of available memory, at most 16 GiB)")
 	keep := fs.Bool("keep", false, "keep each backend's store directory after its run")
-	planner := fs.Bool("tutti-planner", false, "give tutti's scheduler the compute model, so it may recompute cached blocks where loading is slower")
+	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
 		fmt.Fprintln(stderr, "\nWith no flags: the embedded trace window, the tiny model, the CPU backends, a temporary store; prints where the report is.")
