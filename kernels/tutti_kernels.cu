@@ -453,6 +453,7 @@ struct Ctx {
   uint64_t timeout_ns;
   bool has_ring;
   DRing ring;
+  volatile uint32_t *h_sq_head, *h_sq_tail, *h_cq_head, *h_cq_tail, *h_sq_flags;  // host view, diagnostics
   uint64_t ring_regions[TK_MAX_RING_REGIONS];
   uint32_t n_ring_regions;
   DState *d_state;
@@ -505,6 +506,11 @@ static tk_status bind_ring(Ctx *c, const tk_ring *r) {
   c->ring.sq_array = nullptr;
   if (r->sq_array) { MAPF(sq_array, (uint64_t)r->sq_entries * 4, c->ring.sq_array); }
 #undef MAPF
+  c->h_sq_head = (volatile uint32_t *)r->sq_head;
+  c->h_sq_tail = (volatile uint32_t *)r->sq_tail;
+  c->h_cq_head = (volatile uint32_t *)r->cq_head;
+  c->h_cq_tail = (volatile uint32_t *)r->cq_tail;
+  c->h_sq_flags = (volatile uint32_t *)r->sq_flags;
   c->ring.sq_entries = r->sq_entries;
   c->ring.sq_mask = *(const uint32_t *)r->sq_mask;
   c->ring.cq_entries = r->cq_entries;
@@ -838,8 +844,17 @@ extern "C" tk_status tk_restore_wait(uint64_t h, uint32_t req, tk_entry_result *
     CK(cudaEventElapsedTime(&layer_ms[l], q->start, q->ready[l]));
   DState st;
   CK(cudaMemcpy(&st, c->d_state, sizeof st, cudaMemcpyDeviceToHost));
-  for (uint32_t l = 0; l < q->n_layers; l++)
-    if ((s = layer_status(*q, l))) return st.broken ? fail(TK_ERR_RING, "ring broken: %s", g_err) : s;
+  for (uint32_t l = 0; l < q->n_layers; l++) {
+    if ((s = layer_status(*q, l))) {
+      char first[256];
+      snprintf(first, sizeof first, "%s", g_err);
+      // Both views of the ring: what the kernel published and what the GPU holds.
+      return fail(st.broken ? TK_ERR_RING : TK_ERR_IO,
+                  "%s; ring: sq head %u tail %u flags %#x, cq head %u tail %u; gpu: sq tail %u cq head %u inflight %u stray %u",
+                  first, *c->h_sq_head, *c->h_sq_tail, *c->h_sq_flags, *c->h_cq_head, *c->h_cq_tail, st.sq_tail, st.cq_head,
+                  st.inflight, st.stray);
+    }
+  }
   return TK_OK;
 }
 

@@ -99,6 +99,9 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")
 	kickUs := fs.Duration("wake-interval", 50*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (wake or kick)")
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
+	noCeiling := fs.Bool("no-ceiling", false, "skip the ceiling measurement (quick configuration checks)")
+	reuse := fs.Bool("reuse", false, "keep a data file of the right size from an earlier run with the same model, tokens and seed")
+	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -136,11 +139,14 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "gpubench %s: %d layers x %d pages of %d KiB (%s), %.2f GiB, %s, storage %q on %v, GPU %s (%d SMs), content eval/kvdata blocks %d..\n",
 		*model, g.Layers, b.pages, g.PageBytes()>>10, kl, float64(b.totalBytes())/(1<<30), time.Now().UTC().Format(time.RFC3339), b.label, b.paths, name, sms, *seed)
 
-	if err := b.writeData(); err != nil {
+	if err := b.writeData(*reuse); err != nil {
 		return err
 	}
 	defer b.closeFiles()
-	ceiling, cnote := b.ceiling()
+	ceiling, cnote := 0.0, "(skipped)"
+	if !*noCeiling {
+		ceiling, cnote = b.ceiling()
+	}
 	fmt.Fprintf(stdout, "ceiling (devbench.Ceiling: 1 MiB O_DIRECT random reads, QD 32, uring, 2 s, all devices at once): %.2f GB/s %s\n", ceiling/1e9, cnote)
 
 	// KV tensors and the bound context (ring included), allocated once.
@@ -170,7 +176,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	defer b.ring.Close()
 	b.kcfg = kernels.Config{Geometry: g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
 		MaxPages: b.pages, MaxExtents: 1, MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
-		WakeInterval: *kickUs}
+		WakeInterval: *kickUs, PollTimeout: *pollTimeout}
 	b.r, err = kernels.Bind(b.kcfg)
 	if err != nil {
 		return err
@@ -239,9 +245,14 @@ func printTable(w io.Writer, rows []benchRow) {
 
 // writeData writes every layer's object with eval/kvdata content through the
 // page cache (so the page-cache path later reads warm data), then fsyncs.
-func (b *gpuBench) writeData() error {
+func (b *gpuBench) writeData(reuse bool) error {
 	t0 := time.Now()
+	need := b.stride * int64((b.g.Layers+len(b.paths)-1)/len(b.paths))
+	fresh := true
 	for _, p := range b.paths {
+		if st, err := os.Stat(p); reuse && err == nil && st.Mode().IsRegular() && st.Size() == need {
+			fresh = false
+		}
 		st, err := os.Stat(p)
 		isDev := err == nil && st.Mode()&os.ModeDevice != 0
 		flags := unix.O_RDWR
@@ -259,6 +270,10 @@ func (b *gpuBench) writeData() error {
 		}
 		b.buffered = append(b.buffered, bf)
 		b.direct = append(b.direct, df)
+	}
+	if !fresh {
+		b.logf("reusing %v\n", b.paths)
+		return nil
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, b.g.Layers)
