@@ -252,9 +252,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KVMemory, b Backend) (BackendResult, error) {
 	g := kv.Geometry
 	br := BackendResult{Backend: b.Name(), ComputeModel: cfg.Compute.Label}
-	if l, ok := b.(Labeler); ok {
-		br.Label = l.Label()
+	label := func() {
+		if l, ok := b.(Labeler); ok {
+			br.Label = l.Label()
+		}
 	}
+	label()
 	if d, ok := b.(DirectIO); ok {
 		br.DirectIO = d.DirectIO()
 	}
@@ -285,6 +288,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 		}
 	}()
 
+	label() // some backends know their label only once open
 	self, selfIndexed := b.(SelfIndexed)
 	index := NewIndex(res.CapacityBlocks)
 	meter := blockstat.StartMeter(dir, cfg.EBPF)

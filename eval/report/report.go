@@ -126,7 +126,7 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	}
 	p("| time scale | %g (arrival times × this; requests sharing a timestamp bucket spread evenly within it) |\n", meta.TimeScale)
 	p("| model | %s (%s) |\n", res.Model, res.Geometry)
-	p("| storage capacity | %d blocks = %s per backend (%s)%s |\n", res.CapacityBlocks, mib(res.CapacityBytes), res.CapacityNote, capNote(res))
+	p("| storage capacity | %d blocks = %s per backend%s |\n", res.CapacityBlocks, mib(res.CapacityBytes), capNote(res))
 	if res.Oversize > 0 {
 		p("| left out | %d requests whose KV exceeds the engine memory bound (for every backend) |\n", res.Oversize)
 	}
@@ -220,7 +220,7 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 
 func capNote(res *harness.Result) string {
 	if int64(res.CapacityBlocks) < res.DistinctBlocks {
-		return fmt.Sprintf(" (capped below the %d distinct blocks of the window: leaf-first LRU eviction)", res.DistinctBlocks)
+		return fmt.Sprintf(" (%s; below the %d distinct blocks of the window: leaf-first LRU eviction)", res.CapacityNote, res.DistinctBlocks)
 	}
 	return " (every distinct block of the window fits: no eviction)"
 }
