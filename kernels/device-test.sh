@@ -67,7 +67,7 @@ if [ "$BENCH" != none ] && [ -x bin/gpu/tutti ]; then
 		while IFS= read -r v; do
 			[ -z "$v" ] && continue
 			rm -f /tmp/tk-variant.json
-			bin/gpu/tutti gpubench --model llama3-70b --tokens "${TK_VTOKENS:-4096}" --dir "$DISK" --reuse --no-ceiling \
+			timeout 25 bin/gpu/tutti gpubench --model llama3-70b --tokens "${TK_VTOKENS:-4096}" --dir "$DISK" --reuse --no-ceiling \
 				--poll-timeout 1s --paths gpu,gpu-kick $v --json /tmp/tk-variant.json >/tmp/tk-variant.txt 2>&1
 			rc=$?
 			ok=$(grep -c '"verify_mismatches":0' /tmp/tk-variant.json 2>/dev/null)
@@ -85,7 +85,7 @@ if [ "$BENCH" != none ] && [ -x bin/gpu/tutti ]; then
 	fi
 	for model in llama3-70b deepseek-v3; do
 		rm -f /tmp/tk-run.json
-		bin/gpu/tutti gpubench --model $model --tokens "$TOK" --dir "$DISK" --label "real disk (virtio)" $GPUFLAGS \
+		timeout 150 bin/gpu/tutti gpubench --model $model --tokens "$TOK" --dir "$DISK" --label "real disk (virtio)" $GPUFLAGS \
 			--paths "${GPUPATHS}uring,per-block,cufile,cufile-compat,page-cache,dram" \
 			--json /tmp/tk-run.json 2>&1 | grep -v '^  '
 		note "gpubench $model real disk: rc ${PIPESTATUS[0]}"
@@ -102,7 +102,7 @@ if [ "$BENCH" != none ] && [ -x bin/gpu/tutti ]; then
 		for model in llama3-70b deepseek-v3; do
 			# cuFile on loop devices ran at 0.13 GB/s in the 4096-token run: too slow for 10 GiB here
 			rm -f /tmp/tk-run.json
-			bin/gpu/tutti gpubench --model $model --tokens "$TOK" --devices "$devs" --label "emulated storage (4 RAM-backed loop devices)" $GPUFLAGS \
+			timeout 100 bin/gpu/tutti gpubench --model $model --tokens "$TOK" --devices "$devs" --label "emulated storage (4 RAM-backed loop devices)" $GPUFLAGS \
 				--paths "${GPUPATHS}uring,per-block,cufile-compat,page-cache,dram" \
 				--json /tmp/tk-run.json 2>&1 | grep -v '^  '
 			note "gpubench $model emulated: rc ${PIPESTATUS[0]}"

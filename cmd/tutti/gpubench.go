@@ -235,8 +235,12 @@ func rowSummary(r benchRow) string {
 func printTable(w io.Writer, rows []benchRow) {
 	fmt.Fprintf(w, "%-28s %9s %8s %10s %9s %9s %9s %9s %s\n", "path", "GB/s", "x ceil", "CPU s/GiB", "I/Os", "mismatch", "layer p50", "layer max", "note")
 	for _, r := range rows {
-		if r.Error != "" && r.Bytes == 0 {
-			fmt.Fprintf(w, "%-28s %s\n", r.Path, "not run: "+r.Error)
+		if r.Error != "" {
+			e := r.Error
+			if len(e) > 400 {
+				e = e[:400] + "..."
+			}
+			fmt.Fprintf(w, "%-28s FAILED (%d mismatched words, pages not restored keep the poison): %s\n", r.Path, r.Mismatches, strings.ReplaceAll(e, "\n", " | "))
 			continue
 		}
 		fmt.Fprintf(w, "%-28s %9.2f %8.3f %10.4f %9d %9d %8.2fms %8.2fms %s\n", r.Path, r.BytesPerS/1e9, r.CeilingFraction, r.CPUSPerGiB, r.IOs, r.Mismatches, r.LayerMsP50, r.LayerMsMax, r.Note)
@@ -451,6 +455,9 @@ func (b *gpuBench) runPath(p string) benchRow {
 			row.Error = strings.TrimSpace(row.Error + " verify: " + verr.Error())
 		}
 		row.Mismatches = bad
+	}
+	if row.Error != "" {
+		row.BytesPerS = 0 // a failed restore has no throughput
 	}
 	return row
 }
