@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strconv"
 	"testing"
@@ -18,7 +19,9 @@ import (
 // O_DIRECT random reads, queue depth 32) measured in the same run on the
 // same directory.
 //
-// Knobs: TUTTI_BENCH_DIR (store directory; default a temporary one),
+// Knobs: TUTTI_BENCH_PATH=gpu (restore with GPU-driven reads into HBM through
+// package kernels; skipped where that cannot run),
+// TUTTI_BENCH_DIR (store directory; default a temporary one),
 // TUTTI_BENCH_LAYERS (default 80: 10 GiB of KV, as much host memory),
 // TUTTI_BENCH_STAGING_MIB (default 256), TUTTI_BENCH_SLOT_MIB (default 32).
 func BenchmarkRestore70B(b *testing.B) {
@@ -55,17 +58,33 @@ func BenchmarkRestore70B(b *testing.B) {
 		SaveBoundMs:      600000,
 		SaveBudgetBytes:  payload * 2,
 	}
+	gpu := os.Getenv("TUTTI_BENCH_PATH") == "gpu"
+	if gpu {
+		cfg.Path = PathGPU
+		cfg.GPUMaxPages = blocks
+	}
 	s, err := Open(cfg)
+	if errors.Is(err, ErrGPUUnavailable) {
+		b.Skip(err)
+	}
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	kv, err := AllocHostKV(g, cfg.Layout, cfg.NumPages)
-	if err != nil {
-		b.Fatal(err)
+	var kv *HostKV
+	var dkv *deviceKV
+	if gpu {
+		dkv = newDeviceKV(b, g, cfg.Layout, cfg.NumPages)
+		kv = dkv.mirror
+		err = s.RegisterKV(dkv.mem)
+	} else {
+		if kv, err = AllocHostKV(g, cfg.Layout, cfg.NumPages); err != nil {
+			b.Fatal(err)
+		}
+		defer kv.Free()
+		err = s.RegisterKV(kv.Memory())
 	}
-	defer kv.Free()
-	if err := s.RegisterKV(kv.Memory()); err != nil {
+	if err != nil {
 		b.Fatal(err)
 	}
 	chain := chainOf(1<<40, blocks)
@@ -74,6 +93,9 @@ func BenchmarkRestore70B(b *testing.B) {
 		pages[i] = int32(i)
 	}
 	fill(kv, g, chain, pages)
+	if gpu {
+		dkv.upload(b)
+	}
 	sv, err := s.Save(chain, pages)
 	if err != nil {
 		b.Fatal(err)
@@ -87,6 +109,9 @@ func BenchmarkRestore70B(b *testing.B) {
 		b.Fatal(err)
 	}
 	scramble(kv, g, cfg.NumPages)
+	if gpu {
+		dkv.upload(b)
+	}
 	var elapsed time.Duration
 	var bytes int64
 	b.SetBytes(payload)
@@ -102,11 +127,14 @@ func BenchmarkRestore70B(b *testing.B) {
 		}
 		elapsed += time.Since(start)
 		if l.Blocks() != blocks {
-			b.Fatalf("restored %d of %d blocks (planned %d): %v", l.Blocks(), blocks, l.Planned(), s.Stats())
+			b.Fatalf("restored %d of %d blocks (planned %d; first failure: %v): %v", l.Blocks(), blocks, l.Planned(), l.Failure(), s.Stats())
 		}
 		bytes += payload
 	}
 	b.StopTimer()
+	if gpu {
+		dkv.download(b)
+	}
 	if err := verify(kv, g, chain, pages, blocks); err != nil {
 		b.Fatal(err)
 	}

@@ -156,7 +156,7 @@ func (l *Load) startGPU() {
 	}
 	x, err := s.gpu.r.Restore(req)
 	if err != nil {
-		l.failRuns(0, MissGPU)
+		l.failRuns(0, MissGPU, err)
 		l.gpuErr = err
 		go l.driveGPU(nil)
 		return
@@ -182,11 +182,11 @@ func (l *Load) driveGPU(x *kernels.Restore) {
 		res, err := x.Wait()
 		if res != nil {
 			for _, f := range res.Failed {
-				l.failRuns(l.runOfOffset(f.Layer, f.Offset), MissIOError)
+				l.failRuns(l.runOfOffset(f.Layer, f.Offset), MissIOError, f)
 			}
 		}
 		if err != nil && (res == nil || len(res.Failed) == 0) {
-			l.failRuns(0, MissGPU)
+			l.failRuns(0, MissGPU, err)
 			if l.gpuErr == nil {
 				l.gpuErr = err
 			}

@@ -17,7 +17,7 @@ type deviceKV struct {
 	mem    KVMemory
 }
 
-func newDeviceKV(t *testing.T, g objmap.Geometry, layout objmap.Layout, numPages int) *deviceKV {
+func newDeviceKV(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages int) *deviceKV {
 	t.Helper()
 	h, err := AllocHostKV(g, layout, numPages)
 	if err != nil {
@@ -58,7 +58,7 @@ func (d *deviceKV) regions() (host, dev []Region) {
 	return []Region{hm.Cross}, []Region{d.mem.Cross}
 }
 
-func (d *deviceKV) upload(t *testing.T) {
+func (d *deviceKV) upload(t testing.TB) {
 	t.Helper()
 	host, dev := d.regions()
 	for i := range host {
@@ -68,7 +68,7 @@ func (d *deviceKV) upload(t *testing.T) {
 	}
 }
 
-func (d *deviceKV) download(t *testing.T) {
+func (d *deviceKV) download(t testing.TB) {
 	t.Helper()
 	host, dev := d.regions()
 	for i := range host {

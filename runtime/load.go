@@ -93,8 +93,9 @@ type Load struct {
 	readBytes, firstNs             int64 // for the device model: the load's reads as one batch
 	missBlocks                     [numMissCauses]int64
 
-	gpuX   *kernels.Restore // PathGPU: the restore in flight
-	gpuErr error
+	gpuX    *kernels.Restore // PathGPU: the restore in flight
+	gpuErr  error
+	failure error // the first cause of a miss (mu)
 }
 
 // Blocks is the number of leading chain blocks restored (final after Wait).
@@ -110,6 +111,14 @@ func (l *Load) blocksLocked() int {
 		n += r.k
 	}
 	return n
+}
+
+// Failure returns the first error that turned a run into a miss (nil when
+// none did): for diagnostics; the misses themselves are in Blocks and Stats.
+func (l *Load) Failure() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.failure
 }
 
 // Planned is the number of leading blocks the scheduler chose to load; the
@@ -146,12 +155,16 @@ func (l *Load) Wait() error {
 
 func (l *Load) route(io sched.IO) { l.ios <- io }
 
-// failRuns turns run index r and everything after it into a miss.
-func (l *Load) failRuns(r int, cause MissCause) {
+// failRuns turns run index r and everything after it into a miss; why is
+// kept for Failure.
+func (l *Load) failRuns(r int, cause MissCause, why error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if r >= l.validRuns {
 		return
+	}
+	if l.failure == nil {
+		l.failure = fmt.Errorf("run %d of the load (chain block %d): %s: %w", r, l.runs[r].chainPos, cause, why)
 	}
 	for _, x := range l.runs[r:l.validRuns] {
 		l.missBlocks[cause] += int64(x.k)
@@ -288,16 +301,16 @@ func (l *Load) consume(sl *slot, crc uint32) uint32 {
 	req := &sl.req
 	switch {
 	case req.err != nil:
-		l.failRuns(run, missCauseOf(req.err))
+		l.failRuns(run, missCauseOf(req.err), req.err)
 		return crc
 	case req.result != seg.ioBytes:
-		l.failRuns(run, MissShortRead)
+		l.failRuns(run, MissShortRead, fmt.Errorf("read %d of %d bytes at object offset %d", req.result, seg.ioBytes, seg.objOff))
 		return crc
 	}
 	data := sl.data[:seg.dataBytes]
 	crc = objmap.UpdateCRC32C(crc, data)
 	if seg.last && crc != r.run.crcs[seg.io.Layer] {
-		l.failRuns(run, MissCRC)
+		l.failRuns(run, MissCRC, fmt.Errorf("run %d layer %d: CRC32C %08x, header %08x", r.run.id, seg.io.Layer, crc, r.run.crcs[seg.io.Layer]))
 		l.s.dropCorrupt(r.run)
 		return crc
 	}
