@@ -76,9 +76,10 @@ if [ "$BENCH" != none ] && [ -x bin/gpu/tutti ]; then
 			{ echo "## variant [$v]"; cat /tmp/tk-variant.txt; } >>"$OUT/variants.log"
 			cat /tmp/tk-variant.json >>"$OUT/variants.jsonl" 2>/dev/null
 			rowok() { sed -n "${1}p" /tmp/tk-variant.json 2>/dev/null | grep '"verify_mismatches":0,' | grep -vc '"error"'; }
-			if [ "$(rowok 1)" = 1 ] && [ -z "${CHOSEN:-}" ]; then
+			if [ "$(rowok 1)" = 1 ]; then
 				CHOSEN=1; GPUFLAGS="$v"; GPUPATHS="gpu,"
 				[ "$(rowok 2)" = 1 ] && GPUPATHS="gpu,gpu-kick,"
+				break
 			fi
 		done <<<"$TK_VARIANTS"
 		note "GPU variant chosen: [${GPUFLAGS}] paths [${GPUPATHS}]"
