@@ -189,6 +189,9 @@ func (c *Config) Validate() error {
 		return configErr("MaxLoads", "must be in [0, 65536], got %d", c.MaxLoads)
 	}
 	w := c.withDefaults()
+	if w.StagingSlotBytes <= 0 {
+		return configErr("StagingBytes", "%d is too small for two staging slots of 4096 bytes", c.StagingBytes)
+	}
 	if w.StagingBytes%w.StagingSlotBytes != 0 {
 		return configErr("StagingBytes", "%d is not a multiple of StagingSlotBytes %d", w.StagingBytes, w.StagingSlotBytes)
 	}

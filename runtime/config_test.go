@@ -37,6 +37,7 @@ func TestConfigValidate(t *testing.T) {
 			c.Geometry = objmap.Geometry{Layers: 1, KVHeads: 8, HeadDim: 128, DType: objmap.FP32, Planes: 2, PageTokens: 16, ChunkPages: 1}
 			c.StagingBytes, c.StagingSlotBytes = 1<<20, 64<<10
 		}},
+		{"StagingBytes", func(c *Config) { c.StagingBytes = 4096 }},
 		{"SaveBoundMs", func(c *Config) { c.SaveBoundMs = -5 }},
 		{"SaveBudgetBytes", func(c *Config) { c.SaveBudgetBytes = -5 }},
 		{"MaxLoads", func(c *Config) { c.MaxLoads = -1 }},
@@ -116,4 +117,26 @@ func TestRequestChecks(t *testing.T) {
 		NumPages: 8, Path: PathGPU}); !errors.Is(err, ErrGPUUnavailable) {
 		t.Fatalf("Open with PathGPU here: %v, want ErrGPUUnavailable", err)
 	}
+}
+
+// FuzzConfigValidate: Validate never panics, and a config it accepts has
+// usable defaults (slots that divide staging, at least two).
+func FuzzConfigValidate(f *testing.F) {
+	f.Add(64, int64(1<<30), 4, 2, 16, uint8(1), 2, 16, 1, uint8(0), 16, 0, int64(0), int64(0), 0, int64(0))
+	f.Add(3, int64(1), 1, 1, 576, uint8(4), 1, 64, 32, uint8(1), 1<<20, 9, int64(8192), int64(0), -1, int64(-1))
+	f.Fuzz(func(t *testing.T, numPages int, capacity int64, layers, heads, dim int, dtype uint8, planes, pageTokens, chunkPages int,
+		layout uint8, depth, path int, staging, slot int64, boundMs int, budget int64) {
+		c := Config{Dirs: []string{"/d"}, CapacityBytes: capacity, NumPages: numPages,
+			Geometry: objmap.Geometry{Layers: layers, KVHeads: heads, HeadDim: dim, DType: objmap.DType(dtype), Planes: planes,
+				PageTokens: pageTokens, ChunkPages: chunkPages},
+			Layout: objmap.Layout(layout), QueueDepth: depth, Path: Path(path), StagingBytes: staging, StagingSlotBytes: slot,
+			SaveBoundMs: boundMs, SaveBudgetBytes: budget}
+		if c.Validate() != nil {
+			return
+		}
+		w := c.withDefaults()
+		if w.StagingSlotBytes <= 0 || w.StagingBytes%w.StagingSlotBytes != 0 || w.StagingBytes/w.StagingSlotBytes < 2 {
+			t.Fatalf("accepted %+v with staging %d / slot %d", c, w.StagingBytes, w.StagingSlotBytes)
+		}
+	})
 }
