@@ -140,3 +140,27 @@ func FuzzConfigValidate(f *testing.F) {
 		}
 	})
 }
+
+// TestOpenWithFallback: where the GPU path cannot run, OpenWithFallback opens
+// the CPU path and counts it with the reason; Open never does.
+func TestOpenWithFallback(t *testing.T) {
+	cfg := testConfig(t, tinyGeometry(), objmap.LayoutPerLayer, 8)
+	cfg.Path = PathGPU
+	s, err := Open(cfg)
+	if err == nil {
+		s.Close()
+		t.Skip("the GPU path runs here")
+	}
+	if !errors.Is(err, ErrGPUUnavailable) {
+		t.Fatalf("Open(PathGPU) = %v, want ErrGPUUnavailable", err)
+	}
+	s, err = OpenWithFallback(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	st := s.Stats()
+	if s.Config().Path != PathCPU || st.Fallbacks != 1 || !strings.Contains(st.FallbackReason, "GPU path unavailable") {
+		t.Fatalf("after fallback: path %v, %d fallbacks, reason %q", s.Config().Path, st.Fallbacks, st.FallbackReason)
+	}
+}
