@@ -164,3 +164,24 @@ func TestOpenWithFallback(t *testing.T) {
 		t.Fatalf("after fallback: path %v, %d fallbacks, reason %q", s.Config().Path, st.Fallbacks, st.FallbackReason)
 	}
 }
+
+// TestCapacityForBlocks: a store sized for n blocks admits n blocks saved as
+// runs of one block (the worst case for headers and padding).
+func TestCapacityForBlocks(t *testing.T) {
+	g := tinyGeometry()
+	const n = 300 // 4.8 MB of one-block runs: the 1 MiB of slack does not carry it
+	cfg := testConfig(t, g, objmap.LayoutPerLayer, 8)
+	cfg.CapacityBytes = CapacityForBlocks(g, n)
+	s, kv := openKV(t, cfg)
+	defer closeKV(t, s, kv)
+	pages := []int32{0, 1}
+	for i := 0; i < n; i++ {
+		sv := saveWait(t, s, []uint64{uint64(i + 1)}, pages)
+		if sv.Saved() != 1 {
+			t.Fatalf("block %d of %d not admitted: %v", i, n, s.Stats())
+		}
+	}
+	if ev := s.idx.Stats().Evictions; ev != 0 {
+		t.Fatalf("%d evictions storing %d blocks in a store sized for them", ev, n)
+	}
+}

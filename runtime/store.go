@@ -95,6 +95,17 @@ func (s *Store) bytesPerBlock() int64 { return s.geo.ChunkBytes() }
 
 const indexShare = 0.9
 
+// CapacityForBlocks is a CapacityBytes with which the store holds at least
+// blocks chain blocks of g however they are grouped into runs: the index
+// admits them (payload over the index's share of the pool) and the pool has
+// room for them as runs of one block (the worst case for headers and
+// padding), plus 1 MiB for rounding the pool files.
+func CapacityForBlocks(g objmap.Geometry, blocks int) int64 {
+	index := int64(float64(blocks) * float64(g.ChunkBytes()) / indexShare)
+	pool := int64(blocks) * g.RunBytes(1)
+	return max(index, pool) + 1<<20
+}
+
 // Recovery returns the report of the recovery done by Open.
 func (s *Store) Recovery() RecoveryReport { return s.report }
 
