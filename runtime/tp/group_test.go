@@ -1,0 +1,482 @@
+package tp
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime"
+	"github.com/tutti-io/tutti/uring"
+)
+
+// TestShardGeometry: heads split evenly, MLA replicated, bad degrees refused
+// with the reason.
+func TestShardGeometry(t *testing.T) {
+	llama := objmap.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
+	mla := objmap.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: objmap.BF16, Planes: 1, PageTokens: 16, ChunkPages: 32}
+	for _, tc := range []struct {
+		name  string
+		g     objmap.Geometry
+		ranks int
+		heads int    // KV heads per rank
+		err   string // substring of the error, "" for none
+	}{
+		{"llama/1", llama, 1, 8, ""},
+		{"llama/2", llama, 2, 4, ""},
+		{"llama/8", llama, 8, 1, ""},
+		{"llama/3", llama, 3, 0, "8 KV heads cannot be split evenly over 3 ranks"},
+		{"llama/16", llama, 16, 0, "8 KV heads cannot be split evenly over 16 ranks"},
+		{"llama/0", llama, 0, 0, "Ranks: must be in [1, 64], got 0"},
+		{"llama/-1", llama, -1, 0, "Ranks"},
+		{"llama/65", llama, 65, 0, "Ranks"},
+		{"mla/4", mla, 4, 1, ""},
+		{"mla/3", mla, 3, 1, ""},
+		{"bad geometry", objmap.Geometry{Layers: 1}, 2, 0, "Store.Geometry"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := ShardGeometry(tc.g, tc.ranks)
+			if tc.err != "" {
+				if err == nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want ErrConfig containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.KVHeads != tc.heads {
+				t.Fatalf("KV heads per rank %d, want %d", s.KVHeads, tc.heads)
+			}
+			want := tc.g
+			want.KVHeads = tc.heads
+			if s != want {
+				t.Fatalf("shard %v, want %v", s, want)
+			}
+			if !Replicated(tc.g) && s.ChunkBytes()*int64(tc.ranks) != tc.g.ChunkBytes() {
+				t.Fatalf("shards of %d bytes x %d ranks != %d", s.ChunkBytes(), tc.ranks, tc.g.ChunkBytes())
+			}
+		})
+	}
+}
+
+// TestConfigErrors: every bad config is refused by Open with the field (and
+// rank) named, before anything is created.
+func TestConfigErrors(t *testing.T) {
+	base := func() Config { return groupConfig(t, 2, gqaGeometry(), objmap.LayoutPerLayer, 32) }
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		err  string
+	}{
+		{"zero ranks", func(c *Config) { c.Ranks = 0; c.Dirs = nil }, "Ranks: must be in [1, 64], got 0"},
+		{"heads not divisible", func(c *Config) { c.Ranks = 3; c.Dirs = append(c.Dirs, []string{t.TempDir()}) },
+			"4 KV heads cannot be split evenly over 3 ranks"},
+		{"dirs count", func(c *Config) { c.Dirs = c.Dirs[:1] }, "Dirs: 2 ranks need 2 directory lists, got 1"},
+		{"no dir", func(c *Config) { c.Dirs[1] = nil }, "Dirs[1]: rank 1 has no directory"},
+		{"shared dir", func(c *Config) { c.Dirs[1] = []string{c.Dirs[0][1]} }, "is rank 0's too"},
+		{"devices count", func(c *Config) { c.Devices = []int{0} }, "Devices: 2 ranks need 2 devices"},
+		{"negative device", func(c *Config) { c.Devices = []int{0, -1} }, "Devices[1]"},
+		{"rank store", func(c *Config) { c.Store.NumPages = 0 }, "rank 0: runtime: invalid config: NumPages"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := base()
+			tc.mod(&cfg)
+			g, err := Open(cfg)
+			if err == nil {
+				g.Close()
+				t.Fatalf("Open accepted it")
+			}
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("err = %v, want ErrConfig containing %q", err, tc.err)
+			}
+		})
+	}
+}
+
+// TestRoundTrip: for 1, 2 and 4 ranks, both layouts, split heads and a
+// replicated latent: every rank restores exactly its shard of what was
+// saved (bit for bit, into other pages), before and after a reopen; a chain
+// extended by a second save and a chain diverging inside a run are hits
+// for the right lengths.
+func TestRoundTrip(t *testing.T) {
+	for _, geo := range []struct {
+		name string
+		g    objmap.Geometry
+	}{{"gqa", gqaGeometry()}, {"mla", mlaGeometry()}} {
+		for _, n := range []int{1, 2, 4} {
+			for _, layout := range []objmap.Layout{objmap.LayoutPerLayer, objmap.LayoutCrossLayer} {
+				t.Run(fmt.Sprintf("%s/ranks=%d/%v", geo.name, n, layout), func(t *testing.T) {
+					g := geo.g
+					const seed = 1
+					rng := rand.New(rand.NewPCG(seed, uint64(n)))
+					numPages := 24 * g.ChunkPages
+					cfg := groupConfig(t, n, g, layout, numPages)
+					tg := openGroup(t, cfg)
+					if sg := tg.ShardGeometry(); !Replicated(g) && sg.KVHeads != g.KVHeads/n {
+						t.Fatalf("shard has %d heads", sg.KVHeads)
+					}
+
+					a := chainOf(1000, 4)
+					pa := pageTable(rng, g, numPages, len(a))
+					tg.fill(a, pa)
+					sv := saveWait(t, tg, a, pa)
+					if sv.Saved() != 4 || sv.Resident() != 4 || sv.Failed() != nil || sv.Discarded() != 0 {
+						t.Fatalf("save: saved %d resident %d failed %v discarded %d", sv.Saved(), sv.Resident(), sv.Failed(), sv.Discarded())
+					}
+					for r := 0; r < n; r++ {
+						if got := sv.Rank(r).Saved(); got != 4 {
+							t.Fatalf("rank %d saved %d of 4", r, got)
+						}
+					}
+					if got := tg.Lookup(a); got != 4 {
+						t.Fatalf("Lookup = %d, want 4", got)
+					}
+					tg.scramble()
+					pa2 := pageTable(rng, g, numPages, len(a))
+					l := loadWait(t, tg, a, pa2)
+					if l.Blocks() != 4 || l.Cached() != 4 || l.Planned() != 4 {
+						t.Fatalf("load: blocks %d cached %d planned %d", l.Blocks(), l.Cached(), l.Planned())
+					}
+					if err := tg.verify(a, pa2, 4); err != nil {
+						t.Fatal(err)
+					}
+					// Extend: 4 cached on every rank, 3 more.
+					b := append(append([]uint64(nil), a...), chainOf(2000, 3)...)
+					pb := pageTable(rng, g, numPages, len(b))
+					tg.fill(b, pb)
+					if sv := saveWait(t, tg, b, pb); sv.Saved() != 3 || sv.Resident() != 7 {
+						t.Fatalf("extension: saved %d resident %d, want 3 and 7", sv.Saved(), sv.Resident())
+					}
+					st := tg.Stats()
+					if st.Saves != 2 || st.CommittedBlocks != 7 || st.FailedSaves != 0 || st.DiscardedBlocks != 0 || st.IndexBlocks != 7 {
+						t.Fatalf("stats %+v", st)
+					}
+					for r, rs := range st.Rank {
+						if rs.SavedBlocks != 7 || rs.SavedBytes != 7*tg.ShardGeometry().ChunkBytes() {
+							t.Fatalf("rank %d saved %d blocks / %d bytes", r, rs.SavedBlocks, rs.SavedBytes)
+						}
+					}
+					tg.close(t)
+
+					tg = openGroup(t, cfg)
+					defer tg.close(t)
+					rep := tg.Recovery()
+					if rep.GroupBlocks != 7 || len(rep.Rank) != n {
+						t.Fatalf("recovery: %+v", rep)
+					}
+					for r := 0; r < n; r++ {
+						if rep.DiscardedBlocks[r] != 0 || rep.Rank[r].IndexedBlocks != 7 {
+							t.Fatalf("recovery rank %d: discarded %d indexed %d", r, rep.DiscardedBlocks[r], rep.Rank[r].IndexedBlocks)
+						}
+					}
+					tg.scramble()
+					pb2 := pageTable(rng, g, numPages, len(b))
+					if l := loadWait(t, tg, b, pb2); l.Blocks() != 7 {
+						t.Fatalf("after reopen restored %d of 7", l.Blocks())
+					}
+					if err := tg.verify(b, pb2, 7); err != nil {
+						t.Fatal(err)
+					}
+					// Diverge inside the first run.
+					c := append(append([]uint64(nil), a[:2]...), chainOf(3000, 2)...)
+					pc := pageTable(rng, g, numPages, len(c))
+					tg.scramble()
+					if l := loadWait(t, tg, c, pc); l.Blocks() != 2 || l.Cached() != 2 {
+						t.Fatalf("diverging chain: blocks %d cached %d, want 2", l.Blocks(), l.Cached())
+					}
+					if err := tg.verify(c, pc, 2); err != nil {
+						t.Fatal(err)
+					}
+					// A miss reads nothing on any rank.
+					before := tg.Stats()
+					if l := loadWait(t, tg, chainOf(9000, 2), pc); l.Blocks() != 0 || l.Rank(0) != nil {
+						t.Fatalf("miss: blocks %d", l.Blocks())
+					}
+					for r, rs := range tg.Stats().Rank {
+						if rs.ReadIOs != before.Rank[r].ReadIOs {
+							t.Fatalf("rank %d read on a group miss", r)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// simEngines gives every rank a seeded Sim; rank victim also gets inj.
+// The Sims are returned through sims for their recipes.
+func simEngines(seed uint64, victim int, sims []*uring.Sim, inj func() []uring.Injector) func(int) (uring.Engine, error) {
+	return func(r int) (uring.Engine, error) {
+		var in []uring.Injector
+		if r == victim {
+			in = inj()
+		}
+		s := uring.NewSim(uring.SimConfig{Seed: seed*100 + uint64(r), Injectors: in})
+		sims[r] = s
+		return s, nil
+	}
+}
+
+// TestSaveFailsOnOneRank: one rank's writes fail (EIO always, EIO at
+// random, ENOSPC after some bytes; seeded); the others succeed. Whatever the
+// failing rank did not commit is a miss on the whole group, is discarded on
+// the ranks that committed it, and is counted; what the group serves
+// restores bit-exact on every rank, before and after a reopen with healthy
+// engines.
+func TestSaveFailsOnOneRank(t *testing.T) {
+	g := gqaGeometry()
+	for _, tc := range []struct {
+		name   string
+		inj    func(seed uint64) []uring.Injector
+		cause  runtime.SkipCause
+		always bool // every save fails
+	}{
+		{"eio-always", func(uint64) []uring.Injector { return []uring.Injector{&uring.EIO{P: 1, Ops: uring.WriteOps}} }, runtime.SkipIOError, true},
+		{"eio-random", func(uint64) []uring.Injector { return []uring.Injector{&uring.EIO{P: 0.2, Ops: uring.WriteOps}} }, runtime.SkipIOError, false},
+		{"enospc", func(seed uint64) []uring.Injector {
+			return []uring.Injector{&uring.ENOSPC{AfterBytes: int64(seed) * 20000}}
+		}, runtime.SkipENOSPC, false},
+	} {
+		for _, n := range []int{2, 4} {
+			for seed := uint64(1); seed <= 3; seed++ {
+				t.Run(fmt.Sprintf("%s/ranks=%d/seed=%d", tc.name, n, seed), func(t *testing.T) {
+					rng := rand.New(rand.NewPCG(seed, 9))
+					cfg := groupConfig(t, n, g, objmap.LayoutPerLayer, 64)
+					victim := int(seed) % n
+					sims := make([]*uring.Sim, n)
+					fcfg := cfg
+					fcfg.NewEngine = simEngines(seed, victim, sims, func() []uring.Injector { return tc.inj(seed) })
+					tg := openGroup(t, fcfg)
+					recipe := func() string { return fmt.Sprintf("seed %d victim %d recipe %s", seed, victim, sims[victim].Recipe()) }
+					type saved struct {
+						chain []uint64
+						n     int
+					}
+					var kept []saved
+					failed, discarded := 0, 0
+					for c := 0; c < 6; c++ {
+						ch := chainOf(uint64(c+1)<<40, 4)
+						pages := pageTable(rng, g, cfg.Store.NumPages, len(ch))
+						tg.fill(ch, pages)
+						sv := saveWait(t, tg, ch, pages)
+						vs := sv.Rank(victim)
+						victimFailed := vs.Skipped(tc.cause) > 0
+						if (sv.Failed() != nil) != victimFailed {
+							t.Fatalf("%s: chain %d: Failed() = %v, victim skipped %d for %v", recipe(), c, sv.Failed(), vs.Skipped(tc.cause), tc.cause)
+						}
+						if victimFailed && !strings.Contains(sv.Failed().Error(), fmt.Sprintf("rank %d", victim)) {
+							t.Fatalf("%s: failure does not name the rank: %v", recipe(), sv.Failed())
+						}
+						if sv.Resident() != vs.Saved() || sv.Saved() != vs.Saved() {
+							t.Fatalf("%s: chain %d: group resident %d saved %d, victim saved %d", recipe(), c, sv.Resident(), sv.Saved(), vs.Saved())
+						}
+						// All or nothing: the group and every rank agree.
+						if got := tg.Lookup(ch); got != vs.Saved() {
+							t.Fatalf("%s: chain %d: Lookup %d, victim committed %d", recipe(), c, got, vs.Saved())
+						}
+						for r := 0; r < n; r++ {
+							if got := tg.Rank(r).Resident(ch); got != vs.Saved() {
+								t.Fatalf("%s: chain %d: rank %d still has %d blocks, the group %d", recipe(), c, r, got, vs.Saved())
+							}
+						}
+						if victimFailed {
+							failed++
+							discarded += (n - 1) * (len(ch) - vs.Saved())
+						}
+						kept = append(kept, saved{ch, vs.Saved()})
+					}
+					if tc.always && failed != 6 {
+						t.Fatalf("%s: %d of 6 saves failed with EIO on every write", recipe(), failed)
+					}
+					if failed == 0 {
+						t.Fatalf("%s: no save failed; the fault did not bite", recipe())
+					}
+					st := tg.Stats()
+					if st.FailedSaves != int64(failed) || st.FailedRankSaves[tc.cause] != int64(failed) || st.DiscardedBlocks != int64(discarded) {
+						t.Fatalf("%s: stats failed %d (by cause %v) discarded %d, want %d and %d", recipe(), st.FailedSaves, st.FailedRankSaves, st.DiscardedBlocks, failed, discarded)
+					}
+					if vskip := st.Rank[victim].SkippedBlocks[tc.cause]; vskip == 0 {
+						t.Fatalf("%s: the victim's own store counted no %v skip", recipe(), tc.cause)
+					}
+					tg.close(t)
+
+					// Healthy engines: the same answers, and the data is right.
+					tg = openGroup(t, cfg)
+					defer tg.close(t)
+					if rep := tg.Recovery(); rep.DiscardedBlocks[victim] != 0 {
+						t.Fatalf("%s: recovery discarded %v", recipe(), rep.DiscardedBlocks)
+					}
+					for _, k := range kept {
+						if got := tg.Lookup(k.chain); got != k.n {
+							t.Fatalf("%s: after reopen Lookup %d, want %d (recovery %+v)", recipe(), got, k.n, tg.Recovery())
+						}
+						if k.n == 0 {
+							continue
+						}
+						tg.scramble()
+						pages := pageTable(rng, g, cfg.Store.NumPages, len(k.chain))
+						if l := loadWait(t, tg, k.chain, pages); l.Blocks() != k.n {
+							t.Fatalf("%s: restored %d of %d", recipe(), l.Blocks(), k.n)
+						}
+						if err := tg.verify(k.chain, pages, k.n); err != nil {
+							t.Fatalf("%s: %v", recipe(), err)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestRecoveryIntersection: blocks committed on some ranks only when the
+// group went down (a crash between the ranks' commits, simulated by saving
+// on one rank's store alone) are not hits after a restart: the group index
+// is the intersection of the ranks' chains, and the rest is discarded on the
+// ranks that have it (and stays gone after another restart).
+func TestRecoveryIntersection(t *testing.T) {
+	g := gqaGeometry()
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(4, uint64(n)))
+			cfg := groupConfig(t, n, g, objmap.LayoutCrossLayer, 64)
+			tg := openGroup(t, cfg)
+			a := chainOf(100, 3)
+			pa := pageTable(rng, g, cfg.Store.NumPages, len(a))
+			tg.fill(a, pa)
+			if sv := saveWait(t, tg, a, pa); sv.Saved() != 3 {
+				t.Fatalf("saved %d of 3", sv.Saved())
+			}
+			shard := tg.ShardGeometry()
+			tg.close(t)
+
+			// Rank n-1 alone commits an extension of a and a new chain;
+			// rank 0 alone commits another new chain.
+			ac := append(append([]uint64(nil), a...), chainOf(200, 2)...)
+			b := chainOf(300, 2)
+			d := chainOf(400, 3)
+			alone := func(r int, chains ...[]uint64) {
+				s, err := runtime.Open(cfg.rankConfig(r, shard, 0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				kv, err := runtime.AllocHostKV(shard, cfg.Store.Layout, cfg.Store.NumPages)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.RegisterKV(kv.Memory()); err != nil {
+					t.Fatal(err)
+				}
+				for _, ch := range chains {
+					sv, err := s.Save(ch, pageTable(rng, g, cfg.Store.NumPages, len(ch)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					sv.Wait()
+				}
+				if err := s.Close(); err != nil {
+					t.Fatal(err)
+				}
+				kv.Free()
+			}
+			alone(n-1, ac, b)
+			alone(0, d)
+
+			tg = openGroup(t, cfg)
+			rep := tg.Recovery()
+			want := make([]int, n)
+			want[n-1], want[0] = 2+2, 3
+			if rep.GroupBlocks != 3 || fmt.Sprint(rep.DiscardedBlocks) != fmt.Sprint(want) {
+				t.Fatalf("recovery: group %d discarded %v, want 3 and %v", rep.GroupBlocks, rep.DiscardedBlocks, want)
+			}
+			for _, c := range []struct {
+				chain []uint64
+				want  int
+			}{{a, 3}, {ac, 3}, {b, 0}, {d, 0}} {
+				if got := tg.Lookup(c.chain); got != c.want {
+					t.Fatalf("Lookup(%x) = %d, want %d", c.chain, got, c.want)
+				}
+				for r := 0; r < n; r++ {
+					if got := tg.Rank(r).Resident(c.chain); got != c.want {
+						t.Fatalf("rank %d keeps %d blocks of %x, want %d", r, got, c.chain, c.want)
+					}
+				}
+			}
+			pages := pageTable(rng, g, cfg.Store.NumPages, len(ac))
+			tg.scramble()
+			if l := loadWait(t, tg, ac, pages); l.Blocks() != 3 {
+				t.Fatalf("restored %d of 3", l.Blocks())
+			}
+			if err := tg.verify(ac, pages, 3); err != nil {
+				t.Fatal(err)
+			}
+			if st := tg.Stats(); st.DiscardedBlocks != 7 || st.IndexBlocks != 3 {
+				t.Fatalf("stats: discarded %d index %d", st.DiscardedBlocks, st.IndexBlocks)
+			}
+			tg.close(t)
+
+			// The discarded runs were whole runs: freed, not back again.
+			tg = openGroup(t, cfg)
+			defer tg.close(t)
+			if rep := tg.Recovery(); rep.GroupBlocks != 3 || fmt.Sprint(rep.DiscardedBlocks) != fmt.Sprint(make([]int, n)) {
+				t.Fatalf("second recovery: %+v", rep)
+			}
+		})
+	}
+}
+
+// TestLookupClips: a block one rank lost after the group committed it
+// (evicted or dropped as corrupt there; here discarded on that rank alone)
+// is a miss for the group at once and is pruned from the group index; the
+// next save of the chain stores it on that rank only and the group serves
+// it again.
+func TestLookupClips(t *testing.T) {
+	g := gqaGeometry()
+	rng := rand.New(rand.NewPCG(6, 6))
+	cfg := groupConfig(t, 2, g, objmap.LayoutPerLayer, 64)
+	tg := openGroup(t, cfg)
+	defer tg.close(t)
+	ch := chainOf(500, 5)
+	pages := pageTable(rng, g, cfg.Store.NumPages, len(ch))
+	tg.fill(ch, pages)
+	saveWait(t, tg, ch, pages)
+	if _, err := tg.Rank(1).Discard(ch[2]); err != nil {
+		t.Fatal(err)
+	}
+	if got := tg.Lookup(ch); got != 2 {
+		t.Fatalf("Lookup = %d after rank 1 lost block 2, want 2", got)
+	}
+	st := tg.Stats()
+	if st.ClippedBlocks != 3 || st.IndexBlocks != 2 {
+		t.Fatalf("clipped %d index %d, want 3 and 2", st.ClippedBlocks, st.IndexBlocks)
+	}
+	sv := saveWait(t, tg, ch, pages)
+	if sv.Rank(0).Saved() != 0 || sv.Rank(1).Saved() != 3 || sv.Saved() != 3 || sv.Failed() != nil {
+		t.Fatalf("re-save: rank 0 %d rank 1 %d group %d failed %v", sv.Rank(0).Saved(), sv.Rank(1).Saved(), sv.Saved(), sv.Failed())
+	}
+	tg.scramble()
+	if l := loadWait(t, tg, ch, pages); l.Blocks() != 5 {
+		t.Fatalf("restored %d of 5", l.Blocks())
+	}
+	if err := tg.verify(ch, pages, 5); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClosed: calls after Close say so.
+func TestClosed(t *testing.T) {
+	cfg := groupConfig(t, 2, gqaGeometry(), objmap.LayoutPerLayer, 16)
+	tg := openGroup(t, cfg)
+	tg.close(t)
+	if _, err := tg.Load(chainOf(1, 1), []int32{0, 1}); !errors.Is(err, runtime.ErrClosed) {
+		t.Fatalf("Load after Close: %v", err)
+	}
+	if _, err := tg.Save(chainOf(1, 1), []int32{0, 1}); !errors.Is(err, runtime.ErrClosed) {
+		t.Fatalf("Save after Close: %v", err)
+	}
+	if err := tg.Close(); !errors.Is(err, runtime.ErrClosed) {
+		t.Fatalf("second Close: %v", err)
+	}
+}
