@@ -98,9 +98,13 @@ type RestoreResult struct {
 	// by layer; chunk-wise ones set every layer to the end.
 	LayerReady []time.Duration
 	Bytes      int64 // payload bytes restored into KV memory
-	IOs        int64 // read operations issued
-	Runs       int   // contiguous stored spans read (files, runs, slots)
-	Fallbacks  int   // I/O errors turned into recompute
+	// ReadBytes is what the backend read from its storage to restore them
+	// (padding, bounce strides, whole objects read to verify a CRC): the
+	// read amplification is ReadBytes / Bytes.
+	ReadBytes int64
+	IOs       int64 // read operations issued
+	Runs      int   // contiguous stored spans read (files, runs, slots)
+	Fallbacks int   // I/O errors turned into recompute
 }
 
 // SaveResult describes one Save.

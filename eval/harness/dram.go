@@ -75,6 +75,7 @@ func (d *DRAM) Restore(req *Request) (RestoreResult, error) {
 	}
 	res.Blocks, res.Runs = req.Hit, req.Hit
 	res.Bytes = int64(req.Hit) * g.ChunkBytes()
+	res.ReadBytes = res.Bytes
 	return res, nil
 }
 

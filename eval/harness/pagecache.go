@@ -105,6 +105,7 @@ func (p *PageCache) Restore(req *Request) (RestoreResult, error) {
 		res.Blocks++
 		res.Runs++
 		res.Bytes += n
+		res.ReadBytes += p.stride
 	}
 	end := time.Since(start)
 	for l := range res.LayerReady {

@@ -262,6 +262,11 @@ loop:
 	}
 	res.Runs = req.Hit // every block is its own slot
 	res.Bytes = int64(res.Blocks) * g.ChunkBytes()
+	perIO := g.PageBytesPerLayer()
+	if !p.direct {
+		perIO = p.stride
+	}
+	res.ReadBytes = res.IOs * perIO
 	return res, nil
 }
 

@@ -67,6 +67,7 @@ type BackendResult struct {
 	VerifyMismatches        int64   `json:"verify_mismatches"`
 	HitBlocks               int64   `json:"hit_blocks"`
 	RestoredBytes           int64   `json:"restored_bytes"`
+	ReadBytes               int64   `json:"read_bytes"` // read from the backend's storage to restore them
 	IOsPerLayerRequestMean  float64 `json:"ios_per_layer_request_mean"`
 	RunsPerRequestMean      float64 `json:"runs_per_request_mean"`
 	BlocksPerRequestMean    float64 `json:"blocks_per_request_mean"`
@@ -342,6 +343,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 			}
 			br.Fallbacks += int64(rr.Fallbacks)
 			br.RestoredBytes += rr.Bytes
+			br.ReadBytes += rr.ReadBytes
 			withHits++
 			hitBlocks += int64(rr.Blocks)
 			ios += rr.IOs

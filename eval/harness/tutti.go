@@ -122,6 +122,7 @@ func (t *Tutti) Restore(req *Request) (RestoreResult, error) {
 	after := t.store.Stats()
 	res.Blocks = l.Blocks()
 	res.Bytes = after.RestoredBytes - before.RestoredBytes
+	res.ReadBytes = res.Bytes + after.OverreadBytes - before.OverreadBytes
 	res.IOs = after.ReadIOs - before.ReadIOs
 	res.Runs = int((res.IOs - (after.SplitIOs - before.SplitIOs)) / int64(g.Layers))
 	for i := range after.MissBlocks {

@@ -163,8 +163,8 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 			b.CPUSPerGiB, b.HitRatio, b.IOsPerRequestMean, b.GPUStallMsMean, b.Fallbacks+b.SaveFallbacks, b.VerifyMismatches)
 	}
 	p("\n### Data path proof\n\n")
-	p("| backend | restored | device read | source | diskstats read | device write | saved | evicted blocks | read latency p50/p99 µs | O_DIRECT |\n")
-	p("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |\n")
+	p("| backend | restored | read by the backend | device read | source | diskstats read | device write | saved | evicted blocks | read latency p50/p99 µs | O_DIRECT |\n")
+	p("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |\n")
 	for _, b := range res.Backends {
 		if b.Skipped != "" {
 			continue
@@ -173,11 +173,17 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		if b.DeviceReadLatencyP50Us > 0 {
 			lat = fmt.Sprintf("≤%.0f / ≤%.0f", b.DeviceReadLatencyP50Us, b.DeviceReadLatencyP99Us)
 		}
-		p("| %s | %s | %s | %s | %s | %s | %s | %d | %s | %v |\n", b.Backend, mib(b.RestoredBytes),
-			mib(int64(b.DeviceReadBytes)), b.DeviceBytesSource, mib(int64(b.DiskstatsReadBytes)),
+		amp := ""
+		if b.RestoredBytes > 0 {
+			amp = fmt.Sprintf(" (×%.2f)", float64(b.ReadBytes)/float64(b.RestoredBytes))
+		}
+		p("| %s | %s | %s%s | %s | %s | %s | %s | %s | %d | %s | %v |\n", b.Backend, mib(b.RestoredBytes),
+			mib(b.ReadBytes), amp, mib(int64(b.DeviceReadBytes)), b.DeviceBytesSource, mib(int64(b.DiskstatsReadBytes)),
 			mib(int64(b.DeviceWriteBytes)), mib(b.SavedBytes), b.EvictedBlocks, lat, b.DirectIO)
 	}
-	p("\nDevice counters cover the whole disk during the backend's run (other processes' I/O included), so they " +
+	p("\n\"Read by the backend\" is what it read from its storage to restore (× the restored bytes: read amplification " +
+		"from padding, bounce strides, or whole objects read to check their CRC). ")
+	p("Device counters cover the whole disk during the backend's run (other processes' I/O included), so they " +
 		"bound the backend's reads from above; for O_DIRECT backends device reads must be at least the restored bytes. " +
 		"The page-cache backend may restore from memory (device reads below restored bytes).\n\n")
 	var skipped []string
