@@ -98,6 +98,11 @@ type Config struct {
 	// per device; a Save beyond it is admitted in part (counted as
 	// SkipBudget). Zero: 2 GiB.
 	SaveBudgetBytes int64
+	// WholeRootSaves stores a save that starts a new chain as one run (cut
+	// only at objmap's MaxRunChunks) instead of geometrically (1, 1, 2, 4,
+	// ... blocks; see runSizes), which bounds what a load of a shared
+	// leading part reads to twice what it needs, at the cost of more runs.
+	WholeRootSaves bool
 	// MaxLoads bounds the Loads in flight at once; Load returns
 	// ErrBusy beyond it instead of queueing without bound.
 	MaxLoads int

@@ -71,8 +71,8 @@ func TestLoadFaults(t *testing.T) {
 					pages := pageTable(rng, g, cfg.NumPages, len(ch))
 					scramble(kv, g, cfg.NumPages)
 					l := loadWait(t, s, ch, pages)
-					if l.Blocks() > len(ch) || l.Blocks()%3 != 0 {
-						t.Fatalf("seed %d recipe %s: restored %d blocks of %d (runs of 3)", seed, sim.Recipe(), l.Blocks(), len(ch))
+					if l.Blocks() > len(ch) {
+						t.Fatalf("seed %d recipe %s: restored %d blocks of %d", seed, sim.Recipe(), l.Blocks(), len(ch))
 					}
 					if err := verify(kv, g, ch, pages, l.Blocks()); err != nil {
 						t.Fatalf("seed %d recipe %s: served wrong data: %v", seed, sim.Recipe(), err)

@@ -36,7 +36,7 @@ type parentLog struct {
 	dir string
 	fd  int
 	off int64
-	buf [parentRecBytes]byte
+	buf []byte
 }
 
 func encodeParent(b []byte, run objmap.RunID, p parentRef) {
@@ -118,12 +118,17 @@ func rewriteParentLog(dir string, live map[objmap.RunID]parentRef) (*parentLog, 
 	return &parentLog{dir: dir, fd: fd, off: int64(len(b))}, nil
 }
 
-// append writes one record and makes it durable. Not safe for concurrent
-// use (the store serialises commits).
-func (l *parentLog) append(run objmap.RunID, p parentRef) error {
-	encodeParent(l.buf[:], run, p)
-	n, err := unix.Pwrite(l.fd, l.buf[:], l.off)
-	if err == nil && n != parentRecBytes {
+// append writes one record per run and makes them durable with one
+// fdatasync. Not safe for concurrent use (the store serialises commits).
+func (l *parentLog) append(runs []objmap.RunID, parents []parentRef) error {
+	l.buf = l.buf[:0]
+	var rec [parentRecBytes]byte
+	for i, id := range runs {
+		encodeParent(rec[:], id, parents[i])
+		l.buf = append(l.buf, rec[:]...)
+	}
+	n, err := unix.Pwrite(l.fd, l.buf, l.off)
+	if err == nil && n != len(l.buf) {
 		err = unix.EIO
 	}
 	if err == nil {
@@ -132,7 +137,7 @@ func (l *parentLog) append(run objmap.RunID, p parentRef) error {
 	if err != nil {
 		return fmt.Errorf("appending to the parent log: %w", err)
 	}
-	l.off += parentRecBytes
+	l.off += int64(len(l.buf))
 	return nil
 }
 

@@ -188,16 +188,7 @@ func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
 // it aborts in the index and counts.
 func (sv *Save) admit(ids []uint64, from int) {
 	s := sv.s
-	resv, err := s.m.Allocate(len(ids))
-	if errors.Is(err, objmap.ErrNoSpace) {
-		// The index had room but the pool has none (headers, padding,
-		// fragmentation, quarantined frees): evict, make the frees durable,
-		// try once more.
-		s.release(s.idx.Evict(int64(len(ids)) * s.bytesPerBlock()))
-		if serr := s.m.Sync(); serr == nil {
-			resv, err = s.m.Allocate(len(ids))
-		}
-	}
+	resv, err := sv.allocate(len(ids), from == 0 && !s.cfg.WholeRootSaves)
 	if err != nil {
 		sv.abortIDs(ids)
 		cause := skipCauseOf(err)
@@ -261,6 +252,68 @@ func (sv *Save) admit(ids []uint64, from int) {
 			break
 		}
 	}
+}
+
+// runSizes is how a save of n blocks is cut into runs before objmap cuts
+// them at MaxRunChunks. A save that starts a new chain (root) is cut
+// geometrically, 1, 1, 2, 4, 8, ... blocks: its leading blocks are the ones
+// other chains share (a system prompt), and a load that needs only the first
+// k blocks reads the whole run containing block k (its CRC covers the whole
+// object), so it reads at most 2k blocks instead of the whole save. Other
+// saves extend a cached prefix and are read whole by the requests that
+// continue it: one run.
+func runSizes(n int, root bool) []int {
+	if !root {
+		return []int{n}
+	}
+	var sizes []int
+	for done, next := 0, 1; done < n; {
+		k := min(next, n-done)
+		sizes = append(sizes, k)
+		done += k
+		if done > 1 {
+			next = done
+		}
+	}
+	return sizes
+}
+
+// allocate reserves pool space for n blocks cut by runSizes; a shortfall
+// returns what fit (objmap's partial admission). When the pool has no room
+// although the index had (headers, padding, fragmentation, quarantined
+// frees) it evicts, makes the frees durable and tries once more.
+func (sv *Save) allocate(n int, root bool) ([]objmap.Reservation, error) {
+	s := sv.s
+	var out []objmap.Reservation
+	retried := false
+	for _, size := range runSizes(n, root) {
+		got, err := s.m.Allocate(size)
+		if errors.Is(err, objmap.ErrNoSpace) && !retried {
+			retried = true
+			s.release(s.idx.Evict(int64(n) * s.bytesPerBlock()))
+			if serr := s.m.Sync(); serr == nil {
+				got, err = s.m.Allocate(size)
+			}
+		}
+		if err != nil {
+			if len(out) > 0 && errors.Is(err, objmap.ErrNoSpace) {
+				return out, nil // partial admission
+			}
+			for _, r := range out {
+				_ = s.m.Abort(r)
+			}
+			return nil, err
+		}
+		out = append(out, got...)
+		chunks := 0
+		for _, r := range got {
+			chunks += r.Chunks
+		}
+		if chunks < size {
+			break
+		}
+	}
+	return out, nil
 }
 
 // deviceOf maps a pool file to its device: file i lies in directory i%dirs.
@@ -380,19 +433,7 @@ func (sv *Save) drive() {
 			io := sl.tag.io // the slot is another request's once released
 			s.staging.release(sl)
 			retire(io, ri)
-			// Commit (or give up) runs in order once their writes are done.
-			for nextCommit < len(sv.runs) {
-				r := sv.runs[nextCommit]
-				if r.done {
-					nextCommit++
-					continue
-				}
-				if remaining[nextCommit] > 0 || inflight[nextCommit] > 0 {
-					break
-				}
-				sv.commit(nextCommit, remaining, inflight)
-				nextCommit++
-			}
+			nextCommit = sv.commitReady(nextCommit, remaining, inflight)
 			continue
 		}
 		if sv.writesLeft == 0 && len(ring) == 0 {
@@ -405,11 +446,7 @@ func (sv *Save) drive() {
 			sl.completed = true
 		}
 	}
-	for ; nextCommit < len(sv.runs); nextCommit++ {
-		if !sv.runs[nextCommit].done {
-			sv.commit(nextCommit, remaining, inflight)
-		}
-	}
+	sv.commitReady(nextCommit, remaining, inflight)
 	if sv.writeOps > 0 {
 		s.sched.observeWrites(s.deviceOf(sv.runs[0].res.File), sv.writeBytes, int(sv.writeOps), sv.lastNs-sv.firstNs, sv.withReads)
 	}
@@ -490,63 +527,101 @@ func (sv *Save) recomputeCRCs() {
 	}
 }
 
-// commit makes run i durable (payload writes all completed) and serves it,
-// or gives it and every later run up after a failure.
-func (sv *Save) commit(i int, remaining, inflight []int) {
-	s := sv.s
-	r := sv.runs[i]
-	switch {
-	case r.mapAbort:
-		_ = s.m.Abort(r.res)
-		r.done = true
-		return
-	case r.failed != nil:
-		sv.abortRuns(i, skipCauseOf(r.failed), remaining, inflight)
-		return
-	case r.skip:
-		return
+// commitReady commits (or gives up) runs in chain order from next on, as
+// far as their writes are done, and returns the first run not done. Runs
+// ready together are committed together: one parent-log sync, one objmap
+// Commit (one fdatasync per pool file, one journal group).
+func (sv *Save) commitReady(next int, remaining, inflight []int) int {
+	ready := func(i int) bool { return remaining[i] == 0 && inflight[i] == 0 }
+	for next < len(sv.runs) {
+		r := sv.runs[next]
+		switch {
+		case r.done:
+			next++
+		case !ready(next):
+			return next
+		case r.mapAbort:
+			_ = sv.s.m.Abort(r.res)
+			r.done = true
+			next++
+		case r.failed != nil:
+			sv.abortRuns(next, skipCauseOf(r.failed), remaining, inflight)
+			next++
+		case r.skip:
+			next++
+		default:
+			j := next + 1
+			for j < len(sv.runs) && j-next < objmap.MaxCommitBatch && ready(j) {
+				if x := sv.runs[j]; x.done || x.mapAbort || x.failed != nil || x.skip {
+					break
+				}
+				j++
+			}
+			sv.commit(next, j, remaining, inflight)
+			next = j
+		}
 	}
-	ids := sv.chain[r.chainPos : r.chainPos+r.res.Chunks]
-	parent := parentRef{}
-	if r.chainPos > 0 {
-		parent = parentRef{id: sv.chain[r.chainPos-1], has: true}
+	return next
+}
+
+// commit makes runs [i, j) durable (their payload writes all completed) and
+// serves them, or gives them and every later run up after a failure.
+func (sv *Save) commit(i, j int, remaining, inflight []int) {
+	s := sv.s
+	batch := sv.runs[i:j]
+	ids := make([]objmap.RunID, len(batch))
+	parents := make([]parentRef, len(batch))
+	reqs := make([]objmap.CommitRequest, len(batch))
+	for k, r := range batch {
+		ids[k] = r.res.ID
+		if r.chainPos > 0 {
+			parents[k] = parentRef{id: sv.chain[r.chainPos-1], has: true}
+		}
+		reqs[k] = objmap.CommitRequest{Res: r.res, Chain: sv.chain[r.chainPos : r.chainPos+r.res.Chunks], LayerCRCs: r.crcs}
 	}
 	s.commitMu.Lock()
-	err := s.plog.append(r.res.ID, parent)
+	err := s.plog.append(ids, parents)
 	if err == nil {
-		err = s.m.Commit([]objmap.CommitRequest{{Res: r.res, Chain: ids, LayerCRCs: r.crcs}})
+		err = s.m.Commit(reqs)
 	}
 	s.commitMu.Unlock()
 	if err != nil {
-		// objmap aborted the reservation unless the journal failed; either
-		// way nothing of it is served.
-		r.done = true
-		sv.abortIDs(ids)
-		sv.skip(skipCauseOf(err), r.res.Chunks)
-		sv.abortRuns(i+1, skipCauseOf(err), remaining, inflight)
+		// objmap aborted the reservations unless the journal failed; either
+		// way nothing of them is served.
+		var blocks []uint64
+		for _, r := range batch {
+			r.done = true
+			blocks = append(blocks, sv.chain[r.chainPos:r.chainPos+r.res.Chunks]...)
+		}
+		sv.abortIDs(blocks)
+		sv.skip(skipCauseOf(err), len(blocks))
+		sv.abortRuns(j, skipCauseOf(err), remaining, inflight)
 		return
 	}
-	e := &runEntry{id: r.res.ID, file: s.m.Files()[r.res.File], device: s.deviceOf(r.res.File), offset: r.res.Offset,
-		chunks: r.res.Chunks, crcs: r.crcs, chain: append([]uint64(nil), ids...), parent: parent, live: len(ids)}
-	s.mu.Lock()
-	s.runs[e.id] = e
-	s.mu.Unlock()
-	locs := make([]uint64, len(ids))
-	for c := range locs {
-		locs[c] = loc(e.id, c)
+	for k, r := range batch {
+		chain := reqs[k].Chain
+		e := &runEntry{id: r.res.ID, file: s.m.Files()[r.res.File], device: s.deviceOf(r.res.File), offset: r.res.Offset,
+			chunks: r.res.Chunks, crcs: r.crcs, chain: append([]uint64(nil), chain...), parent: parents[k], live: len(chain)}
+		s.mu.Lock()
+		s.runs[e.id] = e
+		s.mu.Unlock()
+		locs := make([]uint64, len(chain))
+		for c := range locs {
+			locs[c] = loc(e.id, c)
+		}
+		dropped, cerr := s.idx.Commit(chain, locs)
+		if cerr != nil {
+			panic(fmt.Sprintf("runtime: committing run %d in the index: %v", e.id, cerr))
+		}
+		s.release(dropped)
+		r.done = true
+		sv.mu.Lock()
+		sv.saved += len(chain)
+		sv.mu.Unlock()
+		s.stats.savedBlocks.Add(int64(len(chain)))
+		s.stats.savedBytes.Add(int64(len(chain)) * s.geo.ChunkBytes())
+		s.stats.committedRuns.Add(1)
 	}
-	dropped, cerr := s.idx.Commit(ids, locs)
-	if cerr != nil {
-		panic(fmt.Sprintf("runtime: committing run %d in the index: %v", e.id, cerr))
-	}
-	s.release(dropped)
-	r.done = true
-	sv.mu.Lock()
-	sv.saved += len(ids)
-	sv.mu.Unlock()
-	s.stats.savedBlocks.Add(int64(len(ids)))
-	s.stats.savedBytes.Add(int64(len(ids)) * s.geo.ChunkBytes())
-	s.stats.committedRuns.Add(1)
 }
 
 func (sv *Save) finish() {
