@@ -486,12 +486,37 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 		}
 		layerStats(row, ms)
 	}
+	if err != nil {
+		b.dumpThreads()
+	}
 	if r == b.r {
 		row.Note = fmt.Sprintf("sqpoll thread %.2f s, %d wake-ups", row.SQPollCPUS, r.Wakeups()-wakes0)
 	} else {
 		row.Note = fmt.Sprintf("%d kicks", r.Wakeups()-wakes0)
 	}
 	return err
+}
+
+// dumpThreads prints where this process's io_uring threads (iou-sqp, iou-wrk)
+// and blocked threads sleep in the kernel (/proc/self/task/*/stack, root
+// only): the evidence when a GPU-driven restore times out.
+func (b *gpuBench) dumpThreads() {
+	tasks, _ := filepath.Glob("/proc/self/task/*")
+	for _, t := range tasks {
+		comm, _ := os.ReadFile(filepath.Join(t, "comm"))
+		stat, _ := os.ReadFile(filepath.Join(t, "stat"))
+		state := ""
+		if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && len(stat) > i+2 {
+			state = string(stat[i+2 : i+3])
+		}
+		name := strings.TrimSpace(string(comm))
+		wchan, _ := os.ReadFile(filepath.Join(t, "wchan"))
+		stack, _ := os.ReadFile(filepath.Join(t, "stack"))
+		if !strings.HasPrefix(name, "iou-") && state != "D" && !strings.Contains(string(stack), "io_uring") {
+			continue
+		}
+		b.logf("thread %s %s state %s wchan %s\n%s", filepath.Base(t), name, state, wchan, stack)
+	}
 }
 
 // bindKick binds a second context on the same KV tensors with a ring that
