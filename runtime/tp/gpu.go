@@ -20,6 +20,12 @@ func rankDevices(cfg *Config) ([]int, error) {
 	}
 	if cfg.Devices != nil {
 		copy(devs, cfg.Devices)
+		// Fail once, for the group, rather than once per rank.
+		for _, d := range devs {
+			if err := kernels.Init(d); err != nil {
+				return nil, fmt.Errorf("tp: device %d: %w: %w", d, runtime.ErrGPUUnavailable, err)
+			}
+		}
 		return devs, nil
 	}
 	n, err := visibleGPUs(cfg.Ranks)
