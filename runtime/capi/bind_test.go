@@ -143,12 +143,6 @@ func FuzzConfig(f *testing.F) {
 			layers: layers, kvHeads: heads, headDim: dim, dtype: dtype, planes: planes, pageTokens: pageTokens,
 			chunkPages: chunkPages, layout: layout, numPages: numPages, queueDepth: depth,
 			stagingBytes: staging, stagingSlotBytes: slot}
-		if staging > 0 && staging < 2*4096 && slot == 0 {
-			// runtime.Config.Validate divides by zero here (withDefaults
-			// derives a 0-byte slot); reported to the runtime owner. The C
-			// ABI turns the panic into TUTTI_ERR_INTERNAL (guard).
-			t.Skip("known runtime.Config.Validate bug")
-		}
 		rc, err := c.runtimeConfig()
 		if err != nil {
 			switch classify(err) {
