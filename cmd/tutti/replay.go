@@ -70,8 +70,14 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return usageErr(fs.Usage, err)
 	}
 	if *blockTokens != prof.BlockTokens() {
-		return usageErr(fs.Usage, fmt.Errorf("--block-tokens %d: model %s pages %d tokens per chain block",
-			*blockTokens, prof.Name, prof.BlockTokens()))
+		// A trace hashed at another granularity: one chain block is
+		// blockTokens/PageTokens engine pages.
+		pt := prof.Shape.PageTokens
+		if *blockTokens <= 0 || *blockTokens%pt != 0 {
+			return usageErr(fs.Usage, fmt.Errorf("--block-tokens %d: must be a positive multiple of the model's %d-token pages",
+				*blockTokens, pt))
+		}
+		prof.Shape.ChunkPages = *blockTokens / pt
 	}
 	if *requests < 0 {
 		*requests = 0

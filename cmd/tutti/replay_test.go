@@ -89,3 +89,40 @@ func TestReplayMalformedTrace(t *testing.T) {
 		t.Fatalf("stdout %s", stdout.String())
 	}
 }
+
+// A trace hashed at 16-token blocks (vLLM's granularity) replays with one
+// page per chain block.
+func TestReplayOtherBlockSize(t *testing.T) {
+	dir := t.TempDir()
+	tr := filepath.Join(dir, "t16.jsonl")
+	lines := `{"timestamp": 0, "input_length": 40, "output_length": 1, "hash_ids": [1, 2, 3]}
+{"timestamp": 5, "input_length": 33, "output_length": 1, "hash_ids": [1, 2, 4]}
+{"timestamp": 9, "input_length": 48, "output_length": 1, "hash_ids": [1, 2, 4], "extra": "ignored"}
+`
+	if err := os.WriteFile(tr, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"replay", "--trace", tr, "--block-tokens", "16", "--backends", "per-block,tutti-cpu,dram",
+		"--json", "--no-ceiling", "--tutti-planner=false", "--out", dir, "--dir", filepath.Join(dir, "store")}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var rows []struct {
+		Backend          string `json:"backend"`
+		HitBlocks        int64  `json:"hit_blocks"`
+		VerifyMismatches int64  `json:"verify_mismatches"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		// Request 2 hits [1 2], request 3 hits [1 2 4].
+		if r.VerifyMismatches != 0 || r.HitBlocks != 5 {
+			t.Fatalf("%+v", r)
+		}
+	}
+	if code := run([]string{"replay", "--trace", tr, "--block-tokens", "20", "--no-ceiling", "--out", dir}, &stdout, &stderr); code == 0 {
+		t.Fatal("--block-tokens 20 (not a multiple of 16-token pages) accepted")
+	}
+}
