@@ -40,6 +40,7 @@ const (
 	DefaultSaveBoundMs      = 2000
 	DefaultMaxLoads         = 64
 	DefaultSaveBudgetBytes  = 2 << 30
+	DefaultRootRunMinBytes  = 1 << 20
 )
 
 // Limits that bound what a Config may ask for.
@@ -103,6 +104,10 @@ type Config struct {
 	// ... blocks; see runSizes), which bounds what a load of a shared
 	// leading part reads to twice what it needs, at the cost of more runs.
 	WholeRootSaves bool
+	// RootRunMinBytes is the smallest per-layer object of a root save's
+	// first runs (smaller reads cost a staging slot and a queue slot each for
+	// little). Zero: 1 MiB.
+	RootRunMinBytes int64
 	// MaxLoads bounds the Loads in flight at once; Load returns
 	// ErrBusy beyond it instead of queueing without bound.
 	MaxLoads int
@@ -190,6 +195,9 @@ func (c *Config) Validate() error {
 	if c.SaveBudgetBytes < 0 {
 		return configErr("SaveBudgetBytes", "must be >= 0, got %d", c.SaveBudgetBytes)
 	}
+	if c.RootRunMinBytes < 0 {
+		return configErr("RootRunMinBytes", "must be >= 0, got %d", c.RootRunMinBytes)
+	}
 	if c.MaxLoads < 0 || c.MaxLoads > 1<<16 {
 		return configErr("MaxLoads", "must be in [0, 65536], got %d", c.MaxLoads)
 	}
@@ -241,6 +249,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.GPUMaxRuns == 0 {
 		c.GPUMaxRuns = 64
+	}
+	if c.RootRunMinBytes == 0 {
+		c.RootRunMinBytes = DefaultRootRunMinBytes
 	}
 	if c.SaveBudgetBytes == 0 {
 		c.SaveBudgetBytes = DefaultSaveBudgetBytes

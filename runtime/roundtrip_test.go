@@ -85,7 +85,7 @@ func TestRoundTrip(t *testing.T) {
 				s, kv = openKV(t, cfg)
 				defer closeKV(t, s, kv)
 				// The root save is cut geometrically (runSizes), the extension is one run.
-				if rep := s.Recovery(); rep.IndexedRuns != len(runSizes(5, true))+1 || rep.IndexedBlocks != 8 || rep.DroppedRuns != 0 {
+				if rep := s.Recovery(); rep.IndexedRuns != len(runSizes(5, s.rootMinBlocks(), true))+1 || rep.IndexedBlocks != 8 || rep.DroppedRuns != 0 {
 					t.Fatalf("recovery: %+v", rep)
 				}
 				pb2 := pageTable(rng, g, numPages, len(b))

@@ -256,26 +256,33 @@ func (sv *Save) admit(ids []uint64, from int) {
 
 // runSizes is how a save of n blocks is cut into runs before objmap cuts
 // them at MaxRunChunks. A save that starts a new chain (root) is cut
-// geometrically, 1, 1, 2, 4, 8, ... blocks: its leading blocks are the ones
+// geometrically, m, m, 2m, 4m, ... blocks: its leading blocks are the ones
 // other chains share (a system prompt), and a load that needs only the first
 // k blocks reads the whole run containing block k (its CRC covers the whole
-// object), so it reads at most 2k blocks instead of the whole save. Other
-// saves extend a cached prefix and are read whole by the requests that
-// continue it: one run.
-func runSizes(n int, root bool) []int {
+// object), so it reads at most max(2k, m) blocks instead of the whole save.
+// m (minBlocks) keeps the first reads from being tiny. Other saves extend a
+// cached prefix and are read whole by the requests that continue it: one run.
+func runSizes(n, minBlocks int, root bool) []int {
 	if !root {
 		return []int{n}
 	}
 	var sizes []int
-	for done, next := 0, 1; done < n; {
+	for done, next := 0, max(minBlocks, 1); done < n; {
 		k := min(next, n-done)
 		sizes = append(sizes, k)
 		done += k
-		if done > 1 {
+		if done > max(minBlocks, 1) {
 			next = done
 		}
 	}
 	return sizes
+}
+
+// rootMinBlocks is the first run size of a root save: at least
+// RootRunMinBytes per layer.
+func (s *Store) rootMinBlocks() int {
+	cb := s.geo.ChunkBytesPerLayer()
+	return int(min((s.cfg.RootRunMinBytes+cb-1)/cb, 1<<20))
 }
 
 // allocate reserves pool space for n blocks cut by runSizes; a shortfall
@@ -286,7 +293,7 @@ func (sv *Save) allocate(n int, root bool) ([]objmap.Reservation, error) {
 	s := sv.s
 	var out []objmap.Reservation
 	retried := false
-	for _, size := range runSizes(n, root) {
+	for _, size := range runSizes(n, s.rootMinBlocks(), root) {
 		got, err := s.m.Allocate(size)
 		if errors.Is(err, objmap.ErrNoSpace) && !retried {
 			retried = true
