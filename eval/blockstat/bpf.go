@@ -147,8 +147,16 @@ func fieldOffsets(path string) (map[string][2]int, error) {
 		return nil, err
 	}
 	defer f.Close()
+	m, err := parseFormat(bufio.NewScanner(f))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return m, nil
+}
+
+// parseFormat parses a tracepoint format: field name → (offset, size).
+func parseFormat(sc *bufio.Scanner) (map[string][2]int, error) {
 	out := map[string][2]int{}
-	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		if !strings.HasPrefix(line, "field:") {
@@ -168,8 +176,8 @@ func fieldOffsets(path string) (map[string][2]int, error) {
 		}
 		off, err1 := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(parts[1]), "offset:"))
 		size, err2 := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(parts[2]), "size:"))
-		if err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("%s: bad field line %q", path, line)
+		if err1 != nil || err2 != nil || off < 0 || size < 0 || off >= 1<<15 || size >= 1<<15 {
+			return nil, fmt.Errorf("bad field line %q", line)
 		}
 		out[name] = [2]int{off, size}
 	}
