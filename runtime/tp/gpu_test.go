@@ -29,7 +29,7 @@ func hostRegions(m runtime.KVMemory) []runtime.Region {
 // newRankDeviceKV allocates a shard in HBM. kernels.DevAlloc allocates on the
 // calling thread's current device, so it is only right for device 0 on a
 // one-GPU machine; callers skip ranks on other devices (see TestGPUGroup).
-func newRankDeviceKV(t *testing.T, g objmap.Geometry, layout objmap.Layout, numPages int) *rankDeviceKV {
+func newRankDeviceKV(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages int) *rankDeviceKV {
 	t.Helper()
 	h, err := runtime.AllocHostKV(g, layout, numPages)
 	if err != nil {
@@ -58,7 +58,7 @@ func newRankDeviceKV(t *testing.T, g objmap.Geometry, layout objmap.Layout, numP
 	return d
 }
 
-func (d *rankDeviceKV) copy(t *testing.T, toDevice bool) {
+func (d *rankDeviceKV) copy(t testing.TB, toDevice bool) {
 	t.Helper()
 	host, dev := hostRegions(d.mirror.Memory()), hostRegions(d.mem)
 	for i := range host {

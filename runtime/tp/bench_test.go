@@ -1,0 +1,180 @@
+package tp
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime"
+)
+
+// BenchmarkGroupRestore restores one prefix of the Llama-3-70B KV shape (80
+// layers, 8 KV heads, head dim 128, bf16, 16-token pages, one page per chain
+// block) with the KV heads split over N tensor-parallel ranks, all ranks at
+// once, and reports the aggregate bandwidth (whole-model bytes per second)
+// next to the single-rank run of the same shape in the same process
+// (x-single). Every rank's restored shard is checked bit for bit after the
+// timed loop.
+//
+// Knobs: TUTTI_BENCH_RANKS (default "1,2,4"; run 1 first for x-single),
+// TUTTI_BENCH_PATH=gpu (GPU-driven restores into HBM; rank r on device r mod
+// visible GPUs; skipped where that cannot run or a rank is not on device 0,
+// see TestGPUGroup), TUTTI_BENCH_DIRS (comma-separated store directories;
+// rank r uses the r-th mod their count, so one directory per device spreads
+// the ranks; default a temporary one), TUTTI_BENCH_LAYERS (default 80: 10 GiB
+// of KV), TUTTI_BENCH_TOKENS (default 32768), TUTTI_BENCH_STAGING_MIB
+// (default 256 per rank), TUTTI_BENCH_SLOT_MIB (default 32).
+func BenchmarkGroupRestore(b *testing.B) {
+	envInt := func(name string, def int) int {
+		if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+			return v
+		}
+		return def
+	}
+	rankList := os.Getenv("TUTTI_BENCH_RANKS")
+	if rankList == "" {
+		rankList = "1,2,4"
+	}
+	var single float64
+	for _, f := range strings.Split(rankList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			b.Fatalf("TUTTI_BENCH_RANKS: %q", f)
+		}
+		b.Run(fmt.Sprintf("ranks=%d", n), func(b *testing.B) {
+			bw := benchGroup(b, n, envInt)
+			if n == 1 {
+				single = bw
+			}
+			if single > 0 {
+				b.ReportMetric(bw/single, "x-single")
+			}
+		})
+	}
+}
+
+func benchGroup(b *testing.B, n int, envInt func(string, int) int) float64 {
+	g := objmap.Geometry{Layers: envInt("TUTTI_BENCH_LAYERS", 80), KVHeads: 8, HeadDim: 128, DType: objmap.BF16,
+		Planes: 2, PageTokens: 16, ChunkPages: 1}
+	tokens := envInt("TUTTI_BENCH_TOKENS", 32<<10)
+	blocks := tokens / g.PageTokens
+	payload := int64(blocks) * g.ChunkBytes() // whole model, all ranks
+	shardPayload := payload / int64(n)
+	var roots []string
+	if d := os.Getenv("TUTTI_BENCH_DIRS"); d != "" {
+		roots = strings.Split(d, ",")
+	} else {
+		roots = []string{b.TempDir()}
+	}
+	cfg := Config{Ranks: n, Store: runtime.Config{
+		CapacityBytes:    shardPayload + shardPayload/8 + 64<<20,
+		Geometry:         g,
+		Layout:           objmap.LayoutPerLayer,
+		NumPages:         blocks,
+		StagingBytes:     int64(envInt("TUTTI_BENCH_STAGING_MIB", 256)) << 20,
+		StagingSlotBytes: int64(envInt("TUTTI_BENCH_SLOT_MIB", 32)) << 20,
+		QueueDepth:       64,
+		SaveBoundMs:      600000,
+		SaveBudgetBytes:  shardPayload * 2,
+	}}
+	for r := 0; r < n; r++ {
+		d, err := os.MkdirTemp(roots[r%len(roots)], fmt.Sprintf("tutti-tp-rank%d-", r))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer os.RemoveAll(d)
+		cfg.Dirs = append(cfg.Dirs, []string{filepath.Clean(d)})
+	}
+	gpu := os.Getenv("TUTTI_BENCH_PATH") == "gpu"
+	if gpu {
+		cfg.Store.Path = runtime.PathGPU
+		cfg.Store.GPUMaxPages = blocks
+	}
+	grp, err := Open(cfg)
+	if errors.Is(err, runtime.ErrGPUUnavailable) && !kernels.Explicit() {
+		b.Skip(err)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer grp.Close()
+	tg := &group{Group: grp, full: g, numPages: blocks}
+	var devs []*rankDeviceKV
+	for r := 0; r < n; r++ {
+		if gpu {
+			if d := grp.Device(r); d != 0 {
+				b.Skipf("rank %d is on device %d: kernels.DevAlloc cannot place KV there", r, d)
+			}
+			d := newRankDeviceKV(b, grp.ShardGeometry(), cfg.Store.Layout, blocks)
+			devs = append(devs, d)
+			tg.kv = append(tg.kv, d.mirror)
+			err = grp.RegisterKV(r, d.mem)
+		} else {
+			kv, aerr := runtime.AllocHostKV(grp.ShardGeometry(), cfg.Store.Layout, blocks)
+			if aerr != nil {
+				b.Fatal(aerr)
+			}
+			defer kv.Free()
+			tg.kv = append(tg.kv, kv)
+			err = grp.RegisterKV(r, kv.Memory())
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	copyAll := func(toDevice bool) {
+		for _, d := range devs {
+			d.copy(b, toDevice)
+		}
+	}
+	chain := chainOf(1<<40, blocks)
+	pages := make([]int32, blocks)
+	for i := range pages {
+		pages[i] = int32(i)
+	}
+	tg.fill(chain, pages)
+	copyAll(true)
+	sv, err := grp.Save(chain, pages)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sv.Wait()
+	if sv.Saved() != blocks {
+		b.Fatalf("saved %d of %d blocks (failed: %v)", sv.Saved(), blocks, sv.Failed())
+	}
+	tg.scramble()
+	copyAll(true)
+	var elapsed time.Duration
+	b.SetBytes(payload)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		l, err := grp.Load(chain, pages)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		elapsed += time.Since(start)
+		if l.Blocks() != blocks {
+			b.Fatalf("restored %d of %d blocks", l.Blocks(), blocks)
+		}
+	}
+	b.StopTimer()
+	copyAll(false)
+	if err := tg.verify(chain, pages, blocks); err != nil {
+		b.Fatal(err)
+	}
+	bw := float64(payload) * float64(b.N) / elapsed.Seconds()
+	b.ReportMetric(bw/1e9, "GB/s")
+	b.ReportMetric(bw/1e9/float64(n), "GB/s/rank")
+	return bw
+}
