@@ -13,8 +13,9 @@ import (
 // Tutti adapts the runtime package (tutti's store: prefix index, object map,
 // slack-aware scheduler, one read per (layer, run)) to the harness. It keeps
 // its own index and capacity (SelfIndexed); its capacity is set so that its
-// index holds the same number of blocks as the shared Index of the other
-// backends.
+// index holds at least as many blocks as the shared Index of the other
+// backends (runtime.CapacityForBlocks; the index share of the pool may admit
+// a few more).
 //
 // Saves are waited for to completion inside Save (as for every backend), so
 // the timeline charges their device time the same way; the runtime's
@@ -59,20 +60,10 @@ func (t *Tutti) Available() error {
 	return nil
 }
 
-// storeCapacity is the on-disk capacity that lets the runtime's index hold
-// capacityBlocks blocks: the index gets a share of the capacity, runs carry a
-// header and per-object padding.
-func storeCapacity(g objmap.Geometry, capacityBlocks int) int64 {
-	const indexShare = 0.9 // runtime/store.go
-	payload := float64(capacityBlocks) * float64(g.ChunkBytes())
-	headers := float64(capacityBlocks) * (objmap.HeaderBytes + float64(g.Layers)*objmap.BlockBytes)
-	return int64(payload/indexShare + headers + 64<<20)
-}
-
 func (t *Tutti) Open(env Env) error {
 	t.env = env
 	cfg := runtime.Config{
-		Dirs: []string{env.Dir}, CapacityBytes: storeCapacity(env.Geometry, env.CapacityBlocks),
+		Dirs: []string{env.Dir}, CapacityBytes: runtime.CapacityForBlocks(env.Geometry, env.CapacityBlocks),
 		Geometry: env.Geometry, Layout: objmap.LayoutPerLayer, NumPages: env.KV.NumPages,
 		Path: t.path, QueueDepth: env.QueueDepth,
 	}
@@ -94,7 +85,7 @@ func (t *Tutti) Open(env Env) error {
 	if err := s.RegisterKV(runtime.KVMemory{Layers: regions}); err != nil {
 		return fmt.Errorf("%s: %w", t.Name(), err)
 	}
-	t.label = fmt.Sprintf("store capacity %d MiB on disk (its index holds the same %d blocks as the others); planner compute model: %v",
+	t.label = fmt.Sprintf("store capacity %d MiB on disk (runtime.CapacityForBlocks: its index holds at least the %d blocks the others hold); planner compute model: %v",
 		cfg.CapacityBytes>>20, env.CapacityBlocks, t.compute != nil)
 	return nil
 }
