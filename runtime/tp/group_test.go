@@ -236,7 +236,10 @@ func TestSaveFailsOnOneRank(t *testing.T) {
 		always bool // every save fails
 	}{
 		{"eio-always", func(uint64) []uring.Injector { return []uring.Injector{&uring.EIO{P: 1, Ops: uring.WriteOps}} }, runtime.SkipIOError, true},
-		{"eio-random", func(uint64) []uring.Injector { return []uring.Injector{&uring.EIO{P: 0.2, Ops: uring.WriteOps}} }, runtime.SkipIOError, false},
+		{"eio-random", func(uint64) []uring.Injector { return []uring.Injector{&uring.EIO{P: 0.3, Ops: uring.WriteOps}} }, runtime.SkipIOError, false},
+		{"eio-nth", func(seed uint64) []uring.Injector {
+			return []uring.Injector{&uring.EIO{Nth: seed + 1, Ops: uring.WriteOps}}
+		}, runtime.SkipIOError, false},
 		{"enospc", func(seed uint64) []uring.Injector {
 			return []uring.Injector{&uring.ENOSPC{AfterBytes: int64(seed) * 20000}}
 		}, runtime.SkipENOSPC, false},
@@ -258,7 +261,8 @@ func TestSaveFailsOnOneRank(t *testing.T) {
 					}
 					var kept []saved
 					failed, discarded := 0, 0
-					for c := 0; c < 6; c++ {
+					const chains = 8
+					for c := 0; c < chains; c++ {
 						ch := chainOf(uint64(c+1)<<40, 4)
 						pages := pageTable(rng, g, cfg.Store.NumPages, len(ch))
 						tg.fill(ch, pages)
@@ -289,8 +293,8 @@ func TestSaveFailsOnOneRank(t *testing.T) {
 						}
 						kept = append(kept, saved{ch, vs.Saved()})
 					}
-					if tc.always && failed != 6 {
-						t.Fatalf("%s: %d of 6 saves failed with EIO on every write", recipe(), failed)
+					if tc.always && failed != chains {
+						t.Fatalf("%s: %d of %d saves failed with EIO on every write", recipe(), failed, chains)
 					}
 					if failed == 0 {
 						t.Fatalf("%s: no save failed; the fault did not bite", recipe())
