@@ -24,7 +24,8 @@
 //	                                         Request: Pages (engine page of request page i)
 //	                                         and, per layer, the object extents from objmap
 //	                                         (fd or registered index, offset, pages); checked
-//	                                         on the CPU (BuildPlan), then enqueued; returns at once
+//	                                         on the CPU (BuildPlan), then enqueued; returns when
+//	                                         enqueued (long requests: while the first layers load)
 //	(*Restore).StreamWaitLayer(l, stream)    the engine's compute stream waits for layer l
 //	(*Restore).WaitLayer(l) / Wait()         host waits; per-entry results, failed pages
 //	(*Restore).Release()                     frees the request slot (always call it)

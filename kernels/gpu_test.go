@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
@@ -296,6 +297,42 @@ func TestGPURestore(t *testing.T) {
 				t.Fatalf("%d mismatched words after restore (err %v)", bad, err)
 			}
 		})
+	}
+}
+
+// TestGPURestoreManyLayers: an 80-layer request fills the GPU's command queue
+// while it is enqueued; the wake helper must already run then (it did not,
+// and every entry timed out, in the first gpubench runs).
+func TestGPURestoreManyLayers(t *testing.T) {
+	gpuOrSkip(t)
+	g := Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
+	const n, numPages = 8, 16
+	dst := func(i int) int32 { return int32(2*i + 1) }
+	f, stride := objectFile(t, g, n, 33)
+	ring := sqpollRingMem(t, 64, true)
+	r, err := Bind(Config{Geometry: g, NumPages: numPages, KV: kvTensors(t, g, LayoutPerLayer, numPages), Ring: ring,
+		MaxPages: n, MaxIOBytes: 64 << 10, PollTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.FillKV(0xA5); err != nil {
+		t.Fatal(err)
+	}
+	x, err := r.Restore(wholeRequest(f, g, stride, []int{n}, dst))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := x.Wait()
+	if err != nil {
+		t.Fatalf("80-layer restore: %v", err)
+	}
+	if len(res.LayerMs) != g.Layers {
+		t.Fatalf("%d layer times", len(res.LayerMs))
+	}
+	x.Release()
+	if bad, err := r.VerifyKV(33, verifyMap(n, dst), 0, g.Layers); err != nil || bad != 0 {
+		t.Fatalf("%d bad words (%v)", bad, err)
 	}
 }
 

@@ -339,8 +339,11 @@ type Restore struct {
 }
 
 // Restore checks req, builds its descriptors and enqueues, for each layer, the
-// GPU I/O kernel and the scatter kernel; it returns at once. The caller must
-// call Release (after Wait, or to abandon it).
+// GPU I/O kernel and the scatter kernel. It returns once everything is
+// enqueued: at once for short requests; for long ones (tens of layers) the
+// GPU's command queue fills and Restore returns while the first layers are
+// already being read. The caller must call Release (after Wait, or to
+// abandon it).
 func (r *Restorer) Restore(req Request) (*Restore, error) {
 	if r.ring == nil {
 		return nil, fmt.Errorf("restore: %w: bound without a ring", ErrNotSupported)
@@ -367,19 +370,25 @@ func (r *Restorer) Restore(req Request) (*Restore, error) {
 	rp.n_layers = C.uint32_t(len(req.Layers))
 	rp.entries_per_layer = C.uint32_t(pl.EntriesPerLayer)
 	rp.entries = (*C.tk_io_entry)(unsafe.Pointer(&pl.Entries[0]))
-	var id C.uint32_t
-	if err := status("tk_restore_submit", C.tkl_restore_submit(r.ctx, &rp, &id)); err != nil {
-		return nil, fmt.Errorf("restore: %w", err)
-	}
-	s := &r.slots[id]
-	s.entries = append(s.entries[:0], pl.Entries...)
-	s.pages = append(s.pages[:0], pl.Pages...)
+	// The wake helper must run before the layers are enqueued: enqueueing
+	// blocks once the GPU's command queue is full (seen from about 60 layers
+	// of per-layer kernels and events), and the first layer's I/O kernel only
+	// finishes — freeing the queue — if the SQPOLL thread is woken (or the
+	// ring kicked). Started after the submit, it never ran: every layer timed out.
 	if r.active.Add(1) == 1 {
 		select {
 		case r.kick <- struct{}{}:
 		default:
 		}
 	}
+	var id C.uint32_t
+	if err := status("tk_restore_submit", C.tkl_restore_submit(r.ctx, &rp, &id)); err != nil {
+		r.active.Add(-1)
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	s := &r.slots[id]
+	s.entries = append(s.entries[:0], pl.Entries...)
+	s.pages = append(s.pages[:0], pl.Pages...)
 	return &Restore{r: r, id: uint32(id), firstLayer: req.FirstLayer, layers: len(req.Layers), epl: pl.EntriesPerLayer}, nil
 }
 
