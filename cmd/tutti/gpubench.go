@@ -97,7 +97,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	lookahead := fs.Int("lookahead", 2, "GPU path: layers in flight beyond the one waited for")
 	idleMs := fs.Uint("sqpoll-idle-ms", 50, "GPU path: SQPOLL thread idle time before it sleeps")
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")
-	kickUs := fs.Duration("wake-interval", 50*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (wake or kick)")
+	kickUs := fs.Duration("wake-interval", 200*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (SQPOLL: wake it if asleep; kick mode: enter once per interval)")
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the ceiling measurement (quick configuration checks)")
 	reuse := fs.Bool("reuse", false, "keep a data file of the right size from an earlier run with the same model, tokens and seed")
