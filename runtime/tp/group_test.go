@@ -1,6 +1,7 @@
 package tp
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -8,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tutti-io/tutti/eval/kvdata"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"
@@ -622,5 +624,47 @@ func TestConcurrent(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestCopyShard: splitting a whole-model page into every rank's shard and
+// joining the shards back gives the page again; each shard is the rank's
+// heads of every token (shardOf); bad sizes and ranks are refused.
+func TestCopyShard(t *testing.T) {
+	for _, g := range []objmap.Geometry{gqaGeometry(), mlaGeometry()} {
+		for _, n := range []int{1, 2, 4} {
+			sg, err := ShardGeometry(g, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			whole := wholePage(g, kvdata.Key{Block: 77, Layer: 1, Plane: 0, Page: 1})
+			back := make([]byte, len(whole))
+			for r := 0; r < n; r++ {
+				shard := make([]byte, sg.PageBytesPerPlane())
+				if err := CopyShard(g, n, r, whole, shard, true); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(shard, shardOf(whole, g, n, r)) {
+					t.Fatalf("%v ranks=%d rank %d: shard differs from the reference", g, n, r)
+				}
+				if err := CopyShard(g, n, r, back, shard, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !bytes.Equal(back, whole) {
+				t.Fatalf("%v ranks=%d: joined shards differ from the page", g, n)
+			}
+		}
+	}
+	g := gqaGeometry()
+	whole := make([]byte, g.PageBytesPerPlane())
+	if err := CopyShard(g, 2, 2, whole, make([]byte, len(whole)/2), true); err == nil || !strings.Contains(err.Error(), "rank 2 out of range") {
+		t.Fatalf("rank out of range: %v", err)
+	}
+	if err := CopyShard(g, 2, 0, whole, make([]byte, len(whole)), true); err == nil || !strings.Contains(err.Error(), "want") {
+		t.Fatalf("wrong shard size: %v", err)
+	}
+	if err := CopyShard(g, 3, 0, whole, make([]byte, len(whole)/3), true); !errors.Is(err, ErrConfig) {
+		t.Fatalf("3 ranks of 4 heads: %v", err)
 	}
 }

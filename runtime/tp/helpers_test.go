@@ -76,7 +76,7 @@ func (tg *group) close(t testing.TB) {
 	}
 }
 
-// shardOf returns rank r's part of a whole-model page plane
+// shardOf (the tests' own reference, independent of CopyShard) returns rank r's part of a whole-model page plane
 // [page_tokens, kv_heads, head_dim]: for each token, the rank's heads. A
 // replicated (MLA) page is the whole page.
 func shardOf(full []byte, g objmap.Geometry, ranks, r int) []byte {
@@ -109,7 +109,9 @@ func (tg *group) fill(chain []uint64, pages []int32) {
 				for pl := 0; pl < g.Planes; pl++ {
 					whole := wholePage(g, kvdata.Key{Block: id, Layer: l, Plane: pl, Page: j})
 					for r, kv := range tg.kv {
-						copy(kv.Page(l, pl, pages[i*g.ChunkPages+j]), shardOf(whole, g, len(tg.kv), r))
+						if err := CopyShard(g, len(tg.kv), r, whole, kv.Page(l, pl, pages[i*g.ChunkPages+j]), true); err != nil {
+							panic(err)
+						}
 					}
 				}
 			}
