@@ -137,12 +137,14 @@ type Result struct {
 	EBPFReadIOs         uint64
 	ReadLatency         Histogram // eBPF only; over all devices
 	UnmatchedCompletion uint64
+	EBPFMissed          uint64 // completion-program runs skipped by the kernel (nested BPF): eBPF counts are then low
 }
 
-// DeviceReadBytes is the best count of bytes read: eBPF when it ran,
-// otherwise diskstats.
+// DeviceReadBytes is the best count of bytes read: eBPF when it ran and the
+// kernel skipped none of its runs, otherwise diskstats (which counts every
+// completion).
 func (r Result) DeviceReadBytes() uint64 {
-	if r.EBPF {
+	if r.EBPF && (r.EBPFMissed == 0 || !r.Diskstats) {
 		return r.EBPFReadBytes
 	}
 	return r.DiskReadBytes
@@ -153,6 +155,9 @@ func (r Result) Source() string {
 	switch {
 	case r.DeviceErr != "":
 		return "none (" + r.DeviceErr + ")"
+	case r.EBPF && r.EBPFMissed > 0 && r.Diskstats:
+		return fmt.Sprintf("/proc/diskstats (eBPF counted %d bytes but the kernel skipped %d completion-program runs nested in other BPF programs)",
+			r.EBPFReadBytes, r.EBPFMissed)
 	case r.EBPF:
 		return "eBPF block tracepoints (diskstats cross-check)"
 	default:
@@ -219,7 +224,7 @@ func (m *Meter) Sample() Result {
 		c := d.Devices[m.dev]
 		r.EBPF = true
 		r.EBPFReadBytes, r.EBPFWriteBytes, r.EBPFReadIOs = c.ReadBytes, c.WriteBytes, c.ReadIOs
-		r.ReadLatency, r.UnmatchedCompletion = d.ReadLatency, d.Unmatched
+		r.ReadLatency, r.UnmatchedCompletion, r.EBPFMissed = d.ReadLatency, d.Unmatched, d.Missed
 	}
 	return r
 }

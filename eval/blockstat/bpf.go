@@ -86,12 +86,18 @@ type Snapshot struct {
 	ReadLatency  Histogram // issue → complete of read requests
 	WriteLatency Histogram // and of writes
 	Unmatched    uint64    // completions whose issue was not seen (started before, or start map full)
+	// Missed counts completion-program runs the kernel skipped because
+	// another BPF program was running on that CPU (a completion interrupting
+	// an issue): the byte counts are then a lower bound. MissedIssue counts
+	// skipped issue-program runs (they only cost latency samples).
+	Missed, MissedIssue uint64
 }
 
 // Sub returns s − prev (counters since prev).
 func (s Snapshot) Sub(prev Snapshot) Snapshot {
 	out := Snapshot{Devices: map[Dev]DevCounts{}, ReadLatency: s.ReadLatency.Sub(prev.ReadLatency),
-		WriteLatency: s.WriteLatency.Sub(prev.WriteLatency), Unmatched: s.Unmatched - prev.Unmatched}
+		WriteLatency: s.WriteLatency.Sub(prev.WriteLatency), Unmatched: s.Unmatched - prev.Unmatched,
+		Missed: s.Missed - prev.Missed, MissedIssue: s.MissedIssue - prev.MissedIssue}
 	for d, c := range s.Devices {
 		p := prev.Devices[d]
 		out.Devices[d] = DevCounts{ReadBytes: c.ReadBytes - p.ReadBytes, ReadIOs: c.ReadIOs - p.ReadIOs,
@@ -418,6 +424,17 @@ func (t *Tracer) Snapshot() (Snapshot, error) {
 	}
 	if err := it.Err(); err != nil {
 		return Snapshot{}, fmt.Errorf("reading block stats map: %w", err)
+	}
+	for i, p := range t.progs { // issue, then complete
+		st, err := p.Stats()
+		if err != nil {
+			return Snapshot{}, fmt.Errorf("reading program stats: %w", err)
+		}
+		if i == 0 {
+			s.MissedIssue = st.RecursionMisses
+		} else {
+			s.Missed = st.RecursionMisses
+		}
 	}
 	for i := uint32(0); i < histEntries; i++ {
 		var c uint64
