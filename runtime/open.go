@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
@@ -123,6 +124,61 @@ func OpenWithFallback(cfg Config) (*Store, error) {
 // recover rebuilds the prefix index from the object map's recovered runs:
 // each run hangs under the block its parent log record names; runs whose
 // parent is unknown (dropped, or never recorded) are unreachable and freed.
+// headerResult is one run's header as recovery read it.
+type headerResult struct {
+	h   objmap.Header
+	err error
+}
+
+// recoveryReaders bounds the concurrent header reads of recovery.
+const recoveryReaders = 8
+
+// readHeaders reads and checks the header of every run, recoveryReaders at
+// a time (the CRCs that loads verify against are only in the headers).
+func (s *Store) readHeaders(infos []objmap.RunInfo) []headerResult {
+	out := make([]headerResult, len(infos))
+	files := s.m.Files()
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < min(recoveryReaders, len(infos)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf, err := uring.AllocBuffer(objmap.HeaderBytes)
+			if err != nil {
+				for i := range next {
+					out[i].err = fmt.Errorf("reading header: %w", err)
+				}
+				return
+			}
+			defer buf.Free()
+			for i := range next {
+				info := &infos[i]
+				n, err := uring.Pread(files[info.File], buf.Addr(), objmap.HeaderBytes, uint64(info.Offset))
+				if err != nil || n != objmap.HeaderBytes {
+					out[i].err = fmt.Errorf("reading header: %d bytes, %v", n, err)
+					continue
+				}
+				h, err := objmap.DecodeHeader(buf.Bytes())
+				if err == nil {
+					err = h.Matches(s.geo, info)
+				}
+				if err != nil {
+					out[i].err = fmt.Errorf("header: %w", err)
+					continue
+				}
+				out[i].h = h
+			}
+		}()
+	}
+	for i := range infos {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out
+}
+
 func (s *Store) recover() error {
 	parents, err := loadParentLog(s.cfg.Dirs[0])
 	if err != nil {
@@ -130,21 +186,31 @@ func (s *Store) recover() error {
 	}
 	var infos []objmap.RunInfo
 	s.m.Runs(func(r objmap.RunInfo) bool { infos = append(infos, r); return true })
-	hdr, err := uring.AllocBuffer(objmap.HeaderBytes)
-	if err != nil {
-		return err
-	}
-	defer hdr.Free()
-	files := s.m.Files()
+	hdrs := s.readHeaders(infos)
 	rep := RecoveryReport{Map: s.m.Recovery()}
 	drop := func(info *objmap.RunInfo, why string) {
 		rep.DroppedRuns++
 		rep.DroppedReasons = append(rep.DroppedReasons, fmt.Sprintf("run %d: %s", info.ID, why))
 		_ = s.m.Free(info.ID)
 	}
+	// placed is a run in the rebuilt index; its chain from the root is its
+	// parent's chain through block upTo of the parent, then its own: kept as
+	// links, materialised per run, so memory stays O(runs + blocks).
 	type placed struct {
-		run  *runEntry
-		full []uint64 // chain from the root through the run's last block
+		parent *placed
+		upTo   int // the parent block's chunk index in parent
+		chain  []uint64
+	}
+	fullChain := func(p *placed, upTo int, dst []uint64) []uint64 {
+		var segs [][]uint64
+		for ; p != nil; p, upTo = p.parent, p.upTo {
+			segs = append(segs, p.chain[:upTo+1])
+		}
+		dst = dst[:0]
+		for i := len(segs) - 1; i >= 0; i-- {
+			dst = append(dst, segs[i]...)
+		}
+		return dst
 	}
 	where := make(map[uint64]struct {
 		p     *placed
@@ -152,6 +218,8 @@ func (s *Store) recover() error {
 	})
 	live := make(map[objmap.RunID]parentRef)
 	bpb := s.bytesPerBlock()
+	files := s.m.Files()
+	var full []uint64
 	for i := range infos {
 		info := &infos[i]
 		p, ok := parents[info.ID]
@@ -161,31 +229,24 @@ func (s *Store) recover() error {
 		}
 		// Runs are visited in id order and a parent is committed before any
 		// child is allocated, so a live parent is already placed.
-		var base []uint64
+		var pp *placed
+		upTo := -1
 		if p.has {
 			w, ok := where[p.id]
 			if !ok {
 				drop(info, fmt.Sprintf("parent block %#x is not stored", p.id))
 				continue
 			}
-			base = w.p.full[:len(w.p.full)-w.p.run.chunks+w.chunk+1]
+			pp, upTo = w.p, w.chunk
 		}
-		n, err := uring.Pread(files[info.File], hdr.Addr(), objmap.HeaderBytes, uint64(info.Offset))
-		if err != nil || n != objmap.HeaderBytes {
-			drop(info, fmt.Sprintf("reading header: %d bytes, %v", n, err))
+		if hdrs[i].err != nil {
+			drop(info, hdrs[i].err.Error())
 			continue
 		}
-		h, err := objmap.DecodeHeader(hdr.Bytes())
-		if err == nil {
-			if why := h.Matches(s.geo, info); why != nil {
-				err = why
-			}
-		}
-		if err != nil {
-			drop(info, "header: "+err.Error())
-			continue
-		}
-		full := append(append(make([]uint64, 0, len(base)+len(info.Chain)), base...), info.Chain...)
+		h := hdrs[i].h
+		full = fullChain(pp, upTo, full)
+		base := full
+		full = append(full, info.Chain...)
 		res, err := s.idx.Reserve(full, len(base), bpb)
 		if err != nil || res.N != len(info.Chain) {
 			if res.N > 0 {
@@ -209,7 +270,7 @@ func (s *Store) recover() error {
 			return fmt.Errorf("rebuilding the index: %w", err)
 		}
 		s.release(dropped)
-		pl := &placed{run: e, full: full}
+		pl := &placed{parent: pp, upTo: upTo, chain: info.Chain}
 		for c, id := range info.Chain {
 			where[id] = struct {
 				p     *placed

@@ -115,3 +115,45 @@ func TestRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestRecoveryTree saves a tree of chains (branches inside runs, extensions
+// of extensions), reopens, and restores every chain whole: the index is
+// rebuilt from the runs and the parent log, however deep.
+func TestRecoveryTree(t *testing.T) {
+	g := tinyGeometry()
+	rng := rand.New(rand.NewPCG(9, 9))
+	cfg := testConfig(t, g, objmap.LayoutPerLayer, 128)
+	s, kv := openKV(t, cfg)
+	chains := [][]uint64{chainOf(1<<32, 6)}
+	for i := 0; i < 12; i++ {
+		base := chains[rng.IntN(len(chains))]
+		cut := 1 + rng.IntN(len(base)) // branch inside or at the end of base
+		c := append(append([]uint64(nil), base[:cut]...), chainOf(uint64(i+2)<<32, 1+rng.IntN(4))...)
+		chains = append(chains, c)
+	}
+	for _, c := range chains {
+		pages := pageTable(rng, g, cfg.NumPages, len(c))
+		fill(kv, g, c, pages)
+		if sv := saveWait(t, s, c, pages); sv.Saved()+sv.Skipped(SkipCached) != len(c) {
+			t.Fatalf("chain of %d: saved %d, cached %d", len(c), sv.Saved(), sv.Skipped(SkipCached))
+		}
+	}
+	runs := s.MapStats().LiveRuns
+	closeKV(t, s, kv)
+
+	s, kv = openKV(t, cfg)
+	defer closeKV(t, s, kv)
+	if rep := s.Recovery(); rep.IndexedRuns != runs || rep.DroppedRuns != 0 {
+		t.Fatalf("recovery indexed %d of %d runs: %+v", rep.IndexedRuns, runs, rep)
+	}
+	for i, c := range chains {
+		pages := pageTable(rng, g, cfg.NumPages, len(c))
+		scramble(kv, g, cfg.NumPages)
+		if l := loadWait(t, s, c, pages); l.Blocks() != len(c) {
+			t.Fatalf("chain %d (%d blocks): restored %d after reopen", i, len(c), l.Blocks())
+		}
+		if err := verify(kv, g, c, pages, len(c)); err != nil {
+			t.Fatalf("chain %d: %v", i, err)
+		}
+	}
+}
