@@ -240,8 +240,12 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 }
 
 func printSummary(w io.Writer, res *harness.Result) {
-	fmt.Fprintf(w, "model %s, %d requests, capacity %d blocks (%d MiB), SLO p90 ≤ %.2f ms, ceiling %.2f GB/s\n",
-		res.Model, res.Trace.Requests, res.CapacityBlocks, res.CapacityBytes>>20, res.SLOms, res.CeilingBytesPS/1e9)
+	ceiling := "not measured"
+	if res.CeilingBytesPS > 0 {
+		ceiling = fmt.Sprintf("%.2f GB/s", res.CeilingBytesPS/1e9)
+	}
+	fmt.Fprintf(w, "model %s, %d requests, capacity %d blocks (%d MiB), SLO p90 ≤ %.2f ms, ceiling %s\n",
+		res.Model, res.Trace.Requests, res.CapacityBlocks, res.CapacityBytes>>20, res.SLOms, ceiling)
 	fmt.Fprintf(w, "%-10s %9s %9s %10s %10s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "hit", "I/O/req", "CPU/GiB", "bad")
 	for _, b := range res.Backends {
 		if b.Skipped != "" {
