@@ -52,6 +52,7 @@ type saveRun struct {
 	admitted bool // false: cut at admission, nothing is ever written
 	skip     bool // its dispatched writes are retired without I/O
 	mapAbort bool // its objmap reservation is aborted once no write is in flight
+	resGone  bool // it holds no objmap reservation (a failed shrink)
 	failed   error
 	crcs     []uint32
 	nextOff  []int64 // per layer: payload offset the running CRC reached
@@ -210,6 +211,7 @@ func (sv *Save) admit(ids []uint64, from int) {
 	sv.ios = make(chan sched.IO, max(1, bound))
 	pos := from
 	cut := false
+	shrunkAt := -1 // chain position where a run cut by the scheduler was shrunk
 	nwrites := 0
 	for _, r := range resv {
 		sr := &saveRun{res: r, chainPos: pos, crcs: make([]uint32, s.geo.Layers), nextOff: make([]int64, s.geo.Layers)}
@@ -227,9 +229,16 @@ func (sv *Save) admit(ids []uint64, from int) {
 		sr.reqID, sr.writes = id, t.Writes
 		nwrites += t.Writes
 		if t.Blocks < r.Chunks {
-			// A run's layout depends on its chunk count: a run cut short is
-			// not written at all, nor anything after it.
-			sr.skip, cut = true, true
+			// A run's layout depends on its chunk count: a run the scheduler
+			// cut is reallocated for the blocks it admitted (its writes are
+			// cut for that many), or not written at all; nothing after it is.
+			cut = true
+			if t.Blocks > 0 && sv.shrink(sr, t.Blocks) {
+				sr.admitted = true
+				shrunkAt = sr.chainPos + t.Blocks
+			} else {
+				sr.skip = true
+			}
 			continue
 		}
 		sr.admitted = true
@@ -246,12 +255,47 @@ func (sv *Save) admit(ids []uint64, from int) {
 		sv.abortIDs(ids[total:])
 		sv.skip(SkipNoSpace, len(ids)-total)
 	}
+	if shrunkAt >= 0 {
+		// The shrunk run's tail and every run after it (none admitted).
+		for _, r := range sv.runs {
+			if !r.admitted && !r.done {
+				_ = s.m.Abort(r.res)
+				r.done = true
+			}
+		}
+		tail := sv.chain[shrunkAt : from+total]
+		sv.abortIDs(tail)
+		sv.skip(SkipBudget, len(tail))
+		return
+	}
 	for i, r := range sv.runs {
 		if !r.admitted {
 			sv.abortRuns(i, SkipBudget, nil, nil)
 			break
 		}
 	}
+}
+
+// shrink replaces sr's reservation by one of k chunks (k < its chunks),
+// for a run the scheduler admitted in part. On false sr holds no
+// reservation any more and must not be written.
+func (sv *Save) shrink(sr *saveRun, k int) bool {
+	s := sv.s
+	if err := s.m.Abort(sr.res); err != nil {
+		return false
+	}
+	got, err := s.m.Allocate(k)
+	if err != nil || len(got) != 1 || got[0].Chunks != k {
+		for _, r := range got {
+			_ = s.m.Abort(r)
+		}
+		sr.resGone = true
+		return false
+	}
+	// The index reservation keeps the run's original blocks; the caller
+	// aborts the ones past k.
+	sr.res = got[0]
+	return true
 }
 
 // runSizes is how a save of n blocks is cut into runs before objmap cuts
@@ -351,7 +395,9 @@ func (sv *Save) abortRuns(i int, cause SkipCause, remaining, inflight []int) {
 		r.skip = true
 		ids = append(ids, sv.chain[r.chainPos:r.chainPos+r.res.Chunks]...)
 		blocks += r.res.Chunks
-		if remaining == nil || (remaining[i+j] == 0 && inflight[i+j] == 0) {
+		if r.resGone {
+			r.done = true
+		} else if remaining == nil || (remaining[i+j] == 0 && inflight[i+j] == 0) {
 			_ = sv.s.m.Abort(r.res)
 			r.done = true
 		} else {
