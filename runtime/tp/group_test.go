@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -667,4 +669,122 @@ func TestCopyShard(t *testing.T) {
 	if err := CopyShard(g, 3, 0, whole, make([]byte, len(whole)/3), true); !errors.Is(err, ErrConfig) {
 		t.Fatalf("3 ranks of 4 heads: %v", err)
 	}
+}
+
+// TestLoadFailsOnOneRank: one rank's reads fail (EIO on every read): a group
+// load restores nothing on every rank's behalf (Blocks is the smallest
+// rank's), what other ranks restored is not counted, the data of the
+// healthy ranks is still right, and the blocks stay cached (an I/O error is
+// a miss for that load only). Corruption found by a rank's CRC check, by
+// contrast, takes the block out of that rank's index, and so out of the
+// group's.
+func TestLoadFailsOnOneRank(t *testing.T) {
+	g := gqaGeometry()
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(12, uint64(n)))
+			cfg := groupConfig(t, n, g, objmap.LayoutPerLayer, 64)
+			tg := openGroup(t, cfg)
+			// Two runs: blocks 0-1, then 2-3.
+			ch := chainOf(700, 4)
+			pages := pageTable(rng, g, cfg.Store.NumPages, len(ch))
+			tg.fill(ch, pages)
+			if sv := saveWait(t, tg, ch[:2], pages[:2*g.ChunkPages]); sv.Saved() != 2 {
+				t.Fatalf("saved %d", sv.Saved())
+			}
+			if sv := saveWait(t, tg, ch, pages); sv.Saved() != 2 {
+				t.Fatalf("saved %d", sv.Saved())
+			}
+			tg.close(t)
+
+			victim := n - 1
+			sims := make([]*uring.Sim, n)
+			fcfg := cfg
+			fcfg.NewEngine = simEngines(12, victim, sims, func() []uring.Injector {
+				return []uring.Injector{&uring.EIO{P: 1, Ops: uring.ReadOps}}
+			})
+			tg = openGroup(t, fcfg)
+			tg.scramble()
+			l := loadWait(t, tg, ch, pages)
+			if l.Blocks() != 0 || l.Cached() != 4 || l.Rank(0).Blocks() != 4 || l.Rank(victim).Blocks() != 0 {
+				t.Fatalf("recipe %s: group %d cached %d, rank 0 %d, victim %d", sims[victim].Recipe(), l.Blocks(), l.Cached(), l.Rank(0).Blocks(), l.Rank(victim).Blocks())
+			}
+			for r := 0; r < victim; r++ {
+				if err := tg.verifyRank(r, ch, pages, 4); err != nil {
+					t.Fatalf("a healthy rank's restore: %v", err)
+				}
+			}
+			if got := tg.Lookup(ch); got != 4 {
+				t.Fatalf("Lookup after read errors = %d, want 4 (an I/O error is not a removal)", got)
+			}
+			if st := tg.Stats(); st.RestoredBlocks != 0 || st.Rank[victim].MissBlocks[runtime.MissIOError] != 4 {
+				t.Fatalf("stats: restored %d, victim io-error misses %d", st.RestoredBlocks, st.Rank[victim].MissBlocks[runtime.MissIOError])
+			}
+			tg.close(t)
+
+			// Corrupt one payload byte of block 2 on the victim's disk: its
+			// CRC check drops that run there, so the group serves less.
+			shard := tg.ShardGeometry()
+			want := make([]byte, shard.PageBytesPerPlane())
+			whole := wholePage(g, kvdata.Key{Block: ch[2], Layer: 0, Plane: 0, Page: 0})
+			if err := CopyShard(g, n, victim, whole, want, true); err != nil {
+				t.Fatal(err)
+			}
+			if !corruptFirst(t, cfg.Dirs[victim], want) {
+				t.Fatal("the victim's copy of block 2 was not found on its disk")
+			}
+			tg = openGroup(t, cfg)
+			defer tg.close(t)
+			tg.scramble()
+			l = loadWait(t, tg, ch, pages)
+			if l.Blocks() != 2 {
+				t.Fatalf("restored %d after corrupting block 2 on rank %d, want 2", l.Blocks(), victim)
+			}
+			if err := tg.verify(ch, pages, 2); err != nil {
+				t.Fatal(err)
+			}
+			if got := tg.Lookup(ch); got != 2 {
+				t.Fatalf("Lookup after the CRC miss = %d, want 2", got)
+			}
+			if st := tg.Stats(); st.Rank[victim].MissBlocks[runtime.MissCRC] == 0 || st.ClippedBlocks != 2 {
+				t.Fatalf("stats: victim crc misses %d, clipped %d", st.Rank[victim].MissBlocks[runtime.MissCRC], st.ClippedBlocks)
+			}
+		})
+	}
+}
+
+// corruptFirst flips one byte of the first occurrence of want in the files
+// of dirs (the store's pool files) and reports whether it found one.
+func corruptFirst(t *testing.T, dirs []string, want []byte) bool {
+	t.Helper()
+	for _, d := range dirs {
+		ents, err := os.ReadDir(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if !e.Type().IsRegular() {
+				continue
+			}
+			p := filepath.Join(d, e.Name())
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := bytes.Index(b, want)
+			if i < 0 {
+				continue
+			}
+			f, err := os.OpenFile(p, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.WriteAt([]byte{b[i+3] ^ 0xFF}, int64(i+3)); err != nil {
+				t.Fatal(err)
+			}
+			return true
+		}
+	}
+	return false
 }

@@ -122,6 +122,16 @@ func (tg *group) fill(chain []uint64, pages []int32) {
 // verify checks the first n blocks of chain on every rank against its
 // shard of the whole-model content.
 func (tg *group) verify(chain []uint64, pages []int32, n int) error {
+	for r := range tg.kv {
+		if err := tg.verifyRank(r, chain, pages, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verifyRank checks the first n blocks of chain on rank r.
+func (tg *group) verifyRank(r int, chain []uint64, pages []int32, n int) error {
 	g := tg.full
 	for i, id := range chain[:n] {
 		for j := 0; j < g.ChunkPages; j++ {
@@ -129,10 +139,8 @@ func (tg *group) verify(chain []uint64, pages []int32, n int) error {
 				for pl := 0; pl < g.Planes; pl++ {
 					whole := wholePage(g, kvdata.Key{Block: id, Layer: l, Plane: pl, Page: j})
 					page := pages[i*g.ChunkPages+j]
-					for r, kv := range tg.kv {
-						if !bytes.Equal(kv.Page(l, pl, page), shardOf(whole, g, len(tg.kv), r)) {
-							return fmt.Errorf("rank %d block %d (id %#x) page %d (engine page %d) layer %d plane %d differs", r, i, id, j, page, l, pl)
-						}
+					if !bytes.Equal(tg.kv[r].Page(l, pl, page), shardOf(whole, g, len(tg.kv), r)) {
+						return fmt.Errorf("rank %d block %d (id %#x) page %d (engine page %d) layer %d plane %d differs", r, i, id, j, page, l, pl)
 					}
 				}
 			}
