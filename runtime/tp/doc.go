@@ -85,9 +85,12 @@
 //     id, so every rank's copy is its shard of the same KV).
 //
 // Concurrent saves of overlapping chains on one rank skip what another has
-// reserved (SkipCached, not a failure); their group commit happens when the
-// one that stored it ends. A block that ends up committed on some ranks only
-// without a failure (two saves racing each other differently on two ranks)
-// is never a hit; it is stored again on the missing rank by the next save of
-// its chain, or evicted.
+// reserved (SkipCached, not a failure). When two saves each stored a block
+// on different ranks, the one that ends last finds it on every rank and
+// commits it to the group (each ends only after its own ranks' saves did).
+// A block stored on some ranks only because the other ranks' saves of its
+// chain stopped earlier (at a block another save held) is not a hit; the
+// next save of its chain stores it on the missing ranks (the others skip
+// it) and commits it, or the LRU evicts it. With no concurrency and no
+// failure, a save leaves the group index equal to every rank's prefix.
 package tp
