@@ -80,6 +80,9 @@ class LayoutTest(unittest.TestCase):
         self.assertEqual([f for f, _ in _lib.tutti_stats._fields_], header_struct_fields("tutti_stats"))
         self.assertEqual(ctypes.sizeof(_lib.tutti_stats), 176)
 
+    def test_recovery_fields(self):
+        self.assertEqual([f for f, _ in _lib.tutti_recovery._fields_], header_struct_fields("tutti_recovery"))
+
     def test_region_fields(self):
         self.assertEqual([f for f, _ in _lib.tutti_kv_region._fields_], header_struct_fields("tutti_kv_region"))
 

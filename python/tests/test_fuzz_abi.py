@@ -34,6 +34,7 @@ class FuzzABITest(unittest.TestCase):
         toks = (ctypes.c_uint32 * BUF)()
         out64, out32a, out32b = ctypes.c_uint64(), ctypes.c_uint32(), ctypes.c_uint32()
         stats = _lib.tutti_stats()
+        recov = _lib.tutti_recovery()
         regions = (_lib.tutti_kv_region * BUF)()
         live = []  # (kind, handle) issued during the run
 
@@ -74,12 +75,14 @@ class FuzzABITest(unittest.TestCase):
             lambda: lib.tutti_save_release(handle()),
             lambda: lib.tutti_register_kv(handle(), rnd.randrange(4), regions, count(1 << 16)),
             lambda: lib.tutti_get_stats(handle(), ctypes.byref(stats)),
+            lambda: lib.tutti_get_recovery(handle(), ctypes.byref(recov)),
             lambda: lib.tutti_chain_from_tokens(toks, count(), rnd.choice((0, 1, 7, 16, 1 << 21)), rnd.getrandbits(64),
                                                 chain, count(), ctypes.byref(out32a)),
         ]
         for i in range(3000):
             fill()
             stats.struct_size = rnd.choice((0, 8, ctypes.sizeof(stats)))
+            recov.struct_size = rnd.choice((0, 8, ctypes.sizeof(recov)))
             k = rnd.randrange(len(calls))
             out64.value = 0
             rc = calls[k]()

@@ -127,6 +127,7 @@ class RoundTripTest(unittest.TestCase):
             st.wait_saves()
         with tutti.Store([d], 64 << 20, SMALL, NUM_PAGES, staging_bytes=4 << 20, staging_slot_bytes=1 << 20) as st:
             self.assertEqual(st.lookup(chain), 3)
+            self.assertEqual(st.recovery(), {"indexed_runs": 1, "indexed_blocks": 3, "dropped_runs": 0})
 
 
 class ArgumentErrorTest(unittest.TestCase):

@@ -81,6 +81,11 @@ class tutti_stats(ctypes.Structure):
     ]
 
 
+class tutti_recovery(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("indexed_runs", ctypes.c_uint64),
+                ("indexed_blocks", ctypes.c_uint64), ("dropped_runs", ctypes.c_uint64)]
+
+
 # --- errors -----------------------------------------------------------------
 
 
@@ -185,6 +190,7 @@ def _prototype(lib):
         "tutti_save_release": (i32, [u64]),
         "tutti_wait_saves": (i32, [u64]),
         "tutti_get_stats": (i32, [u64, p(tutti_stats)]),
+        "tutti_get_recovery": (i32, [u64, p(tutti_recovery)]),
         "tutti_chain_from_tokens": (i32, [p(u32), u64, u32, u64, p(u64), u32, p(u32)]),
     }
     for name, (res, args) in protos.items():

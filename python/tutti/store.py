@@ -245,6 +245,12 @@ class Store:
         """Blocks until every save so far is durable and found by lookup."""
         _lib.check(self._lib.tutti_wait_saves(self._h()), "tutti_wait_saves")
 
+    def recovery(self) -> dict:
+        """What open recovered: indexed_runs, indexed_blocks, dropped_runs."""
+        r = _lib.tutti_recovery(struct_size=ctypes.sizeof(_lib.tutti_recovery))
+        _lib.check(self._lib.tutti_get_recovery(self._h(), ctypes.byref(r)), "tutti_get_recovery")
+        return {f: getattr(r, f) for f in ("indexed_runs", "indexed_blocks", "dropped_runs")}
+
     def stats(self) -> dict:
         s = _lib.tutti_stats(struct_size=ctypes.sizeof(_lib.tutti_stats))
         _lib.check(self._lib.tutti_get_stats(self._h(), ctypes.byref(s)), "tutti_get_stats")

@@ -37,6 +37,7 @@ func main() {}
 const (
 	configSizeV1 = 208
 	statsSizeV1  = 176
+	recovSizeV1  = 32
 )
 
 var (
@@ -44,6 +45,8 @@ var (
 	_ [unsafe.Sizeof(C.tutti_config{}) - configSizeV1]byte
 	_ [statsSizeV1 - unsafe.Sizeof(C.tutti_stats{})]byte
 	_ [unsafe.Sizeof(C.tutti_stats{}) - statsSizeV1]byte
+	_ [recovSizeV1 - unsafe.Sizeof(C.tutti_recovery{})]byte
+	_ [unsafe.Sizeof(C.tutti_recovery{}) - recovSizeV1]byte
 )
 
 var handles = newTable()
@@ -645,6 +648,33 @@ func tutti_get_stats(store C.uint64_t, out *C.tutti_stats) (rc C.int32_t) {
 		var local C.tutti_stats
 		fillStats(&local, e)
 		local.struct_size = out.struct_size
+		n := min(size, uint64(unsafe.Sizeof(local)))
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), n), unsafe.Slice((*byte)(unsafe.Pointer(&local)), n))
+		return nil
+	}())
+}
+
+//export tutti_get_recovery
+func tutti_get_recovery(store C.uint64_t, out *C.tutti_recovery) (rc C.int32_t) {
+	defer guard("tutti_get_recovery", &rc)
+	return finish("tutti_get_recovery", func() error {
+		if out == nil {
+			return errorf(errInvalidArgument, "out is NULL")
+		}
+		size := uint64(out.struct_size)
+		if size < recovSizeV1 {
+			return errorf(errVersion, "out->struct_size = %d, the smallest supported tutti_recovery is %d bytes (ABI %d.0)", size, recovSizeV1, abiMajor)
+		}
+		e, err := storeArg(uint64(store))
+		if err != nil {
+			return err
+		}
+		r := e.s.Recovery()
+		var local C.tutti_recovery
+		local.struct_size = out.struct_size
+		local.indexed_runs = C.uint64_t(max(r.IndexedRuns, 0))
+		local.indexed_blocks = C.uint64_t(max(r.IndexedBlocks, 0))
+		local.dropped_runs = C.uint64_t(max(r.DroppedRuns, 0))
 		n := min(size, uint64(unsafe.Sizeof(local)))
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), n), unsafe.Slice((*byte)(unsafe.Pointer(&local)), n))
 		return nil

@@ -174,6 +174,15 @@ typedef struct tutti_stats {
 	uint64_t fallbacks;       /* times a slower path was taken (counted, never silent) */
 } tutti_stats;
 
+/* What tutti_open recovered from the directories. */
+typedef struct tutti_recovery {
+	uint32_t struct_size;    /* sizeof(tutti_recovery), set by the caller */
+	uint32_t reserved;
+	uint64_t indexed_runs;   /* committed runs served (hits for tutti_lookup) */
+	uint64_t indexed_blocks; /* chain blocks in them */
+	uint64_t dropped_runs;   /* runs found but not served (unknown parent, bad header, no room): freed */
+} tutti_recovery;
+
 /* (TUTTI_ABI_MAJOR << 16) | TUTTI_ABI_MINOR of the library. */
 uint32_t tutti_abi_version(void);
 
@@ -253,6 +262,9 @@ int32_t tutti_wait_saves(uint64_t store);
 
 /* Fills the first out->struct_size bytes of *out. */
 int32_t tutti_get_stats(uint64_t store, tutti_stats *out);
+
+/* Fills the first out->struct_size bytes of *out with what tutti_open recovered. */
+int32_t tutti_get_recovery(uint64_t store, tutti_recovery *out);
 
 /* Derives the block-hash chain of a token sequence with the Go prefix
  * package's ChainFromTokens: one id per full block of block_tokens tokens (a

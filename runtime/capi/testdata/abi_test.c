@@ -117,6 +117,12 @@ int main(int argc, char **argv) {
 	memset(&st, 0, sizeof st);
 	st.struct_size = sizeof st;
 	CHECK(tutti_get_stats(store, &st) == TUTTI_OK && st.restored_blocks == 3 && st.saved_blocks == 3);
+	tutti_recovery rec;
+	memset(&rec, 0, sizeof rec);
+	rec.struct_size = sizeof rec;
+	CHECK(tutti_get_recovery(store, &rec) == TUTTI_OK && rec.indexed_runs == 0 && rec.dropped_runs == 0);
+	rec.struct_size = 4;
+	CHECK(tutti_get_recovery(store, &rec) == TUTTI_ERR_VERSION);
 	CHECK(tutti_close(store) == TUTTI_OK);
 	CHECK(tutti_lookup(store, chain, 3, &hit) == TUTTI_ERR_BAD_HANDLE);
 	free(kv[0]);
