@@ -229,11 +229,18 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if path != "" {
 		fmt.Fprintf(stderr, "report: %s\n", path)
 	}
-	// Fail closed: a wrong byte is an error exit, not a line in a report.
+	// Fail closed: a wrong byte is an error exit, not a line in a report;
+	// so is a backend that was asked for by name and could not run.
 	for _, b := range res.Backends {
 		if b.VerifyMismatches > 0 {
 			fmt.Fprintf(stderr, "%s: %d restored pages differ from what was saved\n", b.Backend, b.VerifyMismatches)
 			return exitError{code: 3}
+		}
+	}
+	for _, b := range res.Backends {
+		if b.Skipped != "" && explicit {
+			fmt.Fprintf(stderr, "%s could not run: %s\n", b.Backend, b.Skipped)
+			return exitError{code: 4}
 		}
 	}
 	return werr

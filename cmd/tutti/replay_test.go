@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tutti-io/tutti/eval/harness"
 )
 
 // TestReplayInvariants is CI's check of the harness: a short window through
@@ -125,4 +127,30 @@ func TestReplayOtherBlockSize(t *testing.T) {
 	if code := run([]string{"replay", "--trace", tr, "--block-tokens", "20", "--no-ceiling", "--out", dir}, &stdout, &stderr); code == 0 {
 		t.Fatal("--block-tokens 20 (not a multiple of 16-token pages) accepted")
 	}
+}
+
+// A backend asked for by name that cannot run here is reported, the others
+// still run, and the exit status says so.
+func TestReplayUnavailableBackend(t *testing.T) {
+	if harnessGPUAvailable() {
+		t.Skip("a GPU is available: tutti-gpu can run")
+	}
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"replay", "--requests", "5", "--backends", "tutti-gpu,dram", "--no-ceiling", "--json", "--out", out},
+		&stdout, &stderr)
+	if code != 4 || !strings.Contains(stderr.String(), "tutti-gpu could not run") {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), `"skipped"`) || !strings.Contains(stdout.String(), `"backend": "dram"`) {
+		t.Fatalf("stdout %s", stdout.String())
+	}
+	if _, err := os.Stat(filepath.Join(out, "report.md")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func harnessGPUAvailable() bool {
+	b, err := harness.NewBackend("tutti-gpu", nil)
+	return err == nil && b.Available() == nil
 }

@@ -149,6 +149,15 @@ type SelfIndexed interface {
 // results (e.g. "POSIX bounce stand-in: cuFile refused the disk").
 type Labeler interface{ Label() string }
 
+// HostSyncer is a backend whose restores land in other memory than the
+// harness's host KV memory (tutti-gpu: HBM). The driver calls ToHost after a
+// timed Restore, before verifying, and FromHost before a timed Save, after
+// filling the pages: the copies are outside the measured windows.
+type HostSyncer interface {
+	ToHost(req *Request, blocks int) error // blocks Chain[:blocks] into the host pages
+	FromHost(req *Request) error           // blocks Chain[Hit:SaveEnd] to the backend's memory
+}
+
 // DirectIO is implemented by backends whose reads bypass the page cache, so
 // the device must have served at least the restored bytes.
 type DirectIO interface{ DirectIO() bool }

@@ -336,8 +336,17 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 				return br, fmt.Errorf("request %d (trace line %d): restore: %w", seq, tr.Line, err)
 			}
 			loadCPU += c1.Sub(c0).Total()
+			if n := len(rr.LayerReady); n > 0 && rr.LayerReady[n-1] > 0 && rr.LayerReady[n-1] < d {
+				d = rr.LayerReady[n-1] // the last layer's readiness ends the load
+			}
 			loadTime += d
 			restored = rr.Blocks
+			if hs, ok := b.(HostSyncer); ok && rr.Blocks > 0 {
+				if err := hs.ToHost(req, rr.Blocks); err != nil {
+					stopMeter()
+					return br, fmt.Errorf("request %d: copying restored KV to the host: %w", seq, err)
+				}
+			}
 			for blk := 0; blk < rr.Blocks; blk++ {
 				br.VerifyMismatches += int64(kv.VerifyBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk)))
 			}
@@ -373,6 +382,12 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 		}
 		req.SaveEnd = end
 		if end > req.Hit {
+			if hs, ok := b.(HostSyncer); ok {
+				if err := hs.FromHost(req); err != nil {
+					stopMeter()
+					return br, fmt.Errorf("request %d: copying KV to the backend: %w", seq, err)
+				}
+			}
 			c0, _ := blockstat.ProcessCPU()
 			t0 := time.Now()
 			sr, err := b.Save(req)

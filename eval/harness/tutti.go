@@ -28,6 +28,9 @@ type Tutti struct {
 	label   string
 	// planned-recompute blocks: cached but left to recompute by the planner
 	plannedRecompute int64
+	// PathGPU: the engine's KV tensors in HBM, one per layer, shaped like
+	// the harness's host KV memory (page ids are the same).
+	devLayers []uint64
 }
 
 // NewTuttiCPU is tutti's CPU path (io_uring from Go into host KV memory).
@@ -50,12 +53,9 @@ func (t *Tutti) Label() string  { return t.label }
 
 func (t *Tutti) Available() error {
 	if t.path == runtime.PathGPU {
-		if err := kernels.Load(); err != nil {
-			return fmt.Errorf("tutti-gpu: kernels library: %v: %w", err, ErrUnavailable)
+		if err := kernels.Init(0); err != nil {
+			return fmt.Errorf("tutti-gpu: %v: %w", err, ErrUnavailable)
 		}
-		// The replay keeps KV memory in host memory; the GPU path restores
-		// into device memory, which this harness does not allocate yet.
-		return fmt.Errorf("tutti-gpu: the replay's device KV memory is not wired yet (runtime PathGPU): %w", ErrUnavailable)
 	}
 	return nil
 }
@@ -81,6 +81,16 @@ func (t *Tutti) Open(env Env) error {
 	regions := make([]runtime.Region, len(env.KV.Layers))
 	for l, b := range env.KV.Layers {
 		regions[l] = runtime.Region{Addr: b.Addr(), LenBytes: int64(b.Len())}
+		if t.path == runtime.PathGPU {
+			// The GPU path restores into HBM: a device tensor per layer,
+			// mirrored to the host pages only to verify (HostSyncer).
+			d, err := kernels.DevAlloc(int64(b.Len()))
+			if err != nil {
+				return fmt.Errorf("%s: device KV layer %d: %w", t.Name(), l, err)
+			}
+			t.devLayers = append(t.devLayers, d)
+			regions[l] = runtime.Region{Addr: uintptr(d), LenBytes: int64(b.Len())}
+		}
 	}
 	if err := s.RegisterKV(runtime.KVMemory{Layers: regions}); err != nil {
 		return fmt.Errorf("%s: %w", t.Name(), err)
@@ -144,10 +154,77 @@ func (t *Tutti) Evict([]uint64) error { return nil } // its own index evicts
 func (t *Tutti) PlannedRecomputeBlocks() int64 { return t.plannedRecompute }
 
 func (t *Tutti) Close() error {
-	if t.store == nil {
+	var errs []error
+	if t.store != nil {
+		errs = append(errs, t.store.Close())
+		t.store = nil
+	}
+	for _, d := range t.devLayers {
+		errs = append(errs, kernels.DevFree(d))
+	}
+	t.devLayers = nil
+	return errors.Join(errs...)
+}
+
+// pageRuns calls fn for each run of consecutive page ids in pages (the
+// harness's allocator hands out mostly consecutive ids), so copies between
+// host and device are few and large.
+func pageRuns(pages []int32, fn func(first int32, n int) error) error {
+	for i := 0; i < len(pages); {
+		j := i + 1
+		for j < len(pages) && pages[j] == pages[j-1]+1 {
+			j++
+		}
+		if err := fn(pages[i], j-i); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// copyPages copies pages between the host KV memory and the device tensors,
+// every layer and plane (per-layer layout: a plane's pages are contiguous).
+func (t *Tutti) copyPages(pages []int32, toHost bool) error {
+	g := t.env.Geometry
+	pb := g.PageBytesPerPlane()
+	for l, dev := range t.devLayers {
+		host := t.env.KV.Layers[l].Addr()
+		for p := 0; p < g.Planes; p++ {
+			err := pageRuns(pages, func(first int32, n int) error {
+				off, err := g.PageOffset(objmap.LayoutPerLayer, t.env.KV.NumPages, l, p, int(first))
+				if err != nil {
+					return err
+				}
+				if toHost {
+					return kernels.CopyToHost(host+uintptr(off), dev+uint64(off), int64(n)*pb)
+				}
+				return kernels.CopyToDevice(dev+uint64(off), host+uintptr(off), int64(n)*pb)
+			})
+			if err != nil {
+				return fmt.Errorf("%s: copying layer %d plane %d: %w", t.Name(), l, p, err)
+			}
+		}
+	}
+	return nil
+}
+
+// ToHost implements HostSyncer: on the GPU path, the restored blocks' pages
+// are copied from HBM into the host pages the harness verifies.
+func (t *Tutti) ToHost(req *Request, blocks int) error {
+	if t.devLayers == nil {
 		return nil
 	}
-	err := t.store.Close()
-	t.store = nil
-	return err
+	return t.copyPages(req.Pages[:blocks*t.env.Geometry.ChunkPages], true)
+}
+
+// FromHost implements HostSyncer: on the GPU path, the pages of the blocks to
+// save (filled by the harness as a prefill would) are copied into HBM, where
+// the runtime gathers them from.
+func (t *Tutti) FromHost(req *Request) error {
+	if t.devLayers == nil {
+		return nil
+	}
+	cp := t.env.Geometry.ChunkPages
+	return t.copyPages(req.Pages[req.Hit*cp:req.SaveEnd*cp], false)
 }

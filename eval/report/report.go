@@ -241,6 +241,14 @@ func newPlot(title, x, y string) *plot.Plot {
 	return p
 }
 
+// logX makes the x axis logarithmic; the range starts positive so that a plot
+// with no line (no backend ran) still draws.
+func logX(p *plot.Plot) {
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.X.Min, p.X.Max = 1, 10
+}
+
 func ran(res *harness.Result) []harness.BackendResult {
 	var out []harness.BackendResult
 	for _, b := range res.Backends {
@@ -266,8 +274,7 @@ func addLine(p *plot.Plot, i int, name string, xys plotter.XYs) error {
 
 func plotTTFT(res *harness.Result, path string) error {
 	p := newPlot("TTFT CDF ("+res.Model+")", "TTFT (ms, log scale)", "fraction of requests")
-	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	logX(p)
 	for i, b := range ran(res) {
 		xs := append([]float64(nil), b.TTFTms...)
 		sort.Float64s(xs)
@@ -289,8 +296,7 @@ func plotTTFT(res *harness.Result, path string) error {
 func plotSLO(res *harness.Result, path string) error {
 	p := newPlot(fmt.Sprintf("SLO attainment vs request rate (TTFT ≤ %.1f ms)", res.SLOms),
 		"request rate (req/s, log scale)", "fraction of requests within SLO")
-	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	logX(p)
 	p.Y.Min, p.Y.Max = 0, 1.05
 	for i, b := range ran(res) {
 		var xys plotter.XYs
