@@ -152,8 +152,12 @@ type Labeler interface{ Label() string }
 // HostSyncer is a backend whose restores land in other memory than the
 // harness's host KV memory (tutti-gpu: HBM). The driver calls ToHost after a
 // timed Restore, before verifying, and FromHost before a timed Save, after
-// filling the pages: the copies are outside the measured windows.
+// filling the pages: the copies are outside the measured windows. Invalidate
+// comes before a timed Restore, after the driver zeroed the host pages: the
+// backend's copy of those pages must hold no block either, so a restore that
+// writes nothing cannot pass verification with a block left there earlier.
 type HostSyncer interface {
+	Invalidate(req *Request) error         // pages of Chain[:Hit] hold no block
 	ToHost(req *Request, blocks int) error // blocks Chain[:blocks] into the host pages
 	FromHost(req *Request) error           // blocks Chain[Hit:SaveEnd] to the backend's memory
 }

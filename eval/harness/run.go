@@ -326,6 +326,12 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 		restored := 0
 		if req.Hit > 0 {
 			kv.Scribble(pages[:req.Hit*g.ChunkPages])
+			if hs, ok := b.(HostSyncer); ok {
+				if err := hs.Invalidate(req); err != nil {
+					stopMeter()
+					return br, fmt.Errorf("request %d: clearing the backend's pages: %w", seq, err)
+				}
+			}
 			c0, _ := blockstat.ProcessCPU()
 			t0 := time.Now()
 			rr, err := b.Restore(req)

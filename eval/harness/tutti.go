@@ -209,6 +209,15 @@ func (t *Tutti) copyPages(pages []int32, toHost bool) error {
 	return nil
 }
 
+// Invalidate implements HostSyncer: the hit pages in HBM get the host's
+// zeroed content.
+func (t *Tutti) Invalidate(req *Request) error {
+	if t.devLayers == nil {
+		return nil
+	}
+	return t.copyPages(req.Pages[:req.Hit*t.env.Geometry.ChunkPages], false)
+}
+
 // ToHost implements HostSyncer: on the GPU path, the restored blocks' pages
 // are copied from HBM into the host pages the harness verifies.
 func (t *Tutti) ToHost(req *Request, blocks int) error {
