@@ -91,7 +91,8 @@ type Load struct {
 	readsLeft                      int
 	overreadBytes, ioCount, splits int64
 	readBytes, firstNs             int64 // for the device model: the load's reads as one batch
-	missBlocks                     [numMissCauses]int64
+
+	missBlocks [numMissCauses]int64 // mu (resolve fills it before the driver starts)
 
 	gpuX    *kernels.Restore // PathGPU: the restore in flight
 	gpuErr  error

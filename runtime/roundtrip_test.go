@@ -84,8 +84,8 @@ func TestRoundTrip(t *testing.T) {
 				// Reopen: both runs come back and restore bit-exact.
 				s, kv = openKV(t, cfg)
 				defer closeKV(t, s, kv)
-				// The root save is cut geometrically (runSizes), the extension is one run.
-				if rep := s.Recovery(); rep.IndexedRuns != len(runSizes(5, s.rootMinBlocks(), true))+1 || rep.IndexedBlocks != 8 || rep.DroppedRuns != 0 {
+				// Both saves are cut geometrically (runSizes).
+				if rep := s.Recovery(); rep.IndexedRuns != len(runSizes(5, s.runMinBlocks(), true))+len(runSizes(3, s.runMinBlocks(), true)) || rep.IndexedBlocks != 8 || rep.DroppedRuns != 0 {
 					t.Fatalf("recovery: %+v", rep)
 				}
 				pb2 := pageTable(rng, g, numPages, len(b))

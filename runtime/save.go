@@ -189,7 +189,7 @@ func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
 // it aborts in the index and counts.
 func (sv *Save) admit(ids []uint64, from int) {
 	s := sv.s
-	resv, err := sv.allocate(len(ids), from == 0 && !s.cfg.WholeRootSaves)
+	resv, err := sv.allocate(len(ids), !s.cfg.WholeSaves)
 	if err != nil {
 		sv.abortIDs(ids)
 		cause := skipCauseOf(err)
@@ -299,15 +299,15 @@ func (sv *Save) shrink(sr *saveRun, k int) bool {
 }
 
 // runSizes is how a save of n blocks is cut into runs before objmap cuts
-// them at MaxRunChunks. A save that starts a new chain (root) is cut
-// geometrically, m, m, 2m, 4m, ... blocks: its leading blocks are the ones
-// other chains share (a system prompt), and a load that needs only the first
-// k blocks reads the whole run containing block k (its CRC covers the whole
-// object), so it reads at most max(2k, m) blocks instead of the whole save.
-// m (minBlocks) keeps the first reads from being tiny. Other saves extend a
-// cached prefix and are read whole by the requests that continue it: one run.
-func runSizes(n, minBlocks int, root bool) []int {
-	if !root {
+// them at MaxRunChunks: geometrically, m, m, 2m, 4m, ... blocks (or one run
+// when split is false). A load that needs only the first k blocks of a save
+// (a request that shares a system prompt, or branches off inside an earlier
+// turn) reads the whole run containing block k, because its CRC covers the
+// whole object; with this cut it reads at most max(2k, m) blocks instead of
+// the whole save. m (minBlocks) keeps the reads from being tiny. A load of
+// the whole save costs one read per run: O(log n) instead of 1.
+func runSizes(n, minBlocks int, split bool) []int {
+	if !split {
 		return []int{n}
 	}
 	var sizes []int
@@ -322,22 +322,22 @@ func runSizes(n, minBlocks int, root bool) []int {
 	return sizes
 }
 
-// rootMinBlocks is the first run size of a root save: at least
-// RootRunMinBytes per layer.
-func (s *Store) rootMinBlocks() int {
+// runMinBlocks is the first run size of the geometric cut: at least
+// RunMinBytes per layer.
+func (s *Store) runMinBlocks() int {
 	cb := s.geo.ChunkBytesPerLayer()
-	return int(min((s.cfg.RootRunMinBytes+cb-1)/cb, 1<<20))
+	return int(min((s.cfg.RunMinBytes+cb-1)/cb, 1<<20))
 }
 
 // allocate reserves pool space for n blocks cut by runSizes; a shortfall
 // returns what fit (objmap's partial admission). When the pool has no room
 // although the index had (headers, padding, fragmentation, quarantined
 // frees) it evicts, makes the frees durable and tries once more.
-func (sv *Save) allocate(n int, root bool) ([]objmap.Reservation, error) {
+func (sv *Save) allocate(n int, split bool) ([]objmap.Reservation, error) {
 	s := sv.s
 	var out []objmap.Reservation
 	retried := false
-	for _, size := range runSizes(n, s.rootMinBlocks(), root) {
+	for _, size := range runSizes(n, s.runMinBlocks(), split) {
 		got, err := s.m.Allocate(size)
 		if errors.Is(err, objmap.ErrNoSpace) && !retried {
 			retried = true

@@ -26,7 +26,7 @@ func TestRunSizes(t *testing.T) {
 			t.Errorf("runSizes(%d, %d, %v) = %v, want %v", tc.n, tc.m, tc.root, got, tc.want)
 		}
 	}
-	// Reading the first k blocks of a root save reads at most max(2k, m).
+	// Reading the first k blocks of a save reads at most max(2k, m).
 	for _, m := range []int{1, 3, 16} {
 		for n := 1; n <= 300; n++ {
 			sizes := runSizes(n, m, true)
@@ -56,7 +56,7 @@ func TestSaveBudgetCut(t *testing.T) {
 		rng := rand.New(rand.NewPCG(4, 4))
 		cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
 		cfg.Dirs = cfg.Dirs[:1] // one device: one budget
-		cfg.WholeRootSaves = whole
+		cfg.WholeSaves = whole
 		cfg.SaveBudgetBytes = 3 * g.ChunkBytes() // three blocks pending at most
 		s, kv := openKV(t, cfg)
 		c := chainOf(5<<32, 10)
