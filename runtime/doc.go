@@ -9,10 +9,11 @@
 //	AllocHostKV(g, layout, pages)         off-heap host KV memory for tests and tools
 //	(*Store).Lookup(chain) int            cached leading chain blocks; no I/O
 //	(*Store).Load(chain, pages) (*Load, error)
-//	    (*Load).WaitLayer(l) / StreamWaitLayer(l, stream) / Wait() / Blocks() / Planned() / Cached()
+//	    (*Load).WaitLayer(l) / StreamWaitLayer(l, stream) / Wait() / Blocks() / Planned() / Cached() / Failure()
 //	(*Store).Save(chain, pages) (*Save, error)
 //	    (*Save).Gathered() / Done() / Wait() / Saved() / Skipped(cause)
 //	(*Store).WaitSaves() / Stats() / SchedStats() / MapStats() / Check() / Recovery() / Close()
+//	CapacityForBlocks(g, n)               a CapacityBytes that holds n blocks in any run grouping
 //
 // A chain is a request's prefix as chained block ids (id i names the whole
 // prefix up to block i); pages is its block table: pages[i*ChunkPages+j] is
