@@ -55,7 +55,7 @@ func BenchmarkCommit(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer m.Close()
-			crcs := make([]uint32, tinyGeom.Layers)
+			crcs := make([]uint32, tinyGeom.Layers) // one chunk per run
 			b.SetParallelism(par)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -65,7 +65,7 @@ func BenchmarkCommit(b *testing.B) {
 						b.Error(err)
 						return
 					}
-					if err := m.Commit([]CommitRequest{{Res: res[0], Chain: []uint64{uint64(res[0].ID)}, LayerCRCs: crcs}}); err != nil {
+					if err := m.Commit([]CommitRequest{{Res: res[0], Chain: []uint64{uint64(res[0].ID)}, ChunkCRCs: crcs}}); err != nil {
 						b.Error(err)
 						return
 					}
@@ -88,7 +88,7 @@ func BenchmarkRecovery(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	crcs := make([]uint32, tinyGeom.Layers)
+	crcs := make([]uint32, tinyGeom.Layers) // one chunk per run
 	const runs = 2000
 	for i := 0; i < runs/100; i++ {
 		var reqs []CommitRequest
@@ -97,7 +97,7 @@ func BenchmarkRecovery(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			reqs = append(reqs, CommitRequest{Res: res[0], Chain: []uint64{uint64(res[0].ID)}, LayerCRCs: crcs})
+			reqs = append(reqs, CommitRequest{Res: res[0], Chain: []uint64{uint64(res[0].ID)}, ChunkCRCs: crcs})
 		}
 		if err := m.Commit(reqs); err != nil {
 			b.Fatal(err)

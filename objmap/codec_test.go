@@ -10,7 +10,7 @@ import (
 
 func sampleHeader(layers, chunks int) Header {
 	h := Header{Fingerprint: 0x1122334455667788, Generation: 7, RunID: 42, File: 3, Offset: 8192, ChunkBytesPerLayer: 65536,
-		Parent: 0xabcdef, HasParent: chunks%2 == 1,
+		Parent: 0xabcdef, HasParent: chunks%2 == 1, TableCRC: 0x5eed1234,
 		LayerCRCs: make([]uint32, layers), Chain: make([]uint64, chunks)}
 	for i := range h.LayerCRCs {
 		h.LayerCRCs[i] = uint32(i*2654435761) ^ 0xdeadbeef

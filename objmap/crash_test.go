@@ -220,7 +220,7 @@ func sortedIDs(m map[RunID]RunInfo) []RunID {
 // writeHeaderForTest does the first half of Commit: header written and synced.
 func writeHeaderForTest(t *testing.T, m *Map, req CommitRequest) {
 	t.Helper()
-	if err := m.writeHeaders([]CommitRequest{req}); err != nil {
+	if _, err := m.writeHeaders([]CommitRequest{req}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -6,11 +6,16 @@
 // # Objects and runs
 //
 // A run is a span of consecutive chain blocks (chunks) of one prefix saved
-// together; it is one extent in one pool file: a 4 KiB header, then one
-// object per layer. Object l holds layer l of the whole run, chunk-major,
-// then page, then plane (K and V of a page side by side). Restoring the
-// first k chunks of a run is therefore one read per layer (LayerSpan), K
-// and V included. K and V are kept together, not in separate objects,
+// together; it is one extent in one pool file: a 4 KiB header, a table of
+// one CRC32C per (layer, chunk) padded to 4 KiB, then one object per layer.
+// Object l holds layer l of the whole run, chunk-major, then page, then
+// plane (K and V of a page side by side). Restoring the first k chunks of a
+// run is therefore one read per layer (LayerSpan, ChunkSpan) of exactly
+// those chunks (rounded out to 4 KiB), K and V included, and each chunk read
+// is verified on its own (RunInfo.VerifySpan, ChunkVerifier): a short shared
+// prefix of a long run never reads the rest of the run. Keeping the chunk
+// CRCs in RAM costs 4 bytes per (layer, chunk): 4 B per 2 MiB for
+// Llama-3-70B at 512-token chunks. K and V are kept together, not in separate objects,
 // because the engine always needs both for a layer before it can compute
 // it: apart, every restore would issue twice the reads for the same bytes,
 // and a K object without its V is useless. MLA models (Planes = 1) have one
@@ -25,12 +30,13 @@
 //	m.Runs(func(objmap.RunInfo) bool)     // durable runs, to rebuild the prefix index
 //	res, err := m.Allocate(chunks)        // []Reservation, partial when the pool is full; ErrNoSpace when empty
 //	  ... write object l at res.Offset + Geometry.ObjectOffset(res.Chunks, l) (uring, O_DIRECT) ...
-//	err = m.Commit([]objmap.CommitRequest{{Res, Chain, LayerCRCs}})  // header, fdatasync, journal: durable
+//	err = m.Commit([]objmap.CommitRequest{{Res, Chain, ChunkCRCs}})  // header+table, fdatasync, journal: durable
 //	m.Abort(res)                          // give an uncommitted reservation back
-//	info, ok := m.Lookup(id)              // extent of a durable run
-//	off, ioBytes, dataBytes, err := g.LayerSpan(info.Chunks(), layer, k) // one read per (layer, run)
+//	info, ok := m.Lookup(id)              // extent of a durable run, its ChunkCRCs
+//	sp, err := g.ChunkSpan(info.Chunks(), layer, first, k) // one read per (layer, run): chunks [first, first+k)
+//	err = info.VerifySpan(sp, buf)        // or a ChunkVerifier fed piece by piece
 //	m.Free(id); m.Sync()                  // forget a run; its space is reusable once the free is durable
-//	m.Check()                             // fsck: read every payload, verify per-layer CRC32C
+//	m.Check()                             // fsck: read every payload, verify every chunk CRC32C
 //	m.Close()
 //
 // Allocate, Commit, Abort, Free, Sync, Lookup, Runs, Stats and Check are
@@ -41,17 +47,20 @@
 // The caller writes a run's objects into its reservation and reaps the
 // writes; Commit then writes the run's header (magic, version, geometry
 // fingerprint, generation, run id, file and offset, chain ids, per-layer
-// CRC32C, header CRC), fdatasyncs the pool file, and appends a commit record
+// CRC32C derived from the chunk CRCs, the chunk table's CRC, header CRC) and
+// chunk table in one write, fdatasyncs the pool file, and appends a commit record
 // to the journal, returning once a group commit made it durable. The
 // journal record is the point of no return; the header lets recovery prove
 // that the extent still holds that run. Open loads the checkpoint, replays
 // the journal (a torn tail is dropped: nothing in it was acknowledged),
-// carves every run out of the free space and reads its header: a header
-// that is missing, garbled, of another generation, run, place or geometry
-// drops the run (the reason is in the report) and its space is freed,
-// durably, before anything is allocated. Freed space is quarantined until
-// its free record is durable (see allocator). Check additionally reads
-// every payload and compares the per-layer CRCs.
+// carves every run out of the free space and reads its header and chunk
+// table (one read per run): a header that is missing, garbled, of another
+// generation, run, place or geometry, or a table that fails the CRC the
+// header names, drops the run (the reason is in the report) and its space
+// is freed, durably, before anything is allocated. Freed space is
+// quarantined until its free record is durable (see allocator). Check
+// additionally reads every payload and compares every chunk with the table
+// and every object with the header's per-layer CRC.
 //
 // # Choices
 //

@@ -257,7 +257,7 @@ func (g Geometry) PageOffset(layout Layout, numPages, layer, plane, page int) (i
 // Object layout on disk. A run of n chunks (consecutive chain blocks saved
 // together) is one extent in one pool file:
 //
-//	[header: HeaderBytes][object 0][object 1]...[object Layers-1]
+//	[header: HeaderBytes][chunk CRC table: ChunkTableBytes(n)][object 0]...[object Layers-1]
 //
 // Object l holds layer l for the whole run, chunk-major, then page, then
 // plane: [chunk0: page0 plane0, page0 plane1, page1 plane0, ...][chunk1 ...].
@@ -278,19 +278,35 @@ func (g Geometry) ObjectBytes(chunks int) int64 { return int64(chunks) * g.Chunk
 // ObjectBytes rounded up to BlockBytes.
 func (g Geometry) ObjectStride(chunks int) int64 { return alignUp(g.ObjectBytes(chunks)) }
 
-// RunBytes is the extent a run of chunks chunks occupies: header plus objects.
+// ChunkTableBytes is the on-disk size of the chunk CRC table of a run of
+// chunks chunks: 4 bytes per (layer, chunk), padded to BlockBytes.
+func (g Geometry) ChunkTableBytes(chunks int) int64 { return chunkTableBytes(g.Layers, chunks) }
+
+// HeaderRegionBytes is the header plus the chunk CRC table of a run of
+// chunks chunks: what recovery reads, in one read, per run; the first
+// object starts right after it.
+func (g Geometry) HeaderRegionBytes(chunks int) int64 { return HeaderBytes + g.ChunkTableBytes(chunks) }
+
+// RunBytes is the extent a run of chunks chunks occupies: header, chunk
+// table and objects.
 func (g Geometry) RunBytes(chunks int) int64 {
-	return HeaderBytes + int64(g.Layers)*g.ObjectStride(chunks)
+	return g.HeaderRegionBytes(chunks) + int64(g.Layers)*g.ObjectStride(chunks)
 }
 
 // ChunksThatFit is the largest chunk count whose run fits in extentBytes
 // (capped at MaxRunChunks), 0 if not even one chunk fits.
 func (g Geometry) ChunksThatFit(extentBytes int64) int {
-	room := (extentBytes - HeaderBytes) / int64(g.Layers) &^ (BlockBytes - 1)
-	if room <= 0 {
-		return 0
+	// RunBytes grows with the count; binary search for the last that fits.
+	lo, hi := 0, MaxRunChunks(g)
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if g.RunBytes(mid) <= extentBytes {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
 	}
-	return int(min(room/g.ChunkBytesPerLayer(), int64(MaxRunChunks(g))))
+	return lo
 }
 
 // ObjectOffset is where object (layer) of a run of runChunks chunks starts,
@@ -302,23 +318,22 @@ func (g Geometry) ObjectOffset(runChunks, layer int) (int64, error) {
 	if runChunks < 1 || runChunks > MaxRunChunks(g) {
 		return 0, fmt.Errorf("objmap: run of %d chunks (max %d): %w", runChunks, MaxRunChunks(g), ErrOutOfRange)
 	}
-	return HeaderBytes + int64(layer)*g.ObjectStride(runChunks), nil
+	return g.HeaderRegionBytes(runChunks) + int64(layer)*g.ObjectStride(runChunks), nil
 }
 
 // LayerSpan gives the one read that restores layer of the first k chunks of
 // a run of runChunks chunks: off is relative to the run's extent start,
 // ioBytes is the read length rounded up to BlockBytes (it stays inside the
-// object's padding), dataBytes = k*ChunkBytesPerLayer is the payload within it.
+// object's padding), dataBytes = k*ChunkBytesPerLayer is the payload within
+// it, starting at the buffer's first byte. Only the first k chunks are read
+// (each has its own CRC: RunInfo.VerifySpan, ChunkVerifier); ChunkSpan is
+// the general form (chunks [first, first+k)).
 func (g Geometry) LayerSpan(runChunks, layer, k int) (off, ioBytes, dataBytes int64, err error) {
-	off, err = g.ObjectOffset(runChunks, layer)
+	s, err := g.ChunkSpan(runChunks, layer, 0, k)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	if k < 1 || k > runChunks {
-		return 0, 0, 0, fmt.Errorf("objmap: first %d chunks of a run of %d: %w", k, runChunks, ErrOutOfRange)
-	}
-	dataBytes = g.ObjectBytes(k)
-	return off, alignUp(dataBytes), dataBytes, nil
+	return s.Off, s.IOBytes, s.DataBytes, nil
 }
 
 // ChunkPageOffset is where (chunk, page within the chunk, plane) lies inside

@@ -49,7 +49,10 @@ func TestGeometrySizes(t *testing.T) {
 	if got := g.PageBytesPerLayer(); got != 2*16*8*128*2 {
 		t.Fatalf("PageBytesPerLayer = %d", got)
 	}
-	if got := g.RunBytes(3); got != HeaderBytes+32*3*65536 {
+	if got := g.ChunkTableBytes(3); got != BlockBytes {
+		t.Fatalf("ChunkTableBytes(3) = %d", got)
+	}
+	if got := g.RunBytes(3); got != HeaderBytes+BlockBytes+32*3*65536 {
 		t.Fatalf("RunBytes(3) = %d", got)
 	}
 	// MLA page of 18432 bytes is not block-aligned: objects are padded.
@@ -58,7 +61,7 @@ func TestGeometrySizes(t *testing.T) {
 		t.Fatalf("ObjectStride(1) = %d, want %d", got, want)
 	}
 	off, io, data, err := mla.LayerSpan(3, 1, 1)
-	if err != nil || off != HeaderBytes+mla.ObjectStride(3) || io != 20480 || data != 18432 {
+	if err != nil || off != HeaderBytes+BlockBytes+mla.ObjectStride(3) || io != 20480 || data != 18432 {
 		t.Fatalf("LayerSpan = %d %d %d %v", off, io, data, err)
 	}
 	if _, _, _, err := mla.LayerSpan(3, 1, 4); !errors.Is(err, ErrOutOfRange) {

@@ -10,8 +10,10 @@ import (
 // HeaderBytes is the size of a run header: one O_DIRECT block.
 const HeaderBytes = 4096
 
-// HeaderVersion is the run header format version.
-const HeaderVersion = 1
+// HeaderVersion is the run header format version. Version 2 added the
+// chunk CRC table after the header (TableCRC in the former reserved word);
+// a version 1 header is dropped by recovery like any other bad header.
+const HeaderVersion = 2
 
 var headerMagic = [8]byte{'T', 'U', 'T', 'T', 'I', 'R', 'U', 'N'}
 
@@ -29,17 +31,23 @@ var headerMagic = [8]byte{'T', 'U', 'T', 'T', 'I', 'R', 'U', 'N'}
 //	56  chunk bytes per layer u64
 //	64  parent chain id u64
 //	72  flags u32 (bit 0: has a parent)
-//	76  reserved u32 (zero)
+//	76  chunk table CRC32C u32 (see EncodeChunkTable)
 //	80  per-layer CRC32C [layers]u32, then chain ids [chunks]u64
 //	4092 CRC32C of bytes [0, 4092)
+//
+// The chunk CRC table (layers x chunks u32) follows at HeaderBytes, padded
+// to BlockBytes; header and table are one read (Geometry.HeaderRegionBytes).
 const (
 	headerFixedBytes = 80
 	headerCRCOffset  = HeaderBytes - 4
 )
 
 // MaxRunChunks is the most chunks a run may hold: its chain ids and one CRC
-// per layer must fit in the header. A longer save is split into several runs
-// by the caller of Allocate (Allocate never returns a longer one).
+// per layer must fit in the header: 461 chunks for 80 layers, 501 for one,
+// 372 for MaxLayers. The chunk table it implies stays small: at most
+// 4*Layers*MaxRunChunks bytes (372 KiB at MaxLayers, 144 KiB for 80 layers).
+// A longer save is split into several runs by the caller of Allocate
+// (Allocate never returns a longer one).
 func MaxRunChunks(g Geometry) int {
 	return (headerCRCOffset - headerFixedBytes - 4*g.Layers) / 8
 }
@@ -59,8 +67,12 @@ type Header struct {
 	Parent             uint64 // chain id the first block follows, if HasParent
 	HasParent          bool
 	// LayerCRCs holds CRC32C (Castagnoli) of each object's payload
-	// (ObjectBytes, without padding); its length is the layer count.
+	// (ObjectBytes, without padding); its length is the layer count. They
+	// are derived from the chunk CRCs (Geometry.LayerCRCsFromChunks).
 	LayerCRCs []uint32
+	// TableCRC is the CRC32C of the run's padded chunk CRC table, which
+	// follows the header (DecodeChunkTable verifies against it).
+	TableCRC uint32
 	// Chain holds the chain ids of the run's chunks, in order; its length is
 	// the chunk count.
 	Chain []uint64
@@ -109,6 +121,7 @@ func EncodeHeader(dst []byte, h *Header) error {
 	if h.HasParent {
 		le.PutUint32(b[72:], 1)
 	}
+	le.PutUint32(b[76:], h.TableCRC)
 	p := headerFixedBytes
 	for _, c := range h.LayerCRCs {
 		le.PutUint32(b[p:], c)
@@ -148,9 +161,9 @@ func DecodeHeader(src []byte) (Header, error) {
 	if maxc := MaxRunChunks(Geometry{Layers: layers}); chunks < 1 || chunks > maxc {
 		return Header{}, fmt.Errorf("%w: %d chunks, want 1..%d for %d layers", ErrBadHeader, chunks, maxc, layers)
 	}
-	flags, reserved := le.Uint32(b[72:]), le.Uint32(b[76:])
-	if flags > 1 || reserved != 0 {
-		return Header{}, fmt.Errorf("%w: flags %#x, reserved %#x", ErrBadHeader, flags, reserved)
+	flags := le.Uint32(b[72:])
+	if flags > 1 {
+		return Header{}, fmt.Errorf("%w: flags %#x", ErrBadHeader, flags)
 	}
 	h := Header{
 		Parent:             le.Uint64(b[64:]),
@@ -161,6 +174,7 @@ func DecodeHeader(src []byte) (Header, error) {
 		File:               le.Uint32(b[40:]),
 		Offset:             le.Uint64(b[48:]),
 		ChunkBytesPerLayer: le.Uint64(b[56:]),
+		TableCRC:           le.Uint32(b[76:]),
 		LayerCRCs:          make([]uint32, layers),
 		Chain:              make([]uint64, chunks),
 	}
@@ -172,6 +186,11 @@ func DecodeHeader(src []byte) (Header, error) {
 	for i := range h.Chain {
 		h.Chain[i] = le.Uint64(b[p:])
 		p += 8
+	}
+	for _, x := range b[p:headerCRCOffset] {
+		if x != 0 {
+			return Header{}, fmt.Errorf("%w: nonzero padding after the chain ids", ErrBadHeader)
+		}
 	}
 	return h, nil
 }

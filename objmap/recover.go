@@ -299,7 +299,7 @@ func (m *Map) recover() error {
 	reasons, crcs := m.verifyHeaders(carved)
 	for i, r := range carved {
 		if reasons[i] == "" {
-			r.LayerCRCs = crcs[i]
+			r.ChunkCRCs, r.LayerCRCs = crcs[i].chunks, crcs[i].layers
 			m.runs[r.ID] = &runEntry{info: *r, state: stateLive}
 			continue
 		}
@@ -336,11 +336,12 @@ func (m *Map) recover() error {
 	return m.j.waitDurable(last)
 }
 
-// verifyHeaders reads each run's header (bounded concurrency) and returns
-// why it does not match (empty when it does) and, when it does, its CRCs.
-func (m *Map) verifyHeaders(runs []*RunInfo) ([]string, [][]uint32) {
+// verifyHeaders reads each run's header and chunk table (one read per
+// run, bounded concurrency) and returns why it does not match (empty when
+// it does) and, when it does, its CRCs.
+func (m *Map) verifyHeaders(runs []*RunInfo) ([]string, []runCRCs) {
 	reasons := make([]string, len(runs))
-	crcs := make([][]uint32, len(runs))
+	crcs := make([]runCRCs, len(runs))
 	workers := min(m.opts.HeaderReaders, len(runs))
 	var wg sync.WaitGroup
 	next := make(chan int)
@@ -348,7 +349,7 @@ func (m *Map) verifyHeaders(runs []*RunInfo) ([]string, [][]uint32) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf, err := uring.AllocBuffer(HeaderBytes)
+			buf, err := uring.AllocBuffer(int(m.g.HeaderRegionBytes(MaxRunChunks(m.g))))
 			if err != nil {
 				for i := range next {
 					reasons[i] = "no memory to read the header: " + err.Error()
@@ -358,8 +359,8 @@ func (m *Map) verifyHeaders(runs []*RunInfo) ([]string, [][]uint32) {
 			defer buf.Free()
 			for i := range next {
 				var h Header
-				h, reasons[i] = m.checkHeader(runs[i], buf.Bytes())
-				crcs[i] = h.LayerCRCs
+				h, crcs[i].chunks, reasons[i] = m.checkHeader(runs[i], buf.Bytes())
+				crcs[i].layers = h.LayerCRCs
 			}
 		}()
 	}
@@ -371,20 +372,34 @@ func (m *Map) verifyHeaders(runs []*RunInfo) ([]string, [][]uint32) {
 	return reasons, crcs
 }
 
-// checkHeader reads and verifies r's header; the reason is empty when it matches.
-func (m *Map) checkHeader(r *RunInfo, buf []byte) (Header, string) {
+// checkHeader reads r's header and chunk table in one read (buf must hold
+// HeaderRegionBytes(r.Chunks())) and verifies them; the reason is empty
+// when they match the journal.
+func (m *Map) checkHeader(r *RunInfo, buf []byte) (Header, []uint32, string) {
 	f := m.files[r.File]
-	if err := preadFull(int(f.FD), buf[:HeaderBytes], r.Offset); err != nil {
-		return Header{}, fmt.Sprintf("reading header at %s offset %d: %v", f.Path, r.Offset, err)
+	n := len(r.Chain)
+	if n < 1 || n > MaxRunChunks(m.g) {
+		return Header{}, nil, fmt.Sprintf("%d chunks, want 1..%d", n, MaxRunChunks(m.g))
+	}
+	region := m.g.HeaderRegionBytes(n)
+	if int64(len(buf)) < region {
+		return Header{}, nil, fmt.Sprintf("header buffer of %d bytes, need %d", len(buf), region)
+	}
+	if err := preadFull(int(f.FD), buf[:region], r.Offset); err != nil {
+		return Header{}, nil, fmt.Sprintf("reading header and chunk table at %s offset %d: %v", f.Path, r.Offset, err)
 	}
 	h, err := DecodeHeader(buf)
 	if err != nil {
-		return Header{}, err.Error()
+		return Header{}, nil, err.Error()
 	}
 	if err := h.Matches(m.g, r); err != nil {
-		return Header{}, "header does not match the journal: " + err.Error()
+		return Header{}, nil, "header does not match the journal: " + err.Error()
 	}
-	return h, ""
+	chunks, err := DecodeChunkTable(buf[HeaderBytes:region], m.g.Layers, n, h.TableCRC)
+	if err != nil {
+		return Header{}, nil, err.Error()
+	}
+	return h, chunks, ""
 }
 
 func preadFull(fd int, b []byte, off int64) error {
@@ -471,14 +486,16 @@ func (m *Map) writeCheckpoint() (uint64, error) {
 // rename and the creation of the next segment.
 var testHookAfterCheckpointRename func() error
 
-// checkPieceBytes bounds the memory Check reads through.
+// checkPieceBytes bounds the memory Check (and a deprecated Commit) reads
+// through; it also holds the largest header region (under 400 KiB).
 const checkPieceBytes = 1 << 20
 
-// Check verifies every served run in full: its header again and every
-// object's payload against the header's per-layer CRC32C. It returns the
-// recovery report with Corrupt filled in. It only reads; the caller decides
-// what to do with corrupt runs (fsck reports them, the runtime may Free
-// them). A run freed while Check reads it is skipped, not reported.
+// Check verifies every served run in full: its header and chunk table again,
+// every chunk of every object against the table, and each object's CRC
+// (combined from its chunks) against the header. It returns the recovery
+// report with Corrupt filled in. It only reads; the caller decides what to
+// do with corrupt runs (fsck reports them, the runtime may Free them). A
+// run freed while Check reads it is skipped, not reported.
 func (m *Map) Check() (RecoveryReport, error) {
 	rep := m.Recovery()
 	rep.PayloadChecked = true
@@ -505,29 +522,64 @@ func (m *Map) Check() (RecoveryReport, error) {
 }
 
 func (m *Map) checkRun(r *RunInfo, buf []byte) string {
-	h, why := m.checkHeader(r, buf)
+	h, table, why := m.checkHeader(r, buf)
 	if why != "" {
 		return why
 	}
-	f := m.files[r.File]
 	n := r.Chunks()
-	for l := 0; l < m.g.Layers; l++ {
-		off, _ := m.g.ObjectOffset(n, l)
-		off += r.Offset
-		left := m.g.ObjectBytes(n)
-		var crc uint32
-		for left > 0 {
-			piece := min(left, int64(len(buf)))
-			if err := preadFull(int(f.FD), buf[:alignUp(piece)], off); err != nil {
-				return fmt.Sprintf("reading layer %d at %s offset %d: %v", l, f.Path, off, err)
-			}
-			crc = UpdateCRC32C(crc, buf[:piece])
-			off += piece
-			left -= piece
+	got, err := m.readChunkCRCs(m.files[r.File], r.Offset, n, buf)
+	if err != nil {
+		return err.Error()
+	}
+	for i, c := range got {
+		if c != table[i] {
+			return (&ChunkCRCError{Layer: i / n, Chunk: i % n, Got: c, Want: table[i]}).Error()
 		}
-		if crc != h.LayerCRCs[l] {
-			return fmt.Sprintf("layer %d CRC32C %08x, header says %08x", l, crc, h.LayerCRCs[l])
+	}
+	layers, err := m.g.LayerCRCsFromChunks(got, n)
+	if err != nil {
+		return err.Error()
+	}
+	for l, c := range layers {
+		if c != h.LayerCRCs[l] {
+			return fmt.Sprintf("layer %d CRC32C %08x, header says %08x", l, c, h.LayerCRCs[l])
 		}
 	}
 	return ""
+}
+
+// readChunkCRCs reads every object of the run of chunks chunks at off in f
+// through buf (BlockBytes-aligned pieces) and returns the CRC32C of each
+// (layer, chunk), layer-major.
+func (m *Map) readChunkCRCs(f *uring.File, off int64, chunks int, buf []byte) ([]uint32, error) {
+	piece := int64(len(buf)) &^ (BlockBytes - 1)
+	if piece == 0 {
+		return nil, fmt.Errorf("objmap: read buffer of %d bytes", len(buf))
+	}
+	cb := m.g.ChunkBytesPerLayer()
+	out := make([]uint32, m.g.Layers*chunks)
+	for l := 0; l < m.g.Layers; l++ {
+		objOff, err := m.g.ObjectOffset(chunks, l)
+		if err != nil {
+			return nil, err
+		}
+		pos := objOff + off
+		left := m.g.ObjectBytes(chunks)
+		var done int64 // payload bytes of this object consumed
+		for left > 0 {
+			n := min(left, piece)
+			if err := preadFull(int(f.FD), buf[:alignUp(n)], pos); err != nil {
+				return nil, fmt.Errorf("reading layer %d at %s offset %d: %v", l, f.Path, pos, err)
+			}
+			for p := buf[:n]; len(p) > 0; {
+				c := done / cb
+				k := min(int64(len(p)), (c+1)*cb-done)
+				out[l*chunks+int(c)] = UpdateCRC32C(out[l*chunks+int(c)], p[:k])
+				p, done = p[k:], done+k
+			}
+			pos += n
+			left -= n
+		}
+	}
+	return out, nil
 }

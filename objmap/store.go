@@ -73,8 +73,21 @@ type CommitRequest struct {
 	Res Reservation
 	// Chain holds the chain ids of the run's chunks (len == Res.Chunks).
 	Chain []uint64
+	// ChunkCRCs holds CRC32C of each chunk of each object, layer-major:
+	// ChunkCRCs[l*Res.Chunks+c] covers the ChunkBytesPerLayer bytes of chunk
+	// c at ObjectOffset(Res.Chunks, l)+c*ChunkBytesPerLayer (len ==
+	// Layers*Res.Chunks). Commit writes them as the run's chunk table and
+	// derives the header's per-layer CRCs from them.
+	ChunkCRCs []uint32
 	// LayerCRCs holds CRC32C of each object's payload, ObjectBytes(Chunks)
-	// bytes without padding (len == Layers).
+	// bytes without padding (len == Layers). Optional with ChunkCRCs (then
+	// it must equal what they give).
+	//
+	// Deprecated: a request with LayerCRCs and no ChunkCRCs still commits
+	// (until the runtime computes chunk CRCs), but Commit must read the
+	// whole payload back to compute the chunk table, and fails the commit if
+	// it does not match LayerCRCs; Stats counts it (CompatCommits,
+	// CompatReadBytes).
 	LayerCRCs []uint32
 	// Parent is the chain id the run's first block follows; HasParent is
 	// false when the run starts a prefix. Stored in the header and the
@@ -121,6 +134,9 @@ type Map struct {
 	commits     int64
 	frees       int64
 	aborts      int64
+	// Commits of LayerCRCs-only requests and the payload bytes they read back.
+	compatCommits   int64
+	compatReadBytes int64
 }
 
 // Open opens (or creates) the store in opts.Dirs: it locks every directory,
@@ -383,7 +399,8 @@ func (m *Map) Dirs() []string { return slices.Clone(m.dirs) }
 // with its io_uring engines (which sets File.Index) but must not close them.
 func (m *Map) Files() []*uring.File { return m.files }
 
-// MaxRunChunks is the longest run Allocate returns (header capacity).
+// MaxRunChunks is the longest run Allocate returns (header capacity; see
+// the package function).
 func (m *Map) MaxRunChunks() int { return MaxRunChunks(m.g) }
 
 // Recovery is the report of the recovery done by Open.
@@ -478,8 +495,12 @@ func (m *Map) Commit(reqs []CommitRequest) error {
 			err = fmt.Errorf("%w (not a pending reservation of this store)", ErrUnknownRun)
 		case len(r.Chain) != r.Res.Chunks:
 			err = fmt.Errorf("%d chain ids for %d chunks", len(r.Chain), r.Res.Chunks)
-		case len(r.LayerCRCs) != m.g.Layers:
+		case r.ChunkCRCs != nil && len(r.ChunkCRCs) != m.g.Layers*r.Res.Chunks:
+			err = fmt.Errorf("%d chunk CRCs for %d layers x %d chunks", len(r.ChunkCRCs), m.g.Layers, r.Res.Chunks)
+		case r.LayerCRCs != nil && len(r.LayerCRCs) != m.g.Layers:
 			err = fmt.Errorf("%d layer CRCs for %d layers", len(r.LayerCRCs), m.g.Layers)
+		case r.ChunkCRCs == nil && r.LayerCRCs == nil:
+			err = errors.New("no chunk CRCs")
 		}
 		if err != nil {
 			m.mu.Unlock()
@@ -497,7 +518,8 @@ func (m *Map) Commit(reqs []CommitRequest) error {
 	}
 	m.mu.Unlock()
 
-	if err := m.writeHeaders(reqs); err != nil {
+	crcs, err := m.writeHeaders(reqs)
+	if err != nil {
 		m.mu.Lock()
 		for _, r := range reqs {
 			_ = m.alloc.free(r.Res.File, extent{r.Res.Offset, r.Res.Length})
@@ -510,10 +532,10 @@ func (m *Map) Commit(reqs []CommitRequest) error {
 	m.mu.Lock()
 	var last uint64
 	var overfull bool
-	for _, r := range reqs {
+	for i, r := range reqs {
 		info := RunInfo{ID: r.Res.ID, Generation: r.Res.Generation, File: r.Res.File, Offset: r.Res.Offset,
 			Length: r.Res.Length, Chain: slices.Clone(r.Chain), Parent: r.Parent, HasParent: r.HasParent,
-			LayerCRCs: slices.Clone(r.LayerCRCs)}
+			ChunkCRCs: crcs[i].chunks, LayerCRCs: crcs[i].layers}
 		lsn, of, err := m.j.append(&Record{Type: RecCommit, Run: info})
 		if err != nil {
 			m.mu.Unlock()
@@ -538,38 +560,80 @@ func (m *Map) Commit(reqs []CommitRequest) error {
 	return nil
 }
 
-// writeHeaders encodes each run's header into off-heap memory, writes it at
-// the run's offset and fdatasyncs every pool file involved.
-func (m *Map) writeHeaders(reqs []CommitRequest) error {
-	buf, err := uring.AllocBuffer(len(reqs) * HeaderBytes)
+// runCRCs is what Commit stored for one run (new slices, owned by the RunInfo).
+type runCRCs struct{ chunks, layers []uint32 }
+
+// writeHeaders writes each run's header and chunk table (one write at the
+// run's offset, from off-heap memory) and fdatasyncs every pool file
+// involved. It returns the CRCs it stored, per request.
+func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
+	var need int64
+	compat := false
+	for _, r := range reqs {
+		need = max(need, m.g.HeaderRegionBytes(r.Res.Chunks))
+		compat = compat || r.ChunkCRCs == nil
+	}
+	if compat {
+		need = max(need, checkPieceBytes)
+	}
+	buf, err := uring.AllocBuffer(int(need))
 	if err != nil {
-		return fmt.Errorf("objmap: commit: header buffer: %w", err)
+		return nil, fmt.Errorf("objmap: commit: header buffer: %w", err)
 	}
 	defer buf.Free()
 	b := buf.Bytes()
+	out := make([]runCRCs, len(reqs))
 	var sync []int
 	for i, r := range reqs {
+		f := m.files[r.Res.File]
+		chunks := slices.Clone(r.ChunkCRCs)
+		if chunks == nil {
+			// Deprecated path: the caller gave whole-object CRCs only.
+			if chunks, err = m.readChunkCRCs(f, r.Res.Offset, r.Res.Chunks, b); err != nil {
+				return nil, fmt.Errorf("objmap: committing run %d: computing chunk CRCs from the payload: %w", r.Res.ID, err)
+			}
+			m.mu.Lock()
+			m.compatCommits++
+			m.compatReadBytes += int64(m.g.Layers) * m.g.ObjectStride(r.Res.Chunks)
+			m.mu.Unlock()
+		}
+		layers, err := m.g.LayerCRCsFromChunks(chunks, r.Res.Chunks)
+		if err != nil {
+			return nil, fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
+		}
+		if r.LayerCRCs != nil {
+			for l, c := range layers {
+				if c != r.LayerCRCs[l] {
+					return nil, fmt.Errorf("objmap: committing run %d: layer %d: chunk CRCs give CRC32C %08x, LayerCRCs say %08x",
+						r.Res.ID, l, c, r.LayerCRCs[l])
+				}
+			}
+		}
+		region := b[:m.g.HeaderRegionBytes(r.Res.Chunks)]
+		tableCRC, err := EncodeChunkTable(region[HeaderBytes:], m.g.Layers, r.Res.Chunks, chunks)
+		if err != nil {
+			return nil, fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
+		}
 		h := Header{Fingerprint: m.g.Fingerprint(), Generation: r.Res.Generation, RunID: r.Res.ID, File: uint32(r.Res.File),
 			Offset: uint64(r.Res.Offset), ChunkBytesPerLayer: uint64(m.g.ChunkBytesPerLayer()), Parent: r.Parent, HasParent: r.HasParent,
-			LayerCRCs: r.LayerCRCs, Chain: r.Chain}
-		hb := b[i*HeaderBytes : (i+1)*HeaderBytes]
-		if err := EncodeHeader(hb, &h); err != nil {
-			return fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
+			LayerCRCs: layers, TableCRC: tableCRC, Chain: r.Chain}
+		if err := EncodeHeader(region, &h); err != nil {
+			return nil, fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
 		}
-		f := m.files[r.Res.File]
-		if err := pwriteAll(int(f.FD), hb, r.Res.Offset); err != nil {
-			return fmt.Errorf("objmap: committing run %d: writing header at %s offset %d: %w", r.Res.ID, f.Path, r.Res.Offset, err)
+		if err := pwriteAll(int(f.FD), region, r.Res.Offset); err != nil {
+			return nil, fmt.Errorf("objmap: committing run %d: writing header at %s offset %d: %w", r.Res.ID, f.Path, r.Res.Offset, err)
 		}
+		out[i] = runCRCs{chunks: chunks, layers: layers}
 		if !slices.Contains(sync, r.Res.File) {
 			sync = append(sync, r.Res.File)
 		}
 	}
 	for _, fi := range sync {
 		if err := m.syncers[fi].sync(); err != nil {
-			return fmt.Errorf("objmap: commit: fdatasync of %s: %w", m.files[fi].Path, err)
+			return nil, fmt.Errorf("objmap: commit: fdatasync of %s: %w", m.files[fi].Path, err)
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // Free forgets a committed run. It journals a free record and returns
@@ -679,6 +743,10 @@ type Stats struct {
 	PoolSyncs        int64  `json:"pool_syncs"`
 	Checkpoints      int64  `json:"checkpoints"`
 	Epoch            uint64 `json:"epoch"`
+	// CompatCommits counts runs committed with LayerCRCs only (deprecated),
+	// CompatReadBytes the payload Commit read back to compute their chunk CRCs.
+	CompatCommits   int64 `json:"compat_commits"`
+	CompatReadBytes int64 `json:"compat_read_bytes"`
 }
 
 // Stats returns the current counters.
@@ -687,7 +755,7 @@ func (m *Map) Stats() Stats {
 	defer m.mu.Unlock()
 	s := Stats{CapacityBytes: m.fileSize * int64(len(m.files)), FreeBytes: m.alloc.freeBytes(),
 		QuarantinedBytes: m.alloc.quarantinedBytes(), Commits: m.commits, Frees: m.frees, Aborts: m.aborts,
-		Checkpoints: m.checkpoints, Epoch: m.epoch}
+		Checkpoints: m.checkpoints, Epoch: m.epoch, CompatCommits: m.compatCommits, CompatReadBytes: m.compatReadBytes}
 	for _, r := range m.reserved {
 		s.ReservedBytes += r.Length
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,7 +15,8 @@ import (
 )
 
 // tinyGeom has objects smaller than a block (2 KiB per chunk per layer), so
-// padding is exercised: a run of n chunks is 4096 + 2*alignUp(2048n) bytes.
+// padding is exercised: a run of n chunks is 4096 (header) + 4096 (chunk
+// table) + 2*alignUp(2048n) bytes.
 var tinyGeom = Geometry{Layers: 2, KVHeads: 1, HeadDim: 64, DType: FP16, Planes: 2, PageTokens: 4, ChunkPages: 2}
 
 func testOpts(t *testing.T, dirs ...string) Options {
@@ -73,7 +75,10 @@ func writeRun(t *testing.T, m *Map, r Reservation) CommitRequest {
 		if err := pwriteAll(int(f.FD), buf.Bytes(), r.Offset+off); err != nil {
 			t.Fatalf("writing run %d layer %d: %v", r.ID, l, err)
 		}
-		req.LayerCRCs = append(req.LayerCRCs, CRC32C(p))
+		cb := int(g.ChunkBytesPerLayer())
+		for c := 0; c < r.Chunks; c++ {
+			req.ChunkCRCs = append(req.ChunkCRCs, CRC32C(p[c*cb:(c+1)*cb]))
+		}
 	}
 	return req
 }
@@ -124,6 +129,13 @@ func readBack(t *testing.T, m *Map, r RunInfo, layer, k int) {
 	if !bytes.Equal(buf.Bytes()[:data], want) {
 		t.Fatalf("run %d layer %d first %d chunks differ", r.ID, layer, k)
 	}
+	if ioBytes != alignUp(int64(k)*g.ChunkBytesPerLayer()) {
+		t.Fatalf("run %d layer %d first %d chunks: %d bytes read, more than the chunks", r.ID, layer, k, ioBytes)
+	}
+	sp, _ := g.ChunkSpan(r.Chunks(), layer, 0, k)
+	if err := r.VerifySpan(sp, buf.Bytes()); err != nil {
+		t.Fatalf("run %d layer %d first %d chunks: %v", r.ID, layer, k, err)
+	}
 }
 
 func TestStoreRoundTripAndReopen(t *testing.T) {
@@ -172,6 +184,9 @@ func TestStoreRoundTripAndReopen(t *testing.T) {
 		}
 		if len(got.LayerCRCs) != tinyGeom.Layers || got.LayerCRCs[1] != CRC32C(payload(tinyGeom, r.ID, r.Chunks(), 1)) {
 			t.Fatalf("run %d: LayerCRCs %v", r.ID, got.LayerCRCs)
+		}
+		if !slices.Equal(got.ChunkCRCs, r.ChunkCRCs) || len(got.ChunkCRCs) != tinyGeom.Layers*r.Chunks() {
+			t.Fatalf("run %d: recovered ChunkCRCs %v, committed %v", r.ID, got.ChunkCRCs, r.ChunkCRCs)
 		}
 		readBack(t, m, got, 0, 1)
 		readBack(t, m, got, 1, got.Chunks())
@@ -353,10 +368,18 @@ func TestCommitRejects(t *testing.T) {
 	if err := m.Commit([]CommitRequest{bad}); err == nil {
 		t.Fatal("short chain committed")
 	}
-	bad = req
-	bad.LayerCRCs = nil
-	if err := m.Commit([]CommitRequest{bad}); err == nil {
-		t.Fatal("missing CRCs committed")
+	for name, mut := range map[string]func(r *CommitRequest){
+		"no CRCs":           func(r *CommitRequest) { r.ChunkCRCs = nil },
+		"short chunk CRCs":  func(r *CommitRequest) { r.ChunkCRCs = r.ChunkCRCs[1:] },
+		"short layer CRCs":  func(r *CommitRequest) { r.LayerCRCs = []uint32{1} },
+		"layer CRCs differ": func(r *CommitRequest) { r.LayerCRCs = make([]uint32, tinyGeom.Layers) },
+	} {
+		res, _ := m.Allocate(2)
+		bad := writeRun(t, m, res[0])
+		mut(&bad)
+		if err := m.Commit([]CommitRequest{bad}); err == nil {
+			t.Fatalf("%s: committed", name)
+		}
 	}
 	if err := m.Commit([]CommitRequest{req, req}); err == nil {
 		t.Fatal("double commit in one call")
@@ -441,7 +464,7 @@ func TestRecoveryDropsBadHeaders(t *testing.T) {
 		}
 	}
 	crep, err := m.Check()
-	if err != nil || crep.Corrupt != 1 || crep.CorruptRuns[0].Run != runs[3].ID || !strings.Contains(crep.CorruptRuns[0].Reason, "layer 1 CRC32C") {
+	if err != nil || crep.Corrupt != 1 || crep.CorruptRuns[0].Run != runs[3].ID || !strings.Contains(crep.CorruptRuns[0].Reason, "layer 1 chunk 0: CRC32C") {
 		t.Fatalf("check: %v %v", crep, err)
 	}
 	// The dropped runs' space is free again, and their frees were journaled:
