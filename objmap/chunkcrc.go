@@ -209,6 +209,26 @@ func (g Geometry) LayerCRCsFromChunks(chunkCRCs []uint32, chunks int) ([]uint32,
 	return out, nil
 }
 
+// UpdateChunkCRCs continues the chunk CRCs of one object (crcs[c] is chunk
+// c's running CRC32C, e.g. a writer's layer slice of the ChunkCRCs it will
+// commit, zero to start) over payload bytes p that start at payload offset
+// off of the object. Pieces may cut chunks anywhere; each chunk's bytes must
+// arrive in order (as for any running CRC; the caller tracks that). Bytes
+// past len(crcs) chunks are an error and change nothing.
+func (g Geometry) UpdateChunkCRCs(crcs []uint32, off int64, p []byte) error {
+	cb := g.ChunkBytesPerLayer()
+	if off < 0 || cb < 1 || off+int64(len(p)) > int64(len(crcs))*cb {
+		return fmt.Errorf("objmap: payload [%d,+%d) outside %d chunks of %d bytes: %w", off, len(p), len(crcs), cb, ErrOutOfRange)
+	}
+	for len(p) > 0 {
+		c := off / cb
+		n := min(int64(len(p)), (c+1)*cb-off)
+		crcs[c] = UpdateCRC32C(crcs[c], p[:n])
+		p, off = p[n:], off+n
+	}
+	return nil
+}
+
 // Span is one read of chunks [First, First+K) of one layer's object.
 type Span struct {
 	Layer, First, K int

@@ -375,3 +375,37 @@ func TestCommitLayerCRCsCompat(t *testing.T) {
 		t.Fatalf("check: %v %v", rep, err)
 	}
 }
+
+func TestUpdateChunkCRCs(t *testing.T) {
+	g := Geometry{Layers: 1, KVHeads: 1, HeadDim: 576, DType: BF16, Planes: 1, PageTokens: 16, ChunkPages: 1}
+	const chunks = 4
+	seed := uint64(11)
+	rng := rand.New(rand.NewPCG(seed, 12))
+	obj := make([]byte, g.ObjectBytes(chunks))
+	for i := range obj {
+		obj[i] = byte(rng.Uint32())
+	}
+	cb := int(g.ChunkBytesPerLayer())
+	for trial := 0; trial < 20; trial++ {
+		crcs := make([]uint32, chunks)
+		for off := 0; off < len(obj); {
+			n := min(len(obj)-off, 1+rng.IntN(2*cb))
+			if err := g.UpdateChunkCRCs(crcs, int64(off), obj[off:off+n]); err != nil {
+				t.Fatal(err)
+			}
+			off += n
+		}
+		for c := range crcs {
+			if want := CRC32C(obj[c*cb : (c+1)*cb]); crcs[c] != want {
+				t.Fatalf("seed %d trial %d: chunk %d CRC %08x, want %08x", seed, trial, c, crcs[c], want)
+			}
+		}
+	}
+	crcs := make([]uint32, chunks)
+	if err := g.UpdateChunkCRCs(crcs, int64(len(obj)-1), obj[:2]); !errors.Is(err, ErrOutOfRange) || crcs[chunks-1] != 0 {
+		t.Fatalf("bytes past the last chunk: %v", err)
+	}
+	if err := g.UpdateChunkCRCs(crcs, -1, obj[:1]); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("negative offset: %v", err)
+	}
+}

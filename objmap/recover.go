@@ -556,29 +556,22 @@ func (m *Map) readChunkCRCs(f *uring.File, off int64, chunks int, buf []byte) ([
 	if piece == 0 {
 		return nil, fmt.Errorf("objmap: read buffer of %d bytes", len(buf))
 	}
-	cb := m.g.ChunkBytesPerLayer()
 	out := make([]uint32, m.g.Layers*chunks)
 	for l := 0; l < m.g.Layers; l++ {
 		objOff, err := m.g.ObjectOffset(chunks, l)
 		if err != nil {
 			return nil, err
 		}
-		pos := objOff + off
-		left := m.g.ObjectBytes(chunks)
-		var done int64 // payload bytes of this object consumed
-		for left > 0 {
-			n := min(left, piece)
-			if err := preadFull(int(f.FD), buf[:alignUp(n)], pos); err != nil {
-				return nil, fmt.Errorf("reading layer %d at %s offset %d: %v", l, f.Path, pos, err)
+		layer := out[l*chunks : (l+1)*chunks]
+		for done := int64(0); done < m.g.ObjectBytes(chunks); {
+			n := min(m.g.ObjectBytes(chunks)-done, piece)
+			if err := preadFull(int(f.FD), buf[:alignUp(n)], objOff+off+done); err != nil {
+				return nil, fmt.Errorf("reading layer %d at %s offset %d: %v", l, f.Path, objOff+off+done, err)
 			}
-			for p := buf[:n]; len(p) > 0; {
-				c := done / cb
-				k := min(int64(len(p)), (c+1)*cb-done)
-				out[l*chunks+int(c)] = UpdateCRC32C(out[l*chunks+int(c)], p[:k])
-				p, done = p[k:], done+k
+			if err := m.g.UpdateChunkCRCs(layer, done, buf[:n]); err != nil {
+				return nil, err
 			}
-			pos += n
-			left -= n
+			done += n
 		}
 	}
 	return out, nil
