@@ -2,6 +2,7 @@
 round trips, and every argument error the store must refuse."""
 
 import ctypes
+import os
 import shutil
 import tempfile
 import unittest
@@ -52,6 +53,7 @@ class RoundTripTest(unittest.TestCase):
             for l in range(g.layers):
                 ld.wait_layer(l)
             self.assertEqual(ld.wait(), blocks)
+            self.assertIsNone(ld.failure())
         for (l, pl, i), w in want.items():
             got = fx.page_bytes(l, pl, dst[i])
             self.assertEqual(got, w, f"layer {l} plane {pl} block {i}: restored bytes differ")
@@ -114,6 +116,46 @@ class RoundTripTest(unittest.TestCase):
         self.assertLess(st.lookup(chain), 40)
         self.assertEqual(s["saved_blocks"] + s["skipped_blocks"], 40)
         self.assertEqual(st.lookup(chain), s["saved_blocks"])
+
+    def test_corruption_is_a_miss_with_a_reason(self):
+        # Flip a byte of a stored page in the pool file: the load restores
+        # nothing of that run, says why, and the data path stays usable.
+        fx = StoreFixture()
+        self.addCleanup(fx.close)
+        st = fx.store
+        st.register_kv(fx.regions())
+        for i, b in enumerate(fx.bufs):
+            b.fill_random(4242 + i)
+        chain = chain_of(31, 3)
+        with st.save(chain, [0, 1, 2]) as sv:
+            sv.wait_gathered()
+        st.wait_saves()
+        needle = fx.page_bytes(1, 0, 1)  # layer 1, K, block 1
+        hit = None
+        for root, _, files in os.walk(fx.dir):
+            for name in files:
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    data = f.read()
+                at = data.find(needle)
+                if at >= 0:
+                    hit = (path, at)
+        self.assertIsNotNone(hit, "saved page bytes not found in any store file")
+        with open(hit[0], "r+b") as f:
+            f.seek(hit[1] + 100)
+            byte = f.read(1)
+            f.seek(hit[1] + 100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with st.load(chain, [10, 11, 12]) as ld:
+            self.assertEqual(ld.plan(), (3, 3))
+            n = ld.wait()  # block 1 is bad: at most block 0 arrives (per-chunk checksums)
+            failure = ld.failure()
+        self.assertLess(n, 2)
+        for b in range(n):
+            self.assertEqual(fx.page_bytes(1, 0, 10 + b), fx.page_bytes(1, 0, b))
+        self.assertIsInstance(failure, (tutti.Corrupt, tutti.StoreIOError))
+        self.assertIn("CRC", str(failure))
+        self.assertGreaterEqual(st.stats()["miss_blocks"], 3 - n)
 
     def test_reopen_recovers(self):
         d = tempfile.mkdtemp(prefix="tutti-pytest-")

@@ -184,6 +184,7 @@ def _prototype(lib):
         "tutti_load_stream_wait_layer": (i32, [u64, i32, u64]),
         "tutti_load_wait": (i32, [u64, p(u32)]),
         "tutti_load_plan": (i32, [u64, p(u32), p(u32)]),
+        "tutti_load_failure": (i32, [u64, p(i32)]),
         "tutti_load_release": (i32, [u64]),
         "tutti_save": (i32, [u64, p(u64), u32, p(i32), u32, p(u64)]),
         "tutti_save_wait_gathered": (i32, [u64]),

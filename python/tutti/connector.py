@@ -126,6 +126,8 @@ class TuttiConnector:
         # engine computes every token past planned_blocks * block_tokens).
         self.loaded_blocks: Dict[str, int] = {}
         self.planned_blocks: Dict[str, int] = {}
+        # Per request whose load lost blocks to an error: the first such error.
+        self.load_failures: Dict[str, Exception] = {}
 
     def _set_layers(self, names):
         if len(names) != self.geometry.layers:
@@ -308,6 +310,9 @@ class TuttiConnector:
         cp = self.geometry.chunk_pages
         for req_id, ld in list(self._loads.items()):
             blocks = ld.wait()
+            failure = ld.failure()
+            if failure is not None:
+                self.load_failures[req_id] = failure
             ld.release()
             self.loaded_blocks[req_id] = blocks
             pages = self._load_pages.pop(req_id)

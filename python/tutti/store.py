@@ -300,6 +300,15 @@ class Load(_Handle):
                    "tutti_load_plan")
         return cached.value, planned.value
 
+    def failure(self):
+        """None, or the error (a TuttiError instance, not raised) that turned
+        part of this load into a miss: an I/O error, a checksum mismatch..."""
+        st = ctypes.c_int32()
+        _lib.check(self.store._lib.tutti_load_failure(self.handle, ctypes.byref(st)), "tutti_load_failure")
+        if st.value == 0:
+            return None
+        return _lib.ERRORS.get(st.value, _lib.TuttiError)(_lib.last_error(), op="tutti_load")
+
     def wait_layer(self, layer: int):
         """Blocks until ``layer`` is in KV memory."""
         _lib.check(self.store._lib.tutti_load_wait_layer(self.handle, layer), "tutti_load_wait_layer")

@@ -524,6 +524,30 @@ func tutti_load_plan(load C.uint64_t, outCached, outPlanned *C.uint32_t) (rc C.i
 	}())
 }
 
+//export tutti_load_failure
+func tutti_load_failure(load C.uint64_t, outStatus *C.int32_t) (rc C.int32_t) {
+	defer guard("tutti_load_failure", &rc)
+	return finish("tutti_load_failure", func() error {
+		if outStatus == nil {
+			return errorf(errInvalidArgument, "out_status is NULL")
+		}
+		*outStatus = C.int32_t(statusOK)
+		le, err := loadArg(load)
+		if err != nil {
+			return err
+		}
+		if f := le.l.Failure(); f != nil {
+			code := classify(f)
+			if code == errInternal {
+				code = errIO // a miss always comes from reading the store
+			}
+			*outStatus = C.int32_t(code)
+			setError("load: " + f.Error())
+		}
+		return nil
+	}())
+}
+
 //export tutti_load_release
 func tutti_load_release(load C.uint64_t) (rc C.int32_t) {
 	defer guard("tutti_load_release", &rc)

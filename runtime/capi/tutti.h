@@ -235,6 +235,13 @@ int32_t tutti_load_stream_wait_layer(uint64_t load, int32_t layer, uint64_t stre
  * blocks restored, the rest are to be recomputed. */
 int32_t tutti_load_wait(uint64_t load, uint32_t *out_blocks);
 
+/* Why a load restored fewer blocks than planned, for diagnostics: *out_status
+ * = the status class of the first error that turned a run into a miss (e.g.
+ * TUTTI_ERR_IO, TUTTI_ERR_CORRUPT), or TUTTI_OK when none did. When there is
+ * one, the calling thread's last-error message is set to its text. The call
+ * itself returns TUTTI_OK unless its arguments are wrong. */
+int32_t tutti_load_failure(uint64_t load, int32_t *out_status);
+
 /* The load's plan, fixed when tutti_load returned: *out_cached = leading
  * blocks stored at that time (pinned for the load), *out_planned = blocks it
  * restores unless an I/O fails (the scheduler may leave a stored tail to be
