@@ -33,6 +33,7 @@ class FuzzABITest(unittest.TestCase):
         pages = (ctypes.c_int32 * BUF)()
         toks = (ctypes.c_uint32 * BUF)()
         out64, out32a, out32b = ctypes.c_uint64(), ctypes.c_uint32(), ctypes.c_uint32()
+        st32 = ctypes.c_int32()
         stats = _lib.tutti_stats()
         recov = _lib.tutti_recovery()
         regions = (_lib.tutti_kv_region * BUF)()
@@ -71,6 +72,7 @@ class FuzzABITest(unittest.TestCase):
             lambda: lib.tutti_load_wait(handle(), ctypes.byref(out32a)),
             lambda: lib.tutti_load_plan(handle(), ctypes.byref(out32a), ctypes.byref(out32b)),
             lambda: lib.tutti_load_release(handle()),
+            lambda: lib.tutti_load_failure(handle(), ctypes.byref(st32)),
             lambda: lib.tutti_save_wait_gathered(handle()),
             lambda: lib.tutti_save_release(handle()),
             lambda: lib.tutti_register_kv(handle(), rnd.randrange(4), regions, count(1 << 16)),

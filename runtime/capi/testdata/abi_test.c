@@ -103,6 +103,9 @@ int main(int argc, char **argv) {
 	}
 	CHECK(tutti_load_wait_layer(load, 2) == TUTTI_ERR_OUT_OF_RANGE);
 	CHECK(tutti_load_wait(load, &blocks) == TUTTI_OK && blocks == 3);
+	int32_t why = -1;
+	CHECK(tutti_load_failure(load, &why) == TUTTI_OK && why == TUTTI_OK);
+	CHECK(tutti_load_failure(load, NULL) == TUTTI_ERR_INVALID_ARGUMENT);
 	CHECK(tutti_load_release(load) == TUTTI_OK);
 	for (int l = 0; l < 2; l++) {
 		for (int p = 0; p < 2; p++) {
