@@ -311,12 +311,22 @@ type ChunkVerifier struct {
 
 // NewChunkVerifier starts verifying the chunks of s against r.ChunkCRCs.
 func (r *RunInfo) NewChunkVerifier(s Span) (ChunkVerifier, error) {
-	crcs := r.LayerChunkCRCs(s.Layer)
-	if crcs == nil || s.First < 0 || s.K < 1 || s.First+s.K > len(crcs) || s.ChunkBytes < 1 {
-		return ChunkVerifier{}, fmt.Errorf("objmap: verifying run %d (%d chunk CRCs) layer %d chunks [%d,+%d): %w",
-			r.ID, len(r.ChunkCRCs), s.Layer, s.First, s.K, ErrOutOfRange)
+	v, err := NewChunkVerifier(r.LayerChunkCRCs(s.Layer), s)
+	if err != nil {
+		return ChunkVerifier{}, fmt.Errorf("verifying run %d: %w", r.ID, err)
 	}
-	return ChunkVerifier{want: crcs[s.First : s.First+s.K], layer: s.Layer, first: s.First, chunkBytes: s.ChunkBytes}, nil
+	return v, nil
+}
+
+// NewChunkVerifier starts verifying the chunks of s against layerCRCs, the
+// chunk CRCs of s.Layer of the whole run (len = the run's chunk count), for
+// a caller that keeps CRCs in its own structures rather than a RunInfo.
+func NewChunkVerifier(layerCRCs []uint32, s Span) (ChunkVerifier, error) {
+	if s.First < 0 || s.K < 1 || s.First+s.K > len(layerCRCs) || s.ChunkBytes < 1 {
+		return ChunkVerifier{}, fmt.Errorf("objmap: verifying layer %d chunks [%d,+%d) against %d chunk CRCs: %w",
+			s.Layer, s.First, s.K, len(layerCRCs), ErrOutOfRange)
+	}
+	return ChunkVerifier{want: layerCRCs[s.First : s.First+s.K], layer: s.Layer, first: s.First, chunkBytes: s.ChunkBytes}, nil
 }
 
 // Update feeds the next payload bytes (padding excluded). It returns a

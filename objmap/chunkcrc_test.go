@@ -250,6 +250,9 @@ func TestChunkVerifier(t *testing.T) {
 	if err := info.VerifySpan(s, buf[:10]); err == nil {
 		t.Fatal("short buffer verified")
 	}
+	if v, err := NewChunkVerifier(info.LayerChunkCRCs(1), s); err != nil || v.Update(objs[1][cb:3*cb]) != nil || v.Done() != nil {
+		t.Fatalf("package NewChunkVerifier: %v", err)
+	}
 	if _, err := (&RunInfo{Chain: make([]uint64, run)}).NewChunkVerifier(s); !errors.Is(err, ErrOutOfRange) {
 		t.Fatalf("run without CRCs: %v", err)
 	}
