@@ -23,9 +23,7 @@ import (
 // package kernels; skipped where that cannot run),
 // TUTTI_BENCH_DIR (store directory; default a temporary one),
 // TUTTI_BENCH_LAYERS (default 80: 10 GiB of KV, as much host memory),
-// TUTTI_BENCH_STAGING_MIB (default 256), TUTTI_BENCH_SLOT_MIB (default 32),
-// TUTTI_BENCH_WHOLE=1 (Config.WholeSaves: the prefix as runs of the
-// header's maximum instead of the geometric cut).
+// TUTTI_BENCH_STAGING_MIB (default 256), TUTTI_BENCH_SLOT_MIB (default 32).
 func BenchmarkRestore70B(b *testing.B) {
 	envInt := func(name string, def int) int {
 		if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
@@ -59,7 +57,6 @@ func BenchmarkRestore70B(b *testing.B) {
 		QueueDepth:       64,
 		SaveBoundMs:      600000,
 		SaveBudgetBytes:  payload * 2,
-		WholeSaves:       os.Getenv("TUTTI_BENCH_WHOLE") == "1",
 	}
 	gpu := os.Getenv("TUTTI_BENCH_PATH") == "gpu"
 	if gpu {

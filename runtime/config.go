@@ -40,7 +40,6 @@ const (
 	DefaultSaveBoundMs      = 2000
 	DefaultMaxLoads         = 64
 	DefaultSaveBudgetBytes  = 2 << 30
-	DefaultRunMinBytes      = 256 << 10
 )
 
 // Limits that bound what a Config may ask for.
@@ -99,15 +98,6 @@ type Config struct {
 	// per device; a Save beyond it is admitted in part (counted as
 	// SkipBudget). Zero: 2 GiB.
 	SaveBudgetBytes int64
-	// WholeSaves stores each save as one run (cut only at objmap's
-	// MaxRunChunks) instead of geometrically (m, m, 2m, 4m, ... blocks; see
-	// runSizes), which bounds what a load of a leading part of a save reads
-	// to about twice what it needs, at the cost of more runs.
-	WholeSaves bool
-	// RunMinBytes is the smallest per-layer object of the geometric cut
-	// (smaller reads cost a staging slot and a queue slot each for little).
-	// Zero: 256 KiB.
-	RunMinBytes int64
 	// MaxLoads bounds the Loads in flight at once; Load returns
 	// ErrBusy beyond it instead of queueing without bound.
 	MaxLoads int
@@ -195,9 +185,6 @@ func (c *Config) Validate() error {
 	if c.SaveBudgetBytes < 0 {
 		return configErr("SaveBudgetBytes", "must be >= 0, got %d", c.SaveBudgetBytes)
 	}
-	if c.RunMinBytes < 0 {
-		return configErr("RunMinBytes", "must be >= 0, got %d", c.RunMinBytes)
-	}
 	if c.MaxLoads < 0 || c.MaxLoads > 1<<16 {
 		return configErr("MaxLoads", "must be in [0, 65536], got %d", c.MaxLoads)
 	}
@@ -249,9 +236,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.GPUMaxRuns == 0 {
 		c.GPUMaxRuns = 64
-	}
-	if c.RunMinBytes == 0 {
-		c.RunMinBytes = DefaultRunMinBytes
 	}
 	if c.SaveBudgetBytes == 0 {
 		c.SaveBudgetBytes = DefaultSaveBudgetBytes

@@ -19,7 +19,6 @@ func TestDiscard(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(5, 5))
 	cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
-	cfg.WholeSaves = true // the run numbering below is one run per save
 	s, kv := openKV(t, cfg)
 
 	a := chainOf(100, 3)                                              // run 1

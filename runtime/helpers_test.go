@@ -28,7 +28,6 @@ func testConfig(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages 
 		StagingBytes:     64 << 10,
 		StagingSlotBytes: 8 << 10,
 		QueueDepth:       16,
-		RunMinBytes:      1, // saves split from one block on: the split path runs in every test
 	}
 }
 

@@ -53,9 +53,11 @@ type loadRun struct {
 // segment is what one staging slot holds: part of one (layer, run) read
 // (a dispatched sched.IO) or write.
 type segment struct {
-	io sched.IO
-	// objOff is the object byte offset where the staged bytes start;
-	// dataBytes of them are payload, ioBytes are transferred (BlockBytes-aligned).
+	io   sched.IO
+	span objmap.Span // reads: the (layer, run) read this segment is part of
+	// objOff is where the staged bytes start: reads, relative to the span's
+	// read; writes, in the object's payload. dataBytes of them are payload
+	// (writes), ioBytes are transferred (BlockBytes-aligned).
 	objOff, dataBytes, ioBytes int64
 	last                       bool // last segment of its sched.IO
 }
@@ -196,10 +198,16 @@ func (l *Load) finishRead(io sched.IO) {
 	}
 }
 
-// objectSpan is what a read of layer of run r transfers: the whole object,
-// because its CRC covers all of it; only the first k chunks are scattered.
-func (l *Load) objectSpan(r *runEntry) (ioBytes, dataBytes int64) {
-	return l.s.geo.ObjectStride(r.chunks), l.s.geo.ObjectBytes(r.chunks)
+// span is the one read of (layer, run): exactly the loaded chunks
+// [first, first+k), rounded out to O_DIRECT blocks; each chunk is verified
+// against its own CRC32C from the run's chunk table.
+func (l *Load) span(r loadRun, layer int) objmap.Span {
+	sp, err := l.s.geo.ChunkSpan(r.run.chunks, layer, r.first, r.k)
+	if err != nil {
+		// resolve only builds runs inside their extent.
+		panic(fmt.Sprintf("runtime: span of run %d layer %d chunks [%d,+%d): %v", r.run.id, layer, r.first, r.k, err))
+	}
+	return sp
 }
 
 // drive is the load's goroutine: it stages and submits the reads the
@@ -213,7 +221,7 @@ func (l *Load) drive() {
 	queue := make([]sched.IO, 0, len(l.plan.Reads)) // dispatched, not yet fully submitted
 	ring := make([]*slot, 0, len(s.staging.all))    // submitted, in order
 	var off int64                                   // progress within queue[0]
-	var crc uint32
+	var ver objmap.ChunkVerifier                    // of the (layer, run) read being consumed
 	for l.readsLeft > 0 {
 		for len(queue) > 0 {
 			io := queue[0]
@@ -232,18 +240,16 @@ func (l *Load) drive() {
 			if l.firstNs == 0 {
 				l.firstNs = s.sched.nowNs()
 			}
-			total, data := l.objectSpan(r)
-			seg := segment{io: io, objOff: off, ioBytes: min(slotBytes, total-off)}
-			seg.dataBytes = max(0, min(seg.ioBytes, data-off))
+			sp := l.span(l.runs[io.Run], io.Layer)
+			seg := segment{io: io, span: sp, objOff: off, ioBytes: min(slotBytes, sp.IOBytes-off)}
 			off += seg.ioBytes
-			if off == total {
+			if off == sp.IOBytes {
 				seg.last = true
 				queue, off = queue[1:], 0
 			}
-			objOff, _ := s.geo.ObjectOffset(r.chunks, io.Layer)
 			sl.tag = seg
 			sl.sink, sl.completed = l.done, false
-			sl.req.c.PrepRead(r.file, sl.buf.Addr(), uint32(seg.ioBytes), uint64(r.offset+objOff+seg.objOff))
+			sl.req.c.PrepRead(r.file, sl.buf.Addr(), uint32(seg.ioBytes), uint64(r.offset+sp.Off+seg.objOff))
 			ring = append(ring, sl)
 			l.ioCount++
 			l.readBytes += seg.ioBytes
@@ -263,7 +269,7 @@ func (l *Load) drive() {
 			sl := ring[0]
 			copy(ring, ring[1:])
 			ring = ring[:len(ring)-1]
-			crc = l.consume(sl, crc)
+			l.consume(sl, &ver)
 			tag := sl.tag // the slot is another request's once released
 			s.staging.release(sl)
 			if tag.last {
@@ -287,40 +293,51 @@ func (l *Load) drive() {
 	l.finish()
 }
 
-// consume checks one completed segment, continues its object's CRC,
-// scatters its pages and returns the running CRC.
-func (l *Load) consume(sl *slot, crc uint32) uint32 {
+// consume checks one completed segment, verifies the chunks it completes
+// (ver carries a chunk across segments) and scatters its payload.
+func (l *Load) consume(sl *slot, ver *objmap.ChunkVerifier) {
 	seg := &sl.tag
+	sp := &seg.span
 	run := seg.io.Run
 	r := l.runs[run]
 	if seg.objOff == 0 {
-		crc = 0
+		v, err := r.run.info.NewChunkVerifier(*sp)
+		if err != nil {
+			panic(fmt.Sprintf("runtime: %v", err)) // recovery and commit keep every run's chunk CRCs
+		}
+		*ver = v
 	}
 	if !l.runValid(run) {
-		return crc
+		return
 	}
 	req := &sl.req
 	switch {
 	case req.err != nil:
 		l.failRuns(run, missCauseOf(req.err), req.err)
-		return crc
+		return
 	case req.result != seg.ioBytes:
-		l.failRuns(run, MissShortRead, fmt.Errorf("read %d of %d bytes at object offset %d", req.result, seg.ioBytes, seg.objOff))
-		return crc
+		l.failRuns(run, MissShortRead, fmt.Errorf("read %d of %d bytes at span offset %d", req.result, seg.ioBytes, seg.objOff))
+		return
 	}
-	data := sl.data[:seg.dataBytes]
-	crc = objmap.UpdateCRC32C(crc, data)
-	if seg.last && crc != r.run.crcs[seg.io.Layer] {
-		l.failRuns(run, MissCRC, fmt.Errorf("run %d layer %d: CRC32C %08x, header %08x", r.run.id, seg.io.Layer, crc, r.run.crcs[seg.io.Layer]))
-		l.s.dropCorrupt(r.run)
-		return crc
+	// The payload inside this segment: [lo, hi) of the read.
+	lo := max(seg.objOff, sp.Skip)
+	hi := min(seg.objOff+seg.ioBytes, sp.Skip+sp.DataBytes)
+	if lo < hi {
+		data := sl.data[lo-seg.objOff : hi-seg.objOff]
+		if err := ver.Update(data); err != nil {
+			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
+			l.s.dropCorrupt(r.run)
+			return
+		}
+		l.s.kv.copyPages(seg.io.Layer, l.pages[r.chainPos*l.s.geo.ChunkPages:], lo-sp.Skip, hi-sp.Skip, data, true)
 	}
-	l.scatter(seg, r, data)
 	if seg.last {
-		total, _ := l.objectSpan(r.run)
-		l.overreadBytes += total - l.s.geo.ObjectBytes(r.k)
+		if err := ver.Done(); err != nil {
+			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
+			return
+		}
+		l.overreadBytes += sp.IOBytes - sp.DataBytes
 	}
-	return crc
 }
 
 func missCauseOf(err error) MissCause {
@@ -328,21 +345,6 @@ func missCauseOf(err error) MissCause {
 		return MissClosed
 	}
 	return MissIOError
-}
-
-// scatter copies the staged payload bytes [seg.objOff, +len(data)) of the
-// object into the pages of the run's loaded chunks. Page planes may straddle
-// two segments; each part is copied where it lands.
-func (l *Load) scatter(seg *segment, r loadRun, data []byte) {
-	g := l.s.geo
-	cb := g.ChunkBytesPerLayer()
-	base := int64(r.first) * cb
-	start := max(seg.objOff, base)
-	end := min(seg.objOff+int64(len(data)), base+int64(r.k)*cb)
-	if start >= end {
-		return
-	}
-	l.s.kv.copyPages(seg.io.Layer, l.pages[r.chainPos*g.ChunkPages:], start-base, end-base, data[start-seg.objOff:end-seg.objOff], true)
 }
 
 func (l *Load) finish() {

@@ -3,7 +3,6 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
@@ -54,9 +53,6 @@ func Open(cfg Config) (*Store, error) {
 		}
 		if s.staging != nil {
 			_ = s.staging.close()
-		}
-		if s.plog != nil {
-			_ = s.plog.close()
 		}
 		_ = s.m.Close()
 		return nil, fmt.Errorf("runtime: open: %w", err)
@@ -122,71 +118,11 @@ func OpenWithFallback(cfg Config) (*Store, error) {
 }
 
 // recover rebuilds the prefix index from the object map's recovered runs:
-// each run hangs under the block its parent log record names; runs whose
-// parent is unknown (dropped, or never recorded) are unreachable and freed.
-// headerResult is one run's header as recovery read it.
-type headerResult struct {
-	h   objmap.Header
-	err error
-}
-
-// recoveryReaders bounds the concurrent header reads of recovery.
-const recoveryReaders = 8
-
-// readHeaders reads and checks the header of every run, recoveryReaders at
-// a time (the CRCs that loads verify against are only in the headers).
-func (s *Store) readHeaders(infos []objmap.RunInfo) []headerResult {
-	out := make([]headerResult, len(infos))
-	files := s.m.Files()
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for w := 0; w < min(recoveryReaders, len(infos)); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf, err := uring.AllocBuffer(objmap.HeaderBytes)
-			if err != nil {
-				for i := range next {
-					out[i].err = fmt.Errorf("reading header: %w", err)
-				}
-				return
-			}
-			defer buf.Free()
-			for i := range next {
-				info := &infos[i]
-				n, err := uring.Pread(files[info.File], buf.Addr(), objmap.HeaderBytes, uint64(info.Offset))
-				if err != nil || n != objmap.HeaderBytes {
-					out[i].err = fmt.Errorf("reading header: %d bytes, %v", n, err)
-					continue
-				}
-				h, err := objmap.DecodeHeader(buf.Bytes())
-				if err == nil {
-					err = h.Matches(s.geo, info)
-				}
-				if err != nil {
-					out[i].err = fmt.Errorf("header: %w", err)
-					continue
-				}
-				out[i].h = h
-			}
-		}()
-	}
-	for i := range infos {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	return out
-}
-
+// each run hangs under the block its RunInfo.Parent names (journaled with its
+// commit); runs whose parent is not stored are unreachable and freed.
 func (s *Store) recover() error {
-	parents, err := loadParentLog(s.cfg.Dirs[0])
-	if err != nil {
-		return err
-	}
 	var infos []objmap.RunInfo
 	s.m.Runs(func(r objmap.RunInfo) bool { infos = append(infos, r); return true })
-	hdrs := s.readHeaders(infos)
 	rep := RecoveryReport{Map: s.m.Recovery()}
 	drop := func(info *objmap.RunInfo, why string) {
 		rep.DroppedRuns++
@@ -216,51 +152,45 @@ func (s *Store) recover() error {
 		p     *placed
 		chunk int
 	})
-	live := make(map[objmap.RunID]parentRef)
 	bpb := s.bytesPerBlock()
-	files := s.m.Files()
 	var full []uint64
 	for i := range infos {
 		info := &infos[i]
-		p, ok := parents[info.ID]
-		if !ok {
-			drop(info, "no parent record")
-			continue
-		}
 		// Runs are visited in id order and a parent is committed before any
 		// child is allocated, so a live parent is already placed.
 		var pp *placed
 		upTo := -1
-		if p.has {
-			w, ok := where[p.id]
+		if info.HasParent {
+			w, ok := where[info.Parent]
 			if !ok {
-				drop(info, fmt.Sprintf("parent block %#x is not stored", p.id))
+				drop(info, fmt.Sprintf("parent block %#x is not stored", info.Parent))
 				continue
 			}
 			pp, upTo = w.p, w.chunk
 		}
-		if hdrs[i].err != nil {
-			drop(info, hdrs[i].err.Error())
+		if len(info.ChunkCRCs) != s.geo.Layers*len(info.Chain) {
+			drop(info, fmt.Sprintf("%d chunk CRCs for %d layers x %d chunks", len(info.ChunkCRCs), s.geo.Layers, len(info.Chain)))
 			continue
 		}
-		h := hdrs[i].h
 		full = fullChain(pp, upTo, full)
-		base := full
+		base := len(full)
 		full = append(full, info.Chain...)
-		res, err := s.idx.Reserve(full, len(base), bpb)
+		res, err := s.idx.Reserve(full, base, bpb)
 		if err != nil || res.N != len(info.Chain) {
 			if res.N > 0 {
-				if _, aerr := s.idx.Abort(full[len(base) : len(base)+res.N]); aerr != nil {
+				if _, aerr := s.idx.Abort(full[base : base+res.N]); aerr != nil {
 					return fmt.Errorf("rebuilding the index: %w", aerr)
 				}
 			}
+			s.release(res.Evicted)
 			drop(info, fmt.Sprintf("index refused it (%v, %v)", res.Stop, err))
 			continue
 		}
 		s.release(res.Evicted)
-		e := &runEntry{id: info.ID, file: files[info.File], device: s.deviceOf(info.File), offset: info.Offset,
-			chunks: len(info.Chain), crcs: h.LayerCRCs, chain: info.Chain, parent: p, live: len(info.Chain)}
+		e := s.newRunEntry(*info)
+		s.mu.Lock()
 		s.runs[e.id] = e
+		s.mu.Unlock()
 		locs := make([]uint64, len(info.Chain))
 		for c := range locs {
 			locs[c] = loc(e.id, c)
@@ -277,22 +207,10 @@ func (s *Store) recover() error {
 				chunk int
 			}{pl, c}
 		}
-		live[e.id] = p
 		rep.IndexedRuns++
 		rep.IndexedBlocks += len(info.Chain)
 	}
-	// Evictions while rebuilding may have freed runs; keep what is live.
-	s.mu.Lock()
-	for id := range live {
-		if _, ok := s.runs[id]; !ok {
-			delete(live, id)
-		}
-	}
-	s.mu.Unlock()
 	if err := s.m.Sync(); err != nil {
-		return err
-	}
-	if s.plog, err = rewriteParentLog(s.cfg.Dirs[0], live); err != nil {
 		return err
 	}
 	s.report = rep

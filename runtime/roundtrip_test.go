@@ -84,8 +84,7 @@ func TestRoundTrip(t *testing.T) {
 				// Reopen: both runs come back and restore bit-exact.
 				s, kv = openKV(t, cfg)
 				defer closeKV(t, s, kv)
-				// Both saves are cut geometrically (runSizes).
-				if rep := s.Recovery(); rep.IndexedRuns != len(runSizes(5, s.runMinBlocks(), true))+len(runSizes(3, s.runMinBlocks(), true)) || rep.IndexedBlocks != 8 || rep.DroppedRuns != 0 {
+				if rep := s.Recovery(); rep.IndexedRuns != 2 || rep.IndexedBlocks != 8 || rep.DroppedRuns != 0 {
 					t.Fatalf("recovery: %+v", rep)
 				}
 				pb2 := pageTable(rng, g, numPages, len(b))
@@ -107,9 +106,11 @@ func TestRoundTrip(t *testing.T) {
 				if err := verify(kv, g, c, pc, 3); err != nil {
 					t.Fatal(err)
 				}
+				// A partial run reads only its loaded chunks (verified one by
+				// one): at most the O_DIRECT rounding on each side is extra.
 				st := s.Stats()
-				if st.ReadIOs == 0 || st.OverreadBytes == 0 {
-					t.Fatalf("stats: %v (a partial run reads its whole object)", st)
+				if st.ReadIOs == 0 || st.OverreadBytes >= st.ReadIOs*2*objmap.BlockBytes {
+					t.Fatalf("stats: %v: %d bytes over-read in %d reads", st, st.OverreadBytes, st.ReadIOs)
 				}
 			})
 		}

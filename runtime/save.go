@@ -54,10 +54,10 @@ type saveRun struct {
 	mapAbort bool // its objmap reservation is aborted once no write is in flight
 	resGone  bool // it holds no objmap reservation (a failed shrink)
 	failed   error
-	crcs     []uint32
-	nextOff  []int64 // per layer: payload offset the running CRC reached
-	crcStale bool    // writes came out of order: CRCs are recomputed from the pages
-	done     bool    // committed or aborted
+	crcs     []uint32 // CRC32C per (layer, chunk), layer-major: objmap's chunk table
+	nextOff  []int64  // per layer: payload offset the running CRCs reached
+	crcStale bool     // writes came out of order: CRCs are recomputed from the pages
+	done     bool     // committed or aborted
 }
 
 // Save is one asynchronous save. The pages it names must stay unchanged until
@@ -189,7 +189,7 @@ func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
 // it aborts in the index and counts.
 func (sv *Save) admit(ids []uint64, from int) {
 	s := sv.s
-	resv, err := sv.allocate(len(ids), !s.cfg.WholeSaves)
+	resv, err := sv.allocate(len(ids))
 	if err != nil {
 		sv.abortIDs(ids)
 		cause := skipCauseOf(err)
@@ -214,7 +214,7 @@ func (sv *Save) admit(ids []uint64, from int) {
 	shrunkAt := -1 // chain position where a run cut by the scheduler was shrunk
 	nwrites := 0
 	for _, r := range resv {
-		sr := &saveRun{res: r, chainPos: pos, crcs: make([]uint32, s.geo.Layers), nextOff: make([]int64, s.geo.Layers)}
+		sr := &saveRun{res: r, chainPos: pos, crcs: make([]uint32, s.geo.Layers*r.Chunks), nextOff: make([]int64, s.geo.Layers)}
 		pos += r.Chunks
 		sv.runs = append(sv.runs, sr)
 		if cut {
@@ -295,76 +295,25 @@ func (sv *Save) shrink(sr *saveRun, k int) bool {
 	// The index reservation keeps the run's original blocks; the caller
 	// aborts the ones past k.
 	sr.res = got[0]
+	sr.crcs = sr.crcs[:s.geo.Layers*k]
 	return true
 }
 
-// runSizes is how a save of n blocks is cut into runs before objmap cuts
-// them at MaxRunChunks: geometrically, m, m, 2m, 4m, ... blocks (or one run
-// when split is false). A load that needs only the first k blocks of a save
-// (a request that shares a system prompt, or branches off inside an earlier
-// turn) reads the whole run containing block k, because its CRC covers the
-// whole object; with this cut it reads at most max(2k, m) blocks instead of
-// the whole save. m (minBlocks) keeps the reads from being tiny. A load of
-// the whole save costs one read per run: O(log n) instead of 1.
-func runSizes(n, minBlocks int, split bool) []int {
-	if !split {
-		return []int{n}
-	}
-	var sizes []int
-	for done, next := 0, max(minBlocks, 1); done < n; {
-		k := min(next, n-done)
-		sizes = append(sizes, k)
-		done += k
-		if done > max(minBlocks, 1) {
-			next = done
-		}
-	}
-	return sizes
-}
-
-// runMinBlocks is the first run size of the geometric cut: at least
-// RunMinBytes per layer.
-func (s *Store) runMinBlocks() int {
-	cb := s.geo.ChunkBytesPerLayer()
-	return int(min((s.cfg.RunMinBytes+cb-1)/cb, 1<<20))
-}
-
-// allocate reserves pool space for n blocks cut by runSizes; a shortfall
-// returns what fit (objmap's partial admission). When the pool has no room
-// although the index had (headers, padding, fragmentation, quarantined
-// frees) it evicts, makes the frees durable and tries once more.
-func (sv *Save) allocate(n int, split bool) ([]objmap.Reservation, error) {
+// allocate reserves pool space for n blocks (objmap cuts it into runs of at
+// most MaxRunChunks); a shortfall returns what fit (partial admission). When
+// the pool has no room although the index had (headers, padding,
+// fragmentation, quarantined frees) it evicts, makes the frees durable and
+// tries once more.
+func (sv *Save) allocate(n int) ([]objmap.Reservation, error) {
 	s := sv.s
-	var out []objmap.Reservation
-	retried := false
-	for _, size := range runSizes(n, s.runMinBlocks(), split) {
-		got, err := s.m.Allocate(size)
-		if errors.Is(err, objmap.ErrNoSpace) && !retried {
-			retried = true
-			s.release(s.idx.Evict(int64(n) * s.bytesPerBlock()))
-			if serr := s.m.Sync(); serr == nil {
-				got, err = s.m.Allocate(size)
-			}
-		}
-		if err != nil {
-			if len(out) > 0 && errors.Is(err, objmap.ErrNoSpace) {
-				return out, nil // partial admission
-			}
-			for _, r := range out {
-				_ = s.m.Abort(r)
-			}
-			return nil, err
-		}
-		out = append(out, got...)
-		chunks := 0
-		for _, r := range got {
-			chunks += r.Chunks
-		}
-		if chunks < size {
-			break
+	resv, err := s.m.Allocate(n)
+	if errors.Is(err, objmap.ErrNoSpace) {
+		s.release(s.idx.Evict(int64(n) * s.bytesPerBlock()))
+		if serr := s.m.Sync(); serr == nil {
+			resv, err = s.m.Allocate(n)
 		}
 	}
-	return out, nil
+	return resv, err
 }
 
 // deviceOf maps a pool file to its device: file i lies in directory i%dirs.
@@ -534,8 +483,7 @@ func (sv *Save) stage(sl *slot, io sched.IO, r *saveRun) {
 	}
 	clear(buf[dataBytes:]) // padding: deterministic bytes on disk
 	if !r.crcStale && r.nextOff[io.Layer] == io.OffsetBytes {
-		r.crcs[io.Layer] = objmap.UpdateCRC32C(r.crcs[io.Layer], buf[:dataBytes])
-		r.nextOff[io.Layer] += dataBytes
+		r.feedCRCs(io.Layer, buf[:dataBytes], g.ChunkBytesPerLayer())
 	} else {
 		r.crcStale = true
 	}
@@ -548,7 +496,20 @@ func (sv *Save) stage(sl *slot, io sched.IO, r *saveRun) {
 	sl.req.c.PrepWrite(s.m.Files()[r.res.File], sl.buf.Addr(), uint32(ioBytes), uint64(r.res.Offset+objOff+io.OffsetBytes))
 }
 
-// recomputeCRCs computes the object CRCs of runs whose writes were
+// feedCRCs continues the chunk CRCs of layer with the next payload bytes
+// (writes of one layer come in order; stage checks).
+func (r *saveRun) feedCRCs(layer int, data []byte, chunkBytes int64) {
+	for len(data) > 0 {
+		off := r.nextOff[layer]
+		n := min(int64(len(data)), chunkBytes-off%chunkBytes)
+		i := layer*r.res.Chunks + int(off/chunkBytes)
+		r.crcs[i] = objmap.UpdateCRC32C(r.crcs[i], data[:n])
+		r.nextOff[layer] += n
+		data = data[n:]
+	}
+}
+
+// recomputeCRCs computes the chunk CRCs of runs whose writes were
 // dispatched out of order straight from the pages. It runs before Gathered
 // closes, so the pages are still the saved ones.
 func (sv *Save) recomputeCRCs() {
@@ -567,14 +528,16 @@ func (sv *Save) recomputeCRCs() {
 			continue
 		}
 		for l := 0; l < g.Layers; l++ {
-			crc := uint32(0)
-			n := r.res.Chunks * g.ChunkPages
-			for p := 0; p < n; p++ {
-				for pl := 0; pl < g.Planes; pl++ {
-					crc = objmap.UpdateCRC32C(crc, sv.s.kv.plane(l, pl, sv.pages[r.chainPos*g.ChunkPages+p])[:pb])
+			for c := 0; c < r.res.Chunks; c++ {
+				crc := uint32(0)
+				for p := 0; p < g.ChunkPages; p++ {
+					page := sv.pages[(r.chainPos+c)*g.ChunkPages+p]
+					for pl := 0; pl < g.Planes; pl++ {
+						crc = objmap.UpdateCRC32C(crc, sv.s.kv.plane(l, pl, page)[:pb])
+					}
 				}
+				r.crcs[l*r.res.Chunks+c] = crc
 			}
-			r.crcs[l] = crc
 		}
 		r.crcStale = false
 	}
@@ -617,28 +580,21 @@ func (sv *Save) commitReady(next int, remaining, inflight []int) int {
 	return next
 }
 
-// commit makes runs [i, j) durable (their payload writes all completed) and
-// serves them, or gives them and every later run up after a failure.
+// commit makes runs [i, j) durable (their payload writes all completed):
+// objmap writes each header (with its parent) and chunk CRC table,
+// fdatasyncs, and journals the commits as one group; then they are served.
+// On a failure they and every later run are given up.
 func (sv *Save) commit(i, j int, remaining, inflight []int) {
 	s := sv.s
 	batch := sv.runs[i:j]
-	ids := make([]objmap.RunID, len(batch))
-	parents := make([]parentRef, len(batch))
 	reqs := make([]objmap.CommitRequest, len(batch))
 	for k, r := range batch {
-		ids[k] = r.res.ID
+		reqs[k] = objmap.CommitRequest{Res: r.res, Chain: sv.chain[r.chainPos : r.chainPos+r.res.Chunks], ChunkCRCs: r.crcs}
 		if r.chainPos > 0 {
-			parents[k] = parentRef{id: sv.chain[r.chainPos-1], has: true}
+			reqs[k].Parent, reqs[k].HasParent = sv.chain[r.chainPos-1], true
 		}
-		reqs[k] = objmap.CommitRequest{Res: r.res, Chain: sv.chain[r.chainPos : r.chainPos+r.res.Chunks], LayerCRCs: r.crcs}
 	}
-	s.commitMu.Lock()
-	err := s.plog.append(ids, parents)
-	if err == nil {
-		err = s.m.Commit(reqs)
-	}
-	s.commitMu.Unlock()
-	if err != nil {
+	if err := s.m.Commit(reqs); err != nil {
 		// objmap aborted the reservations unless the journal failed; either
 		// way nothing of them is served.
 		var blocks []uint64
@@ -653,8 +609,11 @@ func (sv *Save) commit(i, j int, remaining, inflight []int) {
 	}
 	for k, r := range batch {
 		chain := reqs[k].Chain
-		e := &runEntry{id: r.res.ID, file: s.m.Files()[r.res.File], device: s.deviceOf(r.res.File), offset: r.res.Offset,
-			chunks: r.res.Chunks, crcs: r.crcs, chain: append([]uint64(nil), chain...), parent: parents[k], live: len(chain)}
+		info, ok := s.m.Lookup(r.res.ID)
+		if !ok {
+			panic(fmt.Sprintf("runtime: run %d committed but unknown to objmap", r.res.ID))
+		}
+		e := s.newRunEntry(info)
 		s.mu.Lock()
 		s.runs[e.id] = e
 		s.mu.Unlock()

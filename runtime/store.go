@@ -24,18 +24,23 @@ var (
 	ErrBadRequest = errors.New("runtime: bad request")
 )
 
-// runEntry is a committed run as the runtime serves it. The fields other than
-// live are immutable after registration.
+// runEntry is a committed run as the runtime serves it: objmap's RunInfo
+// (extent, chain, per-(layer, chunk) CRC32C) plus what loads need at hand.
+// Everything but live is immutable after registration.
 type runEntry struct {
+	info   objmap.RunInfo
 	id     objmap.RunID
 	file   *uring.File
 	device int
 	offset int64
 	chunks int
-	crcs   []uint32
 	chain  []uint64
-	parent parentRef
 	live   int // blocks of the run still in the index (Store.mu)
+}
+
+func (s *Store) newRunEntry(info objmap.RunInfo) *runEntry {
+	return &runEntry{info: info, id: info.ID, file: s.m.Files()[info.File], device: s.deviceOf(info.File),
+		offset: info.Offset, chunks: len(info.Chain), chain: info.Chain, live: len(info.Chain)}
 }
 
 // loc packs a run id and a chunk index into the prefix index's location.
@@ -50,8 +55,8 @@ type RecoveryReport struct {
 	// IndexedRuns and IndexedBlocks were rebuilt into the prefix index.
 	IndexedRuns, IndexedBlocks int
 	// DroppedRuns were recovered by the object map but not served: their
-	// parent is unknown or dropped, their header does not match, or the index
-	// had no room. Each is freed; DroppedReasons says why.
+	// parent is not stored, they carry no chunk CRCs, or the index had no
+	// room. Each is freed; DroppedReasons says why.
 	DroppedRuns    int
 	DroppedReasons []string
 }
@@ -65,12 +70,9 @@ type Store struct {
 	worker  *ioWorker
 	staging *stagingPool
 	sched   *scheduler
-	plog    *parentLog
 	kv      *kvViews // set once by RegisterKV (PathCPU)
 	gpu     *gpuPath // set once by RegisterKV (PathGPU)
 	kvSet   atomic.Bool
-
-	commitMu sync.Mutex // parent log appends + objmap commits, in order
 
 	mu     sync.Mutex
 	runs   map[objmap.RunID]*runEntry
@@ -402,6 +404,6 @@ func (s *Store) Close() error {
 	if s.gpu != nil {
 		errs = append(errs, s.gpu.close())
 	}
-	errs = append(errs, s.worker.close(), s.staging.close(), s.plog.close(), s.m.Close())
+	errs = append(errs, s.worker.close(), s.staging.close(), s.m.Close())
 	return errors.Join(errs...)
 }
