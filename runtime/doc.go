@@ -27,9 +27,9 @@
 //     the load runs (a failed or corrupt run is a miss for it and every run
 //     after it, counted by MissCause) and is final after Wait. Pages past
 //     Blocks() hold unspecified bytes: recompute them. Nothing that failed its
-//     CRC32C is ever reported restored (PathCPU verifies every object read;
-//     PathGPU reports the kernels' per-entry I/O status and does not check
-//     CRCs).
+//     CRC32C is ever reported restored (PathCPU reads exactly the chunks it
+//     needs and verifies each against the run's chunk table; PathGPU reports
+//     the kernels' per-entry I/O status and does not check CRCs).
 //   - Save returns at once; the scheduler defers its writes into the slack of
 //     loads within Config.SaveBoundMs. The pages must stay unchanged until
 //     Gathered is closed. A run is served only after its payload, header and
