@@ -19,7 +19,7 @@ type Stats struct {
 	RestoredBytes  int64 // payload bytes scattered into KV memory (restored blocks only)
 	ReadIOs        int64 // reads submitted
 	SplitIOs       int64 // reads beyond the first of a (layer, run) (staging slot smaller than the object)
-	OverreadBytes  int64 // bytes read only to verify a whole object's CRC (partial runs, padding)
+	OverreadBytes  int64 // bytes read beyond the loaded chunks (O_DIRECT rounding of each read)
 	// MissBlocks counts cached and planned blocks not restored, by MissCause.
 	MissBlocks [numMissCauses]int64
 
