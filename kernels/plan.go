@@ -2,32 +2,32 @@ package kernels
 
 import (
 	"fmt"
+
+	"github.com/tutti-io/tutti/objmap"
 )
 
-// Layout is how the engine's paged KV memory is arranged in HBM.
-type Layout uint8
+// Layout is how the engine's paged KV memory is arranged in HBM: objmap's
+// layouts, so one enum names them everywhere.
+type Layout = objmap.Layout
 
 const (
 	// LayoutPerLayer: one tensor per layer, [planes, num_pages, page_tokens, kv_heads, head_dim] (vLLM).
-	LayoutPerLayer Layout = iota
+	LayoutPerLayer = objmap.LayoutPerLayer
 	// LayoutCrossLayer: one tensor [num_pages, layers, planes, page_tokens, kv_heads, head_dim].
-	LayoutCrossLayer
+	LayoutCrossLayer = objmap.LayoutCrossLayer
 )
-
-func (l Layout) String() string {
-	switch l {
-	case LayoutPerLayer:
-		return "per-layer"
-	case LayoutCrossLayer:
-		return "cross-layer"
-	}
-	return fmt.Sprintf("layout(%d)", uint8(l))
-}
 
 // Geometry is a model's KV shape as the kernels see it (objmap.Geometry maps
 // onto it one to one: Planes 2 for K and V, 1 for an MLA latent).
 type Geometry struct {
 	Layers, Planes, PageTokens, KVHeads, HeadDim, DTypeBytes int
+}
+
+// GeometryOf is the kernels' view of an object-store geometry (the chain
+// block size does not matter to a kernel: it sees pages).
+func GeometryOf(g objmap.Geometry) Geometry {
+	return Geometry{Layers: g.Layers, Planes: g.Planes, PageTokens: g.PageTokens, KVHeads: g.KVHeads,
+		HeadDim: g.HeadDim, DTypeBytes: g.DType.Bytes()}
 }
 
 // PlaneBytes is one plane of one page of one layer.

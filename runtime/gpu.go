@@ -40,11 +40,6 @@ type gpuPath struct {
 	slots    []uintptr  // staging slots registered with CUDA
 }
 
-func kernelsGeometry(g objmap.Geometry) kernels.Geometry {
-	return kernels.Geometry{Layers: g.Layers, Planes: g.Planes, PageTokens: g.PageTokens, KVHeads: g.KVHeads,
-		HeadDim: g.HeadDim, DTypeBytes: g.DType.Bytes()}
-}
-
 // bindGPU binds the engine's device KV tensors, a ring dedicated to the GPU
 // and the store's staging slots (for save gathers).
 func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
@@ -67,11 +62,7 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runtime: GPU ring: %w", err)
 	}
-	layout := kernels.LayoutPerLayer
-	if s.cfg.Layout == objmap.LayoutCrossLayer {
-		layout = kernels.LayoutCrossLayer
-	}
-	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPUDevice, Geometry: kernelsGeometry(s.geo), Layout: layout,
+	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPUDevice, Geometry: kernels.GeometryOf(s.geo), Layout: s.cfg.Layout,
 		NumPages: s.cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: s.cfg.GPUMaxPages, MaxExtents: s.cfg.GPUMaxRuns,
 		IOWindow: s.cfg.QueueDepth})
 	if err != nil {

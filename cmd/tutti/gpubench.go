@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/eval/devbench"
+	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
@@ -22,12 +23,6 @@ import (
 
 func init() {
 	register("gpubench", "restore a real-shaped KV prefix into HBM through every I/O path and verify it (GPU machine)", runGPUBench)
-}
-
-// benchModels are real KV shapes (bf16, vLLM's 16-token pages).
-var benchModels = map[string]kernels.Geometry{
-	"llama3-70b":  {Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2},
-	"deepseek-v3": {Layers: 61, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, // MLA latent, 576 dims
 }
 
 // benchRow is one path's result; --json writes one per line.
@@ -84,7 +79,7 @@ func (b *gpuBench) logf(f string, a ...any) { fmt.Fprintf(b.stderr, f, a...) }
 
 func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("gpubench", stderr)
-	model := fs.String("model", "llama3-70b", "model shape: llama3-70b or deepseek-v3")
+	model := fs.String("model", "llama3-70b", "model shape: a profile of eval/model (llama3-8b, llama3-70b, qwen3-32b, deepseek-v3, tiny)")
 	tokens := fs.Int("tokens", 32768, "prefix length in tokens")
 	dir := fs.String("dir", "", "directory for the data file (real disk)")
 	devices := fs.String("devices", "", "comma-separated files or block devices to stripe layers over (their contents are overwritten)")
@@ -105,10 +100,11 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	g, ok := benchModels[*model]
-	if !ok {
-		return fmt.Errorf("unknown model %q", *model)
+	prof, err := evalmodel.Lookup(*model)
+	if err != nil {
+		return err
 	}
+	g := kernels.GeometryOf(prof.Shape)
 	b := &gpuBench{g: g, model: *model, label: *label, maxIO: *maxIO, qd: *qd, seed: *seed, stderr: stderr}
 	b.pages = (*tokens + g.PageTokens - 1) / g.PageTokens
 	b.numPages = b.pages + b.pages/8 + 16

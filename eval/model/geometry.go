@@ -1,24 +1,14 @@
 package model
 
-import (
-	"fmt"
+import "github.com/tutti-io/tutti/objmap"
 
-	"github.com/tutti-io/tutti/objmap"
-)
-
-// Geometry converts the profile's shape to the object store's geometry.
+// Geometry is the profile's shape, validated (a caller may have changed
+// ChunkPages or PageTokens).
 func (p Profile) Geometry() (objmap.Geometry, error) {
-	dt, err := objmap.ParseDType(string(p.Shape.DType))
-	if err != nil {
-		return objmap.Geometry{}, fmt.Errorf("model %s: %w", p.Name, err)
+	if err := p.Validate(); err != nil {
+		return objmap.Geometry{}, err
 	}
-	s := p.Shape
-	g := objmap.Geometry{Layers: s.Layers, KVHeads: s.KVHeads, HeadDim: s.HeadDim, DType: dt,
-		Planes: s.Planes, PageTokens: s.PageTokens, ChunkPages: s.ChunkPages}
-	if err := g.Validate(); err != nil {
-		return objmap.Geometry{}, fmt.Errorf("model %s: %w", p.Name, err)
-	}
-	return g, nil
+	return p.Shape, nil
 }
 
 // MustGeometry is Geometry for the built-in profiles, which are valid.

@@ -13,48 +13,17 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/tutti-io/tutti/objmap"
 )
-
-// DType names the KV element type. Values match objmap.DType's names.
-type DType string
-
-const (
-	BF16 DType = "bf16"
-	FP16 DType = "fp16"
-	FP8  DType = "fp8"
-	FP32 DType = "fp32"
-)
-
-// Bytes is the element size (0 for an unknown name).
-func (d DType) Bytes() int {
-	switch d {
-	case BF16, FP16:
-		return 2
-	case FP8:
-		return 1
-	case FP32:
-		return 4
-	}
-	return 0
-}
-
-// Shape is the KV-cache shape of a model as an engine pages it; it mirrors
-// objmap.Geometry field for field (see Profile.Geometry).
-type Shape struct {
-	Layers     int
-	KVHeads    int   // KV heads per layer (1 for MLA's latent)
-	HeadDim    int   // dims per KV head (MLA: kv_lora_rank + qk_rope_head_dim)
-	DType      DType //
-	Planes     int   // 2 = K and V, 1 = one latent plane (MLA)
-	PageTokens int   // tokens per engine page (vLLM: 16)
-	ChunkPages int   // pages per chain block (hash granularity)
-}
 
 // Profile is one model.
 type Profile struct {
 	Name   string
 	Source string // where the numbers come from
-	Shape  Shape
+	// Shape is the KV-cache shape as an engine pages it (objmap's geometry:
+	// KVHeads is 1 and HeadDim kv_lora_rank+qk_rope_head_dim for MLA's latent).
+	Shape objmap.Geometry
 
 	HiddenSize int
 	QHeads     int // attention (query) heads
@@ -72,8 +41,7 @@ type Profile struct {
 // KVBytesPerToken is the KV cache one token occupies over all layers:
 // Layers * Planes * KVHeads * HeadDim * dtype bytes.
 func (p Profile) KVBytesPerToken() int64 {
-	s := p.Shape
-	return int64(s.Layers) * int64(s.Planes) * int64(s.KVHeads) * int64(s.HeadDim) * int64(s.DType.Bytes())
+	return int64(p.Shape.Layers) * p.Shape.PageBytesPerLayer() / int64(p.Shape.PageTokens)
 }
 
 // KVBytesPerTokenLayer is one token's KV in one layer (all planes).
@@ -86,10 +54,7 @@ func (p Profile) BlockTokens() int { return p.Shape.PageTokens * p.Shape.ChunkPa
 func (p Profile) BlockBytes() int64 { return int64(p.BlockTokens()) * p.KVBytesPerToken() }
 
 // PageBytesPerPlane is one engine page of one plane of one layer.
-func (p Profile) PageBytesPerPlane() int64 {
-	s := p.Shape
-	return int64(s.PageTokens) * int64(s.KVHeads) * int64(s.HeadDim) * int64(s.DType.Bytes())
-}
+func (p Profile) PageBytesPerPlane() int64 { return p.Shape.PageBytesPerPlane() }
 
 // LinearFLOPsPerToken is the weight-matmul work of one token: 2 FLOPs
 // (multiply, add) per active parameter.
@@ -126,16 +91,13 @@ func (p Profile) PrefillFLOPsPerLayer(cachedTokens, newTokens int) float64 {
 	return p.PrefillFLOPs(cachedTokens, newTokens) / float64(p.Shape.Layers)
 }
 
-// Validate checks the profile is usable.
+// Validate checks the profile is usable: its shape (objmap's rules) and its
+// compute description.
 func (p Profile) Validate() error {
-	s := p.Shape
+	if err := p.Shape.Validate(); err != nil {
+		return fmt.Errorf("model %s: %w", p.Name, err)
+	}
 	switch {
-	case s.Layers < 1, s.KVHeads < 1, s.HeadDim < 1, s.PageTokens < 1, s.ChunkPages < 1:
-		return fmt.Errorf("model %s: shape %+v has a non-positive dimension", p.Name, s)
-	case s.DType.Bytes() == 0:
-		return fmt.Errorf("model %s: unknown dtype %q", p.Name, s.DType)
-	case s.Planes != 1 && s.Planes != 2:
-		return fmt.Errorf("model %s: planes %d, want 1 or 2", p.Name, s.Planes)
 	case p.ActiveParams <= 0 || p.Params < p.ActiveParams:
 		return fmt.Errorf("model %s: params %v active %v", p.Name, p.Params, p.ActiveParams)
 	case p.QHeads < 1 || p.QKDim < 1 || p.VDim < 1 || p.HiddenSize < 1:
@@ -156,7 +118,7 @@ var profiles = map[string]Profile{
 	// torch_dtype bfloat16. 8.03B parameters (model card).
 	"llama3-8b": {
 		Name: "llama3-8b", Source: "huggingface.co/meta-llama/Meta-Llama-3-8B config.json",
-		Shape:      Shape{Layers: 32, KVHeads: 8, HeadDim: 128, DType: BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Shape:      objmap.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 4096, QHeads: 32, QKDim: 128, VDim: 128,
 		Params: 8.03e9, ActiveParams: 8.03e9,
 	},
@@ -165,7 +127,7 @@ var profiles = map[string]Profile{
 	// 70.6B parameters (model card).
 	"llama3-70b": {
 		Name: "llama3-70b", Source: "huggingface.co/meta-llama/Meta-Llama-3-70B config.json",
-		Shape:      Shape{Layers: 80, KVHeads: 8, HeadDim: 128, DType: BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Shape:      objmap.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 8192, QHeads: 64, QKDim: 128, VDim: 128,
 		Params: 70.6e9, ActiveParams: 70.6e9,
 	},
@@ -174,7 +136,7 @@ var profiles = map[string]Profile{
 	// 32.8B parameters (model card).
 	"qwen3-32b": {
 		Name: "qwen3-32b", Source: "huggingface.co/Qwen/Qwen3-32B config.json",
-		Shape:      Shape{Layers: 64, KVHeads: 8, HeadDim: 128, DType: BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Shape:      objmap.Geometry{Layers: 64, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 5120, QHeads: 64, QKDim: 128, VDim: 128,
 		Params: 32.8e9, ActiveParams: 32.8e9,
 	},
@@ -185,7 +147,7 @@ var profiles = map[string]Profile{
 	// activated per token (technical report, arXiv 2412.19437).
 	"deepseek-v3": {
 		Name: "deepseek-v3", Source: "huggingface.co/deepseek-ai/DeepSeek-V3 config.json; arXiv 2412.19437",
-		Shape:      Shape{Layers: 61, KVHeads: 1, HeadDim: 576, DType: BF16, Planes: 1, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Shape:      objmap.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: objmap.BF16, Planes: 1, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 7168, QHeads: 128, QKDim: 128 + 64, VDim: 128,
 		Params: 671e9, ActiveParams: 37e9,
 	},
@@ -199,7 +161,7 @@ var profiles = map[string]Profile{
 	// replay resembles a real long-context model's.
 	"tiny": {
 		Name: "tiny", Source: "test shape (not a real model); compute scaled to llama3-70b's FLOPs per KV byte",
-		Shape:      Shape{Layers: 2, KVHeads: 2, HeadDim: 64, DType: BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Shape:      objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 512, QHeads: 8, QKDim: 64, VDim: 64,
 		Params: 220e6, ActiveParams: 220e6,
 	},
