@@ -32,14 +32,17 @@ func makeStore(t *testing.T, dir string, n int) objmap.RunInfo {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req := objmap.CommitRequest{Res: r, Chain: []uint64{uint64(i), uint64(i) + 100}}
+		req := objmap.CommitRequest{Res: r, Chain: []uint64{uint64(i), uint64(i) + 100},
+			ChunkCRCs: make([]uint32, g.Layers*r.Chunks)}
 		for l := 0; l < g.Layers; l++ {
 			p := bytes.Repeat([]byte{byte(i), byte(l)}, int(g.ObjectBytes(r.Chunks)/2))
 			off, _ := g.ObjectOffset(r.Chunks, l)
 			if _, err := f.WriteAt(p, r.Offset+off); err != nil {
 				t.Fatal(err)
 			}
-			req.LayerCRCs = append(req.LayerCRCs, objmap.CRC32C(p))
+			if err := g.UpdateChunkCRCs(req.ChunkCRCs[l*r.Chunks:(l+1)*r.Chunks], 0, p); err != nil {
+				t.Fatal(err)
+			}
 		}
 		f.Close()
 		if err := m.Commit([]objmap.CommitRequest{req}); err != nil {
