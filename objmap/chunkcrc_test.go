@@ -341,41 +341,44 @@ func TestRecoveryDropsCorruptChunkTable(t *testing.T) {
 
 func slicesEqual(a, b []uint32) bool { return bytes.Equal(u32bytes(a), u32bytes(b)) }
 
-// TestCommitLayerCRCsCompat: a request with whole-object CRCs only (the
-// deprecated form) still commits; Commit reads the payload back for the
-// chunk table, counts it, and refuses CRCs that do not match the payload.
-func TestCommitLayerCRCsCompat(t *testing.T) {
+// TestCommitCRCChecks: a request without chunk CRCs is refused (nothing is
+// read back to make them up), LayerCRCs cross-check them, and refused commits
+// leave the store clean.
+func TestCommitCRCChecks(t *testing.T) {
 	m := mustOpen(t, testOpts(t))
 	defer m.Close()
 	g := m.Geometry()
-	res, err := m.Allocate(3)
-	if err != nil || len(res) != 1 {
-		t.Fatal(res, err)
+	run := func() CommitRequest {
+		res, err := m.Allocate(3)
+		if err != nil || len(res) != 1 {
+			t.Fatal(res, err)
+		}
+		req := writeRun(t, m, res[0])
+		for l := 0; l < g.Layers; l++ {
+			req.LayerCRCs = append(req.LayerCRCs, CRC32C(payload(g, res[0].ID, 3, l)))
+		}
+		return req
 	}
-	req := writeRun(t, m, res[0])
-	want := req.ChunkCRCs
-	req.ChunkCRCs = nil
-	for l := 0; l < g.Layers; l++ {
-		req.LayerCRCs = append(req.LayerCRCs, CRC32C(payload(g, res[0].ID, 3, l)))
+	noChunks := run()
+	noChunks.ChunkCRCs = nil
+	if err := m.Commit([]CommitRequest{noChunks}); err == nil || !strings.Contains(err.Error(), "chunk CRCs for") {
+		t.Fatalf("commit without chunk CRCs: %v", err)
 	}
+	wrong := run()
+	wrong.LayerCRCs = make([]uint32, g.Layers)
+	if err := m.Commit([]CommitRequest{wrong}); err == nil || !strings.Contains(err.Error(), "LayerCRCs say") {
+		t.Fatalf("wrong LayerCRCs committed: %v", err)
+	}
+	req := run()
 	if err := m.Commit([]CommitRequest{req}); err != nil {
 		t.Fatal(err)
 	}
-	info, ok := m.Lookup(res[0].ID)
-	if !ok || !slicesEqual(info.ChunkCRCs, want) || !slicesEqual(info.LayerCRCs, req.LayerCRCs) {
-		t.Fatalf("compat commit: %v %v", info.ChunkCRCs, want)
-	}
-	if s := m.Stats(); s.CompatCommits != 1 || s.CompatReadBytes != int64(g.Layers)*g.ObjectStride(3) {
-		t.Fatalf("stats: %+v", s)
-	}
-	res, _ = m.Allocate(2)
-	req = writeRun(t, m, res[0])
-	req.ChunkCRCs, req.LayerCRCs = nil, make([]uint32, g.Layers)
-	if err := m.Commit([]CommitRequest{req}); err == nil || !strings.Contains(err.Error(), "LayerCRCs say") {
-		t.Fatalf("wrong LayerCRCs committed: %v", err)
+	info, ok := m.Lookup(req.Res.ID)
+	if !ok || !slicesEqual(info.ChunkCRCs, req.ChunkCRCs) || !slicesEqual(info.LayerCRCs, req.LayerCRCs) {
+		t.Fatalf("commit: %v %v", info.ChunkCRCs, req.ChunkCRCs)
 	}
 	if rep, err := m.Check(); err != nil || rep.Corrupt != 0 {
-		t.Fatalf("check: %v %v", rep, err)
+		t.Fatalf("check: %+v %v", rep, err)
 	}
 }
 

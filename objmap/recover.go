@@ -486,7 +486,7 @@ func (m *Map) writeCheckpoint() (uint64, error) {
 // rename and the creation of the next segment.
 var testHookAfterCheckpointRename func() error
 
-// checkPieceBytes bounds the memory Check (and a deprecated Commit) reads
+// checkPieceBytes bounds the memory Check reads
 // through; it also holds the largest header region (under 400 KiB).
 const checkPieceBytes = 1 << 20
 

@@ -79,15 +79,9 @@ type CommitRequest struct {
 	// Layers*Res.Chunks). Commit writes them as the run's chunk table and
 	// derives the header's per-layer CRCs from them.
 	ChunkCRCs []uint32
-	// LayerCRCs holds CRC32C of each object's payload, ObjectBytes(Chunks)
-	// bytes without padding (len == Layers). Optional with ChunkCRCs (then
-	// it must equal what they give).
-	//
-	// Deprecated: a request with LayerCRCs and no ChunkCRCs still commits
-	// (until the runtime computes chunk CRCs), but Commit must read the
-	// whole payload back to compute the chunk table, and fails the commit if
-	// it does not match LayerCRCs; Stats counts it (CompatCommits,
-	// CompatReadBytes).
+	// LayerCRCs optionally holds CRC32C of each object's payload,
+	// ObjectBytes(Chunks) bytes without padding (len == Layers): a cross-check
+	// of ChunkCRCs (Commit fails when they disagree).
 	LayerCRCs []uint32
 	// Parent is the chain id the run's first block follows; HasParent is
 	// false when the run starts a prefix. Stored in the header and the
@@ -135,8 +129,6 @@ type Map struct {
 	frees       int64
 	aborts      int64
 	// Commits of LayerCRCs-only requests and the payload bytes they read back.
-	compatCommits   int64
-	compatReadBytes int64
 }
 
 // Open opens (or creates) the store in opts.Dirs: it locks every directory,
@@ -495,12 +487,10 @@ func (m *Map) Commit(reqs []CommitRequest) error {
 			err = fmt.Errorf("%w (not a pending reservation of this store)", ErrUnknownRun)
 		case len(r.Chain) != r.Res.Chunks:
 			err = fmt.Errorf("%d chain ids for %d chunks", len(r.Chain), r.Res.Chunks)
-		case r.ChunkCRCs != nil && len(r.ChunkCRCs) != m.g.Layers*r.Res.Chunks:
+		case len(r.ChunkCRCs) != m.g.Layers*r.Res.Chunks:
 			err = fmt.Errorf("%d chunk CRCs for %d layers x %d chunks", len(r.ChunkCRCs), m.g.Layers, r.Res.Chunks)
 		case r.LayerCRCs != nil && len(r.LayerCRCs) != m.g.Layers:
 			err = fmt.Errorf("%d layer CRCs for %d layers", len(r.LayerCRCs), m.g.Layers)
-		case r.ChunkCRCs == nil && r.LayerCRCs == nil:
-			err = errors.New("no chunk CRCs")
 		}
 		if err != nil {
 			m.mu.Unlock()
@@ -568,13 +558,8 @@ type runCRCs struct{ chunks, layers []uint32 }
 // involved. It returns the CRCs it stored, per request.
 func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 	var need int64
-	compat := false
 	for _, r := range reqs {
 		need = max(need, m.g.HeaderRegionBytes(r.Res.Chunks))
-		compat = compat || r.ChunkCRCs == nil
-	}
-	if compat {
-		need = max(need, checkPieceBytes)
 	}
 	buf, err := uring.AllocBuffer(int(need))
 	if err != nil {
@@ -587,16 +572,6 @@ func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 	for i, r := range reqs {
 		f := m.files[r.Res.File]
 		chunks := slices.Clone(r.ChunkCRCs)
-		if chunks == nil {
-			// Deprecated path: the caller gave whole-object CRCs only.
-			if chunks, err = m.readChunkCRCs(f, r.Res.Offset, r.Res.Chunks, b); err != nil {
-				return nil, fmt.Errorf("objmap: committing run %d: computing chunk CRCs from the payload: %w", r.Res.ID, err)
-			}
-			m.mu.Lock()
-			m.compatCommits++
-			m.compatReadBytes += int64(m.g.Layers) * m.g.ObjectStride(r.Res.Chunks)
-			m.mu.Unlock()
-		}
 		layers, err := m.g.LayerCRCsFromChunks(chunks, r.Res.Chunks)
 		if err != nil {
 			return nil, fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
@@ -743,10 +718,6 @@ type Stats struct {
 	PoolSyncs        int64  `json:"pool_syncs"`
 	Checkpoints      int64  `json:"checkpoints"`
 	Epoch            uint64 `json:"epoch"`
-	// CompatCommits counts runs committed with LayerCRCs only (deprecated),
-	// CompatReadBytes the payload Commit read back to compute their chunk CRCs.
-	CompatCommits   int64 `json:"compat_commits"`
-	CompatReadBytes int64 `json:"compat_read_bytes"`
 }
 
 // Stats returns the current counters.
@@ -755,7 +726,7 @@ func (m *Map) Stats() Stats {
 	defer m.mu.Unlock()
 	s := Stats{CapacityBytes: m.fileSize * int64(len(m.files)), FreeBytes: m.alloc.freeBytes(),
 		QuarantinedBytes: m.alloc.quarantinedBytes(), Commits: m.commits, Frees: m.frees, Aborts: m.aborts,
-		Checkpoints: m.checkpoints, Epoch: m.epoch, CompatCommits: m.compatCommits, CompatReadBytes: m.compatReadBytes}
+		Checkpoints: m.checkpoints, Epoch: m.epoch}
 	for _, r := range m.reserved {
 		s.ReservedBytes += r.Length
 	}
