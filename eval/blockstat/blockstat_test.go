@@ -143,3 +143,28 @@ func alignedBuf(t *testing.T, size int) []byte {
 	}
 	return b
 }
+
+// TestDeviceReadBytesCrossCheck: eBPF's count is used only while the
+// diskstats cross-check passes; otherwise diskstats, and the source says why.
+func TestDeviceReadBytesCrossCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		r      Result
+		want   uint64
+		source string
+	}{
+		{"agree", Result{EBPF: true, Diskstats: true, EBPFReadBytes: 100, DiskReadBytes: 100}, 100, "eBPF block tracepoints"},
+		{"ebpf later snapshot", Result{EBPF: true, Diskstats: true, EBPFReadBytes: 104, DiskReadBytes: 100}, 104, "eBPF block tracepoints"},
+		{"ebpf lost events", Result{EBPF: true, Diskstats: true, EBPFReadBytes: 90, DiskReadBytes: 100}, 100, "events lost"},
+		{"skipped runs", Result{EBPF: true, Diskstats: true, EBPFReadBytes: 100, DiskReadBytes: 100, EBPFMissed: 2}, 100, "skipped 2"},
+		{"no diskstats", Result{EBPF: true, EBPFReadBytes: 90}, 90, "eBPF block tracepoints"},
+		{"no ebpf", Result{Diskstats: true, DiskReadBytes: 100, EBPFReason: "refused"}, 100, "eBPF unavailable: refused"},
+	} {
+		if got := tc.r.DeviceReadBytes(); got != tc.want {
+			t.Errorf("%s: DeviceReadBytes = %d, want %d", tc.name, got, tc.want)
+		}
+		if s := tc.r.Source(); !strings.Contains(s, tc.source) {
+			t.Errorf("%s: Source = %q, want it to contain %q", tc.name, s, tc.source)
+		}
+	}
+}
