@@ -107,4 +107,3 @@ func chunkHash(parent uint64, tokens []uint32, seed uint64) uint64 {
 	h ^= h >> 32
 	return h
 }
-
