@@ -22,6 +22,7 @@ var sentinelStatus = []struct {
 	{objmap.ErrNoSpace, errNoSpace},
 	{objmap.ErrCorruptStore, errCorrupt},
 	{objmap.ErrBadHeader, errCorrupt},
+	{objmap.ErrChunkCRC, errCorrupt}, // a restored chunk failed its CRC32C: the load lost blocks
 	{objmap.ErrClosed, errClosed},
 	{objmap.ErrGeometry, errGeometry},
 	{objmap.ErrOutOfRange, errOutOfRange},
