@@ -96,9 +96,13 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the ceiling measurement (quick configuration checks)")
 	reuse := fs.Bool("reuse", false, "keep a data file of the right size from an earlier run with the same model, tokens and seed")
+	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated to spread them), next to one rank of the same shape")
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *gpus != 1 {
+		return runGroupBenchCLI(*model, *tokens, *dir, *layout, *seed, *gpus, *jsonPath, stdout, stderr)
 	}
 	prof, err := evalmodel.Lookup(*model)
 	if err != nil {

@@ -53,6 +53,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	noCeiling := fs.Bool("no-ceiling", false, "skip the devbench ceiling measurement")
 	kvMem := fs.String("kv-mem", "", "bound on the engine KV memory (e.g. 8GiB); longer requests are left out for every backend (default: half of available memory, at most 16 GiB)")
 	keep := fs.Bool("keep", false, "keep each backend's store directory after its run")
+	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: run tutti-cpu over N ranks (runtime/tp: each rank its own store and its shard of the KV heads; a block is a hit only when every rank committed it)")
 	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
@@ -151,6 +152,10 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		bs = append(bs, b)
+	}
+
+	if bs, err = tpBackends(bs, *gpus, plannerModel, prof); err != nil {
+		return usageErr(fs.Usage, err)
 	}
 
 	if *capBytes != "" {

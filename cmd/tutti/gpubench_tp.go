@@ -1,0 +1,344 @@
+package main
+
+// tutti gpubench --gpus N: the model's KV restored by N tensor-parallel
+// ranks at once (runtime/tp on the GPU path: per rank its own store, SQPOLL
+// ring, staging and restorer, on GPU r mod visible), next to one rank of the
+// same shape in the same run. Kept apart from gpubench.go, which only
+// branches here.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tutti-io/tutti/eval/kvdata"
+	evalmodel "github.com/tutti-io/tutti/eval/model"
+	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime"
+	"github.com/tutti-io/tutti/runtime/tp"
+)
+
+type groupBenchOptions struct {
+	model  string
+	g      objmap.Geometry
+	layout objmap.Layout
+	tokens int
+	dirs   []string // rank r's store goes under dirs[r % len(dirs)]
+	ranks  int
+	path   runtime.Path
+	seed   uint64
+	reps   int
+	// staging per rank
+	stagingBytes, slotBytes int64
+}
+
+// groupBenchRow is one run: --json writes one per line.
+type groupBenchRow struct {
+	Path        string    `json:"path"`
+	Model       string    `json:"model"`
+	Ranks       int       `json:"ranks"`
+	Devices     []int     `json:"devices"`
+	Bytes       int64     `json:"bytes"` // whole-model bytes per restore, all ranks
+	Seconds     float64   `json:"seconds"`
+	BytesPerS   float64   `json:"bytes_per_s"` // aggregate
+	RankSeconds []float64 `json:"rank_seconds"`
+	XSingle     float64   `json:"x_single"` // aggregate / the one-rank run's
+	IOs         int64     `json:"ios"`
+	Mismatches  uint64    `json:"verify_mismatches"` // pages (of any rank) that differ from what it saved
+	Error       string    `json:"error,omitempty"`
+}
+
+// runGroupBench runs one rank, then o.ranks ranks, on the same shape.
+func runGroupBench(o groupBenchOptions, stderr io.Writer) []groupBenchRow {
+	var rows []groupBenchRow
+	for _, n := range []int{1, o.ranks} {
+		row, err := groupBenchOnce(o, n, stderr)
+		if err != nil {
+			row.Error = err.Error()
+		}
+		if len(rows) > 0 && rows[0].BytesPerS > 0 {
+			row.XSingle = row.BytesPerS / rows[0].BytesPerS
+		} else if n == 1 {
+			row.XSingle = 1
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// rankSalt makes each rank's content its own (split heads) or the same
+// (a replicated latent).
+func rankSalt(g objmap.Geometry, r int) uint64 {
+	if tp.Replicated(g) {
+		return 0
+	}
+	return uint64(r+1) << 56
+}
+
+func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow, error) {
+	row := groupBenchRow{Path: "tutti-tp-" + o.path.String(), Model: o.model, Ranks: n}
+	shard, err := tp.ShardGeometry(o.g, n)
+	if err != nil {
+		return row, err
+	}
+	blockTokens := o.g.PageTokens * o.g.ChunkPages
+	blocks := max(1, (o.tokens+blockTokens-1)/blockTokens)
+	numPages := blocks*o.g.ChunkPages + blocks/8 + 16
+	payload := int64(blocks) * shard.ChunkBytes()
+	row.Bytes = payload * int64(n)
+	cfg := tp.Config{Ranks: n, Store: runtime.Config{
+		CapacityBytes: payload + payload/8 + 64<<20, Geometry: o.g, Layout: o.layout, NumPages: numPages,
+		Path: o.path, StagingBytes: o.stagingBytes, StagingSlotBytes: o.slotBytes, QueueDepth: 64,
+		SaveBoundMs: 600000, SaveBudgetBytes: 2 * payload, GPUMaxPages: blocks * o.g.ChunkPages,
+	}}
+	for r := 0; r < n; r++ {
+		d, err := os.MkdirTemp(o.dirs[r%len(o.dirs)], fmt.Sprintf("tutti-tp-rank%d-", r))
+		if err != nil {
+			return row, err
+		}
+		defer os.RemoveAll(d)
+		cfg.Dirs = append(cfg.Dirs, []string{d})
+	}
+	grp, err := tp.Open(cfg)
+	if err != nil {
+		return row, err
+	}
+	defer grp.Close()
+	mirrors := make([]*runtime.HostKV, n)
+	var dev [][]uint64 // per rank, device tensors (PathGPU)
+	defer func() {
+		for _, ps := range dev {
+			for _, p := range ps {
+				kernels.DevFree(p)
+			}
+		}
+		for _, m := range mirrors {
+			if m != nil {
+				m.Free()
+			}
+		}
+	}()
+	regionsOf := func(m runtime.KVMemory) []runtime.Region {
+		if len(m.Layers) > 0 {
+			return m.Layers
+		}
+		return []runtime.Region{m.Cross}
+	}
+	for r := 0; r < n; r++ {
+		row.Devices = append(row.Devices, grp.Device(r))
+		if mirrors[r], err = runtime.AllocHostKV(shard, o.layout, numPages); err != nil {
+			return row, fmt.Errorf("rank %d: %w", r, err)
+		}
+		mem := mirrors[r].Memory()
+		if o.path == runtime.PathGPU {
+			if d := grp.Device(r); d != 0 {
+				// kernels.DevAlloc allocates on the calling thread's current
+				// device and takes no device: it cannot place rank r's KV.
+				return row, fmt.Errorf("rank %d is on GPU %d: kernels.DevAlloc cannot allocate there (needs a device argument)", r, d)
+			}
+			var ps []uint64
+			var out runtime.KVMemory
+			for _, reg := range regionsOf(mem) {
+				p, err := kernels.DevAlloc(reg.LenBytes)
+				if err != nil {
+					return row, fmt.Errorf("rank %d: %w", r, err)
+				}
+				ps = append(ps, p)
+				if o.layout == objmap.LayoutPerLayer {
+					out.Layers = append(out.Layers, runtime.Region{Addr: uintptr(p), LenBytes: reg.LenBytes})
+				} else {
+					out.Cross = runtime.Region{Addr: uintptr(p), LenBytes: reg.LenBytes}
+				}
+			}
+			dev = append(dev, ps)
+			mem = out
+		}
+		if err := grp.RegisterKV(r, mem); err != nil {
+			return row, err
+		}
+	}
+	copyKV := func(toDevice bool) error {
+		for r, ps := range dev {
+			for i, reg := range regionsOf(mirrors[r].Memory()) {
+				var err error
+				if toDevice {
+					err = kernels.CopyToDevice(ps[i], reg.Addr, reg.LenBytes)
+				} else {
+					err = kernels.CopyToHost(reg.Addr, ps[i], reg.LenBytes)
+				}
+				if err != nil {
+					return fmt.Errorf("rank %d: %w", r, err)
+				}
+			}
+		}
+		return nil
+	}
+	chain := make([]uint64, blocks)
+	for i := range chain {
+		chain[i] = o.seed + uint64(i)
+	}
+	rng := rand.New(rand.NewPCG(o.seed, 11))
+	perm := rng.Perm(numPages)
+	pages := make([]int32, blocks*o.g.ChunkPages)
+	for i := range pages {
+		pages[i] = int32(perm[i])
+	}
+	// each visits every (rank, block, page, layer, plane) page of the
+	// request, one goroutine per rank.
+	each := func(fn func(r int, key kvdata.Key, b []byte)) {
+		var wg sync.WaitGroup
+		for r := 0; r < n; r++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i, id := range chain {
+					for j := 0; j < o.g.ChunkPages; j++ {
+						for l := 0; l < o.g.Layers; l++ {
+							for pl := 0; pl < o.g.Planes; pl++ {
+								key := kvdata.Key{Block: id ^ rankSalt(o.g, r), Layer: l, Plane: pl, Page: j}
+								fn(r, key, mirrors[r].Page(l, pl, pages[i*o.g.ChunkPages+j]))
+							}
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	each(func(_ int, k kvdata.Key, b []byte) { kvdata.Fill(b, k) })
+	if err := copyKV(true); err != nil {
+		return row, err
+	}
+	sv, err := grp.Save(chain, pages)
+	if err != nil {
+		return row, err
+	}
+	sv.Wait()
+	if sv.Saved() != blocks {
+		return row, fmt.Errorf("saved %d of %d blocks (%v)", sv.Saved(), blocks, sv.Failed())
+	}
+	reps := max(1, o.reps)
+	before := grp.Stats()
+	var elapsed time.Duration
+	row.RankSeconds = make([]float64, n)
+	for rep := 0; rep < reps; rep++ {
+		// Poison every page, so a page a restore skipped cannot pass.
+		each(func(_ int, _ kvdata.Key, b []byte) {
+			for i := range b {
+				b[i] = 0xA5
+			}
+		})
+		if err := copyKV(true); err != nil {
+			return row, err
+		}
+		start := time.Now()
+		l, err := grp.Load(chain, pages)
+		if err != nil {
+			return row, err
+		}
+		var wg sync.WaitGroup
+		for r := 0; r < n; r++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if rl := l.Rank(r); rl != nil {
+					_ = rl.Wait()
+				}
+				row.RankSeconds[r] += time.Since(start).Seconds() / float64(reps)
+			}()
+		}
+		wg.Wait()
+		if err := l.Wait(); err != nil {
+			return row, err
+		}
+		elapsed += time.Since(start)
+		if l.Blocks() != blocks {
+			return row, fmt.Errorf("restored %d of %d blocks", l.Blocks(), blocks)
+		}
+	}
+	after := grp.Stats()
+	for r := range after.Rank {
+		row.IOs += after.Rank[r].ReadIOs - before.Rank[r].ReadIOs
+	}
+	row.Seconds = elapsed.Seconds() / float64(reps)
+	row.BytesPerS = float64(row.Bytes) / row.Seconds
+	if err := copyKV(false); err != nil {
+		return row, err
+	}
+	var bad atomic.Uint64
+	each(func(_ int, k kvdata.Key, b []byte) {
+		if kvdata.Verify(b, k) >= 0 {
+			bad.Add(1)
+		}
+	})
+	row.Mismatches = bad.Load()
+	fmt.Fprintf(stderr, "  %d rank(s) on devices %v: %.2f GB/s aggregate, ranks done after %v s, %d mismatched pages\n",
+		n, row.Devices, row.BytesPerS/1e9, row.RankSeconds, row.Mismatches)
+	return row, nil
+}
+
+// runGroupBenchCLI is `tutti gpubench --gpus N`: the GPU path through
+// runtime/tp, stores under --dir (comma-separated: one per device spreads
+// the ranks). It prints a table, writes --json rows, and fails on any
+// mismatch or error.
+func runGroupBenchCLI(model string, tokens int, dir, layout string, seed uint64, gpus int, jsonPath string, stdout, stderr io.Writer) error {
+	prof, err := evalmodel.Lookup(model)
+	if err != nil {
+		return err
+	}
+	g, err := prof.Geometry()
+	if err != nil {
+		return err
+	}
+	if dir == "" {
+		return errors.New("--gpus needs --dir (the ranks' stores go there; comma-separated directories spread them)")
+	}
+	o := groupBenchOptions{model: model, g: g, tokens: tokens, dirs: strings.Split(dir, ","), ranks: gpus,
+		path: runtime.PathGPU, seed: seed, reps: 3, stagingBytes: 256 << 20, slotBytes: 32 << 20}
+	if layout == "cross-layer" {
+		o.layout = objmap.LayoutCrossLayer
+	}
+	if _, err := tp.ShardGeometry(g, gpus); err != nil {
+		return fmt.Errorf("--gpus %d with %s: %w", gpus, model, err)
+	}
+	fmt.Fprintf(stdout, "gpubench --gpus %d: %s (%s), %d tokens in %d-token chain blocks, %s, each rank its own store, ring, staging and restorer; %s\n",
+		gpus, model, g, tokens, g.PageTokens*g.ChunkPages, map[bool]string{true: "MLA latent replicated on every rank", false: "KV heads split over the ranks"}[tp.Replicated(g)], time.Now().UTC().Format(time.RFC3339))
+	rows := runGroupBench(o, stderr)
+	fmt.Fprintf(stdout, "%-16s %5s %10s %9s %10s %9s %9s %s\n", "path", "ranks", "devices", "GB/s", "x single", "I/Os", "mismatch", "error")
+	var failed []string
+	for _, r := range rows {
+		fmt.Fprintf(stdout, "%-16s %5d %10v %9.2f %10.3f %9d %9d %s\n", r.Path, r.Ranks, r.Devices, r.BytesPerS/1e9, r.XSingle, r.IOs, r.Mismatches, r.Error)
+		if r.Error != "" || r.Mismatches > 0 {
+			failed = append(failed, fmt.Sprintf("%d ranks: %d mismatched pages %s", r.Ranks, r.Mismatches, r.Error))
+		}
+	}
+	if jsonPath != "" {
+		w := stdout
+		if jsonPath != "-" {
+			f, err := os.Create(jsonPath)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			w = f
+		}
+		enc := json.NewEncoder(w)
+		for _, r := range rows {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+	}
+	if failed != nil {
+		return fmt.Errorf("gpubench --gpus %d: %s", gpus, strings.Join(failed, "; "))
+	}
+	return nil
+}

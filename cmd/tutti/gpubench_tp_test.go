@@ -1,0 +1,45 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime"
+)
+
+// TestGroupBenchCPU runs the --gpus benchmark's logic on the CPU path (what
+// the GPU path does there, minus the device copies): one rank and N ranks
+// restore the same shape, verified, with the aggregate next to one rank.
+func TestGroupBenchCPU(t *testing.T) {
+	for _, g := range []objmap.Geometry{
+		{Layers: 3, KVHeads: 4, HeadDim: 32, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1},
+		{Layers: 2, KVHeads: 1, HeadDim: 72, DType: objmap.BF16, Planes: 1, PageTokens: 16, ChunkPages: 1},
+	} {
+		var stderr bytes.Buffer
+		rows := runGroupBench(groupBenchOptions{model: "test", g: g, layout: objmap.LayoutPerLayer, tokens: 1024,
+			dirs: []string{t.TempDir()}, ranks: 4, path: runtime.PathCPU, seed: 9, reps: 2,
+			stagingBytes: 1 << 20, slotBytes: 256 << 10}, &stderr)
+		if len(rows) != 2 || rows[0].Ranks != 1 || rows[1].Ranks != 4 {
+			t.Fatalf("rows %+v", rows)
+		}
+		for _, r := range rows {
+			if r.Error != "" || r.Mismatches != 0 || r.BytesPerS <= 0 || r.IOs == 0 || len(r.RankSeconds) != r.Ranks {
+				t.Fatalf("%+v (%s)", r, stderr.String())
+			}
+		}
+		if rows[0].XSingle != 1 || rows[1].XSingle <= 0 {
+			t.Fatalf("x single: %v %v", rows[0].XSingle, rows[1].XSingle)
+		}
+	}
+	// Refusals: heads that do not split, no directory.
+	var out, errb bytes.Buffer
+	if err := runGroupBenchCLI("llama3-70b", 1024, t.TempDir(), "per-layer", 1, 3, "", &out, &errb); err == nil ||
+		!strings.Contains(err.Error(), "8 KV heads cannot be split evenly over 3 ranks") {
+		t.Fatalf("3 ranks: %v", err)
+	}
+	if err := runGroupBenchCLI("llama3-70b", 1024, "", "per-layer", 1, 2, "", &out, &errb); err == nil || !strings.Contains(err.Error(), "--dir") {
+		t.Fatalf("no dir: %v", err)
+	}
+}
