@@ -1,17 +1,15 @@
 package runtime
 
 import (
-	"bufio"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/tutti-io/tutti/internal/crashtest"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -33,26 +31,6 @@ func crashConfig(dirs []string) Config {
 		NumPages: 64, StagingBytes: 64 << 10, StagingSlotBytes: 8 << 10, QueueDepth: 16}
 }
 
-func formatChain(c []uint64) string {
-	parts := make([]string, len(c))
-	for i, id := range c {
-		parts[i] = strconv.FormatUint(id, 16)
-	}
-	return strings.Join(parts, ",")
-}
-
-func parseChain(s string) ([]uint64, error) {
-	var c []uint64
-	for _, p := range strings.Split(s, ",") {
-		id, err := strconv.ParseUint(p, 16, 64)
-		if err != nil {
-			return nil, err
-		}
-		c = append(c, id)
-	}
-	return c, nil
-}
-
 // TestCrashChild is the child's body; it does nothing unless run by TestCrash.
 func TestCrashChild(t *testing.T) {
 	dirs := os.Getenv(crashEnvDirs)
@@ -60,12 +38,8 @@ func TestCrashChild(t *testing.T) {
 		t.Skip("run by TestCrash only")
 	}
 	gen, _ := strconv.ParseUint(os.Getenv(crashEnvGen), 10, 64)
-	report := os.NewFile(3, "report")
-	w := bufio.NewWriter(report)
-	say := func(format string, args ...any) {
-		fmt.Fprintf(w, format+"\n", args...)
-		w.Flush() // one write per line: what the parent reads was written before the kill
-	}
+	rep := crashtest.NewReporter()
+	say := rep.Say
 	cfg := crashConfig(strings.Split(dirs, string(os.PathListSeparator)))
 	s, err := Open(cfg)
 	if err != nil {
@@ -79,7 +53,7 @@ func TestCrashChild(t *testing.T) {
 	if err := s.RegisterKV(kv.Memory()); err != nil {
 		os.Exit(2)
 	}
-	say("ready")
+	rep.Ready()
 	rng := rand.New(rand.NewPCG(gen, 99))
 	var mine [][]uint64
 	for i := uint64(0); ; i++ {
@@ -92,7 +66,7 @@ func TestCrashChild(t *testing.T) {
 		}
 		pages := pageTable(rng, cfg.Geometry, cfg.NumPages, len(chain))
 		fill(kv, cfg.Geometry, chain, pages)
-		say("try %s", formatChain(chain))
+		rep.Try(chain)
 		sv, err := s.Save(chain, pages)
 		if err != nil {
 			say("error save: %v", err)
@@ -100,7 +74,7 @@ func TestCrashChild(t *testing.T) {
 		}
 		sv.Wait()
 		if sv.Saved()+sv.Skipped(SkipCached) == len(chain) {
-			say("ok %s", formatChain(chain))
+			rep.OK(chain)
 			mine = append(mine, chain)
 		}
 	}
@@ -187,60 +161,6 @@ func TestCrash(t *testing.T) {
 // reported saved.
 func runCrashChild(t *testing.T, dirs []string, gen uint64, delay time.Duration) (tried, ok [][]uint64) {
 	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashEnvDirs+"="+strings.Join(dirs, string(os.PathListSeparator)),
-		crashEnvGen+"="+strconv.FormatUint(gen, 10))
-	cmd.ExtraFiles = []*os.File{w}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	lines := make(chan string, 1024)
-	go func() {
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	var timer <-chan time.Time
-	killed := false
-	for done := false; !done; {
-		select {
-		case <-timer:
-			_ = cmd.Process.Signal(syscall.SIGKILL)
-			killed, timer = true, nil
-		case line, more := <-lines:
-			switch {
-			case !more:
-				done = true
-			case line == "ready":
-				timer = time.After(delay)
-			case strings.HasPrefix(line, "try "), strings.HasPrefix(line, "ok "):
-				c, err := parseChain(line[strings.IndexByte(line, ' ')+1:])
-				if err != nil {
-					t.Fatalf("child line %q: %v", line, err)
-				}
-				if line[0] == 't' {
-					tried = append(tried, c)
-				} else {
-					ok = append(ok, c)
-				}
-			default:
-				_ = cmd.Process.Kill()
-				t.Fatalf("child generation %d: %s", gen, line)
-			}
-		}
-	}
-	err = cmd.Wait()
-	r.Close()
-	if !killed {
-		t.Fatalf("child generation %d exited before the kill: %v", gen, err)
-	}
-	return tried, ok
+	return crashtest.RunChild(t, fmt.Sprintf("child generation %d", gen), "TestCrashChild",
+		[]string{crashEnvDirs + "=" + strings.Join(dirs, string(os.PathListSeparator)), crashEnvGen + "=" + strconv.FormatUint(gen, 10)}, delay)
 }

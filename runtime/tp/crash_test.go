@@ -1,17 +1,15 @@
 package tp
 
 import (
-	"bufio"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/tutti-io/tutti/internal/crashtest"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
 )
@@ -53,26 +51,6 @@ func decodeDirs(s string) [][]string {
 	return dirs
 }
 
-func formatChain(c []uint64) string {
-	parts := make([]string, len(c))
-	for i, id := range c {
-		parts[i] = strconv.FormatUint(id, 16)
-	}
-	return strings.Join(parts, ",")
-}
-
-func parseChain(s string) ([]uint64, error) {
-	var c []uint64
-	for _, p := range strings.Split(s, ",") {
-		id, err := strconv.ParseUint(p, 16, 64)
-		if err != nil {
-			return nil, err
-		}
-		c = append(c, id)
-	}
-	return c, nil
-}
-
 // TestGroupCrashChild is the child's body; it does nothing unless run by
 // TestGroupCrash.
 func TestGroupCrashChild(t *testing.T) {
@@ -81,14 +59,11 @@ func TestGroupCrashChild(t *testing.T) {
 		t.Skip("run by TestGroupCrash only")
 	}
 	gen, _ := strconv.ParseUint(os.Getenv(tpCrashEnvGen), 10, 64)
-	w := bufio.NewWriter(os.NewFile(3, "report"))
-	say := func(format string, args ...any) {
-		fmt.Fprintf(w, format+"\n", args...)
-		w.Flush() // one write per line: what the parent reads was written before the kill
-	}
+	rep := crashtest.NewReporter()
+	say := rep.Say
 	cfg := crashGroupConfig(decodeDirs(env))
 	tg := openGroup(t, cfg)
-	say("ready")
+	rep.Ready()
 	rng := rand.New(rand.NewPCG(gen, 98))
 	var mine [][]uint64
 	for i := uint64(0); ; i++ {
@@ -101,7 +76,7 @@ func TestGroupCrashChild(t *testing.T) {
 		}
 		pages := pageTable(rng, tg.full, cfg.Store.NumPages, len(chain))
 		tg.fill(chain, pages)
-		say("try %s", formatChain(chain))
+		rep.Try(chain)
 		sv, err := tg.Save(chain, pages)
 		if err != nil {
 			say("error save: %v", err)
@@ -109,7 +84,7 @@ func TestGroupCrashChild(t *testing.T) {
 		}
 		sv.Wait()
 		if sv.Failed() == nil && sv.Resident() == len(chain) {
-			say("ok %s", formatChain(chain))
+			rep.OK(chain)
 			mine = append(mine, chain)
 		}
 	}
@@ -194,59 +169,6 @@ func TestGroupCrash(t *testing.T) {
 // those it reported saved.
 func runGroupCrashChild(t *testing.T, dirs [][]string, gen uint64, delay time.Duration) (tried, ok [][]uint64) {
 	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestGroupCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), tpCrashEnvDirs+"="+encodeDirs(dirs), tpCrashEnvGen+"="+strconv.FormatUint(gen, 10))
-	cmd.ExtraFiles = []*os.File{w}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	lines := make(chan string, 1024)
-	go func() {
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	var timer <-chan time.Time
-	killed := false
-	for done := false; !done; {
-		select {
-		case <-timer:
-			_ = cmd.Process.Signal(syscall.SIGKILL)
-			killed, timer = true, nil
-		case line, more := <-lines:
-			switch {
-			case !more:
-				done = true
-			case line == "ready":
-				timer = time.After(delay)
-			case strings.HasPrefix(line, "try "), strings.HasPrefix(line, "ok "):
-				c, err := parseChain(line[strings.IndexByte(line, ' ')+1:])
-				if err != nil {
-					t.Fatalf("child line %q: %v", line, err)
-				}
-				if line[0] == 't' {
-					tried = append(tried, c)
-				} else {
-					ok = append(ok, c)
-				}
-			default:
-				_ = cmd.Process.Kill()
-				t.Fatalf("child generation %d: %s", gen, line)
-			}
-		}
-	}
-	err = cmd.Wait()
-	r.Close()
-	if !killed {
-		t.Fatalf("child generation %d exited before the kill: %v", gen, err)
-	}
-	return tried, ok
+	return crashtest.RunChild(t, fmt.Sprintf("child generation %d", gen), "TestGroupCrashChild",
+		[]string{tpCrashEnvDirs + "=" + encodeDirs(dirs), tpCrashEnvGen + "=" + strconv.FormatUint(gen, 10)}, delay)
 }
