@@ -404,22 +404,8 @@ func tutti_load(store C.uint64_t, chain *C.uint64_t, chainLen C.uint32_t, pages 
 }
 
 func startLoad(store C.uint64_t, chainP *C.uint64_t, chainLen uint64, pagesP *C.int32_t, numPages uint64, out *C.uint64_t) error {
-	if out == nil {
-		return errorf(errInvalidArgument, "out_load is NULL")
-	}
-	*out = 0
-	e, err := storeArg(uint64(store))
+	e, chain, pages, err := requestArgs(store, chainP, chainLen, pagesP, numPages, out, "out_load", true)
 	if err != nil {
-		return err
-	}
-	chain, pages, err := copyChainPages(e.cfg, chainP, chainLen, pagesP, numPages)
-	if err != nil {
-		return err
-	}
-	if err := checkPages(e.cfg, len(chain), pages, true); err != nil {
-		return err
-	}
-	if err := e.checkRegistered(); err != nil {
 		return err
 	}
 	l, err := e.s.Load(chain, pages)
@@ -427,15 +413,49 @@ func startLoad(store C.uint64_t, chainP *C.uint64_t, chainLen uint64, pagesP *C.
 		return err
 	}
 	le := &loadEntry{owner: e, l: l}
-	h, err := handles.add(kindLoad, le)
+	return publish(e, kindLoad, le, func() error { return releaseLoad(le) }, "load", out)
+}
+
+// requestArgs checks and copies what tutti_load and tutti_save share: the
+// out pointer (zeroed), the store, the chain and its block table (distinct
+// pages for a load: two blocks cannot be restored into one page), and that
+// KV memory is registered.
+func requestArgs(store C.uint64_t, chainP *C.uint64_t, chainLen uint64, pagesP *C.int32_t, numPages uint64,
+	out *C.uint64_t, outName string, distinct bool) (*storeEntry, []uint64, []int32, error) {
+	if out == nil {
+		return nil, nil, nil, errorf(errInvalidArgument, "%s is NULL", outName)
+	}
+	*out = 0
+	e, err := storeArg(uint64(store))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	chain, pages, err := copyChainPages(e.cfg, chainP, chainLen, pagesP, numPages)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := checkPages(e.cfg, len(chain), pages, distinct); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := e.checkRegistered(); err != nil {
+		return nil, nil, nil, err
+	}
+	return e, chain, pages, nil
+}
+
+// publish gives the caller a handle of kind k for v, a child of store e; if
+// no handle can be made, v is released (so nothing is left running that the
+// caller cannot reach) and the error says so.
+func publish(e *storeEntry, k kind, v any, release func() error, what string, out *C.uint64_t) error {
+	h, err := handles.add(k, v)
 	if err == nil {
 		if err = e.addChild(h); err != nil {
-			handles.take(h, kindLoad)
+			handles.take(h, k)
 		}
 	}
 	if err != nil {
-		if rerr := releaseLoad(le); rerr != nil {
-			return fmt.Errorf("%w (releasing the load: %v)", err, rerr)
+		if rerr := release(); rerr != nil {
+			return fmt.Errorf("%w (releasing the %s: %v)", err, what, rerr)
 		}
 		return err
 	}
@@ -569,22 +589,8 @@ func tutti_save(store C.uint64_t, chain *C.uint64_t, chainLen C.uint32_t, pages 
 }
 
 func startSave(store C.uint64_t, chainP *C.uint64_t, chainLen uint64, pagesP *C.int32_t, numPages uint64, out *C.uint64_t) error {
-	if out == nil {
-		return errorf(errInvalidArgument, "out_save is NULL")
-	}
-	*out = 0
-	e, err := storeArg(uint64(store))
+	e, chain, pages, err := requestArgs(store, chainP, chainLen, pagesP, numPages, out, "out_save", false)
 	if err != nil {
-		return err
-	}
-	chain, pages, err := copyChainPages(e.cfg, chainP, chainLen, pagesP, numPages)
-	if err != nil {
-		return err
-	}
-	if err := checkPages(e.cfg, len(chain), pages, false); err != nil {
-		return err
-	}
-	if err := e.checkRegistered(); err != nil {
 		return err
 	}
 	sv, err := e.s.Save(chain, pages)
@@ -592,20 +598,7 @@ func startSave(store C.uint64_t, chainP *C.uint64_t, chainLen uint64, pagesP *C.
 		return err
 	}
 	se := &saveEntry{owner: e, s: sv}
-	h, err := handles.add(kindSave, se)
-	if err == nil {
-		if err = e.addChild(h); err != nil {
-			handles.take(h, kindSave)
-		}
-	}
-	if err != nil {
-		if rerr := releaseSave(se); rerr != nil {
-			return fmt.Errorf("%w (releasing the save: %v)", err, rerr)
-		}
-		return err
-	}
-	*out = C.uint64_t(h)
-	return nil
+	return publish(e, kindSave, se, func() error { return releaseSave(se) }, "save", out)
 }
 
 func saveArg(h C.uint64_t) (*saveEntry, error) {
