@@ -113,21 +113,12 @@ func Open(cfg Config) (*Group, error) {
 	g := &Group{cfg: cfg, shard: shard, devices: devs, ranks: make([]*runtime.Store, cfg.Ranks)}
 	g.savesCond.L = &g.mu
 	g.stats.failedRank = make([]atomic.Int64, len(runtime.SkipCauses()))
-	errs := make([]error, cfg.Ranks)
-	var wg sync.WaitGroup
-	for r := range g.ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s, err := runtime.Open(cfg.rankConfig(r, shard, devs[r]))
-			if err != nil {
-				errs[r] = fmt.Errorf("tp: opening rank %d: %w", r, err)
-				return
-			}
-			g.ranks[r] = s
-		}()
-	}
-	wg.Wait()
+	errs := eachRank(cfg.Ranks, func(r int) (err error) {
+		if g.ranks[r], err = runtime.Open(cfg.rankConfig(r, shard, devs[r])); err != nil {
+			return fmt.Errorf("tp: opening rank %d: %w", r, err)
+		}
+		return nil
+	})
 	if err := errors.Join(errs...); err != nil {
 		g.closeRanks()
 		return nil, err
@@ -400,4 +391,20 @@ func (g *Group) Close() error {
 	g.mu.Unlock()
 	g.ops.Wait()
 	return g.closeRanks()
+}
+
+// eachRank runs fn for ranks 0..n-1 concurrently (ranks have their own
+// rings and disks) and returns each rank's error, nil where it succeeded.
+func eachRank(n int, fn func(r int) error) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = fn(r)
+		}()
+	}
+	wg.Wait()
+	return errs
 }

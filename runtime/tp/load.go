@@ -3,7 +3,6 @@ package tp
 import (
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/tutti-io/tutti/runtime"
 )
@@ -41,21 +40,12 @@ func (g *Group) Load(chain []uint64, pages []int32) (*Load, error) {
 		g.ops.Done()
 		return l, nil
 	}
-	errs := make([]error, len(g.ranks))
-	var wg sync.WaitGroup
-	for r, s := range g.ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rl, err := s.Load(chain, pages)
-			if err != nil {
-				errs[r] = fmt.Errorf("tp: rank %d: %w", r, err)
-				return
-			}
-			l.loads[r] = rl
-		}()
-	}
-	wg.Wait()
+	errs := eachRank(len(g.ranks), func(r int) (err error) {
+		if l.loads[r], err = g.ranks[r].Load(chain, pages); err != nil {
+			return fmt.Errorf("tp: rank %d: %w", r, err)
+		}
+		return nil
+	})
 	if err := errors.Join(errs...); err != nil {
 		for _, rl := range l.loads {
 			if rl != nil {

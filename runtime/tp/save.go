@@ -3,7 +3,6 @@ package tp
 import (
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/tutti-io/tutti/runtime"
 )
@@ -77,21 +76,12 @@ func (g *Group) Save(chain []uint64, pages []int32) (*Save, error) {
 	g.stats.saves.Add(1)
 	sv := &Save{g: g, chain: chain, saves: make([]*runtime.Save, len(g.ranks)),
 		gathered: make(chan struct{}), done: make(chan struct{})}
-	errs := make([]error, len(g.ranks))
-	var wg sync.WaitGroup
-	for r, s := range g.ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rs, err := s.Save(chain, pages)
-			if err != nil {
-				errs[r] = fmt.Errorf("tp: rank %d: %w", r, err)
-				return
-			}
-			sv.saves[r] = rs
-		}()
-	}
-	wg.Wait()
+	errs := eachRank(len(g.ranks), func(r int) (err error) {
+		if sv.saves[r], err = g.ranks[r].Save(chain, pages); err != nil {
+			return fmt.Errorf("tp: rank %d: %w", r, err)
+		}
+		return nil
+	})
 	refused := errors.Join(errs...)
 	go sv.finish(errs)
 	if refused != nil {
