@@ -15,8 +15,8 @@
 // ("the device served at least the bytes the backend claims to have read"),
 // which is what the replay's invariant needs.
 //
-// Meter bundles the two around one measured interval for the device that
-// holds a path.
+// Meter bundles the two around one measured interval for the devices that
+// hold a set of paths (a striped store: their sum).
 package blockstat
 
 import (
@@ -108,21 +108,25 @@ func DiskOf(path string) (Dev, error) {
 	return d, nil
 }
 
-// Meter measures one interval on the disk holding a path: diskstats always,
-// eBPF when it can be loaded. Use StartMeter, then Stop once.
+// Meter measures one interval on the disks holding a set of paths (one
+// path, or the directories a striped store spans): diskstats always, eBPF
+// when it can be loaded; counts are summed over the distinct disks. Use
+// StartMeter or StartMeterPaths, then Stop once.
 type Meter struct {
-	dev        Dev
+	devs       []Dev // distinct, in the order of the paths
 	devErr     error
 	tracer     *Tracer
 	ebpfReason string
-	diskBefore DiskCounts
+	diskBefore map[Dev]DiskCounts
 	snapBefore Snapshot
 }
 
-// Result is what a Meter measured on its disk.
+// Result is what a Meter measured on its disks (byte and I/O counts summed
+// over them).
 type Result struct {
-	Dev  Dev
-	Name string // diskstats name, e.g. "vda"
+	Dev  Dev   // the first path's disk
+	Devs []Dev // every distinct disk counted (Dev first)
+	Name string // diskstats name, e.g. "vda"; several joined with "+" ("loop0+loop1")
 	// DeviceErr is set when the path is not on a block device: nothing was measured.
 	DeviceErr string
 
@@ -180,13 +184,35 @@ func (r Result) Source() string {
 // when eBPF is refused, it measures with diskstats alone and records why.
 // It never fails as a whole: what could not be measured is in the Result.
 func StartMeter(path string, useEBPF bool) *Meter {
+	return StartMeterPaths([]string{path}, useEBPF)
+}
+
+// StartMeterPaths starts measuring every disk holding one of paths (paths on
+// the same disk count it once), as StartMeter does for one. When one path is
+// not on a block device, nothing is measured (DeviceErr names it): a sum
+// missing a disk would understate the bytes read.
+func StartMeterPaths(paths []string, useEBPF bool) *Meter {
 	m := &Meter{}
-	m.dev, m.devErr = DiskOf(path)
+	if len(paths) == 0 {
+		m.devErr = errors.New("blockstat: no path to measure")
+	}
+	seen := map[Dev]bool{}
+	for _, p := range paths {
+		d, err := DiskOf(p)
+		if err != nil {
+			m.devErr, m.devs = err, nil
+			break
+		}
+		if !seen[d] {
+			seen[d] = true
+			m.devs = append(m.devs, d)
+		}
+	}
 	if m.devErr == nil {
 		if ds, err := ReadDiskstats(); err != nil {
 			m.devErr = fmt.Errorf("reading /proc/diskstats: %w", err)
 		} else {
-			m.diskBefore = ds[m.dev]
+			m.diskBefore = ds
 		}
 	}
 	if !useEBPF {
@@ -213,17 +239,24 @@ func (m *Meter) EBPF() bool { return m.tracer != nil }
 
 // Sample returns what was measured so far without stopping.
 func (m *Meter) Sample() Result {
-	r := Result{Dev: m.dev, EBPFReason: m.ebpfReason}
+	r := Result{EBPFReason: m.ebpfReason, Devs: m.devs}
+	if len(m.devs) > 0 {
+		r.Dev = m.devs[0]
+	}
 	if m.devErr != nil {
 		r.DeviceErr = m.devErr.Error()
 	} else if ds, err := ReadDiskstats(); err != nil {
 		r.DeviceErr = err.Error()
 	} else {
-		now := ds[m.dev]
-		r.Name, r.Diskstats = now.Name, true
-		r.DiskReadBytes = now.ReadBytes() - m.diskBefore.ReadBytes()
-		r.DiskWriteBytes = now.WriteBytes() - m.diskBefore.WriteBytes()
-		r.DiskReadIOs = now.ReadIOs - m.diskBefore.ReadIOs
+		names := make([]string, 0, len(m.devs))
+		for _, d := range m.devs {
+			now, before := ds[d], m.diskBefore[d]
+			names = append(names, now.Name)
+			r.DiskReadBytes += now.ReadBytes() - before.ReadBytes()
+			r.DiskWriteBytes += now.WriteBytes() - before.WriteBytes()
+			r.DiskReadIOs += now.ReadIOs - before.ReadIOs
+		}
+		r.Name, r.Diskstats = strings.Join(names, "+"), true
 	}
 	if m.tracer != nil {
 		snap, err := m.tracer.Snapshot()
@@ -232,9 +265,13 @@ func (m *Meter) Sample() Result {
 			return r
 		}
 		d := snap.Sub(m.snapBefore)
-		c := d.Devices[m.dev]
 		r.EBPF = true
-		r.EBPFReadBytes, r.EBPFWriteBytes, r.EBPFReadIOs = c.ReadBytes, c.WriteBytes, c.ReadIOs
+		for _, dev := range m.devs {
+			c := d.Devices[dev]
+			r.EBPFReadBytes += c.ReadBytes
+			r.EBPFWriteBytes += c.WriteBytes
+			r.EBPFReadIOs += c.ReadIOs
+		}
 		r.ReadLatency, r.UnmatchedCompletion, r.EBPFMissed = d.ReadLatency, d.Unmatched, d.Missed
 	}
 	return r

@@ -175,3 +175,24 @@ func TestDeviceReadBytesCrossCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestMeterPaths: paths on one disk count it once; a path on no block device
+// makes the whole measurement refuse (a sum missing a disk would be low).
+func TestMeterPaths(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	d, err := DiskOf(a)
+	if err != nil {
+		t.Skipf("temp dir not on a block device: %v", err)
+	}
+	r := StartMeterPaths([]string{a, b, a}, false).Stop()
+	if r.DeviceErr != "" || len(r.Devs) != 1 || r.Devs[0] != d || r.Dev != d || !r.Diskstats {
+		t.Fatalf("same disk twice: %+v", r)
+	}
+	for _, paths := range [][]string{nil, {a, "/proc/self"}} {
+		r := StartMeterPaths(paths, false).Stop()
+		if r.DeviceErr == "" || r.Diskstats || r.Source() == "" {
+			t.Fatalf("%q: want a device error, got %+v", paths, r)
+		}
+		t.Logf("%q: %s", paths, r.Source())
+	}
+}
