@@ -124,8 +124,8 @@ type Meter struct {
 // Result is what a Meter measured on its disks (byte and I/O counts summed
 // over them).
 type Result struct {
-	Dev  Dev   // the first path's disk
-	Devs []Dev // every distinct disk counted (Dev first)
+	Dev  Dev    // the first path's disk
+	Devs []Dev  // every distinct disk counted (Dev first)
 	Name string // diskstats name, e.g. "vda"; several joined with "+" ("loop0+loop1")
 	// DeviceErr is set when the path is not on a block device: nothing was measured.
 	DeviceErr string
