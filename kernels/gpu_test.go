@@ -233,13 +233,15 @@ func TestGPURestore(t *testing.T) {
 		maxIO  int
 		ring   uint32
 		noMmap bool
+		plain  bool // NoFixedBuffers: plain READ SQEs (the default is READ_FIXED into registered staging)
 	}{
 		// a 16-entry ring far smaller than a layer: wrap-around and SQ-full back-pressure
-		{"gqa-per-layer-small-ring", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false},
-		{"gqa-cross-layer", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutCrossLayer, []int{40}, 256 << 10, 64, false},
-		{"mla-per-layer", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false},
+		{"gqa-per-layer-small-ring", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false},
+		{"gqa-cross-layer", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false},
+		{"mla-per-layer", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false},
 		// rings of several pages in process memory (NO_MMAP), as gpubench uses
-		{"gqa-nommap-256", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{40}, 64 << 10, 256, true},
+		{"gqa-nommap-256", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{40}, 64 << 10, 256, true, false},
+		{"gqa-plain-reads", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -252,11 +254,14 @@ func TestGPURestore(t *testing.T) {
 			f, stride := objectFile(t, c.g, n, 5)
 			ring := sqpollRingMem(t, c.ring, c.noMmap)
 			r, err := Bind(Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages),
-				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24})
+				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24, NoFixedBuffers: c.plain})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer r.Close()
+			if fixed, ferr := r.FixedBuffers(); fixed == c.plain || ferr != nil {
+				t.Fatalf("FixedBuffers() = %v, %v; want %v, nil", fixed, ferr, !c.plain)
+			}
 			if err := r.FillKV(0xA5); err != nil {
 				t.Fatal(err)
 			}

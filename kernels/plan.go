@@ -94,6 +94,7 @@ type ioEntry struct {
 const (
 	ioFixedFile = 1
 	ioWrite     = 2
+	ioFixedBuf  = 4 // set by the Restorer when its staging slots are registered
 )
 
 // PageMap mirrors tk_page_map: request page i sits at SlotOff in a layer's

@@ -253,7 +253,7 @@ struct DReq {
   uint32_t n_slots;
 };
 
-enum { OP_READ = 22, OP_WRITE = 23 };
+enum { OP_READ = 22, OP_WRITE = 23, OP_READ_FIXED = 4, OP_WRITE_FIXED = 5 };
 
 // One launch per layer, one block. Submits entries of layers [0, layer+lookahead]
 // of the request as SQ space and the window allow, reaps CQEs into per-entry
@@ -297,7 +297,9 @@ __global__ void io_layer_kernel(DRing r, DState *st, DReq q, uint32_t layer, uin
       const uint64_t addr = q.staging_host + slot * q.slot_bytes + en.slot_off;
       const uint32_t idx = (s_tail + i) & r.sq_mask;
       unsigned long long *s = r.sqes + (uint64_t)idx * 8;
-      const uint32_t op = (en.flags & TK_IO_WRITE) ? OP_WRITE : OP_READ;
+      const bool fixed_buf = (en.flags & TK_IO_FIXED_BUF) != 0;
+      const uint32_t op = (en.flags & TK_IO_WRITE) ? (fixed_buf ? OP_WRITE_FIXED : OP_WRITE)
+                                                   : (fixed_buf ? OP_READ_FIXED : OP_READ);
       const uint32_t sqe_flags = (en.flags & TK_IO_FIXED_FILE) ? 1u : 0u;  // IOSQE_FIXED_FILE
       s[0] = (unsigned long long)op | ((unsigned long long)sqe_flags << 8) |
              ((unsigned long long)(uint32_t)en.fd << 32);
@@ -305,7 +307,7 @@ __global__ void io_layer_kernel(DRing r, DState *st, DReq q, uint32_t layer, uin
       s[2] = addr;
       s[3] = (unsigned long long)en.len;  // rw_flags = 0
       s[4] = ((unsigned long long)q.slot_id << 32) | e;
-      s[5] = 0;  // buf_index, personality, file_index
+      s[5] = fixed_buf ? slot : 0;  // buf_index (u16) = staging slot; personality, file_index 0
       s[6] = 0;
       s[7] = 0;
       if (r.sq_array) r.sq_array[idx] = idx;
@@ -738,7 +740,7 @@ extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, u
     if (!en.len || en.min_len > en.len || !en.min_len || (uint64_t)en.slot_off + en.len > c->slot_bytes || en.fd < 0)
       return fail(TK_ERR_INVALID, "entry %u: fd %d, %u bytes at slot offset %u (slot %llu bytes)", e, en.fd, en.len,
                   en.slot_off, (unsigned long long)c->slot_bytes);
-    if (en.flags & ~(TK_IO_FIXED_FILE | TK_IO_WRITE)) return fail(TK_ERR_INVALID, "entry %u: flags %#x", e, en.flags);
+    if (en.flags & ~(TK_IO_FIXED_FILE | TK_IO_WRITE | TK_IO_FIXED_BUF)) return fail(TK_ERR_INVALID, "entry %u: flags %#x", e, en.flags);
   }
   int slot = -1;
   for (uint32_t i = 0; i < c->max_requests; i++)

@@ -112,7 +112,10 @@ typedef struct tk_bind_params {
  * is the destination's byte offset inside the layer's staging slot; the entry
  * is OK when at least min_len bytes arrived (len may be rounded up to the
  * O_DIRECT alignment past the object's last byte). 32 bytes. */
-enum { TK_IO_FIXED_FILE = 1u, TK_IO_WRITE = 2u };
+/* TK_IO_FIXED_BUF: the staging pool is registered with the ring slot by slot
+ * (buffer index = staging slot), so the SQE is READ_FIXED/WRITE_FIXED and the
+ * kernel skips pinning the pages on every I/O. */
+enum { TK_IO_FIXED_FILE = 1u, TK_IO_WRITE = 2u, TK_IO_FIXED_BUF = 4u };
 typedef struct tk_io_entry {
 	int32_t fd;     /* fd, or registered file index with TK_IO_FIXED_FILE */
 	uint32_t flags; /* TK_IO_* */

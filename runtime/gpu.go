@@ -225,3 +225,12 @@ func (l *Load) StreamWaitLayer(layer int, stream uintptr) error {
 	}
 	return l.gpuX.StreamWaitLayer(layer, stream)
 }
+
+// gpuPath is the bound GPU path, or nil before RegisterKV and on PathCPU.
+// s.gpu is written once, before kvSet is stored.
+func (s *Store) gpuPath() *gpuPath {
+	if !s.kvSet.Load() {
+		return nil
+	}
+	return s.gpu
+}

@@ -37,6 +37,12 @@ type Stats struct {
 	// (OpenWithFallback); FallbackReason is the last such error.
 	Fallbacks      int64
 	FallbackReason string
+
+	// GPUPlainReads says why the GPU path issues plain READ SQEs instead of
+	// READ_FIXED into its registered staging (kernels.Restorer.FixedBuffers:
+	// the ring refused the registration); empty when READ_FIXED is used or
+	// the store is on PathCPU. The bytes are the same; the CPU cost is higher.
+	GPUPlainReads string
 }
 
 // MissCauses lists the causes indexing Stats.MissBlocks.

@@ -374,6 +374,11 @@ func (s *Store) WaitSaves() error {
 func (s *Store) Stats() Stats {
 	st := s.stats.snapshot()
 	st.FallbackReason = s.fallbackReason
+	if gp := s.gpuPath(); gp != nil {
+		if _, err := gp.r.FixedBuffers(); err != nil {
+			st.GPUPlainReads = err.Error()
+		}
+	}
 	return st
 }
 

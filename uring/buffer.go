@@ -15,7 +15,8 @@ import (
 // after unregistering it from any ring or GPU). Bytes() is a view valid until
 // Free; a Buffer is not safe for concurrent Free.
 type Buffer struct {
-	mem []byte
+	mem  []byte
+	view bool // a View of another Buffer: never unmapped through this one
 }
 
 // AllocBuffer maps sizeBytes (rounded up to the page size) of anonymous memory.
@@ -47,10 +48,26 @@ func (b *Buffer) Addr() uintptr {
 // Len is the usable size in bytes.
 func (b *Buffer) Len() int { return len(b.mem) }
 
+// View returns lenBytes of b from offBytes as a Buffer that does not own its
+// memory (for registering parts of one mapping as separate fixed buffers).
+// It is valid until b is freed; Free on a view is an error.
+func (b *Buffer) View(offBytes, lenBytes int) (*Buffer, error) {
+	if b.mem == nil {
+		return nil, fmt.Errorf("uring: view of a freed buffer: %w", ErrClosed)
+	}
+	if offBytes < 0 || lenBytes <= 0 || offBytes > len(b.mem)-lenBytes {
+		return nil, fmt.Errorf("uring: view [%d,+%d) of a %d-byte buffer: %w", offBytes, lenBytes, len(b.mem), ErrInvalid)
+	}
+	return &Buffer{mem: b.mem[offBytes : offBytes+lenBytes : offBytes+lenBytes], view: true}, nil
+}
+
 // Free unmaps the buffer. A second Free returns ErrClosed.
 func (b *Buffer) Free() error {
 	if b.mem == nil {
 		return fmt.Errorf("uring: freeing buffer: %w", ErrClosed)
+	}
+	if b.view {
+		return fmt.Errorf("uring: freeing a view: free the buffer it views: %w", ErrInvalid)
 	}
 	err := unix.Munmap(b.mem[:cap(b.mem)])
 	b.mem = nil

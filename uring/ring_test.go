@@ -543,3 +543,49 @@ func TestRegisteredFileOtherRing(t *testing.T) {
 		t.Fatalf("Index %d after unregistering, want -1", f1.Index)
 	}
 }
+
+// Views of one mapping register as separate fixed buffers (the GPU path
+// registers its staging pool slot by slot) and READ_FIXED into each lands in
+// the right place; a view cannot be freed, nor made past its parent's end.
+func TestBufferViewsAsFixedBuffers(t *testing.T) {
+	const blk = 4096
+	r := newRingOrSkip(t, DefaultConfig())
+	f, want := directFile(t, t.TempDir(), 4*blk, 9)
+	parent := mustBuffer(t, 4*blk)
+	var views []*Buffer
+	for i := 0; i < 4; i++ {
+		v, err := parent.View(i*blk, blk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		views = append(views, v)
+	}
+	for _, bad := range []struct{ off, n int }{{-1, blk}, {0, 0}, {3 * blk, 2 * blk}, {5 * blk, blk}} {
+		if _, err := parent.View(bad.off, bad.n); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("View(%d, %d): err %v, want ErrInvalid", bad.off, bad.n, err)
+		}
+	}
+	if err := views[0].Free(); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Free of a view: err %v, want ErrInvalid", err)
+	}
+	if err := r.RegisterBuffers(views); err != nil {
+		t.Fatal(err)
+	}
+	var c Completion
+	for i := 0; i < 4; i++ {
+		// Buffer index i, file block 3-i: reversed, so a wrong index shows.
+		c.PrepReadFixed(f, views[i], uint16(i), views[i].Addr(), blk, uint64(3-i)*blk)
+		run1(t, r, &c)
+		if c.Err != nil || c.Result != blk {
+			t.Fatalf("read_fixed into view %d: result %d err %v", i, c.Result, c.Err)
+		}
+	}
+	for i := 0; i < 4; i++ {
+		if !bytes.Equal(parent.Bytes()[i*blk:(i+1)*blk], want[(3-i)*blk:(4-i)*blk]) {
+			t.Fatalf("view %d holds the wrong bytes", i)
+		}
+	}
+	if err := r.RegisterBuffers(nil); err != nil {
+		t.Fatal(err)
+	}
+}

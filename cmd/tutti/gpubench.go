@@ -60,14 +60,16 @@ type gpuBench struct {
 	direct   []*uring.File // O_DIRECT, per device
 	buffered []*uring.File // page cache, per device
 	maxIO    int
-	qd       int
-	seed     uint64
-	r        *kernels.Restorer
-	ring     *uring.Ring
-	kcfg     kernels.Config    // for the kick-mode context, bound on first use
-	rk       *kernels.Restorer // GPU path on a ring without SQPOLL (kick mode)
-	ringK    *uring.Ring
-	stderr   io.Writer
+	// ringEntries: SQ size of the GPU rings, the window rounded up to a power of two
+	ringEntries uint32
+	qd          int
+	seed        uint64
+	r           *kernels.Restorer
+	ring        *uring.Ring
+	kcfg        kernels.Config    // for the kick-mode context, bound on first use
+	rk          *kernels.Restorer // GPU path on a ring without SQPOLL (kick mode)
+	ringK       *uring.Ring
+	stderr      io.Writer
 }
 
 // layerDev and layerOff place layer l's object: layers are striped over the
@@ -88,8 +90,8 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	pathList := fs.String("paths", "gpu,gpu-kick,uring,per-block,cufile,cufile-compat,page-cache,dram,gpu", "paths to run, in order")
 	maxIO := fs.Int("max-io", 1<<20, "largest read of the object paths (bytes)")
 	qd := fs.Int("qd", 64, "queue depth of the CPU-issued paths")
-	window := fs.Int("window", 128, "GPU path: SQEs in flight")
-	lookahead := fs.Int("lookahead", 2, "GPU path: layers in flight beyond the one waited for")
+	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: 128 per device, at most 1024; layers are striped over the devices, so a window of one layer's reads keeps one device busy)")
+	lookahead := fs.Int("lookahead", 0, "GPU path: layers in flight beyond the one waited for (0: the number of devices, at least 2)")
 	idleMs := fs.Uint("sqpoll-idle-ms", 50, "GPU path: SQPOLL thread idle time before it sleeps")
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")
 	kickUs := fs.Duration("wake-interval", 200*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (SQPOLL: wake it if asleep; kick mode: enter once per interval)")
@@ -98,6 +100,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	reuse := fs.Bool("reuse", false, "keep a data file of the right size from an earlier run with the same model, tokens and seed")
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated to spread them), next to one rank of the same shape")
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
+	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -164,8 +167,18 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		defer kernels.DevFree(p)
 		kv = append(kv, p)
 	}
+	if *window == 0 {
+		*window = min(128*len(b.paths), 1024)
+	}
+	if *lookahead == 0 {
+		*lookahead = max(2, len(b.paths))
+	}
+	b.ringEntries = uint32(256)
+	for int(b.ringEntries) < *window {
+		b.ringEntries *= 2
+	}
 	rc := uring.DefaultConfig()
-	rc.Entries = 256
+	rc.Entries = b.ringEntries
 	rc.NoMmap = true // rings in process memory: CUDA maps multi-page rings reliably
 	rc.SQPoll = true
 	rc.SQThreadIdleMs = uint32(*idleMs)
@@ -176,7 +189,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	defer b.ring.Close()
 	b.kcfg = kernels.Config{Geometry: g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
 		MaxPages: b.pages, MaxExtents: 1, MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
-		WakeInterval: *kickUs, PollTimeout: *pollTimeout}
+		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads}
 	b.r, err = kernels.Bind(b.kcfg)
 	if err != nil {
 		return err
@@ -494,6 +507,14 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	} else {
 		row.Note = fmt.Sprintf("%d kicks", r.Wakeups()-wakes0)
 	}
+	switch fixed, ferr := r.FixedBuffers(); {
+	case fixed:
+		row.Note += ", READ_FIXED into registered staging"
+	case ferr != nil:
+		row.Note += ", plain reads: " + ferr.Error() // asked for, refused: reported, not hidden
+	default:
+		row.Note += ", plain reads (--no-fixed-buffers)"
+	}
 	return err
 }
 
@@ -522,7 +543,7 @@ func (b *gpuBench) dumpThreads() {
 // bindKick binds a second context on the same KV tensors with a ring that
 // has no SQPOLL thread: the CPU helper enters the kernel once per interval.
 func (b *gpuBench) bindKick() error {
-	ring, err := uring.New(uring.Config{Entries: 256, SQThreadCPU: -1, NoMmap: true})
+	ring, err := uring.New(uring.Config{Entries: b.ringEntries, SQThreadCPU: -1, NoMmap: true})
 	if err != nil {
 		return err
 	}
