@@ -112,6 +112,17 @@ if [ "$BENCH" != none ] && [ -x bin/gpu/tutti ]; then
 			note "gpubench $model emulated: rc ${PIPESTATUS[0]}"
 			cat /tmp/tk-run.json >>"$OUT/gpubench.jsonl"
 		done
+		# GPU-path variants on the same devices (one per line of TK_LOOP_VARIANTS,
+		# e.g. "--max-io 4194304" or "--no-fixed-buffers"), GPU rows only.
+		while IFS= read -r v; do
+			[ -z "$v" ] && continue
+			rm -f /tmp/tk-run.json
+			timeout 100 bin/gpu/tutti gpubench --model llama3-70b --tokens "$TOK" --devices "$devs" --label "emulated storage (4 RAM-backed loop devices) [$v]" $GPUFLAGS $v \
+				--paths "gpu,gpu-kick,per-block" --json /tmp/tk-run.json 2>&1 | grep -v '^  '
+			note "gpubench llama3-70b emulated [$v]: rc ${PIPESTATUS[0]}"
+			cat /tmp/tk-run.json >>"$OUT/gpubench.jsonl"
+		done <<<"${TK_LOOP_VARIANTS:-}"
+
 		for d in "${LOOPS[@]}"; do losetup -d "$d"; done
 	else
 		note "loop devices: only ${#LOOPS[@]} of 4 set up"
