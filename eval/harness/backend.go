@@ -53,9 +53,12 @@ var ErrUnavailable = errors.New("backend unavailable on this machine")
 type Env struct {
 	Profile  model.Profile
 	Geometry objmap.Geometry
-	// Dir is this backend's own directory (a subdirectory of --dir), empty at
-	// Open. The backend owns its files there.
-	Dir string
+	// Dirs are this backend's own directories, one per store root
+	// (Config.Dirs: root/<backend>), empty at Open; the backend owns its
+	// files there and spreads them over every one, so each backend sees the
+	// same aggregate devices. Dir is Dirs[0].
+	Dirs []string
+	Dir  string
 	// CapacityBlocks is the storage capacity in chain blocks (the same for
 	// every backend); the shared Index evicts beyond it. A backend that keeps
 	// its own index gets CapacityBytes = CapacityBlocks * Geometry.ChunkBytes().

@@ -13,7 +13,8 @@ import (
 )
 
 // PageCache stores one file per chain block through the page cache, as
-// LMCache's local-disk backend does: a save writes the whole chunk (all
+// LMCache's local-disk backend does (files spread over Env.Dirs by a hash
+// of the chunk id): a save writes the whole chunk (all
 // layers) with buffered I/O, a restore opens the file, preads it whole into a
 // bounce buffer and copies the pages out. Reads may be served from the page
 // cache (recently written blocks), so its device bytes can be below its
@@ -74,8 +75,14 @@ func (p *PageCache) Open(env Env) error {
 	return nil
 }
 
+// path is the file of chain block id, in the directory spreadIndex picks
+// among Env.Dirs.
 func (p *PageCache) path(id uint64) string {
-	return filepath.Join(p.env.Dir, strconv.FormatUint(id, 16)+".kv")
+	dir := p.env.Dir
+	if n := len(p.env.Dirs); n > 0 {
+		dir = p.env.Dirs[spreadIndex(id, n)]
+	}
+	return filepath.Join(dir, strconv.FormatUint(id, 16)+".kv")
 }
 
 func (p *PageCache) Restore(req *Request) (RestoreResult, error) {

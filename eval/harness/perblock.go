@@ -17,6 +17,10 @@ import (
 // batching" baseline: the same engine and queue depth as tutti's CPU path,
 // but ChunkPages × Layers I/Os per chain block.
 //
+// With several directories (Env.Dirs) there is one slot file in each, and
+// slot s is slot s/N of the file in dir s mod N: consecutive slots, as the
+// allocator hands them out, land on different devices.
+//
 // Within a slot, (layer l, page i) lives at (l*ChunkPages + i) * stride,
 // stride = PageBytesPerLayer rounded up to 4 KiB. When a page of one plane is
 // not a multiple of 4 KiB (MLA: 18 KiB per page), the I/O goes through a
@@ -28,7 +32,7 @@ type PerBlock struct {
 
 	env     Env
 	ring    uring.Engine
-	file    *uring.File
+	files   []*uring.File // one per Env.Dirs
 	stride  int64
 	slotB   int64
 	direct  bool
@@ -93,12 +97,22 @@ func (p *PerBlock) Open(env Env) error {
 	if err != nil {
 		return fmt.Errorf("per-block: %w", err)
 	}
-	path := filepath.Join(env.Dir, "slots.dat")
-	if p.file, err = uring.OpenFile(path, unix.O_RDWR|unix.O_CREAT|unix.O_DIRECT, 0o600); err != nil {
-		return fmt.Errorf("per-block: %w", err)
+	dirs := env.Dirs
+	if len(dirs) == 0 {
+		dirs = []string{env.Dir}
 	}
-	if err := unix.Ftruncate(int(p.file.FD), int64(env.CapacityBlocks)*p.slotB); err != nil {
-		return fmt.Errorf("per-block: sizing %s: %w", path, err)
+	for i, d := range dirs {
+		path := filepath.Join(d, "slots.dat")
+		f, err := uring.OpenFile(path, unix.O_RDWR|unix.O_CREAT|unix.O_DIRECT, 0o600)
+		if err != nil {
+			return fmt.Errorf("per-block: %w", err)
+		}
+		p.files = append(p.files, f)
+		// the slots s with s mod N = i: the total over the files is the capacity
+		n := (int64(env.CapacityBlocks) + int64(len(dirs)-1-i)) / int64(len(dirs))
+		if err := unix.Ftruncate(int(f.FD), n*p.slotB); err != nil {
+			return fmt.Errorf("per-block: sizing %s: %w", path, err)
+		}
 	}
 	p.slots = map[uint64]int64{}
 	for s := int64(env.CapacityBlocks) - 1; s >= 0; s-- {
@@ -175,7 +189,8 @@ func (p *PerBlock) submit(write bool, layer, block int, pages []int32, page int,
 	op := &p.ops[i]
 	op.write, op.layer, op.block, op.pages, op.page = write, layer, block, pages, page
 	g := p.env.Geometry
-	off := uint64(slot*p.slotB + (int64(layer)*int64(g.ChunkPages)+int64(page))*p.stride)
+	file := p.files[slot%int64(len(p.files))]
+	off := uint64(slot/int64(len(p.files))*p.slotB + (int64(layer)*int64(g.ChunkPages)+int64(page))*p.stride)
 	if p.direct {
 		op.iov.Reset()
 		for pl := 0; pl < g.Planes; pl++ {
@@ -184,9 +199,9 @@ func (p *PerBlock) submit(write bool, layer, block int, pages []int32, page int,
 			}
 		}
 		if write {
-			op.c.PrepWritev(p.file, op.iov, off)
+			op.c.PrepWritev(file, op.iov, off)
 		} else {
-			op.c.PrepReadv(p.file, op.iov, off)
+			op.c.PrepReadv(file, op.iov, off)
 		}
 	} else {
 		addr, b := p.bounceAt(i)
@@ -195,9 +210,9 @@ func (p *PerBlock) submit(write bool, layer, block int, pages []int32, page int,
 			for pl := 0; pl < g.Planes; pl++ {
 				copy(b[int64(pl)*n:int64(pl+1)*n], p.env.KV.Page(layer, pl, pages[page]))
 			}
-			op.c.PrepWrite(p.file, addr, uint32(p.stride), off)
+			op.c.PrepWrite(file, addr, uint32(p.stride), off)
 		} else {
-			op.c.PrepRead(p.file, addr, uint32(p.stride), off)
+			op.c.PrepRead(file, addr, uint32(p.stride), off)
 		}
 	}
 	if err := p.ring.Submit(&op.c); err != nil {
@@ -338,8 +353,8 @@ func (p *PerBlock) Close() error {
 	if p.ring != nil {
 		errs = append(errs, p.drain(), p.ring.Close())
 	}
-	if p.file != nil {
-		errs = append(errs, p.file.Close())
+	for _, f := range p.files {
+		errs = append(errs, f.Close())
 	}
 	for i := range p.ops {
 		if p.ops[i].iov != nil {
@@ -349,6 +364,6 @@ func (p *PerBlock) Close() error {
 	if p.bounce != nil {
 		errs = append(errs, p.bounce.Free())
 	}
-	p.ring, p.file, p.ops, p.bounce = nil, nil, nil, nil
+	p.ring, p.files, p.ops, p.bounce = nil, nil, nil, nil
 	return errors.Join(errs...)
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/eval/blockstat"
-	"github.com/tutti-io/tutti/eval/devbench"
 	"github.com/tutti-io/tutti/eval/metrics"
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/eval/trace"
@@ -25,9 +24,16 @@ type Config struct {
 	Profile  model.Profile
 	Dir      string    // store root; each backend gets Dir/<name>
 	Backends []Backend // run in this order on the same requests
+	// Dirs, when set, are several store roots (one file system each, e.g.
+	// one per device) that every backend stripes over: each gets
+	// root/<name> in every root. Dir is then unused.
+	Dirs []string
+	// StorageLabel describes the storage under the roots for the report and
+	// every JSON row (e.g. "emulated storage (4 RAM-backed loop devices)").
+	StorageLabel string
 	// CapacityBlocks caps the storage of every backend (evicting leaf-first
 	// LRU beyond it); 0 = every distinct block of the requests fits, capped
-	// at half the free space of Dir's file system.
+	// at half the free space the roots hold together (freeAcross).
 	CapacityBlocks int
 	// MaxKVBytes bounds the engine KV memory (sized for the largest request);
 	// requests needing more are left out of the replay for every backend
@@ -51,6 +57,7 @@ type Config struct {
 type BackendResult struct {
 	Backend string `json:"backend"`
 	Label   string `json:"label,omitempty"`
+	Storage string `json:"storage,omitempty"` // Config.StorageLabel
 	Skipped string `json:"skipped,omitempty"` // why it did not run
 
 	Requests                int     `json:"requests"`
@@ -105,6 +112,8 @@ type Result struct {
 	Geometry       string
 	Oversize       int // requests left out: their KV exceeds MaxKVBytes
 	CapacityNote   string
+	Dirs           []string // the store roots every backend striped over
+	Storage        string   // Config.StorageLabel
 	Trace          trace.Summary
 	CapacityBlocks int
 	CapacityBytes  int64
@@ -157,8 +166,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.QueueDepth <= 0 {
 		cfg.QueueDepth = 64
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("replay: %w", err)
+	roots := cfg.roots()
+	if len(roots) == 0 {
+		return nil, errors.New("replay: no store directory")
+	}
+	for _, d := range roots {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("replay: %w", err)
+		}
 	}
 	// Requests whose KV does not fit the engine memory bound are left out,
 	// for every backend alike.
@@ -187,9 +202,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if capBlocks <= 0 || int64(capBlocks) > sum.DistinctBlocks {
 		capBlocks, capNote = int(sum.DistinctBlocks), "every distinct block"
 		if cfg.CapacityBlocks <= 0 {
-			if free := freeBytes(cfg.Dir); free > 0 && int64(capBlocks)*g.ChunkBytes() > free/2 {
+			if free, where := freeAcross(roots); free > 0 && int64(capBlocks)*g.ChunkBytes() > free/2 {
 				capBlocks = int(free / 2 / g.ChunkBytes())
-				capNote = fmt.Sprintf("half of the %d MiB free in %s", free>>20, cfg.Dir)
+				capNote = fmt.Sprintf("half of the %d MiB free in %s", free>>20, where)
 			}
 		}
 	}
@@ -200,7 +215,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res := &Result{
 		Model: cfg.Profile.Name, Geometry: g.String(), Trace: sum,
 		CapacityBlocks: capBlocks, CapacityBytes: int64(capBlocks) * g.ChunkBytes(), CapacityNote: capNote,
-		Oversize:       oversize,
+		Oversize: oversize, Dirs: roots, Storage: cfg.StorageLabel,
 		DistinctBlocks: sum.DistinctBlocks, ComputeModel: cfg.Compute.Label,
 		Started: time.Now().UTC(), Host: host,
 	}
@@ -228,12 +243,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if size == 0 {
 			size = 256 << 20
 		}
-		bps, _, err := devbench.Ceiling(ctx, filepath.Join(cfg.Dir, "ceiling.dat"), size)
+		bps, note, err := ceilingAcross(ctx, roots, size)
 		if err != nil {
 			res.CeilingNote = "not measured: " + err.Error()
 		} else {
-			res.CeilingBytesPS = bps
-			res.CeilingNote = fmt.Sprintf("devbench: 1 MiB O_DIRECT random reads, QD 32, uring, 2 s, %d MiB file in %s", size>>20, cfg.Dir)
+			res.CeilingBytesPS, res.CeilingNote = bps, note
 		}
 	}
 
@@ -252,7 +266,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KVMemory, b Backend) (BackendResult, error) {
 	g := kv.Geometry
-	br := BackendResult{Backend: b.Name(), ComputeModel: cfg.Compute.Label}
+	br := BackendResult{Backend: b.Name(), ComputeModel: cfg.Compute.Label, Storage: cfg.StorageLabel}
 	label := func() {
 		if l, ok := b.(Labeler); ok {
 			br.Label = l.Label()
@@ -266,14 +280,17 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 		br.Skipped = err.Error()
 		return br, nil
 	}
-	dir := filepath.Join(cfg.Dir, b.Name())
-	if err := os.RemoveAll(dir); err != nil {
-		return br, err
+	dirs := make([]string, len(res.Dirs))
+	for i, root := range res.Dirs {
+		dirs[i] = filepath.Join(root, b.Name())
+		if err := os.RemoveAll(dirs[i]); err != nil {
+			return br, err
+		}
+		if err := os.MkdirAll(dirs[i], 0o700); err != nil {
+			return br, err
+		}
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return br, err
-	}
-	env := Env{Profile: cfg.Profile, Geometry: g, Dir: dir, CapacityBlocks: res.CapacityBlocks,
+	env := Env{Profile: cfg.Profile, Geometry: g, Dirs: dirs, Dir: dirs[0], CapacityBlocks: res.CapacityBlocks,
 		CapacityBytes: res.CapacityBytes, KV: kv, QueueDepth: cfg.QueueDepth}
 	if err := b.Open(env); err != nil {
 		if errors.Is(err, ErrUnavailable) {
@@ -285,14 +302,16 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 	defer func() {
 		b.Close()
 		if !cfg.KeepStores {
-			os.RemoveAll(dir)
+			for _, d := range dirs {
+				os.RemoveAll(d)
+			}
 		}
 	}()
 
 	label() // some backends know their label only once open
 	self, selfIndexed := b.(SelfIndexed)
 	index := NewIndex(res.CapacityBlocks)
-	meter := blockstat.StartMeter(dir, cfg.EBPF)
+	meter := blockstat.StartMeterPaths(dirs, cfg.EBPF)
 	samp := startSampler(meter, 200*time.Millisecond)
 	stopMeter := func() blockstat.Result {
 		br.Device = samp.Stop()

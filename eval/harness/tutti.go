@@ -62,8 +62,13 @@ func (t *Tutti) Available() error {
 
 func (t *Tutti) Open(env Env) error {
 	t.env = env
+	dirs := env.Dirs
+	if len(dirs) == 0 {
+		dirs = []string{env.Dir}
+	}
+	// striped over every dir; the runtime splits the capacity evenly
 	cfg := runtime.Config{
-		Dirs: []string{env.Dir}, CapacityBytes: runtime.CapacityForBlocks(env.Geometry, env.CapacityBlocks),
+		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(env.Geometry, env.CapacityBlocks),
 		Geometry: env.Geometry, Layout: objmap.LayoutPerLayer, NumPages: env.KV.NumPages,
 		Path: t.path, QueueDepth: env.QueueDepth,
 	}

@@ -126,6 +126,10 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	}
 	p("| time scale | %g (arrival times × this; requests sharing a timestamp bucket spread evenly within it) |\n", meta.TimeScale)
 	p("| model | %s (%s) |\n", res.Model, res.Geometry)
+	if res.Storage != "" || len(res.Dirs) > 1 {
+		p("| storage | %s; store dirs %s (every backend spreads its files over all of them) |\n",
+			orNone(res.Storage), strings.Join(res.Dirs, ", "))
+	}
 	p("| storage capacity | %d blocks = %s per backend%s |\n", res.CapacityBlocks, mib(res.CapacityBytes), capNote(res))
 	if res.Oversize > 0 {
 		p("| left out | %d requests whose KV exceeds the engine memory bound (for every backend) |\n", res.Oversize)
@@ -222,6 +226,13 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		}
 		p("\n")
 	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(no label)"
+	}
+	return s
 }
 
 func capNote(res *harness.Result) string {
