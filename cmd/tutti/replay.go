@@ -32,7 +32,8 @@ const defaultWindowRequests = 100
 func runReplay(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("replay", stderr)
 	tracePath := fs.String("trace", "", "Mooncake-format JSONL trace (default: the embedded 200-request window)")
-	dir := fs.String("dir", "", "store directory; each backend uses DIR/<backend> (default: a temporary directory, removed afterwards)")
+	dir := fs.String("dir", "", "store directory, or several comma-separated (one file system each, e.g. one per device) that every backend stripes over; each backend uses D/<backend> in each (default: a temporary directory, removed afterwards)")
+	storageLabel := fs.String("storage-label", "", "what the storage under --dir is, for the report and every JSON row (e.g. \"emulated storage (4 RAM-backed loop devices, ext4)\")")
 	backends := fs.String("backends", "", "comma-separated backends: "+strings.Join(harness.BackendNames, ",")+
 		" (default: every backend this machine can run)")
 	modelName := fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
@@ -90,6 +91,10 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if *qd < 1 || *qd > 4096 {
 		return usageErr(fs.Usage, errors.New("--qd must be in 1..4096"))
+	}
+	storeDirs, err := parseDirs(*dir)
+	if err != nil {
+		return usageErr(fs.Usage, err)
 	}
 
 	// The trace.
@@ -167,14 +172,13 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		*capBlocks = int(max(1, v/g.ChunkBytes()))
 	}
 
-	storeDir := *dir
-	if storeDir == "" {
+	if len(storeDirs) == 0 {
 		d, err := os.MkdirTemp("", "tutti-replay-store-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(d)
-		storeDir = d
+		storeDirs = []string{d}
 	}
 	outDir := *out
 	if outDir == "" {
@@ -189,7 +193,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	bar := report.NewProgress(stderr)
 	cfg := harness.Config{
-		Requests: reqs, Profile: prof, Dir: storeDir, Backends: bs, CapacityBlocks: *capBlocks,
+		Requests: reqs, Profile: prof, Dirs: storeDirs, StorageLabel: *storageLabel, Backends: bs, CapacityBlocks: *capBlocks,
 		QueueDepth: *qd, Compute: comp, SLOms: *sloMs, EBPF: !*noEBPF,
 		Progress: bar.Update,
 	}
@@ -218,7 +222,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	notes = append(notes, fmt.Sprintf("every backend replays the same %d requests in the same order, with the same block capacity", len(reqs)))
-	meta := report.Meta{Command: "tutti replay " + strings.Join(args, " "), TracePath: traceDesc,
+	meta := report.Meta{Command: "tutti replay " + shellJoin(args), TracePath: traceDesc,
 		Skipped: st.Skipped, TimeScale: *timeScale, Notes: notes}
 	path, werr := report.Write(outDir, res, meta)
 	if *jsonOut {
@@ -258,6 +262,9 @@ func printSummary(w io.Writer, res *harness.Result) {
 	}
 	fmt.Fprintf(w, "model %s, %d requests, capacity %d blocks (%d MiB), SLO p90 ≤ %.2f ms, ceiling %s\n",
 		res.Model, res.Trace.Requests, res.CapacityBlocks, res.CapacityBytes>>20, res.SLOms, ceiling)
+	if res.Storage != "" || len(res.Dirs) > 1 {
+		fmt.Fprintf(w, "storage: %s; striped over %s\n", res.Storage, strings.Join(res.Dirs, ", "))
+	}
 	fmt.Fprintf(w, "%-10s %9s %9s %10s %10s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "hit", "I/O/req", "CPU/GiB", "bad")
 	for _, b := range res.Backends {
 		if b.Skipped != "" {

@@ -62,12 +62,21 @@ func (t *tpBackend) Open(env harness.Env) error {
 	if t.compute != nil {
 		cfg.Store.Compute = t.compute.Model()
 	}
+	roots := env.Dirs
+	if len(roots) == 0 {
+		roots = []string{env.Dir}
+	}
 	for r := 0; r < t.ranks; r++ {
-		d := filepath.Join(env.Dir, fmt.Sprintf("rank%d", r))
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return fmt.Errorf("%s: %w", t.Name(), err)
+		// each rank's store stripes over every dir of the replay
+		var dirs []string
+		for _, root := range roots {
+			d := filepath.Join(root, fmt.Sprintf("rank%d", r))
+			if err := os.MkdirAll(d, 0o700); err != nil {
+				return fmt.Errorf("%s: %w", t.Name(), err)
+			}
+			dirs = append(dirs, d)
 		}
-		cfg.Dirs = append(cfg.Dirs, []string{d})
+		cfg.Dirs = append(cfg.Dirs, dirs)
 	}
 	if t.grp, err = tp.Open(cfg); err != nil {
 		return fmt.Errorf("%s: %w", t.Name(), err)
