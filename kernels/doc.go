@@ -4,10 +4,12 @@
 // engine's paged KV tensors in HBM, and every layer's readiness is a CUDA
 // event that a compute stream can wait on with no host round trip.
 //
-// The CUDA side is libtutti_kernels.so (tutti_kernels.cu, tk_cufile.cu; the
-// one ABI header tutti_kernels.h), built by nvcc on a GPU machine with `make
-// kernels` (sm_90 SASS + compute_90 PTX, static CUDA runtime: it needs only the
-// driver's libcuda). This package loads it at run time with dlopen, so `go
+// The CUDA side is libtutti_kernels.so (tutti_kernels.cu, tk_cufile.cu,
+// tk_prefill.cu; the ABI header tutti_kernels.h and its prefill companion
+// tk_prefill.h, whose entry points are resolved separately), built by nvcc on
+// a GPU machine with `make kernels` (sm_90 SASS + compute_90 PTX, static CUDA
+// runtime: it needs the driver's libcuda, and the toolkit's libcublas for the
+// prefill compute). This package loads it at run time with dlopen, so `go
 // build` and CI need no CUDA. Without the library every call returns an error
 // wrapping ErrNotLoaded; without a GPU, ErrNoGPU; the CPU path (package uring,
 // runtime's PathCPU) works on. GPU tests skip with the reason, unless
@@ -36,6 +38,13 @@
 //	                                         copies for CPU-issued I/O (fallback, baselines)
 //	HostRegister/HostUnregister              pin + map off-heap memory (uring.Buffer) for copies
 //	(*Restorer).Close()
+//
+//	NewPrefill(PrefillConfig) (*Prefill, error)
+//	                                         prefill compute for the evaluation harness
+//	                                         (tk_prefill.cu, tk_prefill.h): per layer, a
+//	                                         list of cuBLAS bf16 GEMMs on a stream of its
+//	                                         own, timed per layer with CUDA events;
+//	                                         buffers allocated once, Start/Wait per run
 //
 // # Ring protocol
 //
