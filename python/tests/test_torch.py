@@ -217,10 +217,24 @@ class LlamaLoopSmokeTest(unittest.TestCase):
         with contextlib.redirect_stdout(io.StringIO()):
             rc = mod.main(["--device", "cpu", "--path", "cpu", "--layers", "2", "--hidden", "128", "--heads", "4",
                            "--kv-heads", "2", "--head-dim", "32", "--intermediate", "256", "--vocab", "500",
-                           "--prefix-tokens", "128", "--suffix-tokens", "8", "--reps", "1", "--json", out])
+                           "--prefix-tokens", "128", "--suffix-tokens", "8", "--reps", "2", "--warmup", "1",
+                           "--distinct-layers", "1", "--json", out])
         with open(out) as f:
             rep = json.load(f)
         self.assertEqual(rc, 0, rep)
         self.assertTrue(rep["kv_bit_exact_vs_saved"])
+        self.assertEqual(rep["kv_bit_exact_vs_saved_per_rep"], [True, True])
         self.assertTrue(rep["logits_equal_vs_recompute"])
         self.assertEqual(rep["loaded_blocks"], 8)
+        # Two timed repetitions and one warm-up, each on its own prefix, all saved whole.
+        self.assertEqual(len(rep["tutti_ttft_ms"]), 2)
+        self.assertEqual(len(rep["recompute_ttft_ms"]), 2)
+        self.assertEqual(len(rep["warmup_runs"]), 1)
+        self.assertEqual(rep["stats"]["saved_blocks"], 3 * 8)
+        self.assertEqual(rep["stats"]["restored_blocks"], 3 * 8)
+        self.assertEqual(len(rep["tutti_per_layer"]["stream_wait_ms"]), 2)
+        self.assertEqual(rep["model"]["distinct_layers"], 1)
+        # The pool files were opened O_DIRECT by the library.
+        self.assertTrue(rep["pool_files"])
+        for p, v in rep["pool_files"].items():
+            self.assertTrue(v["o_direct_fds"] and all(v["o_direct_fds"]), (p, v))
