@@ -1,0 +1,392 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	goruntime "runtime"
+	"slices"
+	"time"
+
+	"github.com/tutti-io/tutti/eval/model"
+	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/sched"
+	"golang.org/x/sys/unix"
+)
+
+// Where the prefill compute of a replay comes from (--compute).
+const (
+	ComputeAuto = "auto" // the GPU when the kernels library and a GPU are here, else simulated (said in the label)
+	ComputeGPU  = "gpu"  // the GPU, or an error
+	ComputeSim  = "sim"  // the simulated model (Compute from the profile's FLOPs)
+)
+
+// ComputeModes lists the --compute values.
+var ComputeModes = []string{ComputeAuto, ComputeGPU, ComputeSim}
+
+// GEMMTiles bounds one GEMM of the GPU prefill, so the buffers are allocated
+// once whatever the request: a longer request runs more GEMMs, not bigger ones.
+type GEMMTiles struct {
+	Rows int // tokens per GEMM (a chunked prefill's chunk)
+	Ctx  int // attended tokens per attention GEMM
+}
+
+// DefaultGEMMTiles: 8192-token chunks (vLLM's max_num_batched_tokens scale),
+// 16384 attended tokens per attention GEMM. Few GEMMs per layer keep the
+// host's launches (a few µs of CPU each, counted in Stats) far below the
+// GPU time and the stream's launch queue.
+var DefaultGEMMTiles = GEMMTiles{Rows: 8192, Ctx: 16384}
+
+// prefillDims are the GEMM dimensions of one layer of profile p:
+//
+//   - linear: [m × K]·[K × N] with K the hidden size and N = (linear FLOPs per
+//     token per layer)/(2K), rounded to the nearest integer: the layer's
+//     weights as one matrix (2·K·N = 2 × the layer's active parameters);
+//   - attention: [m × D]·[D × ctx] with D = AttnFLOPsPerContextToken/(2·layers)
+//     = query heads × (QK dim + V dim): one product per (new token, attended
+//     token) pair, as QKᵀ and A·V together cost.
+type prefillDims struct{ K, LinearN, AttnD int }
+
+func dimsOf(p model.Profile) (prefillDims, error) {
+	layers := float64(p.Shape.Layers)
+	d := prefillDims{K: p.HiddenSize}
+	if p.HiddenSize < 1 || layers < 1 {
+		return d, fmt.Errorf("prefill GEMMs of %s: hidden size %d, %v layers", p.Name, p.HiddenSize, layers)
+	}
+	d.LinearN = int(math.Round(p.LinearFLOPsPerToken() / layers / (2 * float64(p.HiddenSize))))
+	attn := p.AttnFLOPsPerContextToken() / layers / 2
+	d.AttnD = int(math.Round(attn))
+	if d.LinearN < 1 || d.AttnD < 1 || float64(d.AttnD) != attn {
+		return d, fmt.Errorf("prefill GEMMs of %s: linear N %d, attention dim %v", p.Name, d.LinearN, attn)
+	}
+	return d, nil
+}
+
+// PrefillGEMMs returns the GEMMs of one layer that prefills newTokens tokens
+// after cachedTokens tokens of context, for profile p, at most t.Rows tokens
+// and t.Ctx attended tokens per GEMM. Their FLOPs are the profile's
+// PrefillFLOPsPerLayer(cachedTokens, newTokens): the attention part exactly
+// (chunk j of m rows at positions s..s+m−1 attends pairs = m·s + m(m+1)/2
+// keys: an m × ⌊pairs/m⌋ GEMM in Ctx tiles plus the remainder as a
+// rem × 1 GEMM), the linear part within the rounding of N (< 1e-5 for every
+// profile). Identical consecutive shapes are merged (Count).
+func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]kernels.GEMM, error) {
+	d, err := dimsOf(p)
+	if err != nil {
+		return nil, err
+	}
+	if newTokens < 1 || cachedTokens < 0 || t.Rows < 1 || t.Ctx < 1 {
+		return nil, fmt.Errorf("prefill GEMMs: %d new tokens after %d, tiles %+v", newTokens, cachedTokens, t)
+	}
+	var out []kernels.GEMM
+	add := func(g kernels.GEMM) {
+		if g.M < 1 || g.N < 1 || g.Count < 1 {
+			return
+		}
+		if n := len(out); n > 0 && out[n-1].M == g.M && out[n-1].N == g.N && out[n-1].K == g.K {
+			out[n-1].Count += g.Count
+			return
+		}
+		out = append(out, g)
+	}
+	for r0 := 0; r0 < newTokens; r0 += t.Rows {
+		m := min(t.Rows, newTokens-r0)
+		add(kernels.GEMM{M: m, N: d.LinearN, K: d.K, Count: 1})
+		s := int64(cachedTokens + r0)
+		pairs := int64(m)*s + int64(m)*int64(m+1)/2
+		q, rem := pairs/int64(m), pairs%int64(m)
+		add(kernels.GEMM{M: m, N: t.Ctx, K: d.AttnD, Count: int(q / int64(t.Ctx))})
+		add(kernels.GEMM{M: m, N: int(q % int64(t.Ctx)), K: d.AttnD, Count: 1})
+		add(kernels.GEMM{M: int(rem), N: 1, K: d.AttnD, Count: 1})
+	}
+	return out, nil
+}
+
+// prefillBuffers returns the buffer elements that hold every GEMM
+// PrefillGEMMs can emit for p under t (the largest linear and attention
+// shapes: a full chunk of rows).
+func prefillBuffers(d prefillDims, t GEMMTiles) (a, b, c int64) {
+	return kernels.PrefillBuffers([]kernels.GEMM{
+		{M: t.Rows, N: d.LinearN, K: d.K, Count: 1},
+		{M: t.Rows, N: t.Ctx, K: d.AttnD, Count: 1},
+	})
+}
+
+// GPUCompute runs each request's prefill GEMMs on the GPU (kernels.Prefill)
+// while the backend restores, so GPU compute and the restore contend for
+// real, and measures the layer times the timeline uses. One per replay; used
+// by the replay's goroutine (Start hands the enqueue to a goroutine of its
+// own and Finish collects it).
+type GPUCompute struct {
+	prof   model.Profile
+	dims   prefillDims
+	tiles  GEMMTiles
+	pf     *kernels.Prefill
+	device string
+	times  []time.Duration
+
+	pending *PrefillRun
+	stats   GPUComputeStats
+}
+
+// GPUComputeStats counts what the GPU ran.
+type GPUComputeStats struct {
+	Requests int           // prefills measured
+	Reruns   int           // measured again after the restore: it restored another number of blocks than looked up
+	GPUTime  time.Duration // sum of measured layer times
+	// EnqueueCPU is the CPU time of the goroutine that launched the GEMMs
+	// next to the restores (the process CPU a restore is charged with
+	// includes the part that overlapped it).
+	EnqueueCPU time.Duration
+	Launches   int64 // GEMM launches next to restores
+}
+
+// PrefillRun is one request's prefill in flight.
+type PrefillRun struct {
+	newTokens, cachedTokens int
+	done                    chan struct{} // closed when the enqueue returned
+	err                     error
+	enqueueCPU              time.Duration
+	launches                int64
+}
+
+// NewGPUCompute allocates the GPU prefill for profile p on device 0 (buffers
+// for the largest GEMM under tiles). Errors wrap kernels.ErrNotLoaded or
+// kernels.ErrNoGPU where this machine cannot run it.
+func NewGPUCompute(p model.Profile, tiles GEMMTiles) (*GPUCompute, error) {
+	d, err := dimsOf(p)
+	if err != nil {
+		return nil, err
+	}
+	if tiles.Rows < 1 || tiles.Ctx < 1 {
+		return nil, fmt.Errorf("GPU prefill: tiles %+v", tiles)
+	}
+	a, b, c := prefillBuffers(d, tiles)
+	pf, err := kernels.NewPrefill(kernels.PrefillConfig{Device: 0, MaxLayers: p.Shape.Layers, AElems: a, BElems: b, CElems: c})
+	if err != nil {
+		return nil, fmt.Errorf("GPU prefill for %s (%d MiB of bf16 buffers): %w", p.Name, (a+b+c)*2>>20, err)
+	}
+	name, sms, err := kernels.DeviceName(0)
+	if err != nil {
+		pf.Close()
+		return nil, err
+	}
+	return &GPUCompute{prof: p, dims: d, tiles: tiles, pf: pf, device: fmt.Sprintf("%s, %d SMs", name, sms)}, nil
+}
+
+// Close frees the GPU buffers (after collecting a run still in flight).
+func (g *GPUCompute) Close() error {
+	if g == nil {
+		return nil
+	}
+	if g.pending != nil {
+		g.collect(g.pending)
+	}
+	return g.pf.Close()
+}
+
+// Stats returns what the GPU ran so far.
+func (g *GPUCompute) Stats() GPUComputeStats {
+	if g == nil {
+		return GPUComputeStats{}
+	}
+	return g.stats
+}
+
+// Start launches the prefill of inputTokens−cachedTokens tokens after
+// cachedTokens (the blocks the backend is about to restore) on the GPU and
+// returns at once: the GEMMs are enqueued by a goroutine while the caller
+// restores. A nil GPUCompute (simulated compute) returns nil. Every Start is
+// followed by Finish.
+func (g *GPUCompute) Start(inputTokens, cachedTokens int) *PrefillRun {
+	if g == nil {
+		return nil
+	}
+	if g.pending != nil { // an earlier request failed between Start and Finish
+		g.collect(g.pending)
+	}
+	r := &PrefillRun{newTokens: inputTokens - cachedTokens, cachedTokens: cachedTokens, done: make(chan struct{})}
+	if r.newTokens <= 0 {
+		close(r.done)
+		return r
+	}
+	gemms, err := PrefillGEMMs(g.prof, r.newTokens, cachedTokens, g.tiles)
+	if err != nil {
+		r.err = err
+		close(r.done)
+		return r
+	}
+	for _, gm := range gemms {
+		r.launches += int64(gm.Count) * int64(g.prof.Shape.Layers)
+	}
+	g.pending = r
+	go func() {
+		// One OS thread for the whole enqueue, so its CPU time is measurable.
+		goruntime.LockOSThread()
+		defer goruntime.UnlockOSThread()
+		c0 := threadCPU()
+		r.err = g.pf.Start(g.prof.Shape.Layers, gemms)
+		r.enqueueCPU = threadCPU() - c0
+		close(r.done)
+	}()
+	return r
+}
+
+// threadCPU is the calling thread's CPU time (user + system).
+func threadCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_THREAD, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// collect waits for r's enqueue and then for the GPU; the layer times land
+// in g.times.
+func (g *GPUCompute) collect(r *PrefillRun) error {
+	<-r.done
+	if g.pending == r {
+		g.pending = nil
+	}
+	g.stats.EnqueueCPU += r.enqueueCPU
+	g.stats.Launches += r.launches
+	r.enqueueCPU, r.launches = 0, 0
+	g.times = g.times[:0]
+	if r.err != nil || r.newTokens <= 0 {
+		return r.err
+	}
+	var err error
+	g.times, err = g.pf.Wait(g.times)
+	return err
+}
+
+// Finish returns the per-layer compute time of a request that computes
+// newTokens tokens after cachedTokens. Without a GPU (nil g) it is the
+// simulated model sim's. With one, it is the mean of the layer times
+// measured on the GPU (every layer does the same work): those of r, which
+// ran next to the restore; or, when there was no restore (r nil), of a run
+// made now; or, when the restore brought back another number of blocks than
+// Start assumed, of a run made now with the right count, without the
+// restore next to it (counted in Stats().Reruns).
+func (g *GPUCompute) Finish(r *PrefillRun, sim Compute, newTokens, cachedTokens int) (time.Duration, error) {
+	if g == nil {
+		return sim.Layer(newTokens, cachedTokens), nil
+	}
+	if r != nil {
+		if err := g.collect(r); err != nil {
+			return 0, fmt.Errorf("GPU prefill of %d tokens after %d: %w", r.newTokens, r.cachedTokens, err)
+		}
+	}
+	if newTokens <= 0 {
+		return 0, nil
+	}
+	if r == nil || r.newTokens != newTokens || r.cachedTokens != cachedTokens {
+		if r != nil {
+			g.stats.Reruns++
+		}
+		if err := g.measure(g.prof.Shape.Layers, newTokens, cachedTokens); err != nil {
+			return 0, err
+		}
+	}
+	var sum time.Duration
+	for _, d := range g.times {
+		sum += d
+	}
+	g.stats.Requests++
+	g.stats.GPUTime += sum
+	return sum / time.Duration(len(g.times)), nil
+}
+
+// measure runs layers layers of the prefill of newTokens after cachedTokens
+// and waits; the layer times land in g.times.
+func (g *GPUCompute) measure(layers, newTokens, cachedTokens int) error {
+	if g.pending != nil {
+		g.collect(g.pending)
+	}
+	gemms, err := PrefillGEMMs(g.prof, newTokens, cachedTokens, g.tiles)
+	if err != nil {
+		return err
+	}
+	g.times, err = g.pf.Run(layers, gemms, g.times[:0])
+	if err != nil {
+		return fmt.Errorf("GPU prefill of %d tokens after %d: %w", newTokens, cachedTokens, err)
+	}
+	return nil
+}
+
+// calibrationTokens and calibrationStarts span the requests of a replay: the
+// fit separates fixed, per-token and per-pair costs.
+var (
+	calibrationTokens = []int{64, 512, 2048, 8192}
+	calibrationStarts = []int{0, 8192, 32768}
+)
+
+// Calibrate measures layer times on the GPU, alone, for a grid of (tokens,
+// start position) and fits the scheduler's compute model to them
+// (sched.FitCompute): the model tutti's planner weighs loading against
+// recomputing with, and the SLO's reference. Each point is the median of 4
+// layers after a 1-layer warm-up of the same shape (cuBLAS loads and picks
+// its kernels on first use).
+func (g *GPUCompute) Calibrate() (sched.ComputeModel, []sched.LayerPoint, error) {
+	layers := min(4, g.prof.Shape.Layers)
+	var pts []sched.LayerPoint
+	for _, s := range calibrationStarts {
+		for _, n := range calibrationTokens {
+			if err := g.measure(1, n, s); err != nil {
+				return sched.ComputeModel{}, nil, err
+			}
+			if err := g.measure(layers, n, s); err != nil {
+				return sched.ComputeModel{}, nil, err
+			}
+			ts := slices.Clone(g.times)
+			slices.Sort(ts)
+			pts = append(pts, sched.LayerPoint{Tokens: n, StartPos: s, Ns: float64(ts[len(ts)/2])})
+		}
+	}
+	m, err := sched.FitCompute(pts)
+	if err != nil {
+		return m, pts, fmt.Errorf("fitting the measured layer times: %w", err)
+	}
+	return m, pts, nil
+}
+
+// SetupCompute resolves --compute for profile p. sim is the simulated model
+// (NewCompute). It returns the Compute of the replay (its label goes into the
+// report and every JSON row) and, when the GPU runs the prefill, the
+// GPUCompute for Config.GPU (the caller closes it). ComputeAuto falls back to
+// sim where there is no library or no GPU and says so in the label; other
+// failures, and any failure under ComputeGPU, are errors.
+func SetupCompute(mode string, p model.Profile, sim Compute) (Compute, *GPUCompute, error) {
+	switch mode {
+	case ComputeSim:
+		return sim, nil, nil
+	case ComputeAuto, ComputeGPU:
+	default:
+		return sim, nil, fmt.Errorf("--compute %q: want one of %v", mode, ComputeModes)
+	}
+	g, err := NewGPUCompute(p, DefaultGEMMTiles)
+	if err != nil {
+		if mode == ComputeAuto && (errors.Is(err, kernels.ErrNotLoaded) || errors.Is(err, kernels.ErrNoGPU)) {
+			reason := err.Error()
+			if len(reason) > 240 {
+				reason = reason[:240] + "…"
+			}
+			sim.Label += "; --compute auto fell back to this model: " + reason
+			return sim, nil, nil
+		}
+		return sim, nil, fmt.Errorf("--compute %s: %w", mode, err)
+	}
+	m, pts, err := g.Calibrate()
+	if err != nil {
+		g.Close()
+		return sim, nil, fmt.Errorf("--compute %s: calibrating on the GPU: %w", mode, err)
+	}
+	c := Compute{model: m, Label: fmt.Sprintf("measured on GPU (%s): cuBLAS bf16 GEMMs sized from %s's FLOPs, per layer "+
+		"[m×%d]·[%d×%d] (weights) and [m×%d]·[%d×ctx] (attention), ≤ %d tokens and ≤ %d attended tokens per GEMM, "+
+		"run for each request's tokens not restored, concurrently with its restore; a request's layer time is the mean "+
+		"of its measured layers. Planner and SLO model fitted to %d calibration points (sched.FitCompute): "+
+		"%.1f µs + %.4g µs/token + %.4g ns/pair per layer",
+		g.device, p.Name, g.dims.K, g.dims.K, g.dims.LinearN, g.dims.AttnD, g.dims.AttnD, g.tiles.Rows, g.tiles.Ctx,
+		len(pts), m.FixedNs/1e3, m.PerTokenNs/1e3, m.PerPairNs)}
+	return c, g, nil
+}
