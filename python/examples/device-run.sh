@@ -34,8 +34,9 @@
 #
 # Knobs: LLAMA_ARGS (llama_loop.py flags, replacing the defaults),
 # SKIP_LOOP=1 (no loop device), LOOP_GIB (size of the RAM-backed image,
-# default 12), TEST_TIMEOUT / LLAMA_TIMEOUT (seconds per step: 120 / 150, so
-# that a hang cannot eat the device call's 10 minutes).
+# default 12), BUILD_TIMEOUT / TEST_TIMEOUT / LLAMA_TIMEOUT (seconds per step:
+# 150 / 120 / 130 per run, 530 in all, so that a hang cannot eat the device
+# call's 10 minutes and the tarball is always written).
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -44,8 +45,9 @@ W=$(mktemp -d /tmp/tutti-py.XXXXXX) # packed into $OUT/py.tgz at exit
 export TUTTI_LIB=$ROOT/bin/libtutti.so PYTHONPATH=$ROOT/python
 LLAMA_ARGS=${LLAMA_ARGS:---layers 32 --distinct-layers 8 --prefix-tokens 16384 --reps 3 --warmup 1}
 LOOP_GIB=${LOOP_GIB:-12}
+BUILD_TIMEOUT=${BUILD_TIMEOUT:-150}
 TEST_TIMEOUT=${TEST_TIMEOUT:-120}
-LLAMA_TIMEOUT=${LLAMA_TIMEOUT:-150}
+LLAMA_TIMEOUT=${LLAMA_TIMEOUT:-130}
 declare -a SUMMARY
 note() { SUMMARY+=("$1"); echo "== $1"; }
 img="" mnt="" dev=""
@@ -78,7 +80,9 @@ fi
 	free -g 2>&1
 } | tee "$W/machine.txt"
 
-if command -v nvcc >/dev/null && make -C kernels NVCC=nvcc build/libtutti_kernels.so >"$W/kernels-build.log" 2>&1 &&
+if ! command -v nvcc >/dev/null; then
+	note "kernels: not built (no nvcc): GPU-path tests skip, the example uses the CPU path"
+elif timeout -k 10 "$BUILD_TIMEOUT" make -C kernels NVCC=nvcc build/libtutti_kernels.so >"$W/kernels-build.log" 2>&1 &&
 	[ -f "$ROOT/kernels/build/libtutti_kernels.so" ]; then
 	export TUTTI_KERNELS_LIB=$ROOT/kernels/build/libtutti_kernels.so
 	note "kernels: built (${SECONDS}s)"
