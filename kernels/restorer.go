@@ -261,11 +261,7 @@ func fillRing(rd *C.tk_ring, l uring.RingLayout) error {
 // when the thread sleeps (IORING_SQ_NEED_WAKEUP), so the per-I/O path stays on
 // the GPU.
 //
-// A ring without SQPOLL is driven in kick mode instead: the helper enters
-// the kernel once per interval (to_submit = whatever the GPU published, and
-// GETEVENTS so completions are posted); still one system call per batch, never
-// per I/O. Its OS thread is locked because completions of a non-SQPOLL ring
-// run as task work of the thread that submitted.
+// A ring without SQPOLL is driven in kick mode instead (kickLoop).
 func (r *Restorer) wakeLoop() {
 	defer r.waker.Done()
 	l := r.ring.Layout()
@@ -273,6 +269,10 @@ func (r *Restorer) wakeLoop() {
 	if kick {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
+		if l.Features&featExtArg != 0 {
+			r.kickLoop(l)
+			return
+		}
 	}
 	t := time.NewTicker(r.cfg.WakeInterval)
 	defer t.Stop()
@@ -305,7 +305,61 @@ func (r *Restorer) wakeLoop() {
 	}
 }
 
-const setupSQPoll = 1 << 1 // IORING_SETUP_SQPOLL
+const (
+	setupSQPoll = 1 << 1 // IORING_SETUP_SQPOLL
+	featExtArg  = 1 << 8 // IORING_FEAT_EXT_ARG: io_uring_enter takes a wait timeout
+	enterExtArg = 1 << 3 // IORING_ENTER_EXT_ARG
+)
+
+// kickLoop drives a ring without SQPOLL, event by event: each io_uring_enter
+// submits whatever SQEs the GPU has published and then sleeps in the kernel
+// until at least one new completion is posted or WakeInterval passes. So the
+// helper runs once per batch of completions (they free window for the GPU's
+// next SQEs), not on a timer: no Go timer, no spinning, and a new SQE waits
+// at most one completion or one interval. The thread is locked to its OS
+// thread: completions of a non-SQPOLL ring run as task work of the thread
+// that submitted, here inside the same wait.
+func (r *Restorer) kickLoop(l uring.RingLayout) {
+	// The wait argument lives off the Go heap for the whole loop.
+	arg := (*[5]int64)(C.calloc(1, 40)) // io_uring_getevents_arg (24 bytes) + __kernel_timespec
+	defer C.free(unsafe.Pointer(arg))
+	arg[2] = int64(uintptr(unsafe.Pointer(&arg[3]))) // .ts
+	arg[3] = int64(r.cfg.WakeInterval / time.Second)
+	arg[4] = int64(r.cfg.WakeInterval % time.Second)
+	for {
+		if r.active.Load() == 0 {
+			select {
+			case <-r.kick:
+			case <-r.stop:
+				return
+			}
+		}
+		select {
+		case <-r.stop:
+			return
+		default:
+		}
+		// Wait for one completion beyond those the GPU has not reaped yet:
+		// the kernel's target is head-at-entry + min, so a CQE still
+		// unconsumed does not end the wait at once.
+		pending := ringLoad32(l.CQTail) - ringLoad32(l.CQHead)
+		minComplete := min(pending+1, l.CQEntries)
+		// Exactly the SQEs published and not yet consumed: the kernel skips
+		// the wait when it submits fewer than asked (it takes that for an
+		// error), which made an idle helper spin. More published after this
+		// read go in the next round.
+		toSubmit := min(ringLoad32(l.SQTail)-ringLoad32(l.SQHead), l.SQEntries)
+		_, _, e := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(l.FD), uintptr(toSubmit), uintptr(minComplete),
+			uintptr(l.EnterGetEvents|enterExtArg), uintptr(unsafe.Pointer(arg)), 24)
+		if e != 0 && e != unix.ETIME && e != unix.EINTR && e != unix.EAGAIN && e != unix.EBUSY {
+			err := fmt.Errorf("io_uring_enter (kick, wait): %w", e)
+			r.wakeErr.Store(&err)
+			// Do not spin on a persistent error: one interval between tries.
+			time.Sleep(r.cfg.WakeInterval)
+		}
+		r.wakes.Add(1)
+	}
+}
 
 func enter(fd int, toSubmit, flags uint32) error {
 	_, _, e := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(fd), uintptr(toSubmit), 0, uintptr(flags), 0, 0)
