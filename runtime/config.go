@@ -78,6 +78,13 @@ type Config struct {
 	// staging slots are sized for it); a longer load is cut, the rest is
 	// recomputed. Zero: min(NumPages, 4096).
 	GPUMaxPages int
+	// GPUSQPoll gives the GPU's ring a kernel SQPOLL thread that submits
+	// what the GPU publishes (the CPU helper only wakes it). Without it
+	// (the default) the helper submits in batches, woken by completions
+	// (kernels' kick mode): the same bandwidth in gpubench on the GPU
+	// machine at a fraction of the CPU, since the SQPOLL thread polls a
+	// core while it is awake.
+	GPUSQPoll bool
 	// GPUMaxRuns bounds the runs (extents per layer) of one GPU restore.
 	// Zero: 64.
 	GPUMaxRuns int

@@ -56,8 +56,12 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	}
 	rc := uring.DefaultConfig()
 	rc.Entries = uint32(s.cfg.QueueDepth)
-	rc.SQPoll = true
-	rc.SQThreadIdleMs = 20
+	// Without SQPOLL the kernels' helper thread submits and runs the
+	// completions' task work (kick mode); nothing else enters this ring.
+	if s.cfg.GPUSQPoll {
+		rc.SQPoll = true
+		rc.SQThreadIdleMs = 20
+	}
 	ring, err := uring.New(rc)
 	if err != nil {
 		return nil, fmt.Errorf("runtime: GPU ring: %w", err)
