@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 
 	"github.com/tutti-io/tutti/eval"
@@ -49,6 +50,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	capBytes := fs.String("capacity", "", "storage capacity per backend in bytes (e.g. 2GiB); overrides --capacity-blocks")
 	sloMs := fs.Float64("slo-ms", 0, "TTFT SLO on p90 in ms (0 = 2 × recompute's unloaded p90)")
 	gpuTFLOPs := fs.Float64("gpu-tflops", harness.DefaultGPUFLOPs/1e12, "simulated GPU prefill rate (TFLOP/s)")
+	computeMode := fs.String("compute", harness.ComputeAuto, "prefill compute: gpu (cuBLAS GEMMs sized from the model's FLOPs, run next to each restore and measured; "+
+		"every backend prefills every request's missed tokens for real: minutes for big models), sim (the profile's FLOPs at --gpu-tflops), "+
+		"auto (gpu where the kernels library and a GPU are, else sim; the report's compute label says which)")
 	qd := fs.Int("qd", 64, "I/Os in flight per backend")
 	noEBPF := fs.Bool("no-ebpf", false, "count device bytes with /proc/diskstats only")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the devbench ceiling measurement")
@@ -131,6 +135,14 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usageErr(fs.Usage, err)
 	}
+	if !slices.Contains(harness.ComputeModes, *computeMode) {
+		return usageErr(fs.Usage, fmt.Errorf("--compute %q: want one of %v", *computeMode, harness.ComputeModes))
+	}
+	var gpuCompute *harness.GPUCompute
+	if comp, gpuCompute, err = harness.SetupCompute(*computeMode, prof, comp); err != nil {
+		return err
+	}
+	defer gpuCompute.Close()
 	var plannerModel *harness.Compute
 	if *planner {
 		plannerModel = &comp
@@ -194,7 +206,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	bar := report.NewProgress(stderr)
 	cfg := harness.Config{
 		Requests: reqs, Profile: prof, Dirs: storeDirs, StorageLabel: *storageLabel, Backends: bs, CapacityBlocks: *capBlocks,
-		QueueDepth: *qd, Compute: comp, SLOms: *sloMs, EBPF: !*noEBPF,
+		QueueDepth: *qd, Compute: comp, GPU: gpuCompute, SLOms: *sloMs, EBPF: !*noEBPF,
 		Progress: bar.Update,
 	}
 	if *noCeiling {
@@ -220,6 +232,10 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			notes = append(notes, fmt.Sprintf("%s: the planner recomputed %d cached blocks instead of loading them",
 				t.Name(), t.PlannedRecomputeBlocks()))
 		}
+	}
+	if gs := gpuCompute.Stats(); gs.Requests > 0 {
+		notes = append(notes, fmt.Sprintf("GPU prefill: %d prefills measured (%d re-measured alone: the restore brought back fewer blocks than looked up), %.1f s of GPU time; %d GEMM launches next to restores took %.2f CPU-s (in the restores' CPU time where they overlapped)",
+			gs.Requests, gs.Reruns, gs.GPUTime.Seconds(), gs.Launches, gs.EnqueueCPU.Seconds()))
 	}
 	notes = append(notes, fmt.Sprintf("every backend replays the same %d requests in the same order, with the same block capacity", len(reqs)))
 	meta := report.Meta{Command: "tutti replay " + shellJoin(args), TracePath: traceDesc,

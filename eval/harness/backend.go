@@ -19,8 +19,11 @@
 //     (eval/kvdata) and calls Backend.Save, then evicts what the cache policy
 //     drops (Backend.Evict).
 //
-// Restore and save durations are measured for real; the GPU's prefill is a
-// compute model (sched's, from the profile's FLOPs; labelled "simulated").
+// Restore and save durations are measured for real; the prefill's layer
+// times are measured on the GPU where one is (GPUCompute: cuBLAS GEMMs sized
+// from the profile's FLOPs, running next to the restore), else they come
+// from a compute model (sched's, from the profile's FLOPs; labelled
+// "simulated").
 // Time-to-first-token comes from a deterministic timeline (Simulate) that
 // honours the arrival times: the GPU runs one prefill at a time, layer l
 // starting when layer l is loaded and layer l−1 computed; the device serves

@@ -46,6 +46,9 @@ type Config struct {
 	Compute    Compute // prefill model
 	SLOms      float64 // p90 TTFT target; 0 = 2 × recompute's unloaded p90
 	EBPF       bool    // count device bytes with eBPF (else diskstats only)
+	// GPU, when set (SetupCompute), runs each request's prefill GEMMs on the
+	// GPU next to its restore and its measured layer times replace Compute's.
+	GPU *GPUCompute
 	// CeilingBytes is the size of the devbench ceiling file; 0 = 256 MiB,
 	// negative = do not measure a ceiling.
 	CeilingBytes int64
@@ -343,6 +346,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 
 		svc := Service{ArrivalMs: tr.ArrivalMs, Layers: layers}
 		restored := 0
+		var prefill *PrefillRun // on the GPU, next to the restore
 		if req.Hit > 0 {
 			kv.Scribble(pages[:req.Hit*g.ChunkPages])
 			if hs, ok := b.(HostSyncer); ok {
@@ -351,6 +355,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 					return br, fmt.Errorf("request %d: clearing the backend's pages: %w", seq, err)
 				}
 			}
+			prefill = cfg.GPU.Start(tr.InputTokens, min(req.Hit*cfg.Profile.BlockTokens(), tr.InputTokens))
 			c0, _ := blockstat.ProcessCPU()
 			t0 := time.Now()
 			rr, err := b.Restore(req)
@@ -392,7 +397,10 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 			kv.FillBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk))
 		}
 		cachedTokens := min(restored*cfg.Profile.BlockTokens(), tr.InputTokens)
-		svc.LayerCompute = cfg.Compute.Layer(tr.InputTokens-cachedTokens, cachedTokens)
+		if svc.LayerCompute, err = cfg.GPU.Finish(prefill, cfg.Compute, tr.InputTokens-cachedTokens, cachedTokens); err != nil {
+			stopMeter()
+			return br, fmt.Errorf("request %d: %w", seq, err)
+		}
 
 		// Save what is new, within the capacity.
 		end := len(req.Chain)
