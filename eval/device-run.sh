@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# eval/device-run.sh: issue 6's run on the GPU machine, in one device call.
+#
+# Every backend of `tutti replay` on windows of the conversation trace with
+# the Llama-3-70B and the DeepSeek-V3 (MLA) shapes, on the real disk (ext4 on
+# the virtio disk, /var/tmp) and on emulated storage: NLOOPS RAM-backed loop
+# devices (files in /dev/shm, losetup --direct-io=on), one ext4 each, every
+# backend's files striped over all of them (replay --dir m0,m1,...). Each
+# replay runs under `timeout`, and the whole script keeps to BUDGET_S. Every
+# report (report.md, results.json, PNGs), log and the machine's description
+# end up in ONE tarball, $OUT/eval.tgz, on every exit path; stdout ends with
+# each run's summary table.
+#
+# Inputs (environment; all optional):
+#   TUTTI        the CLI, built on the dev machine (default bin/gpu/tutti)
+#   TUTTI_KERNELS_LIB  the CUDA library, built by the caller
+#                (make -C kernels NVCC=nvcc); default kernels/build/libtutti_kernels.so
+#                when it exists. Without it tutti-gpu is left out (said so).
+#   TRACE        Mooncake-format trace. Default: out/trace/conversation_trace.jsonl
+#                when present (carry out/trace), else the window embedded in the binary.
+#   WINDOW_<model>  replay flags that pick the window for a model (model name
+#                with - and . as _, e.g. WINDOW_llama3_70b="--from-ms 0 --requests 10").
+#                Defaults below: for the full trace, the window (a start bucket
+#                and a request count) with the most prefix hits among those whose
+#                distinct blocks stay near 14 GiB of KV per backend, so every
+#                backend's saves fit the time budget.
+#   MODELS       default "llama3-70b deepseek-v3"
+#   BACKENDS     default tutti-gpu,tutti-cpu,per-block,cufile,pagecache,dram,recompute
+#   STORAGES     default "disk emulated"
+#   REPLAY_ARGS  extra replay flags for every run (e.g. "--compute gpu")
+#   STORE        real-disk store (default /var/tmp/tutti-eval)
+#   NLOOPS, LOOP_GIB  loop devices and their size (default 4 × 10 GiB: /dev/shm
+#                holds at most NLOOPS × LOOP_GIB, the loops' ext4 the stores)
+#   BUDGET_S     seconds for the whole script (default 480); MAX_RUN_S per replay (default 170)
+#   OUT          where eval.tgz goes (default out/device-run)
+set -u
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+T0=$(date +%s)
+OUT=${OUT:-$ROOT/out/device-run}
+TUTTI=${TUTTI:-bin/gpu/tutti}
+MODELS=${MODELS:-"llama3-70b deepseek-v3"}
+BACKENDS=${BACKENDS:-tutti-gpu,tutti-cpu,per-block,cufile,pagecache,dram,recompute}
+STORAGES=${STORAGES:-"disk emulated"}
+REPLAY_ARGS=${REPLAY_ARGS:-}
+STORE=${STORE:-/var/tmp/tutti-eval}
+NLOOPS=${NLOOPS:-4}
+LOOP_GIB=${LOOP_GIB:-10}
+BUDGET_S=${BUDGET_S:-480}
+MAX_RUN_S=${MAX_RUN_S:-170}
+DEADLINE=$((T0 + BUDGET_S))
+WORK=$(mktemp -d /tmp/tutti-eval.XXXXXX)
+MNT=$WORK/mnt
+LOOPS=()
+MOUNTS=()
+SHMFILES=()
+SUMMARIES=()
+mkdir -p "$OUT"
+
+say() { echo "== $*" | tee -a "$WORK/run.log"; }
+
+finish() {
+	local rc=$?
+	trap - EXIT INT TERM
+	for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
+	for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null; done
+	for f in "${SHMFILES[@]}"; do rm -f "$f"; done
+	rm -rf "$STORE" "$MNT"
+	say "done in $(($(date +%s) - T0)) s (exit $rc)"
+	tar -C "$WORK" -czf "$OUT/eval.tgz" --exclude=./mnt . 2>/dev/null || echo "tar failed"
+	echo "results: $OUT/eval.tgz ($(du -h "$OUT/eval.tgz" 2>/dev/null | cut -f1))"
+	if [ ${#SUMMARIES[@]} -gt 0 ]; then
+		echo
+		echo "== summaries (replay's table: p50/p99 TTFT ms, rate@SLO req/s, restore GB/s, fraction of the devbench ceiling, hit ratio, I/Os per request, CPU s/GiB, verify mismatches)"
+		for s in "${SUMMARIES[@]}"; do
+			echo "-- ${s#*|}"
+			cat "${s%%|*}" 2>/dev/null
+		done
+	fi
+	rm -rf "$WORK"
+	exit "$rc"
+}
+trap finish EXIT
+trap 'say "interrupted"; exit 130' INT TERM
+
+# --- inputs -----------------------------------------------------------------
+if [ ! -x "$TUTTI" ]; then
+	say "$TUTTI missing: build it on the dev machine (go build -o bin/gpu/tutti ./cmd/tutti) and carry bin"
+	exit 2
+fi
+if [ -z "${TUTTI_KERNELS_LIB:-}" ] && [ -f kernels/build/libtutti_kernels.so ]; then
+	export TUTTI_KERNELS_LIB=$ROOT/kernels/build/libtutti_kernels.so
+fi
+if [[ ",$BACKENDS," == *,tutti-gpu,* ]] && { [ -z "${TUTTI_KERNELS_LIB:-}" ] || [ ! -f "$TUTTI_KERNELS_LIB" ]; }; then
+	say "no kernels library (TUTTI_KERNELS_LIB='${TUTTI_KERNELS_LIB:-}'): tutti-gpu left out"
+	BACKENDS=$(echo ",$BACKENDS," | sed 's/,tutti-gpu,/,/; s/^,//; s/,$//')
+fi
+if [ -z "${TRACE:-}" ] && [ -f out/trace/conversation_trace.jsonl ]; then
+	TRACE=out/trace/conversation_trace.jsonl
+fi
+TRACE=${TRACE:-}
+
+# window_flags MODEL: the replay flags that choose the model's window.
+window_flags() {
+	local var="WINDOW_${1//[-.]/_}"
+	if [ -n "${!var:-}" ]; then
+		echo "${!var}"
+		return
+	fi
+	case "$TRACE:$1" in
+	# Full conversation trace. 70B (160 MiB per 512-token block): from
+	# line 11112, 15 requests, 73 distinct blocks (11.4 GiB), 14 prefix hits.
+	*conversation_trace.jsonl:llama3-70b) echo "--trace $TRACE --from-ms 3290999 --requests 15" ;;
+	# MLA (34 MiB per block): from line 4186, 27 requests, 394 distinct
+	# blocks (13.2 GiB), 79 prefix hits.
+	*conversation_trace.jsonl:deepseek-v3) echo "--trace $TRACE --from-ms 1356000 --requests 27" ;;
+	# Embedded window (lines 5276-5475): 70B 12 requests, 91 distinct, 11
+	# hits; MLA 29 requests, 429 distinct, 28 hits.
+	:llama3-70b) echo "--from-ms 1671000 --to-ms 1674001" ;;
+	:deepseek-v3) echo "--from-ms 1685999 --to-ms 1692001" ;;
+	:*) echo "--requests ${REQUESTS:-60}" ;;
+	*) echo "--trace $TRACE --requests ${REQUESTS:-20}" ;;
+	esac
+}
+
+# --- the machine ------------------------------------------------------------
+{
+	echo "date $(date -u +%FT%TZ) host $(hostname) kernel $(uname -r) cpus $(nproc)"
+	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
+	free -g
+	df -h / /tmp /var/tmp /dev/shm
+	git log -1 --format='commit %H %s' 2>/dev/null
+	git status --short 2>/dev/null | head -20
+	echo "TUTTI=$TUTTI TUTTI_KERNELS_LIB=${TUTTI_KERNELS_LIB:-} TRACE=${TRACE:-embedded window}"
+	echo "MODELS=$MODELS BACKENDS=$BACKENDS STORAGES=$STORAGES REPLAY_ARGS=$REPLAY_ARGS"
+	echo "NLOOPS=$NLOOPS LOOP_GIB=$LOOP_GIB BUDGET_S=$BUDGET_S MAX_RUN_S=$MAX_RUN_S"
+} >"$WORK/machine.txt" 2>&1
+head -3 "$WORK/machine.txt"
+
+# --- emulated storage: RAM-backed loop devices, ext4 each -------------------
+EMU_DIRS=""
+setup_loops() {
+	local need=$((NLOOPS * LOOP_GIB)) shm
+	shm=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
+	if [ "${shm:-0}" -lt $((need + 4)) ]; then
+		say "emulated storage: /dev/shm has ${shm:-?} GiB free, need $need + 4: skipped"
+		return 1
+	fi
+	mkdir -p "$MNT"
+	local i f dev dirs=()
+	for ((i = 0; i < NLOOPS; i++)); do
+		f=/dev/shm/tutti-eval-loop$i
+		truncate -s "${LOOP_GIB}G" "$f" || return 1
+		SHMFILES+=("$f")
+		dev=$(losetup --find --show --direct-io=on "$f") || { say "losetup $f failed"; return 1; }
+		LOOPS+=("$dev")
+		# inode tables and journal written now, not by ext4lazyinit during a run
+		mkfs.ext4 -q -F -m 0 -E lazy_itable_init=0,lazy_journal_init=0 "$dev" >>"$WORK/run.log" 2>&1 || { say "mkfs.ext4 $dev failed"; return 1; }
+		mkdir -p "$MNT/m$i"
+		mount -o noatime "$dev" "$MNT/m$i" || { say "mount $dev failed"; return 1; }
+		MOUNTS+=("$MNT/m$i")
+		mkdir -p "$MNT/m$i/store"
+		dirs+=("$MNT/m$i/store")
+	done
+	EMU_DIRS=$(IFS=,; echo "${dirs[*]}")
+	{ losetup -l; cat /sys/block/loop*/queue/dio 2>/dev/null | head -"$NLOOPS"; df -h "${MOUNTS[@]}"; } >>"$WORK/machine.txt" 2>&1
+	say "emulated storage: ${LOOPS[*]} (${LOOP_GIB} GiB each, O_DIRECT loop, ext4) at $EMU_DIRS"
+}
+
+# --- the runs ---------------------------------------------------------------
+# disk and emulated alternate per model, so a run cut short still has both storages of the first model
+ORDERED=()
+for model in $MODELS; do
+	for storage in $STORAGES; do ORDERED+=("$storage:$model"); done
+done
+if [[ " $STORAGES " == *" emulated "* ]]; then
+	setup_loops || say "emulated storage not set up: its runs are skipped"
+fi
+
+left=${#ORDERED[@]}
+for run in "${ORDERED[@]}"; do
+	storage=${run%%:*} model=${run#*:}
+	left=$((left - 1))
+	case "$storage" in
+	disk)
+		dirs=$STORE/store
+		mkdir -p "$dirs"
+		label="real disk (ext4 on the virtio disk, $(df --output=source "$STORE" | tail -1))"
+		;;
+	emulated)
+		[ -n "$EMU_DIRS" ] || { say "$run: no emulated storage"; continue; }
+		dirs=$EMU_DIRS
+		label="emulated storage ($NLOOPS RAM-backed loop devices in /dev/shm, loop O_DIRECT, ext4 each; every backend striped over them)"
+		;;
+	*) say "unknown storage $storage"; continue ;;
+	esac
+	now=$(date +%s)
+	limit=$((DEADLINE - now - 15 - 60 * left))
+	[ "$limit" -gt "$MAX_RUN_S" ] && limit=$MAX_RUN_S
+	if [ "$limit" -lt 40 ]; then
+		say "$run: skipped, ${limit}s left for it"
+		continue
+	fi
+	tag=${storage}-${model}
+	mkdir -p "$WORK/$tag"
+	# shellcheck disable=SC2046,SC2086 # window flags and REPLAY_ARGS are word lists
+	set -- replay --model "$model" --backends "$BACKENDS" --dir "$dirs" --storage-label "$label" \
+		--out "$WORK/$tag" $(window_flags "$model") $REPLAY_ARGS
+	say "$tag: $TUTTI $* (timeout ${limit}s)"
+	sync
+	t=$(date +%s)
+	timeout -s INT -k 20 "$limit" "$TUTTI" "$@" >"$WORK/$tag/summary.txt" 2>"$WORK/$tag/replay.log"
+	rc=$?
+	say "$tag: exit $rc in $(($(date +%s) - t)) s$([ $rc = 124 ] && echo ' (timed out)')"
+	[ $rc = 0 ] || tail -5 "$WORK/$tag/replay.log"
+	SUMMARIES+=("$WORK/$tag/summary.txt|$tag (exit $rc)")
+	[ "$storage" = disk ] && rm -rf "$STORE/store"
+done
+exit 0
