@@ -6,6 +6,7 @@ import (
 	"math"
 	goruntime "runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tutti-io/tutti/eval/model"
@@ -350,6 +351,23 @@ func (g *GPUCompute) Calibrate() (sched.ComputeModel, []sched.LayerPoint, error)
 	return m, pts, nil
 }
 
+// fallbackReason says briefly why the GPU prefill cannot run here.
+func fallbackReason(err error) string {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "lacks tk_prefill"):
+		return "the kernels library lacks the prefill entry points (built before them: rebuild it with make -C kernels)"
+	case errors.Is(err, kernels.ErrNoGPU):
+		return "no GPU"
+	case errors.Is(err, kernels.ErrNotLoaded) && strings.Contains(msg, "tried ["):
+		return "no kernels library (libtutti_kernels.so; set TUTTI_KERNELS_LIB)"
+	}
+	if len(msg) > 240 {
+		msg = msg[:240] + "…"
+	}
+	return msg
+}
+
 // SetupCompute resolves --compute for profile p. sim is the simulated model
 // (NewCompute). It returns the Compute of the replay (its label goes into the
 // report and every JSON row) and, when the GPU runs the prefill, the
@@ -367,11 +385,7 @@ func SetupCompute(mode string, p model.Profile, sim Compute) (Compute, *GPUCompu
 	g, err := NewGPUCompute(p, DefaultGEMMTiles)
 	if err != nil {
 		if mode == ComputeAuto && (errors.Is(err, kernels.ErrNotLoaded) || errors.Is(err, kernels.ErrNoGPU)) {
-			reason := err.Error()
-			if len(reason) > 240 {
-				reason = reason[:240] + "…"
-			}
-			sim.Label += "; --compute auto fell back to this model: " + reason
+			sim.Label += "; --compute auto fell back to this model: " + fallbackReason(err)
 			return sim, nil, nil
 		}
 		return sim, nil, fmt.Errorf("--compute %s: %w", mode, err)
