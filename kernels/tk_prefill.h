@@ -5,9 +5,10 @@
  * prefill with cuBLAS on a stream of its own, so the evaluation harness can
  * put real GPU work next to a restore's I/O and measure each layer's time.
  *
- * These entry points were added after TK_ABI_VERSION 1 without changing any
- * existing struct or signature: a loader resolves them separately and reports
- * a library that lacks them (built before) by the missing symbol's name.
+ * These entry points came after the restore ABI and change none of its
+ * structs or signatures (TK_ABI_VERSION does not cover them): a loader
+ * resolves them separately and reports a library built before them by the
+ * missing symbol's name. A change below must keep that true or rename.
  *
  * Memory: tk_prefill_create allocates everything (three bf16 buffers filled
  * with pseudo-random values once, a cuBLAS handle with its own workspace, a
