@@ -20,10 +20,9 @@
 #                when present (carry out/trace), else the window embedded in the binary.
 #   WINDOW_<model>  replay flags that pick the window for a model (model name
 #                with - and . as _, e.g. WINDOW_llama3_70b="--from-ms 0 --requests 10").
-#                Defaults below: for the full trace, the window (a start bucket
-#                and a request count) with the most prefix hits among those whose
-#                distinct blocks stay near 14 GiB of KV per backend, so every
-#                backend's saves fit the time budget.
+#                Defaults below: the window (a start bucket and a request count)
+#                with the most prefix hits among those whose prefill FLOPs and
+#                distinct blocks keep every backend's run within the budget.
 #   MODELS       default "llama3-70b deepseek-v3"
 #   BACKENDS     default tutti-gpu,tutti-cpu,per-block,cufile,pagecache,dram,recompute
 #   STORAGES     default "disk emulated"
@@ -108,16 +107,21 @@ window_flags() {
 		return
 	fi
 	case "$TRACE:$1" in
-	# Full conversation trace. 70B (160 MiB per 512-token block): from
-	# line 11112, 15 requests, 73 distinct blocks (11.4 GiB), 14 prefix hits.
-	*conversation_trace.jsonl:llama3-70b) echo "--trace $TRACE --from-ms 3290999 --requests 15" ;;
-	# MLA (34 MiB per block): from line 4186, 27 requests, 394 distinct
-	# blocks (13.2 GiB), 79 prefix hits.
-	*conversation_trace.jsonl:deepseek-v3) echo "--trace $TRACE --from-ms 1356000 --requests 27" ;;
-	# Embedded window (lines 5276-5475): 70B 12 requests, 91 distinct, 11
-	# hits; MLA 29 requests, 429 distinct, 28 hits.
-	:llama3-70b) echo "--from-ms 1671000 --to-ms 1674001" ;;
-	:deepseek-v3) echo "--from-ms 1685999 --to-ms 1692001" ;;
+	# The full conversation trace: the same start (line 11112) for both
+	# shapes. Picked for the most prefix hits among windows whose full
+	# prefill stays near 6-7 PFLOP (replay's default --compute auto runs
+	# every request's prefill GEMMs on the GPU, for every backend) and whose
+	# distinct blocks stay near 11 GiB of KV. 70B (160 MiB per 512-token
+	# block): 14 requests, 72 distinct blocks (11.2 GiB), 13 hits (2.0 GiB),
+	# 6.0 PFLOP. MLA (34 MiB per block): 20 requests, 126 distinct (4.2
+	# GiB), 19 hits (0.64 GiB), 6.8 PFLOP.
+	*conversation_trace.jsonl:llama3-70b) echo "--trace $TRACE --from-ms 3290999 --requests 14" ;;
+	*conversation_trace.jsonl:deepseek-v3) echo "--trace $TRACE --from-ms 3290999 --requests 20" ;;
+	# The embedded window (lines 5276-5475), the same way: 70B 9 requests,
+	# 62 distinct, 8 hits, 5.2 PFLOP; MLA 15 requests, 120 distinct, 14
+	# hits, 6.0 PFLOP.
+	:llama3-70b) echo "--requests 9" ;;
+	:deepseek-v3) echo "--requests 15" ;;
 	:*) echo "--requests ${REQUESTS:-60}" ;;
 	*) echo "--trace $TRACE --requests ${REQUESTS:-20}" ;;
 	esac

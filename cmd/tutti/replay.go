@@ -220,9 +220,15 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 		cfg.MaxKVBytes = v
 	}
-	res, err := harness.Run(ctx, cfg)
-	if err != nil {
-		return err
+	res, runErr := harness.Run(ctx, cfg)
+	if runErr != nil && (res == nil || len(res.Backends) == 0 || ctx.Err() == nil) {
+		return runErr
+	}
+	if runErr != nil {
+		// Interrupted (Ctrl-C, timeout -s INT): the backends that finished
+		// are reported, and the exit status still says it was cut short.
+		notes = append(notes, fmt.Sprintf("interrupted after %d of %d backends (%v): only those that finished are reported",
+			len(res.Backends), len(bs), runErr))
 	}
 	if res.Oversize > 0 {
 		fmt.Fprintf(stderr, "left out %d requests whose KV exceeds the engine memory bound (--kv-mem)\n", res.Oversize)
@@ -267,6 +273,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "%s could not run: %s\n", b.Backend, b.Skipped)
 			return exitError{code: 4}
 		}
+	}
+	if runErr != nil {
+		return runErr
 	}
 	return werr
 }
