@@ -96,7 +96,7 @@ def parse_args(argv=None):
     p.add_argument("--path", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--dir", action="append", help="store directory (repeat to stripe); default: a temporary one")
     p.add_argument("--capacity-gib", type=float, default=0,
-                   help="store capacity; default: the KV of every prefix plus 10%%")
+                   help="store capacity; default: the KV of every prefix plus 25%%")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report here too")
     p.add_argument("--wait", choices=("auto", "host", "stream"), default="auto",
@@ -356,7 +356,9 @@ def main(argv=None):
     n_pages_prefix = P // PT
     chain_len = P // block_tokens
     prefix_kv_bytes = n_pages_prefix * geom.page_bytes_per_layer * a.layers
-    capacity = int(a.capacity_gib * (1 << 30)) or max(int(n_prefixes * prefix_kv_bytes * 1.1) + (64 << 20), 64 << 20)
+    # The index admits payload up to 90% of the capacity (runtime.CapacityForBlocks),
+    # so 1.1x left the first prefix a few blocks short (evicted): 1.25x plus headers.
+    capacity = int(a.capacity_gib * (1 << 30)) or max(int(n_prefixes * prefix_kv_bytes * 1.25) + (64 << 20), 64 << 20)
 
     model = Llama(a, dev, dtype)
     shape = geom.tensor_shape("per_layer", num_pages)
