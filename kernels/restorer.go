@@ -121,7 +121,7 @@ type Restorer struct {
 	plan    Plan       // scratch for Restore (the library copies it)
 	slots   []reqSlot  // per request slot: the entries (for error reports) and results
 	closed  bool
-	active  atomic.Int32
+	helper  helperState // restores live, the kick loop's state (C memory)
 	kick    chan struct{}
 	stop    chan struct{}
 	waker   sync.WaitGroup
@@ -212,6 +212,7 @@ func Bind(cfg Config) (*Restorer, error) {
 		r.fixedErr = r.registerStaging(slotBytes)
 		r.fixed = r.fixedErr == nil
 	}
+	r.helper = newHelperState()
 	r.slots = make([]reqSlot, cfg.MaxRequests)
 	for i := range r.slots {
 		r.slots[i] = reqSlot{
@@ -270,14 +271,14 @@ func (r *Restorer) wakeLoop() {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		if l.Features&featExtArg != 0 {
-			r.kickLoop(l)
+			r.helper.runKickLoop(l, r.cfg.WakeInterval)
 			return
 		}
 	}
 	t := time.NewTicker(r.cfg.WakeInterval)
 	defer t.Stop()
 	for {
-		if r.active.Load() == 0 {
+		if !r.helper.active() {
 			select {
 			case <-r.kick:
 			case <-r.stop:
@@ -308,58 +309,7 @@ func (r *Restorer) wakeLoop() {
 const (
 	setupSQPoll = 1 << 1 // IORING_SETUP_SQPOLL
 	featExtArg  = 1 << 8 // IORING_FEAT_EXT_ARG: io_uring_enter takes a wait timeout
-	enterExtArg = 1 << 3 // IORING_ENTER_EXT_ARG
 )
-
-// kickLoop drives a ring without SQPOLL, event by event: each io_uring_enter
-// submits whatever SQEs the GPU has published and then sleeps in the kernel
-// until at least one new completion is posted or WakeInterval passes. So the
-// helper runs once per batch of completions (they free window for the GPU's
-// next SQEs), not on a timer: no Go timer, no spinning, and a new SQE waits
-// at most one completion or one interval. The thread is locked to its OS
-// thread: completions of a non-SQPOLL ring run as task work of the thread
-// that submitted, here inside the same wait.
-func (r *Restorer) kickLoop(l uring.RingLayout) {
-	// The wait argument lives off the Go heap for the whole loop.
-	arg := (*[5]int64)(C.calloc(1, 40)) // io_uring_getevents_arg (24 bytes) + __kernel_timespec
-	defer C.free(unsafe.Pointer(arg))
-	arg[2] = int64(uintptr(unsafe.Pointer(&arg[3]))) // .ts
-	arg[3] = int64(r.cfg.WakeInterval / time.Second)
-	arg[4] = int64(r.cfg.WakeInterval % time.Second)
-	for {
-		if r.active.Load() == 0 {
-			select {
-			case <-r.kick:
-			case <-r.stop:
-				return
-			}
-		}
-		select {
-		case <-r.stop:
-			return
-		default:
-		}
-		// Wait for one completion beyond those the GPU has not reaped yet:
-		// the kernel's target is head-at-entry + min, so a CQE still
-		// unconsumed does not end the wait at once.
-		pending := ringLoad32(l.CQTail) - ringLoad32(l.CQHead)
-		minComplete := min(pending+1, l.CQEntries)
-		// Exactly the SQEs published and not yet consumed: the kernel skips
-		// the wait when it submits fewer than asked (it takes that for an
-		// error), which made an idle helper spin. More published after this
-		// read go in the next round.
-		toSubmit := min(ringLoad32(l.SQTail)-ringLoad32(l.SQHead), l.SQEntries)
-		_, _, e := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(l.FD), uintptr(toSubmit), uintptr(minComplete),
-			uintptr(l.EnterGetEvents|enterExtArg), uintptr(unsafe.Pointer(arg)), 24)
-		if e != 0 && e != unix.ETIME && e != unix.EINTR && e != unix.EAGAIN && e != unix.EBUSY {
-			err := fmt.Errorf("io_uring_enter (kick, wait): %w", e)
-			r.wakeErr.Store(&err)
-			// Do not spin on a persistent error: one interval between tries.
-			time.Sleep(r.cfg.WakeInterval)
-		}
-		r.wakes.Add(1)
-	}
-}
 
 func enter(fd int, toSubmit, flags uint32) error {
 	_, _, e := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(fd), uintptr(toSubmit), 0, uintptr(flags), 0, 0)
@@ -397,7 +347,20 @@ func (r *Restorer) FixedBuffers() (bool, error) { return r.fixed, r.fixedErr }
 
 // Wakeups counts the times the helper had to wake the SQPOLL thread (or, in
 // kick mode, entered the kernel).
-func (r *Restorer) Wakeups() int64 { return r.wakes.Load() }
+func (r *Restorer) Wakeups() int64 { return r.wakes.Load() + r.helper.enters() }
+
+// HelperErr is the last error of the CPU helper's io_uring_enter calls (nil
+// if none). The GPU sees such a failure only as entries that time out; this
+// says why.
+func (r *Restorer) HelperErr() error {
+	if err := r.helper.err(); err != nil {
+		return err
+	}
+	if e := r.wakeErr.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
 
 // Limits are the bounds every request is checked against.
 func (r *Restorer) Limits() Limits { return r.lim }
@@ -416,7 +379,9 @@ func (r *Restorer) Close() error {
 	}
 	r.closed = true
 	close(r.stop)
+	r.helper.stop()
 	r.waker.Wait()
+	r.helper.free()
 	err := status("tk_unbind", C.tkl_unbind(r.ctx))
 	if r.fixed {
 		// The pages stay pinned by the ring until unregistered.
@@ -482,7 +447,7 @@ func (r *Restorer) Restore(req Request) (*Restore, error) {
 	// of per-layer kernels and events), and the first layer's I/O kernel only
 	// finishes — freeing the queue — if the SQPOLL thread is woken (or the
 	// ring kicked). Started after the submit, it never ran: every layer timed out.
-	if r.active.Add(1) == 1 {
+	if r.helper.begin() {
 		select {
 		case r.kick <- struct{}{}:
 		default:
@@ -490,7 +455,7 @@ func (r *Restorer) Restore(req Request) (*Restore, error) {
 	}
 	var id C.uint32_t
 	if err := status("tk_restore_submit", C.tkl_restore_submit(r.ctx, &rp, &id)); err != nil {
-		r.active.Add(-1)
+		r.helper.end()
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	s := &r.slots[id]
@@ -569,7 +534,7 @@ func (x *Restore) Release() error {
 	x.r.mu.Lock()
 	defer x.r.mu.Unlock()
 	x.released = true
-	x.r.active.Add(-1)
+	x.r.helper.end()
 	return status("releasing restore", C.tkl_restore_release(x.r.ctx, C.uint32_t(x.id)))
 }
 

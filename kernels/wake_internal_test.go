@@ -15,10 +15,10 @@ func TestWakeLoopKicks(t *testing.T) {
 		t.Skipf("io_uring unavailable: %v", err)
 	}
 	defer ring.Close()
-	r := &Restorer{cfg: Config{WakeInterval: 100 * time.Microsecond}, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	r := &Restorer{cfg: Config{WakeInterval: 100 * time.Microsecond}, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState()}
 	r.waker.Add(1)
 	go r.wakeLoop()
-	r.active.Add(1)
+	r.helper.begin()
 	r.kick <- struct{}{}
 	deadline := time.Now().Add(5 * time.Second)
 	for r.Wakeups() < 3 && time.Now().Before(deadline) {
@@ -30,9 +30,11 @@ func TestWakeLoopKicks(t *testing.T) {
 	if e := r.wakeErr.Load(); e != nil {
 		t.Fatalf("kick: %v", *e)
 	}
-	r.active.Add(-1)
+	r.helper.end()
 	close(r.stop)
+	r.helper.stop()
 	r.waker.Wait()
+	r.helper.free()
 }
 
 // TestKickLoopSubmitsWhatTheGPUPublishes stands in for the GPU on a ring
@@ -53,10 +55,10 @@ func TestKickLoopSubmitsWhatTheGPUPublishes(t *testing.T) {
 			t.Skip("kernel without IORING_FEAT_EXT_ARG: the timer loop drives kick mode instead")
 		}
 		const interval = 20 * time.Millisecond
-		r := &Restorer{cfg: Config{WakeInterval: interval}, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{})}
+		r := &Restorer{cfg: Config{WakeInterval: interval}, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState()}
 		r.waker.Add(1)
 		go r.wakeLoop()
-		r.active.Add(1)
+		r.helper.begin()
 		r.kick <- struct{}{}
 
 		idle := 200 * time.Millisecond
@@ -98,12 +100,14 @@ func TestKickLoopSubmitsWhatTheGPUPublishes(t *testing.T) {
 			}
 			ringStore32(l.CQHead, head+4)
 		}
-		if e := r.wakeErr.Load(); e != nil {
-			t.Fatalf("kick: %v", *e)
+		if err := r.HelperErr(); err != nil {
+			t.Fatalf("kick: %v", err)
 		}
-		r.active.Add(-1)
+		r.helper.end()
 		close(r.stop)
+		r.helper.stop()
 		r.waker.Wait()
+		r.helper.free()
 		ring.Close()
 	}
 }

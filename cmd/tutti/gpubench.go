@@ -507,6 +507,9 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	} else {
 		row.Note = fmt.Sprintf("%d kicks", r.Wakeups()-wakes0)
 	}
+	if herr := r.HelperErr(); herr != nil {
+		row.Note += ", helper: " + herr.Error()
+	}
 	switch fixed, ferr := r.FixedBuffers(); {
 	case fixed:
 		row.Note += ", READ_FIXED into registered staging"
