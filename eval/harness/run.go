@@ -264,7 +264,37 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		res.Backends = append(res.Backends, br)
 	}
+	resweepAtRecomputeSLO(cfg, res)
 	return res, nil
+}
+
+// resweepAtRecomputeSLO replaces a default SLO taken from the compute model
+// by one from the recompute backend's own prefills (2 × p90 of its unloaded
+// TTFT, layers × measured layer time), when that backend ran: with prefill
+// measured on the GPU the fitted model can be far from the prefills the
+// timeline replays (seen 2× on the H200, where every backend then missed a
+// model-derived SLO at every rate). Each backend's SLO curve is swept again.
+func resweepAtRecomputeSLO(cfg Config, res *Result) {
+	if cfg.SLOms > 0 {
+		return
+	}
+	for _, br := range res.Backends {
+		if br.Backend != "recompute" || len(br.Services) == 0 {
+			continue
+		}
+		var ttft []float64
+		for _, s := range br.Services {
+			ttft = append(ttft, float64(s.Layers)*float64(s.LayerCompute)/1e6)
+		}
+		res.SLOms = 2 * metrics.Percentile(ttft, 0.9)
+		res.SLOSource = "2 × p90 TTFT of recompute without queueing (the recompute backend's own prefills)"
+		for i := range res.Backends {
+			b := &res.Backends[i]
+			b.Curve, b.MaxRateAtSLO = Sweep(b.Services, res.SLOms)
+			b.MaxRateIsLowerBound = MaxRateTried(b.Curve, b.MaxRateAtSLO)
+		}
+		return
+	}
 }
 
 func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KVMemory, b Backend) (BackendResult, error) {

@@ -4,6 +4,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/tutti-io/tutti/eval/metrics"
 )
 
 func TestSimulate(t *testing.T) {
@@ -78,5 +80,36 @@ func TestBandwidth(t *testing.T) {
 	}
 	if len(ts) != 5 || math.Abs(total-1000) > 1e-6 || math.Abs(bw[0]-1000) > 1e-6 {
 		t.Fatalf("ts %v bw %v", ts, bw)
+	}
+}
+
+// The default SLO follows the recompute backend's own prefills, and every
+// backend's curve is swept against it; a given SLO is left alone.
+func TestResweepAtRecomputeSLO(t *testing.T) {
+	svc := func(layerMs float64) []Service {
+		var out []Service
+		for i := 0; i < 10; i++ {
+			out = append(out, Service{ArrivalMs: float64(i) * 1000, Layers: 10,
+				LayerCompute: time.Duration(layerMs * float64(i+1) * 1e6)})
+		}
+		return out
+	}
+	res := &Result{SLOms: 5, SLOSource: "model"}
+	res.Backends = []BackendResult{{Backend: "tutti-cpu", Services: svc(1)}, {Backend: "recompute", Services: svc(2)}}
+	resweepAtRecomputeSLO(Config{}, res)
+	// recompute's unloaded TTFTs are 20, 40, ..., 200 ms: p90 interpolates to 182 ms
+	want := 2 * metrics.Percentile([]float64{20, 40, 60, 80, 100, 120, 140, 160, 180, 200}, 0.9)
+	if res.SLOms != want {
+		t.Fatalf("SLO %.2f ms, want %.2f", res.SLOms, want)
+	}
+	for _, b := range res.Backends {
+		if b.MaxRateAtSLO <= 0 || len(b.Curve) == 0 {
+			t.Fatalf("%s: not swept against the new SLO (max rate %v)", b.Backend, b.MaxRateAtSLO)
+		}
+	}
+	given := &Result{SLOms: 5, SLOSource: "given", Backends: res.Backends}
+	resweepAtRecomputeSLO(Config{SLOms: 5}, given)
+	if given.SLOms != 5 || given.SLOSource != "given" {
+		t.Fatalf("a given SLO was replaced: %v (%s)", given.SLOms, given.SLOSource)
 	}
 }
