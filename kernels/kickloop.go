@@ -16,6 +16,8 @@ typedef struct {
 	int64_t enters;     // io_uring_enter calls made
 	int32_t last_errno; // last unexpected io_uring_enter error (0: none)
 	int32_t errors;     // how many
+	int32_t tid;        // the loop's thread (for per-thread CPU accounting)
+	int32_t pad;
 } tk_kick_ctl;
 
 typedef struct {
@@ -40,6 +42,7 @@ static void tk_kick_loop(tk_kick_ctl *ctl, const tk_kick_ring *r) {
 	struct { uint64_t sigmask; uint32_t sigmask_sz, min_wait_usec; uint64_t ts; } arg = { 0, 0, 0, (uint64_t)(uintptr_t)&ts };
 	struct timespec idle = { 0, 100000000 };
 	struct timespec back = { ts.sec, ts.nsec };
+	__atomic_store_n(&ctl->tid, (int32_t)syscall(SYS_gettid), __ATOMIC_RELAXED);
 	for (;;) {
 		if (__atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE)) return;
 		if (__atomic_load_n(&ctl->active, __ATOMIC_ACQUIRE) == 0) {
@@ -109,6 +112,8 @@ func (h helperState) stop() {
 	atomic.StoreInt32((*int32)(unsafe.Pointer(&h.ctl.stop)), 1)
 	C.tk_kick_wake(h.ctl)
 }
+
+func (h helperState) tid() int { return int(atomic.LoadInt32((*int32)(unsafe.Pointer(&h.ctl.tid)))) }
 
 func (h helperState) enters() int64 { return atomic.LoadInt64((*int64)(unsafe.Pointer(&h.ctl.enters))) }
 

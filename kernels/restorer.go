@@ -349,6 +349,10 @@ func (r *Restorer) FixedBuffers() (bool, error) { return r.fixed, r.fixedErr }
 // kick mode, entered the kernel).
 func (r *Restorer) Wakeups() int64 { return r.wakes.Load() + r.helper.enters() }
 
+// HelperTID is the OS thread id of the kick loop (0 before it started, or
+// on a SQPOLL ring): its CPU time is the helper's share of the process's.
+func (r *Restorer) HelperTID() int { return r.helper.tid() }
+
 // HelperErr is the last error of the CPU helper's io_uring_enter calls (nil
 // if none). The GPU sees such a failure only as entries that time out; this
 // says why.

@@ -483,6 +483,7 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 		req.Layers = append(req.Layers, []kernels.Extent{{FD: f.FD, Align: f.DirectAlign, Offset: b.layerOff(l), Pages: b.pages}})
 	}
 	wakes0 := r.Wakeups()
+	threads0 := readThreadCPU()
 	m0 := b.mark()
 	x, err := r.Restore(req)
 	if err != nil {
@@ -506,6 +507,9 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 		row.Note = fmt.Sprintf("sqpoll thread %.2f s, %d wake-ups", row.SQPollCPUS, r.Wakeups()-wakes0)
 	} else {
 		row.Note = fmt.Sprintf("%d kicks", r.Wakeups()-wakes0)
+	}
+	if d := threadCPUDelta(threads0, readThreadCPU(), r.HelperTID()); d != "" {
+		row.Note += ", threads: " + d
 	}
 	if herr := r.HelperErr(); herr != nil {
 		row.Note += ", helper: " + herr.Error()
