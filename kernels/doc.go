@@ -19,8 +19,9 @@
 //
 //	Init(device) / DeviceName                load the library, select the device
 //	Bind(Config) (*Restorer, error)          KV tensors (device pointers, Geometry, Layout,
-//	                                         NumPages), an SQPOLL uring.Ring dedicated to the
-//	                                         GPU, the pinned staging pool, request slots,
+//	                                         NumPages), a uring.Ring dedicated to the GPU
+//	                                         (SQPOLL or not), the pinned staging pool
+//	                                         (registered with the ring: READ_FIXED), request slots,
 //	                                         streams, events: everything, once
 //	(*Restorer).Restore(Request) (*Restore, error)
 //	                                         Request: Pages (engine page of request page i)
@@ -71,11 +72,23 @@
 // land later); later restores fail fast with ErrRingBroken. Close and re-bind
 // a new ring after that.
 //
-// A CPU helper goroutine looks at the SQ flags every WakeInterval while a
-// restore is live and enters the kernel only when the SQPOLL thread sleeps
-// (IORING_SQ_NEED_WAKEUP). A ring without SQPOLL runs in kick mode: the
-// helper enters the kernel once per interval (submit what the GPU published,
-// post completions) — one system call per batch, not per I/O.
+// With SQPOLL, a CPU helper goroutine looks at the SQ flags every
+// WakeInterval while a restore is live and enters the kernel only when the
+// SQPOLL thread sleeps (IORING_SQ_NEED_WAKEUP); the SQPOLL thread polls a core
+// while awake. A ring without SQPOLL runs in kick mode: a C loop on a locked
+// thread (one cgo call for its life) submits exactly what the GPU published
+// and sleeps in io_uring_enter until one new completion (completions run as
+// its task work) or WakeInterval; while no restore is live it sleeps on a
+// futex. One system call per batch of completions, not per I/O, and on the
+// H200 a third of the CPU of the SQPOLL ring at the same bandwidth
+// (BENCHMARKS.md). The runtime uses kick mode unless Config.GPUSQPoll.
+//
+// The staging slots are registered with the ring as fixed buffers (index =
+// slot) and the GPU writes READ_FIXED SQEs, so the kernel does not pin the
+// pages of every read; a refused registration falls back to plain reads and
+// is reported (Restorer.FixedBuffers, runtime Stats.GPUPlainReads). The I/O
+// and scatter streams run at the device's highest priority, so the one-block
+// I/O kernel is not starved by the engine's GEMMs.
 //
 // # Scatter, pipeline, failures
 //
