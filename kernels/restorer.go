@@ -349,6 +349,24 @@ func (r *Restorer) FixedBuffers() (bool, error) { return r.fixed, r.fixedErr }
 // kick mode, entered the kernel).
 func (r *Restorer) Wakeups() int64 { return r.wakes.Load() + r.helper.enters() }
 
+// HelperMode says how the CPU helper drives the ring: "sqpoll-wake" (it
+// only wakes the SQPOLL thread), "kick-wait" (the C loop, woken by
+// completions) or "kick-timer" (a kernel without IORING_FEAT_EXT_ARG: one
+// io_uring_enter per WakeInterval, more CPU; reported, never silent).
+func (r *Restorer) HelperMode() string {
+	if r.ring == nil {
+		return ""
+	}
+	l := r.ring.Layout()
+	switch {
+	case l.SetupFlags&setupSQPoll != 0:
+		return "sqpoll-wake"
+	case l.Features&featExtArg != 0:
+		return "kick-wait"
+	}
+	return "kick-timer"
+}
+
 // HelperTID is the OS thread id of the kick loop (0 before it started, or
 // on a SQPOLL ring): its CPU time is the helper's share of the process's.
 func (r *Restorer) HelperTID() int { return r.helper.tid() }

@@ -56,6 +56,9 @@ func TestKickLoopSubmitsWhatTheGPUPublishes(t *testing.T) {
 		}
 		const interval = 20 * time.Millisecond
 		r := &Restorer{cfg: Config{WakeInterval: interval}, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState()}
+		if m := r.HelperMode(); m != "kick-wait" {
+			t.Fatalf("helper mode %q on a ring without SQPOLL, kernel with EXT_ARG", m)
+		}
 		r.waker.Add(1)
 		go r.wakeLoop()
 		r.helper.begin()

@@ -506,7 +506,7 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	if r == b.r {
 		row.Note = fmt.Sprintf("sqpoll thread %.2f s, %d wake-ups", row.SQPollCPUS, r.Wakeups()-wakes0)
 	} else {
-		row.Note = fmt.Sprintf("%d kicks", r.Wakeups()-wakes0)
+		row.Note = fmt.Sprintf("%d kicks (%s)", r.Wakeups()-wakes0, r.HelperMode())
 	}
 	if d := threadCPUDelta(threads0, readThreadCPU(), r.HelperTID()); d != "" {
 		row.Note += ", threads: " + d
