@@ -16,6 +16,7 @@ static struct {
 	int32_t (*last_error)(char *, int32_t);
 	tk_status (*device_name)(int32_t, char *, int32_t, int32_t *);
 	tk_status (*dev_alloc)(uint64_t, uint64_t *);
+	tk_status (*dev_alloc_on)(int32_t, uint64_t, uint64_t *);
 	tk_status (*dev_free)(uint64_t);
 	tk_status (*memcpy_htod)(uint64_t, uint64_t, uint64_t);
 	tk_status (*memcpy_dtoh)(uint64_t, uint64_t, uint64_t);
@@ -46,7 +47,7 @@ static int tkl_load(const char *path, char *err, int n) {
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!h) { snprintf(err, n, "%s", dlerror()); return -1; }
 #define S(f) if (!(*(void **)&T.f = dlsym(h, "tk_" #f))) { snprintf(err, n, "%s lacks tk_%s", path, #f); dlclose(h); memset(&T, 0, sizeof T); return -1; }
-	S(abi_version) S(init) S(last_error) S(device_name) S(dev_alloc) S(dev_free) S(memcpy_htod) S(memcpy_dtoh)
+	S(abi_version) S(init) S(last_error) S(device_name) S(dev_alloc) S(dev_alloc_on) S(dev_free) S(memcpy_htod) S(memcpy_dtoh)
 	S(memset_dev) S(host_register) S(host_unregister) S(bind) S(unbind) S(restore_submit) S(restore_stream_wait)
 	S(restore_wait_layer) S(restore_wait) S(restore_release) S(host_map) S(scatter_host) S(gather_host)
 	S(scatter_dev) S(copy_event) S(copy_event_wait) S(sync) S(kv_fill) S(kv_verify) S(cufile_probe) S(cufile_batch_read)
@@ -59,6 +60,7 @@ tk_status tkl_init(int32_t d) { return T.init(d); }
 int32_t tkl_last_error(char *b, int32_t n) { return T.last_error(b, n); }
 tk_status tkl_device_name(int32_t d, char *b, int32_t n, int32_t *sm) { return T.device_name(d, b, n, sm); }
 tk_status tkl_dev_alloc(uint64_t n, uint64_t *p) { return T.dev_alloc(n, p); }
+tk_status tkl_dev_alloc_on(int32_t d, uint64_t n, uint64_t *p) { return T.dev_alloc_on(d, n, p); }
 tk_status tkl_dev_free(uint64_t p) { return T.dev_free(p); }
 tk_status tkl_memcpy_htod(uint64_t d, uint64_t h, uint64_t n) { return T.memcpy_htod(d, h, n); }
 tk_status tkl_memcpy_dtoh(uint64_t h, uint64_t d, uint64_t n) { return T.memcpy_dtoh(h, d, n); }
@@ -229,6 +231,23 @@ func DevAlloc(bytes int64) (uint64, error) {
 	}
 	var p C.uint64_t
 	err := status("tk_dev_alloc", C.tkl_dev_alloc(C.uint64_t(bytes), &p))
+	return uint64(p), err
+}
+
+// DevAllocOn allocates device memory on GPU device (DevAlloc allocates on
+// whichever device the calling OS thread has current, which a goroutine
+// cannot choose: use this where a process drives several GPUs).
+func DevAllocOn(device int, bytes int64) (uint64, error) {
+	if device < 0 {
+		return 0, fmt.Errorf("allocating %d bytes on GPU %d: %w", bytes, device, ErrInvalid)
+	}
+	// Init sets the device's flags (blocking sync, mapped host memory) before
+	// its context exists.
+	if err := Init(device); err != nil {
+		return 0, err
+	}
+	var p C.uint64_t
+	err := status(fmt.Sprintf("tk_dev_alloc_on(device %d)", device), C.tkl_dev_alloc_on(C.int32_t(device), C.uint64_t(bytes), &p))
 	return uint64(p), err
 }
 

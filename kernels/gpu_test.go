@@ -38,7 +38,12 @@ func kvTensors(t *testing.T, g Geometry, layout Layout, numPages int) []uint64 {
 		n, bytes = 1, per*int64(g.Layers)
 	}
 	for i := 0; i < n; i++ {
-		p, err := DevAlloc(bytes)
+		// Odd tensors through DevAllocOn(0): both entry points serve the binds.
+		alloc := DevAlloc
+		if i%2 == 1 {
+			alloc = func(b int64) (uint64, error) { return DevAllocOn(0, b) }
+		}
+		p, err := alloc(bytes)
 		if err != nil {
 			t.Fatal(err)
 		}

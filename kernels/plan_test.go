@@ -279,3 +279,17 @@ func TestFailedPages(t *testing.T) {
 		t.Fatalf("failed pages %d, want 2", n)
 	}
 }
+
+// Without the library (or a GPU), DevAllocOn fails with a typed error, and a
+// negative device is refused before anything is loaded.
+func TestDevAllocOnErrors(t *testing.T) {
+	if _, err := DevAllocOn(-1, 4096); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("device -1: %v, want ErrInvalid", err)
+	}
+	if Explicit() {
+		t.Skip("TUTTI_KERNELS_LIB is set: the GPU tests cover allocation")
+	}
+	if _, err := DevAllocOn(0, 4096); !errors.Is(err, ErrNotLoaded) && !errors.Is(err, ErrNoGPU) {
+		t.Fatalf("no library: %v, want ErrNotLoaded or ErrNoGPU", err)
+	}
+}

@@ -160,6 +160,15 @@ extern "C" tk_status tk_dev_alloc(uint64_t bytes, uint64_t *dptr) {
   *dptr = (uint64_t)p;
   return TK_OK;
 }
+// tk_dev_alloc_on allocates on a given device (and leaves it current on the
+// calling thread), for processes that drive several GPUs.
+extern "C" tk_status tk_dev_alloc_on(int32_t device, uint64_t bytes, uint64_t *dptr) {
+  void *p = nullptr;
+  CK(cudaSetDevice(device));
+  CK(cudaMalloc(&p, bytes));
+  *dptr = (uint64_t)p;
+  return TK_OK;
+}
 extern "C" tk_status tk_dev_free(uint64_t dptr) { CK(cudaFree((void *)dptr)); return TK_OK; }
 extern "C" tk_status tk_memcpy_htod(uint64_t d, uint64_t h, uint64_t n) {
   CK(cudaMemcpy((void *)d, (void *)h, n, cudaMemcpyHostToDevice));
@@ -807,6 +816,9 @@ extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, u
 static tk_status get_req(Ctx *c, uint32_t req, Req **out) {
   if (!c || req >= c->max_requests || !c->reqs[req].busy) return fail(TK_ERR_INVALID, "request %u is not live", req);
   *out = &c->reqs[req];
+  // The calling thread's current device may be another GPU's (Go moves
+  // goroutines between threads; one process binds one context per GPU).
+  CK(cudaSetDevice(c->device));
   return TK_OK;
 }
 
@@ -883,6 +895,7 @@ extern "C" tk_status tk_host_map(uint64_t h, const tk_page_map *pages, uint32_t 
   if (!c || !pages || !n || n > c->max_pages) return fail(TK_ERR_INVALID, "tk_host_map: %u pages (max %u)", n, c ? c->max_pages : 0);
   tk_status s = check_map(c, pages, n, 0, ~0ull >> 1);
   if (s) return s;
+  CK(cudaSetDevice(c->device));
   CK(cudaStreamSynchronize(c->copy));
   CK(cudaMemcpy(c->d_host_map, pages, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice));
   c->host_map_pages = n;
@@ -902,6 +915,7 @@ static tk_status host_copy(Ctx *c, uint32_t layer, uint64_t obj_dev, uint64_t ob
                 (unsigned long long)c->host_map_end);
   const uint32_t n = c->host_map_pages;
   const uint32_t grid = n < 1024 ? n : 1024;
+  CK(cudaSetDevice(c->device));
   if (to_kv)
     copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->copy>>>((char *)obj_dev, c->d_host_map, n, nullptr, c->d_kvp, c->geo, layer);
   else
@@ -941,18 +955,21 @@ extern "C" tk_status tk_scatter_dev(uint64_t h, uint32_t layer, uint64_t dsrc, u
 extern "C" tk_status tk_copy_event(uint64_t h, uint32_t i) {
   Ctx *c = as_ctx(h);
   if (!c || i >= c->n_slots) return fail(TK_ERR_INVALID, "copy event %u", i);
+  CK(cudaSetDevice(c->device));
   CK(cudaEventRecord(c->copy_events[i], c->copy));
   return TK_OK;
 }
 extern "C" tk_status tk_copy_event_wait(uint64_t h, uint32_t i) {
   Ctx *c = as_ctx(h);
   if (!c || i >= c->n_slots) return fail(TK_ERR_INVALID, "copy event %u", i);
+  CK(cudaSetDevice(c->device));
   CK(cudaEventSynchronize(c->copy_events[i]));
   return TK_OK;
 }
 extern "C" tk_status tk_sync(uint64_t h) {
   Ctx *c = as_ctx(h);
   if (!c) return fail(TK_ERR_INVALID, "null context");
+  CK(cudaSetDevice(c->device));
   CK(cudaStreamSynchronize(c->copy));
   return TK_OK;
 }
@@ -960,6 +977,7 @@ extern "C" tk_status tk_sync(uint64_t h) {
 extern "C" tk_status tk_kv_fill(uint64_t h, uint32_t v) {
   Ctx *c = as_ctx(h);
   if (!c) return fail(TK_ERR_INVALID, "null context");
+  CK(cudaSetDevice(c->device));
   const uint64_t per_layer = c->geo.plane_bytes * c->geo.planes * c->geo.num_pages;
   if (c->kv.layout == TK_LAYOUT_PER_LAYER) {
     for (uint32_t l = 0; l < c->kv.layers; l++) CK(cudaMemsetAsync((void *)c->kv.kv_ptrs[l], (int)(v & 0xff), per_layer, c->copy));
@@ -978,6 +996,7 @@ extern "C" tk_status tk_kv_verify(uint64_t h, uint64_t seed, const tk_page_map *
     return fail(TK_ERR_INVALID, "verify %u pages, layers [%u,+%u)", n, first_layer, n_layers);
   tk_status s = check_map(c, pages, n, 0, ~0ull >> 1);
   if (s) return s;
+  CK(cudaSetDevice(c->device));
   CK(cudaStreamSynchronize(c->copy));
   CK(cudaMemcpy(c->d_verify_map, pages, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice));
   CK(cudaMemsetAsync(c->d_count, 0, sizeof(unsigned long long), c->copy));

@@ -152,6 +152,8 @@ tk_status tk_device_name(int32_t device, char *buf, int32_t buf_bytes, int32_t *
 
 /* ---- plain memory helpers (tests, benchmarks; engines bring their own tensors) ---- */
 tk_status tk_dev_alloc(uint64_t bytes, uint64_t *dptr);
+/* tk_dev_alloc_on: on GPU device (made current on the calling thread). */
+tk_status tk_dev_alloc_on(int32_t device, uint64_t bytes, uint64_t *dptr);
 tk_status tk_dev_free(uint64_t dptr);
 tk_status tk_memcpy_htod(uint64_t dptr, uint64_t host, uint64_t bytes);
 tk_status tk_memcpy_dtoh(uint64_t host, uint64_t dptr, uint64_t bytes);

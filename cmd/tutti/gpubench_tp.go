@@ -139,15 +139,10 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 		}
 		mem := mirrors[r].Memory()
 		if o.path == runtime.PathGPU {
-			if d := grp.Device(r); d != 0 {
-				// kernels.DevAlloc allocates on the calling thread's current
-				// device and takes no device: it cannot place rank r's KV.
-				return row, fmt.Errorf("rank %d is on GPU %d: kernels.DevAlloc cannot allocate there (needs a device argument)", r, d)
-			}
 			var ps []uint64
 			var out runtime.KVMemory
 			for _, reg := range regionsOf(mem) {
-				p, err := kernels.DevAlloc(reg.LenBytes)
+				p, err := kernels.DevAllocOn(grp.Device(r), reg.LenBytes)
 				if err != nil {
 					return row, fmt.Errorf("rank %d: %w", r, err)
 				}

@@ -89,7 +89,7 @@ func (t *Tutti) Open(env Env) error {
 		if t.path == runtime.PathGPU {
 			// The GPU path restores into HBM: a device tensor per layer,
 			// mirrored to the host pages only to verify (HostSyncer).
-			d, err := kernels.DevAlloc(int64(b.Len()))
+			d, err := kernels.DevAllocOn(s.Config().GPUDevice, int64(b.Len()))
 			if err != nil {
 				return fmt.Errorf("%s: device KV layer %d: %w", t.Name(), l, err)
 			}

@@ -109,10 +109,7 @@ func benchGroup(b *testing.B, n int, envInt func(string, int) int) float64 {
 	var devs []*rankDeviceKV
 	for r := 0; r < n; r++ {
 		if gpu {
-			if d := grp.Device(r); d != 0 {
-				b.Skipf("rank %d is on device %d: kernels.DevAlloc cannot place KV there", r, d)
-			}
-			d := newRankDeviceKV(b, grp.ShardGeometry(), cfg.Store.Layout, blocks)
+			d := newRankDeviceKV(b, grp.Device(r), grp.ShardGeometry(), cfg.Store.Layout, blocks)
 			devs = append(devs, d)
 			tg.kv = append(tg.kv, d.mirror)
 			err = grp.RegisterKV(r, d.mem)

@@ -26,10 +26,8 @@ func hostRegions(m runtime.KVMemory) []runtime.Region {
 	return []runtime.Region{m.Cross}
 }
 
-// newRankDeviceKV allocates a shard in HBM. kernels.DevAlloc allocates on the
-// calling thread's current device, so it is only right for device 0 on a
-// one-GPU machine; callers skip ranks on other devices (see TestGPUGroup).
-func newRankDeviceKV(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages int) *rankDeviceKV {
+// newRankDeviceKV allocates a rank's shard in the HBM of its GPU (device).
+func newRankDeviceKV(t testing.TB, device int, g objmap.Geometry, layout objmap.Layout, numPages int) *rankDeviceKV {
 	t.Helper()
 	h, err := runtime.AllocHostKV(g, layout, numPages)
 	if err != nil {
@@ -37,7 +35,7 @@ func newRankDeviceKV(t testing.TB, g objmap.Geometry, layout objmap.Layout, numP
 	}
 	d := &rankDeviceKV{mirror: h}
 	for _, r := range hostRegions(h.Memory()) {
-		p, err := kernels.DevAlloc(r.LenBytes)
+		p, err := kernels.DevAllocOn(device, r.LenBytes)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,15 +99,10 @@ func TestGPUGroup(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer grp.Close()
-				for r := 0; r < n; r++ {
-					if d := grp.Device(r); d != 0 {
-						t.Skipf("rank %d is on device %d: kernels.DevAlloc has no device argument (allocates on the calling thread's current device), so this test cannot place its KV there", r, d)
-					}
-				}
 				tg := &group{Group: grp, full: g, numPages: numPages}
 				devs := make([]*rankDeviceKV, n)
 				for r := range devs {
-					devs[r] = newRankDeviceKV(t, grp.ShardGeometry(), cfg.Store.Layout, numPages)
+					devs[r] = newRankDeviceKV(t, grp.Device(r), grp.ShardGeometry(), cfg.Store.Layout, numPages)
 					tg.kv = append(tg.kv, devs[r].mirror)
 					if err := grp.RegisterKV(r, devs[r].mem); err != nil {
 						t.Fatal(err)
