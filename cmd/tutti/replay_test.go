@@ -33,6 +33,7 @@ func TestReplayInvariants(t *testing.T) {
 		TTFTmsP50        float64 `json:"ttft_ms_p50"`
 		IOsPerLayerReq   float64 `json:"ios_per_layer_request_mean"`
 		RunsPerReq       float64 `json:"runs_per_request_mean"`
+		MaxRate          float64 `json:"max_rate_at_slo"`
 		Skipped          string  `json:"skipped"`
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &rows); err != nil {
@@ -55,9 +56,24 @@ func TestReplayInvariants(t *testing.T) {
 			t.Fatalf("tutti-cpu: %.2f I/Os per layer and request > %.2f runs per request", r.IOsPerLayerReq, r.RunsPerReq)
 		}
 	}
-	for _, f := range []string{"report.md", "results.json", "ttft_cdf.png", "slo_vs_rate.png", "bandwidth.png"} {
+	for _, f := range []string{"report.md", "results.json", "services.json", "ttft_cdf.png", "slo_vs_rate.png", "bandwidth.png"} {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 			t.Fatal(err)
+		}
+	}
+	// tutti resweep replays the report's services.json: the same timeline
+	// and default SLO give the replay's own figures back.
+	var rs bytes.Buffer
+	if code := run([]string{"resweep", "--json", out}, &rs, &stderr); code != 0 {
+		t.Fatalf("resweep: exit %d: %s", code, stderr.String())
+	}
+	var again []harness.ResweepRow
+	if err := json.Unmarshal(rs.Bytes(), &again); err != nil || len(again) != len(rows) {
+		t.Fatalf("resweep rows %d (%v): %s", len(again), err, rs.String())
+	}
+	for i, r := range again {
+		if r.Backend != rows[i].Backend || r.TTFTmsP50 != rows[i].TTFTmsP50 || r.MaxRateAtSLO != rows[i].MaxRate {
+			t.Fatalf("resweep %+v, replay %+v", r, rows[i])
 		}
 	}
 	if !strings.Contains(stderr.String(), "report: "+filepath.Join(out, "report.md")) {

@@ -268,6 +268,19 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return res, nil
 }
 
+// RecomputeSLOSource names the SLO RecomputeSLO derives.
+const RecomputeSLOSource = "2 × p90 TTFT of recompute without queueing (the recompute backend's own prefills)"
+
+// RecomputeSLO is 2 × the p90 of the unloaded TTFTs (layers × layer time)
+// of the recompute backend's services.
+func RecomputeSLO(recompute []Service) float64 {
+	var ttft []float64
+	for _, s := range recompute {
+		ttft = append(ttft, float64(s.Layers)*float64(s.LayerCompute)/1e6)
+	}
+	return 2 * metrics.Percentile(ttft, 0.9)
+}
+
 // resweepAtRecomputeSLO replaces a default SLO taken from the compute model
 // by one from the recompute backend's own prefills (2 × p90 of its unloaded
 // TTFT, layers × measured layer time), when that backend ran: with prefill
@@ -282,12 +295,8 @@ func resweepAtRecomputeSLO(cfg Config, res *Result) {
 		if br.Backend != "recompute" || len(br.Services) == 0 {
 			continue
 		}
-		var ttft []float64
-		for _, s := range br.Services {
-			ttft = append(ttft, float64(s.Layers)*float64(s.LayerCompute)/1e6)
-		}
-		res.SLOms = 2 * metrics.Percentile(ttft, 0.9)
-		res.SLOSource = "2 × p90 TTFT of recompute without queueing (the recompute backend's own prefills)"
+		res.SLOms = RecomputeSLO(br.Services)
+		res.SLOSource = RecomputeSLOSource
 		for i := range res.Backends {
 			b := &res.Backends[i]
 			b.Curve, b.MaxRateAtSLO = Sweep(b.Services, res.SLOms)

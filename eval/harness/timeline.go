@@ -9,15 +9,17 @@ import (
 
 // Service is what one request cost one backend, measured (load, save) or
 // modelled (compute). The timeline replays these at the arrival times.
+//
+// Durations are nanoseconds in JSON (services.json of a report).
 type Service struct {
-	ArrivalMs    float64         // after window, time scale and spreading
-	LayerReady   []time.Duration // from load start; empty when nothing was restored
-	Load         time.Duration   // device busy restoring
-	Save         time.Duration   // device busy saving
-	SaveBlocks   int             // blocks saved: the save yields to loads between blocks
-	LayerCompute time.Duration   // per layer, for the tokens not restored
-	Layers       int
-	Bytes        int64 // restored
+	ArrivalMs    float64         `json:"arrival_ms"`       // after window, time scale and spreading
+	LayerReady   []time.Duration `json:"layer_ready_ns"`   // from load start; empty when nothing was restored
+	Load         time.Duration   `json:"load_ns"`          // device busy restoring
+	Save         time.Duration   `json:"save_ns"`          // device busy saving
+	SaveBlocks   int             `json:"save_blocks"`      // blocks saved: the save yields to loads between blocks
+	LayerCompute time.Duration   `json:"layer_compute_ns"` // per layer, for the tokens not restored
+	Layers       int             `json:"layers"`
+	Bytes        int64           `json:"bytes"` // restored
 }
 
 // Outcome is the timeline of one replay.

@@ -42,6 +42,7 @@ const (
 	TTFTPlot      = "ttft_cdf.png"
 	SLOPlot       = "slo_vs_rate.png"
 	BandwidthPlot = "bandwidth.png"
+	ServicesFile  = "services.json" // harness.ServiceLog: what `tutti resweep` replays again
 )
 
 // Write writes the Markdown report, results.json and the plots into dir and
@@ -63,6 +64,17 @@ func Write(dir string, res *harness.Result, meta Meta) (string, error) {
 		return "", err
 	}
 	if err := WriteJSON(f, res); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Close(); err != nil {
+		return "", err
+	}
+	f, err = os.Create(filepath.Join(dir, ServicesFile))
+	if err != nil {
+		return "", err
+	}
+	if err := harness.WriteServices(f, res); err != nil {
 		f.Close()
 		return "", err
 	}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+
+	"github.com/tutti-io/tutti/eval/harness"
+	"github.com/tutti-io/tutti/eval/report"
+)
+
+func init() {
+	register("resweep", "recompute TTFT and the rate at an SLO from a replay report's services.json, without re-running it", runResweep)
+}
+
+func runResweep(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("resweep", stderr)
+	sloMs := fs.Float64("slo-ms", 0, "TTFT SLO on p90 in ms (0 = 2 × p90 of the recompute backend's unloaded TTFT, else the report's SLO)")
+	jsonOut := fs.Bool("json", false, "print one JSON object per backend (an array)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tutti resweep [--slo-ms X] [--json] REPORT_DIR_OR_SERVICES_JSON")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usageErr(fs.Usage, fmt.Errorf("want one report directory or services.json, got %d arguments", fs.NArg()))
+	}
+	if *sloMs < 0 {
+		return usageErr(fs.Usage, fmt.Errorf("--slo-ms %v: must be ≥ 0", *sloMs))
+	}
+	path := fs.Arg(0)
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		path = filepath.Join(path, report.ServicesFile)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	log, err := harness.ReadServices(f)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", path, err)
+	}
+	rows, slo, source := harness.Resweep(log, *sloMs)
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	}
+	fmt.Fprintf(stdout, "model %s, SLO p90 ≤ %.2f ms (%s); the report used %.2f ms (%s)\n", log.Model, slo, source, log.SLOms, log.SLOSource)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "backend\tp50 ms\tp90 ms\tp99 ms\trate@SLO req/s\t")
+	for _, r := range rows {
+		bound := ""
+		if r.MaxRateIsLowerBound {
+			bound = "≥ "
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%s%.3f\t\n", r.Backend, r.TTFTmsP50, r.TTFTmsP90, r.TTFTmsP99, bound, r.MaxRateAtSLO)
+	}
+	return tw.Flush()
+}

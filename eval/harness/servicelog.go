@@ -1,0 +1,146 @@
+package harness
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/tutti-io/tutti/eval/metrics"
+)
+
+// ServiceLog is what a replay measured, per backend and request: everything
+// the timeline needs, so TTFT and the SLO sweep can be computed again (at
+// another SLO) without re-running the backends (a GPU-machine replay costs
+// minutes of device time). Written as services.json next to a report.
+type ServiceLog struct {
+	Version   int               `json:"version"` // ServiceLogVersion
+	Model     string            `json:"model"`
+	SLOms     float64           `json:"slo_ms"` // the SLO the report used
+	SLOSource string            `json:"slo_source"`
+	Backends  []BackendServices `json:"backends"`
+}
+
+// BackendServices are one backend's services, in arrival order.
+type BackendServices struct {
+	Backend  string    `json:"backend"`
+	Services []Service `json:"services"`
+}
+
+// ServiceLogVersion is the version WriteServices writes and ReadServices reads.
+const ServiceLogVersion = 1
+
+// Limits of ReadServices: what a replay can produce, with room.
+const (
+	maxLogBytes    = 1 << 30
+	maxLogBackends = 64
+	maxLogLayers   = 4096
+)
+
+// ErrServiceLog marks a services.json that is malformed or out of range.
+var ErrServiceLog = errors.New("bad service log")
+
+// WriteServices writes res's services as a ServiceLog (JSON).
+func WriteServices(w io.Writer, res *Result) error {
+	log := ServiceLog{Version: ServiceLogVersion, Model: res.Model, SLOms: res.SLOms, SLOSource: res.SLOSource}
+	for _, b := range res.Backends {
+		log.Backends = append(log.Backends, BackendServices{Backend: b.Backend, Services: b.Services})
+	}
+	return json.NewEncoder(w).Encode(log)
+}
+
+// ReadServices reads and checks a ServiceLog: every service must be one the
+// timeline can replay (finite, non-negative, arrivals in order, layer
+// readiness in order and within the layers). The error names the backend
+// and request.
+func ReadServices(r io.Reader) (*ServiceLog, error) {
+	dec := json.NewDecoder(io.LimitReader(r, maxLogBytes))
+	dec.DisallowUnknownFields()
+	var log ServiceLog
+	if err := dec.Decode(&log); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrServiceLog, err)
+	}
+	if log.Version != ServiceLogVersion {
+		return nil, fmt.Errorf("%w: version %d (want %d)", ErrServiceLog, log.Version, ServiceLogVersion)
+	}
+	if !finite(log.SLOms) || log.SLOms < 0 {
+		return nil, fmt.Errorf("%w: slo_ms %v", ErrServiceLog, log.SLOms)
+	}
+	if len(log.Backends) == 0 || len(log.Backends) > maxLogBackends {
+		return nil, fmt.Errorf("%w: %d backends (1..%d)", ErrServiceLog, len(log.Backends), maxLogBackends)
+	}
+	for _, b := range log.Backends {
+		if b.Backend == "" {
+			return nil, fmt.Errorf("%w: a backend without a name", ErrServiceLog)
+		}
+		prev := 0.0
+		for i, s := range b.Services {
+			if err := checkService(s, prev); err != nil {
+				return nil, fmt.Errorf("%w: backend %s request %d: %v", ErrServiceLog, b.Backend, i, err)
+			}
+			prev = s.ArrivalMs
+		}
+	}
+	return &log, nil
+}
+
+func checkService(s Service, prevArrivalMs float64) error {
+	switch {
+	case !finite(s.ArrivalMs) || s.ArrivalMs < prevArrivalMs:
+		return fmt.Errorf("arrival %v ms after %v ms", s.ArrivalMs, prevArrivalMs)
+	case s.Layers < 1 || s.Layers > maxLogLayers:
+		return fmt.Errorf("%d layers (1..%d)", s.Layers, maxLogLayers)
+	case len(s.LayerReady) > s.Layers:
+		return fmt.Errorf("%d layer-ready times for %d layers", len(s.LayerReady), s.Layers)
+	case s.Load < 0 || s.Save < 0 || s.LayerCompute < 0 || s.SaveBlocks < 0 || s.Bytes < 0:
+		return fmt.Errorf("negative time or count: load %v save %v compute %v save blocks %d bytes %d",
+			s.Load, s.Save, s.LayerCompute, s.SaveBlocks, s.Bytes)
+	}
+	for l, t := range s.LayerReady {
+		if t < 0 || (l > 0 && t < s.LayerReady[l-1]) {
+			return fmt.Errorf("layer %d ready at %v, layer %d at %v", l, t, max(l-1, 0), s.LayerReady[max(l-1, 0)])
+		}
+	}
+	return nil
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// ResweepRow is one backend's TTFT and rate at SLO, computed again from its
+// services.
+type ResweepRow struct {
+	Backend             string  `json:"backend"`
+	TTFTmsP50           float64 `json:"ttft_ms_p50"`
+	TTFTmsP90           float64 `json:"ttft_ms_p90"`
+	TTFTmsP99           float64 `json:"ttft_ms_p99"`
+	MaxRateAtSLO        float64 `json:"max_rate_at_slo"`
+	MaxRateIsLowerBound bool    `json:"max_rate_is_lower_bound"`
+}
+
+// Resweep replays every backend's services through the timeline at sloMs;
+// sloMs ≤ 0 takes RecomputeSLO of the recompute backend when the log has one,
+// else the log's own SLO. It returns the rows and the SLO used with its source.
+func Resweep(log *ServiceLog, sloMs float64) ([]ResweepRow, float64, string) {
+	source := "given"
+	if sloMs <= 0 {
+		sloMs, source = log.SLOms, log.SLOSource
+		for _, b := range log.Backends {
+			if b.Backend == "recompute" && len(b.Services) > 0 {
+				sloMs, source = RecomputeSLO(b.Services), RecomputeSLOSource
+			}
+		}
+	}
+	var rows []ResweepRow
+	for _, b := range log.Backends {
+		if len(b.Services) == 0 {
+			rows = append(rows, ResweepRow{Backend: b.Backend})
+			continue
+		}
+		s := metrics.Summarize(Simulate(b.Services, 1).TTFTms)
+		curve, rate := Sweep(b.Services, sloMs)
+		rows = append(rows, ResweepRow{Backend: b.Backend, TTFTmsP50: s.P50, TTFTmsP90: s.P90, TTFTmsP99: s.P99,
+			MaxRateAtSLO: rate, MaxRateIsLowerBound: MaxRateTried(curve, rate)})
+	}
+	return rows, sloMs, source
+}

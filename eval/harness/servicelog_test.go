@@ -1,0 +1,111 @@
+package harness
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func logFixture() *Result {
+	svc := func(layerMs float64, ready bool) []Service {
+		var out []Service
+		for i := 0; i < 12; i++ {
+			s := Service{ArrivalMs: float64(i) * 40, Layers: 4, LayerCompute: time.Duration(layerMs * float64(1+i%3) * 1e6),
+				Save: 3 * time.Millisecond, SaveBlocks: 2}
+			if ready && i%2 == 1 {
+				s.LayerReady = []time.Duration{time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond, 4 * time.Millisecond}
+				s.Load, s.Bytes = 4*time.Millisecond, 1<<20
+			}
+			out = append(out, s)
+		}
+		return out
+	}
+	return &Result{Model: "tiny", SLOms: 7, SLOSource: "model", Backends: []BackendResult{
+		{Backend: "tutti-cpu", Services: svc(2, true)},
+		{Backend: "recompute", Services: svc(3, false)},
+	}}
+}
+
+// services.json round-trips, and Resweep gives what the replay itself
+// computes from the same services at the same SLO.
+func TestServiceLogRoundTripAndResweep(t *testing.T) {
+	res := logFixture()
+	var buf bytes.Buffer
+	if err := WriteServices(&buf, res); err != nil {
+		t.Fatal(err)
+	}
+	log, err := ReadServices(bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if log.Model != "tiny" || len(log.Backends) != 2 || len(log.Backends[0].Services) != 12 ||
+		log.Backends[0].Services[1].LayerReady[3] != 4*time.Millisecond {
+		t.Fatalf("round trip lost data: %+v", log)
+	}
+	rows, slo, source := Resweep(log, 0)
+	if want := RecomputeSLO(res.Backends[1].Services); slo != want || source != RecomputeSLOSource {
+		t.Fatalf("default SLO %v (%s), want %v from the recompute backend", slo, source, want)
+	}
+	for i, b := range res.Backends {
+		_, rate := Sweep(b.Services, slo)
+		if rows[i].Backend != b.Backend || rows[i].MaxRateAtSLO != rate || rows[i].TTFTmsP50 <= 0 {
+			t.Fatalf("row %d %+v, want backend %s rate %v", i, rows[i], b.Backend, rate)
+		}
+	}
+	if _, slo, source := Resweep(log, 123); slo != 123 || source != "given" {
+		t.Fatalf("given SLO: %v (%s)", slo, source)
+	}
+}
+
+func TestReadServicesRejects(t *testing.T) {
+	for _, tc := range []struct{ name, json, want string }{
+		{"not json", `{`, "unexpected EOF"},
+		{"unknown field", `{"version":1,"bogus":1}`, "bogus"},
+		{"version", `{"version":2,"backends":[{"backend":"a"}]}`, "version 2"},
+		{"no backends", `{"version":1,"backends":[]}`, "0 backends"},
+		{"unnamed", `{"version":1,"backends":[{"backend":""}]}`, "without a name"},
+		{"arrival order", `{"version":1,"backends":[{"backend":"a","services":[{"arrival_ms":5,"layers":1},{"arrival_ms":4,"layers":1}]}]}`, "request 1: arrival 4"},
+		{"layers", `{"version":1,"backends":[{"backend":"a","services":[{"arrival_ms":0,"layers":0}]}]}`, "0 layers"},
+		{"ready count", `{"version":1,"backends":[{"backend":"a","services":[{"layers":1,"layer_ready_ns":[1,2]}]}]}`, "2 layer-ready times"},
+		{"ready order", `{"version":1,"backends":[{"backend":"a","services":[{"layers":2,"layer_ready_ns":[5,4]}]}]}`, "layer 1 ready"},
+		{"negative", `{"version":1,"backends":[{"backend":"a","services":[{"layers":1,"load_ns":-1}]}]}`, "negative"},
+		{"slo", `{"version":1,"slo_ms":-1,"backends":[{"backend":"a"}]}`, "slo_ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ReadServices(strings.NewReader(tc.json))
+			if !errors.Is(err, ErrServiceLog) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want ErrServiceLog naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// Whatever the bytes, ReadServices returns a log the timeline can replay or
+// an ErrServiceLog; it never panics, and Resweep of what it accepts neither.
+func FuzzReadServices(f *testing.F) {
+	var buf bytes.Buffer
+	if err := WriteServices(&buf, logFixture()); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(buf.Bytes())
+	f.Add([]byte(`{"version":1,"backends":[{"backend":"a","services":[{"layers":3,"layer_ready_ns":[0,1]}]}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		log, err := ReadServices(bytes.NewReader(data))
+		if err != nil {
+			if !errors.Is(err, ErrServiceLog) {
+				t.Fatalf("error %v is not an ErrServiceLog", err)
+			}
+			return
+		}
+		total := 0
+		for _, b := range log.Backends {
+			total += len(b.Services)
+		}
+		if total > 200 {
+			return // the sweep's cost grows with the services; the checks above are what is fuzzed
+		}
+		Resweep(log, 0)
+	})
+}
