@@ -34,11 +34,13 @@ func (r *Ring) SQPollCPUTime() (time.Duration, error) {
 	if r.SQPollTID() < 0 {
 		return 0, fmt.Errorf("uring: SQPOLL CPU time: %w: the ring's iou-sqp thread was not identified", ErrNotSupported)
 	}
-	return threadCPUTime(r.sqTID)
+	return ThreadCPUTime(r.sqTID)
 }
 
-// threadCPUTime reads utime+stime of a thread of this process.
-func threadCPUTime(tid int) (time.Duration, error) {
+// ThreadCPUTime reads utime+stime (10 ms resolution) of thread tid of this
+// process from /proc/self/task/TID/stat: the io_uring threads' share, or any
+// other thread's, of the process's CPU time.
+func ThreadCPUTime(tid int) (time.Duration, error) {
 	b, err := os.ReadFile("/proc/self/task/" + strconv.Itoa(tid) + "/stat")
 	if err != nil {
 		return 0, fmt.Errorf("uring: reading thread %d CPU time: %w", tid, err)

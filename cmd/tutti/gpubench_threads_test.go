@@ -14,7 +14,7 @@ func TestThreadCPUDelta(t *testing.T) {
 		t.Skip("no /proc/self/task here")
 	}
 	for tid, th := range before {
-		if tid <= 0 || th.ticks < 0 || th.name == "" {
+		if tid <= 0 || th.cpu < 0 || th.name == "" {
 			t.Fatalf("thread %d: %+v", tid, th)
 		}
 	}
