@@ -254,6 +254,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 
+	// The backends that finished are swept at the settled SLO also when a
+	// later one fails or the run is interrupted (their report is written).
+	defer settleSLO(cfg, res)
 	for _, b := range cfg.Backends {
 		if err := ctx.Err(); err != nil {
 			return res, err
@@ -264,7 +267,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		res.Backends = append(res.Backends, br)
 	}
-	resweepAtRecomputeSLO(cfg, res)
 	return res, nil
 }
 
@@ -281,28 +283,25 @@ func RecomputeSLO(recompute []Service) float64 {
 	return 2 * metrics.Percentile(ttft, 0.9)
 }
 
-// resweepAtRecomputeSLO replaces a default SLO taken from the compute model
-// by one from the recompute backend's own prefills (2 × p90 of its unloaded
-// TTFT, layers × measured layer time), when that backend ran: with prefill
-// measured on the GPU the fitted model can be far from the prefills the
-// timeline replays (seen 2× on the H200, where every backend then missed a
-// model-derived SLO at every rate). Each backend's SLO curve is swept again.
-func resweepAtRecomputeSLO(cfg Config, res *Result) {
-	if cfg.SLOms > 0 {
-		return
+// settleSLO fixes the SLO and sweeps every backend's rate curve once
+// against it. Unless cfg gives one, a default SLO taken from the compute
+// model is replaced by one from the recompute backend's own prefills (2 ×
+// p90 of its unloaded TTFT, layers × measured layer time) when that backend
+// ran: with prefill measured on the GPU the fitted model can be far from the
+// prefills the timeline replays (seen 2× on the H200, where every backend
+// then missed a model-derived SLO at every rate).
+func settleSLO(cfg Config, res *Result) {
+	if cfg.SLOms <= 0 {
+		for _, br := range res.Backends {
+			if br.Backend == "recompute" && len(br.Services) > 0 {
+				res.SLOms, res.SLOSource = RecomputeSLO(br.Services), RecomputeSLOSource
+			}
+		}
 	}
-	for _, br := range res.Backends {
-		if br.Backend != "recompute" || len(br.Services) == 0 {
-			continue
-		}
-		res.SLOms = RecomputeSLO(br.Services)
-		res.SLOSource = RecomputeSLOSource
-		for i := range res.Backends {
-			b := &res.Backends[i]
-			b.Curve, b.MaxRateAtSLO = Sweep(b.Services, res.SLOms)
-			b.MaxRateIsLowerBound = MaxRateTried(b.Curve, b.MaxRateAtSLO)
-		}
-		return
+	for i := range res.Backends {
+		b := &res.Backends[i]
+		b.Curve, b.MaxRateAtSLO = Sweep(b.Services, res.SLOms)
+		b.MaxRateIsLowerBound = MaxRateTried(b.Curve, b.MaxRateAtSLO)
 	}
 }
 
@@ -507,8 +506,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 	br.TTFTmsP50, br.TTFTmsP90, br.TTFTmsP99 = s.P50, s.P90, s.P99
 	stalls = o.StallMs
 	br.GPUStallMsMean = metrics.Mean(stalls)
-	br.Curve, br.MaxRateAtSLO = Sweep(br.Services, res.SLOms)
-	br.MaxRateIsLowerBound = MaxRateTried(br.Curve, br.MaxRateAtSLO)
+	// The rate curve waits for the settled SLO (settleSLO, after the backends).
 	binMs := math.Max(1, (res.Trace.DurationMs+1)/200)
 	br.BandwidthT, br.Bandwidth = Bandwidth(br.Services, o, binMs)
 	br.HitBlocks = hitBlocks

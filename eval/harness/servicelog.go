@@ -119,28 +119,26 @@ type ResweepRow struct {
 }
 
 // Resweep replays every backend's services through the timeline at sloMs;
-// sloMs ≤ 0 takes RecomputeSLO of the recompute backend when the log has one,
-// else the log's own SLO. It returns the rows and the SLO used with its source.
+// sloMs ≤ 0 settles the SLO as a replay does (settleSLO: the recompute
+// backend's prefills when the log has them, else the log's own SLO). It
+// returns the rows and the SLO used with its source.
 func Resweep(log *ServiceLog, sloMs float64) ([]ResweepRow, float64, string) {
-	source := "given"
-	if sloMs <= 0 {
-		sloMs, source = log.SLOms, log.SLOSource
-		for _, b := range log.Backends {
-			if b.Backend == "recompute" && len(b.Services) > 0 {
-				sloMs, source = RecomputeSLO(b.Services), RecomputeSLOSource
-			}
-		}
+	res := &Result{SLOms: log.SLOms, SLOSource: log.SLOSource}
+	if sloMs > 0 {
+		res.SLOms, res.SLOSource = sloMs, "given"
 	}
-	var rows []ResweepRow
 	for _, b := range log.Backends {
-		if len(b.Services) == 0 {
-			rows = append(rows, ResweepRow{Backend: b.Backend})
-			continue
-		}
-		s := metrics.Summarize(Simulate(b.Services, 1).TTFTms)
-		curve, rate := Sweep(b.Services, sloMs)
-		rows = append(rows, ResweepRow{Backend: b.Backend, TTFTmsP50: s.P50, TTFTmsP90: s.P90, TTFTmsP99: s.P99,
-			MaxRateAtSLO: rate, MaxRateIsLowerBound: MaxRateTried(curve, rate)})
+		res.Backends = append(res.Backends, BackendResult{Backend: b.Backend, Services: b.Services})
 	}
-	return rows, sloMs, source
+	settleSLO(Config{SLOms: sloMs}, res)
+	var rows []ResweepRow
+	for _, b := range res.Backends {
+		row := ResweepRow{Backend: b.Backend, MaxRateAtSLO: b.MaxRateAtSLO, MaxRateIsLowerBound: b.MaxRateIsLowerBound}
+		if len(b.Services) > 0 {
+			s := metrics.Summarize(Simulate(b.Services, 1).TTFTms)
+			row.TTFTmsP50, row.TTFTmsP90, row.TTFTmsP99 = s.P50, s.P90, s.P99
+		}
+		rows = append(rows, row)
+	}
+	return rows, res.SLOms, res.SLOSource
 }

@@ -85,7 +85,7 @@ func TestBandwidth(t *testing.T) {
 
 // The default SLO follows the recompute backend's own prefills, and every
 // backend's curve is swept against it; a given SLO is left alone.
-func TestResweepAtRecomputeSLO(t *testing.T) {
+func TestSettleSLO(t *testing.T) {
 	svc := func(layerMs float64) []Service {
 		var out []Service
 		for i := 0; i < 10; i++ {
@@ -96,7 +96,7 @@ func TestResweepAtRecomputeSLO(t *testing.T) {
 	}
 	res := &Result{SLOms: 5, SLOSource: "model"}
 	res.Backends = []BackendResult{{Backend: "tutti-cpu", Services: svc(1)}, {Backend: "recompute", Services: svc(2)}}
-	resweepAtRecomputeSLO(Config{}, res)
+	settleSLO(Config{}, res)
 	// recompute's unloaded TTFTs are 20, 40, ..., 200 ms: p90 interpolates to 182 ms
 	want := 2 * metrics.Percentile([]float64{20, 40, 60, 80, 100, 120, 140, 160, 180, 200}, 0.9)
 	if res.SLOms != want {
@@ -108,7 +108,7 @@ func TestResweepAtRecomputeSLO(t *testing.T) {
 		}
 	}
 	given := &Result{SLOms: 5, SLOSource: "given", Backends: res.Backends}
-	resweepAtRecomputeSLO(Config{SLOms: 5}, given)
+	settleSLO(Config{SLOms: 5}, given)
 	if given.SLOms != 5 || given.SLOSource != "given" {
 		t.Fatalf("a given SLO was replaced: %v (%s)", given.SLOms, given.SLOSource)
 	}
