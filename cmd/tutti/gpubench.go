@@ -94,7 +94,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	lookahead := fs.Int("lookahead", 0, "GPU path: layers in flight beyond the one waited for (0: the number of devices, at least 2)")
 	idleMs := fs.Uint("sqpoll-idle-ms", 50, "GPU path: SQPOLL thread idle time before it sleeps")
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")
-	kickUs := fs.Duration("wake-interval", 200*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (SQPOLL: wake it if asleep; kick mode: enter once per interval)")
+	kickUs := fs.Duration("wake-interval", 200*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (SQPOLL: wake it if asleep; kick mode: the longest it waits in the kernel for a completion before submitting what the GPU published)")
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the ceiling measurement (quick configuration checks)")
 	reuse := fs.Bool("reuse", false, "keep a data file of the right size from an earlier run with the same model, tokens and seed")
@@ -346,19 +346,9 @@ func (b *gpuBench) closeFiles() {
 // on all of them (each its own ring), summed: the aggregate the striped
 // storage delivers to raw large O_DIRECT reads.
 func (b *gpuBench) ceiling() (float64, string) {
-	vals := make([]float64, len(b.paths))
-	errs := make([]error, len(b.paths))
-	var wg sync.WaitGroup
-	for i, p := range b.paths {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// the data written on this device, whole MiBs (devbench reads 1 MiB blocks)
-			size := b.stride * int64((b.g.Layers+len(b.paths)-1)/len(b.paths)) / (1 << 20) * (1 << 20)
-			vals[i], _, errs[i] = devbench.Ceiling(context.Background(), p, size)
-		}()
-	}
-	wg.Wait()
+	// the data written on each device, whole MiBs (devbench reads 1 MiB blocks)
+	size := b.stride * int64((b.g.Layers+len(b.paths)-1)/len(b.paths)) / (1 << 20) * (1 << 20)
+	vals, errs := devbench.CeilingEach(context.Background(), b.paths, size)
 	var sum float64
 	var notes []string
 	for i, p := range b.paths {
@@ -548,7 +538,7 @@ func (b *gpuBench) dumpThreads() {
 }
 
 // bindKick binds a second context on the same KV tensors with a ring that
-// has no SQPOLL thread: the CPU helper enters the kernel once per interval.
+// has no SQPOLL thread: the CPU helper submits in batches, woken by completions.
 func (b *gpuBench) bindKick() error {
 	ring, err := uring.New(uring.Config{Entries: b.ringEntries, SQThreadCPU: -1, NoMmap: true})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -229,6 +230,24 @@ func Ceiling(ctx context.Context, path string, sizeBytes int64) (float64, Row, e
 		return 0, Row{}, fmt.Errorf("measuring the device ceiling of %s: no row", path)
 	}
 	return rows[0].BytesPerS, rows[0], nil
+}
+
+// CeilingEach measures the Ceiling of every path at the same time (striped
+// storage: the aggregate the devices deliver together, which their separate
+// ceilings overstate when they share CPUs or a bus). vals[i] and errs[i] are
+// path i's bytes/s and error.
+func CeilingEach(ctx context.Context, paths []string, sizeBytes int64) (vals []float64, errs []error) {
+	vals, errs = make([]float64, len(paths)), make([]error, len(paths))
+	var wg sync.WaitGroup
+	for i, p := range paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			vals[i], _, errs[i] = Ceiling(ctx, p, sizeBytes)
+		}()
+	}
+	wg.Wait()
+	return vals, errs
 }
 
 // result is what an engine loop returns.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"github.com/tutti-io/tutti/eval/devbench"
 )
@@ -55,17 +54,11 @@ func freeAcross(roots []string) (int64, string) {
 // large O_DIRECT reads. Any root failing fails the whole: a partial sum
 // would flatter every backend's ceiling fraction.
 func ceilingAcross(ctx context.Context, roots []string, sizeBytes int64) (float64, string, error) {
-	vals := make([]float64, len(roots))
-	errs := make([]error, len(roots))
-	var wg sync.WaitGroup
+	files := make([]string, len(roots))
 	for i, r := range roots {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			vals[i], _, errs[i] = devbench.Ceiling(ctx, filepath.Join(r, "ceiling.dat"), sizeBytes)
-		}()
+		files[i] = filepath.Join(r, "ceiling.dat")
 	}
-	wg.Wait()
+	vals, errs := devbench.CeilingEach(ctx, files, sizeBytes)
 	var sum float64
 	parts := make([]string, len(roots))
 	for i, r := range roots {
