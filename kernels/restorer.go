@@ -68,7 +68,7 @@ type Config struct {
 	IOWindow      int           // SQEs in flight; 128 (capped by the ring's SQ and CQ)
 	Lookahead     int           // layers beyond the one waited for that may be in flight; 1
 	PollTimeout   time.Duration // no completion for this long: entries time out, the ring breaks; 5 s
-	WakeInterval  time.Duration // how often the wake helper looks at the SQPOLL flags; 50 µs
+	WakeInterval  time.Duration // SQPOLL: how often the helper looks at the flags; kick mode: longest wait for a completion; 50 µs
 	SlotBytesHint int64         // staging slot size; derived from MaxPages and MaxExtents
 
 	// NoFixedBuffers keeps the staging pool unregistered with the ring: every
@@ -262,7 +262,9 @@ func fillRing(rd *C.tk_ring, l uring.RingLayout) error {
 // when the thread sleeps (IORING_SQ_NEED_WAKEUP), so the per-I/O path stays on
 // the GPU.
 //
-// A ring without SQPOLL is driven in kick mode instead (kickLoop).
+// A ring without SQPOLL is driven in kick mode instead: by the C loop of
+// kickloop.go (runKickLoop), woken by completions, or, on a kernel without
+// IORING_FEAT_EXT_ARG, by this loop entering the kernel once per interval.
 func (r *Restorer) wakeLoop() {
 	defer r.waker.Done()
 	l := r.ring.Layout()

@@ -25,9 +25,8 @@ import (
 //
 // Knobs: TUTTI_BENCH_RANKS (default "1,2,4"; run 1 first for x-single),
 // TUTTI_BENCH_PATH=gpu (GPU-driven restores into HBM; rank r on device r mod
-// visible GPUs; skipped where that cannot run or a rank is not on device 0,
-// see TestGPUGroup), TUTTI_BENCH_DIRS (comma-separated store directories;
-// rank r uses the r-th mod their count, so one directory per device spreads
+// visible GPUs, its KV allocated there; skipped where that cannot run),
+// TUTTI_BENCH_DIRS (comma-separated store directories; rank r uses the r-th mod their count, so one directory per device spreads
 // the ranks; default a temporary one), TUTTI_BENCH_LAYERS (default 80: 10 GiB
 // of KV), TUTTI_BENCH_TOKENS (default 32768), TUTTI_BENCH_STAGING_MIB
 // (default 256 per rank), TUTTI_BENCH_SLOT_MIB (default 32).

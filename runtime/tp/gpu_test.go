@@ -72,14 +72,14 @@ func (d *rankDeviceKV) copy(t testing.TB, toDevice bool) {
 	}
 }
 
-// TestGPUGroup: N ranks on the GPU path, each with its own store, SQPOLL
-// ring, staging and restorer, save their shards from HBM (GPU gathers) and
+// TestGPUGroup: N ranks on the GPU path, each with its own store, ring,
+// staging and restorer, save their shards from HBM (GPU gathers) and
 // restore them with GPU-driven reads, all ranks at once; every rank's HBM is
 // checked bit-exact against its shard. "one-device" puts every rank on
-// device 0 (runs on a one-GPU machine); "spread" uses the default mapping
-// (rank r on device r mod visible GPUs) and runs only where every rank's
-// device is 0 or kernels can allocate on another device. Skips (with the
-// reason) where the GPU path cannot run.
+// device 0; "spread" uses the default mapping (rank r on device r mod
+// visible GPUs, its KV allocated there by kernels.DevAllocOn), the same as
+// one-device on a one-GPU machine. Skips (with the reason) where the GPU
+// path cannot run.
 func TestGPUGroup(t *testing.T) {
 	g := gqaGeometry()
 	for _, mode := range []string{"one-device", "spread"} {
