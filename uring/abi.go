@@ -11,6 +11,7 @@ const (
 	setupSQAff         = 1 << 2
 	setupCQSize        = 1 << 3
 	setupClamp         = 1 << 4
+	setupRDisabled     = 1 << 6
 	setupSubmitAll     = 1 << 7
 	setupCoopTaskrun   = 1 << 8
 	setupTaskrunFlag   = 1 << 9
@@ -71,6 +72,7 @@ const (
 	registerFiles     = 2
 	unregisterFiles   = 3
 	registerProbe     = 8
+	registerEnable    = 12 // IORING_REGISTER_ENABLE_RINGS
 
 	probeOpSupported = 1 << 0
 )

@@ -27,6 +27,12 @@ type Config struct {
 	// io_uring_enter fails with EEXIST.
 	SingleIssuer bool
 	DeferTaskrun bool
+	// Disabled (IORING_SETUP_R_DISABLED) creates the ring disabled: nothing
+	// can be submitted until Enable, and with SingleIssuer or DeferTaskrun
+	// the thread that calls Enable, not the creator, becomes the ring's one
+	// issuer. This is how a ring made by one goroutine is handed to a
+	// locked OS thread (the GPU ring's kick loop).
+	Disabled bool
 	CoopTaskrun  bool // IORING_SETUP_COOP_TASKRUN (+TASKRUN_FLAG): no IPI to post completions; Flush enters the kernel to run them
 
 	// NoMmap (IORING_SETUP_NO_MMAP, Linux 6.5+): the rings and SQEs live in
@@ -209,6 +215,9 @@ func flagsOf(cfg Config) uint32 {
 	}
 	if cfg.NoMmap {
 		f |= setupNoMmap
+	}
+	if cfg.Disabled {
+		f |= setupRDisabled
 	}
 	return f
 }
@@ -648,6 +657,22 @@ func (r *Ring) forgetFiles() {
 		}
 	}
 	r.files = nil
+}
+
+// Enable enables a ring created with Config.Disabled
+// (IORING_REGISTER_ENABLE_RINGS). With SingleIssuer or DeferTaskrun the
+// calling OS thread becomes the only one that may submit to, wait on or
+// register with the ring from then on: lock the goroutine to its thread
+// first (runtime.LockOSThread) and keep it locked. Enabling a ring that is
+// not disabled fails (EBADFD from the kernel).
+func (r *Ring) Enable() error {
+	if r.closed {
+		return fmt.Errorf("uring: enable ring: %w", ErrClosed)
+	}
+	if _, err := sysRegister(r.fd, registerEnable, nil, 0); err != nil {
+		return fmt.Errorf("uring: enable ring: %w", err)
+	}
+	return nil
 }
 
 // RegisterBuffers implements Engine. The buffers must stay allocated until

@@ -589,3 +589,59 @@ func TestBufferViewsAsFixedBuffers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDisabledRingHandoff: a DeferTaskrun ring created disabled on one
+// thread refuses I/O until enabled; the thread that enables it becomes its
+// issuer (round trip of every op there), and another thread is then refused.
+func TestDisabledRingHandoff(t *testing.T) {
+	r := newRingOrSkip(t, Config{Entries: 8, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true})
+	f, _ := directFile(t, t.TempDir(), 4096, 3)
+	buf := mustBuffer(t, 4096)
+	var c Completion
+	c.PrepRead(f, buf.Addr(), 4096, 0)
+	if err := r.Submit(&c); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Flush(1); !errors.Is(err, unix.EBADFD) {
+		t.Fatalf("Flush on a disabled ring: %v, want EBADFD", err)
+	}
+	r.Close() // the refused read never reached the kernel
+	r = newRingOrSkip(t, Config{Entries: 8, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true})
+	done := make(chan error)
+	back := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := r.Enable(); err != nil {
+			done <- err
+			return
+		}
+		finished := false
+		defer func() {
+			if !finished { // roundTrip called t.Fatal (Goexit): unblock the test
+				done <- errors.New("round trip on the issuer thread failed")
+			}
+		}()
+		roundTrip(t, r, true, 7)
+		finished = true
+		done <- nil
+		<-back // keep this thread (the issuer) alive while the other one tries
+		done <- r.RegisterBuffers(nil)
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// This goroutine cannot be on the locked thread above.
+	err := r.RegisterBuffers([]*Buffer{buf})
+	t.Logf("register from another thread: %v", err)
+	if !errors.Is(err, unix.EEXIST) {
+		t.Errorf("register from a thread that is not the issuer: %v, want EEXIST", err)
+	}
+	close(back)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Enable(); err == nil {
+		t.Fatal("enabling an enabled ring succeeded")
+	}
+}

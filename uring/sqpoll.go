@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // clockTicksPerSecond is USER_HZ, 100 on every Linux ABI Go supports.
@@ -37,10 +39,20 @@ func (r *Ring) SQPollCPUTime() (time.Duration, error) {
 	return ThreadCPUTime(r.sqTID)
 }
 
-// ThreadCPUTime reads utime+stime (10 ms resolution) of thread tid of this
-// process from /proc/self/task/TID/stat: the io_uring threads' share, or any
-// other thread's, of the process's CPU time.
+// ThreadCPUTime is the CPU time of thread tid of this process: the io_uring
+// threads' share, or any other thread's, of the process's CPU time. It reads
+// the thread's CPU-time clock (clock_gettime on the clock id the kernel
+// derives from a tid of the caller's thread group, nanosecond resolution)
+// and, where that fails, utime+stime from /proc/self/task/TID/stat (10 ms).
 func ThreadCPUTime(tid int) (time.Duration, error) {
+	if tid > 0 {
+		// CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED over ^tid, as glibc's
+		// pthread_getcpuclockid builds it.
+		var ts unix.Timespec
+		if unix.ClockGettime(int32(^uint32(tid)<<3|6), &ts) == nil {
+			return time.Duration(ts.Nano()), nil
+		}
+	}
 	b, err := os.ReadFile("/proc/self/task/" + strconv.Itoa(tid) + "/stat")
 	if err != nil {
 		return 0, fmt.Errorf("uring: reading thread %d CPU time: %w", tid, err)
