@@ -77,11 +77,14 @@
 // SQPOLL thread sleeps (IORING_SQ_NEED_WAKEUP); the SQPOLL thread polls a core
 // while awake. A ring without SQPOLL runs in kick mode: a C loop on a locked
 // thread (one cgo call for its life) submits exactly what the GPU published
-// and sleeps in io_uring_enter until one new completion (completions run as
-// its task work) or WakeInterval; while no restore is live it sleeps on a
-// futex. One system call per batch of completions, not per I/O, and on the
-// H200 a third of the CPU of the SQPOLL ring at the same bandwidth
-// (BENCHMARKS.md). The runtime uses kick mode unless Config.GPUSQPoll.
+// and sleeps in io_uring_enter until a batch of completions (a quarter of the
+// I/O in flight, at most WakeBatch) or a timeout (BatchWait while I/O is in
+// flight, WakeInterval, backed off, while none is); while no restore is live
+// it sleeps on a futex. NewKickRing makes the ring this loop wants: created
+// disabled with DEFER_TASKRUN, handed to the loop's thread, which registers
+// the staging pool and enables it, so completions run as its deferred task
+// work and the kernel wakes it once per batch instead of once per I/O. The
+// runtime uses kick mode unless Config.GPUSQPoll.
 //
 // The staging slots are registered with the ring as fixed buffers (index =
 // slot) and the GPU writes READ_FIXED SQEs, so the kernel does not pin the
@@ -109,8 +112,10 @@
 //
 // # Memory
 //
-// Bind allocates everything: the staging pool (uring.AllocBuffer, registered
-// with CUDA), per request slot the pinned descriptor upload buffers, device
+// Bind allocates everything: the staging pool (uring.AllocBuffer: 2 MiB
+// aligned, transparent huge pages where the kernel gives them, so a 1 MiB
+// read is one segment the block layer need not split and io_uring issues it
+// inline instead of in an io-wq worker; registered with CUDA), per request slot the pinned descriptor upload buffers, device
 // descriptor tables, host-mapped result arrays and per-layer events. Restore
 // allocates nothing on the GPU or in pinned memory; the library copies the
 // descriptors during the call, so the caller's slices are free afterwards.

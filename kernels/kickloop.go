@@ -14,6 +14,7 @@ typedef struct {
 	int32_t active;     // restores live; the loop sleeps on this word (futex) while 0
 	int32_t stop;       // set once by Close
 	int64_t enters;     // io_uring_enter calls made
+	int64_t timeouts;   // of which returned on the timeout (ETIME)
 	int32_t last_errno; // last unexpected io_uring_enter error (0: none)
 	int32_t errors;     // how many
 	int32_t tid;        // the loop's thread (for per-thread CPU accounting)
@@ -23,25 +24,39 @@ typedef struct {
 typedef struct {
 	int fd;
 	uint32_t sq_entries, cq_entries;
+	uint32_t batch;        // most completions one wake-up waits for
 	uint64_t sq_head, sq_tail, cq_head, cq_tail; // addresses in the ring's memory
-	int64_t interval_ns;
+	int64_t interval_ns;   // wait while nothing is in flight (new SQEs are only seen on waking)
+	int64_t batch_wait_ns; // longest wait for a batch while I/O is in flight
 } tk_kick_ring;
 
 static inline uint32_t kl_ld(uint64_t a) { return __atomic_load_n((uint32_t *)a, __ATOMIC_ACQUIRE); }
 
-// tk_kick_loop runs until ctl->stop: while a restore is live, each
-// io_uring_enter submits exactly the SQEs the GPU has published and sleeps in
-// the kernel until one completion beyond those the GPU has not reaped yet is
-// posted (the kernel's target is head-at-entry + min), or interval_ns passes.
-// Completions of a ring without SQPOLL run as task work of this thread,
-// inside the same wait. Asking to submit more than is published makes the
-// kernel skip the wait, so to_submit is exact. While no restore is live it
-// sleeps on ctl->active (futex, re-checked every 100 ms).
+// tk_kick_loop runs until ctl->stop. While a restore is live, each
+// io_uring_enter submits exactly the SQEs the GPU has published (asking for
+// more than is published makes the kernel skip the wait) and then sleeps in
+// the kernel until k completions beyond those the GPU has not reaped yet are
+// posted (the kernel's target is head-at-entry + min), or a timeout passes.
+//
+// k batches the wake-ups: a quarter of the I/O in flight, at most r->batch,
+// at least 1. A quarter keeps three quarters of the window at the device
+// while the GPU refills the rest; at the tail of a restore k falls to 1, so
+// the last reads are not held back. The timeout is batch_wait_ns while I/O
+// is in flight (it bounds how long CQEs and newly published SQEs wait when the
+// device is slower than a batch per timeout) and interval_ns while nothing
+// is, doubled (up to 8x) for every wake-up that found nothing new, so an idle
+// live restore costs little. On a ring with DEFER_TASKRUN the kernel wakes
+// this thread only when k completions are pending, which is what makes the
+// batch save CPU; on other rings each completion's task work still wakes it
+// inside the wait (but it returns to user space once per batch).
+// While no restore is live it sleeps on ctl->active (futex, re-checked every
+// 100 ms).
 static void tk_kick_loop(tk_kick_ctl *ctl, const tk_kick_ring *r) {
-	struct { int64_t sec, nsec; } ts = { r->interval_ns / 1000000000, r->interval_ns % 1000000000 };
+	struct { int64_t sec, nsec; } ts;
 	struct { uint64_t sigmask; uint32_t sigmask_sz, min_wait_usec; uint64_t ts; } arg = { 0, 0, 0, (uint64_t)(uintptr_t)&ts };
 	struct timespec idle = { 0, 100000000 };
-	struct timespec back = { ts.sec, ts.nsec };
+	struct timespec back = { r->interval_ns / 1000000000, r->interval_ns % 1000000000 };
+	uint32_t submitted = 0, posted0 = kl_ld(r->cq_tail), last_sq = kl_ld(r->sq_tail), backoff = 0;
 	__atomic_store_n(&ctl->tid, (int32_t)syscall(SYS_gettid), __ATOMIC_RELAXED);
 	for (;;) {
 		if (__atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE)) return;
@@ -49,12 +64,33 @@ static void tk_kick_loop(tk_kick_ctl *ctl, const tk_kick_ring *r) {
 			syscall(SYS_futex, &ctl->active, FUTEX_WAIT_PRIVATE, 0, &idle, NULL, 0);
 			continue;
 		}
-		uint32_t minc = kl_ld(r->cq_tail) - kl_ld(r->cq_head) + 1;
-		if (minc > r->cq_entries) minc = r->cq_entries;
-		uint32_t tosub = kl_ld(r->sq_tail) - kl_ld(r->sq_head);
+		uint32_t ctail = kl_ld(r->cq_tail), chead = kl_ld(r->cq_head);
+		uint32_t sqt = kl_ld(r->sq_tail);
+		uint32_t tosub = sqt - kl_ld(r->sq_head);
 		if (tosub > r->sq_entries) tosub = r->sq_entries;
+		uint32_t inflight = submitted - (ctail - posted0);
+		if (inflight > r->cq_entries) inflight = 0; // CQEs not of ours (cannot happen on a dedicated ring)
+		uint32_t after = inflight + tosub;
+		uint32_t k = after / 4;
+		if (k > r->batch) k = r->batch;
+		if (k == 0) k = 1;
+		int64_t wait_ns;
+		if (after > 0) {
+			wait_ns = r->batch_wait_ns;
+			backoff = 0;
+		} else {
+			if (sqt == last_sq && backoff < 3) backoff++;
+			wait_ns = r->interval_ns << backoff;
+		}
+		last_sq = sqt;
+		ts.sec = wait_ns / 1000000000;
+		ts.nsec = wait_ns % 1000000000;
+		uint32_t minc = ctail - chead + k;
+		if (minc > r->cq_entries) minc = r->cq_entries;
 		long rc = syscall(SYS_io_uring_enter, r->fd, tosub, minc, 1u | 8u, &arg, sizeof arg); // GETEVENTS | EXT_ARG
 		__atomic_add_fetch(&ctl->enters, 1, __ATOMIC_RELAXED);
+		if (rc > 0) submitted += (uint32_t)rc;
+		if (rc < 0 && errno == ETIME) __atomic_add_fetch(&ctl->timeouts, 1, __ATOMIC_RELAXED);
 		if (rc < 0 && errno != ETIME && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
 			__atomic_store_n(&ctl->last_errno, errno, __ATOMIC_RELAXED);
 			__atomic_add_fetch(&ctl->errors, 1, __ATOMIC_RELAXED);
@@ -117,6 +153,10 @@ func (h helperState) tid() int { return int(atomic.LoadInt32((*int32)(unsafe.Poi
 
 func (h helperState) enters() int64 { return atomic.LoadInt64((*int64)(unsafe.Pointer(&h.ctl.enters))) }
 
+func (h helperState) timeouts() int64 {
+	return atomic.LoadInt64((*int64)(unsafe.Pointer(&h.ctl.timeouts)))
+}
+
 // err is the last unexpected io_uring_enter error of the kick loop.
 func (h helperState) err() error {
 	n := atomic.LoadInt32((*int32)(unsafe.Pointer(&h.ctl.errors)))
@@ -131,7 +171,7 @@ func (h helperState) err() error {
 // stop. One cgo call for the loop's whole life: the Go scheduler hands the
 // thread's P off once, instead of on every wait as a Go loop of blocking
 // io_uring_enter calls did (26–37 µs of CPU per wake-up on the GPU machine).
-func (h helperState) runKickLoop(l uring.RingLayout, interval time.Duration) {
+func (h helperState) runKickLoop(l uring.RingLayout, interval, batchWait time.Duration, batch int) {
 	kr := (*C.tk_kick_ring)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tk_kick_ring{}))))
 	defer C.free(unsafe.Pointer(kr))
 	kr.fd = C.int(l.FD)
@@ -142,5 +182,7 @@ func (h helperState) runKickLoop(l uring.RingLayout, interval time.Duration) {
 	kr.cq_head = C.uint64_t(l.CQHead)
 	kr.cq_tail = C.uint64_t(l.CQTail)
 	kr.interval_ns = C.int64_t(interval.Nanoseconds())
+	kr.batch_wait_ns = C.int64_t(batchWait.Nanoseconds())
+	kr.batch = C.uint32_t(batch)
 	C.tk_kick_loop(h.ctl, kr)
 }

@@ -58,6 +58,13 @@ type Config struct {
 	// bound); nil binds host copies only (CPU-issued I/O paths). With SQPOLL
 	// the kernel thread submits and the helper only wakes it; without, the
 	// helper enters the kernel once per WakeInterval (kick mode).
+	//
+	// A kick-mode ring created with uring.Config{DeferTaskrun: true,
+	// Disabled: true} is the cheapest on the CPU: Bind hands it to the
+	// helper's thread, which registers the staging pool, enables the ring
+	// (becoming its single issuer) and is then woken by the kernel once per
+	// batch of completions instead of once per completion. Such a ring must
+	// not be used by anything else while bound, not even to register.
 	Ring *uring.Ring
 
 	MaxPages      int           // pages per request (required)
@@ -68,7 +75,9 @@ type Config struct {
 	IOWindow      int           // SQEs in flight; 128 (capped by the ring's SQ and CQ)
 	Lookahead     int           // layers beyond the one waited for that may be in flight; 1
 	PollTimeout   time.Duration // no completion for this long: entries time out, the ring breaks; 5 s
-	WakeInterval  time.Duration // SQPOLL: how often the helper looks at the flags; kick mode: longest wait for a completion; 50 µs
+	WakeInterval  time.Duration // SQPOLL: how often the helper looks at the flags; kick mode: wait while nothing is in flight; 50 µs
+	WakeBatch     int           // kick mode: most completions one wake-up of the helper waits for; 32 (1: every completion)
+	BatchWait     time.Duration // kick mode: longest wait for a batch while I/O is in flight; 1 ms
 	SlotBytesHint int64         // staging slot size; derived from MaxPages and MaxExtents
 
 	// NoFixedBuffers keeps the staging pool unregistered with the ring: every
@@ -105,6 +114,12 @@ func (c *Config) defaults() {
 	if c.WakeInterval == 0 {
 		c.WakeInterval = 50 * time.Microsecond
 	}
+	if c.WakeBatch <= 0 {
+		c.WakeBatch = 32
+	}
+	if c.BatchWait == 0 {
+		c.BatchWait = time.Millisecond
+	}
 }
 
 // Restorer is a bound context: KV tensors, staging pool, ring, streams and
@@ -131,6 +146,10 @@ type Restorer struct {
 	// fixedErr: why they are not (nil when fixed or not asked for).
 	fixed    bool
 	fixedErr error
+	// owned: the ring was handed to the helper's thread (created disabled,
+	// enabled there): registration happens on that thread only.
+	owned    bool
+	unregErr error // the helper's unregistering of the staging pool (read after waker.Wait)
 }
 
 type reqSlot struct {
@@ -208,7 +227,8 @@ func Bind(cfg Config) (*Restorer, error) {
 		staging.Free()
 		return nil, fmt.Errorf("binding kernels: %w", err)
 	}
-	if r.ring != nil && !cfg.NoFixedBuffers {
+	r.owned = r.ring != nil && r.ring.Layout().SetupFlags&setupRDisabled != 0
+	if r.ring != nil && !cfg.NoFixedBuffers && !r.owned {
 		r.fixedErr = r.registerStaging(slotBytes)
 		r.fixed = r.fixedErr == nil
 	}
@@ -223,8 +243,16 @@ func Bind(cfg Config) (*Restorer, error) {
 		}
 	}
 	if r.ring != nil {
+		ready := make(chan error, 1)
 		r.waker.Add(1)
-		go r.wakeLoop()
+		go r.wakeLoop(slotBytes, ready)
+		if err := <-ready; err != nil {
+			r.waker.Wait()
+			r.helper.free()
+			C.tkl_unbind(r.ctx)
+			staging.Free()
+			return nil, fmt.Errorf("binding kernels: %w", err)
+		}
 	}
 	return r, nil
 }
@@ -265,17 +293,43 @@ func fillRing(rd *C.tk_ring, l uring.RingLayout) error {
 // A ring without SQPOLL is driven in kick mode instead: by the C loop of
 // kickloop.go (runKickLoop), woken by completions, or, on a kernel without
 // IORING_FEAT_EXT_ARG, by this loop entering the kernel once per interval.
-func (r *Restorer) wakeLoop() {
+//
+// ready receives nil once the helper runs, or why it cannot (then it has
+// returned). A ring created disabled is set up here, on the helper's locked
+// thread: the staging pool is registered, the ring enabled (this thread
+// becomes its single issuer) and, when the helper stops, unregistered.
+func (r *Restorer) wakeLoop(slotBytes int64, ready chan<- error) {
 	defer r.waker.Done()
 	l := r.ring.Layout()
 	kick := l.SetupFlags&setupSQPoll == 0
-	if kick {
+	if kick || r.owned {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		if l.Features&featExtArg != 0 {
-			r.helper.runKickLoop(l, r.cfg.WakeInterval)
+	}
+	if r.owned {
+		if !r.cfg.NoFixedBuffers {
+			r.fixedErr = r.registerStaging(slotBytes)
+			r.fixed = r.fixedErr == nil
+		}
+		if err := r.ring.Enable(); err != nil {
+			if r.fixed {
+				r.ring.RegisterBuffers(nil)
+			}
+			ready <- fmt.Errorf("enabling the GPU ring on the helper thread: %w", err)
 			return
 		}
+		defer func() {
+			if r.fixed {
+				// The pages stay pinned by the ring until unregistered, and
+				// only this thread may unregister them.
+				r.unregErr = r.ring.RegisterBuffers(nil)
+			}
+		}()
+	}
+	ready <- nil
+	if kick && l.Features&featExtArg != 0 {
+		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch)
+		return
 	}
 	t := time.NewTicker(r.cfg.WakeInterval)
 	defer t.Stop()
@@ -309,8 +363,10 @@ func (r *Restorer) wakeLoop() {
 }
 
 const (
-	setupSQPoll = 1 << 1 // IORING_SETUP_SQPOLL
-	featExtArg  = 1 << 8 // IORING_FEAT_EXT_ARG: io_uring_enter takes a wait timeout
+	setupSQPoll       = 1 << 1  // IORING_SETUP_SQPOLL
+	setupRDisabled    = 1 << 6  // IORING_SETUP_R_DISABLED
+	setupDeferTaskrun = 1 << 13 // IORING_SETUP_DEFER_TASKRUN
+	featExtArg        = 1 << 8  // IORING_FEAT_EXT_ARG: io_uring_enter takes a wait timeout
 )
 
 func enter(fd int, toSubmit, flags uint32) error {
@@ -351,6 +407,10 @@ func (r *Restorer) FixedBuffers() (bool, error) { return r.fixed, r.fixedErr }
 // kick mode, entered the kernel).
 func (r *Restorer) Wakeups() int64 { return r.wakes.Load() + r.helper.enters() }
 
+// WakeTimeouts counts the kick loop's waits that ended on their timeout
+// rather than on a batch of completions (part of Wakeups).
+func (r *Restorer) WakeTimeouts() int64 { return r.helper.timeouts() }
+
 // HelperMode says how the CPU helper drives the ring: "sqpoll-wake" (it
 // only wakes the SQPOLL thread), "kick-wait" (the C loop, woken by
 // completions) or "kick-timer" (a kernel without IORING_FEAT_EXT_ARG: one
@@ -363,6 +423,8 @@ func (r *Restorer) HelperMode() string {
 	switch {
 	case l.SetupFlags&setupSQPoll != 0:
 		return "sqpoll-wake"
+	case l.Features&featExtArg != 0 && l.SetupFlags&setupDeferTaskrun != 0:
+		return "kick-wait, deferred task work"
 	case l.Features&featExtArg != 0:
 		return "kick-wait"
 	}
@@ -407,7 +469,11 @@ func (r *Restorer) Close() error {
 	r.waker.Wait()
 	r.helper.free()
 	err := status("tk_unbind", C.tkl_unbind(r.ctx))
-	if r.fixed {
+	if r.owned {
+		if err == nil && r.unregErr != nil {
+			err = fmt.Errorf("unregistering the staging pool: %w", r.unregErr)
+		}
+	} else if r.fixed {
 		// The pages stay pinned by the ring until unregistered.
 		if uerr := r.ring.RegisterBuffers(nil); err == nil && uerr != nil {
 			err = fmt.Errorf("unregistering the staging pool: %w", uerr)

@@ -1,10 +1,15 @@
 package kernels
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tutti-io/tutti/uring"
+	"golang.org/x/sys/unix"
 )
 
 // TestWakeLoopKicks: on a ring without SQPOLL the helper enters the kernel
@@ -17,7 +22,7 @@ func TestWakeLoopKicks(t *testing.T) {
 	defer ring.Close()
 	r := &Restorer{cfg: Config{WakeInterval: 100 * time.Microsecond}, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState()}
 	r.waker.Add(1)
-	go r.wakeLoop()
+	go r.wakeLoop(0, make(chan error, 1))
 	r.helper.begin()
 	r.kick <- struct{}{}
 	deadline := time.Now().Add(5 * time.Second)
@@ -38,79 +43,164 @@ func TestWakeLoopKicks(t *testing.T) {
 }
 
 // TestKickLoopSubmitsWhatTheGPUPublishes stands in for the GPU on a ring
-// without SQPOLL: it publishes NOP SQEs through the ring's shared memory
-// exactly as the I/O kernel does (SQE, SQ array, release-store of the tail),
-// and the event-driven helper must submit them so their CQEs appear; while
-// nothing is published or in flight it sleeps in the kernel (one enter per
-// interval, no spinning).
+// without SQPOLL: it publishes SQEs through the ring's shared memory exactly
+// as the I/O kernel does (SQE, SQ array, release-store of the tail), and the
+// event-driven helper must submit them so their CQEs appear; while nothing
+// is published or in flight it sleeps in the kernel (no spinning). Rings:
+// mmap'd, NO_MMAP, and DEFER_TASKRUN created disabled (the helper's thread
+// enables it and becomes its issuer). Ops: NOPs (complete inline) and
+// O_DIRECT reads of a file (complete through task work, batched wake-ups),
+// 8 per round through an 8-entry SQ, so the ring wraps.
 func TestKickLoopSubmitsWhatTheGPUPublishes(t *testing.T) {
-	for _, noMmap := range []bool{false, true} {
-		ring, err := uring.New(uring.Config{Entries: 8, SQThreadCPU: -1, NoMmap: noMmap})
-		if err != nil {
-			t.Skipf("io_uring unavailable: %v", err)
-		}
-		l := ring.Layout()
-		if l.Features&featExtArg == 0 {
-			ring.Close()
-			t.Skip("kernel without IORING_FEAT_EXT_ARG: the timer loop drives kick mode instead")
-		}
-		const interval = 20 * time.Millisecond
-		r := &Restorer{cfg: Config{WakeInterval: interval}, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState()}
-		if m := r.HelperMode(); m != "kick-wait" {
-			t.Fatalf("helper mode %q on a ring without SQPOLL, kernel with EXT_ARG", m)
-		}
-		r.waker.Add(1)
-		go r.wakeLoop()
-		r.helper.begin()
-		r.kick <- struct{}{}
+	const blk = 4096
+	dir := t.TempDir()
+	want := make([]byte, 64*blk)
+	for i := range want {
+		want[i] = byte(i*7 + i>>12)
+	}
+	path := filepath.Join(dir, "f")
+	if err := os.WriteFile(path, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Skipf("O_DIRECT unavailable here: %v", err)
+	}
+	defer unix.Close(fd)
+	dst, err := uring.AllocBuffer(len(want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Free()
+	for _, c := range []struct {
+		name  string
+		cfg   uring.Config
+		reads bool
+	}{
+		{"mmap/nop", uring.Config{Entries: 8, SQThreadCPU: -1}, false},
+		{"no-mmap/nop", uring.Config{Entries: 8, SQThreadCPU: -1, NoMmap: true}, false},
+		{"mmap/read", uring.Config{Entries: 8, SQThreadCPU: -1}, true},
+		{"defer-taskrun/read", uring.Config{Entries: 8, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true}, true},
+		{"defer-taskrun/nop", uring.Config{Entries: 8, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true, NoMmap: true}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ring, err := uring.New(c.cfg)
+			if err != nil {
+				t.Skipf("io_uring (%+v) unavailable: %v", c.cfg, err)
+			}
+			defer ring.Close()
+			l := ring.Layout()
+			if l.Features&featExtArg == 0 {
+				t.Skip("kernel without IORING_FEAT_EXT_ARG: the timer loop drives kick mode instead")
+			}
+			const interval = 20 * time.Millisecond
+			r := &Restorer{cfg: Config{WakeInterval: interval, BatchWait: interval, WakeBatch: 4, NoFixedBuffers: true}, ring: ring,
+				kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState(),
+				owned: c.cfg.Disabled}
+			if m := r.HelperMode(); !strings.HasPrefix(m, "kick-wait") {
+				t.Fatalf("helper mode %q on a ring without SQPOLL, kernel with EXT_ARG", m)
+			}
+			ready := make(chan error, 1)
+			r.waker.Add(1)
+			go r.wakeLoop(0, ready)
+			if err := <-ready; err != nil {
+				t.Fatal(err)
+			}
+			r.helper.begin()
+			r.kick <- struct{}{}
+			defer func() {
+				r.helper.end()
+				close(r.stop)
+				r.helper.stop()
+				r.waker.Wait()
+				r.helper.free()
+			}()
 
-		idle := 200 * time.Millisecond
-		w0 := r.Wakeups()
-		time.Sleep(idle)
-		// A slower machine enters less often, never more: the bound is on spinning.
-		if n := r.Wakeups() - w0; n > int64(2*idle/interval)+2 {
-			t.Fatalf("noMmap=%v: %d enters in %v idle with a %v interval: the helper spins", noMmap, n, idle, interval)
-		}
+			idle := 200 * time.Millisecond
+			w0 := r.Wakeups()
+			time.Sleep(idle)
+			// A slower machine enters less often, never more: the bound is on spinning.
+			if n := r.Wakeups() - w0; n > int64(2*idle/interval)+2 {
+				t.Fatalf("%d enters in %v idle with a %v interval: the helper spins", n, idle, interval)
+			}
+			clear(dst.Bytes())
+			mask := ringLoad32(l.SQMask)
+			const per = 8
+			for round := 0; round < 3; round++ {
+				tail := ringLoad32(l.SQTail)
+				for i := uint32(0); i < per; i++ {
+					idx := (tail + i) & mask
+					sqe := l.SQEs + uintptr(idx)*uintptr(l.SQESize)
+					ringZero(sqe, int(l.SQESize)) // opcode 0 = IORING_OP_NOP
+					n := uint64(round*per) + uint64(i)
+					if c.reads {
+						ringStore32(sqe, 22) // IORING_OP_READ; flags, ioprio 0
+						ringStore32(sqe+4, uint32(fd))
+						ringStore64(sqe+8, n*blk)
+						ringStore64(sqe+16, uint64(dst.Addr())+n*blk)
+						ringStore32(sqe+24, blk)
+					}
+					ringStore64(sqe+32, 100+n)
+					if l.SQArray != 0 {
+						ringStore32(l.SQArray+uintptr(idx)*4, idx)
+					}
+				}
+				ringStore32(l.SQTail, tail+per)
+				deadline := time.Now().Add(10 * time.Second)
+				for ringLoad32(l.CQTail)-ringLoad32(l.CQHead) < per && time.Now().Before(deadline) {
+					time.Sleep(100 * time.Microsecond)
+				}
+				head, ctail := ringLoad32(l.CQHead), ringLoad32(l.CQTail)
+				if ctail-head != per {
+					t.Fatalf("round %d: %d CQEs after publishing %d SQEs", round, ctail-head, per)
+				}
+				cmask := ringLoad32(l.CQMask)
+				seen := map[uint64]bool{}
+				for i := uint32(0); i < per; i++ {
+					cqe := l.CQEs + uintptr((head+i)&cmask)*uintptr(l.CQESize)
+					ud, res := ringLoad64(cqe), int32(uint32(ringLoad64(cqe+8)))
+					wantRes := int32(0)
+					if c.reads {
+						wantRes = blk
+					}
+					if ud < 100+uint64(round*per) || ud >= 100+uint64(round*per+per) || seen[ud] || res != wantRes {
+						t.Fatalf("round %d: CQE %d: user data %d res %d", round, i, ud, res)
+					}
+					seen[ud] = true
+				}
+				ringStore32(l.CQHead, head+per)
+			}
+			if c.reads && !bytes.Equal(dst.Bytes()[:3*per*blk], want[:3*per*blk]) {
+				t.Fatal("the reads the helper submitted brought other bytes than the file's")
+			}
+			if err := r.HelperErr(); err != nil {
+				t.Fatalf("kick: %v", err)
+			}
+			t.Logf("%d enters, %d on the timeout", r.Wakeups(), r.WakeTimeouts())
+		})
+	}
+}
 
-		mask := ringLoad32(l.SQMask)
-		for round := 0; round < 3; round++ { // 12 SQEs through an 8-entry ring: wrap-around
-			tail := ringLoad32(l.SQTail)
-			for i := uint32(0); i < 4; i++ {
-				idx := (tail + i) & mask
-				sqe := l.SQEs + uintptr(idx)*uintptr(l.SQESize)
-				ringZero(sqe, int(l.SQESize)) // opcode 0 = IORING_OP_NOP
-				ringStore64(sqe+32, uint64(100*round)+uint64(i))
-				if l.SQArray != 0 {
-					ringStore32(l.SQArray+uintptr(idx)*4, idx)
-				}
-			}
-			ringStore32(l.SQTail, tail+4)
-			deadline := time.Now().Add(10 * time.Second)
-			for ringLoad32(l.CQTail)-ringLoad32(l.CQHead) < 4 && time.Now().Before(deadline) {
-				time.Sleep(100 * time.Microsecond)
-			}
-			head, ctail := ringLoad32(l.CQHead), ringLoad32(l.CQTail)
-			if ctail-head != 4 {
-				t.Fatalf("noMmap=%v round %d: %d CQEs after publishing 4 SQEs", noMmap, round, ctail-head)
-			}
-			cmask := ringLoad32(l.CQMask)
-			for i := uint32(0); i < 4; i++ {
-				cqe := l.CQEs + uintptr((head+i)&cmask)*uintptr(l.CQESize)
-				ud, res := ringLoad64(cqe), int32(uint32(ringLoad64(cqe+8)))
-				if ud != uint64(100*round)+uint64(i) || res != 0 {
-					t.Fatalf("noMmap=%v round %d: CQE %d: user data %d res %d", noMmap, round, i, ud, res)
-				}
-			}
-			ringStore32(l.CQHead, head+4)
+// TestNewKickRing: on this kernel (6.x) the GPU ring gets DEFER_TASKRUN and
+// starts disabled; the base's SQPOLL request is overridden.
+func TestNewKickRing(t *testing.T) {
+	ring, fallback, err := NewKickRing(uring.Config{Entries: 16, SQPoll: true, NoMmap: true})
+	if err != nil {
+		t.Skipf("io_uring unavailable: %v", err)
+	}
+	defer ring.Close()
+	l := ring.Layout()
+	if fallback != "" {
+		if l.SetupFlags&(setupDeferTaskrun|setupRDisabled) != 0 {
+			t.Fatalf("fallback %q but flags %#x", fallback, l.SetupFlags)
 		}
-		if err := r.HelperErr(); err != nil {
-			t.Fatalf("kick: %v", err)
-		}
-		r.helper.end()
-		close(r.stop)
-		r.helper.stop()
-		r.waker.Wait()
-		r.helper.free()
-		ring.Close()
+		t.Skipf("kernel without DEFER_TASKRUN: %s", fallback)
+	}
+	if l.SetupFlags&setupDeferTaskrun == 0 || l.SetupFlags&setupRDisabled == 0 || l.SetupFlags&setupSQPoll != 0 {
+		t.Fatalf("setup flags %#x: want DEFER_TASKRUN|R_DISABLED, no SQPOLL", l.SetupFlags)
+	}
+	r := &Restorer{ring: ring}
+	if m := r.HelperMode(); m != "kick-wait, deferred task work" && l.Features&featExtArg != 0 {
+		t.Fatalf("helper mode %q", m)
 	}
 }

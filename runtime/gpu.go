@@ -38,6 +38,9 @@ type gpuPath struct {
 	ring     *uring.Ring
 	gatherMu sync.Mutex // Gather sets the restorer's host page map: one at a time
 	slots    []uintptr  // staging slots registered with CUDA
+	// kickFallback: why the kick-mode ring has no DEFER_TASKRUN (empty: it
+	// has, or the ring is SQPOLL), reported in Stats.
+	kickFallback string
 }
 
 // bindGPU binds the engine's device KV tensors, a ring dedicated to the GPU
@@ -57,12 +60,18 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	rc := uring.DefaultConfig()
 	rc.Entries = uint32(s.cfg.QueueDepth)
 	// Without SQPOLL the kernels' helper thread submits and runs the
-	// completions' task work (kick mode); nothing else enters this ring.
+	// completions' task work (kick mode), on a DEFER_TASKRUN ring where the
+	// kernel allows it; nothing else enters this ring.
+	var ring *uring.Ring
+	var err error
+	var fallback string
 	if s.cfg.GPUSQPoll {
 		rc.SQPoll = true
 		rc.SQThreadIdleMs = 20
+		ring, err = uring.New(rc)
+	} else {
+		ring, fallback, err = kernels.NewKickRing(rc)
 	}
-	ring, err := uring.New(rc)
 	if err != nil {
 		return nil, fmt.Errorf("runtime: GPU ring: %w", err)
 	}
@@ -73,7 +82,7 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 		ring.Close()
 		return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
 	}
-	gp := &gpuPath{r: r, ring: ring}
+	gp := &gpuPath{r: r, ring: ring, kickFallback: fallback}
 	for _, sl := range s.staging.all {
 		if err := kernels.HostRegister(sl.buf.Addr(), int64(sl.buf.Len())); err != nil {
 			gp.close()

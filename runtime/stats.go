@@ -43,6 +43,10 @@ type Stats struct {
 	// the ring refused the registration); empty when READ_FIXED is used or
 	// the store is on PathCPU. The bytes are the same; the CPU cost is higher.
 	GPUPlainReads string
+	// GPUKickFallback says why the GPU ring's helper is woken by every
+	// completion instead of once per batch (kernels.NewKickRing: the kernel
+	// refused DEFER_TASKRUN); empty otherwise. Same bytes, more CPU.
+	GPUKickFallback string
 }
 
 // MissCauses lists the causes indexing Stats.MissBlocks.

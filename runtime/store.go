@@ -378,6 +378,7 @@ func (s *Store) Stats() Stats {
 		if _, err := gp.r.FixedBuffers(); err != nil {
 			st.GPUPlainReads = err.Error()
 		}
+		st.GPUKickFallback = gp.kickFallback
 	}
 	return st
 }

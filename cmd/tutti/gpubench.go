@@ -62,6 +62,7 @@ type gpuBench struct {
 	maxIO    int
 	// ringEntries: SQ size of the GPU rings, the window rounded up to a power of two
 	ringEntries uint32
+	kickDefer   bool // kick-mode ring with DEFER_TASKRUN (kernels.NewKickRing)
 	qd          int
 	seed        uint64
 	r           *kernels.Restorer
@@ -100,6 +101,9 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	reuse := fs.Bool("reuse", false, "keep a data file of the right size from an earlier run with the same model, tokens and seed")
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated to spread them), next to one rank of the same shape")
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
+	kickBatch := fs.Int("kick-batch", 32, "GPU kick mode: most completions one wake-up of the CPU helper waits for (a quarter of the I/O in flight, at most this; 1: every completion)")
+	kickBatchWait := fs.Duration("kick-batch-wait", time.Millisecond, "GPU kick mode: longest wait for a batch of completions while I/O is in flight")
+	kickDefer := fs.Bool("kick-defer", true, "GPU kick mode: a DEFER_TASKRUN ring (the kernel wakes the helper once per batch); false: an ordinary ring, woken by every completion")
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -189,7 +193,9 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	defer b.ring.Close()
 	b.kcfg = kernels.Config{Geometry: g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
 		MaxPages: b.pages, MaxExtents: 1, MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
-		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads}
+		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads,
+		WakeBatch: *kickBatch, BatchWait: *kickBatchWait}
+	b.kickDefer = *kickDefer
 	b.r, err = kernels.Bind(b.kcfg)
 	if err != nil {
 		return err
@@ -472,7 +478,7 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 		f := b.direct[b.layerDev(l)]
 		req.Layers = append(req.Layers, []kernels.Extent{{FD: f.FD, Align: f.DirectAlign, Offset: b.layerOff(l), Pages: b.pages}})
 	}
-	wakes0 := r.Wakeups()
+	wakes0, timeouts0 := r.Wakeups(), r.WakeTimeouts()
 	threads0 := readThreadCPU()
 	m0 := b.mark()
 	x, err := r.Restore(req)
@@ -496,7 +502,7 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	if r == b.r {
 		row.Note = fmt.Sprintf("sqpoll thread %.2f s, %d wake-ups", row.SQPollCPUS, r.Wakeups()-wakes0)
 	} else {
-		row.Note = fmt.Sprintf("%d kicks (%s)", r.Wakeups()-wakes0, r.HelperMode())
+		row.Note = fmt.Sprintf("%d kicks, %d on the timeout (%s)", r.Wakeups()-wakes0, r.WakeTimeouts()-timeouts0, r.HelperMode())
 	}
 	if d := threadCPUDelta(threads0, readThreadCPU(), r.HelperTID()); d != "" {
 		row.Note += ", threads: " + d
@@ -507,6 +513,9 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	switch fixed, ferr := r.FixedBuffers(); {
 	case fixed:
 		row.Note += ", READ_FIXED into registered staging"
+		if !r.Staging().Huge() {
+			row.Note += " (4 KiB pages: no transparent huge pages)"
+		}
 	case ferr != nil:
 		row.Note += ", plain reads: " + ferr.Error() // asked for, refused: reported, not hidden
 	default:
@@ -540,7 +549,18 @@ func (b *gpuBench) dumpThreads() {
 // bindKick binds a second context on the same KV tensors with a ring that
 // has no SQPOLL thread: the CPU helper submits in batches, woken by completions.
 func (b *gpuBench) bindKick() error {
-	ring, err := uring.New(uring.Config{Entries: b.ringEntries, SQThreadCPU: -1, NoMmap: true})
+	base := uring.Config{Entries: b.ringEntries, SQThreadCPU: -1, NoMmap: true}
+	var ring *uring.Ring
+	var err error
+	if b.kickDefer {
+		var fallback string
+		ring, fallback, err = kernels.NewKickRing(base)
+		if fallback != "" {
+			b.logf("GPU kick ring: %s\n", fallback)
+		}
+	} else {
+		ring, err = uring.New(base)
+	}
 	if err != nil {
 		return err
 	}

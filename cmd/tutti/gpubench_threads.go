@@ -41,7 +41,8 @@ func readThreadCPU() threadCPU {
 }
 
 // threadCPUDelta lists the threads that used CPU since before, most first,
-// as "name[tid]=ms" (the kick loop's thread is named so); at most 8.
+// as "name[tid]=ms" (the kick loop's thread is named so); 8, then the sum of
+// the others.
 func threadCPUDelta(before, after threadCPU, helperTID int) string {
 	type row struct {
 		name string
@@ -61,11 +62,16 @@ func threadCPUDelta(before, after threadCPU, helperTID int) string {
 	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i].d > rows[j].d })
 	var parts []string
+	var rest time.Duration
 	for i, r := range rows {
-		if i == 8 {
-			break
+		if i >= 8 {
+			rest += r.d
+			continue
 		}
-		parts = append(parts, fmt.Sprintf("%s=%dms", r.name, r.d.Milliseconds()))
+		parts = append(parts, fmt.Sprintf("%s=%.1fms", r.name, float64(r.d.Microseconds())/1000))
+	}
+	if rest > 0 {
+		parts = append(parts, fmt.Sprintf("%d others=%.1fms", len(rows)-8, float64(rest.Microseconds())/1000))
 	}
 	return strings.Join(parts, " ")
 }
