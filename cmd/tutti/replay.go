@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"slices"
@@ -59,6 +60,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	kvMem := fs.String("kv-mem", "", "bound on the engine KV memory (e.g. 8GiB); longer requests are left out for every backend (default: half of available memory, at most 16 GiB)")
 	keep := fs.Bool("keep", false, "keep each backend's store directory after its run")
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: run tutti-cpu over N ranks (runtime/tp: each rank its own store and its shard of the KV heads; a block is a hit only when every rank committed it)")
+	warmMs := fs.Float64("warm-ms", 0, "start the window warm: before it, every caching backend saves (untimed, no prefill) the blocks the window references that the trace's requests of the previous D ms (timestamps in [window start - D, window start)) referenced, in their order, within the capacity; 0 = every store starts empty")
 	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
@@ -101,21 +103,17 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return usageErr(fs.Usage, err)
 	}
 
-	// The trace.
-	var src io.Reader
-	traceDesc := eval.DefaultWindowName
-	if *tracePath == "" {
-		src = bytes.NewReader(eval.DefaultWindow)
-	} else {
-		f, err := os.Open(*tracePath)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		src, traceDesc = f, *tracePath
+	if *warmMs < 0 || math.IsNaN(*warmMs) || math.IsInf(*warmMs, 0) {
+		return usageErr(fs.Usage, fmt.Errorf("--warm-ms %v: want a duration ≥ 0", *warmMs))
 	}
-	reqs, st, err := trace.ReadAll(src, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad},
-		trace.Window{First: *requests, FromMs: *fromMs, ToMs: *toMs})
+
+	// The trace.
+	traceDesc := eval.DefaultWindowName
+	if *tracePath != "" {
+		traceDesc = *tracePath
+	}
+	topts := trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad}
+	reqs, st, err := readTrace(*tracePath, topts, trace.Window{First: *requests, FromMs: *fromMs, ToMs: *toMs})
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", traceDesc, err)
 	}
@@ -124,6 +122,12 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if st.Skipped > 0 {
 		fmt.Fprintf(stderr, "skipped %d malformed lines (first: %v)\n", st.Skipped, st.FirstSkipped)
+	}
+	var warm *harness.Warm
+	if *warmMs > 0 {
+		if warm, err = readHistory(*tracePath, topts, reqs[0].TimestampMs, *warmMs); err != nil {
+			return fmt.Errorf("reading the warm-up history of %s: %w", traceDesc, err)
+		}
 	}
 	trace.Rebase(reqs)
 	if err := trace.Scale(reqs, *timeScale); err != nil {
@@ -207,7 +211,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	cfg := harness.Config{
 		Requests: reqs, Profile: prof, Dirs: storeDirs, StorageLabel: *storageLabel, Backends: bs, CapacityBlocks: *capBlocks,
 		QueueDepth: *qd, Compute: comp, GPU: gpuCompute, SLOms: *sloMs, EBPF: !*noEBPF,
-		Progress: bar.Update,
+		Progress: bar.Update, Warm: warm,
 	}
 	if *noCeiling {
 		cfg.CeilingBytes = -1
@@ -287,6 +291,9 @@ func printSummary(w io.Writer, res *harness.Result) {
 	}
 	fmt.Fprintf(w, "model %s, %d requests, capacity %d blocks (%d MiB), SLO p90 ≤ %.2f ms, ceiling %s\n",
 		res.Model, res.Trace.Requests, res.CapacityBlocks, res.CapacityBytes>>20, res.SLOms, ceiling)
+	if res.Warm != nil {
+		fmt.Fprintf(w, "start: %s\n", res.Warm.Note)
+	}
 	if res.Storage != "" || len(res.Dirs) > 1 {
 		fmt.Fprintf(w, "storage: %s; striped over %s\n", res.Storage, strings.Join(res.Dirs, ", "))
 	}
@@ -303,4 +310,35 @@ func printSummary(w io.Writer, res *harness.Result) {
 		fmt.Fprintf(w, "%-10s %9.2f %9.2f %10s %10.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
 			rate, b.BytesPerS/1e9, b.CeilingFraction, b.HitRatio, b.IOsPerRequestMean, b.CPUSPerGiB, b.VerifyMismatches)
 	}
+}
+
+// readTrace reads window w of the trace at path (the embedded window when
+// path is empty).
+func readTrace(path string, opts trace.Options, w trace.Window) ([]trace.Request, trace.Stats, error) {
+	if path == "" {
+		return trace.ReadAll(bytes.NewReader(eval.DefaultWindow), opts, w)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, trace.Stats{}, err
+	}
+	defer f.Close()
+	return trace.ReadAll(f, opts, w)
+}
+
+// readHistory reads the warm-up history of a window whose first request has
+// trace timestamp startMs: the requests of the previous warmMs ms, i.e.
+// timestamps in [startMs - warmMs, startMs). A window at the trace's
+// timestamp 0 has none (and a Window's ToMs of 0 would mean no end).
+func readHistory(path string, opts trace.Options, startMs, warmMs float64) (*harness.Warm, error) {
+	w := &harness.Warm{DurationMs: warmMs, FromMs: startMs - warmMs, ToMs: startMs}
+	if startMs <= 0 {
+		return w, nil
+	}
+	hist, _, err := readTrace(path, opts, trace.Window{FromMs: w.FromMs, ToMs: w.ToMs})
+	if err != nil {
+		return nil, err
+	}
+	w.History = hist
+	return w, nil
 }

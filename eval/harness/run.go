@@ -54,6 +54,12 @@ type Config struct {
 	CeilingBytes int64
 	// Progress, if set, is called after each request of each backend.
 	Progress func(backend string, done, total int)
+	// Warm, when set, starts every caching backend's window from the store
+	// the history's requests would have left (warm.go): the blocks of the
+	// history the window references are saved first, untimed, through the
+	// shared index and each backend's own save path; nothing of it counts
+	// in any metric of the window. Nil: every backend starts empty.
+	Warm *Warm
 }
 
 // BackendResult is one backend's row: the --json object.
@@ -100,6 +106,20 @@ type BackendResult struct {
 	ComputeModel            string  `json:"compute"`
 	RequestsWithHitsRestore int     `json:"requests_with_hits"`
 
+	// Warm start (Config.Warm; absent when the window started cold): the
+	// history's range and what this backend saved before the window,
+	// untimed and in no other field.
+	WarmMs              float64 `json:"warm_ms,omitempty"`
+	WarmHistoryRequests int     `json:"warm_history_requests,omitempty"`
+	WarmSavedBlocks     int64   `json:"warm_saved_blocks,omitempty"`
+	WarmSavedBytes      int64   `json:"warm_saved_bytes,omitempty"`
+	WarmSeconds         float64 `json:"warm_s,omitempty"`
+	// WarmEvictedBlocks: what the shared index evicted during the warm-up
+	// (a SelfIndexed backend evicts on its own: not counted, see WarmNote).
+	WarmEvictedBlocks int64  `json:"warm_evicted_blocks,omitempty"`
+	WarmFallbacks     int64  `json:"warm_fallbacks,omitempty"`
+	WarmNote          string `json:"warm_note,omitempty"`
+
 	// Not in JSON: for the report and plots.
 	TTFTms     []float64      `json:"-"`
 	Curve      []RatePoint    `json:"-"`
@@ -128,7 +148,9 @@ type Result struct {
 	CeilingNote    string
 	ComputeModel   string
 	Backends       []BackendResult
-	Started        time.Time
+	// Warm describes the warm start; nil when none was asked for.
+	Warm    *WarmSummary
+	Started time.Time
 	Host           string
 }
 
@@ -222,6 +244,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		DistinctBlocks: sum.DistinctBlocks, ComputeModel: cfg.Compute.Label,
 		Started: time.Now().UTC(), Host: host,
 	}
+	// The warm-up's steps: the history cut to what the window looks up
+	// (prefixes of the window's chains, so the KV memory below fits them).
+	var warm []warmStep
+	if cfg.Warm != nil {
+		var ws WarmSummary
+		warm, ws = planWarm(cfg.Warm, cfg.Requests, cfg.Profile.BlockTokens(), capBlocks, g.ChunkBytes())
+		res.Warm = &ws
+	}
 	// One page pool for all backends, sized for the largest request.
 	kv, err := NewKVMemory(g, max(1, maxBlocks)*g.ChunkPages)
 	if err != nil {
@@ -261,7 +291,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		br, err := runBackend(ctx, cfg, res, g.Layers, kv, b)
+		br, err := runBackend(ctx, cfg, res, g.Layers, kv, b, warm)
 		if err != nil {
 			return res, fmt.Errorf("replay: backend %s: %w", b.Name(), err)
 		}
@@ -305,7 +335,7 @@ func settleSLO(cfg Config, res *Result) {
 	}
 }
 
-func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KVMemory, b Backend) (BackendResult, error) {
+func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KVMemory, b Backend, warm []warmStep) (BackendResult, error) {
 	g := kv.Geometry
 	br := BackendResult{Backend: b.Name(), ComputeModel: cfg.Compute.Label, Storage: cfg.StorageLabel}
 	label := func() {
@@ -352,6 +382,13 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 	label() // some backends know their label only once open
 	self, selfIndexed := b.(SelfIndexed)
 	index := NewIndex(res.CapacityBlocks)
+	if res.Warm != nil {
+		br.WarmMs, br.WarmHistoryRequests = res.Warm.DurationMs, res.Warm.HistoryRequests
+		if err := warmBackend(ctx, &br, warm, b, kv, index, dirs); err != nil {
+			return br, err
+		}
+	}
+	// The meters start after the warm-up: none of its I/O is counted.
 	meter := blockstat.StartMeterPaths(dirs, cfg.EBPF)
 	samp := startSampler(meter, 200*time.Millisecond)
 	stopMeter := func() blockstat.Result {

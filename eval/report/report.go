@@ -143,6 +143,11 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 			orNone(res.Storage), strings.Join(res.Dirs, ", "))
 	}
 	p("| storage capacity | %d blocks = %s per backend%s |\n", res.CapacityBlocks, mib(res.CapacityBytes), capNote(res))
+	if res.Warm != nil {
+		p("| start | %s |\n", res.Warm.Note)
+	} else {
+		p("| start | cold: every backend's store empty when the window starts (no --warm-ms) |\n")
+	}
 	if res.Oversize > 0 {
 		p("| left out | %d requests whose KV exceeds the engine memory bound (for every backend) |\n", res.Oversize)
 	}
@@ -226,6 +231,9 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 			b.RequestsWithHitsRestore, b.HitBlocks, b.BlocksPerRequestMean, b.RunsPerRequestMean,
 			b.IOsPerLayerRequestMean, b.WallSeconds, b.LoadSeconds, b.SaveSeconds, b.SaveCPUSPerGiB)
 	}
+	if res.Warm != nil {
+		writeWarm(p, res)
+	}
 	p("\n## Plots\n\n![TTFT CDF](%s)\n\n![SLO attainment vs rate](%s)\n\n![device and restore bandwidth over time](%s)\n\n",
 		TTFTPlot, SLOPlot, BandwidthPlot)
 	if len(plotErrs) > 0 {
@@ -238,6 +246,32 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		}
 		p("\n")
 	}
+}
+
+// writeWarm is the warm-up section: the history and what each backend saved
+// before the window (none of it in the tables above).
+func writeWarm(p func(string, ...any), res *harness.Result) {
+	w := res.Warm
+	p("\n### Warm start\n\n%s.\n\n", w.Note)
+	if w.UsedRequests == 0 {
+		return
+	}
+	p("History: %d requests with trace timestamps in [%.0f, %.0f) ms (--warm-ms %.0f; they span %.1f s, trace lines %d-%d); %d of them share a prefix with the window. "+
+		"Warm set: %d blocks (%s); the shared index admitted %d block saves, evicted %d, and held %d blocks when the window started. "+
+		"The warm-up is untimed and runs no prefill: its saves, I/Os and device bytes are in no column above (the device counters start after it), "+
+		"and the hit ratio's denominator is the window's block references.\n\n",
+		w.HistoryRequests, w.FromMs, w.ToMs, w.DurationMs, w.HistorySpanMs/1000, w.FirstLine, w.LastLine, w.UsedRequests,
+		w.Blocks, mib(w.Bytes), w.Saves, w.EvictedBlocks, w.Resident)
+	p("| backend | warm-up saved blocks | saved | wall s | evicted (shared index) | fallbacks | note |\n")
+	p("| --- | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	for _, b := range res.Backends {
+		if b.Skipped != "" {
+			continue
+		}
+		p("| %s | %d | %s | %.2f | %d | %d | %s |\n", b.Backend, b.WarmSavedBlocks, mib(b.WarmSavedBytes),
+			b.WarmSeconds, b.WarmEvictedBlocks, b.WarmFallbacks, b.WarmNote)
+	}
+	p("\n")
 }
 
 func orNone(s string) string {
