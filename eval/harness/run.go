@@ -151,7 +151,7 @@ type Result struct {
 	// Warm describes the warm start; nil when none was asked for.
 	Warm    *WarmSummary
 	Started time.Time
-	Host           string
+	Host    string
 }
 
 // memAvailable is /proc/meminfo's MemAvailable in bytes (8 GiB if unknown).
