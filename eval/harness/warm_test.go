@@ -44,7 +44,7 @@ func TestPlanWarm(t *testing.T) {
 			capacity: 100, chains: [][]uint64{{1, 2, 3}, {1}, {20}}, blocks: 4, saves: 4, resident: 4, note: "started WARM",
 		},
 		{
-			name:     "capacity evicts the least recently referenced, leaf first",
+			name: "capacity evicts the least recently referenced, leaf first",
 			// 4 blocks; 1,7,8 evicts 4 then 3 (leaves of the least recent
 			// branch); 1,2 touches; 1,2,3 evicts 8 and saves 3 again
 			history:  []trace.Request{req(1, 10, 1, 2, 3, 4), req(2, 11, 1, 7, 8), req(3, 12, 1, 2), req(4, 13, 1, 2, 3)},
