@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tutti-io/tutti/eval/blockstat"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -89,9 +90,9 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	label := fs.String("label", "", "storage label printed with the results")
 	jsonPath := fs.String("json", "", "write JSON rows (one per line) to this file ('-' = stdout)")
 	pathList := fs.String("paths", "gpu,gpu-kick,uring,per-block,cufile,cufile-compat,page-cache,dram,gpu", "paths to run, in order")
-	maxIO := fs.Int("max-io", 1<<20, "largest read of the object paths (bytes)")
+	maxIO := fs.Int("max-io", 0, "largest read of the object paths, bytes (0: the largest read every device takes without a split, from its max_sectors_kb, 1 MiB if unknown, at most 4 MiB)")
 	qd := fs.Int("qd", 64, "queue depth of the CPU-issued paths")
-	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: 128 per device, at most 1024; layers are striped over the devices, so a window of one layer's reads keeps one device busy)")
+	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: per device 128, or 3/4 of its block queue depth (nr_requests) if less, at most 1024 in all; layers are striped over the devices, so a window of one layer's reads keeps one device busy)")
 	lookahead := fs.Int("lookahead", 0, "GPU path: layers in flight beyond the one waited for (0: the number of devices, at least 2)")
 	idleMs := fs.Uint("sqpoll-idle-ms", 50, "GPU path: SQPOLL thread idle time before it sleeps")
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")
@@ -116,7 +117,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	g := kernels.GeometryOf(prof.Shape)
-	b := &gpuBench{g: g, model: *model, label: *label, maxIO: *maxIO, qd: *qd, seed: *seed, stderr: stderr}
+	b := &gpuBench{g: g, model: *model, label: *label, qd: *qd, seed: *seed, stderr: stderr}
 	b.pages = (*tokens + g.PageTokens - 1) / g.PageTokens
 	b.numPages = b.pages + b.pages/8 + 16
 	b.objBytes = int64(b.pages) * g.PageBytes()
@@ -171,12 +172,17 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		defer kernels.DevFree(p)
 		kv = append(kv, p)
 	}
+	b.maxIO = *maxIO
+	if b.maxIO == 0 {
+		b.maxIO = b.defaultMaxIO()
+	}
 	if *window == 0 {
-		*window = min(128*len(b.paths), 1024)
+		*window = b.defaultWindow()
 	}
 	if *lookahead == 0 {
 		*lookahead = max(2, len(b.paths))
 	}
+	b.logf("GPU window %d SQEs, lookahead %d layers, largest read %d KiB\n", *window, *lookahead, b.maxIO>>10)
 	b.ringEntries = uint32(256)
 	for int(b.ringEntries) < *window {
 		b.ringEntries *= 2
@@ -469,6 +475,48 @@ func (b *gpuBench) runPath(p string) benchRow {
 		row.BytesPerS = 0 // a failed restore has no throughput
 	}
 	return row
+}
+
+// defaultWindow is the GPU path's default window: per device 128 reads, or
+// 3/4 of the device's block queue depth when that is less (a nonblocking
+// read that finds no free request tag goes to an io-wq worker: measured on
+// the H200's loop devices, nr_requests 128, a window of 128 per device put
+// about half of the process's CPU time in io-wq workers, 64 almost none);
+// at most 1024 in all. An unknown depth counts as 128, said on stderr.
+func (b *gpuBench) defaultWindow() int {
+	w := 0
+	for _, p := range b.paths {
+		if _, err := os.Stat(p); err != nil {
+			p = filepath.Dir(p) // the data file is written later
+		}
+		d, err := blockstat.QueueDepth(p)
+		if err != nil {
+			b.logf("window: %v; counting 128 for it\n", err)
+			d = 1 << 30
+		}
+		w += min(128, max(8, d*3/4))
+	}
+	return min(w, 1024)
+}
+
+// defaultMaxIO is the largest read every device takes as one request
+// (blockstat.MaxReadBytes: 1 MiB on a loop device, 4 MiB on the virtio
+// disk), so no read is split (a split read goes to an io-wq worker) and a
+// GiB costs as few I/Os as the devices allow. Unknown: 1 MiB, said on stderr.
+func (b *gpuBench) defaultMaxIO() int {
+	n := 4 << 20
+	for _, p := range b.paths {
+		if _, err := os.Stat(p); err != nil {
+			p = filepath.Dir(p)
+		}
+		m, err := blockstat.MaxReadBytes(p)
+		if err != nil {
+			b.logf("largest read: %v; using 1 MiB for it\n", err)
+			m = 1 << 20
+		}
+		n = min(n, m)
+	}
+	return n
 }
 
 // runGPU restores the whole prefix with the GPU driving the ring.
