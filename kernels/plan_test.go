@@ -293,3 +293,26 @@ func TestDevAllocOnErrors(t *testing.T) {
 		t.Fatalf("no library: %v, want ErrNotLoaded or ErrNoGPU", err)
 	}
 }
+
+// TestStagingSlotBytes: slots hold MaxPages pages plus an alignment block
+// per extent, and slots of 2 MiB or more start on a huge page.
+func TestStagingSlotBytes(t *testing.T) {
+	g := Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2} // 64 KiB pages
+	for _, c := range []struct {
+		cfg  Config
+		want int64
+	}{
+		{Config{MaxPages: 2048, MaxExtents: 1}, 130 << 20},            // 128 MiB + 4 KiB -> next 2 MiB
+		{Config{MaxPages: 16, MaxExtents: 2}, 1<<20 + 2*StagingAlign}, // under 2 MiB: StagingAlign only
+		{Config{SlotBytesHint: 3<<20 + 1}, 4 << 20},
+		{Config{SlotBytesHint: 5000}, 2 * StagingAlign},
+	} {
+		got := stagingSlotBytes(c.cfg, g)
+		if got != c.want {
+			t.Errorf("%+v: %d bytes, want %d", c.cfg, got, c.want)
+		}
+		if got%StagingAlign != 0 || (got >= 2<<20 && got%(2<<20) != 0) {
+			t.Errorf("%+v: %d bytes is misaligned", c.cfg, got)
+		}
+	}
+}

@@ -178,11 +178,7 @@ func Bind(cfg Config) (*Restorer, error) {
 		return nil, fmt.Errorf("binding kernels: %d KV tensors (want %d), %d pages, %d max pages, %d max I/O bytes: %w",
 			len(cfg.KV), want, cfg.NumPages, cfg.MaxPages, cfg.MaxIOBytes, ErrInvalid)
 	}
-	slotBytes := cfg.SlotBytesHint
-	if slotBytes == 0 {
-		slotBytes = roundUp(int64(cfg.MaxPages)*g.PageBytes(), StagingAlign) + int64(cfg.MaxExtents)*StagingAlign
-	}
-	slotBytes = roundUp(slotBytes, StagingAlign)
+	slotBytes := stagingSlotBytes(cfg, g)
 	lim := Limits{Layers: g.Layers, NumPages: cfg.NumPages, MaxPages: cfg.MaxPages, SlotBytes: slotBytes,
 		MaxIOBytes: cfg.MaxIOBytes, MaxEntries: int((slotBytes+int64(cfg.MaxIOBytes)-1)/int64(cfg.MaxIOBytes)) + cfg.MaxExtents}
 	staging, err := uring.AllocBuffer(int(slotBytes) * cfg.StagingSlots)
@@ -256,6 +252,27 @@ func Bind(cfg Config) (*Restorer, error) {
 	}
 	return r, nil
 }
+
+// stagingSlotBytes is the size of one staging slot: the hint, or room for
+// MaxPages pages plus one alignment block per extent; a multiple of
+// StagingAlign, and of 2 MiB once it is that large. Why 2 MiB: the pool is
+// huge-page backed (uring.AllocBuffer), and a slot registered with the ring
+// that starts on a huge page is one segment per 2 MiB to the block layer; a
+// slot starting 4 KiB into one was measured to send reads to io-wq workers
+// on the H200's loop devices (the kernel then splits them).
+func stagingSlotBytes(cfg Config, g Geometry) int64 {
+	n := cfg.SlotBytesHint
+	if n == 0 {
+		n = roundUp(int64(cfg.MaxPages)*g.PageBytes(), StagingAlign) + int64(cfg.MaxExtents)*StagingAlign
+	}
+	n = roundUp(n, StagingAlign)
+	if n >= hugePageBytes {
+		n = roundUp(n, hugePageBytes)
+	}
+	return n
+}
+
+const hugePageBytes = 2 << 20
 
 func fillRing(rd *C.tk_ring, l uring.RingLayout) error {
 	if len(l.Regions) == 0 || len(l.Regions) > C.TK_MAX_RING_REGIONS {
