@@ -18,11 +18,16 @@
 #                when it exists. Without it tutti-gpu is left out (said so).
 #   TRACE        Mooncake-format trace. Default: out/trace/conversation_trace.jsonl
 #                when present (carry out/trace), else the window embedded in the binary.
+#   WARM_MS      history of a warm start, passed as --warm-ms to every replay
+#                (default 1800000: before the window, every caching backend saves
+#                the blocks of the previous 30 minutes of the trace that the window
+#                references; untimed, in no metric). 0 = every store starts empty.
 #   WINDOW_<model>  replay flags that pick the window for a model (model name
 #                with - and . as _, e.g. WINDOW_llama3_70b="--from-ms 0 --requests 10").
 #                Defaults below: the window (a start bucket and a request count)
 #                with the most prefix hits among those whose prefill FLOPs and
-#                distinct blocks keep every backend's run within the budget.
+#                distinct blocks keep every backend's run within the budget
+#                (warm start: eval/warm-windows.py; WARM_MS=0: the cold windows).
 #   MODELS       default "llama3-70b deepseek-v3"
 #   BACKENDS     default tutti-gpu,tutti-cpu,per-block,cufile,pagecache,dram,recompute
 #   STORAGES     default "disk emulated"
@@ -42,6 +47,7 @@ MODELS=${MODELS:-"llama3-70b deepseek-v3"}
 BACKENDS=${BACKENDS:-tutti-gpu,tutti-cpu,per-block,cufile,pagecache,dram,recompute}
 STORAGES=${STORAGES:-"disk emulated"}
 REPLAY_ARGS=${REPLAY_ARGS:-}
+WARM_MS=${WARM_MS:-1800000}
 STORE=${STORE:-/var/tmp/tutti-eval}
 NLOOPS=${NLOOPS:-4}
 LOOP_GIB=${LOOP_GIB:-10}
@@ -101,28 +107,59 @@ TRACE=${TRACE:-}
 
 # window_flags MODEL: the replay flags that choose the model's window.
 window_flags() {
-	local var="WINDOW_${1//[-.]/_}"
+	local var="WINDOW_${1//[-.]/_}" warm=warm
 	if [ -n "${!var:-}" ]; then
 		echo "${!var}"
 		return
 	fi
-	case "$TRACE:$1" in
-	# The full conversation trace: the same start (line 11112) for both
-	# shapes. Picked for the most prefix hits among windows whose full
-	# prefill stays near 6-7 PFLOP (replay's default --compute auto runs
-	# every request's prefill GEMMs on the GPU, for every backend) and whose
-	# distinct blocks stay near 11 GiB of KV. 70B (160 MiB per 512-token
-	# block): 14 requests, 72 distinct blocks (11.2 GiB), 13 hits (2.0 GiB),
-	# 6.0 PFLOP. MLA (34 MiB per block): 20 requests, 126 distinct (4.2
-	# GiB), 19 hits (0.64 GiB), 6.8 PFLOP.
-	*conversation_trace.jsonl:llama3-70b) echo "--trace $TRACE --from-ms 3290999 --requests 14" ;;
-	*conversation_trace.jsonl:deepseek-v3) echo "--trace $TRACE --from-ms 3290999 --requests 20" ;;
-	# The embedded window (lines 5276-5475), the same way: 70B 9 requests,
-	# 62 distinct, 8 hits, 5.2 PFLOP; MLA 15 requests, 120 distinct, 14
-	# hits, 6.0 PFLOP.
-	:llama3-70b) echo "--requests 9" ;;
-	:deepseek-v3) echo "--requests 15" ;;
-	:*) echo "--requests ${REQUESTS:-60}" ;;
+	[ "$WARM_MS" = 0 ] && warm=cold
+	case "$warm:$TRACE:$1" in
+	# Warm start (WARM_MS=1800000), the full conversation trace: chosen by
+	#   python3 eval/warm-windows.py out/trace/conversation_trace.jsonl
+	# the window (bucket start, 5..15 requests) with the most window block
+	# references served from the warm set (the previous 30 minutes' blocks
+	# the window references), among those whose GPU work per storage (6
+	# caching backends prefill their misses, recompute everything; the
+	# profile's FLOPs at 600 TFLOP/s) stays within 40 s (70B) / 25 s (MLA),
+	# whose distinct blocks fit 30 GiB, and whose device traffic (5 backends
+	# keep blocks on the device: warm-up writes, window writes and reads, at
+	# 1.5 GB/s, the virtio disk's rate) plus the GPU time stays within 110 s
+	# per replay. The GPU bound alone would pick 8 requests from line 9954
+	# for 70B with a 23 GiB warm set (27 GiB distinct): 5 × 50 GiB of disk
+	# traffic, ~3 minutes per replay on the virtio disk, and above half the
+	# free space of the 4 × 10 GiB loops (the replay's default capacity).
+	# 70B: line 9759, 5 requests; history 6363 requests, warm set 78 blocks
+	# (12.2 GiB); window 89 block references, 85 distinct (13.3 GiB), 82
+	# hits, all from the warm set (hit ratio 0.92, cold it is ~0.05);
+	# prefill 7.2 PFLOP full, 0.45 PFLOP of misses per caching backend: 9.9
+	# PFLOP = 16.5 GPU s per storage; 26 GiB of device traffic per backend.
+	*warm:*conversation_trace.jsonl:llama3-70b) echo "--trace $TRACE --from-ms 2927999 --requests 5" ;;
+	# MLA: line 7072, 6 requests; warm set 132 blocks (4.4 GiB); 147
+	# references, 142 distinct (4.8 GiB), 137 hits, all warm (0.93); 10.6
+	# PFLOP full, 0.42 per caching backend: 13.1 PFLOP = 21.8 GPU s per
+	# storage; 9.3 GiB of device traffic per backend.
+	*warm:*conversation_trace.jsonl:deepseek-v3) echo "--trace $TRACE --from-ms 2187000 --requests 6" ;;
+	# The embedded window (lines 5276-5475, 57 s of the trace) holds little
+	# history: `eval/warm-windows.py eval/testdata/window.jsonl
+	# --partial-history` picks 8 requests from its line 145 for both shapes
+	# (history 144 requests, warm set 12 blocks, 19 of 63 references hit,
+	# all warm: 0.30); 70B 37.2 GPU s, MLA 22.2 GPU s per storage.
+	warm::llama3-70b | warm::deepseek-v3) echo "--from-ms 1716000 --requests 8" ;;
+	# Cold (WARM_MS=0), the full conversation trace: the same start (line
+	# 11112) for both shapes. Picked for the most prefix hits among windows
+	# whose full prefill stays near 6-7 PFLOP (replay's default --compute
+	# auto runs every request's prefill GEMMs on the GPU, for every backend)
+	# and whose distinct blocks stay near 11 GiB of KV. 70B (160 MiB per
+	# 512-token block): 14 requests, 72 distinct blocks (11.2 GiB), 13 hits
+	# (2.0 GiB), 6.0 PFLOP. MLA (34 MiB per block): 20 requests, 126
+	# distinct (4.2 GiB), 19 hits (0.64 GiB), 6.8 PFLOP.
+	cold:*conversation_trace.jsonl:llama3-70b) echo "--trace $TRACE --from-ms 3290999 --requests 14" ;;
+	cold:*conversation_trace.jsonl:deepseek-v3) echo "--trace $TRACE --from-ms 3290999 --requests 20" ;;
+	# The embedded window, the same way: 70B 9 requests, 62 distinct, 8
+	# hits, 5.2 PFLOP; MLA 15 requests, 120 distinct, 14 hits, 6.0 PFLOP.
+	cold::llama3-70b) echo "--requests 9" ;;
+	cold::deepseek-v3) echo "--requests 15" ;;
+	*::*) echo "--requests ${REQUESTS:-60}" ;;
 	*) echo "--trace $TRACE --requests ${REQUESTS:-20}" ;;
 	esac
 }
@@ -136,7 +173,7 @@ window_flags() {
 	git log -1 --format='commit %H %s' 2>/dev/null
 	git status --short 2>/dev/null | head -20
 	echo "TUTTI=$TUTTI TUTTI_KERNELS_LIB=${TUTTI_KERNELS_LIB:-} TRACE=${TRACE:-embedded window}"
-	echo "MODELS=$MODELS BACKENDS=$BACKENDS STORAGES=$STORAGES REPLAY_ARGS=$REPLAY_ARGS"
+	echo "MODELS=$MODELS BACKENDS=$BACKENDS STORAGES=$STORAGES REPLAY_ARGS=$REPLAY_ARGS WARM_MS=$WARM_MS"
 	echo "NLOOPS=$NLOOPS LOOP_GIB=$LOOP_GIB BUDGET_S=$BUDGET_S MAX_RUN_S=$MAX_RUN_S"
 } >"$WORK/machine.txt" 2>&1
 head -3 "$WORK/machine.txt"
@@ -215,7 +252,7 @@ for run in "${ORDERED[@]}"; do
 	mkdir -p "$WORK/$tag"
 	# shellcheck disable=SC2046,SC2086 # window flags and REPLAY_ARGS are word lists
 	set -- replay --model "$model" --backends "$BACKENDS" --dir "$dirs" --storage-label "$label" \
-		--out "$WORK/$tag" $(window_flags "$model") $REPLAY_ARGS
+		--out "$WORK/$tag" --warm-ms "$WARM_MS" $(window_flags "$model") $REPLAY_ARGS
 	say "$tag: $TUTTI $* (timeout ${limit}s)"
 	sync
 	t=$(date +%s)

@@ -134,6 +134,8 @@ def main():
     ap.add_argument("--min-requests", type=int, default=5)
     ap.add_argument("--max-requests", type=int, default=15)
     ap.add_argument("--block-tokens", type=int, default=512)
+    ap.add_argument("--partial-history", action="store_true",
+                    help="also windows whose history reaches back before the trace's first request (a short trace, e.g. the embedded window)")
     ap.add_argument("--top", type=int, default=5, help="candidates printed per model")
     args = ap.parse_args()
     reqs = load(args.trace)
@@ -143,7 +145,7 @@ def main():
         budget_pflop = m["budget_s"] * args.tflops * 1e12 / 1e15
         best = []
         for s in starts:
-            if reqs[s][0] < args.warm_ms:
+            if reqs[s][0] - args.warm_ms < reqs[0][0] and not args.partial_history:
                 continue  # a full history only
             for n in range(args.min_requests, args.max_requests + 1):
                 r = evaluate(reqs, s, n, args.warm_ms, m, args.caching, args.block_tokens)
@@ -164,7 +166,7 @@ def main():
                   f"({r['used']} share a prefix), warm set {r['warm_blocks']} blocks ({r['warm_gib']:.1f} GiB); "
                   f"window {r['refs']} block refs, {r['distinct']} distinct ({r['distinct_gib']:.1f} GiB), "
                   f"hits {r['hits']} ({r['warm_hits']} from the warm set), hit ratio {r['hit_ratio']:.2f}, "
-                  f"restored per backend {r['hit_gib']:.1f} GiB; prefill: full {r['full_pflop']:.2f} PFLOP, "
+                  f"restored per backend {r['hit_gib']:.1f} GiB, largest request {r['max_kv_gib']:.1f} GiB of KV; prefill: full {r['full_pflop']:.2f} PFLOP, "
                   f"misses {r['miss_pflop']:.2f} PFLOP per caching backend, "
                   f"{r['gpu_pflop']:.1f} PFLOP = {r['gpu_s']:.1f} GPU s per storage; "
                   f"device {r['io_gib']:.1f} GiB per backend (warm-up writes, window writes and reads) = {r['io_s']:.0f} s")
