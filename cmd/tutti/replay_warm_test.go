@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tutti-io/tutti/eval/harness"
+	"github.com/tutti-io/tutti/eval/report"
 )
 
 type warmRow struct {
@@ -23,7 +26,9 @@ type warmRow struct {
 	Skipped             string  `json:"skipped"`
 }
 
-func replayRows(t *testing.T, args ...string) ([]warmRow, string, string) {
+// replayRows runs a replay and returns its --json rows, its report.md and
+// its warm.json (nil when it wrote none).
+func replayRows(t *testing.T, args ...string) ([]warmRow, string, *harness.WarmSummary) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	out := t.TempDir()
@@ -39,28 +44,39 @@ func replayRows(t *testing.T, args ...string) ([]warmRow, string, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rows, string(md), stderr.String()
+	var warm *harness.WarmSummary
+	if b, err := os.ReadFile(filepath.Join(out, report.WarmFile)); err == nil {
+		warm = new(harness.WarmSummary)
+		if err := json.Unmarshal(b, warm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return rows, string(md), warm
 }
 
 // TestReplayWarm: --warm-ms on the embedded window, end to end. A window in
-// the middle of it starts from the previous minute's blocks: more hits for
+// the middle of it (its line 145) starts from the blocks of the 144 requests
+// before it: more hits for
 // every caching backend, none for recompute, every restored byte verified,
 // and the report says the window started warm and from what. At the
 // window's start there is no history: the flag is a no-op that says so.
 func TestReplayWarm(t *testing.T) {
-	common := []string{"--from-ms", "1704000", "--requests", "20", "--backends", "tutti-cpu,per-block,pagecache,dram,recompute"}
-	cold, _, _ := replayRows(t, common...)
-	warm, md, _ := replayRows(t, append(common, "--warm-ms", "60000")...)
+	common := []string{"--from-ms", "1716000", "--requests", "8", "--backends", "tutti-cpu,per-block,pagecache,dram,recompute"}
+	cold, _, none := replayRows(t, common...)
+	warm, md, ws := replayRows(t, append(common, "--warm-ms", "1800000")...)
+	if none != nil || ws == nil || ws.Blocks == 0 || ws.HistoryRequests == 0 || ws.FromMs != -84000 || ws.ToMs != 1716000 {
+		t.Fatalf("warm.json: cold %+v, warm %+v", none, ws)
+	}
 	if len(warm) != 5 || len(cold) != 5 {
 		t.Fatalf("%d and %d rows", len(warm), len(cold))
 	}
 	for i, w := range warm {
 		c := cold[i]
 		t.Logf("%s: hit ratio %.3f warm, %.3f cold; warm-up saved %d blocks", w.Backend, w.HitRatio, c.HitRatio, w.WarmSavedBlocks)
-		if w.Skipped != "" || w.Requests != 20 || c.Requests != 20 || w.VerifyMismatches != 0 {
+		if w.Skipped != "" || w.Requests != 8 || c.Requests != 8 || w.VerifyMismatches != 0 {
 			t.Fatalf("%+v", w)
 		}
-		if w.WarmMs != 60000 || w.WarmHistoryRequests == 0 {
+		if w.WarmMs != 1800000 || w.WarmHistoryRequests == 0 {
 			t.Fatalf("%s: row does not say the window started warm: %+v", w.Backend, w)
 		}
 		if w.DirectIO && w.DeviceReadBytes < uint64(w.RestoredBytes) {
@@ -76,7 +92,7 @@ func TestReplayWarm(t *testing.T) {
 			t.Fatalf("%s: hit ratio %.3f warm, %.3f cold, %d warm blocks", w.Backend, w.HitRatio, c.HitRatio, w.WarmSavedBlocks)
 		}
 	}
-	for _, want := range []string{"| start | the window started WARM", "### Warm start", "[1644000, 1704000) ms"} {
+	for _, want := range []string{"| start | the window started WARM", "### Warm start", "[-84000, 1716000) ms"} {
 		if !strings.Contains(md, want) {
 			t.Fatalf("report.md lacks %q", want)
 		}
@@ -95,7 +111,7 @@ func TestReplayWarm(t *testing.T) {
 // TestReplayWarmGroup: the warm-up goes through tutti-cpu over 2 ranks too
 // (--gpus 2): every rank saves the warm set, the window hits it.
 func TestReplayWarmGroup(t *testing.T) {
-	rows, md, _ := replayRows(t, "--from-ms", "1704000", "--requests", "10", "--backends", "tutti-cpu", "--gpus", "2", "--warm-ms", "60000")
+	rows, md, _ := replayRows(t, "--from-ms", "1716000", "--requests", "8", "--backends", "tutti-cpu", "--gpus", "2", "--warm-ms", "1800000")
 	w := rows[0]
 	t.Logf("%s: hit ratio %.3f, warm-up saved %d blocks", w.Backend, w.HitRatio, w.WarmSavedBlocks)
 	if w.Backend != "tutti-cpu-tp2" || w.VerifyMismatches != 0 || w.WarmSavedBlocks == 0 || w.HitRatio == 0 || !strings.Contains(md, "started WARM") {

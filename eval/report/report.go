@@ -43,6 +43,7 @@ const (
 	SLOPlot       = "slo_vs_rate.png"
 	BandwidthPlot = "bandwidth.png"
 	ServicesFile  = "services.json" // harness.ServiceLog: what `tutti resweep` replays again
+	WarmFile      = "warm.json"     // harness.WarmSummary, when the window started warm (--warm-ms)
 )
 
 // Write writes the Markdown report, results.json and the plots into dir and
@@ -80,6 +81,17 @@ func Write(dir string, res *harness.Result, meta Meta) (string, error) {
 	}
 	if err := f.Close(); err != nil {
 		return "", err
+	}
+	if res.Warm != nil {
+		// results.json stays one row per backend (each row has its warm_*
+		// fields); what the history was is one object beside it.
+		b, err := json.MarshalIndent(res.Warm, "", "  ")
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(dir, WarmFile), append(b, '\n'), 0o644); err != nil {
+			return "", err
+		}
 	}
 	path := filepath.Join(dir, MarkdownFile)
 	f, err = os.Create(path)
