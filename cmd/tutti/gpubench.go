@@ -93,7 +93,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	maxIO := fs.Int("max-io", 0, "largest read of the object paths, bytes (0: the largest read every device takes without a split, from its max_sectors_kb, 1 MiB if unknown, at most 4 MiB)")
 	qd := fs.Int("qd", 64, "queue depth of the CPU-issued paths")
 	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: per device 128, or 3/4 of its block queue depth (nr_requests) if less, at most 1024 in all; layers are striped over the devices, so a window of one layer's reads keeps one device busy)")
-	lookahead := fs.Int("lookahead", 0, "GPU path: layers in flight beyond the one waited for (0: the number of devices, at least 2)")
+	lookahead := fs.Int("lookahead", 0, "GPU path: layers in flight beyond the one waited for (0: enough layers to fill the window with reads, at least the number of devices and 2, at most 16)")
 	idleMs := fs.Uint("sqpoll-idle-ms", 50, "GPU path: SQPOLL thread idle time before it sleeps")
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")
 	kickUs := fs.Duration("wake-interval", 200*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (SQPOLL: wake it if asleep; kick mode: the longest it waits in the kernel for a completion before submitting what the GPU published)")
@@ -103,7 +103,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated to spread them), next to one rank of the same shape")
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
 	kickBatch := fs.Int("kick-batch", 32, "GPU kick mode: most completions one wake-up of the CPU helper waits for (a quarter of the I/O in flight, at most this; 1: every completion)")
-	kickBatchWait := fs.Duration("kick-batch-wait", time.Millisecond, "GPU kick mode: longest wait for a batch of completions while I/O is in flight")
+	kickBatchWait := fs.Duration("kick-batch-wait", 4*time.Millisecond, "GPU kick mode: longest wait for a batch of completions while I/O is in flight")
 	kickDefer := fs.Bool("kick-defer", true, "GPU kick mode: a DEFER_TASKRUN ring (the kernel wakes the helper once per batch); false: an ordinary ring, woken by every completion")
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
 	if err := fs.Parse(args); err != nil {
@@ -180,7 +180,11 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		*window = b.defaultWindow()
 	}
 	if *lookahead == 0 {
-		*lookahead = max(2, len(b.paths))
+		// Enough layers to fill the window with reads: a small layer (MLA,
+		// 36 MiB at 32K tokens) on one disk otherwise leaves the window
+		// mostly empty. Staging is lookahead+3 slots of one layer each.
+		fill := int((int64(*window)*int64(b.maxIO) + b.objBytes - 1) / max(b.objBytes, 1))
+		*lookahead = min(max(2, len(b.paths), fill), 16)
 	}
 	b.logf("GPU window %d SQEs, lookahead %d layers, largest read %d KiB\n", *window, *lookahead, b.maxIO>>10)
 	b.ringEntries = uint32(256)
