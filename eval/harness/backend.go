@@ -31,6 +31,13 @@
 // between blocks). The same measured service times replayed at scaled
 // arrival rates give SLO attainment against request rate (Sweep).
 //
+// Every backend starts its window from an empty store, or, with Config.Warm
+// (replay --warm-ms), warm: before the window, untimed and outside every
+// metric, the blocks of the trace's earlier requests that the window
+// references are saved through the same index and the backend's own Save
+// (warm.go), so a short window of a multi-turn trace sees the reuse a
+// running server would.
+//
 // Backends: tutti-cpu and tutti-gpu (runtime package; the GPU path reports
 // itself unavailable until the runtime wires it), per-block (one O_DIRECT
 // io_uring I/O per page and layer), cufile (O_DIRECT bounce stand-in for
