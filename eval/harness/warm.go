@@ -195,7 +195,7 @@ func warmUp(ctx context.Context, steps []warmStep, b Backend, kv *KVMemory, inde
 		if err != nil {
 			return st, fmt.Errorf("warm-up request %d (trace line %d): %w", i, s.req.Line, err)
 		}
-		err = warmStep1(&st, i, s, b, kv, index, self, selfIndexed, pages)
+		err = saveWarmStep(&st, i, s, b, kv, index, self, selfIndexed, pages)
 		kv.Release(pages)
 		if err != nil {
 			return st, err
@@ -215,7 +215,10 @@ func isDirect(b Backend) bool {
 	return ok && d.DirectIO()
 }
 
-func warmStep1(st *warmStats, i int, s warmStep, b Backend, kv *KVMemory, index *Index, self SelfIndexed, selfIndexed bool, pages []int32) error {
+// saveWarmStep replays one history request on b: lookup (touching the
+// LRU), admission and eviction by the shared index (or b's own), the new
+// blocks' KV written into the pages and saved.
+func saveWarmStep(st *warmStats, i int, s warmStep, b Backend, kv *KVMemory, index *Index, self SelfIndexed, selfIndexed bool, pages []int32) error {
 	g := kv.Geometry
 	req := &Request{Seq: -1 - i, Trace: s.req, Chain: s.chain, Pages: pages}
 	if selfIndexed {
