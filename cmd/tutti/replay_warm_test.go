@@ -118,3 +118,20 @@ func TestReplayWarmGroup(t *testing.T) {
 		t.Fatalf("%+v", w)
 	}
 }
+
+// TestReplayTuttiSaveBound: --tutti-save-bound-ms reaches tutti's store and
+// the report says so; other backends are unaffected.
+func TestReplayTuttiSaveBound(t *testing.T) {
+	rows, md, _ := replayRows(t, "--backends", "tutti-cpu,dram", "--requests", "12", "--tutti-save-bound-ms", "30000")
+	if len(rows) != 2 {
+		t.Fatalf("%d rows", len(rows))
+	}
+	for _, r := range rows {
+		if r.VerifyMismatches != 0 {
+			t.Fatalf("%s: %d mismatches", r.Backend, r.VerifyMismatches)
+		}
+	}
+	if !strings.Contains(md, "tutti-cpu: save bound 30000 ms") || strings.Contains(md, "dram: save bound") {
+		t.Fatalf("report.md does not name tutti-cpu's save bound alone:\n%s", md)
+	}
+}

@@ -31,7 +31,16 @@ type Tutti struct {
 	// PathGPU: the engine's KV tensors in HBM, one per layer, shaped like
 	// the harness's host KV memory (page ids are the same).
 	devLayers []uint64
+	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
+	saveBoundMs int
 }
+
+// SetSaveBoundMs sets the store's save bound (runtime.Config.SaveBoundMs)
+// for the next Open; 0 keeps the runtime's default (2 s). The scheduler
+// cuts a save to what it can write within the bound, so with the default a
+// 70B request that brings several GB of new KV keeps only its first blocks
+// where the other backends keep all of them.
+func (t *Tutti) SetSaveBoundMs(ms int) { t.saveBoundMs = ms }
 
 // NewTuttiCPU is tutti's CPU path (io_uring from Go into host KV memory).
 // compute, when non-nil, is given to the scheduler so it loads only where
@@ -70,7 +79,7 @@ func (t *Tutti) Open(env Env) error {
 	cfg := runtime.Config{
 		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(env.Geometry, env.CapacityBlocks),
 		Geometry: env.Geometry, Layout: objmap.LayoutPerLayer, NumPages: env.KV.NumPages,
-		Path: t.path, QueueDepth: env.QueueDepth,
+		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs,
 	}
 	if t.compute != nil {
 		cfg.Compute = t.compute.Model()
