@@ -130,11 +130,13 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("reading the warm-up history of %s: %w", traceDesc, err)
 		}
 	}
+	if err := spreadAsInTrace(reqs, *tracePath, topts); err != nil {
+		return fmt.Errorf("spreading the arrivals of %s: %w", traceDesc, err)
+	}
 	trace.Rebase(reqs)
 	if err := trace.Scale(reqs, *timeScale); err != nil {
 		return usageErr(fs.Usage, fmt.Errorf("--time-scale: %w", err))
 	}
-	trace.Spread(reqs, 0)
 
 	comp, err := harness.NewCompute(prof, *gpuTFLOPs*1e12, harness.DefaultLayerFixedNs)
 	if err != nil {
@@ -329,6 +331,33 @@ func readTrace(path string, opts trace.Options, w trace.Window) ([]trace.Request
 	}
 	defer f.Close()
 	return trace.ReadAll(f, opts, w)
+}
+
+// spreadAsInTrace gives the window's requests the arrival times they have
+// when every timestamp bucket of the whole trace is spread evenly over its
+// width (trace.Spread): a window that starts or ends inside a bucket, or
+// lies inside one (the conversation trace's buckets are 3 s wide and hold up
+// to 28 requests), keeps the spacing the whole bucket has, instead of
+// arriving all at once or spread over the bucket as if only its own
+// requests were in it. Requests are matched by trace line.
+func spreadAsInTrace(reqs []trace.Request, path string, opts trace.Options) error {
+	all, _, err := readTrace(path, opts, trace.Window{})
+	if err != nil {
+		return err
+	}
+	trace.Spread(all, 0)
+	at := make(map[int]float64, len(all))
+	for _, r := range all {
+		at[r.Line] = r.ArrivalMs
+	}
+	for i := range reqs {
+		t, ok := at[reqs[i].Line]
+		if !ok {
+			return fmt.Errorf("window request of trace line %d is not in the trace", reqs[i].Line)
+		}
+		reqs[i].ArrivalMs = t
+	}
+	return nil
 }
 
 // readHistory reads the warm-up history of a window whose first request has

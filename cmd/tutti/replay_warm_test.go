@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/tutti-io/tutti/eval/harness"
 	"github.com/tutti-io/tutti/eval/report"
+	"github.com/tutti-io/tutti/eval/trace"
 )
 
 type warmRow struct {
@@ -133,5 +135,50 @@ func TestReplayTuttiSaveBound(t *testing.T) {
 	}
 	if !strings.Contains(md, "tutti-cpu: save bound 30000 ms") || strings.Contains(md, "dram: save bound") {
 		t.Fatalf("report.md does not name tutti-cpu's save bound alone:\n%s", md)
+	}
+}
+
+// TestSpreadAsInTrace: a window inside one timestamp bucket keeps the
+// spacing the whole bucket has in the trace (here 6 requests over the 3 s to
+// the next bucket: 500 ms apart), instead of arriving all at once.
+func TestSpreadAsInTrace(t *testing.T) {
+	var b strings.Builder
+	line := func(ts int, id int) {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 600, "output_length": 5, "hash_ids": [%d, %d]}`+"\n", ts, 2*id, 2*id+1)
+	}
+	id := 0
+	for _, c := range []struct{ ts, n int }{{0, 4}, {3000, 6}, {6000, 2}} {
+		for i := 0; i < c.n; i++ {
+			line(c.ts, id)
+			id++
+		}
+	}
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := trace.Options{BlockTokens: 512}
+	for _, c := range []struct {
+		w    trace.Window
+		want []float64
+	}{
+		{trace.Window{FromMs: 3000, First: 3}, []float64{3000, 3500, 4000}},
+		{trace.Window{FromMs: 1, First: 8}, []float64{3000, 3500, 4000, 4500, 5000, 5500, 6000, 7500}},
+		{trace.Window{First: 2}, []float64{0, 750}},
+	} {
+		reqs, _, err := readTrace(path, opts, c.w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := spreadAsInTrace(reqs, path, opts); err != nil {
+			t.Fatal(err)
+		}
+		var got []float64
+		for _, r := range reqs {
+			got = append(got, r.ArrivalMs)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("window %+v: arrivals %v, want %v", c.w, got, c.want)
+		}
 	}
 }
