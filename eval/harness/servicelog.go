@@ -142,3 +142,28 @@ func Resweep(log *ServiceLog, sloMs float64) ([]ResweepRow, float64, string) {
 	}
 	return rows, res.SLOms, res.SLOSource
 }
+
+// SpreadArrivals re-places services that share one arrival time evenly over
+// widthMs (the k services at time t get t + i·widthMs/k, in order), for a
+// log recorded with simultaneous arrivals (a window inside one timestamp
+// bucket, before replay spread windows as the whole trace). The services
+// themselves (load, layer and save times) are the ones measured; only the
+// arrivals, which the timeline and the rate sweep replay, move. widthMs ≤ 0
+// leaves svc as it is.
+func SpreadArrivals(svc []Service, widthMs float64) {
+	if widthMs <= 0 {
+		return
+	}
+	for i := 0; i < len(svc); {
+		j := i + 1
+		for j < len(svc) && svc[j].ArrivalMs == svc[i].ArrivalMs {
+			j++
+		}
+		if k := j - i; k > 1 {
+			for n := i; n < j; n++ {
+				svc[n].ArrivalMs = svc[i].ArrivalMs + float64(n-i)*widthMs/float64(k)
+			}
+		}
+		i = j
+	}
+}

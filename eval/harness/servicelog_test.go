@@ -109,3 +109,36 @@ func FuzzReadServices(f *testing.F) {
 		Resweep(log, 0)
 	})
 }
+
+func TestSpreadArrivals(t *testing.T) {
+	for _, c := range []struct {
+		in    []float64
+		width float64
+		want  []float64
+	}{
+		{[]float64{0, 0, 0}, 3000, []float64{0, 1000, 2000}},
+		{[]float64{0, 0, 10, 20, 20}, 6, []float64{0, 3, 10, 20, 23}},
+		{[]float64{0, 5, 9}, 100, []float64{0, 5, 9}},
+		{[]float64{0, 0}, 0, []float64{0, 0}},
+	} {
+		svc := make([]Service, len(c.in))
+		for i, a := range c.in {
+			svc[i].ArrivalMs = a
+		}
+		SpreadArrivals(svc, c.width)
+		for i := range svc {
+			if svc[i].ArrivalMs != c.want[i] {
+				t.Fatalf("%v over %v: got %v at %d, want %v", c.in, c.width, svc[i].ArrivalMs, i, c.want)
+			}
+		}
+	}
+	// A log recorded all at once has no rate curve; spread, it has one.
+	svc := []Service{{Layers: 1, LayerCompute: time.Millisecond}, {Layers: 1, LayerCompute: time.Millisecond}, {Layers: 1, LayerCompute: time.Millisecond}}
+	if _, r := Sweep(svc, 10); r != 0 {
+		t.Fatalf("simultaneous arrivals swept to %v req/s", r)
+	}
+	SpreadArrivals(svc, 3000)
+	if _, r := Sweep(svc, 10); r <= 0 {
+		t.Fatal("spread arrivals: no rate meets a 10 ms SLO for 1 ms services")
+	}
+}
