@@ -15,6 +15,7 @@ typedef struct {
 	int32_t stop;       // set once by Close
 	int64_t enters;     // io_uring_enter calls made
 	int64_t timeouts;   // of which returned on the timeout (ETIME)
+	int64_t batch_timeouts; // of those, waits with I/O in flight (batch_wait_ns passed)
 	int32_t last_errno; // last unexpected io_uring_enter error (0: none)
 	int32_t errors;     // how many
 	int32_t tid;        // the loop's thread (for per-thread CPU accounting)
@@ -90,7 +91,10 @@ static void tk_kick_loop(tk_kick_ctl *ctl, const tk_kick_ring *r) {
 		long rc = syscall(SYS_io_uring_enter, r->fd, tosub, minc, 1u | 8u, &arg, sizeof arg); // GETEVENTS | EXT_ARG
 		__atomic_add_fetch(&ctl->enters, 1, __ATOMIC_RELAXED);
 		if (rc > 0) submitted += (uint32_t)rc;
-		if (rc < 0 && errno == ETIME) __atomic_add_fetch(&ctl->timeouts, 1, __ATOMIC_RELAXED);
+		if (rc < 0 && errno == ETIME) {
+			__atomic_add_fetch(&ctl->timeouts, 1, __ATOMIC_RELAXED);
+			if (after > 0) __atomic_add_fetch(&ctl->batch_timeouts, 1, __ATOMIC_RELAXED);
+		}
 		if (rc < 0 && errno != ETIME && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
 			__atomic_store_n(&ctl->last_errno, errno, __ATOMIC_RELAXED);
 			__atomic_add_fetch(&ctl->errors, 1, __ATOMIC_RELAXED);
@@ -155,6 +159,10 @@ func (h helperState) enters() int64 { return atomic.LoadInt64((*int64)(unsafe.Po
 
 func (h helperState) timeouts() int64 {
 	return atomic.LoadInt64((*int64)(unsafe.Pointer(&h.ctl.timeouts)))
+}
+
+func (h helperState) batchTimeouts() int64 {
+	return atomic.LoadInt64((*int64)(unsafe.Pointer(&h.ctl.batch_timeouts)))
 }
 
 // err is the last unexpected io_uring_enter error of the kick loop.

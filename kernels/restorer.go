@@ -433,6 +433,10 @@ func (r *Restorer) Wakeups() int64 { return r.wakes.Load() + r.helper.enters() }
 // rather than on a batch of completions (part of Wakeups).
 func (r *Restorer) WakeTimeouts() int64 { return r.helper.timeouts() }
 
+// BatchTimeouts counts the kick loop's waits that ended on BatchWait with
+// I/O in flight (part of WakeTimeouts; the rest are idle waits).
+func (r *Restorer) BatchTimeouts() int64 { return r.helper.batchTimeouts() }
+
 // HelperMode says how the CPU helper drives the ring: "sqpoll-wake" (it
 // only wakes the SQPOLL thread), "kick-wait" (the C loop, woken by
 // completions) or "kick-timer" (a kernel without IORING_FEAT_EXT_ARG: one

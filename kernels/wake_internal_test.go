@@ -204,3 +204,126 @@ func TestNewKickRing(t *testing.T) {
 		t.Fatalf("helper mode %q", m)
 	}
 }
+
+// TestKickLoopLayerByLayer stands in for the GPU restoring layer by layer
+// with few reads per layer: it publishes a layer's reads, reaps each CQE the
+// moment it appears (as the I/O kernel polls), and publishes the next layer
+// only when the layer completed. The helper must deliver every layer's last
+// completions without waiting for its batch timeout: the CQ head moves while
+// the helper computes its wait target (the GPU reaps what the helper's last
+// wait posted), and a target taken relative to a stale head asked for more
+// completions than were in flight, so each layer ended on the timeout.
+func TestKickLoopLayerByLayer(t *testing.T) {
+	const blk = 4096
+	const layers, perLayer = 40, 2
+	const reapDelay = 3 * time.Microsecond
+	path := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(path, make([]byte, layers*perLayer*blk), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Skipf("O_DIRECT unavailable here: %v", err)
+	}
+	defer unix.Close(fd)
+	dst, err := uring.AllocBuffer(layers * perLayer * blk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Free()
+	for _, c := range []struct {
+		name string
+		cfg  uring.Config
+	}{
+		{"defer-taskrun", uring.Config{Entries: 16, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true}},
+		{"ordinary", uring.Config{Entries: 16, SQThreadCPU: -1}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ring, err := uring.New(c.cfg)
+			if err != nil {
+				t.Skipf("io_uring (%+v) unavailable: %v", c.cfg, err)
+			}
+			defer ring.Close()
+			l := ring.Layout()
+			if l.Features&featExtArg == 0 {
+				t.Skip("kernel without IORING_FEAT_EXT_ARG")
+			}
+			// A batch timeout far above a 4 KiB read's latency: a layer
+			// that waits for it is unmistakable in the timeout count.
+			r := &Restorer{cfg: Config{WakeInterval: 50 * time.Microsecond, BatchWait: 50 * time.Millisecond, WakeBatch: 32, NoFixedBuffers: true},
+				ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState(), owned: c.cfg.Disabled}
+			ready := make(chan error, 1)
+			r.waker.Add(1)
+			go r.wakeLoop(0, ready)
+			if err := <-ready; err != nil {
+				t.Fatal(err)
+			}
+			r.helper.begin()
+			defer func() {
+				r.helper.end()
+				close(r.stop)
+				r.helper.stop()
+				r.waker.Wait()
+				r.helper.free()
+			}()
+			mask, cmask := ringLoad32(l.SQMask), ringLoad32(l.CQMask)
+			t0 := r.BatchTimeouts()
+			publish := func(layer int) {
+				tail := ringLoad32(l.SQTail)
+				for i := uint32(0); i < perLayer; i++ {
+					idx := (tail + i) & mask
+					sqe := l.SQEs + uintptr(idx)*uintptr(l.SQESize)
+					n := uint64(layer*perLayer) + uint64(i)
+					ringZero(sqe, int(l.SQESize))
+					ringStore32(sqe, 22) // IORING_OP_READ
+					ringStore32(sqe+4, uint32(fd))
+					ringStore64(sqe+8, n*blk)
+					ringStore64(sqe+16, uint64(dst.Addr())+n*blk)
+					ringStore32(sqe+24, blk)
+					ringStore64(sqe+32, n)
+					if l.SQArray != 0 {
+						ringStore32(l.SQArray+uintptr(idx)*4, idx)
+					}
+				}
+				ringStore32(l.SQTail, tail+perLayer)
+			}
+			// Lookahead 1, as the runtime binds it: layer l+1's reads are in
+			// flight while layer l is waited for; layer l+2 is published once
+			// layer l completed.
+			done := make([]int, layers)
+			publish(0)
+			publish(1)
+			for layer := 0; layer < layers; layer++ {
+				deadline := time.Now().Add(10 * time.Second)
+				for done[layer] < perLayer {
+					head := ringLoad32(l.CQHead)
+					if ringLoad32(l.CQTail) == head {
+						if time.Now().After(deadline) {
+							t.Fatalf("layer %d: %d of %d completions after 10 s", layer, done[layer], perLayer)
+						}
+						continue // poll, as the I/O kernel does
+					}
+					cqe := l.CQEs + uintptr(head&cmask)*uintptr(l.CQESize)
+					if res := int32(uint32(ringLoad64(cqe + 8))); res != blk {
+						t.Fatalf("layer %d: read result %d", layer, res)
+					}
+					done[ringLoad64(cqe)/perLayer]++
+					// The GPU sees the tail and stores the head a few µs after the
+					// helper returned from the wait that posted the CQE (PCIe
+					// round trips): reap after that long.
+					for t1 := time.Now(); time.Since(t1) < reapDelay; {
+					}
+					ringStore32(l.CQHead, head+1)
+				}
+				if layer+2 < layers {
+					publish(layer + 2)
+				}
+			}
+			timeouts := r.BatchTimeouts() - t0
+			t.Logf("%d layers of %d reads: %d enters, %d on the timeout, %d of them with reads in flight", layers, perLayer, r.Wakeups(), r.WakeTimeouts(), timeouts)
+			if timeouts > layers/8 {
+				t.Fatalf("%d of %d layers waited for the batch timeout", timeouts, layers)
+			}
+		})
+	}
+}
