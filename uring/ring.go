@@ -32,8 +32,8 @@ type Config struct {
 	// the thread that calls Enable, not the creator, becomes the ring's one
 	// issuer. This is how a ring made by one goroutine is handed to a
 	// locked OS thread (the GPU ring's kick loop).
-	Disabled bool
-	CoopTaskrun  bool // IORING_SETUP_COOP_TASKRUN (+TASKRUN_FLAG): no IPI to post completions; Flush enters the kernel to run them
+	Disabled    bool
+	CoopTaskrun bool // IORING_SETUP_COOP_TASKRUN (+TASKRUN_FLAG): no IPI to post completions; Flush enters the kernel to run them
 
 	// NoMmap (IORING_SETUP_NO_MMAP, Linux 6.5+): the rings and SQEs live in
 	// memory this package maps itself (one anonymous mmap, rings first, SQEs
