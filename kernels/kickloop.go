@@ -15,7 +15,7 @@ typedef struct {
 	int32_t stop;       // set once by Close
 	int64_t enters;     // io_uring_enter calls made
 	int64_t timeouts;   // of which returned on the timeout (ETIME)
-	int64_t batch_timeouts; // of those, waits with I/O in flight (batch_wait_ns passed)
+	int64_t batch_timeouts; // of those, waits with I/O in flight that ran the whole batch_wait_ns
 	int32_t last_errno; // last unexpected io_uring_enter error (0: none)
 	int32_t errors;     // how many
 	int32_t tid;        // the loop's thread (for per-thread CPU accounting)
@@ -26,6 +26,7 @@ typedef struct {
 	int fd;
 	uint32_t sq_entries, cq_entries;
 	uint32_t batch;        // most completions one wake-up waits for
+	uint32_t exact_target; // Config.ExactWakeTarget (experimental)
 	uint64_t sq_head, sq_tail, cq_head, cq_tail; // addresses in the ring's memory
 	int64_t interval_ns;   // wait while nothing is in flight (new SQEs are only seen on waking)
 	int64_t batch_wait_ns; // longest wait for a batch while I/O is in flight
@@ -57,7 +58,7 @@ static void tk_kick_loop(tk_kick_ctl *ctl, const tk_kick_ring *r) {
 	struct { uint64_t sigmask; uint32_t sigmask_sz, min_wait_usec; uint64_t ts; } arg = { 0, 0, 0, (uint64_t)(uintptr_t)&ts };
 	struct timespec idle = { 0, 100000000 };
 	struct timespec back = { r->interval_ns / 1000000000, r->interval_ns % 1000000000 };
-	uint32_t submitted = 0, posted0 = kl_ld(r->cq_tail), last_sq = kl_ld(r->sq_tail), backoff = 0;
+	uint32_t submitted = 0, posted0 = kl_ld(r->cq_tail), last_sq = kl_ld(r->sq_tail), backoff = 0, lag = 0;
 	__atomic_store_n(&ctl->tid, (int32_t)syscall(SYS_gettid), __ATOMIC_RELAXED);
 	for (;;) {
 		if (__atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE)) return;
@@ -86,14 +87,30 @@ static void tk_kick_loop(tk_kick_ctl *ctl, const tk_kick_ring *r) {
 		last_sq = sqt;
 		ts.sec = wait_ns / 1000000000;
 		ts.nsec = wait_ns % 1000000000;
-		uint32_t minc = ctail - chead + k;
+		// The kernel's target is the CQ head it reads + minc, and the GPU
+		// moves the head: it reaps what the last wait posted while this
+		// thread computes minc. Counting the unreaped CQEs can then ask for
+		// more completions than are in flight, and the wait runs to its
+		// timeout. With exact_target they are counted only while the GPU is
+		// seen not to reap (lag: the last call returned at once with nothing
+		// new posted and CQEs unreaped), and a wait for one completion
+		// times out after 4 intervals, not the batch wait.
+		uint32_t unreaped = ctail - chead;
+		if (unreaped == 0) lag = 0;
+		uint32_t minc = k + ((r->exact_target && !lag) ? 0 : unreaped);
 		if (minc > r->cq_entries) minc = r->cq_entries;
+		if (r->exact_target && k == 1 && after > 0 && wait_ns > 4 * r->interval_ns) {
+			wait_ns = 4 * r->interval_ns;
+			ts.sec = wait_ns / 1000000000;
+			ts.nsec = wait_ns % 1000000000;
+		}
 		long rc = syscall(SYS_io_uring_enter, r->fd, tosub, minc, 1u | 8u, &arg, sizeof arg); // GETEVENTS | EXT_ARG
 		__atomic_add_fetch(&ctl->enters, 1, __ATOMIC_RELAXED);
+		if (r->exact_target) lag = rc >= 0 && unreaped > 0 && kl_ld(r->cq_tail) == ctail;
 		if (rc > 0) submitted += (uint32_t)rc;
 		if (rc < 0 && errno == ETIME) {
 			__atomic_add_fetch(&ctl->timeouts, 1, __ATOMIC_RELAXED);
-			if (after > 0) __atomic_add_fetch(&ctl->batch_timeouts, 1, __ATOMIC_RELAXED);
+			if (after > 0 && wait_ns == r->batch_wait_ns) __atomic_add_fetch(&ctl->batch_timeouts, 1, __ATOMIC_RELAXED);
 		}
 		if (rc < 0 && errno != ETIME && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
 			__atomic_store_n(&ctl->last_errno, errno, __ATOMIC_RELAXED);
@@ -179,7 +196,7 @@ func (h helperState) err() error {
 // stop. One cgo call for the loop's whole life: the Go scheduler hands the
 // thread's P off once, instead of on every wait as a Go loop of blocking
 // io_uring_enter calls did (26–37 µs of CPU per wake-up on the GPU machine).
-func (h helperState) runKickLoop(l uring.RingLayout, interval, batchWait time.Duration, batch int) {
+func (h helperState) runKickLoop(l uring.RingLayout, interval, batchWait time.Duration, batch int, exact bool) {
 	kr := (*C.tk_kick_ring)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tk_kick_ring{}))))
 	defer C.free(unsafe.Pointer(kr))
 	kr.fd = C.int(l.FD)
@@ -192,5 +209,8 @@ func (h helperState) runKickLoop(l uring.RingLayout, interval, batchWait time.Du
 	kr.interval_ns = C.int64_t(interval.Nanoseconds())
 	kr.batch_wait_ns = C.int64_t(batchWait.Nanoseconds())
 	kr.batch = C.uint32_t(batch)
+	if exact {
+		kr.exact_target = 1
+	}
 	C.tk_kick_loop(h.ctl, kr)
 }

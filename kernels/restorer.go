@@ -67,18 +67,25 @@ type Config struct {
 	// not be used by anything else while bound, not even to register.
 	Ring *uring.Ring
 
-	MaxPages      int           // pages per request (required)
-	MaxExtents    int           // extents per layer per request; 64
-	MaxIOBytes    int           // largest single read; 1 MiB (multiple of 4096)
-	StagingSlots  int           // layer slots of the pinned staging pool; Lookahead+3
-	MaxRequests   int           // requests in flight; 4
-	IOWindow      int           // SQEs in flight; 128 (capped by the ring's SQ and CQ)
-	Lookahead     int           // layers beyond the one waited for that may be in flight; 1
-	PollTimeout   time.Duration // no completion for this long: entries time out, the ring breaks; 5 s
-	WakeInterval  time.Duration // SQPOLL: how often the helper looks at the flags; kick mode: wait while nothing is in flight; 50 µs
-	WakeBatch     int           // kick mode: most completions one wake-up of the helper waits for; 32 (1: every completion)
-	BatchWait     time.Duration // kick mode: longest wait for a batch while I/O is in flight; 4 ms
-	SlotBytesHint int64         // staging slot size; derived from MaxPages and MaxExtents
+	MaxPages     int           // pages per request (required)
+	MaxExtents   int           // extents per layer per request; 64
+	MaxIOBytes   int           // largest single read; 1 MiB (multiple of 4096)
+	StagingSlots int           // layer slots of the pinned staging pool; Lookahead+3
+	MaxRequests  int           // requests in flight; 4
+	IOWindow     int           // SQEs in flight; 128 (capped by the ring's SQ and CQ)
+	Lookahead    int           // layers beyond the one waited for that may be in flight; 1
+	PollTimeout  time.Duration // no completion for this long: entries time out, the ring breaks; 5 s
+	WakeInterval time.Duration // SQPOLL: how often the helper looks at the flags; kick mode: wait while nothing is in flight; 50 µs
+	WakeBatch    int           // kick mode: most completions one wake-up of the helper waits for; 32 (1: every completion)
+	BatchWait    time.Duration // kick mode: longest wait for a batch while I/O is in flight; 4 ms
+	// ExactWakeTarget (kick mode; experimental, not yet measured on a GPU):
+	// the helper's wait counts only completions that arrive after it
+	// starts, unless the GPU is seen not to reap, and a wait for a single
+	// completion times out after 4 WakeIntervals. Suspected fix for the
+	// runtime's per-restore floor of one BatchWait per layer (BENCHMARKS.md,
+	// eval, warm start); off by default until a device run measures it.
+	ExactWakeTarget bool
+	SlotBytesHint   int64 // staging slot size; derived from MaxPages and MaxExtents
 
 	// NoFixedBuffers keeps the staging pool unregistered with the ring: every
 	// SQE is a plain READ/WRITE and the kernel pins the pages of each I/O
@@ -350,7 +357,7 @@ func (r *Restorer) wakeLoop(slotBytes int64, ready chan<- error) {
 	}
 	ready <- nil
 	if kick && l.Features&featExtArg != 0 {
-		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch)
+		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch, r.cfg.ExactWakeTarget)
 		return
 	}
 	t := time.NewTicker(r.cfg.WakeInterval)
@@ -433,8 +440,9 @@ func (r *Restorer) Wakeups() int64 { return r.wakes.Load() + r.helper.enters() }
 // rather than on a batch of completions (part of Wakeups).
 func (r *Restorer) WakeTimeouts() int64 { return r.helper.timeouts() }
 
-// BatchTimeouts counts the kick loop's waits that ended on BatchWait with
-// I/O in flight (part of WakeTimeouts; the rest are idle waits).
+// BatchTimeouts counts the kick loop's waits that ran the whole BatchWait
+// with I/O in flight (part of WakeTimeouts; the rest are idle waits and,
+// with ExactWakeTarget, short waits for a single completion).
 func (r *Restorer) BatchTimeouts() int64 { return r.helper.batchTimeouts() }
 
 // HelperMode says how the CPU helper drives the ring: "sqpoll-wake" (it

@@ -232,11 +232,14 @@ func TestKickLoopLayerByLayer(t *testing.T) {
 	}
 	defer dst.Free()
 	for _, c := range []struct {
-		name string
-		cfg  uring.Config
+		name  string
+		cfg   uring.Config
+		exact bool
 	}{
-		{"defer-taskrun", uring.Config{Entries: 16, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true}},
-		{"ordinary", uring.Config{Entries: 16, SQThreadCPU: -1}},
+		{"defer-taskrun", uring.Config{Entries: 16, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true}, false},
+		{"ordinary", uring.Config{Entries: 16, SQThreadCPU: -1}, false},
+		{"defer-taskrun/exact-target", uring.Config{Entries: 16, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true}, true},
+		{"ordinary/exact-target", uring.Config{Entries: 16, SQThreadCPU: -1}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ring, err := uring.New(c.cfg)
@@ -250,7 +253,7 @@ func TestKickLoopLayerByLayer(t *testing.T) {
 			}
 			// A batch timeout far above a 4 KiB read's latency: a layer
 			// that waits for it is unmistakable in the timeout count.
-			r := &Restorer{cfg: Config{WakeInterval: 50 * time.Microsecond, BatchWait: 50 * time.Millisecond, WakeBatch: 32, NoFixedBuffers: true},
+			r := &Restorer{cfg: Config{WakeInterval: 50 * time.Microsecond, BatchWait: 50 * time.Millisecond, WakeBatch: 32, NoFixedBuffers: true, ExactWakeTarget: c.exact},
 				ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState(), owned: c.cfg.Disabled}
 			ready := make(chan error, 1)
 			r.waker.Add(1)

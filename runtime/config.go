@@ -85,6 +85,9 @@ type Config struct {
 	// machine at a fraction of the CPU, since the SQPOLL thread polls a
 	// core while it is awake.
 	GPUSQPoll bool
+	// GPUExactWakeTarget is kernels.Config.ExactWakeTarget for the GPU
+	// ring's helper (kick mode): experimental, off until measured on a GPU.
+	GPUExactWakeTarget bool
 	// GPUMaxRuns bounds the runs (extents per layer) of one GPU restore.
 	// Zero: 64.
 	GPUMaxRuns int

@@ -47,6 +47,12 @@ type Stats struct {
 	// completion instead of once per batch (kernels.NewKickRing: the kernel
 	// refused DEFER_TASKRUN); empty otherwise. Same bytes, more CPU.
 	GPUKickFallback string
+	// GPUHelperWakeups and GPUHelperBatchTimeouts are the GPU ring helper's
+	// kernel entries and the waits of them that ran the whole batch wait
+	// with reads in flight (kernels.Restorer.Wakeups, BatchTimeouts): many
+	// of the latter per restore mean layers waited for the timeout.
+	GPUHelperWakeups       int64
+	GPUHelperBatchTimeouts int64
 }
 
 // MissCauses lists the causes indexing Stats.MissBlocks.

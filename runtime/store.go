@@ -379,6 +379,7 @@ func (s *Store) Stats() Stats {
 			st.GPUPlainReads = err.Error()
 		}
 		st.GPUKickFallback = gp.kickFallback
+		st.GPUHelperWakeups, st.GPUHelperBatchTimeouts = gp.r.Wakeups(), gp.r.BatchTimeouts()
 	}
 	return st
 }

@@ -62,6 +62,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: run tutti-cpu over N ranks (runtime/tp: each rank its own store and its shard of the KV heads; a block is a hit only when every rank committed it)")
 	warmMs := fs.Float64("warm-ms", 0, "start the window warm: before it, every caching backend saves (untimed, no prefill) the blocks the window references that the trace's requests of the previous D ms (timestamps in [window start - D, window start)) referenced, in their order, within the capacity; 0 = every store starts empty")
 	saveBoundMs := fs.Int("tutti-save-bound-ms", 0, "tutti's save bound (runtime Config.SaveBoundMs; 0: the runtime's default, 2000): a save is cut to what the scheduler can write within it, so with the default a request that brings several GB of new KV keeps only its leading blocks")
+	exactWake := fs.Bool("tutti-gpu-exact-wake-target", false, "tutti-gpu: the GPU ring's helper waits for completions that arrive after its wait starts (kernels.Config.ExactWakeTarget; experimental, not yet measured on a GPU)")
 	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
@@ -175,6 +176,10 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			notes = append(notes, fmt.Sprintf("%s not run: %v", n, err))
 			continue
 		}
+		if t, ok := b.(*harness.Tutti); ok && *exactWake && n == "tutti-gpu" {
+			t.SetExactWakeTarget(true)
+			notes = append(notes, "tutti-gpu: exact wake target (--tutti-gpu-exact-wake-target, experimental)")
+		}
 		if t, ok := b.(*harness.Tutti); ok && *saveBoundMs > 0 {
 			t.SetSaveBoundMs(*saveBoundMs)
 			notes = append(notes, fmt.Sprintf("%s: save bound %d ms (--tutti-save-bound-ms; the runtime's default is 2000)", n, *saveBoundMs))
@@ -245,6 +250,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "left out %d requests whose KV exceeds the engine memory bound (--kv-mem)\n", res.Oversize)
 	}
 	for _, b := range bs {
+		if t, ok := b.(*harness.Tutti); ok {
+			if w, bt := t.GPUHelper(); w > 0 {
+				notes = append(notes, fmt.Sprintf("%s: the GPU ring's helper entered the kernel %d times; %d waits ran the whole batch wait with reads in flight", t.Name(), w, bt))
+			}
+		}
 		if t, ok := b.(*harness.Tutti); ok && t.PlannedRecomputeBlocks() > 0 {
 			notes = append(notes, fmt.Sprintf("%s: the planner recomputed %d cached blocks instead of loading them",
 				t.Name(), t.PlannedRecomputeBlocks()))

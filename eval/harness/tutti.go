@@ -33,7 +33,22 @@ type Tutti struct {
 	devLayers []uint64
 	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
 	saveBoundMs int
+	// exactWake: runtime.Config.GPUExactWakeTarget (PathGPU only).
+	exactWake bool
+	// helper: the GPU ring helper's counters, read at Close.
+	helperWakeups, helperBatchTimeouts int64
 }
+
+// GPUHelper returns the GPU ring helper's kernel entries and the waits of
+// them that ran the whole batch wait with reads in flight, as of Close
+// (zero on PathCPU).
+func (t *Tutti) GPUHelper() (wakeups, batchTimeouts int64) {
+	return t.helperWakeups, t.helperBatchTimeouts
+}
+
+// SetExactWakeTarget sets runtime.Config.GPUExactWakeTarget for the next
+// Open (tutti-gpu; experimental: see kernels.Config.ExactWakeTarget).
+func (t *Tutti) SetExactWakeTarget(on bool) { t.exactWake = on }
 
 // SetSaveBoundMs sets the store's save bound (runtime.Config.SaveBoundMs)
 // for the next Open; 0 keeps the runtime's default (2 s). The scheduler
@@ -80,6 +95,7 @@ func (t *Tutti) Open(env Env) error {
 		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(env.Geometry, env.CapacityBlocks),
 		Geometry: env.Geometry, Layout: objmap.LayoutPerLayer, NumPages: env.KV.NumPages,
 		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs,
+		GPUExactWakeTarget: t.exactWake && t.path == runtime.PathGPU,
 	}
 	if t.compute != nil {
 		cfg.Compute = t.compute.Model()
@@ -170,6 +186,8 @@ func (t *Tutti) PlannedRecomputeBlocks() int64 { return t.plannedRecompute }
 func (t *Tutti) Close() error {
 	var errs []error
 	if t.store != nil {
+		st := t.store.Stats()
+		t.helperWakeups, t.helperBatchTimeouts = st.GPUHelperWakeups, st.GPUHelperBatchTimeouts
 		errs = append(errs, t.store.Close())
 		t.store = nil
 	}
