@@ -61,7 +61,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	keep := fs.Bool("keep", false, "keep each backend's store directory after its run")
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: run tutti-cpu over N ranks (runtime/tp: each rank its own store and its shard of the KV heads; a block is a hit only when every rank committed it)")
 	warmMs := fs.Float64("warm-ms", 0, "start the window warm: before it, every caching backend saves (untimed, no prefill) the blocks the window references that the trace's requests of the previous D ms (timestamps in [window start - D, window start)) referenced, in their order, within the capacity; 0 = every store starts empty")
-	saveBoundMs := fs.Int("tutti-save-bound-ms", 0, "tutti's save bound (runtime Config.SaveBoundMs; 0: the runtime's default, 2000): a save is cut to what the scheduler can write within it, so with the default a request that brings several GB of new KV keeps only its leading blocks")
+	saveBoundMs := fs.Int("tutti-save-bound-ms", 60000, "tutti's save bound (runtime Config.SaveBoundMs; 0: the runtime's default, 2000). The scheduler cuts a save to what it can write within the bound; the replay compares restores of the same cached blocks, and with the runtime's 2 s a 70B request bringing several GB of new KV would keep only its leading blocks where the baselines keep all")
 	exactWake := fs.Bool("tutti-gpu-exact-wake-target", false, "tutti-gpu: the GPU ring's helper waits for completions that arrive after its wait starts (kernels.Config.ExactWakeTarget; experimental, not yet measured on a GPU)")
 	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
 	fs.Usage = func() {
@@ -182,7 +182,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 		if t, ok := b.(*harness.Tutti); ok && *saveBoundMs > 0 {
 			t.SetSaveBoundMs(*saveBoundMs)
-			notes = append(notes, fmt.Sprintf("%s: save bound %d ms (--tutti-save-bound-ms; the runtime's default is 2000)", n, *saveBoundMs))
+			notes = append(notes, fmt.Sprintf("%s: save bound %d ms (--tutti-save-bound-ms, the replay's default 60000: the runtime's own default, 2000, cuts saves larger than it writes in 2 s, which the baselines keep whole)", n, *saveBoundMs))
 		}
 		bs = append(bs, b)
 	}

@@ -122,7 +122,7 @@ func TestReplayWarmGroup(t *testing.T) {
 }
 
 // TestReplayTuttiSaveBound: --tutti-save-bound-ms reaches tutti's store and
-// the report says so; other backends are unaffected.
+// the report says so; other backends are unaffected; 0 keeps the runtime's.
 func TestReplayTuttiSaveBound(t *testing.T) {
 	rows, md, _ := replayRows(t, "--backends", "tutti-cpu,dram", "--requests", "12", "--tutti-save-bound-ms", "30000")
 	if len(rows) != 2 {
@@ -135,6 +135,9 @@ func TestReplayTuttiSaveBound(t *testing.T) {
 	}
 	if !strings.Contains(md, "tutti-cpu: save bound 30000 ms") || strings.Contains(md, "dram: save bound") {
 		t.Fatalf("report.md does not name tutti-cpu's save bound alone:\n%s", md)
+	}
+	if _, md, _ := replayRows(t, "--backends", "tutti-cpu", "--requests", "4", "--tutti-save-bound-ms", "0"); strings.Contains(md, "save bound") {
+		t.Fatalf("--tutti-save-bound-ms 0 still names a bound:\n%s", md)
 	}
 }
 
