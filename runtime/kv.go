@@ -152,6 +152,27 @@ func (v *kvViews) copyPages(layer int, pages []int32, start, end int64, buf []by
 	}
 }
 
+// restorePages is copyPages toward the KV memory with each piece verified
+// first: ver.Update sees the bytes [start, end) in order, one page plane at
+// a time, and the piece is copied while it is still in the CPU's cache
+// (verifying a whole segment, then copying it, reads it from memory twice).
+// It stops at the first CRC error; the pieces before it were copied (a run
+// that fails is a miss: its pages hold unspecified bytes).
+func (v *kvViews) restorePages(layer int, pages []int32, start, end int64, buf []byte, ver *objmap.ChunkVerifier) error {
+	pb := v.planeBytes
+	for u := start / pb; u*pb < end; u++ {
+		us := u * pb
+		lo, hi := max(us, start), min(us+pb, end)
+		src := buf[lo-start : hi-start]
+		if err := ver.Update(src); err != nil {
+			return err
+		}
+		kv := v.plane(layer, int(u%v.planes), pages[u/v.planes])
+		copy(kv[lo-us:hi-us], src)
+	}
+	return nil
+}
+
 // HostKV is paged KV memory allocated off-heap (anonymous mmap) in a
 // store's layout, for tests, benchmarks and the eval harness. Free it once
 // after the store that registered it is closed.

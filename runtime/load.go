@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 
 	"github.com/tutti-io/tutti/kernels"
@@ -78,8 +79,9 @@ type Load struct {
 	planned int // blocks the plan chose to load (≤ cached)
 	plan    sched.Plan
 
-	ios  chan sched.IO // reads dispatched by the scheduler
-	done chan *slot    // completed reads; room for every slot
+	ios   chan sched.IO // reads dispatched by the scheduler
+	burst []sched.IO    // scratch of takeReads (driver goroutine)
+	done  chan *slot    // completed reads; room for every slot
 
 	mu        sync.Mutex
 	cond      sync.Cond
@@ -211,8 +213,9 @@ func (l *Load) span(r loadRun, layer int) objmap.Span {
 }
 
 // drive is the load's goroutine: it stages and submits the reads the
-// scheduler dispatches (as many as staging slots allow), verifies and
-// scatters completed ones in submission order, and marks layers ready. It
+// scheduler dispatches (as many as staging slots allow) by deadline and
+// layer across devices (insertRead), verifies and scatters completed ones in
+// submission order, and marks layers ready. It
 // holds at least one slot whenever it waits for one, and its oldest read
 // always completes, so loads never deadlock on staging.
 func (l *Load) drive() {
@@ -262,7 +265,7 @@ func (l *Load) drive() {
 			if l.readsLeft == 0 {
 				break
 			}
-			queue = append(queue, <-l.ios)
+			queue = l.takeReads(queue, false, <-l.ios)
 			continue
 		}
 		if len(ring) > 0 && ring[0].completed {
@@ -279,7 +282,7 @@ func (l *Load) drive() {
 		}
 		select {
 		case io := <-l.ios:
-			queue = append(queue, io)
+			queue = l.takeReads(queue, off > 0, io)
 		case sl := <-l.done:
 			sl.completed = true
 		}
@@ -291,6 +294,49 @@ func (l *Load) drive() {
 		l.s.sched.observeReads(l.runs[0].run.device, l.readBytes, int(l.ioCount), s.sched.nowNs()-l.firstNs)
 	}
 	l.finish()
+}
+
+// takeReads adds io and every other read dispatched to the load so far (a
+// dispatch round whole: the scheduler routes a round's reads one by one) to
+// queue, so the order among them is decided before any is submitted.
+func (l *Load) takeReads(queue []sched.IO, keepHead bool, io sched.IO) []sched.IO {
+	queue = insertRead(queue, keepHead, io)
+	l.burst = l.s.sched.takeRouted(l.ios, l.burst[:0])
+	for _, io := range l.burst {
+		queue = insertRead(queue, keepHead, io)
+	}
+	return queue
+}
+
+// insertRead adds a dispatched read to the reads waiting for staging, in
+// submission order: by deadline (the scheduler's least slack first), then
+// layer, then run. The scheduler dispatches per device, each device's reads
+// in deadline order but one device after another; submitted as they came,
+// a load striped over several devices would read one device's share of many
+// layers before the next device's first layer (layer 0 ready only after
+// most of the load was read, the devices taking turns instead of reading
+// together). keepHead holds queue[0] in place (it is partly submitted).
+func insertRead(queue []sched.IO, keepHead bool, io sched.IO) []sched.IO {
+	lo := 0
+	if keepHead && len(queue) > 0 {
+		lo = 1
+	}
+	i := lo + sort.Search(len(queue)-lo, func(j int) bool { return readBefore(io, queue[lo+j]) })
+	queue = append(queue, sched.IO{})
+	copy(queue[i+1:], queue[i:])
+	queue[i] = io
+	return queue
+}
+
+// readBefore orders reads for submission: deadline, layer, run.
+func readBefore(a, b sched.IO) bool {
+	if a.DeadlineNs != b.DeadlineNs {
+		return a.DeadlineNs < b.DeadlineNs
+	}
+	if a.Layer != b.Layer {
+		return a.Layer < b.Layer
+	}
+	return a.Run < b.Run
 }
 
 // consume checks one completed segment, verifies the chunks it completes
@@ -324,12 +370,11 @@ func (l *Load) consume(sl *slot, ver *objmap.ChunkVerifier) {
 	hi := min(seg.objOff+seg.ioBytes, sp.Skip+sp.DataBytes)
 	if lo < hi {
 		data := sl.data[lo-seg.objOff : hi-seg.objOff]
-		if err := ver.Update(data); err != nil {
+		if err := l.s.kv.restorePages(seg.io.Layer, l.pages[r.chainPos*l.s.geo.ChunkPages:], lo-sp.Skip, hi-sp.Skip, data, ver); err != nil {
 			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
 			l.s.dropCorrupt(r.run)
 			return
 		}
-		l.s.kv.copyPages(seg.io.Layer, l.pages[r.chainPos*l.s.geo.ChunkPages:], lo-sp.Skip, hi-sp.Skip, data, true)
 	}
 	if seg.last {
 		if err := ver.Done(); err != nil {

@@ -119,6 +119,23 @@ func (sc *scheduler) cancelLoad(id uint64, ios chan sched.IO) []sched.IO {
 	}
 }
 
+// takeRouted appends to dst every I/O routed to ios so far. It holds the
+// lock that dispatch rounds route under, so a round in progress has routed
+// all of its I/O first: the caller sees a round whole and can order it
+// (route never blocks, so holding the lock while draining cannot deadlock).
+func (sc *scheduler) takeRouted(ios chan sched.IO, dst []sched.IO) []sched.IO {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for {
+		select {
+		case io := <-ios:
+			dst = append(dst, io)
+		default:
+			return dst
+		}
+	}
+}
+
 // complete retires a dispatched I/O. last says the request has no more
 // I/O, so its route is dropped.
 func (sc *scheduler) complete(io sched.IO, last bool) {
