@@ -79,9 +79,10 @@ type Load struct {
 	planned int // blocks the plan chose to load (≤ cached)
 	plan    sched.Plan
 
-	ios   chan sched.IO // reads dispatched by the scheduler
-	burst []sched.IO    // scratch of takeReads (driver goroutine)
-	done  chan *slot    // completed reads; room for every slot
+	ios      chan sched.IO // reads dispatched by the scheduler
+	burst    []sched.IO    // scratch of takeReads (driver goroutine)
+	consumed chan consumed // reads the consume pool finished; room for every read
+	done     chan *slot    // completed reads; room for every slot
 
 	mu        sync.Mutex
 	cond      sync.Cond
@@ -214,8 +215,9 @@ func (l *Load) span(r loadRun, layer int) objmap.Span {
 
 // drive is the load's goroutine: it stages and submits the reads the
 // scheduler dispatches (as many as staging slots allow) by deadline and
-// layer across devices (insertRead), verifies and scatters completed ones in
-// submission order, and marks layers ready. It
+// layer across devices (insertRead), has completed ones verified and
+// scattered (a read that one slot holds by the store's consume pool, the
+// segments of a split read by itself, in order), and marks layers ready. It
 // holds at least one slot whenever it waits for one, and its oldest read
 // always completes, so loads never deadlock on staging.
 func (l *Load) drive() {
@@ -225,6 +227,11 @@ func (l *Load) drive() {
 	ring := make([]*slot, 0, len(s.staging.all))    // submitted, in order
 	var off int64                                   // progress within queue[0]
 	var ver objmap.ChunkVerifier                    // of the (layer, run) read being consumed
+	pool := s.consumers
+	if pool != nil {
+		l.consumed = make(chan consumed, l.readsLeft)
+	}
+	inPool := 0 // reads handed to the pool and not yet retired
 	for l.readsLeft > 0 {
 		for len(queue) > 0 {
 			io := queue[0]
@@ -261,7 +268,7 @@ func (l *Load) drive() {
 			}
 			s.worker.submit(&sl.req)
 		}
-		if len(ring) == 0 && len(queue) == 0 {
+		if len(ring) == 0 && len(queue) == 0 && inPool == 0 {
 			if l.readsLeft == 0 {
 				break
 			}
@@ -272,7 +279,13 @@ func (l *Load) drive() {
 			sl := ring[0]
 			copy(ring, ring[1:])
 			ring = ring[:len(ring)-1]
-			l.consume(sl, &ver)
+			if pool != nil && sl.tag.objOff == 0 && sl.tag.last {
+				// One segment holds the whole read: no state to carry.
+				inPool++
+				pool.jobs <- consumeJob{l: l, sl: sl}
+				continue
+			}
+			l.overreadBytes += l.consume(sl, &ver)
 			tag := sl.tag // the slot is another request's once released
 			s.staging.release(sl)
 			if tag.last {
@@ -285,6 +298,10 @@ func (l *Load) drive() {
 			queue = l.takeReads(queue, off > 0, io)
 		case sl := <-l.done:
 			sl.completed = true
+		case c := <-l.consumed:
+			inPool--
+			l.overreadBytes += c.overreadBytes
+			l.finishRead(c.io)
 		}
 	}
 	if l.ioCount > 0 {
@@ -339,9 +356,22 @@ func readBefore(a, b sched.IO) bool {
 	return a.Run < b.Run
 }
 
+// consumeWhole consumes a segment that is a whole read on a consume pool
+// worker, releases its slot and hands the read back to the driver.
+func (l *Load) consumeWhole(sl *slot) {
+	var ver objmap.ChunkVerifier
+	over := l.consume(sl, &ver)
+	io := sl.tag.io // the slot is another request's once released
+	l.s.staging.release(sl)
+	l.consumed <- consumed{io: io, overreadBytes: over}
+}
+
 // consume checks one completed segment, verifies the chunks it completes
-// (ver carries a chunk across segments) and scatters its payload.
-func (l *Load) consume(sl *slot, ver *objmap.ChunkVerifier) {
+// (ver carries a chunk across segments) and scatters its payload. It
+// returns the read's overread bytes (alignment slack) once its last segment
+// verified. It runs on the driver or on a consume pool worker: it touches
+// no driver-only state.
+func (l *Load) consume(sl *slot, ver *objmap.ChunkVerifier) (overreadBytes int64) {
 	seg := &sl.tag
 	sp := &seg.span
 	run := seg.io.Run
@@ -354,16 +384,16 @@ func (l *Load) consume(sl *slot, ver *objmap.ChunkVerifier) {
 		*ver = v
 	}
 	if !l.runValid(run) {
-		return
+		return 0
 	}
 	req := &sl.req
 	switch {
 	case req.err != nil:
 		l.failRuns(run, missCauseOf(req.err), req.err)
-		return
+		return 0
 	case req.result != seg.ioBytes:
 		l.failRuns(run, MissShortRead, fmt.Errorf("read %d of %d bytes at span offset %d", req.result, seg.ioBytes, seg.objOff))
-		return
+		return 0
 	}
 	// The payload inside this segment: [lo, hi) of the read.
 	lo := max(seg.objOff, sp.Skip)
@@ -373,16 +403,17 @@ func (l *Load) consume(sl *slot, ver *objmap.ChunkVerifier) {
 		if err := l.s.kv.restorePages(seg.io.Layer, l.pages[r.chainPos*l.s.geo.ChunkPages:], lo-sp.Skip, hi-sp.Skip, data, ver); err != nil {
 			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
 			l.s.dropCorrupt(r.run)
-			return
+			return 0
 		}
 	}
 	if seg.last {
 		if err := ver.Done(); err != nil {
 			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
-			return
+			return 0
 		}
-		l.overreadBytes += sp.IOBytes - sp.DataBytes
+		return sp.IOBytes - sp.DataBytes
 	}
+	return 0
 }
 
 func missCauseOf(err error) MissCause {

@@ -51,6 +51,9 @@ func Open(cfg Config) (*Store, error) {
 		if s.sched != nil {
 			s.sched.close()
 		}
+		if s.consumers != nil {
+			s.consumers.close()
+		}
 		if s.staging != nil {
 			_ = s.staging.close()
 		}
@@ -66,6 +69,9 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if s.staging, err = newStagingPool(cfg.StagingBytes, cfg.StagingSlotBytes); err != nil {
 		return fail(err)
+	}
+	if cfg.Path == PathCPU {
+		s.consumers = newConsumePool(len(s.staging.all))
 	}
 	var eng uring.Engine
 	if cfg.NewEngine != nil {

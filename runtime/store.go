@@ -69,10 +69,13 @@ type Store struct {
 	idx     *prefix.Index
 	worker  *ioWorker
 	staging *stagingPool
-	sched   *scheduler
-	kv      *kvViews // set once by RegisterKV (PathCPU)
-	gpu     *gpuPath // set once by RegisterKV (PathGPU)
-	kvSet   atomic.Bool
+	// consumers verify and scatter completed load reads (PathCPU; nil on
+	// PathGPU, which does not stage its reads here).
+	consumers *consumePool
+	sched     *scheduler
+	kv        *kvViews // set once by RegisterKV (PathCPU)
+	gpu       *gpuPath // set once by RegisterKV (PathGPU)
+	kvSet     atomic.Bool
 
 	mu     sync.Mutex
 	runs   map[objmap.RunID]*runEntry
@@ -410,6 +413,9 @@ func (s *Store) Close() error {
 	var errs []error
 	if s.gpu != nil {
 		errs = append(errs, s.gpu.close())
+	}
+	if s.consumers != nil {
+		s.consumers.close()
 	}
 	errs = append(errs, s.worker.close(), s.staging.close(), s.m.Close())
 	return errors.Join(errs...)
