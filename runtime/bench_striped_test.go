@@ -1,0 +1,94 @@
+package runtime
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tutti-io/tutti/objmap"
+)
+
+// BenchmarkRestoreStriped70B restores what the replay's first warm
+// Llama-3-70B request restores (eval/results/2026-11-29-h200-warm): 17
+// chain blocks of 512 tokens (2.85 GB) saved as runs of 1, 5, 5, 4, 1 and 1
+// blocks, striped over several directories, on the CPU path with the
+// default staging and queue depth. It reports when layer 0 was ready and
+// the whole load's time: a load that reads the devices in turn instead of
+// together shows in both.
+//
+// Knobs: TUTTI_BENCH_DIRS (comma-separated store directories, one file
+// system each; default 4 temporary directories on one file system).
+func BenchmarkRestoreStriped70B(b *testing.B) {
+	var dirs []string
+	if env := os.Getenv("TUTTI_BENCH_DIRS"); env != "" {
+		for _, d := range strings.Split(env, ",") {
+			dd, err := os.MkdirTemp(d, "tutti-bench-")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer os.RemoveAll(dd)
+			dirs = append(dirs, dd)
+		}
+	} else {
+		for range 4 {
+			dirs = append(dirs, b.TempDir())
+		}
+	}
+	g := objmap.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
+	runs := []int{1, 5, 5, 4, 1, 1}
+	blocks := 0
+	for _, n := range runs {
+		blocks += n
+	}
+	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, blocks+len(dirs)), Geometry: g,
+		Layout: objmap.LayoutPerLayer, NumPages: blocks * g.ChunkPages, SaveBoundMs: 600000}
+	s, kv := openKV(b, cfg)
+	defer closeKV(b, s, kv)
+	chain := chainOf(1<<40, blocks)
+	pages := make([]int32, blocks*g.ChunkPages)
+	for i := range pages {
+		pages[i] = int32(i)
+	}
+	fill(kv, g, chain, pages)
+	end := 0
+	for _, n := range runs {
+		end += n
+		sv, err := s.Save(chain[:end], pages[:end*g.ChunkPages])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if sv.Wait(); sv.Saved() != n {
+			b.Fatalf("saved %d of %d blocks: %v", sv.Saved(), n, s.Stats())
+		}
+	}
+	scramble(kv, g, cfg.NumPages)
+	var layer0, total time.Duration
+	b.SetBytes(int64(blocks) * g.ChunkBytes())
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		l, err := s.Load(chain, pages)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.WaitLayer(0); err != nil {
+			b.Fatal(err)
+		}
+		layer0 += time.Since(start)
+		if err := l.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		total += time.Since(start)
+		if l.Blocks() != blocks {
+			b.Fatalf("restored %d of %d blocks (planned %d; first failure: %v)", l.Blocks(), blocks, l.Planned(), l.Failure())
+		}
+	}
+	b.StopTimer()
+	if err := verify(kv, g, chain, pages, blocks); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(layer0.Microseconds())/1e3/float64(b.N), "layer0-ms")
+	b.ReportMetric(float64(total.Microseconds())/1e3/float64(b.N), "load-ms")
+	b.ReportMetric(float64(s.Stats().ReadIOs)/float64(s.Stats().Loads), "reads/load")
+}
