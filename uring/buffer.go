@@ -71,6 +71,16 @@ func AllocBuffer(sizeBytes int) (*Buffer, error) {
 // pages (read from /proc/self/smaps at allocation; false for a view).
 func (b *Buffer) Huge() bool { return b.huge }
 
+// HugeNow reads /proc/self/smaps again: whether the buffer is still wholly
+// backed by huge pages (pinning by another driver, e.g. CUDA's host
+// registration, may split or migrate them after allocation).
+func (b *Buffer) HugeNow() bool {
+	if b.mem == nil || !b.huge {
+		return false
+	}
+	return hugeBacked(b.Addr(), (len(b.mem)+hugeBytes-1)/hugeBytes*hugeBytes)
+}
+
 // Bytes is a view of the buffer; it must not be used after Free.
 func (b *Buffer) Bytes() []byte { return b.mem }
 

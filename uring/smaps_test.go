@@ -77,6 +77,9 @@ func TestAllocBufferHuge(t *testing.T) {
 			t.Fatalf("%d bytes: Huge %v disagrees with smaps", n, b.Huge())
 		}
 		t.Logf("%d bytes: huge %v", n, b.Huge())
+		if b.HugeNow() != b.Huge() {
+			t.Fatalf("%d bytes: HugeNow %v right after allocation, Huge %v", n, b.HugeNow(), b.Huge())
+		}
 		if err := b.Free(); err != nil {
 			t.Fatal(err)
 		}

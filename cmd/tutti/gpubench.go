@@ -566,8 +566,11 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	switch fixed, ferr := r.FixedBuffers(); {
 	case fixed:
 		row.Note += ", READ_FIXED into registered staging"
-		if !r.Staging().Huge() {
+		switch st := r.Staging(); {
+		case !st.Huge():
 			row.Note += " (4 KiB pages: no transparent huge pages)"
+		case !st.HugeNow():
+			row.Note += " (huge pages at allocation, no longer all huge after registration)"
 		}
 	case ferr != nil:
 		row.Note += ", plain reads: " + ferr.Error() // asked for, refused: reported, not hidden
