@@ -108,15 +108,7 @@ func (sc *scheduler) cancelLoad(id uint64, ios chan sched.IO) []sched.IO {
 	sc.p.Cancel(id)
 	delete(sc.routes, id)
 	sc.mu.Unlock()
-	var out []sched.IO
-	for {
-		select {
-		case io := <-ios:
-			out = append(out, io)
-		default:
-			return out
-		}
-	}
+	return drainIOs(ios, nil)
 }
 
 // takeRouted appends to dst every I/O routed to ios so far. It holds the
@@ -126,6 +118,11 @@ func (sc *scheduler) cancelLoad(id uint64, ios chan sched.IO) []sched.IO {
 func (sc *scheduler) takeRouted(ios chan sched.IO, dst []sched.IO) []sched.IO {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
+	return drainIOs(ios, dst)
+}
+
+// drainIOs appends to dst the I/O waiting in ios, without blocking.
+func drainIOs(ios chan sched.IO, dst []sched.IO) []sched.IO {
 	for {
 		select {
 		case io := <-ios:
