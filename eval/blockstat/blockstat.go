@@ -89,7 +89,12 @@ func DiskOf(path string) (Dev, error) {
 	if err := unix.Stat(path, &st); err != nil {
 		return Dev{}, fmt.Errorf("stat %s: %w", path, err)
 	}
-	d := Dev{Major: unix.Major(st.Dev), Minor: unix.Minor(st.Dev)}
+	return wholeDisk(path, Dev{Major: unix.Major(st.Dev), Minor: unix.Minor(st.Dev)})
+}
+
+// wholeDisk maps block device d (found for path) to its disk: d itself, or
+// the parent disk of a partition.
+func wholeDisk(path string, d Dev) (Dev, error) {
 	sys := fmt.Sprintf("/sys/dev/block/%d:%d", d.Major, d.Minor)
 	if _, err := os.Stat(sys); err != nil {
 		return Dev{}, fmt.Errorf("%s (device %s): %w", path, d, ErrNoBlockDevice)

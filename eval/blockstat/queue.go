@@ -3,7 +3,6 @@ package blockstat
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -59,19 +58,16 @@ func readQueueAttr(path, name string) ([]byte, string, error) {
 		return nil, "", fmt.Errorf("queue %s of %s: %w", name, path, err)
 	}
 	var d Dev
+	var err error
 	if st.Mode&unix.S_IFMT == unix.S_IFBLK {
-		d = Dev{Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)}
+		d, err = wholeDisk(path, Dev{Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)})
 	} else {
-		var err error
-		if d, err = DiskOf(path); err != nil {
-			return nil, "", fmt.Errorf("queue %s of %s: %w", name, path, err)
-		}
+		d, err = DiskOf(path)
 	}
-	sys := fmt.Sprintf("/sys/dev/block/%d:%d", d.Major, d.Minor)
-	q := filepath.Join(sys, "queue", name)
-	if _, err := os.Stat(filepath.Join(sys, "partition")); err == nil {
-		q = filepath.Join(sys, "..", "queue", name)
+	if err != nil {
+		return nil, "", fmt.Errorf("queue %s of %s: %w", name, path, err)
 	}
+	q := fmt.Sprintf("/sys/dev/block/%d:%d/queue/%s", d.Major, d.Minor, name)
 	b, err := os.ReadFile(q)
 	if err != nil {
 		return nil, q, fmt.Errorf("queue %s of %s (device %s): %w", name, path, d, err)
