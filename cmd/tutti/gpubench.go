@@ -482,6 +482,19 @@ func (b *gpuBench) runPath(p string) benchRow {
 	return row
 }
 
+// devicePaths are the paths to ask about the devices behind b.paths: each
+// path, or its directory while the data file is not written yet.
+func (b *gpuBench) devicePaths() []string {
+	out := make([]string, len(b.paths))
+	for i, p := range b.paths {
+		if _, err := os.Stat(p); err != nil {
+			p = filepath.Dir(p)
+		}
+		out[i] = p
+	}
+	return out
+}
+
 // defaultWindow is the GPU path's default window: per device 128 reads, or
 // 3/4 of the device's block queue depth when that is less (a nonblocking
 // read that finds no free request tag goes to an io-wq worker: measured on
@@ -490,10 +503,7 @@ func (b *gpuBench) runPath(p string) benchRow {
 // at most 1024 in all. An unknown depth counts as 128, said on stderr.
 func (b *gpuBench) defaultWindow() int {
 	w := 0
-	for _, p := range b.paths {
-		if _, err := os.Stat(p); err != nil {
-			p = filepath.Dir(p) // the data file is written later
-		}
+	for _, p := range b.devicePaths() {
 		d, err := blockstat.QueueDepth(p)
 		if err != nil {
 			b.logf("window: %v; counting 128 for it\n", err)
@@ -510,10 +520,7 @@ func (b *gpuBench) defaultWindow() int {
 // GiB costs as few I/Os as the devices allow. Unknown: 1 MiB, said on stderr.
 func (b *gpuBench) defaultMaxIO() int {
 	n := 4 << 20
-	for _, p := range b.paths {
-		if _, err := os.Stat(p); err != nil {
-			p = filepath.Dir(p)
-		}
+	for _, p := range b.devicePaths() {
 		m, err := blockstat.MaxReadBytes(p)
 		if err != nil {
 			b.logf("largest read: %v; using 1 MiB for it\n", err)

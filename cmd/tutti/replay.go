@@ -176,13 +176,15 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			notes = append(notes, fmt.Sprintf("%s not run: %v", n, err))
 			continue
 		}
-		if t, ok := b.(*harness.Tutti); ok && *exactWake && n == "tutti-gpu" {
-			t.SetExactWakeTarget(true)
-			notes = append(notes, "tutti-gpu: exact wake target (--tutti-gpu-exact-wake-target, experimental)")
-		}
-		if t, ok := b.(*harness.Tutti); ok && *saveBoundMs > 0 {
-			t.SetSaveBoundMs(*saveBoundMs)
-			notes = append(notes, fmt.Sprintf("%s: save bound %d ms (--tutti-save-bound-ms, the replay's default 60000: the runtime's own default, 2000, cuts saves larger than it writes in 2 s, which the baselines keep whole)", n, *saveBoundMs))
+		if t, ok := b.(*harness.Tutti); ok {
+			if *exactWake && n == "tutti-gpu" {
+				t.SetExactWakeTarget(true)
+				notes = append(notes, "tutti-gpu: exact wake target (--tutti-gpu-exact-wake-target, experimental)")
+			}
+			if *saveBoundMs > 0 {
+				t.SetSaveBoundMs(*saveBoundMs)
+				notes = append(notes, fmt.Sprintf("%s: save bound %d ms (--tutti-save-bound-ms, the replay's default 60000: the runtime's own default, 2000, cuts saves larger than it writes in 2 s, which the baselines keep whole)", n, *saveBoundMs))
+			}
 		}
 		bs = append(bs, b)
 	}
@@ -250,12 +252,14 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "left out %d requests whose KV exceeds the engine memory bound (--kv-mem)\n", res.Oversize)
 	}
 	for _, b := range bs {
-		if t, ok := b.(*harness.Tutti); ok {
-			if w, bt := t.GPUHelper(); w > 0 {
-				notes = append(notes, fmt.Sprintf("%s: the GPU ring's helper entered the kernel %d times; %d waits ran the whole batch wait with reads in flight", t.Name(), w, bt))
-			}
+		t, ok := b.(*harness.Tutti)
+		if !ok {
+			continue
 		}
-		if t, ok := b.(*harness.Tutti); ok && t.PlannedRecomputeBlocks() > 0 {
+		if w, bt := t.GPUHelper(); w > 0 {
+			notes = append(notes, fmt.Sprintf("%s: the GPU ring's helper entered the kernel %d times; %d waits ran the whole batch wait with reads in flight", t.Name(), w, bt))
+		}
+		if t.PlannedRecomputeBlocks() > 0 {
 			notes = append(notes, fmt.Sprintf("%s: the planner recomputed %d cached blocks instead of loading them",
 				t.Name(), t.PlannedRecomputeBlocks()))
 		}
