@@ -12,6 +12,53 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// newKickRestorer is the part of a Restorer the wake loop uses, on ring,
+// as Bind would make it (owned: a ring created disabled).
+func newKickRestorer(ring *uring.Ring, cfg Config, owned bool) *Restorer {
+	return &Restorer{cfg: cfg, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState(), owned: owned}
+}
+
+// startKick starts r's helper as Bind does, counts one restore live and
+// returns what stops it (as Close does); call it before closing the ring.
+func startKick(t *testing.T, r *Restorer) (stop func()) {
+	t.Helper()
+	ready := make(chan error, 1)
+	r.waker.Add(1)
+	go r.wakeLoop(0, ready)
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	r.helper.begin()
+	return func() {
+		r.helper.end()
+		close(r.stop)
+		r.helper.stop()
+		r.waker.Wait()
+		r.helper.free()
+	}
+}
+
+// putSQE writes SQE idx through the ring's shared memory the way the I/O
+// kernel does: opcode op (0 = NOP, then only the user data), fd, file
+// offset, buffer address and length, user data ud, and its SQ array slot.
+func putSQE(l uring.RingLayout, idx uint32, op uint32, fd int, off, addr uint64, n uint32, ud uint64) {
+	sqe := l.SQEs + uintptr(idx)*uintptr(l.SQESize)
+	ringZero(sqe, int(l.SQESize))
+	if op != 0 {
+		ringStore32(sqe, op) // flags, ioprio 0
+		ringStore32(sqe+4, uint32(fd))
+		ringStore64(sqe+8, off)
+		ringStore64(sqe+16, addr)
+		ringStore32(sqe+24, n)
+	}
+	ringStore64(sqe+32, ud)
+	if l.SQArray != 0 {
+		ringStore32(l.SQArray+uintptr(idx)*4, idx)
+	}
+}
+
+const opRead = 22 // IORING_OP_READ
+
 // TestWakeLoopKicks: on a ring without SQPOLL the helper enters the kernel
 // while a restore is live, and stops when none is (no GPU needed).
 func TestWakeLoopKicks(t *testing.T) {
@@ -20,10 +67,8 @@ func TestWakeLoopKicks(t *testing.T) {
 		t.Skipf("io_uring unavailable: %v", err)
 	}
 	defer ring.Close()
-	r := &Restorer{cfg: Config{WakeInterval: 100 * time.Microsecond}, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState()}
-	r.waker.Add(1)
-	go r.wakeLoop(0, make(chan error, 1))
-	r.helper.begin()
+	r := newKickRestorer(ring, Config{WakeInterval: 100 * time.Microsecond}, false)
+	stop := startKick(t, r)
 	r.kick <- struct{}{}
 	deadline := time.Now().Add(5 * time.Second)
 	for r.Wakeups() < 3 && time.Now().Before(deadline) {
@@ -35,11 +80,7 @@ func TestWakeLoopKicks(t *testing.T) {
 	if e := r.wakeErr.Load(); e != nil {
 		t.Fatalf("kick: %v", *e)
 	}
-	r.helper.end()
-	close(r.stop)
-	r.helper.stop()
-	r.waker.Wait()
-	r.helper.free()
+	stop()
 }
 
 // TestKickLoopSubmitsWhatTheGPUPublishes stands in for the GPU on a ring
@@ -94,27 +135,12 @@ func TestKickLoopSubmitsWhatTheGPUPublishes(t *testing.T) {
 				t.Skip("kernel without IORING_FEAT_EXT_ARG: the timer loop drives kick mode instead")
 			}
 			const interval = 20 * time.Millisecond
-			r := &Restorer{cfg: Config{WakeInterval: interval, BatchWait: interval, WakeBatch: 4, NoFixedBuffers: true}, ring: ring,
-				kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState(),
-				owned: c.cfg.Disabled}
+			r := newKickRestorer(ring, Config{WakeInterval: interval, BatchWait: interval, WakeBatch: 4, NoFixedBuffers: true}, c.cfg.Disabled)
 			if m := r.HelperMode(); !strings.HasPrefix(m, "kick-wait") {
 				t.Fatalf("helper mode %q on a ring without SQPOLL, kernel with EXT_ARG", m)
 			}
-			ready := make(chan error, 1)
-			r.waker.Add(1)
-			go r.wakeLoop(0, ready)
-			if err := <-ready; err != nil {
-				t.Fatal(err)
-			}
-			r.helper.begin()
+			defer startKick(t, r)()
 			r.kick <- struct{}{}
-			defer func() {
-				r.helper.end()
-				close(r.stop)
-				r.helper.stop()
-				r.waker.Wait()
-				r.helper.free()
-			}()
 
 			idle := 200 * time.Millisecond
 			w0 := r.Wakeups()
@@ -128,22 +154,13 @@ func TestKickLoopSubmitsWhatTheGPUPublishes(t *testing.T) {
 			const per = 8
 			for round := 0; round < 3; round++ {
 				tail := ringLoad32(l.SQTail)
+				op := uint32(0) // IORING_OP_NOP
+				if c.reads {
+					op = opRead
+				}
 				for i := uint32(0); i < per; i++ {
-					idx := (tail + i) & mask
-					sqe := l.SQEs + uintptr(idx)*uintptr(l.SQESize)
-					ringZero(sqe, int(l.SQESize)) // opcode 0 = IORING_OP_NOP
 					n := uint64(round*per) + uint64(i)
-					if c.reads {
-						ringStore32(sqe, 22) // IORING_OP_READ; flags, ioprio 0
-						ringStore32(sqe+4, uint32(fd))
-						ringStore64(sqe+8, n*blk)
-						ringStore64(sqe+16, uint64(dst.Addr())+n*blk)
-						ringStore32(sqe+24, blk)
-					}
-					ringStore64(sqe+32, 100+n)
-					if l.SQArray != 0 {
-						ringStore32(l.SQArray+uintptr(idx)*4, idx)
-					}
+					putSQE(l, (tail+i)&mask, op, fd, n*blk, uint64(dst.Addr())+n*blk, blk, 100+n)
 				}
 				ringStore32(l.SQTail, tail+per)
 				deadline := time.Now().Add(10 * time.Second)
@@ -253,40 +270,16 @@ func TestKickLoopLayerByLayer(t *testing.T) {
 			}
 			// A batch timeout far above a 4 KiB read's latency: a layer
 			// that waits for it is unmistakable in the timeout count.
-			r := &Restorer{cfg: Config{WakeInterval: 50 * time.Microsecond, BatchWait: 50 * time.Millisecond, WakeBatch: 32, NoFixedBuffers: true, ExactWakeTarget: c.exact},
-				ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState(), owned: c.cfg.Disabled}
-			ready := make(chan error, 1)
-			r.waker.Add(1)
-			go r.wakeLoop(0, ready)
-			if err := <-ready; err != nil {
-				t.Fatal(err)
-			}
-			r.helper.begin()
-			defer func() {
-				r.helper.end()
-				close(r.stop)
-				r.helper.stop()
-				r.waker.Wait()
-				r.helper.free()
-			}()
+			r := newKickRestorer(ring, Config{WakeInterval: 50 * time.Microsecond, BatchWait: 50 * time.Millisecond, WakeBatch: 32,
+				NoFixedBuffers: true, ExactWakeTarget: c.exact}, c.cfg.Disabled)
+			defer startKick(t, r)()
 			mask, cmask := ringLoad32(l.SQMask), ringLoad32(l.CQMask)
 			t0 := r.BatchTimeouts()
 			publish := func(layer int) {
 				tail := ringLoad32(l.SQTail)
 				for i := uint32(0); i < perLayer; i++ {
-					idx := (tail + i) & mask
-					sqe := l.SQEs + uintptr(idx)*uintptr(l.SQESize)
 					n := uint64(layer*perLayer) + uint64(i)
-					ringZero(sqe, int(l.SQESize))
-					ringStore32(sqe, 22) // IORING_OP_READ
-					ringStore32(sqe+4, uint32(fd))
-					ringStore64(sqe+8, n*blk)
-					ringStore64(sqe+16, uint64(dst.Addr())+n*blk)
-					ringStore32(sqe+24, blk)
-					ringStore64(sqe+32, n)
-					if l.SQArray != 0 {
-						ringStore32(l.SQArray+uintptr(idx)*4, idx)
-					}
+					putSQE(l, (tail+i)&mask, opRead, fd, n*blk, uint64(dst.Addr())+n*blk, blk, n)
 				}
 				ringStore32(l.SQTail, tail+perLayer)
 			}
