@@ -59,6 +59,23 @@ func putSQE(l uring.RingLayout, idx uint32, op uint32, fd int, off, addr uint64,
 
 const opRead = 22 // IORING_OP_READ
 
+// kickRingOrSkip makes a ring of cfg for the C kick loop, or skips the test
+// where the kernel lacks io_uring, cfg's features or IORING_FEAT_EXT_ARG
+// (the timer loop drives kick mode there instead).
+func kickRingOrSkip(t *testing.T, cfg uring.Config) (*uring.Ring, uring.RingLayout) {
+	t.Helper()
+	ring, err := uring.New(cfg)
+	if err != nil {
+		t.Skipf("io_uring (%+v) unavailable: %v", cfg, err)
+	}
+	l := ring.Layout()
+	if l.Features&featExtArg == 0 {
+		ring.Close()
+		t.Skip("kernel without IORING_FEAT_EXT_ARG: the timer loop drives kick mode instead")
+	}
+	return ring, l
+}
+
 // TestWakeLoopKicks: on a ring without SQPOLL the helper enters the kernel
 // while a restore is live, and stops when none is (no GPU needed).
 func TestWakeLoopKicks(t *testing.T) {
@@ -125,15 +142,8 @@ func TestKickLoopSubmitsWhatTheGPUPublishes(t *testing.T) {
 		{"defer-taskrun/nop", uring.Config{Entries: 8, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true, NoMmap: true}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ring, err := uring.New(c.cfg)
-			if err != nil {
-				t.Skipf("io_uring (%+v) unavailable: %v", c.cfg, err)
-			}
+			ring, l := kickRingOrSkip(t, c.cfg)
 			defer ring.Close()
-			l := ring.Layout()
-			if l.Features&featExtArg == 0 {
-				t.Skip("kernel without IORING_FEAT_EXT_ARG: the timer loop drives kick mode instead")
-			}
 			const interval = 20 * time.Millisecond
 			r := newKickRestorer(ring, Config{WakeInterval: interval, BatchWait: interval, WakeBatch: 4, NoFixedBuffers: true}, c.cfg.Disabled)
 			if m := r.HelperMode(); !strings.HasPrefix(m, "kick-wait") {
@@ -259,15 +269,8 @@ func TestKickLoopLayerByLayer(t *testing.T) {
 		{"ordinary/exact-target", uring.Config{Entries: 16, SQThreadCPU: -1}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ring, err := uring.New(c.cfg)
-			if err != nil {
-				t.Skipf("io_uring (%+v) unavailable: %v", c.cfg, err)
-			}
+			ring, l := kickRingOrSkip(t, c.cfg)
 			defer ring.Close()
-			l := ring.Layout()
-			if l.Features&featExtArg == 0 {
-				t.Skip("kernel without IORING_FEAT_EXT_ARG")
-			}
 			// A batch timeout far above a 4 KiB read's latency: a layer
 			// that waits for it is unmistakable in the timeout count.
 			r := newKickRestorer(ring, Config{WakeInterval: 50 * time.Microsecond, BatchWait: 50 * time.Millisecond, WakeBatch: 32,
