@@ -230,22 +230,8 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		b.logf("  %-26s %s\n", row.Path, rowSummary(row))
 	}
 	printTable(stdout, rows)
-	if *jsonPath != "" {
-		w := stdout
-		if *jsonPath != "-" {
-			f, err := os.Create(*jsonPath)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			w = f
-		}
-		enc := json.NewEncoder(w)
-		for _, r := range rows {
-			if err := enc.Encode(r); err != nil {
-				return err
-			}
-		}
+	if err := writeJSONLines(*jsonPath, stdout, rows); err != nil {
+		return err
 	}
 	for _, r := range rows {
 		if r.Mismatches != 0 {
@@ -957,5 +943,29 @@ func (b *gpuBench) runDRAM(row *benchRow) error {
 		return err
 	}
 	b.finish(row, m0, 0)
+	return nil
+}
+
+// writeJSONLines writes rows as JSON, one per line, to path ("-": stdout;
+// "": nowhere): gpubench's --json.
+func writeJSONLines[T any](path string, stdout io.Writer, rows []T) error {
+	if path == "" {
+		return nil
+	}
+	w := stdout
+	if path != "-" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w = f
+	}
+	enc := json.NewEncoder(w)
+	for _, r := range rows {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
 	return nil
 }

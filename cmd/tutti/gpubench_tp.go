@@ -7,7 +7,6 @@ package main
 // branches here.
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -315,22 +314,8 @@ func runGroupBenchCLI(model string, tokens int, dir, layout string, seed uint64,
 			failed = append(failed, fmt.Sprintf("%d ranks: %d mismatched pages %s", r.Ranks, r.Mismatches, r.Error))
 		}
 	}
-	if jsonPath != "" {
-		w := stdout
-		if jsonPath != "-" {
-			f, err := os.Create(jsonPath)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			w = f
-		}
-		enc := json.NewEncoder(w)
-		for _, r := range rows {
-			if err := enc.Encode(r); err != nil {
-				return err
-			}
-		}
+	if err := writeJSONLines(jsonPath, stdout, rows); err != nil {
+		return err
 	}
 	if failed != nil {
 		return fmt.Errorf("gpubench --gpus %d: %s", gpus, strings.Join(failed, "; "))
