@@ -91,6 +91,20 @@ type Config struct {
 	// GPUMaxRuns bounds the runs (extents per layer) of one GPU restore.
 	// Zero: 64.
 	GPUMaxRuns int
+	// GPUIOWindow bounds the GPU ring's reads in flight (kernels'
+	// IOWindow); the ring's queue is sized to hold it. Zero: QueueDepth.
+	// Size it to the devices (gpubench: 3/4 of each device's nr_requests,
+	// at most 128 each): a read that finds no free request tag goes to an
+	// io-wq worker.
+	GPUIOWindow int
+	// GPUMaxIOBytes is the GPU path's largest read, a multiple of 4096 of
+	// at most 16 MiB: the largest read the devices take unsplit
+	// (max_sectors_kb). Zero: 1 MiB.
+	GPUMaxIOBytes int
+	// GPULookahead is how many layers beyond the one the engine waits for
+	// the GPU path may have in flight (its staging is Lookahead+3 slots of
+	// one layer). Zero: 1.
+	GPULookahead int
 
 	// QueueDepth bounds the I/Os in flight on each engine.
 	QueueDepth int
@@ -189,6 +203,15 @@ func (c *Config) Validate() error {
 	if c.GPUMaxPages < 0 {
 		return configErr("GPUMaxPages", "must be >= 0, got %d", c.GPUMaxPages)
 	}
+	if c.GPUIOWindow < 0 || c.GPUIOWindow > maxQueueDepth {
+		return configErr("GPUIOWindow", "must be in [0, %d], got %d", maxQueueDepth, c.GPUIOWindow)
+	}
+	if c.GPUMaxIOBytes < 0 || c.GPUMaxIOBytes > 16<<20 || c.GPUMaxIOBytes%objmap.BlockBytes != 0 {
+		return configErr("GPUMaxIOBytes", "must be a multiple of %d in [0, 16 MiB], got %d", objmap.BlockBytes, c.GPUMaxIOBytes)
+	}
+	if c.GPULookahead < 0 || c.GPULookahead > 16 {
+		return configErr("GPULookahead", "must be in [0, 16], got %d", c.GPULookahead)
+	}
 	if c.GPUMaxRuns < 0 || c.GPUMaxRuns > 4096 {
 		return configErr("GPUMaxRuns", "must be in [0, 4096], got %d", c.GPUMaxRuns)
 	}
@@ -246,6 +269,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.GPUMaxRuns == 0 {
 		c.GPUMaxRuns = 64
+	}
+	if c.GPUIOWindow == 0 {
+		c.GPUIOWindow = c.QueueDepth
+	}
+	if c.GPUMaxIOBytes == 0 {
+		c.GPUMaxIOBytes = 1 << 20
+	}
+	if c.GPULookahead == 0 {
+		c.GPULookahead = 1
 	}
 	if c.SaveBudgetBytes == 0 {
 		c.SaveBudgetBytes = DefaultSaveBudgetBytes

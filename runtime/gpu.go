@@ -58,7 +58,11 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 		ptrs = []uint64{uint64(kv.Cross.Addr)}
 	}
 	rc := uring.DefaultConfig()
-	rc.Entries = uint32(s.cfg.QueueDepth)
+	// The queue holds the window: entries are a power of two.
+	rc.Entries = 64
+	for int(rc.Entries) < max(s.cfg.QueueDepth, s.cfg.GPUIOWindow) {
+		rc.Entries *= 2
+	}
 	// Without SQPOLL the kernels' helper thread submits and runs the
 	// completions' task work (kick mode), on a DEFER_TASKRUN ring where the
 	// kernel allows it; nothing else enters this ring.
@@ -77,7 +81,8 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	}
 	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPUDevice, Geometry: kernels.GeometryOf(s.geo), Layout: s.cfg.Layout,
 		NumPages: s.cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: s.cfg.GPUMaxPages, MaxExtents: s.cfg.GPUMaxRuns,
-		IOWindow: s.cfg.QueueDepth, ExactWakeTarget: s.cfg.GPUExactWakeTarget})
+		IOWindow: s.cfg.GPUIOWindow, MaxIOBytes: s.cfg.GPUMaxIOBytes, Lookahead: s.cfg.GPULookahead,
+		ExactWakeTarget: s.cfg.GPUExactWakeTarget})
 	if err != nil {
 		ring.Close()
 		return nil, fmt.Errorf("runtime: binding the GPU: %w", err)

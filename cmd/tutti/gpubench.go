@@ -100,7 +100,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the ceiling measurement (quick configuration checks)")
 	reuse := fs.Bool("reuse", false, "keep a data file of the right size from an earlier run with the same model, tokens and seed")
-	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated to spread them), next to one rank of the same shape")
+	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated, with at least N directories rank r stripes over every N-th of them), next to one rank of the same shape over the same directories")
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
 	kickBatch := fs.Int("kick-batch", 32, "GPU kick mode: most completions one wake-up of the CPU helper waits for (a quarter of the I/O in flight, at most this; 1: every completion)")
 	kickBatchWait := fs.Duration("kick-batch-wait", 4*time.Millisecond, "GPU kick mode: longest wait for a batch of completions while I/O is in flight")
@@ -111,7 +111,8 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *gpus != 1 {
-		return runGroupBenchCLI(*model, *tokens, *dir, *layout, *seed, *gpus, *jsonPath, stdout, stderr)
+		return runGroupBenchCLI(groupBenchFlags{model: *model, tokens: *tokens, dir: *dir, layout: *layout, seed: *seed, gpus: *gpus,
+			window: *window, maxIO: *maxIO, lookahead: *lookahead, exactWake: *kickExact, jsonPath: *jsonPath}, stdout, stderr)
 	}
 	prof, err := evalmodel.Lookup(*model)
 	if err != nil {
@@ -487,12 +488,15 @@ func (b *gpuBench) devicePaths() []string {
 // the H200's loop devices, nr_requests 128, a window of 128 per device put
 // about half of the process's CPU time in io-wq workers, 64 almost none);
 // at most 1024 in all. An unknown depth counts as 128, said on stderr.
-func (b *gpuBench) defaultWindow() int {
+func (b *gpuBench) defaultWindow() int { return deviceWindow(b.devicePaths(), b.logf) }
+
+// deviceWindow is defaultWindow for the devices of paths.
+func deviceWindow(paths []string, logf func(string, ...any)) int {
 	w := 0
-	for _, p := range b.devicePaths() {
+	for _, p := range paths {
 		d, err := blockstat.QueueDepth(p)
 		if err != nil {
-			b.logf("window: %v; counting 128 for it\n", err)
+			logf("window: %v; counting 128 for it\n", err)
 			d = 1 << 30
 		}
 		w += min(128, max(8, d*3/4))
@@ -504,12 +508,15 @@ func (b *gpuBench) defaultWindow() int {
 // (blockstat.MaxReadBytes: 1 MiB on a loop device, 4 MiB on the virtio
 // disk), so no read is split (a split read goes to an io-wq worker) and a
 // GiB costs as few I/Os as the devices allow. Unknown: 1 MiB, said on stderr.
-func (b *gpuBench) defaultMaxIO() int {
+func (b *gpuBench) defaultMaxIO() int { return deviceMaxIO(b.devicePaths(), b.logf) }
+
+// deviceMaxIO is defaultMaxIO for the devices of paths.
+func deviceMaxIO(paths []string, logf func(string, ...any)) int {
 	n := 4 << 20
-	for _, p := range b.devicePaths() {
+	for _, p := range paths {
 		m, err := blockstat.MaxReadBytes(p)
 		if err != nil {
-			b.logf("largest read: %v; using 1 MiB for it\n", err)
+			logf("largest read: %v; using 1 MiB for it\n", err)
 			m = 1 << 20
 		}
 		n = min(n, m)

@@ -30,13 +30,17 @@ type groupBenchOptions struct {
 	g      objmap.Geometry
 	layout objmap.Layout
 	tokens int
-	dirs   []string // rank r's store goes under dirs[r % len(dirs)]
+	dirs   []string // split over the ranks by rankDirs
 	ranks  int
 	path   runtime.Path
 	seed   uint64
 	reps   int
 	// staging per rank
 	stagingBytes, slotBytes int64
+	// the GPU path's reads, per rank (runtime.Config GPUIOWindow,
+	// GPUMaxIOBytes, GPULookahead; 0: sized to the rank's devices)
+	window, maxIO, lookahead int
+	exactWake                bool
 }
 
 // groupBenchRow is one run: --json writes one per line.
@@ -52,6 +56,9 @@ type groupBenchRow struct {
 	XSingle     float64   `json:"x_single"` // aggregate / the one-rank run's
 	IOs         int64     `json:"ios"`
 	Mismatches  uint64    `json:"verify_mismatches"` // pages (of any rank) that differ from what it saved
+	Window      int       `json:"window"`            // per rank: GPU reads in flight
+	MaxIOBytes  int       `json:"max_io_bytes"`      // per rank: largest read
+	Lookahead   int       `json:"lookahead"`         // per rank: layers in flight beyond the one waited for
 	Error       string    `json:"error,omitempty"`
 }
 
@@ -93,18 +100,38 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 	numPages := blocks*o.g.ChunkPages + blocks/8 + 16
 	payload := int64(blocks) * shard.ChunkBytes()
 	row.Bytes = payload * int64(n)
+	split := rankDirs(o.dirs, n)
+	window, maxIO, lookahead := o.window, o.maxIO, o.lookahead
+	quiet := func(string, ...any) {}
+	if window == 0 {
+		window = deviceWindow(split[0], quiet)
+	}
+	if maxIO == 0 {
+		maxIO = deviceMaxIO(split[0], quiet)
+	}
+	if lookahead == 0 {
+		// as gpubench: enough layers of this rank's shard to fill the window
+		layerBytes := payload / int64(o.g.Layers)
+		lookahead = min(max(2, len(split[0]), int((int64(window)*int64(maxIO)+layerBytes-1)/max(layerBytes, 1))), 16)
+	}
+	row.Window, row.MaxIOBytes, row.Lookahead = window, maxIO, lookahead
 	cfg := tp.Config{Ranks: n, Store: runtime.Config{
 		CapacityBytes: payload + payload/8 + 64<<20, Geometry: o.g, Layout: o.layout, NumPages: numPages,
 		Path: o.path, StagingBytes: o.stagingBytes, StagingSlotBytes: o.slotBytes, QueueDepth: 64,
 		SaveBoundMs: 600000, SaveBudgetBytes: 2 * payload, GPUMaxPages: blocks * o.g.ChunkPages,
+		GPUIOWindow: window, GPUMaxIOBytes: maxIO, GPULookahead: lookahead, GPUExactWakeTarget: o.exactWake,
 	}}
-	for r := 0; r < n; r++ {
-		d, err := os.MkdirTemp(o.dirs[r%len(o.dirs)], fmt.Sprintf("tutti-tp-rank%d-", r))
-		if err != nil {
-			return row, err
+	for r, parents := range split {
+		var ds []string
+		for _, parent := range parents {
+			d, err := os.MkdirTemp(parent, fmt.Sprintf("tutti-tp-rank%d-", r))
+			if err != nil {
+				return row, err
+			}
+			defer os.RemoveAll(d)
+			ds = append(ds, d)
 		}
-		defer os.RemoveAll(d)
-		cfg.Dirs = append(cfg.Dirs, []string{d})
+		cfg.Dirs = append(cfg.Dirs, ds)
 	}
 	grp, err := tp.Open(cfg)
 	if err != nil {
@@ -279,11 +306,40 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 	return row, nil
 }
 
+// rankDirs splits the --dir list over n ranks, so that the one-rank run and
+// the n-rank run of the same command use the same storage: with at least n
+// directories, rank r stripes over every dirs[i] with i mod n == r (one rank
+// stripes over all of them); with fewer, rank r takes dirs[r mod len(dirs)]
+// alone, and ranks share a directory's device.
+func rankDirs(dirs []string, n int) [][]string {
+	out := make([][]string, n)
+	if len(dirs) < n {
+		for r := range out {
+			out[r] = []string{dirs[r%len(dirs)]}
+		}
+		return out
+	}
+	for i, d := range dirs {
+		out[i%n] = append(out[i%n], d)
+	}
+	return out
+}
+
+// groupBenchFlags are the gpubench flags --gpus N uses.
+type groupBenchFlags struct {
+	model, dir, layout, jsonPath string
+	tokens, gpus                 int
+	seed                         uint64
+	window, maxIO, lookahead     int
+	exactWake                    bool
+}
+
 // runGroupBenchCLI is `tutti gpubench --gpus N`: the GPU path through
 // runtime/tp, stores under --dir (comma-separated: one per device spreads
 // the ranks). It prints a table, writes --json rows, and fails on any
 // mismatch or error.
-func runGroupBenchCLI(model string, tokens int, dir, layout string, seed uint64, gpus int, jsonPath string, stdout, stderr io.Writer) error {
+func runGroupBenchCLI(f groupBenchFlags, stdout, stderr io.Writer) error {
+	model, tokens, dir, gpus := f.model, f.tokens, f.dir, f.gpus
 	prof, err := evalmodel.Lookup(model)
 	if err != nil {
 		return err
@@ -296,8 +352,9 @@ func runGroupBenchCLI(model string, tokens int, dir, layout string, seed uint64,
 		return errors.New("--gpus needs --dir (the ranks' stores go there; comma-separated directories spread them)")
 	}
 	o := groupBenchOptions{model: model, g: g, tokens: tokens, dirs: strings.Split(dir, ","), ranks: gpus,
-		path: runtime.PathGPU, seed: seed, reps: 3, stagingBytes: 256 << 20, slotBytes: 32 << 20}
-	if layout == "cross-layer" {
+		path: runtime.PathGPU, seed: f.seed, reps: 3, stagingBytes: 256 << 20, slotBytes: 32 << 20,
+		window: f.window, maxIO: f.maxIO, lookahead: f.lookahead, exactWake: f.exactWake}
+	if f.layout == "cross-layer" {
 		o.layout = objmap.LayoutCrossLayer
 	}
 	if _, err := tp.ShardGeometry(g, gpus); err != nil {
@@ -306,15 +363,16 @@ func runGroupBenchCLI(model string, tokens int, dir, layout string, seed uint64,
 	fmt.Fprintf(stdout, "gpubench --gpus %d: %s (%s), %d tokens in %d-token chain blocks, %s, each rank its own store, ring, staging and restorer; %s\n",
 		gpus, model, g, tokens, g.PageTokens*g.ChunkPages, map[bool]string{true: "MLA latent replicated on every rank", false: "KV heads split over the ranks"}[tp.Replicated(g)], time.Now().UTC().Format(time.RFC3339))
 	rows := runGroupBench(o, stderr)
-	fmt.Fprintf(stdout, "%-16s %5s %10s %9s %10s %9s %9s %s\n", "path", "ranks", "devices", "GB/s", "x single", "I/Os", "mismatch", "error")
+	fmt.Fprintf(stdout, "%-16s %5s %10s %9s %10s %9s %9s %14s %s\n", "path", "ranks", "devices", "GB/s", "x single", "I/Os", "mismatch", "win/KiB/ahead", "error")
 	var failed []string
 	for _, r := range rows {
-		fmt.Fprintf(stdout, "%-16s %5d %10v %9.2f %10.3f %9d %9d %s\n", r.Path, r.Ranks, r.Devices, r.BytesPerS/1e9, r.XSingle, r.IOs, r.Mismatches, r.Error)
+		fmt.Fprintf(stdout, "%-16s %5d %10v %9.2f %10.3f %9d %9d %14s %s\n", r.Path, r.Ranks, r.Devices, r.BytesPerS/1e9, r.XSingle, r.IOs, r.Mismatches,
+			fmt.Sprintf("%d/%d/%d", r.Window, r.MaxIOBytes>>10, r.Lookahead), r.Error)
 		if r.Error != "" || r.Mismatches > 0 {
 			failed = append(failed, fmt.Sprintf("%d ranks: %d mismatched pages %s", r.Ranks, r.Mismatches, r.Error))
 		}
 	}
-	if err := writeJSONLines(jsonPath, stdout, rows); err != nil {
+	if err := writeJSONLines(f.jsonPath, stdout, rows); err != nil {
 		return err
 	}
 	if failed != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -35,11 +36,30 @@ func TestGroupBenchCPU(t *testing.T) {
 	}
 	// Refusals: heads that do not split, no directory.
 	var out, errb bytes.Buffer
-	if err := runGroupBenchCLI("llama3-70b", 1024, t.TempDir(), "per-layer", 1, 3, "", &out, &errb); err == nil ||
+	if err := runGroupBenchCLI(groupBenchFlags{model: "llama3-70b", tokens: 1024, dir: t.TempDir(), layout: "per-layer", seed: 1, gpus: 3}, &out, &errb); err == nil ||
 		!strings.Contains(err.Error(), "8 KV heads cannot be split evenly over 3 ranks") {
 		t.Fatalf("3 ranks: %v", err)
 	}
-	if err := runGroupBenchCLI("llama3-70b", 1024, "", "per-layer", 1, 2, "", &out, &errb); err == nil || !strings.Contains(err.Error(), "--dir") {
+	if err := runGroupBenchCLI(groupBenchFlags{model: "llama3-70b", tokens: 1024, layout: "per-layer", seed: 1, gpus: 2}, &out, &errb); err == nil || !strings.Contains(err.Error(), "--dir") {
 		t.Fatalf("no dir: %v", err)
+	}
+}
+
+// TestRankDirs: the one-rank and the n-rank run use the same directories.
+func TestRankDirs(t *testing.T) {
+	for _, tc := range []struct {
+		dirs []string
+		n    int
+		want string
+	}{
+		{[]string{"a", "b", "c", "d"}, 1, "[[a b c d]]"},
+		{[]string{"a", "b", "c", "d"}, 2, "[[a c] [b d]]"},
+		{[]string{"a", "b", "c"}, 2, "[[a c] [b]]"},
+		{[]string{"a"}, 2, "[[a] [a]]"},
+		{[]string{"a", "b"}, 4, "[[a] [b] [a] [b]]"},
+	} {
+		if got := fmt.Sprint(rankDirs(tc.dirs, tc.n)); got != tc.want {
+			t.Errorf("rankDirs(%v, %d) = %s, want %s", tc.dirs, tc.n, got, tc.want)
+		}
 	}
 }
