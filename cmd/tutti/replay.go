@@ -63,6 +63,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	warmMs := fs.Float64("warm-ms", 0, "start the window warm: before it, every caching backend saves (untimed, no prefill) the blocks the window references that the trace's requests of the previous D ms (timestamps in [window start - D, window start)) referenced, in their order, within the capacity; 0 = every store starts empty")
 	saveBoundMs := fs.Int("tutti-save-bound-ms", 60000, "tutti's save bound (runtime Config.SaveBoundMs; 0: the runtime's default, 2000). The scheduler cuts a save to what it can write within the bound; the replay compares restores of the same cached blocks, and with the runtime's 2 s a 70B request bringing several GB of new KV would keep only its leading blocks where the baselines keep all")
 	exactWake := fs.Bool("tutti-gpu-exact-wake-target", false, "tutti-gpu: the GPU ring's helper waits for completions that arrive after its wait starts (kernels.Config.ExactWakeTarget; experimental, not yet measured on a GPU)")
+	gpuWindow := fs.Int("tutti-gpu-window", 0, "tutti-gpu: GPU reads in flight (0: sized to the store's devices as gpubench does: 3/4 of each device's nr_requests, at most 128 each and 1024 in all)")
+	gpuMaxIO := fs.Int("tutti-gpu-max-io", 0, "tutti-gpu: largest read in bytes (0: the largest read every store device takes unsplit, from max_sectors_kb, at most 4 MiB)")
+	gpuLookahead := fs.Int("tutti-gpu-lookahead", 0, "tutti-gpu: layers in flight beyond the one waited for (0: one per store device, at least 2, at most 8)")
 	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
@@ -177,9 +180,14 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		if t, ok := b.(*harness.Tutti); ok {
-			if *exactWake && n == "tutti-gpu" {
-				t.SetExactWakeTarget(true)
-				notes = append(notes, "tutti-gpu: exact wake target (--tutti-gpu-exact-wake-target, experimental)")
+			if n == "tutti-gpu" {
+				if *exactWake {
+					t.SetExactWakeTarget(true)
+					notes = append(notes, "tutti-gpu: exact wake target (--tutti-gpu-exact-wake-target, experimental)")
+				}
+				w, m, la := gpuReads(storeDirs, *gpuWindow, *gpuMaxIO, *gpuLookahead)
+				t.SetGPUReads(w, m, la)
+				notes = append(notes, fmt.Sprintf("tutti-gpu: window %d reads, largest read %d KiB, lookahead %d layers", w, m>>10, la))
 			}
 			if *saveBoundMs > 0 {
 				t.SetSaveBoundMs(*saveBoundMs)
@@ -389,4 +397,24 @@ func readHistory(path string, opts trace.Options, startMs, warmMs float64) (*har
 	}
 	w.History = hist
 	return w, nil
+}
+
+// gpuReads sizes tutti-gpu's reads to the store's devices where a flag
+// left them 0, as gpubench does (an unknown device counts as a 128-deep
+// queue taking 1 MiB reads); the runtime checks the values at Open.
+func gpuReads(dirs []string, window, maxIO, lookahead int) (int, int, int) {
+	if len(dirs) == 0 {
+		dirs = []string{os.TempDir()}
+	}
+	quiet := func(string, ...any) {}
+	if window == 0 {
+		window = deviceWindow(dirs, quiet)
+	}
+	if maxIO == 0 {
+		maxIO = deviceMaxIO(dirs, quiet)
+	}
+	if lookahead == 0 {
+		lookahead = min(max(2, len(dirs)), 8)
+	}
+	return window, maxIO, lookahead
 }

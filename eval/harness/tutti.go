@@ -35,6 +35,9 @@ type Tutti struct {
 	saveBoundMs int
 	// exactWake: runtime.Config.GPUExactWakeTarget (PathGPU only).
 	exactWake bool
+	// gpuWindow, gpuMaxIO, gpuLookahead: runtime.Config GPUIOWindow,
+	// GPUMaxIOBytes, GPULookahead (PathGPU only; 0: the runtime's default).
+	gpuWindow, gpuMaxIO, gpuLookahead int
 	// helper: the GPU ring helper's counters, read at Close.
 	helperWakeups, helperBatchTimeouts int64
 }
@@ -49,6 +52,13 @@ func (t *Tutti) GPUHelper() (wakeups, batchTimeouts int64) {
 // SetExactWakeTarget sets runtime.Config.GPUExactWakeTarget for the next
 // Open (tutti-gpu; experimental: see kernels.Config.ExactWakeTarget).
 func (t *Tutti) SetExactWakeTarget(on bool) { t.exactWake = on }
+
+// SetGPUReads sizes the GPU path's reads for the next Open (tutti-gpu):
+// runtime.Config GPUIOWindow, GPUMaxIOBytes and GPULookahead; 0 keeps the
+// runtime's default.
+func (t *Tutti) SetGPUReads(window, maxIOBytes, lookahead int) {
+	t.gpuWindow, t.gpuMaxIO, t.gpuLookahead = window, maxIOBytes, lookahead
+}
 
 // SetSaveBoundMs sets the store's save bound (runtime.Config.SaveBoundMs)
 // for the next Open; 0 keeps the runtime's default (2 s). The scheduler
@@ -95,7 +105,10 @@ func (t *Tutti) Open(env Env) error {
 		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(env.Geometry, env.CapacityBlocks),
 		Geometry: env.Geometry, Layout: objmap.LayoutPerLayer, NumPages: env.KV.NumPages,
 		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs,
-		GPUExactWakeTarget: t.exactWake && t.path == runtime.PathGPU,
+	}
+	if t.path == runtime.PathGPU {
+		cfg.GPUExactWakeTarget = t.exactWake
+		cfg.GPUIOWindow, cfg.GPUMaxIOBytes, cfg.GPULookahead = t.gpuWindow, t.gpuMaxIO, t.gpuLookahead
 	}
 	if t.compute != nil {
 		cfg.Compute = t.compute.Model()
