@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -239,14 +240,18 @@ func TestGPURestore(t *testing.T) {
 		ring   uint32
 		noMmap bool
 		plain  bool // NoFixedBuffers: plain READ SQEs (the default is READ_FIXED into registered staging)
+		ahead  int  // EnqueueLayers (0: the default, every layer of these requests at once)
 	}{
 		// a 16-entry ring far smaller than a layer: wrap-around and SQ-full back-pressure
-		{"gqa-per-layer-small-ring", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false},
-		{"gqa-cross-layer", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false},
-		{"mla-per-layer", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false},
+		{"gqa-per-layer-small-ring", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 0},
+		{"gqa-cross-layer", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false, 0},
+		{"mla-per-layer", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false, 0},
 		// rings of several pages in process memory (NO_MMAP), as gpubench uses
-		{"gqa-nommap-256", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{40}, 64 << 10, 256, true, false},
-		{"gqa-plain-reads", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true},
+		{"gqa-nommap-256", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{40}, 64 << 10, 256, true, false, 0},
+		{"gqa-plain-reads", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true, 0},
+		// the feeder enqueues layer by layer; the second request waits in its queue
+		{"gqa-fed-1-ahead", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 1},
+		{"mla-fed-2-ahead", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, true, false, 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -259,7 +264,7 @@ func TestGPURestore(t *testing.T) {
 			f, stride := objectFile(t, c.g, n, 5)
 			ring := sqpollRingMem(t, c.ring, c.noMmap)
 			r, err := Bind(Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages),
-				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24, NoFixedBuffers: c.plain})
+				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24, NoFixedBuffers: c.plain, EnqueueLayers: c.ahead})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -310,39 +315,59 @@ func TestGPURestore(t *testing.T) {
 	}
 }
 
-// TestGPURestoreManyLayers: an 80-layer request fills the GPU's command queue
-// while it is enqueued; the wake helper must already run then (it did not,
-// and every entry timed out, in the first gpubench runs).
+// TestGPURestoreManyLayers: 80-layer requests. Enqueued all at once, one
+// fills the GPU's command queue; the wake helper must already run then (it
+// did not, and every entry timed out, in the first gpubench runs). With the
+// feeder (EnqueueLayers 2 and the default), three such requests are in
+// flight at once, the later two waiting in its queue; every layer of each is
+// waited for in order, as the runtime does, and the KV is right.
 func TestGPURestoreManyLayers(t *testing.T) {
 	gpuOrSkip(t)
 	g := Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
 	const n, numPages = 8, 16
-	dst := func(i int) int32 { return int32(2*i + 1) }
-	f, stride := objectFile(t, g, n, 33)
-	ring := sqpollRingMem(t, 64, true)
-	r, err := Bind(Config{Geometry: g, NumPages: numPages, KV: kvTensors(t, g, LayoutPerLayer, numPages), Ring: ring,
-		MaxPages: n, MaxIOBytes: 64 << 10, PollTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	if err := r.FillKV(0xA5); err != nil {
-		t.Fatal(err)
-	}
-	x, err := r.Restore(wholeRequest(f, g, stride, []int{n}, dst))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := x.Wait()
-	if err != nil {
-		t.Fatalf("80-layer restore: %v", err)
-	}
-	if len(res.LayerMs) != g.Layers {
-		t.Fatalf("%d layer times", len(res.LayerMs))
-	}
-	x.Release()
-	if bad, err := r.VerifyKV(33, verifyMap(n, dst), 0, g.Layers); err != nil || bad != 0 {
-		t.Fatalf("%d bad words (%v)", bad, err)
+	for _, ahead := range []int{80, 2, 0} {
+		t.Run(fmt.Sprintf("enqueue-layers=%d", ahead), func(t *testing.T) {
+			dst := func(i int) int32 { return int32(2*i + 1) }
+			f, stride := objectFile(t, g, n, 33)
+			ring := sqpollRingMem(t, 64, true)
+			r, err := Bind(Config{Geometry: g, NumPages: numPages, KV: kvTensors(t, g, LayoutPerLayer, numPages), Ring: ring,
+				MaxPages: n, MaxIOBytes: 64 << 10, PollTimeout: 2 * time.Second, EnqueueLayers: ahead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			if err := r.FillKV(0xA5); err != nil {
+				t.Fatal(err)
+			}
+			var xs []*Restore
+			for range 3 {
+				x, err := r.Restore(wholeRequest(f, g, stride, []int{n}, dst))
+				if err != nil {
+					t.Fatal(err)
+				}
+				xs = append(xs, x)
+			}
+			for i, x := range xs {
+				for l := 0; l < g.Layers; l++ {
+					if err := x.WaitLayer(l); err != nil {
+						t.Fatalf("restore %d: %v", i, err)
+					}
+				}
+				res, err := x.Wait()
+				if err != nil {
+					t.Fatalf("80-layer restore %d: %v", i, err)
+				}
+				if len(res.LayerMs) != g.Layers {
+					t.Fatalf("%d layer times", len(res.LayerMs))
+				}
+				if err := x.Release(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if bad, err := r.VerifyKV(33, verifyMap(n, dst), 0, g.Layers); err != nil || bad != 0 {
+				t.Fatalf("%d bad words (%v)", bad, err)
+			}
+		})
 	}
 }
 

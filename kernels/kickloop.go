@@ -26,7 +26,7 @@ typedef struct {
 	int fd;
 	uint32_t sq_entries, cq_entries;
 	uint32_t batch;        // most completions one wake-up waits for
-	uint32_t exact_target; // Config.ExactWakeTarget (experimental)
+	uint32_t exact_target; // !Config.LooseWakeTarget
 	uint64_t sq_head, sq_tail, cq_head, cq_tail; // addresses in the ring's memory
 	int64_t interval_ns;   // wait while nothing is in flight (new SQEs are only seen on waking)
 	int64_t batch_wait_ns; // longest wait for a batch while I/O is in flight

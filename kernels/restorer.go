@@ -6,6 +6,7 @@ package kernels
 tk_status tkl_bind(const tk_bind_params *p, uint64_t *c);
 tk_status tkl_unbind(uint64_t c);
 tk_status tkl_restore_submit(uint64_t c, const tk_restore_params *p, uint32_t *r);
+tk_status tkl_restore_enqueue(uint64_t c, uint32_t r, uint32_t u);
 tk_status tkl_restore_stream_wait(uint64_t c, uint32_t r, uint32_t l, uint64_t s);
 tk_status tkl_restore_wait_layer(uint64_t c, uint32_t r, uint32_t l);
 tk_status tkl_restore_wait(uint64_t c, uint32_t r, tk_entry_result *res, uint32_t n, float *ms, uint32_t nm);
@@ -78,14 +79,22 @@ type Config struct {
 	WakeInterval time.Duration // SQPOLL: how often the helper looks at the flags; kick mode: wait while nothing is in flight; 50 µs
 	WakeBatch    int           // kick mode: most completions one wake-up of the helper waits for; 32 (1: every completion)
 	BatchWait    time.Duration // kick mode: longest wait for a batch while I/O is in flight; 4 ms
-	// ExactWakeTarget (kick mode; experimental, not yet measured on a GPU):
-	// the helper's wait counts only completions that arrive after it
-	// starts, unless the GPU is seen not to reap, and a wait for a single
-	// completion times out after 4 WakeIntervals. Suspected fix for the
-	// runtime's per-restore floor of one BatchWait per layer (BENCHMARKS.md,
-	// eval, warm start); off by default until a device run measures it.
-	ExactWakeTarget bool
+	// LooseWakeTarget (kick mode) restores the helper's first wait target:
+	// completions in flight less a batch, counting those the GPU reaps while
+	// the helper computes it, so a layer's last completions could wait for
+	// BatchWait. By default the wait counts only completions that arrive
+	// after it starts (unless the GPU is seen not to reap), and a wait for a
+	// single completion times out after 4 WakeIntervals: on the H200 that was
+	// equal or faster in every gpubench case and the replay (BENCHMARKS.md,
+	// kernels, Session 4).
+	LooseWakeTarget bool
 	SlotBytesHint   int64 // staging slot size; derived from MaxPages and MaxExtents
+	// EnqueueLayers is how many layers of a restore are on the GPU's streams
+	// ahead of the last one scattered; Restore enqueues that many and a
+	// feeder goroutine the rest (feed.go: enqueueing blocks once the GPU's
+	// command queue is full, about 60 layers). 2×(Lookahead+3), at least 16,
+	// at most 48.
+	EnqueueLayers int
 
 	// NoFixedBuffers keeps the staging pool unregistered with the ring: every
 	// SQE is a plain READ/WRITE and the kernel pins the pages of each I/O
@@ -111,6 +120,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxRequests == 0 {
 		c.MaxRequests = 4
+	}
+	if c.EnqueueLayers == 0 {
+		c.EnqueueLayers = min(48, max(16, 2*(c.Lookahead+3)))
 	}
 	if c.IOWindow == 0 {
 		c.IOWindow = 128
@@ -145,7 +157,9 @@ type Restorer struct {
 	ring    *uring.Ring
 
 	mu      sync.Mutex // serializes calls that change the context
-	plan    Plan       // scratch for Restore (the library copies it)
+	plans   []*Plan    // free descriptor buffers, one per request slot (a restore holds one until submitted)
+	live    int        // restores not yet released: at most MaxRequests, so a submit always finds a slot
+	feed    *feeder    // enqueues long restores' layers as earlier ones finish
 	slots   []reqSlot  // per request slot: the entries (for error reports) and results
 	closed  bool
 	helper  helperState // restores live, the kick loop's state (C memory)
@@ -250,6 +264,9 @@ func Bind(cfg Config) (*Restorer, error) {
 			layerMs: make([]float32, g.Layers),
 		}
 	}
+	for range cfg.MaxRequests {
+		r.plans = append(r.plans, &Plan{})
+	}
 	if r.ring != nil {
 		ready := make(chan error, 1)
 		r.waker.Add(1)
@@ -261,6 +278,7 @@ func Bind(cfg Config) (*Restorer, error) {
 			staging.Free()
 			return nil, fmt.Errorf("binding kernels: %w", err)
 		}
+		r.feed = newFeeder(cFeed{r}, &r.mu, cfg.EnqueueLayers)
 	}
 	return r, nil
 }
@@ -357,7 +375,7 @@ func (r *Restorer) wakeLoop(slotBytes int64, ready chan<- error) {
 	}
 	ready <- nil
 	if kick && l.Features&featExtArg != 0 {
-		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch, r.cfg.ExactWakeTarget)
+		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch, !r.cfg.LooseWakeTarget)
 		return
 	}
 	t := time.NewTicker(r.cfg.WakeInterval)
@@ -442,7 +460,7 @@ func (r *Restorer) WakeTimeouts() int64 { return r.helper.timeouts() }
 
 // BatchTimeouts counts the kick loop's waits that ran the whole BatchWait
 // with I/O in flight (part of WakeTimeouts; the rest are idle waits and,
-// with ExactWakeTarget, short waits for a single completion).
+// without LooseWakeTarget, short waits for a single completion).
 func (r *Restorer) BatchTimeouts() int64 { return r.helper.batchTimeouts() }
 
 // HelperMode says how the CPU helper drives the ring: "sqpoll-wake" (it
@@ -492,6 +510,9 @@ func (r *Restorer) Staging() *uring.Buffer { return r.staging }
 // Close waits for the GPU, unbinds and frees the staging pool. Restores must
 // have been released.
 func (r *Restorer) Close() error {
+	if r.feed != nil {
+		r.feed.stop() // before mu: a restore still being fed needs it
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -522,19 +543,20 @@ func (r *Restorer) Close() error {
 // Restore is one GPU-driven restore in flight.
 type Restore struct {
 	r          *Restorer
-	id         uint32
+	f          feedItem // its enqueue state; f.id is the library's request id
 	firstLayer int
 	layers     int
 	epl        int
 	released   bool
 }
 
-// Restore checks req, builds its descriptors and enqueues, for each layer, the
-// GPU I/O kernel and the scatter kernel. It returns once everything is
-// enqueued: at once for short requests; for long ones (tens of layers) the
-// GPU's command queue fills and Restore returns while the first layers are
-// already being read. The caller must call Release (after Wait, or to
-// abandon it).
+// Restore checks req, builds its descriptors and puts them on the GPU: it
+// enqueues the first EnqueueLayers layers (each the GPU I/O kernel and the
+// scatter kernel) and returns; the feeder enqueues the others as earlier
+// layers finish. While an earlier restore still has layers to enqueue, req
+// waits in the feeder's queue and Restore returns at once. The caller must
+// call Release (after Wait, or to abandon it). ErrBusy: MaxRequests
+// restores are live.
 func (r *Restorer) Restore(req Request) (*Restore, error) {
 	if r.ring == nil {
 		return nil, fmt.Errorf("restore: %w: bound without a ring", ErrNotSupported)
@@ -544,17 +566,51 @@ func (r *Restorer) Restore(req Request) (*Restore, error) {
 	if r.closed {
 		return nil, fmt.Errorf("restore: %w: restorer closed", ErrInvalid)
 	}
-	if err := BuildPlan(r.cfg.Geometry, r.lim, req, &r.plan); err != nil {
+	if r.live >= r.cfg.MaxRequests || len(r.plans) == 0 {
+		return nil, fmt.Errorf("restore: %d restores live: %w", r.live, ErrBusy)
+	}
+	pl := r.plans[len(r.plans)-1]
+	if err := BuildPlan(r.cfg.Geometry, r.lim, req, pl); err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
-	pl := &r.plan
+	r.plans = r.plans[:len(r.plans)-1]
 	if r.fixed {
 		for i := range pl.Entries {
 			pl.Entries[i].Flags |= ioFixedBuf
 		}
 	}
-	// The parameter block points at the plan's slices: pin them for the call
-	// (the library copies them into pinned upload buffers before returning).
+	// The wake helper must run before the layers are enqueued: the first
+	// layer's I/O kernel only finishes if the SQPOLL thread is woken (or the
+	// ring kicked), and enqueueing can block until then.
+	if r.helper.begin() {
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+	x := &Restore{r: r, firstLayer: req.FirstLayer, layers: len(req.Layers), epl: pl.EntriesPerLayer}
+	x.f = feedItem{first: req.FirstLayer, layers: len(req.Layers), plan: pl}
+	r.live++
+	r.feed.start(&x.f)
+	if x.f.done && x.f.err != nil {
+		r.live--
+		r.helper.end()
+		return nil, fmt.Errorf("restore: %w", x.f.err)
+	}
+	return x, nil
+}
+
+// cFeed is the feeder's view of the library. Its submit and enqueue run with
+// Restorer.mu held.
+type cFeed struct{ r *Restorer }
+
+func (c cFeed) submit(it *feedItem, layers int) error {
+	r, pl := c.r, it.plan
+	defer func() {
+		r.plans = append(r.plans, pl) // the library copied it
+		it.plan = nil
+	}()
+	// The parameter block points at the plan's slices: pin them for the call.
 	var pin runtime.Pinner
 	pin.Pin(&pl.Pages[0])
 	pin.Pin(&pl.Entries[0])
@@ -562,30 +618,38 @@ func (r *Restorer) Restore(req Request) (*Restore, error) {
 	var rp C.tk_restore_params
 	rp.n_pages = C.uint32_t(len(pl.Pages))
 	rp.pages = (*C.tk_page_map)(unsafe.Pointer(&pl.Pages[0]))
-	rp.first_layer = C.uint32_t(req.FirstLayer)
-	rp.n_layers = C.uint32_t(len(req.Layers))
+	rp.first_layer = C.uint32_t(it.first)
+	rp.n_layers = C.uint32_t(it.layers)
 	rp.entries_per_layer = C.uint32_t(pl.EntriesPerLayer)
 	rp.entries = (*C.tk_io_entry)(unsafe.Pointer(&pl.Entries[0]))
-	// The wake helper must run before the layers are enqueued: enqueueing
-	// blocks once the GPU's command queue is full (seen from about 60 layers
-	// of per-layer kernels and events), and the first layer's I/O kernel only
-	// finishes — freeing the queue — if the SQPOLL thread is woken (or the
-	// ring kicked). Started after the submit, it never ran: every layer timed out.
-	if r.helper.begin() {
-		select {
-		case r.kick <- struct{}{}:
-		default:
-		}
-	}
+	rp.enqueue_layers = C.uint32_t(layers)
 	var id C.uint32_t
 	if err := status("tk_restore_submit", C.tkl_restore_submit(r.ctx, &rp, &id)); err != nil {
-		r.helper.end()
-		return nil, fmt.Errorf("restore: %w", err)
+		return err
 	}
+	it.id = uint32(id)
 	s := &r.slots[id]
 	s.entries = append(s.entries[:0], pl.Entries...)
 	s.pages = append(s.pages[:0], pl.Pages...)
-	return &Restore{r: r, id: uint32(id), firstLayer: req.FirstLayer, layers: len(req.Layers), epl: pl.EntriesPerLayer}, nil
+	return nil
+}
+
+func (c cFeed) enqueue(it *feedItem, upto int) error {
+	return status("tk_restore_enqueue", C.tkl_restore_enqueue(c.r.ctx, C.uint32_t(it.id), C.uint32_t(upto)))
+}
+
+func (c cFeed) waitLayer(it *feedItem, layer int) error {
+	return status(fmt.Sprintf("waiting for layer %d", it.first+layer),
+		C.tkl_restore_wait_layer(c.r.ctx, C.uint32_t(it.id), C.uint32_t(it.first+layer)))
+}
+
+// fed waits until layer (absolute) is enqueued: the library's waits on a
+// layer not enqueued yet would not wait at all.
+func (x *Restore) fed(layer int) error {
+	if layer < x.firstLayer || layer >= x.firstLayer+x.layers {
+		return fmt.Errorf("layer %d not in the restore's [%d, %d): %w", layer, x.firstLayer, x.firstLayer+x.layers, ErrInvalid)
+	}
+	return x.r.feed.waitFed(&x.f, layer-x.firstLayer+1)
 }
 
 // Layers is the range of layers the restore covers.
@@ -594,16 +658,25 @@ func (x *Restore) Layers() (first, n int) { return x.firstLayer, x.layers }
 // StreamWaitLayer makes a CUDA stream (a cudaStream_t; 0 is the legacy
 // default stream) wait until layer is in the KV tensors, with no host round
 // trip: the compute of that layer can be enqueued right after.
+//
+// A layer the feeder has not enqueued yet is waited for on the host first
+// (it is enqueued once layer-EnqueueLayers is scattered).
 func (x *Restore) StreamWaitLayer(layer int, stream uintptr) error {
+	if err := x.fed(layer); err != nil {
+		return fmt.Errorf("waiting on layer %d in stream: %w", layer, err)
+	}
 	return status(fmt.Sprintf("waiting on layer %d in stream", layer),
-		C.tkl_restore_stream_wait(x.r.ctx, C.uint32_t(x.id), C.uint32_t(layer), C.uint64_t(stream)))
+		C.tkl_restore_stream_wait(x.r.ctx, C.uint32_t(x.f.id), C.uint32_t(layer), C.uint64_t(stream)))
 }
 
 // WaitLayer blocks until layer is scattered; it returns an error wrapping
 // ErrIO if one of its entries failed (its pages were not written).
 func (x *Restore) WaitLayer(layer int) error {
+	if err := x.fed(layer); err != nil {
+		return fmt.Errorf("waiting for layer %d: %w", layer, err)
+	}
 	return status(fmt.Sprintf("waiting for layer %d", layer),
-		C.tkl_restore_wait_layer(x.r.ctx, C.uint32_t(x.id), C.uint32_t(layer)))
+		C.tkl_restore_wait_layer(x.r.ctx, C.uint32_t(x.f.id), C.uint32_t(layer)))
 }
 
 // Result is the outcome of a whole restore.
@@ -619,9 +692,12 @@ type Result struct {
 // when entries failed; Result lists them. The pages of a failed entry keep
 // whatever the KV memory held before: they were never scattered.
 func (x *Restore) Wait() (*Result, error) {
-	s := &x.r.slots[x.id]
+	if err := x.fed(x.firstLayer + x.layers - 1); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	s := &x.r.slots[x.f.id]
 	n := x.layers * x.epl
-	st := C.tkl_restore_wait(x.r.ctx, C.uint32_t(x.id), (*C.tk_entry_result)(unsafe.Pointer(&s.results[0])),
+	st := C.tkl_restore_wait(x.r.ctx, C.uint32_t(x.f.id), (*C.tk_entry_result)(unsafe.Pointer(&s.results[0])),
 		C.uint32_t(n), (*C.float)(unsafe.Pointer(&s.layerMs[0])), C.uint32_t(x.layers))
 	res := &Result{Entries: s.results[:n], EntriesPerLayer: x.epl, LayerMs: s.layerMs[:x.layers]}
 	err := status("restore", st)
@@ -655,11 +731,16 @@ func (x *Restore) Release() error {
 	if x.released {
 		return nil
 	}
+	submitted := x.r.feed.waitDone(&x.f) // the feeder is done with it
 	x.r.mu.Lock()
 	defer x.r.mu.Unlock()
 	x.released = true
+	x.r.live--
 	x.r.helper.end()
-	return status("releasing restore", C.tkl_restore_release(x.r.ctx, C.uint32_t(x.id)))
+	if !submitted {
+		return nil // its submit failed: no request to release
+	}
+	return status("releasing restore", C.tkl_restore_release(x.r.ctx, C.uint32_t(x.f.id)))
 }
 
 // ---- host-issued paths and saves: copies between host object layout and the KV tensors.

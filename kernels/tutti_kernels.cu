@@ -444,6 +444,7 @@ static const uint32_t kIOThreads = 128;
 struct Req {
   bool busy;
   uint32_t n_layers, first_layer, epl, n_pages, seq0;
+  uint32_t enqueued;  // layers [0, enqueued) are on the streams
   tk_io_entry *up_entries;  // pinned upload buffers
   tk_page_map *up_pages;
   tk_io_entry *d_entries;
@@ -738,6 +739,45 @@ static tk_status check_map(const Ctx *c, const tk_page_map *m, uint32_t n, uint3
   return TK_OK;
 }
 
+// enqueue_layers puts layers [q.enqueued, upto) of request slot on the
+// streams, in order (each layer's staging slot is taken in sequence order).
+static tk_status enqueue_layers(Ctx *c, Req &q, uint32_t slot, uint32_t upto) {
+  DReq dq;
+  dq.entries = q.d_entries;
+  dq.results = q.d_results;
+  dq.done = q.d_done;
+  dq.cursor = q.d_done + c->kv.layers;
+  dq.n_layers = q.n_layers;
+  dq.epl = q.epl;
+  dq.slot_id = slot;
+  dq.seq0 = q.seq0;
+  dq.staging_host = c->staging_host;
+  dq.slot_bytes = c->slot_bytes;
+  dq.n_slots = c->n_slots;
+  const uint32_t la = c->lookahead;
+  for (uint32_t l = q.enqueued; l < upto; l++) {
+    // The staging slot of the farthest layer this kernel may fill must have
+    // been scattered by its previous user (slot_free is recorded in order).
+    const uint32_t far = l + la < q.n_layers - 1 ? l + la : q.n_layers - 1;
+    const uint32_t far_seq = q.seq0 + far;
+    if (far_seq >= c->n_slots) CK(cudaStreamWaitEvent(c->io, c->slot_free[far_seq % c->n_slots], 0));
+    io_layer_kernel<<<1, kIOThreads, 0, c->io>>>(c->ring, c->d_state, dq, l, la, c->window, c->timeout_ns);
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(q.io_done[l], c->io));
+    CK(cudaStreamWaitEvent(c->scatter, q.io_done[l], 0));
+    char *slot_dev = (char *)(c->staging_dev + (uint64_t)((q.seq0 + l) % c->n_slots) * c->slot_bytes);
+    const uint32_t grid = q.n_pages < 1024 ? q.n_pages : 1024;
+    copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->scatter>>>(slot_dev, q.d_pages, q.n_pages,
+                                                                  q.d_results + (uint64_t)l * q.epl, c->d_kvp,
+                                                                  c->geo, q.first_layer + l);
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(q.ready[l], c->scatter));
+    CK(cudaEventRecord(c->slot_free[(q.seq0 + l) % c->n_slots], c->scatter));
+    q.enqueued = l + 1;
+  }
+  return TK_OK;
+}
+
 extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, uint32_t *req_out) {
   Ctx *c = as_ctx(h);
   if (!c || !p || !req_out) return fail(TK_ERR_INVALID, "tk_restore_submit: null argument");
@@ -757,6 +797,9 @@ extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, u
                   en.slot_off, (unsigned long long)c->slot_bytes);
     if (en.flags & ~(TK_IO_FIXED_FILE | TK_IO_WRITE | TK_IO_FIXED_BUF)) return fail(TK_ERR_INVALID, "entry %u: flags %#x", e, en.flags);
   }
+  for (uint32_t i = 0; i < c->max_requests; i++)
+    if (c->reqs[i].busy && c->reqs[i].enqueued < c->reqs[i].n_layers)
+      return fail(TK_ERR_BUSY, "request %u has %u of %u layers enqueued", i, c->reqs[i].enqueued, c->reqs[i].n_layers);
   int slot = -1;
   for (uint32_t i = 0; i < c->max_requests; i++)
     if (!c->reqs[i].busy) { slot = (int)i; break; }
@@ -775,42 +818,27 @@ extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, u
   CK(cudaMemcpyAsync(q.d_entries, q.up_entries, sizeof(tk_io_entry) * ne, cudaMemcpyHostToDevice, c->io));
   CK(cudaMemcpyAsync(q.d_pages, q.up_pages, sizeof(tk_page_map) * p->n_pages, cudaMemcpyHostToDevice, c->io));
   CK(cudaMemsetAsync(q.d_done, 0, sizeof(uint32_t) * (c->kv.layers + 1), c->io));
-  DReq dq;
-  dq.entries = q.d_entries;
-  dq.results = q.d_results;
-  dq.done = q.d_done;
-  dq.cursor = q.d_done + c->kv.layers;
-  dq.n_layers = q.n_layers;
-  dq.epl = q.epl;
-  dq.slot_id = (uint32_t)slot;
-  dq.seq0 = q.seq0;
-  dq.staging_host = c->staging_host;
-  dq.slot_bytes = c->slot_bytes;
-  dq.n_slots = c->n_slots;
-  const uint32_t la = c->lookahead;
-  for (uint32_t l = 0; l < q.n_layers; l++) {
-    // The staging slot of the farthest layer this kernel may fill must have
-    // been scattered by its previous user (slot_free is recorded in order).
-    const uint32_t far = l + la < q.n_layers - 1 ? l + la : q.n_layers - 1;
-    const uint32_t far_seq = q.seq0 + far;
-    if (far_seq >= c->n_slots) CK(cudaStreamWaitEvent(c->io, c->slot_free[far_seq % c->n_slots], 0));
-    io_layer_kernel<<<1, kIOThreads, 0, c->io>>>(c->ring, c->d_state, dq, l, la, c->window, c->timeout_ns);
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(q.io_done[l], c->io));
-    CK(cudaStreamWaitEvent(c->scatter, q.io_done[l], 0));
-    char *slot_dev = (char *)(c->staging_dev + (uint64_t)((q.seq0 + l) % c->n_slots) * c->slot_bytes);
-    const uint32_t grid = q.n_pages < 1024 ? q.n_pages : 1024;
-    copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->scatter>>>(slot_dev, q.d_pages, q.n_pages,
-                                                                  q.d_results + (uint64_t)l * q.epl, c->d_kvp,
-                                                                  c->geo, q.first_layer + l);
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(q.ready[l], c->scatter));
-    CK(cudaEventRecord(c->slot_free[(q.seq0 + l) % c->n_slots], c->scatter));
+  q.enqueued = 0;
+  tk_status es = enqueue_layers(c, q, (uint32_t)slot, p->enqueue_layers && p->enqueue_layers < q.n_layers ? p->enqueue_layers : q.n_layers);
+  c->seq += q.n_layers;  // the slots of layers never enqueued are skipped, not reused out of order
+  if (es) {
+    // No request: wait for what was enqueued, then free the slot.
+    if (q.enqueued) cudaEventSynchronize(q.ready[q.enqueued - 1]);
+    cudaGetLastError();
+    return es;
   }
-  c->seq += q.n_layers;
   q.busy = true;
   *req_out = (uint32_t)slot;
   return TK_OK;
+}
+
+extern "C" tk_status tk_restore_enqueue(uint64_t h, uint32_t req, uint32_t upto) {
+  Ctx *c = as_ctx(h);
+  if (!c || req >= c->max_requests || !c->reqs[req].busy) return fail(TK_ERR_INVALID, "request %u is not live", req);
+  Req &q = c->reqs[req];
+  if (upto > q.n_layers) return fail(TK_ERR_INVALID, "enqueue up to layer %u of %u", upto, q.n_layers);
+  CK(cudaSetDevice(c->device));
+  return enqueue_layers(c, q, req, upto);
 }
 
 static tk_status get_req(Ctx *c, uint32_t req, Req **out) {
@@ -837,6 +865,7 @@ extern "C" tk_status tk_restore_stream_wait(uint64_t h, uint32_t req, uint32_t l
   tk_status s = get_req(c, req, &q);
   if (s) return s;
   if (layer < q->first_layer || layer >= q->first_layer + q->n_layers) return fail(TK_ERR_INVALID, "layer %u not in request", layer);
+  if (layer - q->first_layer >= q->enqueued) return fail(TK_ERR_INVALID, "layer %u not enqueued yet (%u of %u)", layer, q->enqueued, q->n_layers);
   CK(cudaStreamWaitEvent((cudaStream_t)stream, q->ready[layer - q->first_layer], 0));
   return TK_OK;
 }
@@ -847,6 +876,7 @@ extern "C" tk_status tk_restore_wait_layer(uint64_t h, uint32_t req, uint32_t la
   tk_status s = get_req(c, req, &q);
   if (s) return s;
   if (layer < q->first_layer || layer >= q->first_layer + q->n_layers) return fail(TK_ERR_INVALID, "layer %u not in request", layer);
+  if (layer - q->first_layer >= q->enqueued) return fail(TK_ERR_INVALID, "layer %u not enqueued yet (%u of %u)", layer, q->enqueued, q->n_layers);
   CK(cudaEventSynchronize(q->ready[layer - q->first_layer]));
   return layer_status(*q, layer - q->first_layer);
 }
@@ -857,6 +887,7 @@ extern "C" tk_status tk_restore_wait(uint64_t h, uint32_t req, tk_entry_result *
   Req *q;
   tk_status s = get_req(c, req, &q);
   if (s) return s;
+  if (q->enqueued < q->n_layers) return fail(TK_ERR_INVALID, "request %u: %u of %u layers enqueued", req, q->enqueued, q->n_layers);
   CK(cudaEventSynchronize(q->ready[q->n_layers - 1]));
   const uint32_t ne = q->n_layers * q->epl;
   if (results) memcpy(results, q->h_results, sizeof(tk_entry_result) * (n_results < ne ? n_results : ne));
@@ -883,7 +914,8 @@ extern "C" tk_status tk_restore_release(uint64_t h, uint32_t req) {
   Req *q;
   tk_status s = get_req(c, req, &q);
   if (s) return s;
-  CK(cudaEventSynchronize(q->ready[q->n_layers - 1]));
+  // An abandoned request (its enqueue failed) waits for what it enqueued.
+  if (q->enqueued) CK(cudaEventSynchronize(q->ready[q->enqueued - 1]));
   q->busy = false;
   return TK_OK;
 }

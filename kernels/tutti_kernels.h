@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define TK_ABI_VERSION 1
+#define TK_ABI_VERSION 2
 
 typedef int32_t tk_status;
 enum {
@@ -142,6 +142,7 @@ typedef struct tk_restore_params {
 	uint32_t first_layer, n_layers;   /* layers restored: [first_layer, first_layer+n_layers) */
 	uint32_t entries_per_layer;
 	const tk_io_entry *entries;       /* n_layers*entries_per_layer, layer-major */
+	uint32_t enqueue_layers;          /* layers enqueued by submit (0: all); tk_restore_enqueue the rest (ABI 2) */
 } tk_restore_params;
 
 /* ---- library and device ---- */
@@ -166,10 +167,19 @@ tk_status tk_bind(const tk_bind_params *p, uint64_t *ctx);
 tk_status tk_unbind(uint64_t ctx);
 
 /* GPU-driven restore: enqueues, per layer, the I/O kernel (io stream) and the
- * scatter kernel (scatter stream), and returns at once with a request id. */
+ * scatter kernel (scatter stream), and returns with a request id. Enqueueing
+ * blocks once the GPU's command queue is full (about 60 layers), so a long
+ * request enqueues its first p->enqueue_layers layers here and the rest with
+ * tk_restore_enqueue, in layer order, as earlier layers finish. While a live
+ * request has layers left to enqueue, submit refuses another (TK_ERR_BUSY):
+ * the staging slots are handed out in enqueue order. */
 tk_status tk_restore_submit(uint64_t ctx, const tk_restore_params *p, uint32_t *req);
+/* Enqueue layers of req up to (not including) request-relative layer `upto`. */
+tk_status tk_restore_enqueue(uint64_t ctx, uint32_t req, uint32_t upto);
 /* Make `stream` (a cudaStream_t; 0 = legacy default) wait until layer l of req
- * is scattered; no host round trip. */
+ * is scattered; no host round trip. The waits (this, tk_restore_wait_layer,
+ * tk_restore_wait) refuse layers not enqueued yet (TK_ERR_INVALID): an
+ * unrecorded event would not wait at all. */
 tk_status tk_restore_stream_wait(uint64_t ctx, uint32_t req, uint32_t layer, uint64_t stream);
 /* Host wait for one layer. TK_OK, or TK_ERR_IO if an entry of it failed. */
 tk_status tk_restore_wait_layer(uint64_t ctx, uint32_t req, uint32_t layer);

@@ -274,7 +274,7 @@ func TestKickLoopLayerByLayer(t *testing.T) {
 			// A batch timeout far above a 4 KiB read's latency: a layer
 			// that waits for it is unmistakable in the timeout count.
 			r := newKickRestorer(ring, Config{WakeInterval: 50 * time.Microsecond, BatchWait: 50 * time.Millisecond, WakeBatch: 32,
-				NoFixedBuffers: true, ExactWakeTarget: c.exact}, c.cfg.Disabled)
+				NoFixedBuffers: true, LooseWakeTarget: !c.exact}, c.cfg.Disabled)
 			defer startKick(t, r)()
 			mask, cmask := ringLoad32(l.SQMask), ringLoad32(l.CQMask)
 			t0 := r.BatchTimeouts()

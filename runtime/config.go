@@ -85,9 +85,10 @@ type Config struct {
 	// machine at a fraction of the CPU, since the SQPOLL thread polls a
 	// core while it is awake.
 	GPUSQPoll bool
-	// GPUExactWakeTarget is kernels.Config.ExactWakeTarget for the GPU
-	// ring's helper (kick mode): experimental, off until measured on a GPU.
-	GPUExactWakeTarget bool
+	// GPULooseWakeTarget is kernels.Config.LooseWakeTarget for the GPU
+	// ring's helper (kick mode): the first wait target, slower on the H200
+	// (kept to compare).
+	GPULooseWakeTarget bool
 	// GPUMaxRuns bounds the runs (extents per layer) of one GPU restore.
 	// Zero: 64.
 	GPUMaxRuns int

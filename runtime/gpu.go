@@ -82,7 +82,7 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPUDevice, Geometry: kernels.GeometryOf(s.geo), Layout: s.cfg.Layout,
 		NumPages: s.cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: s.cfg.GPUMaxPages, MaxExtents: s.cfg.GPUMaxRuns,
 		IOWindow: s.cfg.GPUIOWindow, MaxIOBytes: s.cfg.GPUMaxIOBytes, Lookahead: s.cfg.GPULookahead,
-		ExactWakeTarget: s.cfg.GPUExactWakeTarget})
+		LooseWakeTarget: s.cfg.GPULooseWakeTarget})
 	if err != nil {
 		ring.Close()
 		return nil, fmt.Errorf("runtime: binding the GPU: %w", err)

@@ -104,7 +104,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
 	kickBatch := fs.Int("kick-batch", 32, "GPU kick mode: most completions one wake-up of the CPU helper waits for (a quarter of the I/O in flight, at most this; 1: every completion)")
 	kickBatchWait := fs.Duration("kick-batch-wait", 4*time.Millisecond, "GPU kick mode: longest wait for a batch of completions while I/O is in flight")
-	kickExact := fs.Bool("kick-exact-target", false, "GPU kick mode: the helper's wait counts only completions that arrive after it starts (kernels.Config.ExactWakeTarget; experimental)")
+	kickExact := fs.Bool("kick-exact-target", true, "GPU kick mode: the helper's wait counts only completions that arrive after it starts (false: kernels.Config.LooseWakeTarget, the first target, slower on the H200)")
 	kickDefer := fs.Bool("kick-defer", true, "GPU kick mode: a DEFER_TASKRUN ring (the kernel wakes the helper once per batch); false: an ordinary ring, woken by every completion")
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
 	if err := fs.Parse(args); err != nil {
@@ -206,7 +206,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	b.kcfg = kernels.Config{Geometry: g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
 		MaxPages: b.pages, MaxExtents: 1, MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
 		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads,
-		WakeBatch: *kickBatch, BatchWait: *kickBatchWait, ExactWakeTarget: *kickExact}
+		WakeBatch: *kickBatch, BatchWait: *kickBatchWait, LooseWakeTarget: !*kickExact}
 	b.kickDefer = *kickDefer
 	b.r, err = kernels.Bind(b.kcfg)
 	if err != nil {

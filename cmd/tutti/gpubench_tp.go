@@ -119,7 +119,7 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 		CapacityBytes: payload + payload/8 + 64<<20, Geometry: o.g, Layout: o.layout, NumPages: numPages,
 		Path: o.path, StagingBytes: o.stagingBytes, StagingSlotBytes: o.slotBytes, QueueDepth: 64,
 		SaveBoundMs: 600000, SaveBudgetBytes: 2 * payload, GPUMaxPages: blocks * o.g.ChunkPages,
-		GPUIOWindow: window, GPUMaxIOBytes: maxIO, GPULookahead: lookahead, GPUExactWakeTarget: o.exactWake,
+		GPUIOWindow: window, GPUMaxIOBytes: maxIO, GPULookahead: lookahead, GPULooseWakeTarget: !o.exactWake,
 	}}
 	for r, parents := range split {
 		var ds []string

@@ -33,8 +33,8 @@ type Tutti struct {
 	devLayers []uint64
 	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
 	saveBoundMs int
-	// exactWake: runtime.Config.GPUExactWakeTarget (PathGPU only).
-	exactWake bool
+	// looseWake: runtime.Config.GPULooseWakeTarget (PathGPU only).
+	looseWake bool
 	// gpuWindow, gpuMaxIO, gpuLookahead: runtime.Config GPUIOWindow,
 	// GPUMaxIOBytes, GPULookahead (PathGPU only; 0: the runtime's default).
 	gpuWindow, gpuMaxIO, gpuLookahead int
@@ -49,9 +49,9 @@ func (t *Tutti) GPUHelper() (wakeups, batchTimeouts int64) {
 	return t.helperWakeups, t.helperBatchTimeouts
 }
 
-// SetExactWakeTarget sets runtime.Config.GPUExactWakeTarget for the next
-// Open (tutti-gpu; experimental: see kernels.Config.ExactWakeTarget).
-func (t *Tutti) SetExactWakeTarget(on bool) { t.exactWake = on }
+// SetLooseWakeTarget sets runtime.Config.GPULooseWakeTarget for the next
+// Open (tutti-gpu: see kernels.Config.LooseWakeTarget).
+func (t *Tutti) SetLooseWakeTarget(on bool) { t.looseWake = on }
 
 // SetGPUReads sizes the GPU path's reads for the next Open (tutti-gpu):
 // runtime.Config GPUIOWindow, GPUMaxIOBytes and GPULookahead; 0 keeps the
@@ -107,7 +107,7 @@ func (t *Tutti) Open(env Env) error {
 		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs,
 	}
 	if t.path == runtime.PathGPU {
-		cfg.GPUExactWakeTarget = t.exactWake
+		cfg.GPULooseWakeTarget = t.looseWake
 		cfg.GPUIOWindow, cfg.GPUMaxIOBytes, cfg.GPULookahead = t.gpuWindow, t.gpuMaxIO, t.gpuLookahead
 	}
 	if t.compute != nil {
