@@ -241,17 +241,19 @@ func TestGPURestore(t *testing.T) {
 		noMmap bool
 		plain  bool // NoFixedBuffers: plain READ SQEs (the default is READ_FIXED into registered staging)
 		ahead  int  // EnqueueLayers (0: the default, every layer of these requests at once)
+		zc     bool // ZeroCopyScatter: the scatter reads host staging (the default copies it into HBM first)
 	}{
 		// a 16-entry ring far smaller than a layer: wrap-around and SQ-full back-pressure
-		{"gqa-per-layer-small-ring", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 0},
-		{"gqa-cross-layer", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false, 0},
-		{"mla-per-layer", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false, 0},
+		{"gqa-per-layer-small-ring", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 0, false},
+		{"gqa-cross-layer", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false, 0, false},
+		{"mla-per-layer", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false, 0, false},
 		// rings of several pages in process memory (NO_MMAP), as gpubench uses
-		{"gqa-nommap-256", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{40}, 64 << 10, 256, true, false, 0},
-		{"gqa-plain-reads", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true, 0},
+		{"gqa-nommap-256", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{40}, 64 << 10, 256, true, false, 0, false},
+		{"gqa-plain-reads", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true, 0, false},
 		// the feeder enqueues layer by layer; the second request waits in its queue
-		{"gqa-fed-1-ahead", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 1},
-		{"mla-fed-2-ahead", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, true, false, 2},
+		{"gqa-fed-1-ahead", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 1, false},
+		{"gqa-zero-copy", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 2, true},
+		{"mla-fed-2-ahead", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, true, false, 2, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -264,7 +266,7 @@ func TestGPURestore(t *testing.T) {
 			f, stride := objectFile(t, c.g, n, 5)
 			ring := sqpollRingMem(t, c.ring, c.noMmap)
 			r, err := Bind(Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages),
-				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24, NoFixedBuffers: c.plain, EnqueueLayers: c.ahead})
+				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24, NoFixedBuffers: c.plain, EnqueueLayers: c.ahead, ZeroCopyScatter: c.zc})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -445,6 +445,7 @@ struct Req {
   bool busy;
   uint32_t n_layers, first_layer, epl, n_pages, seq0;
   uint32_t enqueued;  // layers [0, enqueued) are on the streams
+  uint64_t copy_bytes;  // bytes of a staging slot the page map reads (the H2D copy's length)
   tk_io_entry *up_entries;  // pinned upload buffers
   tk_page_map *up_pages;
   tk_io_entry *d_entries;
@@ -470,6 +471,13 @@ struct Ctx {
   uint32_t n_ring_regions;
   DState *d_state;
   cudaStream_t io, scatter, copy;
+  // Restores without zero copy: the copy engine moves each layer from host
+  // staging into one of two device staging slots (h2d stream), the scatter
+  // reads it there.
+  bool zero_copy;
+  cudaStream_t h2d;
+  char *d_stage[2];
+  cudaEvent_t dstage_ready[2], dstage_free[2];
   cudaEvent_t *slot_free;   // [n_slots]
   cudaEvent_t *copy_events; // [n_slots]
   uint32_t seq;             // global layer sequence (staging slot = seq % n_slots)
@@ -663,6 +671,15 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
       TRYC(cudaEventCreateWithFlags(&q.ready[l], cudaEventBlockingSync));
     }
   }
+  c->zero_copy = p->zero_copy_scatter != 0;
+  if (p->ring && !c->zero_copy) {
+    TRYC(cudaStreamCreateWithPriority(&c->h2d, cudaStreamNonBlocking, prio_high));
+    for (int i = 0; i < 2; i++) {
+      TRYC(cudaMalloc(&c->d_stage[i], c->slot_bytes));
+      TRYC(cudaEventCreateWithFlags(&c->dstage_ready[i], cudaEventDisableTiming));
+      TRYC(cudaEventCreateWithFlags(&c->dstage_free[i], cudaEventDisableTiming));
+    }
+  }
   if (p->ring) TRY(bind_ring(c, p->ring));
   *out = (uint64_t)c;
   return TK_OK;
@@ -675,6 +692,13 @@ static void free_ctx(Ctx *c) {
   if (c->io) cudaStreamSynchronize(c->io);
   if (c->scatter) cudaStreamSynchronize(c->scatter);
   if (c->copy) cudaStreamSynchronize(c->copy);
+  if (c->h2d) cudaStreamSynchronize(c->h2d);
+  for (int i = 0; i < 2; i++) {
+    if (c->d_stage[i]) cudaFree(c->d_stage[i]);
+    if (c->dstage_ready[i]) cudaEventDestroy(c->dstage_ready[i]);
+    if (c->dstage_free[i]) cudaEventDestroy(c->dstage_free[i]);
+  }
+  if (c->h2d) cudaStreamDestroy(c->h2d);
   if (c->reqs) {
     for (uint32_t i = 0; i < c->max_requests; i++) {
       Req &q = c->reqs[i];
@@ -764,15 +788,35 @@ static tk_status enqueue_layers(Ctx *c, Req &q, uint32_t slot, uint32_t upto) {
     io_layer_kernel<<<1, kIOThreads, 0, c->io>>>(c->ring, c->d_state, dq, l, la, c->window, c->timeout_ns);
     CK(cudaGetLastError());
     CK(cudaEventRecord(q.io_done[l], c->io));
-    CK(cudaStreamWaitEvent(c->scatter, q.io_done[l], 0));
-    char *slot_dev = (char *)(c->staging_dev + (uint64_t)((q.seq0 + l) % c->n_slots) * c->slot_bytes);
+    const uint32_t hs = (q.seq0 + l) % c->n_slots;
     const uint32_t grid = q.n_pages < 1024 ? q.n_pages : 1024;
-    copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->scatter>>>(slot_dev, q.d_pages, q.n_pages,
-                                                                  q.d_results + (uint64_t)l * q.epl, c->d_kvp,
-                                                                  c->geo, q.first_layer + l);
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(q.ready[l], c->scatter));
-    CK(cudaEventRecord(c->slot_free[(q.seq0 + l) % c->n_slots], c->scatter));
+    const tk_entry_result *res = q.d_results + (uint64_t)l * q.epl;
+    if (c->zero_copy) {
+      CK(cudaStreamWaitEvent(c->scatter, q.io_done[l], 0));
+      char *slot_dev = (char *)(c->staging_dev + (uint64_t)hs * c->slot_bytes);
+      copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->scatter>>>(slot_dev, q.d_pages, q.n_pages, res, c->d_kvp,
+                                                                    c->geo, q.first_layer + l);
+      CK(cudaGetLastError());
+      CK(cudaEventRecord(q.ready[l], c->scatter));
+      CK(cudaEventRecord(c->slot_free[hs], c->scatter));
+    } else {
+      // Copy engine: host slot -> device slot d; the host slot is free once
+      // copied, the device slot once scattered (the copy two layers on
+      // waits for that).
+      const uint32_t d = (q.seq0 + l) % 2;
+      CK(cudaStreamWaitEvent(c->h2d, q.io_done[l], 0));
+      CK(cudaStreamWaitEvent(c->h2d, c->dstage_free[d], 0));
+      CK(cudaMemcpyAsync(c->d_stage[d], (const void *)(c->staging_host + (uint64_t)hs * c->slot_bytes), q.copy_bytes,
+                         cudaMemcpyHostToDevice, c->h2d));
+      CK(cudaEventRecord(c->slot_free[hs], c->h2d));
+      CK(cudaEventRecord(c->dstage_ready[d], c->h2d));
+      CK(cudaStreamWaitEvent(c->scatter, c->dstage_ready[d], 0));
+      copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->scatter>>>(c->d_stage[d], q.d_pages, q.n_pages, res, c->d_kvp,
+                                                                    c->geo, q.first_layer + l);
+      CK(cudaGetLastError());
+      CK(cudaEventRecord(q.ready[l], c->scatter));
+      CK(cudaEventRecord(c->dstage_free[d], c->scatter));
+    }
     q.enqueued = l + 1;
   }
   return TK_OK;
@@ -814,6 +858,10 @@ extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, u
   memcpy(q.up_entries, p->entries, sizeof(tk_io_entry) * ne);
   memcpy(q.up_pages, p->pages, sizeof(tk_page_map) * p->n_pages);
   memset(q.h_results, 0, sizeof(tk_entry_result) * ne);
+  q.copy_bytes = 0;
+  const uint64_t page_bytes = c->geo.plane_bytes * c->geo.planes;
+  for (uint32_t i = 0; i < p->n_pages; i++)
+    if (p->pages[i].slot_off + page_bytes > q.copy_bytes) q.copy_bytes = p->pages[i].slot_off + page_bytes;
   CK(cudaEventRecord(q.start, c->io));
   CK(cudaMemcpyAsync(q.d_entries, q.up_entries, sizeof(tk_io_entry) * ne, cudaMemcpyHostToDevice, c->io));
   CK(cudaMemcpyAsync(q.d_pages, q.up_pages, sizeof(tk_page_map) * p->n_pages, cudaMemcpyHostToDevice, c->io));

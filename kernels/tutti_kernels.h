@@ -106,6 +106,12 @@ typedef struct tk_bind_params {
 	uint32_t lookahead;     /* layers ahead of the one being waited for that may be in flight */
 	uint64_t poll_timeout_ns; /* no completion for this long: in-flight entries time out */
 	const tk_ring *ring;    /* NULL: scatter/gather only, no GPU-driven I/O */
+	/* 0: a restored layer goes from host staging to HBM by the copy engine
+	 * (two device staging slots of slot_bytes, allocated here), then is
+	 * scattered within HBM; 1: the scatter kernel reads host staging itself
+	 * (zero copy: no device staging, but its SMs wait on PCIe while the
+	 * engine computes). ABI 2. */
+	uint32_t zero_copy_scatter;
 } tk_bind_params;
 
 /* One read (or write) of a restore. offset/len are bytes in the file; slot_off

@@ -106,6 +106,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	kickBatchWait := fs.Duration("kick-batch-wait", 4*time.Millisecond, "GPU kick mode: longest wait for a batch of completions while I/O is in flight")
 	kickExact := fs.Bool("kick-exact-target", true, "GPU kick mode: the helper's wait counts only completions that arrive after it starts (false: kernels.Config.LooseWakeTarget, the first target, slower on the H200)")
 	kickDefer := fs.Bool("kick-defer", true, "GPU kick mode: a DEFER_TASKRUN ring (the kernel wakes the helper once per batch); false: an ordinary ring, woken by every completion")
+	zeroCopy := fs.Bool("zero-copy-scatter", false, "GPU paths: the scatter kernel reads host staging itself instead of a copy-engine copy into device staging (kernels.Config.ZeroCopyScatter)")
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -205,7 +206,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	defer b.ring.Close()
 	b.kcfg = kernels.Config{Geometry: g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
 		MaxPages: b.pages, MaxExtents: 1, MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
-		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads,
+		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads, ZeroCopyScatter: *zeroCopy,
 		WakeBatch: *kickBatch, BatchWait: *kickBatchWait, LooseWakeTarget: !*kickExact}
 	b.kickDefer = *kickDefer
 	b.r, err = kernels.Bind(b.kcfg)
