@@ -231,7 +231,10 @@ func (l *Load) runOfOffset(layer int, off int64) int {
 // StreamWaitLayer makes a CUDA stream wait until layer is in the KV tensors,
 // with no host round trip (PathGPU only; ErrNotGPU otherwise). A failed
 // entry leaves its pages unwritten; Blocks after Wait says how far the load
-// really got.
+// really got. For a layer far ahead it first blocks the host until the
+// layer is on the GPU's streams (kernels enqueues layer l once layer
+// l-EnqueueLayers, 16 to 48 layers back, is scattered), so call it layer by
+// layer, as the engine computes.
 func (l *Load) StreamWaitLayer(layer int, stream uintptr) error {
 	if l.s.gpu == nil {
 		return ErrNotGPU
