@@ -81,6 +81,9 @@ func newFeeder(ops feedOps, lib *sync.Mutex, ahead int) *feeder {
 func (f *feeder) start(it *feedItem) {
 	f.mu.Lock()
 	idle, broken := len(f.queue) == 0, f.broken
+	if f.stopped && broken == nil {
+		broken = fmt.Errorf("restorer closing: %w", ErrInvalid) // no loop would feed it
+	}
 	f.mu.Unlock()
 	if broken != nil {
 		f.mu.Lock()

@@ -232,6 +232,14 @@ func TestFeeder(t *testing.T) {
 				if tc.failAt > 0 && failed == 0 {
 					t.Fatalf("enqueue %d fails: no restore failed (%d completed)", tc.failAt, ok)
 				}
+				if tc.failAt == 0 {
+					// stopped: a restore started now fails at once instead of waiting forever
+					it := &feedItem{layers: 3}
+					f.start(it)
+					if !it.done || !errors.Is(it.err, ErrInvalid) {
+						t.Fatalf("restore after stop: done %v, err %v", it.done, it.err)
+					}
+				}
 				if tc.failAt > 0 {
 					// fail closed: a restore started now fails at once
 					it := &feedItem{layers: 3}
