@@ -608,9 +608,19 @@ func (r *Restorer) Restore(req Request) (*Restore, error) {
 	if x.f.done && x.f.err != nil {
 		r.live--
 		r.helper.end()
+		r.putPlan(&x.f)
 		return nil, fmt.Errorf("restore: %w", x.f.err)
 	}
 	return x, nil
+}
+
+// putPlan gives back the descriptors of a restore that was never submitted
+// (cFeed.submit gives back the others), with r.mu held.
+func (r *Restorer) putPlan(it *feedItem) {
+	if it.plan != nil {
+		r.plans = append(r.plans, it.plan)
+		it.plan = nil
+	}
 }
 
 // cFeed is the feeder's view of the library. Its submit and enqueue run with
@@ -751,7 +761,8 @@ func (x *Restore) Release() error {
 	x.r.live--
 	x.r.helper.end()
 	if !submitted {
-		return nil // its submit failed: no request to release
+		x.r.putPlan(&x.f)
+		return nil // never submitted (refused, or the feeder stopped first): no request to release
 	}
 	return status("releasing restore", C.tkl_restore_release(x.r.ctx, C.uint32_t(x.f.id)))
 }
