@@ -27,8 +27,9 @@
 //	                                         Request: Pages (engine page of request page i)
 //	                                         and, per layer, the object extents from objmap
 //	                                         (fd or registered index, offset, pages); checked
-//	                                         on the CPU (BuildPlan), then enqueued; returns when
-//	                                         enqueued (long requests: while the first layers load)
+//	                                         on the CPU (BuildPlan), then its first
+//	                                         EnqueueLayers layers enqueued; a feeder goroutine
+//	                                         enqueues the rest as earlier layers finish
 //	(*Restore).StreamWaitLayer(l, stream)    the engine's compute stream waits for layer l
 //	(*Restore).WaitLayer(l) / Wait()         host waits; per-entry results, failed pages
 //	(*Restore).Release()                     frees the request slot (always call it)
@@ -96,13 +97,22 @@
 // # Scatter, pipeline, failures
 //
 // Layer l's reads land in staging slot (global layer sequence) % StagingSlots
-// in object layout; after the layer's I/O kernel, an event lets the scatter
-// stream copy it into the KV tensors (one block per page, 16-byte vectors,
-// per-layer layout [planes, num_pages, page_tokens, kv_heads, head_dim] or
-// cross-layer [num_pages, layers, planes, ...]) and record the layer's ready
-// event; a slot is refilled only after its scatter (stream-ordered events, no
-// host round trip). So layer l+1 is read while layer l is scattered and
-// consumed. A page is scattered only if every entry covering it is OK: a
+// in object layout; after the layer's I/O kernel, an event lets the copy
+// engine move it into one of two device staging slots (its own stream; the
+// host slot is free again once copied), and the scatter stream copy it from
+// there into the KV tensors (one block per page, 16-byte vectors, per-layer
+// layout [planes, num_pages, page_tokens, kv_heads, head_dim] or cross-layer
+// [num_pages, layers, planes, ...]) and record the layer's ready event. All
+// ordering is stream-ordered events, no host round trip, so layer l+1 is read
+// while layer l is copied, scattered and consumed. (ZeroCopyScatter: the
+// scatter reads the host slot itself, holding SMs while PCIe delivers it.)
+//
+// Enqueueing a layer blocks once the GPU's command queue is full (about 60
+// layers), so Restore enqueues only EnqueueLayers layers and a feeder
+// goroutine enqueues layer l once layer l-EnqueueLayers is scattered
+// (feed.go). Restores are fed in submission order (the staging slots are
+// handed out in enqueue order); a host wait on a layer not yet enqueued waits
+// for the feeder first, since an unrecorded event would not wait at all. A page is scattered only if every entry covering it is OK: a
 // failed entry's pages keep what the KV memory held (Result.FailedPages
 // counts them) — the engine recomputes them. Descriptors are checked twice
 // before launch (BuildPlan in Go, again in C): engine pages in range and
@@ -112,7 +122,7 @@
 //
 // # Memory
 //
-// Bind allocates everything: the staging pool (uring.AllocBuffer: 2 MiB
+// Bind allocates everything: the two device staging slots, the staging pool (uring.AllocBuffer: 2 MiB
 // aligned, transparent huge pages where the kernel gives them, so a 1 MiB
 // read is one segment the block layer need not split and io_uring issues it
 // inline instead of in an io-wq worker; registered with CUDA), per request slot the pinned descriptor upload buffers, device
