@@ -1,11 +1,10 @@
 package runtime
 
 import (
-	"os"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/tutti-io/tutti/internal/benchenv"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -20,22 +19,8 @@ import (
 // Knobs: TUTTI_BENCH_DIRS (comma-separated store directories, one file
 // system each; default 4 temporary directories on one file system).
 func BenchmarkRestoreStriped70B(b *testing.B) {
-	var dirs []string
-	if env := os.Getenv("TUTTI_BENCH_DIRS"); env != "" {
-		for _, d := range strings.Split(env, ",") {
-			dd, err := os.MkdirTemp(d, "tutti-bench-")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer os.RemoveAll(dd)
-			dirs = append(dirs, dd)
-		}
-	} else {
-		for range 4 {
-			dirs = append(dirs, b.TempDir())
-		}
-	}
-	g := objmap.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
+	dirs := benchenv.Dirs(b, 4)
+	g := benchenv.Llama70B(80, 32)
 	runs := []int{1, 5, 5, 4, 1, 1}
 	blocks := 0
 	for _, n := range runs {

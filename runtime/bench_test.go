@@ -3,12 +3,11 @@ package runtime
 import (
 	"context"
 	"errors"
-	"os"
-	"strconv"
+	"fmt"
 	"testing"
-	"time"
 
 	"github.com/tutti-io/tutti/eval/devbench"
+	"github.com/tutti-io/tutti/internal/benchenv"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -25,40 +24,16 @@ import (
 // TUTTI_BENCH_LAYERS (default 80: 10 GiB of KV, as much host memory),
 // TUTTI_BENCH_STAGING_MIB (default 256), TUTTI_BENCH_SLOT_MIB (default 32).
 func BenchmarkRestore70B(b *testing.B) {
-	envInt := func(name string, def int) int {
-		if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-			return v
-		}
-		return def
-	}
-	dir := os.Getenv("TUTTI_BENCH_DIR")
-	if dir == "" {
-		dir = b.TempDir()
-	} else {
-		var err error
-		if dir, err = os.MkdirTemp(dir, "tutti-bench-"); err != nil {
-			b.Fatal(err)
-		}
-		defer os.RemoveAll(dir)
-	}
-	g := objmap.Geometry{Layers: envInt("TUTTI_BENCH_LAYERS", 80), KVHeads: 8, HeadDim: 128, DType: objmap.BF16,
-		Planes: 2, PageTokens: 16, ChunkPages: 1}
+	dir := benchenv.Dir(b)
+	g := benchenv.Llama70B(benchenv.Layers(), 1)
 	const tokens = 32 << 10
 	blocks := tokens / g.PageTokens
 	payload := int64(blocks) * g.ChunkBytes()
-	cfg := Config{
-		Dirs:             []string{dir},
-		CapacityBytes:    payload + payload/8 + 64<<20,
-		Geometry:         g,
-		Layout:           objmap.LayoutPerLayer,
-		NumPages:         blocks,
-		StagingBytes:     int64(envInt("TUTTI_BENCH_STAGING_MIB", 256)) << 20,
-		StagingSlotBytes: int64(envInt("TUTTI_BENCH_SLOT_MIB", 32)) << 20,
-		QueueDepth:       64,
-		SaveBoundMs:      600000,
-		SaveBudgetBytes:  payload * 2,
-	}
-	gpu := os.Getenv("TUTTI_BENCH_PATH") == "gpu"
+	z := benchenv.Size(payload)
+	cfg := Config{Dirs: []string{dir}, Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: blocks,
+		CapacityBytes: z.CapacityBytes, StagingBytes: z.StagingBytes, StagingSlotBytes: z.StagingSlotBytes,
+		QueueDepth: z.QueueDepth, SaveBoundMs: z.SaveBoundMs, SaveBudgetBytes: z.SaveBudgetBytes}
+	gpu := benchenv.GPU()
 	if gpu {
 		cfg.Path = PathGPU
 		cfg.GPUMaxPages = blocks
@@ -112,33 +87,17 @@ func BenchmarkRestore70B(b *testing.B) {
 	if gpu {
 		dkv.upload(b)
 	}
-	var elapsed time.Duration
-	var bytes int64
 	b.SetBytes(payload)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		start := time.Now()
-		l, err := s.Load(chain, pages)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Wait(); err != nil {
-			b.Fatal(err)
-		}
-		elapsed += time.Since(start)
-		if l.Blocks() != blocks {
-			b.Fatalf("restored %d of %d blocks (planned %d; first failure: %v): %v", l.Blocks(), blocks, l.Planned(), l.Failure(), s.Stats())
-		}
-		bytes += payload
-	}
-	b.StopTimer()
+	elapsed := benchenv.TimeLoads(b, blocks, func() (*Load, error) { return s.Load(chain, pages) }, func(l *Load) string {
+		return fmt.Sprintf(" (planned %d; first failure: %v): %v", l.Planned(), l.Failure(), s.Stats())
+	})
 	if gpu {
 		dkv.download(b)
 	}
 	if err := verify(kv, g, chain, pages, blocks); err != nil {
 		b.Fatal(err)
 	}
-	bw := float64(bytes) / elapsed.Seconds()
+	bw := float64(payload) * float64(b.N) / elapsed.Seconds()
 	st := s.Stats()
 	b.ReportMetric(bw/1e9, "GB/s")
 	b.ReportMetric(ceiling/1e9, "ceiling-GB/s")

@@ -1,10 +1,8 @@
 package runtime
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,12 +17,10 @@ import (
 // store, runs fsck (objmap's Check: every header and payload CRC), and checks
 // that every reported save restores bit-exact and that whatever any load
 // serves of the chains the child tried is bit-exact (nothing half-written is
-// served).
+// served). Package crashtest runs both sides.
 
-const (
-	crashEnvDirs = "TUTTI_CRASH_DIRS"
-	crashEnvGen  = "TUTTI_CRASH_GEN"
-)
+var crashEnv = crashtest.Env{Parent: "TestCrash", Child: "TestCrashChild",
+	DirsVar: "TUTTI_CRASH_DIRS", GenVar: "TUTTI_CRASH_GEN"}
 
 func crashConfig(dirs []string) Config {
 	return Config{Dirs: dirs, CapacityBytes: 128 << 20, Geometry: tinyGeometry(), Layout: objmap.LayoutPerLayer,
@@ -33,18 +29,12 @@ func crashConfig(dirs []string) Config {
 
 // TestCrashChild is the child's body; it does nothing unless run by TestCrash.
 func TestCrashChild(t *testing.T) {
-	dirs := os.Getenv(crashEnvDirs)
-	if dirs == "" {
-		t.Skip("run by TestCrash only")
-	}
-	gen, _ := strconv.ParseUint(os.Getenv(crashEnvGen), 10, 64)
+	dirs, gen := crashEnv.ChildArgs(t)
 	rep := crashtest.NewReporter()
-	say := rep.Say
 	cfg := crashConfig(strings.Split(dirs, string(os.PathListSeparator)))
 	s, err := Open(cfg)
 	if err != nil {
-		say("error open: %v", err)
-		os.Exit(2)
+		rep.Fatalf("error open: %v", err)
 	}
 	kv, err := AllocHostKV(cfg.Geometry, cfg.Layout, cfg.NumPages)
 	if err != nil {
@@ -53,114 +43,55 @@ func TestCrashChild(t *testing.T) {
 	if err := s.RegisterKV(kv.Memory()); err != nil {
 		os.Exit(2)
 	}
-	rep.Ready()
-	rng := rand.New(rand.NewPCG(gen, 99))
-	var mine [][]uint64
-	for i := uint64(0); ; i++ {
-		var chain []uint64
-		if len(mine) > 0 && rng.IntN(2) == 0 {
-			base := mine[rng.IntN(len(mine))]
-			chain = append(append([]uint64(nil), base...), chainOf(gen<<40|i<<16, 1+rng.IntN(3))...)
-		} else {
-			chain = chainOf(gen<<40|i<<16, 2+rng.IntN(4))
-		}
+	rep.SaveLoop(gen, 99, func(rng *rand.Rand, chain []uint64) []int32 {
 		pages := pageTable(rng, cfg.Geometry, cfg.NumPages, len(chain))
 		fill(kv, cfg.Geometry, chain, pages)
-		rep.Try(chain)
+		return pages
+	}, func(chain []uint64, pages []int32) (bool, error) {
 		sv, err := s.Save(chain, pages)
 		if err != nil {
-			say("error save: %v", err)
-			os.Exit(2)
+			return false, err
 		}
 		sv.Wait()
-		if sv.Saved()+sv.Skipped(SkipCached) == len(chain) {
-			rep.OK(chain)
-			mine = append(mine, chain)
-		}
-	}
+		return sv.Saved()+sv.Skipped(SkipCached) == len(chain), nil
+	})
 }
 
 func TestCrash(t *testing.T) {
-	if os.Getenv(crashEnvDirs) != "" {
-		t.Skip("in the child")
-	}
-	points := 100
-	if testing.Short() {
-		points = 10
-	}
-	const seed = 20261129
-	rng := rand.New(rand.NewPCG(seed, 1))
-	// A fresh store every pointsPerStore kills keeps fsck (which reads every
-	// payload) from growing with the whole test.
-	const pointsPerStore = 10
-	var dirs []string
 	var cfg Config
-	var okAll [][]uint64
-	triedN, okN := 0, 0
-	defer func() {
-		t.Logf("seed %d: %d kill points, %d saves tried, %d returned success", seed, points, triedN, okN)
-	}()
-	for p := 0; p < points; p++ {
-		if p%pointsPerStore == 0 {
-			dirs = []string{t.TempDir(), t.TempDir()}
-			cfg = crashConfig(dirs)
-			okAll = nil
-		}
-		delay := time.Duration(2+rng.IntN(120)) * time.Millisecond
-		tried, ok := runCrashChild(t, dirs, uint64(p+1), delay)
-		okAll = append(okAll, ok...)
-		triedN += len(tried)
-		okN += len(ok)
-
-		t0 := time.Now()
-		s, kv := openKV(t, cfg)
-		t1 := time.Now()
-		rep, err := s.Check()
-		if os.Getenv("TUTTI_CRASH_TIMING") != "" {
-			t.Logf("point %d: open %v check %v runs %d", p, t1.Sub(t0), time.Since(t1), rep.Recovered)
-		}
-		if err != nil || rep.Corrupt != 0 {
-			t.Fatalf("seed %d point %d (kill after %v): fsck: %v; %v", seed, p, delay, err, rep)
-		}
-		check := append([][]uint64(nil), ok...)
-		for i := 0; i < 10 && len(okAll) > 0; i++ {
-			check = append(check, okAll[rng.IntN(len(okAll))])
-		}
-		for _, ch := range check {
-			pages := pageTable(rng, cfg.Geometry, cfg.NumPages, len(ch))
-			l, err := s.Load(ch, pages)
-			if err != nil {
-				t.Fatalf("seed %d point %d: Load: %v", seed, p, err)
+	crashtest.Plan{Env: crashEnv, Seed: 20261129, Stream: 1, Points: 100, ShortPoints: 10, PerStore: 10, MaxDelayMs: 120}.Run(t,
+		func() string {
+			cfg = crashConfig([]string{t.TempDir(), t.TempDir()})
+			return strings.Join(cfg.Dirs, string(os.PathListSeparator))
+		},
+		func(pt *crashtest.Point) {
+			t0 := time.Now()
+			s, kv := openKV(t, cfg)
+			t1 := time.Now()
+			rep, err := s.Check()
+			if os.Getenv("TUTTI_CRASH_TIMING") != "" {
+				t.Logf("point %d: open %v check %v runs %d", pt.Index, t1.Sub(t0), time.Since(t1), rep.Recovered)
 			}
-			l.Wait()
-			if l.Blocks() != len(ch) {
-				t.Fatalf("seed %d point %d (kill after %v): a save that returned success restores %d of %d blocks; recovery %+v",
-					seed, p, delay, l.Blocks(), len(ch), s.Recovery())
+			if err != nil || rep.Corrupt != 0 {
+				pt.Fatalf(t, "fsck: %v; %v", err, rep)
 			}
-			if err := verify(kv, cfg.Geometry, ch, pages, len(ch)); err != nil {
-				t.Fatalf("seed %d point %d: %v", seed, p, err)
+			restore := func(rng *rand.Rand, ch []uint64) (int, func(int) error, error) {
+				pages := pageTable(rng, cfg.Geometry, cfg.NumPages, len(ch))
+				l, err := s.Load(ch, pages)
+				if err != nil {
+					return 0, nil, err
+				}
+				l.Wait()
+				return l.Blocks(), func(n int) error { return verify(kv, cfg.Geometry, ch, pages, n) }, nil
 			}
-		}
-		for _, ch := range tried {
-			pages := pageTable(rng, cfg.Geometry, cfg.NumPages, len(ch))
-			l, err := s.Load(ch, pages)
-			if err != nil {
-				t.Fatalf("seed %d point %d: Load: %v", seed, p, err)
+			// This child's acknowledged saves and 10 drawn from all since
+			// the store was fresh.
+			check := append([][]uint64(nil), pt.OK...)
+			for i := 0; i < 10 && len(pt.OKAll) > 0; i++ {
+				check = append(check, pt.OKAll[pt.Rand.IntN(len(pt.OKAll))])
 			}
-			l.Wait()
-			if err := verify(kv, cfg.Geometry, ch, pages, l.Blocks()); err != nil {
-				t.Fatalf("seed %d point %d (kill after %v): served half-written data: %v", seed, p, delay, err)
-			}
-		}
-		closeKV(t, s, kv)
-	}
-}
-
-// runCrashChild runs one child generation and kills it after delay (counted
-// from its "ready"). It returns the chains the child tried and those it
-// reported saved.
-func runCrashChild(t *testing.T, dirs []string, gen uint64, delay time.Duration) (tried, ok [][]uint64) {
-	t.Helper()
-	return crashtest.RunChild(t, fmt.Sprintf("child generation %d", gen), "TestCrashChild",
-		[]string{crashEnvDirs + "=" + strings.Join(dirs, string(os.PathListSeparator)), crashEnvGen + "=" + strconv.FormatUint(gen, 10)}, delay)
+			pt.CheckSaved(t, check, restore, s.Recovery())
+			pt.CheckTried(t, restore)
+			closeKV(t, s, kv)
+		})
 }

@@ -4,6 +4,13 @@
 // "ok CHAIN" when the save returned success; the parent kills the child with
 // SIGKILL a chosen time after "ready" and gets back what was tried and what
 // was acknowledged. Any other line is the child's fatal error.
+//
+// Beyond the protocol it holds what runtime's and runtime/tp's crash tests
+// share: the child's seeded save loop (Reporter.SaveLoop), the parent's
+// seeded kill points (Plan.Run) and the checks after each restart
+// (Point.CheckSaved, Point.CheckTried). The tests supply their store: how to
+// open it, fill and save a chain, and restore and verify one. Tests only; it
+// must not be imported by package code.
 package crashtest
 
 import (

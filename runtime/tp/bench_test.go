@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/tutti-io/tutti/internal/benchenv"
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
@@ -31,12 +31,6 @@ import (
 // of KV), TUTTI_BENCH_TOKENS (default 32768), TUTTI_BENCH_STAGING_MIB
 // (default 256 per rank), TUTTI_BENCH_SLOT_MIB (default 32).
 func BenchmarkGroupRestore(b *testing.B) {
-	envInt := func(name string, def int) int {
-		if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-			return v
-		}
-		return def
-	}
 	rankList := os.Getenv("TUTTI_BENCH_RANKS")
 	if rankList == "" {
 		rankList = "1,2,4"
@@ -48,7 +42,7 @@ func BenchmarkGroupRestore(b *testing.B) {
 			b.Fatalf("TUTTI_BENCH_RANKS: %q", f)
 		}
 		b.Run(fmt.Sprintf("ranks=%d", n), func(b *testing.B) {
-			bw := benchGroup(b, n, envInt)
+			bw := benchGroup(b, n)
 			if n == 1 {
 				single = bw
 			}
@@ -59,39 +53,22 @@ func BenchmarkGroupRestore(b *testing.B) {
 	}
 }
 
-func benchGroup(b *testing.B, n int, envInt func(string, int) int) float64 {
-	g := objmap.Geometry{Layers: envInt("TUTTI_BENCH_LAYERS", 80), KVHeads: 8, HeadDim: 128, DType: objmap.BF16,
-		Planes: 2, PageTokens: 16, ChunkPages: 1}
-	tokens := envInt("TUTTI_BENCH_TOKENS", 32<<10)
+func benchGroup(b *testing.B, n int) float64 {
+	g := benchenv.Llama70B(benchenv.Layers(), 1)
+	tokens := benchenv.Int("TUTTI_BENCH_TOKENS", 32<<10)
 	blocks := tokens / g.PageTokens
 	payload := int64(blocks) * g.ChunkBytes() // whole model, all ranks
-	shardPayload := payload / int64(n)
-	var roots []string
-	if d := os.Getenv("TUTTI_BENCH_DIRS"); d != "" {
-		roots = strings.Split(d, ",")
-	} else {
-		roots = []string{b.TempDir()}
-	}
-	cfg := Config{Ranks: n, Store: runtime.Config{
-		CapacityBytes:    shardPayload + shardPayload/8 + 64<<20,
-		Geometry:         g,
-		Layout:           objmap.LayoutPerLayer,
-		NumPages:         blocks,
-		StagingBytes:     int64(envInt("TUTTI_BENCH_STAGING_MIB", 256)) << 20,
-		StagingSlotBytes: int64(envInt("TUTTI_BENCH_SLOT_MIB", 32)) << 20,
-		QueueDepth:       64,
-		SaveBoundMs:      600000,
-		SaveBudgetBytes:  shardPayload * 2,
-	}}
+	z := benchenv.Size(payload / int64(n))
+	cfg := Config{Ranks: n, Store: runtime.Config{Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: blocks,
+		CapacityBytes: z.CapacityBytes, StagingBytes: z.StagingBytes, StagingSlotBytes: z.StagingSlotBytes,
+		QueueDepth: z.QueueDepth, SaveBoundMs: z.SaveBoundMs, SaveBudgetBytes: z.SaveBudgetBytes}}
+	// Rank r's store in the r-th root mod their count.
+	roots := benchenv.Roots(b, 1)
 	for r := 0; r < n; r++ {
-		d, err := os.MkdirTemp(roots[r%len(roots)], fmt.Sprintf("tutti-tp-rank%d-", r))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer os.RemoveAll(d)
+		d := benchenv.Under(b, roots[r%len(roots)], fmt.Sprintf("tutti-tp-rank%d-", r))
 		cfg.Dirs = append(cfg.Dirs, []string{filepath.Clean(d)})
 	}
-	gpu := os.Getenv("TUTTI_BENCH_PATH") == "gpu"
+	gpu := benchenv.GPU()
 	if gpu {
 		cfg.Store.Path = runtime.PathGPU
 		cfg.Store.GPUMaxPages = blocks
@@ -147,24 +124,8 @@ func benchGroup(b *testing.B, n int, envInt func(string, int) int) float64 {
 	}
 	tg.scramble()
 	copyAll(true)
-	var elapsed time.Duration
 	b.SetBytes(payload)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		start := time.Now()
-		l, err := grp.Load(chain, pages)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Wait(); err != nil {
-			b.Fatal(err)
-		}
-		elapsed += time.Since(start)
-		if l.Blocks() != blocks {
-			b.Fatalf("restored %d of %d blocks", l.Blocks(), blocks)
-		}
-	}
-	b.StopTimer()
+	elapsed := benchenv.TimeLoads(b, blocks, func() (*Load, error) { return grp.Load(chain, pages) }, nil)
 	copyAll(false)
 	if err := tg.verify(chain, pages, blocks); err != nil {
 		b.Fatal(err)

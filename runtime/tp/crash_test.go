@@ -1,13 +1,10 @@
 package tp
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tutti-io/tutti/internal/crashtest"
 	"github.com/tutti-io/tutti/objmap"
@@ -23,10 +20,8 @@ import (
 // Open), every successful save is a full hit, and whatever any load serves
 // is bit-exact on every rank.
 
-const (
-	tpCrashEnvDirs = "TUTTI_TP_CRASH_DIRS"
-	tpCrashEnvGen  = "TUTTI_TP_CRASH_GEN"
-)
+var tpCrashEnv = crashtest.Env{Parent: "TestGroupCrash", Child: "TestGroupCrashChild",
+	DirsVar: "TUTTI_TP_CRASH_DIRS", GenVar: "TUTTI_TP_CRASH_GEN"}
 
 func crashGroupConfig(dirs [][]string) Config {
 	return Config{Ranks: len(dirs), Dirs: dirs, Store: runtime.Config{
@@ -54,121 +49,64 @@ func decodeDirs(s string) [][]string {
 // TestGroupCrashChild is the child's body; it does nothing unless run by
 // TestGroupCrash.
 func TestGroupCrashChild(t *testing.T) {
-	env := os.Getenv(tpCrashEnvDirs)
-	if env == "" {
-		t.Skip("run by TestGroupCrash only")
-	}
-	gen, _ := strconv.ParseUint(os.Getenv(tpCrashEnvGen), 10, 64)
+	env, gen := tpCrashEnv.ChildArgs(t)
 	rep := crashtest.NewReporter()
-	say := rep.Say
 	cfg := crashGroupConfig(decodeDirs(env))
 	tg := openGroup(t, cfg)
-	rep.Ready()
-	rng := rand.New(rand.NewPCG(gen, 98))
-	var mine [][]uint64
-	for i := uint64(0); ; i++ {
-		var chain []uint64
-		if len(mine) > 0 && rng.IntN(2) == 0 {
-			base := mine[rng.IntN(len(mine))]
-			chain = append(append([]uint64(nil), base...), chainOf(gen<<40|i<<16, 1+rng.IntN(3))...)
-		} else {
-			chain = chainOf(gen<<40|i<<16, 2+rng.IntN(4))
-		}
+	rep.SaveLoop(gen, 98, func(rng *rand.Rand, chain []uint64) []int32 {
 		pages := pageTable(rng, tg.full, cfg.Store.NumPages, len(chain))
 		tg.fill(chain, pages)
-		rep.Try(chain)
+		return pages
+	}, func(chain []uint64, pages []int32) (bool, error) {
 		sv, err := tg.Save(chain, pages)
 		if err != nil {
-			say("error save: %v", err)
-			os.Exit(2)
+			return false, err
 		}
 		sv.Wait()
-		if sv.Failed() == nil && sv.Resident() == len(chain) {
-			rep.OK(chain)
-			mine = append(mine, chain)
-		}
-	}
+		return sv.Failed() == nil && sv.Resident() == len(chain), nil
+	})
 }
 
 func TestGroupCrash(t *testing.T) {
-	if os.Getenv(tpCrashEnvDirs) != "" {
-		t.Skip("in the child")
-	}
-	points := 16
-	if testing.Short() {
-		points = 4
-	}
-	const seed = 20261129
-	rng := rand.New(rand.NewPCG(seed, 2))
-	const pointsPerGroup = 8
-	var dirs [][]string
-	var okAll [][]uint64
-	triedN, okN, discarded := 0, 0, 0
+	var cfg Config
+	discarded := 0
 	defer func() {
-		t.Logf("seed %d: %d kill points, %d saves tried, %d returned success, %d blocks found on some ranks only and discarded at reopen",
-			seed, points, triedN, okN, discarded)
+		t.Logf("%d blocks found on some ranks only and discarded at reopen", discarded)
 	}()
-	for p := 0; p < points; p++ {
-		if p%pointsPerGroup == 0 {
-			dirs = [][]string{{t.TempDir()}, {t.TempDir()}}
-			okAll = nil
-		}
-		delay := time.Duration(2+rng.IntN(100)) * time.Millisecond
-		tried, ok := runGroupCrashChild(t, dirs, uint64(p+1), delay)
-		okAll = append(okAll, ok...)
-		triedN += len(tried)
-		okN += len(ok)
-
-		cfg := crashGroupConfig(dirs)
-		tg := openGroup(t, cfg)
-		rep := tg.Recovery()
-		for _, d := range rep.DiscardedBlocks {
-			discarded += d
-		}
-		for r := 0; r < tg.Ranks(); r++ {
-			if crep, err := tg.Rank(r).Check(); err != nil || crep.Corrupt != 0 {
-				t.Fatalf("seed %d point %d (kill after %v): rank %d fsck: %v; %v", seed, p, delay, r, err, crep)
+	crashtest.Plan{Env: tpCrashEnv, Seed: 20261129, Stream: 2, Points: 16, ShortPoints: 4, PerStore: 8, MaxDelayMs: 100}.Run(t,
+		func() string {
+			cfg = crashGroupConfig([][]string{{t.TempDir()}, {t.TempDir()}})
+			return encodeDirs(cfg.Dirs)
+		},
+		func(pt *crashtest.Point) {
+			tg := openGroup(t, cfg)
+			rep := tg.Recovery()
+			for _, d := range rep.DiscardedBlocks {
+				discarded += d
 			}
-		}
-		// All or nothing after the restart: every rank holds exactly what
-		// the group serves, for every chain the child touched.
-		for _, ch := range append(tried, okAll...) {
-			n := tg.Lookup(ch)
 			for r := 0; r < tg.Ranks(); r++ {
-				if got := tg.Rank(r).Resident(ch); got != n {
-					t.Fatalf("seed %d point %d (kill after %v): rank %d has %d blocks of %x, the group serves %d; recovery %+v",
-						seed, p, delay, r, got, ch, n, rep)
+				if crep, err := tg.Rank(r).Check(); err != nil || crep.Corrupt != 0 {
+					pt.Fatalf(t, "rank %d fsck: %v; %v", r, err, crep)
 				}
 			}
-		}
-		for _, ch := range okAll {
-			pages := pageTable(rng, tg.full, cfg.Store.NumPages, len(ch))
-			tg.scramble()
-			if l := loadWait(t, tg, ch, pages); l.Blocks() != len(ch) {
-				t.Fatalf("seed %d point %d (kill after %v): a save that returned success restores %d of %d blocks; recovery %+v",
-					seed, p, delay, l.Blocks(), len(ch), rep)
+			// All or nothing after the restart: every rank holds exactly what
+			// the group serves, for every chain the child touched.
+			for _, ch := range append(pt.Tried, pt.OKAll...) {
+				n := tg.Lookup(ch)
+				for r := 0; r < tg.Ranks(); r++ {
+					if got := tg.Rank(r).Resident(ch); got != n {
+						pt.Fatalf(t, "rank %d has %d blocks of %x, the group serves %d; recovery %+v", r, got, ch, n, rep)
+					}
+				}
 			}
-			if err := tg.verify(ch, pages, len(ch)); err != nil {
-				t.Fatalf("seed %d point %d: %v", seed, p, err)
+			restore := func(rng *rand.Rand, ch []uint64) (int, func(int) error, error) {
+				pages := pageTable(rng, tg.full, cfg.Store.NumPages, len(ch))
+				tg.scramble()
+				l := loadWait(t, tg, ch, pages)
+				return l.Blocks(), func(n int) error { return tg.verify(ch, pages, n) }, nil
 			}
-		}
-		for _, ch := range tried {
-			pages := pageTable(rng, tg.full, cfg.Store.NumPages, len(ch))
-			tg.scramble()
-			l := loadWait(t, tg, ch, pages)
-			if err := tg.verify(ch, pages, l.Blocks()); err != nil {
-				t.Fatalf("seed %d point %d (kill after %v): served half-written data: %v", seed, p, delay, err)
-			}
-		}
-		tg.close(t)
-	}
-}
-
-// runGroupCrashChild runs one child generation and kills it after delay
-// (counted from its "ready"). It returns the chains the child tried and
-// those it reported saved.
-func runGroupCrashChild(t *testing.T, dirs [][]string, gen uint64, delay time.Duration) (tried, ok [][]uint64) {
-	t.Helper()
-	return crashtest.RunChild(t, fmt.Sprintf("child generation %d", gen), "TestGroupCrashChild",
-		[]string{tpCrashEnvDirs + "=" + encodeDirs(dirs), tpCrashEnvGen + "=" + strconv.FormatUint(gen, 10)}, delay)
+			pt.CheckSaved(t, pt.OKAll, restore, rep)
+			pt.CheckTried(t, restore)
+			tg.close(t)
+		})
 }

@@ -1,0 +1,153 @@
+// Package benchenv is what the store's restore benchmarks share (runtime's
+// BenchmarkRestore70B and BenchmarkRestoreStriped70B, runtime/tp's
+// BenchmarkGroupRestore): their TUTTI_BENCH_* environment knobs, the
+// Llama-3-70B KV shape, the sizing of a store that holds one restore, and
+// the timed loop. Tests and benchmarks only; it must not be imported by
+// package code.
+//
+// Knobs read here: TUTTI_BENCH_PATH=gpu (GPU), TUTTI_BENCH_LAYERS (Layers),
+// TUTTI_BENCH_STAGING_MIB and TUTTI_BENCH_SLOT_MIB (Size), TUTTI_BENCH_DIR
+// (Dir) and TUTTI_BENCH_DIRS (Dirs, Roots). Each benchmark documents the
+// knobs it reads.
+package benchenv
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tutti-io/tutti/objmap"
+)
+
+// Int returns the positive integer in the environment variable name, or def
+// when it is unset, not a number or not positive.
+func Int(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// GPU says whether TUTTI_BENCH_PATH=gpu asks for the GPU path.
+func GPU() bool { return os.Getenv("TUTTI_BENCH_PATH") == "gpu" }
+
+// Layers is TUTTI_BENCH_LAYERS (default 80, the whole 70B model).
+func Layers() int { return Int("TUTTI_BENCH_LAYERS", 80) }
+
+// Llama70B is the Llama-3-70B KV shape (8 KV heads, head dim 128, bf16,
+// 16-token pages, K and V planes) with the given layers and pages per chain
+// block (1: vLLM's per-page hashing; 32: 512-token blocks).
+func Llama70B(layers, chunkPages int) objmap.Geometry {
+	return objmap.Geometry{Layers: layers, KVHeads: 8, HeadDim: 128, DType: objmap.BF16,
+		Planes: 2, PageTokens: 16, ChunkPages: chunkPages}
+}
+
+// Sizing is the configuration of a store that holds one restore of
+// payloadBytes: the payload plus an eighth and 64 MiB of capacity,
+// TUTTI_BENCH_STAGING_MIB (default 256) of staging in TUTTI_BENCH_SLOT_MIB
+// (default 32) slots, queue depth 64, and a save bound and budget that let
+// the one large save finish whole.
+type Sizing struct {
+	CapacityBytes, StagingBytes, StagingSlotBytes, SaveBudgetBytes int64
+	QueueDepth, SaveBoundMs                                        int
+}
+
+// Size returns the Sizing for payloadBytes.
+func Size(payloadBytes int64) Sizing {
+	return Sizing{
+		CapacityBytes:    payloadBytes + payloadBytes/8 + 64<<20,
+		StagingBytes:     int64(Int("TUTTI_BENCH_STAGING_MIB", 256)) << 20,
+		StagingSlotBytes: int64(Int("TUTTI_BENCH_SLOT_MIB", 32)) << 20,
+		QueueDepth:       64,
+		SaveBoundMs:      600000,
+		SaveBudgetBytes:  payloadBytes * 2,
+	}
+}
+
+// Under makes a fresh directory under root (os.MkdirTemp's pattern) and
+// removes it with all it holds when the benchmark's run ends.
+func Under(tb testing.TB, root, pattern string) string {
+	tb.Helper()
+	d, err := os.MkdirTemp(root, pattern)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// Dir is one store directory: a fresh one under TUTTI_BENCH_DIR, or a
+// temporary one.
+func Dir(tb testing.TB) string {
+	tb.Helper()
+	if root := os.Getenv("TUTTI_BENCH_DIR"); root != "" {
+		return Under(tb, root, "tutti-bench-")
+	}
+	return tb.TempDir()
+}
+
+// Roots is TUTTI_BENCH_DIRS (comma-separated directories, one file system
+// each), or n temporary directories.
+func Roots(tb testing.TB, n int) []string {
+	tb.Helper()
+	if env := os.Getenv("TUTTI_BENCH_DIRS"); env != "" {
+		return strings.Split(env, ",")
+	}
+	roots := make([]string, n)
+	for i := range roots {
+		roots[i] = tb.TempDir()
+	}
+	return roots
+}
+
+// Dirs is striped store directories: a fresh one under each of
+// TUTTI_BENCH_DIRS, or n temporary ones.
+func Dirs(tb testing.TB, n int) []string {
+	tb.Helper()
+	if os.Getenv("TUTTI_BENCH_DIRS") == "" {
+		return Roots(tb, n)
+	}
+	var dirs []string
+	for _, root := range Roots(tb, n) {
+		dirs = append(dirs, Under(tb, root, "tutti-bench-"))
+	}
+	return dirs
+}
+
+// Loaded is a load in flight (runtime's and runtime/tp's Load).
+type Loaded interface {
+	Wait() error
+	Blocks() int
+}
+
+// TimeLoads runs load (start restoring the whole prefix of blocks chain
+// blocks) b.N times, each waited for, with b's timer reset before and
+// stopped after, and returns the loads' total time. An error, or a load that
+// restored fewer blocks, fails b; why(l), when not nil, adds to the message.
+func TimeLoads[L Loaded](b *testing.B, blocks int, load func() (L, error), why func(L) string) time.Duration {
+	b.Helper()
+	var elapsed time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		l, err := load()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		elapsed += time.Since(start)
+		if l.Blocks() != blocks {
+			msg := ""
+			if why != nil {
+				msg = why(l)
+			}
+			b.Fatalf("restored %d of %d blocks%s", l.Blocks(), blocks, msg)
+		}
+	}
+	b.StopTimer()
+	return elapsed
+}
