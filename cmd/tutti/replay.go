@@ -117,8 +117,14 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if *tracePath != "" {
 		traceDesc = *tracePath
 	}
-	topts := trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad}
-	reqs, st, err := readTrace(*tracePath, topts, trace.Window{First: *requests, FromMs: *fromMs, ToMs: *toMs})
+	// Read and parsed once: the window, its warm-up history and the
+	// arrival spread are cut from it, each as a read of just that part
+	// would give it (trace.Parsed.Select).
+	parsed, err := parseTrace(*tracePath, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad})
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", traceDesc, err)
+	}
+	reqs, st, err := parsed.Select(trace.Window{First: *requests, FromMs: *fromMs, ToMs: *toMs})
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", traceDesc, err)
 	}
@@ -130,11 +136,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	var warm *harness.Warm
 	if *warmMs > 0 {
-		if warm, err = readHistory(*tracePath, topts, reqs[0].TimestampMs, *warmMs); err != nil {
+		if warm, err = warmHistory(parsed, reqs[0].TimestampMs, *warmMs); err != nil {
 			return fmt.Errorf("reading the warm-up history of %s: %w", traceDesc, err)
 		}
 	}
-	if err := spreadAsInTrace(reqs, *tracePath, topts); err != nil {
+	if err := spreadAsInTrace(reqs, parsed); err != nil {
 		return fmt.Errorf("spreading the arrivals of %s: %w", traceDesc, err)
 	}
 	trace.Rebase(reqs)
@@ -341,18 +347,21 @@ func printSummary(w io.Writer, res *harness.Result) {
 	}
 }
 
-// readTrace reads window w of the trace at path (the embedded window when
-// path is empty).
-func readTrace(path string, opts trace.Options, w trace.Window) ([]trace.Request, trace.Stats, error) {
+// parseTrace reads and parses the whole trace at path (the embedded window
+// when path is empty) once. A malformed line (without --skip-bad) is not an
+// error here but in Parsed.Err, returned by the selections that reach it:
+// the window fails only when it reaches the line, the arrival spread (the
+// whole trace) whenever there is one.
+func parseTrace(path string, opts trace.Options) (*trace.Parsed, error) {
 	if path == "" {
-		return trace.ReadAll(bytes.NewReader(eval.DefaultWindow), opts, w)
+		return trace.Parse(bytes.NewReader(eval.DefaultWindow), opts), nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, trace.Stats{}, err
+		return nil, err
 	}
 	defer f.Close()
-	return trace.ReadAll(f, opts, w)
+	return trace.Parse(f, opts), nil
 }
 
 // spreadAsInTrace gives the window's requests the arrival times they have
@@ -362,8 +371,8 @@ func readTrace(path string, opts trace.Options, w trace.Window) ([]trace.Request
 // to 28 requests), keeps the spacing the whole bucket has, instead of
 // arriving all at once or spread over the bucket as if only its own
 // requests were in it. Requests are matched by trace line.
-func spreadAsInTrace(reqs []trace.Request, path string, opts trace.Options) error {
-	all, _, err := readTrace(path, opts, trace.Window{})
+func spreadAsInTrace(reqs []trace.Request, parsed *trace.Parsed) error {
+	all, _, err := parsed.Select(trace.Window{})
 	if err != nil {
 		return err
 	}
@@ -382,16 +391,16 @@ func spreadAsInTrace(reqs []trace.Request, path string, opts trace.Options) erro
 	return nil
 }
 
-// readHistory reads the warm-up history of a window whose first request has
+// warmHistory cuts the warm-up history of a window whose first request has
 // trace timestamp startMs: the requests of the previous warmMs ms, i.e.
 // timestamps in [startMs - warmMs, startMs). A window at the trace's
 // timestamp 0 has none (and a Window's ToMs of 0 would mean no end).
-func readHistory(path string, opts trace.Options, startMs, warmMs float64) (*harness.Warm, error) {
+func warmHistory(parsed *trace.Parsed, startMs, warmMs float64) (*harness.Warm, error) {
 	w := &harness.Warm{DurationMs: warmMs, FromMs: startMs - warmMs, ToMs: startMs}
 	if startMs <= 0 {
 		return w, nil
 	}
-	hist, _, err := readTrace(path, opts, trace.Window{FromMs: w.FromMs, ToMs: w.ToMs})
+	hist, _, err := parsed.Select(trace.Window{FromMs: w.FromMs, ToMs: w.ToMs})
 	if err != nil {
 		return nil, err
 	}

@@ -141,6 +141,37 @@ func TestReplayTuttiSaveBound(t *testing.T) {
 	}
 }
 
+// TestReplayTraceErrorWhere: the trace is parsed once, yet a malformed line
+// fails the step that reaches it, as when each step read the file itself: a
+// window that ends before line 3 fails on spreading the arrivals (which
+// needs the whole trace), one that reaches it on reading the window; both
+// name the line. Both fail before any backend runs.
+func TestReplayTraceErrorWhere(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	lines := `{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}
+{"timestamp": 10, "input_length": 600, "output_length": 1, "hash_ids": [1, 3]}
+{"timestamp": 20, "input_length": 600, "output_length": 1, "hash_ids": [1]}
+`
+	if err := os.WriteFile(path, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--requests", "2"}, "spreading the arrivals of " + path + ": trace line 3: field hash_ids"},
+		{[]string{"--to-ms", "10"}, "spreading the arrivals of " + path + ": trace line 3: field hash_ids"},
+		{[]string{"--requests", "3"}, "reading " + path + ": trace line 3: field hash_ids"},
+		{[]string{"--from-ms", "15"}, "reading " + path + ": trace line 3: field hash_ids"},
+	} {
+		var stderr bytes.Buffer
+		args := append([]string{"replay", "--trace", path, "--backends", "dram", "--no-ceiling", "--out", t.TempDir()}, c.args...)
+		if code := run(args, &bytes.Buffer{}, &stderr); code == 0 || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q: want %q", c.args, code, stderr.String(), c.want)
+		}
+	}
+}
+
 // TestSpreadAsInTrace: a window inside one timestamp bucket keeps the
 // spacing the whole bucket has in the trace (here 6 requests over the 3 s to
 // the next bucket: 500 ms apart), instead of arriving all at once.
@@ -160,7 +191,10 @@ func TestSpreadAsInTrace(t *testing.T) {
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	opts := trace.Options{BlockTokens: 512}
+	parsed, err := parseTrace(path, trace.Options{BlockTokens: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		w    trace.Window
 		want []float64
@@ -169,11 +203,11 @@ func TestSpreadAsInTrace(t *testing.T) {
 		{trace.Window{FromMs: 1, First: 8}, []float64{3000, 3500, 4000, 4500, 5000, 5500, 6000, 7500}},
 		{trace.Window{First: 2}, []float64{0, 750}},
 	} {
-		reqs, _, err := readTrace(path, opts, c.w)
+		reqs, _, err := parsed.Select(c.w)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := spreadAsInTrace(reqs, path, opts); err != nil {
+		if err := spreadAsInTrace(reqs, parsed); err != nil {
 			t.Fatal(err)
 		}
 		var got []float64

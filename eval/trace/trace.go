@@ -14,9 +14,15 @@
 // the line number and the field; with Options.SkipBad the line is skipped and
 // counted instead (Reader.Skipped), never silently dropped.
 //
-// Replay helpers work on a slice of requests: Select (first N or a time range),
-// Scale (multiply arrival times) and Spread (place requests that share a
-// timestamp bucket evenly within it, deterministically).
+// ReadAll streams one Window (first N or a time range) and stops at its end.
+// Parse reads a whole trace once and Parsed.Select cuts any number of windows
+// from it, each with exactly what ReadAll returns for that window (requests,
+// stats, error), so a caller that needs several windows of one file reads it
+// once.
+//
+// Replay helpers work on a slice of requests: Rebase, Scale (multiply arrival
+// times) and Spread (place requests that share a timestamp bucket evenly
+// within it, deterministically).
 package trace
 
 import (
@@ -336,8 +342,8 @@ type Stats struct {
 // window (timestamps are monotone), so a small window of a large trace is cheap.
 func ReadAll(r io.Reader, opts Options, w Window) ([]Request, Stats, error) {
 	rd := NewReader(r, opts)
-	var reqs []Request
-	for w.First <= 0 || len(reqs) < w.First {
+	sel := selector{w: w}
+	for !sel.done() {
 		req, err := rd.Next()
 		if errors.Is(err, io.EOF) {
 			break
@@ -345,15 +351,98 @@ func ReadAll(r io.Reader, opts Options, w Window) ([]Request, Stats, error) {
 		if err != nil {
 			return nil, Stats{}, err
 		}
-		if req.TimestampMs < w.FromMs {
-			continue
-		}
-		if w.ToMs > 0 && req.TimestampMs >= w.ToMs {
+		sel.offer(req)
+	}
+	return sel.reqs, Stats{Lines: rd.Lines(), Skipped: rd.Skipped(), FirstSkipped: rd.FirstSkipped(), Requests: len(sel.reqs)}, nil
+}
+
+// selector applies a Window to valid requests in trace order. ReadAll and
+// Parsed.Select share it, so both cut the same window and stop at the same
+// request.
+type selector struct {
+	w    Window
+	reqs []Request
+	past bool // a request at or after ToMs was offered
+}
+
+// done reports whether the window is complete: no later request can join it,
+// so a reader stops here (and never sees a malformed line after it).
+func (s *selector) done() bool {
+	return s.past || (s.w.First > 0 && len(s.reqs) >= s.w.First)
+}
+
+func (s *selector) offer(req Request) {
+	switch {
+	case req.TimestampMs < s.w.FromMs:
+	case s.w.ToMs > 0 && req.TimestampMs >= s.w.ToMs:
+		s.past = true
+	default:
+		s.reqs = append(s.reqs, req)
+	}
+}
+
+// Parsed is a whole trace read once: every valid request plus where each was
+// read, so Select can answer any window as ReadAll would have, reading only
+// up to that window's end.
+type Parsed struct {
+	Requests []Request // every valid request, in trace order
+	Stats    Stats     // of the whole read (up to Err)
+	// Err ended the reading before the end of the input: a *LineError
+	// without SkipBad, a line longer than MaxLineBytes, or a read error. It
+	// is not Parse's error because a window that ends before it is unaffected
+	// (ReadAll stops before reaching it); Select returns it for the windows
+	// that reach it.
+	Err error
+	// skippedBefore[i] is how many lines SkipBad had skipped when
+	// Requests[i] was read.
+	skippedBefore []int
+}
+
+// Parse reads every request of r, as ReadAll with an empty Window would but
+// keeping a malformed line's error (or a read error) in Parsed.Err instead of
+// dropping the requests before it. Memory: the valid requests plus one int
+// each.
+func Parse(r io.Reader, opts Options) *Parsed {
+	rd := NewReader(r, opts)
+	p := &Parsed{}
+	for {
+		req, err := rd.Next()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				p.Err = err
+			}
 			break
 		}
-		reqs = append(reqs, req)
+		p.Requests = append(p.Requests, req)
+		p.skippedBefore = append(p.skippedBefore, rd.Skipped())
 	}
-	return reqs, Stats{Lines: rd.Lines(), Skipped: rd.Skipped(), FirstSkipped: rd.FirstSkipped(), Requests: len(reqs)}, nil
+	p.Stats = Stats{Lines: rd.Lines(), Skipped: rd.Skipped(), FirstSkipped: rd.FirstSkipped(), Requests: len(p.Requests)}
+	return p
+}
+
+// Select returns window w of the parsed trace: the requests, stats and error
+// ReadAll returns for w on the same input with the same Options. The slice is
+// new (callers may change arrival times); the requests' HashIDs are shared
+// with p.Requests and must not be modified.
+func (p *Parsed) Select(w Window) ([]Request, Stats, error) {
+	sel := selector{w: w}
+	for i, req := range p.Requests {
+		sel.offer(req)
+		if sel.done() {
+			// ReadAll stops right after reading this request's line.
+			st := Stats{Lines: req.Line, Skipped: p.skippedBefore[i], Requests: len(sel.reqs)}
+			if st.Skipped > 0 {
+				st.FirstSkipped = p.Stats.FirstSkipped
+			}
+			return sel.reqs, st, nil
+		}
+	}
+	if p.Err != nil {
+		return nil, Stats{}, p.Err
+	}
+	st := p.Stats
+	st.Requests = len(sel.reqs)
+	return sel.reqs, st, nil
 }
 
 // Rebase shifts arrival times so the first request arrives at 0 (a window cut
