@@ -363,11 +363,36 @@ class ConfigErrorTest(unittest.TestCase):
                     dirs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)), num_dirs=1, path=1,
                     capacity_bytes=64 << 20, layers=2, kv_heads=1, head_dim=64, dtype=2, planes=2,
                     page_tokens=16, chunk_pages=1, layout=1, num_pages=8)
-        for field, val in (("path", 9), ("dtype", 0), ("dtype", 9), ("layout", 0), ("reserved", 1), ("reserved2", 1)):
+        for field, val in (("path", 9), ("dtype", 0), ("dtype", 9), ("layout", 0), ("reserved", 1), ("reserved2", 1),
+                           ("reserved3", 1)):
             cfg = _lib.tutti_config(**dict(base, **{field: val}))
             h = ctypes.c_uint64()
             self.assertEqual(lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), tutti.InvalidArgument.code, field)
             self.assertIn(field, tutti.last_error())
+
+    def test_abi_1_0_config(self):
+        """A 1.0 caller's tutti_config (208 bytes) opens: the 1.1 fields past
+        its struct_size read as 0, whatever lies in memory there."""
+        lib = _lib.lib()
+        d = tempfile.mkdtemp(prefix="tutti-pytest-")
+        self.addCleanup(shutil.rmtree, d, True)
+        arr = (ctypes.c_char_p * 1)(d.encode())
+        cfg = _lib.tutti_config(struct_size=208, abi_major=1,
+                                dirs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)), num_dirs=1, path=1,
+                                capacity_bytes=64 << 20, layers=2, kv_heads=1, head_dim=64, dtype=2, planes=2,
+                                page_tokens=16, chunk_pages=1, layout=1, num_pages=8,
+                                gpu_max_io_bytes=4097, reserved3=7)
+        h = ctypes.c_uint64()
+        self.assertEqual(lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), 0, tutti.last_error())
+        self.assertEqual(lib.tutti_close(h.value), 0, tutti.last_error())
+
+    def test_gpu_reads(self):
+        for kw, frag in ((dict(gpu_max_io_bytes=4097), "GPUMaxIOBytes"), (dict(gpu_io_window=5000), "GPUIOWindow"),
+                         (dict(gpu_lookahead=17), "GPULookahead")):
+            with self.assertRaises(tutti.InvalidArgument) as cm:
+                self.open(**kw)
+            self.assertIn(frag, str(cm.exception))
+        self.open(gpu_io_window=384, gpu_max_io_bytes=4 << 20, gpu_lookahead=4).close()
 
     def test_gpu_path_without_gpu(self):
         try:

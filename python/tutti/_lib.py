@@ -18,7 +18,7 @@ import threading
 # The ABI this binding was written for. A library of another major is refused
 # at load; a lower minor than ABI_MINOR_NEEDED too.
 ABI_MAJOR = 1
-ABI_MINOR_NEEDED = 0
+ABI_MINOR_NEEDED = 1  # 1.1: tutti_config's gpu_io_window, gpu_max_io_bytes, gpu_lookahead
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
@@ -60,6 +60,10 @@ class tutti_config(ctypes.Structure):
         ("gpu_max_pages", ctypes.c_int32),
         ("gpu_max_runs", ctypes.c_int32),
         ("reserved2", ctypes.c_uint32),
+        ("gpu_io_window", ctypes.c_int32),
+        ("gpu_max_io_bytes", ctypes.c_int32),
+        ("gpu_lookahead", ctypes.c_int32),
+        ("reserved3", ctypes.c_uint32),
     ]
 
 

@@ -130,13 +130,19 @@ class Store:
                  layout: str = "per_layer", path: str = "cpu", queue_depth: int = 0, save_bound_ms: int = 0,
                  staging_bytes: int = 0, staging_slot_bytes: int = 0, max_loads: int = 0,
                  compute: dict = None, device: dict = None, save_budget_bytes: int = 0,
-                 gpu_device: int = 0, gpu_max_pages: int = 0, gpu_max_runs: int = 0):
+                 gpu_device: int = 0, gpu_max_pages: int = 0, gpu_max_runs: int = 0,
+                 gpu_io_window: int = 0, gpu_max_io_bytes: int = 0, gpu_lookahead: int = 0):
         """``compute`` (keys fixed_ns, per_token_ns, per_pair_ns: prefill time
         per layer) lets the scheduler leave a stored tail to recompute where
         that is faster; without it every stored block is loaded. ``device``
         (keys read_bytes_per_sec, write_bytes_per_sec, read_iops, write_iops,
         read_latency_ns, read_share_under_writes, write_share_under_reads;
-        from `tutti devbench`) describes each directory's device."""
+        from `tutti devbench`) describes each directory's device.
+        ``gpu_io_window``, ``gpu_max_io_bytes`` and ``gpu_lookahead`` size the
+        GPU path's reads (0: queue_depth, 1 MiB, 1); `tutti gpubench` sizes
+        them to the devices: 3/4 of each device's nr_requests (at most 128
+        each), the largest read its max_sectors_kb allows, and enough layers
+        to fill the window."""
         if layout not in _LAYOUTS:
             raise ValueError(f"layout = {layout!r}, want one of {sorted(_LAYOUTS)}")
         if path not in _PATHS:
@@ -158,6 +164,7 @@ class Store:
             queue_depth=queue_depth, save_bound_ms=save_bound_ms, staging_bytes=staging_bytes,
             staging_slot_bytes=staging_slot_bytes, max_loads=max_loads, save_budget_bytes=save_budget_bytes,
             gpu_device=gpu_device, gpu_max_pages=gpu_max_pages, gpu_max_runs=gpu_max_runs,
+            gpu_io_window=gpu_io_window, gpu_max_io_bytes=gpu_max_io_bytes, gpu_lookahead=gpu_lookahead,
         )
         for prefix, given in (("compute_", compute), ("device_", device)):
             for k, v in (given or {}).items():

@@ -11,7 +11,7 @@ import (
 // ABI version of this library (TUTTI_ABI_MAJOR/MINOR in tutti.h).
 const (
 	abiMajor = 1
-	abiMinor = 0
+	abiMinor = 1
 )
 
 // Values of the enums in tutti.h (TestHeaderEnums keeps them equal).
@@ -65,6 +65,9 @@ type config struct {
 	gpuDevice, gpuMaxPages         int32
 	gpuMaxRuns                     int32
 	reserved2                      uint32
+	// ABI 1.1 (zero from a 1.0 caller)
+	gpuIOWindow, gpuMaxIOBytes, gpuLookahead int32
+	reserved3                                uint32
 }
 
 // runtimeConfig checks what the runtime cannot see (ABI version, enum
@@ -75,8 +78,8 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	if c.abiMajor != abiMajor {
 		return rc, errorf(errVersion, "tutti_config.abi_major = %d, this library is ABI %d.%d", c.abiMajor, abiMajor, abiMinor)
 	}
-	if c.reserved != 0 || c.reserved2 != 0 {
-		return rc, errorf(errInvalidArgument, "tutti_config.reserved = %d, reserved2 = %d: both must be 0", c.reserved, c.reserved2)
+	if c.reserved != 0 || c.reserved2 != 0 || c.reserved3 != 0 {
+		return rc, errorf(errInvalidArgument, "tutti_config.reserved = %d, reserved2 = %d, reserved3 = %d: all must be 0", c.reserved, c.reserved2, c.reserved3)
 	}
 	switch c.path {
 	case pathCPU:
@@ -118,6 +121,7 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	rc.MaxLoads = int(c.maxLoads)
 	rc.SaveBudgetBytes = c.saveBudgetBytes
 	rc.GPUDevice, rc.GPUMaxPages, rc.GPUMaxRuns = int(c.gpuDevice), int(c.gpuMaxPages), int(c.gpuMaxRuns)
+	rc.GPUIOWindow, rc.GPUMaxIOBytes, rc.GPULookahead = int(c.gpuIOWindow), int(c.gpuMaxIOBytes), int(c.gpuLookahead)
 	rc.Compute = sched.ComputeModel{FixedNs: c.compute[0], PerTokenNs: c.compute[1], PerPairNs: c.compute[2]}
 	d := c.device
 	rc.Device = sched.DeviceProfile{ReadBytesPerSec: d[0], WriteBytesPerSec: d[1], ReadIOPS: d[2], WriteIOPS: d[3],

@@ -25,6 +25,11 @@ func TestRuntimeConfig(t *testing.T) {
 	if rc.Path != runtime.PathCPU || rc.Layout != objmap.LayoutPerLayer || rc.Geometry.DType != objmap.FP16 || rc.NumPages != 64 {
 		t.Fatalf("converted config %+v", rc)
 	}
+	g := goodConfig()
+	g.gpuIOWindow, g.gpuMaxIOBytes, g.gpuLookahead = 384, 4<<20, 4
+	if rc, err := g.runtimeConfig(); err != nil || rc.GPUIOWindow != 384 || rc.GPUMaxIOBytes != 4<<20 || rc.GPULookahead != 4 {
+		t.Fatalf("GPU reads: %+v %v", rc, err)
+	}
 	cases := []struct {
 		name   string
 		change func(*config)
@@ -43,6 +48,10 @@ func TestRuntimeConfig(t *testing.T) {
 		{"capacity", func(c *config) { c.capacityBytes = 0 }, errInvalidArgument, "CapacityBytes"},
 		{"queue depth", func(c *config) { c.queueDepth = -5 }, errInvalidArgument, "QueueDepth"},
 		{"dup dirs", func(c *config) { c.dirs = []string{"/a", "/a"} }, errInvalidArgument, "twice"},
+		{"reserved3", func(c *config) { c.reserved3 = 1 }, errInvalidArgument, "reserved3"},
+		{"gpu max io", func(c *config) { c.gpuMaxIOBytes = 4097 }, errInvalidArgument, "GPUMaxIOBytes"},
+		{"gpu window", func(c *config) { c.gpuIOWindow = -1 }, errInvalidArgument, "GPUIOWindow"},
+		{"gpu lookahead", func(c *config) { c.gpuLookahead = 17 }, errInvalidArgument, "GPULookahead"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

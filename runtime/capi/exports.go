@@ -32,17 +32,20 @@ import (
 
 func main() {}
 
-// Version-1 sizes of the growable structs: a caller's struct_size below them
-// is refused. The array lengths fail to compile if tutti.h changes them.
+// Version-1.0 sizes of the growable structs: a caller's struct_size below
+// them is refused; fields past a caller's struct_size read as 0. The array
+// lengths fail to compile if tutti.h changes the sizes.
 const (
 	configSizeV1 = 208
 	statsSizeV1  = 176
 	recovSizeV1  = 32
+	// configSize is tutti_config of ABI 1.1 (gpu_io_window ... reserved3).
+	configSize = 224
 )
 
 var (
-	_ [configSizeV1 - unsafe.Sizeof(C.tutti_config{})]byte
-	_ [unsafe.Sizeof(C.tutti_config{}) - configSizeV1]byte
+	_ [configSize - unsafe.Sizeof(C.tutti_config{})]byte
+	_ [unsafe.Sizeof(C.tutti_config{}) - configSize]byte
 	_ [statsSizeV1 - unsafe.Sizeof(C.tutti_stats{})]byte
 	_ [unsafe.Sizeof(C.tutti_stats{}) - statsSizeV1]byte
 	_ [recovSizeV1 - unsafe.Sizeof(C.tutti_recovery{})]byte
@@ -233,6 +236,8 @@ func readConfig(p *C.tutti_config) (config, error) {
 	c.saveBudgetBytes = int64(local.save_budget_bytes)
 	c.gpuDevice, c.gpuMaxPages, c.gpuMaxRuns = int32(local.gpu_device), int32(local.gpu_max_pages), int32(local.gpu_max_runs)
 	c.reserved2 = uint32(local.reserved2)
+	c.gpuIOWindow, c.gpuMaxIOBytes, c.gpuLookahead = int32(local.gpu_io_window), int32(local.gpu_max_io_bytes), int32(local.gpu_lookahead)
+	c.reserved3 = uint32(local.reserved3)
 	c.compute = [3]float64{float64(local.compute_fixed_ns), float64(local.compute_per_token_ns), float64(local.compute_per_pair_ns)}
 	c.device = [7]float64{float64(local.device_read_bytes_per_sec), float64(local.device_write_bytes_per_sec),
 		float64(local.device_read_iops), float64(local.device_write_iops), float64(local.device_read_latency_ns),

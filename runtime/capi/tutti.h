@@ -47,7 +47,7 @@ extern "C" {
  * and minor >= the minor it needs. tutti_abi_version() returns
  * (major << 16) | minor. */
 #define TUTTI_ABI_MAJOR 1
-#define TUTTI_ABI_MINOR 0
+#define TUTTI_ABI_MINOR 1
 
 typedef enum tutti_status {
 	TUTTI_OK = 0,
@@ -139,6 +139,14 @@ typedef struct tutti_config {
 	                          0 = min(num_pages, 4096) */
 	int32_t gpu_max_runs;  /* runs (extents per layer) of one restore; 0 = 64 */
 	uint32_t reserved2;    /* must be 0 */
+	/* ABI 1.1: the GPU path's reads, sized to the devices (tutti gpubench sizes
+	 * them so: per device 3/4 of its nr_requests, at most 128; the largest read
+	 * its max_sectors_kb allows). A 1.0 caller's shorter struct leaves them 0. */
+	int32_t gpu_io_window;    /* reads in flight; 0 = queue_depth */
+	int32_t gpu_max_io_bytes; /* largest read, a multiple of 4096 up to 16 MiB; 0 = 1 MiB */
+	int32_t gpu_lookahead;    /* layers in flight beyond the one waited for (staging: lookahead+3
+	                             layer slots); 0 = 1 */
+	uint32_t reserved3;       /* must be 0 */
 } tutti_config;
 
 /* One contiguous range of KV memory. */
