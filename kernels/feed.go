@@ -55,6 +55,7 @@ type feeder struct {
 	ops   feedOps
 	lib   *sync.Mutex // Restorer.mu: serializes library calls that change the context
 	ahead int         // layers enqueued beyond the last one scattered
+	chunk int         // layers enqueued per wake-up (1..ahead)
 
 	mu      sync.Mutex
 	cond    sync.Cond
@@ -68,8 +69,9 @@ type feeder struct {
 	broken error
 }
 
-func newFeeder(ops feedOps, lib *sync.Mutex, ahead int) *feeder {
-	f := &feeder{ops: ops, lib: lib, ahead: max(1, ahead), exited: make(chan struct{})}
+func newFeeder(ops feedOps, lib *sync.Mutex, ahead, chunk int) *feeder {
+	ahead = max(1, ahead)
+	f := &feeder{ops: ops, lib: lib, ahead: ahead, chunk: min(max(1, chunk), ahead), exited: make(chan struct{})}
 	f.cond.L = &f.mu
 	go f.loop()
 	return f
@@ -141,7 +143,9 @@ func (f *feeder) loop() {
 }
 
 // feed submits it if it waited in the queue, then enqueues the rest of its
-// layers, layer l once layer l-ahead is scattered. submitErr: err is the
+// layers, layer l once layer l-ahead is scattered: it waits for layer
+// fed-ahead+chunk-1, then enqueues chunk layers (one wake-up per chunk; the
+// GPU keeps at least ahead-chunk+1 layers queued). submitErr: err is the
 // submit's.
 func (f *feeder) feed(it *feedItem) (submitErr bool, err error) {
 	f.mu.Lock()
@@ -161,16 +165,17 @@ func (f *feeder) feed(it *feedItem) (submitErr bool, err error) {
 		f.set(it, fed, true)
 	}
 	for fed < it.layers {
-		if err := f.ops.waitLayer(it, fed-f.ahead); err != nil && !errors.Is(err, ErrIO) {
+		upto := min(it.layers, fed+f.chunk)
+		if err := f.ops.waitLayer(it, upto-1-f.ahead); err != nil && !errors.Is(err, ErrIO) {
 			return false, fmt.Errorf("enqueueing layer %d: %w", fed, err)
 		}
 		f.lib.Lock()
-		err := f.ops.enqueue(it, fed+1)
+		err := f.ops.enqueue(it, upto)
 		f.lib.Unlock()
 		if err != nil {
 			return false, fmt.Errorf("enqueueing layer %d: %w", fed, err)
 		}
-		fed++
+		fed = upto
 		f.set(it, fed, true)
 	}
 	return false, nil

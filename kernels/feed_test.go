@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -116,8 +117,8 @@ func (g *simGPU) enqueue(it *feedItem, upto int) error {
 		return fmt.Errorf("simulated launch failure: %w", ErrCUDA)
 	}
 	s := g.items[it]
-	if s == nil || upto != s.enqueued+1 {
-		g.failf("enqueue up to %d: not the next layer", upto)
+	if s == nil || upto <= s.enqueued || upto > it.layers {
+		g.failf("enqueue up to %d: not past the %d layers enqueued", upto, s.enqueued)
 		return ErrInvalid
 	}
 	g.push(it, s, upto)
@@ -148,20 +149,24 @@ func TestFeeder(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		ahead   int
+		chunk   int
 		clients int
 		failAt  int
 	}{
-		{"ahead 1", 1, 3, 0},
-		{"ahead 3", 3, 4, 0},
-		{"ahead 16", 16, 2, 0},
-		{"enqueue fails", 4, 3, 30},
+		{"ahead 1", 1, 1, 3, 0},
+		{"ahead 3", 3, 1, 4, 0},
+		{"ahead 16", 16, 1, 2, 0},
+		{"ahead 16 chunk 4", 16, 4, 3, 0},
+		{"ahead 5 chunk 5", 5, 5, 3, 0},
+		{"enqueue fails", 4, 1, 3, 30},
+		{"enqueue fails chunk 2", 4, 2, 3, 12},
 	} {
 		for seed := uint64(1); seed <= 3; seed++ {
 			t.Run(fmt.Sprintf("%s/seed=%d", tc.name, seed), func(t *testing.T) {
 				g := newSimGPU(seed, tc.ahead)
 				defer g.stop()
 				var lib sync.Mutex
-				f := newFeeder(g, &lib, tc.ahead)
+				f := newFeeder(g, &lib, tc.ahead, tc.chunk)
 				rng := rand.New(rand.NewPCG(seed, 7))
 				var wg sync.WaitGroup
 				var mu sync.Mutex
@@ -249,6 +254,23 @@ func TestFeeder(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestCheckFeed: the feeder's settings are refused by name, after defaults.
+func TestCheckFeed(t *testing.T) {
+	for _, tc := range []struct {
+		layers, chunk int
+		ok            bool
+	}{
+		{0, 0, true}, {0, 16, true}, {0, 17, false}, {8, 8, true}, {8, 9, false}, {-1, 0, false}, {4, -1, false},
+	} {
+		c := Config{EnqueueLayers: tc.layers, EnqueueChunk: tc.chunk}
+		c.defaults()
+		err := c.checkFeed()
+		if (err == nil) != tc.ok || (err != nil && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "EnqueueChunk"))) {
+			t.Errorf("EnqueueLayers %d, EnqueueChunk %d: %v", tc.layers, tc.chunk, err)
 		}
 	}
 }

@@ -105,6 +105,12 @@ type Config struct {
 	// command queue is full, about 60 layers). 2×(Lookahead+3), at least 16,
 	// at most 48.
 	EnqueueLayers int
+	// EnqueueChunk is how many layers the feeder enqueues per wake-up (it
+	// waits for layer l-EnqueueLayers+EnqueueChunk-1, then enqueues layers
+	// l..l+EnqueueChunk-1): fewer host wake-ups per restore, at least
+	// EnqueueLayers-EnqueueChunk+1 layers always queued. 1 (the measured
+	// default); at most EnqueueLayers.
+	EnqueueChunk int
 
 	// NoFixedBuffers keeps the staging pool unregistered with the ring: every
 	// SQE is a plain READ/WRITE and the kernel pins the pages of each I/O
@@ -154,6 +160,15 @@ func (c *Config) defaults() {
 		// tens of ms.
 		c.BatchWait = 4 * time.Millisecond
 	}
+}
+
+// checkFeed checks the feeder's settings (after defaults).
+func (c *Config) checkFeed() error {
+	if c.EnqueueLayers < 1 || c.EnqueueChunk < 0 || c.EnqueueChunk > c.EnqueueLayers {
+		return fmt.Errorf("EnqueueLayers %d, EnqueueChunk %d: want EnqueueLayers ≥ 1 and EnqueueChunk in [0, EnqueueLayers]: %w",
+			c.EnqueueLayers, c.EnqueueChunk, ErrInvalid)
+	}
+	return nil
 }
 
 // Restorer is a bound context: KV tensors, staging pool, ring, streams and
@@ -213,6 +228,9 @@ func Bind(cfg Config) (*Restorer, error) {
 	if len(cfg.KV) != want || cfg.NumPages <= 0 || cfg.MaxPages <= 0 || cfg.MaxIOBytes%StagingAlign != 0 {
 		return nil, fmt.Errorf("binding kernels: %d KV tensors (want %d), %d pages, %d max pages, %d max I/O bytes: %w",
 			len(cfg.KV), want, cfg.NumPages, cfg.MaxPages, cfg.MaxIOBytes, ErrInvalid)
+	}
+	if err := cfg.checkFeed(); err != nil {
+		return nil, fmt.Errorf("binding kernels: %w", err)
 	}
 	slotBytes := stagingSlotBytes(cfg, g)
 	lim := Limits{Layers: g.Layers, NumPages: cfg.NumPages, MaxPages: cfg.MaxPages, SlotBytes: slotBytes,
@@ -291,7 +309,7 @@ func Bind(cfg Config) (*Restorer, error) {
 			staging.Free()
 			return nil, fmt.Errorf("binding kernels: %w", err)
 		}
-		r.feed = newFeeder(cFeed{r}, &r.mu, cfg.EnqueueLayers)
+		r.feed = newFeeder(cFeed{r}, &r.mu, cfg.EnqueueLayers, cfg.EnqueueChunk)
 	}
 	return r, nil
 }

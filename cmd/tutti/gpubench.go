@@ -106,6 +106,8 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	kickBatchWait := fs.Duration("kick-batch-wait", 4*time.Millisecond, "GPU kick mode: longest wait for a batch of completions while I/O is in flight")
 	kickExact := fs.Bool("kick-exact-target", true, "GPU kick mode: the helper's wait counts only completions that arrive after it starts (false: kernels.Config.LooseWakeTarget, the first target, slower on the H200)")
 	kickDefer := fs.Bool("kick-defer", true, "GPU kick mode: a DEFER_TASKRUN ring (the kernel wakes the helper once per batch); false: an ordinary ring, woken by every completion")
+	enqueueLayers := fs.Int("enqueue-layers", 0, "GPU paths: layers of a restore on the GPU's streams ahead of the last one scattered (kernels.Config.EnqueueLayers; 0: 2×(lookahead+3), 16..48)")
+	enqueueChunk := fs.Int("enqueue-chunk", 1, "GPU paths: layers the feeder enqueues per wake-up (kernels.Config.EnqueueChunk; fewer host wake-ups, not yet measured on a GPU)")
 	zeroCopy := fs.Bool("zero-copy-scatter", false, "GPU paths: the scatter kernel reads host staging itself instead of a copy-engine copy into device staging (kernels.Config.ZeroCopyScatter)")
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
 	if err := fs.Parse(args); err != nil {
@@ -207,6 +209,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	b.kcfg = kernels.Config{Geometry: g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
 		MaxPages: b.pages, MaxExtents: 1, MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
 		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads, ZeroCopyScatter: *zeroCopy,
+		EnqueueLayers: *enqueueLayers, EnqueueChunk: *enqueueChunk,
 		WakeBatch: *kickBatch, BatchWait: *kickBatchWait, LooseWakeTarget: !*kickExact}
 	b.kickDefer = *kickDefer
 	b.r, err = kernels.Bind(b.kcfg)
