@@ -24,11 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // DiskCounts is one /proc/diskstats line (the fields used here).
@@ -75,42 +72,6 @@ func parseDiskstats(sc *bufio.Scanner) (map[Dev]DiskCounts, error) {
 			ReadIOs: v[2], ReadSectors: v[3], WriteIOs: v[4], WriteSectors: v[5]}
 	}
 	return out, sc.Err()
-}
-
-// ErrNoBlockDevice is returned when a path is not on a block device (tmpfs,
-// overlay, network file systems).
-var ErrNoBlockDevice = errors.New("blockstat: path is not on a block device")
-
-// DiskOf returns the whole disk under path: the device of its file system,
-// with a partition mapped to its parent disk (the block tracepoints report
-// the disk, and diskstats counts partition I/O in the disk's line too).
-func DiskOf(path string) (Dev, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return Dev{}, fmt.Errorf("stat %s: %w", path, err)
-	}
-	return wholeDisk(path, Dev{Major: unix.Major(st.Dev), Minor: unix.Minor(st.Dev)})
-}
-
-// wholeDisk maps block device d (found for path) to its disk: d itself, or
-// the parent disk of a partition.
-func wholeDisk(path string, d Dev) (Dev, error) {
-	sys := fmt.Sprintf("/sys/dev/block/%d:%d", d.Major, d.Minor)
-	if _, err := os.Stat(sys); err != nil {
-		return Dev{}, fmt.Errorf("%s (device %s): %w", path, d, ErrNoBlockDevice)
-	}
-	if _, err := os.Stat(filepath.Join(sys, "partition")); err == nil {
-		b, err := os.ReadFile(filepath.Join(sys, "..", "dev"))
-		if err != nil {
-			return Dev{}, fmt.Errorf("parent disk of partition %s: %w", d, err)
-		}
-		var maj, mnr uint32
-		if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &maj, &mnr); err != nil {
-			return Dev{}, fmt.Errorf("parent disk of partition %s: %q: %w", d, b, err)
-		}
-		d = Dev{Major: maj, Minor: mnr}
-	}
-	return d, nil
 }
 
 // Meter measures one interval on the disks holding a set of paths (one

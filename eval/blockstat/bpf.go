@@ -66,11 +66,6 @@ func (h Histogram) Sub(prev Histogram) Histogram {
 	return h
 }
 
-// Dev is a block device number (as /proc/diskstats and stat(2) give it).
-type Dev struct{ Major, Minor uint32 }
-
-func (d Dev) String() string { return fmt.Sprintf("%d:%d", d.Major, d.Minor) }
-
 // devFromKdev decodes the kernel dev_t the block tracepoints record: major<<20 | minor.
 func devFromKdev(k uint32) Dev { return Dev{Major: k >> 20, Minor: k & (1<<20 - 1)} }
 

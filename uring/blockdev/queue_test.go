@@ -1,4 +1,4 @@
-package blockstat
+package blockdev
 
 import (
 	"errors"
