@@ -106,6 +106,16 @@ type Config struct {
 	// the GPU path may have in flight (its staging is Lookahead+3 slots of
 	// one layer). Zero: 1.
 	GPULookahead int
+	// GPUReadsFromDevices sizes GPUIOWindow, GPUMaxIOBytes and
+	// GPULookahead that are 0 to the disks under Dirs at Open
+	// (DeviceSizedGPUReads: per directory 3/4 of nr_requests up to 128,
+	// the largest read max_sectors_kb allows up to 4 MiB, one layer per
+	// directory from 2 to 8), instead of the defaults above; values set
+	// here win. A disk that does not say counts as a 128-deep queue taking
+	// 1 MiB reads. Stats.GPUReads says what was used and what could not be
+	// read. Off by default: the defaults are what the GPU path was measured
+	// with; a larger lookahead costs lookahead+3 layer slots of GPU staging.
+	GPUReadsFromDevices bool
 
 	// QueueDepth bounds the I/Os in flight on each engine.
 	QueueDepth int

@@ -31,13 +31,20 @@ func Open(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var gpuReads string
+	if cfg.GPUReadsFromDevices {
+		r := DeviceSizedGPUReads(cfg.Dirs).Explicit(cfg.GPUIOWindow, cfg.GPUMaxIOBytes, cfg.GPULookahead)
+		cfg.GPUIOWindow, cfg.GPUMaxIOBytes, cfg.GPULookahead = r.Window, r.MaxIOBytes, r.Lookahead
+		gpuReads = r.String() // sized values are within Validate's ranges (TestDeviceSizedGPUReads)
+	}
 	cfg = cfg.withDefaults()
 	if cfg.Path == PathGPU {
 		if err := gpuAvailable(cfg.GPUDevice); err != nil {
 			return nil, fmt.Errorf("runtime: open with path gpu: %w", err)
 		}
 	}
-	s := &Store{cfg: cfg, geo: cfg.Geometry, runs: make(map[objmap.RunID]*runEntry), loadN: make(chan struct{}, cfg.MaxLoads)}
+	s := &Store{cfg: cfg, geo: cfg.Geometry, runs: make(map[objmap.RunID]*runEntry), loadN: make(chan struct{}, cfg.MaxLoads),
+		gpuReads: gpuReads}
 	s.savesCond.L = &s.mu
 	var err error
 	s.m, err = objmap.Open(objmap.Options{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: cfg.Geometry})

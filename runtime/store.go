@@ -91,6 +91,7 @@ type Store struct {
 	stats           counters
 	maxWriteIOBytes int64  // the scheduler's write size: at most one staging slot
 	fallbackReason  string // set by OpenWithFallback before the store is shared
+	gpuReads        string // Stats.GPUReads, set by Open
 }
 
 // bytesPerBlock is what one chain block costs in the index's capacity: its
@@ -377,6 +378,7 @@ func (s *Store) WaitSaves() error {
 func (s *Store) Stats() Stats {
 	st := s.stats.snapshot()
 	st.FallbackReason = s.fallbackReason
+	st.GPUReads = s.gpuReads
 	if gp := s.gpuPath(); gp != nil {
 		if _, err := gp.r.FixedBuffers(); err != nil {
 			st.GPUPlainReads = err.Error()

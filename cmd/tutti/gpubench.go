@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tutti-io/tutti/eval/blockstat"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/tutti-io/tutti/eval/devbench"
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
 )
@@ -178,18 +178,19 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		kv = append(kv, p)
 	}
 	b.maxIO = *maxIO
-	if b.maxIO == 0 {
-		b.maxIO = b.defaultMaxIO()
-	}
-	if *window == 0 {
-		*window = b.defaultWindow()
+	if b.maxIO == 0 || *window == 0 {
+		// Sized to the devices (runtime.DeviceSizedGPUReads); what they
+		// did not say is said on stderr.
+		sized := runtime.DeviceSizedGPUReads(b.devicePaths())
+		for _, u := range sized.Unread {
+			b.logf("%s\n", u)
+		}
+		sized = sized.Explicit(*window, b.maxIO, 0)
+		*window, b.maxIO = sized.Window, sized.MaxIOBytes
 	}
 	if *lookahead == 0 {
-		// Enough layers to fill the window with reads: a small layer (MLA,
-		// 36 MiB at 32K tokens) on one disk otherwise leaves the window
-		// mostly empty. Staging is lookahead+3 slots of one layer each.
-		fill := int((int64(*window)*int64(b.maxIO) + b.objBytes - 1) / max(b.objBytes, 1))
-		*lookahead = min(max(2, len(b.paths), fill), 16)
+		// Enough layers to fill the window with reads.
+		*lookahead = runtime.GPULookaheadToFill(*window, b.maxIO, len(b.paths), b.objBytes)
 	}
 	b.logf("GPU window %d SQEs, lookahead %d layers, largest read %d KiB\n", *window, *lookahead, b.maxIO>>10)
 	b.ringEntries = uint32(256)
@@ -484,48 +485,6 @@ func (b *gpuBench) devicePaths() []string {
 		out[i] = p
 	}
 	return out
-}
-
-// defaultWindow is the GPU path's default window: per device 128 reads, or
-// 3/4 of the device's block queue depth when that is less (a nonblocking
-// read that finds no free request tag goes to an io-wq worker: measured on
-// the H200's loop devices, nr_requests 128, a window of 128 per device put
-// about half of the process's CPU time in io-wq workers, 64 almost none);
-// at most 1024 in all. An unknown depth counts as 128, said on stderr.
-func (b *gpuBench) defaultWindow() int { return deviceWindow(b.devicePaths(), b.logf) }
-
-// deviceWindow is defaultWindow for the devices of paths.
-func deviceWindow(paths []string, logf func(string, ...any)) int {
-	w := 0
-	for _, p := range paths {
-		d, err := blockstat.QueueDepth(p)
-		if err != nil {
-			logf("window: %v; counting 128 for it\n", err)
-			d = 1 << 30
-		}
-		w += min(128, max(8, d*3/4))
-	}
-	return min(w, 1024)
-}
-
-// defaultMaxIO is the largest read every device takes as one request
-// (blockstat.MaxReadBytes: 1 MiB on a loop device, 4 MiB on the virtio
-// disk), so no read is split (a split read goes to an io-wq worker) and a
-// GiB costs as few I/Os as the devices allow. Unknown: 1 MiB, said on stderr.
-func (b *gpuBench) defaultMaxIO() int { return deviceMaxIO(b.devicePaths(), b.logf) }
-
-// deviceMaxIO is defaultMaxIO for the devices of paths.
-func deviceMaxIO(paths []string, logf func(string, ...any)) int {
-	n := 4 << 20
-	for _, p := range paths {
-		m, err := blockstat.MaxReadBytes(p)
-		if err != nil {
-			logf("largest read: %v; using 1 MiB for it\n", err)
-			m = 1 << 20
-		}
-		n = min(n, m)
-	}
-	return n
 }
 
 // runGPU restores the whole prefix with the GPU driving the ring.

@@ -101,18 +101,11 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 	payload := int64(blocks) * shard.ChunkBytes()
 	row.Bytes = payload * int64(n)
 	split := rankDirs(o.dirs, n)
-	window, maxIO, lookahead := o.window, o.maxIO, o.lookahead
-	quiet := func(string, ...any) {}
-	if window == 0 {
-		window = deviceWindow(split[0], quiet)
-	}
-	if maxIO == 0 {
-		maxIO = deviceMaxIO(split[0], quiet)
-	}
+	sized := runtime.DeviceSizedGPUReads(split[0]).Explicit(o.window, o.maxIO, 0)
+	window, maxIO, lookahead := sized.Window, sized.MaxIOBytes, o.lookahead
 	if lookahead == 0 {
 		// as gpubench: enough layers of this rank's shard to fill the window
-		layerBytes := payload / int64(o.g.Layers)
-		lookahead = min(max(2, len(split[0]), int((int64(window)*int64(maxIO)+layerBytes-1)/max(layerBytes, 1))), 16)
+		lookahead = runtime.GPULookaheadToFill(window, maxIO, len(split[0]), payload/int64(o.g.Layers))
 	}
 	row.Window, row.MaxIOBytes, row.Lookahead = window, maxIO, lookahead
 	cfg := tp.Config{Ranks: n, Store: runtime.Config{

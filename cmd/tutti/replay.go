@@ -18,6 +18,7 @@ import (
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/eval/report"
 	"github.com/tutti-io/tutti/eval/trace"
+	"github.com/tutti-io/tutti/runtime"
 )
 
 func init() {
@@ -191,9 +192,12 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 					t.SetLooseWakeTarget(true)
 					notes = append(notes, "tutti-gpu: the loose wake target (--tutti-gpu-exact-wake-target=false)")
 				}
-				w, m, la := gpuReads(storeDirs, *gpuWindow, *gpuMaxIO, *gpuLookahead)
-				t.SetGPUReads(w, m, la)
-				notes = append(notes, fmt.Sprintf("tutti-gpu: window %d reads, largest read %d KiB, lookahead %d layers", w, m>>10, la))
+				r := gpuReads(storeDirs, *gpuWindow, *gpuMaxIO, *gpuLookahead)
+				t.SetGPUReads(r.Window, r.MaxIOBytes, r.Lookahead)
+				notes = append(notes, fmt.Sprintf("tutti-gpu: window %d reads, largest read %d KiB, lookahead %d layers", r.Window, r.MaxIOBytes>>10, r.Lookahead))
+				for _, u := range r.Unread {
+					notes = append(notes, "tutti-gpu: device not read: "+u)
+				}
 			}
 			if *saveBoundMs > 0 {
 				t.SetSaveBoundMs(*saveBoundMs)
@@ -409,21 +413,11 @@ func warmHistory(parsed *trace.Parsed, startMs, warmMs float64) (*harness.Warm, 
 }
 
 // gpuReads sizes tutti-gpu's reads to the store's devices where a flag
-// left them 0, as gpubench does (an unknown device counts as a 128-deep
-// queue taking 1 MiB reads); the runtime checks the values at Open.
-func gpuReads(dirs []string, window, maxIO, lookahead int) (int, int, int) {
+// left them 0 (runtime.DeviceSizedGPUReads; an unknown device counts as a
+// 128-deep queue taking 1 MiB reads); the runtime checks the values at Open.
+func gpuReads(dirs []string, window, maxIO, lookahead int) runtime.GPUReads {
 	if len(dirs) == 0 {
 		dirs = []string{os.TempDir()}
 	}
-	quiet := func(string, ...any) {}
-	if window == 0 {
-		window = deviceWindow(dirs, quiet)
-	}
-	if maxIO == 0 {
-		maxIO = deviceMaxIO(dirs, quiet)
-	}
-	if lookahead == 0 {
-		lookahead = min(max(2, len(dirs)), 8)
-	}
-	return window, maxIO, lookahead
+	return runtime.DeviceSizedGPUReads(dirs).Explicit(window, maxIO, lookahead)
 }

@@ -1,0 +1,128 @@
+package runtime
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/tutti-io/tutti/uring/blockdev"
+)
+
+// GPUReads are the GPU path's read settings sized to the devices of a set of
+// store directories (DeviceSizedGPUReads): Config's GPUIOWindow,
+// GPUMaxIOBytes and GPULookahead.
+type GPUReads struct {
+	// Window is the reads in flight over all directories: per directory
+	// 3/4 of its disk's nr_requests, at least 8 and at most 128 (a
+	// nonblocking read that finds no free request tag goes to an io-wq
+	// worker: on the H200's loop devices, nr_requests 128, a window of 128
+	// per device put about half of the process's CPU time in io-wq
+	// workers, 64 almost none); at most 1024 in all. Two directories on one
+	// disk count twice.
+	Window int
+	// MaxIOBytes is the largest read every directory's disk takes unsplit
+	// (blockdev.MaxReadBytes: 1 MiB on a loop device, 4 MiB on a virtio
+	// disk), at most 4 MiB: a split read goes to an io-wq worker.
+	MaxIOBytes int
+	// Lookahead is one layer in flight per directory, at least 2, at most 8
+	// (GPULookaheadToFill also fills the window from the layer size).
+	Lookahead int
+	// Dirs is the number of directories asked about.
+	Dirs int
+	// Unread has one line per fact that could not be read and what was
+	// assumed instead (a 128-deep queue, 1 MiB reads); empty when every
+	// device answered.
+	Unread []string
+}
+
+// Sizing limits of DeviceSizedGPUReads.
+const (
+	gpuWindowPerDevice  = 128     // reads in flight on one device at most
+	gpuWindowMinDevice  = 8       // ... and at least
+	gpuWindowTotal      = 1024    // over all devices
+	gpuMaxReadBytes     = 4 << 20 // largest read asked for
+	gpuUnknownReadBytes = 1 << 20 // a device that does not say
+	gpuLookaheadMax     = 8       // DeviceSizedGPUReads
+	gpuLookaheadFillMax = 16      // GPULookaheadToFill (Config allows 16)
+	gpuLookaheadAtLeast = 2
+)
+
+// DeviceSizedGPUReads sizes the GPU path's reads to the disks under dirs
+// (blockdev.QueueDepth and MaxReadBytes, read from sysfs now). A directory
+// not created yet is asked about through its nearest existing parent (Open
+// creates it there). It never fails: a disk that does not say counts as a
+// 128-deep queue taking 1 MiB reads, and Unread says which and why. No
+// directories: the values for one unknown device.
+func DeviceSizedGPUReads(dirs []string) GPUReads {
+	r := GPUReads{MaxIOBytes: gpuMaxReadBytes, Dirs: len(dirs)}
+	for _, d := range dirs {
+		p := existingAncestor(d)
+		depth, err := blockdev.QueueDepth(p)
+		if err != nil {
+			r.Unread = append(r.Unread, fmt.Sprintf("window: %v; counting %d for it", err, gpuWindowPerDevice))
+			depth = 1 << 30
+		}
+		r.Window += min(gpuWindowPerDevice, max(gpuWindowMinDevice, depth*3/4))
+		m, err := blockdev.MaxReadBytes(p)
+		if err != nil {
+			r.Unread = append(r.Unread, fmt.Sprintf("largest read: %v; using %d MiB for it", err, gpuUnknownReadBytes>>20))
+			m = gpuUnknownReadBytes
+		}
+		r.MaxIOBytes = min(r.MaxIOBytes, m)
+	}
+	if len(dirs) == 0 {
+		r.Window, r.MaxIOBytes = gpuWindowPerDevice, gpuUnknownReadBytes
+	}
+	r.Window = min(r.Window, gpuWindowTotal)
+	r.Lookahead = min(max(gpuLookaheadAtLeast, len(dirs)), gpuLookaheadMax)
+	return r
+}
+
+// Explicit returns r with each of window, maxIOBytes and lookahead that is
+// not 0 in place of the sized value: explicit settings win.
+func (r GPUReads) Explicit(window, maxIOBytes, lookahead int) GPUReads {
+	if window != 0 {
+		r.Window = window
+	}
+	if maxIOBytes != 0 {
+		r.MaxIOBytes = maxIOBytes
+	}
+	if lookahead != 0 {
+		r.Lookahead = lookahead
+	}
+	return r
+}
+
+// String says the settings and what was not read, for notes and Stats.
+func (r GPUReads) String() string {
+	s := fmt.Sprintf("window %d reads, largest read %d KiB, lookahead %d layers (%d directories)",
+		r.Window, r.MaxIOBytes>>10, r.Lookahead, r.Dirs)
+	for _, u := range r.Unread {
+		s += "; not read: " + u
+	}
+	return s
+}
+
+// GPULookaheadToFill is tutti gpubench's lookahead: enough layers of
+// layerBytes to fill a window of reads of maxIOBytes (a small layer, MLA's
+// 36 MiB at 32K tokens, on one disk otherwise leaves the window mostly
+// empty), at least one per directory and 2, at most 16. The GPU path's
+// staging is lookahead+3 slots of one layer, so this costs device memory.
+func GPULookaheadToFill(window, maxIOBytes, dirs int, layerBytes int64) int {
+	fill := int((int64(window)*int64(maxIOBytes) + layerBytes - 1) / max(layerBytes, 1))
+	return min(max(gpuLookaheadAtLeast, dirs, fill), gpuLookaheadFillMax)
+}
+
+// existingAncestor is p, or its nearest parent that exists.
+func existingAncestor(p string) string {
+	for {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return p
+		}
+		p = parent
+	}
+}

@@ -1,0 +1,154 @@
+package runtime
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/uring/blockdev"
+)
+
+// TestDeviceSizedGPUReads: the sizing rule on the test machine's disk (when
+// the temporary directory is on one) and on directories whose device does
+// not say (procfs), which count as a 128-deep queue taking 1 MiB reads and
+// are named in Unread. Every sized value is within Validate's ranges.
+func TestDeviceSizedGPUReads(t *testing.T) {
+	tmp := t.TempDir()
+	perDisk, diskRead := 128, 1<<20 // what an unknown device counts as
+	onDisk := true
+	if d, err := blockdev.QueueDepth(tmp); err == nil {
+		perDisk = min(128, max(8, d*3/4))
+		m, err := blockdev.MaxReadBytes(tmp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		diskRead = min(4<<20, m)
+	} else if errors.Is(err, blockdev.ErrNoBlockDevice) {
+		onDisk = false
+	} else {
+		t.Fatal(err)
+	}
+	notYet := filepath.Join(tmp, "not", "created")
+	procs := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = "/proc"
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name                    string
+		dirs                    []string
+		window, maxIO, lookhead int
+		unread                  int // lines in Unread
+	}{
+		{"none", nil, 128, 1 << 20, 2, 0},
+		{"one disk", []string{tmp}, perDisk, diskRead, 2, 0},
+		{"not created yet: its parent's disk", []string{notYet}, perDisk, diskRead, 2, 0},
+		{"four on one disk count four times", []string{tmp, tmp, tmp, tmp}, 4 * perDisk, diskRead, 4, 0},
+		{"unknown device", []string{"/proc"}, 128, 1 << 20, 2, 2},
+		{"disk and unknown: smallest read", []string{tmp, "/proc"}, perDisk + 128, min(diskRead, 1<<20), 2, 2},
+		{"window at most 1024, lookahead at most 8", procs(10), 1024, 1 << 20, 8, 20},
+	} {
+		if !onDisk && tc.unread == 0 && len(tc.dirs) > 0 {
+			tc.unread = 2 * len(tc.dirs)
+		}
+		r := DeviceSizedGPUReads(tc.dirs)
+		if r.Window != tc.window || r.MaxIOBytes != tc.maxIO || r.Lookahead != tc.lookhead || len(r.Unread) != tc.unread || r.Dirs != len(tc.dirs) {
+			t.Errorf("%s: %+v, want window %d, largest read %d, lookahead %d, %d unread", tc.name, r, tc.window, tc.maxIO, tc.lookhead, tc.unread)
+		}
+		for _, u := range r.Unread {
+			if !strings.Contains(u, "counting 128 for it") && !strings.Contains(u, "using 1 MiB for it") {
+				t.Errorf("%s: unread line %q does not say what was assumed", tc.name, u)
+			}
+		}
+		if tc.unread > 0 && !strings.Contains(r.String(), "not read: ") {
+			t.Errorf("%s: String() = %q hides what was not read", tc.name, r)
+		}
+		c := Config{Dirs: []string{"/a"}, CapacityBytes: 1 << 30, Geometry: tinyGeometry(), Layout: objmap.LayoutPerLayer, NumPages: 16,
+			GPUIOWindow: r.Window, GPUMaxIOBytes: r.MaxIOBytes, GPULookahead: r.Lookahead}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: sized values refused: %v", tc.name, err)
+		}
+		t.Logf("%s: %s", tc.name, r)
+	}
+}
+
+func TestGPUReadsExplicitWin(t *testing.T) {
+	r := GPUReads{Window: 384, MaxIOBytes: 1 << 20, Lookahead: 4}
+	for _, tc := range []struct {
+		w, m, l int
+		want    [3]int
+	}{
+		{0, 0, 0, [3]int{384, 1 << 20, 4}},
+		{64, 0, 0, [3]int{64, 1 << 20, 4}},
+		{0, 4 << 20, 0, [3]int{384, 4 << 20, 4}},
+		{0, 0, 1, [3]int{384, 1 << 20, 1}},
+		{8, 8192, 16, [3]int{8, 8192, 16}},
+	} {
+		got := r.Explicit(tc.w, tc.m, tc.l)
+		if [3]int{got.Window, got.MaxIOBytes, got.Lookahead} != tc.want {
+			t.Errorf("Explicit(%d, %d, %d) = %+v, want %v", tc.w, tc.m, tc.l, got, tc.want)
+		}
+	}
+}
+
+func TestGPULookaheadToFill(t *testing.T) {
+	for _, tc := range []struct {
+		window, maxIO, dirs int
+		layerBytes          int64
+		want                int
+	}{
+		{384, 1 << 20, 4, 36 << 20, 11}, // MLA-sized layers: ceil(384 MiB / 36 MiB)
+		{384, 1 << 20, 4, 1 << 30, 4},   // large layers: one per directory
+		{64, 1 << 20, 1, 1 << 30, 2},    // at least 2
+		{1024, 4 << 20, 1, 1 << 20, 16}, // at most 16
+		{128, 1 << 20, 1, 0, 16},        // no layer size: as full as allowed
+		{128, 1 << 20, 1, 128 << 20, 2}, // exactly one layer fills it
+	} {
+		if got := GPULookaheadToFill(tc.window, tc.maxIO, tc.dirs, tc.layerBytes); got != tc.want {
+			t.Errorf("GPULookaheadToFill(%d, %d, %d, %d) = %d, want %d", tc.window, tc.maxIO, tc.dirs, tc.layerBytes, got, tc.want)
+		}
+	}
+}
+
+// TestOpenGPUReadsFromDevices: the option sizes the GPU fields left 0 at
+// Open, keeps the ones set, and says so in Stats; without it the defaults
+// are untouched and Stats.GPUReads is empty.
+func TestOpenGPUReadsFromDevices(t *testing.T) {
+	base := testConfig(t, tinyGeometry(), objmap.LayoutPerLayer, 64)
+	sized := DeviceSizedGPUReads(base.Dirs)
+	for _, tc := range []struct {
+		name    string
+		edit    func(*Config)
+		w, m, l int
+		stats   string
+	}{
+		{"off: defaults", func(*Config) {}, base.QueueDepth, 1 << 20, 1, ""},
+		{"on: sized", func(c *Config) { c.GPUReadsFromDevices = true }, sized.Window, sized.MaxIOBytes, sized.Lookahead, sized.String()},
+		{"on: explicit window wins", func(c *Config) { c.GPUReadsFromDevices, c.GPUIOWindow = true, 32 },
+			32, sized.MaxIOBytes, sized.Lookahead, sized.Explicit(32, 0, 0).String()},
+		{"on: explicit read and lookahead win", func(c *Config) { c.GPUReadsFromDevices, c.GPUMaxIOBytes, c.GPULookahead = true, 8192, 3 },
+			sized.Window, 8192, 3, sized.Explicit(0, 8192, 3).String()},
+	} {
+		cfg := base
+		cfg.Dirs = []string{t.TempDir(), t.TempDir()}
+		tc.edit(&cfg)
+		s, err := Open(cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if s.cfg.GPUIOWindow != tc.w || s.cfg.GPUMaxIOBytes != tc.m || s.cfg.GPULookahead != tc.l {
+			t.Errorf("%s: window %d, largest read %d, lookahead %d; want %d, %d, %d", tc.name,
+				s.cfg.GPUIOWindow, s.cfg.GPUMaxIOBytes, s.cfg.GPULookahead, tc.w, tc.m, tc.l)
+		}
+		if got := s.Stats().GPUReads; got != tc.stats {
+			t.Errorf("%s: Stats.GPUReads = %q, want %q", tc.name, got, tc.stats)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
