@@ -363,12 +363,14 @@ class ConfigErrorTest(unittest.TestCase):
                     dirs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)), num_dirs=1, path=1,
                     capacity_bytes=64 << 20, layers=2, kv_heads=1, head_dim=64, dtype=2, planes=2,
                     page_tokens=16, chunk_pages=1, layout=1, num_pages=8)
-        for field, val in (("path", 9), ("dtype", 0), ("dtype", 9), ("layout", 0), ("reserved", 1), ("reserved2", 1),
-                           ("reserved3", 1)):
+        for field, val, frag in (("path", 9, "path"), ("dtype", 0, "dtype"), ("dtype", 9, "dtype"),
+                                 ("layout", 0, "layout"), ("reserved", 1, "reserved"), ("reserved2", 1, "reserved2"),
+                                 ("gpu_flags", 2, "gpu_flags = 0x2"),
+                                 ("gpu_flags", 1 | 1 << 31, "known: TUTTI_GPU_READS_FROM_DEVICES = 1")):
             cfg = _lib.tutti_config(**dict(base, **{field: val}))
             h = ctypes.c_uint64()
             self.assertEqual(lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), tutti.InvalidArgument.code, field)
-            self.assertIn(field, tutti.last_error())
+            self.assertIn(frag, tutti.last_error())
 
     def test_abi_1_0_config(self):
         """A 1.0 caller's tutti_config (208 bytes) opens: the 1.1 fields past
@@ -381,7 +383,7 @@ class ConfigErrorTest(unittest.TestCase):
                                 dirs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)), num_dirs=1, path=1,
                                 capacity_bytes=64 << 20, layers=2, kv_heads=1, head_dim=64, dtype=2, planes=2,
                                 page_tokens=16, chunk_pages=1, layout=1, num_pages=8,
-                                gpu_max_io_bytes=4097, reserved3=7)
+                                gpu_max_io_bytes=4097, gpu_flags=7)
         h = ctypes.c_uint64()
         self.assertEqual(lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), 0, tutti.last_error())
         self.assertEqual(lib.tutti_close(h.value), 0, tutti.last_error())
@@ -393,6 +395,15 @@ class ConfigErrorTest(unittest.TestCase):
                 self.open(**kw)
             self.assertIn(frag, str(cm.exception))
         self.open(gpu_io_window=384, gpu_max_io_bytes=4 << 20, gpu_lookahead=4).close()
+
+    def test_gpu_reads_from_devices(self):
+        """Off: nothing sized, nothing said. On: the sizes used, a set value
+        winning (what could not be read: runtime's TestDeviceSizedGPUReads)."""
+        with self.open() as st:
+            self.assertEqual(st.gpu_reads(), "")
+        with self.open(gpu_reads_from_devices=True, gpu_lookahead=3) as st:
+            text = st.gpu_reads()
+            self.assertRegex(text, r"^window \d+ reads, largest read \d+ KiB, lookahead 3 layers \(1 directories\)")
 
     def test_gpu_path_without_gpu(self):
         try:

@@ -18,13 +18,15 @@ import threading
 # The ABI this binding was written for. A library of another major is refused
 # at load; a lower minor than ABI_MINOR_NEEDED too.
 ABI_MAJOR = 1
-ABI_MINOR_NEEDED = 1  # 1.1: tutti_config's gpu_io_window, gpu_max_io_bytes, gpu_lookahead
+ABI_MINOR_NEEDED = 1  # 1.1: tutti_config's gpu_io_window, gpu_max_io_bytes, gpu_lookahead, gpu_flags
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
 DTYPE_BF16, DTYPE_FP16, DTYPE_FP8, DTYPE_FP32 = 1, 2, 3, 4
 LAYOUT_PER_LAYER, LAYOUT_CROSS_LAYER = 1, 2
 MEMORY_HOST, MEMORY_CUDA = 1, 2
+# enum tutti_gpu_flags (bits of tutti_config.gpu_flags)
+GPU_READS_FROM_DEVICES = 1
 
 
 class tutti_config(ctypes.Structure):
@@ -63,7 +65,7 @@ class tutti_config(ctypes.Structure):
         ("gpu_io_window", ctypes.c_int32),
         ("gpu_max_io_bytes", ctypes.c_int32),
         ("gpu_lookahead", ctypes.c_int32),
-        ("reserved3", ctypes.c_uint32),
+        ("gpu_flags", ctypes.c_uint32),
     ]
 
 
@@ -196,6 +198,7 @@ def _prototype(lib):
         "tutti_wait_saves": (i32, [u64]),
         "tutti_get_stats": (i32, [u64, p(tutti_stats)]),
         "tutti_get_recovery": (i32, [u64, p(tutti_recovery)]),
+        "tutti_get_gpu_reads": (i32, [u64, ctypes.c_char_p, u64, p(u64)]),
         "tutti_chain_from_tokens": (i32, [p(u32), u64, u32, u64, p(u64), u32, p(u32)]),
     }
     for name, (res, args) in protos.items():

@@ -131,7 +131,8 @@ class Store:
                  staging_bytes: int = 0, staging_slot_bytes: int = 0, max_loads: int = 0,
                  compute: dict = None, device: dict = None, save_budget_bytes: int = 0,
                  gpu_device: int = 0, gpu_max_pages: int = 0, gpu_max_runs: int = 0,
-                 gpu_io_window: int = 0, gpu_max_io_bytes: int = 0, gpu_lookahead: int = 0):
+                 gpu_io_window: int = 0, gpu_max_io_bytes: int = 0, gpu_lookahead: int = 0,
+                 gpu_reads_from_devices: bool = False):
         """``compute`` (keys fixed_ns, per_token_ns, per_pair_ns: prefill time
         per layer) lets the scheduler leave a stored tail to recompute where
         that is faster; without it every stored block is loaded. ``device``
@@ -142,7 +143,12 @@ class Store:
         GPU path's reads (0: queue_depth, 1 MiB, 1); `tutti gpubench` sizes
         them to the devices: 3/4 of each device's nr_requests (at most 128
         each), the largest read its max_sectors_kb allows, and enough layers
-        to fill the window."""
+        to fill the window. ``gpu_reads_from_devices`` (the
+        TUTTI_GPU_READS_FROM_DEVICES flag) has the library size those left 0
+        to the disks under ``dirs`` at open (per dir 3/4 of nr_requests up
+        to 128, the largest unsplit read up to 4 MiB, one layer per dir from
+        2 to 8; a disk that does not say counts as 128 deep with 1 MiB
+        reads); :meth:`gpu_reads` says what was used."""
         if layout not in _LAYOUTS:
             raise ValueError(f"layout = {layout!r}, want one of {sorted(_LAYOUTS)}")
         if path not in _PATHS:
@@ -165,6 +171,7 @@ class Store:
             staging_slot_bytes=staging_slot_bytes, max_loads=max_loads, save_budget_bytes=save_budget_bytes,
             gpu_device=gpu_device, gpu_max_pages=gpu_max_pages, gpu_max_runs=gpu_max_runs,
             gpu_io_window=gpu_io_window, gpu_max_io_bytes=gpu_max_io_bytes, gpu_lookahead=gpu_lookahead,
+            gpu_flags=_lib.GPU_READS_FROM_DEVICES if gpu_reads_from_devices else 0,
         )
         for prefix, given in (("compute_", compute), ("device_", device)):
             for k, v in (given or {}).items():
@@ -257,6 +264,18 @@ class Store:
         r = _lib.tutti_recovery(struct_size=ctypes.sizeof(_lib.tutti_recovery))
         _lib.check(self._lib.tutti_get_recovery(self._h(), ctypes.byref(r)), "tutti_get_recovery")
         return {f: getattr(r, f) for f in ("indexed_runs", "indexed_blocks", "dropped_runs")}
+
+    def gpu_reads(self) -> str:
+        """What ``gpu_reads_from_devices`` set at open: the window, largest
+        read and lookahead used and, after "not read:", each device fact
+        that could not be read and what was assumed; "" without it."""
+        n = ctypes.c_uint64()
+        rc = self._lib.tutti_get_gpu_reads(self._h(), None, 0, ctypes.byref(n))
+        if rc != _lib.BufferTooSmall.code:
+            _lib.check(rc, "tutti_get_gpu_reads")
+        buf = ctypes.create_string_buffer(n.value + 1)
+        _lib.check(self._lib.tutti_get_gpu_reads(self._h(), buf, len(buf), ctypes.byref(n)), "tutti_get_gpu_reads")
+        return buf.value.decode()
 
     def stats(self) -> dict:
         s = _lib.tutti_stats(struct_size=ctypes.sizeof(_lib.tutti_stats))

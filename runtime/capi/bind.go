@@ -29,6 +29,9 @@ const (
 
 	memoryHost = 1
 	memoryCUDA = 2
+
+	gpuReadsFromDevices = 1 // TUTTI_GPU_READS_FROM_DEVICES
+	gpuFlagsKnown       = gpuReadsFromDevices
 )
 
 // Limits on what one call may pass, so a garbage count fails as an argument
@@ -67,7 +70,7 @@ type config struct {
 	reserved2                      uint32
 	// ABI 1.1 (zero from a 1.0 caller)
 	gpuIOWindow, gpuMaxIOBytes, gpuLookahead int32
-	reserved3                                uint32
+	gpuFlags                                 uint32
 }
 
 // runtimeConfig checks what the runtime cannot see (ABI version, enum
@@ -78,9 +81,14 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	if c.abiMajor != abiMajor {
 		return rc, errorf(errVersion, "tutti_config.abi_major = %d, this library is ABI %d.%d", c.abiMajor, abiMajor, abiMinor)
 	}
-	if c.reserved != 0 || c.reserved2 != 0 || c.reserved3 != 0 {
-		return rc, errorf(errInvalidArgument, "tutti_config.reserved = %d, reserved2 = %d, reserved3 = %d: all must be 0", c.reserved, c.reserved2, c.reserved3)
+	if c.reserved != 0 || c.reserved2 != 0 {
+		return rc, errorf(errInvalidArgument, "tutti_config.reserved = %d, reserved2 = %d: both must be 0", c.reserved, c.reserved2)
 	}
+	if u := c.gpuFlags &^ gpuFlagsKnown; u != 0 {
+		return rc, errorf(errInvalidArgument, "tutti_config.gpu_flags = %#x has bits unknown to ABI %d.%d (%#x); known: TUTTI_GPU_READS_FROM_DEVICES = %d",
+			c.gpuFlags, abiMajor, abiMinor, u, gpuReadsFromDevices)
+	}
+	rc.GPUReadsFromDevices = c.gpuFlags&gpuReadsFromDevices != 0
 	switch c.path {
 	case pathCPU:
 		rc.Path = runtime.PathCPU

@@ -30,6 +30,13 @@ func TestRuntimeConfig(t *testing.T) {
 	if rc, err := g.runtimeConfig(); err != nil || rc.GPUIOWindow != 384 || rc.GPUMaxIOBytes != 4<<20 || rc.GPULookahead != 4 {
 		t.Fatalf("GPU reads: %+v %v", rc, err)
 	}
+	if rc.GPUReadsFromDevices {
+		t.Fatal("GPUReadsFromDevices without the flag")
+	}
+	g.gpuFlags = gpuReadsFromDevices
+	if rc, err := g.runtimeConfig(); err != nil || !rc.GPUReadsFromDevices || rc.GPUIOWindow != 384 {
+		t.Fatalf("TUTTI_GPU_READS_FROM_DEVICES: %+v %v", rc, err)
+	}
 	cases := []struct {
 		name   string
 		change func(*config)
@@ -48,7 +55,9 @@ func TestRuntimeConfig(t *testing.T) {
 		{"capacity", func(c *config) { c.capacityBytes = 0 }, errInvalidArgument, "CapacityBytes"},
 		{"queue depth", func(c *config) { c.queueDepth = -5 }, errInvalidArgument, "QueueDepth"},
 		{"dup dirs", func(c *config) { c.dirs = []string{"/a", "/a"} }, errInvalidArgument, "twice"},
-		{"reserved3", func(c *config) { c.reserved3 = 1 }, errInvalidArgument, "reserved3"},
+		{"reserved2", func(c *config) { c.reserved2 = 1 }, errInvalidArgument, "reserved2"},
+		{"unknown gpu flag", func(c *config) { c.gpuFlags = 2 }, errInvalidArgument, "gpu_flags = 0x2"},
+		{"unknown gpu flag with a known one", func(c *config) { c.gpuFlags = 1 | 1<<31 }, errInvalidArgument, "(0x80000000); known: TUTTI_GPU_READS_FROM_DEVICES = 1"},
 		{"gpu max io", func(c *config) { c.gpuMaxIOBytes = 4097 }, errInvalidArgument, "GPUMaxIOBytes"},
 		{"gpu window", func(c *config) { c.gpuIOWindow = -1 }, errInvalidArgument, "GPUIOWindow"},
 		{"gpu lookahead", func(c *config) { c.gpuLookahead = 17 }, errInvalidArgument, "GPULookahead"},

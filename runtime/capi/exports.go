@@ -39,7 +39,7 @@ const (
 	configSizeV1 = 208
 	statsSizeV1  = 176
 	recovSizeV1  = 32
-	// configSize is tutti_config of ABI 1.1 (gpu_io_window ... reserved3).
+	// configSize is tutti_config of ABI 1.1 (gpu_io_window ... gpu_flags).
 	configSize = 224
 )
 
@@ -237,7 +237,7 @@ func readConfig(p *C.tutti_config) (config, error) {
 	c.gpuDevice, c.gpuMaxPages, c.gpuMaxRuns = int32(local.gpu_device), int32(local.gpu_max_pages), int32(local.gpu_max_runs)
 	c.reserved2 = uint32(local.reserved2)
 	c.gpuIOWindow, c.gpuMaxIOBytes, c.gpuLookahead = int32(local.gpu_io_window), int32(local.gpu_max_io_bytes), int32(local.gpu_lookahead)
-	c.reserved3 = uint32(local.reserved3)
+	c.gpuFlags = uint32(local.gpu_flags)
 	c.compute = [3]float64{float64(local.compute_fixed_ns), float64(local.compute_per_token_ns), float64(local.compute_per_pair_ns)}
 	c.device = [7]float64{float64(local.device_read_bytes_per_sec), float64(local.device_write_bytes_per_sec),
 		float64(local.device_read_iops), float64(local.device_write_iops), float64(local.device_read_latency_ns),
@@ -699,6 +699,33 @@ func tutti_get_recovery(store C.uint64_t, out *C.tutti_recovery) (rc C.int32_t) 
 		local.dropped_runs = C.uint64_t(max(r.DroppedRuns, 0))
 		n := min(size, uint64(unsafe.Sizeof(local)))
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), n), unsafe.Slice((*byte)(unsafe.Pointer(&local)), n))
+		return nil
+	}())
+}
+
+//export tutti_get_gpu_reads
+func tutti_get_gpu_reads(store C.uint64_t, buf *C.char, n C.uint64_t, outLen *C.uint64_t) (rc C.int32_t) {
+	defer guard("tutti_get_gpu_reads", &rc)
+	return finish("tutti_get_gpu_reads", func() error {
+		if outLen == nil {
+			return errorf(errInvalidArgument, "out_len is NULL")
+		}
+		*outLen = 0
+		if buf == nil && n != 0 {
+			return errorf(errInvalidArgument, "buf is NULL with len = %d", n)
+		}
+		e, err := storeArg(uint64(store))
+		if err != nil {
+			return err
+		}
+		text := e.s.Stats().GPUReads
+		*outLen = C.uint64_t(len(text))
+		if uint64(n) <= uint64(len(text)) {
+			return errorf(errBufferTooSmall, "len = %d, the text needs %d bytes with its NUL", n, len(text)+1)
+		}
+		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(text)+1)
+		copy(dst, text)
+		dst[len(text)] = 0
 		return nil
 	}())
 }

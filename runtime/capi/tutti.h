@@ -93,6 +93,17 @@ typedef enum tutti_memory {
 	TUTTI_MEMORY_CUDA = 2  /* CUDA device pointers on the store's device (GPU path) */
 } tutti_memory;
 
+/* Bits of tutti_config.gpu_flags (ABI 1.1). A bit this library does not know
+ * is TUTTI_ERR_INVALID_ARGUMENT. */
+typedef enum tutti_gpu_flags {
+	/* Size gpu_io_window, gpu_max_io_bytes and gpu_lookahead that are 0 to the
+	 * disks under dirs at tutti_open (per dir 3/4 of its nr_requests, at most
+	 * 128 and 1024 in all; the largest read its max_sectors_kb allows, at most
+	 * 4 MiB; one layer per dir, 2..8) instead of the defaults; values set win.
+	 * A disk that does not say counts as a 128-deep queue taking 1 MiB reads. */
+	TUTTI_GPU_READS_FROM_DEVICES = 1
+} tutti_gpu_flags;
+
 /* Store configuration. Zero means "library default" for the tuning fields. */
 typedef struct tutti_config {
 	uint32_t struct_size;     /* sizeof(tutti_config) */
@@ -146,7 +157,7 @@ typedef struct tutti_config {
 	int32_t gpu_max_io_bytes; /* largest read, a multiple of 4096 up to 16 MiB; 0 = 1 MiB */
 	int32_t gpu_lookahead;    /* layers in flight beyond the one waited for (staging: lookahead+3
 	                             layer slots); 0 = 1 */
-	uint32_t reserved3;       /* must be 0 */
+	uint32_t gpu_flags;       /* tutti_gpu_flags bits; 0 = none */
 } tutti_config;
 
 /* One contiguous range of KV memory. */
@@ -280,6 +291,15 @@ int32_t tutti_get_stats(uint64_t store, tutti_stats *out);
 
 /* Fills the first out->struct_size bytes of *out with what tutti_open recovered. */
 int32_t tutti_get_recovery(uint64_t store, tutti_recovery *out);
+
+/* ABI 1.1: what TUTTI_GPU_READS_FROM_DEVICES set at tutti_open, as text: the
+ * window, largest read and lookahead used (set values included) and, after
+ * "not read:", each device fact that could not be read and what was assumed
+ * for it; empty when the flag was not given. Copies it NUL-terminated into
+ * buf (len bytes) and sets *out_len to its length without the NUL;
+ * TUTTI_ERR_BUFFER_TOO_SMALL (nothing copied) when len <= that length. buf
+ * may be NULL when len is 0, to ask for the length. */
+int32_t tutti_get_gpu_reads(uint64_t store, char *buf, uint64_t len, uint64_t *out_len);
 
 /* Derives the block-hash chain of a token sequence with the Go prefix
  * package's ChainFromTokens: one id per full block of block_tokens tokens (a

@@ -126,8 +126,27 @@ int main(int argc, char **argv) {
 	CHECK(tutti_get_recovery(store, &rec) == TUTTI_OK && rec.indexed_runs == 0 && rec.dropped_runs == 0);
 	rec.struct_size = 4;
 	CHECK(tutti_get_recovery(store, &rec) == TUTTI_ERR_VERSION);
+	// Without TUTTI_GPU_READS_FROM_DEVICES there is nothing to say.
+	uint64_t text_len = 99;
+	char text[1024];
+	CHECK(tutti_get_gpu_reads(store, NULL, 0, &text_len) == TUTTI_ERR_BUFFER_TOO_SMALL && text_len == 0);
+	CHECK(tutti_get_gpu_reads(store, text, sizeof text, &text_len) == TUTTI_OK && text_len == 0 && text[0] == 0);
+	CHECK(tutti_get_gpu_reads(store, text, sizeof text, NULL) == TUTTI_ERR_INVALID_ARGUMENT);
 	CHECK(tutti_close(store) == TUTTI_OK);
 	CHECK(tutti_lookup(store, chain, 3, &hit) == TUTTI_ERR_BAD_HANDLE);
+	CHECK(tutti_get_gpu_reads(store, text, sizeof text, &text_len) == TUTTI_ERR_BAD_HANDLE);
+
+	// The GPU reads sized to the directory's disk at open, said as text.
+	cfg.gpu_flags = TUTTI_GPU_READS_FROM_DEVICES | 4;
+	CHECK(tutti_open(&cfg, &store) == TUTTI_ERR_INVALID_ARGUMENT);
+	cfg.gpu_flags = TUTTI_GPU_READS_FROM_DEVICES;
+	cfg.gpu_lookahead = 3;
+	CHECK(tutti_open(&cfg, &store) == TUTTI_OK);
+	CHECK(tutti_get_gpu_reads(store, NULL, 0, &text_len) == TUTTI_ERR_BUFFER_TOO_SMALL && text_len > 0);
+	CHECK(tutti_get_gpu_reads(store, text, text_len, &text_len) == TUTTI_ERR_BUFFER_TOO_SMALL);
+	CHECK(text_len < sizeof text && tutti_get_gpu_reads(store, text, text_len + 1, &text_len) == TUTTI_OK);
+	CHECK(strlen(text) == text_len && strstr(text, "window ") == text && strstr(text, "lookahead 3 layers") != NULL);
+	CHECK(tutti_close(store) == TUTTI_OK);
 	free(kv[0]);
 	free(kv[1]);
 	if (failures) {
