@@ -95,8 +95,8 @@ type Config struct {
 	// GPUIOWindow bounds the GPU ring's reads in flight (kernels'
 	// IOWindow); the ring's queue is sized to hold it. Zero: QueueDepth.
 	// Size it to the devices (gpubench: 3/4 of each device's nr_requests,
-	// at most 128 each): a read that finds no free request tag goes to an
-	// io-wq worker.
+	// at most 128 each; or GPUReadsFromDevices): a read that finds no free
+	// request tag goes to an io-wq worker.
 	GPUIOWindow int
 	// GPUMaxIOBytes is the GPU path's largest read, a multiple of 4096 of
 	// at most 16 MiB: the largest read the devices take unsplit
