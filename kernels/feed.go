@@ -82,38 +82,46 @@ func newFeeder(ops feedOps, lib *sync.Mutex, ahead, chunk int) *feeder {
 // and queues whatever is left to enqueue.
 func (f *feeder) start(it *feedItem) {
 	f.mu.Lock()
-	idle, broken := len(f.queue) == 0, f.broken
+	broken := f.broken
 	if f.stopped && broken == nil {
 		broken = fmt.Errorf("restorer closing: %w", ErrInvalid) // no loop would feed it
 	}
-	f.mu.Unlock()
-	if broken != nil {
-		f.mu.Lock()
-		it.err, it.done = broken, true
-		f.mu.Unlock()
-		return
-	}
-	if idle {
-		err := f.ops.submit(it, min(it.layers, f.ahead))
-		f.mu.Lock()
-		if err != nil {
-			it.err, it.done = err, true
-			f.breakOn(err, true)
+	if broken != nil || len(f.queue) > 0 {
+		if broken != nil {
+			it.err, it.done = broken, true
 		} else {
-			it.submitted, it.fed = true, min(it.layers, f.ahead)
-			it.done = it.fed == it.layers
+			f.queue = append(f.queue, it) // the loop submits it after the ones before
+			f.cond.Broadcast()
 		}
-		if !it.done {
-			f.queue = append(f.queue, it)
-		}
-		f.cond.Broadcast()
 		f.mu.Unlock()
 		return
 	}
+	// The queue stays empty until we append: only start appends, and its
+	// callers hold f.lib.
+	f.mu.Unlock()
+	err := f.submit(it)
 	f.mu.Lock()
-	f.queue = append(f.queue, it)
+	switch {
+	case err != nil:
+		it.err, it.done = err, true
+		f.breakOn(err, true)
+	case it.fed == it.layers:
+		it.done = true
+	default:
+		f.queue = append(f.queue, it)
+	}
 	f.cond.Broadcast()
 	f.mu.Unlock()
+}
+
+// submit submits it with its first ahead layers enqueued, with f.lib held.
+func (f *feeder) submit(it *feedItem) error {
+	n := min(it.layers, f.ahead)
+	if err := f.ops.submit(it, n); err != nil {
+		return err
+	}
+	f.set(it, n)
+	return nil
 }
 
 func (f *feeder) loop() {
@@ -156,13 +164,12 @@ func (f *feeder) feed(it *feedItem) (submitErr bool, err error) {
 	}
 	if !submitted {
 		f.lib.Lock()
-		err := f.ops.submit(it, min(it.layers, f.ahead))
+		err := f.submit(it)
 		f.lib.Unlock()
 		if err != nil {
 			return true, err
 		}
 		fed = min(it.layers, f.ahead)
-		f.set(it, fed, true)
 	}
 	for fed < it.layers {
 		upto := min(it.layers, fed+f.chunk)
@@ -176,7 +183,7 @@ func (f *feeder) feed(it *feedItem) (submitErr bool, err error) {
 			return false, fmt.Errorf("enqueueing layer %d: %w", fed, err)
 		}
 		fed = upto
-		f.set(it, fed, true)
+		f.set(it, fed)
 	}
 	return false, nil
 }
@@ -193,9 +200,10 @@ func (f *feeder) breakOn(err error, submit bool) {
 	}
 }
 
-func (f *feeder) set(it *feedItem, fed int, submitted bool) {
+// set records fed layers of a submitted it and wakes the waiters.
+func (f *feeder) set(it *feedItem, fed int) {
 	f.mu.Lock()
-	it.fed, it.submitted = fed, submitted
+	it.fed, it.submitted = fed, true
 	f.cond.Broadcast()
 	f.mu.Unlock()
 }

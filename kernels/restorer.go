@@ -573,12 +573,10 @@ func (r *Restorer) Close() error {
 
 // Restore is one GPU-driven restore in flight.
 type Restore struct {
-	r          *Restorer
-	f          feedItem // its enqueue state; f.id is the library's request id
-	firstLayer int
-	layers     int
-	epl        int
-	released   bool
+	r        *Restorer
+	f        feedItem // its enqueue state and layers; f.id is the library's request id
+	epl      int
+	released bool
 }
 
 // Restore checks req, builds its descriptors and puts them on the GPU: it
@@ -619,8 +617,7 @@ func (r *Restorer) Restore(req Request) (*Restore, error) {
 		default:
 		}
 	}
-	x := &Restore{r: r, firstLayer: req.FirstLayer, layers: len(req.Layers), epl: pl.EntriesPerLayer}
-	x.f = feedItem{first: req.FirstLayer, layers: len(req.Layers), plan: pl}
+	x := &Restore{r: r, f: feedItem{first: req.FirstLayer, layers: len(req.Layers), plan: pl}, epl: pl.EntriesPerLayer}
 	r.live++
 	r.feed.start(&x.f)
 	if x.f.done && x.f.err != nil {
@@ -687,14 +684,14 @@ func (c cFeed) waitLayer(it *feedItem, layer int) error {
 // fed waits until layer (absolute) is enqueued: the library's waits on a
 // layer not enqueued yet would not wait at all.
 func (x *Restore) fed(layer int) error {
-	if layer < x.firstLayer || layer >= x.firstLayer+x.layers {
-		return fmt.Errorf("layer %d not in the restore's [%d, %d): %w", layer, x.firstLayer, x.firstLayer+x.layers, ErrInvalid)
+	if layer < x.f.first || layer >= x.f.first+x.f.layers {
+		return fmt.Errorf("layer %d not in the restore's [%d, %d): %w", layer, x.f.first, x.f.first+x.f.layers, ErrInvalid)
 	}
-	return x.r.feed.waitFed(&x.f, layer-x.firstLayer+1)
+	return x.r.feed.waitFed(&x.f, layer-x.f.first+1)
 }
 
 // Layers is the range of layers the restore covers.
-func (x *Restore) Layers() (first, n int) { return x.firstLayer, x.layers }
+func (x *Restore) Layers() (first, n int) { return x.f.first, x.f.layers }
 
 // StreamWaitLayer makes a CUDA stream (a cudaStream_t; 0 is the legacy
 // default stream) wait until layer is in the KV tensors, with no host round
@@ -733,21 +730,21 @@ type Result struct {
 // when entries failed; Result lists them. The pages of a failed entry keep
 // whatever the KV memory held before: they were never scattered.
 func (x *Restore) Wait() (*Result, error) {
-	if err := x.fed(x.firstLayer + x.layers - 1); err != nil {
+	if err := x.fed(x.f.first + x.f.layers - 1); err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	s := &x.r.slots[x.f.id]
-	n := x.layers * x.epl
+	n := x.f.layers * x.epl
 	st := C.tkl_restore_wait(x.r.ctx, C.uint32_t(x.f.id), (*C.tk_entry_result)(unsafe.Pointer(&s.results[0])),
-		C.uint32_t(n), (*C.float)(unsafe.Pointer(&s.layerMs[0])), C.uint32_t(x.layers))
-	res := &Result{Entries: s.results[:n], EntriesPerLayer: x.epl, LayerMs: s.layerMs[:x.layers]}
+		C.uint32_t(n), (*C.float)(unsafe.Pointer(&s.layerMs[0])), C.uint32_t(x.f.layers))
+	res := &Result{Entries: s.results[:n], EntriesPerLayer: x.epl, LayerMs: s.layerMs[:x.f.layers]}
 	err := status("restore", st)
 	if err != nil && !errors.Is(err, ErrIO) && !errors.Is(err, ErrRingBroken) {
 		return res, err
 	}
 	for e, er := range res.Entries {
 		if er.Status != EntryOK {
-			res.Failed = append(res.Failed, &EntryError{Layer: x.firstLayer + e/x.epl, Entry: e % x.epl,
+			res.Failed = append(res.Failed, &EntryError{Layer: x.f.first + e/x.epl, Entry: e % x.epl,
 				Offset: int64(s.entries[e].Offset), Result: er})
 		}
 	}
