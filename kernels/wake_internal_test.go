@@ -116,20 +116,7 @@ func TestKickLoopSubmitsWhatTheGPUPublishes(t *testing.T) {
 	for i := range want {
 		want[i] = byte(i*7 + i>>12)
 	}
-	path := filepath.Join(dir, "f")
-	if err := os.WriteFile(path, want, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT, 0)
-	if err != nil {
-		t.Skipf("O_DIRECT unavailable here: %v", err)
-	}
-	defer unix.Close(fd)
-	dst, err := uring.AllocBuffer(len(want))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Free()
+	fd, dst := directFileOrSkip(t, dir, want)
 	for _, c := range []struct {
 		name  string
 		cfg   uring.Config
@@ -244,20 +231,7 @@ func TestKickLoopLayerByLayer(t *testing.T) {
 	const blk = 4096
 	const layers, perLayer = 40, 2
 	const reapDelay = 3 * time.Microsecond
-	path := filepath.Join(t.TempDir(), "f")
-	if err := os.WriteFile(path, make([]byte, layers*perLayer*blk), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT, 0)
-	if err != nil {
-		t.Skipf("O_DIRECT unavailable here: %v", err)
-	}
-	defer unix.Close(fd)
-	dst, err := uring.AllocBuffer(layers * perLayer * blk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Free()
+	fd, dst := directFileOrSkip(t, t.TempDir(), make([]byte, layers*perLayer*blk))
 	for _, c := range []struct {
 		name  string
 		cfg   uring.Config
@@ -325,4 +299,26 @@ func TestKickLoopLayerByLayer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// directFileOrSkip writes data to a file in dir and opens it O_DIRECT, with
+// an off-heap buffer of its size to read into; both are released at the
+// test's end. It skips where O_DIRECT is unavailable.
+func directFileOrSkip(t *testing.T, dir string, data []byte) (fd int, dst *uring.Buffer) {
+	t.Helper()
+	path := filepath.Join(dir, "f")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Skipf("O_DIRECT unavailable here: %v", err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	dst, err = uring.AllocBuffer(len(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dst.Free() })
+	return fd, dst
 }
