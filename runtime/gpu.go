@@ -58,11 +58,8 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 		ptrs = []uint64{uint64(kv.Cross.Addr)}
 	}
 	rc := uring.DefaultConfig()
-	// The queue holds the window: entries are a power of two.
-	rc.Entries = 64
-	for int(rc.Entries) < max(s.cfg.QueueDepth, s.cfg.GPUIOWindow) {
-		rc.Entries *= 2
-	}
+	// The queue holds the window (uring.New rounds it up to a power of two).
+	rc.Entries = uint32(max(64, s.cfg.QueueDepth, s.cfg.GPUIOWindow))
 	// Without SQPOLL the kernels' helper thread submits and runs the
 	// completions' task work (kick mode), on a DEFER_TASKRUN ring where the
 	// kernel allows it; nothing else enters this ring.

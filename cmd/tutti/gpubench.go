@@ -61,7 +61,8 @@ type gpuBench struct {
 	direct   []*uring.File // O_DIRECT, per device
 	buffered []*uring.File // page cache, per device
 	maxIO    int
-	// ringEntries: SQ size of the GPU rings, the window rounded up to a power of two
+	// ringEntries: SQ size of the GPU rings, at least the window (uring.New
+	// rounds it up to a power of two)
 	ringEntries uint32
 	kickDefer   bool // kick-mode ring with DEFER_TASKRUN (kernels.NewKickRing)
 	qd          int
@@ -193,10 +194,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		*lookahead = runtime.GPULookaheadToFill(*window, b.maxIO, len(b.paths), b.objBytes)
 	}
 	b.logf("GPU window %d SQEs, lookahead %d layers, largest read %d KiB\n", *window, *lookahead, b.maxIO>>10)
-	b.ringEntries = uint32(256)
-	for int(b.ringEntries) < *window {
-		b.ringEntries *= 2
-	}
+	b.ringEntries = uint32(max(256, *window))
 	rc := uring.DefaultConfig()
 	rc.Entries = b.ringEntries
 	rc.NoMmap = true // rings in process memory: CUDA maps multi-page rings reliably
