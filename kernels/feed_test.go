@@ -274,3 +274,29 @@ func TestCheckFeed(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedDefaults: the feeder's defaults follow the lookahead, and the
+// chunk is half the layers enqueued ahead, 1..8.
+func TestFeedDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		lookahead, layers, chunk int // in: Lookahead, EnqueueLayers (0: default)
+		wantLayers, wantChunk    int
+	}{
+		{1, 0, 0, 16, 8},  // 2×(1+3) = 8 → at least 16
+		{11, 0, 0, 28, 8}, // 2×(11+3)
+		{30, 0, 0, 48, 8}, // capped at 48
+		{1, 6, 0, 6, 3},   // half of an explicit EnqueueLayers
+		{1, 1, 0, 1, 1},   // at least 1
+		{4, 0, 2, 16, 2},  // an explicit chunk is kept
+	} {
+		c := Config{Lookahead: tc.lookahead, EnqueueLayers: tc.layers, EnqueueChunk: tc.chunk}
+		c.defaults()
+		if c.EnqueueLayers != tc.wantLayers || c.EnqueueChunk != tc.wantChunk {
+			t.Errorf("Lookahead %d, EnqueueLayers %d, EnqueueChunk %d: defaults %d/%d, want %d/%d",
+				tc.lookahead, tc.layers, tc.chunk, c.EnqueueLayers, c.EnqueueChunk, tc.wantLayers, tc.wantChunk)
+		}
+		if err := c.checkFeed(); err != nil {
+			t.Errorf("defaults refused: %v", err)
+		}
+	}
+}

@@ -748,9 +748,12 @@ extern "C" tk_status tk_unbind(uint64_t h) {
 }
 
 // check_map validates a page map against the context: no copy can leave the
-// KV tensors or the staging slot.
-static tk_status check_map(const Ctx *c, const tk_page_map *m, uint32_t n, uint32_t epl, uint64_t obj_bytes) {
+// KV tensors or an object of obj_bytes (the staging slot). *extent (if not
+// NULL) is the end of the farthest page in the object: what a layer copies.
+static tk_status check_map(const Ctx *c, const tk_page_map *m, uint32_t n, uint32_t epl, uint64_t obj_bytes,
+                           uint64_t *extent) {
   const uint64_t page_bytes = c->geo.plane_bytes * c->geo.planes;
+  uint64_t end = 0;
   for (uint32_t i = 0; i < n; i++) {
     if (m[i].dst_page >= c->geo.num_pages)
       return fail(TK_ERR_INVALID, "page %u: destination page %u >= %u", i, m[i].dst_page, c->geo.num_pages);
@@ -759,7 +762,9 @@ static tk_status check_map(const Ctx *c, const tk_page_map *m, uint32_t n, uint3
                   m[i].slot_off, (unsigned long long)page_bytes, (unsigned long long)obj_bytes);
     if (epl && (m[i].first_entry > m[i].last_entry || m[i].last_entry >= epl))
       return fail(TK_ERR_INVALID, "page %u: entries [%u,%u] of %u", i, m[i].first_entry, m[i].last_entry, epl);
+    if (m[i].slot_off + page_bytes > end) end = m[i].slot_off + page_bytes;
   }
+  if (extent) *extent = end;
   return TK_OK;
 }
 
@@ -831,7 +836,8 @@ extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, u
   if (!p->n_pages || p->n_pages > c->max_pages) return fail(TK_ERR_INVALID, "%u pages (max %u)", p->n_pages, c->max_pages);
   if (!p->entries_per_layer || p->entries_per_layer > c->max_entries)
     return fail(TK_ERR_INVALID, "%u entries per layer (max %u)", p->entries_per_layer, c->max_entries);
-  tk_status s = check_map(c, p->pages, p->n_pages, p->entries_per_layer, c->slot_bytes);
+  uint64_t copy_bytes;
+  tk_status s = check_map(c, p->pages, p->n_pages, p->entries_per_layer, c->slot_bytes, &copy_bytes);
   if (s) return s;
   const uint32_t ne = p->n_layers * p->entries_per_layer;
   for (uint32_t e = 0; e < ne; e++) {
@@ -858,10 +864,7 @@ extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, u
   memcpy(q.up_entries, p->entries, sizeof(tk_io_entry) * ne);
   memcpy(q.up_pages, p->pages, sizeof(tk_page_map) * p->n_pages);
   memset(q.h_results, 0, sizeof(tk_entry_result) * ne);
-  q.copy_bytes = 0;
-  const uint64_t page_bytes = c->geo.plane_bytes * c->geo.planes;
-  for (uint32_t i = 0; i < p->n_pages; i++)
-    if (p->pages[i].slot_off + page_bytes > q.copy_bytes) q.copy_bytes = p->pages[i].slot_off + page_bytes;
+  q.copy_bytes = copy_bytes;
   CK(cudaEventRecord(q.start, c->io));
   CK(cudaMemcpyAsync(q.d_entries, q.up_entries, sizeof(tk_io_entry) * ne, cudaMemcpyHostToDevice, c->io));
   CK(cudaMemcpyAsync(q.d_pages, q.up_pages, sizeof(tk_page_map) * p->n_pages, cudaMemcpyHostToDevice, c->io));
@@ -880,15 +883,6 @@ extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, u
   return TK_OK;
 }
 
-extern "C" tk_status tk_restore_enqueue(uint64_t h, uint32_t req, uint32_t upto) {
-  Ctx *c = as_ctx(h);
-  if (!c || req >= c->max_requests || !c->reqs[req].busy) return fail(TK_ERR_INVALID, "request %u is not live", req);
-  Req &q = c->reqs[req];
-  if (upto > q.n_layers) return fail(TK_ERR_INVALID, "enqueue up to layer %u of %u", upto, q.n_layers);
-  CK(cudaSetDevice(c->device));
-  return enqueue_layers(c, q, req, upto);
-}
-
 static tk_status get_req(Ctx *c, uint32_t req, Req **out) {
   if (!c || req >= c->max_requests || !c->reqs[req].busy) return fail(TK_ERR_INVALID, "request %u is not live", req);
   *out = &c->reqs[req];
@@ -896,6 +890,15 @@ static tk_status get_req(Ctx *c, uint32_t req, Req **out) {
   // goroutines between threads; one process binds one context per GPU).
   CK(cudaSetDevice(c->device));
   return TK_OK;
+}
+
+extern "C" tk_status tk_restore_enqueue(uint64_t h, uint32_t req, uint32_t upto) {
+  Ctx *c = as_ctx(h);
+  Req *q;
+  tk_status s = get_req(c, req, &q);
+  if (s) return s;
+  if (upto > q->n_layers) return fail(TK_ERR_INVALID, "enqueue up to layer %u of %u", upto, q->n_layers);
+  return enqueue_layers(c, *q, req, upto);
 }
 
 static tk_status layer_status(const Req &q, uint32_t l) {
@@ -973,7 +976,7 @@ extern "C" tk_status tk_restore_release(uint64_t h, uint32_t req) {
 extern "C" tk_status tk_host_map(uint64_t h, const tk_page_map *pages, uint32_t n) {
   Ctx *c = as_ctx(h);
   if (!c || !pages || !n || n > c->max_pages) return fail(TK_ERR_INVALID, "tk_host_map: %u pages (max %u)", n, c ? c->max_pages : 0);
-  tk_status s = check_map(c, pages, n, 0, ~0ull >> 1);
+  tk_status s = check_map(c, pages, n, 0, ~0ull >> 1, NULL);
   if (s) return s;
   CK(cudaSetDevice(c->device));
   CK(cudaStreamSynchronize(c->copy));
@@ -1074,7 +1077,7 @@ extern "C" tk_status tk_kv_verify(uint64_t h, uint64_t seed, const tk_page_map *
   if (!c || !mismatched) return fail(TK_ERR_INVALID, "null argument");
   if (!n || n > c->max_pages || !n_layers || first_layer + (uint64_t)n_layers > c->kv.layers)
     return fail(TK_ERR_INVALID, "verify %u pages, layers [%u,+%u)", n, first_layer, n_layers);
-  tk_status s = check_map(c, pages, n, 0, ~0ull >> 1);
+  tk_status s = check_map(c, pages, n, 0, ~0ull >> 1, NULL);
   if (s) return s;
   CK(cudaSetDevice(c->device));
   CK(cudaStreamSynchronize(c->copy));
