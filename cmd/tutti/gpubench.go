@@ -45,6 +45,10 @@ type benchRow struct {
 	LayerMsMax      float64 `json:"layer_ms_max"`
 	Error           string  `json:"error,omitempty"`
 	Note            string  `json:"note,omitempty"`
+	// Stripe and RunPages are the data files' layout (--stripe,
+	// --run-pages): "runs" with pages per run, or "layers" with 0.
+	Stripe   string `json:"stripe"`
+	RunPages int    `json:"run_pages"`
 }
 
 type gpuBench struct {
@@ -53,10 +57,10 @@ type gpuBench struct {
 	label    string
 	pages    int
 	numPages int
-	dst      []int32 // engine page of request page i (a shuffled block table)
-	pm       []kernels.PageMap
-	objBytes int64 // one layer's object (pages*PageBytes)
-	stride   int64 // objects' spacing on a device (aligned)
+	dst      []int32           // engine page of request page i (a shuffled block table)
+	pm       []kernels.PageMap // the staging paths' host map (lay.pageMap)
+	objBytes int64             // one layer's object (pages*PageBytes)
+	lay      benchLayout       // where each layer's object lies on the devices
 	paths    []string
 	direct   []*uring.File // O_DIRECT, per device
 	buffered []*uring.File // page cache, per device
@@ -75,10 +79,6 @@ type gpuBench struct {
 	stderr      io.Writer
 }
 
-// layerDev and layerOff place layer l's object: layers are striped over the
-// devices, object l on device l%D at (l/D)*stride.
-func (b *gpuBench) layerDev(l int) int      { return l % len(b.paths) }
-func (b *gpuBench) layerOff(l int) int64    { return int64(l/len(b.paths)) * b.stride }
 func (b *gpuBench) totalBytes() int64       { return b.objBytes * int64(b.g.Layers) }
 func (b *gpuBench) logf(f string, a ...any) { fmt.Fprintf(b.stderr, f, a...) }
 
@@ -87,20 +87,22 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	model := fs.String("model", "llama3-70b", "model shape: a profile of eval/model (llama3-8b, llama3-70b, qwen3-32b, deepseek-v3, tiny)")
 	tokens := fs.Int("tokens", 32768, "prefix length in tokens")
 	dir := fs.String("dir", "", "directory for the data file (real disk)")
-	devices := fs.String("devices", "", "comma-separated files or block devices to stripe layers over (their contents are overwritten)")
+	devices := fs.String("devices", "", "comma-separated files or block devices to stripe the prefix over (--stripe; their contents are overwritten, a regular file is sized to the data, with a .layout sidecar for --reuse)")
+	stripe := fs.String("stripe", stripeRuns, "layout on the devices: runs (as the object store: runs of consecutive pages, run r on device r mod D, object l of a run = layer l of its pages) or layers (layer l's whole object on device l mod D, gpubench's layout before the runs)")
+	runPages := fs.Int("run-pages", 0, "--stripe runs: pages per run, whole chain blocks of the model (32 pages for the eval/model profiles), at most objmap.MaxRunChunks blocks (0: the fewest runs per device that fit, of equal length rounded up to whole blocks)")
 	label := fs.String("label", "", "storage label printed with the results")
 	jsonPath := fs.String("json", "", "write JSON rows (one per line) to this file ('-' = stdout)")
 	pathList := fs.String("paths", "gpu,gpu-kick,uring,per-block,cufile,cufile-compat,page-cache,dram,gpu", "paths to run, in order")
 	maxIO := fs.Int("max-io", 0, "largest read of the object paths, bytes (0: the largest read every device takes without a split, from its max_sectors_kb, 1 MiB if unknown, at most 4 MiB)")
 	qd := fs.Int("qd", 64, "queue depth of the CPU-issued paths")
-	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: per device 128, or 3/4 of its block queue depth (nr_requests) if less, at most 1024 in all; layers are striped over the devices, so a window of one layer's reads keeps one device busy)")
+	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: per device 128, or 3/4 of its block queue depth (nr_requests) if less, at most 1024 in all)")
 	lookahead := fs.Int("lookahead", 0, "GPU path: layers in flight beyond the one waited for (0: enough layers to fill the window with reads, at least the number of devices and 2, at most 16)")
 	idleMs := fs.Uint("sqpoll-idle-ms", 50, "GPU path: SQPOLL thread idle time before it sleeps")
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")
 	kickUs := fs.Duration("wake-interval", 200*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (SQPOLL: wake it if asleep; kick mode: the longest it waits in the kernel for a completion before submitting what the GPU published)")
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the ceiling measurement (quick configuration checks)")
-	reuse := fs.Bool("reuse", false, "keep a data file of the right size from an earlier run with the same model, tokens and seed")
+	reuse := fs.Bool("reuse", false, "keep data files from an earlier run with the same model, tokens, seed, devices and layout (the size of each and its .layout sidecar say so)")
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated, with at least N directories rank r stripes over every N-th of them), next to one rank of the same shape over the same directories")
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
 	kickBatch := fs.Int("kick-batch", 32, "GPU kick mode: most completions one wake-up of the CPU helper waits for (a quarter of the I/O in flight, at most this; 1: every completion)")
@@ -108,13 +110,16 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	kickExact := fs.Bool("kick-exact-target", true, "GPU kick mode: the helper's wait counts only completions that arrive after it starts (false: kernels.Config.LooseWakeTarget, the first target, slower on the H200)")
 	kickDefer := fs.Bool("kick-defer", true, "GPU kick mode: a DEFER_TASKRUN ring (the kernel wakes the helper once per batch); false: an ordinary ring, woken by every completion")
 	enqueueLayers := fs.Int("enqueue-layers", 0, "GPU paths: layers of a restore on the GPU's streams ahead of the last one scattered (kernels.Config.EnqueueLayers; 0: 2×(lookahead+3), 16..48)")
-	enqueueChunk := fs.Int("enqueue-chunk", 1, "GPU paths: layers the feeder enqueues per wake-up (kernels.Config.EnqueueChunk; fewer host wake-ups, not yet measured on a GPU)")
+	enqueueChunk := fs.Int("enqueue-chunk", 0, "GPU paths: layers the feeder enqueues per wake-up (kernels.Config.EnqueueChunk; 0: half of --enqueue-layers, 1..8)")
 	zeroCopy := fs.Bool("zero-copy-scatter", false, "GPU paths: the scatter kernel reads host staging itself instead of a copy-engine copy into device staging (kernels.Config.ZeroCopyScatter)")
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *gpus != 1 {
+		if *stripe != stripeRuns || *runPages != 0 {
+			return errors.New("--stripe and --run-pages apply to one GPU: with --gpus N the ranks' stores lay their runs out themselves")
+		}
 		return runGroupBenchCLI(groupBenchFlags{model: *model, tokens: *tokens, dir: *dir, layout: *layout, seed: *seed, gpus: *gpus,
 			window: *window, maxIO: *maxIO, lookahead: *lookahead, exactWake: *kickExact, jsonPath: *jsonPath}, stdout, stderr)
 	}
@@ -127,12 +132,10 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	b.pages = (*tokens + g.PageTokens - 1) / g.PageTokens
 	b.numPages = b.pages + b.pages/8 + 16
 	b.objBytes = int64(b.pages) * g.PageBytes()
-	b.stride = (b.objBytes + 4095) / 4096 * 4096
 	rng := rand.New(rand.NewPCG(*seed, 7))
 	perm := rng.Perm(b.numPages)
 	for i := 0; i < b.pages; i++ {
 		b.dst = append(b.dst, int32(perm[i]))
-		b.pm = append(b.pm, kernels.PageMap{DstPage: uint32(perm[i]), SlotOff: uint32(int64(i) * g.PageBytes())})
 	}
 	switch {
 	case *devices != "":
@@ -142,6 +145,10 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	default:
 		return errors.New("need --dir or --devices")
 	}
+	if b.lay, err = newBenchLayout(prof.Shape, b.pages, len(b.paths), *stripe, *runPages); err != nil {
+		return err
+	}
+	b.pm = b.lay.pageMap(b.dst)
 	kl := kernels.LayoutPerLayer
 	if *layout == "cross-layer" {
 		kl = kernels.LayoutCrossLayer
@@ -150,8 +157,8 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("gpubench needs the GPU and the kernels library: %w", err)
 	}
-	fmt.Fprintf(stdout, "gpubench %s: %d layers x %d pages of %d KiB (%s), %.2f GiB, %s, storage %q on %v, GPU %s (%d SMs), content eval/kvdata blocks %d..\n",
-		*model, g.Layers, b.pages, g.PageBytes()>>10, kl, float64(b.totalBytes())/(1<<30), time.Now().UTC().Format(time.RFC3339), b.label, b.paths, name, sms, *seed)
+	fmt.Fprintf(stdout, "gpubench %s: %d layers x %d pages of %d KiB (%s), %.2f GiB, %s, storage %q on %v: %s, GPU %s (%d SMs), content eval/kvdata blocks %d..\n",
+		*model, g.Layers, b.pages, g.PageBytes()>>10, kl, float64(b.totalBytes())/(1<<30), time.Now().UTC().Format(time.RFC3339), b.label, b.paths, b.lay, name, sms, *seed)
 
 	if err := b.writeData(*reuse); err != nil {
 		return err
@@ -206,7 +213,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	}
 	defer b.ring.Close()
 	b.kcfg = kernels.Config{Geometry: g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
-		MaxPages: b.pages, MaxExtents: 1, MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
+		MaxPages: b.pages, MaxExtents: b.lay.piecesPerLayer(), MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
 		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads, ZeroCopyScatter: *zeroCopy,
 		EnqueueLayers: *enqueueLayers, EnqueueChunk: *enqueueChunk,
 		WakeBatch: *kickBatch, BatchWait: *kickBatchWait, LooseWakeTarget: !*kickExact}
@@ -227,6 +234,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	for _, p := range strings.Split(*pathList, ",") {
 		row := b.runPath(strings.TrimSpace(p))
 		row.Storage, row.Model, row.CeilingBytesPS = b.label, b.model, ceiling
+		row.Stripe, row.RunPages = b.lay.stripe, b.lay.jsonRunPages()
 		if ceiling > 0 && row.BytesPerS > 0 {
 			row.CeilingFraction = row.BytesPerS / ceiling
 		}
@@ -267,18 +275,26 @@ func printTable(w io.Writer, rows []benchRow) {
 	}
 }
 
-// writeData writes every layer's object with eval/kvdata content through the
-// page cache (so the page-cache path later reads warm data), then fsyncs.
+// writeData writes every layer's object with eval/kvdata content where
+// b.lay places its pieces, through the page cache (so the page-cache path
+// later reads warm data), then fsyncs. A regular file is cut to the bytes
+// its device holds; with reuse, files of exactly those bytes whose
+// sidecar (path+".layout") names this model, content and layout are kept.
 func (b *gpuBench) writeData(reuse bool) error {
 	t0 := time.Now()
-	need := b.stride * int64((b.g.Layers+len(b.paths)-1)/len(b.paths))
-	fresh := true
-	for _, p := range b.paths {
-		if st, err := os.Stat(p); reuse && err == nil && st.Mode().IsRegular() && st.Size() == need {
-			fresh = false
-		}
+	need := b.lay.devBytes()
+	fresh := !reuse
+	var regular []bool
+	for i, p := range b.paths {
 		st, err := os.Stat(p)
 		isDev := err == nil && st.Mode()&os.ModeDevice != 0
+		isReg := err != nil || st.Mode().IsRegular()
+		regular = append(regular, isReg)
+		if !isReg || err != nil || st.Size() != need[i] {
+			fresh = true
+		} else if key, kerr := os.ReadFile(p + ".layout"); kerr != nil || string(key) != b.layoutKey(i) {
+			fresh = true
+		}
 		flags := unix.O_RDWR
 		if !isDev {
 			flags |= unix.O_CREAT
@@ -299,6 +315,19 @@ func (b *gpuBench) writeData(reuse bool) error {
 		b.logf("reusing %v\n", b.paths)
 		return nil
 	}
+	for i, p := range b.paths {
+		if !regular[i] {
+			continue
+		}
+		// the sidecar goes first and comes back last: a file cut short by a
+		// crash is never reused
+		if err := os.Remove(p + ".layout"); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		if err := unix.Ftruncate(int(b.buffered[i].FD), need[i]); err != nil {
+			return fmt.Errorf("sizing %s to %d bytes: %w", p, need[i], err)
+		}
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, b.g.Layers)
 	work := make(chan int)
@@ -306,20 +335,27 @@ func (b *gpuBench) writeData(reuse bool) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf, err := uring.AllocBuffer(int(b.stride))
+			buf, err := uring.AllocBuffer(int(b.lay.objStride(b.lay.runPages))) // the first piece is the largest
 			if err != nil {
 				errs <- err
 				return
 			}
 			defer buf.Free()
+			var ps []layoutPiece
 			for l := range work {
-				if err := kernels.FillObject(buf.Bytes(), b.g, b.seed, l, 0, b.pages); err != nil {
-					errs <- err
-					return
-				}
-				if _, err := unix.Pwrite(int(b.buffered[b.layerDev(l)].FD), buf.Bytes(), b.layerOff(l)); err != nil {
-					errs <- fmt.Errorf("writing layer %d: %w", l, err)
-					return
+				ps = b.lay.pieces(l, ps[:0])
+				for _, pc := range ps {
+					n, padded := int64(pc.pages)*b.g.PageBytes(), b.lay.objStride(pc.pages)
+					if err := kernels.FillObject(buf.Bytes()[:n], b.g, b.seed, l, pc.first, pc.pages); err != nil {
+						errs <- err
+						return
+					}
+					clear(buf.Bytes()[n:padded]) // a longer piece's bytes before
+					f := b.buffered[pc.dev]
+					if got, err := unix.Pwrite(int(f.FD), buf.Bytes()[:padded], pc.off); err != nil || int64(got) != padded {
+						errs <- fmt.Errorf("writing layer %d pages [%d,+%d) at %d of %s: %d of %d bytes: %v", l, pc.first, pc.pages, pc.off, f.Path, got, padded, err)
+						return
+					}
 				}
 			}
 		}()
@@ -338,9 +374,23 @@ func (b *gpuBench) writeData(reuse bool) error {
 			return fmt.Errorf("fsync %s: %w", f.Path, err)
 		}
 	}
+	for i, p := range b.paths {
+		if regular[i] {
+			if err := os.WriteFile(p+".layout", []byte(b.layoutKey(i)), 0o644); err != nil {
+				return err
+			}
+		}
+	}
 	d := time.Since(t0)
 	b.logf("wrote %.2f GiB in %.1f s (%.2f GB/s, buffered + fsync)\n", float64(b.totalBytes())/(1<<30), d.Seconds(), float64(b.totalBytes())/d.Seconds()/1e9)
 	return nil
+}
+
+// layoutKey names what device i of the data files holds: --reuse keeps a
+// file only when its sidecar says exactly this.
+func (b *gpuBench) layoutKey(i int) string {
+	return fmt.Sprintf("tutti gpubench data v1: model %s, %+v, %d pages, content blocks %d.., device %d of %d, %s\n",
+		b.model, b.g, b.pages, b.seed, i, len(b.paths), b.lay)
 }
 
 func (b *gpuBench) closeFiles() {
@@ -350,12 +400,21 @@ func (b *gpuBench) closeFiles() {
 }
 
 // ceiling is devbench's ceiling of each device, measured at the same time
-// on all of them (each its own ring), summed: the aggregate the striped
-// storage delivers to raw large O_DIRECT reads.
+// on all of them (each its own ring, as devbench.CeilingEach), summed: the
+// aggregate the striped storage delivers to raw large O_DIRECT reads. Each
+// device's reads stay within the whole MiBs of the data it holds.
 func (b *gpuBench) ceiling() (float64, string) {
-	// the data written on each device, whole MiBs (devbench reads 1 MiB blocks)
-	size := b.stride * int64((b.g.Layers+len(b.paths)-1)/len(b.paths)) / (1 << 20) * (1 << 20)
-	vals, errs := devbench.CeilingEach(context.Background(), b.paths, size)
+	need := b.lay.devBytes()
+	vals, errs := make([]float64, len(b.paths)), make([]error, len(b.paths))
+	var wg sync.WaitGroup
+	for i, p := range b.paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			vals[i], _, errs[i] = devbench.Ceiling(context.Background(), p, need[i]/(1<<20)*(1<<20))
+		}()
+	}
+	wg.Wait()
 	var sum float64
 	var notes []string
 	for i, p := range b.paths {
@@ -485,13 +544,26 @@ func (b *gpuBench) devicePaths() []string {
 	return out
 }
 
+// gpuRequest is the whole prefix as one restore: one extent per piece of
+// each layer (b.lay), read through the devices' O_DIRECT files.
+func (b *gpuBench) gpuRequest() kernels.Request {
+	req := kernels.Request{Pages: b.dst}
+	var ps []layoutPiece
+	for l := 0; l < b.g.Layers; l++ {
+		ps = b.lay.pieces(l, ps[:0])
+		xs := make([]kernels.Extent, 0, len(ps))
+		for _, pc := range ps {
+			f := b.direct[pc.dev]
+			xs = append(xs, kernels.Extent{FD: f.FD, Align: f.DirectAlign, Offset: pc.off, Pages: pc.pages})
+		}
+		req.Layers = append(req.Layers, xs)
+	}
+	return req
+}
+
 // runGPU restores the whole prefix with the GPU driving the ring.
 func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
-	req := kernels.Request{Pages: b.dst}
-	for l := 0; l < b.g.Layers; l++ {
-		f := b.direct[b.layerDev(l)]
-		req.Layers = append(req.Layers, []kernels.Extent{{FD: f.FD, Align: f.DirectAlign, Offset: b.layerOff(l), Pages: b.pages}})
-	}
+	req := b.gpuRequest()
 	wakes0, timeouts0, batch0 := r.Wakeups(), r.WakeTimeouts(), r.BatchTimeouts()
 	threads0 := readThreadCPU()
 	m0 := b.mark()
@@ -604,32 +676,47 @@ type hostIO struct {
 	dstAt int64 // bounce: destination offset in the layer's slot
 }
 
+// hostReads are the reads of the host uring paths, layer-major: each
+// piece of a layer's object in reads of up to max-io bytes (path a), or one
+// read per (layer, page) at the page's place in its piece (path b; a page
+// not on 4 KiB boundaries is read whole blocks into a bounce buffer and
+// copied). Either way the layer's slot ends up as b.pm describes it.
+func (b *gpuBench) hostReads(perBlock bool) []hostIO {
+	pb := b.g.PageBytes()
+	offs, _ := b.lay.slotOffsets()
+	var ios []hostIO
+	var rs []objRead
+	var ps []layoutPiece
+	for l := 0; l < b.g.Layers; l++ {
+		if !perBlock {
+			rs = b.lay.reads(l, int64(b.maxIO), true, rs[:0])
+			for _, r := range rs {
+				ios = append(ios, hostIO{layer: l, dev: r.dev, off: r.off, len: r.len, slot: r.slot})
+			}
+			continue
+		}
+		ps = b.lay.pieces(l, ps[:0])
+		for k, pc := range ps {
+			for j := 0; j < pc.pages; j++ {
+				off, slot := pc.off+int64(j)*pb, offs[k]+int64(j)*pb
+				lo, hi := off/4096*4096, (off+pb+4095)/4096*4096
+				if lo == off && hi == off+pb {
+					ios = append(ios, hostIO{layer: l, dev: pc.dev, off: off, len: int(pb), slot: slot})
+				} else {
+					ios = append(ios, hostIO{layer: l, dev: pc.dev, off: lo, len: int(hi - lo), slot: -1, copyN: int(pb), skip: int(off - lo), dstAt: slot})
+				}
+			}
+		}
+	}
+	return ios
+}
+
 // runHost restores through a Go uring.Ring (no SQPOLL): object reads of up to
 // max-io bytes (path a) or one read per (layer, page) (path b, as a per-page
 // offload connector does), into the pinned staging pool, each layer scattered
 // as soon as its reads completed while later layers are read.
 func (b *gpuBench) runHost(row *benchRow, perBlock bool) error {
-	pb := b.g.PageBytes()
-	var ios []hostIO
-	for l := 0; l < b.g.Layers; l++ {
-		dev, base := b.layerDev(l), b.layerOff(l)
-		if !perBlock {
-			read := (b.objBytes + 4095) / 4096 * 4096
-			for off := int64(0); off < read; off += int64(b.maxIO) {
-				ios = append(ios, hostIO{layer: l, dev: dev, off: base + off, len: int(min(int64(b.maxIO), read-off)), slot: off})
-			}
-			continue
-		}
-		for i := 0; i < b.pages; i++ {
-			off := base + int64(i)*pb
-			lo, hi := off/4096*4096, (off+pb+4095)/4096*4096
-			if lo == off && hi == off+pb {
-				ios = append(ios, hostIO{layer: l, dev: dev, off: off, len: int(pb), slot: int64(i) * pb})
-			} else {
-				ios = append(ios, hostIO{layer: l, dev: dev, off: lo, len: int(hi - lo), slot: -1, copyN: int(pb), skip: int(off - lo), dstAt: int64(i) * pb})
-			}
-		}
-	}
+	ios := b.hostReads(perBlock)
 	eng, err := uring.New(uring.Config{Entries: uint32(b.qd), SQThreadCPU: -1})
 	if err != nil {
 		return err
@@ -748,10 +835,10 @@ func (b *gpuBench) hostPipeline(ios []hostIO, submit func(io *hostIO, dst uintpt
 	return doneMs, b.r.SyncCopies()
 }
 
-// runPread: workers pread each layer's object (up to max-io a call) into the
-// staging slot, then the layer is scattered; layers go one after another, as
-// cuFile's compat mode does a cuFileRead (O_DIRECT files) — and as a page
-// cache read does (buffered files).
+// runPread: workers pread each layer's object (each piece up to max-io a
+// call) into the staging slot, then the layer is scattered; layers go one
+// after another, as cuFile's compat mode does a cuFileRead (O_DIRECT files)
+// — and as a page cache read does (buffered files).
 func (b *gpuBench) runPread(row *benchRow, files []*uring.File, workers int) error {
 	st := b.r.Staging()
 	lim := b.r.Limits()
@@ -759,12 +846,9 @@ func (b *gpuBench) runPread(row *benchRow, files []*uring.File, workers int) err
 	if err := b.r.SetHostMap(b.pm); err != nil {
 		return err
 	}
-	read := (b.objBytes + 4095) / 4096 * 4096
-	if files[0].DirectAlign == 0 {
-		read = b.objBytes
-	}
 	var ios int64
 	var doneMs []float64
+	var rs []objRead
 	m0 := b.mark()
 	for l := 0; l < b.g.Layers; l++ {
 		if l >= slots {
@@ -773,45 +857,12 @@ func (b *gpuBench) runPread(row *benchRow, files []*uring.File, workers int) err
 			}
 		}
 		slot := st.Addr() + uintptr(int64(l%slots)*lim.SlotBytes)
-		f := files[b.layerDev(l)]
-		base := b.layerOff(l)
-		chunks := int((read + int64(b.maxIO) - 1) / int64(b.maxIO))
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var ferr error
-		next := 0
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					mu.Lock()
-					c := next
-					next++
-					mu.Unlock()
-					if c >= chunks {
-						return
-					}
-					off := int64(c) * int64(b.maxIO)
-					n := min(int64(b.maxIO), read-off)
-					got, err := uring.Pread(f, slot+uintptr(off), uint32(n), uint64(base+off))
-					if err == nil && int64(got) < min(n, b.objBytes-off) {
-						err = fmt.Errorf("short read at %d: %d of %d", base+off, got, n)
-					}
-					if err != nil {
-						mu.Lock()
-						ferr = err
-						mu.Unlock()
-						return
-					}
-				}
-			}()
+		// O_DIRECT files read whole 4 KiB blocks, buffered ones the bytes
+		rs = b.lay.reads(l, int64(b.maxIO), files[0].DirectAlign != 0, rs[:0])
+		if err := preadLayer(files, slot, rs, workers); err != nil {
+			return fmt.Errorf("layer %d: %w", l, err)
 		}
-		wg.Wait()
-		ios += int64(chunks)
-		if ferr != nil {
-			return ferr
-		}
+		ios += int64(len(rs))
 		if err := b.r.ScatterHost(l, slot, lim.SlotBytes); err != nil {
 			return err
 		}
@@ -828,8 +879,82 @@ func (b *gpuBench) runPread(row *benchRow, files []*uring.File, workers int) err
 	return nil
 }
 
+// preadLayer runs reads with pread(2) from workers goroutines, read r from
+// files[r.dev] into slot+r.slot (off-heap memory the caller owns, at least
+// as long as the reads reach). A read that returns fewer than its need
+// bytes is an error; the first error is returned once all workers stopped.
+func preadLayer(files []*uring.File, slot uintptr, rs []objRead, workers int) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ferr error
+	next := 0
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				c := next
+				next++
+				stop := ferr != nil
+				mu.Unlock()
+				if stop || c >= len(rs) {
+					return
+				}
+				r := rs[c]
+				f := files[r.dev]
+				got, err := uring.Pread(f, slot+uintptr(r.slot), uint32(r.len), uint64(r.off))
+				if err == nil && got < r.need {
+					err = fmt.Errorf("short read at %d of %s: %d of %d bytes", r.off, f.Path, got, r.len)
+				}
+				if err != nil {
+					mu.Lock()
+					if ferr == nil {
+						ferr = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return ferr
+}
+
+// cufileBatch is one CuFileBatchRead: reads of one device's file into the
+// layer's device buffer.
+type cufileBatch struct {
+	dev     int
+	fileOff []uint64
+	dstOff  []uint64
+	lens    []uint32
+}
+
+// cufileBatches are layer l's reads (each piece up to max-io a read, whole
+// 4 KiB blocks) grouped by device, devices in the order of their first
+// piece: cuFile's batch takes one file per call.
+func (b *gpuBench) cufileBatches(l int) []cufileBatch {
+	var out []cufileBatch
+	at := map[int]int{}
+	for _, r := range b.lay.reads(l, int64(b.maxIO), true, nil) {
+		i, ok := at[r.dev]
+		if !ok {
+			i = len(out)
+			at[r.dev] = i
+			out = append(out, cufileBatch{dev: r.dev})
+		}
+		c := &out[i]
+		c.fileOff = append(c.fileOff, uint64(r.off))
+		c.dstOff = append(c.dstOff, uint64(r.slot))
+		c.lens = append(c.lens, uint32(r.len))
+	}
+	return out
+}
+
 // runCuFile tries the real cuFile path: driver open, handle registration,
-// batch reads into a device buffer, scatter. Where cuFile refuses the
+// batch reads into a device buffer (one batch per device holding pieces of
+// the layer, one after another), scatter. Where cuFile refuses the
 // storage (5027 on a virtio disk) the row says so and carries no numbers.
 func (b *gpuBench) runCuFile(row *benchRow) error {
 	for _, p := range b.paths {
@@ -839,7 +964,8 @@ func (b *gpuBench) runCuFile(row *benchRow) error {
 			return fmt.Errorf("cuFile refused %s (error %d): %w", p, code, err)
 		}
 	}
-	buf, err := kernels.DevAlloc(b.stride)
+	_, bufBytes := b.lay.slotOffsets()
+	buf, err := kernels.DevAlloc(bufBytes)
 	if err != nil {
 		return err
 	}
@@ -847,23 +973,16 @@ func (b *gpuBench) runCuFile(row *benchRow) error {
 	if err := b.r.SetHostMap(b.pm); err != nil {
 		return err
 	}
-	read := (b.objBytes + 4095) / 4096 * 4096
-	var fo, do []uint64
-	var ln []uint32
 	var ios int64
 	m0 := b.mark()
 	for l := 0; l < b.g.Layers; l++ {
-		fo, do, ln = fo[:0], do[:0], ln[:0]
-		for off := int64(0); off < read; off += int64(b.maxIO) {
-			fo = append(fo, uint64(b.layerOff(l)+off))
-			do = append(do, uint64(off))
-			ln = append(ln, uint32(min(int64(b.maxIO), read-off)))
+		for _, c := range b.cufileBatches(l) {
+			if err := kernels.CuFileBatchRead(b.paths[c.dev], c.fileOff, c.dstOff, c.lens, buf, bufBytes); err != nil {
+				return err
+			}
+			ios += int64(len(c.lens))
 		}
-		if err := kernels.CuFileBatchRead(b.paths[b.layerDev(l)], fo, do, ln, buf, b.stride); err != nil {
-			return err
-		}
-		ios += int64(len(ln))
-		if err := b.r.ScatterDevice(l, buf, b.stride); err != nil {
+		if err := b.r.ScatterDevice(l, buf, bufBytes); err != nil {
 			return err
 		}
 		if err := b.r.SyncCopies(); err != nil {
@@ -874,26 +993,46 @@ func (b *gpuBench) runCuFile(row *benchRow) error {
 	return nil
 }
 
-// runDRAM: the prefix already sits in pinned host memory (a DRAM tier);
+// fillSlot writes layer l's object into dst as a staging slot holds it
+// after the reads (b.pm's places, zeroed padding): dst is the slot bytes
+// of b.lay.slotOffsets.
+func (b *gpuBench) fillSlot(dst []byte, l int) error {
+	offs, used := b.lay.slotOffsets()
+	clear(dst[:used])
+	for k, pc := range b.lay.pieces(l, nil) {
+		if err := kernels.FillObject(dst[offs[k]:], b.g, b.seed, l, pc.first, pc.pages); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runDRAM: the prefix already sits in pinned host memory (a DRAM tier),
+// each layer as a staging slot would hold it after the reads (fillSlot);
 // only the scatter into HBM is timed: the upper bound of any storage path.
 func (b *gpuBench) runDRAM(row *benchRow) error {
-	total := b.stride * int64(b.g.Layers)
+	_, stride := b.lay.slotOffsets()
+	total := stride * int64(b.g.Layers)
 	buf, err := uring.AllocBuffer(int(total))
 	if err != nil {
 		return err
 	}
 	defer buf.Free()
 	var wg sync.WaitGroup
+	errs := make([]error, 16)
 	for w := 0; w < 16; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for l := w; l < b.g.Layers; l += 16 {
-				kernels.FillObject(buf.Bytes()[int64(l)*b.stride:], b.g, b.seed, l, 0, b.pages)
+			for l := w; l < b.g.Layers && errs[w] == nil; l += 16 {
+				errs[w] = b.fillSlot(buf.Bytes()[int64(l)*stride:int64(l+1)*stride], l)
 			}
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
 	if err := kernels.HostRegister(buf.Addr(), total); err != nil {
 		return err
 	}
@@ -903,7 +1042,7 @@ func (b *gpuBench) runDRAM(row *benchRow) error {
 	}
 	m0 := b.mark()
 	for l := 0; l < b.g.Layers; l++ {
-		if err := b.r.ScatterHost(l, buf.Addr()+uintptr(int64(l)*b.stride), b.stride); err != nil {
+		if err := b.r.ScatterHost(l, buf.Addr()+uintptr(int64(l)*stride), stride); err != nil {
 			return err
 		}
 	}
