@@ -67,7 +67,7 @@ if [ "$BENCH" != none ] && [ -x bin/gpu/tutti ]; then
 		while IFS= read -r v; do
 			[ -z "$v" ] && continue
 			rm -f /tmp/tk-variant.json
-			timeout 25 bin/gpu/tutti gpubench --model llama3-70b --tokens "${TK_VTOKENS:-4096}" --dir "$DISK" --reuse --no-ceiling \
+			timeout 25 bin/gpu/tutti gpubench --model llama3-70b --tokens "${TK_VTOKENS:-4096}" --dir "$DISK" --reuse --no-ceiling --rounds 1 \
 				--poll-timeout 1s --paths gpu,gpu-kick $v --json /tmp/tk-variant.json >/tmp/tk-variant.txt 2>&1
 			rc=$?
 			ok=$(grep -c '"verify_mismatches":0' /tmp/tk-variant.json 2>/dev/null)

@@ -49,6 +49,10 @@ type benchRow struct {
 	// --run-pages): "runs" with pages per run, or "layers" with 0.
 	Stripe   string `json:"stripe"`
 	RunPages int    `json:"run_pages"`
+	// Rounds is how many rounds the row is the median of (--rounds);
+	// PerRound their values.
+	Rounds   int        `json:"rounds"`
+	PerRound roundStats `json:"per_round"`
 }
 
 type gpuBench struct {
@@ -102,6 +106,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	kickUs := fs.Duration("wake-interval", 200*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (SQPOLL: wake it if asleep; kick mode: the longest it waits in the kernel for a completion before submitting what the GPU published)")
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the ceiling measurement (quick configuration checks)")
+	nRounds := fs.Int("rounds", 3, "rounds, each a fresh ceiling sample then every path; rows are the median over the rounds, each path's fraction taken against its own round's ceiling")
 	reuse := fs.Bool("reuse", false, "keep data files from an earlier run with the same model, tokens, seed, devices and layout (the size of each and its .layout sidecar say so)")
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated, with at least N directories rank r stripes over every N-th of them), next to one rank of the same shape over the same directories")
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
@@ -115,6 +120,9 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *nRounds < 1 || *nRounds > 20 {
+		return fmt.Errorf("--rounds %d: want 1..20", *nRounds)
 	}
 	if *gpus != 1 {
 		if *stripe != stripeRuns || *runPages != 0 {
@@ -164,11 +172,6 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer b.closeFiles()
-	ceiling, cnote := 0.0, "(skipped)"
-	if !*noCeiling {
-		ceiling, cnote = b.ceiling()
-	}
-	fmt.Fprintf(stdout, "ceiling (devbench.Ceiling: 1 MiB O_DIRECT random reads, QD 32, uring, 2 s, all devices at once): %.2f GB/s %s\n", ceiling/1e9, cnote)
 
 	// KV tensors and the bound context (ring included), allocated once.
 	var kv []uint64
@@ -230,17 +233,31 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 
-	var rows []benchRow
-	for _, p := range strings.Split(*pathList, ",") {
-		row := b.runPath(strings.TrimSpace(p))
-		row.Storage, row.Model, row.CeilingBytesPS = b.label, b.model, ceiling
-		row.Stripe, row.RunPages = b.lay.stripe, b.lay.jsonRunPages()
-		if ceiling > 0 && row.BytesPerS > 0 {
-			row.CeilingFraction = row.BytesPerS / ceiling
+	var rounds [][]benchRow
+	for k := 0; k < *nRounds; k++ {
+		ceiling, cnote := 0.0, "(skipped)"
+		if !*noCeiling {
+			ceiling, cnote = b.ceiling()
 		}
-		rows = append(rows, row)
-		b.logf("  %-26s %s\n", row.Path, rowSummary(row))
+		fmt.Fprintf(stdout, "round %d of %d: ceiling (devbench.Ceiling: 1 MiB O_DIRECT random reads, QD 32, uring, 2 s, all devices at once): %.2f GB/s %s\n", k+1, *nRounds, ceiling/1e9, cnote)
+		var rows []benchRow
+		for _, p := range strings.Split(*pathList, ",") {
+			row := b.runPath(strings.TrimSpace(p))
+			row.Storage, row.Model, row.CeilingBytesPS = b.label, b.model, ceiling
+			row.Stripe, row.RunPages = b.lay.stripe, b.lay.jsonRunPages()
+			if ceiling > 0 && row.BytesPerS > 0 {
+				row.CeilingFraction = row.BytesPerS / ceiling
+			}
+			rows = append(rows, row)
+			b.logf("  %-26s %s\n", row.Path, rowSummary(row))
+		}
+		rounds = append(rounds, rows)
 	}
+	rows, err := mergeRounds(rounds)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "median of %d rounds (x ceil: the median of each round's bytes/s over that round's ceiling):\n", *nRounds)
 	printTable(stdout, rows)
 	if err := writeJSONLines(*jsonPath, stdout, rows); err != nil {
 		return err

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Rounds. On the GPU machine the devices' ceiling moved by up to 30 % between
+// two samples a minute apart (RAM-backed loop devices: 15.3 to 19.8 GB/s),
+// so a single ceiling sample taken before every path ran made a path's
+// fraction depend on when it ran. gpubench therefore runs --rounds rounds,
+// each a fresh ceiling sample followed by every path, and reports for each
+// path the median over the rounds: of its bytes/s, of its CPU s/GiB and of
+// its fraction of the ceiling sampled in its own round. The per-round
+// values are kept in the row.
+
+// roundStats are one path's per-round values, in round order.
+type roundStats struct {
+	BytesPerS       []float64 `json:"bytes_per_s_rounds,omitempty"`
+	CeilingBytesPS  []float64 `json:"ceiling_bytes_per_s_rounds,omitempty"`
+	CeilingFraction []float64 `json:"ceiling_fraction_rounds,omitempty"`
+	CPUSPerGiB      []float64 `json:"cpu_s_per_gib_rounds,omitempty"`
+}
+
+// mergeRounds folds rounds (rounds[k][i]: path i in round k; every round runs
+// the same paths in the same order) into one row per path. A path that
+// failed in any round fails: its row carries that round's error and no
+// throughput, and its mismatches are summed over all rounds. Otherwise the
+// row is the round with the median bytes/s (the lower one of an even
+// count), with the medians of bytes/s, CPU s/GiB, ceiling and ceiling
+// fraction put in.
+func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
+	if len(rounds) == 0 {
+		return nil, nil
+	}
+	n := len(rounds[0])
+	for k, r := range rounds {
+		if len(r) != n {
+			return nil, fmt.Errorf("round %d ran %d paths, round 1 ran %d", k+1, len(r), n)
+		}
+	}
+	out := make([]benchRow, n)
+	for i := 0; i < n; i++ {
+		var st roundStats
+		var mism uint64
+		failed := -1
+		for k, r := range rounds {
+			row := r[i]
+			if row.Path != rounds[0][i].Path {
+				return nil, fmt.Errorf("round %d path %d is %q, round 1 ran %q there", k+1, i+1, row.Path, rounds[0][i].Path)
+			}
+			mism += row.Mismatches
+			if row.Error != "" && failed < 0 {
+				failed = k
+			}
+			st.BytesPerS = append(st.BytesPerS, row.BytesPerS)
+			st.CeilingBytesPS = append(st.CeilingBytesPS, row.CeilingBytesPS)
+			st.CeilingFraction = append(st.CeilingFraction, row.CeilingFraction)
+			st.CPUSPerGiB = append(st.CPUSPerGiB, row.CPUSPerGiB)
+		}
+		if failed >= 0 {
+			row := rounds[failed][i]
+			if len(rounds) > 1 {
+				row.Error = fmt.Sprintf("round %d of %d: %s", failed+1, len(rounds), row.Error)
+			}
+			row.BytesPerS, row.CeilingFraction = 0, 0
+			row.Mismatches = mism
+			row.Rounds = len(rounds)
+			row.PerRound = st
+			out[i] = row
+			continue
+		}
+		k := medianIndex(st.BytesPerS)
+		row := rounds[k][i]
+		row.BytesPerS = st.BytesPerS[k]
+		row.CPUSPerGiB = median(st.CPUSPerGiB)
+		row.CeilingBytesPS = median(st.CeilingBytesPS)
+		row.CeilingFraction = median(st.CeilingFraction)
+		row.Mismatches = mism
+		row.Rounds = len(rounds)
+		row.PerRound = st
+		out[i] = row
+	}
+	return out, nil
+}
+
+// medianIndex is the index of the median of v (the lower middle of an
+// even count); v is not reordered.
+func medianIndex(v []float64) int {
+	idx := make([]int, len(v))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return v[idx[a]] < v[idx[b]] })
+	return idx[(len(v)-1)/2]
+}
+
+func median(v []float64) float64 { return v[medianIndex(v)] }

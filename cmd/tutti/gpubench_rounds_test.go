@@ -1,0 +1,72 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestMergeRounds(t *testing.T) {
+	row := func(path string, bps, ceil, cpu float64, ios int64) benchRow {
+		return benchRow{Path: path, BytesPerS: bps, CeilingBytesPS: ceil, CeilingFraction: bps / ceil, CPUSPerGiB: cpu, IOs: ios}
+	}
+	t.Run("medians", func(t *testing.T) {
+		rounds := [][]benchRow{
+			{row("gpu", 10, 20, 0.3, 1), row("cpu", 5, 20, 0.9, 1)},
+			{row("gpu", 14, 14, 0.1, 2), row("cpu", 7, 14, 0.8, 2)},
+			{row("gpu", 12, 16, 0.2, 3), row("cpu", 6, 16, 0.7, 3)},
+		}
+		got, err := mergeRounds(rounds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := got[0]
+		// median bytes/s 12 is round 3: its other columns come along
+		if g.BytesPerS != 12 || g.IOs != 3 || g.Rounds != 3 {
+			t.Errorf("gpu row %+v: want round 3's 12 B/s, 3 I/Os, 3 rounds", g)
+		}
+		// fractions 0.5, 1.0, 0.75: median 0.75; CPU 0.2; ceiling 16
+		if g.CeilingFraction != 0.75 || g.CPUSPerGiB != 0.2 || g.CeilingBytesPS != 16 {
+			t.Errorf("gpu row fraction %v cpu %v ceiling %v: want 0.75 0.2 16", g.CeilingFraction, g.CPUSPerGiB, g.CeilingBytesPS)
+		}
+		if len(g.PerRound.BytesPerS) != 3 || g.PerRound.BytesPerS[1] != 14 {
+			t.Errorf("per-round bytes/s %v", g.PerRound.BytesPerS)
+		}
+		if c := got[1]; c.BytesPerS != 6 || c.CPUSPerGiB != 0.8 {
+			t.Errorf("cpu row %+v: want 6 B/s, 0.8 CPU s/GiB", c)
+		}
+	})
+	t.Run("even count takes the lower middle", func(t *testing.T) {
+		got, err := mergeRounds([][]benchRow{{row("gpu", 9, 10, 0, 1)}, {row("gpu", 3, 10, 0, 2)}})
+		if err != nil || got[0].BytesPerS != 3 || got[0].IOs != 2 {
+			t.Errorf("got %+v, %v: want round 2 (3 B/s)", got, err)
+		}
+	})
+	t.Run("one failed round fails the path", func(t *testing.T) {
+		bad := row("gpu", 11, 10, 0.1, 2)
+		bad.Error, bad.Mismatches = "verify: 4 words", 4
+		got, err := mergeRounds([][]benchRow{{row("gpu", 10, 10, 0.1, 1)}, {bad}, {row("gpu", 12, 10, 0.1, 3)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := got[0]
+		if g.BytesPerS != 0 || g.CeilingFraction != 0 || g.Mismatches != 4 || !strings.Contains(g.Error, "round 2 of 3: verify") {
+			t.Errorf("got %+v: want no throughput, 4 mismatches, round 2's error", g)
+		}
+	})
+	t.Run("mismatches add up", func(t *testing.T) {
+		a, b := row("gpu", 10, 10, 0, 1), row("gpu", 10, 10, 0, 1)
+		a.Mismatches, b.Mismatches = 1, 2
+		got, _ := mergeRounds([][]benchRow{{a}, {b}})
+		if got[0].Mismatches != 3 {
+			t.Errorf("mismatches %d, want 3", got[0].Mismatches)
+		}
+	})
+	t.Run("rounds must run the same paths", func(t *testing.T) {
+		if _, err := mergeRounds([][]benchRow{{row("gpu", 1, 1, 0, 0)}, {row("cpu", 1, 1, 0, 0)}}); err == nil {
+			t.Error("different paths merged")
+		}
+		if _, err := mergeRounds([][]benchRow{{row("gpu", 1, 1, 0, 0)}, {}}); err == nil {
+			t.Error("different path counts merged")
+		}
+	})
+}
