@@ -94,7 +94,7 @@ type Config struct {
 	GPUMaxRuns int
 	// GPUIOWindow bounds the GPU ring's reads in flight (kernels'
 	// IOWindow); the ring's queue is sized to hold it. Zero: QueueDepth.
-	// Size it to the devices (gpubench: 3/4 of each device's nr_requests,
+	// Size it to the devices (gpubench: half of each device's nr_requests,
 	// at most 128 each; or GPUReadsFromDevices): a read that finds no free
 	// request tag goes to an io-wq worker.
 	GPUIOWindow int
@@ -108,7 +108,7 @@ type Config struct {
 	GPULookahead int
 	// GPUReadsFromDevices sizes GPUIOWindow, GPUMaxIOBytes and
 	// GPULookahead that are 0 to the disks under Dirs at Open
-	// (DeviceSizedGPUReads: per directory 3/4 of nr_requests up to 128,
+	// (DeviceSizedGPUReads: per directory half of nr_requests up to 128,
 	// the largest read max_sectors_kb allows up to 4 MiB, one layer per
 	// directory from 2 to 8), instead of the defaults above; values set
 	// here win. A disk that does not say counts as a 128-deep queue taking

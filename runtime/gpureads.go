@@ -13,12 +13,18 @@ import (
 // GPUMaxIOBytes and GPULookahead.
 type GPUReads struct {
 	// Window is the reads in flight over all directories: per directory
-	// 3/4 of its disk's nr_requests, at least 8 and at most 128 (a
+	// half of its disk's nr_requests, at least 8 and at most 128; at most
+	// 1024 in all. Two directories on one disk count twice. Why half: a
 	// nonblocking read that finds no free request tag goes to an io-wq
-	// worker: on the H200's loop devices, nr_requests 128, a window of 128
-	// per device put about half of the process's CPU time in io-wq
-	// workers, 64 almost none); at most 1024 in all. Two directories on one
-	// disk count twice.
+	// worker (CPU, and slower). On the H200's loop devices (nr_requests
+	// 128) a window of 128 per device put about half of the process's CPU
+	// time in io-wq workers; 3/4 (96) still started 25-50 of them when one
+	// submission batch spanned several devices (the block layer takes a
+	// batch of tags per device for a plugged submission and returns the
+	// unused ones only when the batch ends); on the dev VM, one ring over
+	// two loop devices, 72 per device started 12 workers and 64 none, at
+	// the highest bytes/s of any window (cmd/tutti gpubench, BENCHMARKS.md
+	// kernels, Session 5).
 	Window int
 	// MaxIOBytes is the largest read every directory's disk takes unsplit
 	// (blockdev.MaxReadBytes: 1 MiB on a loop device, 4 MiB on a virtio
@@ -62,7 +68,7 @@ func DeviceSizedGPUReads(dirs []string) GPUReads {
 			r.Unread = append(r.Unread, fmt.Sprintf("window: %v; counting %d for it", err, gpuWindowPerDevice))
 			depth = 1 << 30
 		}
-		r.Window += min(gpuWindowPerDevice, max(gpuWindowMinDevice, depth*3/4))
+		r.Window += deviceWindow(depth)
 		m, err := blockdev.MaxReadBytes(p)
 		if err != nil {
 			r.Unread = append(r.Unread, fmt.Sprintf("largest read: %v; using %d MiB for it", err, gpuUnknownReadBytes>>20))
@@ -76,6 +82,12 @@ func DeviceSizedGPUReads(dirs []string) GPUReads {
 	r.Window = min(r.Window, gpuWindowTotal)
 	r.Lookahead = min(max(gpuLookaheadAtLeast, len(dirs)), gpuLookaheadMax)
 	return r
+}
+
+// deviceWindow is one device's share of the window: half its request
+// queue, gpuWindowMinDevice..gpuWindowPerDevice (GPUReads.Window says why).
+func deviceWindow(nrRequests int) int {
+	return min(gpuWindowPerDevice, max(gpuWindowMinDevice, nrRequests/2))
 }
 
 // Explicit returns r with each of window, maxIOBytes and lookahead that is

@@ -19,7 +19,7 @@ func TestDeviceSizedGPUReads(t *testing.T) {
 	perDisk, diskRead := 128, 1<<20 // what an unknown device counts as
 	onDisk := true
 	if d, err := blockdev.QueueDepth(tmp); err == nil {
-		perDisk = min(128, max(8, d*3/4))
+		perDisk = deviceWindow(d)
 		m, err := blockdev.MaxReadBytes(tmp)
 		if err != nil {
 			t.Fatal(err)
@@ -149,6 +149,18 @@ func TestOpenGPUReadsFromDevices(t *testing.T) {
 		}
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestDeviceWindow: half a device's request queue, 8..128.
+func TestDeviceWindow(t *testing.T) {
+	for _, tc := range []struct{ nrRequests, want int }{
+		{128, 64}, // a loop device: 3/4 (96) still sent reads to io-wq workers
+		{256, 128}, {1023, 128}, {64, 32}, {10, 8}, {2, 8}, {1 << 30, 128},
+	} {
+		if got := deviceWindow(tc.nrRequests); got != tc.want {
+			t.Errorf("nr_requests %d: window %d, want %d", tc.nrRequests, got, tc.want)
 		}
 	}
 }
