@@ -33,6 +33,7 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 	runtimeFlag := fs.Duration("runtime", d.Runtime, "measuring time per grid point")
 	sizeFlag := fs.String("size", "1GiB", "test file size (a block device is used whole)")
 	keep := fs.Bool("keep", false, "keep the test file this run wrote")
+	bufFlag := fs.String("buffer", "", "uring engines: memory the I/Os rotate over (e.g. 1GiB; empty: one block per I/O in flight, which a large CPU cache may hold)")
 	jsonOut := fs.Bool("json", false, "print rows as JSON (one array) instead of a table")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti devbench --path FILE_OR_DEVICE [flags]")
@@ -60,6 +61,11 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 	cfg.Engines, cfg.Ops = splitList(*engines), splitList(*ops)
 	if cfg.SizeBytes, err = devbench.ParseBytes(*sizeFlag); err != nil {
 		return usageErr(fs.Usage, fmt.Errorf("--size: %w", err))
+	}
+	if *bufFlag != "" {
+		if cfg.BufferBytes, err = devbench.ParseBytes(*bufFlag); err != nil {
+			return usageErr(fs.Usage, fmt.Errorf("--buffer: %w", err))
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return usageErr(fs.Usage, err)

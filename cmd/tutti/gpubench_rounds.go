@@ -19,6 +19,7 @@ type roundStats struct {
 	BytesPerS       []float64 `json:"bytes_per_s_rounds,omitempty"`
 	CeilingBytesPS  []float64 `json:"ceiling_bytes_per_s_rounds,omitempty"`
 	CeilingFraction []float64 `json:"ceiling_fraction_rounds,omitempty"`
+	CeilingCached   []float64 `json:"ceiling_cached_bytes_per_s_rounds,omitempty"`
 	CPUSPerGiB      []float64 `json:"cpu_s_per_gib_rounds,omitempty"`
 }
 
@@ -56,6 +57,7 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 			st.BytesPerS = append(st.BytesPerS, row.BytesPerS)
 			st.CeilingBytesPS = append(st.CeilingBytesPS, row.CeilingBytesPS)
 			st.CeilingFraction = append(st.CeilingFraction, row.CeilingFraction)
+			st.CeilingCached = append(st.CeilingCached, row.CeilingCachedBytesPS)
 			st.CPUSPerGiB = append(st.CPUSPerGiB, row.CPUSPerGiB)
 		}
 		if failed >= 0 {
@@ -75,6 +77,7 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 		row.BytesPerS = st.BytesPerS[k]
 		row.CPUSPerGiB = median(st.CPUSPerGiB)
 		row.CeilingBytesPS = median(st.CeilingBytesPS)
+		row.CeilingCachedBytesPS = median(st.CeilingCached)
 		row.CeilingFraction = median(st.CeilingFraction)
 		row.Mismatches = mism
 		row.Rounds = len(rounds)

@@ -7,7 +7,7 @@ import (
 
 func TestMergeRounds(t *testing.T) {
 	row := func(path string, bps, ceil, cpu float64, ios int64) benchRow {
-		return benchRow{Path: path, BytesPerS: bps, CeilingBytesPS: ceil, CeilingFraction: bps / ceil, CPUSPerGiB: cpu, IOs: ios}
+		return benchRow{Path: path, BytesPerS: bps, CeilingBytesPS: ceil, CeilingCachedBytesPS: 2 * ceil, CeilingFraction: bps / ceil, CPUSPerGiB: cpu, IOs: ios}
 	}
 	t.Run("medians", func(t *testing.T) {
 		rounds := [][]benchRow{
@@ -25,8 +25,8 @@ func TestMergeRounds(t *testing.T) {
 			t.Errorf("gpu row %+v: want round 3's 12 B/s, 3 I/Os, 3 rounds", g)
 		}
 		// fractions 0.5, 1.0, 0.75: median 0.75; CPU 0.2; ceiling 16
-		if g.CeilingFraction != 0.75 || g.CPUSPerGiB != 0.2 || g.CeilingBytesPS != 16 {
-			t.Errorf("gpu row fraction %v cpu %v ceiling %v: want 0.75 0.2 16", g.CeilingFraction, g.CPUSPerGiB, g.CeilingBytesPS)
+		if g.CeilingFraction != 0.75 || g.CPUSPerGiB != 0.2 || g.CeilingBytesPS != 16 || g.CeilingCachedBytesPS != 32 {
+			t.Errorf("gpu row fraction %v cpu %v ceiling %v cached %v: want 0.75 0.2 16 32", g.CeilingFraction, g.CPUSPerGiB, g.CeilingBytesPS, g.CeilingCachedBytesPS)
 		}
 		if len(g.PerRound.BytesPerS) != 3 || g.PerRound.BytesPerS[1] != 14 {
 			t.Errorf("per-round bytes/s %v", g.PerRound.BytesPerS)

@@ -35,6 +35,11 @@ type Row struct {
 	P50Us      float64 `json:"p50_us"`
 	P99Us      float64 `json:"p99_us"`
 	CPUSPerGiB float64 `json:"cpu_s_per_gib"` // process CPU (getrusage RUSAGE_SELF, which includes the iou-sqp thread on Linux 6.18) per GiB moved
+	// BufferBytes is the memory the I/Os rotated over (uring engines) and
+	// BufferHuge whether it was all on huge pages at the end (with 4 KiB
+	// pages a 1 MiB I/O has 256 segments, which many devices split).
+	BufferBytes int64 `json:"buffer_bytes,omitempty"`
+	BufferHuge  bool  `json:"buffer_huge,omitempty"`
 
 	Ops        int64   `json:"-"` // I/Os completed
 	Seconds    float64 `json:"-"` // wall time of the row
@@ -53,6 +58,16 @@ type Config struct {
 	SizeBytes   int64 // test file size (ignored for a block device: its size is used)
 	Keep        bool  // keep a test file this run created
 	Seed        uint64
+	// BufferBytes is the memory the uring engines' I/Os rotate over
+	// (reads land in it, writes come from it); 0: one block per I/O in
+	// flight (depth × block size). Why larger: on RAM-backed loop devices a
+	// read is a memcpy by the loop's kernel thread, and 32 × 1 MiB of
+	// destination stays in a 300 MiB last-level cache, which no restore of
+	// GiBs into its staging can use (the H200 machine: see BENCHMARKS.md,
+	// kernels, Session 5). When it is not larger than the depth, two I/Os
+	// in flight may share a block of it (a read benchmark never looks at
+	// the data). At most 1 GiB; the pread engine ignores it.
+	BufferBytes int64
 	// Progress, if set, is called before each row (row == nil) and after it.
 	Progress func(done, total int, spec Spec, row *Row)
 }
@@ -139,6 +154,9 @@ func (c *Config) Validate() error {
 	if c.SizeBytes < 1<<20 {
 		return fmt.Errorf("size %d: must be at least 1 MiB", c.SizeBytes)
 	}
+	if c.BufferBytes < 0 || c.BufferBytes > maxBufferBytes {
+		return fmt.Errorf("buffer %d bytes: must be in [0, %d] (0: depth × block size)", c.BufferBytes, int64(maxBufferBytes))
+	}
 	return nil
 }
 
@@ -171,6 +189,7 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 		return nil, err
 	}
 	defer t.close()
+	t.bufferBytes = cfg.BufferBytes
 	for _, bs := range cfg.BlockSizes {
 		if uint32(bs)%t.file.DirectAlign != 0 {
 			return nil, fmt.Errorf("block size %d is not a multiple of %s's O_DIRECT alignment %d", bs, t.path, t.file.DirectAlign)
@@ -218,10 +237,17 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 // does not exist, and removed afterwards; an existing file or block device is
 // read as is). It returns bytes/s and the row.
 func Ceiling(ctx context.Context, path string, sizeBytes int64) (float64, Row, error) {
+	return CeilingInto(ctx, path, sizeBytes, 0)
+}
+
+// CeilingInto is Ceiling with its reads rotating over bufferBytes of
+// destination (Config.BufferBytes; 0: 32 MiB, one block per read in
+// flight).
+func CeilingInto(ctx context.Context, path string, sizeBytes, bufferBytes int64) (float64, Row, error) {
 	rows, err := Run(ctx, Config{
 		Path: path, BlockSizes: []int{1 << 20}, QueueDepths: []int{32},
 		Engines: []string{"uring"}, Ops: []string{"randread"},
-		Runtime: 2 * time.Second, SizeBytes: sizeBytes, Seed: 1,
+		Runtime: 2 * time.Second, SizeBytes: sizeBytes, Seed: 1, BufferBytes: bufferBytes,
 	})
 	if err != nil {
 		return 0, Row{}, fmt.Errorf("measuring the device ceiling of %s: %w", path, err)
@@ -252,10 +278,12 @@ func CeilingEach(ctx context.Context, paths []string, sizeBytes int64) (vals []f
 
 // result is what an engine loop returns.
 type result struct {
-	ops, bytes int64
-	lat        hist
-	elapsed    time.Duration
-	sqpollCPU  time.Duration
+	ops, bytes  int64
+	lat         hist
+	elapsed     time.Duration
+	sqpollCPU   time.Duration
+	bufferBytes int64 // uring engines: the I/O memory and whether it was huge
+	bufferHuge  bool
 }
 
 func measure(ctx context.Context, t *target, s Spec, runtime time.Duration, seed uint64) (Row, error) {
@@ -278,6 +306,7 @@ func measure(ctx context.Context, t *target, s Spec, runtime time.Duration, seed
 		IOPS: float64(res.ops) / secs, BytesPerS: float64(res.bytes) / secs,
 		P50Us: res.lat.quantile(0.50) / 1e3, P99Us: res.lat.quantile(0.99) / 1e3,
 		Ops: res.ops, Seconds: secs, CPUSeconds: cpu.Seconds(), SQPollCPUS: res.sqpollCPU.Seconds(),
+		BufferBytes: res.bufferBytes, BufferHuge: res.bufferHuge,
 	}
 	if res.bytes > 0 {
 		row.CPUSPerGiB = cpu.Seconds() / (float64(res.bytes) / (1 << 30))

@@ -83,7 +83,8 @@ func TestRunSmallGrid(t *testing.T) {
 	}
 	var m map[string]any
 	json.Unmarshal(b, &m)
-	want := []string{"engine", "op", "block_bytes", "queue_depth", "iops", "bytes_per_s", "p50_us", "p99_us", "cpu_s_per_gib"}
+	want := []string{"engine", "op", "block_bytes", "queue_depth", "iops", "bytes_per_s", "p50_us", "p99_us", "cpu_s_per_gib", "buffer_bytes"}
+	delete(m, "buffer_huge") // present only when the buffer was on huge pages
 	if len(m) != len(want) {
 		t.Fatalf("JSON fields %v, want exactly %v", m, want)
 	}
@@ -141,8 +142,30 @@ func TestCeiling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bps <= 0 || row.Engine != "uring" || row.BlockBytes != 1<<20 || row.QueueDepth != 32 {
+	if bps <= 0 || row.Engine != "uring" || row.BlockBytes != 1<<20 || row.QueueDepth != 32 || row.BufferBytes != 32<<20 {
 		t.Fatalf("ceiling %v row %+v", bps, row)
+	}
+	// Reads rotating over a larger destination: it is allocated, and the
+	// data still all arrives (a short or failed read fails the row).
+	bps, row, err = CeilingInto(context.Background(), t.TempDir(), 64<<20, 96<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bps <= 0 || row.BufferBytes != 96<<20 {
+		t.Fatalf("ceiling into 96 MiB: %v row %+v", bps, row)
+	}
+}
+
+func TestBufferBytesValidate(t *testing.T) {
+	for _, tc := range []struct {
+		bytes int64
+		ok    bool
+	}{{0, true}, {1 << 30, true}, {-1, false}, {1<<30 + 1, false}} {
+		c := Config{Path: "/x", BufferBytes: tc.bytes}
+		c.fill()
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("BufferBytes %d: %v", tc.bytes, err)
+		}
 	}
 }
 

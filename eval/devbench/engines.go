@@ -30,11 +30,16 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 		return nil, err
 	}
 	defer r.Close()
-	buf, err := uring.AllocBuffer(qd * bs)
+	blocks := qd // destination blocks the I/Os rotate over (Config.BufferBytes)
+	if n := int(t.bufferBytes / int64(bs)); n > blocks {
+		blocks = n
+	}
+	buf, err := uring.AllocBuffer(blocks * bs)
 	if err != nil {
 		return nil, err
 	}
 	defer buf.Free()
+	next := 0
 	if s.Op == "randwrite" || s.Op == "seqwrite" {
 		fillPattern(buf.Bytes(), seed)
 	}
@@ -58,6 +63,10 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	submit := func(c *uring.Completion) {
 		i := c.UserData
 		addr := buf.Addr() + uintptr(int(i)*bs)
+		if blocks > qd {
+			addr = buf.Addr() + uintptr(next*bs)
+			next = (next + 1) % blocks
+		}
 		if write {
 			c.PrepWriteFixed(t.file, buf, 0, addr, uint32(bs), offs.get())
 		} else {
@@ -120,6 +129,7 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 			res.sqpollCPU = sq1 - sq0
 		}
 	}
+	res.bufferBytes, res.bufferHuge = int64(buf.Len()), buf.HugeNow()
 	return res, nil
 }
 
