@@ -60,13 +60,14 @@ type Config struct {
 	Seed        uint64
 	// BufferBytes is the memory the uring engines' I/Os rotate over
 	// (reads land in it, writes come from it); 0: one block per I/O in
-	// flight (depth × block size). Why larger: on RAM-backed loop devices a
-	// read is a memcpy by the loop's kernel thread, and 32 × 1 MiB of
-	// destination stays in a 300 MiB last-level cache, which no restore of
-	// GiBs into its staging can use (the H200 machine: see BENCHMARKS.md,
-	// kernels, Session 5). When it is not larger than the depth, two I/Os
-	// in flight may share a block of it (a read benchmark never looks at
-	// the data). At most 1 GiB; the pread engine ignores it.
+	// flight (depth × block size). A larger one models a restore, which
+	// writes GiBs into its staging: 32 × 1 MiB of destination fits in a
+	// large last-level cache (300 MiB on the H200 machine). Measured there
+	// on RAM-backed loop devices, where a read is a memcpy by the loop's
+	// kernel thread: no difference beyond the run-to-run spread (BENCHMARKS.md,
+	// kernels, Session 5). When it is not larger than the depth, two I/Os in
+	// flight may share a block of it (a read benchmark never looks at the
+	// data). At most 1 GiB; the pread engine ignores it.
 	BufferBytes int64
 	// Progress, if set, is called before each row (row == nil) and after it.
 	Progress func(done, total int, spec Spec, row *Row)
