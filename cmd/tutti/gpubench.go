@@ -467,8 +467,9 @@ func (b *gpuBench) ceiling(destBytes int64) (float64, string) {
 // of the staging pool the restore paths read into, in whole MiBs, 32 MiB to
 // 1 GiB, so that the ceiling reads into memory as a restore does (devbench's
 // own 32 MiB per device fits in a large last-level cache: 300 MiB on the
-// H200 machine). On the H200 the two ceilings were equal within their
-// run-to-run spread (BENCHMARKS.md, kernels, Session 5); both are reported.
+// H200 machine). On its loop devices the 32 MiB ceiling was a median 11 %
+// and 15 % higher on two machines and equal on a third (BENCHMARKS.md,
+// kernels, Session 5); both are reported.
 func (b *gpuBench) ceilingDestBytes() int64 {
 	per := int64(b.r.Staging().Len()) / int64(len(b.paths)) / (1 << 20) * (1 << 20)
 	return min(max(per, 32<<20), 1<<30)

@@ -64,10 +64,12 @@ type Config struct {
 	// writes GiBs into its staging: 32 × 1 MiB of destination fits in a
 	// large last-level cache (300 MiB on the H200 machine). Measured there
 	// on RAM-backed loop devices, where a read is a memcpy by the loop's
-	// kernel thread: no difference beyond the run-to-run spread (BENCHMARKS.md,
-	// kernels, Session 5). When it is not larger than the depth, two I/Os in
-	// flight may share a block of it (a read benchmark never looks at the
-	// data). At most 1 GiB; the pread engine ignores it.
+	// kernel thread: 32 MiB gave a median of 11 % and 15 % more bytes/s than
+	// 100-900 MiB on two machines and the same on a third, with a sample
+	// spread of the same size (BENCHMARKS.md, kernels, Session 5). When it
+	// is not larger than the depth, two I/Os in flight may share a block of
+	// it (a read benchmark never looks at the data). At most 1 GiB; the
+	// pread engine ignores it.
 	BufferBytes int64
 	// Progress, if set, is called before each row (row == nil) and after it.
 	Progress func(done, total int, spec Spec, row *Row)
