@@ -322,3 +322,102 @@ func directFileOrSkip(t *testing.T, dir string, data []byte) (fd int, dst *uring
 	t.Cleanup(func() { dst.Free() })
 	return fd, dst
 }
+
+// TestKickLoopWakeHint: the GPU waits for a layer of two reads while 24 more
+// reads are in flight that do not complete (reads of an empty pipe). Without
+// the wake hint the helper waits for a quarter of what is in flight (6) and
+// the layer's completions show only when its batch wait ends; with the hint
+// at 2 (the layer's reads in flight) they show as soon as both completed.
+func TestKickLoopWakeHint(t *testing.T) {
+	const blk = 4096
+	const stuck, layer = 24, 2
+	const batchWait = 300 * time.Millisecond // far above a 4 KiB read: a batch wait is unmistakable
+	fd, dst := directFileOrSkip(t, t.TempDir(), make([]byte, layer*blk))
+	for _, c := range []struct {
+		name string
+		hint bool
+	}{{"without hint", false}, {"with hint", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			ring, l := kickRingOrSkip(t, uring.Config{Entries: 64, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true})
+			defer ring.Close()
+			var p [2]int
+			if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(p[0])
+			words, err := uring.AllocBuffer(4096) // the hint word, and the pipe reads' destination
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer words.Free()
+			pipeDst, err := uring.AllocBuffer(stuck * blk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pipeDst.Free()
+			r := newKickRestorer(ring, Config{WakeInterval: 50 * time.Microsecond, BatchWait: batchWait, WakeBatch: 32, NoFixedBuffers: true}, true)
+			if c.hint {
+				r.hint = words.Addr()
+			}
+			stop := startKick(t, r)
+			defer stop()
+			mask, cmask := ringLoad32(l.SQMask), ringLoad32(l.CQMask)
+			tail := ringLoad32(l.SQTail)
+			for i := uint32(0); i < layer; i++ {
+				putSQE(l, (tail+i)&mask, opRead, fd, uint64(i)*blk, uint64(dst.Addr())+uint64(i)*blk, blk, uint64(i))
+			}
+			for i := uint32(0); i < stuck; i++ {
+				putSQE(l, (tail+layer+i)&mask, opRead, p[0], 0, uint64(pipeDst.Addr())+uint64(i)*blk, blk, 1000+uint64(i))
+			}
+			ringStore32(words.Addr(), layer) // the GPU publishes the hint with the layer's reads
+			t0 := r.BatchTimeouts()
+			ringStore32(l.SQTail, tail+layer+stuck)
+			// Reap as the I/O kernel does until both reads of the layer are seen.
+			seen, head := 0, ringLoad32(l.CQHead)
+			deadline := time.Now().Add(10 * time.Second)
+			for seen < layer {
+				if ringLoad32(l.CQTail) == head {
+					if time.Now().After(deadline) {
+						t.Fatalf("%d of the layer's %d reads seen after 10 s", seen, layer)
+					}
+					continue
+				}
+				cqe := l.CQEs + uintptr(head&cmask)*uintptr(l.CQESize)
+				if ud, res := ringLoad64(cqe), int32(uint32(ringLoad64(cqe+8))); ud >= layer || res != blk {
+					t.Fatalf("CQE user data %d res %d: want one of the layer's reads, %d bytes", ud, res, blk)
+				}
+				seen++
+				head++
+				ringStore32(l.CQHead, head)
+			}
+			waited := r.BatchTimeouts() - t0
+			if !c.hint {
+				// The counter moves after the wait returns, just after the CQEs
+				// it posted: give it that long.
+				for end := time.Now().Add(time.Second); waited == 0 && time.Now().Before(end); waited = r.BatchTimeouts() - t0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			if c.hint && waited != 0 || !c.hint && waited == 0 {
+				t.Fatalf("hint %v: the layer was seen after %d batch waits", c.hint, waited)
+			}
+			// The layer is done: the hint drops to 0; end the pipe reads (EOF) and reap them.
+			ringStore32(words.Addr(), 0)
+			unix.Close(p[1])
+			for n := 0; n < stuck; {
+				if ringLoad32(l.CQTail) == head {
+					if time.Now().After(deadline) {
+						t.Fatalf("%d of %d pipe reads ended", n, stuck)
+					}
+					continue
+				}
+				head++
+				n++
+				ringStore32(l.CQHead, head)
+			}
+			if err := r.HelperErr(); err != nil {
+				t.Fatalf("kick: %v", err)
+			}
+		})
+	}
+}
