@@ -27,7 +27,6 @@ static struct {
 	tk_status (*unbind)(uint64_t);
 	tk_status (*restore_submit)(uint64_t, const tk_restore_params *, uint32_t *);
 	tk_status (*restore_enqueue)(uint64_t, uint32_t, uint32_t);
-	tk_status (*wake_hint)(uint64_t, uint64_t *);
 	tk_status (*restore_stream_wait)(uint64_t, uint32_t, uint32_t, uint64_t);
 	tk_status (*restore_wait_layer)(uint64_t, uint32_t, uint32_t);
 	tk_status (*restore_wait)(uint64_t, uint32_t, tk_entry_result *, uint32_t, float *, uint32_t);
@@ -50,7 +49,7 @@ static int tkl_load(const char *path, char *err, int n) {
 	if (!h) { snprintf(err, n, "%s", dlerror()); return -1; }
 #define S(f) if (!(*(void **)&T.f = dlsym(h, "tk_" #f))) { snprintf(err, n, "%s lacks tk_%s", path, #f); dlclose(h); memset(&T, 0, sizeof T); return -1; }
 	S(abi_version) S(init) S(last_error) S(device_name) S(dev_alloc) S(dev_alloc_on) S(dev_free) S(memcpy_htod) S(memcpy_dtoh)
-	S(memset_dev) S(host_register) S(host_unregister) S(bind) S(unbind) S(restore_submit) S(restore_enqueue) S(wake_hint) S(restore_stream_wait)
+	S(memset_dev) S(host_register) S(host_unregister) S(bind) S(unbind) S(restore_submit) S(restore_enqueue) S(restore_stream_wait)
 	S(restore_wait_layer) S(restore_wait) S(restore_release) S(host_map) S(scatter_host) S(gather_host)
 	S(scatter_dev) S(copy_event) S(copy_event_wait) S(sync) S(kv_fill) S(kv_verify) S(cufile_probe) S(cufile_batch_read)
 #undef S
@@ -73,7 +72,6 @@ tk_status tkl_bind(const tk_bind_params *p, uint64_t *c) { return T.bind(p, c); 
 tk_status tkl_unbind(uint64_t c) { return T.unbind(c); }
 tk_status tkl_restore_submit(uint64_t c, const tk_restore_params *p, uint32_t *r) { return T.restore_submit(c, p, r); }
 tk_status tkl_restore_enqueue(uint64_t c, uint32_t r, uint32_t u) { return T.restore_enqueue(c, r, u); }
-tk_status tkl_wake_hint(uint64_t c, uint64_t *a) { return T.wake_hint(c, a); }
 tk_status tkl_restore_stream_wait(uint64_t c, uint32_t r, uint32_t l, uint64_t s) { return T.restore_stream_wait(c, r, l, s); }
 tk_status tkl_restore_wait_layer(uint64_t c, uint32_t r, uint32_t l) { return T.restore_wait_layer(c, r, l); }
 tk_status tkl_restore_wait(uint64_t c, uint32_t r, tk_entry_result *res, uint32_t n, float *ms, uint32_t nm) { return T.restore_wait(c, r, res, n, ms, nm); }

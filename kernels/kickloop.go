@@ -30,7 +30,6 @@ typedef struct {
 	uint64_t sq_head, sq_tail, cq_head, cq_tail; // addresses in the ring's memory
 	int64_t interval_ns;   // wait while nothing is in flight (new SQEs are only seen on waking)
 	int64_t batch_wait_ns; // longest wait for a batch while I/O is in flight
-	uint64_t hint;         // address of the wake hint (tk_wake_hint), 0: none
 } tk_kick_ring;
 
 static inline uint32_t kl_ld(uint64_t a) { return __atomic_load_n((uint32_t *)a, __ATOMIC_ACQUIRE); }
@@ -42,12 +41,9 @@ static inline uint32_t kl_ld(uint64_t a) { return __atomic_load_n((uint32_t *)a,
 // posted (the kernel's target is head-at-entry + min), or a timeout passes.
 //
 // k batches the wake-ups: a quarter of the I/O in flight, at most r->batch,
-// at most the wake hint (the reads of the layer the GPU waits for that are
-// still in flight: the device serves those first, so the layer is seen as
-// soon as its last read completes, not with the next batch), at least 1. A
-// quarter keeps three quarters of the window at the device while the GPU
-// refills the rest; at the tail of a restore k falls to 1, so the last reads
-// are not held back. The timeout is batch_wait_ns while I/O
+// at least 1. A quarter keeps three quarters of the window at the device
+// while the GPU refills the rest; at the tail of a restore k falls to 1, so
+// the last reads are not held back. The timeout is batch_wait_ns while I/O
 // is in flight (it bounds how long CQEs and newly published SQEs wait when the
 // device is slower than a batch per timeout) and interval_ns while nothing
 // is, doubled (up to 8x) for every wake-up that found nothing new, so an idle
@@ -79,10 +75,6 @@ static void tk_kick_loop(tk_kick_ctl *ctl, const tk_kick_ring *r) {
 		uint32_t after = inflight + tosub;
 		uint32_t k = after / 4;
 		if (k > r->batch) k = r->batch;
-		if (r->hint) {
-			uint32_t need = kl_ld(r->hint);
-			if (need && need < k) k = need;
-		}
 		if (k == 0) k = 1;
 		int64_t wait_ns;
 		if (after > 0) {
@@ -204,10 +196,7 @@ func (h helperState) err() error {
 // stop. One cgo call for the loop's whole life: the Go scheduler hands the
 // thread's P off once, instead of on every wait as a Go loop of blocking
 // io_uring_enter calls did (26–37 µs of CPU per wake-up on the GPU machine).
-//
-// hint is the address of the library's wake hint (0: none): a uint32 the
-// I/O kernel keeps at its waited-for layer's reads in flight.
-func (h helperState) runKickLoop(l uring.RingLayout, interval, batchWait time.Duration, batch int, exact bool, hint uintptr) {
+func (h helperState) runKickLoop(l uring.RingLayout, interval, batchWait time.Duration, batch int, exact bool) {
 	kr := (*C.tk_kick_ring)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tk_kick_ring{}))))
 	defer C.free(unsafe.Pointer(kr))
 	kr.fd = C.int(l.FD)
@@ -220,7 +209,6 @@ func (h helperState) runKickLoop(l uring.RingLayout, interval, batchWait time.Du
 	kr.interval_ns = C.int64_t(interval.Nanoseconds())
 	kr.batch_wait_ns = C.int64_t(batchWait.Nanoseconds())
 	kr.batch = C.uint32_t(batch)
-	kr.hint = C.uint64_t(hint)
 	if exact {
 		kr.exact_target = 1
 	}

@@ -7,7 +7,6 @@ tk_status tkl_bind(const tk_bind_params *p, uint64_t *c);
 tk_status tkl_unbind(uint64_t c);
 tk_status tkl_restore_submit(uint64_t c, const tk_restore_params *p, uint32_t *r);
 tk_status tkl_restore_enqueue(uint64_t c, uint32_t r, uint32_t u);
-tk_status tkl_wake_hint(uint64_t c, uint64_t *a);
 tk_status tkl_restore_stream_wait(uint64_t c, uint32_t r, uint32_t l, uint64_t s);
 tk_status tkl_restore_wait_layer(uint64_t c, uint32_t r, uint32_t l);
 tk_status tkl_restore_wait(uint64_t c, uint32_t r, tk_entry_result *res, uint32_t n, float *ms, uint32_t nm);
@@ -208,10 +207,6 @@ type Restorer struct {
 	// enabled there): registration happens on that thread only.
 	owned    bool
 	unregErr error // the helper's unregistering of the staging pool (read after waker.Wait)
-	// hint is the host address of the library's wake hint (tk_wake_hint):
-	// the waited-for layer's reads in flight, which the kick loop waits for
-	// at most; 0: none.
-	hint uintptr
 }
 
 type reqSlot struct {
@@ -290,15 +285,6 @@ func Bind(cfg Config) (*Restorer, error) {
 	if err := status("tk_bind", C.tkl_bind(p, &r.ctx)); err != nil {
 		staging.Free()
 		return nil, fmt.Errorf("binding kernels: %w", err)
-	}
-	if r.ring != nil {
-		var a C.uint64_t
-		if err := status("tk_wake_hint", C.tkl_wake_hint(r.ctx, &a)); err != nil {
-			C.tkl_unbind(r.ctx)
-			staging.Free()
-			return nil, fmt.Errorf("binding kernels: %w", err)
-		}
-		r.hint = uintptr(a)
 	}
 	r.owned = r.ring != nil && r.ring.Layout().SetupFlags&setupRDisabled != 0
 	if r.ring != nil && !cfg.NoFixedBuffers && !r.owned {
@@ -426,7 +412,7 @@ func (r *Restorer) wakeLoop(slotBytes int64, ready chan<- error) {
 	}
 	ready <- nil
 	if kick && l.Features&featExtArg != 0 {
-		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch, !r.cfg.LooseWakeTarget, r.hint)
+		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch, !r.cfg.LooseWakeTarget)
 		return
 	}
 	t := time.NewTicker(r.cfg.WakeInterval)

@@ -241,7 +241,6 @@ struct DRing {
   uint32_t *cq_head, *cq_tail;
   const unsigned long long *cqes;  // 2 words per CQE
   uint32_t sq_entries, sq_mask, cq_entries, cq_mask;
-  uint32_t *hint;  // the wake hint (tk_wake_hint): device alias of a pinned host word
 };
 
 // Ring state owned by the GPU (device memory), persistent across kernels.
@@ -284,7 +283,6 @@ __global__ void io_layer_kernel(DRing r, DState *st, DReq q, uint32_t layer, uin
     return;
   }
   uint64_t last_progress = globaltimer_ns();
-  uint32_t hint_last = ~0u;  // thread 0: the wake hint last published
   for (;;) {
     if (threadIdx.x == 0) {
       uint32_t cur = *q.cursor;
@@ -358,14 +356,6 @@ __global__ void io_layer_kernel(DRing r, DState *st, DReq q, uint32_t layer, uin
       if (head != st->cq_head) {
         st->cq_head = head;
         st_release_sys(r.cq_head, head);
-      }
-      // The wake hint: this layer's reads published and not reaped yet.
-      const uint32_t first = layer * q.epl, sub_end = min(*q.cursor, need_end);
-      const uint32_t published = sub_end > first ? sub_end - first : 0;
-      const uint32_t hint = published > q.done[layer] ? published - q.done[layer] : 0;
-      if (hint != hint_last) {
-        st_release_sys(r.hint, hint);
-        hint_last = hint;
       }
       const uint64_t now = globaltimer_ns();
       if (progress) last_progress = now;
@@ -496,7 +486,6 @@ struct Ctx {
   uint32_t host_map_pages;
   uint64_t host_map_end;
   unsigned long long *d_count, *h_count;
-  uint32_t *h_hint;  // the wake hint (pinned, mapped; ring.hint is its device alias)
   bool staging_ours;
 };
 
@@ -691,12 +680,7 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
       TRYC(cudaEventCreateWithFlags(&c->dstage_free[i], cudaEventDisableTiming));
     }
   }
-  if (p->ring) {
-    TRYC(cudaHostAlloc(&c->h_hint, 64, cudaHostAllocMapped));
-    *(volatile uint32_t *)c->h_hint = 0;
-    TRY(bind_ring(c, p->ring));
-    TRYC(cudaHostGetDevicePointer((void **)&c->ring.hint, c->h_hint, 0));
-  }
+  if (p->ring) TRY(bind_ring(c, p->ring));
   *out = (uint64_t)c;
   return TK_OK;
 #undef TRY
@@ -743,7 +727,6 @@ static void free_ctx(Ctx *c) {
   if (c->d_host_map) cudaFree(c->d_host_map);
   if (c->d_verify_map) cudaFree(c->d_verify_map);
   if (c->h_count) cudaFreeHost(c->h_count);
-  if (c->h_hint) cudaFreeHost(c->h_hint);
   if (c->d_count) cudaFree(c->d_count);
   if (c->d_kvp) cudaFree(c->d_kvp);
   if (c->d_state) cudaFree(c->d_state);
@@ -906,13 +889,6 @@ static tk_status get_req(Ctx *c, uint32_t req, Req **out) {
   // The calling thread's current device may be another GPU's (Go moves
   // goroutines between threads; one process binds one context per GPU).
   CK(cudaSetDevice(c->device));
-  return TK_OK;
-}
-
-extern "C" tk_status tk_wake_hint(uint64_t h, uint64_t *host_addr) {
-  Ctx *c = as_ctx(h);
-  if (!c || !host_addr) return fail(TK_ERR_INVALID, "tk_wake_hint: null argument");
-  *host_addr = (uint64_t)(uintptr_t)c->h_hint;
   return TK_OK;
 }
 

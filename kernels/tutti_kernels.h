@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define TK_ABI_VERSION 3
+#define TK_ABI_VERSION 2
 
 typedef int32_t tk_status;
 enum {
@@ -180,12 +180,6 @@ tk_status tk_unbind(uint64_t ctx);
  * request has layers left to enqueue, submit refuses another (TK_ERR_BUSY):
  * the staging slots are handed out in enqueue order. */
 tk_status tk_restore_submit(uint64_t ctx, const tk_restore_params *p, uint32_t *req);
-/* The wake hint (ABI 3): host address of a uint32 the I/O kernel keeps at the
- * number of its waited-for layer's reads that are published and not reaped
- * (0: none). A kick-mode helper waits for at most that many completions, so
- * the layer's last reads are seen as soon as they complete instead of with
- * the next batch. Valid from tk_bind to tk_unbind; 0 without a ring. */
-tk_status tk_wake_hint(uint64_t ctx, uint64_t *host_addr);
 /* Enqueue layers of req up to (not including) request-relative layer `upto`. */
 tk_status tk_restore_enqueue(uint64_t ctx, uint32_t req, uint32_t upto);
 /* Make `stream` (a cudaStream_t; 0 = legacy default) wait until layer l of req
