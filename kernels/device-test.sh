@@ -94,7 +94,7 @@ if [ "$BENCH" != none ] && [ -x bin/gpu/tutti ]; then
 			--json /tmp/tk-run.json 2>&1 | grep -v '^  '
 		note "gpubench $model real disk: rc ${PIPESTATUS[0]}"
 		cat /tmp/tk-run.json >>"$OUT/gpubench.jsonl"
-		rm -f "$DISK"/gpubench-$model.dat
+		rm -f "$DISK"/gpubench-$model.dat "$DISK"/gpubench-$model.dat.layout
 	done
 	# emulated storage: 4 RAM-backed loop devices, layers striped over them
 	LOOPS=()
