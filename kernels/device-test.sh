@@ -96,7 +96,7 @@ if [ "$BENCH" != none ] && [ -x bin/gpu/tutti ]; then
 		cat /tmp/tk-run.json >>"$OUT/gpubench.jsonl"
 		rm -f "$DISK"/gpubench-$model.dat "$DISK"/gpubench-$model.dat.layout
 	done
-	# emulated storage: 4 RAM-backed loop devices, layers striped over them
+	# emulated storage: 4 RAM-backed loop devices, the prefix striped over them (runs, as the store lays it out)
 	LOOPS=()
 	for i in 0 1 2 3; do
 		truncate -s 3G /dev/shm/tk-loop$i && dev=$(losetup --find --show --direct-io=on /dev/shm/tk-loop$i 2>/dev/null || losetup --find --show /dev/shm/tk-loop$i) && LOOPS+=("$dev")
