@@ -237,9 +237,9 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	}()
 
 	var rounds [][]benchRow
+	dest := b.ceilingDestBytes()
 	for k := 0; k < *nRounds; k++ {
 		ceiling, cnote, cached, cachedNote := 0.0, "(skipped)", 0.0, "(skipped)"
-		dest := b.ceilingDestBytes()
 		if !*noCeiling {
 			cached, cachedNote = b.ceiling(0)
 			ceiling, cnote = b.ceiling(dest)
@@ -423,24 +423,17 @@ func (b *gpuBench) closeFiles() {
 }
 
 // ceiling is devbench's ceiling of each device, measured at the same time
-// on all of them (each its own ring, as devbench.CeilingEach), summed: the
+// on all of them (each its own ring: devbench.CeilingEachInto), summed: the
 // aggregate the striped storage delivers to raw large O_DIRECT reads. Each
 // device's reads stay within the whole MiBs of the data it holds, and land
 // in destBytes of memory per device (devbench.CeilingInto; 0: devbench's
 // one block per read in flight, 32 MiB).
 func (b *gpuBench) ceiling(destBytes int64) (float64, string) {
-	need := b.lay.devBytes()
-	vals, errs := make([]float64, len(b.paths)), make([]error, len(b.paths))
-	rows := make([]devbench.Row, len(b.paths))
-	var wg sync.WaitGroup
-	for i, p := range b.paths {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			vals[i], rows[i], errs[i] = devbench.CeilingInto(context.Background(), p, need[i]/(1<<20)*(1<<20), destBytes)
-		}()
+	sizes := b.lay.devBytes()
+	for i := range sizes {
+		sizes[i] = sizes[i] / (1 << 20) * (1 << 20)
 	}
-	wg.Wait()
+	rows, errs := devbench.CeilingEachInto(context.Background(), b.paths, sizes, destBytes)
 	var sum float64
 	var notes []string
 	small := 0
@@ -449,8 +442,8 @@ func (b *gpuBench) ceiling(destBytes int64) (float64, string) {
 			notes = append(notes, errs[i].Error())
 			continue
 		}
-		sum += vals[i]
-		notes = append(notes, fmt.Sprintf("%s %.2f", filepath.Base(p), vals[i]/1e9))
+		sum += rows[i].BytesPerS
+		notes = append(notes, fmt.Sprintf("%s %.2f", filepath.Base(p), rows[i].BytesPerS/1e9))
 		if !rows[i].BufferHuge {
 			small++
 		}
@@ -893,19 +886,22 @@ func (b *gpuBench) runPread(row *benchRow, files []*uring.File, workers int) err
 	if err := b.r.SetHostMap(b.pm); err != nil {
 		return err
 	}
+	// The reads are planned before the clock starts, as the other paths'
+	// are. O_DIRECT files read whole 4 KiB blocks, buffered ones the bytes.
+	layerReads := make([][]objRead, b.g.Layers)
+	for l := range layerReads {
+		layerReads[l] = b.lay.reads(l, int64(b.maxIO), files[0].DirectAlign != 0, nil)
+	}
 	var ios int64
 	var doneMs []float64
-	var rs []objRead
 	m0 := b.mark()
-	for l := 0; l < b.g.Layers; l++ {
+	for l, rs := range layerReads {
 		if l >= slots {
 			if err := b.r.WaitCopy(l % slots); err != nil {
 				return err
 			}
 		}
 		slot := st.Addr() + uintptr(int64(l%slots)*lim.SlotBytes)
-		// O_DIRECT files read whole 4 KiB blocks, buffered ones the bytes
-		rs = b.lay.reads(l, int64(b.maxIO), files[0].DirectAlign != 0, rs[:0])
 		if err := preadLayer(files, slot, rs, workers); err != nil {
 			return fmt.Errorf("layer %d: %w", l, err)
 		}
@@ -1020,10 +1016,14 @@ func (b *gpuBench) runCuFile(row *benchRow) error {
 	if err := b.r.SetHostMap(b.pm); err != nil {
 		return err
 	}
+	batches := make([][]cufileBatch, b.g.Layers) // planned before the clock starts
+	for l := range batches {
+		batches[l] = b.cufileBatches(l)
+	}
 	var ios int64
 	m0 := b.mark()
-	for l := 0; l < b.g.Layers; l++ {
-		for _, c := range b.cufileBatches(l) {
+	for l, bs := range batches {
+		for _, c := range bs {
 			if err := kernels.CuFileBatchRead(b.paths[c.dev], c.fileOff, c.dstOff, c.lens, buf, bufBytes); err != nil {
 				return err
 			}

@@ -192,7 +192,6 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 		return nil, err
 	}
 	defer t.close()
-	t.bufferBytes = cfg.BufferBytes
 	for _, bs := range cfg.BlockSizes {
 		if uint32(bs)%t.file.DirectAlign != 0 {
 			return nil, fmt.Errorf("block size %d is not a multiple of %s's O_DIRECT alignment %d", bs, t.path, t.file.DirectAlign)
@@ -222,7 +221,7 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 		if cfg.Progress != nil {
 			cfg.Progress(i, len(specs), s, nil)
 		}
-		row, err := measure(ctx, t, s, cfg.Runtime, cfg.Seed+uint64(i))
+		row, err := measure(ctx, t, s, cfg.Runtime, cfg.Seed+uint64(i), cfg.BufferBytes)
 		if err != nil {
 			return rows, fmt.Errorf("%s: %w", s, err)
 		}
@@ -266,17 +265,33 @@ func CeilingInto(ctx context.Context, path string, sizeBytes, bufferBytes int64)
 // ceilings overstate when they share CPUs or a bus). vals[i] and errs[i] are
 // path i's bytes/s and error.
 func CeilingEach(ctx context.Context, paths []string, sizeBytes int64) (vals []float64, errs []error) {
-	vals, errs = make([]float64, len(paths)), make([]error, len(paths))
+	sizes := make([]int64, len(paths))
+	for i := range sizes {
+		sizes[i] = sizeBytes
+	}
+	rows, errs := CeilingEachInto(ctx, paths, sizes, 0)
+	vals = make([]float64, len(paths))
+	for i, r := range rows {
+		vals[i] = r.BytesPerS
+	}
+	return vals, errs
+}
+
+// CeilingEachInto is CeilingEach with path i's reads within sizeBytes[i]
+// and every path's reads rotating over bufferBytes (CeilingInto). rows[i]
+// and errs[i] are path i's.
+func CeilingEachInto(ctx context.Context, paths []string, sizeBytes []int64, bufferBytes int64) (rows []Row, errs []error) {
+	rows, errs = make([]Row, len(paths)), make([]error, len(paths))
 	var wg sync.WaitGroup
 	for i, p := range paths {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			vals[i], _, errs[i] = Ceiling(ctx, p, sizeBytes)
+			_, rows[i], errs[i] = CeilingInto(ctx, p, sizeBytes[i], bufferBytes)
 		}()
 	}
 	wg.Wait()
-	return vals, errs
+	return rows, errs
 }
 
 // result is what an engine loop returns.
@@ -289,13 +304,14 @@ type result struct {
 	bufferHuge  bool
 }
 
-func measure(ctx context.Context, t *target, s Spec, runtime time.Duration, seed uint64) (Row, error) {
+// measure runs one grid point; bufferBytes is Config.BufferBytes.
+func measure(ctx context.Context, t *target, s Spec, runtime time.Duration, seed uint64, bufferBytes int64) (Row, error) {
 	cpu0 := processCPU()
 	var res *result
 	var err error
 	switch s.Engine {
 	case "uring", "uring-sqpoll":
-		res, err = runUring(ctx, t, s, runtime, seed, s.Engine == "uring-sqpoll")
+		res, err = runUring(ctx, t, s, runtime, seed, s.Engine == "uring-sqpoll", bufferBytes)
 	case "pread":
 		res, err = runPread(ctx, t, s, runtime, seed)
 	}

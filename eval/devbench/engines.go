@@ -15,7 +15,7 @@ import (
 // goroutine (locked to its thread for SINGLE_ISSUER/DEFER_TASKRUN), with the
 // file and the buffer registered (READ_FIXED/WRITE_FIXED). Each callback
 // resubmits its completion until the deadline.
-func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed uint64, sqpoll bool) (*result, error) {
+func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed uint64, sqpoll bool, bufferBytes int64) (*result, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	qd, bs := s.QueueDepth, s.BlockBytes
@@ -31,7 +31,7 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	}
 	defer r.Close()
 	blocks := qd // destination blocks the I/Os rotate over (Config.BufferBytes)
-	if n := int(t.bufferBytes / int64(bs)); n > blocks {
+	if n := int(bufferBytes / int64(bs)); n > blocks {
 		blocks = n
 	}
 	buf, err := uring.AllocBuffer(blocks * bs)

@@ -21,8 +21,6 @@ type target struct {
 	sizeBytes int64 // bytes of the target that I/O covers
 	created   bool  // a test file this run wrote (removed at close unless keep)
 	keep      bool
-	// bufferBytes is Config.BufferBytes (the uring engines' I/O memory).
-	bufferBytes int64
 }
 
 func directErr(path string, err error) error {
