@@ -110,8 +110,9 @@
 // Enqueueing a layer blocks once the GPU's command queue is full (about 60
 // layers), so Restore enqueues only EnqueueLayers layers and a feeder
 // goroutine enqueues the rest, EnqueueChunk layers per wake-up, layer l once
-// layer l-EnqueueLayers+EnqueueChunk-1 is scattered (feed.go). Restores are fed in submission order (the staging slots are
-// handed out in enqueue order); a host wait on a layer not yet enqueued waits
+// layer l-EnqueueLayers+EnqueueChunk-1 is scattered (feed.go). Restores are
+// fed in submission order (the staging slots are handed out in enqueue
+// order); a host wait on a layer not yet enqueued waits
 // for the feeder first, since an unrecorded event would not wait at all. A page is scattered only if every entry covering it is OK: a
 // failed entry's pages keep what the KV memory held (Result.FailedPages
 // counts them) — the engine recomputes them. Descriptors are checked twice

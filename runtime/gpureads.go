@@ -19,11 +19,11 @@ type GPUReads struct {
 	// worker (CPU, and slower). On the H200's loop devices (nr_requests
 	// 128) a window of 128 per device put about half of the process's CPU
 	// time in io-wq workers; 3/4 (96) still started 25-50 of them when one
-	// submission batch spanned several devices (the block layer takes a
-	// batch of tags per device for a plugged submission and returns the
-	// unused ones only when the batch ends); on the dev VM, one ring over
-	// two loop devices, 72 per device started 12 workers and 64 none, at
-	// the highest bytes/s of any window (cmd/tutti gpubench, BENCHMARKS.md
+	// submission batch spanned several devices (why is not established; one
+	// suspect is the batch of request tags a plugged submission takes per
+	// device). On the dev VM, one ring over two loop devices, 72 per device
+	// started 12 workers and 64 none, at the highest bytes/s of any window;
+	// on the H200 a few still start now and then at 64 (BENCHMARKS.md,
 	// kernels, Session 5).
 	Window int
 	// MaxIOBytes is the largest read every directory's disk takes unsplit
