@@ -19,7 +19,7 @@ typedef struct {
 	int32_t last_errno; // last unexpected io_uring_enter error (0: none)
 	int32_t errors;     // how many
 	int32_t tid;        // the loop's thread (for per-thread CPU accounting)
-	int32_t pad;
+	int32_t starts;     // restores begun (the loop resets its idle backoff when it moves)
 } tk_kick_ctl;
 
 typedef struct {
@@ -47,7 +47,8 @@ static inline uint32_t kl_ld(uint64_t a) { return __atomic_load_n((uint32_t *)a,
 // is in flight (it bounds how long CQEs and newly published SQEs wait when the
 // device is slower than a batch per timeout) and interval_ns while nothing
 // is, doubled (up to 8x) for every wake-up that found nothing new, so an idle
-// live restore costs little. On a ring with DEFER_TASKRUN the kernel wakes
+// live restore costs little; the doubling starts over when a restore begins
+// (ctl->starts), so a restore's first SQEs wait at most one interval. On a ring with DEFER_TASKRUN the kernel wakes
 // this thread only when k completions are pending, which is what makes the
 // batch save CPU; on other rings each completion's task work still wakes it
 // inside the wait (but it returns to user space once per batch).
@@ -59,12 +60,21 @@ static void tk_kick_loop(tk_kick_ctl *ctl, const tk_kick_ring *r) {
 	struct timespec idle = { 0, 100000000 };
 	struct timespec back = { r->interval_ns / 1000000000, r->interval_ns % 1000000000 };
 	uint32_t submitted = 0, posted0 = kl_ld(r->cq_tail), last_sq = kl_ld(r->sq_tail), backoff = 0, lag = 0;
+	int32_t starts = 0;
 	__atomic_store_n(&ctl->tid, (int32_t)syscall(SYS_gettid), __ATOMIC_RELAXED);
 	for (;;) {
 		if (__atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE)) return;
 		if (__atomic_load_n(&ctl->active, __ATOMIC_ACQUIRE) == 0) {
 			syscall(SYS_futex, &ctl->active, FUTEX_WAIT_PRIVATE, 0, &idle, NULL, 0);
 			continue;
+		}
+		int32_t st = __atomic_load_n(&ctl->starts, __ATOMIC_ACQUIRE);
+		if (st != starts) {
+			// A restore began: its first SQEs must not wait out a backoff
+			// grown while the ring was idle.
+			starts = st;
+			backoff = 0;
+			last_sq = kl_ld(r->sq_tail) - 1; // not "nothing new": the first idle wait is one interval
 		}
 		uint32_t ctail = kl_ld(r->cq_tail), chead = kl_ld(r->cq_head);
 		uint32_t sqt = kl_ld(r->sq_tail);
@@ -155,6 +165,7 @@ func (h helperState) activeWord() *atomic.Int32 {
 // begin counts a restore live and reports whether it is the only one (the
 // helper may be asleep: the caller wakes it).
 func (h helperState) begin() bool {
+	(*atomic.Int32)(unsafe.Pointer(&h.ctl.starts)).Add(1)
 	if h.activeWord().Add(1) == 1 {
 		C.tk_kick_wake(h.ctl)
 		return true

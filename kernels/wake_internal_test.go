@@ -322,3 +322,36 @@ func directFileOrSkip(t *testing.T, dir string, data []byte) (fd int, dst *uring
 	t.Cleanup(func() { dst.Free() })
 	return fd, dst
 }
+
+// TestKickLoopBackoffStartsOver: the helper's wait while nothing is in flight
+// doubles, up to 8 intervals, as long as nothing new is published. A restore
+// that begins after an idle one must not inherit that: its first SQEs are
+// submitted within about one interval, not eight.
+func TestKickLoopBackoffStartsOver(t *testing.T) {
+	ring, l := kickRingOrSkip(t, uring.Config{Entries: 8, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true})
+	defer ring.Close()
+	const interval = 100 * time.Millisecond
+	r := newKickRestorer(ring, Config{WakeInterval: interval, BatchWait: interval, WakeBatch: 4, NoFixedBuffers: true}, true)
+	defer startKick(t, r)() // one restore live, publishing nothing
+	r.kick <- struct{}{}
+	time.Sleep(2 * time.Second) // 100+200+400+800 ms: the backoff is at its 8 intervals
+	r.helper.end()
+	time.Sleep(time.Second) // the last 800 ms wait ends and the helper sleeps on the futex
+	r.helper.begin()        // the next restore
+	time.Sleep(10 * time.Millisecond)
+	tail := ringLoad32(l.SQTail)
+	putSQE(l, tail&ringLoad32(l.SQMask), 0, 0, 0, 0, 0, 7)
+	t0 := time.Now()
+	ringStore32(l.SQTail, tail+1)
+	for ringLoad32(l.CQTail) == ringLoad32(l.CQHead) {
+		if time.Since(t0) > 5*time.Second {
+			t.Fatal("the NOP was not submitted within 5 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Nominal: one interval (100 ms); with the old backoff, 800 ms.
+	if d := time.Since(t0); d > 4*interval {
+		t.Fatalf("the restore's first SQE waited %v with a %v interval: the idle backoff carried over", d, interval)
+	}
+	ringStore32(l.CQHead, ringLoad32(l.CQTail))
+}

@@ -28,16 +28,27 @@ func init() {
 
 // benchRow is one path's result; --json writes one per line.
 type benchRow struct {
-	Path            string  `json:"path"`
-	Storage         string  `json:"storage"`
-	Model           string  `json:"model"`
-	Bytes           int64   `json:"bytes"`
-	Seconds         float64 `json:"seconds"`
-	BytesPerS       float64 `json:"bytes_per_s"`
+	Path      string  `json:"path"`
+	Storage   string  `json:"storage"`
+	Model     string  `json:"model"`
+	Bytes     int64   `json:"bytes"`
+	Seconds   float64 `json:"seconds"`
+	BytesPerS float64 `json:"bytes_per_s"`
+	// CeilingBytesPS is the striped ceiling around this path's restore
+	// (the mean of devbench.CeilingStriped just before and just after it):
+	// the devices reading this prefix's bytes, as they lie, with raw
+	// O_DIRECT reads, timed to the slowest device. CeilingFraction is
+	// BytesPerS over it.
 	CeilingBytesPS  float64 `json:"ceiling_bytes_per_s"`
 	CeilingFraction float64 `json:"ceiling_fraction"`
-	// CeilingCachedBytesPS is the ceiling into devbench's own 32 MiB per
-	// device, which a large CPU cache may hold (ceilingDestBytes).
+	// CeilingSumBytesPS is the sum of the devices' own ceilings over 2 s,
+	// all at once (devbench.CeilingEachInto, sampled once per round), and
+	// CeilingSumFraction BytesPerS over it: faster devices' extra reads
+	// count there, which a read of evenly striped data cannot use.
+	CeilingSumBytesPS  float64 `json:"ceiling_sum_bytes_per_s,omitempty"`
+	CeilingSumFraction float64 `json:"ceiling_sum_fraction,omitempty"`
+	// CeilingCachedBytesPS is the sum ceiling into devbench's own 32 MiB
+	// per device, which a large CPU cache may hold (ceilingDestBytes).
 	CeilingCachedBytesPS float64 `json:"ceiling_cached_bytes_per_s,omitempty"`
 	CPUSPerGiB           float64 `json:"cpu_s_per_gib"`
 	SQPollCPUS           float64 `json:"sqpoll_cpu_s,omitempty"`
@@ -109,7 +120,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	kickUs := fs.Duration("wake-interval", 200*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (SQPOLL: wake it if asleep; kick mode: the longest it waits in the kernel for a completion before submitting what the GPU published)")
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the ceiling measurement (quick configuration checks)")
-	nRounds := fs.Int("rounds", 3, "rounds, each a fresh ceiling sample then every path; rows are the median over the rounds, each path's fraction taken against its own round's ceiling")
+	nRounds := fs.Int("rounds", 3, "rounds, each a fresh sample of the sum ceiling, then every path (in an order rotated by one per round) with a striped ceiling sample before and after each; rows are the median over the rounds, each path's fraction taken against the mean of the striped samples around it")
 	reuse := fs.Bool("reuse", false, "keep data files from an earlier run with the same model, tokens, seed, devices and layout (the size of each and its .layout sidecar say so)")
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated, with at least N directories rank r stripes over every N-th of them), next to one rank of the same shape over the same directories")
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
@@ -238,24 +249,44 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 
 	var rounds [][]benchRow
 	dest := b.ceilingDestBytes()
+	paths := strings.Split(*pathList, ",")
 	for k := 0; k < *nRounds; k++ {
-		ceiling, cnote, cached, cachedNote := 0.0, "(skipped)", 0.0, "(skipped)"
+		sum, cnote, cached, cachedNote := 0.0, "(skipped)", 0.0, "(skipped)"
 		if !*noCeiling {
 			cached, cachedNote = b.ceiling(0)
-			ceiling, cnote = b.ceiling(dest)
+			sum, cnote = b.ceiling(dest)
 		}
-		fmt.Fprintf(stdout, "round %d of %d: ceiling (devbench.CeilingInto: 1 MiB O_DIRECT random reads, QD 32, uring, 2 s, all devices at once, into %d MiB per device, the staging pool's share): %.2f GB/s %s; into devbench's 32 MiB per device (cache-resident): %.2f GB/s %s\n",
-			k+1, *nRounds, dest>>20, ceiling/1e9, cnote, cached/1e9, cachedNote)
-		var rows []benchRow
-		for _, p := range strings.Split(*pathList, ",") {
-			row := b.runPath(strings.TrimSpace(p))
-			row.Storage, row.Model, row.CeilingBytesPS, row.CeilingCachedBytesPS = b.label, b.model, ceiling, cached
+		fmt.Fprintf(stdout, "round %d of %d: sum of the devices' ceilings (devbench.CeilingEachInto: 1 MiB O_DIRECT random reads, QD 32, uring, 2 s, all devices at once, into %d MiB per device, the staging pool's share): %.2f GB/s %s; into devbench's 32 MiB per device (cache-resident): %.2f GB/s %s\n",
+			k+1, *nRounds, dest>>20, sum/1e9, cnote, cached/1e9, cachedNote)
+		// The paths run in an order rotated by one every round, so that no
+		// path always runs first or right after another; each is bracketed
+		// by striped ceiling samples, and its fraction is taken against
+		// their mean, so that a drift of the host between samples (up to
+		// 30 % within a minute on the GPU machine's loop devices) splits
+		// evenly.
+		rows := make([]benchRow, len(paths))
+		before, bnote := b.stripedCeiling(dest, *noCeiling)
+		b.logf("  striped ceiling %s\n", bnote)
+		for j := range paths {
+			i := (j + k) % len(paths)
+			row := b.runPath(strings.TrimSpace(paths[i]))
+			after, anote := b.stripedCeiling(dest, *noCeiling)
+			ceiling := meanPositive(before, after)
+			row.Storage, row.Model = b.label, b.model
+			row.CeilingBytesPS, row.CeilingSumBytesPS, row.CeilingCachedBytesPS = ceiling, sum, cached
 			row.Stripe, row.RunPages = b.lay.stripe, b.lay.jsonRunPages()
-			if ceiling > 0 && row.BytesPerS > 0 {
-				row.CeilingFraction = row.BytesPerS / ceiling
+			if row.BytesPerS > 0 {
+				if ceiling > 0 {
+					row.CeilingFraction = row.BytesPerS / ceiling
+				}
+				if sum > 0 {
+					row.CeilingSumFraction = row.BytesPerS / sum
+				}
 			}
-			rows = append(rows, row)
+			rows[i] = row
 			b.logf("  %-26s %s\n", row.Path, rowSummary(row))
+			b.logf("  striped ceiling %s\n", anote)
+			before = after
 		}
 		rounds = append(rounds, rows)
 	}
@@ -263,7 +294,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "median of %d rounds (x ceil: the median of each round's bytes/s over that round's ceiling):\n", *nRounds)
+	fmt.Fprintf(stdout, "median of %d rounds (x ceil: the median of each restore's bytes/s over the striped ceiling sampled around it; x sum: over its round's sum of the devices' ceilings):\n", *nRounds)
 	printTable(stdout, rows)
 	if err := writeJSONLines(*jsonPath, stdout, rows); err != nil {
 		return err
@@ -280,11 +311,11 @@ func rowSummary(r benchRow) string {
 	if r.Error != "" && r.Bytes == 0 {
 		return "error: " + r.Error
 	}
-	return fmt.Sprintf("%.2f GB/s (%.2f of ceiling), %.3f CPU s/GiB, %d I/Os, %d mismatches %s", r.BytesPerS/1e9, r.CeilingFraction, r.CPUSPerGiB, r.IOs, r.Mismatches, r.Note)
+	return fmt.Sprintf("%.2f GB/s (%.2f of the striped ceiling, %.2f of the sum), %.3f CPU s/GiB, %d I/Os, %d mismatches %s", r.BytesPerS/1e9, r.CeilingFraction, r.CeilingSumFraction, r.CPUSPerGiB, r.IOs, r.Mismatches, r.Note)
 }
 
 func printTable(w io.Writer, rows []benchRow) {
-	fmt.Fprintf(w, "%-28s %9s %8s %10s %9s %9s %9s %9s %s\n", "path", "GB/s", "x ceil", "CPU s/GiB", "I/Os", "mismatch", "layer p50", "layer max", "note")
+	fmt.Fprintf(w, "%-28s %9s %8s %8s %10s %9s %9s %9s %9s %s\n", "path", "GB/s", "x ceil", "x sum", "CPU s/GiB", "I/Os", "mismatch", "layer p50", "layer max", "note")
 	for _, r := range rows {
 		if r.Error != "" {
 			e := r.Error
@@ -294,7 +325,7 @@ func printTable(w io.Writer, rows []benchRow) {
 			fmt.Fprintf(w, "%-28s FAILED (%d mismatched words, pages not restored keep the poison): %s\n", r.Path, r.Mismatches, strings.ReplaceAll(e, "\n", " | "))
 			continue
 		}
-		fmt.Fprintf(w, "%-28s %9.2f %8.3f %10.4f %9d %9d %8.2fms %8.2fms %s\n", r.Path, r.BytesPerS/1e9, r.CeilingFraction, r.CPUSPerGiB, r.IOs, r.Mismatches, r.LayerMsP50, r.LayerMsMax, r.Note)
+		fmt.Fprintf(w, "%-28s %9.2f %8.3f %8.3f %10.4f %9d %9d %8.2fms %8.2fms %s\n", r.Path, r.BytesPerS/1e9, r.CeilingFraction, r.CeilingSumFraction, r.CPUSPerGiB, r.IOs, r.Mismatches, r.LayerMsP50, r.LayerMsMax, r.Note)
 	}
 }
 
@@ -454,6 +485,41 @@ func (b *gpuBench) ceiling(destBytes int64) (float64, string) {
 		notes = append(notes, fmt.Sprintf("%d of %d destinations NOT on huge pages", small, len(b.paths)))
 	}
 	return sum, "(" + strings.Join(notes, ", ") + ")"
+}
+
+// stripedCeiling is devbench.CeilingStriped over the devices: each reads
+// the bytes of the prefix it holds, into destBytes of memory, and the
+// aggregate is timed to the slowest device. It returns bytes/s (0 when
+// skipped or failed) and a note for the log.
+func (b *gpuBench) stripedCeiling(destBytes int64, skip bool) (float64, string) {
+	if skip {
+		return 0, "(skipped)"
+	}
+	sizes := b.lay.devBytes()
+	for i := range sizes {
+		sizes[i] = sizes[i] / (1 << 20) * (1 << 20)
+	}
+	st, err := devbench.CeilingStriped(context.Background(), b.paths, sizes, sizes, destBytes)
+	if err != nil {
+		return 0, "FAILED: " + err.Error()
+	}
+	var notes []string
+	for i, p := range b.paths {
+		notes = append(notes, fmt.Sprintf("%s %.2f in %.0f ms", filepath.Base(p), st.Devices[i].BytesPerS/1e9, st.Devices[i].Seconds*1e3))
+	}
+	return st.BytesPerS, fmt.Sprintf("%.2f GB/s (each device its share of the prefix, timed to the slowest; %s; the devices' own rates sum to %.2f)",
+		st.BytesPerS/1e9, strings.Join(notes, ", "), st.SumBytesPerS/1e9)
+}
+
+// meanPositive is the mean of the positive ones of a and b (0 if neither).
+func meanPositive(a, b float64) float64 {
+	switch {
+	case a > 0 && b > 0:
+		return (a + b) / 2
+	case a > 0:
+		return a
+	}
+	return max(b, 0)
 }
 
 // ceilingDestBytes is each device's destination for the ceiling: its share

@@ -9,16 +9,19 @@ import (
 // two samples a minute apart (RAM-backed loop devices: 15.3 to 19.8 GB/s),
 // so a single ceiling sample taken before every path ran made a path's
 // fraction depend on when it ran. gpubench therefore runs --rounds rounds,
-// each a fresh ceiling sample followed by every path, and reports for each
-// path the median over the rounds: of its bytes/s, of its CPU s/GiB and of
-// its fraction of the ceiling sampled in its own round. The per-round
-// values are kept in the row.
+// each a fresh sample of the sum ceiling followed by every path (in an order
+// rotated by one per round) with a striped ceiling sample between any two,
+// and reports for each path the median over the rounds: of its bytes/s, of
+// its CPU s/GiB and of its fractions of the ceilings sampled around it and
+// in its round. The per-round values are kept in the row.
 
 // roundStats are one path's per-round values, in round order.
 type roundStats struct {
 	BytesPerS       []float64 `json:"bytes_per_s_rounds,omitempty"`
 	CeilingBytesPS  []float64 `json:"ceiling_bytes_per_s_rounds,omitempty"`
 	CeilingFraction []float64 `json:"ceiling_fraction_rounds,omitempty"`
+	CeilingSum      []float64 `json:"ceiling_sum_bytes_per_s_rounds,omitempty"`
+	CeilingSumFrac  []float64 `json:"ceiling_sum_fraction_rounds,omitempty"`
 	CeilingCached   []float64 `json:"ceiling_cached_bytes_per_s_rounds,omitempty"`
 	CPUSPerGiB      []float64 `json:"cpu_s_per_gib_rounds,omitempty"`
 }
@@ -57,6 +60,8 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 			st.BytesPerS = append(st.BytesPerS, row.BytesPerS)
 			st.CeilingBytesPS = append(st.CeilingBytesPS, row.CeilingBytesPS)
 			st.CeilingFraction = append(st.CeilingFraction, row.CeilingFraction)
+			st.CeilingSum = append(st.CeilingSum, row.CeilingSumBytesPS)
+			st.CeilingSumFrac = append(st.CeilingSumFrac, row.CeilingSumFraction)
 			st.CeilingCached = append(st.CeilingCached, row.CeilingCachedBytesPS)
 			st.CPUSPerGiB = append(st.CPUSPerGiB, row.CPUSPerGiB)
 		}
@@ -65,7 +70,7 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 			if len(rounds) > 1 {
 				row.Error = fmt.Sprintf("round %d of %d: %s", failed+1, len(rounds), row.Error)
 			}
-			row.BytesPerS, row.CeilingFraction = 0, 0
+			row.BytesPerS, row.CeilingFraction, row.CeilingSumFraction = 0, 0, 0
 			row.Mismatches = mism
 			row.Rounds = len(rounds)
 			row.PerRound = st
@@ -79,6 +84,8 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 		row.CeilingBytesPS = median(st.CeilingBytesPS)
 		row.CeilingCachedBytesPS = median(st.CeilingCached)
 		row.CeilingFraction = median(st.CeilingFraction)
+		row.CeilingSumBytesPS = median(st.CeilingSum)
+		row.CeilingSumFraction = median(st.CeilingSumFrac)
 		row.Mismatches = mism
 		row.Rounds = len(rounds)
 		row.PerRound = st

@@ -221,7 +221,7 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 		if cfg.Progress != nil {
 			cfg.Progress(i, len(specs), s, nil)
 		}
-		row, err := measure(ctx, t, s, cfg.Runtime, cfg.Seed+uint64(i), cfg.BufferBytes)
+		row, err := measure(ctx, t, s, cfg.Runtime, cfg.Seed+uint64(i), uringRun{bufferBytes: cfg.BufferBytes})
 		if err != nil {
 			return rows, fmt.Errorf("%s: %w", s, err)
 		}
@@ -246,18 +246,36 @@ func Ceiling(ctx context.Context, path string, sizeBytes int64) (float64, Row, e
 // destination (Config.BufferBytes; 0: 32 MiB, one block per read in
 // flight).
 func CeilingInto(ctx context.Context, path string, sizeBytes, bufferBytes int64) (float64, Row, error) {
-	rows, err := Run(ctx, Config{
-		Path: path, BlockSizes: []int{1 << 20}, QueueDepths: []int{32},
-		Engines: []string{"uring"}, Ops: []string{"randread"},
-		Runtime: 2 * time.Second, SizeBytes: sizeBytes, Seed: 1, BufferBytes: bufferBytes,
-	})
+	row, err := ceilingOn(ctx, path, sizeBytes, ceilingRuntime, uringRun{bufferBytes: bufferBytes})
 	if err != nil {
 		return 0, Row{}, fmt.Errorf("measuring the device ceiling of %s: %w", path, err)
 	}
-	if len(rows) != 1 {
-		return 0, Row{}, fmt.Errorf("measuring the device ceiling of %s: no row", path)
+	return row.BytesPerS, row, nil
+}
+
+// The ceiling's grid point and time bound.
+var ceilingSpec = Spec{Engine: "uring", Op: "randread", BlockBytes: 1 << 20, QueueDepth: 32}
+
+const ceilingRuntime = 2 * time.Second
+
+// ceilingOn opens path as Run does (a directory gets a test file of
+// sizeBytes, removed afterwards) and measures ceilingSpec for at most dur.
+func ceilingOn(ctx context.Context, path string, sizeBytes int64, dur time.Duration, o uringRun) (Row, error) {
+	cfg := Config{Path: path, BlockSizes: []int{ceilingSpec.BlockBytes}, QueueDepths: []int{ceilingSpec.QueueDepth},
+		Engines: []string{ceilingSpec.Engine}, Ops: []string{ceilingSpec.Op}, Runtime: dur, SizeBytes: sizeBytes,
+		Seed: 1, BufferBytes: o.bufferBytes}
+	if err := cfg.Validate(); err != nil {
+		return Row{}, err
 	}
-	return rows[0].BytesPerS, rows[0], nil
+	t, err := openTarget(ctx, path, sizeBytes, false, false, cfg.Seed)
+	if err != nil {
+		return Row{}, err
+	}
+	defer t.close()
+	if uint32(ceilingSpec.BlockBytes)%t.file.DirectAlign != 0 || int64(ceilingSpec.BlockBytes) > t.sizeBytes {
+		return Row{}, fmt.Errorf("%s: 1 MiB reads do not fit (O_DIRECT alignment %d, size %d)", path, t.file.DirectAlign, t.sizeBytes)
+	}
+	return measure(ctx, t, ceilingSpec, dur, cfg.Seed, o)
 }
 
 // CeilingEach measures the Ceiling of every path at the same time (striped
@@ -278,19 +296,99 @@ func CeilingEach(ctx context.Context, paths []string, sizeBytes int64) (vals []f
 }
 
 // CeilingEachInto is CeilingEach with path i's reads within sizeBytes[i]
-// and every path's reads rotating over bufferBytes (CeilingInto). rows[i]
-// and errs[i] are path i's.
+// and every path's reads rotating over bufferBytes (CeilingInto). Every
+// device's clock starts once all of them are set up (their buffers
+// allocated and registered), so that none runs part of its 2 s alone.
+// rows[i] and errs[i] are path i's.
 func CeilingEachInto(ctx context.Context, paths []string, sizeBytes []int64, bufferBytes int64) (rows []Row, errs []error) {
-	rows, errs = make([]Row, len(paths)), make([]error, len(paths))
-	var wg sync.WaitGroup
-	for i, p := range paths {
-		wg.Add(1)
+	return together(len(paths), func(i int, ready func()) (Row, error) {
+		row, err := ceilingOn(ctx, paths[i], sizeBytes[i], ceilingRuntime, uringRun{bufferBytes: bufferBytes, ready: ready})
+		if err != nil {
+			return Row{}, fmt.Errorf("measuring the device ceiling of %s: %w", paths[i], err)
+		}
+		return row, nil
+	})
+}
+
+// StripedRow is what CeilingStriped measured.
+type StripedRow struct {
+	BytesPerS float64 `json:"bytes_per_s"` // all devices' bytes over the slowest device's time
+	Seconds   float64 `json:"seconds"`     // the slowest device's time
+	Slowest   int     `json:"slowest"`     // its index
+	Devices   []Row   `json:"devices"`     // each device's bytes over its own time
+	// SumBytesPerS is the sum of the devices' own rates, what CeilingEach
+	// would report for the same reads; BytesPerS / SumBytesPerS is how
+	// evenly the devices kept up with each other.
+	SumBytesPerS float64 `json:"sum_bytes_per_s"`
+}
+
+// stripedLimit bounds one CeilingStriped device's reads.
+const stripedLimit = 120 * time.Second
+
+// CeilingStriped is the ceiling of striped storage for one read of data
+// spread over it: path i reads readBytes[i] (1 MiB O_DIRECT random reads
+// within its first sizeBytes[i], queue depth 32, a ring each, rotating over
+// bufferBytes of destination), all starting together once every device is
+// set up, and the aggregate is every device's bytes over the time the
+// slowest one took. A restore of striped data ends when its slowest device
+// has delivered its share; the sum of the devices' rates over a fixed time
+// (CeilingEachInto) counts the faster devices' extra reads, which such a
+// read cannot use. A device that does not finish within 120 s, or fails, is
+// an error (the rows of the others are still returned).
+func CeilingStriped(ctx context.Context, paths []string, sizeBytes, readBytes []int64, bufferBytes int64) (StripedRow, error) {
+	if len(sizeBytes) != len(paths) || len(readBytes) != len(paths) {
+		return StripedRow{}, fmt.Errorf("striped ceiling: %d paths, %d sizes, %d read sizes", len(paths), len(sizeBytes), len(readBytes))
+	}
+	rows, errs := together(len(paths), func(i int, ready func()) (Row, error) {
+		if readBytes[i] < int64(ceilingSpec.BlockBytes) {
+			return Row{}, fmt.Errorf("striped ceiling of %s: %d bytes to read, less than one 1 MiB read", paths[i], readBytes[i])
+		}
+		row, err := ceilingOn(ctx, paths[i], sizeBytes[i], stripedLimit, uringRun{bufferBytes: bufferBytes, budgetBytes: readBytes[i], ready: ready})
+		if got := row.Ops * int64(row.BlockBytes); err == nil && got < readBytes[i] {
+			err = fmt.Errorf("read %d of %d bytes in %v", got, readBytes[i], stripedLimit)
+		}
+		if err != nil {
+			return row, fmt.Errorf("striped ceiling of %s: %w", paths[i], err)
+		}
+		return row, nil
+	})
+	out := StripedRow{Devices: rows}
+	var total float64
+	for i, r := range rows {
+		if errs[i] != nil {
+			return out, errs[i]
+		}
+		total += float64(r.Ops) * float64(r.BlockBytes)
+		out.SumBytesPerS += r.BytesPerS
+		if r.Seconds > out.Seconds {
+			out.Seconds, out.Slowest = r.Seconds, i
+		}
+	}
+	if out.Seconds > 0 {
+		out.BytesPerS = total / out.Seconds
+	}
+	return out, nil
+}
+
+// together runs f(i, ready) for i in [0, n) at once, each on its own
+// goroutine. ready is a barrier: it returns when every f has called it or
+// returned, so their measurements start together; an f that fails before
+// it releases the others.
+func together(n int, f func(i int, ready func()) (Row, error)) ([]Row, []error) {
+	rows, errs := make([]Row, n), make([]error, n)
+	var arrived, done sync.WaitGroup
+	arrived.Add(n)
+	for i := 0; i < n; i++ {
+		done.Add(1)
 		go func() {
-			defer wg.Done()
-			_, rows[i], errs[i] = CeilingInto(ctx, p, sizeBytes[i], bufferBytes)
+			defer done.Done()
+			var once sync.Once
+			arrive := func() { once.Do(arrived.Done) }
+			defer arrive()
+			rows[i], errs[i] = f(i, func() { arrive(); arrived.Wait() })
 		}()
 	}
-	wg.Wait()
+	done.Wait()
 	return rows, errs
 }
 
@@ -299,19 +397,23 @@ type result struct {
 	ops, bytes  int64
 	lat         hist
 	elapsed     time.Duration
+	last        time.Time // of the last counted completion
 	sqpollCPU   time.Duration
 	bufferBytes int64 // uring engines: the I/O memory and whether it was huge
 	bufferHuge  bool
 }
 
-// measure runs one grid point; bufferBytes is Config.BufferBytes.
-func measure(ctx context.Context, t *target, s Spec, runtime time.Duration, seed uint64, bufferBytes int64) (Row, error) {
+// measure runs one grid point; o carries Config.BufferBytes and, for the
+// ceilings, a byte budget and a start barrier (uringRun; the pread engine
+// takes none of them).
+func measure(ctx context.Context, t *target, s Spec, runtime time.Duration, seed uint64, o uringRun) (Row, error) {
 	cpu0 := processCPU()
 	var res *result
 	var err error
 	switch s.Engine {
 	case "uring", "uring-sqpoll":
-		res, err = runUring(ctx, t, s, runtime, seed, s.Engine == "uring-sqpoll", bufferBytes)
+		o.sqpoll = s.Engine == "uring-sqpoll"
+		res, err = runUring(ctx, t, s, runtime, seed, o)
 	case "pread":
 		res, err = runPread(ctx, t, s, runtime, seed)
 	}

@@ -186,3 +186,66 @@ func FuzzParseBytes(f *testing.F) {
 		}
 	})
 }
+
+// CeilingStriped reads exactly each device's budget, starts the devices
+// together, and divides all bytes by the slowest device's time.
+func TestCeilingStriped(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir()}
+	sizes := []int64{16 << 20, 24 << 20}
+	reads := []int64{8 << 20, 40<<20 + 1} // the second one rounds up to 41 reads
+	st, err := CeilingStriped(context.Background(), dirs, sizes, reads, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Devices) != 2 || st.Devices[0].Ops != 8 || st.Devices[1].Ops != 41 {
+		t.Fatalf("reads per device: %+v", st.Devices)
+	}
+	slow := st.Devices[st.Slowest]
+	for i, d := range st.Devices {
+		if d.Seconds <= 0 || d.Seconds > slow.Seconds {
+			t.Errorf("device %d took %v s, the slowest (%d) %v s", i, d.Seconds, st.Slowest, slow.Seconds)
+		}
+	}
+	want := float64(49<<20) / slow.Seconds
+	if st.Seconds != slow.Seconds || st.BytesPerS < want*0.999 || st.BytesPerS > want*1.001 {
+		t.Errorf("aggregate %v over %v s, want %v", st.BytesPerS, st.Seconds, want)
+	}
+	if st.BytesPerS > st.SumBytesPerS*1.0001 {
+		t.Errorf("aggregate %v above the sum of the devices' rates %v", st.BytesPerS, st.SumBytesPerS)
+	}
+}
+
+// A device that fails (here before its clock could start) is the result's
+// error and does not hold the others at the start barrier.
+func TestCeilingStripedFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		paths []string
+		reads []int64
+		msg   string
+	}{
+		{"missing path", []string{t.TempDir(), "/nonexistent-dir/x/y"}, []int64{4 << 20, 4 << 20}, "no such file"},
+		{"nothing to read", []string{t.TempDir(), t.TempDir()}, []int64{4 << 20, 1000}, "less than one 1 MiB read"},
+		{"lengths", []string{t.TempDir()}, []int64{4 << 20, 4 << 20}, "1 paths, 2 sizes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sizes := make([]int64, len(tc.reads))
+			for i := range sizes {
+				sizes[i] = 8 << 20
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := CeilingStriped(context.Background(), tc.paths, sizes, tc.reads, 0)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), tc.msg) {
+					t.Fatalf("got %v, want an error containing %q", err, tc.msg)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatal("CeilingStriped hung at its start barrier")
+			}
+		})
+	}
+}

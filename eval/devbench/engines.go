@@ -11,11 +11,28 @@ import (
 	"github.com/tutti-io/tutti/uring"
 )
 
+// uringRun are the knobs of one runUring call beyond the grid point.
+type uringRun struct {
+	sqpoll      bool
+	bufferBytes int64 // Config.BufferBytes
+	// budgetBytes > 0 ends the row when this many bytes were read or
+	// written, at the last completion, instead of at the deadline (which
+	// still bounds it): a fixed amount of work, timed (CeilingStriped).
+	budgetBytes int64
+	// ready, if set, is called once the ring, buffer and registrations are
+	// set up and before the clock starts; it returns when every device of a
+	// concurrent measurement is ready too, so that their clocks start
+	// together and no device runs part of its row alone.
+	ready func()
+}
+
 // runUring keeps s.QueueDepth I/Os in flight on one ring, owned by this
 // goroutine (locked to its thread for SINGLE_ISSUER/DEFER_TASKRUN), with the
 // file and the buffer registered (READ_FIXED/WRITE_FIXED). Each callback
-// resubmits its completion until the deadline.
-func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed uint64, sqpoll bool, bufferBytes int64) (*result, error) {
+// resubmits its completion until the deadline or, with o.budgetBytes, until
+// that many bytes were submitted.
+func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed uint64, o uringRun) (*result, error) {
+	sqpoll, bufferBytes := o.sqpoll, o.bufferBytes
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	qd, bs := s.QueueDepth, s.BlockBytes
@@ -60,7 +77,12 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	var ioErr error
 	stop := false
 	epoch := time.Now()
+	var submittedBytes int64
 	submit := func(c *uring.Completion) {
+		if o.budgetBytes > 0 && submittedBytes >= o.budgetBytes {
+			return // the budget is in flight: this completion's slot stays idle
+		}
+		submittedBytes += int64(bs)
 		i := c.UserData
 		addr := buf.Addr() + uintptr(int(i)*bs)
 		if blocks > qd {
@@ -93,6 +115,7 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 		}
 		res.ops++
 		res.bytes += c.Result
+		res.last = time.Now()
 		submit(c)
 	}
 	for i := range cs {
@@ -102,6 +125,9 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	var sq0 time.Duration
 	if sqpoll {
 		sq0, _ = r.SQPollCPUTime()
+	}
+	if o.ready != nil {
+		o.ready()
 	}
 	start := time.Now()
 	deadline := start.Add(dur)
@@ -114,6 +140,14 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 		}
 		if !stop && (ioErr != nil || time.Now().After(deadline) || ctx.Err() != nil) {
 			stop = true
+			res.elapsed = time.Since(start)
+		}
+	}
+	if !stop {
+		// The budget ran out before the deadline: the row ends at its last
+		// completion.
+		res.elapsed = res.last.Sub(start)
+		if res.ops == 0 {
 			res.elapsed = time.Since(start)
 		}
 	}
