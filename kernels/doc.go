@@ -79,8 +79,9 @@
 // while awake. A ring without SQPOLL runs in kick mode: a C loop on a locked
 // thread (one cgo call for its life) submits exactly what the GPU published
 // and sleeps in io_uring_enter until a batch of completions (a quarter of the
-// I/O in flight, at most WakeBatch) or a timeout (BatchWait while I/O is in
-// flight, WakeInterval, backed off, while none is); while no restore is live
+// I/O in flight, at most WakeBatch, ramping up from 1 at a restore's start:
+// WakeRamp) or a timeout (BatchWait while I/O is in flight, WakeInterval,
+// backed off, while none is); while no restore is live
 // it sleeps on a futex. NewKickRing makes the ring this loop wants: created
 // disabled with DEFER_TASKRUN, handed to the loop's thread, which registers
 // the staging pool and enables it, so completions run as its deferred task

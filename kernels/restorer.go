@@ -79,6 +79,11 @@ type Config struct {
 	WakeInterval time.Duration // SQPOLL: how often the helper looks at the flags; kick mode: wait while nothing is in flight; 50 µs
 	WakeBatch    int           // kick mode: most completions one wake-up of the helper waits for; 32 (1: every completion)
 	BatchWait    time.Duration // kick mode: longest wait for a batch while I/O is in flight; 4 ms
+	// WakeRamp (kick mode): when a restore begins, the helper's batch starts
+	// at 1 and grows by one every WakeRamp completions up to WakeBatch, so
+	// the first layer is seen as soon as its reads are done; 8 (-1: no
+	// ramp, a full batch from the first wait).
+	WakeRamp int
 	// LooseWakeTarget (kick mode) restores the helper's first wait target:
 	// completions in flight less a batch, counting those the GPU reaps while
 	// the helper computes it, so a layer's last completions could wait for
@@ -157,6 +162,9 @@ func (c *Config) defaults() {
 	}
 	if c.WakeBatch <= 0 {
 		c.WakeBatch = 32
+	}
+	if c.WakeRamp == 0 {
+		c.WakeRamp = 8
 	}
 	if c.BatchWait == 0 {
 		// On a disk of ~2 GB/s a batch of 32 takes longer than this, so the
@@ -412,7 +420,7 @@ func (r *Restorer) wakeLoop(slotBytes int64, ready chan<- error) {
 	}
 	ready <- nil
 	if kick && l.Features&featExtArg != 0 {
-		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch, !r.cfg.LooseWakeTarget)
+		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch, r.cfg.WakeRamp, !r.cfg.LooseWakeTarget)
 		return
 	}
 	t := time.NewTicker(r.cfg.WakeInterval)

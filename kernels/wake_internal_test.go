@@ -355,3 +355,77 @@ func TestKickLoopBackoffStartsOver(t *testing.T) {
 	}
 	ringStore32(l.CQHead, ringLoad32(l.CQTail))
 }
+
+// TestKickLoopRampsItsBatch: a restore puts its whole window in flight at
+// once, so without a ramp the helper's first wait is for a full batch, and a
+// read that completes alone stays unseen by the GPU (DEFER_TASKRUN: its CQE
+// is posted only when the wait ends) until the batch fills or BatchWait
+// passes. With WakeRamp the first wait is for one completion. Reads of
+// pipes stand in for the device, one per pipe: each completes when the test
+// writes a byte into its pipe.
+func TestKickLoopRampsItsBatch(t *testing.T) {
+	const reads = 32
+	const batchWait = 3 * time.Second
+	for _, c := range []struct {
+		name   string
+		ramp   int
+		prompt bool // the first CQE appears well before BatchWait
+	}{{"ramp", 8, true}, {"no-ramp", -1, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			ring, l := kickRingOrSkip(t, uring.Config{Entries: 64, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true})
+			defer ring.Close()
+			pipes := make([][2]int, reads)
+			for i := range pipes {
+				if err := unix.Pipe2(pipes[i][:], unix.O_CLOEXEC); err != nil {
+					t.Fatal(err)
+				}
+				defer unix.Close(pipes[i][0])
+				defer unix.Close(pipes[i][1])
+			}
+			dst, err := uring.AllocBuffer(reads)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dst.Free()
+			r := newKickRestorer(ring, Config{WakeInterval: time.Millisecond, BatchWait: batchWait, WakeBatch: 32, WakeRamp: c.ramp, NoFixedBuffers: true}, true)
+			defer startKick(t, r)() // stops the helper before the ring, pipes and buffer go
+			r.kick <- struct{}{}
+			t0 := time.Now()
+			// Complete every read (also when the test fails) so the ring
+			// drains before it closes.
+			defer func() {
+				for i := range pipes {
+					unix.Write(pipes[i][1], []byte{1})
+				}
+				for ringLoad32(l.CQTail)-ringLoad32(l.CQHead) < reads && time.Since(t0) < 3*batchWait {
+					time.Sleep(time.Millisecond)
+				}
+				ringStore32(l.CQHead, ringLoad32(l.CQTail))
+			}()
+			mask := ringLoad32(l.SQMask)
+			tail := ringLoad32(l.SQTail)
+			for i := uint32(0); i < reads; i++ {
+				putSQE(l, (tail+i)&mask, opRead, pipes[i][0], 0, uint64(dst.Addr())+uint64(i), 1, uint64(i))
+			}
+			ringStore32(l.SQTail, tail+reads)
+			time.Sleep(50 * time.Millisecond) // submitted; the helper waits
+			t0 = time.Now()
+			if _, err := unix.Write(pipes[5][1], []byte{1}); err != nil {
+				t.Fatal(err)
+			}
+			for ringLoad32(l.CQTail) == ringLoad32(l.CQHead) && time.Since(t0) < 2*batchWait {
+				time.Sleep(time.Millisecond)
+			}
+			d := time.Since(t0)
+			if got := ringLoad32(l.CQTail) - ringLoad32(l.CQHead); got != 1 {
+				t.Fatalf("%d CQEs after one byte written", got)
+			}
+			if ud := ringLoad64(l.CQEs + uintptr(ringLoad32(l.CQHead)&ringLoad32(l.CQMask))*uintptr(l.CQESize)); ud != 5 {
+				t.Fatalf("the CQE is read %d's, want 5's", ud)
+			}
+			if prompt := d < batchWait/3; prompt != c.prompt {
+				t.Fatalf("the first completion was seen after %v (batch wait %v); want prompt=%v", d, batchWait, c.prompt)
+			}
+		})
+	}
+}

@@ -125,6 +125,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated, with at least N directories rank r stripes over every N-th of them), next to one rank of the same shape over the same directories")
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
 	kickBatch := fs.Int("kick-batch", 32, "GPU kick mode: most completions one wake-up of the CPU helper waits for (a quarter of the I/O in flight, at most this; 1: every completion)")
+	kickRamp := fs.Int("kick-ramp", 0, "GPU kick mode: at a restore's start the helper's batch grows by one every this many completions (kernels.Config.WakeRamp; 0: 8, -1: no ramp)")
 	kickBatchWait := fs.Duration("kick-batch-wait", 4*time.Millisecond, "GPU kick mode: longest wait for a batch of completions while I/O is in flight")
 	kickExact := fs.Bool("kick-exact-target", true, "GPU kick mode: the helper's wait counts only completions that arrive after it starts (false: kernels.Config.LooseWakeTarget, the first target, slower on the H200)")
 	kickDefer := fs.Bool("kick-defer", true, "GPU kick mode: a DEFER_TASKRUN ring (the kernel wakes the helper once per batch); false: an ordinary ring, woken by every completion")
@@ -233,7 +234,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		MaxPages: b.pages, MaxExtents: b.lay.piecesPerLayer(), MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
 		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads, ZeroCopyScatter: *zeroCopy,
 		EnqueueLayers: *enqueueLayers, EnqueueChunk: *enqueueChunk,
-		WakeBatch: *kickBatch, BatchWait: *kickBatchWait, LooseWakeTarget: !*kickExact}
+		WakeBatch: *kickBatch, WakeRamp: *kickRamp, BatchWait: *kickBatchWait, LooseWakeTarget: !*kickExact}
 	b.kickDefer = *kickDefer
 	b.r, err = kernels.Bind(b.kcfg)
 	if err != nil {
