@@ -607,6 +607,13 @@ func (b *gpuBench) runPath(p string) benchRow {
 	case "per-block":
 		row.Path = "(b) per-block (page x layer)"
 		err = b.runHost(&row, true)
+	case "uring-staging-only":
+		// Diagnostic: path (a)'s reads, in its order and pacing, with no
+		// copy to HBM. Next to (a) and the ceiling it says what the copies
+		// over PCIe cost the reads where the devices are host memory.
+		row.Path = "(a0) uring -> staging only"
+		row.Note = "diagnostic: no copy to HBM, nothing to verify"
+		err = b.runHostNoCopy(&row)
 	case "cufile":
 		row.Path = "(c) cufile batch"
 		err = b.runCuFile(&row)
@@ -625,7 +632,7 @@ func (b *gpuBench) runPath(p string) benchRow {
 	if err != nil {
 		row.Error = err.Error()
 	}
-	if row.Bytes > 0 {
+	if row.Bytes > 0 && p != "uring-staging-only" {
 		bad, verr := b.r.VerifyKV(b.seed, b.pm, 0, b.g.Layers)
 		if verr != nil {
 			row.Error = strings.TrimSpace(row.Error + " verify: " + verr.Error())
@@ -823,6 +830,14 @@ func (b *gpuBench) hostReads(perBlock bool) []hostIO {
 // offload connector does), into the pinned staging pool, each layer scattered
 // as soon as its reads completed while later layers are read.
 func (b *gpuBench) runHost(row *benchRow, perBlock bool) error {
+	return b.runHostPipeline(row, perBlock, true)
+}
+
+// runHostNoCopy is path (a) without its copies to HBM (the diagnostic
+// uring-staging-only).
+func (b *gpuBench) runHostNoCopy(row *benchRow) error { return b.runHostPipeline(row, false, false) }
+
+func (b *gpuBench) runHostPipeline(row *benchRow, perBlock, toHBM bool) error {
 	ios := b.hostReads(perBlock)
 	eng, err := uring.New(uring.Config{Entries: uint32(b.qd), SQThreadCPU: -1})
 	if err != nil {
@@ -830,7 +845,7 @@ func (b *gpuBench) runHost(row *benchRow, perBlock bool) error {
 	}
 	defer eng.Close()
 	m0 := b.mark()
-	done, err := b.hostPipeline(ios, func(io *hostIO, dst uintptr, c *uring.Completion) error {
+	done, err := b.hostPipeline(ios, toHBM, func(io *hostIO, dst uintptr, c *uring.Completion) error {
 		c.PrepRead(b.direct[io.dev], dst, uint32(io.len), uint64(io.off))
 		return eng.Submit(c)
 	}, func(wait int) error { return eng.Flush(wait) })
@@ -841,9 +856,10 @@ func (b *gpuBench) runHost(row *benchRow, perBlock bool) error {
 
 // hostPipeline runs ios (layer-major) with at most qd in flight through
 // submit/flush, into staging slot layer%slots, and scatters each layer when
-// it is complete; a slot is reused only after its scatter finished. It
-// returns each layer's completion time (ms from start).
-func (b *gpuBench) hostPipeline(ios []hostIO, submit func(io *hostIO, dst uintptr, c *uring.Completion) error, flush func(int) error) ([]float64, error) {
+// it is complete; a slot is reused only after its scatter finished. Without
+// toHBM nothing is copied or scattered: a layer is done when its reads are.
+// It returns each layer's completion time (ms from start).
+func (b *gpuBench) hostPipeline(ios []hostIO, toHBM bool, submit func(io *hostIO, dst uintptr, c *uring.Completion) error, flush func(int) error) ([]float64, error) {
 	st := b.r.Staging()
 	lim := b.r.Limits()
 	slots := st.Len() / int(lim.SlotBytes)
@@ -897,7 +913,7 @@ func (b *gpuBench) hostPipeline(ios []hostIO, submit func(io *hostIO, dst uintpt
 			if io.layer-scattered >= slots {
 				break // its slot still holds a layer waiting to be scattered
 			}
-			if io.layer >= slots && !waited[io.layer] {
+			if toHBM && io.layer >= slots && !waited[io.layer] {
 				if err := b.r.WaitCopy(io.layer % slots); err != nil {
 					return doneMs, err
 				}
@@ -929,11 +945,13 @@ func (b *gpuBench) hostPipeline(ios []hostIO, submit func(io *hostIO, dst uintpt
 		}
 		for scattered < b.g.Layers && doneIn[scattered] == perLayer[scattered] {
 			l := scattered
-			if err := b.r.ScatterHost(l, slotAddr(l), lim.SlotBytes); err != nil {
-				return doneMs, err
-			}
-			if err := b.r.RecordCopy(l % slots); err != nil {
-				return doneMs, err
+			if toHBM {
+				if err := b.r.ScatterHost(l, slotAddr(l), lim.SlotBytes); err != nil {
+					return doneMs, err
+				}
+				if err := b.r.RecordCopy(l % slots); err != nil {
+					return doneMs, err
+				}
 			}
 			doneMs = append(doneMs, float64(time.Since(t0).Microseconds())/1e3)
 			scattered++
