@@ -109,9 +109,8 @@ type Config struct {
 	// GPUReadsFromDevices sizes GPUIOWindow, GPUMaxIOBytes and
 	// GPULookahead that are 0 to the disks under Dirs at Open
 	// (DeviceSizedGPUReads: per directory half of nr_requests up to 128,
-	// the largest read max_sectors_kb allows up to 4 MiB, 2 layers for one
-	// directory and 3 per directory for several, at most 8), instead of the
-	// defaults above; values set
+	// the largest read max_sectors_kb allows up to 4 MiB, one layer per
+	// directory from 2 to 8), instead of the defaults above; values set
 	// here win. A disk that does not say counts as a 128-deep queue taking
 	// 1 MiB reads. Stats.GPUReads says what was used and what could not be
 	// read. Off by default: the defaults are what the GPU path was measured

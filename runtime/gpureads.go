@@ -30,9 +30,8 @@ type GPUReads struct {
 	// (blockdev.MaxReadBytes: 1 MiB on a loop device, 4 MiB on a virtio
 	// disk), at most 4 MiB: a split read goes to an io-wq worker.
 	MaxIOBytes int
-	// Lookahead is 2 layers for one directory and 3 per directory for
-	// several, at most 8 (GPULookaheadToFill also fills the window from the
-	// layer size; stripedSlack says why 3).
+	// Lookahead is one layer in flight per directory, at least 2, at most 8
+	// (GPULookaheadToFill also fills the window from the layer size).
 	Lookahead int
 	// Dirs is the number of directories asked about.
 	Dirs int
@@ -53,26 +52,6 @@ const (
 	gpuLookaheadFillMax = 16      // GPULookaheadToFill (Config allows 16)
 	gpuLookaheadAtLeast = 2
 )
-
-// stripedSlack is the lookahead per directory when a layer is striped over
-// several: a restore reads layer by layer, so no device can run further
-// ahead of the slowest than the lookahead, and the restore goes at the pace
-// of whichever device is slowest at the moment, where raw reads of the same
-// bytes (devbench.CeilingStriped) end with the device that is slowest
-// overall. On 4 RAM-backed loop devices, whose rates moved by ±15 % between
-// samples 0.7 s apart, 70B at 32K tokens restored at a median 0.91, 0.93
-// and 0.96 of the striped ceiling with 4, 8 and 12 layers of lookahead (1,
-// 2 and 3 per device; H200, BENCHMARKS.md, kernels, Session 6). Each layer
-// more is one staging slot more of pinned host memory.
-const stripedSlack = 3
-
-// lookaheadFor is the lookahead dirs directories call for (stripedSlack).
-func lookaheadFor(dirs int) int {
-	if dirs <= 1 {
-		return gpuLookaheadAtLeast
-	}
-	return max(gpuLookaheadAtLeast, stripedSlack*dirs)
-}
 
 // DeviceSizedGPUReads sizes the GPU path's reads to the disks under dirs
 // (blockdev.QueueDepth and MaxReadBytes, read from sysfs now). A directory
@@ -101,7 +80,7 @@ func DeviceSizedGPUReads(dirs []string) GPUReads {
 		r.Window, r.MaxIOBytes = gpuWindowPerDevice, gpuUnknownReadBytes
 	}
 	r.Window = min(r.Window, gpuWindowTotal)
-	r.Lookahead = min(lookaheadFor(len(dirs)), gpuLookaheadMax)
+	r.Lookahead = min(max(gpuLookaheadAtLeast, len(dirs)), gpuLookaheadMax)
 	return r
 }
 
@@ -139,12 +118,17 @@ func (r GPUReads) String() string {
 // GPULookaheadToFill is tutti gpubench's lookahead: enough layers of
 // layerBytes to fill a window of reads of maxIOBytes (a small layer, MLA's
 // 36 MiB at 32K tokens, on one disk otherwise leaves the window mostly
-// empty), at least 2, and 3 per directory when there are several
-// (stripedSlack), at most 16. The GPU path's staging is lookahead+3 slots of
-// one layer, so this costs pinned host memory.
+// empty), at least one per directory and 2, at most 16. The GPU path's
+// staging is lookahead+3 slots of one layer, so this costs pinned host
+// memory. Three per directory was tried for striped devices (a restore
+// reads layer by layer, so no device runs further ahead of the slowest than
+// the lookahead): on 4 RAM-backed loops, 70B, it was ahead by 5 % of the
+// striped ceiling in one interleaved comparison and level in another, and
+// it started more io-wq workers (up to 0.15× the per-block path's CPU per
+// GiB); BENCHMARKS.md, kernels, Session 6.
 func GPULookaheadToFill(window, maxIOBytes, dirs int, layerBytes int64) int {
 	fill := int((int64(window)*int64(maxIOBytes) + layerBytes - 1) / max(layerBytes, 1))
-	return min(max(lookaheadFor(dirs), fill), gpuLookaheadFillMax)
+	return min(max(gpuLookaheadAtLeast, dirs, fill), gpuLookaheadFillMax)
 }
 
 // existingAncestor is p, or its nearest parent that exists.

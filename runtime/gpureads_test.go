@@ -47,10 +47,9 @@ func TestDeviceSizedGPUReads(t *testing.T) {
 		{"none", nil, 128, 1 << 20, 2, 0},
 		{"one disk", []string{tmp}, perDisk, diskRead, 2, 0},
 		{"not created yet: its parent's disk", []string{notYet}, perDisk, diskRead, 2, 0},
-		{"four on one disk count four times", []string{tmp, tmp, tmp, tmp}, 4 * perDisk, diskRead, 8, 0},
-		{"two: 3 layers each", []string{tmp, tmp}, 2 * perDisk, diskRead, 6, 0},
+		{"four on one disk count four times", []string{tmp, tmp, tmp, tmp}, 4 * perDisk, diskRead, 4, 0},
 		{"unknown device", []string{"/proc"}, 128, 1 << 20, 2, 2},
-		{"disk and unknown: smallest read", []string{tmp, "/proc"}, perDisk + 128, min(diskRead, 1<<20), 6, 2},
+		{"disk and unknown: smallest read", []string{tmp, "/proc"}, perDisk + 128, min(diskRead, 1<<20), 2, 2},
 		{"window at most 1024, lookahead at most 8", procs(10), 1024, 1 << 20, 8, 20},
 	} {
 		if !onDisk && tc.unread == 0 && len(tc.dirs) > 0 {
@@ -102,10 +101,8 @@ func TestGPULookaheadToFill(t *testing.T) {
 		layerBytes          int64
 		want                int
 	}{
-		{384, 1 << 20, 4, 36 << 20, 12}, // MLA-sized layers: 3 per directory beat ceil(384 MiB / 36 MiB)
-		{384, 1 << 20, 2, 36 << 20, 11}, // ... and ceil(384 MiB / 36 MiB) beats 3 per directory
-		{384, 1 << 20, 4, 1 << 30, 12},  // large layers: 3 per directory
-		{384, 1 << 20, 8, 1 << 30, 16},  // ... at most 16
+		{384, 1 << 20, 4, 36 << 20, 11}, // MLA-sized layers: ceil(384 MiB / 36 MiB)
+		{384, 1 << 20, 4, 1 << 30, 4},   // large layers: one per directory
 		{64, 1 << 20, 1, 1 << 30, 2},    // at least 2
 		{1024, 4 << 20, 1, 1 << 20, 16}, // at most 16
 		{128, 1 << 20, 1, 0, 16},        // no layer size: as full as allowed
