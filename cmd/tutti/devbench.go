@@ -35,10 +35,12 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 	keep := fs.Bool("keep", false, "keep the test file this run wrote")
 	bufFlag := fs.String("buffer", "", "uring engines: memory the I/Os rotate over (e.g. 1GiB; empty: one block per I/O in flight, which a large CPU cache may hold)")
 	jsonOut := fs.Bool("json", false, "print rows as JSON (one array) instead of a table")
+	striped := fs.Bool("striped", false, "the ceiling of the comma-separated --path list as one striped array: each reads --size (1 MiB O_DIRECT random reads, QD 32, a ring each, into --buffer), all at once, timed to the slowest (devbench.CeilingStriped); --bs, --qd, --engines, --ops and --runtime do not apply")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti devbench --path FILE_OR_DEVICE [flags]")
 		fmt.Fprintln(stderr, "\nfio-style O_DIRECT measurement: IOPS, bytes/s, latency p50/p99, CPU s per GiB per (engine, op, block size, queue depth).")
 		fmt.Fprintln(stderr, "example: tutti devbench --path /tmp --bs 4k,1m --qd 8,64 --engines uring,pread --ops randread --runtime 2s --size 1GiB")
+		fmt.Fprintln(stderr, "striped array: tutti devbench --striped --path /dev/nvme0n1,/dev/nvme1n1 --size 4GiB --buffer 256MiB")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -49,6 +51,9 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 	}
 	if *path == "" {
 		return usageErr(fs.Usage, errors.New("--path is required"))
+	}
+	if *striped {
+		return runStriped(splitList(*path), *sizeFlag, *bufFlag, *jsonOut, stdout, fs.Usage)
 	}
 	cfg := devbench.Config{Path: *path, Runtime: *runtimeFlag, Keep: *keep, Seed: 1}
 	var err error
@@ -93,6 +98,51 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 		host, _ := os.Hostname()
 		fmt.Fprintf(stdout, "\n%d rows in %v on %s (%d CPUs), %s UTC\n", len(rows), time.Since(started).Round(time.Second), host, numCPU(), started.UTC().Format("2006-01-02 15:04"))
 	}
+	return nil
+}
+
+// runStriped is devbench --striped: devbench.CeilingStriped over paths,
+// each reading size bytes (and, if a directory, holding a test file of that
+// size) into buffer bytes of memory.
+func runStriped(paths []string, size, buffer string, asJSON bool, stdout io.Writer, usage func()) error {
+	if len(paths) == 0 {
+		return usageErr(usage, errors.New("--striped: --path lists no path"))
+	}
+	sizeBytes, err := devbench.ParseBytes(size)
+	if err != nil {
+		return usageErr(usage, fmt.Errorf("--size: %w", err))
+	}
+	var bufferBytes int64
+	if buffer != "" {
+		if bufferBytes, err = devbench.ParseBytes(buffer); err != nil {
+			return usageErr(usage, fmt.Errorf("--buffer: %w", err))
+		}
+	}
+	sizes := make([]int64, len(paths))
+	for i := range sizes {
+		sizes[i] = sizeBytes
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer cancel()
+	st, err := devbench.CeilingStriped(ctx, paths, sizes, sizes, bufferBytes)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "path\tread\tseconds\tMB/s\tp50 µs\tp99 µs\t")
+	for i, r := range st.Devices {
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.1f\t%.1f\t%.1f\t\n", paths[i], devbench.FormatBytes(r.Ops*int64(r.BlockBytes)), r.Seconds, r.BytesPerS/1e6, r.P50Us, r.P99Us)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nstriped ceiling %.1f MB/s: %d devices' bytes over the slowest one's %.3f s (%s); their own rates sum to %.1f MB/s\n",
+		st.BytesPerS/1e6, len(paths), st.Seconds, paths[st.Slowest], st.SumBytesPerS/1e6)
 	return nil
 }
 
