@@ -2,7 +2,8 @@
 // benchmark divides by: O_DIRECT reads (and writes when asked) over a grid of
 // block sizes and queue depths, through io_uring (plain and SQPOLL) and
 // through pread(2) from N goroutines. It backs `tutti devbench`, and Ceiling
-// gives other benchmarks the device's ceiling measured in their own run.
+// gives other benchmarks the device's ceiling measured in their own run;
+// CeilingStriped that of several devices reading data striped over them.
 package devbench
 
 import (
