@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -247,5 +248,44 @@ func TestCeilingStripedFailure(t *testing.T) {
 				t.Fatal("CeilingStriped hung at its start barrier")
 			}
 		})
+	}
+}
+
+// A ceiling over a block device reads only its first sizeBytes (the data a
+// benchmark wrote there), a grid run the whole device. Needs a loop device
+// (root, losetup): skipped where none can be set up.
+func TestCeilingTargetWithinSize(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to set up a loop device")
+	}
+	img := filepath.Join(t.TempDir(), "dev.img")
+	if err := os.WriteFile(img, make([]byte, 64<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", img).Output()
+	if err != nil {
+		t.Skipf("no loop device here (losetup: %v)", err)
+	}
+	dev := strings.TrimSpace(string(out))
+	defer exec.Command("losetup", "-d", dev).Run()
+	for _, tc := range []struct {
+		size, want int64
+	}{{8 << 20, 8 << 20}, {8<<20 + 4096, 8 << 20}, {1 << 30, 64 << 20}} {
+		tg, err := openCeilingTarget(context.Background(), dev, tc.size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tg.sizeBytes != tc.want {
+			t.Errorf("ceiling target of a 64 MiB device with size %d covers %d bytes, want %d", tc.size, tg.sizeBytes, tc.want)
+		}
+		tg.close()
+	}
+	tg, err := openTarget(context.Background(), dev, 8<<20, false, false, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.close()
+	if tg.sizeBytes != 64<<20 {
+		t.Errorf("grid target of a 64 MiB device covers %d bytes, want the whole device", tg.sizeBytes)
 	}
 }
