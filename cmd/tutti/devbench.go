@@ -35,6 +35,7 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 	keep := fs.Bool("keep", false, "keep the test file this run wrote")
 	bufFlag := fs.String("buffer", "", "uring engines: memory the I/Os rotate over (e.g. 1GiB; empty: one block per I/O in flight, which a large CPU cache may hold)")
 	jsonOut := fs.Bool("json", false, "print rows as JSON (one array) instead of a table")
+	holes := fs.Bool("allow-holes", false, "read a loop device even where its backing file has holes (refused otherwise: a read of a hole never reaches the medium)")
 	striped := fs.Bool("striped", false, "the ceiling of the comma-separated --path list as one striped array: each reads --size (1 MiB O_DIRECT random reads, QD 32, a ring each, into --buffer), all at once, timed to the slowest (devbench.CeilingStriped); --bs, --qd, --engines, --ops and --runtime do not apply")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti devbench --path FILE_OR_DEVICE [flags]")
@@ -55,7 +56,7 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 	if *striped {
 		return runStriped(splitList(*path), *sizeFlag, *bufFlag, *jsonOut, stdout, fs.Usage)
 	}
-	cfg := devbench.Config{Path: *path, Runtime: *runtimeFlag, Keep: *keep, Seed: 1}
+	cfg := devbench.Config{Path: *path, Runtime: *runtimeFlag, Keep: *keep, Seed: 1, AllowHoles: *holes}
 	var err error
 	if cfg.BlockSizes, err = parseSizes(*bsFlag); err != nil {
 		return usageErr(fs.Usage, fmt.Errorf("--bs: %w", err))

@@ -72,6 +72,10 @@ type Config struct {
 	// it (a read benchmark never looks at the data). At most 1 GiB; the
 	// pread engine ignores it.
 	BufferBytes int64
+	// AllowHoles reads a loop device whose backing file has holes in the
+	// measured range (checkWritten refuses it otherwise): a read of a hole
+	// never reaches the medium, so this measures something else on purpose.
+	AllowHoles bool
 	// Progress, if set, is called before each row (row == nil) and after it.
 	Progress func(done, total int, spec Spec, row *Row)
 }
@@ -193,6 +197,11 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 		return nil, err
 	}
 	defer t.close()
+	if !writes && !cfg.AllowHoles {
+		if err := t.checkWritten(t.sizeBytes); err != nil {
+			return nil, err
+		}
+	}
 	for _, bs := range cfg.BlockSizes {
 		if uint32(bs)%t.file.DirectAlign != 0 {
 			return nil, fmt.Errorf("block size %d is not a multiple of %s's O_DIRECT alignment %d", bs, t.path, t.file.DirectAlign)
@@ -293,6 +302,10 @@ func openCeilingTarget(ctx context.Context, path string, sizeBytes int64) (*targ
 	}
 	if limit := sizeBytes / (1 << 20) * (1 << 20); limit > 0 && limit < t.sizeBytes {
 		t.sizeBytes = limit
+	}
+	if err := t.checkWritten(t.sizeBytes); err != nil {
+		t.close()
+		return nil, err
 	}
 	if uint32(ceilingSpec.BlockBytes)%t.file.DirectAlign != 0 || int64(ceilingSpec.BlockBytes) > t.sizeBytes {
 		t.close()

@@ -1,14 +1,18 @@
 package devbench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestParseBytes(t *testing.T) {
@@ -252,26 +256,60 @@ func TestCeilingStripedFailure(t *testing.T) {
 }
 
 // A ceiling over a block device reads only its first sizeBytes (the data a
-// benchmark wrote there), a grid run the whole device. Needs a loop device
-// (root, losetup): skipped where none can be set up.
+// benchmark wrote there), a grid run the whole device; and neither reads a
+// loop device's unwritten blocks. Needs loop devices (root, losetup):
+// skipped where none can be set up.
 func TestCeilingTargetWithinSize(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to set up a loop device")
 	}
-	img := filepath.Join(t.TempDir(), "dev.img")
-	if err := os.WriteFile(img, make([]byte, 64<<20), 0o644); err != nil {
-		t.Fatal(err)
+	dir := t.TempDir()
+	loop := func(name string, written int64) string {
+		img := filepath.Join(dir, name)
+		f, err := os.Create(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write(bytes.Repeat([]byte{0xa5}, int(written))); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Truncate(64 << 20); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		out, err := exec.Command("losetup", "--find", "--show", img).Output()
+		if err != nil {
+			t.Skipf("no loop device here (losetup: %v)", err)
+		}
+		dev := strings.TrimSpace(string(out))
+		t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+		return dev
 	}
-	out, err := exec.Command("losetup", "--find", "--show", img).Output()
-	if err != nil {
-		t.Skipf("no loop device here (losetup: %v)", err)
+	full, part := loop("full.img", 64<<20), loop("part.img", 16<<20)
+	sparse := true
+	if f, err := os.Open(filepath.Join(dir, "part.img")); err == nil {
+		h, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_HOLE)
+		sparse = err == nil && h < 64<<20
+		f.Close()
 	}
-	dev := strings.TrimSpace(string(out))
-	defer exec.Command("losetup", "-d", dev).Run()
 	for _, tc := range []struct {
+		dev        string
 		size, want int64
-	}{{8 << 20, 8 << 20}, {8<<20 + 4096, 8 << 20}, {1 << 30, 64 << 20}} {
-		tg, err := openCeilingTarget(context.Background(), dev, tc.size)
+		holes      bool
+	}{
+		{full, 8 << 20, 8 << 20, false},
+		{full, 8<<20 + 4096, 8 << 20, false},
+		{full, 1 << 30, 64 << 20, false},
+		{part, 16 << 20, 16 << 20, false},
+		{part, 32 << 20, 0, sparse},
+	} {
+		tg, err := openCeilingTarget(context.Background(), tc.dev, tc.size)
+		if tc.holes {
+			if !errors.Is(err, errHoles) {
+				t.Errorf("ceiling over %d bytes of a device written in its first 16 MiB: %v, want errHoles", tc.size, err)
+			}
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -280,12 +318,24 @@ func TestCeilingTargetWithinSize(t *testing.T) {
 		}
 		tg.close()
 	}
-	tg, err := openTarget(context.Background(), dev, 8<<20, false, false, 1)
+	tg, err := openTarget(context.Background(), full, 8<<20, false, false, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tg.close()
 	if tg.sizeBytes != 64<<20 {
 		t.Errorf("grid target of a 64 MiB device covers %d bytes, want the whole device", tg.sizeBytes)
+	}
+	if sparse {
+		_, err := Run(context.Background(), Config{Path: part, BlockSizes: []int{1 << 20}, QueueDepths: []int{1},
+			Engines: []string{"uring"}, Ops: []string{"randread"}, Runtime: time.Millisecond, SizeBytes: 1 << 20})
+		if !errors.Is(err, errHoles) || !strings.Contains(err.Error(), "part.img") {
+			t.Errorf("grid over a partly written loop device: %v, want errHoles naming its file", err)
+		}
+		rows, err := Run(context.Background(), Config{Path: part, BlockSizes: []int{1 << 20}, QueueDepths: []int{1},
+			Engines: []string{"uring"}, Ops: []string{"randread"}, Runtime: time.Millisecond, SizeBytes: 1 << 20, AllowHoles: true})
+		if err != nil || len(rows) != 1 {
+			t.Errorf("grid over a partly written loop device, holes allowed: %v %v", rows, err)
+		}
 	}
 }

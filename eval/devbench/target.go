@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/tutti-io/tutti/uring"
@@ -136,4 +138,53 @@ func (t *target) close() error {
 		}
 	}
 	return err
+}
+
+// errHoles is a target whose measured range is not all written: a read of a
+// hole never reaches the medium (on a loop device over a sparse file in
+// /dev/shm it is a memset, 3× the bytes/s of a read of data on the dev VM).
+var errHoles = errors.New("reads would fall in unwritten blocks")
+
+// checkWritten fails with errHoles when the first n bytes of t, a loop device
+// over a sparse file, are not all allocated in that file (SEEK_HOLE on it,
+// from the loop's offset). Other block devices, and a loop whose backing file
+// cannot be asked, pass: nothing is known about their blocks.
+func (t *target) checkWritten(n int64) error {
+	backing, off, ok := loopBacking(t.path)
+	if !ok {
+		return nil
+	}
+	f, err := os.Open(backing)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	hole, err := unix.Seek(int(f.Fd()), off, unix.SEEK_HOLE)
+	if err != nil || hole >= off+n {
+		return nil
+	}
+	return fmt.Errorf("%s: %w: it is a loop device over %s, which has a hole at byte %d of the %d to be read; write the device first (dd if=/dev/urandom of=%s bs=1M oflag=direct) or measure a written file",
+		t.path, errHoles, backing, hole-off, n, t.path)
+}
+
+// loopBacking is the backing file and offset of loop device path (ok false
+// for anything else, or a backing file that was deleted).
+func loopBacking(path string) (file string, offset int64, ok bool) {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", 0, false
+	}
+	name := filepath.Base(real)
+	b, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "backing_file"))
+	if err != nil {
+		return "", 0, false
+	}
+	file = strings.TrimSpace(string(b))
+	if file == "" || strings.HasSuffix(file, " (deleted)") {
+		return "", 0, false
+	}
+	if o, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "offset")); err == nil {
+		offset, _ = strconv.ParseInt(strings.TrimSpace(string(o)), 10, 64)
+	}
+	return file, offset, true
 }
