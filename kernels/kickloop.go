@@ -49,15 +49,18 @@ static inline uint32_t kl_ld(uint64_t a) { return __atomic_load_n((uint32_t *)a,
 // once, so k would be a full batch from the first wait, and the first
 // layer's last reads would wait for a batch of other layers' completions
 // before the GPU could see them (6.3 ms to the first layer against 3.0 ms
-// for a CPU-issued restore, MLA on 4 loop devices, H200). The timeout is batch_wait_ns while I/O
-// is in flight (it bounds how long CQEs and newly published SQEs wait when the
-// device is slower than a batch per timeout) and interval_ns while nothing
-// is, doubled (up to 8x) for every wake-up that found nothing new, so an idle
-// live restore costs little; the doubling starts over when a restore begins
-// (ctl->starts), so a restore's first SQEs wait at most one interval. On a ring with DEFER_TASKRUN the kernel wakes
-// this thread only when k completions are pending, which is what makes the
-// batch save CPU; on other rings each completion's task work still wakes it
-// inside the wait (but it returns to user space once per batch).
+// for a CPU-issued restore, MLA on 4 loop devices, H200).
+//
+// The timeout is batch_wait_ns while I/O is in flight (it bounds how long
+// CQEs and newly published SQEs wait when the device is slower than a batch
+// per timeout) and interval_ns while nothing is, doubled (up to 8x) for
+// every wake-up that found nothing new, so an idle live restore costs
+// little; the doubling starts over when a restore begins (ctl->starts), so
+// a restore's first SQEs wait at most one interval. On a ring with
+// DEFER_TASKRUN the kernel wakes this thread only when k completions are
+// pending, which is what makes the batch save CPU; on other rings each
+// completion's task work still wakes it inside the wait (but it returns to
+// user space once per batch).
 // While no restore is live it sleeps on ctl->active (futex, re-checked every
 // 100 ms).
 static void tk_kick_loop(tk_kick_ctl *ctl, const tk_kick_ring *r) {
