@@ -53,18 +53,8 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 	if *path == "" {
 		return usageErr(fs.Usage, errors.New("--path is required"))
 	}
-	if *striped {
-		return runStriped(splitList(*path), *sizeFlag, *bufFlag, *jsonOut, stdout, fs.Usage)
-	}
 	cfg := devbench.Config{Path: *path, Runtime: *runtimeFlag, Keep: *keep, Seed: 1, AllowHoles: *holes}
 	var err error
-	if cfg.BlockSizes, err = parseSizes(*bsFlag); err != nil {
-		return usageErr(fs.Usage, fmt.Errorf("--bs: %w", err))
-	}
-	if cfg.QueueDepths, err = parseInts(*qdFlag); err != nil {
-		return usageErr(fs.Usage, fmt.Errorf("--qd: %w", err))
-	}
-	cfg.Engines, cfg.Ops = splitList(*engines), splitList(*ops)
 	if cfg.SizeBytes, err = devbench.ParseBytes(*sizeFlag); err != nil {
 		return usageErr(fs.Usage, fmt.Errorf("--size: %w", err))
 	}
@@ -73,6 +63,16 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 			return usageErr(fs.Usage, fmt.Errorf("--buffer: %w", err))
 		}
 	}
+	if *striped {
+		return runStriped(splitList(*path), cfg.SizeBytes, cfg.BufferBytes, *jsonOut, stdout, fs.Usage)
+	}
+	if cfg.BlockSizes, err = parseSizes(*bsFlag); err != nil {
+		return usageErr(fs.Usage, fmt.Errorf("--bs: %w", err))
+	}
+	if cfg.QueueDepths, err = parseInts(*qdFlag); err != nil {
+		return usageErr(fs.Usage, fmt.Errorf("--qd: %w", err))
+	}
+	cfg.Engines, cfg.Ops = splitList(*engines), splitList(*ops)
 	if err := cfg.Validate(); err != nil {
 		return usageErr(fs.Usage, err)
 	}
@@ -103,21 +103,11 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 }
 
 // runStriped is devbench --striped: devbench.CeilingStriped over paths,
-// each reading size bytes (and, if a directory, holding a test file of that
-// size) into buffer bytes of memory.
-func runStriped(paths []string, size, buffer string, asJSON bool, stdout io.Writer, usage func()) error {
+// each reading sizeBytes (and, if a directory, holding a test file of that
+// size) into bufferBytes of memory.
+func runStriped(paths []string, sizeBytes, bufferBytes int64, asJSON bool, stdout io.Writer, usage func()) error {
 	if len(paths) == 0 {
 		return usageErr(usage, errors.New("--striped: --path lists no path"))
-	}
-	sizeBytes, err := devbench.ParseBytes(size)
-	if err != nil {
-		return usageErr(usage, fmt.Errorf("--size: %w", err))
-	}
-	var bufferBytes int64
-	if buffer != "" {
-		if bufferBytes, err = devbench.ParseBytes(buffer); err != nil {
-			return usageErr(usage, fmt.Errorf("--buffer: %w", err))
-		}
 	}
 	sizes := make([]int64, len(paths))
 	for i := range sizes {
@@ -130,9 +120,7 @@ func runStriped(paths []string, size, buffer string, asJSON bool, stdout io.Writ
 		return err
 	}
 	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		return writeIndentedJSON(stdout, st)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "path\tread\tseconds\tMB/s\tp50 µs\tp99 µs\t")
@@ -154,11 +142,17 @@ func usageErr(usage func(), err error) error {
 	return fmt.Errorf("%w", err)
 }
 
+// writeIndentedJSON writes v as one indented JSON document (the CLI's
+// --json for a single result).
+func writeIndentedJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 func printRows(w io.Writer, rows []devbench.Row, asJSON bool) error {
 	if asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rows)
+		return writeIndentedJSON(w, rows)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "engine\top\tbs\tqd\tIOPS\tMB/s\tp50 µs\tp99 µs\tCPU s/GiB\tsqpoll CPU s\t")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -55,9 +54,7 @@ func runResweep(args []string, stdout, stderr io.Writer) error {
 	}
 	rows, slo, source := harness.Resweep(log, *sloMs)
 	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rows)
+		return writeIndentedJSON(stdout, rows)
 	}
 	fmt.Fprintf(stdout, "model %s, SLO p90 ≤ %.2f ms (%s); the report used %.2f ms (%s)\n", log.Model, slo, source, log.SLOms, log.SLOSource)
 	if *spreadMs > 0 {
