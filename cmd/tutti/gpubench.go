@@ -461,11 +461,7 @@ func (b *gpuBench) closeFiles() {
 // in destBytes of memory per device (devbench.CeilingInto; 0: devbench's
 // one block per read in flight, 32 MiB).
 func (b *gpuBench) ceiling(destBytes int64) (float64, string) {
-	sizes := b.lay.devBytes()
-	for i := range sizes {
-		sizes[i] = sizes[i] / (1 << 20) * (1 << 20)
-	}
-	rows, errs := devbench.CeilingEachInto(context.Background(), b.paths, sizes, destBytes)
+	rows, errs := devbench.CeilingEachInto(context.Background(), b.paths, b.ceilingSizes(), destBytes)
 	var sum float64
 	var notes []string
 	small := 0
@@ -496,10 +492,7 @@ func (b *gpuBench) stripedCeiling(destBytes int64, skip bool) (float64, string) 
 	if skip {
 		return 0, "(skipped)"
 	}
-	sizes := b.lay.devBytes()
-	for i := range sizes {
-		sizes[i] = sizes[i] / (1 << 20) * (1 << 20)
-	}
+	sizes := b.ceilingSizes()
 	st, err := devbench.CeilingStriped(context.Background(), b.paths, sizes, sizes, destBytes)
 	if err != nil {
 		return 0, "FAILED: " + err.Error()
@@ -510,6 +503,16 @@ func (b *gpuBench) stripedCeiling(destBytes int64, skip bool) (float64, string) 
 	}
 	return st.BytesPerS, fmt.Sprintf("%.2f GB/s (each device its share of the prefix, timed to the slowest; %s; the devices' own rates sum to %.2f)",
 		st.BytesPerS/1e9, strings.Join(notes, ", "), st.SumBytesPerS/1e9)
+}
+
+// ceilingSizes are the bytes the ceilings read on each device: the whole
+// MiBs of the data written there (lay.devBytes).
+func (b *gpuBench) ceilingSizes() []int64 {
+	sizes := b.lay.devBytes()
+	for i := range sizes {
+		sizes[i] = sizes[i] / (1 << 20) * (1 << 20)
+	}
+	return sizes
 }
 
 // meanPositive is the mean of the positive ones of a and b (0 if neither).

@@ -203,11 +203,8 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 		}
 	}
 	for _, bs := range cfg.BlockSizes {
-		if uint32(bs)%t.file.DirectAlign != 0 {
-			return nil, fmt.Errorf("block size %d is not a multiple of %s's O_DIRECT alignment %d", bs, t.path, t.file.DirectAlign)
-		}
-		if int64(bs) > t.sizeBytes {
-			return nil, fmt.Errorf("block size %d exceeds the target size %d", bs, t.sizeBytes)
+		if err := t.fits(bs); err != nil {
+			return nil, err
 		}
 	}
 	var specs []Spec
@@ -307,9 +304,9 @@ func openCeilingTarget(ctx context.Context, path string, sizeBytes int64) (*targ
 		t.close()
 		return nil, err
 	}
-	if uint32(ceilingSpec.BlockBytes)%t.file.DirectAlign != 0 || int64(ceilingSpec.BlockBytes) > t.sizeBytes {
+	if err := t.fits(ceilingSpec.BlockBytes); err != nil {
 		t.close()
-		return nil, fmt.Errorf("%s: 1 MiB reads do not fit (O_DIRECT alignment %d, size %d)", path, t.file.DirectAlign, t.sizeBytes)
+		return nil, err
 	}
 	return t, nil
 }

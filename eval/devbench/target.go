@@ -140,6 +140,18 @@ func (t *target) close() error {
 	return err
 }
 
+// fits reports whether I/Os of bs bytes can be made on t: a multiple of its
+// O_DIRECT alignment, within its measured range.
+func (t *target) fits(bs int) error {
+	if uint32(bs)%t.file.DirectAlign != 0 {
+		return fmt.Errorf("block size %d is not a multiple of %s's O_DIRECT alignment %d", bs, t.path, t.file.DirectAlign)
+	}
+	if int64(bs) > t.sizeBytes {
+		return fmt.Errorf("block size %d exceeds the target size %d", bs, t.sizeBytes)
+	}
+	return nil
+}
+
 // errHoles is a target whose measured range is not all written: a read of a
 // hole never reaches the medium (on a loop device over a sparse file in
 // /dev/shm it is a memset, 3× the bytes/s of a read of data on the dev VM).
