@@ -95,8 +95,9 @@ type Config struct {
 	// GPUIOWindow bounds the GPU ring's reads in flight (kernels'
 	// IOWindow); the ring's queue is sized to hold it. Zero: QueueDepth.
 	// Size it to the devices (gpubench: half of each device's nr_requests,
-	// at most 128 each; or GPUReadsFromDevices): a read that finds no free
-	// request tag goes to an io-wq worker.
+	// at most 128 each, in all at most the smallest nr_requests; or
+	// GPUReadsFromDevices): a read that finds no free request tag goes to
+	// an io-wq worker.
 	GPUIOWindow int
 	// GPUMaxIOBytes is the GPU path's largest read, a multiple of 4096 of
 	// at most 16 MiB: the largest read the devices take unsplit
@@ -108,11 +109,11 @@ type Config struct {
 	GPULookahead int
 	// GPUReadsFromDevices sizes GPUIOWindow, GPUMaxIOBytes and
 	// GPULookahead that are 0 to the disks under Dirs at Open
-	// (DeviceSizedGPUReads: per directory half of nr_requests up to 128,
-	// the largest read max_sectors_kb allows up to 4 MiB, one layer per
-	// directory from 2 to 8), instead of the defaults above; values set
-	// here win. A disk that does not say counts as a 128-deep queue taking
-	// 1 MiB reads. Stats.GPUReads says what was used and what could not be
+	// (DeviceSizedGPUReads: per directory half of nr_requests up to 128, in
+	// all at most the smallest nr_requests; the largest read max_sectors_kb
+	// allows up to 4 MiB; one layer per directory from 2 to 8), instead of
+	// the defaults above; values set here win. A disk that does not say
+	// adds 128 to the window and counts as taking 1 MiB reads. Stats.GPUReads says what was used and what could not be
 	// read. Off by default: the defaults are what the GPU path was measured
 	// with; a larger lookahead costs lookahead+3 layer slots of GPU staging.
 	GPUReadsFromDevices bool

@@ -13,18 +13,20 @@ import (
 // GPUMaxIOBytes and GPULookahead.
 type GPUReads struct {
 	// Window is the reads in flight over all directories: per directory
-	// half of its disk's nr_requests, at least 8 and at most 128; at most
-	// 1024 in all. Two directories on one disk count twice. Why half: a
-	// nonblocking read that finds no free request tag goes to an io-wq
-	// worker (CPU, and slower). On the H200's loop devices (nr_requests
-	// 128) a window of 128 per device put about half of the process's CPU
-	// time in io-wq workers; 3/4 (96) still started 25-50 of them when one
-	// submission batch spanned several devices (why is not established; one
-	// suspect is the batch of request tags a plugged submission takes per
-	// device). On the dev VM, one ring over two loop devices, 72 per device
-	// started 12 workers and 64 none, at the highest bytes/s of any window;
-	// on the H200 a few still start now and then at 64 (BENCHMARKS.md,
-	// kernels, Session 5).
+	// half of its disk's nr_requests, at least 8 and at most 128, summed;
+	// then at most the smallest nr_requests of them all, and at most 1024.
+	// Two directories on one disk count twice. Why half: a nonblocking read
+	// that finds no free request tag goes to an io-wq worker (CPU, and
+	// slower). On the H200's loop devices (nr_requests 128) a window of 128
+	// per device put about half of the process's CPU time in io-wq workers;
+	// 3/4 (96) still started 25-50 of them when one submission batch spanned
+	// several devices (why is not established; one suspect is the batch of
+	// request tags a plugged submission takes per device). Why the smallest
+	// queue: the GPU issues in layer order, so the window does not spread
+	// evenly and one device may hold most of it for a while. On 4 loops, 256
+	// in all (64 each) started io-wq workers in most rounds and lost up to a
+	// fifth of the bytes/s; 128 in all started none in 12 of 12 rounds, at
+	// half the CPU per GiB (BENCHMARKS.md, kernels, Sessions 6 and 7).
 	Window int
 	// MaxIOBytes is the largest read every directory's disk takes unsplit
 	// (blockdev.MaxReadBytes: 1 MiB on a loop device, 4 MiB on a virtio
@@ -56,19 +58,21 @@ const (
 // DeviceSizedGPUReads sizes the GPU path's reads to the disks under dirs
 // (blockdev.QueueDepth and MaxReadBytes, read from sysfs now). A directory
 // not created yet is asked about through its nearest existing parent (Open
-// creates it there). It never fails: a disk that does not say counts as a
-// 128-deep queue taking 1 MiB reads, and Unread says which and why. No
-// directories: the values for one unknown device.
+// creates it there). It never fails: a disk that does not say adds 128
+// reads to the window (and no queue to stay within) and counts as taking
+// 1 MiB reads, and Unread says which and why. No directories: the values
+// for one unknown device.
 func DeviceSizedGPUReads(dirs []string) GPUReads {
 	r := GPUReads{MaxIOBytes: gpuMaxReadBytes, Dirs: len(dirs)}
+	depths := make([]int, 0, len(dirs))
 	for _, d := range dirs {
 		p := existingAncestor(d)
 		depth, err := blockdev.QueueDepth(p)
 		if err != nil {
 			r.Unread = append(r.Unread, fmt.Sprintf("window: %v; counting %d for it", err, gpuWindowPerDevice))
-			depth = 1 << 30
+			depth = 1 << 30 // no queue to stay within
 		}
-		r.Window += deviceWindow(depth)
+		depths = append(depths, depth)
 		m, err := blockdev.MaxReadBytes(p)
 		if err != nil {
 			r.Unread = append(r.Unread, fmt.Sprintf("largest read: %v; using %d MiB for it", err, gpuUnknownReadBytes>>20))
@@ -76,18 +80,31 @@ func DeviceSizedGPUReads(dirs []string) GPUReads {
 		}
 		r.MaxIOBytes = min(r.MaxIOBytes, m)
 	}
+	r.Window = windowFor(depths)
 	if len(dirs) == 0 {
 		r.Window, r.MaxIOBytes = gpuWindowPerDevice, gpuUnknownReadBytes
 	}
-	r.Window = min(r.Window, gpuWindowTotal)
 	r.Lookahead = min(max(gpuLookaheadAtLeast, len(dirs)), gpuLookaheadMax)
 	return r
 }
 
 // deviceWindow is one device's share of the window: half its request
-// queue, gpuWindowMinDevice..gpuWindowPerDevice (GPUReads.Window says why).
+// queue, gpuWindowMinDevice..gpuWindowPerDevice (GPUReads.Window says why;
+// windowFor then caps the sum at the smallest queue).
 func deviceWindow(nrRequests int) int {
 	return min(gpuWindowPerDevice, max(gpuWindowMinDevice, nrRequests/2))
+}
+
+// windowFor is the window over devices with these request queue depths
+// (nr_requests, one per directory): their deviceWindow shares summed, at
+// most the smallest depth and gpuWindowTotal.
+func windowFor(nrRequests []int) int {
+	sum, smallest := 0, gpuWindowTotal
+	for _, n := range nrRequests {
+		sum += deviceWindow(n)
+		smallest = min(smallest, n)
+	}
+	return min(sum, smallest)
 }
 
 // Explicit returns r with each of window, maxIOBytes and lookahead that is

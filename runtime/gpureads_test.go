@@ -17,9 +17,10 @@ import (
 func TestDeviceSizedGPUReads(t *testing.T) {
 	tmp := t.TempDir()
 	perDisk, diskRead := 128, 1<<20 // what an unknown device counts as
+	diskQueue := 1 << 30            // ... and its queue: none to stay within
 	onDisk := true
 	if d, err := blockdev.QueueDepth(tmp); err == nil {
-		perDisk = deviceWindow(d)
+		perDisk, diskQueue = deviceWindow(d), d
 		m, err := blockdev.MaxReadBytes(tmp)
 		if err != nil {
 			t.Fatal(err)
@@ -47,9 +48,9 @@ func TestDeviceSizedGPUReads(t *testing.T) {
 		{"none", nil, 128, 1 << 20, 2, 0},
 		{"one disk", []string{tmp}, perDisk, diskRead, 2, 0},
 		{"not created yet: its parent's disk", []string{notYet}, perDisk, diskRead, 2, 0},
-		{"four on one disk count four times", []string{tmp, tmp, tmp, tmp}, 4 * perDisk, diskRead, 4, 0},
+		{"four on one disk count four times, within its queue", []string{tmp, tmp, tmp, tmp}, min(4*perDisk, diskQueue, 1024), diskRead, 4, 0},
 		{"unknown device", []string{"/proc"}, 128, 1 << 20, 2, 2},
-		{"disk and unknown: smallest read", []string{tmp, "/proc"}, perDisk + 128, min(diskRead, 1<<20), 2, 2},
+		{"disk and unknown: smallest read", []string{tmp, "/proc"}, min(perDisk+128, diskQueue), min(diskRead, 1<<20), 2, 2},
 		{"window at most 1024, lookahead at most 8", procs(10), 1024, 1 << 20, 8, 20},
 	} {
 		if !onDisk && tc.unread == 0 && len(tc.dirs) > 0 {
@@ -149,6 +150,28 @@ func TestOpenGPUReadsFromDevices(t *testing.T) {
 		}
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestWindowFor: the shares summed, within the smallest request queue.
+func TestWindowFor(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		nrRequests []int
+		want       int
+	}{
+		{"one loop device", []int{128}, 64},
+		{"four loop devices: one may hold the whole window", []int{128, 128, 128, 128}, 128},
+		{"a virtio disk", []int{256}, 128},
+		{"two on one virtio disk", []int{256, 256}, 256},
+		{"a shallow device caps a deep one", []int{1023, 32}, 32},
+		{"eight NVMe drives", []int{1023, 1023, 1023, 1023, 1023, 1023, 1023, 1023}, 1023},
+		{"nine unknown devices: at most 1024", []int{1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30}, 1024},
+		{"unknown and a loop device", []int{1 << 30, 128}, 128},
+	} {
+		if got := windowFor(tc.nrRequests); got != tc.want {
+			t.Errorf("%s: windowFor(%v) = %d, want %d", tc.name, tc.nrRequests, got, tc.want)
 		}
 	}
 }

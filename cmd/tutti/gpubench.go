@@ -113,7 +113,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	pathList := fs.String("paths", "gpu,gpu-kick,uring,per-block,cufile,cufile-compat,page-cache,dram,gpu", "paths to run, in order")
 	maxIO := fs.Int("max-io", 0, "largest read of the object paths, bytes (0: the largest read every device takes without a split, from its max_sectors_kb, 1 MiB if unknown, at most 4 MiB)")
 	qd := fs.Int("qd", 64, "queue depth of the CPU-issued paths")
-	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: per device half its block queue depth (nr_requests), 8..128, at most 1024 in all)")
+	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: per device half its block queue depth (nr_requests), 8..128; in all at most the smallest nr_requests and 1024)")
 	lookahead := fs.Int("lookahead", 0, "GPU path: layers in flight beyond the one waited for (0: enough layers to fill the window with reads, at least the number of devices and 2, at most 16)")
 	idleMs := fs.Uint("sqpoll-idle-ms", 50, "GPU path: SQPOLL thread idle time before it sleeps")
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")

@@ -142,13 +142,13 @@ class Store:
         ``gpu_io_window``, ``gpu_max_io_bytes`` and ``gpu_lookahead`` size the
         GPU path's reads (0: queue_depth, 1 MiB, 1); `tutti gpubench` sizes
         them to the devices: half of each device's nr_requests (at most 128
-        each), the largest read its max_sectors_kb allows, and enough layers
+        each), in all at most the smallest nr_requests, the largest read its max_sectors_kb allows, and enough layers
         to fill the window. ``gpu_reads_from_devices`` (the
         TUTTI_GPU_READS_FROM_DEVICES flag) has the library size those left 0
         to the disks under ``dirs`` at open (per dir half of nr_requests up
-        to 128, the largest unsplit read up to 4 MiB, one layer per dir from
-        2 to 8; a disk that does not say counts as 128 deep with 1 MiB
-        reads); :meth:`gpu_reads` says what was used."""
+        to 128, in all at most the smallest nr_requests, the largest unsplit read up to 4 MiB, one layer per dir from
+        2 to 8; a disk that does not say adds 128 to the window and
+        counts as taking 1 MiB reads); :meth:`gpu_reads` says what was used."""
         if layout not in _LAYOUTS:
             raise ValueError(f"layout = {layout!r}, want one of {sorted(_LAYOUTS)}")
         if path not in _PATHS:
