@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+)
+
+// gpubench-pool: the rounds of several gpubench calls, pooled. On the GPU
+// machine a call may land on a fresh host, and which of two paths that both
+// run near the ceiling comes out ahead changed from host to host (Session 7:
+// the GPU path led path (a) in every 70B round of runs 30, 31 and 34 and in 3
+// of 14 of runs 32 and 33). One call's median then says more about its host
+// than about the paths; the pool of every call's rounds, and the ratio of two
+// paths within each round (same host, same minute), is what a decision
+// between them rests on.
+
+func init() {
+	register("gpubench-pool", "pool the per-round results of several gpubench --json files: medians, ranges and per-round ratios between paths", runGPUBenchPool)
+}
+
+// Limits on what gpubench-pool reads: gpubench writes one line per path of
+// a few KiB.
+const (
+	poolMaxLineBytes = 1 << 20
+	poolMaxRows      = 100000
+)
+
+// poolRow is one path's rounds in one gpubench file.
+type poolRow struct {
+	file string
+	row  benchRow
+	// rounds are the per-round values, or the row's own values as one round
+	// when it has none (a file from before --rounds).
+	bytesPerS, ceilFrac, cpu []float64
+}
+
+// readBenchRows parses gpubench --json output: one JSON object per line,
+// blank lines skipped. An error names the line. A row that failed (error
+// set) is kept: the pool counts it and leaves its numbers out.
+func readBenchRows(r io.Reader, name string) ([]poolRow, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), poolMaxLineBytes)
+	var out []poolRow
+	for line := 1; sc.Scan(); line++ {
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		if len(out) == poolMaxRows {
+			return nil, fmt.Errorf("%s:%d: more than %d rows", name, line, poolMaxRows)
+		}
+		var row benchRow
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&row); err != nil {
+			return nil, fmt.Errorf("%s:%d: not a gpubench row: %w", name, line, err)
+		}
+		if dec.More() {
+			return nil, fmt.Errorf("%s:%d: more than one JSON value on the line", name, line)
+		}
+		if row.Path == "" {
+			return nil, fmt.Errorf("%s:%d: a row without a path", name, line)
+		}
+		p := poolRow{file: name, row: row}
+		pr := row.PerRound
+		switch {
+		case len(pr.BytesPerS) == 0:
+			p.bytesPerS, p.ceilFrac, p.cpu = []float64{row.BytesPerS}, []float64{row.CeilingFraction}, []float64{row.CPUSPerGiB}
+		case len(pr.CeilingFraction) != len(pr.BytesPerS) || len(pr.CPUSPerGiB) != len(pr.BytesPerS):
+			return nil, fmt.Errorf("%s:%d: path %q: %d rounds of bytes/s, %d of ceiling fraction, %d of CPU s/GiB",
+				name, line, row.Path, len(pr.BytesPerS), len(pr.CeilingFraction), len(pr.CPUSPerGiB))
+		default:
+			p.bytesPerS, p.ceilFrac, p.cpu = pr.BytesPerS, pr.CeilingFraction, pr.CPUSPerGiB
+		}
+		out = append(out, p)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", name, err)
+	}
+	return out, nil
+}
+
+// pooled is one (model, storage, path) over every file that ran it.
+type pooled struct {
+	Model      string  `json:"model"`
+	Storage    string  `json:"storage"`
+	Path       string  `json:"path"`
+	Files      int     `json:"files"`
+	Rounds     int     `json:"rounds"`
+	Failed     int     `json:"failed_files,omitempty"` // files where the path failed; their rounds are left out
+	Mismatches uint64  `json:"verify_mismatches"`
+	BytesPerS  float64 `json:"bytes_per_s_median"`
+	CeilFrac   float64 `json:"ceiling_fraction_median"`
+	CeilMin    float64 `json:"ceiling_fraction_min"`
+	CeilMax    float64 `json:"ceiling_fraction_max"`
+	CPUSPerGiB float64 `json:"cpu_s_per_gib_median"`
+	// Against the --vs path, round by round in the files that ran both:
+	// this path's bytes/s over the other's.
+	Vs        string  `json:"vs,omitempty"`
+	VsRounds  int     `json:"vs_rounds,omitempty"`
+	VsRatio   float64 `json:"vs_ratio_median,omitempty"`
+	VsAhead   int     `json:"vs_rounds_ahead,omitempty"` // rounds with a ratio of at least 1
+	VsRatioLo float64 `json:"vs_ratio_min,omitempty"`
+	VsRatioHi float64 `json:"vs_ratio_max,omitempty"`
+	// The pooled median CPU s/GiB over that of the --cpu-vs path (files that
+	// ran both).
+	CPUVs    string  `json:"cpu_vs,omitempty"`
+	CPURatio float64 `json:"cpu_ratio,omitempty"`
+}
+
+type poolKey struct{ model, storage, path string }
+
+// poolRows pools rows by (model, storage, path), in the order each first
+// appears. vs and cpuVs pick a path of the same model and storage by the
+// start of its name ("" = none); a path is not compared with itself. The
+// ratio against vs pairs round k of a file with round k of the same file
+// (gpubench runs every path in every round, in a rotated order).
+func poolRows(rows []poolRow, vs, cpuVs string) ([]pooled, error) {
+	var order []poolKey
+	groups := map[poolKey][]poolRow{}
+	for _, r := range rows {
+		k := poolKey{r.row.Model, r.row.Storage, r.row.Path}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	find := func(k poolKey, prefix, file string) (poolRow, bool, error) {
+		var hit poolRow
+		n := 0
+		for _, o := range order {
+			if o.model != k.model || o.storage != k.storage || o.path == k.path || !strings.HasPrefix(o.path, prefix) {
+				continue
+			}
+			for _, r := range groups[o] {
+				if r.file == file {
+					hit, n = r, n+1
+				}
+			}
+		}
+		if n > 1 {
+			return poolRow{}, false, fmt.Errorf("%s: %d paths start with %q for %s on %q; name one", file, n, prefix, k.model, k.storage)
+		}
+		return hit, n == 1, nil
+	}
+	out := make([]pooled, 0, len(order))
+	for _, k := range order {
+		p := pooled{Model: k.model, Storage: k.storage, Path: k.path}
+		var bps, frac, cpu, ratios, cpuOwn, cpuOther []float64
+		for _, r := range groups[k] {
+			p.Files++
+			p.Mismatches += r.row.Mismatches
+			if r.row.Error != "" {
+				p.Failed++
+				continue
+			}
+			bps = append(bps, r.bytesPerS...)
+			frac = append(frac, r.ceilFrac...)
+			cpu = append(cpu, r.cpu...)
+			if vs != "" {
+				o, ok, err := find(k, vs, r.file)
+				if err != nil {
+					return nil, err
+				}
+				if ok && o.row.Error == "" {
+					if len(o.bytesPerS) != len(r.bytesPerS) {
+						return nil, fmt.Errorf("%s: %q ran %d rounds, %q %d", r.file, k.path, len(r.bytesPerS), o.row.Path, len(o.bytesPerS))
+					}
+					p.Vs = o.row.Path
+					for i, b := range r.bytesPerS {
+						if o.bytesPerS[i] > 0 {
+							ratios = append(ratios, b/o.bytesPerS[i])
+						}
+					}
+				}
+			}
+			if cpuVs != "" {
+				o, ok, err := find(k, cpuVs, r.file)
+				if err != nil {
+					return nil, err
+				}
+				if ok && o.row.Error == "" {
+					p.CPUVs = o.row.Path
+					cpuOwn = append(cpuOwn, r.cpu...)
+					cpuOther = append(cpuOther, o.cpu...)
+				}
+			}
+		}
+		p.Rounds = len(bps)
+		if p.Rounds > 0 {
+			p.BytesPerS, p.CeilFrac, p.CPUSPerGiB = median(bps), median(frac), median(cpu)
+			p.CeilMin, p.CeilMax = minMax(frac)
+		}
+		if len(ratios) > 0 {
+			p.VsRounds, p.VsRatio = len(ratios), median(ratios)
+			p.VsRatioLo, p.VsRatioHi = minMax(ratios)
+			for _, x := range ratios {
+				if x >= 1 {
+					p.VsAhead++
+				}
+			}
+		}
+		if len(cpuOther) > 0 {
+			if m := median(cpuOther); m > 0 {
+				p.CPURatio = median(cpuOwn) / m
+			}
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func minMax(v []float64) (lo, hi float64) {
+	lo, hi = v[0], v[0]
+	for _, x := range v[1:] {
+		lo, hi = min(lo, x), max(hi, x)
+	}
+	return lo, hi
+}
+
+func runGPUBenchPool(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("gpubench-pool", stderr)
+	vs := fs.String("vs", "(a)", "compare each path's bytes/s, round by round, with the path of the same file, model and storage whose name starts with this ('' = none)")
+	cpuVs := fs.String("cpu-vs", "(b)", "report each path's pooled median CPU s/GiB over that of the path whose name starts with this ('' = none)")
+	asJSON := fs.Bool("json", false, "write the pooled rows as JSON")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tutti gpubench-pool [flags] FILE... (gpubench --json outputs)")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errors.New("gpubench-pool: no files")
+	}
+	var rows []poolRow
+	for _, name := range fs.Args() {
+		f, err := os.Open(name)
+		if err != nil {
+			return err
+		}
+		rs, err := readBenchRows(f, name)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		rows = append(rows, rs...)
+	}
+	out, err := poolRows(rows, *vs, *cpuVs)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeIndentedJSON(stdout, out)
+	}
+	printPooled(stdout, out)
+	return nil
+}
+
+func printPooled(w io.Writer, out []pooled) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "model\tstorage\tpath\tfiles\trounds\tGB/s\tx ceil\tx ceil range\tCPU s/GiB\tvs\tahead\tvs range\tCPU ratio\tmismatch")
+	for _, p := range out {
+		vsCell, ahead, rng, cpuCell := "-", "-", "-", "-"
+		if p.VsRounds > 0 {
+			vsCell = fmt.Sprintf("%.3f", p.VsRatio)
+			ahead = fmt.Sprintf("%d of %d", p.VsAhead, p.VsRounds)
+			rng = fmt.Sprintf("%.3f-%.3f", p.VsRatioLo, p.VsRatioHi)
+		}
+		if p.CPURatio > 0 {
+			cpuCell = fmt.Sprintf("%.3f", p.CPURatio)
+		}
+		files := fmt.Sprint(p.Files)
+		if p.Failed > 0 {
+			files = fmt.Sprintf("%d (%d failed)", p.Files, p.Failed)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.2f\t%.3f\t%.3f-%.3f\t%.4f\t%s\t%s\t%s\t%s\t%d\n",
+			p.Model, p.Storage, shortPath(p.Path), files, p.Rounds, p.BytesPerS/1e9, p.CeilFrac, p.CeilMin, p.CeilMax, p.CPUSPerGiB, vsCell, ahead, rng, cpuCell, p.Mismatches)
+	}
+	tw.Flush()
+	var names []string
+	seen := map[string]bool{}
+	for _, p := range out {
+		for _, n := range []string{p.Vs, p.CPUVs} {
+			if n != "" && !seen[n] {
+				seen[n] = true
+				names = append(names, n)
+			}
+		}
+	}
+	if len(names) > 0 {
+		fmt.Fprintf(w, "vs: the median over rounds of bytes/s over the compared path's in the same round; ahead: rounds at 1 or more. CPU ratio: pooled median CPU s/GiB over the compared path's. Compared paths: %s\n", strings.Join(names, "; "))
+	}
+}
+
+// shortPath is a path's name up to its first " (" detail, for the table.
+func shortPath(p string) string {
+	if i := strings.Index(p, " ("); i > 0 && !strings.HasPrefix(p, "(") {
+		return p[:i]
+	}
+	return p
+}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const (
+	poolGPU = "gpu-driven (kick, no SQPOLL)"
+	poolA   = "(a) uring -> staging -> scatter"
+	poolB   = "(b) per-block (page x layer)"
+)
+
+// poolLine is one gpubench --json line with per-round values.
+func poolLine(t *testing.T, model, path string, bps, frac, cpu []float64, mism uint64, errText string) string {
+	t.Helper()
+	r := benchRow{Path: path, Storage: "loops", Model: model, Mismatches: mism, Error: errText, Rounds: len(bps),
+		PerRound: roundStats{BytesPerS: bps, CeilingFraction: frac, CPUSPerGiB: cpu}}
+	if len(bps) > 0 {
+		r.BytesPerS, r.CeilingFraction, r.CPUSPerGiB = median(bps), median(frac), median(cpu)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestReadBenchRows(t *testing.T) {
+	ok := poolLine(t, "m", poolGPU, []float64{1, 2, 3}, []float64{.9, .95, 1}, []float64{.1, .2, .3}, 0, "")
+	for _, tc := range []struct {
+		name, in string
+		rows     int
+		rounds   []int  // per row
+		err      string // substring; "" = no error
+	}{
+		{"one row, three rounds", ok + "\n", 1, []int{3}, ""},
+		{"blank lines skipped", "\n" + ok + "\n\n" + ok, 2, []int{3, 3}, ""},
+		{"a row from before --rounds counts as one round", `{"path":"x","bytes_per_s":5,"ceiling_fraction":0.5,"cpu_s_per_gib":0.1}`, 1, []int{1}, ""},
+		{"not JSON", ok + "\n{\"path\":", 0, nil, "f.json:2: not a gpubench row"},
+		{"unknown field", `{"path":"x","bytes_per_sec":5}`, 0, nil, "f.json:1: not a gpubench row"},
+		{"no path", `{"bytes_per_s":5}`, 0, nil, "f.json:1: a row without a path"},
+		{"two values on a line", `{"path":"x"} {"path":"y"}`, 0, nil, "f.json:1: more than one JSON value"},
+		{"rounds of unequal length", `{"path":"x","per_round":{"bytes_per_s_rounds":[1,2],"ceiling_fraction_rounds":[1],"cpu_s_per_gib_rounds":[1,2]}}`,
+			0, nil, `f.json:1: path "x": 2 rounds of bytes/s, 1 of ceiling fraction, 2 of CPU s/GiB`},
+	} {
+		rows, err := readBenchRows(strings.NewReader(tc.in), "f.json")
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want one containing %q", tc.name, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if len(rows) != tc.rows {
+			t.Errorf("%s: %d rows, want %d", tc.name, len(rows), tc.rows)
+			continue
+		}
+		for i, r := range rows {
+			if len(r.bytesPerS) != tc.rounds[i] || len(r.ceilFrac) != tc.rounds[i] || len(r.cpu) != tc.rounds[i] {
+				t.Errorf("%s: row %d has %d/%d/%d rounds, want %d", tc.name, i, len(r.bytesPerS), len(r.ceilFrac), len(r.cpu), tc.rounds[i])
+			}
+		}
+	}
+}
+
+func TestPoolRows(t *testing.T) {
+	// Two files (two hosts): on the first the GPU path leads (a) in every
+	// round, on the second it trails in two of three.
+	f1 := strings.Join([]string{
+		poolLine(t, "70b", poolGPU, []float64{12, 11, 13}, []float64{.97, .96, .99}, []float64{.004, .004, .005}, 0, ""),
+		poolLine(t, "70b", poolA, []float64{10, 10, 12}, []float64{.90, .91, .92}, []float64{.02, .02, .02}, 0, ""),
+		poolLine(t, "70b", poolB, []float64{4, 4, 4}, []float64{.3, .3, .3}, []float64{.05, .05, .05}, 0, ""),
+	}, "\n")
+	f2 := strings.Join([]string{
+		poolLine(t, "70b", poolGPU, []float64{9, 14, 10}, []float64{.90, 1.01, .92}, []float64{.003, .003, .003}, 2, ""),
+		poolLine(t, "70b", poolA, []float64{10, 12, 11}, []float64{.95, .96, .97}, []float64{.01, .01, .01}, 0, ""),
+		poolLine(t, "mla", poolGPU, []float64{5}, []float64{.5}, []float64{.1}, 0, ""),
+		poolLine(t, "70b", poolB, nil, nil, nil, 0, "open: no such file"),
+	}, "\n")
+	var rows []poolRow
+	for name, in := range map[string]string{"one.json": f1, "two.json": f2} {
+		rs, err := readBenchRows(strings.NewReader(in), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, rs...)
+	}
+	out, err := poolRows(rows, "(a)", "(b)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]pooled{}
+	for _, p := range out {
+		got[p.Model+"/"+p.Path] = p
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	g := got["70b/"+poolGPU]
+	// Six rounds; the median is the lower middle of an even count, as
+	// gpubench's own.
+	if g.Files != 2 || g.Rounds != 6 || g.Mismatches != 2 || !near(g.BytesPerS, 11) || !near(g.CeilFrac, .96) ||
+		!near(g.CeilMin, .90) || !near(g.CeilMax, 1.01) || !near(g.CPUSPerGiB, .003) {
+		t.Errorf("GPU pooled %+v", g)
+	}
+	// Ratios per round: 1.2 1.1 1.0833 | 0.9 1.1667 0.9091; ahead 4 of 6.
+	if g.Vs != poolA || g.VsRounds != 6 || g.VsAhead != 4 || !near(g.VsRatio, 13.0/12) || !near(g.VsRatioLo, .9) || !near(g.VsRatioHi, 1.2) {
+		t.Errorf("GPU against (a): %+v", g)
+	}
+	// (b) failed in file two: only file one's CPU counts, against file
+	// one's GPU rounds: median .004 over .05.
+	if g.CPUVs != poolB || !near(g.CPURatio, .004/.05) {
+		t.Errorf("GPU CPU ratio: %+v", g)
+	}
+	b := got["70b/"+poolB]
+	if b.Files != 2 || b.Failed != 1 || b.Rounds != 3 {
+		t.Errorf("a failed file's rounds are left out and counted: %+v", b)
+	}
+	a := got["70b/"+poolA]
+	if a.VsRounds != 0 || a.Vs != "" {
+		t.Errorf("a path compared with itself: %+v", a)
+	}
+	if m := got["mla/"+poolGPU]; m.Rounds != 1 || m.VsRounds != 0 || m.CPURatio != 0 {
+		t.Errorf("a model is compared only with its own paths: %+v", m)
+	}
+
+	for _, tc := range []struct {
+		name, vs, err string
+	}{
+		{"a prefix two paths share", "(", `paths start with "("`},
+	} {
+		if _, err := poolRows(rows, tc.vs, ""); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: error %v, want %q", tc.name, err, tc.err)
+		}
+	}
+	short := strings.Join([]string{
+		poolLine(t, "70b", poolGPU, []float64{1, 2}, []float64{1, 1}, []float64{1, 1}, 0, ""),
+		poolLine(t, "70b", poolA, []float64{1}, []float64{1}, []float64{1}, 0, ""),
+	}, "\n")
+	rs, err := readBenchRows(strings.NewReader(short), "short.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := poolRows(rs, "(a)", ""); err == nil || !strings.Contains(err.Error(), "ran 2 rounds") {
+		t.Errorf("rounds that cannot be paired: error %v", err)
+	}
+}
+
+func TestGPUBenchPoolCommand(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "g1.json")
+	in := poolLine(t, "70b", poolGPU, []float64{12e9, 11e9}, []float64{.97, .96}, []float64{.004, .004}, 0, "") + "\n" +
+		poolLine(t, "70b", poolA, []float64{10e9, 12e9}, []float64{.90, .91}, []float64{.02, .02}, 0, "") + "\n"
+	if err := os.WriteFile(p, []byte(in), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if err := runGPUBenchPool([]string{p}, &out, &errb); err != nil {
+		t.Fatalf("%v: %s", err, errb.String())
+	}
+	for _, want := range []string{"gpu-driven ", "1 of 2", "0.917-1.200", "Compared paths: (a) uring -> staging -> scatter"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if err := runGPUBenchPool([]string{"--json", p}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	var rows []pooled
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil || len(rows) != 2 || rows[0].VsRounds != 2 {
+		t.Errorf("--json: %v %+v", err, rows)
+	}
+	if err := runGPUBenchPool(nil, &out, &errb); err == nil {
+		t.Error("no files: no error")
+	}
+	if err := runGPUBenchPool([]string{filepath.Join(dir, "missing.json")}, &out, &errb); err == nil {
+		t.Error("a missing file: no error")
+	}
+}
+
+// FuzzReadBenchRows: any input gives rows or an error, never a panic; rows
+// always have a path and as many rounds of each value.
+func FuzzReadBenchRows(f *testing.F) {
+	f.Add(`{"path":"x","per_round":{"bytes_per_s_rounds":[1,2],"ceiling_fraction_rounds":[1,1],"cpu_s_per_gib_rounds":[1,2]}}`)
+	f.Add("\n\n{\"path\":\"y\",\"bytes_per_s\":3}\n")
+	f.Add(`{"path":"x"} {"path":"y"}`)
+	f.Add(`{"path":1}`)
+	f.Fuzz(func(t *testing.T, in string) {
+		rows, err := readBenchRows(strings.NewReader(in), "fuzz")
+		if err != nil {
+			return
+		}
+		for _, r := range rows {
+			if r.row.Path == "" || len(r.bytesPerS) == 0 || len(r.ceilFrac) != len(r.bytesPerS) || len(r.cpu) != len(r.bytesPerS) {
+				t.Fatalf("row %+v from %q", r, in)
+			}
+		}
+	})
+}
