@@ -49,8 +49,9 @@ type Config struct {
 	// GPU, when set (SetupCompute), runs each request's prefill GEMMs on the
 	// GPU next to its restore and its measured layer times replace Compute's.
 	GPU *GPUCompute
-	// CeilingBytes is the size of the devbench ceiling file; 0 = 256 MiB,
-	// negative = do not measure a ceiling.
+	// CeilingBytes is the size of the devbench ceiling file, one in each
+	// store root (ceilingAcross); 0 = 256 MiB, negative = do not measure a
+	// ceiling.
 	CeilingBytes int64
 	// Progress, if set, is called after each request of each backend.
 	Progress func(backend string, done, total int)
@@ -76,7 +77,8 @@ type BackendResult struct {
 	MaxRateAtSLO            float64 `json:"max_rate_at_slo"`
 	MaxRateIsLowerBound     bool    `json:"max_rate_is_lower_bound,omitempty"` // the SLO held at every rate tried
 	BytesPerS               float64 `json:"bytes_per_s"`
-	CeilingFraction         float64 `json:"ceiling_fraction"`
+	CeilingFraction         float64 `json:"ceiling_fraction"`     // of Result.CeilingBytesPS (striped)
+	CeilingSumFraction      float64 `json:"ceiling_sum_fraction"` // of Result.CeilingSumBytesPS
 	CPUSPerGiB              float64 `json:"cpu_s_per_gib"`
 	DeviceReadBytes         uint64  `json:"device_read_bytes"`
 	DeviceBytesSource       string  `json:"device_bytes_source"`
@@ -144,10 +146,16 @@ type Result struct {
 	KVMemoryBytes  int64
 	SLOms          float64
 	SLOSource      string
-	CeilingBytesPS float64
-	CeilingNote    string
-	ComputeModel   string
-	Backends       []BackendResult
+	// CeilingBytesPS is the device ceiling every backend's ceiling_fraction
+	// is over: devbench's over the store roots as one striped array (all
+	// bytes over the slowest root's time); CeilingSumBytesPS the roots' own
+	// ceilings measured at the same time, summed. With one root both are
+	// the one measurement. 0: not measured (CeilingNote says why).
+	CeilingBytesPS    float64
+	CeilingSumBytesPS float64
+	CeilingNote       string
+	ComputeModel      string
+	Backends          []BackendResult
 	// Warm describes the warm start; nil when none was asked for.
 	Warm    *WarmSummary
 	Started time.Time
@@ -276,11 +284,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if size == 0 {
 			size = 256 << 20
 		}
-		bps, note, err := ceilingAcross(ctx, roots, size)
+		c, err := ceilingAcross(ctx, roots, size)
 		if err != nil {
 			res.CeilingNote = "not measured: " + err.Error()
 		} else {
-			res.CeilingBytesPS, res.CeilingNote = bps, note
+			res.CeilingBytesPS, res.CeilingSumBytesPS, res.CeilingNote = c.stripedBPS, c.sumBPS, c.note
 		}
 	}
 
@@ -566,6 +574,9 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 	}
 	if res.CeilingBytesPS > 0 {
 		br.CeilingFraction = br.BytesPerS / res.CeilingBytesPS
+	}
+	if res.CeilingSumBytesPS > 0 {
+		br.CeilingSumFraction = br.BytesPerS / res.CeilingSumBytesPS
 	}
 	br.CPUSPerGiB = blockstat.CPU{User: loadCPU}.PerGiB(br.RestoredBytes)
 	br.SaveCPUSPerGiB = blockstat.CPU{User: saveCPU}.PerGiB(br.SavedBytes)
