@@ -122,7 +122,7 @@ func WriteJSON(w io.Writer, res *harness.Result) error {
 // sanitize replaces NaN/Inf (no requests, no loads) with 0 so the JSON is valid.
 func sanitize(b harness.BackendResult) harness.BackendResult {
 	for _, p := range []*float64{&b.TTFTmsP50, &b.TTFTmsP90, &b.TTFTmsP99, &b.MaxRateAtSLO, &b.BytesPerS,
-		&b.CeilingFraction, &b.CPUSPerGiB, &b.IOsPerLayerRequestMean, &b.RunsPerRequestMean,
+		&b.CeilingFraction, &b.CeilingSumFraction, &b.CPUSPerGiB, &b.IOsPerLayerRequestMean, &b.RunsPerRequestMean,
 		&b.BlocksPerRequestMean, &b.IOsPerRequestMean, &b.HitRatio, &b.GPUStallMsMean, &b.SaveCPUSPerGiB} {
 		if math.IsNaN(*p) || math.IsInf(*p, 0) {
 			*p = 0
@@ -166,7 +166,9 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	p("| engine KV memory | %s (host, per-layer layout) |\n", mib(res.KVMemoryBytes))
 	p("| compute | %s |\n", res.ComputeModel)
 	p("| TTFT SLO | p90 ≤ %.2f ms (%s) |\n", res.SLOms, res.SLOSource)
-	if res.CeilingBytesPS > 0 {
+	if res.CeilingBytesPS > 0 && len(res.Dirs) > 1 {
+		p("| device ceiling | %s striped, %s summed (%s) |\n", gbps(res.CeilingBytesPS), gbps(res.CeilingSumBytesPS), res.CeilingNote)
+	} else if res.CeilingBytesPS > 0 {
 		p("| device ceiling | %s (%s) |\n", gbps(res.CeilingBytesPS), res.CeilingNote)
 	} else {
 		p("| device ceiling | %s |\n", res.CeilingNote)
@@ -180,8 +182,8 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		"times at scaled arrival rates (max rate: highest rate whose p90 TTFT meets the SLO). Restore GB/s is restored " +
 		"bytes over the summed restore times; CPU s/GiB is process CPU time during restores per GiB restored.\n\n")
 	p("## Results\n\n")
-	p("| backend | TTFT p50 ms | p90 | p99 | max rate at SLO (req/s) | restore GB/s | of ceiling | CPU s/GiB | hit ratio | I/Os per request | GPU stall ms | fallbacks | verify mismatches |\n")
-	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	p("| backend | TTFT p50 ms | p90 | p99 | max rate at SLO (req/s) | restore GB/s | of ceiling | of sum | CPU s/GiB | hit ratio | I/Os per request | GPU stall ms | fallbacks | verify mismatches |\n")
+	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, b := range res.Backends {
 		if b.Skipped != "" {
 			continue
@@ -191,8 +193,8 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		if b.MaxRateIsLowerBound {
 			rate = "≥ " + rate
 		}
-		p("| %s | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.3f | %.3f | %.1f | %.2f | %d | %d |\n",
-			b.Backend, b.TTFTmsP50, b.TTFTmsP90, b.TTFTmsP99, rate, b.BytesPerS/1e9, b.CeilingFraction,
+		p("| %s | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.1f | %.2f | %d | %d |\n",
+			b.Backend, b.TTFTmsP50, b.TTFTmsP90, b.TTFTmsP99, rate, b.BytesPerS/1e9, b.CeilingFraction, b.CeilingSumFraction,
 			b.CPUSPerGiB, b.HitRatio, b.IOsPerRequestMean, b.GPUStallMsMean, b.Fallbacks+b.SaveFallbacks, b.VerifyMismatches)
 	}
 	p("\n### Data path proof\n\n")

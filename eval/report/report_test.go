@@ -71,7 +71,7 @@ func TestWriteReportAndPlots(t *testing.T) {
 	if err := json.Unmarshal(b, &rows); err != nil || len(rows) != 2 {
 		t.Fatalf("json: %v (%d rows)", err, len(rows))
 	}
-	for _, k := range []string{"backend", "ttft_ms_p50", "ttft_ms_p99", "max_rate_at_slo", "bytes_per_s", "ceiling_fraction",
+	for _, k := range []string{"backend", "ttft_ms_p50", "ttft_ms_p99", "max_rate_at_slo", "bytes_per_s", "ceiling_fraction", "ceiling_sum_fraction",
 		"cpu_s_per_gib", "device_read_bytes", "verify_mismatches", "requests", "hit_blocks", "restored_bytes",
 		"ios_per_layer_request_mean", "runs_per_request_mean", "blocks_per_request_mean"} {
 		if _, ok := rows[0][k]; !ok {
