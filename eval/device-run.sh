@@ -76,7 +76,7 @@ finish() {
 	echo "results: $OUT/eval.tgz ($(du -h "$OUT/eval.tgz" 2>/dev/null | cut -f1))"
 	if [ ${#SUMMARIES[@]} -gt 0 ]; then
 		echo
-		echo "== summaries (replay's table: p50/p99 TTFT ms, rate@SLO req/s, restore GB/s, fraction of the devbench ceiling, hit ratio, I/Os per request, CPU s/GiB, verify mismatches)"
+		echo "== summaries (replay's table: p50/p99 TTFT ms, rate@SLO req/s, restore GB/s, fractions of the devbench ceiling: striped over the dirs, and their sum; hit ratio, I/Os per request, CPU s/GiB, verify mismatches)"
 		for s in "${SUMMARIES[@]}"; do
 			echo "-- ${s#*|}"
 			cat "${s%%|*}" 2>/dev/null
