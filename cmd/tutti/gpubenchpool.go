@@ -89,6 +89,7 @@ func readBenchRows(r io.Reader, name string) ([]poolRow, error) {
 
 // pooled is one (model, storage, path) over every file that ran it.
 type pooled struct {
+	File       string  `json:"file,omitempty"` // --by-file: the one file pooled
 	Model      string  `json:"model"`
 	Storage    string  `json:"storage"`
 	Path       string  `json:"path"`
@@ -115,18 +116,21 @@ type pooled struct {
 	CPURatio float64 `json:"cpu_ratio,omitempty"`
 }
 
-type poolKey struct{ model, storage, path string }
+type poolKey struct{ file, model, storage, path string }
 
 // poolRows pools rows by (model, storage, path), in the order each first
-// appears. vs and cpuVs pick a path of the same model and storage by the
+// appears; byFile keeps each file apart (one call, one host). vs and cpuVs pick a path of the same model and storage by the
 // start of its name ("" = none); a path is not compared with itself. The
 // ratio against vs pairs round k of a file with round k of the same file
 // (gpubench runs every path in every round, in a rotated order).
-func poolRows(rows []poolRow, vs, cpuVs string) ([]pooled, error) {
+func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 	var order []poolKey
 	groups := map[poolKey][]poolRow{}
 	for _, r := range rows {
-		k := poolKey{r.row.Model, r.row.Storage, r.row.Path}
+		k := poolKey{"", r.row.Model, r.row.Storage, r.row.Path}
+		if byFile {
+			k.file = r.file
+		}
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
 		}
@@ -152,7 +156,7 @@ func poolRows(rows []poolRow, vs, cpuVs string) ([]pooled, error) {
 	}
 	out := make([]pooled, 0, len(order))
 	for _, k := range order {
-		p := pooled{Model: k.model, Storage: k.storage, Path: k.path}
+		p := pooled{File: k.file, Model: k.model, Storage: k.storage, Path: k.path}
 		var bps, frac, cpu, ratios, cpuOwn, cpuOther []float64
 		for _, r := range groups[k] {
 			p.Files++
@@ -230,6 +234,7 @@ func runGPUBenchPool(args []string, stdout, stderr io.Writer) error {
 	vs := fs.String("vs", "(a)", "compare each path's bytes/s, round by round, with the path of the same file, model and storage whose name starts with this ('' = none)")
 	cpuVs := fs.String("cpu-vs", "(b)", "report each path's pooled median CPU s/GiB over that of the path whose name starts with this ('' = none)")
 	asJSON := fs.Bool("json", false, "write the pooled rows as JSON")
+	byFile := fs.Bool("by-file", false, "one row per file and path instead of pooling the files (a file is one call, often one host)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti gpubench-pool [flags] FILE... (gpubench --json outputs)")
 		fs.PrintDefaults()
@@ -254,7 +259,7 @@ func runGPUBenchPool(args []string, stdout, stderr io.Writer) error {
 		}
 		rows = append(rows, rs...)
 	}
-	out, err := poolRows(rows, *vs, *cpuVs)
+	out, err := poolRows(rows, *vs, *cpuVs, *byFile)
 	if err != nil {
 		return err
 	}
@@ -267,6 +272,10 @@ func runGPUBenchPool(args []string, stdout, stderr io.Writer) error {
 
 func printPooled(w io.Writer, out []pooled) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	byFile := len(out) > 0 && out[0].File != ""
+	if byFile {
+		fmt.Fprint(tw, "file\t")
+	}
 	fmt.Fprintln(tw, "model\tstorage\tpath\tfiles\trounds\tGB/s\tx ceil\tx ceil range\tCPU s/GiB\tvs\tahead\tvs range\tCPU ratio\tmismatch")
 	for _, p := range out {
 		vsCell, ahead, rng, cpuCell := "-", "-", "-", "-"
@@ -281,6 +290,9 @@ func printPooled(w io.Writer, out []pooled) {
 		files := fmt.Sprint(p.Files)
 		if p.Failed > 0 {
 			files = fmt.Sprintf("%d (%d failed)", p.Files, p.Failed)
+		}
+		if byFile {
+			fmt.Fprintf(tw, "%s\t", p.File)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.2f\t%.3f\t%.3f-%.3f\t%.4f\t%s\t%s\t%s\t%s\t%d\n",
 			p.Model, p.Storage, shortPath(p.Path), files, p.Rounds, p.BytesPerS/1e9, p.CeilFrac, p.CeilMin, p.CeilMax, p.CPUSPerGiB, vsCell, ahead, rng, cpuCell, p.Mismatches)

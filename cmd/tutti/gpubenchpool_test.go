@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -94,7 +95,7 @@ func TestPoolRows(t *testing.T) {
 		}
 		rows = append(rows, rs...)
 	}
-	out, err := poolRows(rows, "(a)", "(b)")
+	out, err := poolRows(rows, "(a)", "(b)", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,12 +132,27 @@ func TestPoolRows(t *testing.T) {
 		t.Errorf("a model is compared only with its own paths: %+v", m)
 	}
 
+	// --by-file: each file (host) apart.
+	per, err := poolRows(rows, "(a)", "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := map[string]string{}
+	for _, p := range per {
+		if p.Model == "70b" && p.Path == poolGPU {
+			ahead[p.File] = fmt.Sprintf("%d of %d over %d rounds", p.VsAhead, p.VsRounds, p.Rounds)
+		}
+	}
+	if want := map[string]string{"one.json": "3 of 3 over 3 rounds", "two.json": "1 of 3 over 3 rounds"}; fmt.Sprint(ahead) != fmt.Sprint(want) {
+		t.Errorf("by file: %v, want %v", ahead, want)
+	}
+
 	for _, tc := range []struct {
 		name, vs, err string
 	}{
 		{"a prefix two paths share", "(", `paths start with "("`},
 	} {
-		if _, err := poolRows(rows, tc.vs, ""); err == nil || !strings.Contains(err.Error(), tc.err) {
+		if _, err := poolRows(rows, tc.vs, "", false); err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%s: error %v, want %q", tc.name, err, tc.err)
 		}
 	}
@@ -148,7 +164,7 @@ func TestPoolRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := poolRows(rs, "(a)", ""); err == nil || !strings.Contains(err.Error(), "ran 2 rounds") {
+	if _, err := poolRows(rs, "(a)", "", false); err == nil || !strings.Contains(err.Error(), "ran 2 rounds") {
 		t.Errorf("rounds that cannot be paired: error %v", err)
 	}
 }
