@@ -57,8 +57,15 @@ type benchRow struct {
 	FirstLayerMs         float64 `json:"first_layer_ms"`
 	LayerMsP50           float64 `json:"layer_ms_p50"`
 	LayerMsMax           float64 `json:"layer_ms_max"`
-	Error                string  `json:"error,omitempty"`
-	Note                 string  `json:"note,omitempty"`
+	// IOWQWorkers is how many io_uring io-wq worker threads (iou-wrk-*) of
+	// this process ran during the path, and IOWQCPUS their CPU seconds: a
+	// read the device could not take nonblocking (no free request tag, a
+	// split) went to one. Workers that exited before the path ended are
+	// not counted. Their CPU is also in CPUSPerGiB.
+	IOWQWorkers int     `json:"io_wq_workers"`
+	IOWQCPUS    float64 `json:"io_wq_cpu_s,omitempty"`
+	Error       string  `json:"error,omitempty"`
+	Note        string  `json:"note,omitempty"`
 	// Stripe and RunPages are the data files' layout (--stripe,
 	// --run-pages): "runs" with pages per run, or "layers" with 0.
 	Stripe   string `json:"stripe"`
@@ -312,7 +319,8 @@ func rowSummary(r benchRow) string {
 	if r.Error != "" && r.Bytes == 0 {
 		return "error: " + r.Error
 	}
-	return fmt.Sprintf("%.2f GB/s (%.2f of the striped ceiling, %.2f of the sum), %.3f CPU s/GiB, %d I/Os, %d mismatches %s", r.BytesPerS/1e9, r.CeilingFraction, r.CeilingSumFraction, r.CPUSPerGiB, r.IOs, r.Mismatches, r.Note)
+	return fmt.Sprintf("%.2f GB/s (%.2f of the striped ceiling, %.2f of the sum), %.3f CPU s/GiB, %d I/Os, %d mismatches, %d io-wq workers (%.1f ms) %s",
+		r.BytesPerS/1e9, r.CeilingFraction, r.CeilingSumFraction, r.CPUSPerGiB, r.IOs, r.Mismatches, r.IOWQWorkers, r.IOWQCPUS*1e3, r.Note)
 }
 
 func printTable(w io.Writer, rows []benchRow) {
@@ -539,9 +547,19 @@ func (b *gpuBench) ceilingDestBytes() int64 {
 }
 
 type cpuMark struct {
-	ru     time.Duration
-	sqpoll time.Duration
-	t      time.Time
+	ru      time.Duration
+	sqpoll  time.Duration
+	t       time.Time
+	threads threadCPU // start only: each thread's CPU, read before the clock starts
+}
+
+// start marks a path's start: the threads' CPU first (reading them is not
+// timed), then mark.
+func (b *gpuBench) start() cpuMark {
+	th := readThreadCPU()
+	m := b.mark()
+	m.threads = th
+	return m
 }
 
 func (b *gpuBench) mark() cpuMark {
@@ -566,6 +584,10 @@ func (b *gpuBench) finish(row *benchRow, m0 cpuMark, ios int64) {
 	row.CPUSPerGiB = (m1.ru - m0.ru).Seconds() / gib
 	row.SQPollCPUS = (m1.sqpoll - m0.sqpoll).Seconds()
 	row.IOs = ios
+	if m0.threads != nil {
+		n, cpu := ioWQDelta(m0.threads, readThreadCPU())
+		row.IOWQWorkers, row.IOWQCPUS = n, cpu.Seconds()
+	}
 }
 
 func layerStats(row *benchRow, doneMs []float64) {
@@ -682,8 +704,7 @@ func (b *gpuBench) gpuRequest() kernels.Request {
 func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	req := b.gpuRequest()
 	wakes0, timeouts0, batch0 := r.Wakeups(), r.WakeTimeouts(), r.BatchTimeouts()
-	threads0 := readThreadCPU()
-	m0 := b.mark()
+	m0 := b.start()
 	x, err := r.Restore(req)
 	if err != nil {
 		return err
@@ -707,7 +728,7 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	} else {
 		row.Note = fmt.Sprintf("%d kicks, %d on the timeout, %d of them the whole batch wait (%s)", r.Wakeups()-wakes0, r.WakeTimeouts()-timeouts0, r.BatchTimeouts()-batch0, r.HelperMode())
 	}
-	if d := threadCPUDelta(threads0, readThreadCPU(), r.HelperTID()); d != "" {
+	if d := threadCPUDelta(m0.threads, readThreadCPU(), r.HelperTID()); d != "" {
 		row.Note += ", threads: " + d
 	}
 	if herr := r.HelperErr(); herr != nil {
@@ -847,7 +868,7 @@ func (b *gpuBench) runHostPipeline(row *benchRow, perBlock, toHBM bool) error {
 		return err
 	}
 	defer eng.Close()
-	m0 := b.mark()
+	m0 := b.start()
 	done, err := b.hostPipeline(ios, toHBM, func(io *hostIO, dst uintptr, c *uring.Completion) error {
 		c.PrepRead(b.direct[io.dev], dst, uint32(io.len), uint64(io.off))
 		return eng.Submit(c)
@@ -982,7 +1003,7 @@ func (b *gpuBench) runPread(row *benchRow, files []*uring.File, workers int) err
 	}
 	var ios int64
 	var doneMs []float64
-	m0 := b.mark()
+	m0 := b.start()
 	for l, rs := range layerReads {
 		if l >= slots {
 			if err := b.r.WaitCopy(l % slots); err != nil {
@@ -1109,7 +1130,7 @@ func (b *gpuBench) runCuFile(row *benchRow) error {
 		batches[l] = b.cufileBatches(l)
 	}
 	var ios int64
-	m0 := b.mark()
+	m0 := b.start()
 	for l, bs := range batches {
 		for _, c := range bs {
 			if err := kernels.CuFileBatchRead(b.paths[c.dev], c.fileOff, c.dstOff, c.lens, buf, bufBytes); err != nil {
@@ -1175,7 +1196,7 @@ func (b *gpuBench) runDRAM(row *benchRow) error {
 	if err := b.r.SetHostMap(b.pm); err != nil {
 		return err
 	}
-	m0 := b.mark()
+	m0 := b.start()
 	for l := 0; l < b.g.Layers; l++ {
 		if err := b.r.ScatterHost(l, buf.Addr()+uintptr(int64(l)*stride), stride); err != nil {
 			return err

@@ -24,6 +24,7 @@ type roundStats struct {
 	CeilingSumFrac  []float64 `json:"ceiling_sum_fraction_rounds,omitempty"`
 	CeilingCached   []float64 `json:"ceiling_cached_bytes_per_s_rounds,omitempty"`
 	CPUSPerGiB      []float64 `json:"cpu_s_per_gib_rounds,omitempty"`
+	IOWQWorkers     []int     `json:"io_wq_workers_rounds,omitempty"`
 }
 
 // mergeRounds folds rounds (rounds[k][i]: path i in round k; every round runs
@@ -64,6 +65,7 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 			st.CeilingSumFrac = append(st.CeilingSumFrac, row.CeilingSumFraction)
 			st.CeilingCached = append(st.CeilingCached, row.CeilingCachedBytesPS)
 			st.CPUSPerGiB = append(st.CPUSPerGiB, row.CPUSPerGiB)
+			st.IOWQWorkers = append(st.IOWQWorkers, row.IOWQWorkers)
 		}
 		if failed >= 0 {
 			row := rounds[failed][i]

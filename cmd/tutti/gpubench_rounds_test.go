@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -12,7 +13,7 @@ func TestMergeRounds(t *testing.T) {
 	t.Run("medians", func(t *testing.T) {
 		rounds := [][]benchRow{
 			{row("gpu", 10, 20, 0.3, 1), row("cpu", 5, 20, 0.9, 1)},
-			{row("gpu", 14, 14, 0.1, 2), row("cpu", 7, 14, 0.8, 2)},
+			{withWorkers(row("gpu", 14, 14, 0.1, 2), 2), row("cpu", 7, 14, 0.8, 2)},
 			{row("gpu", 12, 16, 0.2, 3), row("cpu", 6, 16, 0.7, 3)},
 		}
 		got, err := mergeRounds(rounds)
@@ -30,6 +31,9 @@ func TestMergeRounds(t *testing.T) {
 		}
 		if len(g.PerRound.BytesPerS) != 3 || g.PerRound.BytesPerS[1] != 14 {
 			t.Errorf("per-round bytes/s %v", g.PerRound.BytesPerS)
+		}
+		if fmt.Sprint(g.PerRound.IOWQWorkers) != "[0 2 0]" {
+			t.Errorf("per-round io-wq workers %v, want [0 2 0]", g.PerRound.IOWQWorkers)
 		}
 		if c := got[1]; c.BytesPerS != 6 || c.CPUSPerGiB != 0.8 {
 			t.Errorf("cpu row %+v: want 6 B/s, 0.8 CPU s/GiB", c)
@@ -69,4 +73,9 @@ func TestMergeRounds(t *testing.T) {
 			t.Error("different path counts merged")
 		}
 	})
+}
+
+func withWorkers(r benchRow, n int) benchRow {
+	r.IOWQWorkers = n
+	return r
 }

@@ -75,3 +75,19 @@ func threadCPUDelta(before, after threadCPU, helperTID int) string {
 	}
 	return strings.Join(parts, " ")
 }
+
+// ioWQDelta counts the io_uring io-wq workers (threads named iou-wrk-*)
+// that used CPU between before and after, and their CPU. A worker that
+// exited in between is missing from after and not counted.
+func ioWQDelta(before, after threadCPU) (workers int, cpu time.Duration) {
+	for tid, a := range after {
+		if !strings.HasPrefix(a.name, "iou-wrk") {
+			continue
+		}
+		if d := a.cpu - before[tid].cpu; d > 0 {
+			workers++
+			cpu += d
+		}
+	}
+	return workers, cpu
+}

@@ -39,6 +39,9 @@ type poolRow struct {
 	// rounds are the per-round values, or the row's own values as one round
 	// when it has none (a file from before --rounds).
 	bytesPerS, ceilFrac, cpu []float64
+	// iowq is each round's io-wq workers; nil in files from before they
+	// were counted.
+	iowq []int
 }
 
 // readBenchRows parses gpubench --json output: one JSON object per line,
@@ -73,11 +76,12 @@ func readBenchRows(r io.Reader, name string) ([]poolRow, error) {
 		switch {
 		case len(pr.BytesPerS) == 0:
 			p.bytesPerS, p.ceilFrac, p.cpu = []float64{row.BytesPerS}, []float64{row.CeilingFraction}, []float64{row.CPUSPerGiB}
-		case len(pr.CeilingFraction) != len(pr.BytesPerS) || len(pr.CPUSPerGiB) != len(pr.BytesPerS):
-			return nil, fmt.Errorf("%s:%d: path %q: %d rounds of bytes/s, %d of ceiling fraction, %d of CPU s/GiB",
-				name, line, row.Path, len(pr.BytesPerS), len(pr.CeilingFraction), len(pr.CPUSPerGiB))
+		case len(pr.CeilingFraction) != len(pr.BytesPerS) || len(pr.CPUSPerGiB) != len(pr.BytesPerS) ||
+			(pr.IOWQWorkers != nil && len(pr.IOWQWorkers) != len(pr.BytesPerS)):
+			return nil, fmt.Errorf("%s:%d: path %q: %d rounds of bytes/s, %d of ceiling fraction, %d of CPU s/GiB, %d of io-wq workers",
+				name, line, row.Path, len(pr.BytesPerS), len(pr.CeilingFraction), len(pr.CPUSPerGiB), len(pr.IOWQWorkers))
 		default:
-			p.bytesPerS, p.ceilFrac, p.cpu = pr.BytesPerS, pr.CeilingFraction, pr.CPUSPerGiB
+			p.bytesPerS, p.ceilFrac, p.cpu, p.iowq = pr.BytesPerS, pr.CeilingFraction, pr.CPUSPerGiB, pr.IOWQWorkers
 		}
 		out = append(out, p)
 	}
@@ -102,6 +106,10 @@ type pooled struct {
 	CeilMin    float64 `json:"ceiling_fraction_min"`
 	CeilMax    float64 `json:"ceiling_fraction_max"`
 	CPUSPerGiB float64 `json:"cpu_s_per_gib_median"`
+	// IOWQRounds of IOWQKnown rounds ran io-wq workers (rounds from files
+	// that did not count them are not known).
+	IOWQRounds int `json:"io_wq_rounds"`
+	IOWQKnown  int `json:"io_wq_rounds_known"`
 	// Against the --vs path, round by round in the files that ran both:
 	// this path's bytes/s over the other's.
 	Vs        string  `json:"vs,omitempty"`
@@ -168,6 +176,12 @@ func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 			bps = append(bps, r.bytesPerS...)
 			frac = append(frac, r.ceilFrac...)
 			cpu = append(cpu, r.cpu...)
+			for _, n := range r.iowq {
+				p.IOWQKnown++
+				if n > 0 {
+					p.IOWQRounds++
+				}
+			}
 			if vs != "" {
 				o, ok, err := find(k, vs, r.file)
 				if err != nil {
@@ -276,9 +290,12 @@ func printPooled(w io.Writer, out []pooled) {
 	if byFile {
 		fmt.Fprint(tw, "file\t")
 	}
-	fmt.Fprintln(tw, "model\tstorage\tpath\tfiles\trounds\tGB/s\tx ceil\tx ceil range\tCPU s/GiB\tvs\tahead\tvs range\tCPU ratio\tmismatch")
+	fmt.Fprintln(tw, "model\tstorage\tpath\tfiles\trounds\tGB/s\tx ceil\tx ceil range\tCPU s/GiB\tio-wq\tvs\tahead\tvs range\tCPU ratio\tmismatch")
 	for _, p := range out {
-		vsCell, ahead, rng, cpuCell := "-", "-", "-", "-"
+		vsCell, ahead, rng, cpuCell, iowq := "-", "-", "-", "-", "-"
+		if p.IOWQKnown > 0 {
+			iowq = fmt.Sprintf("%d of %d", p.IOWQRounds, p.IOWQKnown)
+		}
 		if p.VsRounds > 0 {
 			vsCell = fmt.Sprintf("%.3f", p.VsRatio)
 			ahead = fmt.Sprintf("%d of %d", p.VsAhead, p.VsRounds)
@@ -294,8 +311,8 @@ func printPooled(w io.Writer, out []pooled) {
 		if byFile {
 			fmt.Fprintf(tw, "%s\t", p.File)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.2f\t%.3f\t%.3f-%.3f\t%.4f\t%s\t%s\t%s\t%s\t%d\n",
-			p.Model, p.Storage, shortPath(p.Path), files, p.Rounds, p.BytesPerS/1e9, p.CeilFrac, p.CeilMin, p.CeilMax, p.CPUSPerGiB, vsCell, ahead, rng, cpuCell, p.Mismatches)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.2f\t%.3f\t%.3f-%.3f\t%.4f\t%s\t%s\t%s\t%s\t%s\t%d\n",
+			p.Model, p.Storage, shortPath(p.Path), files, p.Rounds, p.BytesPerS/1e9, p.CeilFrac, p.CeilMin, p.CeilMax, p.CPUSPerGiB, iowq, vsCell, ahead, rng, cpuCell, p.Mismatches)
 	}
 	tw.Flush()
 	var names []string
@@ -308,6 +325,7 @@ func printPooled(w io.Writer, out []pooled) {
 			}
 		}
 	}
+	fmt.Fprintln(w, "io-wq: rounds that ran io-wq workers, of the rounds whose files count them.")
 	if len(names) > 0 {
 		fmt.Fprintf(w, "vs: the median over rounds of bytes/s over the compared path's in the same round; ahead: rounds at 1 or more. CPU ratio: pooled median CPU s/GiB over the compared path's. Compared paths: %s\n", strings.Join(names, "; "))
 	}

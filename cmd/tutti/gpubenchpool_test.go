@@ -47,8 +47,10 @@ func TestReadBenchRows(t *testing.T) {
 		{"unknown field", `{"path":"x","bytes_per_sec":5}`, 0, nil, "f.json:1: not a gpubench row"},
 		{"no path", `{"bytes_per_s":5}`, 0, nil, "f.json:1: a row without a path"},
 		{"two values on a line", `{"path":"x"} {"path":"y"}`, 0, nil, "f.json:1: more than one JSON value"},
+		{"io-wq workers of another length", `{"path":"x","per_round":{"bytes_per_s_rounds":[1,2],"ceiling_fraction_rounds":[1,1],"cpu_s_per_gib_rounds":[1,2],"io_wq_workers_rounds":[0]}}`,
+			0, nil, "1 of io-wq workers"},
 		{"rounds of unequal length", `{"path":"x","per_round":{"bytes_per_s_rounds":[1,2],"ceiling_fraction_rounds":[1],"cpu_s_per_gib_rounds":[1,2]}}`,
-			0, nil, `f.json:1: path "x": 2 rounds of bytes/s, 1 of ceiling fraction, 2 of CPU s/GiB`},
+			0, nil, `f.json:1: path "x": 2 rounds of bytes/s, 1 of ceiling fraction, 2 of CPU s/GiB, 0 of io-wq workers`},
 	} {
 		rows, err := readBenchRows(strings.NewReader(tc.in), "f.json")
 		if tc.err != "" {
@@ -215,9 +217,28 @@ func FuzzReadBenchRows(f *testing.F) {
 			return
 		}
 		for _, r := range rows {
-			if r.row.Path == "" || len(r.bytesPerS) == 0 || len(r.ceilFrac) != len(r.bytesPerS) || len(r.cpu) != len(r.bytesPerS) {
+			if r.row.Path == "" || len(r.bytesPerS) == 0 || len(r.ceilFrac) != len(r.bytesPerS) || len(r.cpu) != len(r.bytesPerS) ||
+				(r.iowq != nil && len(r.iowq) != len(r.bytesPerS)) {
 				t.Fatalf("row %+v from %q", r, in)
 			}
 		}
 	})
+}
+
+// Rounds with io-wq workers are counted where a file counts them, and
+// rounds from files that do not are left out of the count.
+func TestPoolIOWQRounds(t *testing.T) {
+	in := `{"path":"g","model":"m","per_round":{"bytes_per_s_rounds":[1,2,3],"ceiling_fraction_rounds":[1,1,1],"cpu_s_per_gib_rounds":[1,1,1],"io_wq_workers_rounds":[0,4,1]}}
+{"path":"g","model":"m","per_round":{"bytes_per_s_rounds":[1,2],"ceiling_fraction_rounds":[1,1],"cpu_s_per_gib_rounds":[1,1]}}`
+	rows, err := readBenchRows(strings.NewReader(in), "f.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := poolRows(rows, "", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 1 || out[0].Rounds != 5 || out[0].IOWQRounds != 2 || out[0].IOWQKnown != 3 {
+		t.Errorf("pooled %+v: want 5 rounds, io-wq in 2 of 3 counted", out)
+	}
 }
