@@ -575,7 +575,10 @@ func (b *gpuBench) mark() cpuMark {
 // finish fills the timing and CPU columns. Process rusage includes the
 // SQPOLL thread on Linux 6.18 (uring's TestSQPollCPUTimeInRusage), so it is
 // not added again; its share is reported on its own.
-func (b *gpuBench) finish(row *benchRow, m0 cpuMark, ios int64) {
+//
+// It returns the threads' CPU read after the clock stopped (for a path that
+// reports them).
+func (b *gpuBench) finish(row *benchRow, m0 cpuMark, ios int64) threadCPU {
 	m1 := b.mark()
 	row.Bytes = b.totalBytes()
 	row.Seconds = m1.t.Sub(m0.t).Seconds()
@@ -584,10 +587,10 @@ func (b *gpuBench) finish(row *benchRow, m0 cpuMark, ios int64) {
 	row.CPUSPerGiB = (m1.ru - m0.ru).Seconds() / gib
 	row.SQPollCPUS = (m1.sqpoll - m0.sqpoll).Seconds()
 	row.IOs = ios
-	if m0.threads != nil {
-		n, cpu := ioWQDelta(m0.threads, readThreadCPU())
-		row.IOWQWorkers, row.IOWQCPUS = n, cpu.Seconds()
-	}
+	threads := readThreadCPU()
+	n, cpu := ioWQDelta(m0.threads, threads)
+	row.IOWQWorkers, row.IOWQCPUS = n, cpu.Seconds()
+	return threads
 }
 
 func layerStats(row *benchRow, doneMs []float64) {
@@ -710,7 +713,7 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 		return err
 	}
 	res, err := x.Wait()
-	b.finish(row, m0, 0)
+	threads1 := b.finish(row, m0, 0)
 	x.Release()
 	if res != nil {
 		row.IOs = int64(len(res.Entries))
@@ -728,7 +731,7 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	} else {
 		row.Note = fmt.Sprintf("%d kicks, %d on the timeout, %d of them the whole batch wait (%s)", r.Wakeups()-wakes0, r.WakeTimeouts()-timeouts0, r.BatchTimeouts()-batch0, r.HelperMode())
 	}
-	if d := threadCPUDelta(m0.threads, readThreadCPU(), r.HelperTID()); d != "" {
+	if d := threadCPUDelta(m0.threads, threads1, r.HelperTID()); d != "" {
 		row.Note += ", threads: " + d
 	}
 	if herr := r.HelperErr(); herr != nil {

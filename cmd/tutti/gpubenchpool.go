@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -127,10 +128,11 @@ type pooled struct {
 type poolKey struct{ file, model, storage, path string }
 
 // poolRows pools rows by (model, storage, path), in the order each first
-// appears; byFile keeps each file apart (one call, one host). vs and cpuVs pick a path of the same model and storage by the
-// start of its name ("" = none); a path is not compared with itself. The
-// ratio against vs pairs round k of a file with round k of the same file
-// (gpubench runs every path in every round, in a rotated order).
+// appears; byFile keeps each file apart (one call, one host). vs and cpuVs
+// pick a path of the same model and storage by the start of its name ("" =
+// none); a path is not compared with itself. The ratio against vs pairs
+// round k of a file with round k of the same file (gpubench runs every path
+// in every round, in a rotated order).
 func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 	var order []poolKey
 	groups := map[poolKey][]poolRow{}
@@ -214,11 +216,11 @@ func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 		p.Rounds = len(bps)
 		if p.Rounds > 0 {
 			p.BytesPerS, p.CeilFrac, p.CPUSPerGiB = median(bps), median(frac), median(cpu)
-			p.CeilMin, p.CeilMax = minMax(frac)
+			p.CeilMin, p.CeilMax = slices.Min(frac), slices.Max(frac)
 		}
 		if len(ratios) > 0 {
 			p.VsRounds, p.VsRatio = len(ratios), median(ratios)
-			p.VsRatioLo, p.VsRatioHi = minMax(ratios)
+			p.VsRatioLo, p.VsRatioHi = slices.Min(ratios), slices.Max(ratios)
 			for _, x := range ratios {
 				if x >= 1 {
 					p.VsAhead++
@@ -233,14 +235,6 @@ func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 		out = append(out, p)
 	}
 	return out, nil
-}
-
-func minMax(v []float64) (lo, hi float64) {
-	lo, hi = v[0], v[0]
-	for _, x := range v[1:] {
-		lo, hi = min(lo, x), max(hi, x)
-	}
-	return lo, hi
 }
 
 func runGPUBenchPool(args []string, stdout, stderr io.Writer) error {
