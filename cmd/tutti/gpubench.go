@@ -214,7 +214,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	if b.maxIO == 0 || *window == 0 {
 		// Sized to the devices (runtime.DeviceSizedGPUReads); what they
 		// did not say is said on stderr.
-		sized := runtime.DeviceSizedGPUReads(b.devicePaths())
+		sized := runtime.DeviceSizedGPUReads(b.paths)
 		for _, u := range sized.Unread {
 			b.logf("%s\n", u)
 		}
@@ -671,19 +671,6 @@ func (b *gpuBench) runPath(p string) benchRow {
 		row.BytesPerS = 0 // a failed restore has no throughput
 	}
 	return row
-}
-
-// devicePaths are the paths to ask about the devices behind b.paths: each
-// path, or its directory while the data file is not written yet.
-func (b *gpuBench) devicePaths() []string {
-	out := make([]string, len(b.paths))
-	for i, p := range b.paths {
-		if _, err := os.Stat(p); err != nil {
-			p = filepath.Dir(p)
-		}
-		out[i] = p
-	}
-	return out
 }
 
 // gpuRequest is the whole prefix as one restore: one extent per piece of

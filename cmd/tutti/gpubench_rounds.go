@@ -67,27 +67,22 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 			st.CPUSPerGiB = append(st.CPUSPerGiB, row.CPUSPerGiB)
 			st.IOWQWorkers = append(st.IOWQWorkers, row.IOWQWorkers)
 		}
+		var row benchRow
 		if failed >= 0 {
-			row := rounds[failed][i]
+			row = rounds[failed][i]
 			if len(rounds) > 1 {
 				row.Error = fmt.Sprintf("round %d of %d: %s", failed+1, len(rounds), row.Error)
 			}
 			row.BytesPerS, row.CeilingFraction, row.CeilingSumFraction = 0, 0, 0
-			row.Mismatches = mism
-			row.Rounds = len(rounds)
-			row.PerRound = st
-			out[i] = row
-			continue
+		} else {
+			row = rounds[medianIndex(st.BytesPerS)][i] // its bytes/s is the median
+			row.CPUSPerGiB = median(st.CPUSPerGiB)
+			row.CeilingBytesPS = median(st.CeilingBytesPS)
+			row.CeilingCachedBytesPS = median(st.CeilingCached)
+			row.CeilingFraction = median(st.CeilingFraction)
+			row.CeilingSumBytesPS = median(st.CeilingSum)
+			row.CeilingSumFraction = median(st.CeilingSumFrac)
 		}
-		k := medianIndex(st.BytesPerS)
-		row := rounds[k][i]
-		row.BytesPerS = st.BytesPerS[k]
-		row.CPUSPerGiB = median(st.CPUSPerGiB)
-		row.CeilingBytesPS = median(st.CeilingBytesPS)
-		row.CeilingCachedBytesPS = median(st.CeilingCached)
-		row.CeilingFraction = median(st.CeilingFraction)
-		row.CeilingSumBytesPS = median(st.CeilingSum)
-		row.CeilingSumFraction = median(st.CeilingSumFrac)
 		row.Mismatches = mism
 		row.Rounds = len(rounds)
 		row.PerRound = st
