@@ -97,10 +97,11 @@ typedef enum tutti_memory {
  * is TUTTI_ERR_INVALID_ARGUMENT. */
 typedef enum tutti_gpu_flags {
 	/* Size gpu_io_window, gpu_max_io_bytes and gpu_lookahead that are 0 to the
-	 * disks under dirs at tutti_open (per dir 3/4 of its nr_requests, at most
-	 * 128 and 1024 in all; the largest read its max_sectors_kb allows, at most
-	 * 4 MiB; one layer per dir, 2..8) instead of the defaults; values set win.
-	 * A disk that does not say counts as a 128-deep queue taking 1 MiB reads. */
+	 * disks under dirs at tutti_open (per dir half of its nr_requests, 8..128,
+	 * in all at most the smallest nr_requests and 1024; the largest read its
+	 * max_sectors_kb allows, at most 4 MiB; one layer per dir, 2..8) instead
+	 * of the defaults; values set win. A disk that does not say adds 128 to
+	 * the window and counts as taking 1 MiB reads. */
 	TUTTI_GPU_READS_FROM_DEVICES = 1
 } tutti_gpu_flags;
 
@@ -151,8 +152,9 @@ typedef struct tutti_config {
 	int32_t gpu_max_runs;  /* runs (extents per layer) of one restore; 0 = 64 */
 	uint32_t reserved2;    /* must be 0 */
 	/* ABI 1.1: the GPU path's reads, sized to the devices (tutti gpubench sizes
-	 * them so: per device 3/4 of its nr_requests, at most 128; the largest read
-	 * its max_sectors_kb allows). A 1.0 caller's shorter struct leaves them 0. */
+	 * them so: per device half of its nr_requests, at most 128, in all at most
+	 * the smallest nr_requests; the largest read its max_sectors_kb allows). A
+	 * 1.0 caller's shorter struct leaves them 0. */
 	int32_t gpu_io_window;    /* reads in flight; 0 = queue_depth */
 	int32_t gpu_max_io_bytes; /* largest read, a multiple of 4096 up to 16 MiB; 0 = 1 MiB */
 	int32_t gpu_lookahead;    /* layers in flight beyond the one waited for (staging: lookahead+3
