@@ -311,28 +311,13 @@ func openCeilingTarget(ctx context.Context, path string, sizeBytes int64) (*targ
 	return t, nil
 }
 
-// CeilingEach measures the Ceiling of every path at the same time (striped
-// storage: the aggregate the devices deliver together, which their separate
-// ceilings overstate when they share CPUs or a bus). vals[i] and errs[i] are
-// path i's bytes/s and error.
-func CeilingEach(ctx context.Context, paths []string, sizeBytes int64) (vals []float64, errs []error) {
-	sizes := make([]int64, len(paths))
-	for i := range sizes {
-		sizes[i] = sizeBytes
-	}
-	rows, errs := CeilingEachInto(ctx, paths, sizes, 0)
-	vals = make([]float64, len(paths))
-	for i, r := range rows {
-		vals[i] = r.BytesPerS
-	}
-	return vals, errs
-}
-
-// CeilingEachInto is CeilingEach with path i's reads within sizeBytes[i]
-// and every path's reads rotating over bufferBytes (CeilingInto). Every
-// device's clock starts once all of them are set up (their buffers
-// allocated and registered), so that none runs part of its 2 s alone.
-// rows[i] and errs[i] are path i's.
+// CeilingEachInto measures the Ceiling of every path at the same time
+// (striped storage: the aggregate the devices deliver together, which their
+// separate ceilings overstate when they share CPUs or a bus), path i's reads
+// within sizeBytes[i] and every path's reads rotating over bufferBytes
+// (CeilingInto; 0: devbench's own 32 MiB). Every device's clock starts once
+// all of them are set up (their buffers allocated and registered), so that
+// none runs part of its 2 s alone. rows[i] and errs[i] are path i's.
 func CeilingEachInto(ctx context.Context, paths []string, sizeBytes []int64, bufferBytes int64) (rows []Row, errs []error) {
 	return together(len(paths), func(i int, ready func()) (Row, error) {
 		row, err := ceilingOn(ctx, paths[i], sizeBytes[i], ceilingRuntime, uringRun{bufferBytes: bufferBytes, ready: ready})
@@ -349,7 +334,7 @@ type StripedRow struct {
 	Seconds   float64 `json:"seconds"`     // the slowest device's time
 	Slowest   int     `json:"slowest"`     // its index
 	Devices   []Row   `json:"devices"`     // each device's bytes over its own time
-	// SumBytesPerS is the sum of the devices' own rates, what CeilingEach
+	// SumBytesPerS is the sum of the devices' own rates, what CeilingEachInto
 	// would report for the same reads; BytesPerS / SumBytesPerS is how
 	// evenly the devices kept up with each other.
 	SumBytesPerS float64 `json:"sum_bytes_per_s"`

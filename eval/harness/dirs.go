@@ -55,7 +55,7 @@ type ceiling struct {
 	// of blocks spread over them ends when its slowest root is done.
 	stripedBPS float64
 	// sumBPS is the sum of the roots' own ceilings measured at the same
-	// time (devbench.CeilingEach), what ceiling_sum_fraction is over.
+	// time (devbench.CeilingEachInto), what ceiling_sum_fraction is over.
 	sumBPS float64
 	note   string
 	// striped is the striped measurement; nil with one root, where the
@@ -78,8 +78,8 @@ func ceilingAcross(ctx context.Context, roots []string, sizeBytes int64) (ceilin
 		files[i] = filepath.Join(r, "ceiling.dat")
 		sizes[i] = sizeBytes
 	}
-	// CeilingEachInto with 0 is CeilingEach (devbench's 32 MiB of
-	// destination), keeping each root's row: its bytes and time.
+	// 0: devbench's own 32 MiB of destination. Each root's row keeps its
+	// bytes and time, which the striped read budget below comes from.
 	rows, errs := devbench.CeilingEachInto(ctx, files, sizes, 0)
 	var c ceiling
 	least := int64(-1) // bytes the root that read least read in its 2 s
