@@ -415,7 +415,6 @@ type result struct {
 	ops, bytes  int64
 	lat         hist
 	elapsed     time.Duration
-	last        time.Time // of the last counted completion
 	sqpollCPU   time.Duration
 	bufferBytes int64 // uring engines: the I/O memory and whether it was huge
 	bufferHuge  bool
@@ -430,7 +429,6 @@ func measure(ctx context.Context, t *target, s Spec, runtime time.Duration, seed
 	var err error
 	switch s.Engine {
 	case "uring", "uring-sqpoll":
-		o.sqpoll = s.Engine == "uring-sqpoll"
 		res, err = runUring(ctx, t, s, runtime, seed, o)
 	case "pread":
 		res, err = runPread(ctx, t, s, runtime, seed)

@@ -13,7 +13,6 @@ import (
 
 // uringRun are the knobs of one runUring call beyond the grid point.
 type uringRun struct {
-	sqpoll      bool
 	bufferBytes int64 // Config.BufferBytes
 	// budgetBytes > 0 ends the row when this many bytes were read or
 	// written, at the last completion, instead of at the deadline (which
@@ -32,7 +31,7 @@ type uringRun struct {
 // resubmits its completion until the deadline or, with o.budgetBytes, until
 // that many bytes were submitted.
 func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed uint64, o uringRun) (*result, error) {
-	sqpoll, bufferBytes := o.sqpoll, o.bufferBytes
+	sqpoll := s.Engine == "uring-sqpoll"
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	qd, bs := s.QueueDepth, s.BlockBytes
@@ -48,7 +47,7 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	}
 	defer r.Close()
 	blocks := qd // destination blocks the I/Os rotate over (Config.BufferBytes)
-	if n := int(bufferBytes / int64(bs)); n > blocks {
+	if n := int(o.bufferBytes / int64(bs)); n > blocks {
 		blocks = n
 	}
 	buf, err := uring.AllocBuffer(blocks * bs)
@@ -78,6 +77,7 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	stop := false
 	epoch := time.Now()
 	var submittedBytes int64
+	var last time.Duration // since epoch, of the last counted completion
 	submit := func(c *uring.Completion) {
 		if o.budgetBytes > 0 && submittedBytes >= o.budgetBytes {
 			return // the budget is in flight: this completion's slot stays idle
@@ -103,7 +103,8 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 		if stop {
 			return // drained after the deadline: not counted
 		}
-		res.lat.add(int64(time.Since(epoch)) - started[c.UserData])
+		now := time.Since(epoch)
+		res.lat.add(int64(now) - started[c.UserData])
 		if c.Err != nil {
 			if ioErr == nil {
 				ioErr = c.Err
@@ -115,7 +116,7 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 		}
 		res.ops++
 		res.bytes += c.Result
-		res.last = time.Now()
+		last = now
 		submit(c)
 	}
 	for i := range cs {
@@ -146,7 +147,7 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	if !stop {
 		// The budget ran out before the deadline: the row ends at its last
 		// completion.
-		res.elapsed = res.last.Sub(start)
+		res.elapsed = last - start.Sub(epoch)
 		if res.ops == 0 {
 			res.elapsed = time.Since(start)
 		}
