@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/tutti-io/tutti/uring"
+	"github.com/tutti-io/tutti/uring/blockdev"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,6 +24,8 @@ type target struct {
 	sizeBytes int64 // bytes of the target that I/O covers
 	created   bool  // a test file this run wrote (removed at close unless keep)
 	keep      bool
+	// dev is the block device's number; zero for a file.
+	dev blockdev.Dev
 }
 
 func directErr(path string, err error) error {
@@ -58,7 +61,11 @@ func openTarget(ctx context.Context, path string, sizeBytes int64, writes, keep 
 			f.Close()
 			return nil, fmt.Errorf("block device %s: size %d (%v): need at least 1 MiB", path, end, err)
 		}
-		return &target{path: path, file: f, sizeBytes: end / (1 << 20) * (1 << 20)}, nil
+		var dev blockdev.Dev
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			dev = blockdev.Dev{Major: unix.Major(sys.Rdev), Minor: unix.Minor(sys.Rdev)}
+		}
+		return &target{path: path, file: f, sizeBytes: end / (1 << 20) * (1 << 20), dev: dev}, nil
 	case st.Mode().IsRegular():
 		if st.Size() < sizeBytes {
 			return nil, fmt.Errorf("%s exists with %d bytes, less than --size %d: remove it, or pass a smaller --size", path, st.Size(), sizeBytes)
@@ -162,7 +169,7 @@ var errHoles = errors.New("reads would fall in unwritten blocks")
 // from the loop's offset). Other block devices, and a loop whose backing file
 // cannot be asked, pass: nothing is known about their blocks.
 func (t *target) checkWritten(n int64) error {
-	backing, off, ok := loopBacking(t.path)
+	backing, off, ok := loopBacking(t.dev)
 	if !ok {
 		return nil
 	}
@@ -179,15 +186,17 @@ func (t *target) checkWritten(n int64) error {
 		t.path, errHoles, backing, hole-off, n, t.path)
 }
 
-// loopBacking is the backing file and offset of loop device path (ok false
-// for anything else, or a backing file that was deleted).
-func loopBacking(path string) (file string, offset int64, ok bool) {
-	real, err := filepath.EvalSymlinks(path)
-	if err != nil {
+// loopBacking is the backing file and offset of block device dev when it is
+// a loop device (ok false for anything else, a file's zero dev included, or
+// a backing file that was deleted). The device number, not the path's name,
+// picks the sysfs entry, so a file named like a loop device is not taken
+// for one.
+func loopBacking(dev blockdev.Dev) (file string, offset int64, ok bool) {
+	if dev == (blockdev.Dev{}) {
 		return "", 0, false
 	}
-	name := filepath.Base(real)
-	b, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "backing_file"))
+	loop := filepath.Join("/sys/dev/block", dev.String(), "loop")
+	b, err := os.ReadFile(filepath.Join(loop, "backing_file"))
 	if err != nil {
 		return "", 0, false
 	}
@@ -195,7 +204,7 @@ func loopBacking(path string) (file string, offset int64, ok bool) {
 	if file == "" || strings.HasSuffix(file, " (deleted)") {
 		return "", 0, false
 	}
-	if o, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "offset")); err == nil {
+	if o, err := os.ReadFile(filepath.Join(loop, "offset")); err == nil {
 		offset, _ = strconv.ParseInt(strings.TrimSpace(string(o)), 10, 64)
 	}
 	return file, offset, true
