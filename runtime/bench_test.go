@@ -87,8 +87,7 @@ func BenchmarkRestore70B(b *testing.B) {
 	if gpu {
 		dkv.upload(b)
 	}
-	b.SetBytes(payload)
-	elapsed := benchenv.TimeLoads(b, blocks, func() (*Load, error) { return s.Load(chain, pages) }, func(l *Load) string {
+	bw := benchenv.TimeLoads(b, blocks, payload, func() (*Load, error) { return s.Load(chain, pages) }, func(l *Load) string {
 		return fmt.Sprintf(" (planned %d; first failure: %v): %v", l.Planned(), l.Failure(), s.Stats())
 	})
 	if gpu {
@@ -97,7 +96,6 @@ func BenchmarkRestore70B(b *testing.B) {
 	if err := verify(kv, g, chain, pages, blocks); err != nil {
 		b.Fatal(err)
 	}
-	bw := float64(payload) * float64(b.N) / elapsed.Seconds()
 	st := s.Stats()
 	b.ReportMetric(bw/1e9, "GB/s")
 	b.ReportMetric(ceiling/1e9, "ceiling-GB/s")

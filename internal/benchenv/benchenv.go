@@ -123,11 +123,14 @@ type Loaded interface {
 }
 
 // TimeLoads runs load (start restoring the whole prefix of blocks chain
-// blocks) b.N times, each waited for, with b's timer reset before and
-// stopped after, and returns the loads' total time. An error, or a load that
-// restored fewer blocks, fails b; why(l), when not nil, adds to the message.
-func TimeLoads[L Loaded](b *testing.B, blocks int, load func() (L, error), why func(L) string) time.Duration {
+// blocks, payload bytes: b's SetBytes) b.N times, each waited for, with b's
+// timer reset before and stopped after, and returns the loads' bytes per
+// second (payload over each load's own time, start to Wait). An error, or a
+// load that restored fewer blocks, fails b; why(l), when not nil, adds to
+// the message.
+func TimeLoads[L Loaded](b *testing.B, blocks int, payload int64, load func() (L, error), why func(L) string) float64 {
 	b.Helper()
+	b.SetBytes(payload)
 	var elapsed time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -149,5 +152,5 @@ func TimeLoads[L Loaded](b *testing.B, blocks int, load func() (L, error), why f
 		}
 	}
 	b.StopTimer()
-	return elapsed
+	return float64(payload) * float64(b.N) / elapsed.Seconds()
 }

@@ -124,13 +124,11 @@ func benchGroup(b *testing.B, n int) float64 {
 	}
 	tg.scramble()
 	copyAll(true)
-	b.SetBytes(payload)
-	elapsed := benchenv.TimeLoads(b, blocks, func() (*Load, error) { return grp.Load(chain, pages) }, nil)
+	bw := benchenv.TimeLoads(b, blocks, payload, func() (*Load, error) { return grp.Load(chain, pages) }, nil)
 	copyAll(false)
 	if err := tg.verify(chain, pages, blocks); err != nil {
 		b.Fatal(err)
 	}
-	bw := float64(payload) * float64(b.N) / elapsed.Seconds()
 	b.ReportMetric(bw/1e9, "GB/s")
 	b.ReportMetric(bw/1e9/float64(n), "GB/s/rank")
 	return bw
