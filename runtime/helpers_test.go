@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/eval/kvdata"
+	"github.com/tutti-io/tutti/internal/crashtest"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -114,10 +115,4 @@ func verify(kv *HostKV, g objmap.Geometry, chain []uint64, pages []int32, n int)
 }
 
 // chainOf makes a chain of n ids starting at base (ids are opaque).
-func chainOf(base uint64, n int) []uint64 {
-	c := make([]uint64, n)
-	for i := range c {
-		c[i] = base + uint64(i)
-	}
-	return c
-}
+var chainOf = crashtest.Chain

@@ -56,9 +56,9 @@ func (r *Reporter) SaveLoop(gen, stream uint64, fill func(rng *rand.Rand, chain 
 		var chain []uint64
 		if len(acked) > 0 && rng.IntN(2) == 0 {
 			base := acked[rng.IntN(len(acked))]
-			chain = append(append([]uint64(nil), base...), newBlocks(gen<<40|i<<16, 1+rng.IntN(3))...)
+			chain = append(append([]uint64(nil), base...), Chain(gen<<40|i<<16, 1+rng.IntN(3))...)
 		} else {
-			chain = newBlocks(gen<<40|i<<16, 2+rng.IntN(4))
+			chain = Chain(gen<<40|i<<16, 2+rng.IntN(4))
 		}
 		pages := fill(rng, chain)
 		r.Try(chain)
@@ -73,8 +73,9 @@ func (r *Reporter) SaveLoop(gen, stream uint64, fill func(rng *rand.Rand, chain 
 	}
 }
 
-// newBlocks returns n consecutive ids from base.
-func newBlocks(base uint64, n int) []uint64 {
+// Chain returns n consecutive block ids from base (the crash tests' and the
+// runtime tests' chains).
+func Chain(base uint64, n int) []uint64 {
 	c := make([]uint64, n)
 	for k := range c {
 		c[k] = base + uint64(k)

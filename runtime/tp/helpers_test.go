@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/eval/kvdata"
+	"github.com/tutti-io/tutti/internal/crashtest"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
 )
@@ -175,13 +176,7 @@ func pageTable(rng *rand.Rand, g objmap.Geometry, numPages, blocks int) []int32 
 	return pages
 }
 
-func chainOf(base uint64, n int) []uint64 {
-	c := make([]uint64, n)
-	for i := range c {
-		c[i] = base + uint64(i)
-	}
-	return c
-}
+var chainOf = crashtest.Chain
 
 func saveWait(t testing.TB, g *group, chain []uint64, pages []int32) *Save {
 	t.Helper()
