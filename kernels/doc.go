@@ -58,7 +58,8 @@
 // it never overruns them (back-pressure) nor the window (IOWindow, capped by
 // the CQ size so the CQ cannot overflow); threads write the SQEs with plain
 // stores, __threadfence_system, and thread 0 publishes the tail with
-// st.release.sys. It reaps CQEs with ld.acquire.sys of the CQ tail, records
+// st.release.sys. It reaps CQEs with ld.acquire.sys of the CQ tail (one CQE
+// per thread, so a batch is reaped in one PCIe round trip), records
 // each entry's status (ok, I/O error with errno, short, timeout) in a host-
 // mapped result array, and releases the CQ head. Indices wrap modulo 2^32
 // and are masked, so ring wrap-around needs nothing special. The kernel of
@@ -81,7 +82,10 @@
 // and sleeps in io_uring_enter until a batch of completions (a quarter of the
 // I/O in flight, at most WakeBatch, ramping up from 1 at a restore's start:
 // WakeRamp) or a timeout (BatchWait while I/O is in flight, WakeInterval,
-// backed off, while none is); while no restore is live
+// backed off, while none is). After a wake-up that posted completions it
+// polls (KickRefillWait, 50 µs at most) until the GPU has published the SQEs
+// that refill the window, so they go to the device now and not a batch
+// later; while no restore is live
 // it sleeps on a futex. NewKickRing makes the ring this loop wants: created
 // disabled with DEFER_TASKRUN, handed to the loop's thread, which registers
 // the staging pool and enables it, so completions run as its deferred task

@@ -208,6 +208,13 @@ __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t *p) {
 __device__ __forceinline__ void st_release_sys(uint32_t *p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// A plain load after another thread's acquire and a barrier could be served
+// from a stale L1 line of the previous lap of the CQ ring: read it strong.
+__device__ __forceinline__ unsigned long long ld_relaxed_sys_u64(const unsigned long long *p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -270,7 +277,7 @@ enum { OP_READ = 22, OP_WRITE = 23, OP_READ_FIXED = 4, OP_WRITE_FIXED = 5 };
 // Kernels of one context run in order on one stream, so only one touches the ring.
 __global__ void io_layer_kernel(DRing r, DState *st, DReq q, uint32_t layer, uint32_t lookahead,
                                 uint32_t window, uint64_t timeout_ns) {
-  __shared__ uint32_t s_tail, s_n, s_cursor, s_stop;
+  __shared__ uint32_t s_tail, s_n, s_cursor, s_stop, s_head, s_ctail, s_ours, s_stray;
   const uint32_t total_end = min(q.n_layers, layer + 1 + lookahead) * q.epl;
   const uint32_t need_end = (layer + 1) * q.epl;
   if (threadIdx.x == 0) s_stop = 0;
@@ -330,32 +337,42 @@ __global__ void io_layer_kernel(DRing r, DState *st, DReq q, uint32_t layer, uin
         *q.cursor = s_cursor + n;
         st->inflight += n;
       }
-      // Reap every CQE present.
-      uint32_t head = st->cq_head;
-      const uint32_t ctail = ld_acquire_sys(r.cq_tail);
-      bool progress = n != 0;
-      while (head != ctail) {
-        const unsigned long long *c = r.cqes + (uint64_t)(head & r.cq_mask) * 2;
-        const unsigned long long ud = c[0];
-        const int32_t res = (int32_t)(c[1] & 0xffffffffull);
-        head++;
-        progress = true;
-        const uint32_t e = (uint32_t)ud;
-        if ((uint32_t)(ud >> 32) != q.slot_id || e >= q.n_layers * q.epl) {
-          st->stray++;
-          continue;
-        }
-        st->inflight--;
-        const uint32_t need = q.entries[e].min_len;
-        tk_entry_result out;
-        out.res = res;
-        out.status = res < 0 ? TK_ENTRY_IOERR : ((uint32_t)res >= need ? TK_ENTRY_OK : TK_ENTRY_SHORT);
-        q.results[e] = out;
-        q.done[e / q.epl]++;
+      s_head = st->cq_head;
+      s_ctail = ld_acquire_sys(r.cq_tail);
+      s_ours = 0;
+      s_stray = 0;
+    }
+    __syncthreads();
+    // Reap every CQE present, one per thread: each CQE is two loads over
+    // PCIe, and reaping a wake-up's batch of 32 one after another kept the
+    // SQEs that refill the window from being published for tens of µs.
+    const uint32_t head0 = s_head, n_cqe = s_ctail - s_head;
+    for (uint32_t i = threadIdx.x; i < n_cqe; i += blockDim.x) {
+      const unsigned long long *c = r.cqes + (uint64_t)((head0 + i) & r.cq_mask) * 2;
+      const unsigned long long ud = ld_relaxed_sys_u64(c);
+      const int32_t res = (int32_t)(ld_relaxed_sys_u64(c + 1) & 0xffffffffull);
+      const uint32_t e = (uint32_t)ud;
+      if ((uint32_t)(ud >> 32) != q.slot_id || e >= q.n_layers * q.epl) {
+        atomicAdd(&s_stray, 1u);
+        continue;
       }
-      if (head != st->cq_head) {
-        st->cq_head = head;
-        st_release_sys(r.cq_head, head);
+      atomicAdd(&s_ours, 1u);
+      const uint32_t need = q.entries[e].min_len;
+      tk_entry_result out;
+      out.res = res;
+      out.status = res < 0 ? TK_ENTRY_IOERR : ((uint32_t)res >= need ? TK_ENTRY_OK : TK_ENTRY_SHORT);
+      q.results[e] = out;
+      atomicAdd(&q.done[e / q.epl], 1u);
+    }
+    __threadfence_system();
+    __syncthreads();  // every CQE read and counted before the head is released
+    if (threadIdx.x == 0) {
+      const bool progress = n != 0 || n_cqe != 0;
+      if (n_cqe) {
+        st->inflight -= s_ours;
+        st->stray += s_stray;
+        st->cq_head = s_ctail;
+        st_release_sys(r.cq_head, s_ctail);
       }
       const uint64_t now = globaltimer_ns();
       if (progress) last_progress = now;

@@ -429,3 +429,107 @@ func TestKickLoopRampsItsBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestKickLoopPollsForTheRefill: after a wake-up that posted completions the
+// GPU reaps them and publishes the SQEs that refill the window a few µs
+// later. With KickRefillWait the helper polls for them and submits them at
+// once; without, they wait in the SQ for the next wake-up (here 4 wake
+// intervals: one read stays in flight, so the helper waits for a completion).
+func TestKickLoopPollsForTheRefill(t *testing.T) {
+	const interval = 100 * time.Millisecond
+	const gpuDelay = 2 * time.Millisecond // the GPU's reaction to a posted CQE
+	for _, c := range []struct {
+		name   string
+		refill time.Duration
+		prompt bool // the refill's read completes well before the next wake-up
+	}{{"poll", 500 * time.Millisecond, true}, {"no-poll", -1, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			ring, l := kickRingOrSkip(t, uring.Config{Entries: 8, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true})
+			defer ring.Close()
+			var pipes [3][2]int // 0: the first read, 1: the refill, 2: in flight throughout
+			for i := range pipes {
+				if err := unix.Pipe2(pipes[i][:], unix.O_CLOEXEC); err != nil {
+					t.Fatal(err)
+				}
+				defer unix.Close(pipes[i][0])
+				defer unix.Close(pipes[i][1])
+			}
+			dst, err := uring.AllocBuffer(4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dst.Free()
+			r := newKickRestorer(ring, Config{WakeInterval: interval, BatchWait: 3 * time.Second, WakeBatch: 1, WakeRamp: -1,
+				KickRefillWait: c.refill, NoFixedBuffers: true}, true)
+			defer startKick(t, r)()
+			mask, cmask := ringLoad32(l.SQMask), ringLoad32(l.CQMask)
+			publish := func(ud uint64) {
+				tail := ringLoad32(l.SQTail)
+				putSQE(l, tail&mask, opRead, pipes[ud][0], 0, uint64(dst.Addr())+ud, 1, ud)
+				ringStore32(l.SQTail, tail+1)
+			}
+			// Drain the ring before it closes, whatever happened.
+			cq0 := ringLoad32(l.CQTail)
+			defer func() {
+				for i := range pipes {
+					unix.Write(pipes[i][1], []byte{1})
+				}
+				for t0 := time.Now(); ringLoad32(l.SQTail) != ringLoad32(l.SQHead) || ringLoad32(l.CQTail)-cq0 < 3; {
+					if time.Since(t0) > 5*time.Second {
+						break
+					}
+					time.Sleep(time.Millisecond)
+				}
+				ringStore32(l.CQHead, ringLoad32(l.CQTail))
+			}()
+			r.helper.begin() // as Restore does; startKick's end balances the first
+			defer r.helper.end()
+			publish(2)
+			publish(0)
+			for ringLoad32(l.SQHead) != ringLoad32(l.SQTail) {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(10 * time.Millisecond)                             // both submitted; the helper waits for one completion
+			if _, err := unix.Write(pipes[1][1], []byte{1}); err != nil { // the refill's read completes once submitted
+				t.Fatal(err)
+			}
+			w0, s0, _ := r.Refills()
+			if _, err := unix.Write(pipes[0][1], []byte{1}); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for ringLoad32(l.CQTail) == ringLoad32(l.CQHead) {
+				if time.Now().After(deadline) {
+					t.Fatal("the first read's completion was never posted")
+				}
+			}
+			head := ringLoad32(l.CQHead)
+			if ud := ringLoad64(l.CQEs + uintptr(head&cmask)*uintptr(l.CQESize)); ud != 0 {
+				t.Fatalf("first CQE is read %d's, want 0's", ud)
+			}
+			for t1 := time.Now(); time.Since(t1) < gpuDelay; {
+			}
+			ringStore32(l.CQHead, head+1)
+			publish(1)
+			t0 := time.Now()
+			for ringLoad32(l.CQTail) == ringLoad32(l.CQHead) && time.Since(t0) < 2*time.Second {
+				time.Sleep(100 * time.Microsecond)
+			}
+			d := time.Since(t0)
+			if ud := ringLoad64(l.CQEs + uintptr(ringLoad32(l.CQHead)&cmask)*uintptr(l.CQESize)); ringLoad32(l.CQTail) == ringLoad32(l.CQHead) || ud != 1 {
+				t.Fatalf("the refill's completion was not posted (%v)", d)
+			}
+			w, s, spent := r.Refills()
+			t.Logf("refill read done after %v; %d polls found %d SQEs in %v", d, w-w0, s-s0, spent)
+			if prompt := d < interval; prompt != c.prompt {
+				t.Fatalf("the refill's read completed %v after it was published (wake interval %v); want prompt=%v", d, interval, c.prompt)
+			}
+			if c.prompt && (w-w0 < 1 || s-s0 < 1) {
+				t.Fatalf("%d polls found %d SQEs; want the refill found", w-w0, s-s0)
+			}
+			if !c.prompt && w != 0 {
+				t.Fatalf("%d polls with KickRefillWait off", w)
+			}
+		})
+	}
+}
