@@ -364,7 +364,7 @@ __global__ void io_layer_kernel(DRing r, DState *st, DReq q, uint32_t layer, uin
       q.results[e] = out;
       atomicAdd(&q.done[e / q.epl], 1u);
     }
-    __threadfence_system();
+    if (threadIdx.x < n_cqe) __threadfence_system();  // results out before the head moves
     __syncthreads();  // every CQE read and counted before the head is released
     if (threadIdx.x == 0) {
       const bool progress = n != 0 || n_cqe != 0;
