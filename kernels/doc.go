@@ -82,10 +82,7 @@
 // and sleeps in io_uring_enter until a batch of completions (a quarter of the
 // I/O in flight, at most WakeBatch, ramping up from 1 at a restore's start:
 // WakeRamp) or a timeout (BatchWait while I/O is in flight, WakeInterval,
-// backed off, while none is). After a wake-up that posted completions it
-// polls (KickRefillWait, 50 µs at most) until the GPU has published the SQEs
-// that refill the window, so they go to the device now and not a batch
-// later; while no restore is live
+// backed off, while none is); while no restore is live
 // it sleeps on a futex. NewKickRing makes the ring this loop wants: created
 // disabled with DEFER_TASKRUN, handed to the loop's thread, which registers
 // the staging pool and enables it, so completions run as its deferred task

@@ -20,9 +20,6 @@ typedef struct {
 	int32_t errors;     // how many
 	int32_t tid;        // the loop's thread (for per-thread CPU accounting)
 	int32_t starts;     // restores begun (the loop resets its idle backoff when it moves)
-	int64_t refill_waits; // polls for the GPU's refill after a wake-up that posted completions
-	int64_t refill_sqes;  // SQEs those polls found published (submitted by the next enter)
-	int64_t refill_ns;    // time spent polling
 } tk_kick_ctl;
 
 typedef struct {
@@ -34,47 +31,9 @@ typedef struct {
 	uint64_t sq_head, sq_tail, cq_head, cq_tail; // addresses in the ring's memory
 	int64_t interval_ns;   // wait while nothing is in flight (new SQEs are only seen on waking)
 	int64_t batch_wait_ns; // longest wait for a batch while I/O is in flight
-	int64_t refill_ns;     // Config.KickRefillWait: longest poll for the GPU's refill after a wake-up (0: none)
 } tk_kick_ring;
 
 static inline uint32_t kl_ld(uint64_t a) { return __atomic_load_n((uint32_t *)a, __ATOMIC_ACQUIRE); }
-
-static inline int64_t kl_now_ns(void) {
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-static inline void kl_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ volatile("yield");
-#endif
-}
-
-// kl_refill polls, for at most r->refill_ns, until the GPU has published as
-// many SQEs as the last wait posted completions (what it refills the window
-// with once it reaps them), and returns how many it found. Without it the
-// loop re-enters at once, before the GPU has even seen the completions, and
-// the refill waits a whole batch in the SQ: the window's I/O in flight swings
-// between window-2k and window-k instead of window-k and window.
-static uint32_t kl_refill(tk_kick_ctl *ctl, const tk_kick_ring *r, uint32_t want) {
-	int64_t t0 = kl_now_ns(), t = t0;
-	uint32_t have = 0;
-	for (uint32_t i = 0;; i++) {
-		have = kl_ld(r->sq_tail) - kl_ld(r->sq_head);
-		if (have >= want || t - t0 >= r->refill_ns) break;
-		if ((i & 63) == 63 && __atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE)) break;
-		kl_relax();
-		t = kl_now_ns();
-	}
-	if (have > r->sq_entries) have = r->sq_entries;
-	__atomic_add_fetch(&ctl->refill_waits, 1, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&ctl->refill_sqes, have, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&ctl->refill_ns, t - t0, __ATOMIC_RELAXED);
-	return have;
-}
 
 // tk_kick_loop runs until ctl->stop. While a restore is live, each
 // io_uring_enter submits exactly the SQEs the GPU has published (asking for
@@ -176,10 +135,6 @@ static void tk_kick_loop(tk_kick_ctl *ctl, const tk_kick_ring *r) {
 		__atomic_add_fetch(&ctl->enters, 1, __ATOMIC_RELAXED);
 		if (r->exact_target) lag = rc >= 0 && unreaped > 0 && kl_ld(r->cq_tail) == ctail;
 		if (rc > 0) submitted += (uint32_t)rc;
-		int err = rc < 0 ? errno : 0;
-		uint32_t posted = kl_ld(r->cq_tail) - ctail;
-		if (r->refill_ns > 0 && posted > 0 && posted <= r->cq_entries && after > 0) kl_refill(ctl, r, posted);
-		errno = err;
 		if (rc < 0 && errno == ETIME) {
 			__atomic_add_fetch(&ctl->timeouts, 1, __ATOMIC_RELAXED);
 			if (after > 0 && wait_ns == r->batch_wait_ns) __atomic_add_fetch(&ctl->batch_timeouts, 1, __ATOMIC_RELAXED);
@@ -255,14 +210,6 @@ func (h helperState) batchTimeouts() int64 {
 	return atomic.LoadInt64((*int64)(unsafe.Pointer(&h.ctl.batch_timeouts)))
 }
 
-// refills is what the kick loop's polls for the GPU's refill found: polls,
-// SQEs found published, time spent.
-func (h helperState) refills() (waits, sqes int64, spent time.Duration) {
-	return atomic.LoadInt64((*int64)(unsafe.Pointer(&h.ctl.refill_waits))),
-		atomic.LoadInt64((*int64)(unsafe.Pointer(&h.ctl.refill_sqes))),
-		time.Duration(atomic.LoadInt64((*int64)(unsafe.Pointer(&h.ctl.refill_ns))))
-}
-
 // err is the last unexpected io_uring_enter error of the kick loop.
 func (h helperState) err() error {
 	n := atomic.LoadInt32((*int32)(unsafe.Pointer(&h.ctl.errors)))
@@ -277,7 +224,7 @@ func (h helperState) err() error {
 // stop. One cgo call for the loop's whole life: the Go scheduler hands the
 // thread's P off once, instead of on every wait as a Go loop of blocking
 // io_uring_enter calls did (26–37 µs of CPU per wake-up on the GPU machine).
-func (h helperState) runKickLoop(l uring.RingLayout, interval, batchWait, refill time.Duration, batch, ramp int, exact bool) {
+func (h helperState) runKickLoop(l uring.RingLayout, interval, batchWait time.Duration, batch, ramp int, exact bool) {
 	kr := (*C.tk_kick_ring)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tk_kick_ring{}))))
 	defer C.free(unsafe.Pointer(kr))
 	kr.fd = C.int(l.FD)
@@ -289,7 +236,6 @@ func (h helperState) runKickLoop(l uring.RingLayout, interval, batchWait, refill
 	kr.cq_tail = C.uint64_t(l.CQTail)
 	kr.interval_ns = C.int64_t(interval.Nanoseconds())
 	kr.batch_wait_ns = C.int64_t(batchWait.Nanoseconds())
-	kr.refill_ns = C.int64_t(max(refill, 0).Nanoseconds())
 	kr.batch = C.uint32_t(batch)
 	kr.ramp = C.uint32_t(max(ramp, 0))
 	if exact {

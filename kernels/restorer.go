@@ -93,13 +93,7 @@ type Config struct {
 	// equal or faster in every gpubench case and the replay (BENCHMARKS.md,
 	// kernels, Session 4).
 	LooseWakeTarget bool
-	// KickRefillWait (kick mode): after a wake-up that posted completions,
-	// the helper polls this long at most for the SQEs the GPU publishes
-	// once it has reaped them, so they are submitted now and not a batch
-	// later; it stops as soon as as many are published as completions were
-	// posted. 50 µs (-1: none, re-enter at once).
-	KickRefillWait time.Duration
-	SlotBytesHint  int64 // staging slot size; derived from MaxPages and MaxExtents
+	SlotBytesHint   int64 // staging slot size; derived from MaxPages and MaxExtents
 	// ZeroCopyScatter: the scatter kernel reads each restored layer from
 	// pinned host staging itself, as before 2026-11-29. By default the copy
 	// engine moves the layer into one of two device staging slots (2 ×
@@ -171,9 +165,6 @@ func (c *Config) defaults() {
 	}
 	if c.WakeRamp == 0 {
 		c.WakeRamp = 8
-	}
-	if c.KickRefillWait == 0 {
-		c.KickRefillWait = 50 * time.Microsecond
 	}
 	if c.BatchWait == 0 {
 		// On a disk of ~2 GB/s a batch of 32 takes longer than this, so the
@@ -429,7 +420,7 @@ func (r *Restorer) wakeLoop(slotBytes int64, ready chan<- error) {
 	}
 	ready <- nil
 	if kick && l.Features&featExtArg != 0 {
-		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.KickRefillWait, r.cfg.WakeBatch, r.cfg.WakeRamp, !r.cfg.LooseWakeTarget)
+		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch, r.cfg.WakeRamp, !r.cfg.LooseWakeTarget)
 		return
 	}
 	t := time.NewTicker(r.cfg.WakeInterval)
@@ -516,11 +507,6 @@ func (r *Restorer) WakeTimeouts() int64 { return r.helper.timeouts() }
 // with I/O in flight (part of WakeTimeouts; the rest are idle waits and,
 // without LooseWakeTarget, short waits for a single completion).
 func (r *Restorer) BatchTimeouts() int64 { return r.helper.batchTimeouts() }
-
-// Refills reports the kick loop's polls for the GPU's refill
-// (Config.KickRefillWait): how many, the SQEs they found published (each
-// submitted a batch earlier than without the poll) and the time they took.
-func (r *Restorer) Refills() (waits, sqes int64, spent time.Duration) { return r.helper.refills() }
 
 // HelperMode says how the CPU helper drives the ring: "sqpoll-wake" (it
 // only wakes the SQPOLL thread), "kick-wait" (the C loop, woken by

@@ -134,7 +134,6 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	kickBatch := fs.Int("kick-batch", 32, "GPU kick mode: most completions one wake-up of the CPU helper waits for (a quarter of the I/O in flight, at most this; 1: every completion)")
 	kickRamp := fs.Int("kick-ramp", 0, "GPU kick mode: at a restore's start the helper's batch grows by one every this many completions (kernels.Config.WakeRamp; 0: 8, -1: no ramp)")
 	kickBatchWait := fs.Duration("kick-batch-wait", 4*time.Millisecond, "GPU kick mode: longest wait for a batch of completions while I/O is in flight")
-	kickRefill := fs.Duration("kick-refill-wait", 0, "GPU kick mode: after a wake-up that posted completions, the helper polls this long at most for the SQEs the GPU refills the window with (kernels.Config.KickRefillWait; 0: 50µs, -1ns: none)")
 	kickExact := fs.Bool("kick-exact-target", true, "GPU kick mode: the helper's wait counts only completions that arrive after it starts (false: kernels.Config.LooseWakeTarget, the first target, slower on the H200)")
 	kickDefer := fs.Bool("kick-defer", true, "GPU kick mode: a DEFER_TASKRUN ring (the kernel wakes the helper once per batch); false: an ordinary ring, woken by every completion")
 	enqueueLayers := fs.Int("enqueue-layers", 0, "GPU paths: layers of a restore on the GPU's streams ahead of the last one scattered (kernels.Config.EnqueueLayers; 0: 2×(lookahead+3), 16..48)")
@@ -242,7 +241,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		MaxPages: b.pages, MaxExtents: b.lay.piecesPerLayer(), MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
 		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads, ZeroCopyScatter: *zeroCopy,
 		EnqueueLayers: *enqueueLayers, EnqueueChunk: *enqueueChunk,
-		WakeBatch: *kickBatch, WakeRamp: *kickRamp, BatchWait: *kickBatchWait, LooseWakeTarget: !*kickExact, KickRefillWait: *kickRefill}
+		WakeBatch: *kickBatch, WakeRamp: *kickRamp, BatchWait: *kickBatchWait, LooseWakeTarget: !*kickExact}
 	b.kickDefer = *kickDefer
 	b.r, err = kernels.Bind(b.kcfg)
 	if err != nil {
@@ -695,7 +694,6 @@ func (b *gpuBench) gpuRequest() kernels.Request {
 func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	req := b.gpuRequest()
 	wakes0, timeouts0, batch0 := r.Wakeups(), r.WakeTimeouts(), r.BatchTimeouts()
-	rw0, rs0, rt0 := r.Refills()
 	m0 := b.start()
 	x, err := r.Restore(req)
 	if err != nil {
@@ -718,9 +716,7 @@ func (b *gpuBench) runGPU(row *benchRow, r *kernels.Restorer) error {
 	if r == b.r {
 		row.Note = fmt.Sprintf("sqpoll thread %.2f s, %d wake-ups", row.SQPollCPUS, r.Wakeups()-wakes0)
 	} else {
-		rw, rs, rt := r.Refills()
-		row.Note = fmt.Sprintf("%d kicks, %d on the timeout, %d of them the whole batch wait (%s), %d refill polls found %d SQEs in %.1f ms",
-			r.Wakeups()-wakes0, r.WakeTimeouts()-timeouts0, r.BatchTimeouts()-batch0, r.HelperMode(), rw-rw0, rs-rs0, float64(rt-rt0)/1e6)
+		row.Note = fmt.Sprintf("%d kicks, %d on the timeout, %d of them the whole batch wait (%s)", r.Wakeups()-wakes0, r.WakeTimeouts()-timeouts0, r.BatchTimeouts()-batch0, r.HelperMode())
 	}
 	if d := threadCPUDelta(m0.threads, threads1, r.HelperTID()); d != "" {
 		row.Note += ", threads: " + d
