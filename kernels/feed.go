@@ -79,8 +79,12 @@ func newFeeder(ops feedOps, lib *sync.Mutex, ahead, chunk int) *feeder {
 
 // start is called with f.lib held: it submits it at once when no restore is
 // still being fed (the common case: no goroutine hop on the way to the GPU),
-// and queues whatever is left to enqueue.
-func (f *feeder) start(it *feedItem) {
+// and queues whatever is left to enqueue. It returns the error that ended it
+// before anything was enqueued (the feeder broken or closing, or its submit
+// failed; it.err says the same); the caller then owns it again. After a nil
+// return it belongs to the feeder until it.done, and its fields are read
+// under f.mu only.
+func (f *feeder) start(it *feedItem) error {
 	f.mu.Lock()
 	broken := f.broken
 	if f.stopped && broken == nil {
@@ -94,7 +98,7 @@ func (f *feeder) start(it *feedItem) {
 			f.cond.Broadcast()
 		}
 		f.mu.Unlock()
-		return
+		return broken
 	}
 	// The queue stays empty until we append: only start appends, and its
 	// callers hold f.lib.
@@ -112,6 +116,7 @@ func (f *feeder) start(it *feedItem) {
 	}
 	f.cond.Broadcast()
 	f.mu.Unlock()
+	return err
 }
 
 // submit submits it with its first ahead layers enqueued, with f.lib held.

@@ -174,8 +174,11 @@ func TestFeeder(t *testing.T) {
 				// One restore alone first; the fault is armed after it.
 				first := &feedItem{layers: 10}
 				lib.Lock()
-				f.start(first)
+				err := f.start(first)
 				lib.Unlock()
+				if err != nil {
+					t.Fatal(err)
+				}
 				if err := f.waitFed(first, 10); err != nil {
 					t.Fatal(err)
 				}
@@ -196,9 +199,8 @@ func TestFeeder(t *testing.T) {
 						for _, n := range sizes {
 							it := &feedItem{layers: n}
 							lib.Lock()
-							f.start(it)
+							werr := f.start(it) // a restore after the failure fails here
 							lib.Unlock()
-							var werr error
 							for l := 0; l < n && werr == nil; l++ {
 								if werr = f.waitFed(it, l+1); werr == nil {
 									werr = g.waitLayer(it, l)
@@ -240,16 +242,14 @@ func TestFeeder(t *testing.T) {
 				if tc.failAt == 0 {
 					// stopped: a restore started now fails at once instead of waiting forever
 					it := &feedItem{layers: 3}
-					f.start(it)
-					if !it.done || !errors.Is(it.err, ErrInvalid) {
+					if err := f.start(it); !errors.Is(err, ErrInvalid) || !it.done || !errors.Is(it.err, ErrInvalid) {
 						t.Fatalf("restore after stop: done %v, err %v", it.done, it.err)
 					}
 				}
 				if tc.failAt > 0 {
 					// fail closed: a restore started now fails at once
 					it := &feedItem{layers: 3}
-					f.start(it)
-					if !it.done || !errors.Is(it.err, ErrCUDA) {
+					if err := f.start(it); !errors.Is(err, ErrCUDA) || !it.done || !errors.Is(it.err, ErrCUDA) {
 						t.Fatalf("restore after the failure: done %v, err %v", it.done, it.err)
 					}
 				}

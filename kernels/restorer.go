@@ -633,12 +633,13 @@ func (r *Restorer) Restore(req Request) (*Restore, error) {
 	}
 	x := &Restore{r: r, f: feedItem{first: req.FirstLayer, layers: len(req.Layers), plan: pl}, epl: pl.EntriesPerLayer}
 	r.live++
-	r.feed.start(&x.f)
-	if x.f.done && x.f.err != nil {
+	if err := r.feed.start(&x.f); err != nil {
+		// Never submitted (a submit that fails gives its plan back itself):
+		// x.f is ours again, and the feeder never saw it.
 		r.live--
 		r.helper.end()
 		r.putPlan(&x.f)
-		return nil, fmt.Errorf("restore: %w", x.f.err)
+		return nil, fmt.Errorf("restore: %w", err)
 	}
 	return x, nil
 }
