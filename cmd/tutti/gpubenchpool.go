@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/tutti-io/tutti/eval/metrics"
 )
 
 // gpubench-pool: the rounds of several gpubench calls, pooled. On the GPU
@@ -119,6 +121,14 @@ type pooled struct {
 	VsAhead   int     `json:"vs_rounds_ahead,omitempty"` // rounds with a ratio of at least 1
 	VsRatioLo float64 `json:"vs_ratio_min,omitempty"`
 	VsRatioHi float64 `json:"vs_ratio_max,omitempty"`
+	// A distribution-free 95% interval for the median ratio (order
+	// statistics; none under 6 rounds), and the two-sided sign test's
+	// p-value for "the median ratio is 1": whether the rounds tell the two
+	// paths apart at all, where the median alone falls either side of 1 by
+	// the host's noise.
+	VsCI95Lo float64 `json:"vs_ratio_median_ci95_lo,omitempty"`
+	VsCI95Hi float64 `json:"vs_ratio_median_ci95_hi,omitempty"`
+	VsSignP  float64 `json:"vs_sign_test_p,omitempty"`
 	// The pooled median CPU s/GiB over that of the --cpu-vs path (files that
 	// ran both).
 	CPUVs    string  `json:"cpu_vs,omitempty"`
@@ -226,6 +236,10 @@ func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 					p.VsAhead++
 				}
 			}
+			if lo, hi, ok := metrics.MedianCI(ratios, 0.95); ok {
+				p.VsCI95Lo, p.VsCI95Hi = lo, hi
+			}
+			_, _, p.VsSignP = metrics.SignTest(ratios, 1)
 		}
 		if len(cpuOther) > 0 {
 			if m := median(cpuOther); m > 0 {
@@ -284,9 +298,9 @@ func printPooled(w io.Writer, out []pooled) {
 	if byFile {
 		fmt.Fprint(tw, "file\t")
 	}
-	fmt.Fprintln(tw, "model\tstorage\tpath\tfiles\trounds\tGB/s\tx ceil\tx ceil range\tCPU s/GiB\tio-wq\tvs\tahead\tvs range\tCPU ratio\tmismatch")
+	fmt.Fprintln(tw, "model\tstorage\tpath\tfiles\trounds\tGB/s\tx ceil\tx ceil range\tCPU s/GiB\tio-wq\tvs\tahead\tvs range\tvs 95% CI\tsign p\tCPU ratio\tmismatch")
 	for _, p := range out {
-		vsCell, ahead, rng, cpuCell, iowq := "-", "-", "-", "-", "-"
+		vsCell, ahead, rng, ci, signP, cpuCell, iowq := "-", "-", "-", "-", "-", "-", "-"
 		if p.IOWQKnown > 0 {
 			iowq = fmt.Sprintf("%d of %d", p.IOWQRounds, p.IOWQKnown)
 		}
@@ -294,6 +308,10 @@ func printPooled(w io.Writer, out []pooled) {
 			vsCell = fmt.Sprintf("%.3f", p.VsRatio)
 			ahead = fmt.Sprintf("%d of %d", p.VsAhead, p.VsRounds)
 			rng = fmt.Sprintf("%.3f-%.3f", p.VsRatioLo, p.VsRatioHi)
+			signP = fmt.Sprintf("%.2f", p.VsSignP)
+			if p.VsCI95Hi > 0 {
+				ci = fmt.Sprintf("%.3f-%.3f", p.VsCI95Lo, p.VsCI95Hi)
+			}
 		}
 		if p.CPURatio > 0 {
 			cpuCell = fmt.Sprintf("%.3f", p.CPURatio)
@@ -305,8 +323,8 @@ func printPooled(w io.Writer, out []pooled) {
 		if byFile {
 			fmt.Fprintf(tw, "%s\t", p.File)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.2f\t%.3f\t%.3f-%.3f\t%.4f\t%s\t%s\t%s\t%s\t%s\t%d\n",
-			p.Model, p.Storage, shortPath(p.Path), files, p.Rounds, p.BytesPerS/1e9, p.CeilFrac, p.CeilMin, p.CeilMax, p.CPUSPerGiB, iowq, vsCell, ahead, rng, cpuCell, p.Mismatches)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.2f\t%.3f\t%.3f-%.3f\t%.4f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n",
+			p.Model, p.Storage, shortPath(p.Path), files, p.Rounds, p.BytesPerS/1e9, p.CeilFrac, p.CeilMin, p.CeilMax, p.CPUSPerGiB, iowq, vsCell, ahead, rng, ci, signP, cpuCell, p.Mismatches)
 	}
 	tw.Flush()
 	var names []string
@@ -321,7 +339,7 @@ func printPooled(w io.Writer, out []pooled) {
 	}
 	fmt.Fprintln(w, "io-wq: rounds that ran io-wq workers, of the rounds whose files count them.")
 	if len(names) > 0 {
-		fmt.Fprintf(w, "vs: the median over rounds of bytes/s over the compared path's in the same round; ahead: rounds at 1 or more. CPU ratio: pooled median CPU s/GiB over the compared path's. Compared paths: %s\n", strings.Join(names, "; "))
+		fmt.Fprintf(w, "vs: the median over rounds of bytes/s over the compared path's in the same round; ahead: rounds at 1 or more; 95%% CI: a distribution-free interval for that median (order statistics, 6 rounds or more); sign p: the two-sided sign test's p-value for a median of 1. CPU ratio: pooled median CPU s/GiB over the compared path's. Compared paths: %s\n", strings.Join(names, "; "))
 	}
 }
 

@@ -117,6 +117,11 @@ func TestPoolRows(t *testing.T) {
 	if g.Vs != poolA || g.VsRounds != 6 || g.VsAhead != 4 || !near(g.VsRatio, 13.0/12) || !near(g.VsRatioLo, .9) || !near(g.VsRatioHi, 1.2) {
 		t.Errorf("GPU against (a): %+v", g)
 	}
+	// Six rounds: the 95% interval for the median is the extremes; 4 above
+	// 1 and 2 below: sign test p = 2·P(X ≤ 2), X ~ Bin(6, 1/2) = 44/64.
+	if !near(g.VsCI95Lo, .9) || !near(g.VsCI95Hi, 1.2) || !near(g.VsSignP, 44.0/64) {
+		t.Errorf("GPU against (a), interval and sign test: %+v", g)
+	}
 	// (b) failed in file two: only file one's CPU counts, against file
 	// one's GPU rounds: median .004 over .05.
 	if g.CPUVs != poolB || !near(g.CPURatio, .004/.05) {
