@@ -311,6 +311,21 @@ func openCeilingTarget(ctx context.Context, path string, sizeBytes int64) (*targ
 	return t, nil
 }
 
+// WriteCeilingFile writes a new file of sizeBytes (rounded up to whole MiB)
+// of pseudo-random data with O_DIRECT and fsyncs it: what the ceilings
+// write for a path that does not exist, kept, so that several measurements
+// over one directory (CeilingEachInto, then CeilingStriped) read the same
+// data and write it once. The caller removes it. An existing path is an
+// error.
+func WriteCeilingFile(ctx context.Context, path string, sizeBytes int64) error {
+	sizeBytes = (sizeBytes + 1<<20 - 1) / (1 << 20) * (1 << 20)
+	t, err := createTarget(ctx, path, sizeBytes, true, 1)
+	if err != nil {
+		return err
+	}
+	return t.close()
+}
+
 // CeilingEachInto measures the Ceiling of every path at the same time
 // (striped storage: the aggregate the devices deliver together, which their
 // separate ceilings overstate when they share CPUs or a bus), path i's reads

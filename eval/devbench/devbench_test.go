@@ -353,3 +353,38 @@ func TestCeilingTargetWithinSize(t *testing.T) {
 		}
 	}
 }
+
+// WriteCeilingFile leaves a whole-MiB file of real blocks that the ceilings
+// then read as they are (not written again, not removed), and refuses a path
+// that exists.
+func TestWriteCeilingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ceiling.dat")
+	err := WriteCeilingFile(context.Background(), path, 3<<20+1)
+	if errors.Is(err, unix.EINVAL) {
+		t.Skipf("no O_DIRECT here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() != 4<<20 {
+		t.Fatalf("size %d, want 4 MiB (rounded up to whole MiB)", st.Size())
+	}
+	mtime := st.ModTime()
+	if _, _, err := CeilingInto(context.Background(), path, 4<<20, 0); err != nil {
+		t.Fatal(err)
+	}
+	st2, err := os.Stat(path)
+	if err != nil {
+		t.Fatalf("the ceiling removed the file it did not write: %v", err)
+	}
+	if !st2.ModTime().Equal(mtime) {
+		t.Fatal("the ceiling wrote the file again")
+	}
+	if err := WriteCeilingFile(context.Background(), path, 1<<20); err == nil {
+		t.Fatal("an existing path was overwritten")
+	}
+}

@@ -2,7 +2,10 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -64,9 +67,10 @@ type ceiling struct {
 }
 
 // ceilingAcross measures devbench's ceiling over the roots, each reading a
-// sizeBytes file ceiling.dat of its own (created, written and removed by
-// devbench). First every root for 2 s at the same time (each its own
-// ring): the sum. With more than one root, then the roots as one striped
+// sizeBytes file ceiling.dat of its own (written once, before both
+// measurements, and removed after them; a ceiling.dat left by an earlier
+// run that died is replaced). First every root for 2 s at the same time
+// (each its own ring): the sum. With more than one root, then the roots as one striped
 // array: every root reads the same number of bytes, all starting
 // together, and the aggregate is all bytes over the slowest root's time.
 // Any root failing fails the whole: a partial figure would flatter every
@@ -77,6 +81,19 @@ func ceilingAcross(ctx context.Context, roots []string, sizeBytes int64) (ceilin
 	for i, r := range roots {
 		files[i] = filepath.Join(r, "ceiling.dat")
 		sizes[i] = sizeBytes
+	}
+	defer func() {
+		for _, f := range files {
+			os.Remove(f)
+		}
+	}()
+	for _, f := range files {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return ceiling{}, fmt.Errorf("removing a stale ceiling file: %w", err)
+		}
+		if err := devbench.WriteCeilingFile(ctx, f, sizeBytes); err != nil {
+			return ceiling{}, fmt.Errorf("measuring the device ceiling of %s: %w", f, err)
+		}
 	}
 	// 0: devbench's own 32 MiB of destination. Each root's row keeps its
 	// bytes and time, which the striped read budget below comes from.

@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -126,7 +127,18 @@ func TestCeilingAcross(t *testing.T) {
 			for i := range roots {
 				roots[i] = t.TempDir()
 			}
+			// A run that died left a short ceiling.dat behind: replaced, not
+			// read (the sum would have refused it as too small).
+			stale := filepath.Join(roots[len(roots)-1], "ceiling.dat")
+			if err := os.WriteFile(stale, []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
 			c, err := ceilingAcross(context.Background(), roots, 8<<20)
+			for _, r := range roots {
+				if _, serr := os.Stat(filepath.Join(r, "ceiling.dat")); !errors.Is(serr, fs.ErrNotExist) {
+					t.Errorf("%s: ceiling.dat left behind (%v)", r, serr)
+				}
+			}
 			if errors.Is(err, unix.EINVAL) {
 				t.Skipf("the filesystem of %s refuses O_DIRECT, so devbench cannot measure a ceiling there: %v", roots[0], err)
 			}
