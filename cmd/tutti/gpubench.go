@@ -74,6 +74,8 @@ type benchRow struct {
 	// PerRound their values.
 	Rounds   int        `json:"rounds"`
 	PerRound roundStats `json:"per_round"`
+
+	position int // where the path ran in its round (roundOrder); kept in PerRound
 }
 
 type gpuBench struct {
@@ -127,7 +129,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	kickUs := fs.Duration("wake-interval", 200*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (SQPOLL: wake it if asleep; kick mode: the longest it waits in the kernel for a completion before submitting what the GPU published)")
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the ceiling measurement (quick configuration checks)")
-	nRounds := fs.Int("rounds", 3, "rounds, each a fresh sample of the sum ceiling, then every path (in an order rotated by one per round) with a striped ceiling sample before and after each; rows are the median over the rounds, each path's fraction taken against the mean of the striped samples around it")
+	nRounds := fs.Int("rounds", 4, "rounds, each a fresh sample of the sum ceiling, then every path (in an order rotated every two rounds and mirrored every other round: with an even number of rounds every path runs before every other in half of them) with a striped ceiling sample before and after each; rows are the median over the rounds, each path's fraction taken against the mean of the striped samples around it")
 	reuse := fs.Bool("reuse", false, "keep data files from an earlier run with the same model, tokens, seed, devices and layout (the size of each and its .layout sidecar say so)")
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: restore the model split over N ranks at once (runtime/tp, rank r on GPU r mod visible, stores under --dir: comma-separated, with at least N directories rank r stripes over every N-th of them), next to one rank of the same shape over the same directories")
 	pollTimeout := fs.Duration("poll-timeout", 5*time.Second, "GPU paths: no completion for this long and the ring breaks")
@@ -266,8 +268,8 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "round %d of %d: sum of the devices' ceilings (devbench.CeilingEachInto: 1 MiB O_DIRECT random reads, QD 32, uring, 2 s, all devices at once, into %d MiB per device, the staging pool's share): %.2f GB/s %s; into devbench's 32 MiB per device (cache-resident): %.2f GB/s %s\n",
 			k+1, *nRounds, dest>>20, sum/1e9, cnote, cached/1e9, cachedNote)
-		// The paths run in an order rotated by one every round, so that no
-		// path always runs first or right after another; each is bracketed
+		// The paths run in roundOrder's order, so that no path always runs
+		// first or right after another; each is bracketed
 		// by striped ceiling samples, and its fraction is taken against
 		// their mean, so that a drift of the host between samples (up to
 		// 30 % within a minute on the GPU machine's loop devices) splits
@@ -275,9 +277,9 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		rows := make([]benchRow, len(paths))
 		before, bnote := b.stripedCeiling(dest, *noCeiling)
 		b.logf("  striped ceiling %s\n", bnote)
-		for j := range paths {
-			i := (j + k) % len(paths)
+		for j, i := range roundOrder(len(paths), k) {
 			row := b.runPath(strings.TrimSpace(paths[i]))
+			row.position = j
 			after, anote := b.stripedCeiling(dest, *noCeiling)
 			ceiling := meanPositive(before, after)
 			row.Storage, row.Model = b.label, b.model

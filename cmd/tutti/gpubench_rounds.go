@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 )
 
@@ -9,8 +10,8 @@ import (
 // two samples a minute apart (RAM-backed loop devices: 15.3 to 19.8 GB/s),
 // so a single ceiling sample taken before every path ran made a path's
 // fraction depend on when it ran. gpubench therefore runs --rounds rounds,
-// each a fresh sample of the sum ceiling followed by every path (in an order
-// rotated by one per round) with a striped ceiling sample between any two,
+// each a fresh sample of the sum ceiling followed by every path (in the
+// order roundOrder gives) with a striped ceiling sample between any two,
 // and reports for each path the median over the rounds: of its bytes/s, of
 // its CPU s/GiB and of its fractions of the ceilings sampled around it and
 // in its round. The per-round values are kept in the row.
@@ -25,6 +26,28 @@ type roundStats struct {
 	CeilingCached   []float64 `json:"ceiling_cached_bytes_per_s_rounds,omitempty"`
 	CPUSPerGiB      []float64 `json:"cpu_s_per_gib_rounds,omitempty"`
 	IOWQWorkers     []int     `json:"io_wq_workers_rounds,omitempty"`
+	// Position is where the path ran in each round's order (0: first).
+	Position []int `json:"position_rounds,omitempty"`
+}
+
+// roundOrder is the order of n paths (their indices) in round k: the list
+// rotated by k/2, and mirrored in odd rounds. A round and its mirror run
+// every pair of paths both ways, so with an even number of rounds every
+// path runs before every other in exactly half of them, and over 2n rounds
+// every path runs in every position twice. (Rotating by one per round, as
+// before, ran the first of two paths first in 3 of 5 rounds, and of three
+// paths ran the first before the second in 2 of every 3; on the GPU
+// machine the path that ran second in a round was up to a few per cent
+// ahead in some calls: Session 8, BENCHMARKS.md.)
+func roundOrder(n, k int) []int {
+	o := make([]int, n)
+	for j := range o {
+		o[j] = (j + k/2) % n
+	}
+	if k%2 == 1 {
+		slices.Reverse(o)
+	}
+	return o
 }
 
 // mergeRounds folds rounds (rounds[k][i]: path i in round k; every round runs
@@ -66,6 +89,7 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 			st.CeilingCached = append(st.CeilingCached, row.CeilingCachedBytesPS)
 			st.CPUSPerGiB = append(st.CPUSPerGiB, row.CPUSPerGiB)
 			st.IOWQWorkers = append(st.IOWQWorkers, row.IOWQWorkers)
+			st.Position = append(st.Position, row.position)
 		}
 		var row benchRow
 		if failed >= 0 {

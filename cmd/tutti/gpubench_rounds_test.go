@@ -13,7 +13,7 @@ func TestMergeRounds(t *testing.T) {
 	t.Run("medians", func(t *testing.T) {
 		rounds := [][]benchRow{
 			{row("gpu", 10, 20, 0.3, 1), row("cpu", 5, 20, 0.9, 1)},
-			{withWorkers(row("gpu", 14, 14, 0.1, 2), 2), row("cpu", 7, 14, 0.8, 2)},
+			{atPosition(withWorkers(row("gpu", 14, 14, 0.1, 2), 2), 1), atPosition(row("cpu", 7, 14, 0.8, 2), 0)},
 			{row("gpu", 12, 16, 0.2, 3), row("cpu", 6, 16, 0.7, 3)},
 		}
 		got, err := mergeRounds(rounds)
@@ -31,6 +31,9 @@ func TestMergeRounds(t *testing.T) {
 		}
 		if len(g.PerRound.BytesPerS) != 3 || g.PerRound.BytesPerS[1] != 14 {
 			t.Errorf("per-round bytes/s %v", g.PerRound.BytesPerS)
+		}
+		if fmt.Sprint(g.PerRound.Position) != "[0 1 0]" {
+			t.Errorf("per-round positions %v, want [0 1 0]", g.PerRound.Position)
 		}
 		if fmt.Sprint(g.PerRound.IOWQWorkers) != "[0 2 0]" {
 			t.Errorf("per-round io-wq workers %v, want [0 2 0]", g.PerRound.IOWQWorkers)
@@ -79,3 +82,57 @@ func withWorkers(r benchRow, n int) benchRow {
 	r.IOWQWorkers = n
 	return r
 }
+
+// roundOrder: every round runs every path once; over 2n rounds every path
+// runs in every position twice; after every even number of rounds every
+// path has run before every other in exactly half of them.
+func TestRoundOrder(t *testing.T) {
+	if got := fmt.Sprint(roundOrder(2, 0), roundOrder(2, 1), roundOrder(2, 2), roundOrder(2, 3)); got != "[0 1] [1 0] [1 0] [0 1]" {
+		t.Errorf("two paths: %s", got)
+	}
+	if got := fmt.Sprint(roundOrder(3, 0), roundOrder(3, 1), roundOrder(3, 2), roundOrder(3, 3)); got != "[0 1 2] [2 1 0] [1 2 0] [0 2 1]" {
+		t.Errorf("three paths: %s", got)
+	}
+	for n := 1; n <= 6; n++ {
+		atPos := make([][]int, n) // atPos[path][position]
+		for i := range atPos {
+			atPos[i] = make([]int, n)
+		}
+		before := make([][]int, n) // before[i][j]: rounds where i ran before j
+		for i := range before {
+			before[i] = make([]int, n)
+		}
+		for k := 0; k < 2*n; k++ {
+			o := roundOrder(n, k)
+			seen := make([]bool, n)
+			for pos, p := range o {
+				if p < 0 || p >= n || seen[p] {
+					t.Fatalf("n %d round %d: order %v is not a permutation", n, k, o)
+				}
+				seen[p] = true
+				atPos[p][pos]++
+				for _, q := range o[pos+1:] {
+					before[p][q]++
+				}
+			}
+			if k%2 == 1 {
+				for i := 0; i < n; i++ {
+					for j := 0; j < n; j++ {
+						if i != j && before[i][j] != (k+1)/2 {
+							t.Fatalf("n %d after %d rounds: %d ran before %d in %d rounds, want %d", n, k+1, i, j, before[i][j], (k+1)/2)
+						}
+					}
+				}
+			}
+		}
+		for p := range atPos {
+			for pos, c := range atPos[p] {
+				if c != 2 {
+					t.Errorf("n %d: path %d ran at position %d in %d of %d rounds, want 2", n, p, pos, c, 2*n)
+				}
+			}
+		}
+	}
+}
+
+func atPosition(r benchRow, pos int) benchRow { r.position = pos; return r }

@@ -45,6 +45,9 @@ type poolRow struct {
 	// iowq is each round's io-wq workers; nil in files from before they
 	// were counted.
 	iowq []int
+	// pos is where the path ran in each round (0: first); nil in files
+	// from before it was recorded.
+	pos []int
 }
 
 // readBenchRows parses gpubench --json output: one JSON object per line,
@@ -80,11 +83,12 @@ func readBenchRows(r io.Reader, name string) ([]poolRow, error) {
 		case len(pr.BytesPerS) == 0:
 			p.bytesPerS, p.ceilFrac, p.cpu = []float64{row.BytesPerS}, []float64{row.CeilingFraction}, []float64{row.CPUSPerGiB}
 		case len(pr.CeilingFraction) != len(pr.BytesPerS) || len(pr.CPUSPerGiB) != len(pr.BytesPerS) ||
-			(pr.IOWQWorkers != nil && len(pr.IOWQWorkers) != len(pr.BytesPerS)):
-			return nil, fmt.Errorf("%s:%d: path %q: %d rounds of bytes/s, %d of ceiling fraction, %d of CPU s/GiB, %d of io-wq workers",
-				name, line, row.Path, len(pr.BytesPerS), len(pr.CeilingFraction), len(pr.CPUSPerGiB), len(pr.IOWQWorkers))
+			(pr.IOWQWorkers != nil && len(pr.IOWQWorkers) != len(pr.BytesPerS)) ||
+			(pr.Position != nil && len(pr.Position) != len(pr.BytesPerS)):
+			return nil, fmt.Errorf("%s:%d: path %q: %d rounds of bytes/s, %d of ceiling fraction, %d of CPU s/GiB, %d of io-wq workers, %d of positions",
+				name, line, row.Path, len(pr.BytesPerS), len(pr.CeilingFraction), len(pr.CPUSPerGiB), len(pr.IOWQWorkers), len(pr.Position))
 		default:
-			p.bytesPerS, p.ceilFrac, p.cpu, p.iowq = pr.BytesPerS, pr.CeilingFraction, pr.CPUSPerGiB, pr.IOWQWorkers
+			p.bytesPerS, p.ceilFrac, p.cpu, p.iowq, p.pos = pr.BytesPerS, pr.CeilingFraction, pr.CPUSPerGiB, pr.IOWQWorkers, pr.Position
 		}
 		out = append(out, p)
 	}
@@ -129,6 +133,13 @@ type pooled struct {
 	VsCI95Lo float64 `json:"vs_ratio_median_ci95_lo,omitempty"`
 	VsCI95Hi float64 `json:"vs_ratio_median_ci95_hi,omitempty"`
 	VsSignP  float64 `json:"vs_sign_test_p,omitempty"`
+	// The median ratio over the rounds where this path ran before the
+	// other, and over those where it ran after (files that record where
+	// each path ran): apart, they show what the order alone moves.
+	VsFirstRounds  int     `json:"vs_rounds_ran_first,omitempty"`
+	VsFirstRatio   float64 `json:"vs_ratio_median_ran_first,omitempty"`
+	VsSecondRounds int     `json:"vs_rounds_ran_second,omitempty"`
+	VsSecondRatio  float64 `json:"vs_ratio_median_ran_second,omitempty"`
 	// The pooled median CPU s/GiB over that of the --cpu-vs path (files that
 	// ran both).
 	CPUVs    string  `json:"cpu_vs,omitempty"`
@@ -142,7 +153,7 @@ type poolKey struct{ file, model, storage, path string }
 // pick a path of the same model and storage by the start of its name ("" =
 // none); a path is not compared with itself. The ratio against vs pairs
 // round k of a file with round k of the same file (gpubench runs every path
-// in every round, in a rotated order).
+// in every round, in the order roundOrder gives).
 func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 	var order []poolKey
 	groups := map[poolKey][]poolRow{}
@@ -177,7 +188,7 @@ func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 	out := make([]pooled, 0, len(order))
 	for _, k := range order {
 		p := pooled{File: k.file, Model: k.model, Storage: k.storage, Path: k.path}
-		var bps, frac, cpu, ratios, cpuOwn, cpuOther []float64
+		var bps, frac, cpu, ratios, first, second, cpuOwn, cpuOther []float64
 		for _, r := range groups[k] {
 			p.Files++
 			p.Mismatches += r.row.Mismatches
@@ -204,9 +215,18 @@ func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 						return nil, fmt.Errorf("%s: %q ran %d rounds, %q %d", r.file, k.path, len(r.bytesPerS), o.row.Path, len(o.bytesPerS))
 					}
 					p.Vs = o.row.Path
+					ordered := len(r.pos) == len(r.bytesPerS) && len(o.pos) == len(r.bytesPerS)
 					for i, b := range r.bytesPerS {
-						if o.bytesPerS[i] > 0 {
-							ratios = append(ratios, b/o.bytesPerS[i])
+						if o.bytesPerS[i] <= 0 {
+							continue
+						}
+						ratios = append(ratios, b/o.bytesPerS[i])
+						switch {
+						case !ordered:
+						case r.pos[i] < o.pos[i]:
+							first = append(first, b/o.bytesPerS[i])
+						default:
+							second = append(second, b/o.bytesPerS[i])
 						}
 					}
 				}
@@ -240,6 +260,12 @@ func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 				p.VsCI95Lo, p.VsCI95Hi = lo, hi
 			}
 			_, _, p.VsSignP = metrics.SignTest(ratios, 1)
+			if len(first) > 0 {
+				p.VsFirstRounds, p.VsFirstRatio = len(first), median(first)
+			}
+			if len(second) > 0 {
+				p.VsSecondRounds, p.VsSecondRatio = len(second), median(second)
+			}
 		}
 		if len(cpuOther) > 0 {
 			if m := median(cpuOther); m > 0 {
@@ -298,9 +324,9 @@ func printPooled(w io.Writer, out []pooled) {
 	if byFile {
 		fmt.Fprint(tw, "file\t")
 	}
-	fmt.Fprintln(tw, "model\tstorage\tpath\tfiles\trounds\tGB/s\tx ceil\tx ceil range\tCPU s/GiB\tio-wq\tvs\tahead\tvs range\tvs 95% CI\tsign p\tCPU ratio\tmismatch")
+	fmt.Fprintln(tw, "model\tstorage\tpath\tfiles\trounds\tGB/s\tx ceil\tx ceil range\tCPU s/GiB\tio-wq\tvs\tahead\tvs range\tvs 95% CI\tsign p\tvs ran first / second\tCPU ratio\tmismatch")
 	for _, p := range out {
-		vsCell, ahead, rng, ci, signP, cpuCell, iowq := "-", "-", "-", "-", "-", "-", "-"
+		vsCell, ahead, rng, ci, signP, order, cpuCell, iowq := "-", "-", "-", "-", "-", "-", "-", "-"
 		if p.IOWQKnown > 0 {
 			iowq = fmt.Sprintf("%d of %d", p.IOWQRounds, p.IOWQKnown)
 		}
@@ -309,6 +335,9 @@ func printPooled(w io.Writer, out []pooled) {
 			ahead = fmt.Sprintf("%d of %d", p.VsAhead, p.VsRounds)
 			rng = fmt.Sprintf("%.3f-%.3f", p.VsRatioLo, p.VsRatioHi)
 			signP = fmt.Sprintf("%.2f", p.VsSignP)
+			if p.VsFirstRounds+p.VsSecondRounds > 0 {
+				order = fmt.Sprintf("%s / %s", ratioCell(p.VsFirstRatio, p.VsFirstRounds), ratioCell(p.VsSecondRatio, p.VsSecondRounds))
+			}
 			if p.VsCI95Hi > 0 {
 				ci = fmt.Sprintf("%.3f-%.3f", p.VsCI95Lo, p.VsCI95Hi)
 			}
@@ -323,8 +352,8 @@ func printPooled(w io.Writer, out []pooled) {
 		if byFile {
 			fmt.Fprintf(tw, "%s\t", p.File)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.2f\t%.3f\t%.3f-%.3f\t%.4f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n",
-			p.Model, p.Storage, shortPath(p.Path), files, p.Rounds, p.BytesPerS/1e9, p.CeilFrac, p.CeilMin, p.CeilMax, p.CPUSPerGiB, iowq, vsCell, ahead, rng, ci, signP, cpuCell, p.Mismatches)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.2f\t%.3f\t%.3f-%.3f\t%.4f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n",
+			p.Model, p.Storage, shortPath(p.Path), files, p.Rounds, p.BytesPerS/1e9, p.CeilFrac, p.CeilMin, p.CeilMax, p.CPUSPerGiB, iowq, vsCell, ahead, rng, ci, signP, order, cpuCell, p.Mismatches)
 	}
 	tw.Flush()
 	var names []string
@@ -339,8 +368,16 @@ func printPooled(w io.Writer, out []pooled) {
 	}
 	fmt.Fprintln(w, "io-wq: rounds that ran io-wq workers, of the rounds whose files count them.")
 	if len(names) > 0 {
-		fmt.Fprintf(w, "vs: the median over rounds of bytes/s over the compared path's in the same round; ahead: rounds at 1 or more; 95%% CI: a distribution-free interval for that median (order statistics, 6 rounds or more); sign p: the two-sided sign test's p-value for a median of 1. CPU ratio: pooled median CPU s/GiB over the compared path's. Compared paths: %s\n", strings.Join(names, "; "))
+		fmt.Fprintf(w, "vs: the median over rounds of bytes/s over the compared path's in the same round; ahead: rounds at 1 or more; 95%% CI: a distribution-free interval for that median (order statistics, 6 rounds or more); sign p: the two-sided sign test's p-value for a median of 1; ran first / second: the median ratio (rounds) where the path ran before the compared one and where after. CPU ratio: pooled median CPU s/GiB over the compared path's. Compared paths: %s\n", strings.Join(names, "; "))
 	}
+}
+
+// ratioCell is a median ratio and its count of rounds, "-" with none.
+func ratioCell(r float64, n int) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f (%d)", r, n)
 }
 
 // shortPath is a path's name up to its first " (" detail, for the table.

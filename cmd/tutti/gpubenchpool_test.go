@@ -247,3 +247,62 @@ func TestPoolIOWQRounds(t *testing.T) {
 		t.Errorf("pooled %+v: want 5 rounds, io-wq in 2 of 3 counted", out)
 	}
 }
+
+// The ratio against the compared path, split by which of the two ran first
+// in each round; files without positions count in the pooled ratio only.
+func TestPoolRanFirstSecond(t *testing.T) {
+	line := func(path string, bps []float64, pos []int) string {
+		r := benchRow{Path: path, Storage: "loops", Model: "70b", Rounds: len(bps),
+			PerRound: roundStats{BytesPerS: bps, CeilingFraction: bps, CPUSPerGiB: bps, Position: pos}}
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	withPos := line(poolGPU, []float64{9, 11, 9, 11}, []int{0, 1, 1, 0}) + "\n" + line(poolA, []float64{10, 10, 10, 10}, []int{1, 0, 0, 1})
+	noPos := line(poolGPU, []float64{20}, nil) + "\n" + line(poolA, []float64{10}, nil)
+	var rows []poolRow
+	for name, in := range map[string]string{"pos.json": withPos, "old.json": noPos} {
+		rs, err := readBenchRows(strings.NewReader(in), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, rs...)
+	}
+	out, err := poolRows(rows, "(a)", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := out[0]
+	if g.Path != poolGPU || g.VsRounds != 5 {
+		t.Fatalf("got %+v, want the GPU row over 5 rounds", g)
+	}
+	// Ran first in rounds 1 and 4: 0.9 and 1.1, the lower middle 0.9; second
+	// in rounds 2 and 3: 1.1 and 0.9, 0.9 as well. The old file's round is
+	// in neither.
+	if g.VsFirstRounds != 2 || g.VsSecondRounds != 2 || g.VsFirstRatio != 0.9 || g.VsSecondRatio != 0.9 {
+		t.Errorf("ran first/second: %+v", g)
+	}
+	skew := line(poolGPU, []float64{9, 11, 11, 11}, []int{0, 1, 1, 1}) + "\n" + line(poolA, []float64{10, 10, 10, 10}, []int{1, 0, 0, 0})
+	rs, err := readBenchRows(strings.NewReader(skew), "skew.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = poolRows(rs, "(a)", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := out[0]; g.VsFirstRounds != 1 || g.VsFirstRatio != 0.9 || g.VsSecondRounds != 3 || math.Abs(g.VsSecondRatio-1.1) > 1e-12 {
+		t.Errorf("one round first at 0.9, three second at 1.1: %+v", g)
+	}
+	var buf bytes.Buffer
+	printPooled(&buf, out)
+	if !strings.Contains(buf.String(), "0.900 (1) / 1.100 (3)") {
+		t.Errorf("table does not show the split:\n%s", buf.String())
+	}
+	bad := `{"path":"x","per_round":{"bytes_per_s_rounds":[1,2],"ceiling_fraction_rounds":[1,1],"cpu_s_per_gib_rounds":[1,2],"position_rounds":[0]}}`
+	if _, err := readBenchRows(strings.NewReader(bad), "bad.json"); err == nil || !strings.Contains(err.Error(), "1 of positions") {
+		t.Errorf("positions of another length: %v", err)
+	}
+}
