@@ -28,5 +28,5 @@ mkdir -p /var/tmp/tk
 gb d1 --model llama3-70b --dir /var/tmp/tk --label "real disk (virtio)" --paths gpu-kick,uring --rounds 6
 rm -rf /var/tmp/tk
 export TUTTI_LIB=$ROOT/bin/libtutti.so PYTHONPATH=$ROOT/python
-timeout -k 10 100 python3 -m unittest discover -s python/tests -v > $R/python-tests.txt 2>&1; echo "python tests rc=$? $(grep -cE ' \.\.\. ok$' $R/python-tests.txt) ok; $(tail -1 $R/python-tests.txt)"; grep -E '(FAIL|ERROR)' $R/python-tests.txt | head -5; el
+timeout -k 10 100 python3 -m unittest discover -s python/tests -v > $R/python-tests.txt 2>&1; echo "python tests rc=$? $(grep -E '^Ran [0-9]+ tests' $R/python-tests.txt); $(tail -1 $R/python-tests.txt)"; grep -E '(FAIL|ERROR)' $R/python-tests.txt | head -5; el
 bin/gpu/tutti gpubench-pool $R/g1.json $R/g2.json $R/d1.json | tee $R/pool.txt | cut -c1-260
