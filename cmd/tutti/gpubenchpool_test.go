@@ -32,6 +32,20 @@ func poolLine(t *testing.T, model, path string, bps, frac, cpu []float64, mism u
 	return string(b)
 }
 
+// readPool reads every file's gpubench lines; an error fails the test.
+func readPool(t *testing.T, files map[string]string) []poolRow {
+	t.Helper()
+	var rows []poolRow
+	for name, in := range files {
+		rs, err := readBenchRows(strings.NewReader(in), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, rs...)
+	}
+	return rows
+}
+
 func TestReadBenchRows(t *testing.T) {
 	ok := poolLine(t, "m", poolGPU, []float64{1, 2, 3}, []float64{.9, .95, 1}, []float64{.1, .2, .3}, 0, "")
 	for _, tc := range []struct {
@@ -89,14 +103,7 @@ func TestPoolRows(t *testing.T) {
 		poolLine(t, "mla", poolGPU, []float64{5}, []float64{.5}, []float64{.1}, 0, ""),
 		poolLine(t, "70b", poolB, nil, nil, nil, 0, "open: no such file"),
 	}, "\n")
-	var rows []poolRow
-	for name, in := range map[string]string{"one.json": f1, "two.json": f2} {
-		rs, err := readBenchRows(strings.NewReader(in), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rows = append(rows, rs...)
-	}
+	rows := readPool(t, map[string]string{"one.json": f1, "two.json": f2})
 	out, err := poolRows(rows, "(a)", "(b)", false)
 	if err != nil {
 		t.Fatal(err)
@@ -167,11 +174,7 @@ func TestPoolRows(t *testing.T) {
 		poolLine(t, "70b", poolGPU, []float64{1, 2}, []float64{1, 1}, []float64{1, 1}, 0, ""),
 		poolLine(t, "70b", poolA, []float64{1}, []float64{1}, []float64{1}, 0, ""),
 	}, "\n")
-	rs, err := readBenchRows(strings.NewReader(short), "short.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := poolRows(rs, "(a)", "", false); err == nil || !strings.Contains(err.Error(), "ran 2 rounds") {
+	if _, err := poolRows(readPool(t, map[string]string{"short.json": short}), "(a)", "", false); err == nil || !strings.Contains(err.Error(), "ran 2 rounds") {
 		t.Errorf("rounds that cannot be paired: error %v", err)
 	}
 }
@@ -235,11 +238,7 @@ func FuzzReadBenchRows(f *testing.F) {
 func TestPoolIOWQRounds(t *testing.T) {
 	in := `{"path":"g","model":"m","per_round":{"bytes_per_s_rounds":[1,2,3],"ceiling_fraction_rounds":[1,1,1],"cpu_s_per_gib_rounds":[1,1,1],"io_wq_workers_rounds":[0,4,1]}}
 {"path":"g","model":"m","per_round":{"bytes_per_s_rounds":[1,2],"ceiling_fraction_rounds":[1,1],"cpu_s_per_gib_rounds":[1,1]}}`
-	rows, err := readBenchRows(strings.NewReader(in), "f.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := poolRows(rows, "", "", false)
+	out, err := poolRows(readPool(t, map[string]string{"f.json": in}), "", "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,15 +261,7 @@ func TestPoolRanFirstSecond(t *testing.T) {
 	}
 	withPos := line(poolGPU, []float64{9, 11, 9, 11}, []int{0, 1, 1, 0}) + "\n" + line(poolA, []float64{10, 10, 10, 10}, []int{1, 0, 0, 1})
 	noPos := line(poolGPU, []float64{20}, nil) + "\n" + line(poolA, []float64{10}, nil)
-	var rows []poolRow
-	for name, in := range map[string]string{"pos.json": withPos, "old.json": noPos} {
-		rs, err := readBenchRows(strings.NewReader(in), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rows = append(rows, rs...)
-	}
-	out, err := poolRows(rows, "(a)", "", false)
+	out, err := poolRows(readPool(t, map[string]string{"pos.json": withPos, "old.json": noPos}), "(a)", "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,11 +276,7 @@ func TestPoolRanFirstSecond(t *testing.T) {
 		t.Errorf("ran first/second: %+v", g)
 	}
 	skew := line(poolGPU, []float64{9, 11, 11, 11}, []int{0, 1, 1, 1}) + "\n" + line(poolA, []float64{10, 10, 10, 10}, []int{1, 0, 0, 0})
-	rs, err := readBenchRows(strings.NewReader(skew), "skew.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err = poolRows(rs, "(a)", "", false)
+	out, err = poolRows(readPool(t, map[string]string{"skew.json": skew}), "(a)", "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
