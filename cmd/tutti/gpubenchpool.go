@@ -220,13 +220,14 @@ func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
 						if o.bytesPerS[i] <= 0 {
 							continue
 						}
-						ratios = append(ratios, b/o.bytesPerS[i])
+						x := b / o.bytesPerS[i]
+						ratios = append(ratios, x)
 						switch {
 						case !ordered:
 						case r.pos[i] < o.pos[i]:
-							first = append(first, b/o.bytesPerS[i])
+							first = append(first, x)
 						default:
-							second = append(second, b/o.bytesPerS[i])
+							second = append(second, x)
 						}
 					}
 				}
