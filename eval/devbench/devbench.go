@@ -318,8 +318,7 @@ func openCeilingTarget(ctx context.Context, path string, sizeBytes int64) (*targ
 // data and write it once. The caller removes it. An existing path is an
 // error.
 func WriteCeilingFile(ctx context.Context, path string, sizeBytes int64) error {
-	sizeBytes = (sizeBytes + 1<<20 - 1) / (1 << 20) * (1 << 20)
-	t, err := createTarget(ctx, path, sizeBytes, true, 1)
+	t, err := createTarget(ctx, path, wholeMiB(sizeBytes), true, 1)
 	if err != nil {
 		return err
 	}

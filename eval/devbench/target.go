@@ -35,10 +35,12 @@ func directErr(path string, err error) error {
 	return err
 }
 
+// wholeMiB rounds n up to a whole number of MiB: test files are written
+// and read in 1 MiB pieces.
+func wholeMiB(n int64) int64 { return (n + 1<<20 - 1) / (1 << 20) * (1 << 20) }
+
 func openTarget(ctx context.Context, path string, sizeBytes int64, writes, keep bool, seed uint64) (*target, error) {
-	if sizeBytes%(1<<20) != 0 {
-		sizeBytes = (sizeBytes + 1<<20 - 1) / (1 << 20) * (1 << 20)
-	}
+	sizeBytes = wholeMiB(sizeBytes)
 	st, err := os.Stat(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
