@@ -40,14 +40,13 @@ type feedOps interface {
 // feedItem is one restore's enqueue state. fed and err are guarded by the
 // feeder's mu; id and plan belong to whoever holds Restorer.mu.
 type feedItem struct {
-	first     int // the request's first layer (the library's waits take absolute layers)
-	layers    int
-	id        uint32
-	plan      *Plan // the descriptors until submitted (then back to the pool)
-	submitted bool  // id is a live request of the library
-	fed       int   // layers enqueued
-	err       error // why the rest will never be enqueued
-	done      bool  // the feeder is finished with it
+	first  int // the request's first layer (the library's waits take absolute layers)
+	layers int
+	id     uint32
+	plan   *Plan // the descriptors until submitted (then back to the pool)
+	fed    int   // layers enqueued; > 0 once submitted (id is a live request of the library)
+	err    error // why the rest will never be enqueued
+	done   bool  // the feeder is finished with it
 }
 
 // feeder owns the queue of restores that still have layers to enqueue.
@@ -103,7 +102,7 @@ func (f *feeder) start(it *feedItem) error {
 	// The queue stays empty until we append: only start appends, and its
 	// callers hold f.lib.
 	f.mu.Unlock()
-	err := f.submit(it)
+	_, err := f.submit(it)
 	f.mu.Lock()
 	switch {
 	case err != nil:
@@ -119,14 +118,15 @@ func (f *feeder) start(it *feedItem) error {
 	return err
 }
 
-// submit submits it with its first ahead layers enqueued, with f.lib held.
-func (f *feeder) submit(it *feedItem) error {
+// submit submits it with its first ahead layers enqueued, with f.lib held,
+// and returns how many layers that is.
+func (f *feeder) submit(it *feedItem) (fed int, err error) {
 	n := min(it.layers, f.ahead)
 	if err := f.ops.submit(it, n); err != nil {
-		return err
+		return 0, err
 	}
 	f.set(it, n)
-	return nil
+	return n, nil
 }
 
 func (f *feeder) loop() {
@@ -162,19 +162,18 @@ func (f *feeder) loop() {
 // submit's.
 func (f *feeder) feed(it *feedItem) (submitErr bool, err error) {
 	f.mu.Lock()
-	submitted, fed, broken := it.submitted, it.fed, f.broken
+	fed, broken := it.fed, f.broken
 	f.mu.Unlock()
 	if broken != nil {
 		return false, broken
 	}
-	if !submitted {
+	if fed == 0 { // waited in the queue unsubmitted
 		f.lib.Lock()
-		err := f.submit(it)
+		fed, err = f.submit(it)
 		f.lib.Unlock()
 		if err != nil {
 			return true, err
 		}
-		fed = min(it.layers, f.ahead)
 	}
 	for fed < it.layers {
 		upto := min(it.layers, fed+f.chunk)
@@ -205,10 +204,10 @@ func (f *feeder) breakOn(err error, submit bool) {
 	}
 }
 
-// set records fed layers of a submitted it and wakes the waiters.
+// set records fed (≥ 1) layers of a submitted it and wakes the waiters.
 func (f *feeder) set(it *feedItem, fed int) {
 	f.mu.Lock()
-	it.fed, it.submitted = fed, true
+	it.fed = fed
 	f.cond.Broadcast()
 	f.mu.Unlock()
 }
@@ -235,7 +234,7 @@ func (f *feeder) waitDone(it *feedItem) (submitted bool) {
 	for !it.done {
 		f.cond.Wait()
 	}
-	return it.submitted
+	return it.fed > 0
 }
 
 // stop ends the feeder once its queue is empty (every restore released).

@@ -16,21 +16,26 @@
 
 static thread_local char g_err[512];
 
+static tk_status vfail(tk_status code, const char *fmt, va_list ap) {
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  return code;
+}
+
 static tk_status fail(tk_status code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  tk_status s = vfail(code, fmt, ap);
   va_end(ap);
-  return code;
+  return s;
 }
 
 // tk_fail_msg lets the other translation units (cuFile) set the message.
 tk_status tk_fail_msg(tk_status code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  tk_status s = vfail(code, fmt, ap);
   va_end(ap);
-  return code;
+  return s;
 }
 
 #define CK(call)                                                                          \
@@ -813,14 +818,12 @@ static tk_status enqueue_layers(Ctx *c, Req &q, uint32_t slot, uint32_t upto) {
     const uint32_t hs = (q.seq0 + l) % c->n_slots;
     const uint32_t grid = q.n_pages < 1024 ? q.n_pages : 1024;
     const tk_entry_result *res = q.d_results + (uint64_t)l * q.epl;
+    char *src;              // what the scatter reads
+    cudaEvent_t src_free;   // recorded once it has
     if (c->zero_copy) {
       CK(cudaStreamWaitEvent(c->scatter, q.io_done[l], 0));
-      char *slot_dev = (char *)(c->staging_dev + (uint64_t)hs * c->slot_bytes);
-      copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->scatter>>>(slot_dev, q.d_pages, q.n_pages, res, c->d_kvp,
-                                                                    c->geo, q.first_layer + l);
-      CK(cudaGetLastError());
-      CK(cudaEventRecord(q.ready[l], c->scatter));
-      CK(cudaEventRecord(c->slot_free[hs], c->scatter));
+      src = (char *)(c->staging_dev + (uint64_t)hs * c->slot_bytes);
+      src_free = c->slot_free[hs];
     } else {
       // Copy engine: host slot -> device slot d; the host slot is free once
       // copied, the device slot once scattered (the copy two layers on
@@ -833,12 +836,14 @@ static tk_status enqueue_layers(Ctx *c, Req &q, uint32_t slot, uint32_t upto) {
       CK(cudaEventRecord(c->slot_free[hs], c->h2d));
       CK(cudaEventRecord(c->dstage_ready[d], c->h2d));
       CK(cudaStreamWaitEvent(c->scatter, c->dstage_ready[d], 0));
-      copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->scatter>>>(c->d_stage[d], q.d_pages, q.n_pages, res, c->d_kvp,
-                                                                    c->geo, q.first_layer + l);
-      CK(cudaGetLastError());
-      CK(cudaEventRecord(q.ready[l], c->scatter));
-      CK(cudaEventRecord(c->dstage_free[d], c->scatter));
+      src = (char *)c->d_stage[d];
+      src_free = c->dstage_free[d];
     }
+    copy_layer_kernel<true><<<grid, kCopyThreads, 0, c->scatter>>>(src, q.d_pages, q.n_pages, res, c->d_kvp, c->geo,
+                                                                  q.first_layer + l);
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(q.ready[l], c->scatter));
+    CK(cudaEventRecord(src_free, c->scatter));
     q.enqueued = l + 1;
   }
   return TK_OK;
@@ -864,12 +869,14 @@ extern "C" tk_status tk_restore_submit(uint64_t h, const tk_restore_params *p, u
                   en.slot_off, (unsigned long long)c->slot_bytes);
     if (en.flags & ~(TK_IO_FIXED_FILE | TK_IO_WRITE | TK_IO_FIXED_BUF)) return fail(TK_ERR_INVALID, "entry %u: flags %#x", e, en.flags);
   }
-  for (uint32_t i = 0; i < c->max_requests; i++)
-    if (c->reqs[i].busy && c->reqs[i].enqueued < c->reqs[i].n_layers)
-      return fail(TK_ERR_BUSY, "request %u has %u of %u layers enqueued", i, c->reqs[i].enqueued, c->reqs[i].n_layers);
+  // One request at a time may still have layers to enqueue: staging slots go out in enqueue order.
   int slot = -1;
-  for (uint32_t i = 0; i < c->max_requests; i++)
-    if (!c->reqs[i].busy) { slot = (int)i; break; }
+  for (uint32_t i = 0; i < c->max_requests; i++) {
+    const Req &r = c->reqs[i];
+    if (r.busy && r.enqueued < r.n_layers)
+      return fail(TK_ERR_BUSY, "request %u has %u of %u layers enqueued", i, r.enqueued, r.n_layers);
+    if (!r.busy && slot < 0) slot = (int)i;
+  }
   if (slot < 0) return fail(TK_ERR_BUSY, "all %u request slots in use", c->max_requests);
   CK(cudaSetDevice(c->device));
   Req &q = c->reqs[slot];
@@ -927,26 +934,35 @@ static tk_status layer_status(const Req &q, uint32_t l) {
   return TK_OK;
 }
 
-extern "C" tk_status tk_restore_stream_wait(uint64_t h, uint32_t req, uint32_t layer, uint64_t stream) {
-  Ctx *c = as_ctx(h);
-  Req *q;
-  tk_status s = get_req(c, req, &q);
+// enqueued_layer finds live request req and checks that absolute layer is one
+// of its layers already on the streams; *rel is its index in the request.
+static tk_status enqueued_layer(Ctx *c, uint32_t req, uint32_t layer, Req **q, uint32_t *rel) {
+  tk_status s = get_req(c, req, q);
   if (s) return s;
-  if (layer < q->first_layer || layer >= q->first_layer + q->n_layers) return fail(TK_ERR_INVALID, "layer %u not in request", layer);
-  if (layer - q->first_layer >= q->enqueued) return fail(TK_ERR_INVALID, "layer %u not enqueued yet (%u of %u)", layer, q->enqueued, q->n_layers);
-  CK(cudaStreamWaitEvent((cudaStream_t)stream, q->ready[layer - q->first_layer], 0));
+  const Req &r = **q;
+  if (layer < r.first_layer || layer >= r.first_layer + r.n_layers) return fail(TK_ERR_INVALID, "layer %u not in request", layer);
+  if (layer - r.first_layer >= r.enqueued)
+    return fail(TK_ERR_INVALID, "layer %u not enqueued yet (%u of %u)", layer, r.enqueued, r.n_layers);
+  *rel = layer - r.first_layer;
+  return TK_OK;
+}
+
+extern "C" tk_status tk_restore_stream_wait(uint64_t h, uint32_t req, uint32_t layer, uint64_t stream) {
+  Req *q;
+  uint32_t l;
+  tk_status s = enqueued_layer(as_ctx(h), req, layer, &q, &l);
+  if (s) return s;
+  CK(cudaStreamWaitEvent((cudaStream_t)stream, q->ready[l], 0));
   return TK_OK;
 }
 
 extern "C" tk_status tk_restore_wait_layer(uint64_t h, uint32_t req, uint32_t layer) {
-  Ctx *c = as_ctx(h);
   Req *q;
-  tk_status s = get_req(c, req, &q);
+  uint32_t l;
+  tk_status s = enqueued_layer(as_ctx(h), req, layer, &q, &l);
   if (s) return s;
-  if (layer < q->first_layer || layer >= q->first_layer + q->n_layers) return fail(TK_ERR_INVALID, "layer %u not in request", layer);
-  if (layer - q->first_layer >= q->enqueued) return fail(TK_ERR_INVALID, "layer %u not enqueued yet (%u of %u)", layer, q->enqueued, q->n_layers);
-  CK(cudaEventSynchronize(q->ready[layer - q->first_layer]));
-  return layer_status(*q, layer - q->first_layer);
+  CK(cudaEventSynchronize(q->ready[l]));
+  return layer_status(*q, l);
 }
 
 extern "C" tk_status tk_restore_wait(uint64_t h, uint32_t req, tk_entry_result *results, uint32_t n_results,
@@ -1024,20 +1040,24 @@ static tk_status host_copy(Ctx *c, uint32_t layer, uint64_t obj_dev, uint64_t ob
   return TK_OK;
 }
 
-extern "C" tk_status tk_scatter_host(uint64_t h, uint32_t layer, uint64_t src, uint64_t bytes) {
+// registered_copy runs host_copy on registered host memory buf (the source
+// when to_kv, else the destination), through its device mapping.
+static tk_status registered_copy(uint64_t h, uint32_t layer, uint64_t buf, uint64_t bytes, bool to_kv) {
   Ctx *c = as_ctx(h);
   if (!c) return fail(TK_ERR_INVALID, "null context");
   uint64_t d;
-  if (!lookup(src, bytes, &d)) return fail(TK_ERR_INVALID, "source %#llx+%llu is not registered host memory", (unsigned long long)src, (unsigned long long)bytes);
-  return host_copy(c, layer, d, bytes, true);
+  if (!lookup(buf, bytes, &d))
+    return fail(TK_ERR_INVALID, "%s %#llx+%llu is not registered host memory", to_kv ? "source" : "destination",
+                (unsigned long long)buf, (unsigned long long)bytes);
+  return host_copy(c, layer, d, bytes, to_kv);
+}
+
+extern "C" tk_status tk_scatter_host(uint64_t h, uint32_t layer, uint64_t src, uint64_t bytes) {
+  return registered_copy(h, layer, src, bytes, true);
 }
 
 extern "C" tk_status tk_gather_host(uint64_t h, uint32_t layer, uint64_t dst, uint64_t bytes) {
-  Ctx *c = as_ctx(h);
-  if (!c) return fail(TK_ERR_INVALID, "null context");
-  uint64_t d;
-  if (!lookup(dst, bytes, &d)) return fail(TK_ERR_INVALID, "destination %#llx+%llu is not registered host memory", (unsigned long long)dst, (unsigned long long)bytes);
-  return host_copy(c, layer, d, bytes, false);
+  return registered_copy(h, layer, dst, bytes, false);
 }
 
 extern "C" tk_status tk_scatter_dev(uint64_t h, uint32_t layer, uint64_t dsrc, uint64_t bytes) {
