@@ -8,7 +8,7 @@ BIN       := bin
 KBUILD    := kernels/build
 PY        ?= python3
 
-.PHONY: all build test test-go vet lint bench kernels device-test python-test clean
+.PHONY: all build test test-go vet lint bench kernels gpu-bins device-test python-test clean
 
 all: build
 
@@ -42,7 +42,16 @@ python-test:
 kernels:
 	$(MAKE) -C kernels NVCC=$(NVCC)
 
-# Everything the GPU machine runs in one call: see kernels/device-test.sh.
+# The Go side of a GPU run, built here (the GPU machine has no Go): carry bin/.
+gpu-bins:
+	$(GO) build -o $(BIN)/gpu/tutti ./cmd/tutti
+	$(GO) test -c -o $(BIN)/gpu/kernels.test ./kernels
+	$(GO) test -c -o $(BIN)/gpu/runtime.test ./runtime
+	$(GO) test -c -o $(BIN)/gpu/tp.test ./runtime/tp
+	$(GO) build -buildmode=c-shared -o $(BIN)/libtutti.so ./runtime/capi
+
+# Everything the GPU machine runs in one call (build, every GPU test,
+# gpubench, the pool): see kernels/device-test.sh. Needs `make gpu-bins` first.
 device-test:
 	bash kernels/device-test.sh
 

@@ -1,135 +1,162 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs in one device call (`make device-test`):
-# build the CUDA library with nvcc, run the C self-test and the Go GPU tests
-# (test binary built on the dev machine: go test -c -o bin/gpu/kernels.test ./kernels),
-# then gpubench (bin/gpu/tutti, built on the dev machine) on the real disk and on
-# RAM-backed loop devices. Logs and JSON land under $OUT; a short table last.
+# build the CUDA library with nvcc, run the C self-test and every GPU test,
+# then gpubench on 4 RAM-backed loop devices (labelled emulated) and on the
+# machine's real disk. The GPU machine has no Go: build the binaries on the
+# dev machine first and carry bin/ (`make gpu-bins`).
 #
-# Knobs (environment): TK_BENCH=none|small|full (default small), TK_TOKENS
-# (prefix tokens, default 32768 for full), TK_STEPS (which steps; default all).
+# Everything lands in $TK_WORK (default /tmp/device-test) and is packed into
+# ONE file, $OUT/<its name>.tgz, at exit (the device tool brings back at
+# most 8 files); the summary is printed last and is in summary.txt.
+#
+# Knobs (environment):
+#   TK_STEPS   which steps, of "build selftest tests bench" (default all)
+#   TK_BENCH   pool  (default) the set that decides issue 4: 70B and MLA on
+#                    the loops (GPU, (a), per-block), 70B on the disk (GPU,
+#                    (a)), TK_ROUNDS rounds each, then gpubench-pool;
+#              paths every path of the issue (GPU, (a), per-block, cuFile,
+#                    cuFile compat, page cache, DRAM), both models, both
+#                    storages, one round each;
+#              none
+#   TK_ROUNDS  gpubench rounds per file (default 6 for pool, 1 for paths;
+#              keep it even for a pool: the paths' order is balanced over
+#              pairs of rounds)
+#   TK_TOKENS  prefix tokens (default 32768)
+#   TK_FLAGS   extra gpubench flags for every run (a diagnostic such as
+#              "--window 32"; such a run is never a default-settings pool)
+#   TK_DISK    the real disk's directory (default /var/tmp/tk)
+#   TK_COMMIT  the commit the binaries were built from, for machine.txt
 set -u
 OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-LOG="$OUT/device-test.log"
-exec > >(tee -a "$LOG") 2>&1
-BENCH=${TK_BENCH:-small}
+W=${TK_WORK:-/tmp/device-test}
+STEPS=${TK_STEPS:-build selftest tests bench}
+BENCH=${TK_BENCH:-pool}
+ROUNDS=${TK_ROUNDS:-$([ "$BENCH" = paths ] && echo 1 || echo 6)}
+TOKENS=${TK_TOKENS:-32768}
+FLAGS=${TK_FLAGS:-}
+DISK=${TK_DISK:-/var/tmp/tk}
 ROOT=$PWD
 LIB=$ROOT/kernels/build/libtutti_kernels.so
-declare -a SUMMARY
-note() { SUMMARY+=("$1"); echo "== $1"; }
+LOOPS=()
+SUMMARY=()
 t0=$(date +%s)
 
-echo "== date $(date -u +%FT%TZ) host $(hostname) kernel $(uname -r) cpus $(nproc)"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader 2>&1 | head -2
-nvcc --version | tail -2
-df -h / /tmp /dev/shm 2>&1 | tail -n +1
-ls /usr/local/cuda/include/cufile.h /usr/local/cuda/lib64/libcufile.so* 2>&1 | head -3
+rm -rf "$W" && mkdir -p "$W" "$OUT" || exit 1
+note() { SUMMARY+=("$1 [$(($(date +%s) - t0)) s]"); echo "== $1"; }
+finish() {
+	for d in "${LOOPS[@]}"; do losetup -d "$d"; done
+	rm -f /dev/shm/tk-loop*
+	printf '%s\n' "${SUMMARY[@]}" >"$W/summary.txt"
+	tar czf "$OUT/$(basename "$W").tgz" -C "$(dirname "$W")" "$(basename "$W")"
+	echo; echo "== summary ($(($(date +%s) - t0)) s)"; cat "$W/summary.txt"
+}
+trap finish EXIT
+exec > >(tee -a "$W/device-test.log") 2>&1
+step() { [[ " $STEPS " == *" $1 "* ]]; }
+
+{
+	echo "date $(date -u +%FT%TZ) host $(hostname) kernel $(uname -r) cpus $(nproc)"
+	echo "steps [$STEPS] bench $BENCH rounds $ROUNDS tokens $TOKENS flags [$FLAGS]"
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv,noheader 2>&1 | head -2
+	nvcc --version 2>&1 | tail -2
+	echo "commit ${TK_COMMIT:-not given: set TK_COMMIT, the .git copied there may lag the tree}"
+} | tee "$W/machine.txt"
 
 # 1. build
-if make -C kernels NVCC=nvcc >"$OUT/build.log" 2>&1; then
-	note "build: ok ($(grep -c 'registers' "$OUT/build.log") kernels reported by ptxas)"
-	grep -E 'Compiling entry|registers|spill' "$OUT/build.log" | head -20
-else
-	tail -40 "$OUT/build.log"
-	note "build: FAILED"
-	printf '%s\n' "${SUMMARY[@]}"
-	exit 1
+if step build; then
+	if make -C kernels NVCC=nvcc >"$W/build.log" 2>&1; then
+		note "build: ok ($(grep -c 'registers' "$W/build.log") kernels reported by ptxas)"
+	else
+		tail -40 "$W/build.log"
+		note "build: FAILED"
+		exit 1
+	fi
 fi
+[ -f "$LIB" ] || { note "no $LIB: run the build step"; exit 1; }
+export TUTTI_KERNELS_LIB=$LIB
 
 # 2. C self-test (its own SQPOLL ring)
-mkdir -p /var/tmp/tk
-if timeout 120 kernels/build/selftest "$LIB" /var/tmp/tk; then note "selftest: PASS"; else note "selftest: FAIL ($?)"; fi
+if step selftest; then
+	mkdir -p "$DISK"
+	if timeout 120 kernels/build/selftest "$LIB" "$DISK" >"$W/selftest.log" 2>&1; then note "selftest: PASS"; else note "selftest: FAIL ($?)"; fi
+fi
 
-# 3. Go GPU tests
-if [ -x bin/gpu/kernels.test ]; then
-	if (cd kernels && TUTTI_KERNELS_LIB=$LIB timeout 300 ../bin/gpu/kernels.test -test.v -test.count=1 -test.timeout 280s) >"$OUT/gotest.log" 2>&1; then
-		note "go GPU tests: PASS ($(grep -c '^--- PASS' "$OUT/gotest.log") passed, $(grep -c '^--- SKIP' "$OUT/gotest.log") skipped)"
-	else
-		grep -E '^(--- |FAIL|panic|\s+\w+_test.go)' "$OUT/gotest.log" | head -30
-		note "go GPU tests: FAIL"
+# 3. GPU tests: a test binary built on the dev machine, run in its package's
+# folder (testdata), with the tests that need the GPU named by -test.run.
+gotest() { # name dir binary timeout_s run
+	local name=$1 dir=$2 bin=$ROOT/$3 limit=$4 run=$5
+	if [ ! -x "$bin" ]; then note "$name: $3 missing (make gpu-bins)"; return; fi
+	(cd "$dir" && timeout "$limit" "$bin" -test.v -test.count=1 -test.run "$run") >"$W/$name.log" 2>&1
+	local rc=$?
+	local counts="$(grep -cE '^\s*--- PASS' "$W/$name.log") passed, $(grep -cE '^\s*--- SKIP' "$W/$name.log") skipped"
+	if [ $rc -eq 0 ]; then note "$name: PASS ($counts)"; else
+		grep -E '^\s*--- FAIL|^FAIL|^panic|_test.go:[0-9]+:' "$W/$name.log" | head -20
+		note "$name: FAIL rc $rc ($counts)"
 	fi
-else
-	note "go GPU tests: bin/gpu/kernels.test missing"
+}
+if step tests; then
+	gotest kernels-test kernels bin/gpu/kernels.test 300 .
+	gotest runtime-test runtime bin/gpu/runtime.test 150 'GPU|DeviceWindow|WindowFor'
+	gotest tp-test runtime/tp bin/gpu/tp.test 150 GPU
+	if [ -f bin/libtutti.so ]; then
+		TUTTI_LIB=$ROOT/bin/libtutti.so PYTHONPATH=$ROOT/python timeout -k 10 150 \
+			python3 -m unittest discover -s python/tests -v >"$W/python-tests.log" 2>&1
+		rc=$?
+		grep -E '^(FAIL|ERROR):' "$W/python-tests.log" | head -10
+		note "python tests: $([ $rc -eq 0 ] && echo PASS || echo "FAIL rc $rc") ($(grep -E '^Ran [0-9]+ tests' "$W/python-tests.log"); $(tail -1 "$W/python-tests.log"))"
+	else
+		note "python tests: bin/libtutti.so missing (make gpu-bins)"
+	fi
 fi
 
 # 4. gpubench
-if [ "$BENCH" != none ] && [ -x bin/gpu/tutti ]; then
-	export TUTTI_KERNELS_LIB=$LIB
-	TOK=${TK_TOKENS:-$([ "$BENCH" = full ] && echo 32768 || echo 4096)}
-	DISK=/var/tmp/tk/bench
-	mkdir -p "$DISK"
-	GPUFLAGS=${TK_GPUFLAGS:-}
-	GPUPATHS="gpu,gpu-kick,"
-	if [ -n "${TK_VARIANTS:-}" ]; then
-		# GPU-path configurations, quickest first to fail: the first that
-		# restores and verifies is used for the benchmark below.
-		GPUPATHS=""
-		while IFS= read -r v; do
-			[ -z "$v" ] && continue
-			rm -f /tmp/tk-variant.json
-			timeout 25 bin/gpu/tutti gpubench --model llama3-70b --tokens "${TK_VTOKENS:-4096}" --dir "$DISK" --reuse --no-ceiling --rounds 1 \
-				--poll-timeout 1s --paths gpu,gpu-kick $v --json /tmp/tk-variant.json >/tmp/tk-variant.txt 2>&1
-			rc=$?
-			ok=$(grep -c '"verify_mismatches":0' /tmp/tk-variant.json 2>/dev/null)
-			echo "variant [$v]: rc $rc, verified paths $ok"
-			grep -o '"path":"[^"]*"\|"bytes_per_s":[0-9.e+]*\|"error":"[^"]\{0,600\}' /tmp/tk-variant.json | head -8
-			{ echo "## variant [$v]"; cat /tmp/tk-variant.txt; } >>"$OUT/variants.log"
-			cat /tmp/tk-variant.json >>"$OUT/variants.jsonl" 2>/dev/null
-			rowok() { sed -n "${1}p" /tmp/tk-variant.json 2>/dev/null | grep '"verify_mismatches":0,' | grep -vc '"error"'; }
-			if [ "$(rowok 1)" = 1 ]; then
-				CHOSEN=1; GPUFLAGS="$v"; GPUPATHS="gpu,"
-				[ "$(rowok 2)" = 1 ] && GPUPATHS="gpu,gpu-kick,"
-				break
-			fi
-		done <<<"$TK_VARIANTS"
-		note "GPU variant chosen: [${GPUFLAGS}] paths [${GPUPATHS}]"
-	fi
-	DISKMODELS="llama3-70b deepseek-v3"
-	# no GPU configuration works: the real-disk CPU paths were measured before, save the time
-	[ -n "${TK_VARIANTS:-}" ] && [ -z "${CHOSEN:-}" ] && DISKMODELS=""
-	for model in $DISKMODELS; do
-		rm -f /tmp/tk-run.json
-		timeout 150 bin/gpu/tutti gpubench --model $model --tokens "$TOK" --dir "$DISK" --label "real disk (virtio)" $GPUFLAGS \
-			--paths "${GPUPATHS}uring,per-block,cufile,cufile-compat,page-cache,dram" \
-			--json /tmp/tk-run.json 2>&1 | grep -v '^  '
-		note "gpubench $model real disk: rc ${PIPESTATUS[0]}"
-		cat /tmp/tk-run.json >>"$OUT/gpubench.jsonl"
-		rm -f "$DISK"/gpubench-$model.dat "$DISK"/gpubench-$model.dat.layout
-	done
-	# emulated storage: 4 RAM-backed loop devices, the prefix striped over them (runs, as the store lays it out)
-	LOOPS=()
+gb() { # name gpubench-args...
+	local name=$1
+	shift
+	timeout 400 bin/gpu/tutti gpubench --tokens "$TOKENS" --json "$W/$name.json" $FLAGS "$@" >"$W/$name.txt" 2>&1
+	note "gpubench $name: rc $?"
+}
+loops() { # sets up 4 loop devices over /dev/shm files, O_DIRECT
 	for i in 0 1 2 3; do
-		truncate -s 3G /dev/shm/tk-loop$i && dev=$(losetup --find --show --direct-io=on /dev/shm/tk-loop$i 2>/dev/null || losetup --find --show /dev/shm/tk-loop$i) && LOOPS+=("$dev")
+		local d
+		truncate -s 3G /dev/shm/tk-loop$i || return 1
+		d=$(losetup --find --show --direct-io=on /dev/shm/tk-loop$i) || return 1
+		LOOPS+=("$d")
 	done
-	if [ ${#LOOPS[@]} -eq 4 ]; then
-		devs=$(IFS=,; echo "${LOOPS[*]}")
-		for model in llama3-70b deepseek-v3; do
-			# cuFile on loop devices ran at 0.13 GB/s in the 4096-token run: too slow for 10 GiB here
-			rm -f /tmp/tk-run.json
-			timeout 100 bin/gpu/tutti gpubench --model $model --tokens "$TOK" --devices "$devs" --label "emulated storage (4 RAM-backed loop devices)" $GPUFLAGS \
-				--paths "${GPUPATHS}uring,per-block,cufile-compat,page-cache,dram" \
-				--json /tmp/tk-run.json 2>&1 | grep -v '^  '
-			note "gpubench $model emulated: rc ${PIPESTATUS[0]}"
-			cat /tmp/tk-run.json >>"$OUT/gpubench.jsonl"
+}
+if step bench && [ "$BENCH" != none ]; then
+	[ -x bin/gpu/tutti ] || { note "gpubench: bin/gpu/tutti missing (make gpu-bins)"; exit 1; }
+	EMU="emulated storage (4 RAM-backed loop devices)"
+	REAL="real disk (virtio)"
+	loops || { note "loop devices: ${#LOOPS[@]} of 4 set up"; exit 1; }
+	devs=$(IFS=,; echo "${LOOPS[*]}")
+	mkdir -p "$DISK"
+	case $BENCH in
+	pool)
+		gb g1 --model llama3-70b --devices "$devs" --label "$EMU" --paths gpu-kick,uring,per-block --rounds "$ROUNDS"
+		gb g2 --model deepseek-v3 --devices "$devs" --label "$EMU" --paths gpu-kick,uring,per-block --rounds "$ROUNDS"
+		gb d1 --model llama3-70b --dir "$DISK" --label "$REAL" --paths gpu-kick,uring --rounds "$ROUNDS"
+		files=("$W/g1.json" "$W/g2.json" "$W/d1.json")
+		;;
+	paths)
+		# cuFile refuses the virtio disk (5027) and ran at 0.13 GB/s on the loops: the real cuFile path
+		# runs on the disk (its refusal is the result), the compat path on both.
+		files=()
+		for m in llama3-70b deepseek-v3; do
+			gb "emu-$m" --model $m --devices "$devs" --label "$EMU" --rounds "$ROUNDS" \
+				--paths gpu-kick,uring,per-block,cufile-compat,page-cache,dram
+			gb "disk-$m" --model $m --dir "$DISK" --label "$REAL" --rounds "$ROUNDS" \
+				--paths gpu-kick,uring,per-block,cufile,cufile-compat,page-cache,dram
+			files+=("$W/emu-$m.json" "$W/disk-$m.json")
 		done
-		# GPU-path variants on the same devices (one per line of TK_LOOP_VARIANTS,
-		# e.g. "--max-io 4194304" or "--no-fixed-buffers"), GPU rows only.
-		while IFS= read -r v; do
-			[ -z "$v" ] && continue
-			rm -f /tmp/tk-run.json
-			timeout 100 bin/gpu/tutti gpubench --model llama3-70b --tokens "$TOK" --devices "$devs" --label "emulated storage (4 RAM-backed loop devices) [$v]" $GPUFLAGS $v \
-				--paths "gpu,gpu-kick,per-block" --json /tmp/tk-run.json 2>&1 | grep -v '^  '
-			note "gpubench llama3-70b emulated [$v]: rc ${PIPESTATUS[0]}"
-			cat /tmp/tk-run.json >>"$OUT/gpubench.jsonl"
-		done <<<"${TK_LOOP_VARIANTS:-}"
-
-		for d in "${LOOPS[@]}"; do losetup -d "$d"; done
-	else
-		note "loop devices: only ${#LOOPS[@]} of 4 set up"
-	fi
-	rm -f /dev/shm/tk-loop*
+		;;
+	*)
+		note "TK_BENCH=$BENCH: want pool, paths or none"
+		exit 1
+		;;
+	esac
+	rm -rf "$DISK"/gpubench-*
+	bin/gpu/tutti gpubench-pool "${files[@]}" >"$W/pool.txt" 2>&1
+	note "gpubench-pool: rc $? (pool.txt)"
+	cut -c1-250 "$W/pool.txt"
 fi
-
-echo
-echo "== summary ($(( $(date +%s) - t0 )) s)"
-printf '%s\n' "${SUMMARY[@]}"
