@@ -38,7 +38,8 @@ type GPUReads struct {
 	// Dirs is the number of directories asked about.
 	Dirs int
 	// Unread has one line per fact that could not be read and what was
-	// assumed instead (a 128-deep queue, 1 MiB reads); empty when every
+	// assumed instead (128 reads with no queue to stay within, 1 MiB
+	// reads); empty when every
 	// device answered.
 	Unread []string
 }
@@ -50,8 +51,12 @@ const (
 	gpuWindowTotal      = 1024    // over all devices
 	gpuMaxReadBytes     = 4 << 20 // largest read asked for
 	gpuUnknownReadBytes = 1 << 20 // a device that does not say
-	gpuLookaheadMax     = 8       // DeviceSizedGPUReads
-	gpuLookaheadFillMax = 16      // GPULookaheadToFill (Config allows 16)
+	// gpuUnknownQueue is the request queue depth counted for a device that
+	// does not say: deep enough that it adds gpuWindowPerDevice reads and
+	// caps nothing (windowFor).
+	gpuUnknownQueue     = 1 << 30
+	gpuLookaheadMax     = 8  // DeviceSizedGPUReads
+	gpuLookaheadFillMax = 16 // GPULookaheadToFill (Config allows 16)
 	gpuLookaheadAtLeast = 2
 )
 
@@ -70,7 +75,7 @@ func DeviceSizedGPUReads(dirs []string) GPUReads {
 		depth, err := blockdev.QueueDepth(p)
 		if err != nil {
 			r.Unread = append(r.Unread, fmt.Sprintf("window: %v; counting %d for it", err, gpuWindowPerDevice))
-			depth = 1 << 30 // no queue to stay within
+			depth = gpuUnknownQueue
 		}
 		depths = append(depths, depth)
 		m, err := blockdev.MaxReadBytes(p)

@@ -12,12 +12,12 @@ import (
 
 // TestDeviceSizedGPUReads: the sizing rule on the test machine's disk (when
 // the temporary directory is on one) and on directories whose device does
-// not say (procfs), which count as a 128-deep queue taking 1 MiB reads and
-// are named in Unread. Every sized value is within Validate's ranges.
+// not say (procfs), which add 128 reads with no queue to stay within and take
+// 1 MiB reads, and are named in Unread. Every sized value is within Validate's ranges.
 func TestDeviceSizedGPUReads(t *testing.T) {
 	tmp := t.TempDir()
 	perDisk, diskRead := 128, 1<<20 // what an unknown device counts as
-	diskQueue := 1 << 30            // ... and its queue: none to stay within
+	diskQueue := gpuUnknownQueue    // ... and its queue: none to stay within
 	onDisk := true
 	if d, err := blockdev.QueueDepth(tmp); err == nil {
 		perDisk, diskQueue = deviceWindow(d), d
@@ -156,6 +156,7 @@ func TestOpenGPUReadsFromDevices(t *testing.T) {
 
 // TestWindowFor: the shares summed, within the smallest request queue.
 func TestWindowFor(t *testing.T) {
+	const u = gpuUnknownQueue // a device that does not say
 	for _, tc := range []struct {
 		name       string
 		nrRequests []int
@@ -167,8 +168,8 @@ func TestWindowFor(t *testing.T) {
 		{"two on one virtio disk", []int{256, 256}, 256},
 		{"a shallow device caps a deep one", []int{1023, 32}, 32},
 		{"eight NVMe drives", []int{1023, 1023, 1023, 1023, 1023, 1023, 1023, 1023}, 1023},
-		{"nine unknown devices: at most 1024", []int{1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30}, 1024},
-		{"unknown and a loop device", []int{1 << 30, 128}, 128},
+		{"nine unknown devices: at most 1024", []int{u, u, u, u, u, u, u, u, u}, 1024},
+		{"unknown and a loop device", []int{u, 128}, 128},
 	} {
 		if got := windowFor(tc.nrRequests); got != tc.want {
 			t.Errorf("%s: windowFor(%v) = %d, want %d", tc.name, tc.nrRequests, got, tc.want)
@@ -180,7 +181,7 @@ func TestWindowFor(t *testing.T) {
 func TestDeviceWindow(t *testing.T) {
 	for _, tc := range []struct{ nrRequests, want int }{
 		{128, 64}, // a loop device: 3/4 (96) still sent reads to io-wq workers
-		{256, 128}, {1023, 128}, {64, 32}, {10, 8}, {2, 8}, {1 << 30, 128},
+		{256, 128}, {1023, 128}, {64, 32}, {10, 8}, {2, 8}, {gpuUnknownQueue, 128},
 	} {
 		if got := deviceWindow(tc.nrRequests); got != tc.want {
 			t.Errorf("nr_requests %d: window %d, want %d", tc.nrRequests, got, tc.want)
