@@ -125,7 +125,7 @@ func runStriped(paths []string, sizeBytes, bufferBytes int64, asJSON bool, stdou
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "path\tread\tseconds\tMB/s\tp50 µs\tp99 µs\t")
 	for i, r := range st.Devices {
-		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.1f\t%.1f\t%.1f\t\n", paths[i], devbench.FormatBytes(r.Ops*int64(r.BlockBytes)), r.Seconds, r.BytesPerS/1e6, r.P50Us, r.P99Us)
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.1f\t%.1f\t%.1f\t\n", paths[i], devbench.FormatBytes(r.Bytes), r.Seconds, r.BytesPerS/1e6, r.P50Us, r.P99Us)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -43,6 +43,7 @@ type Row struct {
 	BufferHuge  bool  `json:"buffer_huge,omitempty"`
 
 	Ops        int64   `json:"-"` // I/Os completed
+	Bytes      int64   `json:"-"` // bytes they moved (every I/O is whole: Ops × BlockBytes)
 	Seconds    float64 `json:"-"` // wall time of the row
 	CPUSeconds float64 `json:"-"` // process CPU during the row
 	SQPollCPUS float64 `json:"-"` // of which the SQPOLL thread (uring-sqpoll only)
@@ -376,7 +377,7 @@ func CeilingStriped(ctx context.Context, paths []string, sizeBytes, readBytes []
 			return Row{}, fmt.Errorf("striped ceiling of %s: %d bytes to read, less than one 1 MiB read", paths[i], readBytes[i])
 		}
 		row, err := ceilingOn(ctx, paths[i], sizeBytes[i], stripedLimit, uringRun{bufferBytes: bufferBytes, budgetBytes: readBytes[i], ready: ready})
-		if got := row.Ops * int64(row.BlockBytes); err == nil && got < readBytes[i] {
+		if got := row.Bytes; err == nil && got < readBytes[i] {
 			err = fmt.Errorf("read %d of %d bytes in %v", got, readBytes[i], stripedLimit)
 		}
 		if err != nil {
@@ -390,7 +391,7 @@ func CeilingStriped(ctx context.Context, paths []string, sizeBytes, readBytes []
 		if errs[i] != nil {
 			return out, errs[i]
 		}
-		total += float64(r.Ops) * float64(r.BlockBytes)
+		total += float64(r.Bytes)
 		out.SumBytesPerS += r.BytesPerS
 		if r.Seconds > out.Seconds {
 			out.Seconds, out.Slowest = r.Seconds, i
@@ -456,7 +457,7 @@ func measure(ctx context.Context, t *target, s Spec, runtime time.Duration, seed
 		Engine: s.Engine, Op: s.Op, BlockBytes: s.BlockBytes, QueueDepth: s.QueueDepth,
 		IOPS: float64(res.ops) / secs, BytesPerS: float64(res.bytes) / secs,
 		P50Us: res.lat.quantile(0.50) / 1e3, P99Us: res.lat.quantile(0.99) / 1e3,
-		Ops: res.ops, Seconds: secs, CPUSeconds: cpu.Seconds(), SQPollCPUS: res.sqpollCPU.Seconds(),
+		Ops: res.ops, Bytes: res.bytes, Seconds: secs, CPUSeconds: cpu.Seconds(), SQPollCPUS: res.sqpollCPU.Seconds(),
 		BufferBytes: res.bufferBytes, BufferHuge: res.bufferHuge,
 	}
 	if res.bytes > 0 {

@@ -106,7 +106,7 @@ func ceilingAcross(ctx context.Context, roots []string, sizeBytes int64) (ceilin
 			return ceiling{}, errs[i]
 		}
 		c.sumBPS += rows[i].BytesPerS
-		if b := rows[i].Ops * int64(rows[i].BlockBytes); least < 0 || b < least {
+		if b := rows[i].Bytes; least < 0 || b < least {
 			least = b
 		}
 		each[i] = fmt.Sprintf("%s %.2f", r, rows[i].BytesPerS/1e9)
