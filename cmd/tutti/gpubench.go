@@ -619,6 +619,7 @@ func (b *gpuBench) runPath(p string) benchRow {
 		return row
 	}
 	var err error
+	verify := true // every path restores into the KV tensors but the diagnostic
 	switch p {
 	case "gpu":
 		row.Path = "gpu-driven (SQPOLL)"
@@ -633,17 +634,18 @@ func (b *gpuBench) runPath(p string) benchRow {
 		}
 	case "uring":
 		row.Path = "(a) uring -> staging -> scatter"
-		err = b.runHost(&row, false)
+		err = b.runHost(&row, false, true)
 	case "per-block":
 		row.Path = "(b) per-block (page x layer)"
-		err = b.runHost(&row, true)
+		err = b.runHost(&row, true, true)
 	case "uring-staging-only":
 		// Diagnostic: path (a)'s reads, in its order and pacing, with no
 		// copy to HBM. Next to (a) and the ceiling it says what the copies
 		// over PCIe cost the reads where the devices are host memory.
 		row.Path = "(a0) uring -> staging only"
 		row.Note = "diagnostic: no copy to HBM, nothing to verify"
-		err = b.runHostNoCopy(&row)
+		verify = false
+		err = b.runHost(&row, false, false)
 	case "cufile":
 		row.Path = "(c) cufile batch"
 		err = b.runCuFile(&row)
@@ -662,7 +664,7 @@ func (b *gpuBench) runPath(p string) benchRow {
 	if err != nil {
 		row.Error = err.Error()
 	}
-	if row.Bytes > 0 && p != "uring-staging-only" {
+	if row.Bytes > 0 && verify {
 		bad, verr := b.r.VerifyKV(b.seed, b.pm, 0, b.g.Layers)
 		if verr != nil {
 			row.Error = strings.TrimSpace(row.Error + " verify: " + verr.Error())
@@ -844,16 +846,9 @@ func (b *gpuBench) hostReads(perBlock bool) []hostIO {
 // runHost restores through a Go uring.Ring (no SQPOLL): object reads of up to
 // max-io bytes (path a) or one read per (layer, page) (path b, as a per-page
 // offload connector does), into the pinned staging pool, each layer scattered
-// as soon as its reads completed while later layers are read.
-func (b *gpuBench) runHost(row *benchRow, perBlock bool) error {
-	return b.runHostPipeline(row, perBlock, true)
-}
-
-// runHostNoCopy is path (a) without its copies to HBM (the diagnostic
-// uring-staging-only).
-func (b *gpuBench) runHostNoCopy(row *benchRow) error { return b.runHostPipeline(row, false, false) }
-
-func (b *gpuBench) runHostPipeline(row *benchRow, perBlock, toHBM bool) error {
+// as soon as its reads completed while later layers are read. Without toHBM
+// (the diagnostic uring-staging-only) the layers are read and not copied.
+func (b *gpuBench) runHost(row *benchRow, perBlock, toHBM bool) error {
 	ios := b.hostReads(perBlock)
 	eng, err := uring.New(uring.Config{Entries: uint32(b.qd), SQThreadCPU: -1})
 	if err != nil {
