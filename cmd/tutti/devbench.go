@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -109,10 +110,7 @@ func runStriped(paths []string, sizeBytes, bufferBytes int64, asJSON bool, stdou
 	if len(paths) == 0 {
 		return usageErr(usage, errors.New("--striped: --path lists no path"))
 	}
-	sizes := make([]int64, len(paths))
-	for i := range sizes {
-		sizes[i] = sizeBytes
-	}
+	sizes := slices.Repeat([]int64{sizeBytes}, len(paths))
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer cancel()
 	st, err := devbench.CeilingStriped(ctx, paths, sizes, sizes, bufferBytes)

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/tutti-io/tutti/eval/devbench"
@@ -128,10 +129,7 @@ func ceilingAcross(ctx context.Context, roots []string, sizeBytes int64) (ceilin
 	// It also bounds the measurement to about 2 s whatever the devices. At
 	// least one 1 MiB read (CeilingStriped's minimum).
 	budget := max(least, int64(1<<20))
-	reads := make([]int64, len(roots))
-	for i := range reads {
-		reads[i] = budget
-	}
+	reads := slices.Repeat([]int64{budget}, len(roots))
 	st, err := devbench.CeilingStriped(ctx, files, sizes, reads, 0)
 	if err != nil {
 		return ceiling{}, err
