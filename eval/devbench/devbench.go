@@ -198,15 +198,8 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 		return nil, err
 	}
 	defer t.close()
-	if !writes && !cfg.AllowHoles {
-		if err := t.checkWritten(t.sizeBytes); err != nil {
-			return nil, err
-		}
-	}
-	for _, bs := range cfg.BlockSizes {
-		if err := t.fits(bs); err != nil {
-			return nil, err
-		}
+	if err := t.checkReads(cfg.BlockSizes, writes || cfg.AllowHoles); err != nil {
+		return nil, err
 	}
 	var specs []Spec
 	for _, e := range cfg.Engines {
@@ -301,11 +294,7 @@ func openCeilingTarget(ctx context.Context, path string, sizeBytes int64) (*targ
 	if limit := sizeBytes / (1 << 20) * (1 << 20); limit > 0 && limit < t.sizeBytes {
 		t.sizeBytes = limit
 	}
-	if err := t.checkWritten(t.sizeBytes); err != nil {
-		t.close()
-		return nil, err
-	}
-	if err := t.fits(ceilingSpec.BlockBytes); err != nil {
+	if err := t.checkReads([]int{ceilingSpec.BlockBytes}, false); err != nil {
 		t.close()
 		return nil, err
 	}

@@ -149,6 +149,23 @@ func (t *target) close() error {
 	return err
 }
 
+// checkReads is what both Run and the ceilings check of an opened target
+// before reading it: its first t.sizeBytes written (checkWritten; unless
+// holes are allowed), and every block size fitting it.
+func (t *target) checkReads(blockSizes []int, allowHoles bool) error {
+	if !allowHoles {
+		if err := t.checkWritten(t.sizeBytes); err != nil {
+			return err
+		}
+	}
+	for _, bs := range blockSizes {
+		if err := t.fits(bs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // fits reports whether I/Os of bs bytes can be made on t: a multiple of its
 // O_DIRECT alignment, within its measured range.
 func (t *target) fits(bs int) error {
