@@ -1,7 +1,7 @@
 // Package eval holds what the evaluation ships inside the binary: the default
 // trace window that `tutti replay` runs with no flags. The evaluation itself
-// lives in the subpackages (trace, model, kvdata, blockstat, metrics,
-// harness, report, devbench).
+// lives in the subpackages (model, blockstat, metrics,
+// harness, report).
 package eval
 
 import _ "embed"

@@ -3,12 +3,12 @@ package kernels
 import (
 	"fmt"
 
-	"github.com/tutti-io/tutti/eval/kvdata"
+	"github.com/tutti-io/tutti/internal/kvdata"
 )
 
 // FillObject writes layer's object bytes for saved pages [firstPage,
 // firstPage+pages) into dst in object layout (page-major, planes contiguous),
-// with eval/kvdata's content for one page per chain block: page i is
+// with internal/kvdata's content for one page per chain block: page i is
 // kvdata.Key{Block: base + i, Layer: layer, Plane: p, Page: 0}. VerifyKV checks
 // the same content on the GPU. dst must hold pages*g.PageBytes() bytes.
 func FillObject(dst []byte, g Geometry, base uint64, layer, firstPage, pages int) error {

@@ -226,7 +226,7 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   return t;
 }
 
-// eval/kvdata's generator: word w of (block, layer, plane, page) is
+// internal/kvdata's generator: word w of (block, layer, plane, page) is
 // mix(seed(key) + (w+1)*golden).
 __device__ __forceinline__ uint64_t kv_mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

@@ -215,7 +215,7 @@ tk_status tk_sync(uint64_t ctx);
 
 /* Poison the bound KV memory (every byte = byte_value). */
 tk_status tk_kv_fill(uint64_t ctx, uint32_t byte_value);
-/* Count 8-byte words of the restored pages that differ from eval/kvdata's
+/* Count 8-byte words of the restored pages that differ from internal/kvdata's
  * content of Key{Block: seed + i, Layer, Plane, Page: 0}, where i is the page's
  * index in `pages` (its place in the saved object; one page per chain block). */
 tk_status tk_kv_verify(uint64_t ctx, uint64_t seed, const tk_page_map *pages, uint32_t n_pages,

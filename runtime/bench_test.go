@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/tutti-io/tutti/eval/devbench"
+	"github.com/tutti-io/tutti/devbench"
 	"github.com/tutti-io/tutti/internal/benchenv"
 	"github.com/tutti-io/tutti/objmap"
 )

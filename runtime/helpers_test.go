@@ -5,8 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/tutti-io/tutti/eval/kvdata"
 	"github.com/tutti-io/tutti/internal/crashtest"
+	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/objmap"
 )
 

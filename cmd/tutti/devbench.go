@@ -15,7 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/tutti-io/tutti/eval/devbench"
+	"github.com/tutti-io/tutti/devbench"
 	"golang.org/x/term"
 )
 

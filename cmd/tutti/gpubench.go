@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tutti-io/tutti/eval/devbench"
+	"github.com/tutti-io/tutti/devbench"
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/runtime"
@@ -189,7 +189,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("gpubench needs the GPU and the kernels library: %w", err)
 	}
-	fmt.Fprintf(stdout, "gpubench %s: %d layers x %d pages of %d KiB (%s), %.2f GiB, %s, storage %q on %v: %s, GPU %s (%d SMs), content eval/kvdata blocks %d..\n",
+	fmt.Fprintf(stdout, "gpubench %s: %d layers x %d pages of %d KiB (%s), %.2f GiB, %s, storage %q on %v: %s, GPU %s (%d SMs), content internal/kvdata blocks %d..\n",
 		*model, g.Layers, b.pages, g.PageBytes()>>10, kl, float64(b.totalBytes())/(1<<30), time.Now().UTC().Format(time.RFC3339), b.label, b.paths, b.lay, name, sms, *seed)
 
 	if err := b.writeData(*reuse); err != nil {
@@ -340,7 +340,7 @@ func printTable(w io.Writer, rows []benchRow) {
 	}
 }
 
-// writeData writes every layer's object with eval/kvdata content where
+// writeData writes every layer's object with internal/kvdata content where
 // b.lay places its pieces, through the page cache (so the page-cache path
 // later reads warm data), then fsyncs. A regular file is cut to the bytes
 // its device holds; with reuse, files of exactly those bytes whose

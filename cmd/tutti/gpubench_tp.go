@@ -17,8 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tutti-io/tutti/eval/kvdata"
 	evalmodel "github.com/tutti-io/tutti/eval/model"
+	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"

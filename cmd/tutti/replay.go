@@ -12,12 +12,12 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tutti-io/tutti/devbench"
 	"github.com/tutti-io/tutti/eval"
-	"github.com/tutti-io/tutti/eval/devbench"
 	"github.com/tutti-io/tutti/eval/harness"
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/eval/report"
-	"github.com/tutti-io/tutti/eval/trace"
+	"github.com/tutti-io/tutti/internal/trace"
 	"github.com/tutti-io/tutti/runtime"
 )
 

@@ -9,7 +9,7 @@ import (
 	"github.com/tutti-io/tutti/eval"
 	"github.com/tutti-io/tutti/eval/harness"
 	"github.com/tutti-io/tutti/eval/model"
-	"github.com/tutti-io/tutti/eval/trace"
+	"github.com/tutti-io/tutti/internal/trace"
 )
 
 // TestReplayGroup replays a short window of the embedded trace through

@@ -11,7 +11,7 @@ import (
 
 	"github.com/tutti-io/tutti/eval/harness"
 	"github.com/tutti-io/tutti/eval/report"
-	"github.com/tutti-io/tutti/eval/trace"
+	"github.com/tutti-io/tutti/internal/trace"
 )
 
 type warmRow struct {

@@ -14,9 +14,9 @@
 //  2. gives the request pages of the engine's paged KV memory (KVMemory,
 //     vLLM's per-layer layout, off-heap) and calls Backend.Restore for the
 //     cached blocks, timing each layer's readiness;
-//  3. verifies every restored page bit for bit (eval/kvdata);
+//  3. verifies every restored page bit for bit (internal/kvdata);
 //  4. writes the KV of the missed blocks into their pages as the prefill would
-//     (eval/kvdata) and calls Backend.Save, then evicts what the cache policy
+//     (internal/kvdata) and calls Backend.Save, then evicts what the cache policy
 //     drops (Backend.Evict).
 //
 // Restore and save durations are measured for real; the prefill's layer
@@ -51,7 +51,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/eval/model"
-	"github.com/tutti-io/tutti/eval/trace"
+	"github.com/tutti-io/tutti/internal/trace"
 	"github.com/tutti-io/tutti/objmap"
 )
 

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/tutti-io/tutti/eval/devbench"
+	"github.com/tutti-io/tutti/devbench"
 )
 
 // Striping a replay over several store roots (Config.Dirs): every backend

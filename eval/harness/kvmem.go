@@ -7,7 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tutti-io/tutti/eval/kvdata"
+	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 )

@@ -14,7 +14,7 @@ import (
 	"github.com/tutti-io/tutti/eval/blockstat"
 	"github.com/tutti-io/tutti/eval/metrics"
 	"github.com/tutti-io/tutti/eval/model"
-	"github.com/tutti-io/tutti/eval/trace"
+	"github.com/tutti-io/tutti/internal/trace"
 	"golang.org/x/sys/unix"
 )
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/eval/model"
-	"github.com/tutti-io/tutti/eval/trace"
+	"github.com/tutti-io/tutti/internal/trace"
 	"github.com/tutti-io/tutti/uring"
 )
 

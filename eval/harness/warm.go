@@ -16,7 +16,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/tutti-io/tutti/eval/trace"
+	"github.com/tutti-io/tutti/internal/trace"
 	"golang.org/x/sys/unix"
 )
 
@@ -175,7 +175,7 @@ type warmStats struct {
 // warmUp saves the warm set into backend b before the window, untimed: the
 // steps go through the same index (the shared one, or the backend's own when
 // it is SelfIndexed) and the backend's own Save, with the pages filled with
-// the blocks' deterministic KV (eval/kvdata) as a prefill would have left
+// the blocks' deterministic KV (internal/kvdata) as a prefill would have left
 // them, so the window's restores read and verify what a real save wrote. No
 // prefill runs. Afterwards every file in the backend's directories is
 // fsynced (no dirty page of the warm-up is written back during the window),

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tutti-io/tutti/eval/kvdata"
 	"github.com/tutti-io/tutti/eval/model"
-	"github.com/tutti-io/tutti/eval/trace"
+	"github.com/tutti-io/tutti/internal/kvdata"
+	"github.com/tutti-io/tutti/internal/trace"
 	"github.com/tutti-io/tutti/objmap"
 )
 

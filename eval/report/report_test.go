@@ -12,7 +12,7 @@ import (
 
 	"github.com/tutti-io/tutti/eval/harness"
 	"github.com/tutti-io/tutti/eval/model"
-	"github.com/tutti-io/tutti/eval/trace"
+	"github.com/tutti-io/tutti/internal/trace"
 )
 
 func TestWriteReportAndPlots(t *testing.T) {

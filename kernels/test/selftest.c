@@ -32,7 +32,7 @@ static int failures;
 #define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 static void tkerr(const char *what, int s) { char b[512]; p_tk_last_error(b, sizeof b); printf("  %s -> %d: %s\n", what, s, b); }
 
-// eval/kvdata's generator (one page per chain block, block = seed + page).
+// internal/kvdata's generator (one page per chain block, block = seed + page).
 static uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; z = (z ^ (z >> 27)) * 0x94d049bb133111ebull; return z ^ (z >> 31);
 }

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tutti-io/tutti/eval/kvdata"
+	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"

@@ -19,7 +19,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/tutti-io/tutti/eval/devbench"
+	"github.com/tutti-io/tutti/devbench"
 )
 
 func main() {
