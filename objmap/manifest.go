@@ -132,14 +132,19 @@ func newStoreID() (string, error) {
 
 func poolFileName(global int) string { return fmt.Sprintf("pool-%04d.dat", global) }
 
-// dirLock is an flock on dir/LOCK. flock belongs to the open file
-// description, so a second Open in the same process conflicts too.
-type dirLock struct {
+// DirLock is an exclusive flock on dir/LOCK, the lock every Open of a store
+// directory takes. flock belongs to the open file description, so a second
+// LockDir in the same process conflicts too. Anything that deletes, truncates
+// or reuses a store directory takes it first (LockDir) and holds it until the
+// directory is gone or rebuilt; Unlock releases it.
+type DirLock struct {
 	dir string
 	fd  int
 }
 
-func lockDir(dir string) (*dirLock, error) {
+// LockDir takes dir's lock without waiting. A held lock returns an error
+// wrapping ErrLocked that names dir and the holder's pid.
+func LockDir(dir string) (*DirLock, error) {
 	path := filepath.Join(dir, lockName)
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -166,10 +171,11 @@ func lockDir(dir string) (*dirLock, error) {
 	if err := unix.Ftruncate(fd, 0); err == nil {
 		_ = pwriteAll(fd, pid, 0) // the pid is only for the error message of a second opener
 	}
-	return &dirLock{dir: dir, fd: fd}, nil
+	return &DirLock{dir: dir, fd: fd}, nil
 }
 
-func (l *dirLock) unlock() error {
+// Unlock releases the lock; a nil or released lock is a no-op.
+func (l *DirLock) Unlock() error {
 	if l == nil || l.fd < 0 {
 		return nil
 	}

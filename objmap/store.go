@@ -108,7 +108,7 @@ type Map struct {
 	g        Geometry
 	opts     Options
 	dirs     []string // ordered by manifest index; journal in dirs[0]
-	locks    []*dirLock
+	locks    []*DirLock
 	files    []*uring.File
 	syncers  []*fileSyncer
 	fileSize int64
@@ -188,7 +188,7 @@ func Open(opts Options) (*Map, error) {
 		} else if _, err := os.Stat(d); err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", ErrNoStore, d, err)
 		}
-		l, err := lockDir(d)
+		l, err := LockDir(d)
 		if err != nil {
 			return nil, err
 		}
@@ -790,7 +790,7 @@ func (m *Map) closeFiles() error {
 		}
 	}
 	for _, l := range m.locks {
-		if err := l.unlock(); err != nil && first == nil {
+		if err := l.Unlock(); err != nil && first == nil {
 			first = err
 		}
 	}
