@@ -6,6 +6,7 @@ require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/cockroachdb/datadriven v1.0.3
 	github.com/google/btree v1.1.3
+	github.com/hanwen/go-fuse/v2 v2.12.1
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.48.0
 	gonum.org/v1/plot v0.17.0
