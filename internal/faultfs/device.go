@@ -20,8 +20,8 @@ type Options struct {
 	// SizeBytes is the device's size (default 64 MiB; a multiple of 4096).
 	SizeBytes int64
 	// Timeout bounds the device's whole life: past it the FUSE connection
-	// is aborted, so every request fails instead of hanging, and the test
-	// fails (default 3 minutes).
+	// is aborted and every fault disarmed, so every request fails instead
+	// of hanging, and the test fails (default 3 minutes).
 	Timeout time.Duration
 }
 
@@ -106,6 +106,7 @@ func Setup(t testing.TB, o Options) *Device {
 	d.watchdog = time.AfterFunc(o.Timeout, func() {
 		d.fired.Store(true)
 		_ = d.fuse.Abort()
+		d.Inj.DisarmAll()
 	})
 	if err := d.attachLoop(); err != nil {
 		t.Fatal(err)
@@ -259,6 +260,7 @@ func (d *Device) teardown(t testing.TB) {
 	if d.watchdog != nil {
 		d.watchdog.Stop()
 	}
+	d.Inj.DisarmAll() // stalled requests return
 	if d.fired.Load() {
 		t.Errorf("faultfs: the device outlived its timeout; the FUSE connection was aborted")
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -44,7 +45,7 @@ func TestInjectorDecide(t *testing.T) {
 			}
 			want := int64(0)
 			for i, r := range tc.reqs {
-				if got := in.decide(r.op, r.off, r.n); got != r.fail {
+				if got, stall := in.decide(r.op, r.off, r.n); got != r.fail || stall != nil {
 					t.Fatalf("request %d %v [%d,+%d): fail=%v, want %v (rule %v)", i, r.op, r.off, r.n, got, r.fail, tc.rule)
 				}
 				if r.fail {
@@ -56,7 +57,7 @@ func TestInjectorDecide(t *testing.T) {
 			}
 			in.DisarmAll()
 			for _, r := range tc.reqs {
-				if in.decide(r.op, r.off, r.n) {
+				if fail, _ := in.decide(r.op, r.off, r.n); fail {
 					t.Fatalf("disarmed injector failed %v [%d,+%d)", r.op, r.off, r.n)
 				}
 			}
@@ -183,5 +184,80 @@ func TestDevice(t *testing.T) {
 	b, err := os.ReadFile(path)
 	if err != nil || !bytes.Equal(b, want) {
 		t.Fatalf("after remount: %v, equal %v", err, bytes.Equal(b, want))
+	}
+}
+
+func TestInjectorStall(t *testing.T) {
+	var in Injector
+	f, err := in.Arm(Rule{Op: Read, Stall: true, Times: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail, stall := in.decide(Read, 0, 4096)
+	if !fail || stall == nil || f.Hits() != 1 {
+		t.Fatalf("stalling rule: fail %v, stall %v, hits %d", fail, stall != nil, f.Hits())
+	}
+	select {
+	case <-stall:
+		t.Fatal("stall released while armed")
+	default:
+	}
+	in.DisarmAll()
+	select {
+	case <-stall:
+	case <-time.After(10 * time.Second):
+		t.Fatal("DisarmAll did not release the stall")
+	}
+}
+
+// TestDeviceAbort: a request the device never answers (a stalled read) is
+// ended by aborting the FUSE connection, which is what the watchdog does:
+// the read returns an error instead of hanging, and tear-down still goes.
+func TestDeviceAbort(t *testing.T) {
+	d := Setup(t, Options{SizeBytes: 16 << 20})
+	path := filepath.Join(d.Dir, "f")
+	buf := alignedBuf(4096)
+	if err := os.WriteFile(path, buf, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	ext, err := d.Extents(path, 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := d.Inj.Arm(Rule{Op: Read, Off: ext[0].Physical, Len: 4096, Stall: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := unix.Pread(fd, buf, 0)
+		done <- err
+	}()
+	for deadline := time.Now().Add(20 * time.Second); f.Hits() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the read never reached the device")
+		}
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("a stalled read returned (%v)", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := d.fuse.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the read over an aborted connection succeeded")
+		}
+		t.Logf("read after abort: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("abort did not end the stalled read")
 	}
 }

@@ -43,6 +43,20 @@ var (
 	_ fs.NodeGetattrer = (*rootNode)(nil)
 )
 
+// fails asks the injector about a request; a stalled one returns once the
+// fault is disarmed or the kernel gave the request up (an interrupt, an
+// aborted connection).
+func (n *diskNode) fails(ctx context.Context, op Op, off, size int64) bool {
+	fail, stall := n.inj.decide(op, off, size)
+	if stall != nil {
+		select {
+		case <-stall:
+		case <-ctx.Done():
+		}
+	}
+	return fail
+}
+
 func (n *diskNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	return nil, fuse.FOPEN_DIRECT_IO, 0
 }
@@ -69,7 +83,7 @@ func (n *diskNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 		return fuse.ReadResultData(nil), 0
 	}
 	dest = dest[:min(int64(len(dest)), n.size-off, maxRequestBytes)]
-	if n.inj.decide(Read, off, int64(len(dest))) {
+	if n.fails(ctx, Read, off, int64(len(dest))) {
 		return nil, syscall.EIO
 	}
 	got, err := n.backing.ReadAt(dest, off)
@@ -85,7 +99,7 @@ func (n *diskNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off
 	if off < 0 || off+int64(len(data)) > n.size {
 		return 0, syscall.ENOSPC
 	}
-	if n.inj.decide(Write, off, int64(len(data))) {
+	if n.fails(ctx, Write, off, int64(len(data))) {
 		return 0, syscall.EIO
 	}
 	if _, err := n.backing.WriteAt(data, off); err != nil {
@@ -96,7 +110,7 @@ func (n *diskNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off
 
 // Fsync makes the backing file durable, or fails as the injector says.
 func (n *diskNode) Fsync(ctx context.Context, fh fs.FileHandle, flags uint32) syscall.Errno {
-	if n.inj.decide(Fsync, 0, 0) {
+	if n.fails(ctx, Fsync, 0, 0) {
 		return syscall.EIO
 	}
 	if err := unix.Fdatasync(int(n.backing.Fd())); err != nil {

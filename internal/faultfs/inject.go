@@ -34,12 +34,15 @@ func (o Op) String() string {
 // overlaps [Off, Off+Len) (Len 0: any offset; Fsync has no range and
 // ignores them), after the first Skip such requests, at most Times of them
 // (0: every one until disarmed). A failed request transfers nothing, as a
-// device that reports a failed command.
+// device that reports a failed command. With Stall, a matching request
+// instead hangs, as on a device that stops answering, until the fault is
+// disarmed (then it fails with EIO) or the FUSE connection is aborted.
 type Rule struct {
 	Op       Op
 	Off, Len int64
 	Skip     int64
 	Times    int64
+	Stall    bool
 	Note     string // what the rule aims at, for messages (optional)
 }
 
@@ -53,6 +56,9 @@ func (r Rule) String() string {
 	}
 	if r.Times > 0 {
 		s += fmt.Sprintf(" x%d", r.Times)
+	}
+	if r.Stall {
+		s += " stall"
 	}
 	if r.Note != "" {
 		s += " (" + r.Note + ")"
@@ -91,8 +97,10 @@ const maxFaults = 64
 type Injector struct {
 	mu     sync.Mutex
 	faults []*Fault
-	served [numOps]atomic.Int64 // requests that reached the injector
-	failed [numOps]atomic.Int64
+	// release is closed by DisarmAll: stalled requests wait on it.
+	release chan struct{}
+	served  [numOps]atomic.Int64 // requests that reached the injector
+	failed  [numOps]atomic.Int64
 }
 
 // Arm adds r; requests from now on that match it fail. It returns the
@@ -120,6 +128,10 @@ func (in *Injector) DisarmAll() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.faults = nil
+	if in.release != nil {
+		close(in.release)
+		in.release = nil
+	}
 }
 
 // Served is the number of requests of kind op the file received.
@@ -128,10 +140,11 @@ func (in *Injector) Served(op Op) int64 { return in.served[op].Load() }
 // Failed is the number of requests of kind op failed by any fault.
 func (in *Injector) Failed(op Op) int64 { return in.failed[op].Load() }
 
-// decide reports whether the request (op, [off, off+n)) fails. The first
-// armed fault that matches and is not exhausted counts it; a fault still
-// within its Skip lets the request through.
-func (in *Injector) decide(op Op, off, n int64) bool {
+// decide reports whether the request (op, [off, off+n)) fails, and, for a
+// stalling fault, the channel to wait on before failing it. The first armed
+// fault that matches and is not exhausted counts it; a fault still within
+// its Skip lets the request through.
+func (in *Injector) decide(op Op, off, n int64) (fail bool, stall <-chan struct{}) {
 	in.served[op].Add(1)
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -148,7 +161,13 @@ func (in *Injector) decide(op Op, off, n int64) bool {
 		}
 		f.hits.Add(1)
 		in.failed[op].Add(1)
-		return true
+		if f.rule.Stall {
+			if in.release == nil {
+				in.release = make(chan struct{})
+			}
+			return true, in.release
+		}
+		return true, nil
 	}
-	return false
+	return false, nil
 }
