@@ -205,7 +205,8 @@ func TestEIOPayloadRead(t *testing.T) {
 // TestEIOHeaderAtOpen: the read of one run's header fails while the store
 // opens. fsck names the run; Open opens the store, reports the run dropped
 // and serves the rest, exactly; afterwards fsck finds a clean store without
-// that run (a transient read error at Open loses it: it is a cache).
+// that run: Open freed its space durably, so the transient read error lost
+// a committed run (asserted: only that one).
 func TestEIOHeaderAtOpen(t *testing.T) {
 	d, cfg := eioStore(t)
 	rng := rand.New(rand.NewPCG(12, 1))
