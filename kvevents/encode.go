@@ -113,14 +113,13 @@ type Batch struct {
 
 // Limits on what one encoded batch may hold (the decoder enforces them too).
 const (
-	MaxBatchEvents   = 1 << 16
-	MaxEventHashes   = 1 << 16
-	MaxEventTokens   = 1 << 22
-	MaxHashBytes     = 64
-	maxMediumBytes   = 64
-	maxStringBytes   = 1 << 10
-	maxDecodeDepth   = 8
-	maxEncodedFields = 8
+	MaxBatchEvents = 1 << 16
+	MaxEventHashes = 1 << 16
+	MaxEventTokens = 1 << 22
+	MaxHashBytes   = 64
+	maxMediumBytes = 64
+	maxStringBytes = 1 << 10
+	maxDecodeDepth = 8
 )
 
 // AppendBatch appends b's msgpack encoding (vLLM v0.11.0 KVEventBatch) to dst.

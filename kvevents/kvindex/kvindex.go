@@ -229,6 +229,10 @@ func (x *Index) count(ns *nodeState, f func(*NodeStats)) {
 func (x *Index) apply(ns *nodeState, seq int64, b kvevents.Batch) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.applyLocked(ns, seq, b)
+}
+
+func (x *Index) applyLocked(ns *nodeState, seq int64, b kvevents.Batch) {
 	for _, e := range b.Events {
 		switch e.Kind {
 		case kvevents.AllBlocksCleared:
@@ -278,6 +282,11 @@ func (x *Index) repair(ctx context.Context, ns *nodeState, start int64) error {
 	if err := d.SendMulti(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, uint64(start)))); err != nil {
 		return fmt.Errorf("kvindex: replay request: %w", err)
 	}
+	type frame struct {
+		seq int64
+		b   kvevents.Batch
+	}
+	var got []frame
 	for range maxReplayFrames {
 		msg, err := d.Recv()
 		if err != nil {
@@ -288,14 +297,20 @@ func (x *Index) repair(ctx context.Context, ns *nodeState, start int64) error {
 		}
 		seq := int64(binary.BigEndian.Uint64(msg.Frames[1]))
 		if seq == -1 {
-			x.count(ns, func(st *NodeStats) { st.Replays++ })
+			// The answer is applied in one step, so no reader sees half of it.
+			x.mu.Lock()
+			for _, f := range got {
+				x.applyLocked(ns, f.seq, f.b)
+			}
+			ns.st.Replays++
+			x.mu.Unlock()
 			return nil
 		}
 		b, err := kvevents.DecodeBatch(msg.Frames[2])
 		if err != nil {
 			return fmt.Errorf("kvindex: replay batch %d: %w", seq, err)
 		}
-		x.apply(ns, seq, b)
+		got = append(got, frame{seq, b})
 	}
 	return fmt.Errorf("kvindex: replay answer longer than %d frames", maxReplayFrames)
 }
