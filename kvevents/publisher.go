@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,10 @@ type Config struct {
 	SendQueueBatches int
 	// SendTimeout bounds one write to one replay client.
 	SendTimeout time.Duration
+	// MaxTokenBytes bounds the token ids (and engine hashes) a store keeps
+	// to publish with its blocks; past it blocks are published with hashes
+	// only (counted by the store).
+	MaxTokenBytes int64
 }
 
 // Defaults for the zero tuning fields of Config.
@@ -52,6 +57,7 @@ const (
 	DefaultReplayBytes      = 64 << 20
 	DefaultSendQueueBatches = 1024
 	DefaultSendTimeout      = 2 * time.Second
+	DefaultMaxTokenBytes    = 64 << 20
 )
 
 // ErrConfig is wrapped by every Config error.
@@ -75,6 +81,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SendTimeout == 0 {
 		c.SendTimeout = DefaultSendTimeout
+	}
+	if c.MaxTokenBytes == 0 {
+		c.MaxTokenBytes = DefaultMaxTokenBytes
 	}
 	if c.Epoch == 0 {
 		c.Epoch = uint64(time.Now().UnixNano())
@@ -103,6 +112,7 @@ func (c Config) Validate() error {
 		{"ReplayBytes", c.ReplayBytes, 0, 1 << 34},
 		{"SendQueueBatches", int64(c.SendQueueBatches), 0, 1 << 20},
 		{"SendTimeout", int64(c.SendTimeout), 0, int64(time.Minute)},
+		{"MaxTokenBytes", c.MaxTokenBytes, 0, 1 << 40},
 	} {
 		if f.v < f.lo || f.v > f.hi {
 			return fmt.Errorf("%w: %s = %d, want [%d, %d] (0: default)", ErrConfig, f.name, f.v, f.lo, f.hi)
@@ -209,6 +219,9 @@ func (p *Publisher) ReplayEndpoint() string {
 
 // Epoch names this process's stream.
 func (p *Publisher) Epoch() uint64 { return p.cfg.Epoch }
+
+// Config returns the configuration in use (defaults filled in).
+func (p *Publisher) Config() Config { return p.cfg }
 
 // Topic is frame 0 of every message.
 func (p *Publisher) Topic() string { return p.cfg.Topic }
@@ -343,10 +356,19 @@ func (p *Publisher) Close() error {
 	p.mu.Unlock()
 	p.send(cut)
 	p.cancel()
-	errs := []error{p.pub.Close()}
+	errs := []error{ignoreClosed(p.pub.Close())}
 	if p.router != nil {
-		errs = append(errs, p.router.Close())
+		errs = append(errs, ignoreClosed(p.router.Close()))
 	}
 	p.wg.Wait()
 	return errors.Join(errs...)
+}
+
+// ignoreClosed drops the error of closing a connection the library's own
+// reader closed a moment earlier (the cancelled context stops both).
+func ignoreClosed(err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
 }
