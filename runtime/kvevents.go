@@ -73,9 +73,21 @@ func (s *Store) openServed(idx *prefix.Index) (*servedIndex, error) {
 	if err != nil {
 		return nil, err
 	}
+	metas := newBlockMetas(p.Config().MaxTokenBytes)
+	mf, err := loadMetaFile(s.cfg.Dirs[0], bt, kvmetaMaxFileBytes(p.Config().MaxTokenBytes), metas)
+	if err != nil {
+		_ = p.Close()
+		return nil, err
+	}
 	p.SetContents(s.contents)
-	return newServedIndex(idx, p, newBlockMetas(p.Config().MaxTokenBytes), bt), nil
+	x := newServedIndex(idx, p, metas, bt)
+	x.file = mf
+	return x, nil
 }
+
+// kvmetaMaxFileBytes bounds the sidecar: twice what the store keeps in
+// memory, so appends of blocks evicted since the last Open fit a while.
+func kvmetaMaxFileBytes(maxTokenBytes int64) int64 { return 2*maxTokenBytes + 1<<20 }
 
 // contents lists the served blocks for a replay answer (called in the
 // publisher's order): per run, in run id order (a parent run is committed
@@ -114,6 +126,11 @@ type KVEventsStats struct {
 	MetaBlocks     int
 	MetaBytes      int64
 	MetaDropped    int64
+	// MetaUnpersisted blocks' metadata is not in the sidecar (past its size
+	// bound, or a write failed): after a restart they are hashes only.
+	MetaUnpersisted int64
+	// MetaLoadNote says what Open found wrong with the sidecar, if anything.
+	MetaLoadNote string
 }
 
 // KVEvents returns the publisher's counters; ok false without Config.KVEvents.
@@ -126,5 +143,6 @@ func (s *Store) KVEvents() (st KVEventsStats, ok bool) {
 	st.Endpoint, st.ReplayEndpoint = p.Endpoint(), p.ReplayEndpoint()
 	st.HashOnlyBlocks = s.idx.meta.hashOnly.Load()
 	st.MetaBlocks, st.MetaBytes, st.MetaDropped = s.idx.meta.stats()
+	st.MetaUnpersisted, st.MetaLoadNote = s.idx.file.stats()
 	return st, true
 }

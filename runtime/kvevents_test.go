@@ -79,13 +79,15 @@ func replayAll(t *testing.T, s *Store) []seqBatch {
 }
 
 // history checks the event stream of one epoch: it begins with
-// AllBlocksCleared, every block alternates Stored and Removed (a Removed
-// only after a Stored, a Stored again only after a Removed), and a Stored
-// block's parent is held when it is stored. It returns the blocks held at
-// the end.
+// AllBlocksCleared; every block alternates Stored and Removed (Removed only
+// while held, Stored again only after a Removed); a block is stored after
+// its parent and removed after its children (leaf first). It returns the
+// blocks held at the end.
 func history(t *testing.T, batches []seqBatch) map[uint64]bool {
 	t.Helper()
 	held := map[uint64]bool{}
+	parent := map[uint64]uint64{}
+	children := map[uint64]int{}
 	for i, sb := range batches {
 		if sb.seq != int64(i) {
 			t.Fatalf("batch %d has seq %d", i, sb.seq)
@@ -96,27 +98,39 @@ func history(t *testing.T, batches []seqBatch) map[uint64]bool {
 			}
 			switch e.Kind {
 			case kvevents.BlockStored:
-				if e.HasParent && !held[e.Parent.Uint()] {
-					t.Fatalf("batch %d: %v stored before its parent %v", i, e.Hashes, e.Parent)
-				}
 				if e.Medium != kvevents.MediumDisk || e.BlockSize != 8 {
 					t.Fatalf("batch %d: medium %q block size %d", i, e.Medium, e.BlockSize)
 				}
+				p, hasP := e.Parent.Uint(), e.HasParent
 				for _, h := range e.Hashes {
-					if held[h.Uint()] {
-						t.Fatalf("batch %d: block %v stored twice without a Removed between", i, h)
+					id := h.Uint()
+					if hasP && !held[p] {
+						t.Fatalf("batch %d: %#x stored before its parent %#x", i, id, p)
 					}
-					held[h.Uint()] = true
+					if held[id] {
+						t.Fatalf("batch %d: block %#x stored twice without a Removed between", i, id)
+					}
+					held[id] = true
+					if hasP {
+						parent[id] = p
+						children[p]++
+					}
+					p, hasP = id, true
 				}
 			case kvevents.BlockRemoved:
-				for k, h := range e.Hashes {
-					if !held[h.Uint()] {
-						t.Fatalf("batch %d: block %v removed but not held", i, h)
+				for _, h := range e.Hashes {
+					id := h.Uint()
+					if !held[id] {
+						t.Fatalf("batch %d: block %#x removed but not held", i, id)
 					}
-					// Leaf first: no block still held has it as parent... checked
-					// through the tree below by the caller's store comparison.
-					_ = k
-					delete(held, h.Uint())
+					if children[id] != 0 {
+						t.Fatalf("batch %d: block %#x removed before its %d children", i, id, children[id])
+					}
+					delete(held, id)
+					if p, ok := parent[id]; ok {
+						children[p]--
+						delete(parent, id)
+					}
 				}
 			}
 		}

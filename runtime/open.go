@@ -67,6 +67,7 @@ func Open(cfg Config) (*Store, error) {
 		_ = s.m.Close()
 		if s.idx != nil && s.idx.ev != nil {
 			_ = s.idx.ev.Close()
+			_ = s.idx.file.close()
 		}
 		return nil, fmt.Errorf("runtime: open: %w", err)
 	}
@@ -79,6 +80,9 @@ func Open(cfg Config) (*Store, error) {
 		return fail(err)
 	}
 	if err := s.recover(); err != nil {
+		return fail(err)
+	}
+	if err := s.idx.finishRecovery(); err != nil {
 		return fail(err)
 	}
 	if s.staging, err = newStagingPool(cfg.StagingBytes, cfg.StagingSlotBytes); err != nil {

@@ -18,7 +18,8 @@ type servedIndex struct {
 	*prefix.Index
 	ev        *kvevents.Publisher // nil: no events
 	meta      *blockMetas
-	blockSize int // tokens per chain block
+	file      *metaFile // meta's sidecar; nil without a publisher
+	blockSize int       // tokens per chain block
 
 	// unserved holds blocks reported Removed by Remove that stay in the
 	// index draining; their final drop is not reported again. Touched only
@@ -128,6 +129,7 @@ func (x *servedIndex) Commit(ids, locs []uint64) (dropped []prefix.Dropped, err 
 		}
 		if len(served) > 0 {
 			emit(x.stored(served, first.Parent, first.HasParent))
+			x.file.appendRecord(served, x.meta)
 		}
 		var rest []prefix.Dropped
 		for _, d := range dropped {
@@ -240,6 +242,18 @@ func (x *servedIndex) SetCapacity(capacityBytes int64) (dropped []prefix.Dropped
 		x.removed(emit, dropped)
 	})
 	return dropped, err
+}
+
+// finishRecovery keeps the sidecar's metadata of the blocks the recovery
+// served, forgets the rest, and rewrites the sidecar with what it kept.
+func (x *servedIndex) finishRecovery() error {
+	if x.file == nil {
+		return nil
+	}
+	return x.file.rewrite(x.meta, func(id uint64) bool {
+		e, ok := x.Index.Get(id)
+		return ok && !e.Draining && e.State != prefix.StatePending
+	})
 }
 
 // blockMetas keeps what engines gave of blocks beyond their chain ids

@@ -421,7 +421,7 @@ func (s *Store) Close() error {
 	}
 	errs = append(errs, s.worker.close(), s.staging.close(), s.m.Close())
 	if s.idx.ev != nil {
-		errs = append(errs, s.idx.ev.Close())
+		errs = append(errs, s.idx.ev.Close(), s.idx.file.close())
 	}
 	return errors.Join(errs...)
 }
