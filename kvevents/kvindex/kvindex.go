@@ -49,6 +49,8 @@ type NodeStats struct {
 // Limits of the reference consumer.
 const (
 	replayTimeout   = 5 * time.Second
+	dialRetry       = 100 * time.Millisecond
+	dialRetries     = 10 * time.Second
 	maxReplayFrames = 1 << 20
 )
 
@@ -79,7 +81,8 @@ func New() *Index {
 func (x *Index) Follow(n Node) error {
 	x.Drop(n.ID)
 	ctx, cancel := context.WithCancel(context.Background())
-	sub := zmq4.NewSub(ctx)
+	// A node registers before it binds: dialing retries for dialRetries.
+	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(dialRetry), zmq4.WithDialerMaxRetries(int(dialRetries/dialRetry)))
 	if err := sub.Dial(n.Endpoint); err != nil {
 		cancel()
 		return fmt.Errorf("kvindex: dialing %s (%s): %w", n.ID, n.Endpoint, err)
