@@ -175,6 +175,11 @@ func limitBlocks(t *testing.T, s *Store, n int) {
 func follow(t *testing.T, s *Store) *kvindex.Index {
 	t.Helper()
 	st, _ := s.KVEvents()
+	return newFollower(t, st)
+}
+
+func newFollower(t testing.TB, st KVEventsStats) *kvindex.Index {
+	t.Helper()
 	x := kvindex.New()
 	t.Cleanup(x.Close)
 	if err := x.Follow(kvindex.Node{ID: "n", Endpoint: st.Endpoint, ReplayEndpoint: st.ReplayEndpoint, Topic: "kv@test@tiny"}); err != nil {

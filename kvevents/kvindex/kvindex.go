@@ -368,6 +368,31 @@ func (x *Index) WaitSeq(id string, seq int64, timeout time.Duration) error {
 	}
 }
 
+// WaitHolds waits until node id holds block h, or timeout.
+func (x *Index) WaitHolds(id string, h kvevents.Hash, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	t := time.AfterFunc(timeout, func() {
+		x.mu.Lock()
+		x.cond.Broadcast()
+		x.mu.Unlock()
+	})
+	defer t.Stop()
+	key := h.Key()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for {
+		if ns := x.nodes[id]; ns != nil {
+			if _, ok := ns.blocks[key]; ok {
+				return nil
+			}
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("kvindex: node %s: block %v not held within %v", id, h, timeout)
+		}
+		x.cond.Wait()
+	}
+}
+
 // Pick returns the node holding the longest leading run of chain and its
 // length; ties go to the first node id in lexical order; "" when none holds
 // chain[0].
