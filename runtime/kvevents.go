@@ -33,7 +33,11 @@ func (s *Store) SaveWithMeta(chain []uint64, pages []int32, meta []BlockMeta) (*
 	if err := s.putMeta(chain, meta); err != nil {
 		return nil, err
 	}
-	return s.Save(chain, pages)
+	sv, err := s.Save(chain, pages)
+	if err != nil && s.idx.ev != nil {
+		s.idx.ev.Do(func(func(kvevents.Event)) { s.idx.forgetUnheld(chain) })
+	}
+	return sv, err
 }
 
 func (s *Store) putMeta(chain []uint64, meta []BlockMeta) error {

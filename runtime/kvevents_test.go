@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -358,5 +359,69 @@ func TestKVEventsCorruptRunRemoved(t *testing.T) {
 	matchStore(t, s, x, "after the CRC miss", true)
 	if x.Holds("n", kvevents.IntHash(ch[3])) || !x.Holds("n", kvevents.IntHash(ch[2])) {
 		t.Fatal("the corrupt run is still published, or its parent is not")
+	}
+}
+
+// TestKVEventsEngineHashes: blocks saved with the engine's own hash bytes
+// are published with them (a child's parent too), and removed by them; the
+// metadata of blocks a save could not admit is not kept.
+func TestKVEventsEngineHashes(t *testing.T) {
+	g := tinyGeometry()
+	rng := rand.New(rand.NewPCG(4, 4))
+	cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+	cfg.KVEvents = evConfig()
+	s, kv := openKV(t, cfg)
+	defer closeKV(t, s, kv)
+	ch := chainOf(7<<40, 3)
+	meta := metaOf(g, ch)
+	for i := range meta {
+		meta[i].Hash = []byte{0xAB, byte(i), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i)}
+	}
+	pages := pageTable(rng, g, cfg.NumPages, len(ch))
+	fill(kv, g, ch, pages)
+	sv, err := s.SaveWithMeta(ch[:2], pages[:2*g.ChunkPages], meta[:2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv.Wait()
+	sv, err = s.SaveWithMeta(ch, pages, meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv.Wait()
+	if _, err := s.Discard(ch[1]); err != nil {
+		t.Fatal(err)
+	}
+	var got []kvevents.Event
+	for _, b := range replayAll(t, s) {
+		got = append(got, b.b.Events...)
+	}
+	if len(got) != 4 {
+		t.Fatalf("%d events, want AllBlocksCleared, 2 Stored, 1 Removed: %+v", len(got), got)
+	}
+	first, second, rm := got[1], got[2], got[3]
+	if !bytes.Equal(first.Hashes[0].Bytes(), meta[0].Hash) || !bytes.Equal(first.Hashes[1].Bytes(), meta[1].Hash) || first.HasParent {
+		t.Fatalf("first run published as %+v", first)
+	}
+	if !bytes.Equal(second.Hashes[0].Bytes(), meta[2].Hash) || !bytes.Equal(second.Parent.Bytes(), meta[1].Hash) {
+		t.Fatalf("child run published as %+v", second)
+	}
+	if rm.Kind != kvevents.BlockRemoved || len(rm.Hashes) != 2 || !bytes.Equal(rm.Hashes[0].Bytes(), meta[2].Hash) || !bytes.Equal(rm.Hashes[1].Bytes(), meta[1].Hash) {
+		t.Fatalf("discard published as %+v (want leaf first, by the engine's hashes)", rm)
+	}
+	if st, _ := s.KVEvents(); st.MetaBlocks != 1 {
+		t.Fatalf("%d blocks' metadata kept, want 1 (the one still served)", st.MetaBlocks)
+	}
+	// A save the store cannot take leaves no metadata behind.
+	limitBlocks(t, s, 1)
+	big := chainOf(9<<40, 3)
+	pages = pageTable(rng, g, cfg.NumPages, len(big))
+	sv, err = s.SaveWithMeta(big, pages, metaOf(g, big))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv.Wait()
+	if st, _ := s.KVEvents(); st.MetaBlocks > 1 {
+		t.Fatalf("%d blocks' metadata kept after a save admitted in part", st.MetaBlocks)
 	}
 }

@@ -95,12 +95,26 @@ func (x *servedIndex) stored(ids []uint64, parent uint64, hasParent bool) kveven
 	return e
 }
 
+// Reserve also forgets the metadata SaveWithMeta kept for blocks of chain
+// it did not reserve and the index does not hold (the save skips them).
 func (x *servedIndex) Reserve(chain []uint64, from int, bytesPerBlock int64) (res prefix.Reservation, err error) {
 	x.do(func(emit func(kvevents.Event)) {
 		res, err = x.Index.Reserve(chain, from, bytesPerBlock)
 		x.removed(emit, res.Evicted)
+		if err == nil && x.ev != nil {
+			x.forgetUnheld(chain[min(len(chain), from+res.N):])
+		}
 	})
 	return res, err
+}
+
+// forgetUnheld drops the metadata of ids the index does not hold.
+func (x *servedIndex) forgetUnheld(ids []uint64) {
+	for _, id := range ids {
+		if _, ok := x.Index.Get(id); !ok {
+			x.meta.forget(id)
+		}
+	}
 }
 
 // Commit publishes the committed blocks as one BlockStored (those a Remove
@@ -120,6 +134,10 @@ func (x *servedIndex) Commit(ids, locs []uint64) (dropped []prefix.Dropped, err 
 		for _, d := range dropped {
 			gone[d.ID] = true
 		}
+		committed := make(map[uint64]bool, len(ids))
+		for _, id := range ids {
+			committed[id] = true
+		}
 		served := make([]uint64, 0, len(ids))
 		for _, id := range ids {
 			if gone[id] {
@@ -133,22 +151,13 @@ func (x *servedIndex) Commit(ids, locs []uint64) (dropped []prefix.Dropped, err 
 		}
 		var rest []prefix.Dropped
 		for _, d := range dropped {
-			if !inIDs(ids, d.ID) {
+			if !committed[d.ID] {
 				rest = append(rest, d)
 			}
 		}
 		x.removed(emit, rest)
 	})
 	return dropped, err
-}
-
-func inIDs(ids []uint64, id uint64) bool {
-	for _, v := range ids {
-		if v == id {
-			return true
-		}
-	}
-	return false
 }
 
 func (x *servedIndex) Abort(ids []uint64) (dropped []prefix.Dropped, err error) {
