@@ -216,3 +216,40 @@ func TestSlowSubscriberNeverBlocks(t *testing.T) {
 		t.Fatalf("nothing published: %+v", st)
 	}
 }
+
+// Close returns while a subscriber that does not read is connected.
+func TestCloseWithStuckSubscriber(t *testing.T) {
+	p, err := kvevents.New(kvevents.Config{Endpoint: "tcp://127.0.0.1:0", SendQueueBatches: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.Dial(p.Endpoint()); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	big := make([]uint64, 4096)
+	for i := range 200 {
+		for j := range big {
+			big[j] = uint64(i*len(big) + j + 1)
+		}
+		p.Do(func(emit func(kvevents.Event)) { emit(stored(big...)) })
+		p.Flush()
+	}
+	done := make(chan error)
+	go func() { done <- p.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("Close hung behind a subscriber that does not read")
+	}
+}
