@@ -18,7 +18,9 @@ import (
 
 // TestReplayKVEvents: `tutti replay --kv-events --etcd` registers the node
 // for the run, and a router that follows it from etcd receives the store's
-// events while the trace replays; the report says what was published.
+// events while the trace replays under a capacity that evicts: parents
+// before children, no removal of a block it was not told of; the report
+// says what was published.
 func TestReplayKVEvents(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli, err := membership.Dial([]string{etcd}, 2*time.Second)
@@ -52,7 +54,7 @@ func TestReplayKVEvents(t *testing.T) {
 	spec := fmt.Sprintf("tcp://127.0.0.1:%d?replay=tcp://127.0.0.1:%d&topic=kv@replay@tiny", etcdtest.FreePort(t), etcdtest.FreePort(t))
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"replay", "--requests", "20", "--backends", "tutti-cpu", "--no-ceiling", "--no-ebpf", "--dir", t.TempDir(),
+	code := run([]string{"replay", "--requests", "40", "--capacity-blocks", "60", "--backends", "tutti-cpu", "--no-ceiling", "--no-ebpf", "--dir", t.TempDir(),
 		"--out", out, "--kv-events", spec, "--etcd", etcd, "--node-id", "replay"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("replay exit %d: %s", code, stderr.String())
@@ -64,9 +66,10 @@ func TestReplayKVEvents(t *testing.T) {
 		t.Fatalf("%d registrations seen, want 1", p)
 	}
 	st, ok := x.Stats("replay")
-	if !ok || st.Batches == 0 || st.HashOnlyStores == 0 || st.DecodeErrors != 0 || st.OrphanStores != 0 {
+	if !ok || st.Batches == 0 || st.Removed == 0 || st.HashOnlyStores == 0 || st.DecodeErrors != 0 || st.OrphanStores != 0 || st.UnknownRemoves != 0 {
 		t.Fatalf("router's view of the replay: %+v (ok %v)", st, ok)
 	}
+	t.Logf("router saw %d batches: %d blocks stored, %d removed, %d held at the end", st.Batches, st.Stored, st.Removed, st.Blocks)
 	// The run revoked its lease at the end.
 	deadline := time.Now().Add(5 * time.Second)
 	for d == 0 && time.Now().Before(deadline) {

@@ -41,7 +41,9 @@ type NodeStats struct {
 	// publisher must send parents first); UnknownRemoves, BlockRemoved of a
 	// block not held.
 	OrphanStores, UnknownRemoves int64
-	DecodeErrors                 int64
+	// Stored and Removed count blocks in BlockStored and BlockRemoved events.
+	Stored, Removed int64
+	DecodeErrors    int64
 	// HashOnlyStores counts BlockStored events without token ids.
 	HashOnlyStores int64
 }
@@ -253,6 +255,7 @@ func (x *Index) applyLocked(ns *nodeState, seq int64, b kvevents.Batch) {
 			for _, h := range e.Hashes {
 				ns.blocks[h.Key()] = struct{}{}
 			}
+			ns.st.Stored += int64(len(e.Hashes))
 		case kvevents.BlockRemoved:
 			for _, h := range e.Hashes {
 				if _, ok := ns.blocks[h.Key()]; !ok {
@@ -260,6 +263,7 @@ func (x *Index) applyLocked(ns *nodeState, seq int64, b kvevents.Batch) {
 				}
 				delete(ns.blocks, h.Key())
 			}
+			ns.st.Removed += int64(len(e.Hashes))
 		}
 	}
 	ns.st.Batches++
