@@ -443,6 +443,24 @@ func (x *Index) SetCapacity(capacityBytes int64) ([]Dropped, error) {
 	return out, nil
 }
 
+// Subtree appends id and every block below it to dst, parents before
+// children, with each one's state as Get reports it, and returns dst; dst
+// unchanged when id is not in the index. O(subtree) under the lock: meant
+// for an owner that must report what a Remove takes out of service.
+func (x *Index) Subtree(id uint64, dst []Entry) []Entry {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	s := x.find(id)
+	if s == noSlot {
+		return dst
+	}
+	for _, t := range x.subtree(s) {
+		dst = append(dst, x.entryOf(t))
+	}
+	x.trimScratch()
+	return dst
+}
+
 // Get returns a snapshot of block id.
 func (x *Index) Get(id uint64) (Entry, bool) {
 	x.mu.Lock()
@@ -451,8 +469,17 @@ func (x *Index) Get(id uint64) (Entry, bool) {
 	if s == noSlot {
 		return Entry{ID: id}, false
 	}
+	en := x.entryOf(s)
+	for c := x.sl.at(s).child; c != noSlot; c = x.sl.at(c).nextSib {
+		en.Children++
+	}
+	return en, true
+}
+
+// entryOf is slot s's snapshot, less Children.
+func (x *Index) entryOf(s int32) Entry {
 	e := x.sl.at(s)
-	en := Entry{ID: id, Pins: int(e.pins), Draining: e.flags&flagDoomed != 0, SizeBytes: e.sizeBytes, Loc: e.loc}
+	en := Entry{ID: e.id, Pins: int(e.pins), Draining: e.flags&flagDoomed != 0, SizeBytes: e.sizeBytes, Loc: e.loc}
 	switch {
 	case e.state == statePending:
 		en.State = StatePending
@@ -464,10 +491,7 @@ func (x *Index) Get(id uint64) (Entry, bool) {
 	if e.parent != noSlot {
 		en.Parent, en.HasParent = x.sl.at(e.parent).id, true
 	}
-	for c := e.child; c != noSlot; c = x.sl.at(c).nextSib {
-		en.Children++
-	}
-	return en, true
+	return en
 }
 
 // Stats returns the counters.

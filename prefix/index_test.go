@@ -330,3 +330,25 @@ func TestPinLocations(t *testing.T) {
 		t.Fatalf("Pin = %d %v", n, locs)
 	}
 }
+
+func TestSubtree(t *testing.T) {
+	x, err := New(Config{CapacityBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain := []uint64{1, 2, 3}
+	if _, err := x.Reserve(chain, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Commit(chain[:2], []uint64{10, 20}); err != nil {
+		t.Fatal(err)
+	}
+	got := x.Subtree(2, nil)
+	if len(got) != 2 || got[0].ID != 2 || got[0].State != StateResident || got[0].Parent != 1 ||
+		got[1].ID != 3 || got[1].State != StatePending || !got[1].HasParent {
+		t.Fatalf("Subtree(2) = %+v", got)
+	}
+	if got := x.Subtree(99, nil); len(got) != 0 {
+		t.Fatalf("Subtree of an absent id = %+v", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
@@ -147,6 +148,11 @@ type Config struct {
 	// from completions. Zero: a conservative SSD (2 GB/s reads).
 	Device sched.DeviceProfile
 
+	// KVEvents, if set, publishes what the store serves as vLLM KV events
+	// on a ZeroMQ PUB endpoint for cache-aware routers (see runtime/kvevents.go
+	// and docs/routers.md). Open fails when its endpoints cannot be bound.
+	KVEvents *kvevents.Config
+
 	// NewEngine, if set, makes the I/O engine instead of a real io_uring
 	// ring: tests pass a *uring.Sim here (seeded latency, fault injection).
 	// It is called once per engine at Open; the store owns and closes it.
@@ -248,6 +254,11 @@ func (c *Config) Validate() error {
 	}
 	if u := gpuWriteUnit(c.Geometry); c.Path == PathGPU && w.StagingSlotBytes < u {
 		return configErr("StagingSlotBytes", "%d is smaller than the GPU save unit (%d bytes: whole pages and 4 KiB blocks)", w.StagingSlotBytes, u)
+	}
+	if c.KVEvents != nil {
+		if err := c.KVEvents.Validate(); err != nil {
+			return configErr("KVEvents", "%v", err)
+		}
 	}
 	return nil
 }

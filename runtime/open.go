@@ -65,13 +65,24 @@ func Open(cfg Config) (*Store, error) {
 			_ = s.staging.close()
 		}
 		_ = s.m.Close()
+		if s.idx != nil && s.idx.ev != nil {
+			_ = s.idx.ev.Close()
+			_ = s.idx.file.close()
+		}
 		return nil, fmt.Errorf("runtime: open: %w", err)
 	}
 	capBytes := int64(float64(s.m.Stats().CapacityBytes) * indexShare)
-	if s.idx, err = prefix.New(prefix.Config{CapacityBytes: max(capBytes, 1)}); err != nil {
+	idx, err := prefix.New(prefix.Config{CapacityBytes: max(capBytes, 1)})
+	if err != nil {
+		return fail(err)
+	}
+	if s.idx, err = s.openServed(idx); err != nil {
 		return fail(err)
 	}
 	if err := s.recover(); err != nil {
+		return fail(err)
+	}
+	if err := s.idx.finishRecovery(); err != nil {
 		return fail(err)
 	}
 	if s.staging, err = newStagingPool(cfg.StagingBytes, cfg.StagingSlotBytes); err != nil {

@@ -66,7 +66,7 @@ type Store struct {
 	cfg     Config
 	geo     objmap.Geometry
 	m       *objmap.Map
-	idx     *prefix.Index
+	idx     *servedIndex // the prefix index; publishes KV events with Config.KVEvents
 	worker  *ioWorker
 	staging *stagingPool
 	// consumers verify and scatter completed load reads (PathCPU; nil on
@@ -420,5 +420,8 @@ func (s *Store) Close() error {
 		s.consumers.close()
 	}
 	errs = append(errs, s.worker.close(), s.staging.close(), s.m.Close())
+	if s.idx.ev != nil {
+		errs = append(errs, s.idx.ev.Close(), s.idx.file.close())
+	}
 	return errors.Join(errs...)
 }

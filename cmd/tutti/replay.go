@@ -68,6 +68,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	gpuMaxIO := fs.Int("tutti-gpu-max-io", 0, "tutti-gpu: largest read in bytes (0: the largest read every store device takes unsplit, from max_sectors_kb, at most 4 MiB)")
 	gpuLookahead := fs.Int("tutti-gpu-lookahead", 0, "tutti-gpu: layers in flight beyond the one waited for (0: one per store device, at least 2, at most 8)")
 	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
+	var kf kvFlags
+	kf.add(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
 		fmt.Fprintln(stderr, "\nWith no flags: the embedded trace window, the tiny model, the CPU backends, a temporary store; prints where the report is.")
@@ -219,6 +221,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		g, _ := prof.Geometry()
 		*capBlocks = int(max(1, v/g.ChunkBytes()))
 	}
+	unregister, err := kvEventsBackend(&kf, bs, prof, *capBlocks, &notes)
+	if err != nil {
+		return usageErr(fs.Usage, err)
+	}
+	defer unregister()
 
 	if len(storeDirs) == 0 {
 		d, err := os.MkdirTemp("", "tutti-replay-store-")
@@ -282,6 +289,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 				t.Name(), t.PlannedRecomputeBlocks()))
 		}
 	}
+	notes = append(notes, kvEventsNotes(bs)...)
 	if gs := gpuCompute.Stats(); gs.Requests > 0 {
 		notes = append(notes, fmt.Sprintf("GPU prefill: %d prefills measured (%d re-measured alone: the restore brought back fewer blocks than looked up), %.1f s of GPU time; %d GEMM launches next to restores took %.2f CPU-s (in the restores' CPU time where they overlapped)",
 			gs.Requests, gs.Reruns, gs.GPUTime.Seconds(), gs.Launches, gs.EnqueueCPU.Seconds()))

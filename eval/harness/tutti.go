@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
 )
@@ -40,7 +41,18 @@ type Tutti struct {
 	gpuWindow, gpuMaxIO, gpuLookahead int
 	// helper: the GPU ring helper's counters, read at Close.
 	helperWakeups, helperBatchTimeouts int64
+	// kvEvents: runtime.Config.KVEvents; kvStats its counters, read at Close.
+	kvEvents *kvevents.Config
+	kvStats  *runtime.KVEventsStats
 }
+
+// SetKVEvents has the next Open publish the store's contents as KV events
+// (runtime.Config.KVEvents).
+func (t *Tutti) SetKVEvents(c *kvevents.Config) { t.kvEvents = c }
+
+// KVEventsStats returns what the store published, as of Close (nil without
+// SetKVEvents).
+func (t *Tutti) KVEventsStats() *runtime.KVEventsStats { return t.kvStats }
 
 // GPUHelper returns the GPU ring helper's kernel entries and the waits of
 // them that ran the whole batch wait with reads in flight, as of Close
@@ -104,7 +116,7 @@ func (t *Tutti) Open(env Env) error {
 	cfg := runtime.Config{
 		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(env.Geometry, env.CapacityBlocks),
 		Geometry: env.Geometry, Layout: objmap.LayoutPerLayer, NumPages: env.KV.NumPages,
-		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs,
+		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs, KVEvents: t.kvEvents,
 	}
 	if t.path == runtime.PathGPU {
 		cfg.GPULooseWakeTarget = t.looseWake
@@ -201,6 +213,12 @@ func (t *Tutti) Close() error {
 	if t.store != nil {
 		st := t.store.Stats()
 		t.helperWakeups, t.helperBatchTimeouts = st.GPUHelperWakeups, st.GPUHelperBatchTimeouts
+		if t.kvEvents != nil {
+			// Published while open: the counters before Close's final flush.
+			if ks, ok := t.store.KVEvents(); ok {
+				t.kvStats = &ks
+			}
+		}
 		errs = append(errs, t.store.Close())
 		t.store = nil
 	}

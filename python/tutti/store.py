@@ -132,7 +132,7 @@ class Store:
                  compute: dict = None, device: dict = None, save_budget_bytes: int = 0,
                  gpu_device: int = 0, gpu_max_pages: int = 0, gpu_max_runs: int = 0,
                  gpu_io_window: int = 0, gpu_max_io_bytes: int = 0, gpu_lookahead: int = 0,
-                 gpu_reads_from_devices: bool = False):
+                 gpu_reads_from_devices: bool = False, kv_events: str = None):
         """``compute`` (keys fixed_ns, per_token_ns, per_pair_ns: prefill time
         per layer) lets the scheduler leave a stored tail to recompute where
         that is faster; without it every stored block is loaded. ``device``
@@ -148,7 +148,11 @@ class Store:
         to the disks under ``dirs`` at open (per dir half of nr_requests up
         to 128, in all at most the smallest nr_requests, the largest unsplit read up to 4 MiB, one layer per dir from
         2 to 8; a disk that does not say adds 128 to the window and
-        counts as taking 1 MiB reads); :meth:`gpu_reads` says what was used."""
+        counts as taking 1 MiB reads); :meth:`gpu_reads` says what was used.
+        ``kv_events`` ("tcp://HOST:PORT?replay=tcp://HOST:PORT&topic=kv@pod@model")
+        publishes what the store serves as vLLM KV events for cache-aware
+        routers (docs/routers.md); pass ``tokens`` to :meth:`save` so they are
+        published with the blocks."""
         if layout not in _LAYOUTS:
             raise ValueError(f"layout = {layout!r}, want one of {sorted(_LAYOUTS)}")
         if path not in _PATHS:
@@ -179,7 +183,11 @@ class Store:
                     raise ValueError(f"unknown {prefix[:-1]} field {k!r}")
                 setattr(cfg, prefix + k, float(v))
         h = ctypes.c_uint64()
-        _lib.check(self._lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), "tutti_open")
+        if kv_events is None:
+            _lib.check(self._lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), "tutti_open")
+        else:
+            _lib.check(self._lib.tutti_open_kv_events(ctypes.byref(cfg), os.fsencode(kv_events), ctypes.byref(h)),
+                       "tutti_open_kv_events")
         self.handle = h.value
         self._regions = None
 
@@ -246,13 +254,19 @@ class Store:
         _lib.check(self._lib.tutti_load(self._h(), c, nc, p, np_, ctypes.byref(h)), "tutti_load")
         return Load(self, h.value, nc)
 
-    def save(self, chain: Sequence[int], pages: Sequence[int]) -> "Save":
+    def save(self, chain: Sequence[int], pages: Sequence[int], tokens: Sequence[int] = None) -> "Save":
         """Starts saving ``chain``'s blocks from ``pages``; the pages must
-        stay unchanged until :meth:`Save.wait_gathered`."""
+        stay unchanged until :meth:`Save.wait_gathered`. ``tokens`` (the
+        blocks' token ids, block_tokens per chain block) are published with
+        the blocks by a store opened with ``kv_events``."""
         c, nc = _u64_array(chain, "chain")
         p, np_ = _i32_array(pages, "pages")
         h = ctypes.c_uint64()
-        _lib.check(self._lib.tutti_save(self._h(), c, nc, p, np_, ctypes.byref(h)), "tutti_save")
+        if tokens is None:
+            _lib.check(self._lib.tutti_save(self._h(), c, nc, p, np_, ctypes.byref(h)), "tutti_save")
+        else:
+            t, nt = _u32_array(tokens, "tokens")
+            _lib.check(self._lib.tutti_save_tokens(self._h(), c, nc, p, np_, t, nt, ctypes.byref(h)), "tutti_save_tokens")
         return Save(self, h.value)
 
     def wait_saves(self):

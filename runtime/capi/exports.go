@@ -251,7 +251,7 @@ func tutti_open(cfg *C.tutti_config, outStore *C.uint64_t) (rc C.int32_t) {
 	return finish("tutti_open", openStore(cfg, outStore))
 }
 
-func openStore(p *C.tutti_config, out *C.uint64_t) error {
+func openStore(p *C.tutti_config, out *C.uint64_t, edit ...func(*runtime.Config)) error {
 	if out == nil {
 		return errorf(errInvalidArgument, "out_store is NULL")
 	}
@@ -263,6 +263,9 @@ func openStore(p *C.tutti_config, out *C.uint64_t) error {
 	rc, err := c.runtimeConfig()
 	if err != nil {
 		return err
+	}
+	for _, f := range edit {
+		f(&rc)
 	}
 	s, err := runtime.Open(rc)
 	if err != nil {

@@ -216,6 +216,14 @@ int64_t tutti_last_error(char *buf, uint64_t len);
  * recovering committed runs. *out_store receives the handle. */
 int32_t tutti_open(tutti_config *cfg, uint64_t *out_store);
 
+/* tutti_open, and the store publishes what it serves as vLLM KV events for
+ * cache-aware routers (docs/routers.md). kv_events (NUL-terminated, < 4096
+ * bytes) is "tcp://HOST:PORT[?replay=tcp://HOST:PORT][&topic=T][&dp_rank=N]":
+ * the ZeroMQ PUB endpoint, the ROUTER replay endpoint, the topic (llm-d:
+ * "kv@<pod>@<model>"). A bad spec is TUTTI_ERR_INVALID_ARGUMENT; an endpoint
+ * that cannot be bound fails the open. */
+int32_t tutti_open_kv_events(tutti_config *cfg, char *kv_events, uint64_t *out_store);
+
 /* Waits for deferred saves, releases the store's loads and saves, unlocks the
  * directories. The handle and its load/save handles are invalid afterwards. */
 int32_t tutti_close(uint64_t store);
@@ -302,6 +310,13 @@ int32_t tutti_get_recovery(uint64_t store, tutti_recovery *out);
  * TUTTI_ERR_BUFFER_TOO_SMALL (nothing copied) when len <= that length. buf
  * may be NULL when len is 0, to ask for the length. */
 int32_t tutti_get_gpu_reads(uint64_t store, char *buf, uint64_t len, uint64_t *out_len);
+
+/* tutti_save, with the token ids of the chain's blocks (num_tokens =
+ * chain_len * page_tokens * chunk_pages, block by block): a store opened with
+ * tutti_open_kv_events publishes them with the blocks and keeps them across
+ * restarts; otherwise they are checked and dropped. */
+int32_t tutti_save_tokens(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t *pages, uint32_t num_pages,
+                          uint32_t *tokens, uint64_t num_tokens, uint64_t *out_save);
 
 /* Derives the block-hash chain of a token sequence with the Go prefix
  * package's ChainFromTokens: one id per full block of block_tokens tokens (a

@@ -1,0 +1,324 @@
+package main
+
+// tutti node: one store on its own directories that publishes what it
+// serves as KV events (and registers in etcd), driven line by line on stdin
+// as an engine drives the runtime: save and load requests given as token
+// ids. It is what the router tests run twice on one machine, and a way to
+// try a router against tutti without an engine.
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tutti-io/tutti/eval/model"
+	"github.com/tutti-io/tutti/internal/kvdata"
+	"github.com/tutti-io/tutti/kvevents"
+	"github.com/tutti-io/tutti/membership"
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime"
+)
+
+func init() {
+	register("node", "a store that publishes KV events for routers, driven by save/load lines on stdin", runNode)
+}
+
+// Limits of tutti node's input.
+const (
+	nodeMaxLineBytes = 1 << 20
+	nodeChainSeed    = 0 // prefix.ChainFromTokens seed: the router derives the same ids
+)
+
+// kvFlags are the flags replay and node share: where to publish and where to
+// register.
+type kvFlags struct {
+	events, etcd, id string
+	ttl              time.Duration
+}
+
+func (k *kvFlags) add(fs *flag.FlagSet) {
+	fs.StringVar(&k.events, "kv-events", "", "publish what the store serves as vLLM KV events: tcp://HOST:PORT[?replay=tcp://HOST:PORT&topic=kv@POD@MODEL] (docs/routers.md)")
+	fs.StringVar(&k.etcd, "etcd", "", "register the node at /tutti/nodes/<id> in etcd (comma-separated endpoints) under a lease kept alive while it runs; needs --kv-events")
+	fs.StringVar(&k.id, "node-id", "", "the node's id in etcd (default: the host name)")
+	fs.DurationVar(&k.ttl, "etcd-ttl", membership.DefaultTTL, "the registration's lease TTL: a killed node's key is gone within it plus etcd's slack")
+}
+
+// config parses --kv-events (nil without it) and checks the pair.
+func (k *kvFlags) config() (*kvevents.Config, error) {
+	if k.events == "" {
+		if k.etcd != "" {
+			return nil, errors.New("--etcd needs --kv-events (the record says where the events are)")
+		}
+		return nil, nil
+	}
+	c, err := kvevents.ParseSpec(k.events)
+	if err != nil {
+		return nil, fmt.Errorf("--kv-events: %w", err)
+	}
+	if c.Epoch == 0 {
+		c.Epoch = uint64(time.Now().UnixNano())
+	}
+	return &c, nil
+}
+
+// register puts the node's record in etcd; nil, nil without --etcd.
+func (k *kvFlags) register(ev *kvevents.Config, capacityBytes int64, blockTokens int) (*membership.Registration, func(), error) {
+	if k.etcd == "" {
+		return nil, func() {}, nil
+	}
+	eps, err := membership.ParseEndpoints(k.etcd)
+	if err != nil {
+		return nil, nil, err
+	}
+	id := k.id
+	if id == "" {
+		if id, err = os.Hostname(); err != nil {
+			return nil, nil, fmt.Errorf("--node-id not given and no host name: %w", err)
+		}
+	}
+	cli, err := membership.Dial(eps, 5*time.Second)
+	if err != nil {
+		return nil, nil, err
+	}
+	reg, err := membership.Register(cli, membership.Record{ID: id, Events: ev.Endpoint, Replay: ev.ReplayEndpoint, Topic: ev.Topic,
+		Epoch: ev.Epoch, CapacityBytes: capacityBytes, Medium: kvevents.MediumDisk, BlockTokens: blockTokens}, k.ttl)
+	if err != nil {
+		cli.Close()
+		return nil, nil, err
+	}
+	return reg, func() { _ = reg.Close(); cli.Close() }, nil
+}
+
+type nodeReply struct {
+	Op       string `json:"op"`
+	Error    string `json:"error,omitempty"`
+	Blocks   int    `json:"blocks,omitempty"`   // chain blocks of the request
+	Saved    int    `json:"saved,omitempty"`    // save: blocks committed
+	Cached   int    `json:"cached,omitempty"`   // load: blocks found
+	Loaded   int    `json:"loaded,omitempty"`   // load: blocks restored
+	Verified *bool  `json:"verified,omitempty"` // load: every restored byte is the block's own
+	// ready and stats
+	ID        string                 `json:"id,omitempty"`
+	Events    string                 `json:"events,omitempty"`
+	Replay    string                 `json:"replay,omitempty"`
+	Epoch     uint64                 `json:"epoch,omitempty"`
+	Recovered int                    `json:"recovered_blocks,omitempty"`
+	KV        *runtime.KVEventsStats `json:"kv_events,omitempty"`
+	Lease     int64                  `json:"lease,omitempty"`
+}
+
+func runNode(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("tutti node", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "", "store directories (comma-separated); kept: a restarted node recovers them")
+	modelName := fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
+	capBlocks := fs.Int("capacity-blocks", 1024, "store capacity in chain blocks")
+	pages := fs.Int("pages", 256, "engine KV pages (host memory); a request may use all of them")
+	var kf kvFlags
+	kf.add(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	dirs, err := parseDirs(*dir)
+	if err != nil || len(dirs) == 0 {
+		return usageErr(fs.Usage, fmt.Errorf("--dir: %v", errOr(err, "required")))
+	}
+	prof, err := model.Lookup(*modelName)
+	if err != nil {
+		return usageErr(fs.Usage, err)
+	}
+	ev, err := kf.config()
+	if err != nil {
+		return usageErr(fs.Usage, err)
+	}
+	if *capBlocks < 1 || *pages < 1 || *pages > 1<<20 {
+		return usageErr(fs.Usage, errors.New("--capacity-blocks and --pages must be >= 1 (pages at most 2^20)"))
+	}
+	g := prof.Shape
+	cfg := runtime.Config{Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(g, *capBlocks), Geometry: g,
+		Layout: objmap.LayoutPerLayer, NumPages: *pages, KVEvents: ev}
+	s, err := runtime.Open(cfg)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	kv, err := runtime.AllocHostKV(g, cfg.Layout, cfg.NumPages)
+	if err != nil {
+		return err
+	}
+	defer kv.Free()
+	if err := s.RegisterKV(kv.Memory()); err != nil {
+		return err
+	}
+	reg, unregister, err := kf.register(ev, cfg.CapacityBytes, g.ChunkPages*g.PageTokens)
+	if err != nil {
+		return err
+	}
+	defer unregister()
+	out := json.NewEncoder(stdout)
+	ready := nodeReply{Op: "ready", Recovered: s.Recovery().IndexedBlocks}
+	if st, ok := s.KVEvents(); ok {
+		ready.Events, ready.Replay, ready.Epoch = st.Endpoint, st.ReplayEndpoint, st.Epoch
+	}
+	if reg != nil {
+		ready.Lease = int64(reg.Lease())
+	}
+	ready.ID = kf.id
+	if err := out.Encode(ready); err != nil {
+		return err
+	}
+	n := &node{s: s, kv: kv, g: g}
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(os.Stdin)
+		sc.Buffer(make([]byte, 64<<10), nodeMaxLineBytes)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	for {
+		select {
+		case <-sig:
+			return nil
+		case line, ok := <-lines:
+			if !ok {
+				return nil
+			}
+			if strings.TrimSpace(line) == "" {
+				continue
+			}
+			if err := out.Encode(n.do(line)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func errOr(err error, s string) string {
+	if err != nil {
+		return err.Error()
+	}
+	return s
+}
+
+// node runs one request at a time; its pages are [0, blocks*ChunkPages).
+type node struct {
+	s  *runtime.Store
+	kv *runtime.HostKV
+	g  objmap.Geometry
+}
+
+func (n *node) do(line string) nodeReply {
+	f := strings.Fields(line)
+	r := nodeReply{Op: f[0]}
+	switch f[0] {
+	case "stats":
+		if st, ok := n.s.KVEvents(); ok {
+			r.KV = &st
+		}
+		return r
+	case "save", "load":
+	default:
+		r.Error = fmt.Sprintf("unknown op %q (save TOKENS..., load TOKENS..., stats)", f[0])
+		return r
+	}
+	tokens := make([]uint32, 0, len(f)-1)
+	for _, t := range f[1:] {
+		v, err := strconv.ParseUint(t, 10, 32)
+		if err != nil {
+			r.Error = fmt.Sprintf("token %q: %v", t, err)
+			return r
+		}
+		tokens = append(tokens, uint32(v))
+	}
+	bt := n.g.ChunkPages * n.g.PageTokens
+	chain, err := prefix.ChainFromTokens(nil, tokens, bt, nodeChainSeed)
+	if err == nil && (len(chain) == 0 || len(chain)*n.g.ChunkPages > n.s.Config().NumPages) {
+		err = fmt.Errorf("%d tokens make %d blocks of %d; want 1..%d blocks", len(tokens), len(chain), bt, n.s.Config().NumPages/n.g.ChunkPages)
+	}
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	r.Blocks = len(chain)
+	pages := make([]int32, len(chain)*n.g.ChunkPages)
+	for i := range pages {
+		pages[i] = int32(i)
+	}
+	if f[0] == "save" {
+		n.fill(chain, pages, false)
+		meta := make([]runtime.BlockMeta, len(chain))
+		for i := range meta {
+			meta[i].Tokens = tokens[i*bt : (i+1)*bt]
+		}
+		sv, err := n.s.SaveWithMeta(chain, pages, meta)
+		if err != nil {
+			r.Error = err.Error()
+			return r
+		}
+		sv.Wait()
+		r.Saved, r.Cached = sv.Saved(), sv.Skipped(runtime.SkipCached)
+		return r
+	}
+	n.fill(chain, pages, true)
+	l, err := n.s.Load(chain, pages)
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	if err := l.Wait(); err != nil {
+		r.Error = err.Error()
+	}
+	r.Cached, r.Loaded = l.Cached(), l.Blocks()
+	ok := n.verify(chain[:r.Loaded], pages)
+	r.Verified = &ok
+	return r
+}
+
+// fill writes each block's own bytes into its pages (scramble: bytes no
+// block has, so a page a load does not restore shows).
+func (n *node) fill(chain []uint64, pages []int32, scramble bool) {
+	for i, id := range chain {
+		for j := range n.g.ChunkPages {
+			for l := range n.g.Layers {
+				for pl := range n.g.Planes {
+					b := n.kv.Page(l, pl, pages[i*n.g.ChunkPages+j])
+					if scramble {
+						clear(b)
+						continue
+					}
+					kvdata.Fill(b, kvdata.Key{Block: id, Layer: l, Plane: pl, Page: j})
+				}
+			}
+		}
+	}
+}
+
+func (n *node) verify(chain []uint64, pages []int32) bool {
+	for i, id := range chain {
+		for j := range n.g.ChunkPages {
+			for l := range n.g.Layers {
+				for pl := range n.g.Planes {
+					if kvdata.Verify(n.kv.Page(l, pl, pages[i*n.g.ChunkPages+j]), kvdata.Key{Block: id, Layer: l, Plane: pl, Page: j}) >= 0 {
+						return false
+					}
+				}
+			}
+		}
+	}
+	return true
+}

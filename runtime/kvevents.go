@@ -1,0 +1,152 @@
+package runtime
+
+// KV events for cache-aware routers (Config.KVEvents): what the engine
+// gives of a block beyond its chain id, the store's contents for a replay,
+// and the publisher's counters. The events themselves are emitted by
+// servedIndex, in the same step as each change of the index.
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"github.com/tutti-io/tutti/kvevents"
+	"github.com/tutti-io/tutti/prefix"
+)
+
+// BlockMeta is what an engine knows of a block it saves beyond its chain id,
+// for routers that key blocks their own way.
+type BlockMeta struct {
+	// Tokens are the block's token ids (ChunkPages*PageTokens of them), or
+	// nil: the block is published with its hash only.
+	Tokens []uint32
+	// Hash is the engine's own hash of the block (vLLM's block hash bytes,
+	// at most kvevents.MaxHashBytes), published instead of the chain id; nil:
+	// the chain id is published as an int.
+	Hash []byte
+}
+
+// SaveWithMeta is Save with meta[i] for chain block i, kept (bounded by
+// KVEvents.MaxTokenBytes) while the block is served and published with it.
+// Without Config.KVEvents it is Save. The store copies meta.
+func (s *Store) SaveWithMeta(chain []uint64, pages []int32, meta []BlockMeta) (*Save, error) {
+	if err := s.putMeta(chain, meta); err != nil {
+		return nil, err
+	}
+	sv, err := s.Save(chain, pages)
+	if err != nil && s.idx.ev != nil {
+		s.idx.ev.Do(func(func(kvevents.Event)) { s.idx.forgetUnheld(chain) })
+	}
+	return sv, err
+}
+
+func (s *Store) putMeta(chain []uint64, meta []BlockMeta) error {
+	if len(meta) != len(chain) {
+		return fmt.Errorf("runtime: save: %d metadata for %d chain blocks: %w", len(meta), len(chain), ErrBadRequest)
+	}
+	bt := s.geo.ChunkPages * s.geo.PageTokens
+	for i, m := range meta {
+		if len(m.Tokens) != 0 && len(m.Tokens) != bt {
+			return fmt.Errorf("runtime: save: meta[%d]: %d token ids, a block has %d: %w", i, len(m.Tokens), bt, ErrBadRequest)
+		}
+		if len(m.Hash) > kvevents.MaxHashBytes {
+			return fmt.Errorf("runtime: save: meta[%d]: %d hash bytes, at most %d: %w", i, len(m.Hash), kvevents.MaxHashBytes, ErrBadRequest)
+		}
+	}
+	if s.idx.ev == nil {
+		return nil
+	}
+	for i, m := range meta {
+		if len(m.Tokens) == 0 && len(m.Hash) == 0 {
+			continue
+		}
+		s.idx.meta.put(chain[i], blockMeta{tokens: slices.Clone(m.Tokens), hash: slices.Clone(m.Hash)})
+	}
+	return nil
+}
+
+// openServed wraps the index; with Config.KVEvents it binds the publisher
+// first (AllBlocksCleared is batch 0), so the recovery that follows
+// publishes the recovered runs parents first.
+func (s *Store) openServed(idx *prefix.Index) (*servedIndex, error) {
+	bt := s.geo.ChunkPages * s.geo.PageTokens
+	if s.cfg.KVEvents == nil {
+		return newServedIndex(idx, nil, nil, bt), nil
+	}
+	p, err := kvevents.New(*s.cfg.KVEvents)
+	if err != nil {
+		return nil, err
+	}
+	metas := newBlockMetas(p.Config().MaxTokenBytes)
+	mf, err := loadMetaFile(s.cfg.Dirs[0], bt, kvmetaMaxFileBytes(p.Config().MaxTokenBytes), metas)
+	if err != nil {
+		_ = p.Close()
+		return nil, err
+	}
+	p.SetContents(s.contents)
+	x := newServedIndex(idx, p, metas, bt)
+	x.file = mf
+	return x, nil
+}
+
+// kvmetaMaxFileBytes bounds the sidecar: twice what the store keeps in
+// memory, so appends of blocks evicted since the last Open fit a while.
+func kvmetaMaxFileBytes(maxTokenBytes int64) int64 { return 2*maxTokenBytes + 1<<20 }
+
+// contents lists the served blocks for a replay answer (called in the
+// publisher's order): per run, in run id order (a parent run is committed
+// before any child run is allocated, so parents come first), its leading
+// blocks still served.
+func (s *Store) contents(emit func(kvevents.Event)) {
+	s.mu.Lock()
+	runs := make([]*runEntry, 0, len(s.runs))
+	for _, r := range s.runs {
+		runs = append(runs, r)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(runs, func(a, b *runEntry) int { return cmp.Compare(a.id, b.id) })
+	for _, r := range runs {
+		n := 0
+		for c, id := range r.chain {
+			e, ok := s.idx.Get(id)
+			if !ok || e.Draining || e.Loc != loc(r.id, c) || (e.State != prefix.StateResident && e.State != prefix.StatePinned) {
+				break
+			}
+			n++
+		}
+		if n > 0 {
+			emit(s.idx.stored(r.chain[:n], r.info.Parent, r.info.HasParent))
+		}
+	}
+}
+
+// KVEventsStats is what the store published (Config.KVEvents).
+type KVEventsStats struct {
+	kvevents.Stats
+	Endpoint, ReplayEndpoint string
+	// HashOnlyBlocks were published without token ids (the engine gave none,
+	// or they did not fit MaxTokenBytes: MetaDropped).
+	HashOnlyBlocks int64
+	MetaBlocks     int
+	MetaBytes      int64
+	MetaDropped    int64
+	// MetaUnpersisted blocks' metadata is not in the sidecar (past its size
+	// bound, or a write failed): after a restart they are hashes only.
+	MetaUnpersisted int64
+	// MetaLoadNote says what Open found wrong with the sidecar, if anything.
+	MetaLoadNote string
+}
+
+// KVEvents returns the publisher's counters; ok false without Config.KVEvents.
+func (s *Store) KVEvents() (st KVEventsStats, ok bool) {
+	p := s.idx.ev
+	if p == nil {
+		return st, false
+	}
+	st.Stats = p.Stats()
+	st.Endpoint, st.ReplayEndpoint = p.Endpoint(), p.ReplayEndpoint()
+	st.HashOnlyBlocks = s.idx.meta.hashOnly.Load()
+	st.MetaBlocks, st.MetaBytes, st.MetaDropped = s.idx.meta.stats()
+	st.MetaUnpersisted, st.MetaLoadNote = s.idx.file.stats()
+	return st, true
+}
