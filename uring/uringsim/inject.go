@@ -1,19 +1,21 @@
-package uring
+package uringsim
 
 import (
 	"fmt"
 	"math/rand/v2"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tutti-io/tutti/uring"
 )
 
 // Injector decides faults for the Sim. Fault is called once per attempt of
 // an op (the first submission, each continuation and retry) just before the
-// Sim performs it; the zero Fault means "no fault from me". Injectors are
-// consulted in order and the first fault wins. String is the recipe part,
-// e.g. "eio(p=0.05,op=read)".
+// Sim performs it, on the Sim's goroutine; the zero Fault means "no fault
+// from me". String is the recipe part, e.g. "eio(p=0.05,op=read)". Injectors
+// compose: AnyOf, Count, Toggle.
 type Injector interface {
-	Fault(rng *rand.Rand, c *Completion, s *Sim) Fault
+	Fault(rng *rand.Rand, c *uring.Completion, s *Sim) Fault
 	String() string
 }
 
@@ -46,16 +48,16 @@ func (k OpClass) String() string {
 	return [...]string{"any", "read", "write", "sync"}[k]
 }
 
-func (k OpClass) match(o Op) bool {
+func (k OpClass) match(o uring.Op) bool {
 	switch k {
 	case ReadOps:
 		return o.IsRead()
 	case WriteOps:
 		return o.IsWrite()
 	case SyncOps:
-		return o == OpFsync || o == OpFdatasync
+		return o == uring.OpFsync || o == uring.OpFdatasync
 	}
-	return o != OpNop
+	return o != uring.OpNop
 }
 
 // EIO fails attempts of the matching ops with EIO: the Nth matching attempt
@@ -68,8 +70,8 @@ type EIO struct {
 }
 
 // Fault implements Injector.
-func (e *EIO) Fault(rng *rand.Rand, c *Completion, _ *Sim) Fault {
-	if !e.Ops.match(c.op) {
+func (e *EIO) Fault(rng *rand.Rand, c *uring.Completion, _ *Sim) Fault {
+	if !e.Ops.match(c.Op()) {
 		return Fault{}
 	}
 	e.n++
@@ -98,12 +100,12 @@ func (e *EIO) String() string {
 type ShortRead struct{ P float64 }
 
 // Fault implements Injector.
-func (sr *ShortRead) Fault(rng *rand.Rand, c *Completion, _ *Sim) Fault {
-	if !c.op.IsRead() {
+func (sr *ShortRead) Fault(rng *rand.Rand, c *uring.Completion, _ *Sim) Fault {
+	if !c.Op().IsRead() {
 		return Fault{}
 	}
-	unit := max(c.file.DirectAlign, 1)
-	units := (c.length - c.progress) / unit
+	unit := max(c.File().DirectAlign, 1)
+	units := c.Remaining() / unit
 	if units < 2 || rng.Float64() >= sr.P {
 		return Fault{}
 	}
@@ -117,8 +119,8 @@ func (sr *ShortRead) String() string { return fmt.Sprintf("short-read(p=%g)", sr
 type ENOSPC struct{ AfterBytes int64 }
 
 // Fault implements Injector.
-func (e *ENOSPC) Fault(_ *rand.Rand, c *Completion, s *Sim) Fault {
-	if c.op.IsWrite() && s.written+int64(c.length-c.progress) > e.AfterBytes {
+func (e *ENOSPC) Fault(_ *rand.Rand, c *uring.Completion, s *Sim) Fault {
+	if c.Op().IsWrite() && s.Written()+int64(c.Remaining()) > e.AfterBytes {
 		return Fault{Errno: unix.ENOSPC}
 	}
 	return Fault{}
@@ -131,7 +133,7 @@ func (e *ENOSPC) String() string { return fmt.Sprintf("enospc(after=%d)", e.Afte
 type TornWrite struct{}
 
 // Fault implements Injector (TornWrite acts only at Crash).
-func (TornWrite) Fault(*rand.Rand, *Completion, *Sim) Fault { return Fault{} }
+func (TornWrite) Fault(*rand.Rand, *uring.Completion, *Sim) Fault { return Fault{} }
 
 // TornSectors implements Tearer.
 func (TornWrite) TornSectors(rng *rand.Rand, sectors int) int { return rng.IntN(sectors + 1) }
