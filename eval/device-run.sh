@@ -133,7 +133,7 @@ window_flags() {
 	# hits, all from the warm set (hit ratio 0.92, cold it is ~0.05);
 	# prefill 7.2 PFLOP full, 0.45 PFLOP of misses per caching backend: 9.9
 	# PFLOP = 16.5 GPU s per storage; 26 GiB of device traffic per backend.
-	# Measured on the GPU machine (2026-11-29, eval/results/2026-11-29-h200-warm):
+	# Measured on the GPU machine (BENCHMARKS.md, trace replay on the GPU machine):
 	# these 5- and 6-request windows timed out (150 s per replay) after 2-4
 	# backends on every storage; the first 3 requests of each ran every
 	# backend on the emulated storage in 48 s (70B) and 111 s (MLA), so 3 is

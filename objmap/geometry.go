@@ -244,14 +244,23 @@ func (g Geometry) PageOffset(layout Layout, numPages, layer, plane, page int) (i
 	if page < 0 || page >= numPages {
 		return 0, fmt.Errorf("objmap: page id %d of %d pages: %w", page, numPages, ErrOutOfRange)
 	}
-	pp := g.PageBytesPerPlane()
-	switch layout {
-	case LayoutPerLayer:
-		return (int64(plane)*int64(numPages) + int64(page)) * pp, nil
-	case LayoutCrossLayer:
-		return ((int64(page)*int64(g.Layers)+int64(layer))*int64(g.Planes) + int64(plane)) * pp, nil
+	if layout != LayoutPerLayer && layout != LayoutCrossLayer {
+		return 0, fmt.Errorf("objmap: unknown layout %d", layout)
 	}
-	return 0, fmt.Errorf("objmap: unknown layout %d", layout)
+	return g.PlaneOffset(layout, numPages, layer, plane, page), nil
+}
+
+// PlaneOffset is PageOffset without its checks, for loops over indices the
+// caller has checked once (0 <= layer < Layers, 0 <= plane < Planes,
+// 0 <= page < numPages, layout one of the two); anything else gives a
+// meaningless offset. It is the one statement of the engine's KV layout:
+// the kernels' plane_ptr and Python's Geometry.page_offset are held to it.
+func (g Geometry) PlaneOffset(layout Layout, numPages, layer, plane, page int) int64 {
+	pp := g.PageBytesPerPlane()
+	if layout == LayoutPerLayer {
+		return (int64(plane)*int64(numPages) + int64(page)) * pp
+	}
+	return ((int64(page)*int64(g.Layers)+int64(layer))*int64(g.Planes) + int64(plane)) * pp
 }
 
 // Object layout on disk. A run of n chunks (consecutive chain blocks saved

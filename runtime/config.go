@@ -154,7 +154,7 @@ type Config struct {
 	KVEvents *kvevents.Config
 
 	// NewEngine, if set, makes the I/O engine instead of a real io_uring
-	// ring: tests pass a *uring.Sim here (seeded latency, fault injection).
+	// ring: tests pass a *uringsim.Sim here (seeded latency, fault injection).
 	// It is called once per engine at Open; the store owns and closes it.
 	NewEngine func() (uring.Engine, error)
 }

@@ -7,13 +7,14 @@ import (
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
+	"github.com/tutti-io/tutti/uring/uringsim"
 )
 
 // simConfig makes cfg run its I/O through a seeded Sim with injectors; the
 // Sim is returned through *sim for its recipe.
-func simConfig(cfg Config, seed uint64, sim **uring.Sim, inj ...uring.Injector) Config {
+func simConfig(cfg Config, seed uint64, sim **uringsim.Sim, inj ...uringsim.Injector) Config {
 	cfg.NewEngine = func() (uring.Engine, error) {
-		*sim = uring.NewSim(uring.SimConfig{Seed: seed, Injectors: inj})
+		*sim = uringsim.New(uringsim.Config{Seed: seed, Injectors: inj})
 		return *sim, nil
 	}
 	return cfg
@@ -49,23 +50,30 @@ func TestLoadFaults(t *testing.T) {
 	g := tinyGeometry()
 	cases := []struct {
 		name string
-		inj  func() []uring.Injector
+		inj  func() []uringsim.Injector
 		miss bool // some misses expected
 	}{
-		{"eio", func() []uring.Injector { return []uring.Injector{&uring.EIO{P: 0.2, Ops: uring.ReadOps}} }, true},
-		{"short-read", func() []uring.Injector { return []uring.Injector{&uring.ShortRead{P: 0.5}} }, false},
-		{"eio+short", func() []uring.Injector {
-			return []uring.Injector{&uring.EIO{P: 0.1, Ops: uring.ReadOps}, &uring.ShortRead{P: 0.3}}
+		{"eio", func() []uringsim.Injector { return []uringsim.Injector{&uringsim.EIO{P: 0.2, Ops: uringsim.ReadOps}} }, true},
+		{"short-read", func() []uringsim.Injector { return []uringsim.Injector{&uringsim.ShortRead{P: 0.5}} }, false},
+		{"eio+short", func() []uringsim.Injector {
+			return []uringsim.Injector{&uringsim.EIO{P: 0.1, Ops: uringsim.ReadOps}, &uringsim.ShortRead{P: 0.3}}
 		}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			injected := uint64(0)
 			for seed := uint64(1); seed <= 4; seed++ {
 				rng := rand.New(rand.NewPCG(seed, 7))
 				cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
 				chains := saveChains(t, cfg, rng, 3)
-				var sim *uring.Sim
-				s, kv := openKV(t, simConfig(cfg, seed, &sim, tc.inj()...))
+				var sim *uringsim.Sim
+				// Faults start after Open (its recovery reads go through the
+				// Sim too) and are counted, so every injected EIO can be
+				// traced to a miss the Store reports.
+				inj := uringsim.Count(uringsim.AnyOf(tc.inj()...))
+				sw := uringsim.Toggle(inj, false)
+				s, kv := openKV(t, simConfig(cfg, seed, &sim, sw))
+				sw.On()
 				missed := int64(0)
 				for _, ch := range chains {
 					pages := pageTable(rng, g, cfg.NumPages, len(ch))
@@ -87,10 +95,18 @@ func TestLoadFaults(t *testing.T) {
 				if counted != missed {
 					t.Fatalf("seed %d recipe %s: %d blocks missed, %d counted (%v)", seed, sim.Recipe(), missed, counted, st.MissBlocks)
 				}
+				if got, want := st.MissBlocks[MissIOError] > 0, inj.Errnos() > 0; got != want {
+					t.Fatalf("seed %d recipe %s: %d EIOs injected, %d blocks counted missed for an I/O error",
+						seed, sim.Recipe(), inj.Errnos(), st.MissBlocks[MissIOError])
+				}
+				injected += inj.Errnos()
 				if !tc.miss && missed != 0 {
 					t.Fatalf("seed %d recipe %s: short reads are continued, yet %d blocks missed", seed, sim.Recipe(), missed)
 				}
 				closeKV(t, s, kv)
+			}
+			if tc.miss && injected == 0 {
+				t.Fatal("no EIO was injected in any seed")
 			}
 		})
 	}
@@ -159,15 +175,15 @@ func TestSaveFaults(t *testing.T) {
 	for seed := uint64(1); seed <= 4; seed++ {
 		for _, tc := range []struct {
 			name  string
-			inj   uring.Injector
+			inj   uringsim.Injector
 			cause SkipCause
 		}{
-			{"enospc", &uring.ENOSPC{AfterBytes: int64(seed) * 10000}, SkipENOSPC},
-			{"eio", &uring.EIO{P: 0.15, Ops: uring.WriteOps}, SkipIOError},
+			{"enospc", &uringsim.ENOSPC{AfterBytes: int64(seed) * 10000}, SkipENOSPC},
+			{"eio", &uringsim.EIO{P: 0.15, Ops: uringsim.WriteOps}, SkipIOError},
 		} {
 			rng := rand.New(rand.NewPCG(seed, 11))
 			cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
-			var sim *uring.Sim
+			var sim *uringsim.Sim
 			s, kv := openKV(t, simConfig(cfg, seed, &sim, tc.inj))
 			var saved [][]uint64
 			skipped := 0

@@ -15,7 +15,7 @@ import (
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/kvevents/kvindex"
 	"github.com/tutti-io/tutti/objmap"
-	"github.com/tutti-io/tutti/uring"
+	"github.com/tutti-io/tutti/uring/uringsim"
 )
 
 const evWait = 10 * time.Second
@@ -296,10 +296,10 @@ func TestKVEventsConcurrentResave(t *testing.T) {
 // hangs below it.
 func TestKVEventsSkippedNeverStored(t *testing.T) {
 	g := tinyGeometry()
-	for _, inj := range []uring.Injector{&uring.ENOSPC{AfterBytes: 20000}, &uring.EIO{P: 0.15, Ops: uring.WriteOps}} {
+	for _, inj := range []uringsim.Injector{&uringsim.ENOSPC{AfterBytes: 20000}, &uringsim.EIO{P: 0.15, Ops: uringsim.WriteOps}} {
 		cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
 		cfg.KVEvents = evConfig()
-		var sim *uring.Sim
+		var sim *uringsim.Sim
 		s, kv := openKV(t, simConfig(cfg, 5, &sim, inj))
 		x := follow(t, s)
 		rng := rand.New(rand.NewPCG(5, 5))

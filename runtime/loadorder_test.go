@@ -12,6 +12,7 @@ import (
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
+	"github.com/tutti-io/tutti/uring/uringsim"
 )
 
 func TestInsertRead(t *testing.T) {
@@ -107,7 +108,7 @@ func TestLoadSubmitsLayerMajor(t *testing.T) {
 			cfg.Dirs = append(cfg.Dirs, t.TempDir(), t.TempDir())
 			log := &submitLog{}
 			cfg.NewEngine = func() (uring.Engine, error) {
-				log.Engine = uring.NewSim(uring.SimConfig{Seed: seed})
+				log.Engine = uringsim.New(uringsim.Config{Seed: seed})
 				return log, nil
 			}
 			s, kv := openKV(t, cfg)

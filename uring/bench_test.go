@@ -110,21 +110,3 @@ func BenchmarkNop(b *testing.B) {
 		done += k
 	}
 }
-
-func BenchmarkSimRead(b *testing.B) {
-	s := NewSim(SimConfig{Seed: 1})
-	f, _ := directFile(b, b.TempDir(), 1<<20, 1)
-	buf := mustBuffer(b, 4096)
-	var c Completion
-	b.SetBytes(4096)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		c.PrepRead(f, buf.Addr(), 4096, uint64(i%256)*4096)
-		if err := s.Submit(&c); err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Flush(1); err != nil {
-			b.Fatal(err)
-		}
-	}
-}

@@ -84,9 +84,6 @@ type Completion struct {
 	iovSavedOK  bool
 
 	next *Completion // intrusive list link (overflow queue, done list)
-	// sim state
-	dueTick uint64
-	seq     uint64
 }
 
 // Op returns the prepared operation.
@@ -173,7 +170,7 @@ func (e *AlignmentError) Error() string {
 func (e *AlignmentError) Unwrap() error { return ErrMisaligned }
 
 // validate checks a prepared completion before it is queued: the same rules
-// for every engine, so the Sim rejects what the ring would.
+// for every engine, so a simulator (uring/uringsim) rejects what the ring would.
 func (c *Completion) validate() error {
 	if c.op == OpNop {
 		return nil

@@ -1,6 +1,7 @@
 // Package uring is tutti's I/O engine: io_uring on raw system calls
-// (golang.org/x/sys/unix), off-heap buffers, and a seeded simulation of the
-// same interface with fault injection.
+// (golang.org/x/sys/unix) and off-heap buffers. The seeded simulation of the
+// same interface, with fault injection, is beside it in uring/uringsim (not
+// in the product); it drives Completions through the engine kit below.
 //
 // # API
 //
@@ -10,8 +11,7 @@
 //	Completion  Prep{Nop,Read,Write,ReadFixed,WriteFixed,Readv,Writev,Fsync,Fdatasync}
 //	Engine   Submit / Flush(waitNr) / InFlight / RegisterFiles / RegisterBuffers / Close
 //	Ring     New(Config) — io_uring; Layout, WakeIfNeeded, SQPollCPUTime, SQPollTID, Stats
-//	Sim      NewSim(SimConfig) — seeded, tick-based; Crash, Recipe, Tick, Stats
-//	Injector EIO{P|Nth, Ops}, ShortRead{P}, ENOSPC{AfterBytes}, TornWrite{}
+//	kit      Completion.Validate / Perform / Apply / Abort / OpError / Remaining, Deliver: for engines outside the package
 //	Pread/Pwrite  plain pread(2)/pwrite(2) on off-heap memory (the baseline engine)
 //	errors   ErrNotSupported, ErrMisaligned (*AlignmentError), ErrClosed, ErrCrashed, ErrInvalid
 //

@@ -1,7 +1,7 @@
 package uring
 
 // Engine is what the packages above program against; *Ring (io_uring) and
-// *Sim (seeded simulation) implement it.
+// *uringsim.Sim (seeded simulation, in uring/uringsim) implement it.
 //
 // An Engine is single-goroutine: one goroutine owns it and makes every call,
 // TigerBeetle style. Callbacks run on that goroutine inside Flush and may call

@@ -51,7 +51,7 @@ func sysPwrite(fd int32, addr uintptr, lenBytes uint32, off uint64) (int, error)
 }
 
 // Pread reads into off-heap memory at addr with pread(2); it is the baseline
-// engine of devbench and the Sim's data path. It returns the bytes read.
+// engine of devbench. It returns the bytes read.
 func Pread(f *File, addr uintptr, lenBytes uint32, offset uint64) (int, error) {
 	return sysPread(f.FD, addr, lenBytes, offset)
 }

@@ -27,7 +27,7 @@ import (
 // per-operation bounce buffer of stride bytes instead (counted in Stats).
 type PerBlock struct {
 	// NewEngine, if set, makes the I/O engine instead of an io_uring ring
-	// (tests pass a *uring.Sim with fault injectors).
+	// (tests pass a *uringsim.Sim with fault injectors).
 	NewEngine func(queueDepth int) (uring.Engine, error)
 
 	env     Env

@@ -7,6 +7,7 @@ import (
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/internal/trace"
 	"github.com/tutti-io/tutti/uring"
+	"github.com/tutti-io/tutti/uring/uringsim"
 )
 
 // synthetic returns requests that share prefixes: request i extends the
@@ -101,8 +102,8 @@ func TestPerBlockFaults(t *testing.T) {
 	for _, seed := range []uint64{1, 2} {
 		pb := NewPerBlock()
 		pb.NewEngine = func(qd int) (uring.Engine, error) {
-			return uring.NewSim(uring.SimConfig{Seed: seed, MaxInFlight: qd,
-				Injectors: []uring.Injector{&uring.EIO{P: 0.002, Ops: uring.ReadOps}}}), nil
+			return uringsim.New(uringsim.Config{Seed: seed, MaxInFlight: qd,
+				Injectors: []uringsim.Injector{&uringsim.EIO{P: 0.002, Ops: uringsim.ReadOps}}}), nil
 		}
 		res, err := Run(context.Background(), Config{Requests: synthetic(16), Profile: p, Dir: t.TempDir(),
 			Backends: []Backend{pb}, Compute: comp, CeilingBytes: -1})

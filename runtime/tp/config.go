@@ -35,7 +35,7 @@ type Config struct {
 	// exercised on a one-GPU machine.
 	Devices []int
 	// NewEngine, if set, makes rank r's I/O engine instead of a real
-	// io_uring ring (tests: a seeded uring.Sim with faults on one rank).
+	// io_uring ring (tests: a seeded uringsim.Sim with faults on one rank).
 	NewEngine func(rank int) (uring.Engine, error)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"
+	"github.com/tutti-io/tutti/uring/uringsim"
 )
 
 // TestShardGeometry: heads split evenly, MLA replicated, bad degrees refused
@@ -213,13 +214,13 @@ func TestRoundTrip(t *testing.T) {
 
 // simEngines gives every rank a seeded Sim; rank victim also gets inj.
 // The Sims are returned through sims for their recipes.
-func simEngines(seed uint64, victim int, sims []*uring.Sim, inj func() []uring.Injector) func(int) (uring.Engine, error) {
+func simEngines(seed uint64, victim int, sims []*uringsim.Sim, inj func() []uringsim.Injector) func(int) (uring.Engine, error) {
 	return func(r int) (uring.Engine, error) {
-		var in []uring.Injector
+		var in []uringsim.Injector
 		if r == victim {
 			in = inj()
 		}
-		s := uring.NewSim(uring.SimConfig{Seed: seed*100 + uint64(r), Injectors: in})
+		s := uringsim.New(uringsim.Config{Seed: seed*100 + uint64(r), Injectors: in})
 		sims[r] = s
 		return s, nil
 	}
@@ -235,17 +236,21 @@ func TestSaveFailsOnOneRank(t *testing.T) {
 	g := gqaGeometry()
 	for _, tc := range []struct {
 		name   string
-		inj    func(seed uint64) []uring.Injector
+		inj    func(seed uint64) []uringsim.Injector
 		cause  runtime.SkipCause
 		always bool // every save fails
 	}{
-		{"eio-always", func(uint64) []uring.Injector { return []uring.Injector{&uring.EIO{P: 1, Ops: uring.WriteOps}} }, runtime.SkipIOError, true},
-		{"eio-random", func(uint64) []uring.Injector { return []uring.Injector{&uring.EIO{P: 0.3, Ops: uring.WriteOps}} }, runtime.SkipIOError, false},
-		{"eio-nth", func(seed uint64) []uring.Injector {
-			return []uring.Injector{&uring.EIO{Nth: seed + 1, Ops: uring.WriteOps}}
+		{"eio-always", func(uint64) []uringsim.Injector {
+			return []uringsim.Injector{&uringsim.EIO{P: 1, Ops: uringsim.WriteOps}}
+		}, runtime.SkipIOError, true},
+		{"eio-random", func(uint64) []uringsim.Injector {
+			return []uringsim.Injector{&uringsim.EIO{P: 0.3, Ops: uringsim.WriteOps}}
 		}, runtime.SkipIOError, false},
-		{"enospc", func(seed uint64) []uring.Injector {
-			return []uring.Injector{&uring.ENOSPC{AfterBytes: int64(seed) * 20000}}
+		{"eio-nth", func(seed uint64) []uringsim.Injector {
+			return []uringsim.Injector{&uringsim.EIO{Nth: seed + 1, Ops: uringsim.WriteOps}}
+		}, runtime.SkipIOError, false},
+		{"enospc", func(seed uint64) []uringsim.Injector {
+			return []uringsim.Injector{&uringsim.ENOSPC{AfterBytes: int64(seed) * 20000}}
 		}, runtime.SkipENOSPC, false},
 	} {
 		for _, n := range []int{2, 4} {
@@ -254,9 +259,9 @@ func TestSaveFailsOnOneRank(t *testing.T) {
 					rng := rand.New(rand.NewPCG(seed, 9))
 					cfg := groupConfig(t, n, g, objmap.LayoutPerLayer, 64)
 					victim := int(seed) % n
-					sims := make([]*uring.Sim, n)
+					sims := make([]*uringsim.Sim, n)
 					fcfg := cfg
-					fcfg.NewEngine = simEngines(seed, victim, sims, func() []uring.Injector { return tc.inj(seed) })
+					fcfg.NewEngine = simEngines(seed, victim, sims, func() []uringsim.Injector { return tc.inj(seed) })
 					tg := openGroup(t, fcfg)
 					recipe := func() string { return fmt.Sprintf("seed %d victim %d recipe %s", seed, victim, sims[victim].Recipe()) }
 					type saved struct {
@@ -678,10 +683,10 @@ func TestLoadFailsOnOneRank(t *testing.T) {
 			tg.close(t)
 
 			victim := n - 1
-			sims := make([]*uring.Sim, n)
+			sims := make([]*uringsim.Sim, n)
 			fcfg := cfg
-			fcfg.NewEngine = simEngines(12, victim, sims, func() []uring.Injector {
-				return []uring.Injector{&uring.EIO{P: 1, Ops: uring.ReadOps}}
+			fcfg.NewEngine = simEngines(12, victim, sims, func() []uringsim.Injector {
+				return []uringsim.Injector{&uringsim.EIO{P: 1, Ops: uringsim.ReadOps}}
 			})
 			tg = openGroup(t, fcfg)
 			tg.scramble()

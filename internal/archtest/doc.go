@@ -1,0 +1,19 @@
+// Package archtest holds the repository's import rules and the test that
+// enforces them. The rules have one home, layers and testSupport in
+// rules.go; docs/architecture.md draws them, and a test checks that its
+// table says the same.
+//
+// A package belongs to the component whose path is the longest prefix of its
+// own (runtime/tp belongs to runtime). Rules:
+//   - A library package imports, inside the module, only packages of its own
+//     component or of a lower layer; its tests follow the same rule.
+//   - A command (package main) outside cmd/ may import any layer but eval.
+//   - Test-support packages are imported by non-test code only in eval/,
+//     cmd/ and other test-support packages, so they never ship in the
+//     product (bin/libtutti.so, the runtime an engine links).
+//   - Every package of the module belongs to a component: a new top-level
+//     package is placed in the table before it is used.
+//
+// The check parses import blocks with go/parser (no build, no go list), so
+// it covers every file whatever its build tags, test files included.
+package archtest

@@ -1,0 +1,27 @@
+package archtest
+
+// module is the import path every rule is relative to.
+const module = "github.com/tutti-io/tutti"
+
+// layers lists the components from the bottom up: a library package may
+// import its own component and any component of a lower layer.
+var layers = [][]string{
+	0: {"internal/kvdata", "internal/trace", "internal/crashtest", "internal/archtest", "internal/abicheck"},
+	1: {"uring", "prefix", "sched"},
+	2: {"objmap", "devbench"},
+	3: {"kernels", "internal/benchenv"},
+	4: {"runtime"},
+	5: {"eval"},
+	6: {"cmd"},
+}
+
+// testSupport are the packages (and their subpackages) that only tests, the
+// harness (eval/) and the CLI (cmd/) may import from non-test code.
+var testSupport = []string{"internal/kvdata", "internal/crashtest", "internal/benchenv", "internal/abicheck", "uring/uringsim"}
+
+// pending are the known violations that work in progress removes, each
+// "importer -> imported" with why; the test fails once one is gone, so the
+// list cannot go stale.
+var pending = map[string]string{
+	"kernels -> internal/kvdata": "kernels/gen.go fills and verifies test KV; the CUDA library split moves it to a test library",
+}
