@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tutti-io/tutti/internal/etcdtest"
+	"github.com/tutti-io/tutti/membership/etcdtest"
 	"github.com/tutti-io/tutti/membership"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tutti-io/tutti/internal/etcdtest"
+	"github.com/tutti-io/tutti/membership/etcdtest"
 	"github.com/tutti-io/tutti/kvevents/kvindex"
 	"github.com/tutti-io/tutti/membership"
 )
