@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tutti-io/tutti/membership/etcdtest"
 	"github.com/tutti-io/tutti/membership"
+	"github.com/tutti-io/tutti/membership/etcdtest"
 )
 
 const ttl = 2 * time.Second

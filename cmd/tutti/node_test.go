@@ -15,10 +15,10 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/eval/model"
-	"github.com/tutti-io/tutti/membership/etcdtest"
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/kvevents/kvindex"
 	"github.com/tutti-io/tutti/membership"
+	"github.com/tutti-io/tutti/membership/etcdtest"
 	"github.com/tutti-io/tutti/prefix"
 )
 

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tutti-io/tutti/membership/etcdtest"
 	"github.com/tutti-io/tutti/kvevents/kvindex"
 	"github.com/tutti-io/tutti/membership"
+	"github.com/tutti-io/tutti/membership/etcdtest"
 )
 
 // TestReplayKVEvents: `tutti replay --kv-events --etcd` registers the node
