@@ -45,7 +45,7 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "striped array: tutti devbench --striped --path /dev/nvme0n1,/dev/nvme1n1 --size 4GiB --buffer 256MiB")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

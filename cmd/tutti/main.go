@@ -86,9 +86,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // newFlagSet returns a flag set that reports errors instead of exiting, so
-// subcommands stay testable.
+// subcommands stay testable. Commands parse it with parseFlags.
 func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("tutti "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	if flagSetCreated != nil {
+		flagSetCreated(fs)
+	}
 	return fs
 }

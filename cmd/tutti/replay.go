@@ -73,7 +73,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "\nWith no flags: the embedded trace window, the tiny model, the CPU backends, a temporary store; prints where the report is.")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

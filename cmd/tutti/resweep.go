@@ -24,7 +24,7 @@ func runResweep(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "usage: tutti resweep [--slo-ms X] [--json] REPORT_DIR_OR_SERVICES_JSON")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
