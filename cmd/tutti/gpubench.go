@@ -145,6 +145,11 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if *jsonPath != "" && *jsonPath != "-" {
+		if err := checkOutFile("--json", *jsonPath); err != nil {
+			return err // before any measurement: a bad path must not lose the rows
+		}
+	}
 	if *nRounds < 1 || *nRounds > 20 {
 		return fmt.Errorf("--rounds %d: want 1..20", *nRounds)
 	}
