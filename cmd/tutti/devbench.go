@@ -63,7 +63,7 @@ func runDevbench(args []string, stdout, stderr io.Writer) (err error) {
 	}
 	// SIGINT and SIGTERM cancel ctx: the test file is removed on the way
 	// out (devbench closes its target), then the exit status says so.
-	ctx, interrupted, stop := signalContext()
+	ctx, interrupted, stop := signalContext(stderr)
 	defer func() { err = interrupted(err) }()
 	defer stop()
 	if *striped {

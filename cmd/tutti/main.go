@@ -109,7 +109,7 @@ func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 // (its test files and temporary stores removed) and returns interrupted's
 // error. Only the first signal is caught: a second one kills the process
 // as usual. stop releases the signals.
-func signalContext() (ctx context.Context, interrupted func(error) error, stop func()) {
+func signalContext(stderr io.Writer) (ctx context.Context, interrupted func(error) error, stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
@@ -136,7 +136,7 @@ func signalContext() (ctx context.Context, interrupted func(error) error, stop f
 		if s, ok := got.(syscall.Signal); ok {
 			code = 128 + int(s)
 		}
-		fmt.Fprintf(os.Stderr, "tutti: interrupted by %v (%v); cleaned up\n", got, err)
+		fmt.Fprintf(stderr, "tutti: interrupted by %v (%v); cleaned up\n", got, err)
 		return exitError{code: code}
 	}
 	return ctx, interrupted, func() { signal.Stop(ch); cancel() }

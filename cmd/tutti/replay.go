@@ -99,7 +99,7 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	// SIGINT and SIGTERM cancel ctx; the deferred cleanups below (the
 	// temporary store, each backend's directory) run, then the exit status
 	// says the run was interrupted.
-	ctx, interrupted, stop := signalContext()
+	ctx, interrupted, stop := signalContext(stderr)
 	defer func() { err = interrupted(err) }()
 	defer stop()
 	prof, err := model.Lookup(*modelName)
