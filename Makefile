@@ -7,8 +7,10 @@ NVCC      ?= nvcc
 BIN       := bin
 KBUILD    := kernels/build
 PY        ?= python3
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(shell $(GO) env GOPATH)/bin/staticcheck
 
-.PHONY: all build test test-go vet lint bench kernels gpu-bins device-test python-test clean
+.PHONY: all build test test-deps test-go vet lint bench kernels gpu-bins device-test python-test clean
 
 all: build
 
@@ -18,17 +20,22 @@ build:
 vet:
 	$(GO) vet ./...
 
-# staticcheck is installed by .ci/run; locally `go install honnef.co/go/tools/cmd/staticcheck@v0.8.2`.
-lint: vet
-	@command -v staticcheck >/dev/null 2>&1 || { echo "staticcheck not installed"; exit 1; }
-	staticcheck ./...
+# What the tests need on a fresh machine (Go, gcc and python3 given): see
+# scripts/test-deps.sh (staticcheck, tracefs, fuse/loop, Debian packages).
+test-deps:
+	@STATICCHECK=$(STATICCHECK) STATICCHECK_VERSION=$(STATICCHECK_VERSION) GO=$(GO) bash scripts/test-deps.sh
+
+lint: vet test-deps
+	$(STATICCHECK) ./...
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 
 test-go:
 	$(GO) test -race -count=1 ./...
 
-# The test command of the README: lint, Go tests under the race detector, Python tests.
+# The test command of the README: installs what it needs (test-deps), then
+# lint, Go tests under the race detector, Python tests.
 test: lint test-go python-test
+test-go python-test: test-deps
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -386,5 +387,30 @@ func TestWriteCeilingFile(t *testing.T) {
 	}
 	if err := WriteCeilingFile(context.Background(), path, 1<<20); err == nil {
 		t.Fatal("an existing path was overwritten")
+	}
+}
+
+// TestSizeBeyondFreeSpace: a test file larger than its file system's free
+// space is refused before anything is written, naming both sizes.
+func TestSizeBeyondFreeSpace(t *testing.T) {
+	dir := t.TempDir()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	size := free + 64<<20
+	cfg := DefaultConfig()
+	cfg.Path, cfg.SizeBytes = dir, size
+	cfg.BlockSizes, cfg.QueueDepths, cfg.Engines, cfg.Ops = []int{4096}, []int{1}, []string{"pread"}, []string{"randread"}
+	_, err := Run(context.Background(), cfg)
+	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), fmt.Sprint(wholeMiB(size))) || !strings.Contains(err.Error(), "free in "+dir) {
+		t.Fatalf("err %v, want ErrNoRoom naming %d bytes and the free space of %s", err, wholeMiB(size), dir)
+	}
+	if e, _ := os.ReadDir(dir); len(e) != 0 {
+		t.Fatalf("%d files left in %s", len(e), dir)
+	}
+	if err := WriteCeilingFile(context.Background(), filepath.Join(dir, "ceiling.dat"), size); !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("ceiling file: %v, want ErrNoRoom", err)
 	}
 }

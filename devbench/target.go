@@ -95,6 +95,9 @@ func createTarget(ctx context.Context, path string, sizeBytes int64, keep bool, 
 	if _, err := os.Stat(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("creating test file %s: %w", path, err)
 	}
+	if err := checkRoom(filepath.Dir(path), sizeBytes); err != nil {
+		return nil, fmt.Errorf("creating test file %s: %w", path, err)
+	}
 	f, err := uring.OpenFile(path, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_DIRECT, 0o644)
 	if err != nil {
 		os.Remove(path)
@@ -107,6 +110,26 @@ func createTarget(ctx context.Context, path string, sizeBytes int64, keep bool, 
 		return nil, fmt.Errorf("writing test file %s: %w", path, err)
 	}
 	return t, nil
+}
+
+// ErrNoRoom is a test file larger than the free space of its file system:
+// refused before anything is written (a write until the disk is full would
+// fill it for every other user).
+var ErrNoRoom = errors.New("larger than the free space")
+
+// checkRoom fails with ErrNoRoom when sizeBytes exceeds what dir's file
+// system has available to unprivileged users (statfs), naming both.
+func checkRoom(dir string, sizeBytes int64) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("free space of %s: %w", dir, err)
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	if sizeBytes > free {
+		return fmt.Errorf("%w: %d bytes (%d MiB) wanted, %d bytes (%d MiB) free in %s", ErrNoRoom,
+			sizeBytes, sizeBytes>>20, free, free>>20, dir)
+	}
+	return nil
 }
 
 func (t *target) fill(ctx context.Context, seed uint64) error {

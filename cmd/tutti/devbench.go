@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime"
 	"slices"
 	"strconv"
@@ -16,14 +15,13 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/devbench"
-	"golang.org/x/term"
 )
 
 func init() {
 	register("devbench", "measure a device: O_DIRECT reads/writes through io_uring and pread (the ceiling)", runDevbench)
 }
 
-func runDevbench(args []string, stdout, stderr io.Writer) error {
+func runDevbench(args []string, stdout, stderr io.Writer) (err error) {
 	fs := newFlagSet("devbench", stderr)
 	d := devbench.DefaultConfig()
 	path := fs.String("path", "", "file, directory (a test file is created in it) or block device to measure (required)")
@@ -45,7 +43,7 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "striped array: tutti devbench --striped --path /dev/nvme0n1,/dev/nvme1n1 --size 4GiB --buffer 256MiB")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -55,7 +53,6 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 		return usageErr(fs.Usage, errors.New("--path is required"))
 	}
 	cfg := devbench.Config{Path: *path, Runtime: *runtimeFlag, Keep: *keep, Seed: 1, AllowHoles: *holes}
-	var err error
 	if cfg.SizeBytes, err = devbench.ParseBytes(*sizeFlag); err != nil {
 		return usageErr(fs.Usage, fmt.Errorf("--size: %w", err))
 	}
@@ -64,8 +61,13 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 			return usageErr(fs.Usage, fmt.Errorf("--buffer: %w", err))
 		}
 	}
+	// SIGINT and SIGTERM cancel ctx: the test file is removed on the way
+	// out (devbench closes its target), then the exit status says so.
+	ctx, interrupted, stop := signalContext(stderr)
+	defer func() { err = interrupted(err) }()
+	defer stop()
 	if *striped {
-		return runStriped(splitList(*path), cfg.SizeBytes, cfg.BufferBytes, *jsonOut, stdout, fs.Usage)
+		return runStriped(ctx, splitList(*path), cfg.SizeBytes, cfg.BufferBytes, *jsonOut, stdout, fs.Usage)
 	}
 	if cfg.BlockSizes, err = parseSizes(*bsFlag); err != nil {
 		return usageErr(fs.Usage, fmt.Errorf("--bs: %w", err))
@@ -77,14 +79,21 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return usageErr(fs.Usage, err)
 	}
-	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		cfg.Progress = progressBar(f)
+	if isTerminal(stderr) {
+		cfg.Progress = progressBar(stderr)
+	} else {
+		// A pipe or a CI log: whole lines, at most one every few seconds.
+		lp := newLineProgress(stderr)
+		fmt.Fprintf(stderr, "devbench %s: writing or opening the target, then the grid\n", *path)
+		cfg.Progress = func(done, total int, spec devbench.Spec, row *devbench.Row) {
+			if row != nil {
+				lp.Note("grid points", done, total, fmt.Sprintf("(last %s: %.0f IOPS, %.1f MB/s)", spec, row.IOPS, row.BytesPerS/1e6))
+			}
+		}
 	}
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer cancel()
 	started := time.Now()
 	rows, err := devbench.Run(ctx, cfg)
-	if cfg.Progress != nil {
+	if isTerminal(stderr) {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
 	if err != nil {
@@ -106,13 +115,11 @@ func runDevbench(args []string, stdout, stderr io.Writer) error {
 // runStriped is devbench --striped: devbench.CeilingStriped over paths,
 // each reading sizeBytes (and, if a directory, holding a test file of that
 // size) into bufferBytes of memory.
-func runStriped(paths []string, sizeBytes, bufferBytes int64, asJSON bool, stdout io.Writer, usage func()) error {
+func runStriped(ctx context.Context, paths []string, sizeBytes, bufferBytes int64, asJSON bool, stdout io.Writer, usage func()) error {
 	if len(paths) == 0 {
 		return usageErr(usage, errors.New("--striped: --path lists no path"))
 	}
 	sizes := slices.Repeat([]int64{sizeBytes}, len(paths))
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer cancel()
 	st, err := devbench.CeilingStriped(ctx, paths, sizes, sizes, bufferBytes)
 	if err != nil {
 		return err

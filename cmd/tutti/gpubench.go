@@ -142,8 +142,13 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	enqueueChunk := fs.Int("enqueue-chunk", 0, "GPU paths: layers the feeder enqueues per wake-up (kernels.Config.EnqueueChunk; 0: half of --enqueue-layers, 1..8)")
 	zeroCopy := fs.Bool("zero-copy-scatter", false, "GPU paths: the scatter kernel reads host staging itself instead of a copy-engine copy into device staging (kernels.Config.ZeroCopyScatter)")
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *jsonPath != "" && *jsonPath != "-" {
+		if err := checkOutFile("--json", *jsonPath); err != nil {
+			return err // before any measurement: a bad path must not lose the rows
+		}
 	}
 	if *nRounds < 1 || *nRounds > 20 {
 		return fmt.Errorf("--rounds %d: want 1..20", *nRounds)

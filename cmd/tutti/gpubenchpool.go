@@ -288,7 +288,7 @@ func runGPUBenchPool(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "usage: tutti gpubench-pool [flags] FILE... (gpubench --json outputs)")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {

@@ -22,16 +22,6 @@ import (
 	"github.com/tutti-io/tutti/prefix"
 )
 
-// mainEnv makes the test binary run as the tutti command (a node process).
-const mainEnv = "TUTTI_TEST_AS_MAIN"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(mainEnv) == "1" {
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-	}
-	os.Exit(m.Run())
-}
-
 const nodeWait = 15 * time.Second
 
 // nodeProc is a `tutti node` child process.

@@ -2,13 +2,11 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 
@@ -32,7 +30,7 @@ var defaultCPUBackends = []string{"tutti-cpu", "per-block", "cufile", "pagecache
 // defaultWindowRequests is how much of the embedded window the no-flag run replays.
 const defaultWindowRequests = 100
 
-func runReplay(args []string, stdout, stderr io.Writer) error {
+func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	fs := newFlagSet("replay", stderr)
 	tracePath := fs.String("trace", "", "Mooncake-format JSONL trace (default: the embedded 200-request window)")
 	dir := fs.String("dir", "", "store directory, or several comma-separated (one file system each, e.g. one per device) that every backend stripes over; each backend uses D/<backend> in each (default: a temporary directory, removed afterwards)")
@@ -75,12 +73,37 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "\nWith no flags: the embedded trace window, the tiny model, the CPU backends, a temporary store; prints where the report is.")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageErr(fs.Usage, fmt.Errorf("unexpected arguments %q", fs.Args()))
 	}
+	// The output directory is checked (or made) before any work: a bad
+	// --out must not lose a run's report.
+	outDir, madeOut := *out, false
+	if outDir != "" {
+		if err := checkOutDir("--out", outDir); err != nil {
+			return usageErr(fs.Usage, err)
+		}
+	} else {
+		d, err := os.MkdirTemp("", "tutti-replay-report-")
+		if err != nil {
+			return err
+		}
+		outDir, madeOut = d, true
+	}
+	defer func() {
+		if madeOut {
+			os.Remove(outDir) // only when empty: no report was written
+		}
+	}()
+	// SIGINT and SIGTERM cancel ctx; the deferred cleanups below (the
+	// temporary store, each backend's directory) run, then the exit status
+	// says the run was interrupted.
+	ctx, interrupted, stop := signalContext(stderr)
+	defer func() { err = interrupted(err) }()
+	defer stop()
 	prof, err := model.Lookup(*modelName)
 	if err != nil {
 		return usageErr(fs.Usage, err)
@@ -235,22 +258,17 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		defer os.RemoveAll(d)
 		storeDirs = []string{d}
 	}
-	outDir := *out
-	if outDir == "" {
-		d, err := os.MkdirTemp("", "tutti-replay-report-")
-		if err != nil {
-			return err
-		}
-		outDir = d
+	progress := report.NewProgress(stderr).Update
+	if !isTerminal(stderr) {
+		// A pipe or a CI log: whole lines, a few per backend.
+		lp := newLineProgress(stderr)
+		fmt.Fprintf(stderr, "replaying %d requests through %d backends (%s)\n", len(reqs), len(bs), strings.Join(backendNames(bs), ", "))
+		progress = lp.Update
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	bar := report.NewProgress(stderr)
 	cfg := harness.Config{
 		Requests: reqs, Profile: prof, Dirs: storeDirs, StorageLabel: *storageLabel, Backends: bs, CapacityBlocks: *capBlocks,
 		QueueDepth: *qd, Compute: comp, GPU: gpuCompute, SLOms: *sloMs, EBPF: !*noEBPF,
-		Progress: bar.Update, Warm: warm,
+		Progress: progress, Warm: warm,
 	}
 	if *noCeiling {
 		cfg.CeilingBytes = -1
@@ -298,6 +316,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	meta := report.Meta{Command: "tutti replay " + shellJoin(args), TracePath: traceDesc,
 		Skipped: st.Skipped, TimeScale: *timeScale, Notes: notes}
 	path, werr := report.Write(outDir, res, meta)
+	madeOut = false // the report's directory is kept
 	if *jsonOut {
 		if err := report.WriteJSON(stdout, res); err != nil {
 			return err
@@ -440,4 +459,12 @@ func gpuReads(dirs []string, window, maxIO, lookahead int) runtime.GPUReads {
 		dirs = []string{os.TempDir()}
 	}
 	return runtime.DeviceSizedGPUReads(dirs).Explicit(window, maxIO, lookahead)
+}
+
+func backendNames(bs []harness.Backend) []string {
+	names := make([]string, len(bs))
+	for i, b := range bs {
+		names[i] = b.Name()
+	}
+	return names
 }

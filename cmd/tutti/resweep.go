@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"text/tabwriter"
+	"time"
 
 	"github.com/tutti-io/tutti/eval/harness"
 	"github.com/tutti-io/tutti/eval/report"
@@ -24,7 +25,7 @@ func runResweep(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "usage: tutti resweep [--slo-ms X] [--json] REPORT_DIR_OR_SERVICES_JSON")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
@@ -52,7 +53,18 @@ func runResweep(args []string, stdout, stderr io.Writer) error {
 	for i := range log.Backends {
 		harness.SpreadArrivals(log.Backends[i].Services, *spreadMs)
 	}
+	if !isTerminal(stderr) {
+		n := 0
+		for _, b := range log.Backends {
+			n += len(b.Services)
+		}
+		fmt.Fprintf(stderr, "resweeping %d services of %d backends from %s\n", n, len(log.Backends), path)
+	}
+	started := time.Now()
 	rows, slo, source := harness.Resweep(log, *sloMs)
+	if !isTerminal(stderr) {
+		fmt.Fprintf(stderr, "swept in %.1f s\n", time.Since(started).Seconds())
+	}
 	if *jsonOut {
 		return writeIndentedJSON(stdout, rows)
 	}

@@ -208,6 +208,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, fmt.Errorf("replay: %w", err)
 		}
 	}
+	rootLocks, err := lockRoots(roots) // storelock.go: held until Run returns
+	if err != nil {
+		return nil, err
+	}
+	defer unlockAll(rootLocks)
 	// Requests whose KV does not fit the engine memory bound are left out,
 	// for every backend alike.
 	maxKV := cfg.MaxKVBytes
@@ -362,10 +367,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 	dirs := make([]string, len(res.Dirs))
 	for i, root := range res.Dirs {
 		dirs[i] = filepath.Join(root, b.Name())
-		if err := os.RemoveAll(dirs[i]); err != nil {
-			return br, err
-		}
-		if err := os.MkdirAll(dirs[i], 0o700); err != nil {
+		if err := emptyStoreDir(dirs[i]); err != nil {
 			return br, err
 		}
 	}
@@ -382,7 +384,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 		b.Close()
 		if !cfg.KeepStores {
 			for _, d := range dirs {
-				os.RemoveAll(d)
+				removeStoreDir(d)
 			}
 		}
 	}()

@@ -31,13 +31,6 @@ type BackendServices struct {
 // ServiceLogVersion is the version WriteServices writes and ReadServices reads.
 const ServiceLogVersion = 1
 
-// Limits of ReadServices: what a replay can produce, with room.
-const (
-	maxLogBytes    = 1 << 30
-	maxLogBackends = 64
-	maxLogLayers   = 4096
-)
-
 // ErrServiceLog marks a services.json that is malformed or out of range.
 var ErrServiceLog = errors.New("bad service log")
 
@@ -48,41 +41,6 @@ func WriteServices(w io.Writer, res *Result) error {
 		log.Backends = append(log.Backends, BackendServices{Backend: b.Backend, Services: b.Services})
 	}
 	return json.NewEncoder(w).Encode(log)
-}
-
-// ReadServices reads and checks a ServiceLog: every service must be one the
-// timeline can replay (finite, non-negative, arrivals in order, layer
-// readiness in order and within the layers). The error names the backend
-// and request.
-func ReadServices(r io.Reader) (*ServiceLog, error) {
-	dec := json.NewDecoder(io.LimitReader(r, maxLogBytes))
-	dec.DisallowUnknownFields()
-	var log ServiceLog
-	if err := dec.Decode(&log); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrServiceLog, err)
-	}
-	if log.Version != ServiceLogVersion {
-		return nil, fmt.Errorf("%w: version %d (want %d)", ErrServiceLog, log.Version, ServiceLogVersion)
-	}
-	if !finite(log.SLOms) || log.SLOms < 0 {
-		return nil, fmt.Errorf("%w: slo_ms %v", ErrServiceLog, log.SLOms)
-	}
-	if len(log.Backends) == 0 || len(log.Backends) > maxLogBackends {
-		return nil, fmt.Errorf("%w: %d backends (1..%d)", ErrServiceLog, len(log.Backends), maxLogBackends)
-	}
-	for _, b := range log.Backends {
-		if b.Backend == "" {
-			return nil, fmt.Errorf("%w: a backend without a name", ErrServiceLog)
-		}
-		prev := 0.0
-		for i, s := range b.Services {
-			if err := checkService(s, prev); err != nil {
-				return nil, fmt.Errorf("%w: backend %s request %d: %v", ErrServiceLog, b.Backend, i, err)
-			}
-			prev = s.ArrivalMs
-		}
-	}
-	return &log, nil
 }
 
 func checkService(s Service, prevArrivalMs float64) error {
@@ -96,6 +54,12 @@ func checkService(s Service, prevArrivalMs float64) error {
 	case s.Load < 0 || s.Save < 0 || s.LayerCompute < 0 || s.SaveBlocks < 0 || s.Bytes < 0:
 		return fmt.Errorf("negative time or count: load %v save %v compute %v save blocks %d bytes %d",
 			s.Load, s.Save, s.LayerCompute, s.SaveBlocks, s.Bytes)
+	case s.ArrivalMs > maxLogArrivalMs:
+		return fmt.Errorf("arrival_ms %v beyond the bound %v", s.ArrivalMs, float64(maxLogArrivalMs))
+	case s.SaveBlocks > maxLogSaveBlocks:
+		return fmt.Errorf("save_blocks %d beyond the bound %d", s.SaveBlocks, maxLogSaveBlocks)
+	case s.Load > maxLogTime || s.Save > maxLogTime || s.LayerCompute > maxLogTime:
+		return fmt.Errorf("load_ns %d, save_ns %d or layer_compute_ns %d beyond the bound %d", s.Load, s.Save, s.LayerCompute, maxLogTime)
 	}
 	for l, t := range s.LayerReady {
 		if t < 0 || (l > 0 && t < s.LayerReady[l-1]) {

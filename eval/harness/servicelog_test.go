@@ -3,6 +3,7 @@ package harness
 import (
 	"bytes"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -99,9 +100,18 @@ func FuzzReadServices(f *testing.F) {
 			}
 			return
 		}
-		total := 0
+		total, steps := 0, 0
 		for _, b := range log.Backends {
 			total += len(b.Services)
+			for _, s := range b.Services {
+				steps += s.Layers + s.SaveBlocks
+				if s.SaveBlocks > maxLogSaveBlocks || s.Layers > maxLogLayers || len(s.LayerReady) > s.Layers {
+					t.Fatalf("accepted a service out of bounds: %+v", s)
+				}
+			}
+		}
+		if len(log.Backends) > maxLogBackends || total > maxLogServices || steps > maxLogSteps {
+			t.Fatalf("accepted a log out of bounds: %d backends, %d services, %d steps", len(log.Backends), total, steps)
 		}
 		if total > 200 {
 			return // the sweep's cost grows with the services; the checks above are what is fuzzed
@@ -140,5 +150,69 @@ func TestSpreadArrivals(t *testing.T) {
 	SpreadArrivals(svc, 3000)
 	if _, r := Sweep(svc, 10); r <= 0 {
 		t.Fatal("spread arrivals: no rate meets a 10 ms SLO for 1 ms services")
+	}
+}
+
+// endless is an io.Reader that repeats its pattern forever.
+type endless struct {
+	head, pattern []byte
+	off           int
+}
+
+func (e *endless) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		if len(e.head) > 0 {
+			c := copy(p[n:], e.head)
+			e.head, n = e.head[c:], n+c
+			continue
+		}
+		c := copy(p[n:], e.pattern[e.off:])
+		n += c
+		e.off = (e.off + c) % len(e.pattern)
+	}
+	return n, nil
+}
+
+// TestReadServicesBounds: crafted logs past a bound are refused while they
+// are read, naming the field or bound; endless input ends at the one-value
+// bound instead of growing memory.
+func TestReadServicesBounds(t *testing.T) {
+	one := func(svc string) string {
+		return `{"version":1,"backends":[{"backend":"a","services":[` + svc + `]}]}`
+	}
+	many := func(n int, svc string) string {
+		return one(strings.TrimSuffix(strings.Repeat(svc+",", n), ","))
+	}
+	for _, tc := range []struct {
+		name string
+		r    io.Reader
+		want string
+	}{
+		{"save_blocks", strings.NewReader(one(`{"layers":1,"save_ns":1,"save_blocks":3000000000}`)), "save_blocks 3000000000 beyond the bound 1048576"},
+		{"arrival", strings.NewReader(one(`{"layers":1,"arrival_ms":1e308}`)), "arrival_ms 1e+308 beyond the bound"},
+		{"load", strings.NewReader(one(`{"layers":1,"load_ns":9000000000000000000}`)), "beyond the bound"},
+		{"layers", strings.NewReader(one(`{"layers":100000}`)), "100000 layers (1..4096)"},
+		{"backends", strings.NewReader(`{"version":1,"backends":[` + strings.TrimSuffix(strings.Repeat(`{"backend":"a"},`, 65), ",") + `]}`), "more than 64 backends"},
+		{"steps", strings.NewReader(many(1<<25/4096+1, `{"layers":4096}`)), "layers + save_blocks of all services exceed the bound 33554432"},
+		{"huge array", &endless{head: []byte(`{"version":1,"backends":[{"backend":"a","services":[{"layers":1,"layer_ready_ns":[`), pattern: []byte("0,")}, "longer than 1048576 bytes"},
+		{"endless blanks", &endless{head: []byte(`{"version":1,`), pattern: []byte(" ")}, "longer than 1048576 bytes"},
+		{"endless nesting", &endless{head: []byte(`{"version":1,"backends":[{"backend":"a","services":[`), pattern: []byte("[")}, "backend a request 0"},
+		{"unknown service field", strings.NewReader(one(`{"layers":1,"x":1}`)), `unknown field "x"`},
+		{"unknown backend field", strings.NewReader(`{"version":1,"backends":[{"backend":"a","y":[]}]}`), `unknown field "y"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ReadServices(tc.r)
+			if !errors.Is(err, ErrServiceLog) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want ErrServiceLog naming %q", err, tc.want)
+			}
+		})
+	}
+	// At the bounds themselves the log is read.
+	if _, err := ReadServices(strings.NewReader(many(1<<25/4096, `{"layers":4096}`))); err != nil {
+		t.Fatalf("a log at the steps bound: %v", err)
+	}
+	if _, err := ReadServices(strings.NewReader(one(`{"layers":1,"save_ns":1,"save_blocks":1048576}`))); err != nil {
+		t.Fatalf("save_blocks at the bound: %v", err)
 	}
 }

@@ -1,7 +1,7 @@
 // Package trace reads request traces in the Mooncake FAST'25 format: JSONL, one
 // request per line, with fields
 //
-//	timestamp      arrival time in ms relative to the first request (number ≥ 0, non-decreasing)
+//	timestamp      arrival time in ms relative to the first request (number in [0, MaxTimestampMs], non-decreasing)
 //	input_length   prompt tokens (integer ≥ 0)
 //	output_length  generated tokens (integer ≥ 0)
 //	hash_ids       one id per block of BlockTokens input tokens (len == ceil(input_length/BlockTokens));
@@ -10,7 +10,7 @@
 // Unknown fields are ignored, so traces with extra columns parse unchanged.
 //
 // The Reader streams: memory is bounded by one line (MaxLineBytes) plus the
-// requests the caller keeps. A malformed line is an error (*LineError) naming
+// requests the caller keeps, at most MaxRequests holding MaxTotalHashIDs ids. A malformed line is an error (*LineError) naming
 // the line number and the field; with Options.SkipBad the line is skipped and
 // counted instead (Reader.Skipped), never silently dropped.
 //
@@ -46,6 +46,21 @@ const MaxLineBytes = 16 << 20
 
 // maxHashIDs bounds the ids of one request (2^20 blocks = 512M tokens at 512).
 const maxHashIDs = 1 << 20
+
+// MaxTimestampMs bounds a timestamp (about 31 years of ms): a trace spans
+// hours, so anything beyond is a corrupt or crafted value, refused on its own
+// line instead of making every later line "not monotone" and a report's span
+// hundreds of digits long.
+const MaxTimestampMs = 1e12
+
+// Bounds of one Reader (and so of Parse): the requests it returns and their
+// block ids in all, which is what a parsed trace holds in memory (8 bytes an
+// id). The Mooncake traces have tens of thousands of requests and a few
+// million ids.
+const (
+	MaxRequests     = 1 << 24
+	MaxTotalHashIDs = 1 << 28
+)
 
 // Request is one trace line.
 type Request struct {
@@ -112,6 +127,9 @@ func ParseLine(line []byte, lineNo, blockTokens int) (Request, error) {
 	}
 	if ts < 0 {
 		return bad("timestamp", "negative (%v)", ts)
+	}
+	if ts > MaxTimestampMs {
+		return bad("timestamp", "%v ms is beyond the limit of %v ms", ts, MaxTimestampMs)
 	}
 	req.TimestampMs, req.ArrivalMs = ts, ts
 
@@ -235,9 +253,15 @@ type Reader struct {
 	line     int
 	skipped  int
 	lastTs   float64
+	lastLine int // the line of lastTs
 	haveLast bool
-	firstBad error // first skipped line's error, for reports
-	err      error // sticky
+	requests int // returned so far
+	ids      int // hash ids returned so far
+	// maxRequests and maxIDs are MaxRequests and MaxTotalHashIDs (smaller
+	// in tests).
+	maxRequests, maxIDs int
+	firstBad            error // first skipped line's error, for reports
+	err                 error // sticky
 }
 
 // NewReader returns a Reader over r.
@@ -245,7 +269,7 @@ func NewReader(r io.Reader, opts Options) *Reader {
 	if opts.BlockTokens <= 0 {
 		opts.BlockTokens = DefaultBlockTokens
 	}
-	return &Reader{br: bufio.NewReaderSize(r, 64<<10), opts: opts}
+	return &Reader{br: bufio.NewReaderSize(r, 64<<10), opts: opts, maxRequests: MaxRequests, maxIDs: MaxTotalHashIDs}
 }
 
 // Next returns the next valid request, or io.EOF at the end. A non-EOF error is
@@ -264,7 +288,12 @@ func (r *Reader) Next() (Request, error) {
 		req, err := ParseLine(line, r.line, r.opts.BlockTokens)
 		if err == nil && r.haveLast && req.TimestampMs < r.lastTs {
 			err = &LineError{Line: r.line, Field: "timestamp",
-				Err: fmt.Errorf("not monotone: %v after %v", req.TimestampMs, r.lastTs)}
+				Err: fmt.Errorf("not monotone: %v after %v (line %d)", req.TimestampMs, r.lastTs, r.lastLine)}
+		}
+		if err == nil && (r.requests >= r.maxRequests || r.ids+len(req.HashIDs) > r.maxIDs) {
+			// A bound of the whole trace, not of this line: never skipped.
+			r.err = &LineError{Line: r.line, Err: fmt.Errorf("the trace exceeds its bounds (%d requests, %d block ids in all)", r.maxRequests, r.maxIDs)}
+			break
 		}
 		if err != nil {
 			if r.opts.SkipBad {
@@ -277,7 +306,9 @@ func (r *Reader) Next() (Request, error) {
 			r.err = err
 			break
 		}
-		r.lastTs, r.haveLast = req.TimestampMs, true
+		r.lastTs, r.lastLine, r.haveLast = req.TimestampMs, r.line, true
+		r.requests++
+		r.ids += len(req.HashIDs)
 		return req, nil
 	}
 	return Request{}, r.err

@@ -2,6 +2,7 @@ package trace
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -286,7 +287,7 @@ func FuzzParseLine(f *testing.F) {
 		if bt <= 0 {
 			bt = DefaultBlockTokens
 		}
-		if req.TimestampMs < 0 || req.InputTokens < 0 || req.OutputTokens < 0 ||
+		if req.TimestampMs < 0 || req.TimestampMs > MaxTimestampMs || req.InputTokens < 0 || req.OutputTokens < 0 ||
 			len(req.HashIDs) != (req.InputTokens+bt-1)/bt || req.Line != 9 {
 			t.Fatalf("accepted an invalid request: %+v", req)
 		}
@@ -301,4 +302,68 @@ func FuzzParseLine(f *testing.F) {
 			t.Fatalf("reader got %d requests", len(reqs))
 		}
 	})
+}
+
+// TestAbsurdTimestamp: a timestamp beyond MaxTimestampMs is an error of its
+// own line, naming it; with SkipBad that line alone is skipped and the lines
+// after it are kept (before the bound, every later line was refused as "not
+// monotone" after it).
+func TestAbsurdTimestamp(t *testing.T) {
+	line := func(ts string) string {
+		return `{"timestamp": ` + ts + `, "input_length": 512, "output_length": 1, "hash_ids": [1]}`
+	}
+	in := strings.Join([]string{line("0"), line("10"), line("1e308"), line("20"), line("30")}, "\n")
+	_, _, err := ReadAll(strings.NewReader(in), Options{}, Window{})
+	var le *LineError
+	if !errors.As(err, &le) || le.Line != 3 || le.Field != "timestamp" || !strings.Contains(err.Error(), "beyond the limit") {
+		t.Fatalf("error %v, want trace line 3's timestamp beyond the limit", err)
+	}
+	reqs, st, err := ReadAll(strings.NewReader(in), Options{SkipBad: true}, Window{})
+	if err != nil || st.Skipped != 1 || len(reqs) != 4 {
+		t.Fatalf("SkipBad: %d requests, %+v, %v: want the 4 good lines and 1 skipped", len(reqs), st, err)
+	}
+	if s := Summarize(reqs); s.DurationMs != 30 {
+		t.Fatalf("span %v ms, want 30", s.DurationMs)
+	}
+	if _, err := ParseLine([]byte(line("1e12")), 1, 512); err != nil {
+		t.Fatalf("the bound itself: %v", err)
+	}
+	// A line out of order names the line it is out of order with.
+	_, _, err = ReadAll(strings.NewReader(line("5")+"\n"+line("3")), Options{}, Window{})
+	if err == nil || !strings.Contains(err.Error(), "trace line 2") || !strings.Contains(err.Error(), "(line 1)") {
+		t.Fatalf("not monotone: %v", err)
+	}
+}
+
+// TestReaderBounds: a trace with more requests or ids than the Reader's
+// bounds ends with an error naming the line where it crossed them, also
+// with SkipBad (a bound of the whole trace is not a bad line).
+func TestReaderBounds(t *testing.T) {
+	var b strings.Builder
+	for i := range 10 {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}`+"\n", i)
+	}
+	for _, tc := range []struct {
+		maxReq, maxIDs, wantLine int
+	}{{4, 1 << 20, 5}, {1 << 20, 7, 4}, {10, 20, 0}} {
+		for _, skip := range []bool{false, true} {
+			r := NewReader(strings.NewReader(b.String()), Options{SkipBad: skip})
+			r.maxRequests, r.maxIDs = tc.maxReq, tc.maxIDs
+			n := 0
+			var err error
+			for {
+				if _, err = r.Next(); err != nil {
+					break
+				}
+				n++
+			}
+			var le *LineError
+			switch {
+			case tc.wantLine == 0 && (!errors.Is(err, io.EOF) || n != 10):
+				t.Fatalf("%+v: %d requests, %v", tc, n, err)
+			case tc.wantLine > 0 && (!errors.As(err, &le) || le.Line != tc.wantLine || !strings.Contains(err.Error(), "exceeds its bounds")):
+				t.Fatalf("%+v skip %v: after %d requests: %v, want the bound at line %d", tc, skip, n, err, tc.wantLine)
+			}
+		}
+	}
 }
