@@ -14,7 +14,7 @@ from .tensor import (  # noqa: F401
     RawTensor, TensorMismatch, DTypeMismatch, ShapeMismatch, StrideMismatch, AlignmentError,
     DeviceMismatch, AddressError, NotATensor, describe, contiguous_strides,
 )
-from .store import Geometry, Store, Load, Save, chain_from_tokens  # noqa: F401
+from .store import Geometry, Store, Load, Save, Hold, chain_from_tokens  # noqa: F401
 from .connector import TuttiConnector, ReqMeta, ConnectorMetadata  # noqa: F401
 
 

@@ -132,7 +132,7 @@ class Store:
                  compute: dict = None, device: dict = None, save_budget_bytes: int = 0,
                  gpu_device: int = 0, gpu_max_pages: int = 0, gpu_max_runs: int = 0,
                  gpu_io_window: int = 0, gpu_max_io_bytes: int = 0, gpu_lookahead: int = 0,
-                 gpu_reads_from_devices: bool = False):
+                 gpu_reads_from_devices: bool = False, tp_rank: int = 0, tp_size: int = 1):
         """``compute`` (keys fixed_ns, per_token_ns, per_pair_ns: prefill time
         per layer) lets the scheduler leave a stored tail to recompute where
         that is faster; without it every stored block is loaded. ``device``
@@ -148,7 +148,12 @@ class Store:
         to the disks under ``dirs`` at open (per dir half of nr_requests up
         to 128, in all at most the smallest nr_requests, the largest unsplit read up to 4 MiB, one layer per dir from
         2 to 8; a disk that does not say adds 128 to the window and
-        counts as taking 1 MiB reads); :meth:`gpu_reads` says what was used."""
+        counts as taking 1 MiB reads); :meth:`gpu_reads` says what was used.
+        ``tp_rank``/``tp_size``: with ``tp_size`` = N > 1 the geometry is the
+        whole model's, the store holds rank ``tp_rank``'s shard of the KV heads
+        (MLA's latent plane whole), ``dirs`` are this rank's own and a
+        directory another rank or degree stored into is refused
+        (:class:`GeometryMismatch`)."""
         if layout not in _LAYOUTS:
             raise ValueError(f"layout = {layout!r}, want one of {sorted(_LAYOUTS)}")
         if path not in _PATHS:
@@ -172,6 +177,7 @@ class Store:
             gpu_device=gpu_device, gpu_max_pages=gpu_max_pages, gpu_max_runs=gpu_max_runs,
             gpu_io_window=gpu_io_window, gpu_max_io_bytes=gpu_max_io_bytes, gpu_lookahead=gpu_lookahead,
             gpu_flags=_lib.GPU_READS_FROM_DEVICES if gpu_reads_from_devices else 0,
+            tp_rank=tp_rank, tp_size=tp_size,
         )
         for prefix, given in (("compute_", compute), ("device_", device)):
             for k, v in (given or {}).items():
@@ -245,6 +251,30 @@ class Store:
         h = ctypes.c_uint64()
         _lib.check(self._lib.tutti_load(self._h(), c, nc, p, np_, ctypes.byref(h)), "tutti_load")
         return Load(self, h.value, nc)
+
+    def load_with(self, chain: Sequence[int], pages: Sequence[int], skip: int = 0, promised: bool = False) -> "Load":
+        """:meth:`load` after the engine's own first ``skip`` blocks (its local
+        hits; ``skip < len(chain)``): ``pages`` is the block table of
+        ``chain[skip:]`` only, and the plan and result count blocks after
+        ``skip``. ``promised``: the blocks were promised by :meth:`match`, so
+        the planner loads every cached block it can admit."""
+        c, nc = _u64_array(chain, "chain")
+        p, np_ = _i32_array(pages, "pages")
+        h = ctypes.c_uint64()
+        flags = _lib.LOAD_PROMISED if promised else 0
+        _lib.check(self._lib.tutti_load_with(self._h(), c, nc, skip, flags, p, np_, ctypes.byref(h)), "tutti_load_with")
+        return Load(self, h.value, nc - skip)
+
+    def match(self, chain: Sequence[int], skip: int = 0, ttl_ms: int = 30000) -> "Hold":
+        """The lookup of an engine that commits before it loads (vLLM): the
+        returned :class:`Hold`'s ``blocks`` are the blocks after ``skip`` that
+        a promised :meth:`load_with` restores unless a read fails (not stored,
+        cheaper to recompute, or past one GPU restore: left out), held against
+        eviction until :meth:`Hold.release` or ``ttl_ms``."""
+        c, nc = _u64_array(chain, "chain")
+        h, n = ctypes.c_uint64(), ctypes.c_uint32()
+        _lib.check(self._lib.tutti_match(self._h(), c, nc, skip, ttl_ms, ctypes.byref(h), ctypes.byref(n)), "tutti_match")
+        return Hold(self, h.value, n.value)
 
     def save(self, chain: Sequence[int], pages: Sequence[int]) -> "Save":
         """Starts saving ``chain``'s blocks from ``pages``; the pages must
@@ -362,3 +392,14 @@ class Save(_Handle):
     def wait_gathered(self):
         """Blocks until the pages have been copied out (they may change after)."""
         _lib.check(self.store._lib.tutti_save_wait_gathered(self.handle), "tutti_save_wait_gathered")
+
+
+class Hold(_Handle):
+    """A prefix promised by :meth:`Store.match`, pinned until released (or
+    its time to live ran out)."""
+
+    _release_fn = "tutti_hold_release"
+
+    def __init__(self, store, handle, blocks):
+        super().__init__(store, handle)
+        self.blocks = blocks
