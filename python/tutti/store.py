@@ -159,6 +159,7 @@ class Store:
         if path not in _PATHS:
             raise ValueError(f"path = {path!r}, want one of {sorted(_PATHS)}")
         self.geometry = geometry
+        self.tp_rank, self.tp_size = tp_rank, max(tp_size, 1)
         self.num_pages = num_pages
         self.layout = layout
         self.path = path
@@ -188,6 +189,15 @@ class Store:
         _lib.check(self._lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), "tutti_open")
         self.handle = h.value
         self._regions = None
+
+    @property
+    def shard_geometry(self) -> Geometry:
+        """The geometry this store holds: its rank's share of the KV heads
+        (runtime/tp's rule: split evenly; one latent plane is whole)."""
+        g = self.geometry
+        if self.tp_size == 1 or g.planes == 1:
+            return g
+        return Geometry(g.layers, g.kv_heads // self.tp_size, g.head_dim, g.dtype, g.planes, g.page_tokens, g.chunk_pages)
 
     # -- lifecycle
     def close(self):
