@@ -276,8 +276,13 @@ class WorkerSide:
     loads and saves of the bound step (see the module doc)."""
 
     def __init__(self, store_opener: Callable[[KVLayout], Store], device_sync: Optional[Callable[[], None]] = None,
-                 stream_wait: Optional[bool] = None):
+                 stream_wait: Optional[bool] = None, holds=None):
+        """``holds``: what the scheduler's lookups hold in this process (an
+        object with ``release(req_id)``, e.g. a
+        :class:`tutti.scheduler_side.LocalMatcher`): a request's hold is
+        released once its load started, which pins for itself."""
         self._opener = store_opener
+        self.holds = holds
         self._device_sync = device_sync
         self._stream_wait = stream_wait
         self.store: Optional[Store] = None
@@ -347,9 +352,15 @@ class WorkerSide:
             if len(spec.block_ids) != want:
                 raise ValueError(f"request {spec.req_id!r}: {len(spec.block_ids)} block ids for {len(spec.chain) - spec.skip} "
                                  f"blocks after {spec.skip} local ones (need {want})")
-            if want == 0:
-                continue
-            self._loads[spec.req_id] = (st.load_with(spec.chain, spec.block_ids, skip=spec.skip, promised=True), spec)
+            try:
+                if want:
+                    self._loads[spec.req_id] = (st.load_with(spec.chain, spec.block_ids, skip=spec.skip, promised=True), spec)
+            except Exception as e:  # a promise not kept: every block of it is a load error
+                self._result.failures[spec.req_id] = e
+                self._result.error_block_ids.update(spec.block_ids)
+            finally:
+                if self.holds is not None:
+                    self.holds.release(spec.req_id)
 
     def wait_for_layer(self, name: str):
         layer = self.layer_index(name)
