@@ -32,7 +32,7 @@ SEED = "1234"
 
 def _config(store_root, extra=None, engine_id="e1"):
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig, VllmConfig
-    ex = {"dirs": [os.path.join(store_root, "d0"), os.path.join(store_root, "d1")], "capacity_bytes": 640 << 10,
+    ex = {"dirs": [os.path.join(store_root, "d0")], "capacity_bytes": 320 << 10,
           "path": "cpu", "lookup_socket_dir": store_root,
           # Prefill priced far above these tiny reads: the planner never
           # trades a stored block for recompute here (that choice is the
@@ -62,6 +62,7 @@ def _block_keys(tokens):
 
 def worker_main(pipe, rank, store_root, engine_id):
     sys.path.insert(0, DOUBLE)
+    torch.set_num_threads(1)  # tiny tensors; the CI machine has 2 cores
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.distributed.parallel_state import set_rank_for_test
@@ -246,8 +247,8 @@ class VLLMAdapterTest(unittest.TestCase):
         self.sync()
         req, ext = self.lookup_only("E2", e)  # the lookup holds E's blocks; E2 is not allocated this step
         self.assertEqual(ext, 4 * BS)
-        for i in range(4):  # saves of other requests fill the store: everything not held is evicted
-            last_fill = list(range(20000 + 5000 * i, 20000 + 5000 * i + 40 * BS))
+        for i in range(3):  # saves of other requests fill the store: everything not held is evicted
+            last_fill = list(range(20000 + 5000 * i, 20000 + 5000 * i + 30 * BS))
             _, blocks = self.run_request(f"F{i}", last_fill)
             self.free.extend(blocks)
             self.sync()
@@ -267,7 +268,7 @@ class VLLMAdapterTest(unittest.TestCase):
         self.start("engine-2")
         ext, _ = self.run_request("F6-again", last_fill)
         self.assertGreater(ext, 0)
-        self.assertEqual(ext % BS if ext < 40 * BS - 1 else 0, 0)
+        self.assertEqual(ext % BS if ext < 30 * BS - 1 else 0, 0)
         self.stop()
 
     def test_hash_seed_required(self):

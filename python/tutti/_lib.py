@@ -4,8 +4,9 @@ Everything here maps one-to-one onto the header: the structs, the enums, the
 function prototypes, and the status codes (as exception classes). The
 friendlier layers (:mod:`tutti.store`, :mod:`tutti.connector`) are built on it.
 
-The library is found, in order, at ``$TUTTI_LIB``, at ``bin/libtutti.so``
-of the repository that holds this package, or by ``ctypes.util.find_library``.
+The library is found, in order, at ``$TUTTI_LIB``, inside this package (where
+``pip install ./python`` puts it), at ``bin/libtutti.so`` of the repository
+that holds this package, or by ``ctypes.util.find_library``.
 """
 
 from __future__ import annotations
@@ -169,8 +170,9 @@ def _candidates():
     if env:
         return [env]  # an explicit choice is never second-guessed
     here = os.path.dirname(os.path.abspath(__file__))
+    packaged = os.path.join(here, "libtutti.so")  # `pip install ./python` puts it here
     repo_lib = os.path.normpath(os.path.join(here, "..", "..", "bin", "libtutti.so"))
-    out = [repo_lib]
+    out = [packaged, repo_lib] if os.path.exists(packaged) else [repo_lib]
     found = ctypes.util.find_library("tutti")
     if found:
         out.append(found)
