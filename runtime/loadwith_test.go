@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/sched"
 )
 
 func loadWithWait(t *testing.T, s *Store, chain []uint64, pages []int32, opts LoadOptions) *Load {
@@ -152,5 +153,47 @@ func TestMatchHoldsAgainstEviction(t *testing.T) {
 		if _, err := s.Match(held, bad.skip, bad.ttl); !errors.Is(err, ErrBadRequest) {
 			t.Fatalf("Match(skip %d, ttl %v) = %v, want ErrBadRequest", bad.skip, bad.ttl, err)
 		}
+	}
+}
+
+// TestMatchLeavesOutPlannerRecompute: on a device far slower than compute,
+// the planner would recompute the stored blocks, so Match promises none of
+// them (the engine computes them: no load error); a Promised load of the
+// same chain still restores everything it admits.
+func TestMatchLeavesOutPlannerRecompute(t *testing.T) {
+	g := tinyGeometry()
+	rng := rand.New(rand.NewPCG(11, 0))
+	numPages := 16 * g.ChunkPages
+	cfg := testConfig(t, g, objmap.LayoutPerLayer, numPages)
+	cfg.Compute = sched.ComputeModel{FixedNs: 1, PerTokenNs: 1}
+	cfg.Device = sched.DeviceProfile{ReadBytesPerSec: 1 << 20, WriteBytesPerSec: 1 << 30, ReadIOPS: 10, WriteIOPS: 1e5,
+		ReadLatencyNs: 50e6, ReadShareUnderWrites: 1, WriteShareUnderReads: 1}
+	s, kv := openKV(t, cfg)
+	defer closeKV(t, s, kv)
+	chain := chainOf(300, 4)
+	pages := pageTable(rng, g, numPages, len(chain))
+	fill(kv, g, chain, pages)
+	saveWait(t, s, chain, pages)
+	if n := s.Lookup(chain); n != 4 {
+		t.Fatalf("Lookup = %d, want 4", n)
+	}
+	h, err := s.Match(chain, 0, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	if h.Blocks() != 0 {
+		t.Fatalf("Match = %d blocks; reading at 1 MiB/s with 50 ms latency should lose to 1 ns compute", h.Blocks())
+	}
+	scramble(kv, g, numPages)
+	l := loadWithWait(t, s, chain, pages, LoadOptions{Promised: true})
+	if l.Blocks() != 4 || l.Planned() != 4 {
+		t.Fatalf("promised load: blocks %d planned %d, want 4", l.Blocks(), l.Planned())
+	}
+	if err := verify(kv, g, chain, pages, 4); err != nil {
+		t.Fatal(err)
+	}
+	if l2 := loadWithWait(t, s, chain, pages, LoadOptions{}); l2.Planned() != 0 {
+		t.Fatalf("unpromised load planned %d: the planner should recompute here", l2.Planned())
 	}
 }

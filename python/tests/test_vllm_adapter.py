@@ -28,12 +28,14 @@ except ImportError:
 NO_TORCH = "torch is not installed for this interpreter (Debian's python3-torch serves /usr/bin/python3)"
 L, H, D, BS, NB, TP = 2, 2, 32, 16, 160, 2
 SEED = "1234"
+PATH = os.environ.get("TUTTI_TEST_PATH", "cpu")  # "gpu" on the GPU machine: tensors on cuda:0, tutti's GPU path
+DEV = "cuda" if PATH == "gpu" else "cpu"
 
 
 def _config(store_root, extra=None, engine_id="e1"):
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig, VllmConfig
     ex = {"dirs": [os.path.join(store_root, "d0")], "capacity_bytes": 320 << 10,
-          "path": "cpu", "lookup_socket_dir": store_root,
+          "path": PATH, "lookup_socket_dir": store_root,
           # Prefill priced far above these tiny reads: the planner never
           # trades a stored block for recompute here (that choice is the
           # planner's, tested in Go), so the test's hits are deterministic.
@@ -46,7 +48,7 @@ def _config(store_root, extra=None, engine_id="e1"):
 def _content(key, layer, rank):
     """What the double's attention writes for a block: (2 planes, BS, heads, D)."""
     g = torch.Generator().manual_seed((key ^ (layer * 7919 + rank * 104729)) & 0x7FFFFFFFFFFFFFFF)
-    return torch.randn(2, BS, H // TP, D, generator=g).to(torch.bfloat16)
+    return torch.randn(2, BS, H // TP, D, generator=g).to(torch.bfloat16).to(DEV)
 
 
 def _block_keys(tokens):
@@ -68,7 +70,8 @@ def worker_main(pipe, rank, store_root, engine_id):
     from vllm.distributed.parallel_state import set_rank_for_test
     set_rank_for_test(rank)
     conn = KVConnectorFactory.create_connector(_config(store_root, engine_id=engine_id), KVConnectorRole.WORKER, None)
-    kv = {f"model.layers.{i}.self_attn.attn": torch.zeros(2, NB, BS, H // TP, D, dtype=torch.bfloat16) for i in range(L)}
+    kv = {f"model.layers.{i}.self_attn.attn": torch.zeros(2, NB, BS, H // TP, D, dtype=torch.bfloat16, device=DEV)
+          for i in range(L)}
     conn.register_kv_caches(kv)
     pipe.send("ready")
     names = list(kv)
@@ -100,6 +103,9 @@ def worker_main(pipe, rank, store_root, engine_id):
         conn.wait_for_save()
         if not so.has_sync_kv_loads:
             conn.start_load_kv(None)  # the newest tree's order: after the forward
+        sending, recving = conn.get_finished(so.finished_req_ids)  # ends the step's loads
+        if DEV == "cuda":
+            torch.cuda.synchronize()
         bad = []
         for ld in meta.loads:
             for i, key in enumerate(ld.chain):
@@ -107,7 +113,6 @@ def worker_main(pipe, rank, store_root, engine_id):
                 for li, name in enumerate(names):
                     if not torch.equal(kv[name][:, page], _content(key, li, rank)):
                         bad.append((ld.req_id, i, page, li))
-        sending, recving = conn.get_finished(so.finished_req_ids)
         errors = conn.get_block_ids_with_load_errors()
         stats = conn.get_kv_connector_stats()
         conn.clear_connector_metadata()
