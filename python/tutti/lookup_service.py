@@ -76,6 +76,10 @@ class LookupServer:
                 line = f.readline(MAX_LINE_BYTES + 1)
                 if not line:
                     return
+                if len(line) > MAX_LINE_BYTES:  # the rest of it would read as requests: end the connection
+                    f.write((json.dumps({"error": f"request longer than {MAX_LINE_BYTES} bytes"}) + "\n").encode())
+                    f.flush()
+                    return
                 f.write((json.dumps(self._answer(line)) + "\n").encode())
                 f.flush()
         except OSError:
@@ -84,11 +88,10 @@ class LookupServer:
             with self._lock:
                 if conn in self._conns:
                     self._conns.remove(conn)
+            f.close()
             conn.close()
 
     def _answer(self, line: bytes) -> dict:
-        if len(line) > MAX_LINE_BYTES:
-            return {"error": f"request longer than {MAX_LINE_BYTES} bytes"}
         try:
             req = json.loads(line)
             if req.get("op") == "match":
@@ -104,7 +107,12 @@ class LookupServer:
         with self._lock:
             self._closed = True
             conns, self._conns = list(self._conns), []
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the server thread
+        except OSError:
+            pass
         self._sock.close()
+        self._thread.join(5)
         for c in conns:
             try:
                 c.shutdown(socket.SHUT_RDWR)
@@ -123,16 +131,16 @@ class LookupUnavailable(ConnectionError):
 class _Client:
     def __init__(self, path: str, timeout_s: float):
         self.path, self.timeout_s = path, timeout_s
-        self._f = None
+        self._s = self._f = None
 
     def call(self, msg: dict) -> dict:
         for attempt in range(2):  # one reconnect: the worker may have restarted its server
             try:
                 if self._f is None:
-                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    s.settimeout(self.timeout_s)
-                    s.connect(self.path)
-                    self._f = s.makefile("rwb")
+                    self._s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    self._s.settimeout(self.timeout_s)
+                    self._s.connect(self.path)
+                    self._f = self._s.makefile("rwb")
                 self._f.write((json.dumps(msg) + "\n").encode())
                 self._f.flush()
                 line = self._f.readline(MAX_LINE_BYTES + 1)
@@ -149,12 +157,13 @@ class _Client:
         raise AssertionError("unreachable")
 
     def close(self):
-        if self._f is not None:
-            try:
-                self._f.close()
-            except OSError:
-                pass
-            self._f = None
+        for x in (self._f, self._s):
+            if x is not None:
+                try:
+                    x.close()
+                except OSError:
+                    pass
+        self._s = self._f = None
 
 
 class RemoteMatcher:
