@@ -303,6 +303,35 @@ class VLLMAdapterTest(unittest.TestCase):
             with self.assertRaises(ValueError) as cm:
                 KVConnectorFactory.create_connector(_config(self.root, bad), KVConnectorRole.SCHEDULER, None)
             self.assertIn(frag, str(cm.exception))
+        # Prometheus: vLLM passes its metric classes in; names are vLLM's offload metrics'.
+        from vllm.distributed.kv_transfer.kv_connector.v1.metrics import Counter, Gauge, Histogram
+        made = {}
+
+        class Metric:
+            def __init__(self, name, documentation, labelnames, buckets=None):
+                self.name, self.values = name, {}
+                made[name] = self
+
+            def labels(self, *lv):
+                m = self
+
+                class Child:
+                    def inc(self, v=1):
+                        m.values[lv] = m.values.get(lv, 0) + v
+
+                    def observe(self, v):
+                        m.values.setdefault(lv, []).append(v)
+                return Child()
+        prom = tv.TuttiConnector.build_prom_metrics(_config(self.root), {Gauge: Metric, Counter: Metric, Histogram: Metric},
+                                                    ["engine"], {0: ["0"]})
+        prom.observe({"load_bytes": 4096, "hit_tokens": 32, "load_time_s": 0.01})
+        self.assertEqual(made["vllm:kv_offload_load_bytes"].values, {("0",): 4096})
+        self.assertEqual(made["vllm:kv_offload_tutti_hit_tokens"].values, {("0",): 32})
+        self.assertEqual(made["vllm:kv_offload_load_time"].values, {("0",): [0.01]})
+        st = tv.TuttiConnector.build_kv_connector_stats({"load_bytes": 1})
+        st.aggregate(tv.TuttiConnector.build_kv_connector_stats({"load_bytes": 2, "lookups": 1}))
+        self.assertEqual(st.reduce(), {"load_bytes": 3, "lookups": 1})
+        self.assertFalse(st.is_empty())
         m = tv.TuttiConnectorMetadata(loads=[], saves=[])
         self.assertEqual(pickle.loads(pickle.dumps(m)), m)
         self.assertIsNone(tv.TuttiConnector.get_required_kvcache_layout(None))
