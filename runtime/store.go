@@ -209,7 +209,7 @@ func (s *Store) Load(chain []uint64, pages []int32) (*Load, error) {
 // read nor written, pages holds the block table of chain[k:] only, and
 // Blocks, Planned and Cached count blocks after the skipped ones.
 func (s *Store) LoadWith(chain []uint64, pages []int32, opts LoadOptions) (*Load, error) {
-	if opts.Skip < 0 || opts.Skip >= len(chain) {
+	if opts.Skip != 0 && (opts.Skip < 0 || opts.Skip >= len(chain)) { // skip 0 of an empty chain: checkRequest names it
 		return nil, fmt.Errorf("runtime: load: skip %d of a %d-block chain: %w", opts.Skip, len(chain), ErrBadRequest)
 	}
 	if err := s.checkRequest("load", chain[opts.Skip:], pages); err != nil {
