@@ -76,6 +76,7 @@ type Load struct {
 	runs  []loadRun
 
 	pinned  int // chain[:pinned] is pinned in the index until the load ends
+	skip    int // chain[:skip] are the engine's own blocks (LoadOptions.Skip)
 	planned int // blocks the plan chose to load (≤ cached)
 	plan    sched.Plan
 
@@ -131,8 +132,9 @@ func (l *Load) Failure() error {
 // cached blocks after them are cheaper to recompute than to load.
 func (l *Load) Planned() int { return l.planned }
 
-// Cached is the number of leading chain blocks the index had (and pinned).
-func (l *Load) Cached() int { return l.pinned }
+// Cached is the number of chain blocks after the skipped ones that the
+// index had (and pinned) when the load started.
+func (l *Load) Cached() int { return max(0, l.pinned-l.skip) }
 
 // WaitLayer blocks until layer is restored (or the load ended). The error is
 // about the load as a whole (store closing); a run that failed is not an

@@ -86,6 +86,10 @@ type Store struct {
 	savesLive int
 	savesCond sync.Cond
 	loadN     chan struct{} // MaxLoads tokens
+	// holds counts live Holds (Match); holdsExpired those ended by their
+	// time to live.
+	holds        int
+	holdsExpired atomic.Int64
 
 	report          RecoveryReport
 	stats           counters
@@ -197,7 +201,18 @@ func (s *Store) Lookup(chain []uint64) int {
 // The pages of the loaded blocks must not be used before WaitLayer; the
 // store holds no reference to chain or pages after Wait.
 func (s *Store) Load(chain []uint64, pages []int32) (*Load, error) {
-	if err := s.checkRequest("load", chain, pages); err != nil {
+	return s.LoadWith(chain, pages, LoadOptions{})
+}
+
+// LoadWith is Load with options (see LoadOptions): with opts.Skip = k the
+// first k blocks of chain are the engine's own (local hits) and are neither
+// read nor written, pages holds the block table of chain[k:] only, and
+// Blocks, Planned and Cached count blocks after the skipped ones.
+func (s *Store) LoadWith(chain []uint64, pages []int32, opts LoadOptions) (*Load, error) {
+	if opts.Skip != 0 && (opts.Skip < 0 || opts.Skip >= len(chain)) { // skip 0 of an empty chain: checkRequest names it
+		return nil, fmt.Errorf("runtime: load: skip %d of a %d-block chain: %w", opts.Skip, len(chain), ErrBadRequest)
+	}
+	if err := s.checkRequest("load", chain[opts.Skip:], pages); err != nil {
 		return nil, err
 	}
 	select {
@@ -209,19 +224,20 @@ func (s *Store) Load(chain []uint64, pages []int32) (*Load, error) {
 		<-s.loadN
 		return nil, err
 	}
-	l := &Load{s: s, chain: chain, pages: pages, done: make(chan *slot, len(s.staging.all))}
+	l := &Load{s: s, chain: chain, pages: pages, skip: opts.Skip, done: make(chan *slot, len(s.staging.all))}
 	l.cond.L = &l.mu
 	var locs []uint64
 	l.pinned, locs = s.idx.Pin(chain, nil)
-	l.runs = s.resolve(chain[:l.pinned], locs, &l.missBlocks)
+	l.runs = s.resolveAfter(chain, locs, l.pinned, opts.Skip, &l.missBlocks)
 	cached := 0
 	for _, r := range l.runs {
 		cached += r.k
 	}
 	s.stats.loads.Add(1)
-	s.stats.cachedBlocks.Add(int64(l.pinned))
+	s.stats.cachedBlocks.Add(int64(l.Cached()))
 	if cached > 0 {
-		req := sched.LoadRequest{UncachedTokens: (len(chain) - cached) * s.geo.ChunkPages * s.geo.PageTokens}
+		req := sched.LoadRequest{UncachedTokens: (len(chain) - opts.Skip - cached) * s.geo.ChunkPages * s.geo.PageTokens,
+			ComputeReadyNs: opts.computeReadyNs()}
 		for _, r := range l.runs {
 			req.Runs = append(req.Runs, sched.Run{Device: r.run.device, Blocks: r.k, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()})
 		}

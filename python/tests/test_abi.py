@@ -28,7 +28,7 @@ def header_struct_fields(name):
 
 class VersionTest(unittest.TestCase):
     def test_library_version(self):
-        self.assertEqual(tutti.abi_version(), (1, 1))
+        self.assertEqual(tutti.abi_version(), (1, 2))
 
     def test_check_version_refuses_other_major(self):
         with self.assertRaises(tutti.VersionMismatch) as cm:
@@ -53,7 +53,7 @@ class VersionTest(unittest.TestCase):
         self.assertEqual(rc, tutti.VersionMismatch.code)
         self.assertEqual(h.value, 0)
         self.assertIn("abi_major = 2", tutti.last_error())
-        self.assertIn("ABI 1.1", tutti.last_error())
+        self.assertIn("ABI 1.2", tutti.last_error())
 
     def test_config_struct_too_small(self):
         lib = _lib.lib()

@@ -364,7 +364,7 @@ class ConfigErrorTest(unittest.TestCase):
                     capacity_bytes=64 << 20, layers=2, kv_heads=1, head_dim=64, dtype=2, planes=2,
                     page_tokens=16, chunk_pages=1, layout=1, num_pages=8)
         for field, val, frag in (("path", 9, "path"), ("dtype", 0, "dtype"), ("dtype", 9, "dtype"),
-                                 ("layout", 0, "layout"), ("reserved", 1, "reserved"), ("reserved2", 1, "reserved2"),
+                                 ("layout", 0, "layout"), ("tp_rank", 1, "tp_rank = 1"), ("tp_size", 65, "tp_size = 65"),
                                  ("gpu_flags", 2, "gpu_flags = 0x2"),
                                  ("gpu_flags", 1 | 1 << 31, "known: TUTTI_GPU_READS_FROM_DEVICES = 1")):
             cfg = _lib.tutti_config(**dict(base, **{field: val}))

@@ -2,7 +2,10 @@
 
 Low level: :mod:`tutti._lib` mirrors the C ABI (runtime/capi/tutti.h).
 :class:`Store`/:class:`Load`/:class:`Save` wrap its handles;
-:class:`TuttiConnector` is shaped like vLLM's KVConnectorBase_V1.
+:mod:`tutti.worker_side` and :mod:`tutti.scheduler_side` are the
+engine-neutral halves of a KV connector; :mod:`tutti.vllm` (needs vLLM) is
+vLLM's connector over them. :class:`TuttiConnector` here is the older,
+engine-driven connector (method names of vLLM's, not a vLLM connector).
 """
 
 from ._lib import (  # noqa: F401
@@ -14,7 +17,7 @@ from .tensor import (  # noqa: F401
     RawTensor, TensorMismatch, DTypeMismatch, ShapeMismatch, StrideMismatch, AlignmentError,
     DeviceMismatch, AddressError, NotATensor, describe, contiguous_strides,
 )
-from .store import Geometry, Store, Load, Save, chain_from_tokens  # noqa: F401
+from .store import Geometry, Store, Load, Save, Hold, chain_from_tokens  # noqa: F401
 from .connector import TuttiConnector, ReqMeta, ConnectorMetadata  # noqa: F401
 
 

@@ -4,8 +4,9 @@ Everything here maps one-to-one onto the header: the structs, the enums, the
 function prototypes, and the status codes (as exception classes). The
 friendlier layers (:mod:`tutti.store`, :mod:`tutti.connector`) are built on it.
 
-The library is found, in order, at ``$TUTTI_LIB``, at ``bin/libtutti.so``
-of the repository that holds this package, or by ``ctypes.util.find_library``.
+The library is found, in order, at ``$TUTTI_LIB``, inside this package (where
+``pip install ./python`` puts it), at ``bin/libtutti.so`` of the repository
+that holds this package, or by ``ctypes.util.find_library``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import threading
 # The ABI this binding was written for. A library of another major is refused
 # at load; a lower minor than ABI_MINOR_NEEDED too.
 ABI_MAJOR = 1
-ABI_MINOR_NEEDED = 1  # 1.1: tutti_config's gpu_io_window, gpu_max_io_bytes, gpu_lookahead, gpu_flags
+ABI_MINOR_NEEDED = 2  # 1.2: tp_rank/tp_size, tutti_load_with (skip, TUTTI_LOAD_PROMISED), tutti_match/tutti_hold_release
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
@@ -27,6 +28,8 @@ LAYOUT_PER_LAYER, LAYOUT_CROSS_LAYER = 1, 2
 MEMORY_HOST, MEMORY_CUDA = 1, 2
 # enum tutti_gpu_flags (bits of tutti_config.gpu_flags)
 GPU_READS_FROM_DEVICES = 1
+# enum tutti_load_flags
+LOAD_PROMISED = 1
 
 
 class tutti_config(ctypes.Structure):
@@ -51,7 +54,7 @@ class tutti_config(ctypes.Structure):
         ("staging_bytes", ctypes.c_int64),
         ("staging_slot_bytes", ctypes.c_int64),
         ("max_loads", ctypes.c_int32),
-        ("reserved", ctypes.c_uint32),
+        ("tp_rank", ctypes.c_uint32),
     ] + [(f, ctypes.c_double) for f in (
         "compute_fixed_ns", "compute_per_token_ns", "compute_per_pair_ns",
         "device_read_bytes_per_sec", "device_write_bytes_per_sec", "device_read_iops", "device_write_iops",
@@ -61,7 +64,7 @@ class tutti_config(ctypes.Structure):
         ("gpu_device", ctypes.c_int32),
         ("gpu_max_pages", ctypes.c_int32),
         ("gpu_max_runs", ctypes.c_int32),
-        ("reserved2", ctypes.c_uint32),
+        ("tp_size", ctypes.c_uint32),
         ("gpu_io_window", ctypes.c_int32),
         ("gpu_max_io_bytes", ctypes.c_int32),
         ("gpu_lookahead", ctypes.c_int32),
@@ -167,8 +170,9 @@ def _candidates():
     if env:
         return [env]  # an explicit choice is never second-guessed
     here = os.path.dirname(os.path.abspath(__file__))
+    packaged = os.path.join(here, "libtutti.so")  # `pip install ./python` puts it here
     repo_lib = os.path.normpath(os.path.join(here, "..", "..", "bin", "libtutti.so"))
-    out = [repo_lib]
+    out = [packaged, repo_lib] if os.path.exists(packaged) else [repo_lib]
     found = ctypes.util.find_library("tutti")
     if found:
         out.append(found)
@@ -192,6 +196,9 @@ def _prototype(lib):
         "tutti_load_plan": (i32, [u64, p(u32), p(u32)]),
         "tutti_load_failure": (i32, [u64, p(i32)]),
         "tutti_load_release": (i32, [u64]),
+        "tutti_load_with": (i32, [u64, p(u64), u32, u32, u32, p(i32), u32, p(u64)]),
+        "tutti_match": (i32, [u64, p(u64), u32, u32, u32, p(u64), p(u32)]),
+        "tutti_hold_release": (i32, [u64]),
         "tutti_save": (i32, [u64, p(u64), u32, p(i32), u32, p(u64)]),
         "tutti_save_wait_gathered": (i32, [u64]),
         "tutti_save_release": (i32, [u64]),

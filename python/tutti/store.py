@@ -132,7 +132,8 @@ class Store:
                  compute: dict = None, device: dict = None, save_budget_bytes: int = 0,
                  gpu_device: int = 0, gpu_max_pages: int = 0, gpu_max_runs: int = 0,
                  gpu_io_window: int = 0, gpu_max_io_bytes: int = 0, gpu_lookahead: int = 0,
-                 gpu_reads_from_devices: bool = False, kv_events: str = None):
+                 gpu_reads_from_devices: bool = False, kv_events: str = None,
+                 tp_rank: int = 0, tp_size: int = 1):
         """``compute`` (keys fixed_ns, per_token_ns, per_pair_ns: prefill time
         per layer) lets the scheduler leave a stored tail to recompute where
         that is faster; without it every stored block is loaded. ``device``
@@ -152,12 +153,19 @@ class Store:
         ``kv_events`` ("tcp://HOST:PORT?replay=tcp://HOST:PORT&topic=kv@pod@model")
         publishes what the store serves as vLLM KV events for cache-aware
         routers (docs/routers.md); pass ``tokens`` to :meth:`save` so they are
-        published with the blocks."""
+        published with the blocks.
+
+        ``tp_rank``/``tp_size``: with ``tp_size`` = N > 1 the geometry is the
+        whole model's, the store holds rank ``tp_rank``'s shard of the KV heads
+        (MLA's latent plane whole), ``dirs`` are this rank's own and a
+        directory another rank or degree stored into is refused
+        (:class:`GeometryMismatch`)."""
         if layout not in _LAYOUTS:
             raise ValueError(f"layout = {layout!r}, want one of {sorted(_LAYOUTS)}")
         if path not in _PATHS:
             raise ValueError(f"path = {path!r}, want one of {sorted(_PATHS)}")
         self.geometry = geometry
+        self.tp_rank, self.tp_size = tp_rank, max(tp_size, 1)
         self.num_pages = num_pages
         self.layout = layout
         self.path = path
@@ -176,6 +184,7 @@ class Store:
             gpu_device=gpu_device, gpu_max_pages=gpu_max_pages, gpu_max_runs=gpu_max_runs,
             gpu_io_window=gpu_io_window, gpu_max_io_bytes=gpu_max_io_bytes, gpu_lookahead=gpu_lookahead,
             gpu_flags=_lib.GPU_READS_FROM_DEVICES if gpu_reads_from_devices else 0,
+            tp_rank=tp_rank, tp_size=tp_size,
         )
         for prefix, given in (("compute_", compute), ("device_", device)):
             for k, v in (given or {}).items():
@@ -190,6 +199,15 @@ class Store:
                        "tutti_open_kv_events")
         self.handle = h.value
         self._regions = None
+
+    @property
+    def shard_geometry(self) -> Geometry:
+        """The geometry this store holds: its rank's share of the KV heads
+        (runtime/tp's rule: split evenly; one latent plane is whole)."""
+        g = self.geometry
+        if self.tp_size == 1 or g.planes == 1:
+            return g
+        return Geometry(g.layers, g.kv_heads // self.tp_size, g.head_dim, g.dtype, g.planes, g.page_tokens, g.chunk_pages)
 
     # -- lifecycle
     def close(self):
@@ -253,6 +271,30 @@ class Store:
         h = ctypes.c_uint64()
         _lib.check(self._lib.tutti_load(self._h(), c, nc, p, np_, ctypes.byref(h)), "tutti_load")
         return Load(self, h.value, nc)
+
+    def load_with(self, chain: Sequence[int], pages: Sequence[int], skip: int = 0, promised: bool = False) -> "Load":
+        """:meth:`load` after the engine's own first ``skip`` blocks (its local
+        hits; ``skip < len(chain)``): ``pages`` is the block table of
+        ``chain[skip:]`` only, and the plan and result count blocks after
+        ``skip``. ``promised``: the blocks were promised by :meth:`match`, so
+        the planner loads every cached block it can admit."""
+        c, nc = _u64_array(chain, "chain")
+        p, np_ = _i32_array(pages, "pages")
+        h = ctypes.c_uint64()
+        flags = _lib.LOAD_PROMISED if promised else 0
+        _lib.check(self._lib.tutti_load_with(self._h(), c, nc, skip, flags, p, np_, ctypes.byref(h)), "tutti_load_with")
+        return Load(self, h.value, nc - skip)
+
+    def match(self, chain: Sequence[int], skip: int = 0, ttl_ms: int = 30000) -> "Hold":
+        """The lookup of an engine that commits before it loads (vLLM): the
+        returned :class:`Hold`'s ``blocks`` are the blocks after ``skip`` that
+        a promised :meth:`load_with` restores unless a read fails (not stored,
+        cheaper to recompute, or past one GPU restore: left out), held against
+        eviction until :meth:`Hold.release` or ``ttl_ms``."""
+        c, nc = _u64_array(chain, "chain")
+        h, n = ctypes.c_uint64(), ctypes.c_uint32()
+        _lib.check(self._lib.tutti_match(self._h(), c, nc, skip, ttl_ms, ctypes.byref(h), ctypes.byref(n)), "tutti_match")
+        return Hold(self, h.value, n.value)
 
     def save(self, chain: Sequence[int], pages: Sequence[int], tokens: Sequence[int] = None) -> "Save":
         """Starts saving ``chain``'s blocks from ``pages``; the pages must
@@ -376,3 +418,14 @@ class Save(_Handle):
     def wait_gathered(self):
         """Blocks until the pages have been copied out (they may change after)."""
         _lib.check(self.store._lib.tutti_save_wait_gathered(self.handle), "tutti_save_wait_gathered")
+
+
+class Hold(_Handle):
+    """A prefix promised by :meth:`Store.match`, pinned until released (or
+    its time to live ran out)."""
+
+    _release_fn = "tutti_hold_release"
+
+    def __init__(self, store, handle, blocks):
+        super().__init__(store, handle)
+        self.blocks = blocks

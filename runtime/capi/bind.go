@@ -11,7 +11,7 @@ import (
 // ABI version of this library (TUTTI_ABI_MAJOR/MINOR in tutti.h).
 const (
 	abiMajor = 1
-	abiMinor = 1
+	abiMinor = 2
 )
 
 // Values of the enums in tutti.h (TestHeaderEnums keeps them equal).
@@ -61,13 +61,13 @@ type config struct {
 	queueDepth, saveBoundMs        int32
 	stagingBytes, stagingSlotBytes int64
 	maxLoads                       int32
-	reserved                       uint32
+	tpRank                         uint32     // ABI 1.2 (reserved before: 0)
 	compute                        [3]float64 // fixed, per token, per pair (ns)
 	device                         [7]float64 // sched.DeviceProfile in field order
 	saveBudgetBytes                int64
 	gpuDevice, gpuMaxPages         int32
 	gpuMaxRuns                     int32
-	reserved2                      uint32
+	tpSize                         uint32 // ABI 1.2 (reserved2 before: 0)
 	// ABI 1.1 (zero from a 1.0 caller)
 	gpuIOWindow, gpuMaxIOBytes, gpuLookahead int32
 	gpuFlags                                 uint32
@@ -81,8 +81,8 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	if c.abiMajor != abiMajor {
 		return rc, errorf(errVersion, "tutti_config.abi_major = %d, this library is ABI %d.%d", c.abiMajor, abiMajor, abiMinor)
 	}
-	if c.reserved != 0 || c.reserved2 != 0 {
-		return rc, errorf(errInvalidArgument, "tutti_config.reserved = %d, reserved2 = %d: both must be 0", c.reserved, c.reserved2)
+	if err := c.checkTP(); err != nil {
+		return rc, err
 	}
 	if u := c.gpuFlags &^ gpuFlagsKnown; u != 0 {
 		return rc, errorf(errInvalidArgument, "tutti_config.gpu_flags = %#x has bits unknown to ABI %d.%d (%#x); known: TUTTI_GPU_READS_FROM_DEVICES = %d",
@@ -120,6 +120,9 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	}
 	if err := rc.Geometry.Validate(); err != nil {
 		return rc, &abiError{code: errGeometry, msg: "tutti_config", err: err}
+	}
+	if rc.Geometry, err = c.shardGeometry(rc.Geometry); err != nil {
+		return rc, err
 	}
 	rc.NumPages = int(c.numPages)
 	rc.QueueDepth = int(c.queueDepth)

@@ -44,7 +44,10 @@ func TestRuntimeConfig(t *testing.T) {
 		frag   string
 	}{
 		{"abi major", func(c *config) { c.abiMajor = 2 }, errVersion, "abi_major = 2"},
-		{"reserved", func(c *config) { c.reserved = 1 }, errInvalidArgument, "reserved"},
+		{"tp rank without tp", func(c *config) { c.tpRank = 1 }, errInvalidArgument, "tp_rank = 1"},
+		{"tp rank past size", func(c *config) { c.tpSize, c.tpRank = 2, 2 }, errInvalidArgument, "tp_rank = 2"},
+		{"tp size huge", func(c *config) { c.tpSize = 65 }, errInvalidArgument, "tp_size = 65"},
+		{"tp heads not divisible", func(c *config) { c.tpSize = 3 }, errGeometry, "cannot be split evenly over 3 ranks"},
 		{"path", func(c *config) { c.path = 0 }, errInvalidArgument, "path = 0"},
 		{"dtype", func(c *config) { c.dtype = 5 }, errInvalidArgument, "dtype = 5"},
 		{"layout", func(c *config) { c.layout = 3 }, errInvalidArgument, "layout = 3"},
@@ -55,7 +58,6 @@ func TestRuntimeConfig(t *testing.T) {
 		{"capacity", func(c *config) { c.capacityBytes = 0 }, errInvalidArgument, "CapacityBytes"},
 		{"queue depth", func(c *config) { c.queueDepth = -5 }, errInvalidArgument, "QueueDepth"},
 		{"dup dirs", func(c *config) { c.dirs = []string{"/a", "/a"} }, errInvalidArgument, "twice"},
-		{"reserved2", func(c *config) { c.reserved2 = 1 }, errInvalidArgument, "reserved2"},
 		{"unknown gpu flag", func(c *config) { c.gpuFlags = 2 }, errInvalidArgument, "gpu_flags = 0x2"},
 		{"unknown gpu flag with a known one", func(c *config) { c.gpuFlags = 1 | 1<<31 }, errInvalidArgument, "(0x80000000); known: TUTTI_GPU_READS_FROM_DEVICES = 1"},
 		{"gpu max io", func(c *config) { c.gpuMaxIOBytes = 4097 }, errInvalidArgument, "GPUMaxIOBytes"},

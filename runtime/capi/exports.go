@@ -232,10 +232,10 @@ func readConfig(p *C.tutti_config) (config, error) {
 	c.queueDepth, c.saveBoundMs = int32(local.queue_depth), int32(local.save_bound_ms)
 	c.stagingBytes, c.stagingSlotBytes = int64(local.staging_bytes), int64(local.staging_slot_bytes)
 	c.maxLoads = int32(local.max_loads)
-	c.reserved = uint32(local.reserved)
+	c.tpRank = uint32(local.tp_rank)
 	c.saveBudgetBytes = int64(local.save_budget_bytes)
 	c.gpuDevice, c.gpuMaxPages, c.gpuMaxRuns = int32(local.gpu_device), int32(local.gpu_max_pages), int32(local.gpu_max_runs)
-	c.reserved2 = uint32(local.reserved2)
+	c.tpSize = uint32(local.tp_size)
 	c.gpuIOWindow, c.gpuMaxIOBytes, c.gpuLookahead = int32(local.gpu_io_window), int32(local.gpu_max_io_bytes), int32(local.gpu_lookahead)
 	c.gpuFlags = uint32(local.gpu_flags)
 	c.compute = [3]float64{float64(local.compute_fixed_ns), float64(local.compute_per_token_ns), float64(local.compute_per_pair_ns)}
@@ -269,6 +269,10 @@ func openStore(p *C.tutti_config, out *C.uint64_t, edit ...func(*runtime.Config)
 	}
 	s, err := runtime.Open(rc)
 	if err != nil {
+		return err
+	}
+	if err := markRank(rc.Dirs, c.tpRank, max(c.tpSize, 1)); err != nil {
+		s.Close()
 		return err
 	}
 	e := &storeEntry{s: s, cfg: rc, children: make(map[uint64]struct{})}
@@ -315,6 +319,8 @@ func closeStore(h uint64) error {
 			if err := releaseSave(x); err != nil && first == nil {
 				first = err
 			}
+		case *holdEntry:
+			x.h.Release()
 		}
 	}
 	if err := e.s.Close(); err != nil {

@@ -12,6 +12,7 @@ const (
 	kindStore kind = 1
 	kindLoad  kind = 2
 	kindSave  kind = 3
+	kindHold  kind = 4
 )
 
 func (k kind) String() string {
@@ -22,6 +23,8 @@ func (k kind) String() string {
 		return "load"
 	case kindSave:
 		return "save"
+	case kindHold:
+		return "hold"
 	}
 	return "unknown"
 }

@@ -144,7 +144,7 @@ func TestHeaderEnums(t *testing.T) {
 		"TUTTI_DTYPE_BF16": dtypeBF16, "TUTTI_DTYPE_FP16": dtypeFP16, "TUTTI_DTYPE_FP8": dtypeFP8, "TUTTI_DTYPE_FP32": dtypeFP32,
 		"TUTTI_LAYOUT_PER_LAYER": layoutPerLayer, "TUTTI_LAYOUT_CROSS_LAYER": layoutCrossLayer,
 		"TUTTI_MEMORY_HOST": memoryHost, "TUTTI_MEMORY_CUDA": memoryCUDA,
-		"TUTTI_GPU_READS_FROM_DEVICES": gpuReadsFromDevices,
+		"TUTTI_GPU_READS_FROM_DEVICES": gpuReadsFromDevices, "TUTTI_LOAD_PROMISED": loadPromised,
 	}
 	for s := status(0); s < statusCount; s++ {
 		want[s.String()] = int(s)

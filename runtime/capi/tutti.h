@@ -47,7 +47,7 @@ extern "C" {
  * and minor >= the minor it needs. tutti_abi_version() returns
  * (major << 16) | minor. */
 #define TUTTI_ABI_MAJOR 1
-#define TUTTI_ABI_MINOR 1
+#define TUTTI_ABI_MINOR 2
 
 typedef enum tutti_status {
 	TUTTI_OK = 0,
@@ -129,7 +129,7 @@ typedef struct tutti_config {
 	int64_t staging_bytes;      /* off-heap staging memory; bounds bytes in flight */
 	int64_t staging_slot_bytes; /* largest single I/O; divides staging_bytes */
 	int32_t max_loads;          /* loads in flight at once (more: TUTTI_ERR_BUSY) */
-	uint32_t reserved;          /* must be 0 */
+	uint32_t tp_rank;           /* ABI 1.2: this store's tensor-parallel rank, < tp_size (was reserved, 0) */
 	/* Scheduler models. All compute fields 0: no compute profile, every
 	 * stored block is loaded. All device fields 0: a conservative SSD
 	 * (2 GB/s reads). Otherwise the group is used as given and checked. */
@@ -150,7 +150,12 @@ typedef struct tutti_config {
 	int32_t gpu_max_pages; /* pages one restore moves (a longer load is cut, the rest recomputed);
 	                          0 = min(num_pages, 4096) */
 	int32_t gpu_max_runs;  /* runs (extents per layer) of one restore; 0 = 64 */
-	uint32_t reserved2;    /* must be 0 */
+	uint32_t tp_size;      /* ABI 1.2: tensor-parallel degree; 0 or 1 = none (was reserved2, 0).
+	                          With tp_size = N > 1 the geometry above is the whole model's and the
+	                          store holds rank tp_rank's shard (KV heads split evenly; MLA's one
+	                          latent plane replicated), the dirs are this rank's own, and a dir
+	                          that another rank or degree stored into is refused at open
+	                          (TUTTI_ERR_GEOMETRY). */
 	/* ABI 1.1: the GPU path's reads, sized to the devices (tutti gpubench sizes
 	 * them so: per device half of its nr_requests, at most 128, in all at most
 	 * the smallest nr_requests; the largest read its max_sectors_kb allows). A
@@ -279,6 +284,36 @@ int32_t tutti_load_plan(uint64_t load, uint32_t *out_cached, uint32_t *out_plann
 
 /* Waits for the load if it still runs, then frees its handle and unpins it. */
 int32_t tutti_load_release(uint64_t load);
+
+/* ABI 1.2: bits of tutti_load_with's flags. */
+typedef enum tutti_load_flags {
+	/* The blocks were promised by tutti_match: the planner loads every cached
+	 * block it can admit instead of trading some for recompute. */
+	TUTTI_LOAD_PROMISED = 1
+} tutti_load_flags;
+
+/* ABI 1.2: tutti_load after the engine's own first `skip` blocks of chain (its
+ * local prefix-cache hits, skip < chain_len): they are neither read nor
+ * written, pages is the block table of chain[skip:] only (num_pages ==
+ * (chain_len - skip) * chunk_pages), and tutti_load_plan / tutti_load_wait
+ * count blocks after the skipped ones. */
+int32_t tutti_load_with(uint64_t store, uint64_t *chain, uint32_t chain_len, uint32_t skip, uint32_t flags,
+                        int32_t *pages, uint32_t num_pages, uint64_t *out_load);
+
+/* ABI 1.2: the lookup of an engine that commits to a hit before it loads.
+ * *out_blocks = blocks after the first `skip` (skip <= chain_len) that a
+ * TUTTI_LOAD_PROMISED tutti_load_with of the same chain restores unless a
+ * read fails: blocks not stored, blocks the planner would recompute, and on
+ * the GPU path blocks past gpu_max_pages / gpu_max_runs are left out. They
+ * stay stored (pinned against eviction) until tutti_hold_release of
+ * *out_hold, or for ttl_ms (> 0) at most; a hold is released by
+ * tutti_close too. */
+int32_t tutti_match(uint64_t store, uint64_t *chain, uint32_t chain_len, uint32_t skip, uint32_t ttl_ms,
+                    uint64_t *out_hold, uint32_t *out_blocks);
+
+/* ABI 1.2: ends a hold (after its load started, or when the request is
+ * dropped); a hold whose ttl ran out is released as well. */
+int32_t tutti_hold_release(uint64_t hold);
 
 /* Starts saving chain's blocks from pages (num_pages == chain_len * chunk_pages).
  * Blocks already stored are skipped. The pages must stay unchanged until

@@ -1,0 +1,160 @@
+"""tutti.scheduler_side and tutti.lookup_service without vLLM or torch: the
+lookup after local hits and its full-hit rule, allocation after local hits,
+the save rule from scheduler-output-shaped objects, holds across a socket
+with the minimum over two ranks' stores, and the server's parser against
+garbage (seeded)."""
+
+import os
+import random
+import shutil
+import socket
+import tempfile
+import unittest
+from types import SimpleNamespace as NS
+
+import tutti
+from tutti import lookup_service as ls
+from tutti.scheduler_side import LocalMatcher, SchedulerSide
+
+from helpers import SMALL, StoreFixture
+
+BT = SMALL.block_tokens
+
+
+def chain_of(seed, n):
+    return tutti.chain_from_tokens([(seed * 1000003 + i) & 0xFFFFFFFF for i in range(n * BT)], BT)
+
+
+class FakeMatcher:
+    """Answers a fixed number of blocks after skip; records holds."""
+
+    def __init__(self, stored):
+        self.stored, self.held, self.released = stored, {}, []
+
+    def match(self, req_id, chain, skip):
+        n = max(0, min(self.stored, len(chain)) - skip)
+        self.held[req_id] = n
+        return n
+
+    def release(self, req_id):
+        self.held.pop(req_id, None)
+        self.released.append(req_id)
+
+
+class SchedulerSideTest(unittest.TestCase):
+    def test_lookup_alloc_and_full_hit(self):
+        m = FakeMatcher(stored=4)
+        s = SchedulerSide(m, BT)
+        chain = chain_of(1, 5)
+        self.assertEqual(s.get_num_new_matched_tokens("r", chain, 5 * BT + 3, 2 * BT), 2 * BT)  # after 2 local blocks
+        s.update_state_after_alloc("r", list(range(100, 106)), 2 * BT)
+        meta = s.build_meta(NS(num_scheduled_tokens={}))
+        self.assertEqual([(x.skip, x.block_ids, len(x.chain)) for x in meta.loads], [(2, [102, 103], 4)])
+        m.stored = 5  # every block of a 5-block prompt: the last token is computed
+        self.assertEqual(s.get_num_new_matched_tokens("f", chain, 5 * BT, 0), 5 * BT - 1)
+        self.assertEqual(s.get_num_new_matched_tokens("p", chain, 5 * BT, 5), 0)  # a partial local block: no hit
+        self.assertNotIn("p", m.held)
+        s.update_state_after_alloc("f", list(range(5)), 0)  # allocated without the external tokens: released
+        self.assertNotIn("f", m.held)
+        m.stored = 4
+        self.assertEqual(s.get_num_new_matched_tokens("short", chain, 5 * BT + 3, 0), 4 * BT)
+        with self.assertRaises(ValueError):  # fewer blocks than the load needs: refused, named
+            s.update_state_after_alloc("short", [1, 2], 4 * BT)
+
+    def test_unreachable_matcher_is_a_counted_miss(self):
+        class Down:
+            def match(self, *a):
+                raise ls.LookupUnavailable("down")
+
+            def release(self, req_id):
+                pass
+        s = SchedulerSide(Down(), BT)
+        self.assertEqual(s.get_num_new_matched_tokens("r", chain_of(1, 3), 3 * BT, 0), 0)
+        self.assertEqual(s.counters["fallback:LookupUnavailable"], 1)
+
+    def test_save_once_when_the_prompt_is_computed(self):
+        s = SchedulerSide(FakeMatcher(0), BT)
+        chain = chain_of(2, 3)
+        req = NS(chain=chain)
+        s.track("r", req, lambda r: r.chain, 3 * BT + 5)
+        new = NS(req_id="r", block_ids=([7, 8, 9, 10],), num_computed_tokens=0)
+        m1 = s.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None, num_scheduled_tokens={"r": 2 * BT}))
+        self.assertEqual(m1.saves, [])  # chunked prefill: the prompt's last full block is not computed yet
+        cached = NS(req_ids=["r"], new_block_ids=[None], num_computed_tokens=[2 * BT], resumed_req_ids=set())
+        m2 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": BT + 5}))
+        self.assertEqual([(x.chain, x.block_ids) for x in m2.saves], [(chain, [7, 8, 9])])
+        cached = NS(req_ids=["r"], new_block_ids=[([11],)], num_computed_tokens=[3 * BT + 5], resumed_req_ids=set())
+        m3 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 1}))
+        self.assertEqual(m3.saves, [])  # decode: saved once already
+        # Preempted and resumed with new blocks: saved again from them.
+        cached = NS(req_ids=["r"], new_block_ids=[([1, 2, 3, 4],)], num_computed_tokens=[0], resumed_from_preemption=[True])
+        m4 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 3 * BT + 6}))
+        self.assertEqual([x.block_ids for x in m4.saves], [[1, 2, 3]])
+        self.assertEqual(s.request_finished("r"), False)
+        self.assertEqual(s.build_meta(NS(num_scheduled_tokens={"r": 1})).saves, [])
+
+
+class LookupServiceTest(unittest.TestCase):
+    def setUp(self):
+        self.sock_dir = tempfile.mkdtemp(prefix="tutti-sock-")
+        self.addCleanup(shutil.rmtree, self.sock_dir, True)
+
+    def rank(self, r, blocks):
+        fx = StoreFixture()
+        self.addCleanup(fx.close)
+        fx.store.register_kv(fx.regions())
+        chain = chain_of(5, 6)
+        with fx.store.save(chain[:blocks], list(range(blocks))) as sv:
+            sv.wait_gathered()
+        fx.store.wait_saves()
+        m = LocalMatcher(fx.store, ttl_ms=60000)
+        srv = ls.LookupServer(ls.socket_path(self.sock_dir, "k", r), m)
+        self.addCleanup(srv.close)
+        return fx, m, chain
+
+    def test_minimum_over_ranks_and_holds(self):
+        fx0, m0, chain = self.rank(0, 5)
+        fx1, m1, _ = self.rank(1, 3)
+        paths = [ls.socket_path(self.sock_dir, "k", r) for r in range(2)]
+        self.assertIsNone(ls.wait_for(paths, 5))
+        rm = ls.RemoteMatcher(paths, timeout_s=5)
+        self.addCleanup(rm.close)
+        self.assertEqual(rm.match("a", chain, 1), 2)  # rank 1 has 3 blocks: 2 after the local one
+        self.assertEqual(set(m0._holds), {"a"})
+        self.assertEqual(set(m1._holds), {"a"})
+        rm.release("a")
+        self.assertEqual((m0._holds, m1._holds), ({}, {}))
+        self.assertEqual(rm.match("b", chain, 3), 0)  # rank 1 has nothing after 3: no hold anywhere
+        self.assertEqual((m0._holds, m1._holds), ({}, {}))
+
+    def test_a_rank_down_is_unavailable(self):
+        self.rank(0, 2)
+        rm = ls.RemoteMatcher([ls.socket_path(self.sock_dir, "k", 0), os.path.join(self.sock_dir, "nobody.sock")], timeout_s=1)
+        self.addCleanup(rm.close)
+        with self.assertRaises(ls.LookupUnavailable):
+            rm.match("a", chain_of(5, 2), 0)
+
+    def test_garbage_is_answered(self):
+        _, m, chain = self.rank(0, 2)
+        rng = random.Random(int(os.environ.get("TUTTI_FUZZ_SEED", "7")))
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(s.close)
+        s.settimeout(5)
+        s.connect(ls.socket_path(self.sock_dir, "k", 0))
+        f = s.makefile("rwb")
+        self.addCleanup(f.close)
+        samples = [b"{}", b"[1,2]", b'{"op":"match"}', b'{"op":"match","req":"x","chain":["a"],"skip":0}',
+                   b'{"op":"match","req":"x","chain":[1],"skip":-1}', b'{"op":"zap"}', b"\xff\xfe"]
+        samples += [bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 64))).replace(b"\n", b" ") for _ in range(200)]
+        for line in samples:
+            f.write(line + b"\n")
+            f.flush()
+            ans = f.readline()
+            self.assertTrue(ans.startswith(b'{"error"') or ans.startswith(b'{"blocks"') or ans == b"{}\n", (line, ans))
+        f.write(b'{"op":"match","req":"ok","chain":%s,"skip":0}\n' % str(chain).encode())
+        f.flush()
+        self.assertEqual(f.readline(), b'{"blocks": 2}\n')  # the server still serves
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,179 @@
+"""tutti.worker_side with real torch tensors (CPU path): every KV layout vLLM's
+attention backends hand out, read from shape and strides, saved and restored
+after local hits through the per-layer hooks; bytes compared. Skips where
+torch is missing (pyenv python3; /usr/bin/python3 sees Debian's python3-torch)."""
+
+import os
+import shutil
+import tempfile
+import unittest
+
+import tutti
+from tutti import worker_side as ws
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+NO_TORCH = "torch is not installed for this interpreter (Debian's python3-torch serves /usr/bin/python3)"
+L, NB, BS, H, D = 3, 12, 16, 2, 32
+
+
+def path_under_test():
+    return os.environ.get("TUTTI_TEST_PATH", "cpu")
+
+
+def device():
+    return "cuda" if path_under_test() == "gpu" else "cpu"
+
+
+def layouts():
+    """name → (per-layer tensors, block dimension of each tensor)."""
+    dev, dt = device(), torch.bfloat16
+    out = {}
+    out["flash-nhd"] = ({f"l{i}": torch.zeros(2, NB, BS, H, D, dtype=dt, device=dev) for i in range(L)}, 1)
+    out["flash-hnd"] = ({f"l{i}": torch.zeros(2, NB, H, BS, D, dtype=dt, device=dev).permute(0, 1, 3, 2, 4) for i in range(L)}, 1)
+    out["flash-kv-in-block"] = ({f"l{i}": torch.zeros(NB, 2, BS, H, D, dtype=dt, device=dev).transpose(0, 1) for i in range(L)}, 1)
+    out["flashinfer"] = ({f"l{i}": torch.zeros(NB, 2, BS, H, D, dtype=dt, device=dev) for i in range(L)}, 0)
+    out["mla"] = ({f"l{i}": torch.zeros(NB, BS, 4 * D, dtype=dt, device=dev) for i in range(L)}, 0)
+    one = torch.zeros(L, NB, H, BS, 2 * D, dtype=dt, device=dev)  # per-layer views cut from one buffer, layers outermost
+    out["views-layer-major"] = ({f"l{i}": one[i] for i in range(L)}, 0)
+    cross = torch.zeros(NB, L, 2, BS, H, D, dtype=dt, device=dev)  # blocks outermost: tutti's cross-layer layout
+    out["views-block-major"] = ({f"l{i}": cross[:, i].transpose(0, 1) for i in range(L)}, 1)
+    tok = torch.zeros(NB, L, BS, H, 2 * D, dtype=dt, device=dev)
+    out["views-block-major-4d"] = ({f"l{i}": tok[:, i] for i in range(L)}, 0)
+    return out
+
+
+def page(t, block_dim, p):
+    return t.select(block_dim, p).clone()
+
+
+@unittest.skipIf(torch is None, NO_TORCH)
+class DescribeTest(unittest.TestCase):
+    def test_layouts_read_from_strides(self):
+        want = {"flash-nhd": ("per_layer", 2, H, D), "flash-hnd": ("per_layer", 2, H, D),
+                "flash-kv-in-block": ("per_layer", 1, H, 2 * D), "flashinfer": ("per_layer", 1, H, 2 * D),
+                "mla": ("per_layer", 1, 1, 4 * D), "views-layer-major": ("per_layer", 1, H, 2 * D),
+                "views-block-major": ("cross_layer", 1, H, 2 * D), "views-block-major-4d": ("cross_layer", 1, H, 2 * D)}
+        tags = set()
+        for name, (kv, _) in layouts().items():
+            lay = ws.describe_kv_caches(kv, BS)
+            g = lay.geometry
+            self.assertEqual((lay.layout, g.planes, g.kv_heads, g.head_dim), want[name], name)
+            self.assertEqual((g.layers, g.page_tokens, lay.num_pages), (L, BS, NB), name)
+            tags.add(lay.tag)
+        self.assertIn("per_layer.kv.block.token.head.dim.bf16", tags)
+        self.assertIn("per_layer.kv.block.head.token.dim.bf16", tags)  # HND never shares a store with NHD
+
+    def test_refusals(self):
+        base = torch.zeros(2, NB, BS, H, 2 * D, dtype=torch.bfloat16)
+        cases = {
+            "gap inside a page": ({"a": base[..., :D]}, "dense range"),
+            "unknown shape": ({"a": torch.zeros(NB, 7, H, D, dtype=torch.bfloat16)}, "none of"),
+            "mixed layouts": ({"a": torch.zeros(2, NB, BS, H, D, dtype=torch.bfloat16),
+                               "b": torch.zeros(2, NB, H, BS, D, dtype=torch.bfloat16).permute(0, 1, 3, 2, 4)}, "one layout"),
+            "layers out of place": ({f"l{i}": torch.zeros(NB, 2, 2, BS, H, D, dtype=torch.bfloat16)[:, 1 - i].transpose(0, 1)
+                                     for i in range(2)}, "layers in order"),
+        }
+        for what, (kv, frag) in cases.items():
+            with self.assertRaises(ws.LayoutError, msg=what) as cm:
+                ws.describe_kv_caches(kv, BS)
+            self.assertIn(frag, str(cm.exception), what)
+
+
+@unittest.skipIf(torch is None, NO_TORCH)
+class RoundTripTest(unittest.TestCase):
+    def open_worker(self, d):
+        def opener(lay):
+            return tutti.Store([d], 64 << 20, lay.geometry, lay.num_pages, layout=lay.layout, path=path_under_test(),
+                               staging_bytes=4 << 20, staging_slot_bytes=1 << 20)
+        return ws.WorkerSide(opener)
+
+    def step(self, w, names, loads=(), saves=(), start_first=True):
+        w.bind(loads, saves)
+        if start_first:
+            w.start_load()
+        for n in names:
+            w.wait_for_layer(n)
+            w.save_layer(n)
+        w.wait_for_save()
+        if not start_first:
+            w.start_load()  # after the forward: a no-op, the waits started the loads
+        res = w.finish_step()
+        w.unbind()
+        return res
+
+    def test_every_layout(self):
+        for name, (kv, bdim) in layouts().items():
+            for start_first in (True, False):
+                with self.subTest(layout=name, start_load_first=start_first):
+                    self.round_trip(kv, bdim, start_first)
+
+    def round_trip(self, kv, bdim, start_first):
+        d = tempfile.mkdtemp(prefix="tutti-ws-")
+        self.addCleanup(shutil.rmtree, d, True)
+        w = self.open_worker(d)
+        lay = w.register(kv, BS)
+        self.addCleanup(w.close)
+        names = list(kv)
+        gen = torch.Generator().manual_seed(5)
+        for t in kv.values():
+            t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+        chain = tutti.chain_from_tokens(list(range(5 * BS)), BS)
+        src = [1, 2, 3, 4, 5]
+        want = {(n, i): page(kv[n], bdim, p) for n in names for i, p in enumerate(src)}
+        res = self.step(w, names, saves=[ws.SaveSpec("r1", chain, src)], start_first=start_first)
+        self.assertEqual(res.error_block_ids, set())
+        w.store.wait_saves()
+        for t in kv.values():
+            t.zero_()
+        local, dst = [7, 8], [9, 10, 11]  # the engine has blocks 0-1 itself
+        for n in names:
+            for i, p in enumerate(local):
+                kv[n].select(bdim, p).copy_(want[(n, i)])
+        res = self.step(w, names, loads=[ws.LoadSpec("r2", chain, 2, dst)], start_first=start_first)
+        self.assertEqual(res.restored_blocks, {"r2": 3}, lay.tag)
+        self.assertEqual(res.error_block_ids, set())
+        for n in names:
+            for i, p in enumerate(local + dst):
+                self.assertTrue(torch.equal(page(kv[n], bdim, p), want[(n, i)]), f"{lay.tag} {n} block {i}")
+            for p in (0, 6):
+                self.assertFalse(bool(page(kv[n], bdim, p).any()), f"{lay.tag}: page {p} written by a load")
+
+    def test_failed_promise_is_a_load_error(self):
+        kv, _ = layouts()["flash-nhd"]
+        d = tempfile.mkdtemp(prefix="tutti-ws-")
+        self.addCleanup(shutil.rmtree, d, True)
+        w = self.open_worker(d)
+        w.register(kv, BS)
+        self.addCleanup(w.close)
+        chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
+        self.step(w, list(kv), saves=[ws.SaveSpec("a", chain[:2], [0, 1])])
+        w.store.wait_saves()
+        # Blocks 2 and 3 were promised (say, by a scheduler with a stale view)
+        # but are not stored: their pages are errors, blocks 0-1 restored.
+        res = self.step(w, list(kv), loads=[ws.LoadSpec("b", chain, 0, [4, 5, 6, 7])])
+        self.assertEqual(res.restored_blocks, {"b": 2})
+        self.assertEqual(res.error_block_ids, {6, 7})
+
+    def test_sending_reported_once_after_saves(self):
+        kv, _ = layouts()["mla"]
+        d = tempfile.mkdtemp(prefix="tutti-ws-")
+        self.addCleanup(shutil.rmtree, d, True)
+        w = self.open_worker(d)
+        w.register(kv, BS)
+        self.addCleanup(w.close)
+        chain = tutti.chain_from_tokens(list(range(2 * BS)), BS)
+        w.bind(saves=[ws.SaveSpec("x", chain, [0, 1])], await_sending=["x"])
+        for n in kv:
+            w.save_layer(n)
+        w.wait_for_save()
+        self.assertEqual(w.finish_step(["x"]).sending, {"x"})
+        w.bind()
+        self.assertEqual(w.finish_step().sending, set())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,239 @@
+"""The scheduler side of a KV connector, engine-neutral: what runs where the
+engine decides, per step, what each request computes (vLLM's EngineCore).
+
+API:
+
+``SchedulerSide(matcher, block_tokens, chunk_pages=1)``
+    * ``get_num_new_matched_tokens(req_id, chain, num_tokens, num_computed_tokens, request=None) -> int``:
+      tokens beyond the engine's local hits (``num_computed_tokens``, whole
+      blocks) that tutti promises to restore; a full-prompt hit leaves the last
+      token to compute. The matcher holds what it promised (pinned, with a
+      lease) so it is still there when the worker loads it; a second call for
+      the same request replaces the first.
+    * ``update_state_after_alloc(req_id, block_ids, num_external_tokens)``:
+      ``block_ids`` are ALL of the request's blocks, local hits first; the load
+      goes into the blocks after the local hits.
+    * ``build_meta(step) -> StepMeta``: the loads queued since the last call and
+      the saves decided from the step (``step`` is scheduler-output shaped:
+      ``scheduled_new_reqs`` with ``req_id``, ``block_ids``,
+      ``num_computed_tokens``; ``scheduled_cached_reqs`` with ``req_ids``,
+      ``new_block_ids``, ``num_computed_tokens`` and ``resumed_from_preemption``
+      or ``resumed_req_ids``; ``num_scheduled_tokens``; ``finished_req_ids``).
+      A request's full prompt blocks are saved once, in the step that
+      computes the last of them, with its chain from the request (decode
+      tokens are not saved).
+    * ``request_finished(req_id) -> bool``: always False: a save's pages are
+      copied out before the step that wrote them ends (``WorkerSide.wait_for_save``),
+      so no block outlives its request for tutti.
+    * ``counters``: lookups, hit tokens, promised blocks, fallbacks by reason.
+
+Matchers (``match(req_id, chain, skip) -> blocks``, ``release(req_id)``):
+:class:`LocalMatcher` over a store of this process (the worker's, when the
+engine runs both roles in one process), and
+:class:`tutti.lookup_service.RemoteMatcher` over the ranks' worker processes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from .store import Hold, Store
+from .worker_side import LoadSpec, SaveSpec
+
+
+@dataclass
+class StepMeta:
+    """What the scheduler hands every worker for one step (plain data: it is
+    pickled across processes)."""
+
+    loads: List[LoadSpec] = field(default_factory=list)
+    saves: List[SaveSpec] = field(default_factory=list)
+
+
+class LocalMatcher:
+    """Matches against a store open in this process; one hold per request."""
+
+    def __init__(self, store: Store, ttl_ms: int = 30000):
+        self.store, self.ttl_ms = store, ttl_ms
+        self._lock = threading.Lock()
+        self._holds: Dict[str, Hold] = {}
+
+    def match(self, req_id: str, chain: Sequence[int], skip: int) -> int:
+        h = self.store.match(chain, skip, self.ttl_ms)
+        with self._lock:
+            old = self._holds.pop(req_id, None)
+            if h.blocks:
+                self._holds[req_id] = h
+        if old is not None:
+            old.release()
+        if not h.blocks:
+            h.release()
+        return h.blocks
+
+    def release(self, req_id: str):
+        with self._lock:
+            h = self._holds.pop(req_id, None)
+        if h is not None:
+            h.release()
+
+    def close(self):
+        with self._lock:
+            holds, self._holds = list(self._holds.values()), {}
+        for h in holds:
+            h.release()
+
+
+@dataclass
+class _Tracker:
+    """One request the scheduler saves for."""
+
+    request: object  # the engine's request (its block hashes grow with it)
+    chain_of: object  # callable(request) -> chain
+    num_prompt_tokens: int
+    block_ids: List[int]
+    computed: int = 0  # tokens computed once the step runs
+    saved: bool = False
+
+
+@dataclass
+class _Pending:
+    chain: List[int]
+    skip: int
+    blocks: int
+
+
+class SchedulerSide:
+    def __init__(self, matcher, block_tokens: int, chunk_pages: int = 1):
+        self.matcher = matcher
+        self.block_tokens = block_tokens
+        self.chunk_pages = chunk_pages
+        self._pending: Dict[str, _Pending] = {}
+        self._loads: List[LoadSpec] = []
+        self._trackers: Dict[str, _Tracker] = {}
+        self.counters = Counter()
+
+    # -- lookup
+    def get_num_new_matched_tokens(self, req_id: str, chain: Sequence[int], num_tokens: int, num_computed_tokens: int) -> int:
+        bt = self.block_tokens
+        self.counters["lookups"] += 1
+        self.counters["lookup_tokens"] += max(0, num_tokens - num_computed_tokens)
+        skip = num_computed_tokens // bt
+        if num_computed_tokens % bt or skip >= len(chain):
+            self._forget(req_id)
+            return 0
+        try:
+            blocks = self.matcher.match(req_id, list(chain), skip)
+        except Exception as e:  # an unreachable worker is a miss, counted, never a failed request
+            self.counters[f"fallback:{type(e).__name__}"] += 1
+            blocks = 0
+        if blocks == 0:
+            self._forget(req_id)
+            return 0
+        tokens = blocks * bt
+        if num_computed_tokens + tokens >= num_tokens:
+            tokens = num_tokens - 1 - num_computed_tokens  # the engine computes the last token (its logits)
+            if tokens <= 0:
+                self._forget(req_id)
+                return 0
+        self._pending[req_id] = _Pending(list(chain[:skip + blocks]), skip, blocks)
+        self.counters["hit_tokens"] += tokens
+        return tokens
+
+    def _forget(self, req_id: str):
+        """No hit now: drop what an earlier lookup of the request promised."""
+        if self._pending.pop(req_id, None) is not None:
+            self.matcher.release(req_id)
+
+    def update_state_after_alloc(self, req_id: str, block_ids: Sequence[int], num_external_tokens: int):
+        p = self._pending.pop(req_id, None)
+        if num_external_tokens <= 0 or p is None:
+            if p is not None:
+                self.matcher.release(req_id)
+            return
+        cp = self.chunk_pages
+        ids = [int(b) for b in block_ids[p.skip * cp:(p.skip + p.blocks) * cp]]
+        if len(ids) != p.blocks * cp:
+            raise ValueError(f"request {req_id!r}: {len(block_ids)} blocks allocated, the load needs blocks "
+                             f"[{p.skip * cp}, {(p.skip + p.blocks) * cp})")
+        self._loads.append(LoadSpec(req_id, p.chain, p.skip, ids))
+        self.counters["promised_blocks"] += p.blocks
+
+    # -- saves
+    def track(self, req_id: str, request, chain_of, num_prompt_tokens: int):
+        """Starts tracking a request for saves (call from the lookup, where
+        the engine hands the request object)."""
+        if req_id not in self._trackers:
+            self._trackers[req_id] = _Tracker(request, chain_of, num_prompt_tokens, [])
+
+    def build_meta(self, step) -> StepMeta:
+        meta = StepMeta(loads=self._loads)
+        self._loads = []
+        sched = getattr(step, "num_scheduled_tokens", {}) or {}
+        for nr in getattr(step, "scheduled_new_reqs", ()) or ():
+            tr = self._trackers.get(nr.req_id)
+            if tr is None:
+                continue
+            tr.block_ids = list(_group0(nr.block_ids))
+            tr.computed = nr.num_computed_tokens + sched.get(nr.req_id, 0)
+        cached = getattr(step, "scheduled_cached_reqs", None)
+        if cached is not None:
+            resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
+            flags = getattr(cached, "resumed_from_preemption", None)
+            for i, rid in enumerate(cached.req_ids):
+                tr = self._trackers.get(rid)
+                if tr is None:
+                    continue
+                new = cached.new_block_ids[i]
+                if rid in resumed or (flags is not None and flags[i]):
+                    tr.block_ids = list(_group0(new)) if new is not None else []
+                    tr.saved = False  # new blocks after a preemption: the store skips what it has
+                elif new is not None:
+                    tr.block_ids.extend(_group0(new))
+                tr.computed = cached.num_computed_tokens[i] + sched.get(rid, 0)
+        for rid in sched:
+            tr = self._trackers.get(rid)
+            if tr is not None:
+                spec = self._save_of(rid, tr)
+                if spec is not None:
+                    meta.saves.append(spec)
+        for rid in getattr(step, "finished_req_ids", ()) or ():
+            self._trackers.pop(rid, None)
+            self._pending.pop(rid, None)
+        return meta
+
+    def _save_of(self, rid: str, tr: _Tracker) -> Optional[SaveSpec]:
+        """A request's prompt is saved once, as one chain, in the step that
+        computes its last full block. Why not chunk by chunk: a save whose
+        leading blocks are still being written by an earlier save is skipped
+        whole by the store (they are not committed yet, so neither is
+        anything under them), which would drop every chunk after the first;
+        one save per prompt is also one run, the store's unit of I/O."""
+        if tr.saved:
+            return None
+        bt, cp = self.block_tokens, self.chunk_pages
+        chain = tr.chain_of(tr.request)
+        full = min(tr.num_prompt_tokens // bt, len(chain), len(tr.block_ids) // cp)
+        if full == 0 or tr.computed < full * bt:
+            return None
+        tr.saved = True
+        self.counters["save_blocks"] += full
+        return SaveSpec(rid, list(chain[:full]), [int(b) for b in tr.block_ids[:full * cp]])
+
+    def request_finished(self, req_id: str) -> bool:
+        self._trackers.pop(req_id, None)
+        self._pending.pop(req_id, None)
+        self.matcher.release(req_id)
+        return False
+
+
+def _group0(block_ids):
+    """vLLM passes block ids per KV cache group (a tuple of lists); tutti
+    serves one group."""
+    if block_ids and isinstance(block_ids[0], (list, tuple)):
+        if len(block_ids) != 1:
+            raise ValueError(f"{len(block_ids)} KV cache groups: tutti serves one (hybrid models: --disable-hybrid-kv-cache-manager)")
+        return block_ids[0]
+    return block_ids

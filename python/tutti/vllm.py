@@ -1,0 +1,412 @@
+"""tutti as a vLLM KV connector (a thin adapter; see docs/vllm.md):
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector":"TuttiConnector",
+        "kv_connector_module_path":"tutti.vllm","kv_role":"kv_both",
+        "kv_connector_extra_config":{"dirs":["/nvme0/tutti"],"capacity_bytes":500000000000,"path":"auto"}}'
+
+The work is done by :mod:`tutti.scheduler_side` and :mod:`tutti.worker_side`
+(engine-neutral, tested without vLLM); this module maps vLLM's objects and
+call order onto them. Importing it without vLLM raises ImportError saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole,
+    )
+except ImportError as e:  # pragma: no cover - exercised by test_vllm_adapter without the double
+    raise ImportError(
+        "tutti.vllm is tutti's vLLM connector and needs vLLM installed (pip install vllm); "
+        f"the rest of tutti works without it ({e})") from e
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+except ImportError:  # vLLM before connector stats: stats and metrics are off
+    KVConnectorPromMetrics = KVConnectorStats = None
+
+from . import _lib
+from .connector import _hash64
+from .lookup_service import LookupServer, RemoteMatcher, socket_path
+from .scheduler_side import LocalMatcher, SchedulerSide
+from .store import Geometry, Store
+from .worker_side import KVLayout, LoadSpec, SaveSpec, WorkerSide, process_store, shared_store
+
+log = logging.getLogger("tutti.vllm")
+
+# The vLLM trees this adapter follows (docs/vllm.md).
+VLLM_COMMITS = ("003df29", "00f4240")
+
+_KEYS = {"dirs", "capacity_bytes", "path", "hold_ttl_ms", "lookup_socket_dir", "lookup_timeout_ms",
+         "pythonhashseed", "store_options"}
+_STORE_OPTIONS = {"queue_depth", "save_bound_ms", "staging_bytes", "staging_slot_bytes", "max_loads", "compute",
+                  "device", "save_budget_bytes", "gpu_max_pages", "gpu_max_runs", "gpu_io_window",
+                  "gpu_max_io_bytes", "gpu_lookahead", "gpu_reads_from_devices"}
+
+
+@dataclass
+class Settings:
+    """kv_connector_extra_config, checked (every key is in docs/vllm.md)."""
+
+    dirs: List[str]
+    capacity_bytes: int
+    path: str = "auto"
+    hold_ttl_ms: int = 30000
+    lookup_socket_dir: str = field(default_factory=tempfile.gettempdir)
+    lookup_timeout_ms: int = 2000
+    pythonhashseed: str = "require"
+    store_options: Dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def parse(extra: Optional[dict]) -> "Settings":
+        extra = dict(extra or {})
+        unknown = set(extra) - _KEYS
+        if unknown:
+            raise ValueError(f"kv_connector_extra_config: unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}")
+        for k in ("dirs", "capacity_bytes"):
+            if k not in extra:
+                raise ValueError(f"kv_connector_extra_config: {k!r} is required (see docs/vllm.md)")
+        s = Settings(**extra)
+        if isinstance(s.dirs, str) or not s.dirs or not all(isinstance(d, str) and d for d in s.dirs):
+            raise ValueError(f"kv_connector_extra_config.dirs = {s.dirs!r}: want a non-empty list of directories")
+        if not isinstance(s.capacity_bytes, int) or s.capacity_bytes <= 0:
+            raise ValueError(f"kv_connector_extra_config.capacity_bytes = {s.capacity_bytes!r}: want bytes > 0 (per rank)")
+        if s.path not in ("gpu", "cpu", "auto"):
+            raise ValueError(f"kv_connector_extra_config.path = {s.path!r}: want 'gpu', 'cpu' or 'auto'")
+        if s.pythonhashseed not in ("require", "warn"):
+            raise ValueError(f"kv_connector_extra_config.pythonhashseed = {s.pythonhashseed!r}: want 'require' or 'warn'")
+        bad = set(s.store_options) - _STORE_OPTIONS
+        if bad:
+            raise ValueError(f"kv_connector_extra_config.store_options: unknown {sorted(bad)}; known: {sorted(_STORE_OPTIONS)}")
+        for k in ("hold_ttl_ms", "lookup_timeout_ms"):
+            if not isinstance(getattr(s, k), int) or not 0 < getattr(s, k) <= 3600 * 1000:
+                raise ValueError(f"kv_connector_extra_config.{k} = {getattr(s, k)!r}: want 1..3600000")
+        return s
+
+
+def check_hash_seed(policy: str):
+    """vLLM's block hashes start from NONE_HASH, random per process start
+    unless PYTHONHASHSEED is set: a persistent store would never hit again."""
+    if os.environ.get("PYTHONHASHSEED") not in (None, "", "random"):
+        return
+    msg = ("PYTHONHASHSEED is not set: vLLM's block hashes change at every restart, so tutti's store would never "
+           "hit again after one. Start vLLM with PYTHONHASHSEED=<a fixed integer> (the same for every instance "
+           "sharing a store), or set kv_connector_extra_config.pythonhashseed = 'warn' to run anyway")
+    if policy == "require":
+        raise ValueError(msg)
+    log.warning(msg)
+
+
+@dataclass
+class TuttiConnectorMetadata(KVConnectorMetadata):
+    """One step's loads and saves, from the scheduler to every worker."""
+
+    loads: List[LoadSpec] = field(default_factory=list)
+    saves: List[SaveSpec] = field(default_factory=list)
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)[-48:] or "model"
+
+
+def _tp(vllm_config):
+    pc = getattr(vllm_config, "parallel_config", None)
+    return max(1, int(getattr(pc, "tensor_parallel_size", 1) or 1))
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        return int(get_tensor_model_parallel_rank())
+    except Exception as e:
+        raise RuntimeError(f"tutti.vllm: cannot get this worker's tensor-parallel rank: {e}") from e
+
+
+class _Stats:
+    """Counters of one connector role since the last report."""
+
+    def __init__(self):
+        self.data: Dict[str, float] = {}
+
+    def add(self, key: str, v: float = 1):
+        self.data[key] = self.data.get(key, 0) + v
+
+    def take(self) -> Dict[str, float]:
+        d, self.data = self.data, {}
+        return d
+
+
+if KVConnectorStats is not None:
+    @dataclass
+    class TuttiConnectorStats(KVConnectorStats):
+        """Sums of tutti's counters (data: name → number), per interval."""
+
+        def reset(self):
+            self.data = {}
+
+        def aggregate(self, other):
+            for k, v in (other.data or {}).items():
+                self.data[k] = self.data.get(k, 0) + v
+            return self
+
+        def reduce(self):
+            return dict(self.data)
+
+        def is_empty(self):
+            return not any(self.data.values())
+
+    class TuttiPromMetrics(KVConnectorPromMetrics):
+        """Named as vLLM's offload metrics are (vllm:kv_offload_*)."""
+
+        COUNTERS = {
+            "load_bytes": ("vllm:kv_offload_load_bytes", "Bytes tutti restored into the KV cache"),
+            "store_bytes": ("vllm:kv_offload_store_bytes", "Bytes of KV cache tutti stored"),
+            "load_blocks": ("vllm:kv_offload_tutti_load_blocks", "Blocks tutti restored"),
+            "store_blocks": ("vllm:kv_offload_tutti_store_blocks", "Blocks tutti was asked to store"),
+            "lookups": ("vllm:kv_offload_tutti_queries", "Lookups (get_num_new_matched_tokens calls)"),
+            "lookup_tokens": ("vllm:kv_offload_tutti_query_tokens", "Tokens looked up beyond local hits"),
+            "hit_tokens": ("vllm:kv_offload_tutti_hit_tokens", "Tokens tutti promised to restore"),
+            "load_error_blocks": ("vllm:kv_offload_tutti_load_error_blocks", "Promised blocks not restored"),
+            "fallbacks": ("vllm:kv_offload_tutti_fallbacks", "Lookups answered as misses because a rank did not answer"),
+        }
+
+        def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+            super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+            self._counters = {k: self.make_per_engine(self._counter_cls(name=n, documentation=d, labelnames=labelnames))
+                              for k, (n, d) in self.COUNTERS.items()}
+            self._load_time = self.make_per_engine(self._histogram_cls(
+                name="vllm:kv_offload_load_time", documentation="Seconds from start_load_kv to the step's loads done",
+                labelnames=labelnames, buckets=[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5]))
+
+        def observe(self, transfer_stats_data, engine_idx: int = 0):
+            for k, v in transfer_stats_data.items():
+                if k in self._counters and v:
+                    self._counters[k][engine_idx].inc(v)
+            if transfer_stats_data.get("load_time_s"):
+                self._load_time[engine_idx].observe(transfer_stats_data["load_time_s"])
+
+
+class TuttiConnector(KVConnectorBase_V1):
+    """vLLM's KV connector over tutti stores; one per role and process."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        self.settings = Settings.parse(getattr(ktc, "kv_connector_extra_config", None))
+        check_hash_seed(self.settings.pythonhashseed)
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.tp_size = _tp(vllm_config)
+        model = str(getattr(getattr(vllm_config, "model_config", None), "model", "model"))
+        self._model = model
+        self._key = f"{getattr(ktc, 'engine_id', '')}|{model}|{'|'.join(self.settings.dirs)}"
+        self._stats = _Stats()
+        self._worker: Optional[WorkerSide] = None
+        self._sched: Optional[SchedulerSide] = None
+        self._server: Optional[LookupServer] = None
+        self._errors: set = set()
+        self._load_started_at = None
+        if role == KVConnectorRole.WORKER:
+            self.rank = _tp_rank()
+            self._holds: Optional[LocalMatcher] = None
+            self._worker = WorkerSide(self._open_store, holds=_HoldsProxy(self))
+        else:
+            self.rank = None
+
+    # ------------------------------------------------------------ worker
+    def _store_dirs(self, lay: KVLayout) -> List[str]:
+        tag = hashlib.sha256(f"{self._model}|{lay.tag}|{self.block_size}".encode()).hexdigest()[:12]
+        sub = os.path.join(f"{_slug(self._model)}-{tag}", f"tp{self.tp_size}-rank{self.rank}")
+        out = []
+        for d in self.settings.dirs:
+            p = os.path.join(d, sub)
+            os.makedirs(p, exist_ok=True)
+            out.append(p)
+        return out
+
+    def _open_store(self, lay: KVLayout) -> Store:
+        g = lay.geometry
+        if self.tp_size > 1 and g.planes == 2:  # the store takes the whole model's heads and keeps its rank's share
+            g = Geometry(g.layers, g.kv_heads * self.tp_size, g.head_dim, g.dtype, g.planes, g.page_tokens, g.chunk_pages)
+        path = self.settings.path
+        if path == "auto":
+            path = "cpu" if lay.device == "cpu" else "gpu"
+        elif (path == "cpu") != (lay.device == "cpu"):
+            raise ValueError(f"kv_connector_extra_config.path = {path!r} but the KV cache is on {lay.device}")
+        opts = dict(self.settings.store_options)
+        if path == "gpu" and lay.device.startswith("cuda:"):
+            opts.setdefault("gpu_device", int(lay.device.split(":")[1]))
+
+        def opener():
+            return Store(self._store_dirs(lay), self.settings.capacity_bytes, g, lay.num_pages, layout=lay.layout,
+                         path=path, tp_rank=self.rank, tp_size=self.tp_size, **opts)
+        st = process_store(self._key, opener)
+        self._holds = _process_matcher(self._key, st, self.settings.hold_ttl_ms)
+        self._server = LookupServer(socket_path(self.settings.lookup_socket_dir, self._key, self.rank), self._holds)
+        log.info("tutti: rank %d of %d, %s, store %s (%s path)", self.rank, self.tp_size, lay.tag, st.shard_geometry, path)
+        return st
+
+    def register_kv_caches(self, kv_caches):
+        self._worker.register(kv_caches, self.block_size)
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
+        # [num_blocks, num_layers, ...]: per-layer views; describe_kv_caches
+        # reads them as tutti's cross-layer layout from their strides.
+        names = [f"layer.{i}" for i in range(kv_cache.shape[1])]
+        self._worker.register({n: kv_cache.select(1, i) for i, n in enumerate(names)}, self.block_size)
+
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)  # the per-layer hooks run only while metadata is bound
+        self._worker.bind(connector_metadata.loads, connector_metadata.saves)
+        self._load_started_at = None
+
+    def clear_connector_metadata(self):
+        super().clear_connector_metadata()
+        self._worker.unbind()
+
+    def start_load_kv(self, forward_context=None, **kwargs):
+        if self._load_started_at is None:
+            self._load_started_at = time.monotonic()
+        self._worker.start_load()
+
+    def wait_for_layer_load(self, layer_name):
+        self._worker.wait_for_layer(layer_name)
+
+    def save_kv_layer(self, layer_name, kv_layer=None, attn_metadata=None, **kwargs):
+        self._worker.save_layer(layer_name)
+
+    def wait_for_save(self):
+        self._worker.wait_for_save()
+
+    def get_finished(self, finished_req_ids):
+        """Loads are synchronous (inside the forward) and saves are gathered
+        before wait_for_save returns: no request ever waits on tutti, so
+        there is nothing to report (an id here would be one vLLM's scheduler
+        is not waiting for)."""
+        res = self._worker.finish_step(finished_req_ids)
+        st = self._worker.store
+        if res.restored_blocks and st is not None:
+            n = sum(res.restored_blocks.values())
+            self._stats.add("load_blocks", n)
+            g = st.shard_geometry
+            self._stats.add("load_bytes", n * g.layers * g.page_bytes_per_layer * g.chunk_pages)
+            if self._load_started_at is not None:
+                self._stats.add("load_time_s", time.monotonic() - self._load_started_at)
+        if res.error_block_ids:
+            self._stats.add("load_error_blocks", len(res.error_block_ids))
+            for rid, e in res.failures.items():
+                log.warning("tutti: request %s: promised blocks not restored: %s", rid, e)
+        self._errors |= res.error_block_ids
+        return None, None
+
+    def get_block_ids_with_load_errors(self):
+        out, self._errors = self._errors, set()
+        return out
+
+    def get_kv_connector_stats(self):
+        if KVConnectorStats is None:
+            return None
+        d = self._stats.take()
+        if self._sched is not None:
+            d.update({k: v for k, v in self._sched.counters.items() if not k.startswith("fallback")})
+            d["fallbacks"] = sum(v for k, v in self._sched.counters.items() if k.startswith("fallback"))
+            self._sched.counters.clear()
+        return TuttiConnectorStats(data=d) if any(d.values()) else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return TuttiConnectorStats(data=dict(data or {})) if KVConnectorStats is not None else None
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        if KVConnectorStats is None:
+            return None
+        return TuttiPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        return None  # tutti reads the layout from the tensors' strides
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, *args, **kwargs) -> bool:
+        return True  # wait_for_layer_load must run between layers
+
+    def shutdown(self):
+        if self._server is not None:
+            self._server.close()
+        if self._worker is not None:
+            self._worker.close(close_store=False)
+        st = shared_store(self._key)
+        if st is not None and self._worker is not None:
+            st.close()
+
+    # --------------------------------------------------------- scheduler
+    def _scheduler(self) -> SchedulerSide:
+        if self._sched is None:
+            st = shared_store(self._key)
+            if st is not None:  # the worker is in this process (TP = 1, one process): its store serves both roles
+                matcher = _process_matcher(self._key, st, self.settings.hold_ttl_ms)
+            else:
+                paths = [socket_path(self.settings.lookup_socket_dir, self._key, r) for r in range(self.tp_size)]
+                matcher = RemoteMatcher(paths, self.settings.lookup_timeout_ms / 1000)
+            self._sched = SchedulerSide(matcher, self.block_size)
+        return self._sched
+
+    @staticmethod
+    def _chain(request):
+        return [_hash64(h) for h in request.block_hashes]
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        sched = self._scheduler()
+        rid = request.request_id
+        sched.track(rid, request, self._chain, int(request.num_prompt_tokens))
+        n = sched.get_num_new_matched_tokens(rid, self._chain(request), int(request.num_tokens), int(num_computed_tokens))
+        return n, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        ids = blocks.get_block_ids()
+        ids = ids[0] if ids and isinstance(ids[0], (list, tuple)) else ids
+        self._scheduler().update_state_after_alloc(request.request_id, list(ids), num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output):
+        m = self._scheduler().build_meta(scheduler_output)
+        return TuttiConnectorMetadata(loads=m.loads, saves=m.saves)
+
+    def request_finished(self, request, block_ids):
+        return self._scheduler().request_finished(request.request_id), None
+
+    def take_events(self):
+        return ()
+
+
+class _HoldsProxy:
+    """The worker releases a request's hold once its load started; the holds
+    are the process matcher, known once the store is open."""
+
+    def __init__(self, conn: TuttiConnector):
+        self._conn = conn
+
+    def release(self, req_id: str):
+        if self._conn._holds is not None:
+            self._conn._holds.release(req_id)
+
+
+_matchers: Dict[str, LocalMatcher] = {}
+
+
+def _process_matcher(key: str, store: Store, ttl_ms: int) -> LocalMatcher:
+    m = _matchers.get(key)
+    if m is None or m.store is not store:
+        m = _matchers[key] = LocalMatcher(store, ttl_ms)
+    return m
+
+
+__all__ = ["TuttiConnector", "TuttiConnectorMetadata", "Settings", "check_hash_seed", "VLLM_COMMITS", "_lib"]

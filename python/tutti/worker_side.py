@@ -1,0 +1,440 @@
+"""The worker side of a KV connector, engine-neutral: what runs in the process
+that owns the paged KV tensors (one per GPU / tensor-parallel rank).
+
+API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
+
+``describe_kv_caches(kv_caches, block_size) -> KVLayout``
+    Reads what the engine's KV tensors are from their shapes AND strides
+    (never from what an engine version promised): per layer, FlashAttention's
+    ``(2, num_blocks, block_size, kv_heads, head_size)`` in NHD or HND stride
+    order, FlashInfer's ``(num_blocks, 2, block_size, kv_heads, head_size)``,
+    MLA's ``(num_blocks, block_size, head_size)``, 4-dim per-layer views
+    ``(num_blocks, kv_heads, block_size, C)`` or ``(num_blocks, block_size,
+    kv_heads, C)`` (K then V in C), each dense per layer or all cut from one
+    buffer with the blocks outermost (then tutti's cross-layer layout). The
+    result is the geometry, layout, regions and a ``tag`` naming the physical
+    order; tensors tutti cannot serve raise :class:`LayoutError`, naming the
+    layer and why.
+
+``WorkerSide(store_opener, path)``
+    ``register(kv_caches, block_size)`` once: describes the tensors, opens the
+    store through ``store_opener(layout)`` (so directories and geometry come
+    from the layout) and registers the memory; returns the KVLayout.
+    Per engine step, in any of the orders engines use:
+
+    * ``bind(loads, saves)``: this step's :class:`LoadSpec` / :class:`SaveSpec`
+      lists (plain data: they cross processes in the scheduler's metadata).
+    * ``start_load()``: starts every load of the step and returns at once
+      (also started by the first ``wait_for_layer``, so calling it before the
+      forward, after it, or not at all works).
+    * ``wait_for_layer(name)``: returns once that layer of every load is in
+      KV memory (GPU path with torch: torch's current stream is made to wait
+      instead, no host round trip).
+    * ``save_layer(name)``: after each layer's attention wrote its KV; the
+      step's saves start at the last layer (a tutti run holds every layer of a
+      block), or at ``wait_for_save`` if the engine skips the hooks.
+    * ``wait_for_save()``: returns once every save of the step copied its
+      pages out (the pages may be reused after), bounded by the store's
+      ``save_bound_ms``; durability is later (``Store.wait_saves``).
+    * ``finish_step(finished_req_ids) -> StepResult``: ends the step's loads;
+      reports per request the blocks restored, the block ids promised but not
+      restored (load errors), and which requests waiting on their saves are
+      done (``sending``).
+    * ``unbind()``.
+
+Ownership: the WorkerSide holds references to the registered tensors until
+``close``; the store is closed by ``close`` unless it came shared (see
+:func:`process_store`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from .store import Geometry, Load, Save, Store
+from .tensor import DTYPE_BYTES, DTYPE_NAMES, REGION_ALIGN, describe, dtype_code
+
+
+class LayoutError(ValueError):
+    """A KV tensor whose layout tutti cannot serve (message names the layer)."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What a set of KV tensors is, as the store needs it."""
+
+    geometry: Geometry
+    layout: str  # "per_layer" or "cross_layer"
+    num_pages: int
+    regions: Tuple[Tuple[int, int], ...]  # (address, bytes) per layer, or one
+    layer_names: Tuple[str, ...]  # index = layer number
+    device: str  # "cpu" or "cuda:N"
+    tag: str  # physical order, e.g. "kv.block.token.head.dim": stores of different tags never mix
+
+
+_FA_NAMES = ("kv", "block", "token", "head", "dim")
+_FI_NAMES = ("block", "kv", "token", "head", "dim")
+
+
+def _dim_names(name, shape, block_size):
+    """Names of the dimensions of one layer's tensor (block_size tells the
+    token dimension from the heads in the 4-dim views)."""
+    n = len(shape)
+    if n == 5 and shape[0] == 2 and shape[2] == block_size:
+        return _FA_NAMES
+    if n == 5 and shape[1] == 2 and shape[2] == block_size:
+        return _FI_NAMES
+    if n == 3 and shape[1] == block_size:
+        return ("block", "token", "dim")
+    if n == 4 and shape[2] == block_size:
+        return ("block", "head", "token", "dim")
+    if n == 4 and shape[1] == block_size:
+        return ("block", "token", "head", "dim")
+    raise LayoutError(f"KV tensor {name!r}: shape {list(shape)} is none of (2, blocks, {block_size}, heads, head_size), "
+                      f"(blocks, 2, {block_size}, heads, head_size), (blocks, {block_size}, head_size), "
+                      f"(blocks, heads, {block_size}, C), (blocks, {block_size}, heads, C)")
+
+
+def _dense_unit(name, dims):
+    """dims: (size, stride) of the dimensions inside one page unit. Checks
+    they tile a dense range (any order) and returns its length in elements."""
+    acc = 1
+    for size, stride in sorted((d for d in dims if d[0] != 1), key=lambda d: d[1]):
+        if stride != acc:
+            raise LayoutError(f"KV tensor {name!r}: a page is not one dense range (a dimension of size {size} has "
+                              f"stride {stride}, a dense page needs {acc}); tutti moves whole pages")
+        acc *= size
+    return acc
+
+
+@dataclass(frozen=True)
+class _Layer:
+    ptr: int
+    planes: int
+    unit: int  # elements of one page of one plane
+    block_stride: int
+    plane_stride: int
+    num_blocks: int
+    heads: int
+    order: str
+
+
+def _read_layer(name, t, block_size) -> _Layer:
+    names = _dim_names(name, t.shape, block_size)
+    dims = dict(zip(names, zip(t.shape, t.strides)))
+    nb, sb = dims["block"]
+    heads = dims["head"][0] if "head" in dims else 1
+    # Physical order, outermost first (size-1 dimensions have no order).
+    order = ".".join(n for n, (size, _) in sorted(dims.items(), key=lambda kv: -kv[1][1]) if size != 1 or n == "block")
+    if "kv" in dims:
+        _, sk = dims["kv"]
+        inner = [d for n, d in dims.items() if n not in ("block", "kv")]
+        unit = _dense_unit(name, inner)
+        if sk == nb * sb and sb == unit:  # K planes, then V planes: tutti's two planes
+            return _Layer(t.data_ptr, 2, unit, sb, sk, nb, heads, order)
+        if sk == unit and sb >= 2 * unit:  # K and V of a block side by side: one opaque page
+            return _Layer(t.data_ptr, 1, 2 * unit, sb, 0, nb, heads, order)
+        raise LayoutError(f"KV tensor {name!r}: strides {list(t.strides)} for shape {list(t.shape)}: K/V stride {sk} is "
+                          f"neither num_blocks * block stride ({nb * sb}) nor one page ({unit})")
+    unit = _dense_unit(name, [d for n, d in dims.items() if n != "block"])
+    if sb < unit:
+        raise LayoutError(f"KV tensor {name!r}: block stride {sb} is less than a page ({unit} elements)")
+    return _Layer(t.data_ptr, 1, unit, sb, 0, nb, heads, order)
+
+
+def describe_kv_caches(kv_caches: Dict[str, object], block_size: int, layer_names: Optional[Sequence[str]] = None,
+                       chunk_pages: int = 1) -> KVLayout:
+    """The KVLayout of ``kv_caches`` (layer name → torch tensor or
+    :class:`tutti.RawTensor`; the order of ``layer_names``, default the dict's,
+    is the layer order). Raises :class:`LayoutError`."""
+    if block_size <= 0:
+        raise LayoutError(f"block_size = {block_size}, want > 0")
+    names = list(layer_names) if layer_names is not None else list(kv_caches)
+    if not names or set(names) != set(kv_caches) or len(set(names)) != len(names):
+        raise LayoutError(f"layer names {names[:4]}... do not match the {len(kv_caches)} tensors")
+    descs = [describe(kv_caches[n], n) for n in names]
+    d0 = descs[0]
+    code = dtype_code(d0.dtype)
+    esize = DTYPE_BYTES[code]
+    layers = [_read_layer(n, d, block_size) for n, d in zip(names, descs)]
+    first = layers[0]
+    for n, d, ly in zip(names, descs, layers):
+        if (dtype_code(d.dtype), str(d.device), d.shape) != (code, str(d0.device), d0.shape) or \
+                (ly.planes, ly.unit, ly.block_stride, ly.order) != (first.planes, first.unit, first.block_stride, first.order):
+            raise LayoutError(f"KV tensor {n!r}: {d.dtype} {list(d.shape)} strides {list(d.strides)} on {d.device} differs from "
+                              f"{names[0]!r}: every layer must have one layout (hybrid models: one KV cache group)")
+        if ly.ptr == 0 or ly.ptr % REGION_ALIGN:
+            raise LayoutError(f"KV tensor {n!r}: data pointer {ly.ptr:#x} is NULL or not {REGION_ALIGN}-byte aligned")
+    L = len(layers)
+    per_plane_tokens = block_size * first.heads
+    if first.unit % per_plane_tokens:
+        raise LayoutError(f"KV tensor {names[0]!r}: a page of {first.unit} elements is not {block_size} tokens × {first.heads} heads")
+    geo = Geometry(layers=L, kv_heads=first.heads, head_dim=first.unit // per_plane_tokens, dtype=DTYPE_NAMES[code],
+                   planes=first.planes, page_tokens=block_size, chunk_pages=chunk_pages)
+    plane_unit = first.planes * first.unit
+    if first.block_stride == plane_unit or first.planes == 2:
+        if first.planes == 2 and first.block_stride != first.unit:
+            raise LayoutError(f"KV tensor {names[0]!r}: separate K and V planes with gaps between blocks")
+        nbytes = first.num_blocks * plane_unit * esize
+        regions = tuple((ly.ptr, nbytes) for ly in layers)
+        ptrs = sorted(r[0] for r in regions)
+        for a, b in zip(ptrs, ptrs[1:]):
+            if b - a < nbytes:
+                raise LayoutError(f"KV tensors overlap: layers {ptrs.index(a)} and {ptrs.index(b)} are {b - a} bytes apart, each is {nbytes}")
+        kind = "per_layer"
+    else:
+        # Blocks outermost over every layer: views cut from one buffer. Layer
+        # i's pages must sit at i pages into each block, as tutti's
+        # cross-layer layout places them.
+        if first.block_stride != L * plane_unit:
+            raise LayoutError(f"KV tensor {names[0]!r}: block stride {first.block_stride} elements, a page is {plane_unit}: "
+                              f"not {L} layers' pages side by side (views of one buffer)")
+        base = first.ptr
+        for i, (n, ly) in enumerate(zip(names, layers)):
+            if ly.ptr != base + i * plane_unit * esize:
+                raise LayoutError(f"KV tensor {n!r}: layer {i} starts {ly.ptr - base} bytes into the buffer, "
+                                  f"want {i * plane_unit * esize} (layers in order within each block)")
+        regions = ((base, first.num_blocks * first.block_stride * esize),)
+        kind = "cross_layer"
+    return KVLayout(geometry=geo, layout=kind, num_pages=first.num_blocks, regions=regions, layer_names=tuple(names),
+                    device=str(d0.device), tag=f"{kind}.{first.order}.{DTYPE_NAMES[code]}")
+
+
+# --------------------------------------------------------------- step specs
+
+
+@dataclass
+class LoadSpec:
+    """One request's load in a step: restore chain[skip:] into block_ids
+    (chunk_pages ids per chain block). ``chain[:skip]`` are the engine's own
+    blocks (local hits); every block of chain[skip:] was promised."""
+
+    req_id: str
+    chain: List[int]
+    skip: int
+    block_ids: List[int]
+
+
+@dataclass
+class SaveSpec:
+    """One request's save in a step: chain's blocks from block_ids (blocks
+    already stored are skipped by the store)."""
+
+    req_id: str
+    chain: List[int]
+    block_ids: List[int]
+
+
+@dataclass
+class StepResult:
+    """What a step's transfers came to."""
+
+    restored_blocks: Dict[str, int] = field(default_factory=dict)
+    error_block_ids: Set[int] = field(default_factory=set)  # promised, not restored
+    sending: Set[str] = field(default_factory=set)  # requests whose saves are done (waited for)
+    failures: Dict[str, Exception] = field(default_factory=dict)
+
+
+def _torch_stream_sync():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.current_stream().synchronize()
+
+
+# ---------------------------------------------------------- one store per process
+
+_stores_lock = threading.Lock()
+_stores: Dict[str, Store] = {}
+
+
+def process_store(key: str, opener: Callable[[], Store]) -> Store:
+    """The store of this process under ``key`` (opened by ``opener`` the first
+    time): an engine that puts its scheduler and worker in one process
+    (vLLM at TP = 1) gets one store for both, since a store's directories are
+    locked per process."""
+    with _stores_lock:
+        st = _stores.get(key)
+        if st is None or st.closed:
+            st = _stores[key] = opener()
+        return st
+
+
+def shared_store(key: str) -> Optional[Store]:
+    with _stores_lock:
+        st = _stores.get(key)
+        return st if st is not None and not st.closed else None
+
+
+# ------------------------------------------------------------------ the worker
+
+
+class WorkerSide:
+    """Per-process worker state: the store, the registered layers, the
+    loads and saves of the bound step (see the module doc)."""
+
+    def __init__(self, store_opener: Callable[[KVLayout], Store], device_sync: Optional[Callable[[], None]] = None,
+                 stream_wait: Optional[bool] = None, holds=None):
+        """``holds``: what the scheduler's lookups hold in this process (an
+        object with ``release(req_id)``, e.g. a
+        :class:`tutti.scheduler_side.LocalMatcher`): a request's hold is
+        released once its load started, which pins for itself."""
+        self._opener = store_opener
+        self.holds = holds
+        self._device_sync = device_sync
+        self._stream_wait = stream_wait
+        self.store: Optional[Store] = None
+        self.kv_layout: Optional[KVLayout] = None
+        self._layer_index: Dict[str, int] = {}
+        self._kv_refs = None
+        self._loads_spec: List[LoadSpec] = []
+        self._saves_spec: List[SaveSpec] = []
+        self._loads: Dict[str, Tuple[Load, LoadSpec]] = {}
+        self._loads_started = False
+        self._saves: Dict[str, List[Save]] = {}
+        self._saves_started = False
+        self._await_sending: Set[str] = set()  # finished requests whose blocks wait on their saves
+        self._result = StepResult()
+
+    # -- registration
+    def register(self, kv_caches: Dict[str, object], block_size: int, layer_names: Optional[Sequence[str]] = None) -> KVLayout:
+        if self.store is not None:
+            raise RuntimeError("register called twice")
+        lay = describe_kv_caches(kv_caches, block_size, layer_names)
+        st = self._opener(lay)
+        if (st.shard_geometry, st.num_pages, st.layout) != (lay.geometry, lay.num_pages, lay.layout):
+            raise LayoutError(f"the store opened for {lay.tag} holds {st.shard_geometry}, {st.num_pages} pages, {st.layout}; "
+                              f"the tensors are {lay.geometry}, {lay.num_pages} pages, {lay.layout}")
+        st.register_kv(list(lay.regions), memory="host" if lay.device == "cpu" else "cuda")
+        self.store, self.kv_layout = st, lay
+        self._layer_index = {n: i for i, n in enumerate(lay.layer_names)}
+        self._kv_refs = dict(kv_caches)  # the library writes into them until the store closes
+        if self._device_sync is None:
+            self._device_sync = _torch_stream_sync if st.path == "gpu" else (lambda: None)
+        if self._stream_wait is None:
+            self._stream_wait = st.path == "gpu" and "torch" in sys.modules
+        return lay
+
+    def layer_index(self, name: str) -> int:
+        try:
+            return self._layer_index[name]
+        except KeyError:
+            raise KeyError(f"unknown layer {name!r} (registered: {list(self._layer_index)[:4]}...)") from None
+
+    def _need_store(self) -> Store:
+        if self.store is None:
+            raise RuntimeError("no KV caches registered")
+        return self.store
+
+    # -- the step
+    def bind(self, loads: Sequence[LoadSpec] = (), saves: Sequence[SaveSpec] = (), await_sending: Sequence[str] = ()):
+        """The step's transfers; ``await_sending``: requests the scheduler
+        finished with their blocks held until their saves are done (reported
+        once each in ``finish_step().sending``)."""
+        self._loads_spec, self._saves_spec = list(loads), list(saves)
+        self._loads_started = self._saves_started = False
+        self._await_sending.update(await_sending)
+
+    def start_load(self):
+        """Starts the bound step's loads (once; returns at once)."""
+        if self._loads_started:
+            return
+        self._loads_started = True
+        if not self._loads_spec:
+            return
+        st = self._need_store()
+        self._device_sync()  # the engine's kernels may still use the pages a load overwrites
+        cp = st.geometry.chunk_pages
+        for spec in self._loads_spec:
+            want = (len(spec.chain) - spec.skip) * cp
+            if len(spec.block_ids) != want:
+                raise ValueError(f"request {spec.req_id!r}: {len(spec.block_ids)} block ids for {len(spec.chain) - spec.skip} "
+                                 f"blocks after {spec.skip} local ones (need {want})")
+            try:
+                if want:
+                    self._loads[spec.req_id] = (st.load_with(spec.chain, spec.block_ids, skip=spec.skip, promised=True), spec)
+            except Exception as e:  # a promise not kept: every block of it is a load error
+                self._result.failures[spec.req_id] = e
+                self._result.error_block_ids.update(spec.block_ids)
+            finally:
+                if self.holds is not None:
+                    self.holds.release(spec.req_id)
+
+    def wait_for_layer(self, name: str):
+        layer = self.layer_index(name)
+        self.start_load()
+        if self._stream_wait:
+            stream = sys.modules["torch"].cuda.current_stream().cuda_stream
+            for ld, _ in self._loads.values():
+                ld.stream_wait_layer(layer, stream)
+            return
+        for ld, _ in self._loads.values():
+            ld.wait_layer(layer)
+
+    def save_layer(self, name: str):
+        if self.layer_index(name) == len(self._layer_index) - 1:
+            self._start_saves()
+
+    def _start_saves(self):
+        if self._saves_started:
+            return
+        self._saves_started = True
+        if not self._saves_spec:
+            return
+        st = self._need_store()
+        self._device_sync()  # the KV to save must be written before tutti's copies read it
+        cp = st.geometry.chunk_pages
+        for spec in self._saves_spec:
+            n = min(len(spec.chain), len(spec.block_ids) // cp)
+            if n == 0:
+                continue
+            self._saves.setdefault(spec.req_id, []).append(st.save(spec.chain[:n], spec.block_ids[:n * cp]))
+
+    def wait_for_save(self):
+        """Every save of the step has copied its pages out when this returns."""
+        self._start_saves()
+        for saves in self._saves.values():
+            for sv in saves:
+                sv.wait_gathered()
+                sv.release()
+        self._saves.clear()
+
+    def finish_step(self, finished_req_ids: Sequence[str] = ()) -> StepResult:
+        """Ends the step's loads (waits for the rest of them) and returns the
+        step's result; ``finished_req_ids`` are the engine's finished requests
+        (those of them the scheduler holds for their saves are reported in
+        ``sending`` once their saves are done)."""
+        self.start_load()
+        res, self._result = self._result, StepResult()
+        cp = self.store.geometry.chunk_pages if self.store is not None else 1
+        for req_id, (ld, spec) in list(self._loads.items()):
+            blocks = ld.wait()
+            failure = ld.failure()
+            ld.release()
+            res.restored_blocks[req_id] = blocks
+            if failure is not None:
+                res.failures[req_id] = failure
+            res.error_block_ids.update(spec.block_ids[blocks * cp:])
+        self._loads.clear()
+        for req_id in list(self._await_sending):
+            if req_id not in self._saves:  # saves are waited for in wait_for_save: none left behind
+                res.sending.add(req_id)
+                self._await_sending.discard(req_id)
+        return res
+
+    def unbind(self):
+        self._loads_spec, self._saves_spec = [], []
+
+    def close(self, close_store: bool = True):
+        for ld, _ in self._loads.values():
+            ld.release()
+        self._loads.clear()
+        for saves in self._saves.values():
+            for sv in saves:
+                sv.release()
+        self._saves.clear()
+        if close_store and self.store is not None:
+            self.store.close()
+        self._kv_refs = None
