@@ -32,6 +32,9 @@
 #     LLAMA_ARGS="--layers 32 --distinct-layers 8 --prefix-tokens 32768"
 #     (about twice as long; LOOP_GIB=24).
 #
+# HF=1 adds hf_serve.py (transformers' Llama-3-8B and Qwen2-7B shapes on
+# tutti's KV, 4 RAM-backed loop devices of HF_LOOP_GIB (7) and the disk;
+# HF_ARGS its flags, HF_TIMEOUT 420 s); SKIP_LLAMA=1 leaves llama_loop out.
 # Knobs: LLAMA_ARGS (llama_loop.py flags, replacing the defaults),
 # SKIP_LOOP=1 (no loop device), SKIP_TESTS=1 (no Python tests: a second
 # run of the example with other flags), LOOP_GIB (size of the RAM-backed image,
@@ -111,11 +114,41 @@ run_llama() { # name dir
 	note "llama_loop ($1, $2, $((SECONDS - t))s): rc=$rc: $(tail -1 "$W/llama_loop_$1.txt")"
 }
 
-rm -rf /var/tmp/tutti-llama && mkdir -p /var/tmp/tutti-llama
-run_llama disk /var/tmp/tutti-llama
-rm -rf /var/tmp/tutti-llama
+# transformers' own models on tutti's KV (hf_serve.py): HF=1, on 4 RAM-backed
+# loop devices (emulated fast storage) and the machine's disk, both paths.
+if [ -n "${HF:-}" ]; then
+	hfmnts=""
+	for i in 0 1 2 3; do
+		himg=/dev/shm/tutti-hf$i.img hmnt=/mnt/tutti-hf$i
+		truncate -s "${HF_LOOP_GIB:-7}G" "$himg"
+		if hdev=$(losetup --find --show --direct-io=on "$himg") && mkfs.ext4 -q -F "$hdev" && mkdir -p "$hmnt" && mount "$hdev" "$hmnt"; then
+			hfmnts="$hfmnts${hfmnts:+,}$hmnt"
+			HF_LOOPS="${HF_LOOPS:-} $hdev:$himg:$hmnt"
+		fi
+	done
+	note "hf: loop devices (RAM-backed, emulated fast storage): $hfmnts"
+	mkdir -p /var/tmp/tutti-hf
+	t=$SECONDS
+	# shellcheck disable=SC2086 # HF_ARGS is a list of flags
+	timeout -k 10 "${HF_TIMEOUT:-420}" python3 python/examples/hf_serve.py --storage "loop4=$hfmnts" \
+		--storage disk=/var/tmp/tutti-hf --json "$W/hf_serve.jsonl" ${HF_ARGS:-} >"$W/hf_serve.txt" 2>&1
+	rc=$?
+	sed -n '/^model /,$p' "$W/hf_serve.txt"
+	note "hf_serve ($((SECONDS - t))s): rc=$rc: $(tail -1 "$W/hf_serve.txt")"
+	for x in ${HF_LOOPS:-}; do
+		IFS=: read -r hdev himg hmnt <<<"$x"
+		umount "$hmnt"; losetup -d "$hdev"; rm -f "$himg"
+	done
+	rm -rf /var/tmp/tutti-hf
+fi
 
-if [ -z "${SKIP_LOOP:-}" ] && [ "$(id -u)" = 0 ]; then
+if [ -z "${SKIP_LLAMA:-}" ]; then
+	rm -rf /var/tmp/tutti-llama && mkdir -p /var/tmp/tutti-llama
+	run_llama disk /var/tmp/tutti-llama
+	rm -rf /var/tmp/tutti-llama
+fi
+
+if [ -z "${SKIP_LOOP:-}" ] && [ -z "${SKIP_LLAMA:-}" ] && [ "$(id -u)" = 0 ]; then
 	avail=$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
 	if [ -n "$avail" ] && [ "$avail" -gt "$LOOP_GIB" ]; then
 		img=/dev/shm/tutti-py.img mnt=/mnt/tutti-py
