@@ -6,7 +6,8 @@ GO        ?= go
 NVCC      ?= nvcc
 BIN       := bin
 KBUILD    := kernels/build
-PY        ?= python3
+# Debian's python3 sees python3-torch (installed by test-deps): the torch tests run on real tensors.
+PY        ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(shell $(GO) env GOPATH)/bin/staticcheck
 
