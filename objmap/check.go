@@ -1,6 +1,7 @@
 package objmap
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/tutti-io/tutti/uring"
@@ -28,7 +29,7 @@ func (m *Map) Check() (RecoveryReport, error) {
 	defer buf.Free()
 	for i := range list {
 		r := &list[i]
-		why := m.checkRun(r, buf.Bytes())
+		why := m.verifyRun(r, buf.Bytes()).why
 		if why == "" {
 			continue
 		}
@@ -41,32 +42,38 @@ func (m *Map) Check() (RecoveryReport, error) {
 	return rep, nil
 }
 
-func (m *Map) checkRun(r *RunInfo, buf []byte) string {
-	h, table, why := m.checkHeader(r, buf)
+// verifyRun is checkHeader plus the payload: every chunk of every object
+// against the chunk table and each object's CRC against the header (buf
+// must hold HeaderRegionBytes(r.Chunks()) and at least one block).
+func (m *Map) verifyRun(r *RunInfo, buf []byte) runCheck {
+	h, table, why, io := m.checkHeader(r, buf)
 	if why != "" {
-		return why
+		return runCheck{why: why, io: io}
 	}
 	n := r.Chunks()
 	got, err := m.readChunkCRCs(m.files[r.File], r.Offset, n, buf)
 	if err != nil {
-		return err.Error()
+		return runCheck{why: err.Error(), io: errors.Is(err, errRead)}
 	}
 	for i, c := range got {
 		if c != table[i] {
-			return (&ChunkCRCError{Layer: i / n, Chunk: i % n, Got: c, Want: table[i]}).Error()
+			return runCheck{why: (&ChunkCRCError{Layer: i / n, Chunk: i % n, Got: c, Want: table[i]}).Error()}
 		}
 	}
 	layers, err := m.g.LayerCRCsFromChunks(got, n)
 	if err != nil {
-		return err.Error()
+		return runCheck{why: err.Error()}
 	}
 	for l, c := range layers {
 		if c != h.LayerCRCs[l] {
-			return fmt.Sprintf("layer %d CRC32C %08x, header says %08x", l, c, h.LayerCRCs[l])
+			return runCheck{why: fmt.Sprintf("layer %d CRC32C %08x, header says %08x", l, c, h.LayerCRCs[l])}
 		}
 	}
-	return ""
+	return runCheck{crcs: runCRCs{chunks: table, layers: h.LayerCRCs}}
 }
+
+// errRead marks a payload read that failed (not a mismatch).
+var errRead = errors.New("read failed")
 
 // readChunkCRCs reads every object of the run of chunks chunks at off in f
 // through buf (BlockBytes-aligned pieces) and returns the CRC32C of each
@@ -86,7 +93,7 @@ func (m *Map) readChunkCRCs(f *uring.File, off int64, chunks int, buf []byte) ([
 		for done := int64(0); done < m.g.ObjectBytes(chunks); {
 			n := min(m.g.ObjectBytes(chunks)-done, piece)
 			if err := preadFull(int(f.FD), buf[:alignUp(n)], objOff+off+done); err != nil {
-				return nil, fmt.Errorf("reading layer %d at %s offset %d: %v", l, f.Path, objOff+off+done, err)
+				return nil, fmt.Errorf("%w: reading layer %d at %s offset %d: %v", errRead, l, f.Path, objOff+off+done, err)
 			}
 			if err := m.g.UpdateChunkCRCs(layer, done, buf[:n]); err != nil {
 				return nil, err

@@ -3,8 +3,10 @@ package objmap
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
@@ -35,7 +37,7 @@ func createStore(opts Options) ([]*manifest, error) {
 	for i, d := range opts.Dirs {
 		// Leftovers of an interrupted creation (no manifest was written) hold
 		// nothing committed; remove only our own file names.
-		for _, pat := range []string{"pool-*.dat", "journal-*.log", checkpointName, checkpointTmpName, manifestTmpName} {
+		for _, pat := range storeFilePatterns {
 			old, _ := filepath.Glob(filepath.Join(d, pat))
 			for _, p := range old {
 				if err := os.Remove(p); err != nil {
@@ -152,4 +154,70 @@ func (m *Map) openPool() error {
 	}
 	m.alloc = newAllocator(m.g, sizes)
 	return nil
+}
+
+// storeFilePatterns are the names a store creates in its directories (LOCK
+// aside): leftovers of an interrupted creation, and what a failed Open that
+// created the store removes.
+var storeFilePatterns = []string{"pool-*.dat", "journal-*.log", checkpointName, checkpointTmpName, manifestName, manifestTmpName}
+
+// mkdirAllList is os.MkdirAll(dir, 0o700) that also returns the
+// directories it created, outermost first.
+func mkdirAllList(dir string) ([]string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	for p := abs; ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); err == nil {
+			break
+		}
+		missing = append(missing, p)
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	slices.Reverse(missing)
+	var made []string
+	for _, p := range missing {
+		if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return made, err
+		}
+		made = append(made, p)
+	}
+	return made, nil
+}
+
+// undoOpen is a failed Open's cleanup: it closes what Open opened and
+// removes what it created (the store files if it created the store, LOCK
+// files it created, directories it made), so the directory is as Open found
+// it. It never removes files of a store that existed before (created is
+// false then) and only empty directories.
+func (m *Map) undoOpen(created bool, madeDirs []string) {
+	for _, j := range []*journal{m.j} {
+		if j != nil && j.fd >= 0 {
+			unix.Close(j.fd)
+			j.fd = -1
+		}
+	}
+	for _, f := range m.files {
+		if f.FD >= 0 {
+			f.Close()
+		}
+	}
+	for i, l := range m.locks {
+		if created {
+			for _, pat := range storeFilePatterns {
+				old, _ := filepath.Glob(filepath.Join(m.opts.Dirs[i], pat))
+				for _, p := range old {
+					_ = os.Remove(p)
+				}
+			}
+		}
+		_ = l.unlockRemove()
+	}
+	for i := len(madeDirs) - 1; i >= 0; i-- {
+		_ = os.Remove(madeDirs[i]) // fails, as it should, when not empty
+	}
 }

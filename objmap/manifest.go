@@ -9,10 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // A store directory holds:
@@ -131,55 +127,3 @@ func newStoreID() (string, error) {
 }
 
 func poolFileName(global int) string { return fmt.Sprintf("pool-%04d.dat", global) }
-
-// DirLock is an exclusive flock on dir/LOCK, the lock every Open of a store
-// directory takes. flock belongs to the open file description, so a second
-// LockDir in the same process conflicts too. Anything that deletes, truncates
-// or reuses a store directory takes it first (LockDir) and holds it until the
-// directory is gone or rebuilt; Unlock releases it.
-type DirLock struct {
-	dir string
-	fd  int
-}
-
-// LockDir takes dir's lock without waiting. A held lock returns an error
-// wrapping ErrLocked that names dir and the holder's pid.
-func LockDir(dir string) (*DirLock, error) {
-	path := filepath.Join(dir, lockName)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("objmap: opening lock file %s: %w", path, err)
-	}
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		holder := "unknown pid"
-		var buf [32]byte
-		if n, rerr := unix.Pread(fd, buf[:], 0); rerr == nil && n > 0 {
-			if pid, perr := strconv.Atoi(strings.TrimSpace(string(buf[:n]))); perr == nil {
-				holder = fmt.Sprintf("pid %d", pid)
-				if pid == os.Getpid() {
-					holder += " (this process)"
-				}
-			}
-		}
-		unix.Close(fd)
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s is in use by %s", ErrLocked, dir, holder)
-		}
-		return nil, fmt.Errorf("objmap: locking %s: %w", path, err)
-	}
-	pid := []byte(strconv.Itoa(os.Getpid()) + "\n")
-	if err := unix.Ftruncate(fd, 0); err == nil {
-		_ = pwriteAll(fd, pid, 0) // the pid is only for the error message of a second opener
-	}
-	return &DirLock{dir: dir, fd: fd}, nil
-}
-
-// Unlock releases the lock; a nil or released lock is a no-op.
-func (l *DirLock) Unlock() error {
-	if l == nil || l.fd < 0 {
-		return nil
-	}
-	err := unix.Close(l.fd) // closing the last descriptor releases the flock
-	l.fd = -1
-	return err
-}

@@ -28,9 +28,12 @@ type Options struct {
 	// Buffered opens pool files without O_DIRECT (for file systems that
 	// refuse it, such as tmpfs). Files() reports DirectAlign 0 then.
 	Buffered bool
-	// ReadOnly opens for checking (fsck): nothing of the store is written
-	// (only the LOCK file, with this pid), a torn journal tail is reported
-	// but not truncated, and Allocate/Commit/Free fail with ErrReadOnly.
+	// ReadOnly opens for checking (fsck): nothing is written (the LOCK
+	// file is flock'ed shared, so a store on a read-only mount can be
+	// checked, and a writer holding it is refused), a torn journal tail is
+	// reported but not truncated, a damaged journal is reported and the
+	// index rebuilt from run headers in memory only, and
+	// Allocate/Commit/Free fail with ErrReadOnly.
 	ReadOnly bool
 	// SegmentBytes bounds a journal segment: past it, a checkpoint is
 	// written and a new segment started (default 64 MiB, minimum 512 bytes).
@@ -50,6 +53,12 @@ const (
 	// maxRunsPerAllocate bounds the runs one Allocate call returns.
 	maxRunsPerAllocate = 4096
 	maxDirs            = 256
+	// MaxSegmentBytes bounds Options.SegmentBytes, and so the journal a
+	// recovery reads into memory.
+	MaxSegmentBytes = 1 << 30
+	// MaxGroupBytesLimit bounds Options.MaxGroupBytes: one group commit is
+	// one write, and only the last one can be torn by a crash.
+	MaxGroupBytesLimit = 16 << 20
 	maxFilesPerDir     = 64
 )
 
@@ -94,6 +103,7 @@ type runState uint8
 const (
 	stateCommitting runState = iota // record appended, not yet durable: not served
 	stateLive                       // durable: served
+	stateUnreadable                 // journaled, header unreadable (I/O error): not served, kept for the next Open
 )
 
 type runEntry struct {
@@ -130,64 +140,43 @@ type Map struct {
 	// Commits of LayerCRCs-only requests and the payload bytes they read back.
 }
 
-// Open opens (or creates) the store in opts.Dirs: it locks every directory,
-// reads or writes the manifests, opens the pool, recovers (checkpoint,
-// journal replay, header check of every run) and, unless read-only, journals
-// the new epoch and the frees of dropped runs. The report is in Recovery().
+// Open opens (or creates) the store in opts.Dirs: it locks every directory
+// (exclusively; read-only: shared, writing nothing), reads or writes the
+// manifests, opens the pool, recovers (checkpoint, journal replay, header
+// check of every run; from the run headers when the journal is damaged)
+// and, unless read-only, journals the new epoch and the frees of dropped
+// runs. The report is in Recovery(). A failed Open leaves the directories
+// as it found them: what it created (pool files, journal, manifests, LOCK,
+// the directories themselves) is removed again.
 func Open(opts Options) (*Map, error) {
-	if len(opts.Dirs) == 0 || len(opts.Dirs) > maxDirs {
-		return nil, fmt.Errorf("objmap: open: %d directories, want 1..%d", len(opts.Dirs), maxDirs)
+	opts, err := checkOptions(opts)
+	if err != nil {
+		return nil, err
 	}
-	if opts.FilesPerDir == 0 {
-		opts.FilesPerDir = 1
-	}
-	if opts.FilesPerDir < 1 || opts.FilesPerDir > maxFilesPerDir {
-		return nil, fmt.Errorf("objmap: open: FilesPerDir %d, want 1..%d", opts.FilesPerDir, maxFilesPerDir)
-	}
-	if opts.SegmentBytes == 0 {
-		opts.SegmentBytes = DefaultSegmentBytes
-	}
-	if opts.SegmentBytes < 512 {
-		return nil, fmt.Errorf("objmap: open: SegmentBytes %d, want >= 512", opts.SegmentBytes)
-	}
-	if opts.MaxGroupBytes == 0 {
-		opts.MaxGroupBytes = DefaultMaxGroupBytes
-	}
-	if opts.MaxGroupBytes < MaxRecordBytes+recordFrameBytes {
-		return nil, fmt.Errorf("objmap: open: MaxGroupBytes %d, want >= %d", opts.MaxGroupBytes, MaxRecordBytes+recordFrameBytes)
-	}
-	if opts.HeaderReaders == 0 {
-		opts.HeaderReaders = 32
-	}
-	opts.HeaderReaders = min(max(opts.HeaderReaders, 1), 64)
-	seen := map[string]bool{}
-	for i, d := range opts.Dirs {
-		abs, err := filepath.Abs(d)
-		if err != nil {
-			return nil, fmt.Errorf("objmap: open: Dirs[%d] %q: %w", i, d, err)
-		}
-		if seen[abs] {
-			return nil, fmt.Errorf("objmap: open: Dirs[%d] %q listed twice", i, d)
-		}
-		seen[abs] = true
-	}
-
 	m := &Map{opts: opts, readOnly: opts.ReadOnly, runs: map[RunID]*runEntry{}, reserved: map[RunID]Reservation{}}
+	var madeDirs []string // created by this Open, deepest last
+	created := false      // this Open created the store files
 	ok := false
 	defer func() {
 		if !ok {
-			m.closeFiles()
+			m.undoOpen(created, madeDirs)
 		}
 	}()
 	for _, d := range opts.Dirs {
-		if !opts.ReadOnly {
-			if err := os.MkdirAll(d, 0o700); err != nil {
-				return nil, fmt.Errorf("objmap: open: creating %s: %w", d, err)
+		var l *DirLock
+		if opts.ReadOnly {
+			if _, err := os.Stat(d); err != nil {
+				return nil, fmt.Errorf("%w: %s: %v", ErrNoStore, d, err)
 			}
-		} else if _, err := os.Stat(d); err != nil {
-			return nil, fmt.Errorf("%w: %s: %v", ErrNoStore, d, err)
+			l, err = LockDirShared(d)
+		} else {
+			made, merr := mkdirAllList(d)
+			madeDirs = append(madeDirs, made...)
+			if merr != nil {
+				return nil, fmt.Errorf("objmap: open: creating %s: %w", d, merr)
+			}
+			l, err = LockDir(d)
 		}
-		l, err := LockDir(d)
 		if err != nil {
 			return nil, err
 		}
@@ -205,11 +194,11 @@ func Open(opts Options) (*Map, error) {
 			have++
 		}
 	}
-	var err error
 	switch {
 	case have == 0 && opts.ReadOnly:
 		return nil, fmt.Errorf("%w: %s has no %s", ErrNoStore, opts.Dirs[0], manifestName)
 	case have == 0:
+		created = true
 		mans, err = createStore(opts)
 	case have < len(mans):
 		for i, man := range mans {
@@ -233,6 +222,47 @@ func Open(opts Options) (*Map, error) {
 	}
 	ok = true
 	return m, nil
+}
+
+// checkOptions fills in defaults and bounds every option.
+func checkOptions(opts Options) (Options, error) {
+	if len(opts.Dirs) == 0 || len(opts.Dirs) > maxDirs {
+		return opts, fmt.Errorf("objmap: open: %d directories, want 1..%d", len(opts.Dirs), maxDirs)
+	}
+	if opts.FilesPerDir == 0 {
+		opts.FilesPerDir = 1
+	}
+	if opts.FilesPerDir < 1 || opts.FilesPerDir > maxFilesPerDir {
+		return opts, fmt.Errorf("objmap: open: FilesPerDir %d, want 1..%d", opts.FilesPerDir, maxFilesPerDir)
+	}
+	if opts.SegmentBytes == 0 {
+		opts.SegmentBytes = DefaultSegmentBytes
+	}
+	if opts.SegmentBytes < 512 || opts.SegmentBytes > MaxSegmentBytes {
+		return opts, fmt.Errorf("objmap: open: SegmentBytes %d, want 512..%d", opts.SegmentBytes, int64(MaxSegmentBytes))
+	}
+	if opts.MaxGroupBytes == 0 {
+		opts.MaxGroupBytes = DefaultMaxGroupBytes
+	}
+	if opts.MaxGroupBytes < MaxRecordBytes+recordFrameBytes || opts.MaxGroupBytes > MaxGroupBytesLimit {
+		return opts, fmt.Errorf("objmap: open: MaxGroupBytes %d, want %d..%d", opts.MaxGroupBytes, MaxRecordBytes+recordFrameBytes, MaxGroupBytesLimit)
+	}
+	if opts.HeaderReaders == 0 {
+		opts.HeaderReaders = 32
+	}
+	opts.HeaderReaders = min(max(opts.HeaderReaders, 1), 64)
+	seen := map[string]bool{}
+	for i, d := range opts.Dirs {
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return opts, fmt.Errorf("objmap: open: Dirs[%d] %q: %w", i, d, err)
+		}
+		if seen[abs] {
+			return opts, fmt.Errorf("objmap: open: Dirs[%d] %q listed twice", i, d)
+		}
+		seen[abs] = true
+	}
+	return opts, nil
 }
 
 // Geometry is the store's geometry (from its manifest).
