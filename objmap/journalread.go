@@ -36,8 +36,8 @@ const tailScanCRCBytes = 64 << 20
 // journalState is what the checkpoint and the readable journal say.
 type journalState struct {
 	runs   map[RunID]*RunInfo
-	order  []RunID          // first-seen order, for stable reports
-	freed  map[RunID]bool   // freed by a readable record: never served again, even by a rebuild
+	order  []RunID        // first-seen order, for stable reports
+	freed  map[RunID]bool // freed by a readable record: never served again, even by a rebuild
 	epoch  uint64
 	nextID RunID // above every id the checkpoint and the journal name
 

@@ -60,8 +60,8 @@ func (m *Map) rebuild(js *journalState) error {
 	rep.HeaderCandidates = len(cands)
 	winners := m.resolveHeaders(cands, js.freed)
 	rep.Objects = len(winners)
-	res := m.verifyRuns(winners, true)
 	slices.SortFunc(winners, func(a, b *RunInfo) int { return cmpID(a.ID, b.ID) })
+	res := m.verifyRuns(winners, true)
 	for i, r := range winners {
 		why := res[i].why
 		if why == "" {
