@@ -1,9 +1,9 @@
 package objmap
 
 import (
-	"maps"
 	"bytes"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
