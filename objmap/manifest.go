@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -54,32 +53,58 @@ type manifest struct {
 	CapacityBytes int64    `json:"capacity_bytes"` // as requested at creation
 }
 
+// maxManifestBytes bounds a MANIFEST file (a few hundred bytes of JSON).
+const maxManifestBytes = 64 << 10
+
+// maxFileBytes bounds a pool file's size as a manifest records it.
+const maxFileBytes = 1 << 50
+
 func readManifest(dir string) (*manifest, error) {
 	path := filepath.Join(dir, manifestName)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+	b, found, err := readBounded(path, maxManifestBytes)
+	if errors.Is(err, errTooLarge) {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptStore, err)
 	}
+	if err != nil || !found {
+		return nil, err
+	}
+	m, err := parseManifest(b)
 	if err != nil {
-		return nil, fmt.Errorf("objmap: reading %s: %w", path, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorruptStore, path, err)
+	}
+	return m, nil
+}
+
+// parseManifest decodes and bounds a MANIFEST: every count and size within
+// what Open accepts, the geometry valid and matching its fingerprint. It
+// never panics on garbage.
+func parseManifest(b []byte) (*manifest, error) {
+	if len(b) > maxManifestBytes {
+		return nil, fmt.Errorf("%d bytes, at most %d", len(b), maxManifestBytes)
 	}
 	var m manifest
 	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrCorruptStore, path, err)
+		return nil, err
 	}
 	switch {
 	case m.Version != manifestVersion:
-		return nil, fmt.Errorf("%w: %s: version %d, want %d", ErrCorruptStore, path, m.Version, manifestVersion)
-	case m.Dirs < 1 || m.DirIndex < 0 || m.DirIndex >= m.Dirs:
-		return nil, fmt.Errorf("%w: %s: directory index %d of %d", ErrCorruptStore, path, m.DirIndex, m.Dirs)
-	case m.FilesPerDir < 1 || m.FileBytes < BlockBytes || m.FileBytes%BlockBytes != 0:
-		return nil, fmt.Errorf("%w: %s: pool of %d files of %d bytes", ErrCorruptStore, path, m.FilesPerDir, m.FileBytes)
+		return nil, fmt.Errorf("version %d, want %d", m.Version, manifestVersion)
+	case m.Dirs < 1 || m.Dirs > maxDirs || m.DirIndex < 0 || m.DirIndex >= m.Dirs:
+		return nil, fmt.Errorf("directory index %d of %d (at most %d directories)", m.DirIndex, m.Dirs, maxDirs)
+	case m.FilesPerDir < 1 || m.FilesPerDir > maxFilesPerDir || m.FileBytes < BlockBytes || m.FileBytes > maxFileBytes || m.FileBytes%BlockBytes != 0:
+		return nil, fmt.Errorf("pool of %d files of %d bytes per directory (want 1..%d files of %d..%d bytes, block-aligned)",
+			m.FilesPerDir, m.FileBytes, maxFilesPerDir, BlockBytes, int64(maxFileBytes))
+	case m.CapacityBytes < 1:
+		return nil, fmt.Errorf("capacity %d bytes", m.CapacityBytes)
 	}
 	if err := m.Geometry.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrCorruptStore, path, err)
+		return nil, err
 	}
 	if fp := fmt.Sprintf("%016x", m.Geometry.Fingerprint()); fp != m.Fingerprint {
-		return nil, fmt.Errorf("%w: %s: fingerprint %s, geometry gives %s", ErrCorruptStore, path, m.Fingerprint, fp)
+		return nil, fmt.Errorf("fingerprint %s, geometry gives %s", m.Fingerprint, fp)
+	}
+	if m.FileBytes < m.Geometry.RunBytes(1) {
+		return nil, fmt.Errorf("pool files of %d bytes, smaller than one run (%d)", m.FileBytes, m.Geometry.RunBytes(1))
 	}
 	return &m, nil
 }
