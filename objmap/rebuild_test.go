@@ -255,3 +255,32 @@ func comparePayload(t *testing.T, m *Map, r RunInfo, buf []byte) {
 		}
 	}
 }
+
+// TestExtentUnion: add reports an overlap with anything added before, and
+// the union stays disjoint (overlapping extents merged) and complete.
+func TestExtentUnion(t *testing.T) {
+	u := newExtentUnion()
+	for i, c := range []struct {
+		off, n  int64
+		overlap bool
+	}{
+		{100, 10, false}, {120, 10, false}, {110, 10, false}, // touching is not overlapping
+		{129, 1, true}, {99, 2, true}, {0, 99, false}, {0, 1000, true}, {1000, 5, false},
+	} {
+		if got := u.add(extent{c.off, c.n}); got != c.overlap {
+			t.Fatalf("add %d [%d,+%d): overlap %v, want %v", i, c.off, c.n, got, c.overlap)
+		}
+	}
+	var all []extent
+	u.t.Ascend(func(e extent) bool { all = append(all, e); return true })
+	end := int64(0)
+	for _, e := range all {
+		if e.off != end {
+			t.Fatalf("union %v: a gap or an overlap at %d", all, end)
+		}
+		end = e.end()
+	}
+	if end != 1005 {
+		t.Fatalf("union %v", all)
+	}
+}
