@@ -52,15 +52,25 @@
 // to the journal, returning once a group commit made it durable. The
 // journal record is the point of no return; the header lets recovery prove
 // that the extent still holds that run. Open loads the checkpoint, replays
-// the journal (a torn tail is dropped: nothing in it was acknowledged),
-// carves every run out of the free space and reads its header and chunk
-// table (one read per run): a header that is missing, garbled, of another
-// generation, run, place or geometry, or a table that fails the CRC the
-// header names, drops the run (the reason is in the report) and its space
-// is freed, durably, before anything is allocated. Freed space is
-// quarantined until its free record is durable (see allocator). Check
-// additionally reads every payload and compares every chunk with the table
-// and every object with the header's per-layer CRC.
+// the journal (a torn tail, what a crash in the last group commit leaves,
+// is dropped: nothing in it was acknowledged), carves every run out of the
+// free space and reads its header and chunk table (one read per run): a
+// header that is missing, garbled, of another generation, run, place or
+// geometry, or a table that fails the CRC the header names, drops the run
+// (the reason is in the report) and its space is freed, durably, before
+// anything is allocated; a header that cannot be read (EIO) keeps the run,
+// unserved, for the next Open. Freed space is quarantined until its free
+// record is durable (see allocator). Check additionally reads every
+// payload and compares every chunk with the table and every object with
+// the header's per-layer CRC.
+//
+// A journal that is damaged rather than torn (missing, zeroed, a bad
+// record followed by valid ones, a bad checkpoint; see journalread.go)
+// loses no committed run: recovery rebuilds the index from the run headers
+// in the pool (rebuild.go: the later of overlapping headers wins, every
+// payload is verified), reports it (RecoveryReport.Rebuilt, JournalDamage)
+// and, when writable, rewrites checkpoint and journal. A read-only Open
+// (fsck) takes a shared lock, writes nothing and does the same in memory.
 //
 // # Choices
 //
@@ -77,7 +87,9 @@
 //   - Generation is the store's open count (journaled at each Open); run ids
 //     increase monotonically and are never reused.
 //   - Files are created 0600 and directories 0700; each directory is
-//     flock'ed (LOCK holds the owner's pid for the error of a second open).
+//     flock'ed (LOCK holds the owner's pid for the error of a second open),
+//     exclusively by a writer, shared by a read-only checker. A failed Open
+//     removes what it created.
 //   - The store records its geometry and pool shape in a MANIFEST in each
 //     directory, so fsck needs only the directories.
 package objmap

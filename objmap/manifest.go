@@ -6,13 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // A store directory holds:
@@ -58,32 +53,58 @@ type manifest struct {
 	CapacityBytes int64    `json:"capacity_bytes"` // as requested at creation
 }
 
+// maxManifestBytes bounds a MANIFEST file (a few hundred bytes of JSON).
+const maxManifestBytes = 64 << 10
+
+// maxFileBytes bounds a pool file's size as a manifest records it.
+const maxFileBytes = 1 << 50
+
 func readManifest(dir string) (*manifest, error) {
 	path := filepath.Join(dir, manifestName)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+	b, found, err := readBounded(path, maxManifestBytes)
+	if errors.Is(err, errTooLarge) {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptStore, err)
 	}
+	if err != nil || !found {
+		return nil, err
+	}
+	m, err := parseManifest(b)
 	if err != nil {
-		return nil, fmt.Errorf("objmap: reading %s: %w", path, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorruptStore, path, err)
+	}
+	return m, nil
+}
+
+// parseManifest decodes and bounds a MANIFEST: every count and size within
+// what Open accepts, the geometry valid and matching its fingerprint. It
+// never panics on garbage.
+func parseManifest(b []byte) (*manifest, error) {
+	if len(b) > maxManifestBytes {
+		return nil, fmt.Errorf("%d bytes, at most %d", len(b), maxManifestBytes)
 	}
 	var m manifest
 	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrCorruptStore, path, err)
+		return nil, err
 	}
 	switch {
 	case m.Version != manifestVersion:
-		return nil, fmt.Errorf("%w: %s: version %d, want %d", ErrCorruptStore, path, m.Version, manifestVersion)
-	case m.Dirs < 1 || m.DirIndex < 0 || m.DirIndex >= m.Dirs:
-		return nil, fmt.Errorf("%w: %s: directory index %d of %d", ErrCorruptStore, path, m.DirIndex, m.Dirs)
-	case m.FilesPerDir < 1 || m.FileBytes < BlockBytes || m.FileBytes%BlockBytes != 0:
-		return nil, fmt.Errorf("%w: %s: pool of %d files of %d bytes", ErrCorruptStore, path, m.FilesPerDir, m.FileBytes)
+		return nil, fmt.Errorf("version %d, want %d", m.Version, manifestVersion)
+	case m.Dirs < 1 || m.Dirs > maxDirs || m.DirIndex < 0 || m.DirIndex >= m.Dirs:
+		return nil, fmt.Errorf("directory index %d of %d (at most %d directories)", m.DirIndex, m.Dirs, maxDirs)
+	case m.FilesPerDir < 1 || m.FilesPerDir > maxFilesPerDir || m.FileBytes < BlockBytes || m.FileBytes > maxFileBytes || m.FileBytes%BlockBytes != 0:
+		return nil, fmt.Errorf("pool of %d files of %d bytes per directory (want 1..%d files of %d..%d bytes, block-aligned)",
+			m.FilesPerDir, m.FileBytes, maxFilesPerDir, BlockBytes, int64(maxFileBytes))
+	case m.CapacityBytes < 1:
+		return nil, fmt.Errorf("capacity %d bytes", m.CapacityBytes)
 	}
 	if err := m.Geometry.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrCorruptStore, path, err)
+		return nil, err
 	}
 	if fp := fmt.Sprintf("%016x", m.Geometry.Fingerprint()); fp != m.Fingerprint {
-		return nil, fmt.Errorf("%w: %s: fingerprint %s, geometry gives %s", ErrCorruptStore, path, m.Fingerprint, fp)
+		return nil, fmt.Errorf("fingerprint %s, geometry gives %s", m.Fingerprint, fp)
+	}
+	if m.FileBytes < m.Geometry.RunBytes(1) {
+		return nil, fmt.Errorf("pool files of %d bytes, smaller than one run (%d)", m.FileBytes, m.Geometry.RunBytes(1))
 	}
 	return &m, nil
 }
@@ -131,55 +152,3 @@ func newStoreID() (string, error) {
 }
 
 func poolFileName(global int) string { return fmt.Sprintf("pool-%04d.dat", global) }
-
-// DirLock is an exclusive flock on dir/LOCK, the lock every Open of a store
-// directory takes. flock belongs to the open file description, so a second
-// LockDir in the same process conflicts too. Anything that deletes, truncates
-// or reuses a store directory takes it first (LockDir) and holds it until the
-// directory is gone or rebuilt; Unlock releases it.
-type DirLock struct {
-	dir string
-	fd  int
-}
-
-// LockDir takes dir's lock without waiting. A held lock returns an error
-// wrapping ErrLocked that names dir and the holder's pid.
-func LockDir(dir string) (*DirLock, error) {
-	path := filepath.Join(dir, lockName)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("objmap: opening lock file %s: %w", path, err)
-	}
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		holder := "unknown pid"
-		var buf [32]byte
-		if n, rerr := unix.Pread(fd, buf[:], 0); rerr == nil && n > 0 {
-			if pid, perr := strconv.Atoi(strings.TrimSpace(string(buf[:n]))); perr == nil {
-				holder = fmt.Sprintf("pid %d", pid)
-				if pid == os.Getpid() {
-					holder += " (this process)"
-				}
-			}
-		}
-		unix.Close(fd)
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s is in use by %s", ErrLocked, dir, holder)
-		}
-		return nil, fmt.Errorf("objmap: locking %s: %w", path, err)
-	}
-	pid := []byte(strconv.Itoa(os.Getpid()) + "\n")
-	if err := unix.Ftruncate(fd, 0); err == nil {
-		_ = pwriteAll(fd, pid, 0) // the pid is only for the error message of a second opener
-	}
-	return &DirLock{dir: dir, fd: fd}, nil
-}
-
-// Unlock releases the lock; a nil or released lock is a no-op.
-func (l *DirLock) Unlock() error {
-	if l == nil || l.fd < 0 {
-		return nil
-	}
-	err := unix.Close(l.fd) // closing the last descriptor releases the flock
-	l.fd = -1
-	return err
-}

@@ -1,284 +1,63 @@
 package objmap
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
 )
 
-// Problem is one run that recovery dropped or that Check found corrupt.
-type Problem struct {
-	Run    RunID  `json:"run"`
-	File   int    `json:"file"`
-	Offset int64  `json:"offset"`
-	Reason string `json:"reason"`
-}
-
-// RecoveryReport says what Open found and what it did with it. Counts are in
-// runs; each run holds Layers objects, recovered or dropped together.
-type RecoveryReport struct {
-	// Objects is the runs named by the checkpoint and the journal.
-	Objects int `json:"objects"`
-	// Recovered is the runs whose header verified: they are served.
-	Recovered int `json:"recovered"`
-	// Dropped is the runs not served (header missing, overwritten, from
-	// another generation or shape, extent invalid); their space is free again.
-	Dropped int `json:"dropped"`
-	// Corrupt is the recovered runs whose payload failed its per-layer CRC or
-	// could not be read; only Check (fsck) reads payloads, so Open reports 0.
-	Corrupt int `json:"corrupt"`
-
-	DroppedRuns []Problem `json:"dropped_runs,omitempty"`
-	CorruptRuns []Problem `json:"corrupt_runs,omitempty"`
-
-	Layers           int    `json:"layers"`
-	Epoch            uint64 `json:"epoch"`
-	CheckpointRuns   int    `json:"checkpoint_runs"`
-	JournalSegment   uint64 `json:"journal_segment"`
-	JournalRecords   int    `json:"journal_records"`
-	JournalTailBytes int64  `json:"journal_tail_dropped_bytes"` // a torn tail: normal after a crash
-	JournalTail      string `json:"journal_tail_reason,omitempty"`
-	UnknownFrees     int    `json:"unknown_frees"`
-	PayloadChecked   bool   `json:"payload_checked"`
-}
-
-func (r RecoveryReport) clone() RecoveryReport {
-	r.DroppedRuns = slices.Clone(r.DroppedRuns)
-	r.CorruptRuns = slices.Clone(r.CorruptRuns)
-	return r
-}
-
-func (r RecoveryReport) String() string {
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "objects %d recovered %d dropped %d corrupt %d (runs of %d layer objects; epoch %d, checkpoint %d runs, journal segment %d: %d records",
-		r.Objects, r.Recovered, r.Dropped, r.Corrupt, r.Layers, r.Epoch, r.CheckpointRuns, r.JournalSegment, r.JournalRecords)
-	if r.JournalTailBytes > 0 {
-		fmt.Fprintf(&sb, ", torn tail of %d bytes dropped", r.JournalTailBytes)
-	}
-	sb.WriteString(")")
-	for _, p := range r.DroppedRuns {
-		fmt.Fprintf(&sb, "\n  dropped run %d (file %d offset %d): %s", p.Run, p.File, p.Offset, p.Reason)
-	}
-	for _, p := range r.CorruptRuns {
-		fmt.Fprintf(&sb, "\n  corrupt run %d (file %d offset %d): %s", p.Run, p.File, p.Offset, p.Reason)
-	}
-	return sb.String()
-}
-
-func segmentSeq(name string) (uint64, bool) {
-	var seq uint64
-	if _, err := fmt.Sscanf(name, "journal-%016x.log", &seq); err != nil || segmentName(seq) != name {
-		return 0, false
-	}
-	return seq, true
-}
-
-// readCheckpoint loads dir/checkpoint; a missing file is an empty store.
-func readCheckpoint(dir string) (runs []RunInfo, head Record, found bool, err error) {
-	path := filepath.Join(dir, checkpointName)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, Record{}, false, nil
-	}
-	if err != nil {
-		return nil, Record{}, false, fmt.Errorf("objmap: reading %s: %w", path, err)
-	}
-	// The checkpoint was fsynced before its rename, so any damage here is
-	// real corruption, not a crash: fail closed.
-	bad := func(at int, why string, args ...any) error {
-		return fmt.Errorf("%w: %s at byte %d: %s", ErrCorruptStore, path, at, fmt.Sprintf(why, args...))
-	}
-	head, n, err := DecodeRecord(b)
-	if err != nil {
-		return nil, Record{}, false, bad(0, "%v", err)
-	}
-	if head.Type != RecCheckpoint {
-		return nil, Record{}, false, bad(0, "first record is %s, want checkpoint", head.Type)
-	}
-	p := n
-	for i := uint64(0); i < head.Count; i++ {
-		r, n, err := DecodeRecord(b[p:])
-		if err != nil {
-			return nil, Record{}, false, bad(p, "run %d of %d: %v", i, head.Count, err)
-		}
-		if r.Type != RecCommit {
-			return nil, Record{}, false, bad(p, "run %d of %d is a %s record", i, head.Count, r.Type)
-		}
-		runs = append(runs, r.Run)
-		p += n
-	}
-	end, n, err := DecodeRecord(b[p:])
-	if err != nil || end.Type != RecCheckpointEnd || end.Count != head.Count || p+n != len(b) {
-		return nil, Record{}, false, bad(p, "missing or wrong end record (err %v, %d trailing bytes)", err, len(b)-p-n)
-	}
-	return runs, head, true, nil
-}
-
-// recover rebuilds the run table and the free space (see Open).
+// recover rebuilds the run table and the free space (see Open): from the
+// checkpoint and the journal when they are whole, from the run headers in
+// the pool when they are damaged (rebuild.go).
 func (m *Map) recover() error {
-	dir0 := m.dirs[0]
 	rep := &m.report
 	rep.Layers = m.g.Layers
-	runs := map[RunID]*RunInfo{}
-	var order []RunID // first-seen order, for stable reports
-	var epoch uint64
-	nextID := RunID(1)
-	startSeq := uint64(1)
-
-	cpRuns, head, found, err := readCheckpoint(dir0)
+	tornLimit := int64(max(m.opts.MaxGroupBytes, DefaultMaxGroupBytes))
+	js, err := readJournal(m.dirs[0], m.maxRuns(), tornLimit)
 	if err != nil {
 		return err
 	}
-	if found {
-		startSeq, epoch, nextID = head.Seq, head.Epoch, head.NextID
-		rep.CheckpointRuns = len(cpRuns)
-		for i := range cpRuns {
-			r := &cpRuns[i]
-			if _, dup := runs[r.ID]; dup {
-				return fmt.Errorf("%w: %s lists run %d twice", ErrCorruptStore, filepath.Join(dir0, checkpointName), r.ID)
-			}
-			runs[r.ID] = r
-			order = append(order, r.ID)
-		}
+	rep.CheckpointRuns, rep.JournalSegment, rep.JournalRecords = js.cpRuns, js.startSeq, js.records
+	rep.JournalTailBytes, rep.JournalTail, rep.UnknownFrees = js.tailBytes, js.tail, js.unknownFrees
+	if js.damage != "" {
+		rep.JournalDamage = js.damage
+		return m.rebuild(js)
 	}
+	dropped, err := m.replayRuns(js)
+	if err != nil || m.readOnly {
+		return err
+	}
+	return m.resumeJournal(js, dropped)
+}
 
-	names, err := filepath.Glob(filepath.Join(dir0, "journal-*.log"))
-	if err != nil {
-		return fmt.Errorf("objmap: listing journal segments in %s: %w", dir0, err)
-	}
-	var segs []uint64
-	for _, p := range names {
-		seq, ok := segmentSeq(filepath.Base(p))
-		if !ok {
-			continue
-		}
-		if seq < startSeq {
-			// Covered by the checkpoint (a crash came before its deletion).
-			if !m.readOnly {
-				if err := os.Remove(p); err != nil {
-					return fmt.Errorf("objmap: removing stale journal segment %s: %w", p, err)
-				}
-			}
-			continue
-		}
-		segs = append(segs, seq)
-	}
-	slices.Sort(segs)
-	// A segment is created only after the checkpoint that names it is
-	// durable, so exactly one segment follows the checkpoint, or none (a
-	// crash between the two).
-	if len(segs) > 1 || len(segs) == 1 && segs[0] != startSeq {
-		return fmt.Errorf("%w: %s: journal segments %v follow a checkpoint naming segment %d", ErrCorruptStore, dir0, segs, startSeq)
-	}
-	rep.JournalSegment = startSeq
-	var segFD = -1
-	var segSize int64
-	maxID := nextID - 1
-	if len(segs) == 1 {
-		path := filepath.Join(dir0, segmentName(startSeq))
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return fmt.Errorf("objmap: reading journal segment %s: %w", path, err)
-		}
-		p := 0
-		first := true
-		for p < len(b) {
-			r, n, err := DecodeRecord(b[p:])
-			if err == nil && first && (r.Type != RecSegment || r.Seq != startSeq) {
-				return fmt.Errorf("%w: %s starts with %s record (seq %d), want segment %d", ErrCorruptStore, path, r.Type, r.Seq, startSeq)
-			}
-			if err != nil {
-				// A torn tail: records past the last fdatasync may be
-				// partly written (or holes of zeros); none was acknowledged.
-				rep.JournalTailBytes = int64(len(b) - p)
-				rep.JournalTail = fmt.Sprintf("at byte %d: %v", p, err)
-				break
-			}
-			first = false
-			rep.JournalRecords++
-			switch r.Type {
-			case RecSegment:
-				if p != 0 {
-					return fmt.Errorf("%w: %s: segment record at byte %d", ErrCorruptStore, path, p)
-				}
-			case RecCommit:
-				if _, dup := runs[r.Run.ID]; dup {
-					return fmt.Errorf("%w: %s: run %d committed twice (byte %d)", ErrCorruptStore, path, r.Run.ID, p)
-				}
-				run := r.Run
-				runs[run.ID] = &run
-				order = append(order, run.ID)
-				maxID = max(maxID, run.ID)
-			case RecFree:
-				if _, ok := runs[r.ID]; ok {
-					delete(runs, r.ID)
-				} else {
-					rep.UnknownFrees++
-				}
-			case RecEpoch:
-				epoch = max(epoch, r.Epoch)
-			default:
-				return fmt.Errorf("%w: %s: %s record at byte %d", ErrCorruptStore, path, r.Type, p)
-			}
-			p += n
-		}
-		if !m.readOnly {
-			segFD, err = unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return fmt.Errorf("objmap: opening journal segment %s: %w", path, err)
-			}
-			m.j = newJournal(dir0, segFD, startSeq, 0, m.opts.SegmentBytes, m.opts.MaxGroupBytes)
-			if first {
-				// Even the marker was torn: rewrite the segment from scratch.
-				unix.Close(segFD)
-				m.j.fd = -1
-				segFD, segSize, err = createSegment(dir0, startSeq)
-				if err != nil {
-					return err
-				}
-				m.j.fd = segFD
-			} else {
-				segSize = int64(p)
-				if rep.JournalTailBytes > 0 {
-					if err := unix.Ftruncate(segFD, segSize); err != nil {
-						return fmt.Errorf("objmap: truncating the torn tail of %s: %w", path, err)
-					}
-					if err := unix.Fsync(segFD); err != nil {
-						return fmt.Errorf("objmap: fsync of %s: %w", path, err)
-					}
-				}
-			}
-		}
-	} else if !m.readOnly {
-		segFD, segSize, err = createSegment(dir0, startSeq)
-		if err != nil {
-			return err
-		}
-		m.j = newJournal(dir0, segFD, startSeq, 0, m.opts.SegmentBytes, m.opts.MaxGroupBytes)
-	}
-	if m.j != nil {
-		m.j.size, m.j.bytes = segSize, segSize
-	}
+// maxRuns is the most runs the pool can hold (a bound on what a checkpoint
+// may list).
+func (m *Map) maxRuns() int {
+	return int(min(int64(len(m.files))*(m.fileSize/m.g.RunBytes(1)), 1<<30))
+}
 
-	// Carve every run out of the free space, then check its header.
-	live := make([]*RunInfo, 0, len(runs))
-	for _, id := range order {
-		if r, ok := runs[id]; ok {
+// replayRuns carves every run the journal names out of the free space and
+// checks its header: a mismatch drops the run (its space is free again; the
+// returned ids need a durable free), an I/O error keeps it unserved, its
+// space held, for the next Open to retry.
+func (m *Map) replayRuns(js *journalState) ([]RunID, error) {
+	rep := &m.report
+	live := make([]*RunInfo, 0, len(js.runs))
+	for _, id := range js.order {
+		if r, ok := js.runs[id]; ok {
 			live = append(live, r)
 		}
 	}
 	rep.Objects = len(live)
-	var dropped []Problem
+	var dropped []RunID
 	drop := func(r *RunInfo, why string) {
-		dropped = append(dropped, Problem{Run: r.ID, File: r.File, Offset: r.Offset, Reason: why})
+		rep.DroppedRuns = append(rep.DroppedRuns, Problem{Run: r.ID, File: r.File, Offset: r.Offset, Reason: why})
+		dropped = append(dropped, r.ID)
 	}
 	carved := live[:0]
 	for _, r := range live {
@@ -296,71 +75,113 @@ func (m *Map) recover() error {
 			carved = append(carved, r)
 		}
 	}
-	reasons, crcs := m.verifyHeaders(carved)
+	res := m.verifyRuns(carved, false)
 	for i, r := range carved {
-		if reasons[i] == "" {
-			r.ChunkCRCs, r.LayerCRCs = crcs[i].chunks, crcs[i].layers
+		switch {
+		case res[i].why == "":
+			r.ChunkCRCs, r.LayerCRCs = res[i].crcs.chunks, res[i].crcs.layers
 			m.runs[r.ID] = &runEntry{info: *r, state: stateLive}
-			continue
-		}
-		drop(r, reasons[i])
-		if err := m.alloc.free(r.File, extent{r.Offset, r.Length}); err != nil {
-			return fmt.Errorf("objmap: recovery: returning space of dropped run %d: %w", r.ID, err)
+			rep.Recovered++
+		case res[i].io:
+			m.runs[r.ID] = &runEntry{info: *r, state: stateUnreadable}
+			rep.UnreadableRuns = append(rep.UnreadableRuns, Problem{Run: r.ID, File: r.File, Offset: r.Offset, Reason: res[i].why})
+		default:
+			drop(r, res[i].why)
+			if err := m.alloc.free(r.File, extent{r.Offset, r.Length}); err != nil {
+				return nil, fmt.Errorf("objmap: recovery: returning space of dropped run %d: %w", r.ID, err)
+			}
 		}
 	}
-	rep.DroppedRuns = dropped
-	rep.Dropped = len(dropped)
-	rep.Recovered = len(m.runs)
-	m.nextID = max(nextID, maxID+1)
-	m.epoch = epoch
-	rep.Epoch = epoch
-	if m.readOnly {
-		return nil
-	}
+	rep.Dropped, rep.Unreadable = len(rep.DroppedRuns), len(rep.UnreadableRuns)
+	m.nextID, m.epoch, rep.Epoch = js.nextID, js.epoch, js.epoch
+	return dropped, nil
+}
 
-	// Journal this open's epoch and the frees of dropped runs, durably,
-	// before any allocation can reuse their space.
+// resumeJournal continues the segment the journal ended in (its torn tail
+// truncated) or creates it, then deletes the segments the checkpoint
+// covers (only now: until the named segment is durable, its predecessor
+// shows that its absence is a crash, not a loss), then starts the epoch.
+func (m *Map) resumeJournal(js *journalState, dropped []RunID) error {
+	dir0 := m.dirs[0]
+	var fd int
+	var size int64
+	var err error
+	if js.seg != "" && !js.markerTorn {
+		fd, err = openSegmentForAppend(js)
+		size = js.segGood
+	} else {
+		fd, size, err = createSegment(dir0, js.startSeq)
+	}
+	if err != nil {
+		return err
+	}
+	m.j = newJournal(dir0, fd, js.startSeq, size, m.opts.SegmentBytes, m.opts.MaxGroupBytes)
+	for _, p := range js.stale {
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("objmap: removing stale journal segment %s: %w", p, err)
+		}
+	}
+	return m.startEpoch(dropped)
+}
+
+// startEpoch journals this open's epoch and the frees of dropped runs,
+// durably, before any allocation can reuse their space.
+func (m *Map) startEpoch(frees []RunID) error {
 	m.j.onDurable = m.released
 	m.j.checkpoint = m.writeCheckpoint
-	m.epoch = epoch + 1
-	rep.Epoch = m.epoch
+	m.epoch++
+	m.report.Epoch = m.epoch
 	last, _, err := m.j.append(&Record{Type: RecEpoch, Epoch: m.epoch})
 	if err != nil {
 		return err
 	}
-	for _, p := range dropped {
-		if last, _, err = m.j.append(&Record{Type: RecFree, ID: p.Run}); err != nil {
+	for _, id := range frees {
+		if last, _, err = m.j.append(&Record{Type: RecFree, ID: id}); err != nil {
 			return err
 		}
 	}
 	return m.j.waitDurable(last)
 }
 
-// verifyHeaders reads each run's header and chunk table (one read per
-// run, bounded concurrency) and returns why it does not match (empty when
-// it does) and, when it does, its CRCs.
-func (m *Map) verifyHeaders(runs []*RunInfo) ([]string, []runCRCs) {
-	reasons := make([]string, len(runs))
-	crcs := make([]runCRCs, len(runs))
+// runCheck is the verdict on one run: why it does not verify (empty when
+// it does), whether that is an I/O error rather than a mismatch, and the
+// CRCs it stored.
+type runCheck struct {
+	why  string
+	io   bool
+	crcs runCRCs
+}
+
+// verifyRuns checks each run with bounded concurrency: its header and chunk
+// table (one read per run) against r, and with payload its every chunk.
+func (m *Map) verifyRuns(runs []*RunInfo, payload bool) []runCheck {
+	out := make([]runCheck, len(runs))
 	workers := min(m.opts.HeaderReaders, len(runs))
+	bufBytes := m.g.HeaderRegionBytes(MaxRunChunks(m.g))
+	if payload {
+		bufBytes = max(bufBytes, checkPieceBytes)
+	}
 	var wg sync.WaitGroup
 	next := make(chan int)
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf, err := uring.AllocBuffer(int(m.g.HeaderRegionBytes(MaxRunChunks(m.g))))
+			buf, err := uring.AllocBuffer(int(bufBytes))
 			if err != nil {
 				for i := range next {
-					reasons[i] = "no memory to read the header: " + err.Error()
+					out[i] = runCheck{why: "no memory to read the header: " + err.Error(), io: true}
 				}
 				return
 			}
 			defer buf.Free()
 			for i := range next {
-				var h Header
-				h, crcs[i].chunks, reasons[i] = m.checkHeader(runs[i], buf.Bytes())
-				crcs[i].layers = h.LayerCRCs
+				if payload {
+					out[i] = m.verifyRun(runs[i], buf.Bytes())
+					continue
+				}
+				h, table, why, io := m.checkHeader(runs[i], buf.Bytes())
+				out[i] = runCheck{why: why, io: io, crcs: runCRCs{chunks: table, layers: h.LayerCRCs}}
 			}
 		}()
 	}
@@ -369,40 +190,49 @@ func (m *Map) verifyHeaders(runs []*RunInfo) ([]string, []runCRCs) {
 	}
 	close(next)
 	wg.Wait()
-	return reasons, crcs
+	return out
 }
 
 // checkHeader reads r's header and chunk table in one read (buf must hold
 // HeaderRegionBytes(r.Chunks())) and verifies them; the reason is empty
-// when they match the journal.
-func (m *Map) checkHeader(r *RunInfo, buf []byte) (Header, []uint32, string) {
+// when they match r, io says the read itself failed.
+func (m *Map) checkHeader(r *RunInfo, buf []byte) (h Header, table []uint32, why string, io bool) {
 	f := m.files[r.File]
 	n := len(r.Chain)
 	if n < 1 || n > MaxRunChunks(m.g) {
-		return Header{}, nil, fmt.Sprintf("%d chunks, want 1..%d", n, MaxRunChunks(m.g))
+		return Header{}, nil, fmt.Sprintf("%d chunks, want 1..%d", n, MaxRunChunks(m.g)), false
 	}
 	region := m.g.HeaderRegionBytes(n)
 	if int64(len(buf)) < region {
-		return Header{}, nil, fmt.Sprintf("header buffer of %d bytes, need %d", len(buf), region)
+		return Header{}, nil, fmt.Sprintf("header buffer of %d bytes, need %d", len(buf), region), true
 	}
 	if err := preadFull(int(f.FD), buf[:region], r.Offset); err != nil {
-		return Header{}, nil, fmt.Sprintf("reading header and chunk table at %s offset %d: %v", f.Path, r.Offset, err)
+		return Header{}, nil, fmt.Sprintf("reading header and chunk table at %s offset %d: %v", f.Path, r.Offset, err), true
 	}
 	h, err := DecodeHeader(buf)
 	if err != nil {
-		return Header{}, nil, err.Error()
+		return Header{}, nil, err.Error(), false
 	}
 	if err := h.Matches(m.g, r); err != nil {
-		return Header{}, nil, "header does not match the journal: " + err.Error()
+		return Header{}, nil, "header does not match the journal: " + err.Error(), false
 	}
-	chunks, err := DecodeChunkTable(buf[HeaderBytes:region], m.g.Layers, n, h.TableCRC)
+	table, err = DecodeChunkTable(buf[HeaderBytes:region], m.g.Layers, n, h.TableCRC)
 	if err != nil {
-		return Header{}, nil, err.Error()
+		return Header{}, nil, err.Error(), false
 	}
-	return h, chunks, ""
+	return h, table, "", false
 }
 
+// testHookPread, when set, fails a preadFull of the range it names (fault
+// tests: an EIO on a header or payload read).
+var testHookPread func(fd int, n int, off int64) error
+
 func preadFull(fd int, b []byte, off int64) error {
+	if testHookPread != nil {
+		if err := testHookPread(fd, len(b), off); err != nil {
+			return err
+		}
+	}
 	for done := 0; done < len(b); {
 		n, err := unix.Pread(fd, b[done:], off+int64(done))
 		if err != nil {
@@ -443,17 +273,9 @@ func (m *Map) writeCheckpoint() (uint64, error) {
 	}
 	epoch, nextID := m.epoch, m.nextID
 	m.mu.Unlock()
-	slices.SortFunc(list, func(a, b RunInfo) int { return cmpID(a.ID, b.ID) })
-
-	b, err := AppendRecord(nil, &Record{Type: RecCheckpoint, Seq: seq, Epoch: epoch, NextID: nextID, Count: uint64(len(list))})
-	for i := 0; err == nil && i < len(list); i++ {
-		b, err = AppendRecord(b, &Record{Type: RecCommit, Run: list[i]})
-	}
-	if err == nil {
-		b, err = AppendRecord(b, &Record{Type: RecCheckpointEnd, Count: uint64(len(list))})
-	}
+	b, err := encodeCheckpoint(seq, epoch, nextID, list)
 	if err != nil {
-		return 0, fmt.Errorf("encoding checkpoint: %w", err)
+		return 0, err
 	}
 	if err := writeFileAtomic(j.dir, checkpointTmpName, checkpointName, b); err != nil {
 		return 0, err
@@ -486,93 +308,19 @@ func (m *Map) writeCheckpoint() (uint64, error) {
 // rename and the creation of the next segment.
 var testHookAfterCheckpointRename func() error
 
-// checkPieceBytes bounds the memory Check reads
-// through; it also holds the largest header region (under 400 KiB).
-const checkPieceBytes = 1 << 20
-
-// Check verifies every served run in full: its header and chunk table again,
-// every chunk of every object against the table, and each object's CRC
-// (combined from its chunks) against the header. It returns the recovery
-// report with Corrupt filled in. It only reads; the caller decides what to
-// do with corrupt runs (fsck reports them, the runtime may Free them). A
-// run freed while Check reads it is skipped, not reported.
-func (m *Map) Check() (RecoveryReport, error) {
-	rep := m.Recovery()
-	rep.PayloadChecked = true
-	var list []RunInfo
-	m.Runs(func(r RunInfo) bool { list = append(list, r); return true })
-	buf, err := uring.AllocBuffer(checkPieceBytes)
+// encodeCheckpoint encodes a checkpoint of runs (sorted here by id): head,
+// one commit record per run, end.
+func encodeCheckpoint(seq, epoch uint64, nextID RunID, runs []RunInfo) ([]byte, error) {
+	slices.SortFunc(runs, func(a, b RunInfo) int { return cmpID(a.ID, b.ID) })
+	b, err := AppendRecord(nil, &Record{Type: RecCheckpoint, Seq: seq, Epoch: epoch, NextID: nextID, Count: uint64(len(runs))})
+	for i := 0; err == nil && i < len(runs); i++ {
+		b, err = AppendRecord(b, &Record{Type: RecCommit, Run: runs[i]})
+	}
+	if err == nil {
+		b, err = AppendRecord(b, &Record{Type: RecCheckpointEnd, Count: uint64(len(runs))})
+	}
 	if err != nil {
-		return rep, fmt.Errorf("objmap: check: %w", err)
+		return nil, fmt.Errorf("encoding checkpoint: %w", err)
 	}
-	defer buf.Free()
-	for i := range list {
-		r := &list[i]
-		why := m.checkRun(r, buf.Bytes())
-		if why == "" {
-			continue
-		}
-		if cur, ok := m.Lookup(r.ID); !ok || cur.Offset != r.Offset {
-			continue
-		}
-		rep.CorruptRuns = append(rep.CorruptRuns, Problem{Run: r.ID, File: r.File, Offset: r.Offset, Reason: why})
-	}
-	rep.Corrupt = len(rep.CorruptRuns)
-	return rep, nil
-}
-
-func (m *Map) checkRun(r *RunInfo, buf []byte) string {
-	h, table, why := m.checkHeader(r, buf)
-	if why != "" {
-		return why
-	}
-	n := r.Chunks()
-	got, err := m.readChunkCRCs(m.files[r.File], r.Offset, n, buf)
-	if err != nil {
-		return err.Error()
-	}
-	for i, c := range got {
-		if c != table[i] {
-			return (&ChunkCRCError{Layer: i / n, Chunk: i % n, Got: c, Want: table[i]}).Error()
-		}
-	}
-	layers, err := m.g.LayerCRCsFromChunks(got, n)
-	if err != nil {
-		return err.Error()
-	}
-	for l, c := range layers {
-		if c != h.LayerCRCs[l] {
-			return fmt.Sprintf("layer %d CRC32C %08x, header says %08x", l, c, h.LayerCRCs[l])
-		}
-	}
-	return ""
-}
-
-// readChunkCRCs reads every object of the run of chunks chunks at off in f
-// through buf (BlockBytes-aligned pieces) and returns the CRC32C of each
-// (layer, chunk), layer-major.
-func (m *Map) readChunkCRCs(f *uring.File, off int64, chunks int, buf []byte) ([]uint32, error) {
-	piece := int64(len(buf)) &^ (BlockBytes - 1)
-	if piece == 0 {
-		return nil, fmt.Errorf("objmap: read buffer of %d bytes", len(buf))
-	}
-	out := make([]uint32, m.g.Layers*chunks)
-	for l := 0; l < m.g.Layers; l++ {
-		objOff, err := m.g.ObjectOffset(chunks, l)
-		if err != nil {
-			return nil, err
-		}
-		layer := out[l*chunks : (l+1)*chunks]
-		for done := int64(0); done < m.g.ObjectBytes(chunks); {
-			n := min(m.g.ObjectBytes(chunks)-done, piece)
-			if err := preadFull(int(f.FD), buf[:alignUp(n)], objOff+off+done); err != nil {
-				return nil, fmt.Errorf("reading layer %d at %s offset %d: %v", l, f.Path, objOff+off+done, err)
-			}
-			if err := m.g.UpdateChunkCRCs(layer, done, buf[:n]); err != nil {
-				return nil, err
-			}
-			done += n
-		}
-	}
-	return out, nil
+	return b, nil
 }

@@ -1,0 +1,345 @@
+package objmap
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/tutti-io/tutti/uring"
+)
+
+// Allocate reserves space for up to chunks chain blocks as one or more runs
+// of at most MaxRunChunks chunks, striped round-robin over the pool files.
+// It never blocks on I/O. A partial result (fewer chunks in total than
+// asked, nil error) means the pool had no room for the rest: the caller
+// stores what fits and counts the rest as not admitted. When nothing fits it
+// returns ErrNoSpace. Space freed by Free becomes allocatable only once its
+// free record is durable (after the next Commit or Sync).
+func (m *Map) Allocate(chunks int) ([]Reservation, error) {
+	if chunks < 1 {
+		return nil, fmt.Errorf("objmap: allocating %d chunks", chunks)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.usable(); err != nil {
+		return nil, fmt.Errorf("objmap: allocating %d chunks: %w", chunks, err)
+	}
+	spans := m.alloc.alloc(chunks, MaxRunChunks(m.g), maxRunsPerAllocate)
+	if len(spans) == 0 {
+		return nil, fmt.Errorf("objmap: allocating %d chunks (%d bytes free, %d quarantined): %w",
+			chunks, m.alloc.freeBytes(), m.alloc.quarantinedBytes(), ErrNoSpace)
+	}
+	out := make([]Reservation, len(spans))
+	for i, sp := range spans {
+		r := Reservation{ID: m.nextID, Generation: m.epoch, File: sp.file, Offset: sp.off, Length: sp.n, Chunks: sp.chunks}
+		m.nextID++
+		m.reserved[r.ID] = r
+		out[i] = r
+	}
+	return out, nil
+}
+
+// Abort returns an uncommitted reservation's space at once (nothing durable
+// refers to it). The caller must have no write in flight into it.
+func (m *Map) Abort(r Reservation) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.reserved[r.ID]; !ok {
+		return fmt.Errorf("objmap: aborting run %d: %w (not a pending reservation)", r.ID, ErrUnknownRun)
+	}
+	delete(m.reserved, r.ID)
+	m.aborts++
+	return m.alloc.free(r.File, extent{r.Offset, r.Length})
+}
+
+// Commit makes runs durable, all or nothing up to the journal append. The
+// caller must have completed (reaped) every payload write of each run. For
+// each run Commit writes the header (the commit record) at its offset, then
+// fdatasyncs each pool file involved once (payload and header durable), then
+// appends one journal record per run and waits for the group commit that
+// makes them durable. When Commit returns nil the runs survive any crash and
+// are served by Lookup. On an error before the journal append the
+// reservations are aborted (their space is free again); on a journal error
+// the store fails closed (every later write fails) and the runs' fate is
+// decided by the next recovery.
+func (m *Map) Commit(reqs []CommitRequest) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	if len(reqs) > MaxCommitBatch {
+		return fmt.Errorf("objmap: committing %d runs, at most %d per call", len(reqs), MaxCommitBatch)
+	}
+	m.mu.Lock()
+	if err := m.usable(); err != nil {
+		m.mu.Unlock()
+		return fmt.Errorf("objmap: commit: %w", err)
+	}
+	for i := range reqs {
+		r := &reqs[i]
+		have, ok := m.reserved[r.Res.ID]
+		var err error
+		switch {
+		case !ok || have != r.Res:
+			err = fmt.Errorf("%w (not a pending reservation of this store)", ErrUnknownRun)
+		case len(r.Chain) != r.Res.Chunks:
+			err = fmt.Errorf("%d chain ids for %d chunks", len(r.Chain), r.Res.Chunks)
+		case len(r.ChunkCRCs) != m.g.Layers*r.Res.Chunks:
+			err = fmt.Errorf("%d chunk CRCs for %d layers x %d chunks", len(r.ChunkCRCs), m.g.Layers, r.Res.Chunks)
+		case r.LayerCRCs != nil && len(r.LayerCRCs) != m.g.Layers:
+			err = fmt.Errorf("%d layer CRCs for %d layers", len(r.LayerCRCs), m.g.Layers)
+		}
+		if err != nil {
+			m.mu.Unlock()
+			return fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
+		}
+		for _, o := range reqs[:i] {
+			if o.Res.ID == r.Res.ID {
+				m.mu.Unlock()
+				return fmt.Errorf("objmap: committing run %d twice in one call", r.Res.ID)
+			}
+		}
+	}
+	for _, r := range reqs {
+		delete(m.reserved, r.Res.ID)
+	}
+	m.mu.Unlock()
+
+	crcs, err := m.writeHeaders(reqs)
+	if err != nil {
+		m.mu.Lock()
+		for _, r := range reqs {
+			_ = m.alloc.free(r.Res.File, extent{r.Res.Offset, r.Res.Length})
+		}
+		m.aborts += int64(len(reqs))
+		m.mu.Unlock()
+		return err
+	}
+
+	m.mu.Lock()
+	var last uint64
+	var overfull bool
+	for i, r := range reqs {
+		info := RunInfo{ID: r.Res.ID, Generation: r.Res.Generation, File: r.Res.File, Offset: r.Res.Offset,
+			Length: r.Res.Length, Chain: slices.Clone(r.Chain), Parent: r.Parent, HasParent: r.HasParent,
+			ChunkCRCs: crcs[i].chunks, LayerCRCs: crcs[i].layers}
+		lsn, of, err := m.j.append(&Record{Type: RecCommit, Run: info})
+		if err != nil {
+			m.mu.Unlock()
+			return fmt.Errorf("objmap: journaling commit of run %d: %w", r.Res.ID, err)
+		}
+		last, overfull = lsn, overfull || of
+		m.runs[info.ID] = &runEntry{info: info, state: stateCommitting}
+	}
+	m.mu.Unlock()
+	_ = overfull // Commit waits anyway
+	if err := m.j.waitDurable(last); err != nil {
+		return fmt.Errorf("objmap: committing %d runs: %w", len(reqs), err)
+	}
+	m.mu.Lock()
+	for _, r := range reqs {
+		if e, ok := m.runs[r.Res.ID]; ok {
+			e.state = stateLive
+		}
+	}
+	m.commits += int64(len(reqs))
+	m.mu.Unlock()
+	return nil
+}
+
+// runCRCs is what Commit stored for one run (new slices, owned by the RunInfo).
+type runCRCs struct{ chunks, layers []uint32 }
+
+// writeHeaders writes each run's header and chunk table (one write at the
+// run's offset, from off-heap memory) and fdatasyncs every pool file
+// involved. It returns the CRCs it stored, per request.
+func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
+	var need int64
+	for _, r := range reqs {
+		need = max(need, m.g.HeaderRegionBytes(r.Res.Chunks))
+	}
+	buf, err := uring.AllocBuffer(int(need))
+	if err != nil {
+		return nil, fmt.Errorf("objmap: commit: header buffer: %w", err)
+	}
+	defer buf.Free()
+	b := buf.Bytes()
+	out := make([]runCRCs, len(reqs))
+	var sync []int
+	for i, r := range reqs {
+		f := m.files[r.Res.File]
+		chunks := slices.Clone(r.ChunkCRCs)
+		layers, err := m.g.LayerCRCsFromChunks(chunks, r.Res.Chunks)
+		if err != nil {
+			return nil, fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
+		}
+		if r.LayerCRCs != nil {
+			for l, c := range layers {
+				if c != r.LayerCRCs[l] {
+					return nil, fmt.Errorf("objmap: committing run %d: layer %d: chunk CRCs give CRC32C %08x, LayerCRCs say %08x",
+						r.Res.ID, l, c, r.LayerCRCs[l])
+				}
+			}
+		}
+		region := b[:m.g.HeaderRegionBytes(r.Res.Chunks)]
+		tableCRC, err := EncodeChunkTable(region[HeaderBytes:], m.g.Layers, r.Res.Chunks, chunks)
+		if err != nil {
+			return nil, fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
+		}
+		h := Header{Fingerprint: m.g.Fingerprint(), Generation: r.Res.Generation, RunID: r.Res.ID, File: uint32(r.Res.File),
+			Offset: uint64(r.Res.Offset), ChunkBytesPerLayer: uint64(m.g.ChunkBytesPerLayer()), Parent: r.Parent, HasParent: r.HasParent,
+			LayerCRCs: layers, TableCRC: tableCRC, Chain: r.Chain}
+		if err := EncodeHeader(region, &h); err != nil {
+			return nil, fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
+		}
+		if err := pwriteAll(int(f.FD), region, r.Res.Offset); err != nil {
+			return nil, fmt.Errorf("objmap: committing run %d: writing header at %s offset %d: %w", r.Res.ID, f.Path, r.Res.Offset, err)
+		}
+		out[i] = runCRCs{chunks: chunks, layers: layers}
+		if !slices.Contains(sync, r.Res.File) {
+			sync = append(sync, r.Res.File)
+		}
+	}
+	for _, fi := range sync {
+		if err := m.syncers[fi].sync(); err != nil {
+			return nil, fmt.Errorf("objmap: commit: fdatasync of %s: %w", m.files[fi].Path, err)
+		}
+	}
+	return out, nil
+}
+
+// Free forgets a committed run. It journals a free record and returns
+// without waiting for it (unless the journal queue is past its bound); the
+// run stops being served at once, and its space becomes allocatable once the
+// record is durable (after the next Commit or Sync; see allocator for why).
+// The caller must have no read in flight on the run.
+func (m *Map) Free(id RunID) error {
+	m.mu.Lock()
+	if err := m.usable(); err != nil {
+		m.mu.Unlock()
+		return fmt.Errorf("objmap: freeing run %d: %w", id, err)
+	}
+	e, ok := m.runs[id]
+	if !ok || e.state != stateLive {
+		m.mu.Unlock()
+		return fmt.Errorf("objmap: freeing run %d: %w", id, ErrUnknownRun)
+	}
+	lsn, overfull, err := m.j.append(&Record{Type: RecFree, ID: id})
+	if err != nil {
+		m.mu.Unlock()
+		return fmt.Errorf("objmap: freeing run %d: %w", id, err)
+	}
+	delete(m.runs, id)
+	m.alloc.quarantineFree(e.info.File, extent{e.info.Offset, e.info.Length}, lsn)
+	m.frees++
+	m.mu.Unlock()
+	if overfull {
+		return m.j.waitDurable(lsn)
+	}
+	return nil
+}
+
+// Sync makes every journal record appended so far durable (frees included),
+// which also releases their quarantined space.
+func (m *Map) Sync() error {
+	m.mu.Lock()
+	if err := m.usable(); err != nil {
+		m.mu.Unlock()
+		if errors.Is(err, ErrReadOnly) {
+			return nil
+		}
+		return fmt.Errorf("objmap: sync: %w", err)
+	}
+	m.mu.Unlock()
+	if lsn := m.j.lastLSN(); lsn > 0 {
+		return m.j.waitDurable(lsn)
+	}
+	return nil
+}
+
+// Lookup returns a committed, durable run. The returned Chain is shared:
+// read-only.
+func (m *Map) Lookup(id RunID) (RunInfo, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.runs[id]
+	if !ok || e.state != stateLive {
+		return RunInfo{}, false
+	}
+	return e.info, true
+}
+
+// Runs calls fn for every durable run in RunID order (the runtime rebuilds
+// its prefix index from it after Open) until fn returns false. fn must not
+// call back into the Map.
+func (m *Map) Runs(fn func(RunInfo) bool) {
+	m.mu.Lock()
+	list := make([]RunInfo, 0, len(m.runs))
+	for _, e := range m.runs {
+		if e.state == stateLive {
+			list = append(list, e.info)
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(list, func(a, b RunInfo) int { return cmpID(a.ID, b.ID) })
+	for _, r := range list {
+		if !fn(r) {
+			return
+		}
+	}
+}
+
+func cmpID(a, b RunID) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Stats is a snapshot of the store's counters.
+type Stats struct {
+	CapacityBytes    int64  `json:"capacity_bytes"`
+	FreeBytes        int64  `json:"free_bytes"`
+	QuarantinedBytes int64  `json:"quarantined_bytes"`
+	ReservedBytes    int64  `json:"reserved_bytes"`
+	LiveRuns         int    `json:"live_runs"`
+	Commits          int64  `json:"commits"`
+	Frees            int64  `json:"frees"`
+	Aborts           int64  `json:"aborts"`
+	JournalRecords   int64  `json:"journal_records"`
+	JournalSyncs     int64  `json:"journal_syncs"`
+	JournalBytes     int64  `json:"journal_bytes"`
+	PoolSyncs        int64  `json:"pool_syncs"`
+	Checkpoints      int64  `json:"checkpoints"`
+	Epoch            uint64 `json:"epoch"`
+}
+
+// Stats returns the current counters.
+func (m *Map) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := Stats{CapacityBytes: m.fileSize * int64(len(m.files)), FreeBytes: m.alloc.freeBytes(),
+		QuarantinedBytes: m.alloc.quarantinedBytes(), Commits: m.commits, Frees: m.frees, Aborts: m.aborts,
+		Checkpoints: m.checkpoints, Epoch: m.epoch}
+	for _, r := range m.reserved {
+		s.ReservedBytes += r.Length
+	}
+	for _, fs := range m.syncers {
+		fs.mu.Lock()
+		s.PoolSyncs += fs.syncs
+		fs.mu.Unlock()
+	}
+	for _, e := range m.runs {
+		if e.state == stateLive {
+			s.LiveRuns++
+		}
+	}
+	if m.j != nil {
+		m.j.mu.Lock()
+		s.JournalRecords, s.JournalSyncs, s.JournalBytes = m.j.records, m.j.syncs, m.j.bytes
+		m.j.mu.Unlock()
+	}
+	return s
+}
