@@ -118,15 +118,14 @@ type nodeReply struct {
 }
 
 func runNode(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("tutti node", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("node", stderr)
 	dir := fs.String("dir", "", "store directories (comma-separated); kept: a restarted node recovers them")
 	modelName := fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
 	capBlocks := fs.Int("capacity-blocks", 1024, "store capacity in chain blocks")
 	pages := fs.Int("pages", 256, "engine KV pages (host memory); a request may use all of them")
 	var kf kvFlags
 	kf.add(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	dirs, err := parseDirs(*dir)
