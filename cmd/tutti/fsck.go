@@ -50,7 +50,7 @@ func runFsck(args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	buffered := fs.Bool("buffered", false, "open pool files without O_DIRECT (file systems that refuse it)")
 	repair := fs.Bool("repair", false, "open the store for writing and repair it: rewrite a damaged journal from the run headers, truncate a torn tail, free dropped and corrupt runs")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if len(dirs) == 0 || fs.NArg() > 0 {
