@@ -37,6 +37,7 @@ FLAGS=${TK_FLAGS:-}
 DISK=${TK_DISK:-/var/tmp/tk}
 ROOT=$PWD
 LIB=$ROOT/kernels/build/libtutti_kernels.so
+TESTKIT=$ROOT/kernels/build/libtutti_testkit.so
 LOOPS=()
 SUMMARY=()
 t0=$(date +%s)
@@ -72,13 +73,17 @@ if step build; then
 		exit 1
 	fi
 fi
-[ -f "$LIB" ] || { note "no $LIB: run the build step"; exit 1; }
-export TUTTI_KERNELS_LIB=$LIB
+[ -f "$LIB" ] && [ -f "$TESTKIT" ] || { note "no $LIB or $TESTKIT: run the build step"; exit 1; }
+export TUTTI_KERNELS_LIB=$LIB TUTTI_TESTKIT_LIB=$TESTKIT
+# The product's library must hold no test or baseline symbol (issue 20).
+if nm -D --defined-only "$LIB" | grep -E ' (tkt_|tk_kv_|tk_cufile|tk_prefill|tk_fail_msg)' >"$W/lib-leaks.txt"; then
+	note "product library exports test symbols: $(tr '\n' ' ' <"$W/lib-leaks.txt")"
+else note "product library: no test or baseline symbols"; fi
 
 # 2. C self-test (its own SQPOLL ring)
 if step selftest; then
 	mkdir -p "$DISK"
-	if timeout 120 kernels/build/selftest "$LIB" "$DISK" >"$W/selftest.log" 2>&1; then note "selftest: PASS"; else note "selftest: FAIL ($?)"; fi
+	if timeout 120 kernels/build/selftest "$LIB" "$DISK" "$TESTKIT" >"$W/selftest.log" 2>&1; then note "selftest: PASS"; else note "selftest: FAIL ($?)"; fi
 fi
 
 # 3. GPU tests: a test binary built on the dev machine, run in its package's
@@ -96,6 +101,7 @@ gotest() { # name dir binary timeout_s run
 }
 if step tests; then
 	gotest kernels-test kernels bin/gpu/kernels.test 300 .
+	gotest testkit-test kernels/testkit bin/gpu/testkit.test 120 .
 	gotest runtime-test runtime bin/gpu/runtime.test 150 'GPU|DeviceWindow|WindowFor'
 	gotest tp-test runtime/tp bin/gpu/tp.test 150 GPU
 	if [ -f bin/libtutti.so ]; then

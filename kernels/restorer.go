@@ -548,6 +548,10 @@ func (r *Restorer) HelperErr() error {
 // Limits are the bounds every request is checked against.
 func (r *Restorer) Limits() Limits { return r.lim }
 
+// Config returns the configuration r was bound with, defaults filled in
+// (the KV tensors and device a caller checks or fills, e.g. package testkit).
+func (r *Restorer) Config() Config { return r.cfg }
+
 // Staging is the pinned staging pool: StagingSlots slots of Limits().SlotBytes.
 // Host-issued paths may read into it and scatter from it (ScatterHost).
 func (r *Restorer) Staging() *uring.Buffer { return r.staging }
@@ -870,24 +874,6 @@ func (r *Restorer) Gather(pages []int32, firstLayer, layers int, dst uintptr, la
 		}
 	}
 	return r.SyncCopies()
-}
-
-// FillKV sets every byte of the bound KV tensors (poison before a check).
-func (r *Restorer) FillKV(b byte) error {
-	return status("fill kv", C.tkl_kv_fill(r.ctx, C.uint32_t(b)))
-}
-
-// VerifyKV counts the 8-byte words of layers [firstLayer, +layers) of the
-// mapped pages that differ from GenWord(seed, layer, i, w), where i is the
-// page's index in pages (its place in the saved object).
-func (r *Restorer) VerifyKV(seed uint64, pages []PageMap, firstLayer, layers int) (uint64, error) {
-	if len(pages) == 0 {
-		return 0, fmt.Errorf("verify: %w: no pages", ErrInvalid)
-	}
-	var n C.uint64_t
-	err := status("verify kv", C.tkl_kv_verify(r.ctx, C.uint64_t(seed), (*C.tk_page_map)(unsafe.Pointer(&pages[0])),
-		C.uint32_t(len(pages)), C.uint32_t(firstLayer), C.uint32_t(layers), &n))
-	return uint64(n), err
 }
 
 // failedPages counts (layer, page) pairs that a failed entry kept from being

@@ -17,6 +17,7 @@ import (
 	"github.com/tutti-io/tutti/devbench"
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kernels/testkit"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
@@ -411,7 +412,7 @@ func (b *gpuBench) writeData(reuse bool) error {
 				ps = b.lay.pieces(l, ps[:0])
 				for _, pc := range ps {
 					n, padded := int64(pc.pages)*b.g.PageBytes(), b.lay.objStride(pc.pages)
-					if err := kernels.FillObject(buf.Bytes()[:n], b.g, b.seed, l, pc.first, pc.pages); err != nil {
+					if err := testkit.FillObject(buf.Bytes()[:n], b.g, b.seed, l, pc.first, pc.pages); err != nil {
 						errs <- err
 						return
 					}
@@ -614,7 +615,7 @@ func layerStats(row *benchRow, doneMs []float64) {
 
 func (b *gpuBench) runPath(p string) benchRow {
 	row := benchRow{Path: p}
-	if err := b.r.FillKV(0xA5); err != nil { // poison: stale bytes can never pass
+	if err := testkit.FillKV(b.r, 0xA5); err != nil { // poison: stale bytes can never pass
 		row.Error = err.Error()
 		return row
 	}
@@ -665,7 +666,7 @@ func (b *gpuBench) runPath(p string) benchRow {
 		row.Error = err.Error()
 	}
 	if row.Bytes > 0 && verify {
-		bad, verr := b.r.VerifyKV(b.seed, b.pm, 0, b.g.Layers)
+		bad, verr := testkit.VerifyKV(b.r, b.seed, b.pm, 0, b.g.Layers)
 		if verr != nil {
 			row.Error = strings.TrimSpace(row.Error + " verify: " + verr.Error())
 		}
@@ -1110,7 +1111,7 @@ func (b *gpuBench) cufileBatches(l int) []cufileBatch {
 // storage (5027 on a virtio disk) the row says so and carries no numbers.
 func (b *gpuBench) runCuFile(row *benchRow) error {
 	for _, p := range b.paths {
-		code, err := kernels.CuFileProbe(p)
+		code, err := testkit.CuFileProbe(p)
 		if err != nil {
 			row.Note = fmt.Sprintf("cuFile error %d", code)
 			return fmt.Errorf("cuFile refused %s (error %d): %w", p, code, err)
@@ -1133,7 +1134,7 @@ func (b *gpuBench) runCuFile(row *benchRow) error {
 	m0 := b.start()
 	for l, bs := range batches {
 		for _, c := range bs {
-			if err := kernels.CuFileBatchRead(b.paths[c.dev], c.fileOff, c.dstOff, c.lens, buf, bufBytes); err != nil {
+			if err := testkit.CuFileBatchRead(b.paths[c.dev], c.fileOff, c.dstOff, c.lens, buf, bufBytes); err != nil {
 				return err
 			}
 			ios += int64(len(c.lens))
@@ -1156,7 +1157,7 @@ func (b *gpuBench) fillSlot(dst []byte, l int) error {
 	offs, used := b.lay.slotOffsets()
 	clear(dst[:used])
 	for k, pc := range b.lay.pieces(l, nil) {
-		if err := kernels.FillObject(dst[offs[k]:], b.g, b.seed, l, pc.first, pc.pages); err != nil {
+		if err := testkit.FillObject(dst[offs[k]:], b.g, b.seed, l, pc.first, pc.pages); err != nil {
 			return err
 		}
 	}
