@@ -270,6 +270,15 @@ func CopyToDevice(dst uint64, src uintptr, bytes int64) error {
 	return status("tk_memcpy_htod", C.tkl_memcpy_htod(C.uint64_t(dst), C.uint64_t(src), C.uint64_t(bytes)))
 }
 
+// MemsetDevice sets bytes of device memory at dst to b (synchronous; tests
+// and benchmarks poison KV tensors with it).
+func MemsetDevice(dst uint64, b byte, bytes int64) error {
+	if err := Load(); err != nil {
+		return err
+	}
+	return status("tk_memset_dev", C.tkl_memset_dev(C.uint64_t(dst), C.uint32_t(b), C.uint64_t(bytes)))
+}
+
 // HostRegister pins and maps off-heap host memory for the GPU (it must stay
 // mapped until HostUnregister). Copies to or from host memory are refused
 // unless it lies in a registered range or the bound staging pool.

@@ -120,7 +120,8 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	runPages := fs.Int("run-pages", 0, "--stripe runs: pages per run, whole chain blocks of the model (32 pages for the eval/model profiles), at most objmap.MaxRunChunks blocks (0: the fewest runs per device that fit, of equal length rounded up to whole blocks)")
 	label := fs.String("label", "", "storage label printed with the results")
 	jsonPath := fs.String("json", "", "write JSON rows (one per line) to this file ('-' = stdout)")
-	pathList := fs.String("paths", "gpu,gpu-kick,uring,per-block,cufile,cufile-compat,page-cache,dram,gpu", "paths to run, in order")
+	pathList := fs.String("paths", "gpu,gpu-kick,uring,per-block,cufile,cufile-compat,page-cache,dram,gpu", "paths to run, in order; store-gpu and store-cpu (runtime.Store's Save and Load, eval/gpubench) run after the others, on --store-dirs, and need no GPU for store-cpu")
+	storeDirs := fs.String("store-dirs", "", "store-gpu/store-cpu: comma-separated store directories, one per device, on the devices' filesystems (default: --dir)")
 	maxIO := fs.Int("max-io", 0, "largest read of the object paths, bytes (0: the largest read every device takes without a split, from its max_sectors_kb, 1 MiB if unknown, at most 4 MiB)")
 	qd := fs.Int("qd", 64, "queue depth of the CPU-issued paths")
 	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: per device half its block queue depth (nr_requests), 8..128; in all at most the smallest nr_requests and 1024)")
@@ -155,6 +156,15 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		}
 		return runGroupBenchCLI(groupBenchFlags{model: *model, tokens: *tokens, dir: *dir, layout: *layout, seed: *seed, gpus: *gpus,
 			window: *window, maxIO: *maxIO, lookahead: *lookahead, exactWake: *kickExact, jsonPath: *jsonPath}, stdout, stderr)
+	}
+	kernelPaths, storePaths := splitStorePaths(*pathList)
+	sf := storeFlags{model: *model, label: *label, dirs: *storeDirs, jsonPath: *jsonPath, tokens: *tokens, seed: *seed,
+		noCeiling: *noCeiling, appendJSON: len(kernelPaths) > 0}
+	if sf.dirs == "" {
+		sf.dirs = *dir
+	}
+	if len(kernelPaths) == 0 {
+		return runStoreRows(sf, storePaths, stdout, stderr)
 	}
 	prof, err := evalmodel.Lookup(*model)
 	if err != nil {
@@ -260,7 +270,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 
 	var rounds [][]benchRow
 	dest := b.ceilingDestBytes()
-	paths := strings.Split(*pathList, ",")
+	paths := kernelPaths
 	for k := 0; k < *nRounds; k++ {
 		sum, cnote, cached, cachedNote := 0.0, "(skipped)", 0.0, "(skipped)"
 		if !*noCeiling {
@@ -314,6 +324,9 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		if r.Mismatches != 0 {
 			return fmt.Errorf("path %s: %d mismatched words", r.Path, r.Mismatches)
 		}
+	}
+	if len(storePaths) > 0 {
+		return runStoreRows(sf, storePaths, stdout, stderr)
 	}
 	return nil
 }
@@ -1213,12 +1226,21 @@ func (b *gpuBench) runDRAM(row *benchRow) error {
 // writeJSONLines writes rows as JSON, one per line, to path ("-": stdout;
 // "": nowhere): gpubench's --json.
 func writeJSONLines[T any](path string, stdout io.Writer, rows []T) error {
+	return writeJSONRows(path, stdout, rows, false)
+}
+
+// writeJSONRows is writeJSONLines, appending to the file when appendTo.
+func writeJSONRows[T any](path string, stdout io.Writer, rows []T, appendTo bool) error {
 	if path == "" {
 		return nil
 	}
 	w := stdout
 	if path != "-" {
-		f, err := os.Create(path)
+		flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+		if appendTo {
+			flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
+		}
+		f, err := os.OpenFile(path, flags, 0o644)
 		if err != nil {
 			return err
 		}

@@ -147,7 +147,7 @@ func status(op string, s C.tk_status) error {
 	return fmt.Errorf("%s: %w: %s", op, sentinel, msg)
 }
 
-// kvDesc is the tk_kv of r's bound tensors.
+// kvDesc is the tk_kv of the tensors cfg describes.
 func kvDesc(cfg kernels.Config) (C.tk_kv, error) {
 	var kv C.tk_kv
 	g := cfg.Geometry
@@ -186,13 +186,20 @@ func FillKV(r *kernels.Restorer, b byte) error {
 // i is the page's index in pages (its place in the saved object). The caller
 // has waited for every restore into those pages.
 func VerifyKV(r *kernels.Restorer, seed uint64, pages []kernels.PageMap, firstLayer, layers int) (uint64, error) {
+	return VerifyTensors(r.Config(), seed, pages, firstLayer, layers)
+}
+
+// VerifyTensors is VerifyKV on the tensors cfg describes (Device, Geometry,
+// Layout, NumPages, KV), bound to no Restorer: what a benchmark of the
+// runtime's GPU path checks after a runtime.Store.Load. Only pages[i].DstPage
+// is read.
+func VerifyTensors(cfg kernels.Config, seed uint64, pages []kernels.PageMap, firstLayer, layers int) (uint64, error) {
 	if len(pages) == 0 {
 		return 0, fmt.Errorf("verify: %w: no pages", kernels.ErrInvalid)
 	}
 	if err := Load(); err != nil {
 		return 0, err
 	}
-	cfg := r.Config()
 	kv, err := kvDesc(cfg)
 	if err != nil {
 		return 0, err
