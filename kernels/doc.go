@@ -85,7 +85,7 @@
 // disabled with DEFER_TASKRUN, handed to the loop's thread, which registers
 // the staging pool and enables it, so completions run as its deferred task
 // work and the kernel wakes it once per batch instead of once per I/O. The
-// runtime uses kick mode unless Config.GPUSQPoll.
+// runtime uses kick mode unless runtime.GPUConfig.SQPoll.
 //
 // The staging slots are registered with the ring as fixed buffers (index =
 // slot) and the GPU writes READ_FIXED SQEs, so the kernel does not pin the

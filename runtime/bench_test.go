@@ -36,7 +36,7 @@ func BenchmarkRestore70B(b *testing.B) {
 	gpu := benchenv.GPU()
 	if gpu {
 		cfg.Path = PathGPU
-		cfg.GPUMaxPages = blocks
+		cfg.GPU.MaxPages = blocks
 	}
 	s, err := Open(cfg)
 	if errors.Is(err, ErrGPUUnavailable) {

@@ -59,14 +59,14 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	}
 	rc := uring.DefaultConfig()
 	// The queue holds the window (uring.New rounds it up to a power of two).
-	rc.Entries = uint32(max(64, s.cfg.QueueDepth, s.cfg.GPUIOWindow))
+	rc.Entries = uint32(max(64, s.cfg.QueueDepth, s.cfg.GPU.IOWindow))
 	// Without SQPOLL the kernels' helper thread submits and runs the
 	// completions' task work (kick mode), on a DEFER_TASKRUN ring where the
 	// kernel allows it; nothing else enters this ring.
 	var ring *uring.Ring
 	var err error
 	var fallback string
-	if s.cfg.GPUSQPoll {
+	if s.cfg.GPU.SQPoll {
 		rc.SQPoll = true
 		rc.SQThreadIdleMs = 20
 		ring, err = uring.New(rc)
@@ -76,10 +76,9 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runtime: GPU ring: %w", err)
 	}
-	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPUDevice, Geometry: kernels.GeometryOf(s.geo), Layout: s.cfg.Layout,
-		NumPages: s.cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: s.cfg.GPUMaxPages, MaxExtents: s.cfg.GPUMaxRuns,
-		IOWindow: s.cfg.GPUIOWindow, MaxIOBytes: s.cfg.GPUMaxIOBytes, Lookahead: s.cfg.GPULookahead,
-		LooseWakeTarget: s.cfg.GPULooseWakeTarget})
+	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPU.Device, Geometry: kernels.GeometryOf(s.geo), Layout: s.cfg.Layout,
+		NumPages: s.cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: s.cfg.GPU.MaxPages, MaxExtents: s.cfg.GPU.MaxRuns,
+		IOWindow: s.cfg.GPU.IOWindow, MaxIOBytes: s.cfg.GPU.MaxIOBytes, Lookahead: s.cfg.GPU.Lookahead})
 	if err != nil {
 		ring.Close()
 		return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
@@ -123,17 +122,17 @@ func gpuWriteUnit(g objmap.Geometry) int64 {
 	return pb / a * objmap.BlockBytes
 }
 
-// gpuCut trims runs to what one GPU restore can take (GPUMaxRuns extents,
-// GPUMaxPages pages, extents starting on an O_DIRECT boundary) and returns
+// gpuCut trims runs to what one GPU restore can take (GPU.MaxRuns extents,
+// GPU.MaxPages pages, extents starting on an O_DIRECT boundary) and returns
 // the blocks kept; the rest is recomputed like blocks the plan left out.
 func (s *Store) gpuCut(runs []loadRun, planned int) int {
 	g := s.geo
 	kept, pages := 0, 0
 	for i, r := range runs {
-		if kept >= planned || i >= s.cfg.GPUMaxRuns || (int64(r.first)*g.ChunkBytesPerLayer())%objmap.BlockBytes != 0 {
+		if kept >= planned || i >= s.cfg.GPU.MaxRuns || (int64(r.first)*g.ChunkBytesPerLayer())%objmap.BlockBytes != 0 {
 			break
 		}
-		k := min(r.k, planned-kept, (s.cfg.GPUMaxPages-pages)/g.ChunkPages)
+		k := min(r.k, planned-kept, (s.cfg.GPU.MaxPages-pages)/g.ChunkPages)
 		if k <= 0 {
 			break
 		}

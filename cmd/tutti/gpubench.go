@@ -124,7 +124,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	storeDirs := fs.String("store-dirs", "", "store-gpu/store-cpu: comma-separated store directories, one per device, on the devices' filesystems (default: --dir)")
 	maxIO := fs.Int("max-io", 0, "largest read of the object paths, bytes (0: the largest read every device takes without a split, from its max_sectors_kb, 1 MiB if unknown, at most 4 MiB)")
 	qd := fs.Int("qd", 64, "queue depth of the CPU-issued paths")
-	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: per device half its block queue depth (nr_requests), 8..128; in all at most the smallest nr_requests and 1024)")
+	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: sized to the devices, runtime.GPUReadWindow of their nr_requests)")
 	lookahead := fs.Int("lookahead", 0, "GPU path: layers in flight beyond the one waited for (0: enough layers to fill the window with reads, at least the number of devices and 2, at most 16)")
 	idleMs := fs.Uint("sqpoll-idle-ms", 50, "GPU path: SQPOLL thread idle time before it sleeps")
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")
@@ -155,7 +155,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 			return errors.New("--stripe and --run-pages apply to one GPU: with --gpus N the ranks' stores lay their runs out themselves")
 		}
 		return runGroupBenchCLI(groupBenchFlags{model: *model, tokens: *tokens, dir: *dir, layout: *layout, seed: *seed, gpus: *gpus,
-			window: *window, maxIO: *maxIO, lookahead: *lookahead, exactWake: *kickExact, jsonPath: *jsonPath}, stdout, stderr)
+			window: *window, maxIO: *maxIO, lookahead: *lookahead, jsonPath: *jsonPath}, stdout, stderr)
 	}
 	kernelPaths, storePaths := splitStorePaths(*pathList)
 	sf := storeFlags{model: *model, label: *label, dirs: *storeDirs, jsonPath: *jsonPath, tokens: *tokens, seed: *seed,

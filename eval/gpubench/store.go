@@ -209,7 +209,7 @@ func runStorePath(cfg StoreConfig, path string, g objmap.Geometry, blocks int, c
 		CapacityBytes: runtime.CapacityForBlocks(g, blocks) + int64(len(dirs))*(64<<20),
 		SaveBoundMs:   saveBoundMs, SaveBudgetBytes: payload, Device: deviceProfile(ceil, len(dirs))}
 	if onGPU {
-		sc.Path, sc.GPUDevice, sc.GPUMaxPages = runtime.PathGPU, cfg.Device, pages
+		sc.Path, sc.GPU.Device, sc.GPU.MaxPages = runtime.PathGPU, cfg.Device, pages
 	}
 	s, err := runtime.Open(sc)
 	if err != nil {

@@ -71,7 +71,7 @@ func benchGroup(b *testing.B, n int) float64 {
 	gpu := benchenv.GPU()
 	if gpu {
 		cfg.Store.Path = runtime.PathGPU
-		cfg.Store.GPUMaxPages = blocks
+		cfg.Store.GPU.MaxPages = blocks
 	}
 	grp, err := Open(cfg)
 	if errors.Is(err, runtime.ErrGPUUnavailable) && !kernels.Explicit() {
