@@ -63,7 +63,7 @@ func benchGroup(b *testing.B, n int) float64 {
 		CapacityBytes: z.CapacityBytes, StagingBytes: z.StagingBytes, StagingSlotBytes: z.StagingSlotBytes,
 		QueueDepth: z.QueueDepth, SaveBoundMs: z.SaveBoundMs, SaveBudgetBytes: z.SaveBudgetBytes}}
 	// Rank r's store in the r-th root mod their count.
-	roots := benchenv.Roots(b, 1)
+	roots := benchenv.Roots(b)
 	for r := 0; r < n; r++ {
 		d := benchenv.Under(b, roots[r%len(roots)], fmt.Sprintf("tutti-tp-rank%d-", r))
 		cfg.Dirs = append(cfg.Dirs, []string{filepath.Clean(d)})
