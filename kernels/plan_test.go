@@ -113,6 +113,19 @@ func checkPlan(t *testing.T, g Geometry, lim Limits, req Request, p *Plan) {
 			}
 			end += x.Len
 		}
+		if len(p.EntryExtent) != epl {
+			t.Fatalf("%d entry extents for %d entries per layer", len(p.EntryExtent), epl)
+		}
+		for e, x := range es {
+			k := int(p.EntryExtent[e])
+			if k < 0 || k >= len(req.Layers[l]) || (e > 0 && int(p.EntryExtent[e-1]) > k) {
+				t.Fatalf("layer %d entry %d: extent %d of %d, out of order", l, e, k, len(req.Layers[l]))
+			}
+			xt := req.Layers[l][k]
+			if lo, hi := xt.Offset, xt.Offset+roundUp(int64(xt.Pages)*pb, StagingAlign); int64(x.Offset) < lo || int64(x.Offset)+int64(x.Len) > hi {
+				t.Fatalf("layer %d entry %d reads [%d,+%d), outside its extent %d [%d,%d)", l, e, x.Offset, x.Len, k, lo, hi)
+			}
+		}
 		if int64(end) != p.SlotBytesUsed || int64(end) > lim.SlotBytes {
 			t.Fatalf("layer %d entries end at %d, slot used %d, slot %d", l, end, p.SlotBytesUsed, lim.SlotBytes)
 		}

@@ -220,6 +220,7 @@ type Restorer struct {
 type reqSlot struct {
 	pages   []PageMap
 	entries []ioEntry
+	extents []int32 // Plan.EntryExtent
 	results []EntryResult
 	layerMs []float32
 }
@@ -687,6 +688,7 @@ func (c cFeed) submit(it *feedItem, layers int) error {
 	it.id = uint32(id)
 	s := &r.slots[id]
 	s.entries = append(s.entries[:0], pl.Entries...)
+	s.extents = append(s.extents[:0], pl.EntryExtent...)
 	s.pages = append(s.pages[:0], pl.Pages...)
 	return nil
 }
@@ -764,7 +766,7 @@ func (x *Restore) Wait() (*Result, error) {
 	for e, er := range res.Entries {
 		if er.Status != EntryOK {
 			res.Failed = append(res.Failed, &EntryError{Layer: x.f.first + e/x.epl, Entry: e % x.epl,
-				Offset: int64(s.entries[e].Offset), Result: er})
+				Extent: int(s.extents[e%x.epl]), Offset: int64(s.entries[e].Offset), Result: er})
 		}
 	}
 	if len(res.Failed) > 0 {

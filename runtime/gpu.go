@@ -167,8 +167,34 @@ func (l *Load) startGPU() {
 		return
 	}
 	l.ioCount = int64(g.Layers * len(l.runs))
+	l.firstNs = s.sched.nowNs()
 	l.gpuX = x
 	go l.driveGPU(x)
+}
+
+// observeGPUReads reports a finished GPU restore's reads to each device's
+// model: run i's bytes to the device that holds run i, the reads counted as
+// kernels cuts them (MaxIOBytes), busy from submission to the last layer.
+func (l *Load) observeGPUReads() {
+	s := l.s
+	g := s.geo
+	now := s.sched.nowNs()
+	l.mu.Lock()
+	valid := l.validRuns
+	l.mu.Unlock()
+	var bs []ioBatch
+	for _, r := range l.runs[:valid] {
+		perLayer := (int64(r.k)*g.ChunkBytesPerLayer() + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
+		reads := (perLayer + int64(s.cfg.GPU.MaxIOBytes) - 1) / int64(s.cfg.GPU.MaxIOBytes)
+		b := batchOf(&bs, r.run.device)
+		b.bytes += perLayer * int64(g.Layers)
+		b.ops += reads * int64(g.Layers)
+	}
+	for dev, b := range bs {
+		if b.ops > 0 {
+			s.sched.observeReads(dev, b.bytes, int(b.ops), now-l.firstNs)
+		}
+	}
 }
 
 func (l *Load) driveGPU(x *kernels.Restore) {
@@ -187,9 +213,16 @@ func (l *Load) driveGPU(x *kernels.Restore) {
 		res, err := x.Wait()
 		if res != nil {
 			for _, f := range res.Failed {
-				l.failRuns(l.runOfOffset(f.Layer, f.Offset), MissIOError, f)
+				// Extent i of every layer is run i (startGPU); out of
+				// range fails the whole load (closed).
+				r := f.Extent
+				if r < 0 || r >= len(l.runs) {
+					r = 0
+				}
+				l.failRuns(r, MissIOError, f)
 			}
 		}
+		l.observeGPUReads()
 		if err != nil && (res == nil || len(res.Failed) == 0) {
 			l.failRuns(0, MissGPU, err)
 			if l.gpuErr == nil {
@@ -207,21 +240,6 @@ func (l *Load) driveGPU(x *kernels.Restore) {
 		l.mu.Unlock()
 	}
 	l.finish()
-}
-
-// runOfOffset returns the first run whose object of layer holds file offset
-// off (the earliest when offsets of runs in different files coincide: a miss
-// too many is safe, a wrong hit is not).
-func (l *Load) runOfOffset(layer int, off int64) int {
-	g := l.s.geo
-	for i, r := range l.runs {
-		o, _ := g.ObjectOffset(r.run.chunks, layer)
-		start := r.run.offset + o
-		if off >= start && off < start+g.ObjectStride(r.run.chunks) {
-			return i
-		}
-	}
-	return 0
 }
 
 // StreamWaitLayer makes a CUDA stream wait until layer is in the KV tensors,
