@@ -28,7 +28,7 @@
 #              pairs of rounds)
 #   TK_TOKENS  prefix tokens (default 32768)
 #   TK_BENCH_S product: no new gpubench run starts after this many seconds
-#              of the script (default 500; the whole call stays near 9 min)
+#              of the script (default 480; the whole call stays under 10 min)
 #   TK_FLAGS   extra gpubench flags for every run (a diagnostic such as
 #              "--window 32"; such a run is never a default-settings pool)
 #   TK_DISK    the real disk's directory (default /var/tmp/tk)
@@ -38,7 +38,7 @@ OUT=${OUT:-$PWD/out}
 W=${TK_WORK:-/tmp/device-test}
 STEPS=${TK_STEPS:-build selftest tests bench}
 BENCH=${TK_BENCH:-product}
-BENCH_S=${TK_BENCH_S:-500}
+BENCH_S=${TK_BENCH_S:-480}
 ROUNDS=${TK_ROUNDS:-$([ "$BENCH" = paths ] && echo 1 || echo 6)}
 TOKENS=${TK_TOKENS:-32768}
 FLAGS=${TK_FLAGS:-}
