@@ -46,7 +46,8 @@ python-test:
 	$(GO) build -buildmode=c-shared -o $(BIN)/libtutti.so ./runtime/capi
 	TUTTI_LIB=$(CURDIR)/$(BIN)/libtutti.so PYTHONPATH=$(CURDIR)/python $(PY) -m unittest discover -s python/tests -v
 
-# CUDA kernels → shared library loaded by package kernels at run time (GPU machine).
+# CUDA kernels → the product library (package kernels) and the test kit
+# (package kernels/testkit), loaded at run time (GPU machine).
 kernels:
 	$(MAKE) -C kernels NVCC=$(NVCC)
 
@@ -54,6 +55,7 @@ kernels:
 gpu-bins:
 	$(GO) build -o $(BIN)/gpu/tutti ./cmd/tutti
 	$(GO) test -c -o $(BIN)/gpu/kernels.test ./kernels
+	$(GO) test -c -o $(BIN)/gpu/testkit.test ./kernels/testkit
 	$(GO) test -c -o $(BIN)/gpu/runtime.test ./runtime
 	$(GO) test -c -o $(BIN)/gpu/tp.test ./runtime/tp
 	$(GO) build -buildmode=c-shared -o $(BIN)/libtutti.so ./runtime/capi

@@ -38,10 +38,6 @@ static struct {
 	tk_status (*copy_event)(uint64_t, uint32_t);
 	tk_status (*copy_event_wait)(uint64_t, uint32_t);
 	tk_status (*sync)(uint64_t);
-	tk_status (*kv_fill)(uint64_t, uint32_t);
-	tk_status (*kv_verify)(uint64_t, uint64_t, const tk_page_map *, uint32_t, uint32_t, uint32_t, uint64_t *);
-	tk_status (*cufile_probe)(const char *, int32_t *);
-	tk_status (*cufile_batch_read)(const char *, const uint64_t *, const uint64_t *, const uint32_t *, uint32_t, uint64_t, uint64_t);
 } T;
 
 static int tkl_load(const char *path, char *err, int n) {
@@ -51,7 +47,7 @@ static int tkl_load(const char *path, char *err, int n) {
 	S(abi_version) S(init) S(last_error) S(device_name) S(dev_alloc) S(dev_alloc_on) S(dev_free) S(memcpy_htod) S(memcpy_dtoh)
 	S(memset_dev) S(host_register) S(host_unregister) S(bind) S(unbind) S(restore_submit) S(restore_enqueue) S(restore_stream_wait)
 	S(restore_wait_layer) S(restore_wait) S(restore_release) S(host_map) S(scatter_host) S(gather_host)
-	S(scatter_dev) S(copy_event) S(copy_event_wait) S(sync) S(kv_fill) S(kv_verify) S(cufile_probe) S(cufile_batch_read)
+	S(scatter_dev) S(copy_event) S(copy_event_wait) S(sync)
 #undef S
 	return 0;
 }
@@ -83,10 +79,6 @@ tk_status tkl_scatter_dev(uint64_t c, uint32_t l, uint64_t a, uint64_t n) { retu
 tk_status tkl_copy_event(uint64_t c, uint32_t i) { return T.copy_event(c, i); }
 tk_status tkl_copy_event_wait(uint64_t c, uint32_t i) { return T.copy_event_wait(c, i); }
 tk_status tkl_sync(uint64_t c) { return T.sync(c); }
-tk_status tkl_kv_fill(uint64_t c, uint32_t v) { return T.kv_fill(c, v); }
-tk_status tkl_kv_verify(uint64_t c, uint64_t seed, const tk_page_map *m, uint32_t n, uint32_t fl, uint32_t nl, uint64_t *out) { return T.kv_verify(c, seed, m, n, fl, nl, out); }
-tk_status tkl_cufile_probe(const char *p, int32_t *e) { return T.cufile_probe(p, e); }
-tk_status tkl_cufile_batch_read(const char *p, const uint64_t *fo, const uint64_t *dof, const uint32_t *len, uint32_t n, uint64_t d, uint64_t db) { return T.cufile_batch_read(p, fo, dof, len, n, d, db); }
 */
 import "C"
 
@@ -278,6 +270,15 @@ func CopyToDevice(dst uint64, src uintptr, bytes int64) error {
 	return status("tk_memcpy_htod", C.tkl_memcpy_htod(C.uint64_t(dst), C.uint64_t(src), C.uint64_t(bytes)))
 }
 
+// MemsetDevice sets bytes of device memory at dst to b (synchronous; tests
+// and benchmarks poison KV tensors with it).
+func MemsetDevice(dst uint64, b byte, bytes int64) error {
+	if err := Load(); err != nil {
+		return err
+	}
+	return status("tk_memset_dev", C.tkl_memset_dev(C.uint64_t(dst), C.uint32_t(b), C.uint64_t(bytes)))
+}
+
 // HostRegister pins and maps off-heap host memory for the GPU (it must stay
 // mapped until HostUnregister). Copies to or from host memory are refused
 // unless it lies in a registered range or the bound staging pool.
@@ -294,34 +295,4 @@ func HostUnregister(addr uintptr) error {
 		return err
 	}
 	return status("tk_host_unregister", C.tkl_host_unregister(C.uint64_t(addr)))
-}
-
-// CuFileProbe opens the cuFile driver and registers path with it. On failure
-// code is cuFile's error number (5027 on a volume it cannot handle), and err
-// wraps ErrNotSupported with cuFile's text.
-func CuFileProbe(path string) (code int, err error) {
-	if err := Load(); err != nil {
-		return 0, err
-	}
-	cp := C.CString(path)
-	defer C.free(unsafe.Pointer(cp))
-	var e C.int32_t
-	err = status("cuFile probe "+path, C.tkl_cufile_probe(cp, &e))
-	return int(e), err
-}
-
-// CuFileBatchRead reads extents of path with cuFile's batch API into device
-// memory dst (dstBytes long) at dstOff[i].
-func CuFileBatchRead(path string, fileOff, dstOff []uint64, lens []uint32, dst uint64, dstBytes int64) error {
-	if err := Load(); err != nil {
-		return err
-	}
-	if len(fileOff) != len(dstOff) || len(fileOff) != len(lens) || len(lens) == 0 {
-		return fmt.Errorf("cuFile batch read: %w: %d/%d/%d extents", ErrInvalid, len(fileOff), len(dstOff), len(lens))
-	}
-	cp := C.CString(path)
-	defer C.free(unsafe.Pointer(cp))
-	return status("cuFile batch read "+path, C.tkl_cufile_batch_read(cp, (*C.uint64_t)(unsafe.Pointer(&fileOff[0])),
-		(*C.uint64_t)(unsafe.Pointer(&dstOff[0])), (*C.uint32_t)(unsafe.Pointer(&lens[0])), C.uint32_t(len(lens)),
-		C.uint64_t(dst), C.uint64_t(dstBytes)))
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs in one device call (`make device-test`):
-# build the CUDA library with nvcc, run the C self-test and every GPU test,
-# then gpubench on 4 RAM-backed loop devices (labelled emulated) and on the
-# machine's real disk. The GPU machine has no Go: build the binaries on the
+# build both CUDA libraries with nvcc (the product's and the test kit's), run
+# the C self-test and every GPU test, then gpubench on RAM-backed loop
+# devices (labelled emulated) and on the machine's real disk. The GPU machine has no Go: build the binaries on the
 # dev machine first and carry bin/ (`make gpu-bins`).
 #
 # Everything lands in $TK_WORK (default /tmp/device-test) and is packed into
@@ -11,7 +11,12 @@
 #
 # Knobs (environment):
 #   TK_STEPS   which steps, of "build selftest tests bench" (default all)
-#   TK_BENCH   pool  (default) the set that decides issue 4: 70B and MLA on
+#   TK_BENCH   product (default) store-gpu and store-cpu (runtime.Store's
+#                    Save and Load) beside the kernels-only rows (GPU kick
+#                    mode, (a); per-block and cuFile compat on 8 loops) for
+#                    llama3-8b, llama3-70b and deepseek-v3 on 4 and 8 loops
+#                    and the real disk, one round each, within TK_BENCH_S;
+#              pool  the set that decides issue 4: 70B and MLA on
 #                    the loops (GPU, (a), per-block), 70B on the disk (GPU,
 #                    (a)), TK_ROUNDS rounds each, then gpubench-pool;
 #              paths every path of the issue (GPU, (a), per-block, cuFile,
@@ -22,6 +27,8 @@
 #              keep it even for a pool: the paths' order is balanced over
 #              pairs of rounds)
 #   TK_TOKENS  prefix tokens (default 32768)
+#   TK_BENCH_S product: no new gpubench run starts after this many seconds
+#              of the script (default 480; the whole call stays under 10 min)
 #   TK_FLAGS   extra gpubench flags for every run (a diagnostic such as
 #              "--window 32"; such a run is never a default-settings pool)
 #   TK_DISK    the real disk's directory (default /var/tmp/tk)
@@ -30,22 +37,24 @@ set -u
 OUT=${OUT:-$PWD/out}
 W=${TK_WORK:-/tmp/device-test}
 STEPS=${TK_STEPS:-build selftest tests bench}
-BENCH=${TK_BENCH:-pool}
+BENCH=${TK_BENCH:-product}
+BENCH_S=${TK_BENCH_S:-480}
 ROUNDS=${TK_ROUNDS:-$([ "$BENCH" = paths ] && echo 1 || echo 6)}
 TOKENS=${TK_TOKENS:-32768}
 FLAGS=${TK_FLAGS:-}
 DISK=${TK_DISK:-/var/tmp/tk}
 ROOT=$PWD
 LIB=$ROOT/kernels/build/libtutti_kernels.so
+TESTKIT=$ROOT/kernels/build/libtutti_testkit.so
 LOOPS=()
+MOUNTS=()
 SUMMARY=()
 t0=$(date +%s)
 
 rm -rf "$W" && mkdir -p "$W" "$OUT" || exit 1
 note() { SUMMARY+=("$1 [$(($(date +%s) - t0)) s]"); echo "== $1"; }
 finish() {
-	for d in "${LOOPS[@]}"; do losetup -d "$d"; done
-	rm -f /dev/shm/tk-loop*
+	unloops
 	printf '%s\n' "${SUMMARY[@]}" >"$W/summary.txt"
 	tar czf "$OUT/$(basename "$W").tgz" -C "$(dirname "$W")" "$(basename "$W")"
 	echo; echo "== summary ($(($(date +%s) - t0)) s)"; cat "$W/summary.txt"
@@ -72,13 +81,17 @@ if step build; then
 		exit 1
 	fi
 fi
-[ -f "$LIB" ] || { note "no $LIB: run the build step"; exit 1; }
-export TUTTI_KERNELS_LIB=$LIB
+[ -f "$LIB" ] && [ -f "$TESTKIT" ] || { note "no $LIB or $TESTKIT: run the build step"; exit 1; }
+export TUTTI_KERNELS_LIB=$LIB TUTTI_TESTKIT_LIB=$TESTKIT
+# The product's library must hold no test or baseline symbol (issue 20).
+if nm -D --defined-only "$LIB" | grep -E ' (tkt_|tk_kv_|tk_cufile|tk_prefill|tk_fail_msg)' >"$W/lib-leaks.txt"; then
+	note "product library exports test symbols: $(tr '\n' ' ' <"$W/lib-leaks.txt")"
+else note "product library: no test or baseline symbols"; fi
 
 # 2. C self-test (its own SQPOLL ring)
 if step selftest; then
 	mkdir -p "$DISK"
-	if timeout 120 kernels/build/selftest "$LIB" "$DISK" >"$W/selftest.log" 2>&1; then note "selftest: PASS"; else note "selftest: FAIL ($?)"; fi
+	if timeout 120 kernels/build/selftest "$LIB" "$DISK" "$TESTKIT" >"$W/selftest.log" 2>&1; then note "selftest: PASS"; else note "selftest: FAIL ($?)"; fi
 fi
 
 # 3. GPU tests: a test binary built on the dev machine, run in its package's
@@ -96,6 +109,7 @@ gotest() { # name dir binary timeout_s run
 }
 if step tests; then
 	gotest kernels-test kernels bin/gpu/kernels.test 300 .
+	gotest testkit-test kernels/testkit bin/gpu/testkit.test 120 .
 	gotest runtime-test runtime bin/gpu/runtime.test 150 'GPU|DeviceWindow|WindowFor'
 	gotest tp-test runtime/tp bin/gpu/tp.test 150 GPU
 	if [ -f bin/libtutti.so ]; then
@@ -115,23 +129,89 @@ gb() { # name gpubench-args...
 	shift
 	timeout 400 bin/gpu/tutti gpubench --tokens "$TOKENS" --json "$W/$name.json" $FLAGS "$@" >"$W/$name.txt" 2>&1
 	note "gpubench $name: rc $?"
+	local line # the product rows and their ceilings, in the summary too
+	while IFS= read -r line; do SUMMARY+=("  $name: ${line## }"); done < <(grep -E '^  store-(gpu|cpu) |^ceilings over' "$W/$name.txt" | cut -c1-200)
 }
-loops() { # sets up 4 loop devices over /dev/shm files, O_DIRECT
-	for i in 0 1 2 3; do
-		local d
-		truncate -s 3G /dev/shm/tk-loop$i || return 1
+loops() { # n size: sets up n loop devices over /dev/shm files, O_DIRECT
+	local n=$1 size=$2 i d
+	for ((i = 0; i < n; i++)); do
+		truncate -s "$size" /dev/shm/tk-loop$i || return 1
 		d=$(losetup --find --show --direct-io=on /dev/shm/tk-loop$i) || return 1
 		LOOPS+=("$d")
+	done
+}
+unloops() { # detaches the loops (and unmounts their filesystems)
+	local d
+	for d in "${MOUNTS[@]}"; do umount "$d"; done
+	MOUNTS=()
+	for d in "${LOOPS[@]}"; do losetup -d "$d"; done
+	LOOPS=()
+	rm -f /dev/shm/tk-loop*
+}
+mountloops() { # ext4 on every loop, mounted under /mnt/tk-loopN; sets STORE_DIRS
+	local i=0 d m dirs=()
+	for d in "${LOOPS[@]}"; do
+		m=/mnt/tk-loop$i
+		mkdir -p "$m" && mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$d" && mount "$d" "$m" || return 1
+		MOUNTS+=("$m")
+		dirs+=("$m")
+		i=$((i + 1))
+	done
+	STORE_DIRS=$(IFS=,; echo "${dirs[*]}")
+}
+budget() { # true while the bench is within TK_BENCH_S of the script's start
+	[ $(($(date +%s) - t0)) -lt "$BENCH_S" ] && return 0
+	note "bench: time budget ${BENCH_S} s spent, the rest skipped"
+	return 1
+}
+# product: the product paths (store-gpu, store-cpu: runtime.Store Save and
+# Load) beside the kernels-only rows, for three models on 4 and 8 loops
+# (raw devices for the kernels rows, ext4 on the same loops for the store)
+# and on the real disk; one round each.
+product() {
+	local n size kp m
+	for n in 4 8; do
+		size=$([ "$n" = 4 ] && echo 5G || echo 3G)
+		kp=gpu-kick,uring
+		[ "$n" = 8 ] && kp=gpu-kick,uring,per-block,cufile-compat
+		loops "$n" "$size" || { note "loop devices: ${#LOOPS[@]} of $n set up"; return 1; }
+		local devs label="emulated storage ($n RAM-backed loop devices)"
+		devs=$(IFS=,; echo "${LOOPS[*]}")
+		for m in llama3-8b llama3-70b deepseek-v3; do
+			budget || return 0
+			gb "emu$n-$m" --model $m --devices "$devs" --label "$label" --rounds 1 --paths $kp
+			files+=("$W/emu$n-$m.json")
+		done
+		mountloops || { note "ext4 on the $n loops failed"; unloops; return 1; }
+		for m in llama3-8b llama3-70b deepseek-v3; do
+			budget || { unloops; return 0; }
+			gb "emu$n-store-$m" --model $m --store-dirs "$STORE_DIRS" --label "$label (ext4)" --paths store-gpu,store-cpu
+		done
+		unloops
+	done
+	for m in llama3-8b llama3-70b deepseek-v3; do
+		budget || return 0
+		gb "disk-$m" --model $m --dir "$DISK" --label "$REAL" --rounds 1 --paths gpu-kick,uring
+		files+=("$W/disk-$m.json")
+		rm -rf "$DISK"/gpubench-*
+		budget || return 0
+		gb "disk-store-$m" --model $m --dir "$DISK" --label "$REAL" --paths store-gpu,store-cpu
 	done
 }
 if step bench && [ "$BENCH" != none ]; then
 	[ -x bin/gpu/tutti ] || { note "gpubench: bin/gpu/tutti missing (make gpu-bins)"; exit 1; }
 	EMU="emulated storage (4 RAM-backed loop devices)"
 	REAL="real disk (virtio)"
-	loops || { note "loop devices: ${#LOOPS[@]} of 4 set up"; exit 1; }
-	devs=$(IFS=,; echo "${LOOPS[*]}")
 	mkdir -p "$DISK"
+	files=()
+	if [ "$BENCH" != product ]; then
+		loops 4 3G || { note "loop devices: ${#LOOPS[@]} of 4 set up"; exit 1; }
+		devs=$(IFS=,; echo "${LOOPS[*]}")
+	fi
 	case $BENCH in
+	product)
+		product
+		;;
 	pool)
 		gb g1 --model llama3-70b --devices "$devs" --label "$EMU" --paths gpu-kick,uring,per-block --rounds "$ROUNDS"
 		gb g2 --model deepseek-v3 --devices "$devs" --label "$EMU" --paths gpu-kick,uring,per-block --rounds "$ROUNDS"
@@ -151,12 +231,14 @@ if step bench && [ "$BENCH" != none ]; then
 		done
 		;;
 	*)
-		note "TK_BENCH=$BENCH: want pool, paths or none"
+		note "TK_BENCH=$BENCH: want product, pool, paths or none"
 		exit 1
 		;;
 	esac
 	rm -rf "$DISK"/gpubench-*
-	bin/gpu/tutti gpubench-pool "${files[@]}" >"$W/pool.txt" 2>&1
-	note "gpubench-pool: rc $? (pool.txt)"
-	cut -c1-250 "$W/pool.txt"
+	if [ ${#files[@]} -gt 0 ]; then
+		bin/gpu/tutti gpubench-pool "${files[@]}" >"$W/pool.txt" 2>&1
+		note "gpubench-pool: rc $? (pool.txt, kernels-only rows)"
+		cut -c1-250 "$W/pool.txt"
+	fi
 fi

@@ -41,12 +41,10 @@
 //	HostRegister/HostUnregister              pin + map off-heap memory (uring.Buffer) for copies
 //	(*Restorer).Close()
 //
-//	NewPrefill(PrefillConfig) (*Prefill, error)
-//	                                         prefill compute for the evaluation harness
-//	                                         (tk_prefill.cu, tk_prefill.h): per layer, a
-//	                                         list of cuBLAS bf16 GEMMs on a stream of its
-//	                                         own, timed per layer with CUDA events;
-//	                                         buffers allocated once, Start/Wait per run
+//	Test content, verification in HBM, the cuFile baseline and the harness's
+//	prefill GEMMs are not here: they build into libtutti_testkit.so
+//	(tk_testkit.h), loaded by package kernels/testkit, which only tests and
+//	benchmarks import.
 //
 // # Ring protocol
 //
@@ -87,7 +85,7 @@
 // disabled with DEFER_TASKRUN, handed to the loop's thread, which registers
 // the staging pool and enables it, so completions run as its deferred task
 // work and the kernel wakes it once per batch instead of once per I/O. The
-// runtime uses kick mode unless Config.GPUSQPoll.
+// runtime uses kick mode unless runtime.GPUConfig.SQPoll.
 //
 // The staging slots are registered with the ring as fixed buffers (index =
 // slot) and the GPU writes READ_FIXED SQEs, so the kernel does not pin the

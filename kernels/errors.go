@@ -60,8 +60,12 @@ type EntryResult struct {
 // the errno (errors.Is(err, syscall.EBADF)).
 type EntryError struct {
 	Layer, Entry int
-	Offset       int64
-	Result       EntryResult
+	// Extent is the index, in the request's extents of that layer, of the
+	// extent the entry reads (Plan.EntryExtent): what a caller maps back to
+	// its own runs.
+	Extent int
+	Offset int64
+	Result EntryResult
 }
 
 func (e *EntryError) Error() string {

@@ -1,4 +1,4 @@
-package kernels
+package kernels_test
 
 import (
 	"errors"
@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kernels/testkit"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
 )
@@ -18,11 +20,11 @@ import (
 // tests fails instead of skipping.
 func gpuOrSkip(t *testing.T) {
 	t.Helper()
-	err := Init(0)
+	err := kernels.Init(0)
 	if err == nil {
 		return
 	}
-	if !Explicit() && (errors.Is(err, ErrNotLoaded) || errors.Is(err, ErrNoGPU)) {
+	if !kernels.Explicit() && (errors.Is(err, kernels.ErrNotLoaded) || errors.Is(err, kernels.ErrNoGPU)) {
 		t.Skipf("GPU test skipped: %v", err)
 	}
 	t.Fatalf("GPU test cannot start: %v", err)
@@ -30,19 +32,19 @@ func gpuOrSkip(t *testing.T) {
 
 // kvTensors allocates the KV memory of g (per-layer tensors or one
 // cross-layer tensor) and frees it at the end of the test.
-func kvTensors(t *testing.T, g Geometry, layout Layout, numPages int) []uint64 {
+func kvTensors(t *testing.T, g kernels.Geometry, layout kernels.Layout, numPages int) []uint64 {
 	t.Helper()
 	per := g.PageBytes() * int64(numPages)
 	var ptrs []uint64
 	n, bytes := g.Layers, per
-	if layout == LayoutCrossLayer {
+	if layout == kernels.LayoutCrossLayer {
 		n, bytes = 1, per*int64(g.Layers)
 	}
 	for i := 0; i < n; i++ {
 		// Odd tensors through DevAllocOn(0): both entry points serve the binds.
-		alloc := DevAlloc
+		alloc := kernels.DevAlloc
 		if i%2 == 1 {
-			alloc = func(b int64) (uint64, error) { return DevAllocOn(0, b) }
+			alloc = func(b int64) (uint64, error) { return kernels.DevAllocOn(0, b) }
 		}
 		p, err := alloc(bytes)
 		if err != nil {
@@ -52,7 +54,7 @@ func kvTensors(t *testing.T, g Geometry, layout Layout, numPages int) []uint64 {
 	}
 	t.Cleanup(func() {
 		for _, p := range ptrs {
-			if err := DevFree(p); err != nil {
+			if err := kernels.DevFree(p); err != nil {
 				t.Error(err)
 			}
 		}
@@ -62,9 +64,9 @@ func kvTensors(t *testing.T, g Geometry, layout Layout, numPages int) []uint64 {
 
 // objectFile writes layers objects of pages pages each (object l at
 // l*stride) with GenWord content and opens it with O_DIRECT.
-func objectFile(t *testing.T, g Geometry, pages int, seed uint64) (*uring.File, int64) {
+func objectFile(t *testing.T, g kernels.Geometry, pages int, seed uint64) (*uring.File, int64) {
 	t.Helper()
-	stride := roundUp(int64(pages)*g.PageBytes(), StagingAlign)
+	stride := roundUpTo(int64(pages)*g.PageBytes(), kernels.StagingAlign)
 	path := filepath.Join(t.TempDir(), "objects")
 	w, err := os.Create(path)
 	if err != nil {
@@ -73,7 +75,7 @@ func objectFile(t *testing.T, g Geometry, pages int, seed uint64) (*uring.File, 
 	buf := make([]byte, stride)
 	for l := 0; l < g.Layers; l++ {
 		clear(buf)
-		if err := FillObject(buf, g, seed, l, 0, pages); err != nil {
+		if err := testkit.FillObject(buf, g, seed, l, 0, pages); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := w.WriteAt(buf, int64(l)*stride); err != nil {
@@ -113,8 +115,8 @@ func sqpollRingMem(t *testing.T, entries uint32, noMmap bool) *uring.Ring {
 }
 
 // wholeRequest restores pages [0,n) of every layer from f, split into runs.
-func wholeRequest(f *uring.File, g Geometry, stride int64, runs []int, dst func(i int) int32) Request {
-	req := Request{}
+func wholeRequest(f *uring.File, g kernels.Geometry, stride int64, runs []int, dst func(i int) int32) kernels.Request {
+	req := kernels.Request{}
 	n := 0
 	for _, r := range runs {
 		n += r
@@ -123,10 +125,10 @@ func wholeRequest(f *uring.File, g Geometry, stride int64, runs []int, dst func(
 		req.Pages = append(req.Pages, dst(i))
 	}
 	for l := 0; l < g.Layers; l++ {
-		var xs []Extent
+		var xs []kernels.Extent
 		off := int64(l) * stride
 		for _, r := range runs {
-			xs = append(xs, Extent{FD: f.FD, Align: f.DirectAlign, Offset: off, Pages: r})
+			xs = append(xs, kernels.Extent{FD: f.FD, Align: f.DirectAlign, Offset: off, Pages: r})
 			off += int64(r) * g.PageBytes()
 		}
 		req.Layers = append(req.Layers, xs)
@@ -135,8 +137,8 @@ func wholeRequest(f *uring.File, g Geometry, stride int64, runs []int, dst func(
 }
 
 // verifyMap is the page map VerifyKV needs: request page i at engine page dst(i).
-func verifyMap(n int, dst func(i int) int32) []PageMap {
-	m := make([]PageMap, n)
+func verifyMap(n int, dst func(i int) int32) []kernels.PageMap {
+	m := make([]kernels.PageMap, n)
 	for i := range m {
 		m[i].DstPage = uint32(dst(i))
 	}
@@ -146,20 +148,20 @@ func verifyMap(n int, dst func(i int) int32) []PageMap {
 func TestGPUScatterGather(t *testing.T) {
 	gpuOrSkip(t)
 	for _, c := range []struct {
-		g      Geometry
-		layout Layout
+		g      kernels.Geometry
+		layout kernels.Layout
 	}{
-		{Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer},
-		{Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutCrossLayer},
-		{Geometry{Layers: 3, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer},
+		{kernels.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer},
+		{kernels.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutCrossLayer},
+		{kernels.Geometry{Layers: 3, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, kernels.LayoutPerLayer},
 	} {
 		const pages, numPages = 37, 100
 		dst := func(i int) int32 { return int32((i*13 + 5) % numPages) }
-		r, err := Bind(Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages), MaxPages: pages})
+		r, err := kernels.Bind(kernels.Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages), MaxPages: pages})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.FillKV(0xA5); err != nil {
+		if err := testkit.FillKV(r, 0xA5); err != nil {
 			t.Fatal(err)
 		}
 		pb := c.g.PageBytes()
@@ -167,18 +169,18 @@ func TestGPUScatterGather(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := HostRegister(obj.Addr(), int64(obj.Len())); err != nil {
+		if err := kernels.HostRegister(obj.Addr(), int64(obj.Len())); err != nil {
 			t.Fatal(err)
 		}
-		pm := make([]PageMap, pages)
+		pm := make([]kernels.PageMap, pages)
 		for i := range pm {
-			pm[i] = PageMap{DstPage: uint32(dst(i)), SlotOff: uint32(int64(i) * pb)}
+			pm[i] = kernels.PageMap{DstPage: uint32(dst(i)), SlotOff: uint32(int64(i) * pb)}
 		}
 		if err := r.SetHostMap(pm); err != nil {
 			t.Fatal(err)
 		}
 		for l := 0; l < c.g.Layers; l++ {
-			if err := FillObject(obj.Bytes(), c.g, 11, l, 0, pages); err != nil {
+			if err := testkit.FillObject(obj.Bytes(), c.g, 11, l, 0, pages); err != nil {
 				t.Fatal(err)
 			}
 			if err := r.ScatterHost(l, obj.Addr(), int64(obj.Len())); err != nil {
@@ -188,19 +190,19 @@ func TestGPUScatterGather(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		bad, err := r.VerifyKV(11, pm, 0, c.g.Layers)
+		bad, err := testkit.VerifyKV(r, 11, pm, 0, c.g.Layers)
 		if err != nil || bad != 0 {
 			t.Fatalf("%v %v: %d mismatched words, err %v", c.g, c.layout, bad, err)
 		}
 		// a wrong seed must be seen: the verifier is not vacuous
-		if bad, _ := r.VerifyKV(12, pm, 0, 1); bad == 0 {
+		if bad, _ := testkit.VerifyKV(r, 12, pm, 0, 1); bad == 0 {
 			t.Fatal("verifier accepted the wrong seed")
 		}
 		// copies that would leave the registered buffer are refused
-		if err := r.ScatterHost(0, obj.Addr()+4096, int64(obj.Len())); !errors.Is(err, ErrInvalid) {
+		if err := r.ScatterHost(0, obj.Addr()+4096, int64(obj.Len())); !errors.Is(err, kernels.ErrInvalid) {
 			t.Fatalf("scatter from outside registered memory: %v", err)
 		}
-		if err := r.ScatterHost(0, obj.Addr(), int64(obj.Len())-16); !errors.Is(err, ErrInvalid) {
+		if err := r.ScatterHost(0, obj.Addr(), int64(obj.Len())-16); !errors.Is(err, kernels.ErrInvalid) {
 			t.Fatalf("scatter from a buffer shorter than the map: %v", err)
 		}
 		// gather layer 1 back and compare with the generator byte for byte
@@ -213,13 +215,13 @@ func TestGPUScatterGather(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := make([]byte, obj.Len())
-		if err := FillObject(want, c.g, 11, 1, 0, pages); err != nil {
+		if err := testkit.FillObject(want, c.g, 11, 1, 0, pages); err != nil {
 			t.Fatal(err)
 		}
 		if string(want) != string(obj.Bytes()) {
 			t.Fatalf("%v %v: gathered layer differs from what was scattered", c.g, c.layout)
 		}
-		if err := HostUnregister(obj.Addr()); err != nil {
+		if err := kernels.HostUnregister(obj.Addr()); err != nil {
 			t.Fatal(err)
 		}
 		obj.Free()
@@ -233,8 +235,8 @@ func TestGPURestore(t *testing.T) {
 	gpuOrSkip(t)
 	cases := []struct {
 		name   string
-		g      Geometry
-		layout Layout
+		g      kernels.Geometry
+		layout kernels.Layout
 		runs   []int
 		maxIO  int
 		ring   uint32
@@ -244,16 +246,16 @@ func TestGPURestore(t *testing.T) {
 		zc     bool // ZeroCopyScatter: the scatter reads host staging (the default copies it into HBM first)
 	}{
 		// a 16-entry ring far smaller than a layer: wrap-around and SQ-full back-pressure
-		{"gqa-per-layer-small-ring", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 0, false},
-		{"gqa-cross-layer", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false, 0, false},
-		{"mla-per-layer", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false, 0, false},
+		{"gqa-per-layer-small-ring", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 0, false},
+		{"gqa-cross-layer", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false, 0, false},
+		{"mla-per-layer", kernels.Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false, 0, false},
 		// rings of several pages in process memory (NO_MMAP), as gpubench uses
-		{"gqa-nommap-256", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{40}, 64 << 10, 256, true, false, 0, false},
-		{"gqa-plain-reads", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true, 0, false},
+		{"gqa-nommap-256", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{40}, 64 << 10, 256, true, false, 0, false},
+		{"gqa-plain-reads", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true, 0, false},
 		// the feeder enqueues layer by layer; the second request waits in its queue
-		{"gqa-fed-1-ahead", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 1, false},
-		{"gqa-zero-copy", Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 2, true},
-		{"mla-fed-2-ahead", Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, true, false, 2, false},
+		{"gqa-fed-1-ahead", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 1, false},
+		{"gqa-zero-copy", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 2, true},
+		{"mla-fed-2-ahead", kernels.Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, true, false, 2, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -265,7 +267,7 @@ func TestGPURestore(t *testing.T) {
 			dst := func(i int) int32 { return int32((i*7 + 3) % numPages) }
 			f, stride := objectFile(t, c.g, n, 5)
 			ring := sqpollRingMem(t, c.ring, c.noMmap)
-			r, err := Bind(Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages),
+			r, err := kernels.Bind(kernels.Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages),
 				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24, NoFixedBuffers: c.plain, EnqueueLayers: c.ahead, ZeroCopyScatter: c.zc})
 			if err != nil {
 				t.Fatal(err)
@@ -274,7 +276,7 @@ func TestGPURestore(t *testing.T) {
 			if fixed, ferr := r.FixedBuffers(); fixed == c.plain || ferr != nil {
 				t.Fatalf("FixedBuffers() = %v, %v; want %v, nil", fixed, ferr, !c.plain)
 			}
-			if err := r.FillKV(0xA5); err != nil {
+			if err := testkit.FillKV(r, 0xA5); err != nil {
 				t.Fatal(err)
 			}
 			req := wholeRequest(f, c.g, stride, c.runs, dst)
@@ -297,7 +299,7 @@ func TestGPURestore(t *testing.T) {
 			if err := rb.WaitLayer(k); err != nil {
 				t.Fatal(err)
 			}
-			for _, x := range []*Restore{ra, rb} {
+			for _, x := range []*kernels.Restore{ra, rb} {
 				res, err := x.Wait()
 				if err != nil {
 					t.Fatalf("restore: %v", err)
@@ -309,7 +311,7 @@ func TestGPURestore(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			bad, err := r.VerifyKV(5, verifyMap(n, dst), 0, c.g.Layers)
+			bad, err := testkit.VerifyKV(r, 5, verifyMap(n, dst), 0, c.g.Layers)
 			if err != nil || bad != 0 {
 				t.Fatalf("%d mismatched words after restore (err %v)", bad, err)
 			}
@@ -325,23 +327,23 @@ func TestGPURestore(t *testing.T) {
 // waited for in order, as the runtime does, and the KV is right.
 func TestGPURestoreManyLayers(t *testing.T) {
 	gpuOrSkip(t)
-	g := Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
+	g := kernels.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
 	const n, numPages = 8, 16
 	for _, ahead := range []int{80, 2, 0} {
 		t.Run(fmt.Sprintf("enqueue-layers=%d", ahead), func(t *testing.T) {
 			dst := func(i int) int32 { return int32(2*i + 1) }
 			f, stride := objectFile(t, g, n, 33)
 			ring := sqpollRingMem(t, 64, true)
-			r, err := Bind(Config{Geometry: g, NumPages: numPages, KV: kvTensors(t, g, LayoutPerLayer, numPages), Ring: ring,
+			r, err := kernels.Bind(kernels.Config{Geometry: g, NumPages: numPages, KV: kvTensors(t, g, kernels.LayoutPerLayer, numPages), Ring: ring,
 				MaxPages: n, MaxIOBytes: 64 << 10, PollTimeout: 2 * time.Second, EnqueueLayers: ahead})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer r.Close()
-			if err := r.FillKV(0xA5); err != nil {
+			if err := testkit.FillKV(r, 0xA5); err != nil {
 				t.Fatal(err)
 			}
-			var xs []*Restore
+			var xs []*kernels.Restore
 			for range 3 {
 				x, err := r.Restore(wholeRequest(f, g, stride, []int{n}, dst))
 				if err != nil {
@@ -366,7 +368,7 @@ func TestGPURestoreManyLayers(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if bad, err := r.VerifyKV(33, verifyMap(n, dst), 0, g.Layers); err != nil || bad != 0 {
+			if bad, err := testkit.VerifyKV(r, 33, verifyMap(n, dst), 0, g.Layers); err != nil || bad != 0 {
 				t.Fatalf("%d bad words (%v)", bad, err)
 			}
 		})
@@ -378,7 +380,7 @@ func TestGPURestoreManyLayers(t *testing.T) {
 // poison, every other page is right, and the ring serves the next request.
 func TestGPURestoreFaults(t *testing.T) {
 	gpuOrSkip(t)
-	g := Geometry{Layers: 6, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
+	g := kernels.Geometry{Layers: 6, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
 	const n, numPages = 24, 64
 	dst := func(i int) int32 { return int32(numPages - 1 - i) }
 	f, stride := objectFile(t, g, n, 21)
@@ -388,7 +390,7 @@ func TestGPURestoreFaults(t *testing.T) {
 	os.Remove(gone.Path)
 	gone.Close()
 	ring := sqpollRing(t, 32)
-	r, err := Bind(Config{Geometry: g, NumPages: numPages, KV: kvTensors(t, g, LayoutPerLayer, numPages), Ring: ring,
+	r, err := kernels.Bind(kernels.Config{Geometry: g, NumPages: numPages, KV: kvTensors(t, g, kernels.LayoutPerLayer, numPages), Ring: ring,
 		MaxPages: n, MaxIOBytes: 128 << 10})
 	if err != nil {
 		t.Fatal(err)
@@ -397,18 +399,18 @@ func TestGPURestoreFaults(t *testing.T) {
 	faults := []struct {
 		name  string
 		layer int
-		mut   func(x *Extent)
+		mut   func(x *kernels.Extent)
 		errno syscall.Errno
 	}{
-		{"past-eof", 1, func(x *Extent) { x.Offset = 1 << 40 }, 0},
+		{"past-eof", 1, func(x *kernels.Extent) { x.Offset = 1 << 40 }, 0},
 		// the closed descriptor's number may be reused (by the ring itself):
 		// any I/O error will do, wrong data will not
-		{"removed-file", 3, func(x *Extent) { x.FD = goneFD }, 0},
-		{"bad-descriptor", 4, func(x *Extent) { x.FD = 100000 }, syscall.EBADF},
+		{"removed-file", 3, func(x *kernels.Extent) { x.FD = goneFD }, 0},
+		{"bad-descriptor", 4, func(x *kernels.Extent) { x.FD = 100000 }, syscall.EBADF},
 	}
 	for _, fc := range faults {
 		t.Run(fc.name, func(t *testing.T) {
-			if err := r.FillKV(0xA5); err != nil {
+			if err := testkit.FillKV(r, 0xA5); err != nil {
 				t.Fatal(err)
 			}
 			req := wholeRequest(f, g, stride, []int{12, 12}, dst)
@@ -419,14 +421,14 @@ func TestGPURestoreFaults(t *testing.T) {
 			}
 			res, err := x.Wait()
 			t.Logf("%s: %v", fc.name, err)
-			if !errors.Is(err, ErrIO) {
+			if !errors.Is(err, kernels.ErrIO) {
 				t.Fatalf("wait: %v, want ErrIO", err)
 			}
 			if fc.errno != 0 && !errors.Is(err, fc.errno) {
 				t.Fatalf("wait: %v, want %v", err, fc.errno)
 			}
 			for _, fe := range res.Failed {
-				if fe.Result.Status != EntryIOError && fe.Result.Status != EntryShort {
+				if fe.Result.Status != kernels.EntryIOError && fe.Result.Status != kernels.EntryShort {
 					t.Fatalf("failed entry %v", fe)
 				}
 				if fe.Layer != fc.layer {
@@ -444,11 +446,11 @@ func TestGPURestoreFaults(t *testing.T) {
 			full := verifyMap(n, dst)
 			words := uint64(12 * g.PageBytes() / 8)
 			for l := 0; l < g.Layers; l++ {
-				head, err := r.VerifyKV(21, full[:12], l, 1)
+				head, err := testkit.VerifyKV(r, 21, full[:12], l, 1)
 				if err != nil || head != 0 {
 					t.Fatalf("layer %d: first run has %d bad words (%v)", l, head, err)
 				}
-				all, err := r.VerifyKV(21, full, l, 1)
+				all, err := testkit.VerifyKV(r, 21, full, l, 1)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -459,7 +461,7 @@ func TestGPURestoreFaults(t *testing.T) {
 		})
 	}
 	// the ring still works
-	if err := r.FillKV(0); err != nil {
+	if err := testkit.FillKV(r, 0); err != nil {
 		t.Fatal(err)
 	}
 	x, err := r.Restore(wholeRequest(f, g, stride, []int{24}, dst))
@@ -470,13 +472,16 @@ func TestGPURestoreFaults(t *testing.T) {
 		t.Fatalf("restore after faults: %v", err)
 	}
 	x.Release()
-	if bad, err := r.VerifyKV(21, verifyMap(n, dst), 0, g.Layers); err != nil || bad != 0 {
+	if bad, err := testkit.VerifyKV(r, 21, verifyMap(n, dst), 0, g.Layers); err != nil || bad != 0 {
 		t.Fatalf("after faults: %d bad words (%v)", bad, err)
 	}
 	// a descriptor outside the KV tensors never reaches the GPU
 	req := wholeRequest(f, g, stride, []int{24}, dst)
 	req.Pages[3] = numPages
-	if _, err := r.Restore(req); !errors.Is(err, ErrInvalid) {
+	if _, err := r.Restore(req); !errors.Is(err, kernels.ErrInvalid) {
 		t.Fatalf("out-of-range page: %v", err)
 	}
 }
+
+// roundUpTo rounds x up to a multiple of a.
+func roundUpTo(x, a int64) int64 { return (x + a - 1) / a * a }

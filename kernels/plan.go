@@ -110,8 +110,12 @@ type Plan struct {
 	Entries         []ioEntry
 	Pages           []PageMap
 	EntriesPerLayer int
-	SlotBytesUsed   int64 // bytes of a staging slot one layer occupies
-	seen            []uint64
+	// EntryExtent[e] is the request extent (index in a layer's extents)
+	// that entry e of every layer reads: an extent's entries are
+	// consecutive and never cover another extent.
+	EntryExtent   []int32
+	SlotBytesUsed int64 // bytes of a staging slot one layer occupies
+	seen          []uint64
 }
 
 // checkPages refuses engine pages out of range or named twice (two request
@@ -178,6 +182,7 @@ func BuildPlan(g Geometry, lim Limits, req Request, p *Plan) error {
 	shape := req.Layers[0]
 	// The page map and entry split, from layer 0's extents.
 	p.Pages = p.Pages[:0]
+	p.EntryExtent = p.EntryExtent[:0]
 	epl := 0
 	var slotOff int64
 	page := 0
@@ -198,6 +203,9 @@ func BuildPlan(g Geometry, lim Limits, req Request, p *Plan) error {
 				FirstEntry: uint32(int64(epl) + in/maxIO),
 				LastEntry:  uint32(int64(epl) + (in+pageBytes-1)/maxIO),
 			})
+		}
+		for e := int64(0); e < (readBytes+maxIO-1)/maxIO; e++ {
+			p.EntryExtent = append(p.EntryExtent, int32(k))
 		}
 		epl += int((readBytes + maxIO - 1) / maxIO)
 		slotOff += readBytes

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/tutti-io/tutti/internal/kvdata"
 )
 
 var (
@@ -114,6 +112,19 @@ func checkPlan(t *testing.T, g Geometry, lim Limits, req Request, p *Plan) {
 				t.Fatalf("layer %d entry %d: offset %d", l, e, x.Offset)
 			}
 			end += x.Len
+		}
+		if len(p.EntryExtent) != epl {
+			t.Fatalf("%d entry extents for %d entries per layer", len(p.EntryExtent), epl)
+		}
+		for e, x := range es {
+			k := int(p.EntryExtent[e])
+			if k < 0 || k >= len(req.Layers[l]) || (e > 0 && int(p.EntryExtent[e-1]) > k) {
+				t.Fatalf("layer %d entry %d: extent %d of %d, out of order", l, e, k, len(req.Layers[l]))
+			}
+			xt := req.Layers[l][k]
+			if lo, hi := xt.Offset, xt.Offset+roundUp(int64(xt.Pages)*pb, StagingAlign); int64(x.Offset) < lo || int64(x.Offset)+int64(x.Len) > hi {
+				t.Fatalf("layer %d entry %d reads [%d,+%d), outside its extent %d [%d,%d)", l, e, x.Offset, x.Len, k, lo, hi)
+			}
 		}
 		if int64(end) != p.SlotBytesUsed || int64(end) > lim.SlotBytes {
 			t.Fatalf("layer %d entries end at %d, slot used %d, slot %d", l, end, p.SlotBytesUsed, lim.SlotBytes)
@@ -253,23 +264,6 @@ func FuzzBuildPlan(f *testing.F) {
 		}
 		checkPlan(t, g, lim, req, &p)
 	})
-}
-
-func TestFillObjectIsKVData(t *testing.T) {
-	g := mla
-	buf := make([]byte, 3*g.PageBytes())
-	if err := FillObject(buf, g, 9, 4, 10, 3); err != nil {
-		t.Fatal(err)
-	}
-	c := kvdata.ChunkLayout{Pages: 1, Planes: g.Planes, PageBytes: int(g.PlaneBytes())}
-	for i := 0; i < 3; i++ {
-		if bad := kvdata.VerifyChunk(buf[int64(i)*g.PageBytes():], c, uint64(9+10+i), 4); bad >= 0 {
-			t.Fatalf("page %d differs from kvdata at byte %d", i, bad)
-		}
-	}
-	if err := FillObject(buf[:10], g, 0, 0, 0, 1); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("short buffer: %v", err)
-	}
 }
 
 func TestFailedPages(t *testing.T) {

@@ -220,6 +220,7 @@ type Restorer struct {
 type reqSlot struct {
 	pages   []PageMap
 	entries []ioEntry
+	extents []int32 // Plan.EntryExtent
 	results []EntryResult
 	layerMs []float32
 }
@@ -548,6 +549,10 @@ func (r *Restorer) HelperErr() error {
 // Limits are the bounds every request is checked against.
 func (r *Restorer) Limits() Limits { return r.lim }
 
+// Config returns the configuration r was bound with, defaults filled in
+// (the KV tensors and device a caller checks or fills, e.g. package testkit).
+func (r *Restorer) Config() Config { return r.cfg }
+
 // Staging is the pinned staging pool: StagingSlots slots of Limits().SlotBytes.
 // Host-issued paths may read into it and scatter from it (ScatterHost).
 func (r *Restorer) Staging() *uring.Buffer { return r.staging }
@@ -683,6 +688,7 @@ func (c cFeed) submit(it *feedItem, layers int) error {
 	it.id = uint32(id)
 	s := &r.slots[id]
 	s.entries = append(s.entries[:0], pl.Entries...)
+	s.extents = append(s.extents[:0], pl.EntryExtent...)
 	s.pages = append(s.pages[:0], pl.Pages...)
 	return nil
 }
@@ -760,7 +766,7 @@ func (x *Restore) Wait() (*Result, error) {
 	for e, er := range res.Entries {
 		if er.Status != EntryOK {
 			res.Failed = append(res.Failed, &EntryError{Layer: x.f.first + e/x.epl, Entry: e % x.epl,
-				Offset: int64(s.entries[e].Offset), Result: er})
+				Extent: int(s.extents[e%x.epl]), Offset: int64(s.entries[e].Offset), Result: er})
 		}
 	}
 	if len(res.Failed) > 0 {
@@ -870,24 +876,6 @@ func (r *Restorer) Gather(pages []int32, firstLayer, layers int, dst uintptr, la
 		}
 	}
 	return r.SyncCopies()
-}
-
-// FillKV sets every byte of the bound KV tensors (poison before a check).
-func (r *Restorer) FillKV(b byte) error {
-	return status("fill kv", C.tkl_kv_fill(r.ctx, C.uint32_t(b)))
-}
-
-// VerifyKV counts the 8-byte words of layers [firstLayer, +layers) of the
-// mapped pages that differ from GenWord(seed, layer, i, w), where i is the
-// page's index in pages (its place in the saved object).
-func (r *Restorer) VerifyKV(seed uint64, pages []PageMap, firstLayer, layers int) (uint64, error) {
-	if len(pages) == 0 {
-		return 0, fmt.Errorf("verify: %w: no pages", ErrInvalid)
-	}
-	var n C.uint64_t
-	err := status("verify kv", C.tkl_kv_verify(r.ctx, C.uint64_t(seed), (*C.tk_page_map)(unsafe.Pointer(&pages[0])),
-		C.uint32_t(len(pages)), C.uint32_t(firstLayer), C.uint32_t(layers), &n))
-	return uint64(n), err
 }
 
 // failedPages counts (layer, page) pairs that a failed entry kept from being

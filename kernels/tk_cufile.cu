@@ -1,7 +1,8 @@
-// cuFile (GPUDirect Storage) batch reads for gpubench's path (c), loaded with
+// cuFile (GPUDirect Storage) batch reads for gpubench's path (c), part of the
+// test kit (tk_testkit.h), loaded with
 // dlopen so the library works where libcufile is absent. cufile.h only gives
 // the types; every entry point comes from dlsym.
-#include "tutti_kernels.h"
+#include "tk_testkit.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -12,8 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-extern "C" int32_t tk_last_error(char *buf, int32_t n);
-tk_status tk_fail_msg(tk_status code, const char *fmt, ...);
 
 #if __has_include(<cufile.h>)
 #include <cufile.h>

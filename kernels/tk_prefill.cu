@@ -3,6 +3,7 @@
 // events, so the GPU work of a prefill contends with a restore for real. The
 // ABI is tk_prefill.h.
 #include "tk_prefill.h"
+#include "tk_testkit.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -10,8 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-tk_status tk_fail_msg(tk_status code, const char *fmt, ...);
 
 // Pseudo-random bf16 values in (-1, 1): real GEMMs on zeros draw less power
 // and clock higher than on data.
@@ -149,7 +148,7 @@ extern "C" tk_status tk_prefill_create(const tk_prefill_params *p, uint64_t *han
   tk_status s = build(h);
   if (s != TK_OK) {
     char msg[512];
-    tk_last_error(msg, (int32_t)sizeof msg);
+    tkt_last_error(msg, (int32_t)sizeof msg);
     release(h);
     return tk_fail_msg(s, "%s", msg);  // release's CUDA calls must not hide the cause
   }

@@ -1,7 +1,7 @@
 /*
- * tk_prefill.h — the prefill-compute part of libtutti_kernels' ABI (a
- * companion of tutti_kernels.h, same conventions: plain C, tk_status codes,
- * tk_last_error for the message). It runs the GEMMs of a transformer layer's
+ * tk_prefill.h — the prefill-compute part of libtutti_testkit's ABI (a
+ * companion of tk_testkit.h, same conventions: plain C, tk_status codes,
+ * tkt_last_error for the message). It runs the GEMMs of a transformer layer's
  * prefill with cuBLAS on a stream of its own, so the evaluation harness can
  * put real GPU work next to a restore's I/O and measure each layer's time.
  *

@@ -1,6 +1,7 @@
 // libtutti_kernels: GPU-driven io_uring restore, paged-KV scatter/gather.
 // The ABI is tutti_kernels.h; read it first. Design notes in kernels/doc.go.
 #include "tutti_kernels.h"
+#include "tk_geo.cuh"
 
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -22,15 +23,6 @@ static tk_status vfail(tk_status code, const char *fmt, va_list ap) {
 }
 
 static tk_status fail(tk_status code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  tk_status s = vfail(code, fmt, ap);
-  va_end(ap);
-  return s;
-}
-
-// tk_fail_msg lets the other translation units (cuFile) set the message.
-tk_status tk_fail_msg(tk_status code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   tk_status s = vfail(code, fmt, ap);
@@ -200,11 +192,6 @@ struct KVDesc {
   uint64_t ptrs[1024];  // per-layer tensors or [0] = cross-layer base (passed via device copy)
 };
 
-struct Geo {
-  uint32_t layers, planes, num_pages, layout;
-  uint64_t plane_bytes;
-};
-
 __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t *p) {
   uint32_t v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -224,26 +211,6 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
-}
-
-// internal/kvdata's generator: word w of (block, layer, plane, page) is
-// mix(seed(key) + (w+1)*golden).
-__device__ __forceinline__ uint64_t kv_mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-__device__ __forceinline__ uint64_t kv_seed(uint64_t block, uint32_t layer, uint32_t plane, uint32_t page) {
-  uint64_t s = kv_mix(block ^ 0x7475747469ull);
-  s = kv_mix(s ^ ((uint64_t)layer << 32) ^ (uint64_t)plane);
-  return kv_mix(s ^ (uint64_t)page);
-}
-
-__device__ __forceinline__ char *plane_ptr(const uint64_t *kvp, const Geo &g, uint32_t layer,
-                                           uint32_t plane, uint32_t page) {
-  if (g.layout == TK_LAYOUT_PER_LAYER)
-    return (char *)kvp[layer] + ((uint64_t)plane * g.num_pages + page) * g.plane_bytes;
-  return (char *)kvp[0] + (((uint64_t)page * g.layers + layer) * g.planes + plane) * g.plane_bytes;
 }
 
 // Device view of the io_uring: addresses are device aliases of the host ring.
@@ -441,23 +408,6 @@ __global__ void copy_layer_kernel(char *obj, const tk_page_map *map, uint32_t n_
   }
 }
 
-__global__ void verify_kernel(const tk_page_map *map, uint32_t n_pages, const uint64_t *kvp, Geo g,
-                              uint32_t first_layer, uint64_t seed, unsigned long long *mismatches) {
-  const uint32_t layer = first_layer + blockIdx.y;
-  unsigned long long bad = 0;
-  const uint32_t words = (uint32_t)(g.plane_bytes / 8);
-  for (uint32_t i = blockIdx.x; i < n_pages; i += gridDim.x) {
-    for (uint32_t p = 0; p < g.planes; p++) {
-      const uint64_t *kv = (const uint64_t *)plane_ptr(kvp, g, layer, p, map[i].dst_page);
-      const uint64_t s = kv_seed(seed + i, layer, p, 0);
-      for (uint32_t w = threadIdx.x; w < words; w += blockDim.x)
-        bad += kv[w] != kv_mix(s + (uint64_t)(w + 1) * 0x9e3779b97f4a7c15ull);
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) bad += __shfl_down_sync(0xffffffffu, bad, o);
-  if ((threadIdx.x & 31) == 0 && bad) atomicAdd(mismatches, bad);
-}
-
 // ---------------------------------------------------------------- context
 
 static const uint32_t kCopyThreads = 256;
@@ -504,10 +454,9 @@ struct Ctx {
   cudaEvent_t *copy_events; // [n_slots]
   uint32_t seq;             // global layer sequence (staging slot = seq % n_slots)
   Req *reqs;
-  tk_page_map *d_host_map, *d_verify_map;
+  tk_page_map *d_host_map;
   uint32_t host_map_pages;
   uint64_t host_map_end;
-  unsigned long long *d_count, *h_count;
   bool staging_ours;
 };
 
@@ -617,11 +566,7 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
   if (!c) return fail(TK_ERR_INVALID, "out of host memory");
   c->device = p->device;
   c->kv = p->kv;
-  c->geo.layers = p->kv.layers;
-  c->geo.planes = p->kv.planes;
-  c->geo.num_pages = p->kv.num_pages;
-  c->geo.layout = p->kv.layout;
-  c->geo.plane_bytes = (uint64_t)p->kv.page_tokens * p->kv.kv_heads * p->kv.head_dim * p->kv.dtype_bytes;
+  c->geo = geo_of(p->kv);
   c->staging_host = p->staging_addr;
   c->staging_bytes = p->staging_bytes;
   c->n_slots = p->staging_slots;
@@ -670,9 +615,6 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
     TRYC(cudaEventCreateWithFlags(&c->copy_events[i], cudaEventDisableTiming | cudaEventBlockingSync));
   }
   TRYC(cudaMalloc(&c->d_host_map, sizeof(tk_page_map) * c->max_pages));
-  TRYC(cudaMalloc(&c->d_verify_map, sizeof(tk_page_map) * c->max_pages));
-  TRYC(cudaHostAlloc(&c->h_count, sizeof(unsigned long long), cudaHostAllocDefault));
-  TRYC(cudaMalloc(&c->d_count, sizeof(unsigned long long)));
   const uint32_t L = c->kv.layers;
   c->reqs = (Req *)calloc(c->max_requests, sizeof(Req));
   for (uint32_t i = 0; i < c->max_requests; i++) {
@@ -747,9 +689,6 @@ static void free_ctx(Ctx *c) {
   free(c->slot_free);
   free(c->copy_events);
   if (c->d_host_map) cudaFree(c->d_host_map);
-  if (c->d_verify_map) cudaFree(c->d_verify_map);
-  if (c->h_count) cudaFreeHost(c->h_count);
-  if (c->d_count) cudaFree(c->d_count);
   if (c->d_kvp) cudaFree(c->d_kvp);
   if (c->d_state) cudaFree(c->d_state);
   if (c->io) cudaStreamDestroy(c->io);
@@ -1091,40 +1030,5 @@ extern "C" tk_status tk_sync(uint64_t h) {
   if (!c) return fail(TK_ERR_INVALID, "null context");
   CK(cudaSetDevice(c->device));
   CK(cudaStreamSynchronize(c->copy));
-  return TK_OK;
-}
-
-extern "C" tk_status tk_kv_fill(uint64_t h, uint32_t v) {
-  Ctx *c = as_ctx(h);
-  if (!c) return fail(TK_ERR_INVALID, "null context");
-  CK(cudaSetDevice(c->device));
-  const uint64_t per_layer = c->geo.plane_bytes * c->geo.planes * c->geo.num_pages;
-  if (c->kv.layout == TK_LAYOUT_PER_LAYER) {
-    for (uint32_t l = 0; l < c->kv.layers; l++) CK(cudaMemsetAsync((void *)c->kv.kv_ptrs[l], (int)(v & 0xff), per_layer, c->copy));
-  } else {
-    CK(cudaMemsetAsync((void *)c->kv.kv_ptrs[0], (int)(v & 0xff), per_layer * c->kv.layers, c->copy));
-  }
-  CK(cudaStreamSynchronize(c->copy));
-  return TK_OK;
-}
-
-extern "C" tk_status tk_kv_verify(uint64_t h, uint64_t seed, const tk_page_map *pages, uint32_t n,
-                                  uint32_t first_layer, uint32_t n_layers, uint64_t *mismatched) {
-  Ctx *c = as_ctx(h);
-  if (!c || !mismatched) return fail(TK_ERR_INVALID, "null argument");
-  if (!n || n > c->max_pages || !n_layers || first_layer + (uint64_t)n_layers > c->kv.layers)
-    return fail(TK_ERR_INVALID, "verify %u pages, layers [%u,+%u)", n, first_layer, n_layers);
-  tk_status s = check_map(c, pages, n, 0, ~0ull >> 1, NULL);
-  if (s) return s;
-  CK(cudaSetDevice(c->device));
-  CK(cudaStreamSynchronize(c->copy));
-  CK(cudaMemcpy(c->d_verify_map, pages, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice));
-  CK(cudaMemsetAsync(c->d_count, 0, sizeof(unsigned long long), c->copy));
-  dim3 grid(n < 256 ? n : 256, n_layers);
-  verify_kernel<<<grid, kCopyThreads, 0, c->copy>>>(c->d_verify_map, n, c->d_kvp, c->geo, first_layer, seed, c->d_count);
-  CK(cudaGetLastError());
-  CK(cudaMemcpyAsync(c->h_count, c->d_count, sizeof(unsigned long long), cudaMemcpyDeviceToHost, c->copy));
-  CK(cudaStreamSynchronize(c->copy));
-  *mismatched = *c->h_count;
   return TK_OK;
 }

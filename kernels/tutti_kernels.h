@@ -2,7 +2,9 @@
  * tutti_kernels.h — the one ABI between libtutti_kernels.so (CUDA, built by
  * nvcc on the GPU machine) and its loaders (package kernels, through dlopen and
  * a table of function pointers; the C self-test). Plain C, no CUDA types, so a
- * loader needs no CUDA headers to build.
+ * loader needs no CUDA headers to build. The library holds the product's
+ * restore and save path only; test fill/verify, the cuFile baseline and the
+ * harness's prefill GEMMs are libtutti_testkit.so (tk_testkit.h).
  *
  * Versioning: tk_abi_version() returns TK_ABI_VERSION of the library; a loader
  * refuses a library whose version differs from the header it was built with.
@@ -26,7 +28,7 @@
 extern "C" {
 #endif
 
-#define TK_ABI_VERSION 2
+#define TK_ABI_VERSION 3
 
 typedef int32_t tk_status;
 enum {
@@ -212,23 +214,6 @@ tk_status tk_copy_event_wait(uint64_t ctx, uint32_t index);
 tk_status tk_scatter_dev(uint64_t ctx, uint32_t layer, uint64_t dsrc, uint64_t src_bytes);
 /* Wait for everything enqueued on the copy stream. */
 tk_status tk_sync(uint64_t ctx);
-
-/* Poison the bound KV memory (every byte = byte_value). */
-tk_status tk_kv_fill(uint64_t ctx, uint32_t byte_value);
-/* Count 8-byte words of the restored pages that differ from internal/kvdata's
- * content of Key{Block: seed + i, Layer, Plane, Page: 0}, where i is the page's
- * index in `pages` (its place in the saved object; one page per chain block). */
-tk_status tk_kv_verify(uint64_t ctx, uint64_t seed, const tk_page_map *pages, uint32_t n_pages,
-                       uint32_t first_layer, uint32_t n_layers, uint64_t *mismatched_words);
-
-/* ---- cuFile (GDS), loaded with dlopen ---- */
-/* Opens the cuFile driver and registers path; returns TK_OK, or the error with
- * cuFile's code in *cufile_err and its text in tk_last_error. */
-tk_status tk_cufile_probe(const char *path, int32_t *cufile_err);
-/* Reads n extents of one file with cuFile's batch API into device memory at
- * dptr + dst_off[i]; ios counts submitted I/Os. */
-tk_status tk_cufile_batch_read(const char *path, const uint64_t *file_off, const uint64_t *dst_off,
-                               const uint32_t *len, uint32_t n, uint64_t dptr, uint64_t dbytes);
 
 #ifdef __cplusplus
 }

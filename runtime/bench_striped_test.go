@@ -17,9 +17,9 @@ import (
 // together shows in both.
 //
 // Knobs: TUTTI_BENCH_DIRS (comma-separated store directories, one file
-// system each; default 4 temporary directories on one file system).
+// system each; unset, the benchmark is skipped).
 func BenchmarkRestoreStriped70B(b *testing.B) {
-	dirs := benchenv.Dirs(b, 4)
+	dirs := benchenv.Dirs(b)
 	g := benchenv.Llama70B(80, 32)
 	runs := []int{1, 5, 5, 4, 1, 1}
 	blocks := 0

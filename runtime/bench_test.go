@@ -20,11 +20,12 @@ import (
 //
 // Knobs: TUTTI_BENCH_PATH=gpu (restore with GPU-driven reads into HBM through
 // package kernels; skipped where that cannot run),
-// TUTTI_BENCH_DIR (store directory; default a temporary one),
+// TUTTI_BENCH_DIRS (store directories: the first is used; unset, the
+// benchmark is skipped),
 // TUTTI_BENCH_LAYERS (default 80: 10 GiB of KV, as much host memory),
 // TUTTI_BENCH_STAGING_MIB (default 256), TUTTI_BENCH_SLOT_MIB (default 32).
 func BenchmarkRestore70B(b *testing.B) {
-	dir := benchenv.Dir(b)
+	dir := benchenv.Dirs(b)[0]
 	g := benchenv.Llama70B(benchenv.Layers(), 1)
 	const tokens = 32 << 10
 	blocks := tokens / g.PageTokens
@@ -36,7 +37,7 @@ func BenchmarkRestore70B(b *testing.B) {
 	gpu := benchenv.GPU()
 	if gpu {
 		cfg.Path = PathGPU
-		cfg.GPUMaxPages = blocks
+		cfg.GPU.MaxPages = blocks
 	}
 	s, err := Open(cfg)
 	if errors.Is(err, ErrGPUUnavailable) {

@@ -73,51 +73,9 @@ type Config struct {
 	// Path selects the CPU or the GPU data path.
 	Path Path
 
-	// GPUDevice is the CUDA device of the KV tensors (PathGPU).
-	GPUDevice int
-	// GPUMaxPages bounds the pages one GPU restore moves (the kernels'
-	// staging slots are sized for it); a longer load is cut, the rest is
-	// recomputed. Zero: min(NumPages, 4096).
-	GPUMaxPages int
-	// GPUSQPoll gives the GPU's ring a kernel SQPOLL thread that submits
-	// what the GPU publishes (the CPU helper only wakes it). Without it
-	// (the default) the helper submits in batches, woken by completions
-	// (kernels' kick mode): the same bandwidth in gpubench on the GPU
-	// machine at a fraction of the CPU, since the SQPOLL thread polls a
-	// core while it is awake.
-	GPUSQPoll bool
-	// GPULooseWakeTarget is kernels.Config.LooseWakeTarget for the GPU
-	// ring's helper (kick mode): the first wait target, slower on the H200
-	// (kept to compare).
-	GPULooseWakeTarget bool
-	// GPUMaxRuns bounds the runs (extents per layer) of one GPU restore.
-	// Zero: 64.
-	GPUMaxRuns int
-	// GPUIOWindow bounds the GPU ring's reads in flight (kernels'
-	// IOWindow); the ring's queue is sized to hold it. Zero: QueueDepth.
-	// Size it to the devices (gpubench: half of each device's nr_requests,
-	// at most 128 each, in all at most the smallest nr_requests; or
-	// GPUReadsFromDevices): a read that finds no free request tag goes to
-	// an io-wq worker.
-	GPUIOWindow int
-	// GPUMaxIOBytes is the GPU path's largest read, a multiple of 4096 of
-	// at most 16 MiB: the largest read the devices take unsplit
-	// (max_sectors_kb). Zero: 1 MiB.
-	GPUMaxIOBytes int
-	// GPULookahead is how many layers beyond the one the engine waits for
-	// the GPU path may have in flight (its staging is Lookahead+3 slots of
-	// one layer). Zero: 1.
-	GPULookahead int
-	// GPUReadsFromDevices sizes GPUIOWindow, GPUMaxIOBytes and
-	// GPULookahead that are 0 to the disks under Dirs at Open
-	// (DeviceSizedGPUReads: per directory half of nr_requests up to 128, in
-	// all at most the smallest nr_requests; the largest read max_sectors_kb
-	// allows up to 4 MiB; one layer per directory from 2 to 8), instead of
-	// the defaults above; values set here win. A disk that does not say
-	// adds 128 to the window and counts as taking 1 MiB reads. Stats.GPUReads says what was used and what could not be
-	// read. Off by default: the defaults are what the GPU path was measured
-	// with; a larger lookahead costs lookahead+3 layer slots of GPU staging.
-	GPUReadsFromDevices bool
+	// GPU configures PathGPU (ignored on PathCPU). Its zero value is the
+	// setting measured best; see GPUConfig.
+	GPU GPUConfig
 
 	// QueueDepth bounds the I/Os in flight on each engine.
 	QueueDepth int
@@ -157,6 +115,45 @@ type Config struct {
 	// ring: tests pass a *uringsim.Sim here (seeded latency, fault injection).
 	// It is called once per engine at Open; the store owns and closes it.
 	NewEngine func() (uring.Engine, error)
+}
+
+// GPUConfig is PathGPU's part of Config. Every zero field takes the value
+// measured best, so an engine that sets nothing gets the figures of
+// BENCHMARKS.md: reads sized to the disks under Config.Dirs at Open
+// (DeviceSizedGPUReads: the window is GPUReadWindow of their request queues,
+// the largest read the largest they take unsplit), enough layers of
+// lookahead to fill that window (GPULookaheadToFill), and the ring's helper
+// in kick mode (no SQPOLL thread). Stats.GPUReads says what Open chose and
+// what it could not read. A field set here wins over the sized value.
+type GPUConfig struct {
+	// Device is the CUDA device of the KV tensors.
+	Device int
+	// MaxPages bounds the pages one GPU restore moves (the kernels' staging
+	// slots are sized for it); a longer load is cut, the rest is
+	// recomputed. Zero: min(NumPages, 4096).
+	MaxPages int
+	// SQPoll gives the GPU's ring a kernel SQPOLL thread that submits what
+	// the GPU publishes (the CPU helper only wakes it). Without it (the
+	// default) the helper submits in batches, woken by completions (kernels'
+	// kick mode): the same bandwidth at a fraction of the CPU, since the
+	// SQPOLL thread polls a core while it is awake.
+	SQPoll bool
+	// MaxRuns bounds the runs (extents per layer) of one GPU restore.
+	// Zero: 64.
+	MaxRuns int
+	// IOWindow bounds the GPU ring's reads in flight (kernels' IOWindow);
+	// the ring's queue is sized to hold it. Zero: GPUReadWindow of the
+	// disks under Dirs (a read that finds no free request tag goes to an
+	// io-wq worker).
+	IOWindow int
+	// MaxIOBytes is the GPU path's largest read, a multiple of 4096 of at
+	// most 16 MiB. Zero: the largest read every disk under Dirs takes
+	// unsplit (max_sectors_kb), at most 4 MiB; 1 MiB where a disk does not say.
+	MaxIOBytes int
+	// Lookahead is how many layers beyond the one the engine waits for may
+	// be in flight (staging is Lookahead+3 slots of one layer of MaxPages
+	// pages, pinned). Zero: GPULookaheadToFill of the window.
+	Lookahead int
 }
 
 // ErrConfig is wrapped by every Validate error.
@@ -215,23 +212,23 @@ func (c *Config) Validate() error {
 	if c.SaveBoundMs < 0 || c.SaveBoundMs > maxSaveBoundMs {
 		return configErr("SaveBoundMs", "must be in [0, %d], got %d", maxSaveBoundMs, c.SaveBoundMs)
 	}
-	if c.GPUDevice < 0 {
-		return configErr("GPUDevice", "must be >= 0, got %d", c.GPUDevice)
+	if c.GPU.Device < 0 {
+		return configErr("GPU.Device", "must be >= 0, got %d", c.GPU.Device)
 	}
-	if c.GPUMaxPages < 0 {
-		return configErr("GPUMaxPages", "must be >= 0, got %d", c.GPUMaxPages)
+	if c.GPU.MaxPages < 0 {
+		return configErr("GPU.MaxPages", "must be >= 0, got %d", c.GPU.MaxPages)
 	}
-	if c.GPUIOWindow < 0 || c.GPUIOWindow > maxQueueDepth {
-		return configErr("GPUIOWindow", "must be in [0, %d], got %d", maxQueueDepth, c.GPUIOWindow)
+	if c.GPU.IOWindow < 0 || c.GPU.IOWindow > maxQueueDepth {
+		return configErr("GPU.IOWindow", "must be in [0, %d], got %d", maxQueueDepth, c.GPU.IOWindow)
 	}
-	if c.GPUMaxIOBytes < 0 || c.GPUMaxIOBytes > 16<<20 || c.GPUMaxIOBytes%objmap.BlockBytes != 0 {
-		return configErr("GPUMaxIOBytes", "must be a multiple of %d in [0, 16 MiB], got %d", objmap.BlockBytes, c.GPUMaxIOBytes)
+	if c.GPU.MaxIOBytes < 0 || c.GPU.MaxIOBytes > 16<<20 || c.GPU.MaxIOBytes%objmap.BlockBytes != 0 {
+		return configErr("GPU.MaxIOBytes", "must be a multiple of %d in [0, 16 MiB], got %d", objmap.BlockBytes, c.GPU.MaxIOBytes)
 	}
-	if c.GPULookahead < 0 || c.GPULookahead > 16 {
-		return configErr("GPULookahead", "must be in [0, 16], got %d", c.GPULookahead)
+	if c.GPU.Lookahead < 0 || c.GPU.Lookahead > 16 {
+		return configErr("GPU.Lookahead", "must be in [0, 16], got %d", c.GPU.Lookahead)
 	}
-	if c.GPUMaxRuns < 0 || c.GPUMaxRuns > 4096 {
-		return configErr("GPUMaxRuns", "must be in [0, 4096], got %d", c.GPUMaxRuns)
+	if c.GPU.MaxRuns < 0 || c.GPU.MaxRuns > 4096 {
+		return configErr("GPU.MaxRuns", "must be in [0, 4096], got %d", c.GPU.MaxRuns)
 	}
 	if c.SaveBudgetBytes < 0 {
 		return configErr("SaveBudgetBytes", "must be >= 0, got %d", c.SaveBudgetBytes)
@@ -263,7 +260,8 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// withDefaults returns c with zero tuning fields replaced by their defaults.
+// withDefaults returns c with zero tuning fields replaced by their defaults
+// (the GPU path's reads are sized by sizeGPUReads first).
 func (c Config) withDefaults() Config {
 	if c.QueueDepth == 0 {
 		c.QueueDepth = DefaultQueueDepth
@@ -287,20 +285,11 @@ func (c Config) withDefaults() Config {
 	if c.MaxLoads == 0 {
 		c.MaxLoads = DefaultMaxLoads
 	}
-	if c.GPUMaxPages == 0 {
-		c.GPUMaxPages = min(c.NumPages, 4096)
+	if c.GPU.MaxPages == 0 {
+		c.GPU.MaxPages = min(c.NumPages, 4096)
 	}
-	if c.GPUMaxRuns == 0 {
-		c.GPUMaxRuns = 64
-	}
-	if c.GPUIOWindow == 0 {
-		c.GPUIOWindow = c.QueueDepth
-	}
-	if c.GPUMaxIOBytes == 0 {
-		c.GPUMaxIOBytes = 1 << 20
-	}
-	if c.GPULookahead == 0 {
-		c.GPULookahead = 1
+	if c.GPU.MaxRuns == 0 {
+		c.GPU.MaxRuns = 64
 	}
 	if c.SaveBudgetBytes == 0 {
 		c.SaveBudgetBytes = DefaultSaveBudgetBytes
@@ -312,4 +301,18 @@ func (c Config) withDefaults() Config {
 		c.Device = defaultDevice
 	}
 	return c
+}
+
+// sizeGPUReads fills the GPU read settings left 0 from the disks under Dirs
+// (GPUConfig's doc) and says what it chose. c has its defaults.
+func (c *Config) sizeGPUReads() string {
+	g := c.GPU
+	r := DeviceSizedGPUReads(c.Dirs).Explicit(g.IOWindow, g.MaxIOBytes, 0)
+	c.GPU.IOWindow, c.GPU.MaxIOBytes = r.Window, r.MaxIOBytes
+	if g.Lookahead == 0 {
+		layerBytes := int64(c.GPU.MaxPages) * c.Geometry.PageBytesPerLayer()
+		c.GPU.Lookahead = GPULookaheadToFill(r.Window, r.MaxIOBytes, len(c.Dirs), layerBytes)
+	}
+	r.Lookahead = c.GPU.Lookahead
+	return r.String()
 }

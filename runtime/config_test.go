@@ -41,10 +41,10 @@ func TestConfigValidate(t *testing.T) {
 		{"SaveBoundMs", func(c *Config) { c.SaveBoundMs = -5 }},
 		{"SaveBudgetBytes", func(c *Config) { c.SaveBudgetBytes = -5 }},
 		{"MaxLoads", func(c *Config) { c.MaxLoads = -1 }},
-		{"GPUIOWindow", func(c *Config) { c.GPUIOWindow = 5000 }},
-		{"GPUMaxIOBytes", func(c *Config) { c.GPUMaxIOBytes = 4097 }},
-		{"GPUMaxIOBytes", func(c *Config) { c.GPUMaxIOBytes = 32 << 20 }},
-		{"GPULookahead", func(c *Config) { c.GPULookahead = 17 }},
+		{"GPU.IOWindow", func(c *Config) { c.GPU.IOWindow = 5000 }},
+		{"GPU.MaxIOBytes", func(c *Config) { c.GPU.MaxIOBytes = 4097 }},
+		{"GPU.MaxIOBytes", func(c *Config) { c.GPU.MaxIOBytes = 32 << 20 }},
+		{"GPU.Lookahead", func(c *Config) { c.GPU.Lookahead = 17 }},
 	}
 	for _, tc := range cases {
 		c := good()

@@ -14,7 +14,7 @@
 //	    (*Save).Gathered() / Done() / Wait() / Saved() / Skipped(cause)
 //	(*Store).WaitSaves() / Stats() / SchedStats() / MapStats() / Check() / Recovery() / Close()
 //	CapacityForBlocks(g, n)               a CapacityBytes that holds n blocks in any run grouping
-//	DeviceSizedGPUReads(dirs) GPUReads    the GPU path's reads sized to the dirs' disks (Config.GPUReadsFromDevices)
+//	DeviceSizedGPUReads(dirs) GPUReads    the GPU path's reads sized to the dirs' disks (the zero GPUConfig)
 //
 // A chain is a request's prefix as chained block ids (id i names the whole
 // prefix up to block i); pages is its block table: pages[i*ChunkPages+j] is

@@ -59,14 +59,14 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	}
 	rc := uring.DefaultConfig()
 	// The queue holds the window (uring.New rounds it up to a power of two).
-	rc.Entries = uint32(max(64, s.cfg.QueueDepth, s.cfg.GPUIOWindow))
+	rc.Entries = uint32(max(64, s.cfg.QueueDepth, s.cfg.GPU.IOWindow))
 	// Without SQPOLL the kernels' helper thread submits and runs the
 	// completions' task work (kick mode), on a DEFER_TASKRUN ring where the
 	// kernel allows it; nothing else enters this ring.
 	var ring *uring.Ring
 	var err error
 	var fallback string
-	if s.cfg.GPUSQPoll {
+	if s.cfg.GPU.SQPoll {
 		rc.SQPoll = true
 		rc.SQThreadIdleMs = 20
 		ring, err = uring.New(rc)
@@ -76,10 +76,9 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runtime: GPU ring: %w", err)
 	}
-	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPUDevice, Geometry: kernels.GeometryOf(s.geo), Layout: s.cfg.Layout,
-		NumPages: s.cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: s.cfg.GPUMaxPages, MaxExtents: s.cfg.GPUMaxRuns,
-		IOWindow: s.cfg.GPUIOWindow, MaxIOBytes: s.cfg.GPUMaxIOBytes, Lookahead: s.cfg.GPULookahead,
-		LooseWakeTarget: s.cfg.GPULooseWakeTarget})
+	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPU.Device, Geometry: kernels.GeometryOf(s.geo), Layout: s.cfg.Layout,
+		NumPages: s.cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: s.cfg.GPU.MaxPages, MaxExtents: s.cfg.GPU.MaxRuns,
+		IOWindow: s.cfg.GPU.IOWindow, MaxIOBytes: s.cfg.GPU.MaxIOBytes, Lookahead: s.cfg.GPU.Lookahead})
 	if err != nil {
 		ring.Close()
 		return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
@@ -123,17 +122,17 @@ func gpuWriteUnit(g objmap.Geometry) int64 {
 	return pb / a * objmap.BlockBytes
 }
 
-// gpuCut trims runs to what one GPU restore can take (GPUMaxRuns extents,
-// GPUMaxPages pages, extents starting on an O_DIRECT boundary) and returns
+// gpuCut trims runs to what one GPU restore can take (GPU.MaxRuns extents,
+// GPU.MaxPages pages, extents starting on an O_DIRECT boundary) and returns
 // the blocks kept; the rest is recomputed like blocks the plan left out.
 func (s *Store) gpuCut(runs []loadRun, planned int) int {
 	g := s.geo
 	kept, pages := 0, 0
 	for i, r := range runs {
-		if kept >= planned || i >= s.cfg.GPUMaxRuns || (int64(r.first)*g.ChunkBytesPerLayer())%objmap.BlockBytes != 0 {
+		if kept >= planned || i >= s.cfg.GPU.MaxRuns || (int64(r.first)*g.ChunkBytesPerLayer())%objmap.BlockBytes != 0 {
 			break
 		}
-		k := min(r.k, planned-kept, (s.cfg.GPUMaxPages-pages)/g.ChunkPages)
+		k := min(r.k, planned-kept, (s.cfg.GPU.MaxPages-pages)/g.ChunkPages)
 		if k <= 0 {
 			break
 		}
@@ -168,8 +167,34 @@ func (l *Load) startGPU() {
 		return
 	}
 	l.ioCount = int64(g.Layers * len(l.runs))
+	l.firstNs = s.sched.nowNs()
 	l.gpuX = x
 	go l.driveGPU(x)
+}
+
+// observeGPUReads reports a finished GPU restore's reads to each device's
+// model: run i's bytes to the device that holds run i, the reads counted as
+// kernels cuts them (MaxIOBytes), busy from submission to the last layer.
+func (l *Load) observeGPUReads() {
+	s := l.s
+	g := s.geo
+	now := s.sched.nowNs()
+	l.mu.Lock()
+	valid := l.validRuns
+	l.mu.Unlock()
+	var bs []ioBatch
+	for _, r := range l.runs[:valid] {
+		perLayer := (int64(r.k)*g.ChunkBytesPerLayer() + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
+		reads := (perLayer + int64(s.cfg.GPU.MaxIOBytes) - 1) / int64(s.cfg.GPU.MaxIOBytes)
+		b := batchOf(&bs, r.run.device)
+		b.bytes += perLayer * int64(g.Layers)
+		b.ops += reads * int64(g.Layers)
+	}
+	for dev, b := range bs {
+		if b.ops > 0 {
+			s.sched.observeReads(dev, b.bytes, int(b.ops), now-l.firstNs)
+		}
+	}
 }
 
 func (l *Load) driveGPU(x *kernels.Restore) {
@@ -188,9 +213,16 @@ func (l *Load) driveGPU(x *kernels.Restore) {
 		res, err := x.Wait()
 		if res != nil {
 			for _, f := range res.Failed {
-				l.failRuns(l.runOfOffset(f.Layer, f.Offset), MissIOError, f)
+				// Extent i of every layer is run i (startGPU); out of
+				// range fails the whole load (closed).
+				r := f.Extent
+				if r < 0 || r >= len(l.runs) {
+					r = 0
+				}
+				l.failRuns(r, MissIOError, f)
 			}
 		}
+		l.observeGPUReads()
 		if err != nil && (res == nil || len(res.Failed) == 0) {
 			l.failRuns(0, MissGPU, err)
 			if l.gpuErr == nil {
@@ -208,21 +240,6 @@ func (l *Load) driveGPU(x *kernels.Restore) {
 		l.mu.Unlock()
 	}
 	l.finish()
-}
-
-// runOfOffset returns the first run whose object of layer holds file offset
-// off (the earliest when offsets of runs in different files coincide: a miss
-// too many is safe, a wrong hit is not).
-func (l *Load) runOfOffset(layer int, off int64) int {
-	g := l.s.geo
-	for i, r := range l.runs {
-		o, _ := g.ObjectOffset(r.run.chunks, layer)
-		start := r.run.offset + o
-		if off >= start && off < start+g.ObjectStride(r.run.chunks) {
-			return i
-		}
-	}
-	return 0
 }
 
 // StreamWaitLayer makes a CUDA stream wait until layer is in the KV tensors,

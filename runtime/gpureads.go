@@ -9,28 +9,15 @@ import (
 )
 
 // GPUReads are the GPU path's read settings sized to the devices of a set of
-// store directories (DeviceSizedGPUReads): Config's GPUIOWindow,
-// GPUMaxIOBytes and GPULookahead.
+// store directories (DeviceSizedGPUReads): GPUConfig's IOWindow,
+// MaxIOBytes and Lookahead.
 type GPUReads struct {
-	// Window is the reads in flight over all directories: per directory
-	// half of its disk's nr_requests, at least 8 and at most 128, summed;
-	// then at most the smallest nr_requests of them all, and at most 1024.
-	// Two directories on one disk count twice. Why half: a nonblocking read
-	// that finds no free request tag goes to an io-wq worker (CPU, and
-	// slower). On the H200's loop devices (nr_requests 128) a window of 128
-	// per device put about half of the process's CPU time in io-wq workers;
-	// 3/4 (96) still started 25-50 of them when one submission batch spanned
-	// several devices (why is not established; one suspect is the batch of
-	// request tags a plugged submission takes per device). Why the smallest
-	// queue: the GPU issues in layer order, so the window does not spread
-	// evenly and one device may hold most of it for a while. On 4 loops, 256
-	// in all (64 each) started io-wq workers in most rounds and lost up to a
-	// fifth of the bytes/s; 128 in all started none in 12 of 12 rounds, at
-	// half the CPU per GiB (BENCHMARKS.md, kernels, Sessions 6 and 7).
+	// Window is the reads in flight over all directories: GPUReadWindow of
+	// their disks' request queue depths.
 	Window int
 	// MaxIOBytes is the largest read every directory's disk takes unsplit
-	// (blockdev.MaxReadBytes: 1 MiB on a loop device, 4 MiB on a virtio
-	// disk), at most 4 MiB: a split read goes to an io-wq worker.
+	// (blockdev.MaxReadBytes), at most 4 MiB: a split read goes to an io-wq
+	// worker.
 	MaxIOBytes int
 	// Lookahead is one layer in flight per directory, at least 2, at most 8
 	// (GPULookaheadToFill also fills the window from the layer size).
@@ -53,7 +40,7 @@ const (
 	gpuUnknownReadBytes = 1 << 20 // a device that does not say
 	// gpuUnknownQueue is the request queue depth counted for a device that
 	// does not say: deep enough that it adds gpuWindowPerDevice reads and
-	// caps nothing (windowFor).
+	// caps nothing (GPUReadWindow).
 	gpuUnknownQueue     = 1 << 30
 	gpuLookaheadMax     = 8  // DeviceSizedGPUReads
 	gpuLookaheadFillMax = 16 // GPULookaheadToFill (Config allows 16)
@@ -85,7 +72,7 @@ func DeviceSizedGPUReads(dirs []string) GPUReads {
 		}
 		r.MaxIOBytes = min(r.MaxIOBytes, m)
 	}
-	r.Window = windowFor(depths)
+	r.Window = GPUReadWindow(depths)
 	if len(dirs) == 0 {
 		r.Window, r.MaxIOBytes = gpuWindowPerDevice, gpuUnknownReadBytes
 	}
@@ -93,20 +80,23 @@ func DeviceSizedGPUReads(dirs []string) GPUReads {
 	return r
 }
 
-// deviceWindow is one device's share of the window: half its request
-// queue, gpuWindowMinDevice..gpuWindowPerDevice (GPUReads.Window says why;
-// windowFor then caps the sum at the smallest queue).
-func deviceWindow(nrRequests int) int {
-	return min(gpuWindowPerDevice, max(gpuWindowMinDevice, nrRequests/2))
-}
-
-// windowFor is the window over devices with these request queue depths
-// (nr_requests, one per directory): their deviceWindow shares summed, at
-// most the smallest depth and gpuWindowTotal.
-func windowFor(nrRequests []int) int {
+// GPUReadWindow is the one rule that sizes the GPU path's reads in flight
+// from the devices' block request queues (nrRequests: each directory's
+// queue/nr_requests, two directories on one disk counted twice): each device
+// adds half its queue, at least 8 and at most 128; the sum is at most the
+// smallest queue and 1024. Everything that describes the window names this
+// function rather than restating it.
+//
+// Why half: a nonblocking read that finds no free request tag goes to an
+// io-wq worker (CPU, and slower); three quarters still started such workers
+// when one submission batch spanned several devices. Why the smallest queue:
+// the GPU issues in layer order, so the window does not spread evenly and
+// one device may hold most of it for a while. The measurements are in
+// BENCHMARKS.md (kernels).
+func GPUReadWindow(nrRequests []int) int {
 	sum, smallest := 0, gpuWindowTotal
 	for _, n := range nrRequests {
-		sum += deviceWindow(n)
+		sum += min(gpuWindowPerDevice, max(gpuWindowMinDevice, n/2))
 		smallest = min(smallest, n)
 	}
 	return min(sum, smallest)
@@ -137,17 +127,11 @@ func (r GPUReads) String() string {
 	return s
 }
 
-// GPULookaheadToFill is tutti gpubench's lookahead: enough layers of
-// layerBytes to fill a window of reads of maxIOBytes (a small layer, MLA's
-// 36 MiB at 32K tokens, on one disk otherwise leaves the window mostly
-// empty), at least one per directory and 2, at most 16. The GPU path's
-// staging is lookahead+3 slots of one layer, so this costs pinned host
-// memory. Three per directory was tried for striped devices (a restore
-// reads layer by layer, so no device runs further ahead of the slowest than
-// the lookahead): on 4 RAM-backed loops, 70B, it was ahead by 5 % of the
-// striped ceiling in one interleaved comparison and level in another, and
-// it started more io-wq workers (up to 0.15× the per-block path's CPU per
-// GiB); BENCHMARKS.md, kernels, Session 6.
+// GPULookaheadToFill is the lookahead that fills a window of reads of
+// maxIOBytes with layers of layerBytes (a small layer on one disk otherwise
+// leaves the window mostly empty), at least one per directory and 2, at most
+// 16. The GPU path's staging is lookahead+3 slots of one layer, so this
+// costs pinned host memory.
 func GPULookaheadToFill(window, maxIOBytes, dirs int, layerBytes int64) int {
 	fill := int((int64(window)*int64(maxIOBytes) + layerBytes - 1) / max(layerBytes, 1))
 	return min(max(gpuLookaheadAtLeast, dirs, fill), gpuLookaheadFillMax)

@@ -20,7 +20,7 @@ func TestDeviceSizedGPUReads(t *testing.T) {
 	diskQueue := gpuUnknownQueue    // ... and its queue: none to stay within
 	onDisk := true
 	if d, err := blockdev.QueueDepth(tmp); err == nil {
-		perDisk, diskQueue = deviceWindow(d), d
+		perDisk, diskQueue = GPUReadWindow([]int{d}), d
 		m, err := blockdev.MaxReadBytes(tmp)
 		if err != nil {
 			t.Fatal(err)
@@ -69,7 +69,7 @@ func TestDeviceSizedGPUReads(t *testing.T) {
 			t.Errorf("%s: String() = %q hides what was not read", tc.name, r)
 		}
 		c := Config{Dirs: []string{"/a"}, CapacityBytes: 1 << 30, Geometry: tinyGeometry(), Layout: objmap.LayoutPerLayer, NumPages: 16,
-			GPUIOWindow: r.Window, GPUMaxIOBytes: r.MaxIOBytes, GPULookahead: r.Lookahead}
+			GPU: GPUConfig{IOWindow: r.Window, MaxIOBytes: r.MaxIOBytes, Lookahead: r.Lookahead}}
 		if err := c.Validate(); err != nil {
 			t.Errorf("%s: sized values refused: %v", tc.name, err)
 		}
@@ -115,42 +115,47 @@ func TestGPULookaheadToFill(t *testing.T) {
 	}
 }
 
-// TestOpenGPUReadsFromDevices: the option sizes the GPU fields left 0 at
-// Open, keeps the ones set, and says so in Stats; without it the defaults
-// are untouched and Stats.GPUReads is empty.
-func TestOpenGPUReadsFromDevices(t *testing.T) {
+// TestSizeGPUReads: the GPU path sizes the fields left 0 from the devices
+// (the lookahead to fill the window), keeps the ones set, and says so, in
+// Stats.GPUReads too.
+func TestSizeGPUReads(t *testing.T) {
 	base := testConfig(t, tinyGeometry(), objmap.LayoutPerLayer, 64)
+	base.Dirs = []string{t.TempDir(), t.TempDir()}
 	sized := DeviceSizedGPUReads(base.Dirs)
+	layer := int64(min(base.NumPages, 4096)) * base.Geometry.PageBytesPerLayer()
+	fill := GPULookaheadToFill(sized.Window, sized.MaxIOBytes, 2, layer)
 	for _, tc := range []struct {
 		name    string
 		edit    func(*Config)
 		w, m, l int
-		stats   string
 	}{
-		{"off: defaults", func(*Config) {}, base.QueueDepth, 1 << 20, 1, ""},
-		{"on: sized", func(c *Config) { c.GPUReadsFromDevices = true }, sized.Window, sized.MaxIOBytes, sized.Lookahead, sized.String()},
-		{"on: explicit window wins", func(c *Config) { c.GPUReadsFromDevices, c.GPUIOWindow = true, 32 },
-			32, sized.MaxIOBytes, sized.Lookahead, sized.Explicit(32, 0, 0).String()},
-		{"on: explicit read and lookahead win", func(c *Config) { c.GPUReadsFromDevices, c.GPUMaxIOBytes, c.GPULookahead = true, 8192, 3 },
-			sized.Window, 8192, 3, sized.Explicit(0, 8192, 3).String()},
+		{"sized", func(*Config) {}, sized.Window, sized.MaxIOBytes, fill},
+		{"explicit window wins", func(c *Config) { c.GPU.IOWindow = 32 }, 32, sized.MaxIOBytes,
+			GPULookaheadToFill(32, sized.MaxIOBytes, 2, layer)},
+		{"explicit read and lookahead win", func(c *Config) { c.GPU.MaxIOBytes, c.GPU.Lookahead = 8192, 3 }, sized.Window, 8192, 3},
 	} {
 		cfg := base
-		cfg.Dirs = []string{t.TempDir(), t.TempDir()}
 		tc.edit(&cfg)
-		s, err := Open(cfg)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
-		if s.cfg.GPUIOWindow != tc.w || s.cfg.GPUMaxIOBytes != tc.m || s.cfg.GPULookahead != tc.l {
+		cfg = cfg.withDefaults()
+		note := cfg.sizeGPUReads()
+		if cfg.GPU.IOWindow != tc.w || cfg.GPU.MaxIOBytes != tc.m || cfg.GPU.Lookahead != tc.l {
 			t.Errorf("%s: window %d, largest read %d, lookahead %d; want %d, %d, %d", tc.name,
-				s.cfg.GPUIOWindow, s.cfg.GPUMaxIOBytes, s.cfg.GPULookahead, tc.w, tc.m, tc.l)
+				cfg.GPU.IOWindow, cfg.GPU.MaxIOBytes, cfg.GPU.Lookahead, tc.w, tc.m, tc.l)
 		}
-		if got := s.Stats().GPUReads; got != tc.stats {
-			t.Errorf("%s: Stats.GPUReads = %q, want %q", tc.name, got, tc.stats)
+		if want := sized.Explicit(tc.w, tc.m, tc.l).String(); note != want {
+			t.Errorf("%s: note %q, want %q", tc.name, note, want)
 		}
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%s: sized values refused: %v", tc.name, err)
 		}
+	}
+	s, err := Open(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got, want := s.Stats().GPUReads, sized.Explicit(0, 0, fill).String(); got != want {
+		t.Errorf("Stats.GPUReads = %q, want %q", got, want)
 	}
 }
 
@@ -171,8 +176,8 @@ func TestWindowFor(t *testing.T) {
 		{"nine unknown devices: at most 1024", []int{u, u, u, u, u, u, u, u, u}, 1024},
 		{"unknown and a loop device", []int{u, 128}, 128},
 	} {
-		if got := windowFor(tc.nrRequests); got != tc.want {
-			t.Errorf("%s: windowFor(%v) = %d, want %d", tc.name, tc.nrRequests, got, tc.want)
+		if got := GPUReadWindow(tc.nrRequests); got != tc.want {
+			t.Errorf("%s: GPUReadWindow(%v) = %d, want %d", tc.name, tc.nrRequests, got, tc.want)
 		}
 	}
 }
@@ -183,7 +188,7 @@ func TestDeviceWindow(t *testing.T) {
 		{128, 64}, // a loop device: 3/4 (96) still sent reads to io-wq workers
 		{256, 128}, {1023, 128}, {64, 32}, {10, 8}, {2, 8}, {gpuUnknownQueue, 128},
 	} {
-		if got := deviceWindow(tc.nrRequests); got != tc.want {
+		if got := GPUReadWindow([]int{tc.nrRequests}); got != min(tc.want, tc.nrRequests) {
 			t.Errorf("nr_requests %d: window %d, want %d", tc.nrRequests, got, tc.want)
 		}
 	}

@@ -96,7 +96,8 @@ type Load struct {
 	remaining                      []int // per layer: reads not finished
 	readsLeft                      int
 	overreadBytes, ioCount, splits int64
-	readBytes, firstNs             int64 // for the device model: the load's reads as one batch
+	firstNs                        int64     // GPU path: when the restore was submitted
+	batches                        []ioBatch // CPU path: the reads per device, for the device models
 
 	missBlocks [numMissCauses]int64 // mu (resolve fills it before the driver starts)
 
@@ -249,9 +250,6 @@ func (l *Load) drive() {
 			} else if sl = s.staging.tryAcquire(); sl == nil {
 				break
 			}
-			if l.firstNs == 0 {
-				l.firstNs = s.sched.nowNs()
-			}
 			sp := l.span(l.runs[io.Run], io.Layer)
 			seg := segment{io: io, span: sp, objOff: off, ioBytes: min(slotBytes, sp.IOBytes-off)}
 			off += seg.ioBytes
@@ -264,7 +262,7 @@ func (l *Load) drive() {
 			sl.req.c.PrepRead(r.file, sl.buf.Addr(), uint32(seg.ioBytes), uint64(r.offset+sp.Off+seg.objOff))
 			ring = append(ring, sl)
 			l.ioCount++
-			l.readBytes += seg.ioBytes
+			batchOf(&l.batches, l.runs[io.Run].run.device).start(s.sched.nowNs(), seg.ioBytes)
 			if seg.objOff > 0 {
 				l.splits++
 			}
@@ -306,11 +304,13 @@ func (l *Load) drive() {
 			l.finishRead(c.io)
 		}
 	}
-	if l.ioCount > 0 {
-		// One batch per load: busy time is the span in which its reads were
-		// in flight, which is what the device model wants (not per-read
-		// latencies, which include queueing behind each other).
-		l.s.sched.observeReads(l.runs[0].run.device, l.readBytes, int(l.ioCount), s.sched.nowNs()-l.firstNs)
+	// One batch per device: busy time is the span in which its reads were
+	// in flight, which is what the device model wants (not per-read
+	// latencies, which include queueing behind each other).
+	for dev, b := range l.batches {
+		if b.ops > 0 {
+			l.s.sched.observeReads(dev, b.bytes, int(b.ops), s.sched.nowNs()-b.firstNs)
+		}
 	}
 	l.finish()
 }

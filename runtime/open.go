@@ -31,15 +31,13 @@ func Open(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	var gpuReads string
-	if cfg.GPUReadsFromDevices {
-		r := DeviceSizedGPUReads(cfg.Dirs).Explicit(cfg.GPUIOWindow, cfg.GPUMaxIOBytes, cfg.GPULookahead)
-		cfg.GPUIOWindow, cfg.GPUMaxIOBytes, cfg.GPULookahead = r.Window, r.MaxIOBytes, r.Lookahead
-		gpuReads = r.String() // sized values are within Validate's ranges (TestDeviceSizedGPUReads)
-	}
 	cfg = cfg.withDefaults()
+	// Sized on either path, so that Stats.GPUReads says what PathGPU uses
+	// on these devices; sized values are within Validate's ranges
+	// (TestDeviceSizedGPUReads).
+	gpuReads := cfg.sizeGPUReads()
 	if cfg.Path == PathGPU {
-		if err := gpuAvailable(cfg.GPUDevice); err != nil {
+		if err := gpuAvailable(cfg.GPU.Device); err != nil {
 			return nil, fmt.Errorf("runtime: open with path gpu: %w", err)
 		}
 	}

@@ -76,9 +76,10 @@ type Save struct {
 
 	writesLeft int // dispatched writes not yet retired (driver only)
 	gatherLeft int // writes not yet gathered (driver only)
-	// The save's writes as one batch for the device model (driver only).
-	writeBytes, writeOps, firstNs, lastNs int64
-	withReads                             bool
+	// The save's writes, one batch per device for the device models
+	// (driver only): each device is credited with the writes it served.
+	batches   []ioBatch
+	withReads bool
 
 	mu      sync.Mutex
 	saved   int
@@ -405,11 +406,7 @@ func (sv *Save) drive() {
 			}
 			queue = queue[1:]
 			sv.stage(sl, io, r)
-			if sv.firstNs == 0 {
-				sv.firstNs = s.sched.nowNs()
-			}
-			sv.writeBytes += sl.tag.ioBytes
-			sv.writeOps++
+			sv.batch(s.deviceOf(r.res.File)).start(s.sched.nowNs(), sl.tag.ioBytes)
 			sv.withReads = sv.withReads || len(s.loadN) > 0
 			sl.sink, sl.completed = sv.sink, false
 			ring = append(ring, sl)
@@ -424,7 +421,7 @@ func (sv *Save) drive() {
 			ri := sv.runOf(sl.tag.io.ReqID)
 			r := sv.runs[ri]
 			inflight[ri]--
-			sv.lastNs = s.sched.nowNs()
+			sv.batch(s.deviceOf(r.res.File)).lastNs = s.sched.nowNs()
 			if r.failed == nil {
 				if sl.req.err != nil {
 					r.failed = fmt.Errorf("writing run %d layer %d: %w", r.res.ID, sl.tag.io.Layer, sl.req.err)
@@ -449,10 +446,38 @@ func (sv *Save) drive() {
 		}
 	}
 	sv.commitReady(nextCommit, remaining, inflight)
-	if sv.writeOps > 0 {
-		s.sched.observeWrites(s.deviceOf(sv.runs[0].res.File), sv.writeBytes, int(sv.writeOps), sv.lastNs-sv.firstNs, sv.withReads)
+	for dev, b := range sv.batches {
+		if b.ops > 0 {
+			s.sched.observeWrites(dev, b.bytes, int(b.ops), b.lastNs-b.firstNs, sv.withReads)
+		}
 	}
 	sv.finish()
+}
+
+// ioBatch is one device's share of a save's writes or a load's reads: bytes
+// and ops submitted, from the first submission to the last completion.
+type ioBatch struct {
+	bytes, ops, firstNs, lastNs int64
+}
+
+func (b *ioBatch) start(nowNs, bytes int64) {
+	if b.ops == 0 {
+		b.firstNs = nowNs
+	}
+	b.bytes += bytes
+	b.ops++
+}
+
+// batch is device dev's ioBatch (the store's devices are few: one per
+// directory).
+func (sv *Save) batch(dev int) *ioBatch { return batchOf(&sv.batches, dev) }
+
+// batchOf is device dev's entry of bs, grown to hold it.
+func batchOf(bs *[]ioBatch, dev int) *ioBatch {
+	if dev >= len(*bs) {
+		*bs = append(*bs, make([]ioBatch, dev+1-len(*bs))...)
+	}
+	return &(*bs)[dev]
 }
 
 // gathered1 counts one write gathered (or given up) and closes Gathered

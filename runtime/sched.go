@@ -163,6 +163,13 @@ func (sc *scheduler) observeWrites(dev int, bytes int64, ops int, busyNs int64, 
 	sc.mu.Unlock()
 }
 
+// device is device dev's model as the scheduler holds it now.
+func (sc *scheduler) device(dev int) sched.DeviceModel {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.p.Device(dev)
+}
+
 func (sc *scheduler) stats() sched.Stats {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()

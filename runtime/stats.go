@@ -53,7 +53,7 @@ type Stats struct {
 	// of the latter per restore mean layers waited for the timeout.
 	GPUHelperWakeups       int64
 	GPUHelperBatchTimeouts int64
-	// GPUReads is what Config.GPUReadsFromDevices set at Open: the
+	// GPUReads is what Open sized for PathGPU (GPUConfig, on either path): the
 	// window, largest read and lookahead used (explicit values included)
 	// and, after "not read:", each device fact that could not be read and
 	// what was assumed; empty when the option is off.

@@ -17,6 +17,7 @@ import (
 	"github.com/tutti-io/tutti/devbench"
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kernels/testkit"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
@@ -119,10 +120,11 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	runPages := fs.Int("run-pages", 0, "--stripe runs: pages per run, whole chain blocks of the model (32 pages for the eval/model profiles), at most objmap.MaxRunChunks blocks (0: the fewest runs per device that fit, of equal length rounded up to whole blocks)")
 	label := fs.String("label", "", "storage label printed with the results")
 	jsonPath := fs.String("json", "", "write JSON rows (one per line) to this file ('-' = stdout)")
-	pathList := fs.String("paths", "gpu,gpu-kick,uring,per-block,cufile,cufile-compat,page-cache,dram,gpu", "paths to run, in order")
+	pathList := fs.String("paths", "gpu,gpu-kick,uring,per-block,cufile,cufile-compat,page-cache,dram,gpu", "paths to run, in order; store-gpu and store-cpu (runtime.Store's Save and Load, eval/gpubench) run after the others, on --store-dirs, and need no GPU for store-cpu")
+	storeDirs := fs.String("store-dirs", "", "store-gpu/store-cpu: comma-separated store directories, one per device, on the devices' filesystems (default: --dir)")
 	maxIO := fs.Int("max-io", 0, "largest read of the object paths, bytes (0: the largest read every device takes without a split, from its max_sectors_kb, 1 MiB if unknown, at most 4 MiB)")
 	qd := fs.Int("qd", 64, "queue depth of the CPU-issued paths")
-	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: per device half its block queue depth (nr_requests), 8..128; in all at most the smallest nr_requests and 1024)")
+	window := fs.Int("window", 0, "GPU path: SQEs in flight (0: sized to the devices, runtime.GPUReadWindow of their nr_requests)")
 	lookahead := fs.Int("lookahead", 0, "GPU path: layers in flight beyond the one waited for (0: enough layers to fill the window with reads, at least the number of devices and 2, at most 16)")
 	idleMs := fs.Uint("sqpoll-idle-ms", 50, "GPU path: SQPOLL thread idle time before it sleeps")
 	layout := fs.String("layout", "per-layer", "KV layout: per-layer or cross-layer")
@@ -158,7 +160,16 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 			return errors.New("--stripe and --run-pages apply to one GPU: with --gpus N the ranks' stores lay their runs out themselves")
 		}
 		return runGroupBenchCLI(groupBenchFlags{model: *model, tokens: *tokens, dir: *dir, layout: *layout, seed: *seed, gpus: *gpus,
-			window: *window, maxIO: *maxIO, lookahead: *lookahead, exactWake: *kickExact, jsonPath: *jsonPath}, stdout, stderr)
+			window: *window, maxIO: *maxIO, lookahead: *lookahead, jsonPath: *jsonPath}, stdout, stderr)
+	}
+	kernelPaths, storePaths := splitStorePaths(*pathList)
+	sf := storeFlags{model: *model, label: *label, dirs: *storeDirs, jsonPath: *jsonPath, tokens: *tokens, seed: *seed,
+		noCeiling: *noCeiling, appendJSON: len(kernelPaths) > 0}
+	if sf.dirs == "" {
+		sf.dirs = *dir
+	}
+	if len(kernelPaths) == 0 {
+		return runStoreRows(sf, storePaths, stdout, stderr)
 	}
 	prof, err := evalmodel.Lookup(*model)
 	if err != nil {
@@ -264,7 +275,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 
 	var rounds [][]benchRow
 	dest := b.ceilingDestBytes()
-	paths := strings.Split(*pathList, ",")
+	paths := kernelPaths
 	for k := 0; k < *nRounds; k++ {
 		sum, cnote, cached, cachedNote := 0.0, "(skipped)", 0.0, "(skipped)"
 		if !*noCeiling {
@@ -318,6 +329,9 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		if r.Mismatches != 0 {
 			return fmt.Errorf("path %s: %d mismatched words", r.Path, r.Mismatches)
 		}
+	}
+	if len(storePaths) > 0 {
+		return runStoreRows(sf, storePaths, stdout, stderr)
 	}
 	return nil
 }
@@ -416,7 +430,7 @@ func (b *gpuBench) writeData(reuse bool) error {
 				ps = b.lay.pieces(l, ps[:0])
 				for _, pc := range ps {
 					n, padded := int64(pc.pages)*b.g.PageBytes(), b.lay.objStride(pc.pages)
-					if err := kernels.FillObject(buf.Bytes()[:n], b.g, b.seed, l, pc.first, pc.pages); err != nil {
+					if err := testkit.FillObject(buf.Bytes()[:n], b.g, b.seed, l, pc.first, pc.pages); err != nil {
 						errs <- err
 						return
 					}
@@ -619,7 +633,7 @@ func layerStats(row *benchRow, doneMs []float64) {
 
 func (b *gpuBench) runPath(p string) benchRow {
 	row := benchRow{Path: p}
-	if err := b.r.FillKV(0xA5); err != nil { // poison: stale bytes can never pass
+	if err := testkit.FillKV(b.r, 0xA5); err != nil { // poison: stale bytes can never pass
 		row.Error = err.Error()
 		return row
 	}
@@ -670,7 +684,7 @@ func (b *gpuBench) runPath(p string) benchRow {
 		row.Error = err.Error()
 	}
 	if row.Bytes > 0 && verify {
-		bad, verr := b.r.VerifyKV(b.seed, b.pm, 0, b.g.Layers)
+		bad, verr := testkit.VerifyKV(b.r, b.seed, b.pm, 0, b.g.Layers)
 		if verr != nil {
 			row.Error = strings.TrimSpace(row.Error + " verify: " + verr.Error())
 		}
@@ -1115,7 +1129,7 @@ func (b *gpuBench) cufileBatches(l int) []cufileBatch {
 // storage (5027 on a virtio disk) the row says so and carries no numbers.
 func (b *gpuBench) runCuFile(row *benchRow) error {
 	for _, p := range b.paths {
-		code, err := kernels.CuFileProbe(p)
+		code, err := testkit.CuFileProbe(p)
 		if err != nil {
 			row.Note = fmt.Sprintf("cuFile error %d", code)
 			return fmt.Errorf("cuFile refused %s (error %d): %w", p, code, err)
@@ -1138,7 +1152,7 @@ func (b *gpuBench) runCuFile(row *benchRow) error {
 	m0 := b.start()
 	for l, bs := range batches {
 		for _, c := range bs {
-			if err := kernels.CuFileBatchRead(b.paths[c.dev], c.fileOff, c.dstOff, c.lens, buf, bufBytes); err != nil {
+			if err := testkit.CuFileBatchRead(b.paths[c.dev], c.fileOff, c.dstOff, c.lens, buf, bufBytes); err != nil {
 				return err
 			}
 			ios += int64(len(c.lens))
@@ -1161,7 +1175,7 @@ func (b *gpuBench) fillSlot(dst []byte, l int) error {
 	offs, used := b.lay.slotOffsets()
 	clear(dst[:used])
 	for k, pc := range b.lay.pieces(l, nil) {
-		if err := kernels.FillObject(dst[offs[k]:], b.g, b.seed, l, pc.first, pc.pages); err != nil {
+		if err := testkit.FillObject(dst[offs[k]:], b.g, b.seed, l, pc.first, pc.pages); err != nil {
 			return err
 		}
 	}
@@ -1217,12 +1231,21 @@ func (b *gpuBench) runDRAM(row *benchRow) error {
 // writeJSONLines writes rows as JSON, one per line, to path ("-": stdout;
 // "": nowhere): gpubench's --json.
 func writeJSONLines[T any](path string, stdout io.Writer, rows []T) error {
+	return writeJSONRows(path, stdout, rows, false)
+}
+
+// writeJSONRows is writeJSONLines, appending to the file when appendTo.
+func writeJSONRows[T any](path string, stdout io.Writer, rows []T, appendTo bool) error {
 	if path == "" {
 		return nil
 	}
 	w := stdout
 	if path != "-" {
-		f, err := os.Create(path)
+		flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+		if appendTo {
+			flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
+		}
+		f, err := os.OpenFile(path, flags, 0o644)
 		if err != nil {
 			return err
 		}

@@ -27,7 +27,7 @@ const (
 )
 
 // benchLayout places each layer's object bytes (page-major, planes of a
-// page together: what kernels.FillObject writes) on D devices. A value is
+// page together: what testkit.FillObject writes) on D devices. A value is
 // immutable once built by newBenchLayout.
 type benchLayout struct {
 	stripe    string

@@ -11,6 +11,7 @@ import (
 
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kernels/testkit"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
@@ -238,7 +239,7 @@ func TestStripeRefusals(t *testing.T) {
 // batches and the GPU path's plan (kernels.BuildPlan of its request), each
 // run with pread(2) into a slot as the path would fill it. Every layer's
 // slot must equal the DRAM path's copy (fillSlot), whose pages the host map
-// finds as kernels.FillObject writes them. --reuse keeps files of this
+// finds as testkit.FillObject writes them. --reuse keeps files of this
 // layout and rewrites those of another.
 func TestGpubenchReadPathsCPU(t *testing.T) {
 	dir := t.TempDir()
@@ -338,7 +339,7 @@ func checkReadBack(t *testing.T, b *gpuBench) {
 			t.Fatal(err)
 		}
 		for i, p := range b.pm {
-			if err := kernels.FillObject(page, b.g, b.seed, l, i, 1); err != nil {
+			if err := testkit.FillObject(page, b.g, b.seed, l, i, 1); err != nil {
 				t.Fatal(err)
 			}
 			if p.DstPage != uint32(b.dst[i]) || !bytes.Equal(slot[p.SlotOff:int64(p.SlotOff)+pb], page) {

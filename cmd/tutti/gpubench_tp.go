@@ -37,10 +37,9 @@ type groupBenchOptions struct {
 	reps   int
 	// staging per rank
 	stagingBytes, slotBytes int64
-	// the GPU path's reads, per rank (runtime.Config GPUIOWindow,
-	// GPUMaxIOBytes, GPULookahead; 0: sized to the rank's devices)
+	// the GPU path's reads, per rank (runtime.GPUConfig IOWindow,
+	// MaxIOBytes, Lookahead; 0: sized to the rank's devices)
 	window, maxIO, lookahead int
-	exactWake                bool
 }
 
 // groupBenchRow is one run: --json writes one per line.
@@ -111,8 +110,8 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 	cfg := tp.Config{Ranks: n, Store: runtime.Config{
 		CapacityBytes: payload + payload/8 + 64<<20, Geometry: o.g, Layout: o.layout, NumPages: numPages,
 		Path: o.path, StagingBytes: o.stagingBytes, StagingSlotBytes: o.slotBytes, QueueDepth: 64,
-		SaveBoundMs: 600000, SaveBudgetBytes: 2 * payload, GPUMaxPages: blocks * o.g.ChunkPages,
-		GPUIOWindow: window, GPUMaxIOBytes: maxIO, GPULookahead: lookahead, GPULooseWakeTarget: !o.exactWake,
+		SaveBoundMs: 600000, SaveBudgetBytes: 2 * payload,
+		GPU: runtime.GPUConfig{MaxPages: blocks * o.g.ChunkPages, IOWindow: window, MaxIOBytes: maxIO, Lookahead: lookahead},
 	}}
 	for r, parents := range split {
 		var ds []string
@@ -324,7 +323,6 @@ type groupBenchFlags struct {
 	tokens, gpus                 int
 	seed                         uint64
 	window, maxIO, lookahead     int
-	exactWake                    bool
 }
 
 // runGroupBenchCLI is `tutti gpubench --gpus N`: the GPU path through
@@ -346,7 +344,7 @@ func runGroupBenchCLI(f groupBenchFlags, stdout, stderr io.Writer) error {
 	}
 	o := groupBenchOptions{model: model, g: g, tokens: tokens, dirs: strings.Split(dir, ","), ranks: gpus,
 		path: runtime.PathGPU, seed: f.seed, reps: 3, stagingBytes: 256 << 20, slotBytes: 32 << 20,
-		window: f.window, maxIO: f.maxIO, lookahead: f.lookahead, exactWake: f.exactWake}
+		window: f.window, maxIO: f.maxIO, lookahead: f.lookahead}
 	if f.layout == "cross-layer" {
 		o.layout = objmap.LayoutCrossLayer
 	}

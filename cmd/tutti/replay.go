@@ -61,8 +61,7 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: run tutti-cpu over N ranks (runtime/tp: each rank its own store and its shard of the KV heads; a block is a hit only when every rank committed it)")
 	warmMs := fs.Float64("warm-ms", 0, "start the window warm: before it, every caching backend saves (untimed, no prefill) the blocks the window references that the trace's requests of the previous D ms (timestamps in [window start - D, window start)) referenced, in their order, within the capacity; 0 = every store starts empty")
 	saveBoundMs := fs.Int("tutti-save-bound-ms", 60000, "tutti's save bound (runtime Config.SaveBoundMs; 0: the runtime's default, 2000). The scheduler cuts a save to what it can write within the bound; the replay compares restores of the same cached blocks, and with the runtime's 2 s a 70B request bringing several GB of new KV would keep only its leading blocks where the baselines keep all")
-	exactWake := fs.Bool("tutti-gpu-exact-wake-target", true, "tutti-gpu: the GPU ring's helper waits for completions that arrive after its wait starts (false: kernels.Config.LooseWakeTarget, the first target, slower on the H200)")
-	gpuWindow := fs.Int("tutti-gpu-window", 0, "tutti-gpu: GPU reads in flight (0: sized to the store's devices as gpubench does: half of each device's nr_requests, 8..128 each; in all at most the smallest nr_requests and 1024)")
+	gpuWindow := fs.Int("tutti-gpu-window", 0, "tutti-gpu: GPU reads in flight (0: sized to the store's devices, runtime.GPUReadWindow)")
 	gpuMaxIO := fs.Int("tutti-gpu-max-io", 0, "tutti-gpu: largest read in bytes (0: the largest read every store device takes unsplit, from max_sectors_kb, at most 4 MiB)")
 	gpuLookahead := fs.Int("tutti-gpu-lookahead", 0, "tutti-gpu: layers in flight beyond the one waited for (0: one per store device, at least 2, at most 8)")
 	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
@@ -213,10 +212,6 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 		}
 		if t, ok := b.(*harness.Tutti); ok {
 			if n == "tutti-gpu" {
-				if !*exactWake {
-					t.SetLooseWakeTarget(true)
-					notes = append(notes, "tutti-gpu: the loose wake target (--tutti-gpu-exact-wake-target=false)")
-				}
 				r := gpuReads(storeDirs, *gpuWindow, *gpuMaxIO, *gpuLookahead)
 				t.SetGPUReads(r.Window, r.MaxIOBytes, r.Lookahead)
 				notes = append(notes, fmt.Sprintf("tutti-gpu: window %d reads, largest read %d KiB, lookahead %d layers", r.Window, r.MaxIOBytes>>10, r.Lookahead))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kernels/testkit"
 	"github.com/tutti-io/tutti/sched"
 	"golang.org/x/sys/unix"
 )
@@ -71,7 +72,7 @@ func dimsOf(p model.Profile) (prefillDims, error) {
 // keys: an m × ⌊pairs/m⌋ GEMM in Ctx tiles plus the remainder as a
 // rem × 1 GEMM), the linear part within the rounding of N (< 1e-5 for every
 // profile). Identical consecutive shapes are merged (Count).
-func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]kernels.GEMM, error) {
+func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]testkit.GEMM, error) {
 	d, err := dimsOf(p)
 	if err != nil {
 		return nil, err
@@ -79,8 +80,8 @@ func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]
 	if newTokens < 1 || cachedTokens < 0 || t.Rows < 1 || t.Ctx < 1 {
 		return nil, fmt.Errorf("prefill GEMMs: %d new tokens after %d, tiles %+v", newTokens, cachedTokens, t)
 	}
-	var out []kernels.GEMM
-	add := func(g kernels.GEMM) {
+	var out []testkit.GEMM
+	add := func(g testkit.GEMM) {
 		if g.M < 1 || g.N < 1 || g.Count < 1 {
 			return
 		}
@@ -92,13 +93,13 @@ func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]
 	}
 	for r0 := 0; r0 < newTokens; r0 += t.Rows {
 		m := min(t.Rows, newTokens-r0)
-		add(kernels.GEMM{M: m, N: d.LinearN, K: d.K, Count: 1})
+		add(testkit.GEMM{M: m, N: d.LinearN, K: d.K, Count: 1})
 		s := int64(cachedTokens + r0)
 		pairs := int64(m)*s + int64(m)*int64(m+1)/2
 		q, rem := pairs/int64(m), pairs%int64(m)
-		add(kernels.GEMM{M: m, N: t.Ctx, K: d.AttnD, Count: int(q / int64(t.Ctx))})
-		add(kernels.GEMM{M: m, N: int(q % int64(t.Ctx)), K: d.AttnD, Count: 1})
-		add(kernels.GEMM{M: int(rem), N: 1, K: d.AttnD, Count: 1})
+		add(testkit.GEMM{M: m, N: t.Ctx, K: d.AttnD, Count: int(q / int64(t.Ctx))})
+		add(testkit.GEMM{M: m, N: int(q % int64(t.Ctx)), K: d.AttnD, Count: 1})
+		add(testkit.GEMM{M: int(rem), N: 1, K: d.AttnD, Count: 1})
 	}
 	return out, nil
 }
@@ -107,13 +108,13 @@ func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]
 // PrefillGEMMs can emit for p under t (the largest linear and attention
 // shapes: a full chunk of rows).
 func prefillBuffers(d prefillDims, t GEMMTiles) (a, b, c int64) {
-	return kernels.PrefillBuffers([]kernels.GEMM{
+	return testkit.PrefillBuffers([]testkit.GEMM{
 		{M: t.Rows, N: d.LinearN, K: d.K, Count: 1},
 		{M: t.Rows, N: t.Ctx, K: d.AttnD, Count: 1},
 	})
 }
 
-// GPUCompute runs each request's prefill GEMMs on the GPU (kernels.Prefill)
+// GPUCompute runs each request's prefill GEMMs on the GPU (testkit.Prefill)
 // while the backend restores, so GPU compute and the restore contend for
 // real, and measures the layer times the timeline uses. One per replay; used
 // by the replay's goroutine (Start hands the enqueue to a goroutine of its
@@ -122,7 +123,7 @@ type GPUCompute struct {
 	prof   model.Profile
 	dims   prefillDims
 	tiles  GEMMTiles
-	pf     *kernels.Prefill
+	pf     *testkit.Prefill
 	device string
 	times  []time.Duration
 
@@ -163,7 +164,7 @@ func NewGPUCompute(p model.Profile, tiles GEMMTiles) (*GPUCompute, error) {
 		return nil, fmt.Errorf("GPU prefill: tiles %+v", tiles)
 	}
 	a, b, c := prefillBuffers(d, tiles)
-	pf, err := kernels.NewPrefill(kernels.PrefillConfig{Device: 0, MaxLayers: p.Shape.Layers, AElems: a, BElems: b, CElems: c})
+	pf, err := testkit.NewPrefill(testkit.PrefillConfig{Device: 0, MaxLayers: p.Shape.Layers, AElems: a, BElems: b, CElems: c})
 	if err != nil {
 		return nil, fmt.Errorf("GPU prefill for %s (%d MiB of bf16 buffers): %w", p.Name, (a+b+c)*2>>20, err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kernels/testkit"
 )
 
 // The GEMMs launched for a layer carry the profile's prefill FLOPs: the
@@ -35,7 +36,7 @@ func TestPrefillGEMMsFLOPs(t *testing.T) {
 		}
 		for _, tiles := range tileSets {
 			a, b, c := prefillBuffers(d, tiles)
-			cfg := kernels.PrefillConfig{MaxLayers: p.Shape.Layers, AElems: a, BElems: b, CElems: c}
+			cfg := testkit.PrefillConfig{MaxLayers: p.Shape.Layers, AElems: a, BElems: b, CElems: c}
 			for _, tc := range cases {
 				if tiles.Rows < 100 && tc.newTokens > 10000 {
 					continue // too many tiny GEMMs to be a real configuration
@@ -76,7 +77,7 @@ func TestPrefillGEMMsFLOPs(t *testing.T) {
 				if tiles.Rows < 100 {
 					continue // only the shapes and FLOPs: more launches than a run takes
 				}
-				if err := kernels.CheckPrefill(cfg, p.Shape.Layers, gs); err != nil {
+				if err := testkit.CheckPrefill(cfg, p.Shape.Layers, gs); err != nil {
 					t.Errorf("%s: %v", what, err)
 				}
 			}

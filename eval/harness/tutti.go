@@ -34,10 +34,8 @@ type Tutti struct {
 	devLayers []uint64
 	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
 	saveBoundMs int
-	// looseWake: runtime.Config.GPULooseWakeTarget (PathGPU only).
-	looseWake bool
-	// gpuWindow, gpuMaxIO, gpuLookahead: runtime.Config GPUIOWindow,
-	// GPUMaxIOBytes, GPULookahead (PathGPU only; 0: the runtime's default).
+	// gpuWindow, gpuMaxIO, gpuLookahead: runtime.GPUConfig IOWindow,
+	// MaxIOBytes, Lookahead (PathGPU only; 0: the runtime's default).
 	gpuWindow, gpuMaxIO, gpuLookahead int
 	// helper: the GPU ring helper's counters, read at Close.
 	helperWakeups, helperBatchTimeouts int64
@@ -61,12 +59,8 @@ func (t *Tutti) GPUHelper() (wakeups, batchTimeouts int64) {
 	return t.helperWakeups, t.helperBatchTimeouts
 }
 
-// SetLooseWakeTarget sets runtime.Config.GPULooseWakeTarget for the next
-// Open (tutti-gpu: see kernels.Config.LooseWakeTarget).
-func (t *Tutti) SetLooseWakeTarget(on bool) { t.looseWake = on }
-
 // SetGPUReads sizes the GPU path's reads for the next Open (tutti-gpu):
-// runtime.Config GPUIOWindow, GPUMaxIOBytes and GPULookahead; 0 keeps the
+// runtime.GPUConfig IOWindow, MaxIOBytes and Lookahead; 0 keeps the
 // runtime's default.
 func (t *Tutti) SetGPUReads(window, maxIOBytes, lookahead int) {
 	t.gpuWindow, t.gpuMaxIO, t.gpuLookahead = window, maxIOBytes, lookahead
@@ -119,8 +113,7 @@ func (t *Tutti) Open(env Env) error {
 		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs, KVEvents: t.kvEvents,
 	}
 	if t.path == runtime.PathGPU {
-		cfg.GPULooseWakeTarget = t.looseWake
-		cfg.GPUIOWindow, cfg.GPUMaxIOBytes, cfg.GPULookahead = t.gpuWindow, t.gpuMaxIO, t.gpuLookahead
+		cfg.GPU.IOWindow, cfg.GPU.MaxIOBytes, cfg.GPU.Lookahead = t.gpuWindow, t.gpuMaxIO, t.gpuLookahead
 	}
 	if t.compute != nil {
 		cfg.Compute = t.compute.Model()
@@ -139,7 +132,7 @@ func (t *Tutti) Open(env Env) error {
 		if t.path == runtime.PathGPU {
 			// The GPU path restores into HBM: a device tensor per layer,
 			// mirrored to the host pages only to verify (HostSyncer).
-			d, err := kernels.DevAllocOn(s.Config().GPUDevice, int64(b.Len()))
+			d, err := kernels.DevAllocOn(s.Config().GPU.Device, int64(b.Len()))
 			if err != nil {
 				return fmt.Errorf("%s: device KV layer %d: %w", t.Name(), l, err)
 			}

@@ -6,12 +6,13 @@
 // package code.
 //
 // Knobs read here: TUTTI_BENCH_PATH=gpu (GPU), TUTTI_BENCH_LAYERS (Layers),
-// TUTTI_BENCH_STAGING_MIB and TUTTI_BENCH_SLOT_MIB (Size), TUTTI_BENCH_DIR
-// (Dir) and TUTTI_BENCH_DIRS (Dirs, Roots). Each benchmark documents the
-// knobs it reads.
+// TUTTI_BENCH_STAGING_MIB and TUTTI_BENCH_SLOT_MIB (Size), and DirsKnob,
+// TUTTI_BENCH_DIRS (Dirs, Roots), the only one that says where. Each
+// benchmark documents the knobs it reads.
 package benchenv
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -78,39 +79,55 @@ func Under(tb testing.TB, root, pattern string) string {
 	return d
 }
 
-// Dir is one store directory: a fresh one under TUTTI_BENCH_DIR, or a
-// temporary one.
-func Dir(tb testing.TB) string {
-	tb.Helper()
-	if root := os.Getenv("TUTTI_BENCH_DIR"); root != "" {
-		return Under(tb, root, "tutti-bench-")
-	}
-	return tb.TempDir()
-}
+// DirsKnob is the one knob that says where the restore benchmarks run:
+// comma-separated directories, one file system each. A benchmark without it
+// is skipped, never run on a temporary directory whose device nobody chose
+// (its ceiling would be measured elsewhere than the restore).
+const DirsKnob = "TUTTI_BENCH_DIRS"
 
-// Roots is TUTTI_BENCH_DIRS (comma-separated directories, one file system
-// each), or n temporary directories.
-func Roots(tb testing.TB, n int) []string {
+// retiredDirKnob was the single-directory knob; a benchmark that finds it
+// set fails, so that a script that still sets it does not silently measure
+// something else.
+const retiredDirKnob = "TUTTI_BENCH_DIR"
+
+// Roots is DirsKnob's directories. It skips tb when the knob is unset and
+// fails it when the retired TUTTI_BENCH_DIR is set or a listed directory
+// does not exist.
+func Roots(tb testing.TB) []string {
 	tb.Helper()
-	if env := os.Getenv("TUTTI_BENCH_DIRS"); env != "" {
-		return strings.Split(env, ",")
+	roots, skip, err := rootsFrom(os.Getenv(DirsKnob), os.Getenv(retiredDirKnob))
+	if err != nil {
+		tb.Fatal(err)
 	}
-	roots := make([]string, n)
-	for i := range roots {
-		roots[i] = tb.TempDir()
+	if skip != "" {
+		tb.Skip(skip)
 	}
 	return roots
 }
 
-// Dirs is striped store directories: a fresh one under each of
-// TUTTI_BENCH_DIRS, or n temporary ones.
-func Dirs(tb testing.TB, n int) []string {
-	tb.Helper()
-	if os.Getenv("TUTTI_BENCH_DIRS") == "" {
-		return Roots(tb, n)
+// rootsFrom is Roots on the knobs' values: the directories, or why the
+// benchmark is skipped, or why it fails.
+func rootsFrom(dirs, retired string) (roots []string, skip string, err error) {
+	if retired != "" {
+		return nil, "", fmt.Errorf("%s is retired: list the store directories in %s", retiredDirKnob, DirsKnob)
 	}
+	if dirs == "" {
+		return nil, fmt.Sprintf("restore benchmark skipped: set %s to the store directories to measure (one file system each)", DirsKnob), nil
+	}
+	roots = strings.Split(dirs, ",")
+	for _, r := range roots {
+		if st, err := os.Stat(r); err != nil || !st.IsDir() {
+			return nil, "", fmt.Errorf("%s: %q is not a directory (%v)", DirsKnob, r, err)
+		}
+	}
+	return roots, "", nil
+}
+
+// Dirs is a fresh store directory under each of Roots, removed when tb ends.
+func Dirs(tb testing.TB) []string {
+	tb.Helper()
 	var dirs []string
-	for _, root := range Roots(tb, n) {
+	for _, root := range Roots(tb) {
 		dirs = append(dirs, Under(tb, root, "tutti-bench-"))
 	}
 	return dirs

@@ -41,19 +41,33 @@ func TestLlama70B(t *testing.T) {
 	}
 }
 
-func TestDirs(t *testing.T) {
-	t.Setenv("TUTTI_BENCH_DIRS", "")
-	if got := Dirs(t, 3); len(got) != 3 {
-		t.Fatalf("default: %d dirs, want 3", len(got))
-	}
+func TestRootsFrom(t *testing.T) {
 	a, b := t.TempDir(), t.TempDir()
-	t.Setenv("TUTTI_BENCH_DIRS", a+","+b)
-	if got := Roots(t, 3); strings.Join(got, ",") != a+","+b {
-		t.Fatalf("roots %q, want %q and %q", got, a, b)
+	for _, c := range []struct {
+		name, dirs, retired string
+		roots               []string
+		skip, fail          bool
+	}{
+		{name: "unset: skipped, never a temporary directory", skip: true},
+		{name: "two roots", dirs: a + "," + b, roots: []string{a, b}},
+		{name: "the retired knob fails", dirs: a, retired: a, fail: true},
+		{name: "retired alone fails too", retired: a, fail: true},
+		{name: "a missing root fails", dirs: a + "," + filepath.Join(b, "nope"), fail: true},
+	} {
+		roots, skip, err := rootsFrom(c.dirs, c.retired)
+		if (err != nil) != c.fail || (skip != "") != c.skip || strings.Join(roots, ",") != strings.Join(c.roots, ",") {
+			t.Errorf("%s: roots %q, skip %q, err %v", c.name, roots, skip, err)
+		}
 	}
+}
+
+func TestDirs(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	t.Setenv("TUTTI_BENCH_DIR", "")
+	t.Setenv("TUTTI_BENCH_DIRS", a+","+b)
 	var made []string
 	t.Run("run", func(t *testing.T) {
-		made = Dirs(t, 3)
+		made = Dirs(t)
 		if len(made) != 2 || filepath.Dir(made[0]) != a || filepath.Dir(made[1]) != b {
 			t.Fatalf("dirs %q: want one fresh directory under each of %q, %q", made, a, b)
 		}

@@ -4,7 +4,9 @@
 // bit, GPU-driven restores into both KV layouts with a ring smaller than the
 // request (wrap-around, SQ-full back-pressure), and per-entry errors for a read
 // past the end of the file and a bad descriptor. Exit status 0 = all passed.
-// Build: gcc -O2 -o selftest selftest.c -ldl -lpthread (dlopens the library).
+// Build: gcc -O2 -o selftest selftest.c -ldl -lpthread (dlopens the library
+// under test and the test kit's, for fill and verify).
+// Usage: selftest [libtutti_kernels.so [dir [libtutti_testkit.so]]].
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -20,10 +22,12 @@
 #include <unistd.h>
 
 #include "../tutti_kernels.h"
+#include "../tk_testkit.h"
 
 #define F(name) static __typeof__(&name) p_##name
 F(tk_abi_version); F(tk_init); F(tk_last_error); F(tk_dev_alloc); F(tk_dev_free); F(tk_bind); F(tk_unbind);
-F(tk_restore_submit); F(tk_restore_wait); F(tk_restore_release); F(tk_kv_fill); F(tk_kv_verify);
+F(tk_restore_submit); F(tk_restore_wait); F(tk_restore_release); F(tkt_kv_fill); F(tkt_kv_verify);
+F(tkt_abi_version);
 F(tk_host_map); F(tk_scatter_host); F(tk_sync); F(tk_host_register); F(tk_host_unregister); F(tk_gather_host);
 F(tk_restore_wait_layer);
 #undef F
@@ -152,7 +156,7 @@ static int restore_case(const char *name, Shape s, unsigned layout, unsigned pag
   bp.ring = &r;
   uint64_t ctx;
   if ((st = p_tk_bind(&bp, &ctx))) { tkerr("bind", st); failures++; return -1; }
-  p_tk_kv_fill(ctx, 0xA5);
+  p_tkt_kv_fill(&bp.kv, 0, 0xA5);
   int fd = open(path, O_RDONLY | O_DIRECT);
   tk_io_entry *en = calloc((size_t)s.layers * epl, sizeof *en);
   for (unsigned l = 0; l < s.layers; l++)
@@ -202,13 +206,13 @@ static int restore_case(const char *name, Shape s, unsigned layout, unsigned pag
   uint64_t mism = 0, mism_bad = 0;
   if (corrupt) {
     // every layer except the bad one must verify; the bad one's affected pages stay poisoned
-    if (bad_layer > 0) { p_tk_kv_verify(ctx, seed, pm, pages, 0, bad_layer, &mism); }
+    if (bad_layer > 0) { p_tkt_kv_verify(&bp.kv, 0, seed, pm, pages, 0, bad_layer, &mism); }
     uint64_t m2 = 0;
-    if (bad_layer + 1 < s.layers) p_tk_kv_verify(ctx, seed, pm, pages, bad_layer + 1, s.layers - bad_layer - 1, &m2);
+    if (bad_layer + 1 < s.layers) p_tkt_kv_verify(&bp.kv, 0, seed, pm, pages, bad_layer + 1, s.layers - bad_layer - 1, &m2);
     mism += m2;
-    p_tk_kv_verify(ctx, seed, pm, pages, bad_layer, 1, &mism_bad);
+    p_tkt_kv_verify(&bp.kv, 0, seed, pm, pages, bad_layer, 1, &mism_bad);
   } else {
-    st = p_tk_kv_verify(ctx, seed, pm, pages, 0, s.layers, &mism);
+    st = p_tkt_kv_verify(&bp.kv, 0, seed, pm, pages, 0, s.layers, &mism);
     if (st) tkerr("verify", st);
   }
   printf("  %.1f MB in %.3f s = %.1f MB/s, failed entries %d, mismatched words %llu (bad layer %llu), layer0 %.2f ms last %.2f ms\n",
@@ -250,14 +254,19 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   const char *lib = argc > 1 ? argv[1] : "kernels/build/libtutti_kernels.so";
   const char *dir = argc > 2 ? argv[2] : "/tmp";
+  const char *testkit = argc > 3 ? argv[3] : "kernels/build/libtutti_testkit.so";
   void *h = dlopen(lib, RTLD_NOW);
   if (!h) { printf("dlopen %s: %s\n", lib, dlerror()); return 2; }
+  void *tk = dlopen(testkit, RTLD_NOW);
+  if (!tk) { printf("dlopen %s: %s\n", testkit, dlerror()); return 2; }
 #define L(name) if (!(p_##name = (__typeof__(p_##name))dlsym(h, #name))) { printf("missing %s\n", #name); return 2; }
+#define LT(name) if (!(p_##name = (__typeof__(p_##name))dlsym(tk, #name))) { printf("missing %s in %s\n", #name, testkit); return 2; }
   L(tk_abi_version); L(tk_init); L(tk_last_error); L(tk_dev_alloc); L(tk_dev_free); L(tk_bind); L(tk_unbind);
-  L(tk_restore_submit); L(tk_restore_wait); L(tk_restore_release); L(tk_kv_fill); L(tk_kv_verify);
+  L(tk_restore_submit); L(tk_restore_wait); L(tk_restore_release); LT(tkt_kv_fill); LT(tkt_kv_verify); LT(tkt_abi_version);
   L(tk_host_map); L(tk_scatter_host); L(tk_sync); L(tk_host_register); L(tk_host_unregister); L(tk_gather_host);
   L(tk_restore_wait_layer);
   if (p_tk_abi_version() != TK_ABI_VERSION) { printf("abi %d != %d\n", p_tk_abi_version(), TK_ABI_VERSION); return 2; }
+  if (p_tkt_abi_version() != TK_ABI_VERSION) { printf("testkit abi %d != %d\n", p_tkt_abi_version(), TK_ABI_VERSION); return 2; }
   int st = p_tk_init(0);
   if (st) { tkerr("init", st); return 2; }
   if (setup_ring(64)) return 2;  // small on purpose: requests are far larger than the ring

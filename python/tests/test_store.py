@@ -389,18 +389,18 @@ class ConfigErrorTest(unittest.TestCase):
         self.assertEqual(lib.tutti_close(h.value), 0, tutti.last_error())
 
     def test_gpu_reads(self):
-        for kw, frag in ((dict(gpu_max_io_bytes=4097), "GPUMaxIOBytes"), (dict(gpu_io_window=5000), "GPUIOWindow"),
-                         (dict(gpu_lookahead=17), "GPULookahead")):
+        for kw, frag in ((dict(gpu_max_io_bytes=4097), "GPU.MaxIOBytes"), (dict(gpu_io_window=5000), "GPU.IOWindow"),
+                         (dict(gpu_lookahead=17), "GPU.Lookahead")):
             with self.assertRaises(tutti.InvalidArgument) as cm:
                 self.open(**kw)
             self.assertIn(frag, str(cm.exception))
         self.open(gpu_io_window=384, gpu_max_io_bytes=4 << 20, gpu_lookahead=4).close()
 
     def test_gpu_reads_from_devices(self):
-        """Off: nothing sized, nothing said. On: the sizes used, a set value
-        winning (what could not be read: runtime's TestDeviceSizedGPUReads)."""
+        """Sized to the devices by default (the flag asks for it again), a set
+        value winning (what could not be read: runtime's TestDeviceSizedGPUReads)."""
         with self.open() as st:
-            self.assertEqual(st.gpu_reads(), "")
+            self.assertRegex(st.gpu_reads(), r"^window \d+ reads, largest read \d+ KiB, lookahead \d+ layers")
         with self.open(gpu_reads_from_devices=True, gpu_lookahead=3) as st:
             text = st.gpu_reads()
             self.assertRegex(text, r"^window \d+ reads, largest read \d+ KiB, lookahead 3 layers \(1 directories\)")

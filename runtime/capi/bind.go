@@ -88,7 +88,9 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 		return rc, errorf(errInvalidArgument, "tutti_config.gpu_flags = %#x has bits unknown to ABI %d.%d (%#x); known: TUTTI_GPU_READS_FROM_DEVICES = %d",
 			c.gpuFlags, abiMajor, abiMinor, u, gpuReadsFromDevices)
 	}
-	rc.GPUReadsFromDevices = c.gpuFlags&gpuReadsFromDevices != 0
+	// GPU reads sized to the devices are the runtime's default for every
+	// zero GPU field (runtime.GPUConfig): TUTTI_GPU_READS_FROM_DEVICES is
+	// accepted for ABI compatibility and asks for what is done anyway.
 	switch c.path {
 	case pathCPU:
 		rc.Path = runtime.PathCPU
@@ -131,8 +133,8 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	rc.StagingSlotBytes = c.stagingSlotBytes
 	rc.MaxLoads = int(c.maxLoads)
 	rc.SaveBudgetBytes = c.saveBudgetBytes
-	rc.GPUDevice, rc.GPUMaxPages, rc.GPUMaxRuns = int(c.gpuDevice), int(c.gpuMaxPages), int(c.gpuMaxRuns)
-	rc.GPUIOWindow, rc.GPUMaxIOBytes, rc.GPULookahead = int(c.gpuIOWindow), int(c.gpuMaxIOBytes), int(c.gpuLookahead)
+	rc.GPU.Device, rc.GPU.MaxPages, rc.GPU.MaxRuns = int(c.gpuDevice), int(c.gpuMaxPages), int(c.gpuMaxRuns)
+	rc.GPU.IOWindow, rc.GPU.MaxIOBytes, rc.GPU.Lookahead = int(c.gpuIOWindow), int(c.gpuMaxIOBytes), int(c.gpuLookahead)
 	rc.Compute = sched.ComputeModel{FixedNs: c.compute[0], PerTokenNs: c.compute[1], PerPairNs: c.compute[2]}
 	d := c.device
 	rc.Device = sched.DeviceProfile{ReadBytesPerSec: d[0], WriteBytesPerSec: d[1], ReadIOPS: d[2], WriteIOPS: d[3],

@@ -27,14 +27,11 @@ func TestRuntimeConfig(t *testing.T) {
 	}
 	g := goodConfig()
 	g.gpuIOWindow, g.gpuMaxIOBytes, g.gpuLookahead = 384, 4<<20, 4
-	if rc, err := g.runtimeConfig(); err != nil || rc.GPUIOWindow != 384 || rc.GPUMaxIOBytes != 4<<20 || rc.GPULookahead != 4 {
+	if rc, err := g.runtimeConfig(); err != nil || rc.GPU.IOWindow != 384 || rc.GPU.MaxIOBytes != 4<<20 || rc.GPU.Lookahead != 4 {
 		t.Fatalf("GPU reads: %+v %v", rc, err)
 	}
-	if rc.GPUReadsFromDevices {
-		t.Fatal("GPUReadsFromDevices without the flag")
-	}
-	g.gpuFlags = gpuReadsFromDevices
-	if rc, err := g.runtimeConfig(); err != nil || !rc.GPUReadsFromDevices || rc.GPUIOWindow != 384 {
+	g.gpuFlags = gpuReadsFromDevices // the runtime's default: accepted, explicit values still win
+	if rc, err := g.runtimeConfig(); err != nil || rc.GPU.IOWindow != 384 {
 		t.Fatalf("TUTTI_GPU_READS_FROM_DEVICES: %+v %v", rc, err)
 	}
 	cases := []struct {
@@ -60,9 +57,9 @@ func TestRuntimeConfig(t *testing.T) {
 		{"dup dirs", func(c *config) { c.dirs = []string{"/a", "/a"} }, errInvalidArgument, "twice"},
 		{"unknown gpu flag", func(c *config) { c.gpuFlags = 2 }, errInvalidArgument, "gpu_flags = 0x2"},
 		{"unknown gpu flag with a known one", func(c *config) { c.gpuFlags = 1 | 1<<31 }, errInvalidArgument, "(0x80000000); known: TUTTI_GPU_READS_FROM_DEVICES = 1"},
-		{"gpu max io", func(c *config) { c.gpuMaxIOBytes = 4097 }, errInvalidArgument, "GPUMaxIOBytes"},
-		{"gpu window", func(c *config) { c.gpuIOWindow = -1 }, errInvalidArgument, "GPUIOWindow"},
-		{"gpu lookahead", func(c *config) { c.gpuLookahead = 17 }, errInvalidArgument, "GPULookahead"},
+		{"gpu max io", func(c *config) { c.gpuMaxIOBytes = 4097 }, errInvalidArgument, "GPU.MaxIOBytes"},
+		{"gpu window", func(c *config) { c.gpuIOWindow = -1 }, errInvalidArgument, "GPU.IOWindow"},
+		{"gpu lookahead", func(c *config) { c.gpuLookahead = 17 }, errInvalidArgument, "GPU.Lookahead"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -63,7 +63,7 @@ func benchGroup(b *testing.B, n int) float64 {
 		CapacityBytes: z.CapacityBytes, StagingBytes: z.StagingBytes, StagingSlotBytes: z.StagingSlotBytes,
 		QueueDepth: z.QueueDepth, SaveBoundMs: z.SaveBoundMs, SaveBudgetBytes: z.SaveBudgetBytes}}
 	// Rank r's store in the r-th root mod their count.
-	roots := benchenv.Roots(b, 1)
+	roots := benchenv.Roots(b)
 	for r := 0; r < n; r++ {
 		d := benchenv.Under(b, roots[r%len(roots)], fmt.Sprintf("tutti-tp-rank%d-", r))
 		cfg.Dirs = append(cfg.Dirs, []string{filepath.Clean(d)})
@@ -71,7 +71,7 @@ func benchGroup(b *testing.B, n int) float64 {
 	gpu := benchenv.GPU()
 	if gpu {
 		cfg.Store.Path = runtime.PathGPU
-		cfg.Store.GPUMaxPages = blocks
+		cfg.Store.GPU.MaxPages = blocks
 	}
 	grp, err := Open(cfg)
 	if errors.Is(err, runtime.ErrGPUUnavailable) && !kernels.Explicit() {

@@ -23,7 +23,7 @@ type Config struct {
 	// Store is the template of every rank's store. Its Geometry is the
 	// WHOLE model's (all KV heads); each rank's store gets ShardGeometry.
 	// Its Dirs are ignored (see Dirs); CapacityBytes, staging, queue depth
-	// and the rest apply to each rank alone. Store.GPUDevice is ignored on
+	// and the rest apply to each rank alone. Store.GPU.Device is ignored on
 	// PathGPU (see Devices).
 	Store runtime.Config
 	// Dirs[r] are rank r's store directories: its own, never shared (each
@@ -119,7 +119,7 @@ func (c *Config) rankConfig(r int, shard objmap.Geometry, device int) runtime.Co
 	rc := c.Store
 	rc.Dirs = append([]string(nil), c.Dirs[r]...)
 	rc.Geometry = shard
-	rc.GPUDevice = device
+	rc.GPU.Device = device
 	if c.NewEngine != nil {
 		rc.NewEngine = func() (uring.Engine, error) { return c.NewEngine(r) }
 	}

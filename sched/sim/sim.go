@@ -109,6 +109,9 @@ type Config struct {
 	// NoCalibration withholds observations from the planner (an ablation: the
 	// scheduler then plans with the profiles as given, skews and all).
 	NoCalibration bool
+	// FreeWrites makes every save write take no device time (an ablation:
+	// what restores would see if saves cost the devices nothing).
+	FreeWrites bool
 }
 
 // Result is what a run measured.

@@ -381,6 +381,9 @@ func (s *state) newOp(write bool, dev, req, layer int, bytes, off int64) int {
 	} else {
 		o.workNs = math.Max(float64(bytes)*1e9/(p.ReadBytesPerSec*s.cfg.ReadSkew), 1e9/p.ReadIOPS) * n
 	}
+	if write && s.cfg.FreeWrites {
+		o.workNs = 1
+	}
 	s.ops = append(s.ops, o)
 	return len(s.ops) - 1
 }

@@ -1,6 +1,7 @@
-package kernels
+package testkit
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/..
 #cgo LDFLAGS: -ldl
 #include <dlfcn.h>
 #include <stdio.h>
@@ -8,8 +9,8 @@ package kernels
 #include <string.h>
 #include "tk_prefill.h"
 
-// The prefill entry points, resolved apart from the restore ABI so that a
-// library built before them still serves restores; a missing one is named.
+// The prefill entry points of the test kit's library, resolved apart from its
+// fill/verify table; a missing one is named.
 static struct {
 	tk_status (*create)(const tk_prefill_params *, uint64_t *);
 	tk_status (*run)(uint64_t, uint32_t, const tk_gemm *, uint32_t);
@@ -18,10 +19,10 @@ static struct {
 } P;
 
 static int tkp_load(const char *path, char *err, int n) {
-	// The library is loaded already (Load): NOLOAD returns its handle.
+	// The test kit is loaded already (Load): NOLOAD returns its handle.
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
 	if (!h) { snprintf(err, n, "%s is not loaded: %s", path, dlerror()); return -1; }
-#define S(f) if (!(*(void **)&P.f = dlsym(h, "tk_prefill_" #f))) { snprintf(err, n, "%s lacks tk_prefill_" #f " (built before the prefill ABI; rebuild it with make -C kernels)", path); memset(&P, 0, sizeof P); return -1; }
+#define S(f) if (!(*(void **)&P.f = dlsym(h, "tk_prefill_" #f))) { snprintf(err, n, "%s lacks tk_prefill_" #f " (rebuild it with make -C kernels)", path); memset(&P, 0, sizeof P); return -1; }
 	S(create) S(run) S(wait) S(destroy)
 #undef S
 	return 0;
@@ -39,6 +40,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/tutti-io/tutti/kernels"
 )
 
 var (
@@ -94,28 +97,28 @@ func PrefillBuffers(gemms []GEMM) (a, b, c int64) {
 	return a, b, c
 }
 
-// CheckPrefill returns an error wrapping ErrInvalid when a run of layers
+// CheckPrefill returns an error wrapping kernels.ErrInvalid when a run of layers
 // layers of gemms does not fit cfg (the library checks again before it
 // enqueues anything).
 func CheckPrefill(cfg PrefillConfig, layers int, gemms []GEMM) error {
 	if layers < 1 || layers > cfg.MaxLayers {
-		return fmt.Errorf("prefill: %d layers, configured for 1..%d: %w", layers, cfg.MaxLayers, ErrInvalid)
+		return fmt.Errorf("prefill: %d layers, configured for 1..%d: %w", layers, cfg.MaxLayers, kernels.ErrInvalid)
 	}
 	if len(gemms) < 1 || len(gemms) > MaxPrefillGEMMs {
-		return fmt.Errorf("prefill: %d GEMM shapes per layer (1..%d): %w", len(gemms), MaxPrefillGEMMs, ErrInvalid)
+		return fmt.Errorf("prefill: %d GEMM shapes per layer (1..%d): %w", len(gemms), MaxPrefillGEMMs, kernels.ErrInvalid)
 	}
 	var launches int64
 	for i, g := range gemms {
 		if g.M < 1 || g.N < 1 || g.K < 1 || g.Count < 1 || g.M > maxGEMMDim || g.N > maxGEMMDim || g.K > maxGEMMDim {
-			return fmt.Errorf("prefill: GEMM %d is %+v: %w", i, g, ErrInvalid)
+			return fmt.Errorf("prefill: GEMM %d is %+v: %w", i, g, kernels.ErrInvalid)
 		}
 		if a, b, c := g.Elems(); a > cfg.AElems || b > cfg.BElems || c > cfg.CElems {
 			return fmt.Errorf("prefill: GEMM %d %+v needs %d/%d/%d elements, buffers hold %d/%d/%d: %w",
-				i, g, a, b, c, cfg.AElems, cfg.BElems, cfg.CElems, ErrInvalid)
+				i, g, a, b, c, cfg.AElems, cfg.BElems, cfg.CElems, kernels.ErrInvalid)
 		}
 		launches += int64(g.Count)
 		if launches*int64(layers) > MaxPrefillLaunches {
-			return fmt.Errorf("prefill: more than %d GEMM launches in %d layers: %w", MaxPrefillLaunches, layers, ErrInvalid)
+			return fmt.Errorf("prefill: more than %d GEMM launches in %d layers: %w", MaxPrefillLaunches, layers, kernels.ErrInvalid)
 		}
 	}
 	return nil
@@ -136,7 +139,7 @@ func loadPrefill() error {
 		defer C.free(unsafe.Pointer(cp))
 		var buf [512]C.char
 		if C.tkp_load(cp, &buf[0], C.int(len(buf))) != 0 {
-			prefillErr = fmt.Errorf("%w: %s", ErrNotLoaded, C.GoString(&buf[0]))
+			prefillErr = fmt.Errorf("%w: %s", kernels.ErrNotLoaded, C.GoString(&buf[0]))
 		}
 	})
 	return prefillErr
@@ -162,18 +165,18 @@ type Prefill struct {
 }
 
 // NewPrefill loads the library, selects cfg.Device and allocates the
-// buffers. Errors wrap ErrNotLoaded (no library, or one built before the
-// prefill entry points: the message names the missing symbol), ErrNoGPU,
-// ErrInvalid (cfg) or ErrCUDA (e.g. out of device memory).
+// buffers. Errors wrap kernels.ErrNotLoaded (no library, or one built before the
+// prefill entry points: the message names the missing symbol), kernels.ErrNoGPU,
+// kernels.ErrInvalid (cfg) or kernels.ErrCUDA (e.g. out of device memory).
 func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
-	if err := Init(cfg.Device); err != nil {
+	if err := kernels.Init(cfg.Device); err != nil {
 		return nil, err
 	}
 	if err := loadPrefill(); err != nil {
 		return nil, err
 	}
 	if cfg.MaxLayers < 1 || cfg.MaxLayers > MaxPrefillLayers || cfg.AElems < 1 || cfg.BElems < 1 || cfg.CElems < 1 {
-		return nil, fmt.Errorf("prefill: config %+v: %w", cfg, ErrInvalid)
+		return nil, fmt.Errorf("prefill: config %+v: %w", cfg, kernels.ErrInvalid)
 	}
 	p := C.tk_prefill_params{device: C.int32_t(cfg.Device), max_layers: C.uint32_t(cfg.MaxLayers),
 		a_elems: C.uint64_t(cfg.AElems), b_elems: C.uint64_t(cfg.BElems), c_elems: C.uint64_t(cfg.CElems)}
@@ -189,14 +192,14 @@ func (p *Prefill) Config() PrefillConfig { return p.cfg }
 
 // Start enqueues layers layers, each running gemms, and returns without
 // waiting for the GPU (the host enqueues every GEMM launch: a few µs each).
-// It fails with ErrBusy while an earlier run was not waited for, and with
-// ErrInvalid, having enqueued nothing, for shapes that do not fit.
+// It fails with kernels.ErrBusy while an earlier run was not waited for, and with
+// kernels.ErrInvalid, having enqueued nothing, for shapes that do not fit.
 func (p *Prefill) Start(layers int, gemms []GEMM) error {
 	if p.h == 0 {
-		return fmt.Errorf("prefill: %w: closed", ErrInvalid)
+		return fmt.Errorf("prefill: %w: closed", kernels.ErrInvalid)
 	}
 	if p.pending > 0 {
-		return fmt.Errorf("prefill: %w: %d layers not waited for", ErrBusy, p.pending)
+		return fmt.Errorf("prefill: %w: %d layers not waited for", kernels.ErrBusy, p.pending)
 	}
 	if err := CheckPrefill(p.cfg, layers, gemms); err != nil {
 		return err
@@ -217,7 +220,7 @@ func (p *Prefill) Start(layers int, gemms []GEMM) error {
 // the Prefill can Start again.
 func (p *Prefill) Wait(dst []time.Duration) ([]time.Duration, error) {
 	if p.pending == 0 {
-		return dst, fmt.Errorf("prefill: %w: nothing started", ErrInvalid)
+		return dst, fmt.Errorf("prefill: %w: nothing started", kernels.ErrInvalid)
 	}
 	n := p.pending
 	p.pending = 0

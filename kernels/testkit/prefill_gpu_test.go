@@ -1,8 +1,10 @@
-package kernels
+package testkit
 
 import (
 	"errors"
 	"testing"
+
+	"github.com/tutti-io/tutti/kernels"
 	"time"
 )
 
@@ -11,8 +13,8 @@ import (
 // prefill entry points then fails the test, naming the missing symbol).
 func prefillOrSkip(t testing.TB, layers int, gemms []GEMM) *Prefill {
 	t.Helper()
-	if err := Init(0); err != nil {
-		if !Explicit() && (errors.Is(err, ErrNotLoaded) || errors.Is(err, ErrNoGPU)) {
+	if err := kernels.Init(0); err != nil {
+		if !kernels.Explicit() && (errors.Is(err, kernels.ErrNotLoaded) || errors.Is(err, kernels.ErrNoGPU)) {
 			t.Skipf("GPU test skipped: %v", err)
 		}
 		t.Fatalf("GPU test cannot start: %v", err)
@@ -54,24 +56,24 @@ func TestGPUPrefill(t *testing.T) {
 	if err := p.Start(2, gemms); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Start(2, gemms); !errors.Is(err, ErrBusy) {
-		t.Errorf("second Start: %v, want ErrBusy", err)
+	if err := p.Start(2, gemms); !errors.Is(err, kernels.ErrBusy) {
+		t.Errorf("second Start: %v, want kernels.ErrBusy", err)
 	}
 	if got, err = p.Wait(got[:0]); err != nil || len(got) != 2 {
 		t.Fatalf("Wait: %v, %d layers", err, len(got))
 	}
-	if _, err := p.Wait(nil); !errors.Is(err, ErrInvalid) {
-		t.Errorf("Wait with nothing started: %v, want ErrInvalid", err)
+	if _, err := p.Wait(nil); !errors.Is(err, kernels.ErrInvalid) {
+		t.Errorf("Wait with nothing started: %v, want kernels.ErrInvalid", err)
 	}
 
 	// Rejected before anything is enqueued; the Prefill stays usable.
 	for _, bad := range [][]GEMM{{{M: 513, N: 1024, K: 1024, Count: 1}}, {{M: 8, N: 8, K: 8, Count: 0}}} {
-		if err := p.Start(1, bad); !errors.Is(err, ErrInvalid) {
-			t.Errorf("Start(%+v): %v, want ErrInvalid", bad, err)
+		if err := p.Start(1, bad); !errors.Is(err, kernels.ErrInvalid) {
+			t.Errorf("Start(%+v): %v, want kernels.ErrInvalid", bad, err)
 		}
 	}
-	if err := p.Start(layers+1, gemms); !errors.Is(err, ErrInvalid) {
-		t.Errorf("Start(%d layers): %v, want ErrInvalid", layers+1, err)
+	if err := p.Start(layers+1, gemms); !errors.Is(err, kernels.ErrInvalid) {
+		t.Errorf("Start(%d layers): %v, want kernels.ErrInvalid", layers+1, err)
 	}
 	if _, err := p.Run(1, gemms[2:], nil); err != nil {
 		t.Fatalf("Run after rejected starts: %v", err)

@@ -1,8 +1,10 @@
-package kernels
+package testkit
 
 import (
 	"errors"
 	"testing"
+
+	"github.com/tutti-io/tutti/kernels"
 )
 
 func TestGEMMElemsAndFLOPs(t *testing.T) {
@@ -58,8 +60,8 @@ func TestCheckPrefill(t *testing.T) {
 		if tc.ok != (err == nil) {
 			t.Errorf("%s: err %v, want ok=%v", tc.name, err, tc.ok)
 		}
-		if err != nil && !errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: %v does not wrap ErrInvalid", tc.name, err)
+		if err != nil && !errors.Is(err, kernels.ErrInvalid) {
+			t.Errorf("%s: %v does not wrap kernels.ErrInvalid", tc.name, err)
 		}
 	}
 }

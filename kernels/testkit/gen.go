@@ -1,9 +1,10 @@
-package kernels
+package testkit
 
 import (
 	"fmt"
 
 	"github.com/tutti-io/tutti/internal/kvdata"
+	"github.com/tutti-io/tutti/kernels"
 )
 
 // FillObject writes layer's object bytes for saved pages [firstPage,
@@ -11,10 +12,10 @@ import (
 // with internal/kvdata's content for one page per chain block: page i is
 // kvdata.Key{Block: base + i, Layer: layer, Plane: p, Page: 0}. VerifyKV checks
 // the same content on the GPU. dst must hold pages*g.PageBytes() bytes.
-func FillObject(dst []byte, g Geometry, base uint64, layer, firstPage, pages int) error {
+func FillObject(dst []byte, g kernels.Geometry, base uint64, layer, firstPage, pages int) error {
 	pb := g.PageBytes()
 	if pb%8 != 0 || int64(len(dst)) < int64(pages)*pb {
-		return fmt.Errorf("fill object: %d bytes for %d pages of %d: %w", len(dst), pages, pb, ErrInvalid)
+		return fmt.Errorf("fill object: %d bytes for %d pages of %d: %w", len(dst), pages, pb, kernels.ErrInvalid)
 	}
 	c := kvdata.ChunkLayout{Pages: 1, Planes: g.Planes, PageBytes: int(g.PlaneBytes())}
 	for i := 0; i < pages; i++ {

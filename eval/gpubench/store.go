@@ -1,0 +1,308 @@
+// Package gpubench holds the logic of `tutti gpubench` that measures the
+// product itself: runtime.Store's Save and Load on PathGPU (store-gpu) and
+// PathCPU (store-cpu), through the store's own layout, planner and
+// scheduler, every byte verified, each row divided by ceilings measured in
+// the same run on the same directories. cmd/tutti parses the flags and calls
+// RunStore; the kernels-only rows (kernels.Restorer driven directly) are the
+// reference beside them.
+package gpubench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"syscall"
+	"time"
+
+	evalmodel "github.com/tutti-io/tutti/eval/model"
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime"
+	"github.com/tutti-io/tutti/sched"
+)
+
+// Store paths.
+const (
+	PathStoreGPU = "store-gpu"
+	PathStoreCPU = "store-cpu"
+)
+
+// IsStorePath says whether p is one of RunStore's paths.
+func IsStorePath(p string) bool { return p == PathStoreGPU || p == PathStoreCPU }
+
+// StoreConfig is one RunStore call.
+type StoreConfig struct {
+	Model  string   // an eval/model profile
+	Tokens int      // prefix length; 1..1<<22
+	Dirs   []string // store directories (one per device); each gets a fresh subdirectory, removed after
+	Label  string   // storage label printed with the rows
+	Seed   uint64   // content and chain ids start here
+	Paths  []string // of PathStoreGPU, PathStoreCPU, in order
+	Device int      // GPU of store-gpu
+	// NoCeiling skips the ceilings (quick checks): the fractions stay 0.
+	NoCeiling bool
+}
+
+const maxTokens = 1 << 22
+
+// StoreRow is one measured operation of one path. Mismatches counts the
+// 8-byte words of the restored pages that differ from what was saved (in HBM
+// on store-gpu); a row with any is a failure.
+type StoreRow struct {
+	Path    string `json:"path"`
+	Op      string `json:"op"` // "save" (timed to the durable commit) or "restore"
+	Model   string `json:"model"`
+	Storage string `json:"storage"`
+	Dirs    int    `json:"dirs"`
+	Tokens  int    `json:"tokens"`
+
+	Blocks     int     `json:"blocks"` // chain blocks saved or restored
+	Bytes      int64   `json:"bytes"`
+	Seconds    float64 `json:"seconds"`
+	BytesPerS  float64 `json:"bytes_per_s"`
+	CPUSPerGiB float64 `json:"cpu_s_per_gib"` // process CPU (user+system) per GiB moved
+
+	CeilingBytesPS  float64 `json:"ceiling_bytes_per_s"` // the write ceiling for a save, the read ceiling for a restore
+	CeilingFraction float64 `json:"ceiling_fraction"`
+
+	// Skipped counts a save's blocks not stored, by runtime.SkipCause name.
+	Skipped    map[string]int `json:"skipped,omitempty"`
+	Mismatches uint64         `json:"mismatches"`
+	// Plan: what the store's planner did with the restore (blocks planned
+	// of those cached).
+	Planned int `json:"planned,omitempty"`
+}
+
+// RunStore measures every path of cfg: per path, a fresh store over cfg.Dirs,
+// the prefix filled, saved (timed to Done, the commit) and restored into
+// poisoned memory (timed to Wait), then verified. The ceilings are measured
+// once before the paths.
+func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, Ceilings, error) {
+	prof, err := evalmodel.Lookup(cfg.Model)
+	if err != nil {
+		return nil, Ceilings{}, err
+	}
+	g, err := prof.Geometry()
+	if err != nil {
+		return nil, Ceilings{}, err
+	}
+	if cfg.Tokens < 1 || cfg.Tokens > maxTokens || len(cfg.Dirs) == 0 || len(cfg.Paths) == 0 {
+		return nil, Ceilings{}, fmt.Errorf("store bench: tokens %d (1..%d), %d dirs, %d paths: need all", cfg.Tokens, maxTokens, len(cfg.Dirs), len(cfg.Paths))
+	}
+	for _, p := range cfg.Paths {
+		if !IsStorePath(p) {
+			return nil, Ceilings{}, fmt.Errorf("store bench: unknown path %q (want %s or %s)", p, PathStoreGPU, PathStoreCPU)
+		}
+	}
+	tokensPerBlock := g.PageTokens * g.ChunkPages
+	blocks := (cfg.Tokens + tokensPerBlock - 1) / tokensPerBlock
+	payload := int64(blocks) * g.ChunkBytes()
+	var ceil Ceilings
+	if !cfg.NoCeiling {
+		if ceil, err = measureCeilings(ctx, cfg.Dirs, payload/int64(len(cfg.Dirs))); err != nil {
+			return nil, ceil, err
+		}
+		fmt.Fprintf(log, "ceilings over %d dirs (%d MiB per dir): write %.2f GB/s, read %.2f GB/s\n",
+			len(cfg.Dirs), ceil.FileBytes>>20, ceil.WriteBytesPS/1e9, ceil.ReadBytesPS/1e9)
+	}
+	var rows []StoreRow
+	for _, p := range cfg.Paths {
+		rs, err := runStorePath(cfg, p, g, blocks, ceil)
+		if err != nil {
+			return rows, ceil, fmt.Errorf("%s: %w", p, err)
+		}
+		for i := range rs {
+			rs[i].Model, rs[i].Storage, rs[i].Dirs, rs[i].Tokens = cfg.Model, cfg.Label, len(cfg.Dirs), cfg.Tokens
+			rs[i].CeilingBytesPS = ceil.ReadBytesPS
+			if rs[i].Op == "save" {
+				rs[i].CeilingBytesPS = ceil.WriteBytesPS
+			}
+			if rs[i].CeilingBytesPS > 0 {
+				rs[i].CeilingFraction = rs[i].BytesPerS / rs[i].CeilingBytesPS
+			}
+		}
+		rows = append(rows, rs...)
+	}
+	return rows, ceil, nil
+}
+
+// Summary is a row in one line.
+func Summary(r StoreRow) string {
+	s := fmt.Sprintf("%d blocks, %.2f GiB in %.3f s = %.2f GB/s, x ceil %.3f, CPU %.4f s/GiB, mismatches %d",
+		r.Blocks, float64(r.Bytes)/(1<<30), r.Seconds, r.BytesPerS/1e9, r.CeilingFraction, r.CPUSPerGiB, r.Mismatches)
+	if len(r.Skipped) > 0 {
+		s += fmt.Sprintf(", skipped %v", r.Skipped)
+	}
+	return s
+}
+
+// storeDirs makes a fresh subdirectory under each of dirs; cleanup removes them.
+func storeDirs(dirs []string, path string) (sub []string, cleanup func(), err error) {
+	cleanup = func() {
+		for _, d := range sub {
+			os.RemoveAll(d)
+		}
+	}
+	for _, d := range dirs {
+		s, err := os.MkdirTemp(d, "tutti-gpubench-"+path+"-")
+		if err != nil {
+			cleanup()
+			return nil, func() {}, err
+		}
+		sub = append(sub, s)
+	}
+	return sub, cleanup, nil
+}
+
+// chainAndPages is the prefix: chain block ids from seed<<20 and its pages
+// scattered over the engine's memory (page i of the prefix at dst[i]).
+func chainAndPages(seed uint64, blocks, pages, numPages int) ([]uint64, []int32) {
+	chain := make([]uint64, blocks)
+	for i := range chain {
+		chain[i] = seed<<20 + uint64(i) + 1
+	}
+	perm := rand.New(rand.NewPCG(seed, 7)).Perm(numPages)
+	dst := make([]int32, pages)
+	for i := range dst {
+		dst[i] = int32(perm[i])
+	}
+	return chain, dst
+}
+
+// saveBoundMs is the store rows' save bound: long enough for any prefix
+// RunStore takes on the slowest disk.
+const saveBoundMs = 10 * 60 * 1000
+
+// deviceProfile is the scheduler's profile of one directory from the ceilings
+// measured in this run (each directory's share), as an engine passes
+// devbench's; the zero Ceilings (NoCeiling) leave the store's default.
+func deviceProfile(c Ceilings, dirs int) sched.DeviceProfile {
+	if c.ReadBytesPS <= 0 || c.WriteBytesPS <= 0 {
+		return sched.DeviceProfile{}
+	}
+	r, w := c.ReadBytesPS/float64(dirs), c.WriteBytesPS/float64(dirs)
+	return sched.DeviceProfile{ReadBytesPerSec: r, WriteBytesPerSec: w, ReadIOPS: r / (64 << 10), WriteIOPS: w / (64 << 10),
+		ReadLatencyNs: 1e5, ReadShareUnderWrites: 0.5, WriteShareUnderReads: 0.5}
+}
+
+func runStorePath(cfg StoreConfig, path string, g objmap.Geometry, blocks int, ceil Ceilings) ([]StoreRow, error) {
+	pages := blocks * g.ChunkPages
+	numPages := pages + pages/8 + 16
+	dirs, cleanup, err := storeDirs(cfg.Dirs, path)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	onGPU := path == PathStoreGPU
+	kv, err := newBenchKV(g, numPages, onGPU, cfg.Device)
+	if err != nil {
+		return nil, err
+	}
+	defer kv.free()
+	chain, dst := chainAndPages(cfg.Seed, blocks, pages, numPages)
+	// The save is measured whole: its bound and budget hold all of it (what
+	// a default budget would cut is the replay's to count, not this row's).
+	payload := int64(blocks) * g.ChunkBytes()
+	sc := runtime.Config{Dirs: dirs, Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: numPages,
+		CapacityBytes: runtime.CapacityForBlocks(g, blocks) + int64(len(dirs))*(64<<20),
+		SaveBoundMs:   saveBoundMs, SaveBudgetBytes: payload, Device: deviceProfile(ceil, len(dirs))}
+	if onGPU {
+		sc.Path, sc.GPU.Device, sc.GPU.MaxPages = runtime.PathGPU, cfg.Device, pages
+	}
+	s, err := runtime.Open(sc)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if err := s.RegisterKV(kv.memory()); err != nil {
+		return nil, err
+	}
+	if err := kv.fill(cfg.Seed, dst); err != nil {
+		return nil, err
+	}
+	save, err := timeSave(s, chain, dst)
+	if err != nil {
+		return nil, err
+	}
+	save.Path = path
+	if err := kv.poison(); err != nil {
+		return nil, err
+	}
+	restore, err := timeLoad(s, chain, dst, g)
+	restore.Path = path
+	if err != nil {
+		return []StoreRow{save, restore}, err
+	}
+	restore.Mismatches, err = kv.verify(cfg.Seed, dst[:restore.Blocks*g.ChunkPages])
+	if err == nil && restore.Blocks < save.Blocks {
+		err = fmt.Errorf("restored %d of the %d blocks saved (planned %d)", restore.Blocks, save.Blocks, restore.Planned)
+	}
+	return []StoreRow{save, restore}, err
+}
+
+// cpuSeconds is the process's user+system CPU time.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+func rate(r *StoreRow, t0 time.Time, c0 float64) {
+	r.Seconds = time.Since(t0).Seconds()
+	if r.Seconds > 0 {
+		r.BytesPerS = float64(r.Bytes) / r.Seconds
+	}
+	if r.Bytes > 0 {
+		r.CPUSPerGiB = (cpuSeconds() - c0) / (float64(r.Bytes) / (1 << 30))
+	}
+}
+
+func timeSave(s *runtime.Store, chain []uint64, dst []int32) (StoreRow, error) {
+	r := StoreRow{Op: "save"}
+	c0, t0 := cpuSeconds(), time.Now()
+	sv, err := s.Save(chain, dst)
+	if err != nil {
+		return r, err
+	}
+	sv.Wait()
+	r.Blocks = sv.Saved()
+	r.Bytes = int64(r.Blocks) * s.Geometry().ChunkBytes()
+	rate(&r, t0, c0)
+	for c := runtime.SkipCached; c <= runtime.SkipClosed; c++ {
+		if n := sv.Skipped(c); n > 0 {
+			if r.Skipped == nil {
+				r.Skipped = map[string]int{}
+			}
+			r.Skipped[c.String()] = n
+		}
+	}
+	if r.Blocks == 0 {
+		return r, fmt.Errorf("nothing saved (skipped %v)", r.Skipped)
+	}
+	return r, nil
+}
+
+func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g objmap.Geometry) (StoreRow, error) {
+	r := StoreRow{Op: "restore"}
+	n := s.Lookup(chain)
+	if n == 0 {
+		return r, errors.New("nothing of the saved prefix is cached")
+	}
+	c0, t0 := cpuSeconds(), time.Now()
+	l, err := s.Load(chain[:n], dst[:n*g.ChunkPages])
+	if err != nil {
+		return r, err
+	}
+	werr := l.Wait()
+	r.Blocks, r.Planned = l.Blocks(), l.Planned()
+	r.Bytes = int64(r.Blocks) * g.ChunkBytes()
+	rate(&r, t0, c0)
+	if werr != nil {
+		return r, fmt.Errorf("load: %w (first failure: %v)", werr, l.Failure())
+	}
+	return r, nil
+}

@@ -1,0 +1,102 @@
+package gpubench
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	evalmodel "github.com/tutti-io/tutti/eval/model"
+	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/objmap"
+)
+
+// TestRunStoreCPU saves and restores a prefix through runtime.Store on
+// PathCPU over two directories and checks the rows: every block saved and
+// restored, no mismatched word, the ceilings measured and used.
+func TestRunStoreCPU(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir()}
+	cfg := StoreConfig{Model: "tiny", Tokens: 4096, Dirs: dirs, Label: "test", Seed: 3, Paths: []string{PathStoreCPU}}
+	rows, ceil, err := RunStore(context.Background(), cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ceil.WriteBytesPS <= 0 || ceil.ReadBytesPS <= 0 {
+		t.Fatalf("ceilings %+v", ceil)
+	}
+	if len(rows) != 2 || rows[0].Op != "save" || rows[1].Op != "restore" {
+		t.Fatalf("rows %+v", rows)
+	}
+	const blocks = 4096 / (16 * 32)
+	for _, r := range rows {
+		if r.Blocks != blocks || r.Mismatches != 0 || r.Bytes <= 0 || r.BytesPerS <= 0 || r.CeilingFraction <= 0 || len(r.Skipped) != 0 {
+			t.Errorf("%s %s: %s", r.Path, r.Op, Summary(r))
+		}
+	}
+	for _, d := range dirs {
+		if ents, _ := os.ReadDir(d); len(ents) != 0 {
+			t.Errorf("%s left %d entries behind", d, len(ents))
+		}
+	}
+}
+
+// TestVerifyCountsCorruption: a word changed after the restore is counted.
+func TestVerifyCountsCorruption(t *testing.T) {
+	k, err := newBenchKV(mustGeometry(t, "tiny"), 10, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.free()
+	dst := []int32{7, 2, 5}
+	if err := k.fill(5, dst); err != nil {
+		t.Fatal(err)
+	}
+	if bad, err := k.verify(5, dst); err != nil || bad != 0 {
+		t.Fatalf("clean: %d, %v", bad, err)
+	}
+	k.host.Page(1, 1, 2)[17] ^= 1
+	k.host.Page(0, 0, 7)[0] ^= 1
+	if bad, err := k.verify(5, dst); err != nil || bad != 2 {
+		t.Fatalf("two flipped words: counted %d, %v", bad, err)
+	}
+	if bad, _ := k.verify(6, dst); bad == 0 {
+		t.Fatal("another seed verified")
+	}
+}
+
+// TestRunStoreGPUSkips: without a GPU, store-gpu fails with the kernels
+// error a caller can branch on, not a silent CPU run.
+func TestRunStoreGPUSkips(t *testing.T) {
+	if kernels.Init(0) == nil {
+		t.Skip("a GPU is here: the device test runs store-gpu")
+	}
+	cfg := StoreConfig{Model: "tiny", Tokens: 1024, Dirs: []string{t.TempDir()}, Seed: 1, Paths: []string{PathStoreGPU}, NoCeiling: true}
+	_, _, err := RunStore(context.Background(), cfg, io.Discard)
+	if !errors.Is(err, kernels.ErrNotLoaded) && !errors.Is(err, kernels.ErrNoGPU) {
+		t.Fatalf("store-gpu without a GPU: %v", err)
+	}
+}
+
+func TestRunStoreRefuses(t *testing.T) {
+	for _, c := range []StoreConfig{
+		{Model: "tiny", Tokens: 0, Dirs: []string{"x"}, Paths: []string{PathStoreCPU}},
+		{Model: "tiny", Tokens: 10, Paths: []string{PathStoreCPU}},
+		{Model: "tiny", Tokens: 10, Dirs: []string{"x"}, Paths: []string{"gpu"}},
+		{Model: "nope", Tokens: 10, Dirs: []string{"x"}, Paths: []string{PathStoreCPU}},
+	} {
+		if _, _, err := RunStore(context.Background(), c, io.Discard); err == nil || strings.Contains(err.Error(), "panic") {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+}
+
+func mustGeometry(t *testing.T, model string) objmap.Geometry {
+	t.Helper()
+	p, err := evalmodel.Lookup(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.MustGeometry()
+}

@@ -1,0 +1,51 @@
+/*
+ * tk_testkit.h — libtutti_testkit.so, the GPU code that only tests and
+ * benchmarks load (package kernels/testkit, the C self-test): content fill and
+ * verification of the KV tensors in HBM, the cuFile baseline, and the harness's
+ * prefill GEMMs (tk_prefill.h). The product's library (tutti_kernels.h) holds
+ * only the restore and save path; the engine never loads this one.
+ *
+ * The functions take the KV descriptor of tutti_kernels.h (tk_kv) rather than
+ * a bound context: they share device pointers with the product's library
+ * (one process, one primary CUDA context per device) and nothing else. Each
+ * call is synchronous and allocates what it needs for its own duration.
+ * Errors: tk_status codes of tutti_kernels.h; tkt_last_error copies the
+ * calling thread's last message of this library.
+ */
+#ifndef TK_TESTKIT_H
+#define TK_TESTKIT_H
+
+#include "tutti_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* TK_ABI_VERSION of the tutti_kernels.h it was built with (its structs). */
+int32_t tkt_abi_version(void);
+int32_t tkt_last_error(char *buf, int32_t buf_bytes);
+
+/* Poison the KV memory kv describes on GPU device (every byte = byte_value). */
+tk_status tkt_kv_fill(const tk_kv *kv, int32_t device, uint32_t byte_value);
+/* Count 8-byte words of the restored pages that differ from internal/kvdata's
+ * content of Key{Block: seed + i, Layer, Plane, Page: 0}, where i is the page's
+ * index in `pages` (its place in the saved object; one page per chain block). */
+tk_status tkt_kv_verify(const tk_kv *kv, int32_t device, uint64_t seed, const tk_page_map *pages, uint32_t n_pages,
+                        uint32_t first_layer, uint32_t n_layers, uint64_t *mismatched_words);
+
+/* ---- cuFile (GDS), loaded with dlopen ---- */
+/* Opens the cuFile driver and registers path; returns TK_OK, or the error with
+ * cuFile's code in *cufile_err and its text in tkt_last_error. */
+tk_status tk_cufile_probe(const char *path, int32_t *cufile_err);
+/* Reads n extents of one file with cuFile's batch API into device memory at
+ * dptr + dst_off[i]. */
+tk_status tk_cufile_batch_read(const char *path, const uint64_t *file_off, const uint64_t *dst_off,
+                               const uint32_t *len, uint32_t n, uint64_t dptr, uint64_t dbytes);
+
+/* The other translation units of this library (cuFile, prefill) set the message. */
+tk_status tk_fail_msg(tk_status code, const char *fmt, ...);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TK_TESTKIT_H */
