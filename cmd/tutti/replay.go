@@ -27,7 +27,7 @@ func init() {
 
 // defaultCPUBackends are what the no-flag run uses: every backend that needs
 // no GPU.
-var defaultCPUBackends = []string{"tutti-cpu", "per-block", "cufile", "pagecache", "dram", "recompute"}
+var defaultCPUBackends = []string{"tutti-cpu", "tutti-cpu-load-all", "lmcache-gds", "lmcache-disk", "vllm-fs", "dram", "recompute"}
 
 // defaultWindowRequests is how much of the embedded window the no-flag run replays.
 const defaultWindowRequests = 100
@@ -37,7 +37,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	tracePath := fs.String("trace", "", "Mooncake-format JSONL trace (default: the embedded 200-request window)")
 	dir := fs.String("dir", "", "store directory, or several comma-separated (one file system each, e.g. one per device) that every backend stripes over; each backend uses D/<backend> in each (default: a temporary directory, removed afterwards)")
 	storageLabel := fs.String("storage-label", "", "what the storage under --dir is, for the report and every JSON row (e.g. \"emulated storage (4 RAM-backed loop devices, ext4)\")")
-	backends := fs.String("backends", "", "comma-separated backends: "+strings.Join(harness.BackendNames, ",")+
+	backends := fs.String("backends", "", "comma-separated backends: "+strings.Join(harness.BackendNames, ",")+" (or, named only: "+strings.Join(harness.ExtraBackendNames, ",")+")"+
 		" (default: every backend this machine can run)")
 	modelName := fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
 	requests := fs.Int("requests", -1, "replay only the first N requests (0 = all; default: all of --trace, or the first 100 of the embedded window)")
@@ -348,17 +348,17 @@ func printSummary(w io.Writer, res *harness.Result) {
 	if res.Storage != "" || len(res.Dirs) > 1 {
 		fmt.Fprintf(w, "storage: %s; striped over %s\n", res.Storage, strings.Join(res.Dirs, ", "))
 	}
-	fmt.Fprintf(w, "%-10s %9s %9s %10s %10s %8s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "sum", "hit", "I/O/req", "CPU/GiB", "bad")
+	fmt.Fprintf(w, "%-18s %9s %9s %10s %10s %8s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "sum", "hit", "I/O/req", "CPU/GiB", "bad")
 	for _, b := range res.Backends {
 		if b.Skipped != "" {
-			fmt.Fprintf(w, "%-10s skipped: %s\n", b.Backend, b.Skipped)
+			fmt.Fprintf(w, "%-18s skipped: %s\n", b.Backend, b.Skipped)
 			continue
 		}
 		rate := fmt.Sprintf("%.3f", b.MaxRateAtSLO)
 		if b.MaxRateIsLowerBound {
 			rate = ">=" + rate
 		}
-		fmt.Fprintf(w, "%-10s %9.2f %9.2f %10s %10.2f %8.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
+		fmt.Fprintf(w, "%-18s %9.2f %9.2f %10s %10.2f %8.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
 			rate, b.BytesPerS/1e9, b.CeilingFraction, b.CeilingSumFraction, b.HitRatio, b.IOsPerRequestMean, b.CPUSPerGiB, b.VerifyMismatches)
 	}
 }
