@@ -67,6 +67,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	gpuWindow := fs.Int("tutti-gpu-window", 0, "tutti-gpu: GPU reads in flight (0: sized to the store's devices as gpubench does: half of each device's nr_requests, 8..128 each; in all at most the smallest nr_requests and 1024)")
 	gpuMaxIO := fs.Int("tutti-gpu-max-io", 0, "tutti-gpu: largest read in bytes (0: the largest read every store device takes unsplit, from max_sectors_kb, at most 4 MiB)")
 	gpuLookahead := fs.Int("tutti-gpu-lookahead", 0, "tutti-gpu: layers in flight beyond the one waited for (0: one per store device, at least 2, at most 8)")
+	wl := registerWorkloadFlags(fs)
 	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
@@ -113,38 +114,13 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return usageErr(fs.Usage, fmt.Errorf("--warm-ms %v: want a duration ≥ 0", *warmMs))
 	}
 
-	// The trace.
-	traceDesc := eval.DefaultWindowName
-	if *tracePath != "" {
-		traceDesc = *tracePath
-	}
-	// Read and parsed once: the window, its warm-up history and the
-	// arrival spread are cut from it, each as a read of just that part
-	// would give it (trace.Parsed.Select).
-	parsed, err := parseTrace(*tracePath, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad})
+	// The requests: a generated workload (--workload, replay_workload.go)
+	// or a window of the trace.
+	reqs, st, warm, traceDesc, err := replayRequests(fs, wl, *tracePath, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad},
+		trace.Window{First: *requests, FromMs: *fromMs, ToMs: *toMs}, *warmMs, prof.BlockTokens(), stderr)
 	if err != nil {
-		return fmt.Errorf("reading %s: %w", traceDesc, err)
+		return err
 	}
-	reqs, st, err := parsed.Select(trace.Window{First: *requests, FromMs: *fromMs, ToMs: *toMs})
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", traceDesc, err)
-	}
-	if len(reqs) == 0 {
-		return fmt.Errorf("%s: no requests in the window", traceDesc)
-	}
-	if st.Skipped > 0 {
-		fmt.Fprintf(stderr, "skipped %d malformed lines (first: %v)\n", st.Skipped, st.FirstSkipped)
-	}
-	var warm *harness.Warm
-	if *warmMs > 0 {
-		if warm, err = warmHistory(parsed, reqs[0].TimestampMs, *warmMs); err != nil {
-			return fmt.Errorf("reading the warm-up history of %s: %w", traceDesc, err)
-		}
-	}
-	if err := spreadAsInTrace(reqs, parsed); err != nil {
-		return fmt.Errorf("spreading the arrivals of %s: %w", traceDesc, err)
-	}
-	trace.Rebase(reqs)
 	if err := trace.Scale(reqs, *timeScale); err != nil {
 		return usageErr(fs.Usage, fmt.Errorf("--time-scale: %w", err))
 	}

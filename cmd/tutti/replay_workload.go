@@ -1,0 +1,125 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/tutti-io/tutti/eval"
+	"github.com/tutti-io/tutti/eval/harness"
+	"github.com/tutti-io/tutti/eval/workload"
+	"github.com/tutti-io/tutti/internal/trace"
+)
+
+// workloadFlags are replay's flags for a generated workload (--workload).
+type workloadFlags struct {
+	name  *string
+	docqa workload.DocQA
+}
+
+// Workloads names what --workload takes.
+var workloads = []string{"docqa"}
+
+func registerWorkloadFlags(fs *flag.FlagSet) *workloadFlags {
+	w := &workloadFlags{docqa: workload.DefaultDocQA}
+	d := &w.docqa
+	w.name = fs.String("workload", "", "generate the requests instead of reading a trace: docqa (long-document QA in the shape of LEval/LooGLE: "+
+		"long documents, several short questions after each whole document, Poisson arrivals; the --docqa-* flags)")
+	fs.IntVar(&d.Documents, "docqa-docs", d.Documents, "docqa: documents")
+	fs.IntVar(&d.MinDocTokens, "docqa-min-doc-tokens", d.MinDocTokens, "docqa: shortest document (tokens; lengths are log-uniform)")
+	fs.IntVar(&d.MaxDocTokens, "docqa-max-doc-tokens", d.MaxDocTokens, "docqa: longest document (tokens)")
+	fs.IntVar(&d.QuestionsPerDoc, "docqa-questions", d.QuestionsPerDoc, "docqa: questions per document")
+	fs.IntVar(&d.MinQuestionTokens, "docqa-min-question-tokens", d.MinQuestionTokens, "docqa: shortest question (tokens)")
+	fs.IntVar(&d.MaxQuestionTokens, "docqa-max-question-tokens", d.MaxQuestionTokens, "docqa: longest question (tokens)")
+	fs.Float64Var(&d.RatePerS, "docqa-rate", d.RatePerS, "docqa: Poisson arrival rate (requests per second)")
+	fs.Uint64Var(&d.Seed, "docqa-seed", d.Seed, "docqa: seed (document lengths, question order and lengths, arrivals)")
+	return w
+}
+
+func (w *workloadFlags) enabled() bool { return *w.name != "" }
+
+// flagSet reports whether the flag called name was given.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// replayRequests returns the replay's requests, arrival times rebased to 0
+// (time scale not applied): the generated workload when --workload is
+// given (its first win.First requests when --requests is), else the trace
+// window with its warm-up history and the trace's arrival spread.
+func replayRequests(fs *flag.FlagSet, w *workloadFlags, tracePath string, opts trace.Options, win trace.Window, warmMs float64,
+	blockTokens int, stderr io.Writer) ([]trace.Request, trace.Stats, *harness.Warm, string, error) {
+	if w.enabled() {
+		return w.requests(fs, tracePath, win, warmMs, blockTokens)
+	}
+	return traceRequests(tracePath, opts, win, warmMs, stderr)
+}
+
+func (w *workloadFlags) requests(fs *flag.FlagSet, tracePath string, win trace.Window, warmMs float64, blockTokens int) ([]trace.Request, trace.Stats, *harness.Warm, string, error) {
+	var st trace.Stats
+	fail := func(err error) ([]trace.Request, trace.Stats, *harness.Warm, string, error) {
+		return nil, st, nil, "", usageErr(fs.Usage, err)
+	}
+	switch {
+	case *w.name != "docqa":
+		return fail(fmt.Errorf("--workload %q: want one of %v", *w.name, workloads))
+	case tracePath != "":
+		return fail(fmt.Errorf("--workload and --trace: give one"))
+	case warmMs > 0:
+		return fail(fmt.Errorf("--warm-ms needs a trace's history; a generated workload starts cold"))
+	case win.FromMs != 0 || win.ToMs != 0:
+		return fail(fmt.Errorf("--from-ms/--to-ms cut a trace; use --requests with --workload"))
+	}
+	w.docqa.BlockTokens = blockTokens
+	reqs, err := w.docqa.Generate()
+	if err != nil {
+		return fail(err)
+	}
+	if flagSet(fs, "requests") && win.First > 0 && win.First < len(reqs) {
+		reqs = reqs[:win.First]
+	}
+	st.Requests, st.Lines = len(reqs), len(reqs)
+	return reqs, st, nil, w.docqa.Describe(), nil
+}
+
+// traceRequests reads the trace window (the embedded one when path is
+// empty), its warm-up history and the arrival spread of the whole trace.
+func traceRequests(tracePath string, opts trace.Options, win trace.Window, warmMs float64, stderr io.Writer) ([]trace.Request, trace.Stats, *harness.Warm, string, error) {
+	traceDesc := eval.DefaultWindowName
+	if tracePath != "" {
+		traceDesc = tracePath
+	}
+	fail := func(format string, err error) ([]trace.Request, trace.Stats, *harness.Warm, string, error) {
+		return nil, trace.Stats{}, nil, traceDesc, fmt.Errorf(format, traceDesc, err)
+	}
+	// Read and parsed once: the window, its warm-up history and the
+	// arrival spread are cut from it, each as a read of just that part
+	// would give it (trace.Parsed.Select).
+	parsed, err := parseTrace(tracePath, opts)
+	if err != nil {
+		return fail("reading %s: %w", err)
+	}
+	reqs, st, err := parsed.Select(win)
+	if err != nil {
+		return fail("reading %s: %w", err)
+	}
+	if len(reqs) == 0 {
+		return nil, st, nil, traceDesc, fmt.Errorf("%s: no requests in the window", traceDesc)
+	}
+	if st.Skipped > 0 {
+		fmt.Fprintf(stderr, "skipped %d malformed lines (first: %v)\n", st.Skipped, st.FirstSkipped)
+	}
+	var warm *harness.Warm
+	if warmMs > 0 {
+		if warm, err = warmHistory(parsed, reqs[0].TimestampMs, warmMs); err != nil {
+			return fail("reading the warm-up history of %s: %w", err)
+		}
+	}
+	if err := spreadAsInTrace(reqs, parsed); err != nil {
+		return fail("spreading the arrivals of %s: %w", err)
+	}
+	trace.Rebase(reqs)
+	return reqs, st, warm, traceDesc, nil
+}
