@@ -321,6 +321,7 @@ func printSummary(w io.Writer, res *harness.Result) {
 	if res.Warm != nil {
 		fmt.Fprintf(w, "start: %s\n", res.Warm.Note)
 	}
+	printWindowNotes(w, res)
 	if res.Storage != "" || len(res.Dirs) > 1 {
 		fmt.Fprintf(w, "storage: %s; striped over %s\n", res.Storage, strings.Join(res.Dirs, ", "))
 	}

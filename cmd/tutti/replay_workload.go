@@ -123,3 +123,15 @@ func traceRequests(tracePath string, opts trace.Options, win trace.Window, warmM
 	trace.Rebase(reqs)
 	return reqs, st, warm, traceDesc, nil
 }
+
+// printWindowNotes prints the summary's lines on what the window means:
+// what was left out, and what makes it mean less (harness.WindowNotes).
+func printWindowNotes(w io.Writer, res *harness.Result) {
+	if res.Oversize > 0 || res.Reuse.OverCapacity > 0 {
+		fmt.Fprintf(w, "left out: %d requests above the engine KV memory bound (%d MiB); %d longer than the capacity, saved in part\n",
+			res.Oversize, res.MaxKVBytes>>20, res.Reuse.OverCapacity)
+	}
+	for _, n := range harness.WindowNotes(res) {
+		fmt.Fprintf(w, "NOTE: %s\n", n)
+	}
+}

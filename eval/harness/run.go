@@ -135,7 +135,8 @@ type BackendResult struct {
 type Result struct {
 	Model          string
 	Geometry       string
-	Oversize       int // requests left out: their KV exceeds MaxKVBytes
+	Oversize       int   // requests left out: their KV exceeds MaxKVBytes
+	MaxKVBytes     int64 // the engine KV memory bound those were measured against
 	CapacityNote   string
 	Dirs           []string // the store roots every backend striped over
 	Storage        string   // Config.StorageLabel
@@ -157,7 +158,10 @@ type Result struct {
 	ComputeModel      string
 	Backends          []BackendResult
 	// Warm describes the warm start; nil when none was asked for.
-	Warm    *WarmSummary
+	Warm *WarmSummary
+	// Reuse is what the window can reuse under the capacity, before any
+	// backend ran (AnalyzeWindow; WindowNotes says what it means).
+	Reuse   WindowReuse
 	Started time.Time
 	Host    string
 }
@@ -248,7 +252,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res := &Result{
 		Model: cfg.Profile.Name, Geometry: g.String(), Trace: sum,
 		CapacityBlocks: capBlocks, CapacityBytes: int64(capBlocks) * g.ChunkBytes(), CapacityNote: capNote,
-		Oversize: oversize, Dirs: roots, Storage: cfg.StorageLabel,
+		Oversize: oversize, MaxKVBytes: maxKV, Dirs: roots, Storage: cfg.StorageLabel,
 		DistinctBlocks: sum.DistinctBlocks, ComputeModel: cfg.Compute.Label,
 		Started: time.Now().UTC(), Host: host,
 	}
@@ -260,6 +264,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		warm, ws = planWarm(cfg.Warm, cfg.Requests, cfg.Profile.BlockTokens(), capBlocks, g.ChunkBytes())
 		res.Warm = &ws
 	}
+	res.Reuse = AnalyzeWindow(cfg.Requests, warm, capBlocks)
 	// One page pool for all backends, sized for the largest request.
 	kv, err := NewKVMemory(g, max(1, maxBlocks)*g.ChunkPages)
 	if err != nil {

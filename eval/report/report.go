@@ -160,8 +160,11 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	} else {
 		p("| start | cold: every backend's store empty when the window starts (no --warm-ms) |\n")
 	}
-	if res.Oversize > 0 {
-		p("| left out | %d requests whose KV exceeds the engine memory bound (for every backend) |\n", res.Oversize)
+	p("| left out | %s |\n", leftOut(res))
+	p("| window reuse | %d of %d block references can hit under the capacity (%d with no capacity limit%s) |\n",
+		res.Reuse.Hits, res.Reuse.BlockRefs, res.Reuse.UnboundedHits, warmHits(res))
+	for _, n := range harness.WindowNotes(res) {
+		p("| **read this first** | %s |\n", n)
 	}
 	p("| engine KV memory | %s (host, per-layer layout) |\n", mib(res.KVMemoryBytes))
 	p("| compute | %s |\n", res.ComputeModel)
@@ -286,6 +289,23 @@ func writeWarm(p func(string, ...any), res *harness.Result) {
 			b.WarmSeconds, b.WarmEvictedBlocks, b.WarmFallbacks, b.WarmNote)
 	}
 	p("\n")
+}
+
+// leftOut says which requests the machine's bounds left out or cut, for
+// every backend alike.
+func leftOut(res *harness.Result) string {
+	s := fmt.Sprintf("%d requests whose KV exceeds the engine memory bound of %s (--kv-mem; for every backend)", res.Oversize, mib(res.MaxKVBytes))
+	if n := res.Reuse.OverCapacity; n > 0 {
+		s += fmt.Sprintf("; %d requests longer than the storage capacity, saved only in part", n)
+	}
+	return s
+}
+
+func warmHits(res *harness.Result) string {
+	if res.Warm == nil {
+		return ""
+	}
+	return fmt.Sprintf("; %d of the hits from the warm-up's %d blocks", res.Reuse.WarmHits, res.Reuse.WarmBlocks)
 }
 
 func orNone(s string) string {
