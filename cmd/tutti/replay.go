@@ -114,6 +114,15 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return usageErr(fs.Usage, fmt.Errorf("--warm-ms %v: want a duration ≥ 0", *warmMs))
 	}
 
+	if *wl.pick {
+		var maxKV int64
+		if *kvMem != "" {
+			if maxKV, err = devbench.ParseBytes(*kvMem); err != nil {
+				return usageErr(fs.Usage, fmt.Errorf("--kv-mem: %w", err))
+			}
+		}
+		return wl.pickWindow(stdout, *tracePath, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad}, prof, *warmMs, *gpuTFLOPs*1e12, *capBlocks, maxKV)
+	}
 	// The requests: a generated workload (--workload, replay_workload.go)
 	// or a window of the trace.
 	reqs, st, warm, traceDesc, err := replayRequests(fs, wl, *tracePath, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad},

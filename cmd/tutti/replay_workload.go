@@ -7,6 +7,7 @@ import (
 
 	"github.com/tutti-io/tutti/eval"
 	"github.com/tutti-io/tutti/eval/harness"
+	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/eval/workload"
 	"github.com/tutti-io/tutti/internal/trace"
 )
@@ -15,6 +16,8 @@ import (
 type workloadFlags struct {
 	name  *string
 	docqa workload.DocQA
+	pick  *bool
+	pickO harness.PickOptions
 }
 
 // Workloads names what --workload takes.
@@ -33,7 +36,44 @@ func registerWorkloadFlags(fs *flag.FlagSet) *workloadFlags {
 	fs.IntVar(&d.MaxQuestionTokens, "docqa-max-question-tokens", d.MaxQuestionTokens, "docqa: longest question (tokens)")
 	fs.Float64Var(&d.RatePerS, "docqa-rate", d.RatePerS, "docqa: Poisson arrival rate (requests per second)")
 	fs.Uint64Var(&d.Seed, "docqa-seed", d.Seed, "docqa: seed (document lengths, question order and lengths, arrivals)")
+	w.pick = fs.Bool("pick-window", false, "print the best windows of the trace for a replay (--from-ms, --requests) instead of replaying: "+
+		"most hits from the --warm-ms history, then most hits under --capacity-blocks, within the --pick-* bounds; any trace")
+	o := &w.pickO
+	fs.IntVar(&o.MinRequests, "pick-min-requests", 5, "--pick-window: fewest requests in a window")
+	fs.IntVar(&o.MaxRequests, "pick-max-requests", 15, "--pick-window: most requests in a window")
+	fs.Float64Var(&o.MaxGPUSeconds, "pick-max-gpu-s", 0, "--pick-window: bound on one replay's prefill work in GPU seconds at --gpu-tflops (6 caching backends prefill their misses, recompute everything; 0 = none)")
+	fs.IntVar(&o.Top, "pick-top", 5, "--pick-window: candidates printed")
 	return w
+}
+
+// pickWindow prints the best windows of the trace (harness.PickWindows).
+func (w *workloadFlags) pickWindow(stdout io.Writer, tracePath string, opts trace.Options, p model.Profile, warmMs, gpuFLOPs float64,
+	capBlocks int, maxKV int64) error {
+	parsed, err := parseTrace(tracePath, opts)
+	if err != nil {
+		return err
+	}
+	all, _, err := parsed.Select(trace.Window{})
+	if err != nil {
+		return err
+	}
+	o := w.pickO
+	o.WarmMs, o.CapacityBlocks, o.MaxKVBytes, o.GPUFLOPs, o.CachingBackends = warmMs, capBlocks, maxKV, gpuFLOPs, 6
+	if maxKV <= 0 {
+		o.MaxKVBytes = 16 << 30
+	}
+	cands := harness.PickWindows(all, p, o)
+	fmt.Fprintf(stdout, "%d windows of %d-%d requests, model %s, history %.0f ms; best first:\n", len(cands), o.MinRequests, o.MaxRequests, p.Name, warmMs)
+	for _, c := range cands {
+		u := c.Reuse
+		fmt.Fprintf(stdout, "--from-ms %.0f --requests %d (line %d): %d block refs, %d distinct (%.1f GiB), hits %d (%d from the warm set of %d blocks; %d with no capacity limit), hit ratio %.2f, largest request %.1f GiB of KV, prefill %.1f GPU s\n",
+			c.FromMs, c.Requests, c.Line, u.BlockRefs, u.Distinct, float64(c.DistinctBytes)/(1<<30), u.Hits, u.WarmHits, u.WarmBlocks, u.UnboundedHits,
+			c.HitRatio, float64(c.MaxKVBytes)/(1<<30), c.GPUSeconds)
+	}
+	if len(cands) == 0 {
+		return fmt.Errorf("no window fits the bounds")
+	}
+	return nil
 }
 
 func (w *workloadFlags) enabled() bool { return *w.name != "" }
