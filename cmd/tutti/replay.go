@@ -228,7 +228,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	cfg := harness.Config{
 		Requests: reqs, Profile: prof, Dirs: storeDirs, StorageLabel: *storageLabel, Backends: bs, CapacityBlocks: *capBlocks,
 		QueueDepth: *qd, Compute: comp, GPU: gpuCompute, SLOms: *sloMs, EBPF: !*noEBPF,
-		Progress: bar.Update, Warm: warm,
+		Progress: bar.Update, Warm: warm, Rounds: *wl.rounds,
 	}
 	if *noCeiling {
 		cfg.CeilingBytes = -1
@@ -334,17 +334,14 @@ func printSummary(w io.Writer, res *harness.Result) {
 	if res.Storage != "" || len(res.Dirs) > 1 {
 		fmt.Fprintf(w, "storage: %s; striped over %s\n", res.Storage, strings.Join(res.Dirs, ", "))
 	}
-	fmt.Fprintf(w, "%-18s %9s %9s %10s %10s %8s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "sum", "hit", "I/O/req", "CPU/GiB", "bad")
+	fmt.Fprintf(w, "%-18s %9s %9s %18s %10s %8s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "sum", "hit", "I/O/req", "CPU/GiB", "bad")
 	for _, b := range res.Backends {
 		if b.Skipped != "" {
 			fmt.Fprintf(w, "%-18s skipped: %s\n", b.Backend, b.Skipped)
 			continue
 		}
-		rate := fmt.Sprintf("%.3f", b.MaxRateAtSLO)
-		if b.MaxRateIsLowerBound {
-			rate = ">=" + rate
-		}
-		fmt.Fprintf(w, "%-18s %9.2f %9.2f %10s %10.2f %8.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
+		rate := rateText(b)
+		fmt.Fprintf(w, "%-18s %9.2f %9.2f %18s %10.2f %8.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
 			rate, b.BytesPerS/1e9, b.CeilingFraction, b.CeilingSumFraction, b.HitRatio, b.IOsPerRequestMean, b.CPUSPerGiB, b.VerifyMismatches)
 	}
 }

@@ -14,10 +14,11 @@ import (
 
 // workloadFlags are replay's flags for a generated workload (--workload).
 type workloadFlags struct {
-	name  *string
-	docqa workload.DocQA
-	pick  *bool
-	pickO harness.PickOptions
+	name   *string
+	docqa  workload.DocQA
+	pick   *bool
+	pickO  harness.PickOptions
+	rounds *int
 }
 
 // Workloads names what --workload takes.
@@ -36,6 +37,7 @@ func registerWorkloadFlags(fs *flag.FlagSet) *workloadFlags {
 	fs.IntVar(&d.MaxQuestionTokens, "docqa-max-question-tokens", d.MaxQuestionTokens, "docqa: longest question (tokens)")
 	fs.Float64Var(&d.RatePerS, "docqa-rate", d.RatePerS, "docqa: Poisson arrival rate (requests per second)")
 	fs.Uint64Var(&d.Seed, "docqa-seed", d.Seed, "docqa: seed (document lengths, question order and lengths, arrivals)")
+	w.rounds = fs.Int("rounds", 1, "replay the window this many times through every backend, interleaved (each round's order rotated): each row is the backend's median round by rate at SLO, with every round's range beside it (1..20)")
 	w.pick = fs.Bool("pick-window", false, "print the best windows of the trace for a replay (--from-ms, --requests) instead of replaying: "+
 		"most hits from the --warm-ms history, then most hits under --capacity-blocks, within the --pick-* bounds; any trace")
 	o := &w.pickO
@@ -91,6 +93,9 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 // window with its warm-up history and the trace's arrival spread.
 func replayRequests(fs *flag.FlagSet, w *workloadFlags, tracePath string, opts trace.Options, win trace.Window, warmMs float64,
 	blockTokens int, stderr io.Writer) ([]trace.Request, trace.Stats, *harness.Warm, string, error) {
+	if *w.rounds < 1 || *w.rounds > 20 {
+		return nil, trace.Stats{}, nil, "", usageErr(fs.Usage, fmt.Errorf("--rounds %d: want 1..20", *w.rounds))
+	}
 	if w.enabled() {
 		return w.requests(fs, tracePath, win, warmMs, blockTokens)
 	}
@@ -174,4 +179,18 @@ func printWindowNotes(w io.Writer, res *harness.Result) {
 	for _, n := range harness.WindowNotes(res) {
 		fmt.Fprintf(w, "NOTE: %s\n", n)
 	}
+}
+
+// rateText is the summary's rate at SLO: with several rounds the median
+// round's and the range over all of them.
+func rateText(b harness.BackendResult) string {
+	rate := fmt.Sprintf("%.3f", b.MaxRateAtSLO)
+	if b.MaxRateIsLowerBound {
+		rate = ">=" + rate
+	}
+	if b.Rounds != nil {
+		lo, hi := harness.MinMax(b.Rounds.MaxRateAtSLO)
+		rate += fmt.Sprintf(" [%.1f-%.1f]", lo, hi)
+	}
+	return rate
 }

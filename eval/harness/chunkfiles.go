@@ -204,15 +204,19 @@ func (c *chunkFiles) run(req *Request, write bool, from, to int) (int, error) {
 		return to, nil
 	}
 	done := make(chan chunkDone, n)
+	fed := make(chan struct{})
+	jobs, per, cp := c.jobs, c.perBlock, c.chunkPages
 	go func() {
+		defer close(fed)
 		for b := from; b < to; b++ {
 			pages := req.BlockPages(g.ChunkPages, b)
-			for s := 0; s < c.perBlock; s++ {
-				c.jobs <- chunkJob{write: write, id: req.Chain[b], sub: s, block: b, done: done,
-					pages: pages[s*c.chunkPages : (s+1)*c.chunkPages]}
+			for s := 0; s < per; s++ {
+				jobs <- chunkJob{write: write, id: req.Chain[b], sub: s, block: b, done: done,
+					pages: pages[s*cp : (s+1)*cp]}
 			}
 		}
 	}()
+	defer func() { <-fed }()
 	failed, firstErr := to, error(nil)
 	for i := 0; i < n; i++ {
 		d := <-done

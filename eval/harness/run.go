@@ -53,6 +53,9 @@ type Config struct {
 	// store root (ceilingAcross); 0 = 256 MiB, negative = do not measure a
 	// ceiling.
 	CeilingBytes int64
+	// Rounds is how many times every backend replays the window (≤ 1:
+	// once), interleaved: a comparison then carries its spread.
+	Rounds int
 	// Progress, if set, is called after each request of each backend.
 	Progress func(backend string, done, total int)
 	// Warm, when set, starts every caching backend's window from the store
@@ -67,8 +70,11 @@ type Config struct {
 type BackendResult struct {
 	Backend string `json:"backend"`
 	Label   string `json:"label,omitempty"`
-	Storage string `json:"storage,omitempty"` // Config.StorageLabel
-	Skipped string `json:"skipped,omitempty"` // why it did not run
+	// Rounds holds every round's figures when the replay ran several
+	// (Config.Rounds); the row's figures are its median round's.
+	Rounds  *RoundFigures `json:"rounds,omitempty"`
+	Storage string        `json:"storage,omitempty"` // Config.StorageLabel
+	Skipped string        `json:"skipped,omitempty"` // why it did not run
 
 	Requests                int     `json:"requests"`
 	TTFTmsP50               float64 `json:"ttft_ms_p50"`
@@ -299,16 +305,27 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	// The backends that finished are swept at the settled SLO also when a
 	// later one fails or the run is interrupted (their report is written).
-	defer settleSLO(cfg, res)
-	for _, b := range cfg.Backends {
-		if err := ctx.Err(); err != nil {
-			return res, err
+	// With several rounds, every round runs every backend (interleaved, each
+	// round's order rotated by one), and each backend's row is its median
+	// round by rate at SLO, with every round's figures beside it (rounds.go).
+	var rounds [][]BackendResult
+	defer func() { settleRounds(cfg, res, rounds) }()
+	n := len(cfg.Backends)
+	for r := 0; r < max(1, cfg.Rounds); r++ {
+		var round []BackendResult
+		rounds = append(rounds, nil)
+		for i := 0; i < n; i++ {
+			b := cfg.Backends[(i+r)%n]
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			br, err := runBackend(ctx, cfg, res, g.Layers, kv, b, warm)
+			if err != nil {
+				return res, fmt.Errorf("replay: backend %s (round %d): %w", b.Name(), r+1, err)
+			}
+			round = append(round, br)
+			rounds[r] = round
 		}
-		br, err := runBackend(ctx, cfg, res, g.Layers, kv, b, warm)
-		if err != nil {
-			return res, fmt.Errorf("replay: backend %s: %w", b.Name(), err)
-		}
-		res.Backends = append(res.Backends, br)
 	}
 	return res, nil
 }

@@ -185,6 +185,11 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		"times at scaled arrival rates (max rate: highest rate whose p90 TTFT meets the SLO). Restore GB/s is restored " +
 		"bytes over the summed restore times; CPU s/GiB is process CPU time during restores per GiB restored.\n\n")
 	p("## Results\n\n")
+	if rounds := roundsOf(res); rounds > 1 {
+		p("Every backend replayed the window %d times, interleaved (each round's order rotated by one); each row is the backend's median round by rate at SLO, with the range over the rounds: compare two backends by their ranges, not by one round's ratio.\n\n", rounds)
+	} else {
+		p("One round: on a shared or noisy machine one replay's ratio between two backends can be noise (run with --rounds N for each backend's spread).\n\n")
+	}
 	p("| backend | TTFT p50 ms | p90 | p99 | max rate at SLO (req/s) | restore GB/s | of ceiling | of sum | CPU s/GiB | hit ratio | I/Os per request | GPU stall ms | fallbacks | verify mismatches |\n")
 	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, b := range res.Backends {
@@ -195,6 +200,11 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		rate := fmt.Sprintf("%.3f", b.MaxRateAtSLO)
 		if b.MaxRateIsLowerBound {
 			rate = "≥ " + rate
+		}
+		if b.Rounds != nil {
+			lo, hi := harness.MinMax(b.Rounds.MaxRateAtSLO)
+			plo, phi := harness.MinMax(b.Rounds.TTFTmsP99)
+			rate += fmt.Sprintf(" (%.3f–%.3f over %d rounds; p99 %.2f–%.2f ms)", lo, hi, len(b.Rounds.MaxRateAtSLO), plo, phi)
 		}
 		p("| %s | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.1f | %.2f | %d | %d |\n",
 			b.Backend, b.TTFTmsP50, b.TTFTmsP90, b.TTFTmsP99, rate, b.BytesPerS/1e9, b.CeilingFraction, b.CeilingSumFraction,
@@ -289,6 +299,16 @@ func writeWarm(p func(string, ...any), res *harness.Result) {
 			b.WarmSeconds, b.WarmEvictedBlocks, b.WarmFallbacks, b.WarmNote)
 	}
 	p("\n")
+}
+
+// roundsOf is how many rounds the replay ran (1 when no row carries them).
+func roundsOf(res *harness.Result) int {
+	for _, b := range res.Backends {
+		if b.Rounds != nil {
+			return len(b.Rounds.MaxRateAtSLO)
+		}
+	}
+	return 1
 }
 
 // leftOut says which requests the machine's bounds left out or cut, for
