@@ -50,8 +50,9 @@ type Config struct {
 	// GPU next to its restore and its measured layer times replace Compute's.
 	GPU *GPUCompute
 	// CeilingBytes is the size of the devbench ceiling file, one in each
-	// store root (ceilingAcross); 0 = 256 MiB, negative = do not measure a
-	// ceiling.
+	// store root (ceilingAcross); 0 = the window's distinct block bytes
+	// (its working set) over the roots, within [256 MiB, 4 GiB] each,
+	// negative = do not measure a ceiling.
 	CeilingBytes int64
 	// Rounds is how many times every backend replays the window (≤ 1:
 	// once), interleaved: a comparison then carries its spread.
@@ -293,7 +294,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.CeilingBytes >= 0 {
 		size := cfg.CeilingBytes
 		if size == 0 {
-			size = 256 << 20
+			// Over a working set like the replay's (its distinct blocks,
+			// spread over the roots as the backends spread them), at least
+			// 256 MiB and at most 4 GiB per root: a small file reads faster
+			// than the working set a backend restores from.
+			size = min(max(sum.DistinctBlocks*g.ChunkBytes()/int64(len(roots)), 256<<20), 4<<30)
 		}
 		c, err := ceilingAcross(ctx, roots, size)
 		if err != nil {
