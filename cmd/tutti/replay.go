@@ -344,6 +344,7 @@ func printSummary(w io.Writer, res *harness.Result) {
 		fmt.Fprintf(w, "%-18s %9.2f %9.2f %18s %10.2f %8.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
 			rate, b.BytesPerS/1e9, b.CeilingFraction, b.CeilingSumFraction, b.HitRatio, b.IOsPerRequestMean, b.CPUSPerGiB, b.VerifyMismatches)
 	}
+	printBelowNotes(w, res)
 }
 
 // parseTrace reads and parses the whole trace at path (the embedded window

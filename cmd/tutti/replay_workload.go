@@ -181,6 +181,14 @@ func printWindowNotes(w io.Writer, res *harness.Result) {
 	}
 }
 
+// printBelowNotes prints why tutti-cpu is below a backend, where it is
+// (harness.BelowNotes).
+func printBelowNotes(w io.Writer, res *harness.Result) {
+	for _, n := range harness.BelowNotes(res) {
+		fmt.Fprintf(w, "WHY: %s\n", n)
+	}
+}
+
 // rateText is the summary's rate at SLO: with several rounds the median
 // round's and the range over all of them.
 func rateText(b harness.BackendResult) string {

@@ -59,3 +59,26 @@ func TestAnalyzeWindowAndNotes(t *testing.T) {
 		})
 	}
 }
+
+func TestBelowNotes(t *testing.T) {
+	res := &Result{Backends: []BackendResult{
+		{Backend: "tutti-cpu", MaxRateAtSLO: 10, HitRatio: 0.1, BytesPerS: 1e9, DirectIO: true, RestoredBytes: 1 << 30},
+		{Backend: "lmcache-disk", MaxRateAtSLO: 12, HitRatio: 0.2, BytesPerS: 2e9, RestoredBytes: 1 << 30, DeviceReadBytes: 1 << 20},
+		{Backend: "vllm-fs", MaxRateAtSLO: 5, HitRatio: 0.2},
+		{Backend: "dram", MaxRateAtSLO: 20, HitRatio: 0.1, BytesPerS: 9e9},
+	}}
+	got := strings.Join(BelowNotes(res), "\n")
+	for _, want := range []string{"lmcache-disk's rate at SLO 12.000", "planner recomputed", "page cache", "2.00 GB/s", "one round only", "DRAM tier is the bound"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("notes %q lack %q", got, want)
+		}
+	}
+	if strings.Contains(got, "vllm-fs") {
+		t.Fatalf("notes %q explain a backend below tutti-cpu", got)
+	}
+	res.Backends[0].Rounds = &RoundFigures{MaxRateAtSLO: []float64{8, 10, 13}}
+	res.Backends[1].Rounds = &RoundFigures{MaxRateAtSLO: []float64{11, 12, 14}}
+	if got := strings.Join(BelowNotes(res), "\n"); !strings.Contains(got, "within the spread over 3 rounds") {
+		t.Fatalf("notes %q do not say the rounds overlap", got)
+	}
+}

@@ -210,6 +210,12 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 			b.Backend, b.TTFTmsP50, b.TTFTmsP90, b.TTFTmsP99, rate, b.BytesPerS/1e9, b.CeilingFraction, b.CeilingSumFraction,
 			b.CPUSPerGiB, b.HitRatio, b.IOsPerRequestMean, b.GPUStallMsMean, b.Fallbacks+b.SaveFallbacks, b.VerifyMismatches)
 	}
+	if notes := harness.BelowNotes(res); len(notes) > 0 {
+		p("\n**Where tutti-cpu is below a backend, and why** (from this run's measurements):\n\n")
+		for _, n := range notes {
+			p("- %s\n", n)
+		}
+	}
 	p("\n### Data path proof\n\n")
 	p("| backend | restored | read by the backend | device read | source | diskstats read | device write | saved | evicted blocks | read latency p50/p99 µs | O_DIRECT |\n")
 	p("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |\n")
