@@ -39,7 +39,7 @@ func BelowNotes(res *Result) []string {
 		if t.HitRatio < b.HitRatio-1e-9 {
 			add("the planner recomputed cached blocks (hit ratio %.3f against %.3f)", t.HitRatio, b.HitRatio)
 		}
-		if b.RestoredBytes > 0 && !b.DirectIO && b.DeviceReadBytes < uint64(b.RestoredBytes) {
+		if b.Backend != "dram" && b.RestoredBytes > 0 && !b.DirectIO && b.DeviceReadBytes < uint64(b.RestoredBytes) {
 			add("%s restored from the page cache (device reads %d MiB of %d MiB restored)", b.Backend, b.DeviceReadBytes>>20, b.RestoredBytes>>20)
 		}
 		if b.BytesPerS > t.BytesPerS && t.BytesPerS > 0 {
