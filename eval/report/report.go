@@ -41,6 +41,7 @@ const (
 	JSONFile      = "results.json"
 	TTFTPlot      = "ttft_cdf.png"
 	SLOPlot       = "slo_vs_rate.png"
+	TTFTRatePlot  = "ttft_vs_rate.png"
 	BandwidthPlot = "bandwidth.png"
 	ServicesFile  = "services.json" // harness.ServiceLog: what `tutti resweep` replays again
 	WarmFile      = "warm.json"     // harness.WarmSummary, when the window started warm (--warm-ms)
@@ -54,7 +55,7 @@ func Write(dir string, res *harness.Result, meta Meta) (string, error) {
 	}
 	var plotErrs []string
 	for name, draw := range map[string]func(*harness.Result, string) error{
-		TTFTPlot: plotTTFT, SLOPlot: plotSLO, BandwidthPlot: plotBandwidth,
+		TTFTPlot: plotTTFT, SLOPlot: plotSLO, BandwidthPlot: plotBandwidth, TTFTRatePlot: plotTTFTRate,
 	} {
 		if err := draw(res, filepath.Join(dir, name)); err != nil {
 			plotErrs = append(plotErrs, fmt.Sprintf("%s: %v", name, err))
@@ -267,8 +268,8 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	if res.Warm != nil {
 		writeWarm(p, res)
 	}
-	p("\n## Plots\n\n![TTFT CDF](%s)\n\n![SLO attainment vs rate](%s)\n\n![device and restore bandwidth over time](%s)\n\n",
-		TTFTPlot, SLOPlot, BandwidthPlot)
+	p("\n## Plots\n\n![TTFT p50 and p99 vs request rate](%s)\n\n![SLO attainment vs rate](%s)\n\n![TTFT CDF](%s)\n\n![device and restore bandwidth over time](%s)\n\n",
+		TTFTRatePlot, SLOPlot, TTFTPlot, BandwidthPlot)
 	if len(plotErrs) > 0 {
 		p("Plot errors: %s\n\n", strings.Join(plotErrs, "; "))
 	}
@@ -430,6 +431,48 @@ func plotSLO(res *harness.Result, path string) error {
 		}
 	}
 	p.Legend.Top = false
+	p.Legend.Left = true
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// plotTTFTRate draws each backend's TTFT p50 (solid) and p99 (dashed)
+// against request rate, from its Sweep curve.
+func plotTTFTRate(res *harness.Result, path string) error {
+	p := newPlot("TTFT p50 (solid) and p99 (dashed) vs request rate ("+res.Model+")",
+		"request rate (req/s, log scale)", "TTFT (ms, log scale)")
+	logX(p)
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Min, p.Y.Max = 1, 10 // positive for the log scale; the lines extend it
+	for i, b := range ran(res) {
+		for k, q := range []func(harness.RatePoint) float64{
+			func(r harness.RatePoint) float64 { return r.P50ms },
+			func(r harness.RatePoint) float64 { return r.P99ms },
+		} {
+			var xys plotter.XYs
+			for _, pt := range b.Curve {
+				if v := q(pt); pt.RatePerS > 0 && v > 0 && !math.IsNaN(v) && !math.IsInf(v, 0) {
+					xys = append(xys, plotter.XY{X: pt.RatePerS, Y: v})
+				}
+			}
+			if len(xys) == 0 {
+				continue
+			}
+			l, err := plotter.NewLine(xys)
+			if err != nil {
+				return err
+			}
+			l.Color = plotutil.Color(i)
+			l.Width = vg.Points(1.5)
+			if k == 1 {
+				l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+			} else {
+				p.Legend.Add(b.Backend, l)
+			}
+			p.Add(l)
+		}
+	}
+	p.Legend.Top = true
 	p.Legend.Left = true
 	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
 }
