@@ -31,8 +31,12 @@
 // start (after what it has admitted, slowed by writes in flight) and cR when
 // the GPU can start this request. D_d only grows with k, so both inner maxima
 // are running maxima: F(k) costs O(1) per candidate and PlanLoad scans every k
-// (O(runs + blocks)) and takes the least F; ties go to less loading, so a
-// block is loaded only where that makes the first token strictly earlier.
+// (O(runs + blocks)) and takes the least F(k) + C(k): the first token plus
+// one layer's compute of what the split leaves to the GPU, so a cached block
+// is recomputed only where that makes the first token earlier by more than
+// the compute it adds to one layer (a slightly earlier first token is not
+// bought with a large recompute that delays every queued prefill); ties go
+// to less loading.
 // Reads are then queued as one cursor per (plan, device): O(layers + runs)
 // per plan, not one record per read.
 //

@@ -508,8 +508,19 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		c := layerC(k)
 		return max(cR+fL*c, A+fL*c, Bv+c)
 	}
+	// The decision rule: the split minimises F(k) + C(k), the first token plus
+	// one layer's compute of what it leaves to the GPU, not F(k) alone. F
+	// assumes the GPU waits for nobody but this request; a caller that does
+	// not know the GPU's queue (ComputeReadyNs = now) would otherwise trade
+	// a large recompute (quadratic attention over a long prefix) for a
+	// slightly earlier first token, which under load delays every queued prefill while loading would have
+	// overlapped the queue. One layer's compute is the least the recomputed
+	// tokens add beyond F to what the next prefill waits for; charging the
+	// whole L·C(k) instead would forgo splits that shorten the tail when
+	// the queue is known (sched/sim's replays).
 	A, Bv := math.Inf(-1), math.Inf(-1)
 	bestK, bestF := 0, finish(0, A, Bv)
+	bestS := bestF + layerC(0) // the rule's score of the best k so far
 	recomputeAll := bestF
 	lastF := bestF
 	k := 0
@@ -545,8 +556,8 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 				f = v
 			}
 			lastF = f
-			if f < bestF {
-				bestK, bestF = k, f
+			if sc := f + c; sc < bestS {
+				bestK, bestF, bestS = k, f, sc
 			}
 		}
 	}

@@ -29,8 +29,13 @@ func checkPlan(t *testing.T, p *Planner, plan Plan, req LoadRequest) {
 	if at != P {
 		t.Fatalf("not-admitted list %+v ends at %d, want %d", plan.NotAdmitted, at, P)
 	}
-	if plan.FirstTokenNs > plan.RecomputeAllNs {
-		t.Fatalf("plan finishes at %d, recomputing everything at %d", plan.FirstTokenNs, plan.RecomputeAllNs)
+	// The rule's score (first token plus one layer's compute) is never
+	// worse than recomputing everything.
+	gpu := func(k int) int64 {
+		return int64(p.compute.LayerNs((P-k)*p.cfg.BlockTokens+req.UncachedTokens, k*p.cfg.BlockTokens))
+	}
+	if s, s0 := plan.FirstTokenNs+gpu(plan.LoadBlocks), plan.RecomputeAllNs+gpu(0); s > s0+2 {
+		t.Fatalf("plan scores %d (finishes at %d), recomputing everything %d (at %d)", s, plan.FirstTokenNs, s0, plan.RecomputeAllNs)
 	}
 	if plan.LoadBlocks == 0 {
 		if len(plan.Reads) != 0 || len(plan.Segments) != 0 {

@@ -25,7 +25,7 @@ func init() {
 
 // defaultCPUBackends are what the no-flag run uses: every backend that needs
 // no GPU.
-var defaultCPUBackends = []string{"tutti-cpu", "per-block", "cufile", "pagecache", "dram", "recompute"}
+var defaultCPUBackends = []string{"tutti-cpu", "tutti-cpu-load-all", "lmcache-gds", "lmcache-disk", "vllm-fs", "dram", "recompute"}
 
 // defaultWindowRequests is how much of the embedded window the no-flag run replays.
 const defaultWindowRequests = 100
@@ -35,7 +35,7 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	tracePath := fs.String("trace", "", "Mooncake-format JSONL trace (default: the embedded 200-request window)")
 	dir := fs.String("dir", "", "store directory, or several comma-separated (one file system each, e.g. one per device) that every backend stripes over; each backend uses D/<backend> in each (default: a temporary directory, removed afterwards)")
 	storageLabel := fs.String("storage-label", "", "what the storage under --dir is, for the report and every JSON row (e.g. \"emulated storage (4 RAM-backed loop devices, ext4)\")")
-	backends := fs.String("backends", "", "comma-separated backends: "+strings.Join(harness.BackendNames, ",")+
+	backends := fs.String("backends", "", "comma-separated backends: "+strings.Join(harness.BackendNames, ",")+" (or, named only: "+strings.Join(harness.ExtraBackendNames, ",")+")"+
 		" (default: every backend this machine can run)")
 	modelName := fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
 	requests := fs.Int("requests", -1, "replay only the first N requests (0 = all; default: all of --trace, or the first 100 of the embedded window)")
@@ -64,6 +64,7 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	gpuWindow := fs.Int("tutti-gpu-window", 0, "tutti-gpu: GPU reads in flight (0: sized to the store's devices, runtime.GPUReadWindow)")
 	gpuMaxIO := fs.Int("tutti-gpu-max-io", 0, "tutti-gpu: largest read in bytes (0: the largest read every store device takes unsplit, from max_sectors_kb, at most 4 MiB)")
 	gpuLookahead := fs.Int("tutti-gpu-lookahead", 0, "tutti-gpu: layers in flight beyond the one waited for (0: one per store device, at least 2, at most 8)")
+	wl := registerWorkloadFlags(fs)
 	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
 	var kf kvFlags
 	kf.add(fs)
@@ -137,38 +138,22 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 		return usageErr(fs.Usage, fmt.Errorf("--warm-ms %v: want a duration ≥ 0", *warmMs))
 	}
 
-	// The trace.
-	traceDesc := eval.DefaultWindowName
-	if *tracePath != "" {
-		traceDesc = *tracePath
-	}
-	// Read and parsed once: the window, its warm-up history and the
-	// arrival spread are cut from it, each as a read of just that part
-	// would give it (trace.Parsed.Select).
-	parsed, err := parseTrace(*tracePath, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad})
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", traceDesc, err)
-	}
-	reqs, st, err := parsed.Select(trace.Window{First: *requests, FromMs: *fromMs, ToMs: *toMs})
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", traceDesc, err)
-	}
-	if len(reqs) == 0 {
-		return fmt.Errorf("%s: no requests in the window", traceDesc)
-	}
-	if st.Skipped > 0 {
-		fmt.Fprintf(stderr, "skipped %d malformed lines (first: %v)\n", st.Skipped, st.FirstSkipped)
-	}
-	var warm *harness.Warm
-	if *warmMs > 0 {
-		if warm, err = warmHistory(parsed, reqs[0].TimestampMs, *warmMs); err != nil {
-			return fmt.Errorf("reading the warm-up history of %s: %w", traceDesc, err)
+	if *wl.pick {
+		var maxKV int64
+		if *kvMem != "" {
+			if maxKV, err = devbench.ParseBytes(*kvMem); err != nil {
+				return usageErr(fs.Usage, fmt.Errorf("--kv-mem: %w", err))
+			}
 		}
+		return wl.pickWindow(stdout, *tracePath, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad}, prof, *warmMs, *gpuTFLOPs*1e12, *capBlocks, maxKV)
 	}
-	if err := spreadAsInTrace(reqs, parsed); err != nil {
-		return fmt.Errorf("spreading the arrivals of %s: %w", traceDesc, err)
+	// The requests: a generated workload (--workload, replay_workload.go)
+	// or a window of the trace.
+	reqs, st, warm, traceDesc, err := replayRequests(fs, wl, *tracePath, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad},
+		trace.Window{First: *requests, FromMs: *fromMs, ToMs: *toMs}, *warmMs, prof.BlockTokens(), stderr)
+	if err != nil {
+		return err
 	}
-	trace.Rebase(reqs)
 	if err := trace.Scale(reqs, *timeScale); err != nil {
 		return usageErr(fs.Usage, fmt.Errorf("--time-scale: %w", err))
 	}
@@ -263,7 +248,7 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	cfg := harness.Config{
 		Requests: reqs, Profile: prof, Dirs: storeDirs, StorageLabel: *storageLabel, Backends: bs, CapacityBlocks: *capBlocks,
 		QueueDepth: *qd, Compute: comp, GPU: gpuCompute, SLOms: *sloMs, EBPF: !*noEBPF,
-		Progress: progress, Warm: warm,
+		Progress: progress, Warm: warm, Rounds: *wl.rounds,
 	}
 	if *noCeiling {
 		cfg.CeilingBytes = -1
@@ -367,22 +352,21 @@ func printSummary(w io.Writer, res *harness.Result) {
 	if res.Warm != nil {
 		fmt.Fprintf(w, "start: %s\n", res.Warm.Note)
 	}
+	printWindowNotes(w, res)
 	if res.Storage != "" || len(res.Dirs) > 1 {
 		fmt.Fprintf(w, "storage: %s; striped over %s\n", res.Storage, strings.Join(res.Dirs, ", "))
 	}
-	fmt.Fprintf(w, "%-10s %9s %9s %10s %10s %8s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "sum", "hit", "I/O/req", "CPU/GiB", "bad")
+	fmt.Fprintf(w, "%-18s %9s %9s %18s %10s %8s %8s %8s %9s %8s %6s\n", "backend", "p50 ms", "p99 ms", "rate@SLO", "GB/s", "ceiling", "sum", "hit", "I/O/req", "CPU/GiB", "bad")
 	for _, b := range res.Backends {
 		if b.Skipped != "" {
-			fmt.Fprintf(w, "%-10s skipped: %s\n", b.Backend, b.Skipped)
+			fmt.Fprintf(w, "%-18s skipped: %s\n", b.Backend, b.Skipped)
 			continue
 		}
-		rate := fmt.Sprintf("%.3f", b.MaxRateAtSLO)
-		if b.MaxRateIsLowerBound {
-			rate = ">=" + rate
-		}
-		fmt.Fprintf(w, "%-10s %9.2f %9.2f %10s %10.2f %8.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
+		rate := rateText(b)
+		fmt.Fprintf(w, "%-18s %9.2f %9.2f %18s %10.2f %8.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
 			rate, b.BytesPerS/1e9, b.CeilingFraction, b.CeilingSumFraction, b.HitRatio, b.IOsPerRequestMean, b.CPUSPerGiB, b.VerifyMismatches)
 	}
+	printBelowNotes(w, res)
 }
 
 // parseTrace reads and parses the whole trace at path (the embedded window

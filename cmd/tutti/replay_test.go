@@ -19,7 +19,7 @@ func TestReplayInvariants(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	out := t.TempDir()
 	code := run([]string{"replay", "--requests", "30", "--json", "--no-ceiling", "--dir", t.TempDir(), "--out", out,
-		"--backends", "tutti-cpu,per-block,cufile,pagecache,dram,recompute"}, &stdout, &stderr)
+		"--backends", "tutti-cpu,lmcache-gds,lmcache-disk,vllm-fs,dram,recompute"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}

@@ -53,9 +53,9 @@ func (p *PageCache) DirectIO() bool { return p.direct }
 
 func (p *PageCache) Label() string {
 	if p.direct {
-		return "POSIX O_DIRECT bounce stand-in for cuFile (GDS compatibility mode): one file per chunk, one synchronous read per file; cuFile itself not used (host KV memory)"
+		return "one file per chain block, one synchronous O_DIRECT read per file through a host bounce: an older stand-in, not cuFile and not any product's design (lmcache-gds is LMCache's GDS design)"
 	}
-	return ""
+	return "one file per chain block, one synchronous buffered read per file: an older stand-in, not any product's design (lmcache-disk is LMCache's local disk design)"
 }
 
 func (p *PageCache) flags() int {

@@ -64,7 +64,10 @@ type pbOp struct {
 // NewPerBlock returns the per-block backend.
 func NewPerBlock() *PerBlock { return &PerBlock{} }
 
-func (p *PerBlock) Name() string   { return "per-block" }
+func (p *PerBlock) Name() string { return "per-block" }
+func (p *PerBlock) Label() string {
+	return "one O_DIRECT io_uring I/O per page and layer: the no-batching bound, not any product's design (an older stand-in; vllm-fs is vLLM's file tier)"
+}
 func (p *PerBlock) DirectIO() bool { return true }
 
 func (p *PerBlock) Available() error {

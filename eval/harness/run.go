@@ -50,9 +50,13 @@ type Config struct {
 	// GPU next to its restore and its measured layer times replace Compute's.
 	GPU *GPUCompute
 	// CeilingBytes is the size of the devbench ceiling file, one in each
-	// store root (ceilingAcross); 0 = 256 MiB, negative = do not measure a
-	// ceiling.
+	// store root (ceilingAcross); 0 = the window's distinct block bytes
+	// (its working set) over the roots, within [256 MiB, 4 GiB] each,
+	// negative = do not measure a ceiling.
 	CeilingBytes int64
+	// Rounds is how many times every backend replays the window (≤ 1:
+	// once), interleaved: a comparison then carries its spread.
+	Rounds int
 	// Progress, if set, is called after each request of each backend.
 	Progress func(backend string, done, total int)
 	// Warm, when set, starts every caching backend's window from the store
@@ -67,8 +71,11 @@ type Config struct {
 type BackendResult struct {
 	Backend string `json:"backend"`
 	Label   string `json:"label,omitempty"`
-	Storage string `json:"storage,omitempty"` // Config.StorageLabel
-	Skipped string `json:"skipped,omitempty"` // why it did not run
+	// Rounds holds every round's figures when the replay ran several
+	// (Config.Rounds); the row's figures are its median round's.
+	Rounds  *RoundFigures `json:"rounds,omitempty"`
+	Storage string        `json:"storage,omitempty"` // Config.StorageLabel
+	Skipped string        `json:"skipped,omitempty"` // why it did not run
 
 	Requests                int     `json:"requests"`
 	TTFTmsP50               float64 `json:"ttft_ms_p50"`
@@ -135,7 +142,8 @@ type BackendResult struct {
 type Result struct {
 	Model          string
 	Geometry       string
-	Oversize       int // requests left out: their KV exceeds MaxKVBytes
+	Oversize       int   // requests left out: their KV exceeds MaxKVBytes
+	MaxKVBytes     int64 // the engine KV memory bound those were measured against
 	CapacityNote   string
 	Dirs           []string // the store roots every backend striped over
 	Storage        string   // Config.StorageLabel
@@ -157,7 +165,10 @@ type Result struct {
 	ComputeModel      string
 	Backends          []BackendResult
 	// Warm describes the warm start; nil when none was asked for.
-	Warm    *WarmSummary
+	Warm *WarmSummary
+	// Reuse is what the window can reuse under the capacity, before any
+	// backend ran (AnalyzeWindow; WindowNotes says what it means).
+	Reuse   WindowReuse
 	Started time.Time
 	Host    string
 }
@@ -253,7 +264,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res := &Result{
 		Model: cfg.Profile.Name, Geometry: g.String(), Trace: sum,
 		CapacityBlocks: capBlocks, CapacityBytes: int64(capBlocks) * g.ChunkBytes(), CapacityNote: capNote,
-		Oversize: oversize, Dirs: roots, Storage: cfg.StorageLabel,
+		Oversize: oversize, MaxKVBytes: maxKV, Dirs: roots, Storage: cfg.StorageLabel,
 		DistinctBlocks: sum.DistinctBlocks, ComputeModel: cfg.Compute.Label,
 		Started: time.Now().UTC(), Host: host,
 	}
@@ -265,6 +276,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		warm, ws = planWarm(cfg.Warm, cfg.Requests, cfg.Profile.BlockTokens(), capBlocks, g.ChunkBytes())
 		res.Warm = &ws
 	}
+	res.Reuse = AnalyzeWindow(cfg.Requests, warm, capBlocks)
 	// One page pool for all backends, sized for the largest request.
 	kv, err := NewKVMemory(g, max(1, maxBlocks)*g.ChunkPages)
 	if err != nil {
@@ -287,7 +299,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.CeilingBytes >= 0 {
 		size := cfg.CeilingBytes
 		if size == 0 {
-			size = 256 << 20
+			// Over a working set like the replay's (its distinct blocks,
+			// spread over the roots as the backends spread them), at least
+			// 256 MiB and at most 4 GiB per root: a small file reads faster
+			// than the working set a backend restores from.
+			size = min(max(sum.DistinctBlocks*g.ChunkBytes()/int64(len(roots)), 256<<20), 4<<30)
 		}
 		c, err := ceilingAcross(ctx, roots, size)
 		if err != nil {
@@ -299,16 +315,27 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	// The backends that finished are swept at the settled SLO also when a
 	// later one fails or the run is interrupted (their report is written).
-	defer settleSLO(cfg, res)
-	for _, b := range cfg.Backends {
-		if err := ctx.Err(); err != nil {
-			return res, err
+	// With several rounds, every round runs every backend (interleaved, each
+	// round's order rotated by one), and each backend's row is its median
+	// round by rate at SLO, with every round's figures beside it (rounds.go).
+	var rounds [][]BackendResult
+	defer func() { settleRounds(cfg, res, rounds) }()
+	n := len(cfg.Backends)
+	for r := 0; r < max(1, cfg.Rounds); r++ {
+		var round []BackendResult
+		rounds = append(rounds, nil)
+		for i := 0; i < n; i++ {
+			b := cfg.Backends[(i+r)%n]
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			br, err := runBackend(ctx, cfg, res, g.Layers, kv, b, warm)
+			if err != nil {
+				return res, fmt.Errorf("replay: backend %s (round %d): %w", b.Name(), r+1, err)
+			}
+			round = append(round, br)
+			rounds[r] = round
 		}
-		br, err := runBackend(ctx, cfg, res, g.Layers, kv, b, warm)
-		if err != nil {
-			return res, fmt.Errorf("replay: backend %s: %w", b.Name(), err)
-		}
-		res.Backends = append(res.Backends, br)
 	}
 	return res, nil
 }

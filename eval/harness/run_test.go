@@ -40,7 +40,7 @@ func TestRunAllCPUBackends(t *testing.T) {
 		reqs := synthetic(24)
 		res, err := Run(context.Background(), Config{
 			Requests: reqs, Profile: p, Dir: t.TempDir(), CapacityBlocks: capBlocks,
-			Backends: []Backend{NewPageCache(), NewPerBlock(), NewCuFileStandIn(), NewDRAM(), Recompute{}, NewTuttiCPU(&comp)},
+			Backends: []Backend{NewPageCache(), NewPerBlock(), NewCuFileStandIn(), NewLMCacheDisk(), NewLMCacheGDS(), NewVLLMFS(), NewDRAM(), Recompute{}, NewTuttiCPU(&comp)},
 			Compute:  comp, EBPF: true, CeilingBytes: -1,
 		})
 		if err != nil {

@@ -84,7 +84,9 @@ func Simulate(svc []Service, scale float64) Outcome {
 type RatePoint struct {
 	RatePerS   float64
 	Attainment float64 // fraction of requests with TTFT ≤ SLO
+	P50ms      float64
 	P90ms      float64
+	P99ms      float64
 }
 
 // Sweep replays svc at request rates from 1/64 to 1024 times the base rate
@@ -107,8 +109,8 @@ func Sweep(svc []Service, sloMs float64) (curve []RatePoint, maxRate float64) {
 	for k := -24; k <= 40; k++ {
 		speed := math.Pow(2, float64(k)/4)
 		o := Simulate(svc, 1/speed)
-		pt := RatePoint{RatePerS: base * speed, Attainment: metrics.Attainment(o.TTFTms, sloMs),
-			P90ms: metrics.Percentile(o.TTFTms, 0.9)}
+		q := metrics.Summarize(o.TTFTms)
+		pt := RatePoint{RatePerS: base * speed, Attainment: metrics.Attainment(o.TTFTms, sloMs), P50ms: q.P50, P90ms: q.P90, P99ms: q.P99}
 		curve = append(curve, pt)
 		if pt.P90ms <= sloMs {
 			if firstBad == 0 {

@@ -24,6 +24,7 @@ import (
 type Tutti struct {
 	path    runtime.Path
 	compute *Compute
+	loadAll bool // tutti-cpu-load-all: the name of the planner-off variant
 	env     Env
 	store   *runtime.Store
 	label   string
@@ -78,12 +79,20 @@ func (t *Tutti) SetSaveBoundMs(ms int) { t.saveBoundMs = ms }
 // loading beats recomputing.
 func NewTuttiCPU(compute *Compute) *Tutti { return &Tutti{path: runtime.PathCPU, compute: compute} }
 
+// NewTuttiCPULoadAll is tutti's CPU path with no compute model given to the
+// scheduler, so it loads every cached block (tutti-cpu-load-all): the bound
+// tutti-cpu's planner must not fall below, run side by side with it.
+func NewTuttiCPULoadAll() *Tutti { return &Tutti{path: runtime.PathCPU, loadAll: true} }
+
 // NewTuttiGPU is tutti's GPU path (GPU-driven io_uring, kernels package).
 func NewTuttiGPU(compute *Compute) *Tutti { return &Tutti{path: runtime.PathGPU, compute: compute} }
 
 func (t *Tutti) Name() string {
-	if t.path == runtime.PathGPU {
+	switch {
+	case t.path == runtime.PathGPU:
 		return "tutti-gpu"
+	case t.loadAll:
+		return "tutti-cpu-load-all"
 	}
 	return "tutti-cpu"
 }

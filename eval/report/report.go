@@ -41,6 +41,7 @@ const (
 	JSONFile      = "results.json"
 	TTFTPlot      = "ttft_cdf.png"
 	SLOPlot       = "slo_vs_rate.png"
+	TTFTRatePlot  = "ttft_vs_rate.png"
 	BandwidthPlot = "bandwidth.png"
 	ServicesFile  = "services.json" // harness.ServiceLog: what `tutti resweep` replays again
 	WarmFile      = "warm.json"     // harness.WarmSummary, when the window started warm (--warm-ms)
@@ -54,7 +55,7 @@ func Write(dir string, res *harness.Result, meta Meta) (string, error) {
 	}
 	var plotErrs []string
 	for name, draw := range map[string]func(*harness.Result, string) error{
-		TTFTPlot: plotTTFT, SLOPlot: plotSLO, BandwidthPlot: plotBandwidth,
+		TTFTPlot: plotTTFT, SLOPlot: plotSLO, BandwidthPlot: plotBandwidth, TTFTRatePlot: plotTTFTRate,
 	} {
 		if err := draw(res, filepath.Join(dir, name)); err != nil {
 			plotErrs = append(plotErrs, fmt.Sprintf("%s: %v", name, err))
@@ -160,8 +161,11 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	} else {
 		p("| start | cold: every backend's store empty when the window starts (no --warm-ms) |\n")
 	}
-	if res.Oversize > 0 {
-		p("| left out | %d requests whose KV exceeds the engine memory bound (for every backend) |\n", res.Oversize)
+	p("| left out | %s |\n", leftOut(res))
+	p("| window reuse | %d of %d block references can hit under the capacity (%d with no capacity limit%s) |\n",
+		res.Reuse.Hits, res.Reuse.BlockRefs, res.Reuse.UnboundedHits, warmHits(res))
+	for _, n := range harness.WindowNotes(res) {
+		p("| **read this first** | %s |\n", n)
 	}
 	p("| engine KV memory | %s (host, per-layer layout) |\n", mib(res.KVMemoryBytes))
 	p("| compute | %s |\n", res.ComputeModel)
@@ -182,6 +186,11 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		"times at scaled arrival rates (max rate: highest rate whose p90 TTFT meets the SLO). Restore GB/s is restored " +
 		"bytes over the summed restore times; CPU s/GiB is process CPU time during restores per GiB restored.\n\n")
 	p("## Results\n\n")
+	if rounds := roundsOf(res); rounds > 1 {
+		p("Every backend replayed the window %d times, interleaved (each round's order rotated by one); each row is the backend's median round by rate at SLO, with the range over the rounds: compare two backends by their ranges, not by one round's ratio.\n\n", rounds)
+	} else {
+		p("One round: on a shared or noisy machine one replay's ratio between two backends can be noise (run with --rounds N for each backend's spread).\n\n")
+	}
 	p("| backend | TTFT p50 ms | p90 | p99 | max rate at SLO (req/s) | restore GB/s | of ceiling | of sum | CPU s/GiB | hit ratio | I/Os per request | GPU stall ms | fallbacks | verify mismatches |\n")
 	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, b := range res.Backends {
@@ -193,9 +202,20 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		if b.MaxRateIsLowerBound {
 			rate = "≥ " + rate
 		}
+		if b.Rounds != nil {
+			lo, hi := harness.MinMax(b.Rounds.MaxRateAtSLO)
+			plo, phi := harness.MinMax(b.Rounds.TTFTmsP99)
+			rate += fmt.Sprintf(" (%.3f–%.3f over %d rounds; p99 %.2f–%.2f ms)", lo, hi, len(b.Rounds.MaxRateAtSLO), plo, phi)
+		}
 		p("| %s | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.1f | %.2f | %d | %d |\n",
 			b.Backend, b.TTFTmsP50, b.TTFTmsP90, b.TTFTmsP99, rate, b.BytesPerS/1e9, b.CeilingFraction, b.CeilingSumFraction,
 			b.CPUSPerGiB, b.HitRatio, b.IOsPerRequestMean, b.GPUStallMsMean, b.Fallbacks+b.SaveFallbacks, b.VerifyMismatches)
+	}
+	if notes := harness.BelowNotes(res); len(notes) > 0 {
+		p("\n**Where tutti-cpu is below a backend, and why** (from this run's measurements):\n\n")
+		for _, n := range notes {
+			p("- %s\n", n)
+		}
 	}
 	p("\n### Data path proof\n\n")
 	p("| backend | restored | read by the backend | device read | source | diskstats read | device write | saved | evicted blocks | read latency p50/p99 µs | O_DIRECT |\n")
@@ -248,8 +268,8 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	if res.Warm != nil {
 		writeWarm(p, res)
 	}
-	p("\n## Plots\n\n![TTFT CDF](%s)\n\n![SLO attainment vs rate](%s)\n\n![device and restore bandwidth over time](%s)\n\n",
-		TTFTPlot, SLOPlot, BandwidthPlot)
+	p("\n## Plots\n\n![TTFT p50 and p99 vs request rate](%s)\n\n![SLO attainment vs rate](%s)\n\n![TTFT CDF](%s)\n\n![device and restore bandwidth over time](%s)\n\n",
+		TTFTRatePlot, SLOPlot, TTFTPlot, BandwidthPlot)
 	if len(plotErrs) > 0 {
 		p("Plot errors: %s\n\n", strings.Join(plotErrs, "; "))
 	}
@@ -286,6 +306,33 @@ func writeWarm(p func(string, ...any), res *harness.Result) {
 			b.WarmSeconds, b.WarmEvictedBlocks, b.WarmFallbacks, b.WarmNote)
 	}
 	p("\n")
+}
+
+// roundsOf is how many rounds the replay ran (1 when no row carries them).
+func roundsOf(res *harness.Result) int {
+	for _, b := range res.Backends {
+		if b.Rounds != nil {
+			return len(b.Rounds.MaxRateAtSLO)
+		}
+	}
+	return 1
+}
+
+// leftOut says which requests the machine's bounds left out or cut, for
+// every backend alike.
+func leftOut(res *harness.Result) string {
+	s := fmt.Sprintf("%d requests whose KV exceeds the engine memory bound of %s (--kv-mem; for every backend)", res.Oversize, mib(res.MaxKVBytes))
+	if n := res.Reuse.OverCapacity; n > 0 {
+		s += fmt.Sprintf("; %d requests longer than the storage capacity, saved only in part", n)
+	}
+	return s
+}
+
+func warmHits(res *harness.Result) string {
+	if res.Warm == nil {
+		return ""
+	}
+	return fmt.Sprintf("; %d of the hits from the warm-up's %d blocks", res.Reuse.WarmHits, res.Reuse.WarmBlocks)
 }
 
 func orNone(s string) string {
@@ -384,6 +431,48 @@ func plotSLO(res *harness.Result, path string) error {
 		}
 	}
 	p.Legend.Top = false
+	p.Legend.Left = true
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// plotTTFTRate draws each backend's TTFT p50 (solid) and p99 (dashed)
+// against request rate, from its Sweep curve.
+func plotTTFTRate(res *harness.Result, path string) error {
+	p := newPlot("TTFT p50 (solid) and p99 (dashed) vs request rate ("+res.Model+")",
+		"request rate (req/s, log scale)", "TTFT (ms, log scale)")
+	logX(p)
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Min, p.Y.Max = 1, 10 // positive for the log scale; the lines extend it
+	for i, b := range ran(res) {
+		for k, q := range []func(harness.RatePoint) float64{
+			func(r harness.RatePoint) float64 { return r.P50ms },
+			func(r harness.RatePoint) float64 { return r.P99ms },
+		} {
+			var xys plotter.XYs
+			for _, pt := range b.Curve {
+				if v := q(pt); pt.RatePerS > 0 && v > 0 && !math.IsNaN(v) && !math.IsInf(v, 0) {
+					xys = append(xys, plotter.XY{X: pt.RatePerS, Y: v})
+				}
+			}
+			if len(xys) == 0 {
+				continue
+			}
+			l, err := plotter.NewLine(xys)
+			if err != nil {
+				return err
+			}
+			l.Color = plotutil.Color(i)
+			l.Width = vg.Points(1.5)
+			if k == 1 {
+				l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+			} else {
+				p.Legend.Add(b.Backend, l)
+			}
+			p.Add(l)
+		}
+	}
+	p.Legend.Top = true
 	p.Legend.Left = true
 	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
 }
