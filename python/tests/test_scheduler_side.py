@@ -93,6 +93,21 @@ class SchedulerSideTest(unittest.TestCase):
         self.assertEqual(s.request_finished("r"), False)
         self.assertEqual(s.build_meta(NS(num_scheduled_tokens={"r": 1})).saves, [])
 
+    def test_save_carries_tokens_and_engine_hashes(self):
+        """For KV events: the save of a tracked request carries its prompt's
+        tokens of the saved blocks and the engine's hash bytes per block."""
+        s = SchedulerSide(FakeMatcher(0), BT)
+        chain = chain_of(3, 2)
+        req = NS(chain=chain, tokens=list(range(2 * BT + 3)), hashes=[b"a" * 32, b"b" * 32])
+        s.track("r", req, lambda r: r.chain, 2 * BT + 3, tokens_of=lambda r: r.tokens, hashes_of=lambda r: r.hashes)
+        new = NS(req_id="r", block_ids=([4, 5, 6],), num_computed_tokens=0)
+        m = s.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None, num_scheduled_tokens={"r": 2 * BT + 3}))
+        self.assertEqual([(x.chain, x.tokens, x.hashes) for x in m.saves], [(chain, list(range(2 * BT)), req.hashes)])
+        s2 = SchedulerSide(FakeMatcher(0), BT)  # without them: neither is sent
+        s2.track("r", req, lambda r: r.chain, 2 * BT + 3)
+        m = s2.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None, num_scheduled_tokens={"r": 2 * BT + 3}))
+        self.assertEqual([(x.tokens, x.hashes) for x in m.saves], [(None, None)])
+
 
 class LookupServiceTest(unittest.TestCase):
     def setUp(self):

@@ -209,6 +209,7 @@ def _prototype(lib):
         "tutti_chain_from_tokens": (i32, [p(u32), u64, u32, u64, p(u64), u32, p(u32)]),
         "tutti_open_kv_events": (i32, [p(tutti_config), ctypes.c_char_p, p(u64)]),
         "tutti_save_tokens": (i32, [u64, p(u64), u32, p(i32), u32, p(u32), u64, p(u64)]),
+        "tutti_save_meta": (i32, [u64, p(u64), u32, p(i32), u32, p(u32), u64, p(ctypes.c_uint8), u32, p(u64)]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)

@@ -94,6 +94,8 @@ class _Tracker:
     chain_of: object  # callable(request) -> chain
     num_prompt_tokens: int
     block_ids: List[int]
+    tokens_of: object = None  # callable(request) -> token ids, for KV events (None: not published)
+    hashes_of: object = None  # callable(request) -> the engine's hash bytes per block, or None
     computed: int = 0  # tokens computed once the step runs
     saved: bool = False
 
@@ -162,11 +164,14 @@ class SchedulerSide:
         self.counters["promised_blocks"] += p.blocks
 
     # -- saves
-    def track(self, req_id: str, request, chain_of, num_prompt_tokens: int):
+    def track(self, req_id: str, request, chain_of, num_prompt_tokens: int, tokens_of=None, hashes_of=None):
         """Starts tracking a request for saves (call from the lookup, where
-        the engine hands the request object)."""
+        the engine hands the request object). ``tokens_of`` and ``hashes_of``
+        (callables of the request) give what a store publishing KV events
+        publishes with the saved blocks."""
         if req_id not in self._trackers:
-            self._trackers[req_id] = _Tracker(request, chain_of, num_prompt_tokens, [])
+            self._trackers[req_id] = _Tracker(request, chain_of, num_prompt_tokens, [], tokens_of=tokens_of,
+                                              hashes_of=hashes_of)
 
     def build_meta(self, step) -> StepMeta:
         meta = StepMeta(loads=self._loads)
@@ -220,7 +225,11 @@ class SchedulerSide:
             return None
         tr.saved = True
         self.counters["save_blocks"] += full
-        return SaveSpec(rid, list(chain[:full]), [int(b) for b in tr.block_ids[:full * cp]])
+        tokens = [int(t) for t in tr.tokens_of(tr.request)[:full * bt]] if tr.tokens_of else None
+        hashes = tr.hashes_of(tr.request) if tr.hashes_of else None
+        return SaveSpec(rid, list(chain[:full]), [int(b) for b in tr.block_ids[:full * cp]],
+                        tokens=tokens if tokens is not None and len(tokens) == full * bt else None,
+                        hashes=list(hashes[:full]) if hashes is not None and len(hashes) >= full else None)
 
     def request_finished(self, req_id: str) -> bool:
         self._trackers.pop(req_id, None)

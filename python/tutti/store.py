@@ -296,19 +296,32 @@ class Store:
         _lib.check(self._lib.tutti_match(self._h(), c, nc, skip, ttl_ms, ctypes.byref(h), ctypes.byref(n)), "tutti_match")
         return Hold(self, h.value, n.value)
 
-    def save(self, chain: Sequence[int], pages: Sequence[int], tokens: Sequence[int] = None) -> "Save":
+    def save(self, chain: Sequence[int], pages: Sequence[int], tokens: Sequence[int] = None,
+             hashes: Sequence[bytes] = None) -> "Save":
         """Starts saving ``chain``'s blocks from ``pages``; the pages must
-        stay unchanged until :meth:`Save.wait_gathered`. ``tokens`` (the
-        blocks' token ids, block_tokens per chain block) are published with
-        the blocks by a store opened with ``kv_events``."""
+        stay unchanged until :meth:`Save.wait_gathered`. For a store opened
+        with ``kv_events``: ``tokens`` (the blocks' token ids, block_tokens
+        per chain block) are published with the blocks, and ``hashes`` (the
+        engine's own hash of each block, e.g. vLLM's block hash bytes, all of
+        one length, 1..64 bytes) are published instead of the chain ids."""
         c, nc = _u64_array(chain, "chain")
         p, np_ = _i32_array(pages, "pages")
         h = ctypes.c_uint64()
-        if tokens is None:
+        if tokens is None and hashes is None:
             _lib.check(self._lib.tutti_save(self._h(), c, nc, p, np_, ctypes.byref(h)), "tutti_save")
-        else:
-            t, nt = _u32_array(tokens, "tokens")
-            _lib.check(self._lib.tutti_save_tokens(self._h(), c, nc, p, np_, t, nt, ctypes.byref(h)), "tutti_save_tokens")
+            return Save(self, h.value)
+        t, nt = _u32_array(tokens, "tokens") if tokens is not None else (None, 0)
+        hb, hlen = None, 0
+        if hashes is not None:
+            hashes = [bytes(x) for x in hashes]
+            if len(hashes) != nc:
+                raise ValueError(f"hashes: {len(hashes)} for {nc} chain blocks")
+            hlen = len(hashes[0]) if hashes else 0
+            if any(len(x) != hlen for x in hashes):
+                raise ValueError(f"hashes: lengths {sorted({len(x) for x in hashes})}, want one length")
+            joined = b"".join(hashes)
+            hb = (ctypes.c_uint8 * max(len(joined), 1)).from_buffer_copy(joined.ljust(max(len(joined), 1), b"\0"))
+        _lib.check(self._lib.tutti_save_meta(self._h(), c, nc, p, np_, t, nt, hb, hlen, ctypes.byref(h)), "tutti_save_meta")
         return Save(self, h.value)
 
     def wait_saves(self):

@@ -47,11 +47,21 @@ log = logging.getLogger("tutti.vllm")
 VLLM_COMMITS = ("003df29", "00f4240")
 
 _KEYS = {"dirs", "capacity_bytes", "path", "hold_ttl_ms", "lookup_socket_dir", "lookup_timeout_ms",
-         "pythonhashseed", "store_options"}
+         "pythonhashseed", "store_options", "kv_events"}
 _STORE_OPTIONS = {"queue_depth", "save_bound_ms", "staging_bytes", "staging_slot_bytes", "max_loads", "compute",
                   "device", "save_budget_bytes", "gpu_max_pages", "gpu_max_runs", "gpu_io_window",
                   "gpu_max_io_bytes", "gpu_lookahead", "gpu_reads_from_devices"}
 
+
+
+def _hash_bytes(request):
+    """vLLM's own block hashes as bytes (BlockHash is bytes since v0.10), the
+    ids a router that also hears vLLM's events knows; None for older vLLM
+    (then the chain ids are published)."""
+    hs = list(request.block_hashes)
+    if hs and all(isinstance(h, (bytes, bytearray)) and 0 < len(h) <= 64 for h in hs) and len({len(h) for h in hs}) == 1:
+        return [bytes(h) for h in hs]
+    return None
 
 @dataclass
 class Settings:
@@ -65,6 +75,7 @@ class Settings:
     lookup_timeout_ms: int = 2000
     pythonhashseed: str = "require"
     store_options: Dict[str, Any] = field(default_factory=dict)
+    kv_events: Optional[str] = None  # "tcp://HOST:PORT?replay=...&topic=kv@pod@model": docs/routers.md
 
     @staticmethod
     def parse(extra: Optional[dict]) -> "Settings":
@@ -82,6 +93,8 @@ class Settings:
             raise ValueError(f"kv_connector_extra_config.capacity_bytes = {s.capacity_bytes!r}: want bytes > 0 (per rank)")
         if s.path not in ("gpu", "cpu", "auto"):
             raise ValueError(f"kv_connector_extra_config.path = {s.path!r}: want 'gpu', 'cpu' or 'auto'")
+        if s.kv_events is not None and not isinstance(s.kv_events, str):
+            raise ValueError(f"kv_connector_extra_config.kv_events = {s.kv_events!r}: want an endpoint string (docs/routers.md)")
         if s.pythonhashseed not in ("require", "warn"):
             raise ValueError(f"kv_connector_extra_config.pythonhashseed = {s.pythonhashseed!r}: want 'require' or 'warn'")
         bad = set(s.store_options) - _STORE_OPTIONS
@@ -242,6 +255,11 @@ class TuttiConnector(KVConnectorBase_V1):
         elif (path == "cpu") != (lay.device == "cpu"):
             raise ValueError(f"kv_connector_extra_config.path = {path!r} but the KV cache is on {lay.device}")
         opts = dict(self.settings.store_options)
+        if self.settings.kv_events:
+            if self.tp_size > 1:
+                raise ValueError("kv_connector_extra_config.kv_events with tensor parallelism: not supported (each rank's "
+                                 "store holds a shard; a router must see a block only when every rank holds it)")
+            opts["kv_events"] = self.settings.kv_events
         if path == "gpu" and lay.device.startswith("cuda:"):
             opts.setdefault("gpu_device", int(lay.device.split(":")[1]))
 
@@ -367,7 +385,11 @@ class TuttiConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         sched = self._scheduler()
         rid = request.request_id
-        sched.track(rid, request, self._chain, int(request.num_prompt_tokens))
+        if self.settings.kv_events:
+            sched.track(rid, request, self._chain, int(request.num_prompt_tokens),
+                        tokens_of=lambda r: r.prompt_token_ids, hashes_of=_hash_bytes)
+        else:
+            sched.track(rid, request, self._chain, int(request.num_prompt_tokens))
         n = sched.get_num_new_matched_tokens(rid, self._chain(request), int(request.num_tokens), int(num_computed_tokens))
         return n, False
 

@@ -221,11 +221,15 @@ class LoadSpec:
 @dataclass
 class SaveSpec:
     """One request's save in a step: chain's blocks from block_ids (blocks
-    already stored are skipped by the store)."""
+    already stored are skipped by the store). ``tokens`` (block_tokens per
+    chain block) and ``hashes`` (the engine's own hash bytes per block) are
+    optional: a store publishing KV events publishes them with the blocks."""
 
     req_id: str
     chain: List[int]
     block_ids: List[int]
+    tokens: Optional[List[int]] = None
+    hashes: Optional[List[bytes]] = None
 
 
 @dataclass
@@ -390,7 +394,11 @@ class WorkerSide:
             n = min(len(spec.chain), len(spec.block_ids) // cp)
             if n == 0:
                 continue
-            self._saves.setdefault(spec.req_id, []).append(st.save(spec.chain[:n], spec.block_ids[:n * cp]))
+            bt = cp * st.geometry.page_tokens
+            tokens = spec.tokens[:n * bt] if spec.tokens is not None and len(spec.tokens) >= n * bt else None
+            hashes = spec.hashes[:n] if spec.hashes is not None and len(spec.hashes) >= n else None
+            self._saves.setdefault(spec.req_id, []).append(
+                st.save(spec.chain[:n], spec.block_ids[:n * cp], tokens=tokens, hashes=hashes))
 
     def wait_for_save(self):
         """Every save of the step has copied its pages out when this returns."""

@@ -353,6 +353,15 @@ int32_t tutti_get_gpu_reads(uint64_t store, char *buf, uint64_t len, uint64_t *o
 int32_t tutti_save_tokens(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t *pages, uint32_t num_pages,
                           uint32_t *tokens, uint64_t num_tokens, uint64_t *out_save);
 
+/* tutti_save with each block's metadata for KV events: token ids as in
+ * tutti_save_tokens (tokens may be NULL with num_tokens 0: hashes only) and
+ * the engine's own hash of each block (hashes: chain_len hashes of hash_bytes
+ * each, 1..64; NULL with hash_bytes 0: the chain ids are published), e.g.
+ * vLLM's block hash bytes, published instead of the chain ids. Both are
+ * copied before the call returns. */
+int32_t tutti_save_meta(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t *pages, uint32_t num_pages,
+                        uint32_t *tokens, uint64_t num_tokens, uint8_t *hashes, uint32_t hash_bytes, uint64_t *out_save);
+
 /* Derives the block-hash chain of a token sequence with the Go prefix
  * package's ChainFromTokens: one id per full block of block_tokens tokens (a
  * trailing partial block has none), id[i] = XXH64(LE64(id[i-1]) ||
