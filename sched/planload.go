@@ -14,17 +14,9 @@ import (
 // After PlanLoad the caller drives Dispatch/Complete until the plan's reads
 // completed (or calls Cancel), and may feed ObserveLayer as layers finish.
 func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
-	L := p.cfg.Layers
-	B := p.cfg.BlockTokens
-	P := 0
-	for i, r := range req.Runs {
-		if r.Device < 0 || r.Device >= len(p.devs) || r.Blocks <= 0 || r.BytesPerLayerPerBlock <= 0 {
-			return Plan{}, fmt.Errorf("plan load %d: run %d %+v: %w", req.ID, i, r, ErrBadRequest)
-		}
-		P += r.Blocks
-	}
-	if req.UncachedTokens < 0 || P > (math.MaxInt32-req.UncachedTokens)/B {
-		return Plan{}, fmt.Errorf("plan load %d: %d cached blocks, %d uncached tokens: %w", req.ID, P, req.UncachedTokens, ErrBadRequest)
+	P, err := p.checkLoad(req)
+	if err != nil {
+		return Plan{}, err
 	}
 	now := req.NowNs
 	cR := float64(max(req.ComputeReadyNs, now))
@@ -36,66 +28,136 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		d.t0 = float64(now) + d.model.LatencyNs() + d.pendingReadNs + (1-d.model.ReadShare())*d.inflightWriteNs
 		d.d = 0
 	}
+	kmax, capReason := p.admissionCap(req.Runs, P)
+	lc := p.newLayerCost(P*p.cfg.BlockTokens + req.UncachedTokens)
+	sp := p.chooseSplit(req.Runs, kmax, cR, lc)
 
-	// Admission cap: blocks whose reads fit each device's pending read bytes and
-	// the op table.
-	// Admission cap: blocks whose reads fit each device's pending read bytes,
-	// and a cursor per device touched in the planner's record table.
+	B := p.cfg.BlockTokens
+	plan := Plan{
+		ID:               req.ID,
+		CachedBlocks:     P,
+		LoadBlocks:       sp.bestK,
+		ComputeStartPos:  sp.bestK * B,
+		ComputeTokens:    (P-sp.bestK)*B + req.UncachedTokens,
+		RecomputeAllNs:   ceilNs(sp.recomputeAll),
+		LoadAdmissibleNs: ceilNs(sp.lastF),
+	}
+	c := lc.at(sp.bestK)
+	plan.LayerComputeNs = ceilNs(c)
+	plan.FirstTokenNs = ceilNs(sp.bestF)
+	if sp.bestK < kmax {
+		plan.NotAdmitted = append(plan.NotAdmitted, Rejection{sp.bestK, kmax, ReasonRecomputeFaster})
+	}
+	if kmax < P {
+		plan.NotAdmitted = append(plan.NotAdmitted, Rejection{kmax, P, capReason})
+	}
+	p.stats.Plans++
+	p.stats.CachedBlocks += int64(P)
+	p.stats.LoadedBlocks += int64(sp.bestK)
+	p.stats.BudgetCutBlocks += int64(P - kmax)
+	if sp.bestK == 0 {
+		plan.ComputeStartNs = ceilNs(cR)
+		return plan, nil
+	}
+	p.planSegments(&plan, req)
+	p.planLayers(&plan, req, cR, sp.bestF, c)
+	p.admitCursors(&plan)
+	return plan, nil
+}
+
+// checkLoad validates req and returns its cached blocks.
+func (p *Planner) checkLoad(req LoadRequest) (int, error) {
+	B := p.cfg.BlockTokens
+	P := 0
+	for i, r := range req.Runs {
+		if r.Device < 0 || r.Device >= len(p.devs) || r.Blocks <= 0 || r.BytesPerLayerPerBlock <= 0 {
+			return 0, fmt.Errorf("plan load %d: run %d %+v: %w", req.ID, i, r, ErrBadRequest)
+		}
+		P += r.Blocks
+	}
+	if req.UncachedTokens < 0 || P > (math.MaxInt32-req.UncachedTokens)/B {
+		return 0, fmt.Errorf("plan load %d: %d cached blocks, %d uncached tokens: %w", req.ID, P, req.UncachedTokens, ErrBadRequest)
+	}
+	return P, nil
+}
+
+// admissionCap returns how many of the P leading blocks the budgets admit and,
+// when fewer than P, why: blocks whose reads fit each device's pending read
+// bytes, and a cursor per device touched in the planner's record table. It
+// uses the devices' nseg and d as scratch and leaves them zero.
+func (p *Planner) admissionCap(runs []Run, P int) (int, Reason) {
+	L := p.cfg.Layers
 	kmax, capReason := P, ReasonNone
-	{
-		freeRecs := p.cfg.MaxPendingIOs - p.Pending()
-		pos := 0
-		for i := range p.devs {
-			p.devs[i].nseg = 0
-			p.devs[i].d = 0 // bytes admitted so far, as float scratch
-		}
-		for _, r := range req.Runs {
-			d := &p.devs[r.Device]
-			if d.nseg == 0 && freeRecs == 0 {
-				kmax, capReason = pos, ReasonQueueFull
-				break
-			}
-			room := d.cfg.MaxPendingReadBytes - d.pendingReadBytes - int64(d.d)
-			perBlock := int64(L) * r.BytesPerLayerPerBlock
-			fit := int(min(int64(r.Blocks), max(room, 0)/perBlock))
-			if fit > 0 {
-				if d.nseg == 0 {
-					freeRecs--
-				}
-				d.nseg++
-				d.d += float64(int64(fit) * perBlock)
-			}
-			if fit < r.Blocks {
-				kmax, capReason = pos+fit, ReasonReadBudget
-				break
-			}
-			pos += r.Blocks
-		}
-		for i := range p.devs {
-			p.devs[i].nseg = 0
-			p.devs[i].d = 0
-		}
+	freeRecs := p.cfg.MaxPendingIOs - p.Pending()
+	pos := 0
+	for i := range p.devs {
+		p.devs[i].nseg = 0
+		p.devs[i].d = 0 // bytes admitted so far, as float scratch
 	}
+	for _, r := range runs {
+		d := &p.devs[r.Device]
+		if d.nseg == 0 && freeRecs == 0 {
+			kmax, capReason = pos, ReasonQueueFull
+			break
+		}
+		room := d.cfg.MaxPendingReadBytes - d.pendingReadBytes - int64(d.d)
+		perBlock := int64(L) * r.BytesPerLayerPerBlock
+		fit := int(min(int64(r.Blocks), max(room, 0)/perBlock))
+		if fit > 0 {
+			if d.nseg == 0 {
+				freeRecs--
+			}
+			d.nseg++
+			d.d += float64(int64(fit) * perBlock)
+		}
+		if fit < r.Blocks {
+			kmax, capReason = pos+fit, ReasonReadBudget
+			break
+		}
+		pos += r.Blocks
+	}
+	for i := range p.devs {
+		p.devs[i].nseg = 0
+		p.devs[i].d = 0
+	}
+	return kmax, capReason
+}
 
-	// Split: F(k) = max(cR + L·C(k), A(k) + L·C(k), Bv(k) + C(k)) where C(k) is
-	// one layer's compute of the suffix from block k, and per device with reads
-	// A = t0 + D (first layer read), Bv = t0 + L·D (last layer read); D grows
-	// with k, so A and Bv are running maxima, O(1) per candidate.
+// layerCost is one layer's compute of the suffix from block k, the compute
+// model's LayerNs(total-k·B, k·B) with its scale applied once, for the scan.
+type layerCost struct {
+	a0, b0, c0 float64
+	total, B   int
+}
+
+func (p *Planner) newLayerCost(totalTokens int) layerCost {
 	scale := p.compute.Scale()
-	a0, b0, c0 := scale*p.compute.FixedNs, scale*p.compute.PerTokenNs, scale*p.compute.PerPairNs
-	total := P*B + req.UncachedTokens
-	layerC := func(k int) float64 { // = p.compute.LayerNs(total-k*B, k*B), inlined for the scan
-		n := float64(total - k*B)
-		if n <= 0 {
-			return 0
-		}
-		return a0 + b0*n + c0*(n*float64(k*B)+n*(n+1)/2)
+	return layerCost{a0: scale * p.compute.FixedNs, b0: scale * p.compute.PerTokenNs, c0: scale * p.compute.PerPairNs,
+		total: totalTokens, B: p.cfg.BlockTokens}
+}
+
+func (lc layerCost) at(k int) float64 {
+	n := float64(lc.total - k*lc.B)
+	if n <= 0 {
+		return 0
 	}
-	fL := float64(L)
-	finish := func(k int, A, Bv float64) float64 {
-		c := layerC(k)
-		return max(cR+fL*c, A+fL*c, Bv+c)
-	}
+	return lc.a0 + lc.b0*n + lc.c0*(n*float64(k*lc.B)+n*(n+1)/2)
+}
+
+// split is what chooseSplit found: the blocks to load and the predicted first
+// token with them, with none, and with all admissible blocks.
+type split struct {
+	bestK                      int
+	bestF, recomputeAll, lastF float64
+}
+
+// chooseSplit scans k = 0..kmax. F(k) = max(cR + L·C(k), A(k) + L·C(k),
+// Bv(k) + C(k)) where C(k) is one layer's compute of the suffix from block k,
+// and per device with reads A = t0 + D (first layer read), Bv = t0 + L·D
+// (last layer read); D grows with k, so A and Bv are running maxima, O(1) per
+// candidate. It accumulates each device's D in d.d (zeroed by admissionCap).
+func (p *Planner) chooseSplit(runs []Run, kmax int, cR float64, lc layerCost) split {
+	fL := float64(p.cfg.Layers)
 	// The decision rule: the split minimises F(k) + C(k), the first token plus
 	// one layer's compute of what it leaves to the GPU, not F(k) alone. F
 	// assumes the GPU waits for nobody but this request; a caller that does
@@ -107,12 +169,12 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 	// whole L·C(k) instead would forgo splits that shorten the tail when
 	// the queue is known (sched/sim's replays).
 	A, Bv := math.Inf(-1), math.Inf(-1)
-	bestK, bestF := 0, finish(0, A, Bv)
-	bestS := bestF + layerC(0) // the rule's score of the best k so far
-	recomputeAll := bestF
-	lastF := bestF
+	c0 := lc.at(0)
+	f0 := max(cR+fL*c0, A+fL*c0, Bv+c0)
+	s := split{bestK: 0, bestF: f0, recomputeAll: f0, lastF: f0}
+	bestS := f0 + lc.at(0) // the rule's score of the best k so far
 	k := 0
-	for _, r := range req.Runs {
+	for _, r := range runs {
 		if k >= kmax {
 			break
 		}
@@ -135,7 +197,7 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 				Bv = v
 			}
 			k++
-			c := layerC(k)
+			c := lc.at(k)
 			f := cR + fL*c
 			if v := A + fL*c; v > f {
 				f = v
@@ -143,52 +205,27 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 			if v := Bv + c; v > f {
 				f = v
 			}
-			lastF = f
+			s.lastF = f
 			if sc := f + c; sc < bestS {
-				bestK, bestF, bestS = k, f, sc
+				s.bestK, s.bestF, bestS = k, f, sc
 			}
 		}
 	}
+	return s
+}
 
-	plan := Plan{
-		ID:               req.ID,
-		CachedBlocks:     P,
-		LoadBlocks:       bestK,
-		ComputeStartPos:  bestK * B,
-		ComputeTokens:    (P-bestK)*B + req.UncachedTokens,
-		RecomputeAllNs:   ceilNs(recomputeAll),
-		LoadAdmissibleNs: ceilNs(lastF),
-	}
-	c := layerC(bestK)
-	plan.LayerComputeNs = ceilNs(c)
-	plan.FirstTokenNs = ceilNs(bestF)
-	if bestK < kmax {
-		plan.NotAdmitted = append(plan.NotAdmitted, Rejection{bestK, kmax, ReasonRecomputeFaster})
-	}
-	if kmax < P {
-		plan.NotAdmitted = append(plan.NotAdmitted, Rejection{kmax, P, capReason})
-	}
-	p.stats.Plans++
-	p.stats.CachedBlocks += int64(P)
-	p.stats.LoadedBlocks += int64(bestK)
-	p.stats.BudgetCutBlocks += int64(P - kmax)
-	if bestK == 0 {
-		plan.ComputeStartNs = ceilNs(cR)
-		return plan, nil
-	}
-
-	// Segments of [0, bestK) and each device's per-layer read time.
+// planSegments fills plan.Segments, the reads of [0, LoadBlocks), and leaves
+// in each device's d its per-layer read time and in nseg its segment count.
+func (p *Planner) planSegments(plan *Plan, req LoadRequest) {
 	plan.Segments = make([]Segment, 0, len(req.Runs))
-	{
-		k := 0
-		for ri, r := range req.Runs {
-			if k >= bestK {
-				break
-			}
-			n := min(r.Blocks, bestK-k)
-			k += n
-			plan.Segments = append(plan.Segments, Segment{Run: ri, Device: r.Device, Blocks: n, Bytes: int64(n) * r.BytesPerLayerPerBlock})
+	k := 0
+	for ri, r := range req.Runs {
+		if k >= plan.LoadBlocks {
+			break
 		}
+		n := min(r.Blocks, plan.LoadBlocks-k)
+		k += n
+		plan.Segments = append(plan.Segments, Segment{Run: ri, Device: r.Device, Blocks: n, Bytes: int64(n) * r.BytesPerLayerPerBlock})
 	}
 	for i := range p.devs {
 		p.devs[i].d, p.devs[i].nseg = 0, 0
@@ -198,6 +235,13 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		d.d += d.model.ReadNs(sg.Bytes)
 		d.nseg++
 	}
+}
+
+// planLayers fills the plan's compute start, per-layer deadlines and read
+// completions and (unless SegmentsOnly) its Reads, from the devices' t0, d and
+// nseg; bestF is the predicted first token and c one layer's compute.
+func (p *Planner) planLayers(plan *Plan, req LoadRequest, cR, bestF, c float64) {
+	L := p.cfg.Layers
 	if !req.SegmentsOnly {
 		plan.Reads = make([]IO, 0, L*len(plan.Segments))
 	}
@@ -228,6 +272,12 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 				Blocks: sg.Blocks, Bytes: sg.Bytes, DeadlineNs: plan.LayerDeadlineNs[l]})
 		}
 	}
+}
+
+// admitCursors queues the plan's reads: one cursor per device with segments,
+// pushed on the device's heap, and charges them to the device's budgets.
+func (p *Planner) admitCursors(plan *Plan) {
+	L := p.cfg.Layers
 	f := p.cfg.SlackFrac
 	for di := range p.devs {
 		d := &p.devs[di]
@@ -237,7 +287,7 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		ci := p.allocCursor()
 		cu := &p.cursors[ci]
 		p.seq++
-		*cu = cursor{reqID: req.ID, dev: di, deadline: plan.LayerDeadlineNs, t0: d.t0, dNs: d.d, seq: p.seq, live: true,
+		*cu = cursor{reqID: plan.ID, dev: di, deadline: plan.LayerDeadlineNs, t0: d.t0, dNs: d.d, seq: p.seq, live: true,
 			segs: make([]Segment, 0, d.nseg), segNs: make([]float64, 0, d.nseg),
 			segCumNs: make([]float64, 1, d.nseg+1), segCumB: make([]int64, 1, d.nseg+1),
 			slackMin: make([]float64, L+1), slackMinH: make([]float64, L+1)}
@@ -263,7 +313,6 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		d.pendingReads += L * len(cu.segs)
 		d.plannedTailNs = max(d.plannedTailNs, ceilNs(d.t0+float64(L)*d.d))
 	}
-	return plan, nil
 }
 
 func ceilNs(v float64) int64 {
