@@ -179,11 +179,10 @@ func TestSplitMonotone(t *testing.T) {
 	}
 }
 
-// A shallow model with a slow read (eval's tiny shape, 2 layers, on a
-// contended dev VM at ~1 GB/s): F alone recomputes ~60 of 145 cached blocks
-// (quadratic attention: tens of ms of GPU time) for a first token a few ms
-// earlier. The rule loads them all: the first token it gives up is less than
-// one layer of that recompute.
+// A shallow model (2 layers) with a slow read: F alone would recompute a
+// large share of the cached blocks (quadratic attention: far more GPU time
+// than the reads) for a slightly earlier first token. The rule loads them
+// all: the first token it gives up is less than one layer of that recompute.
 func TestSplitDoesNotBuyLatencyWithLargeRecompute(t *testing.T) {
 	m, err := ComputeFromFLOPs(FLOPsProfile{LinearFLOPsPerToken: 2 * 220e6 / 2, AttnFLOPsPerPair: 8 * 2 * 128,
 		GEMMFLOPsPerSec: 495e12, FixedNs: 20e3})

@@ -2,7 +2,7 @@ package sched
 
 import "testing"
 
-// Llama-3-8B-like shape on an H200-class GPU: 32 layers, 8 KV heads × 128 dims,
+// Llama-3-8B-like shape on a datacenter-class GPU: 32 layers, 8 KV heads × 128 dims,
 // BF16, K and V: 2 MiB per layer per 512-token block.
 const (
 	testLayers     = 32

@@ -35,7 +35,7 @@
 // Buffers, Iovecs and Files must outlive the I/O that uses them; Close of a
 // ring with I/O in flight is refused (drain with Flush first).
 //
-// # Kernel features (measured on the dev machine, Linux 6.18)
+// # Kernel features (each checked by the test named, on Linux 6.18)
 //
 //   - SQPOLL (+SQ_AFF, sq_thread_idle), SINGLE_ISSUER, DEFER_TASKRUN,
 //     COOP_TASKRUN+TASKRUN_FLAG and NO_MMAP are all accepted. A flag the kernel
@@ -48,10 +48,10 @@
 //     4 KiB pages for multi-page rings (TestNoMmapLargeRing: 1024 entries,
 //     104 KiB). Kernels 6.5–6.12 require each multi-page region to be one
 //     folio; New therefore tries a 2 MiB MAP_HUGETLB mapping first (used when
-//     vm.nr_hugepages > 0: verified here with 2 reserved pages, the 2 MiB
-//     huge-page ring did real I/O; with none reserved, plain pages are used)
-//     and reports EINVAL from such kernels with that explanation. Ubuntu 24.04's 6.8 (the GPU machine) is one of
-//     them: reserve huge pages (vm.nr_hugepages) or keep the ring ≤ 1 page.
+//     vm.nr_hugepages > 0; with none reserved, plain pages are used) and
+//     reports EINVAL from such kernels with that explanation. Ubuntu 24.04's
+//     6.8 is one of them: reserve huge pages (vm.nr_hugepages) or keep the
+//     ring ≤ 1 page.
 //   - getrusage(RUSAGE_SELF) includes the iou-sqp thread's CPU time on 6.18
 //     (TestSQPollCPUTimeInRusage), so CPU accounting must not add
 //     SQPollCPUTime to it again.

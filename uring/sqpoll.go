@@ -25,8 +25,8 @@ func (r *Ring) SQPollTID() int {
 }
 
 // SQPollCPUTime is the CPU time (utime+stime from /proc/self/task/TID/stat,
-// 10 ms resolution) of this ring's iou-sqp thread. On Linux 6.18 (measured,
-// see TestSQPollCPUTimeInRusage) getrusage(RUSAGE_SELF) already includes it,
+// 10 ms resolution) of this ring's iou-sqp thread. On Linux 6.18
+// (TestSQPollCPUTimeInRusage checks it) getrusage(RUSAGE_SELF) already includes it,
 // because the io thread belongs to the process's thread group: add it to
 // rusage only on kernels where that test says otherwise.
 func (r *Ring) SQPollCPUTime() (time.Duration, error) {

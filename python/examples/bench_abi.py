@@ -96,7 +96,7 @@ def main():
     out = {"geometry": g.__dict__, "blocks": a.blocks}
     bufs = []
     st = tutti.Store([d], 4 * a.blocks * g.page_bytes_per_layer * g.layers + (64 << 20), g, num_pages,
-                     staging_bytes=64 << 20, staging_slot_bytes=16 << 20)
+                     io=tutti.IOOptions(staging_bytes=64 << 20, staging_slot_bytes=16 << 20))
     try:
         n = g.tensor_bytes("per_layer", num_pages)
         for _ in range(g.layers):

@@ -138,12 +138,12 @@ def _layer_name(i):
 def _open_worker(dirs, pool, path, capacity):
     """tutti's worker side (the vLLM connector's) over the pool: layer
     registration from the tensors' shapes and strides, loads, waits, saves."""
-    from tutti import Store, worker_side
+    from tutti import GPUOptions, Store, worker_side
 
     def opener(lay):
         # A restore moves the whole prefix at once: no cut below the pool's pages.
         return Store(dirs, capacity, lay.geometry, lay.num_pages, layout=lay.layout, path=path,
-                     gpu_max_pages=lay.num_pages)
+                     gpu=GPUOptions(max_pages=lay.num_pages))
 
     w = worker_side.WorkerSide(opener)
     try:

@@ -102,9 +102,6 @@ def parse_args(argv=None):
     p.add_argument("--wait", choices=("auto", "host", "stream"), default="auto",
                    help="GPU path: wait for a layer on the host, or make torch's stream wait (auto: stream)")
     p.add_argument("--device", default="cuda", help="torch device; 'cpu' only smoke-tests the flow (tiny shapes)")
-    p.add_argument("--gpu-reads-from-devices", action="store_true",
-                   help="GPU path: size the reads to the store dirs' disks at open (window, largest read, "
-                        "lookahead; tutti.Store's gpu_reads_from_devices) instead of the library defaults")
     a = p.parse_args(argv)
     if a.reps < 1 or a.warmup < 0:
         p.error("--reps must be >= 1 and --warmup >= 0")
@@ -398,10 +395,10 @@ def main(argv=None):
         # sized for all of them (4x the modelled write time).
         save_bytes = n_prefixes * prefix_kv_bytes
         return tutti.Store(dirs, capacity, geom, num_pages, layout="per_layer", path=path,
-                           gpu_max_pages=n_pages_prefix if path == "gpu" else 0,
-                           save_bound_ms=min(600_000, max(2000, math.ceil(4 * save_bytes / 1e6))),
-                           save_budget_bytes=int(1.25 * save_bytes) + (64 << 20),
-                           gpu_reads_from_devices=a.gpu_reads_from_devices)
+                           gpu=tutti.GPUOptions(max_pages=n_pages_prefix if path == "gpu" else 0),
+                           sched=tutti.SchedOptions(
+                               save_bound_ms=min(600_000, max(2000, math.ceil(4 * save_bytes / 1e6))),
+                               save_budget_bytes=int(1.25 * save_bytes) + (64 << 20)))
 
     def connect(path):
         """Opens a store on `path` and registers the KV memory with a
@@ -436,7 +433,7 @@ def main(argv=None):
         store, conn, host = connect(path)
     report["path"] = path
     report["layer_wait"] = "stream" if conn.stream_wait else "host"
-    report["gpu_reads"] = store.gpu_reads() or "library defaults (window queue_depth, 1 MiB reads, lookahead 1)"
+    report["gpu_reads"] = store.gpu_reads()
     print("GPU reads:", report["gpu_reads"], flush=True)
 
     try:

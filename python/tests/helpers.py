@@ -35,6 +35,8 @@ class HostBuffer:
 
 SMALL = tutti.Geometry(layers=4, kv_heads=2, head_dim=64, dtype="fp16", planes=2, page_tokens=16, chunk_pages=1)
 NUM_PAGES = 64
+# Small staging: the tests move a few KiB at a time.
+SMALL_IO = tutti.IOOptions(staging_bytes=4 << 20, staging_slot_bytes=1 << 20)
 
 
 def small_geometry(**kw):
@@ -46,11 +48,12 @@ def small_geometry(**kw):
 class StoreFixture:
     """A CPU-path store in a temporary directory with host KV memory."""
 
-    def __init__(self, geometry=SMALL, num_pages=NUM_PAGES, layout="per_layer", capacity_bytes=64 << 20, **kw):
+    def __init__(self, geometry=SMALL, num_pages=NUM_PAGES, layout="per_layer", capacity_bytes=64 << 20, io=SMALL_IO,
+                 **kw):
         self.dir = tempfile.mkdtemp(prefix="tutti-pytest-")
         self.geometry, self.num_pages, self.layout = geometry, num_pages, layout
-        self.store = tutti.Store([self.dir], capacity_bytes, geometry, num_pages, layout=layout, path="cpu",
-                                 staging_bytes=4 << 20, staging_slot_bytes=1 << 20, **kw)
+        self.store = tutti.Store([self.dir], capacity_bytes, geometry, num_pages, layout=layout, path="cpu", io=io,
+                                 **kw)
         n = geometry.tensor_bytes(layout, num_pages)
         count = geometry.layers if layout == "per_layer" else 1
         self.bufs = [HostBuffer(n) for _ in range(count)]

@@ -2,17 +2,18 @@
 really run concurrently in the library), and a close racing with users."""
 
 import ctypes
+import dataclasses
 import threading
 import unittest
 
 import tutti
 
-from helpers import StoreFixture, SMALL
+from helpers import SMALL_IO, StoreFixture, SMALL
 
 
 class ConcurrencyTest(unittest.TestCase):
     def test_threads_round_trip(self):
-        fx = StoreFixture(num_pages=128, max_loads=8)
+        fx = StoreFixture(num_pages=128, io=dataclasses.replace(SMALL_IO, max_loads=8))
         self.addCleanup(fx.close)
         st = fx.store
         st.register_kv(fx.regions())

@@ -10,7 +10,7 @@ import unittest
 import tutti
 from tutti import _lib
 
-from helpers import HostBuffer, NUM_PAGES, SMALL, StoreFixture, small_geometry
+from helpers import HostBuffer, NUM_PAGES, SMALL, SMALL_IO, StoreFixture, small_geometry
 
 
 def chain_of(seed, n):
@@ -163,11 +163,11 @@ class RoundTripTest(unittest.TestCase):
         chain = chain_of(3, 3)
         buf = HostBuffer(SMALL.tensor_bytes("per_layer", NUM_PAGES))
         self.addCleanup(buf.close)
-        with tutti.Store([d], 64 << 20, SMALL, NUM_PAGES, staging_bytes=4 << 20, staging_slot_bytes=1 << 20) as st:
+        with tutti.Store([d], 64 << 20, SMALL, NUM_PAGES, io=SMALL_IO) as st:
             st.register_kv([(buf.addr, buf.nbytes)] * SMALL.layers)
             st.save(chain, [1, 2, 3]).release()
             st.wait_saves()
-        with tutti.Store([d], 64 << 20, SMALL, NUM_PAGES, staging_bytes=4 << 20, staging_slot_bytes=1 << 20) as st:
+        with tutti.Store([d], 64 << 20, SMALL, NUM_PAGES, io=SMALL_IO) as st:
             self.assertEqual(st.lookup(chain), 3)
             self.assertEqual(st.recovery(), {"indexed_runs": 1, "indexed_blocks": 3, "dropped_runs": 0})
 
@@ -348,8 +348,8 @@ class ConfigErrorTest(unittest.TestCase):
 
     def test_bad_fields(self):
         for kw, frag in ((dict(num_pages=0), "num_pages"), (dict(capacity_bytes=0), "CapacityBytes"),
-                         (dict(queue_depth=-1), "QueueDepth"), (dict(dirs=[]), "num_dirs"),
-                         (dict(save_budget_bytes=-1), "SaveBudgetBytes")):
+                         (dict(io=tutti.IOOptions(queue_depth=-1)), "QueueDepth"), (dict(dirs=[]), "num_dirs"),
+                         (dict(sched=tutti.SchedOptions(save_budget_bytes=-1)), "SaveBudgetBytes")):
             with self.assertRaises(tutti.InvalidArgument, msg=str(kw)) as cm:
                 self.open(**kw)
             self.assertIn(frag, str(cm.exception))
@@ -389,21 +389,52 @@ class ConfigErrorTest(unittest.TestCase):
         self.assertEqual(lib.tutti_close(h.value), 0, tutti.last_error())
 
     def test_gpu_reads(self):
-        for kw, frag in ((dict(gpu_max_io_bytes=4097), "GPU.MaxIOBytes"), (dict(gpu_io_window=5000), "GPU.IOWindow"),
-                         (dict(gpu_lookahead=17), "GPU.Lookahead")):
+        for gpu, frag in ((tutti.GPUOptions(max_io_bytes=4097), "GPU.MaxIOBytes"),
+                          (tutti.GPUOptions(io_window=5000), "GPU.IOWindow"), (tutti.GPUOptions(lookahead=17), "GPU.Lookahead")):
             with self.assertRaises(tutti.InvalidArgument) as cm:
-                self.open(**kw)
+                self.open(gpu=gpu)
             self.assertIn(frag, str(cm.exception))
-        self.open(gpu_io_window=384, gpu_max_io_bytes=4 << 20, gpu_lookahead=4).close()
+        self.open(gpu=tutti.GPUOptions(io_window=384, max_io_bytes=4 << 20, lookahead=4)).close()
 
-    def test_gpu_reads_from_devices(self):
-        """Sized to the devices by default (the flag asks for it again), a set
-        value winning (what could not be read: runtime's TestDeviceSizedGPUReads)."""
+    def test_gpu_reads_sized_to_devices(self):
+        """Sized to the devices by default, a set value winning (what could
+        not be read: runtime's TestDeviceSizedGPUReads)."""
         with self.open() as st:
             self.assertRegex(st.gpu_reads(), r"^window \d+ reads, largest read \d+ KiB, lookahead \d+ layers")
-        with self.open(gpu_reads_from_devices=True, gpu_lookahead=3) as st:
+        with self.open(gpu=tutti.GPUOptions(lookahead=3)) as st:
             text = st.gpu_reads()
             self.assertRegex(text, r"^window \d+ reads, largest read \d+ KiB, lookahead 3 layers \(1 directories\)")
+
+    def test_flat_keywords_deprecated(self):
+        """The flat keywords of earlier releases still set their field and
+        warn with the grouped spelling; gpu_reads_from_devices changes
+        nothing; a flat keyword next to its group, or an unknown one, fails."""
+        with self.assertWarns(DeprecationWarning) as cm:
+            st = self.open(gpu_lookahead=3, staging_bytes=4 << 20, staging_slot_bytes=1 << 20)
+        with st:
+            self.assertIn("lookahead 3 layers", st.gpu_reads())
+        self.assertIn("gpu=GPUOptions(lookahead=...)", str(cm.warning))
+        with self.assertRaises(tutti.InvalidArgument) as cm:
+            with self.assertWarns(DeprecationWarning):
+                self.open(queue_depth=-1)
+        self.assertIn("QueueDepth", str(cm.exception))
+        with self.assertWarnsRegex(DeprecationWarning, "changes nothing"):
+            with self.open() as a:
+                want = a.gpu_reads()
+            with self.open(gpu_reads_from_devices=True) as b:
+                self.assertEqual(b.gpu_reads(), want)
+        with self.assertRaisesRegex(TypeError, r"io=IOOptions\(max_loads=...\)"):
+            self.open(io=SMALL_IO, max_loads=4)
+        with self.assertRaisesRegex(TypeError, "gpu_windw"):
+            self.open(gpu_windw=4)
+
+    def test_flat_table_covers_groups(self):
+        """Every field of every group has exactly one flat keyword."""
+        from dataclasses import fields
+        from tutti import options
+        for group, cls in options.GROUPS.items():
+            want = sorted((group, f.name) for f in fields(cls))
+            self.assertEqual(sorted(v for v in options.FLAT.values() if v[0] == group), want, group)
 
     def test_gpu_path_without_gpu(self):
         try:
@@ -415,18 +446,18 @@ class ConfigErrorTest(unittest.TestCase):
 
     def test_bad_device_profile(self):
         with self.assertRaises(tutti.InvalidArgument) as cm:
-            self.open(device=dict(read_bytes_per_sec=-1))
+            self.open(sched=tutti.SchedOptions(device=dict(read_bytes_per_sec=-1)))
         self.assertIn("device", str(cm.exception))
         with self.assertRaises(ValueError):
-            self.open(compute=dict(per_flop_ns=1))
+            self.open(sched=tutti.SchedOptions(compute=dict(per_flop_ns=1)))
 
     def test_compute_model_plans_recompute(self):
         # Recomputation nearly free, a slow device: the scheduler loads less
         # than is stored, and the load says so up front.
-        st = self.open(compute=dict(per_token_ns=1e-3),
-                       device=dict(read_bytes_per_sec=1e6, write_bytes_per_sec=1e6, read_iops=100, write_iops=100,
-                                   read_latency_ns=1e7, read_share_under_writes=1, write_share_under_reads=1),
-                       staging_bytes=4 << 20, staging_slot_bytes=1 << 20)
+        st = self.open(sched=tutti.SchedOptions(
+            compute=dict(per_token_ns=1e-3),
+            device=dict(read_bytes_per_sec=1e6, write_bytes_per_sec=1e6, read_iops=100, write_iops=100,
+                        read_latency_ns=1e7, read_share_under_writes=1, write_share_under_reads=1)), io=SMALL_IO)
         self.addCleanup(st.close)
         buf = HostBuffer(SMALL.tensor_bytes("per_layer", NUM_PAGES))
         self.addCleanup(buf.close)

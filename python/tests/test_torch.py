@@ -23,7 +23,7 @@ PAGES = 32
 def open_store(path, layout="per_layer", geometry=GEOM):
     d = tempfile.mkdtemp(prefix="tutti-torch-")
     st = tutti.Store([d], 256 << 20, geometry, PAGES, layout=layout, path=path,
-                     staging_bytes=16 << 20, staging_slot_bytes=4 << 20)
+                     io=tutti.IOOptions(staging_bytes=16 << 20, staging_slot_bytes=4 << 20))
     return st, d
 
 

@@ -88,7 +88,7 @@ class RoundTripTest(unittest.TestCase):
     def open_worker(self, d):
         def opener(lay):
             return tutti.Store([d], 64 << 20, lay.geometry, lay.num_pages, layout=lay.layout, path=path_under_test(),
-                               staging_bytes=4 << 20, staging_slot_bytes=1 << 20)
+                               io=tutti.IOOptions(staging_bytes=4 << 20, staging_slot_bytes=1 << 20))
         return ws.WorkerSide(opener)
 
     def step(self, w, names, loads=(), saves=(), start_first=True):

@@ -1,7 +1,8 @@
 """tutti: SSD-backed KV cache for LLM serving, Python binding (stdlib ctypes).
 
 Low level: :mod:`tutti._lib` mirrors the C ABI (runtime/capi/tutti.h).
-:class:`Store`/:class:`Load`/:class:`Save` wrap its handles;
+:class:`Store`/:class:`Load`/:class:`Save` wrap its handles (the Store's
+tuning grouped in :class:`IOOptions`, :class:`SchedOptions`, :class:`GPUOptions`);
 :mod:`tutti.worker_side` and :mod:`tutti.scheduler_side` are the
 engine-neutral halves of a KV connector; :mod:`tutti.vllm` (needs vLLM) is
 vLLM's connector over them. :class:`TuttiConnector` here is the older,
@@ -17,6 +18,7 @@ from .tensor import (  # noqa: F401
     RawTensor, TensorMismatch, DTypeMismatch, ShapeMismatch, StrideMismatch, AlignmentError,
     DeviceMismatch, AddressError, NotATensor, describe, contiguous_strides,
 )
+from .options import IOOptions, SchedOptions, GPUOptions  # noqa: F401
 from .store import Geometry, Store, Load, Save, Hold, chain_from_tokens  # noqa: F401
 from .connector import TuttiConnector, ReqMeta, ConnectorMetadata  # noqa: F401
 

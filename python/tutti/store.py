@@ -11,10 +11,12 @@ from __future__ import annotations
 import array
 import ctypes
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from . import _lib
+from . import _lib, options
+from .options import GPUOptions, IOOptions, SchedOptions
 from .tensor import DTYPE_BYTES, dtype_code
 
 _PATHS = {"cpu": _lib.PATH_CPU, "gpu": _lib.PATH_GPU}
@@ -123,33 +125,37 @@ def chain_from_tokens(tokens: Sequence[int], block_tokens: int, seed: int = 0):
     return list(out[: out_len.value])
 
 
+def _warn_flat(flat):
+    """One DeprecationWarning per flat keyword, naming its grouped spelling."""
+    for k in flat:
+        if k in options.NO_OP:
+            msg = (f"Store({k}=...) changes nothing: the GPU path's reads are sized to the devices by default "
+                   "(runtime.GPUReadWindow, runtime.GPULookaheadToFill); drop it")
+        elif k in options.FLAT:
+            msg = f"Store({k}=...) is deprecated and goes in the next release: use {options.spelling(k)}"
+        else:
+            continue  # from_flat names it
+        warnings.warn(msg, DeprecationWarning, stacklevel=3)
+
+
 class Store:
     """An open tutti store. Use as a context manager or call :meth:`close`."""
 
     def __init__(self, dirs: Iterable[str], capacity_bytes: int, geometry: Geometry, num_pages: int,
-                 layout: str = "per_layer", path: str = "cpu", queue_depth: int = 0, save_bound_ms: int = 0,
-                 staging_bytes: int = 0, staging_slot_bytes: int = 0, max_loads: int = 0,
-                 compute: dict = None, device: dict = None, save_budget_bytes: int = 0,
-                 gpu_device: int = 0, gpu_max_pages: int = 0, gpu_max_runs: int = 0,
-                 gpu_io_window: int = 0, gpu_max_io_bytes: int = 0, gpu_lookahead: int = 0,
-                 gpu_reads_from_devices: bool = False, kv_events: str = None,
-                 tp_rank: int = 0, tp_size: int = 1):
-        """``compute`` (keys fixed_ns, per_token_ns, per_pair_ns: prefill time
-        per layer) lets the scheduler leave a stored tail to recompute where
-        that is faster; without it every stored block is loaded. ``device``
-        (keys read_bytes_per_sec, write_bytes_per_sec, read_iops, write_iops,
-        read_latency_ns, read_share_under_writes, write_share_under_reads;
-        from `tutti devbench`) describes each directory's device.
-        ``gpu_io_window``, ``gpu_max_io_bytes`` and ``gpu_lookahead`` size the
-        GPU path's reads (0: queue_depth, 1 MiB, 1); `tutti gpubench` sizes
-        them to the devices: half of each device's nr_requests (at most 128
-        each), in all at most the smallest nr_requests, the largest read its max_sectors_kb allows, and enough layers
-        to fill the window. ``gpu_reads_from_devices`` (the
-        TUTTI_GPU_READS_FROM_DEVICES flag) has the library size those left 0
-        to the disks under ``dirs`` at open (per dir half of nr_requests up
-        to 128, in all at most the smallest nr_requests, the largest unsplit read up to 4 MiB, one layer per dir from
-        2 to 8; a disk that does not say adds 128 to the window and
-        counts as taking 1 MiB reads); :meth:`gpu_reads` says what was used.
+                 layout: str = "per_layer", path: str = "cpu", *, io: IOOptions = None, sched: SchedOptions = None,
+                 gpu: GPUOptions = None, tp_rank: int = 0, tp_size: int = 1, kv_events: str = None, **flat):
+        """``io``, ``sched`` and ``gpu`` group the tuning as runtime.Config
+        does (:mod:`tutti.options`; each field's 0 is the library default).
+        The GPU path's reads are sized to the disks under ``dirs`` unless
+        :class:`GPUOptions` sets them (``runtime.GPUReadWindow`` and
+        ``runtime.GPULookaheadToFill``); :meth:`gpu_reads` says what was used.
+
+        The flat keywords of earlier releases (``queue_depth=``,
+        ``gpu_io_window=``, ``compute=``...) still work for this release and
+        warn (DeprecationWarning) naming their grouped spelling;
+        ``gpu_reads_from_devices`` is accepted, changes nothing (sizing to
+        the devices is the default) and warns too.
+
         ``kv_events`` ("tcp://HOST:PORT?replay=tcp://HOST:PORT&topic=kv@pod@model")
         publishes what the store serves as vLLM KV events for cache-aware
         routers (docs/routers.md); pass ``tokens`` to :meth:`save` so they are
@@ -164,6 +170,9 @@ class Store:
             raise ValueError(f"layout = {layout!r}, want one of {sorted(_LAYOUTS)}")
         if path not in _PATHS:
             raise ValueError(f"path = {path!r}, want one of {sorted(_PATHS)}")
+        groups = options.from_flat(flat, io=io, sched=sched, gpu=gpu)
+        _warn_flat(flat)
+        io, sched, gpu = groups["io"], groups["sched"], groups["gpu"]
         self.geometry = geometry
         self.tp_rank, self.tp_size = tp_rank, max(tp_size, 1)
         self.num_pages = num_pages
@@ -179,14 +188,13 @@ class Store:
             layers=geometry.layers, kv_heads=geometry.kv_heads, head_dim=geometry.head_dim,
             dtype=geometry.dtype_code, planes=geometry.planes, page_tokens=geometry.page_tokens,
             chunk_pages=geometry.chunk_pages, layout=_LAYOUTS[layout], num_pages=num_pages,
-            queue_depth=queue_depth, save_bound_ms=save_bound_ms, staging_bytes=staging_bytes,
-            staging_slot_bytes=staging_slot_bytes, max_loads=max_loads, save_budget_bytes=save_budget_bytes,
-            gpu_device=gpu_device, gpu_max_pages=gpu_max_pages, gpu_max_runs=gpu_max_runs,
-            gpu_io_window=gpu_io_window, gpu_max_io_bytes=gpu_max_io_bytes, gpu_lookahead=gpu_lookahead,
-            gpu_flags=_lib.GPU_READS_FROM_DEVICES if gpu_reads_from_devices else 0,
+            queue_depth=io.queue_depth, staging_bytes=io.staging_bytes, staging_slot_bytes=io.staging_slot_bytes,
+            max_loads=io.max_loads, save_bound_ms=sched.save_bound_ms, save_budget_bytes=sched.save_budget_bytes,
+            gpu_device=gpu.device, gpu_max_pages=gpu.max_pages, gpu_max_runs=gpu.max_runs,
+            gpu_io_window=gpu.io_window, gpu_max_io_bytes=gpu.max_io_bytes, gpu_lookahead=gpu.lookahead,
             tp_rank=tp_rank, tp_size=tp_size,
         )
-        for prefix, given in (("compute_", compute), ("device_", device)):
+        for prefix, given in (("compute_", sched.compute), ("device_", sched.device)):
             for k, v in (given or {}).items():
                 if not hasattr(cfg, prefix + k):
                     raise ValueError(f"unknown {prefix[:-1]} field {k!r}")
@@ -335,9 +343,9 @@ class Store:
         return {f: getattr(r, f) for f in ("indexed_runs", "indexed_blocks", "dropped_runs")}
 
     def gpu_reads(self) -> str:
-        """What ``gpu_reads_from_devices`` set at open: the window, largest
-        read and lookahead used and, after "not read:", each device fact
-        that could not be read and what was assumed; "" without it."""
+        """The GPU path's read settings open chose (:class:`GPUOptions`): the
+        window, largest read and lookahead and, after "not read:", each
+        device fact that could not be read and what was assumed."""
         n = ctypes.c_uint64()
         rc = self._lib.tutti_get_gpu_reads(self._h(), None, 0, ctypes.byref(n))
         if rc != _lib.BufferTooSmall.code:

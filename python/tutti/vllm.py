@@ -34,7 +34,7 @@ try:
 except ImportError:  # vLLM before connector stats: stats and metrics are off
     KVConnectorPromMetrics = KVConnectorStats = None
 
-from . import _lib
+from . import _lib, options
 from .connector import _hash64
 from .lookup_service import LookupServer, RemoteMatcher, socket_path
 from .scheduler_side import LocalMatcher, SchedulerSide
@@ -48,9 +48,9 @@ VLLM_COMMITS = ("003df29", "00f4240")
 
 _KEYS = {"dirs", "capacity_bytes", "path", "hold_ttl_ms", "lookup_socket_dir", "lookup_timeout_ms",
          "pythonhashseed", "store_options", "kv_events"}
-_STORE_OPTIONS = {"queue_depth", "save_bound_ms", "staging_bytes", "staging_slot_bytes", "max_loads", "compute",
-                  "device", "save_budget_bytes", "gpu_max_pages", "gpu_max_runs", "gpu_io_window",
-                  "gpu_max_io_bytes", "gpu_lookahead", "gpu_reads_from_devices"}
+# store_options take the flat names of tutti.options.FLAT (a JSON object has
+# no dataclasses); the connector picks the CUDA device itself.
+_STORE_OPTIONS = (set(options.FLAT) - {"gpu_device"}) | options.NO_OP
 
 
 
@@ -255,17 +255,16 @@ class TuttiConnector(KVConnectorBase_V1):
         elif (path == "cpu") != (lay.device == "cpu"):
             raise ValueError(f"kv_connector_extra_config.path = {path!r} but the KV cache is on {lay.device}")
         opts = dict(self.settings.store_options)
-        if self.settings.kv_events:
-            if self.tp_size > 1:
-                raise ValueError("kv_connector_extra_config.kv_events with tensor parallelism: not supported (each rank's "
-                                 "store holds a shard; a router must see a block only when every rank holds it)")
-            opts["kv_events"] = self.settings.kv_events
+        if self.settings.kv_events and self.tp_size > 1:
+            raise ValueError("kv_connector_extra_config.kv_events with tensor parallelism: not supported (each rank's "
+                             "store holds a shard; a router must see a block only when every rank holds it)")
         if path == "gpu" and lay.device.startswith("cuda:"):
             opts.setdefault("gpu_device", int(lay.device.split(":")[1]))
+        groups = options.from_flat(opts)
 
         def opener():
             return Store(self._store_dirs(lay), self.settings.capacity_bytes, g, lay.num_pages, layout=lay.layout,
-                         path=path, tp_rank=self.rank, tp_size=self.tp_size, **opts)
+                         path=path, tp_rank=self.rank, tp_size=self.tp_size, kv_events=self.settings.kv_events, **groups)
         st = process_store(self._key, opener)
         self._holds = _process_matcher(self._key, st, self.settings.hold_ttl_ms)
         self._server = LookupServer(socket_path(self.settings.lookup_socket_dir, self._key, self.rank), self._holds)

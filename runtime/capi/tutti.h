@@ -96,12 +96,9 @@ typedef enum tutti_memory {
 /* Bits of tutti_config.gpu_flags (ABI 1.1). A bit this library does not know
  * is TUTTI_ERR_INVALID_ARGUMENT. */
 typedef enum tutti_gpu_flags {
-	/* Size gpu_io_window, gpu_max_io_bytes and gpu_lookahead that are 0 to the
-	 * disks under dirs at tutti_open (per dir half of its nr_requests, 8..128,
-	 * in all at most the smallest nr_requests and 1024; the largest read its
-	 * max_sectors_kb allows, at most 4 MiB; one layer per dir, 2..8) instead
-	 * of the defaults; values set win. A disk that does not say adds 128 to
-	 * the window and counts as taking 1 MiB reads. */
+	/* Accepted and changes nothing: gpu_io_window, gpu_max_io_bytes and
+	 * gpu_lookahead left 0 are sized to the disks under dirs whether it is
+	 * set or not (see those fields). Kept so that 1.1 callers still open. */
 	TUTTI_GPU_READS_FROM_DEVICES = 1
 } tutti_gpu_flags;
 
@@ -156,14 +153,16 @@ typedef struct tutti_config {
 	                          latent plane replicated), the dirs are this rank's own, and a dir
 	                          that another rank or degree stored into is refused at open
 	                          (TUTTI_ERR_GEOMETRY). */
-	/* ABI 1.1: the GPU path's reads, sized to the devices (tutti gpubench sizes
-	 * them so: per device half of its nr_requests, at most 128, in all at most
-	 * the smallest nr_requests; the largest read its max_sectors_kb allows). A
-	 * 1.0 caller's shorter struct leaves them 0. */
-	int32_t gpu_io_window;    /* reads in flight; 0 = queue_depth */
-	int32_t gpu_max_io_bytes; /* largest read, a multiple of 4096 up to 16 MiB; 0 = 1 MiB */
+	/* ABI 1.1: the GPU path's reads (runtime.GPUConfig's IOWindow, MaxIOBytes,
+	 * Lookahead). Each left 0 is sized at tutti_open to the disks under dirs:
+	 * the window by runtime.GPUReadWindow of their request queues (the one
+	 * rule: its doc says how), the largest read the largest every disk takes
+	 * unsplit, the lookahead by runtime.GPULookaheadToFill of that window. A
+	 * value set wins. A 1.0 caller's shorter struct leaves them 0. */
+	int32_t gpu_io_window;    /* reads in flight; 0 = sized to the disks */
+	int32_t gpu_max_io_bytes; /* largest read, a multiple of 4096 up to 16 MiB; 0 = sized to the disks */
 	int32_t gpu_lookahead;    /* layers in flight beyond the one waited for (staging: lookahead+3
-	                             layer slots); 0 = 1 */
+	                             layer slots); 0 = enough to fill the window */
 	uint32_t gpu_flags;       /* tutti_gpu_flags bits; 0 = none */
 } tutti_config;
 
@@ -337,10 +336,10 @@ int32_t tutti_get_stats(uint64_t store, tutti_stats *out);
 /* Fills the first out->struct_size bytes of *out with what tutti_open recovered. */
 int32_t tutti_get_recovery(uint64_t store, tutti_recovery *out);
 
-/* ABI 1.1: what TUTTI_GPU_READS_FROM_DEVICES set at tutti_open, as text: the
- * window, largest read and lookahead used (set values included) and, after
- * "not read:", each device fact that could not be read and what was assumed
- * for it; empty when the flag was not given. Copies it NUL-terminated into
+/* ABI 1.1: the GPU read settings tutti_open chose, as text: the window,
+ * largest read and lookahead used (set values included) and, after "not
+ * read:", each device fact that could not be read and what was assumed for
+ * it. Copies it NUL-terminated into
  * buf (len bytes) and sets *out_len to its length without the NUL;
  * TUTTI_ERR_BUFFER_TOO_SMALL (nothing copied) when len <= that length. buf
  * may be NULL when len is 0, to ask for the length. */

@@ -10,10 +10,10 @@ import (
 	"github.com/tutti-io/tutti/sched"
 )
 
-// Llama-3.1-8B on an H200-class GPU, BF16 KV (2 MiB per layer per 512-token
-// block), one SSD-class device like the GPU machine's virtio disk (about
-// 2 GB/s), with the read/write interference measured on the dev machine
-// (BENCHMARKS.md, "## sched").
+// Llama-3.1-8B on a datacenter-class GPU, BF16 KV (2 MiB per layer per
+// 512-token block), one SSD-class device, with read/write interference of
+// the kind sched/internal/rwbench measures (the profiles behind these inputs
+// are in BENCHMARKS.md, "## sched").
 func worldConfig(t testing.TB, seed uint64, policy Policy) Config {
 	t.Helper()
 	m, err := sched.ComputeFromFLOPs(sched.FLOPsProfile{

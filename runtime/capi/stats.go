@@ -1,0 +1,110 @@
+package main
+
+// Counters: the store's stats, recovery report and GPU read sizing.
+
+/*
+#include "tutti.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+)
+
+//export tutti_get_stats
+func tutti_get_stats(store C.uint64_t, out *C.tutti_stats) (rc C.int32_t) {
+	defer guard("tutti_get_stats", &rc)
+	return finish("tutti_get_stats", func() error {
+		if out == nil {
+			return errorf(errInvalidArgument, "out is NULL")
+		}
+		size := uint64(out.struct_size)
+		if size < statsSizeV1 {
+			return errorf(errVersion, "out->struct_size = %d, the smallest supported tutti_stats is %d bytes (ABI %d.0)", size, statsSizeV1, abiMajor)
+		}
+		e, err := storeArg(uint64(store))
+		if err != nil {
+			return err
+		}
+		var local C.tutti_stats
+		fillStats(&local, e)
+		local.struct_size = out.struct_size
+		n := min(size, uint64(unsafe.Sizeof(local)))
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), n), unsafe.Slice((*byte)(unsafe.Pointer(&local)), n))
+		return nil
+	}())
+}
+
+//export tutti_get_recovery
+func tutti_get_recovery(store C.uint64_t, out *C.tutti_recovery) (rc C.int32_t) {
+	defer guard("tutti_get_recovery", &rc)
+	return finish("tutti_get_recovery", func() error {
+		if out == nil {
+			return errorf(errInvalidArgument, "out is NULL")
+		}
+		size := uint64(out.struct_size)
+		if size < recovSizeV1 {
+			return errorf(errVersion, "out->struct_size = %d, the smallest supported tutti_recovery is %d bytes (ABI %d.0)", size, recovSizeV1, abiMajor)
+		}
+		e, err := storeArg(uint64(store))
+		if err != nil {
+			return err
+		}
+		r := e.s.Recovery()
+		var local C.tutti_recovery
+		local.struct_size = out.struct_size
+		local.indexed_runs = C.uint64_t(max(r.IndexedRuns, 0))
+		local.indexed_blocks = C.uint64_t(max(r.IndexedBlocks, 0))
+		local.dropped_runs = C.uint64_t(max(r.DroppedRuns, 0))
+		n := min(size, uint64(unsafe.Sizeof(local)))
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), n), unsafe.Slice((*byte)(unsafe.Pointer(&local)), n))
+		return nil
+	}())
+}
+
+//export tutti_get_gpu_reads
+func tutti_get_gpu_reads(store C.uint64_t, buf *C.char, n C.uint64_t, outLen *C.uint64_t) (rc C.int32_t) {
+	defer guard("tutti_get_gpu_reads", &rc)
+	return finish("tutti_get_gpu_reads", func() error {
+		if outLen == nil {
+			return errorf(errInvalidArgument, "out_len is NULL")
+		}
+		*outLen = 0
+		if buf == nil && n != 0 {
+			return errorf(errInvalidArgument, "buf is NULL with len = %d", n)
+		}
+		e, err := storeArg(uint64(store))
+		if err != nil {
+			return err
+		}
+		text := e.s.Stats().GPUReads
+		*outLen = C.uint64_t(len(text))
+		if uint64(n) <= uint64(len(text)) {
+			return errorf(errBufferTooSmall, "len = %d, the text needs %d bytes with its NUL", n, len(text)+1)
+		}
+		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(text)+1)
+		copy(dst, text)
+		dst[len(text)] = 0
+		return nil
+	}())
+}
+
+func fillStats(out *C.tutti_stats, e *storeEntry) {
+	s := e.s.Stats()
+	var miss, skipped int64
+	for _, m := range s.MissBlocks {
+		miss += m
+	}
+	for _, k := range s.SkippedBlocks {
+		skipped += k
+	}
+	u := func(v int64) C.uint64_t { return C.uint64_t(max(v, 0)) }
+	out.lookups, out.lookup_blocks, out.hit_blocks = u(s.Lookups), u(s.LookupBlocks), u(s.HitBlocks)
+	out.loads, out.cached_blocks, out.planned_blocks = u(s.Loads), u(s.CachedBlocks), u(s.PlannedBlocks)
+	out.restored_blocks, out.restored_bytes = u(s.RestoredBlocks), u(s.RestoredBytes)
+	out.read_ios, out.split_ios, out.overread_bytes = u(s.ReadIOs), u(s.SplitIOs), u(s.OverreadBytes)
+	out.miss_blocks = u(miss)
+	out.saves, out.save_blocks, out.saved_blocks, out.saved_bytes = u(s.Saves), u(s.SaveBlocks), u(s.SavedBlocks), u(s.SavedBytes)
+	out.write_ios, out.committed_runs, out.corrupt_dropped = u(s.WriteIOs), u(s.CommittedRuns), u(s.CorruptDropped)
+	out.skipped_blocks, out.fallbacks = u(skipped), u(s.Fallbacks)
+}

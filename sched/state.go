@@ -1,0 +1,157 @@
+package sched
+
+const (
+	stateFree uint8 = iota
+	stateQueued
+	stateInFlight
+)
+
+type entry struct {
+	io            IO
+	gen           uint32
+	state         uint8
+	pos           int32   // index in the device's in-flight read list
+	svcNs         float64 // predicted device busy time at admission
+	slackNs       float64 // reads: deadline − planned completion
+	plannedDoneNs int64   // reads
+	seq           uint64  // FIFO tie-break
+}
+
+type devState struct {
+	cfg   DeviceConfig
+	model DeviceModel
+
+	readQ      []int32 // cursors, min-heap by (deadline of their next read, seq)
+	inflightRd []int32 // entries
+	saveQ      []int32 // FIFO = EDF, the bound is the same for all saves
+	saveHead   int
+
+	readsInFlight, writesInFlight         int
+	readBytesInFlight, writeBytesInFlight int64
+	pendingReadBytes, pendingSaveBytes    int64
+	pendingReadNs                         float64 // admitted, not completed reads
+	queuedSaveNs                          float64 // queued writes, at full write rate
+	inflightWriteNs                       float64
+	plannedTailNs                         int64 // latest planned completion among pending reads
+	pendingReads                          int
+
+	// scratch of PlanLoad
+	t0, d float64
+	nseg  int
+}
+
+// cursor is the queued reads of one plan on one device: for layer = 0..L-1,
+// for each of its segments, one read. Its place in the device's heap is the
+// deadline of its next read.
+type cursor struct {
+	reqID     uint64
+	dev       int
+	segs      []Segment
+	segNs     []float64 // predicted busy time of each segment's read
+	segCumNs  []float64 // len(segs)+1 prefix sums of segNs
+	segCumB   []int64   // len(segs)+1 prefix sums of bytes
+	deadline  []int64   // per layer, shared by the plan's cursors
+	t0, dNs   float64   // layer l's j-th read planned done at t0 + l·dNs + segCumNs[j+1]
+	slackMin  []float64 // suffix minima over layers ≥ l of deadline − planned done
+	slackMinH []float64 // suffix minima of deadline − (1+SlackFrac)·planned done
+	layer, si int       // next read
+	seq       uint64
+	live      bool
+}
+
+// remaining returns the reads, bytes and busy time not yet dispatched.
+func (c *cursor) remaining(layers int) (n int, bytes int64, ns float64) {
+	left := layers - c.layer
+	n = left*len(c.segs) - c.si
+	bytes = int64(left)*c.segCumB[len(c.segs)] - c.segCumB[c.si]
+	ns = float64(left)*c.segCumNs[len(c.segs)] - c.segCumNs[c.si]
+	return n, bytes, ns
+}
+
+func (p *Planner) alloc() (int32, bool) {
+	if p.Pending() >= p.cfg.MaxPendingIOs {
+		return 0, false
+	}
+	if n := len(p.free); n > 0 {
+		i := p.free[n-1]
+		p.free = p.free[:n-1]
+		return i, true
+	}
+	p.entries = append(p.entries, entry{})
+	return int32(len(p.entries) - 1), true
+}
+
+func (p *Planner) release(i int32) {
+	e := &p.entries[i]
+	e.state = stateFree
+	e.gen++
+	p.free = append(p.free, i)
+}
+
+func (p *Planner) id(i int32) uint64 { return uint64(p.entries[i].gen)<<32 | uint64(i) }
+
+func (p *Planner) allocCursor() int32 {
+	if n := len(p.cfree); n > 0 {
+		i := p.cfree[n-1]
+		p.cfree = p.cfree[:n-1]
+		return i
+	}
+	p.cursors = append(p.cursors, cursor{})
+	return int32(len(p.cursors) - 1)
+}
+
+func (p *Planner) releaseCursor(i int32) {
+	p.cursors[i] = cursor{}
+	p.cfree = append(p.cfree, i)
+}
+
+// ---- read heap (EDF over cursors) ----
+
+func (p *Planner) less(a, b int32) bool {
+	ca, cb := &p.cursors[a], &p.cursors[b]
+	da, db := ca.deadline[ca.layer], cb.deadline[cb.layer]
+	if da != db {
+		return da < db
+	}
+	return ca.seq < cb.seq
+}
+
+func (p *Planner) heapPush(d *devState, i int32) {
+	d.readQ = append(d.readQ, i)
+	j := len(d.readQ) - 1
+	for j > 0 {
+		parent := (j - 1) / 2
+		if !p.less(d.readQ[j], d.readQ[parent]) {
+			break
+		}
+		d.readQ[j], d.readQ[parent] = d.readQ[parent], d.readQ[j]
+		j = parent
+	}
+}
+
+func (p *Planner) heapDown(h []int32, j int) {
+	for {
+		l := 2*j + 1
+		if l >= len(h) {
+			return
+		}
+		m := l
+		if r := l + 1; r < len(h) && p.less(h[r], h[l]) {
+			m = r
+		}
+		if !p.less(h[m], h[j]) {
+			return
+		}
+		h[j], h[m] = h[m], h[j]
+		j = m
+	}
+}
+
+func (p *Planner) heapPop(d *devState) int32 {
+	h := d.readQ
+	top := h[0]
+	h[0] = h[len(h)-1]
+	d.readQ = h[:len(h)-1]
+	p.heapDown(d.readQ, 0)
+	return top
+}
