@@ -57,6 +57,9 @@ func TestGPUBenchStoreCPU(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s%s", err, out.String(), errb.String())
 	}
+	if !strings.Contains(errb.String(), "gpubench store paths: 1/1") {
+		t.Errorf("no progress line without a terminal:\n%s", errb.String())
+	}
 	data, err := os.ReadFile(js)
 	if err != nil {
 		t.Fatal(err)

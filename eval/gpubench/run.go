@@ -74,7 +74,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	kernelPaths, storePaths := splitStorePaths(cfg.Paths)
 	sf := storeFlags{model: cfg.Model, label: cfg.Label, dirs: cfg.StoreDirs, jsonPath: cfg.JSONPath, tokens: cfg.Tokens, seed: cfg.Seed,
-		noCeiling: cfg.NoCeiling, appendJSON: len(kernelPaths) > 0}
+		noCeiling: cfg.NoCeiling, appendJSON: len(kernelPaths) > 0, progress: cfg.Progress}
 	if sf.dirs == "" {
 		sf.dirs = cfg.Dir
 	}
@@ -96,6 +96,7 @@ type storeFlags struct {
 	tokens                       int
 	seed                         uint64
 	noCeiling, appendJSON        bool
+	progress                     func(phase string, done, total int)
 }
 
 // splitStorePaths separates the product paths (store-gpu, store-cpu) from
@@ -121,7 +122,7 @@ func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, std
 		return fmt.Errorf("--paths %s: need --store-dirs or --dir (directories on the devices' filesystems)", strings.Join(paths, ","))
 	}
 	cfg := StoreConfig{Model: f.model, Tokens: f.tokens, Dirs: strings.Split(f.dirs, ","), Label: f.label,
-		Seed: f.seed, Paths: paths, NoCeiling: f.noCeiling}
+		Seed: f.seed, Paths: paths, NoCeiling: f.noCeiling, Progress: f.progress}
 	fmt.Fprintf(stdout, "gpubench product paths %v: %s, %d tokens, storage %q on %v (runtime.Store Save timed to the commit, Load timed to Wait, every byte verified)\n",
 		paths, f.model, f.tokens, f.label, cfg.Dirs)
 	rows, _, err := RunStore(ctx, cfg, stderr)

@@ -46,6 +46,8 @@ type StoreConfig struct {
 	Device int      // GPU of store-gpu
 	// NoCeiling skips the ceilings (quick checks): the fractions stay 0.
 	NoCeiling bool
+	// Progress, if set, is told after each path (done of len(Paths)).
+	Progress func(phase string, done, total int)
 }
 
 const maxTokens = 1 << 22
@@ -111,7 +113,7 @@ func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, 
 			len(cfg.Dirs), ceil.FileBytes>>20, ceil.WriteBytesPS/1e9, ceil.ReadBytesPS/1e9)
 	}
 	var rows []StoreRow
-	for _, p := range cfg.Paths {
+	for done, p := range cfg.Paths {
 		if err := ctx.Err(); err != nil {
 			return rows, ceil, err // cancelled: no further path starts
 		}
@@ -130,6 +132,9 @@ func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, 
 			}
 		}
 		rows = append(rows, rs...)
+		if cfg.Progress != nil {
+			cfg.Progress("gpubench store paths", done+1, len(cfg.Paths))
+		}
 	}
 	return rows, ceil, nil
 }
