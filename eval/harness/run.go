@@ -358,8 +358,8 @@ func RecomputeSLO(recompute []Service) float64 {
 // model is replaced by one from the recompute backend's own prefills (2 ×
 // p90 of its unloaded TTFT, layers × measured layer time) when that backend
 // ran: with prefill measured on the GPU the fitted model can be far from the
-// prefills the timeline replays (seen 2× on the H200, where every backend
-// then missed a model-derived SLO at every rate).
+// prefills the timeline replays, and every backend would then miss a
+// model-derived SLO at every rate.
 func settleSLO(cfg Config, res *Result) {
 	if cfg.SLOms <= 0 {
 		for _, br := range res.Backends {
