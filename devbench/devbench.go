@@ -64,11 +64,11 @@ type Config struct {
 	// (reads land in it, writes come from it); 0: one block per I/O in
 	// flight (depth × block size). A larger one models a restore, which
 	// writes GiBs into its staging: 32 × 1 MiB of destination fits in a
-	// large last-level cache (300 MiB on the H200 machine). Measured there
-	// on RAM-backed loop devices, where a read is a memcpy by the loop's
-	// kernel thread: 32 MiB gave a median of 11 % and 15 % more bytes/s than
-	// 100-900 MiB on two machines and the same on a third, with a sample
-	// spread of the same size (BENCHMARKS.md, kernels, Session 5). When it
+	// large last-level cache, and on RAM-backed loop devices (where a read
+	// is a memcpy by the loop's kernel thread) a cache-resident destination
+	// can read faster than a restore's would, so a ceiling for a restore
+	// reads into a destination of the restore's size (BENCHMARKS.md has the
+	// figures). When it
 	// is not larger than the depth, two I/Os in flight may share a block of
 	// it (a read benchmark never looks at the data). At most 1 GiB; the
 	// pread engine ignores it.
@@ -283,9 +283,8 @@ func ceilingOn(ctx context.Context, path string, sizeBytes int64, dur time.Durat
 // ceiling is taken over data a benchmark wrote, and a device larger than
 // that data holds unwritten blocks whose reads cost another amount: on a
 // loop device over a sparse file in /dev/shm a read of a hole is a memset,
-// 3× the bytes/s of a read of data on the dev VM (5.7 against 17.0 GB/s,
-// BENCHMARKS.md, kernels, Session 6), and gpubench's loops held data in 2.5
-// of their 3 GiB.
+// several times faster than a read of data (BENCHMARKS.md has the figures),
+// and a benchmark's loop devices need not be full of its data.
 func openCeilingTarget(ctx context.Context, path string, sizeBytes int64) (*target, error) {
 	t, err := openTarget(ctx, path, sizeBytes, false, false, 1)
 	if err != nil {

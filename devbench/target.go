@@ -203,7 +203,7 @@ func (t *target) fits(bs int) error {
 
 // errHoles is a target whose measured range is not all written: a read of a
 // hole never reaches the medium (on a loop device over a sparse file in
-// /dev/shm it is a memset, 3× the bytes/s of a read of data on the dev VM).
+// /dev/shm it is a memset, far faster than a read of data).
 var errHoles = errors.New("reads would fall in unwritten blocks")
 
 // checkWritten fails with errHoles when the first n bytes of t, a loop device

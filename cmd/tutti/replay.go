@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -16,7 +17,6 @@ import (
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/eval/report"
 	"github.com/tutti-io/tutti/internal/trace"
-	"github.com/tutti-io/tutti/runtime"
 )
 
 func init() {
@@ -30,49 +30,69 @@ var defaultCPUBackends = []string{"tutti-cpu", "tutti-cpu-load-all", "lmcache-gd
 // defaultWindowRequests is how much of the embedded window the no-flag run replays.
 const defaultWindowRequests = 100
 
-func runReplay(args []string, stdout, stderr io.Writer) (err error) {
-	fs := newFlagSet("replay", stderr)
-	tracePath := fs.String("trace", "", "Mooncake-format JSONL trace (default: the embedded 200-request window)")
-	dir := fs.String("dir", "", "store directory, or several comma-separated (one file system each, e.g. one per device) that every backend stripes over; each backend uses D/<backend> in each (default: a temporary directory, removed afterwards)")
-	storageLabel := fs.String("storage-label", "", "what the storage under --dir is, for the report and every JSON row (e.g. \"emulated storage (4 RAM-backed loop devices, ext4)\")")
-	backends := fs.String("backends", "", "comma-separated backends: "+strings.Join(harness.BackendNames, ",")+" (or, named only: "+strings.Join(harness.ExtraBackendNames, ",")+")"+
+// replayFlags are replay's flags, parsed into by its FlagSet.
+type replayFlags struct {
+	fs                                                                                         *flag.FlagSet
+	tracePath, dir, storageLabel, backends, modelName, out, capBytes, computeMode, kvMem       *string
+	requests, blockTokens, capBlocks, qd, gpus, saveBoundMs, gpuWindow, gpuMaxIO, gpuLookahead *int
+	fromMs, toMs, timeScale, sloMs, gpuTFLOPs, warmMs                                          *float64
+	jsonOut, skipBad, noEBPF, noCeiling, keep, planner                                         *bool
+	wl                                                                                         *workloadFlags
+	kf                                                                                         kvFlags
+}
+
+// newReplayFlags defines replay's flags.
+func newReplayFlags(stderr io.Writer) *replayFlags {
+	f := &replayFlags{fs: newFlagSet("replay", stderr)}
+	fs := f.fs
+	f.tracePath = fs.String("trace", "", "Mooncake-format JSONL trace (default: the embedded 200-request window)")
+	f.dir = fs.String("dir", "", "store directory, or several comma-separated (one file system each, e.g. one per device) that every backend stripes over; each backend uses D/<backend> in each (default: a temporary directory, removed afterwards)")
+	f.storageLabel = fs.String("storage-label", "", "what the storage under --dir is, for the report and every JSON row (e.g. \"emulated storage (4 RAM-backed loop devices, ext4)\")")
+	f.backends = fs.String("backends", "", "comma-separated backends: "+strings.Join(harness.BackendNames, ",")+" (or, named only: "+strings.Join(harness.ExtraBackendNames, ",")+")"+
 		" (default: every backend this machine can run)")
-	modelName := fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
-	requests := fs.Int("requests", -1, "replay only the first N requests (0 = all; default: all of --trace, or the first 100 of the embedded window)")
-	fromMs := fs.Float64("from-ms", 0, "window start on the trace's timestamps (ms)")
-	toMs := fs.Float64("to-ms", 0, "window end on the trace's timestamps (ms, 0 = no end)")
-	jsonOut := fs.Bool("json", false, "print one JSON object per backend (an array) on stdout")
-	skipBad := fs.Bool("skip-bad", false, "skip and count malformed trace lines instead of failing on the first")
-	out := fs.String("out", "", "report directory (default: a new temporary directory, kept)")
-	timeScale := fs.Float64("time-scale", 1, "multiply arrival times by this (0.5 = twice the request rate)")
-	blockTokens := fs.Int("block-tokens", trace.DefaultBlockTokens, "tokens per hash id in the trace")
-	capBlocks := fs.Int("capacity-blocks", 0, "storage capacity per backend in chain blocks (0 = every distinct block fits)")
-	capBytes := fs.String("capacity", "", "storage capacity per backend in bytes (e.g. 2GiB); overrides --capacity-blocks")
-	sloMs := fs.Float64("slo-ms", 0, "TTFT SLO on p90 in ms (0 = 2 × recompute's unloaded p90)")
-	gpuTFLOPs := fs.Float64("gpu-tflops", harness.DefaultGPUFLOPs/1e12, "simulated GPU prefill rate (TFLOP/s)")
-	computeMode := fs.String("compute", harness.ComputeAuto, "prefill compute: gpu (cuBLAS GEMMs sized from the model's FLOPs, run next to each restore and measured; "+
+	f.modelName = fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
+	f.requests = fs.Int("requests", -1, "replay only the first N requests (0 = all; default: all of --trace, or the first 100 of the embedded window)")
+	f.fromMs = fs.Float64("from-ms", 0, "window start on the trace's timestamps (ms)")
+	f.toMs = fs.Float64("to-ms", 0, "window end on the trace's timestamps (ms, 0 = no end)")
+	f.jsonOut = fs.Bool("json", false, "print one JSON object per backend (an array) on stdout")
+	f.skipBad = fs.Bool("skip-bad", false, "skip and count malformed trace lines instead of failing on the first")
+	f.out = fs.String("out", "", "report directory (default: a new temporary directory, kept)")
+	f.timeScale = fs.Float64("time-scale", 1, "multiply arrival times by this (0.5 = twice the request rate)")
+	f.blockTokens = fs.Int("block-tokens", trace.DefaultBlockTokens, "tokens per hash id in the trace")
+	f.capBlocks = fs.Int("capacity-blocks", 0, "storage capacity per backend in chain blocks (0 = every distinct block fits)")
+	f.capBytes = fs.String("capacity", "", "storage capacity per backend in bytes (e.g. 2GiB); overrides --capacity-blocks")
+	f.sloMs = fs.Float64("slo-ms", 0, "TTFT SLO on p90 in ms (0 = 2 × recompute's unloaded p90)")
+	f.gpuTFLOPs = fs.Float64("gpu-tflops", harness.DefaultGPUFLOPs/1e12, "simulated GPU prefill rate (TFLOP/s)")
+	f.computeMode = fs.String("compute", harness.ComputeAuto, "prefill compute: gpu (cuBLAS GEMMs sized from the model's FLOPs, run next to each restore and measured; "+
 		"every backend prefills every request's missed tokens for real: minutes for big models), sim (the profile's FLOPs at --gpu-tflops), "+
 		"auto (gpu where the kernels library and a GPU are, else sim; the report's compute label says which)")
-	qd := fs.Int("qd", 64, "I/Os in flight per backend")
-	noEBPF := fs.Bool("no-ebpf", false, "count device bytes with /proc/diskstats only")
-	noCeiling := fs.Bool("no-ceiling", false, "skip the devbench ceiling measurement (over several --dir: the dirs as one striped array, timed to the slowest, and the sum of their own ceilings)")
-	kvMem := fs.String("kv-mem", "", "bound on the engine KV memory (e.g. 8GiB); longer requests are left out for every backend (default: half of available memory, at most 16 GiB)")
-	keep := fs.Bool("keep", false, "keep each backend's store directory after its run")
-	gpus := fs.Int("gpus", 1, "tensor-parallel ranks: run tutti-cpu over N ranks (runtime/tp: each rank its own store and its shard of the KV heads; a block is a hit only when every rank committed it)")
-	warmMs := fs.Float64("warm-ms", 0, "start the window warm: before it, every caching backend saves (untimed, no prefill) the blocks the window references that the trace's requests of the previous D ms (timestamps in [window start - D, window start)) referenced, in their order, within the capacity; 0 = every store starts empty")
-	saveBoundMs := fs.Int("tutti-save-bound-ms", 60000, "tutti's save bound (runtime Config.SaveBoundMs; 0: the runtime's default, 2000). The scheduler cuts a save to what it can write within the bound; the replay compares restores of the same cached blocks, and with the runtime's 2 s a 70B request bringing several GB of new KV would keep only its leading blocks where the baselines keep all")
-	gpuWindow := fs.Int("tutti-gpu-window", 0, "tutti-gpu: GPU reads in flight (0: sized to the store's devices, runtime.GPUReadWindow)")
-	gpuMaxIO := fs.Int("tutti-gpu-max-io", 0, "tutti-gpu: largest read in bytes (0: the largest read every store device takes unsplit, from max_sectors_kb, at most 4 MiB)")
-	gpuLookahead := fs.Int("tutti-gpu-lookahead", 0, "tutti-gpu: layers in flight beyond the one waited for (0: one per store device, at least 2, at most 8)")
-	wl := registerWorkloadFlags(fs)
-	planner := fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
-	var kf kvFlags
-	kf.add(fs)
+	f.qd = fs.Int("qd", 64, "I/Os in flight per backend")
+	f.noEBPF = fs.Bool("no-ebpf", false, "count device bytes with /proc/diskstats only")
+	f.noCeiling = fs.Bool("no-ceiling", false, "skip the devbench ceiling measurement (over several --dir: the dirs as one striped array, timed to the slowest, and the sum of their own ceilings)")
+	f.kvMem = fs.String("kv-mem", "", "bound on the engine KV memory (e.g. 8GiB); longer requests are left out for every backend (default: half of available memory, at most 16 GiB)")
+	f.keep = fs.Bool("keep", false, "keep each backend's store directory after its run")
+	f.gpus = fs.Int("gpus", 1, "tensor-parallel ranks: run tutti-cpu over N ranks (runtime/tp: each rank its own store and its shard of the KV heads; a block is a hit only when every rank committed it)")
+	f.warmMs = fs.Float64("warm-ms", 0, "start the window warm: before it, every caching backend saves (untimed, no prefill) the blocks the window references that the trace's requests of the previous D ms (timestamps in [window start - D, window start)) referenced, in their order, within the capacity; 0 = every store starts empty")
+	f.saveBoundMs = fs.Int("tutti-save-bound-ms", 60000, "tutti's save bound (runtime Config.SaveBoundMs; 0: the runtime's default, 2000). The scheduler cuts a save to what it can write within the bound; the replay compares restores of the same cached blocks, and with the runtime's 2 s a 70B request bringing several GB of new KV would keep only its leading blocks where the baselines keep all")
+	f.gpuWindow = fs.Int("tutti-gpu-window", 0, "tutti-gpu: GPU reads in flight (0: sized to the store's devices, runtime.GPUReadWindow)")
+	f.gpuMaxIO = fs.Int("tutti-gpu-max-io", 0, "tutti-gpu: largest read in bytes (0: the largest read every store device takes unsplit, from max_sectors_kb, at most 4 MiB)")
+	f.gpuLookahead = fs.Int("tutti-gpu-lookahead", 0, "tutti-gpu: layers in flight beyond the one waited for (0: one per store device, at least 2, at most 8)")
+	f.wl = registerWorkloadFlags(fs)
+	f.planner = fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
+	f.kf.add(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
 		fmt.Fprintln(stderr, "\nWith no flags: the embedded trace window, the tiny model, the CPU backends, a temporary store; prints where the report is.")
 		fs.PrintDefaults()
 	}
+	return f
+}
+
+// runReplay is `tutti replay`: its flags, the requests and backends they
+// name, then harness.Run and the report.
+func runReplay(args []string, stdout, stderr io.Writer) (err error) {
+	f := newReplayFlags(stderr)
+	fs := f.fs
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -81,7 +101,7 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	}
 	// The output directory is checked (or made) before any work: a bad
 	// --out must not lose a run's report.
-	outDir, madeOut := *out, false
+	outDir, madeOut := *f.out, false
 	if outDir != "" {
 		if err := checkOutDir("--out", outDir); err != nil {
 			return usageErr(fs.Usage, err)
@@ -104,127 +124,39 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	ctx, interrupted, stop := signalContext(stderr)
 	defer func() { err = interrupted(err) }()
 	defer stop()
-	prof, err := model.Lookup(*modelName)
+	prof, storeDirs, err := f.check()
 	if err != nil {
-		return usageErr(fs.Usage, err)
+		return err
 	}
-	if *blockTokens != prof.BlockTokens() {
-		// A trace hashed at another granularity: one chain block is
-		// blockTokens/PageTokens engine pages.
-		pt := prof.Shape.PageTokens
-		if *blockTokens <= 0 || *blockTokens%pt != 0 {
-			return usageErr(fs.Usage, fmt.Errorf("--block-tokens %d: must be a positive multiple of the model's %d-token pages",
-				*blockTokens, pt))
-		}
-		prof.Shape.ChunkPages = *blockTokens / pt
-	}
-	if *requests < 0 {
-		*requests = 0
-		if *tracePath == "" {
-			// Keeps the no-flag run well under a minute on two shared cores:
-			// the saves of ~1,800 distinct 512 KiB blocks per backend dominate.
-			*requests = defaultWindowRequests
-		}
-	}
-	if *qd < 1 || *qd > 4096 {
-		return usageErr(fs.Usage, errors.New("--qd must be in 1..4096"))
-	}
-	storeDirs, err := parseDirs(*dir)
-	if err != nil {
-		return usageErr(fs.Usage, err)
-	}
-
-	if *warmMs < 0 || math.IsNaN(*warmMs) || math.IsInf(*warmMs, 0) {
-		return usageErr(fs.Usage, fmt.Errorf("--warm-ms %v: want a duration ≥ 0", *warmMs))
-	}
-
-	if *wl.pick {
+	if *f.wl.pick {
 		var maxKV int64
-		if *kvMem != "" {
-			if maxKV, err = devbench.ParseBytes(*kvMem); err != nil {
+		if *f.kvMem != "" {
+			if maxKV, err = devbench.ParseBytes(*f.kvMem); err != nil {
 				return usageErr(fs.Usage, fmt.Errorf("--kv-mem: %w", err))
 			}
 		}
-		return wl.pickWindow(stdout, *tracePath, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad}, prof, *warmMs, *gpuTFLOPs*1e12, *capBlocks, maxKV)
+		return f.wl.pickWindow(stdout, *f.tracePath, trace.Options{BlockTokens: *f.blockTokens, SkipBad: *f.skipBad}, prof, *f.warmMs, *f.gpuTFLOPs*1e12, *f.capBlocks, maxKV)
 	}
 	// The requests: a generated workload (--workload, replay_workload.go)
 	// or a window of the trace.
-	reqs, st, warm, traceDesc, err := replayRequests(fs, wl, *tracePath, trace.Options{BlockTokens: *blockTokens, SkipBad: *skipBad},
-		trace.Window{First: *requests, FromMs: *fromMs, ToMs: *toMs}, *warmMs, prof.BlockTokens(), stderr)
+	reqs, st, warm, traceDesc, err := replayRequests(fs, f.wl, *f.tracePath, trace.Options{BlockTokens: *f.blockTokens, SkipBad: *f.skipBad},
+		trace.Window{First: *f.requests, FromMs: *f.fromMs, ToMs: *f.toMs}, *f.warmMs, prof.BlockTokens(), stderr)
 	if err != nil {
 		return err
 	}
-	if err := trace.Scale(reqs, *timeScale); err != nil {
+	if err := trace.Scale(reqs, *f.timeScale); err != nil {
 		return usageErr(fs.Usage, fmt.Errorf("--time-scale: %w", err))
 	}
-
-	comp, err := harness.NewCompute(prof, *gpuTFLOPs*1e12, harness.DefaultLayerFixedNs)
+	comp, gpuCompute, err := f.compute(prof)
 	if err != nil {
-		return usageErr(fs.Usage, err)
-	}
-	if !slices.Contains(harness.ComputeModes, *computeMode) {
-		return usageErr(fs.Usage, fmt.Errorf("--compute %q: want one of %v", *computeMode, harness.ComputeModes))
-	}
-	var gpuCompute *harness.GPUCompute
-	if comp, gpuCompute, err = harness.SetupCompute(*computeMode, prof, comp); err != nil {
 		return err
 	}
 	defer gpuCompute.Close()
-	var plannerModel *harness.Compute
-	if *planner {
-		plannerModel = &comp
+	bs, notes, explicit, err := f.selectBackends(prof, comp, storeDirs)
+	if err != nil {
+		return err
 	}
-
-	// The backends: named ones must run; by default, those available here.
-	names := splitList(*backends)
-	explicit := len(names) > 0
-	if !explicit {
-		names = harness.BackendNames
-		if *tracePath == "" && *modelName == "tiny" {
-			names = defaultCPUBackends
-		}
-	}
-	var bs []harness.Backend
-	var notes []string
-	for _, n := range names {
-		b, err := harness.NewBackend(n, plannerModel)
-		if err != nil {
-			return usageErr(fs.Usage, err)
-		}
-		if err := b.Available(); err != nil && !explicit {
-			notes = append(notes, fmt.Sprintf("%s not run: %v", n, err))
-			continue
-		}
-		if t, ok := b.(*harness.Tutti); ok {
-			if n == "tutti-gpu" {
-				r := gpuReads(storeDirs, *gpuWindow, *gpuMaxIO, *gpuLookahead)
-				t.SetGPUReads(r.Window, r.MaxIOBytes, r.Lookahead)
-				notes = append(notes, fmt.Sprintf("tutti-gpu: window %d reads, largest read %d KiB, lookahead %d layers", r.Window, r.MaxIOBytes>>10, r.Lookahead))
-				for _, u := range r.Unread {
-					notes = append(notes, "tutti-gpu: device not read: "+u)
-				}
-			}
-			if *saveBoundMs > 0 {
-				t.SetSaveBoundMs(*saveBoundMs)
-				notes = append(notes, fmt.Sprintf("%s: save bound %d ms (--tutti-save-bound-ms, the replay's default 60000: the runtime's own default, 2000, cuts saves larger than it writes in 2 s, which the baselines keep whole)", n, *saveBoundMs))
-			}
-		}
-		bs = append(bs, b)
-	}
-
-	if bs, err = tpBackends(bs, *gpus, plannerModel, prof); err != nil {
-		return usageErr(fs.Usage, err)
-	}
-
-	if *capBytes != "" {
-		v, err := devbench.ParseBytes(*capBytes)
-		if err != nil {
-			return usageErr(fs.Usage, fmt.Errorf("--capacity: %w", err))
-		}
-		g, _ := prof.Geometry()
-		*capBlocks = int(max(1, v/g.ChunkBytes()))
-	}
-	unregister, err := kvEventsBackend(&kf, bs, prof, *capBlocks, &notes)
+	unregister, err := kvEventsBackend(&f.kf, bs, prof, *f.capBlocks, &notes)
 	if err != nil {
 		return usageErr(fs.Usage, err)
 	}
@@ -238,24 +170,17 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 		defer os.RemoveAll(d)
 		storeDirs = []string{d}
 	}
-	progress := report.NewProgress(stderr).Update
-	if !isTerminal(stderr) {
-		// A pipe or a CI log: whole lines, a few per backend.
-		lp := newLineProgress(stderr)
-		fmt.Fprintf(stderr, "replaying %d requests through %d backends (%s)\n", len(reqs), len(bs), strings.Join(backendNames(bs), ", "))
-		progress = lp.Update
-	}
 	cfg := harness.Config{
-		Requests: reqs, Profile: prof, Dirs: storeDirs, StorageLabel: *storageLabel, Backends: bs, CapacityBlocks: *capBlocks,
-		QueueDepth: *qd, Compute: comp, GPU: gpuCompute, SLOms: *sloMs, EBPF: !*noEBPF,
-		Progress: progress, Warm: warm, Rounds: *wl.rounds,
+		Requests: reqs, Profile: prof, Dirs: storeDirs, StorageLabel: *f.storageLabel, Backends: bs, CapacityBlocks: *f.capBlocks,
+		QueueDepth: *f.qd, Compute: comp, GPU: gpuCompute, SLOms: *f.sloMs, EBPF: !*f.noEBPF,
+		Progress: replayProgress(stderr, len(reqs), bs), Warm: warm, Rounds: *f.wl.rounds,
 	}
-	if *noCeiling {
+	if *f.noCeiling {
 		cfg.CeilingBytes = -1
 	}
-	cfg.KeepStores = *keep
-	if *kvMem != "" {
-		v, err := devbench.ParseBytes(*kvMem)
+	cfg.KeepStores = *f.keep
+	if *f.kvMem != "" {
+		v, err := devbench.ParseBytes(*f.kvMem)
 		if err != nil {
 			return usageErr(fs.Usage, fmt.Errorf("--kv-mem: %w", err))
 		}
@@ -274,30 +199,120 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	if res.Oversize > 0 {
 		fmt.Fprintf(stderr, "left out %d requests whose KV exceeds the engine memory bound (--kv-mem)\n", res.Oversize)
 	}
-	for _, b := range bs {
-		t, ok := b.(*harness.Tutti)
-		if !ok {
-			continue
-		}
-		if w, bt := t.GPUHelper(); w > 0 {
-			notes = append(notes, fmt.Sprintf("%s: the GPU ring's helper entered the kernel %d times; %d waits ran the whole batch wait with reads in flight", t.Name(), w, bt))
-		}
-		if t.PlannedRecomputeBlocks() > 0 {
-			notes = append(notes, fmt.Sprintf("%s: the planner recomputed %d cached blocks instead of loading them",
-				t.Name(), t.PlannedRecomputeBlocks()))
-		}
-	}
+	notes = append(notes, harness.TuttiNotes(bs)...)
 	notes = append(notes, kvEventsNotes(bs)...)
-	if gs := gpuCompute.Stats(); gs.Requests > 0 {
-		notes = append(notes, fmt.Sprintf("GPU prefill: %d prefills measured (%d re-measured alone: the restore brought back fewer blocks than looked up), %.1f s of GPU time; %d GEMM launches next to restores took %.2f CPU-s (in the restores' CPU time where they overlapped)",
-			gs.Requests, gs.Reruns, gs.GPUTime.Seconds(), gs.Launches, gs.EnqueueCPU.Seconds()))
-	}
+	notes = append(notes, harness.GPUComputeNotes(gpuCompute)...)
 	notes = append(notes, fmt.Sprintf("every backend replays the same %d requests in the same order, with the same block capacity", len(reqs)))
 	meta := report.Meta{Command: "tutti replay " + shellJoin(args), TracePath: traceDesc,
-		Skipped: st.Skipped, TimeScale: *timeScale, Notes: notes}
-	path, werr := report.Write(outDir, res, meta)
+		Skipped: st.Skipped, TimeScale: *f.timeScale, Notes: notes}
 	madeOut = false // the report's directory is kept
-	if *jsonOut {
+	return replayReport(outDir, res, meta, *f.jsonOut, explicit, runErr, stdout, stderr)
+}
+
+// check checks the flags that need no work done (the model, its block
+// size, --qd, --dir, --warm-ms) and fills in --requests' default.
+func (f *replayFlags) check() (prof model.Profile, storeDirs []string, err error) {
+	fs := f.fs
+	prof, err = model.Lookup(*f.modelName)
+	if err != nil {
+		return prof, nil, usageErr(fs.Usage, err)
+	}
+	if *f.blockTokens != prof.BlockTokens() {
+		// A trace hashed at another granularity: one chain block is
+		// blockTokens/PageTokens engine pages.
+		pt := prof.Shape.PageTokens
+		if *f.blockTokens <= 0 || *f.blockTokens%pt != 0 {
+			return prof, nil, usageErr(fs.Usage, fmt.Errorf("--block-tokens %d: must be a positive multiple of the model's %d-token pages",
+				*f.blockTokens, pt))
+		}
+		prof.Shape.ChunkPages = *f.blockTokens / pt
+	}
+	if *f.requests < 0 {
+		*f.requests = 0
+		if *f.tracePath == "" {
+			// Keeps the no-flag run well under a minute on two shared cores:
+			// the saves of the window's distinct blocks per backend dominate.
+			*f.requests = defaultWindowRequests
+		}
+	}
+	if *f.qd < 1 || *f.qd > 4096 {
+		return prof, nil, usageErr(fs.Usage, errors.New("--qd must be in 1..4096"))
+	}
+	storeDirs, err = parseDirs(*f.dir)
+	if err != nil {
+		return prof, nil, usageErr(fs.Usage, err)
+	}
+	if *f.warmMs < 0 || math.IsNaN(*f.warmMs) || math.IsInf(*f.warmMs, 0) {
+		return prof, nil, usageErr(fs.Usage, fmt.Errorf("--warm-ms %v: want a duration ≥ 0", *f.warmMs))
+	}
+	return prof, storeDirs, nil
+}
+
+// compute is the prefill compute of --compute and --gpu-tflops; the caller
+// closes the GPU compute (nil-safe).
+func (f *replayFlags) compute(prof model.Profile) (harness.Compute, *harness.GPUCompute, error) {
+	comp, err := harness.NewCompute(prof, *f.gpuTFLOPs*1e12, harness.DefaultLayerFixedNs)
+	if err != nil {
+		return comp, nil, usageErr(f.fs.Usage, err)
+	}
+	if !slices.Contains(harness.ComputeModes, *f.computeMode) {
+		return comp, nil, usageErr(f.fs.Usage, fmt.Errorf("--compute %q: want one of %v", *f.computeMode, harness.ComputeModes))
+	}
+	return harness.SetupCompute(*f.computeMode, prof, comp)
+}
+
+// selectBackends is --backends (named ones must run; by default, those
+// available here), --gpus' tensor-parallel backends, and --capacity in
+// blocks; explicit says the backends were named.
+func (f *replayFlags) selectBackends(prof model.Profile, comp harness.Compute, storeDirs []string) (bs []harness.Backend, notes []string, explicit bool, err error) {
+	var plannerModel *harness.Compute
+	if *f.planner {
+		plannerModel = &comp
+	}
+	names := splitList(*f.backends)
+	explicit = len(names) > 0
+	if !explicit {
+		names = harness.BackendNames
+		if *f.tracePath == "" && *f.modelName == "tiny" {
+			names = defaultCPUBackends
+		}
+	}
+	bs, notes, err = harness.SelectBackends(harness.BackendChoice{Names: names, Explicit: explicit, Planner: plannerModel, Dirs: storeDirs,
+		GPUWindow: *f.gpuWindow, GPUMaxIO: *f.gpuMaxIO, GPULookahead: *f.gpuLookahead, SaveBoundMs: *f.saveBoundMs})
+	if err != nil {
+		return nil, nil, false, usageErr(f.fs.Usage, err)
+	}
+	if bs, err = tpBackends(bs, *f.gpus, plannerModel, prof); err != nil {
+		return nil, nil, false, usageErr(f.fs.Usage, err)
+	}
+	if *f.capBytes != "" {
+		v, err := devbench.ParseBytes(*f.capBytes)
+		if err != nil {
+			return nil, nil, false, usageErr(f.fs.Usage, fmt.Errorf("--capacity: %w", err))
+		}
+		g, _ := prof.Geometry()
+		*f.capBlocks = int(max(1, v/g.ChunkBytes()))
+	}
+	return bs, notes, explicit, nil
+}
+
+// replayProgress is the run's progress: a bar on a terminal, whole lines
+// (a few per backend) on a pipe or a CI log.
+func replayProgress(stderr io.Writer, requests int, bs []harness.Backend) func(string, int, int) {
+	if isTerminal(stderr) {
+		return report.NewProgress(stderr).Update
+	}
+	lp := newLineProgress(stderr)
+	fmt.Fprintf(stderr, "replaying %d requests through %d backends (%s)\n", requests, len(bs), strings.Join(backendNames(bs), ", "))
+	return lp.Update
+}
+
+// replayReport writes the report under outDir, prints the summary (or the
+// JSON), and fails closed: a wrong byte is an error exit, not a line in a
+// report; so is a backend that was asked for by name and could not run.
+func replayReport(outDir string, res *harness.Result, meta report.Meta, jsonOut, explicit bool, runErr error, stdout, stderr io.Writer) error {
+	path, werr := report.Write(outDir, res, meta)
+	if jsonOut {
 		if err := report.WriteJSON(stdout, res); err != nil {
 			return err
 		}
@@ -310,8 +325,6 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	if path != "" {
 		fmt.Fprintf(stderr, "report: %s\n", path)
 	}
-	// Fail closed: a wrong byte is an error exit, not a line in a report;
-	// so is a backend that was asked for by name and could not run.
 	for _, b := range res.Backends {
 		if b.VerifyMismatches > 0 {
 			fmt.Fprintf(stderr, "%s: %d restored pages differ from what was saved\n", b.Backend, b.VerifyMismatches)
@@ -428,16 +441,6 @@ func warmHistory(parsed *trace.Parsed, startMs, warmMs float64) (*harness.Warm, 
 	}
 	w.History = hist
 	return w, nil
-}
-
-// gpuReads sizes tutti-gpu's reads to the store's devices where a flag
-// left them 0 (runtime.DeviceSizedGPUReads; an unknown device adds 128
-// reads to the window and counts as taking 1 MiB reads); the runtime checks the values at Open.
-func gpuReads(dirs []string, window, maxIO, lookahead int) runtime.GPUReads {
-	if len(dirs) == 0 {
-		dirs = []string{os.TempDir()}
-	}
-	return runtime.DeviceSizedGPUReads(dirs).Explicit(window, maxIO, lookahead)
 }
 
 func backendNames(bs []harness.Backend) []string {

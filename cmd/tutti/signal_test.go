@@ -185,3 +185,19 @@ func TestGpubenchJSONCheckedFirst(t *testing.T) {
 		t.Fatalf("exit %d, %q: want --json %s refused", code, stderr.String(), bad)
 	}
 }
+
+// TestGpubenchSIGTERMCleansUp: gpubench sent SIGTERM while a store path
+// runs finishes that path's cleanup (its store directory removed), starts
+// no other, and exits 143.
+func TestGpubenchSIGTERMCleansUp(t *testing.T) {
+	tmp, dir := t.TempDir(), t.TempDir()
+	cmd, out := tutti(t, tmp, "gpubench", "--paths", "store-cpu,store-cpu", "--dir", dir, "--model", "tiny", "--tokens", "262144", "--no-ceiling")
+	waitFor(t, "the store directory", glob(filepath.Join(dir, "tutti-gpubench-store-cpu-*")))
+	terminate(t, cmd, out)
+	if n := entries(t, dir); len(n) != 0 {
+		t.Fatalf("left in --dir after SIGTERM: %v; output:\n%s", n, out)
+	}
+	if strings.Count(out.String(), "store-cpu restore") > 1 {
+		t.Fatalf("the second path ran after SIGTERM:\n%s", out)
+	}
+}

@@ -1,10 +1,13 @@
-// Package gpubench holds the logic of `tutti gpubench` that measures the
-// product itself: runtime.Store's Save and Load on PathGPU (store-gpu) and
-// PathCPU (store-cpu), through the store's own layout, planner and
-// scheduler, every byte verified, each row divided by ceilings measured in
-// the same run on the same directories. cmd/tutti parses the flags and calls
-// RunStore; the kernels-only rows (kernels.Restorer driven directly) are the
-// reference beside them.
+// Package gpubench is the logic of `tutti gpubench`: a real-shaped KV
+// prefix restored into HBM through every I/O path and verified. The
+// kernels-only paths (kernels.Restorer driven directly: the GPU-driven
+// rings, host uring, per-block, cuFile, page cache, DRAM) run in rounds
+// over data files laid out as the store lays out its runs, each divided by
+// device ceilings sampled around it; the product paths (runtime.Store's
+// Save and Load on PathGPU, store-gpu, and PathCPU, store-cpu) go through
+// the store's own layout, planner and scheduler beside them. --gpus N runs
+// the tensor-parallel restore (runtime/tp) instead. cmd/tutti parses the
+// flags and calls Run.
 package gpubench
 
 import (
@@ -43,6 +46,8 @@ type StoreConfig struct {
 	Device int      // GPU of store-gpu
 	// NoCeiling skips the ceilings (quick checks): the fractions stay 0.
 	NoCeiling bool
+	// Progress, if set, is told after each path (done of len(Paths)).
+	Progress func(phase string, done, total int)
 }
 
 const maxTokens = 1 << 22
@@ -78,7 +83,7 @@ type StoreRow struct {
 // RunStore measures every path of cfg: per path, a fresh store over cfg.Dirs,
 // the prefix filled, saved (timed to Done, the commit) and restored into
 // poisoned memory (timed to Wait), then verified. The ceilings are measured
-// once before the paths.
+// once before the paths. A cancelled ctx stops it before the next path.
 func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, Ceilings, error) {
 	prof, err := evalmodel.Lookup(cfg.Model)
 	if err != nil {
@@ -108,7 +113,10 @@ func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, 
 			len(cfg.Dirs), ceil.FileBytes>>20, ceil.WriteBytesPS/1e9, ceil.ReadBytesPS/1e9)
 	}
 	var rows []StoreRow
-	for _, p := range cfg.Paths {
+	for done, p := range cfg.Paths {
+		if err := ctx.Err(); err != nil {
+			return rows, ceil, err // cancelled: no further path starts
+		}
 		rs, err := runStorePath(cfg, p, g, blocks, ceil)
 		if err != nil {
 			return rows, ceil, fmt.Errorf("%s: %w", p, err)
@@ -124,6 +132,9 @@ func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, 
 			}
 		}
 		rows = append(rows, rs...)
+		if cfg.Progress != nil {
+			cfg.Progress("gpubench store paths", done+1, len(cfg.Paths))
+		}
 	}
 	return rows, ceil, nil
 }

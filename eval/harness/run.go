@@ -4,17 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/tutti-io/tutti/eval/blockstat"
 	"github.com/tutti-io/tutti/eval/metrics"
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/internal/trace"
+	"github.com/tutti-io/tutti/objmap"
 	"golang.org/x/sys/unix"
 )
 
@@ -230,36 +228,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if maxKV <= 0 {
 		maxKV = min(int64(16<<30), memAvailable()/2)
 	}
-	perBlockKV := int64(g.ChunkPages) * g.PageBytesPerLayer() * int64(g.Layers)
-	var oversize int
-	kept := cfg.Requests[:0:0]
-	maxBlocks := 0
-	for _, r := range cfg.Requests {
-		if int64(len(r.HashIDs))*perBlockKV > maxKV {
-			oversize++
-			continue
-		}
-		kept = append(kept, r)
-		maxBlocks = max(maxBlocks, len(r.HashIDs))
-	}
+	kept, oversize, maxBlocks := fitKV(cfg.Requests, g, maxKV)
 	if len(kept) == 0 {
 		return nil, fmt.Errorf("replay: every request needs more than %d MiB of KV memory", maxKV>>20)
 	}
 	cfg.Requests = kept
 	sum := trace.Summarize(cfg.Requests)
-	capBlocks, capNote := cfg.CapacityBlocks, "given"
-	if capBlocks <= 0 || int64(capBlocks) > sum.DistinctBlocks {
-		capBlocks, capNote = int(sum.DistinctBlocks), "every distinct block"
-		if cfg.CapacityBlocks <= 0 {
-			if free, where := freeAcross(roots); free > 0 && int64(capBlocks)*g.ChunkBytes() > free/2 {
-				capBlocks = int(free / 2 / g.ChunkBytes())
-				capNote = fmt.Sprintf("half of the %d MiB free in %s", free>>20, where)
-			}
-		}
-	}
-	if capBlocks < 1 {
-		capBlocks = 1
-	}
+	capBlocks, capNote := capacity(cfg.CapacityBlocks, sum.DistinctBlocks, roots, g.ChunkBytes())
 	host, _ := os.Hostname()
 	res := &Result{
 		Model: cfg.Profile.Name, Geometry: g.String(), Trace: sum,
@@ -358,8 +333,8 @@ func RecomputeSLO(recompute []Service) float64 {
 // model is replaced by one from the recompute backend's own prefills (2 ×
 // p90 of its unloaded TTFT, layers × measured layer time) when that backend
 // ran: with prefill measured on the GPU the fitted model can be far from the
-// prefills the timeline replays (seen 2× on the H200, where every backend
-// then missed a model-derived SLO at every rate).
+// prefills the timeline replays, and every backend would then miss a
+// model-derived SLO at every rate.
 func settleSLO(cfg Config, res *Result) {
 	if cfg.SLOms <= 0 {
 		for _, br := range res.Backends {
@@ -375,239 +350,35 @@ func settleSLO(cfg Config, res *Result) {
 	}
 }
 
-func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KVMemory, b Backend, warm []warmStep) (BackendResult, error) {
-	g := kv.Geometry
-	br := BackendResult{Backend: b.Name(), ComputeModel: cfg.Compute.Label, Storage: cfg.StorageLabel}
-	label := func() {
-		if l, ok := b.(Labeler); ok {
-			br.Label = l.Label()
+// fitKV is reqs without those whose KV (geometry g) exceeds maxKV bytes,
+// how many were left out, and the most blocks a kept one has.
+func fitKV(reqs []trace.Request, g objmap.Geometry, maxKV int64) (kept []trace.Request, oversize, maxBlocks int) {
+	perBlockKV := int64(g.ChunkPages) * g.PageBytesPerLayer() * int64(g.Layers)
+	kept = reqs[:0:0]
+	for _, r := range reqs {
+		if int64(len(r.HashIDs))*perBlockKV > maxKV {
+			oversize++
+			continue
 		}
+		kept = append(kept, r)
+		maxBlocks = max(maxBlocks, len(r.HashIDs))
 	}
-	label()
-	if d, ok := b.(DirectIO); ok {
-		br.DirectIO = d.DirectIO()
-	}
-	if err := b.Available(); err != nil {
-		br.Skipped = err.Error()
-		return br, nil
-	}
-	dirs := make([]string, len(res.Dirs))
-	for i, root := range res.Dirs {
-		dirs[i] = filepath.Join(root, b.Name())
-		if err := emptyStoreDir(dirs[i]); err != nil {
-			return br, err
-		}
-	}
-	env := Env{Profile: cfg.Profile, Geometry: g, Dirs: dirs, Dir: dirs[0], CapacityBlocks: res.CapacityBlocks,
-		CapacityBytes: res.CapacityBytes, KV: kv, QueueDepth: cfg.QueueDepth}
-	if err := b.Open(env); err != nil {
-		if errors.Is(err, ErrUnavailable) {
-			br.Skipped = err.Error()
-			return br, nil
-		}
-		return br, fmt.Errorf("open: %w", err)
-	}
-	defer func() {
-		b.Close()
-		if !cfg.KeepStores {
-			for _, d := range dirs {
-				removeStoreDir(d)
-			}
-		}
-	}()
+	return kept, oversize, maxBlocks
+}
 
-	label() // some backends know their label only once open
-	self, selfIndexed := b.(SelfIndexed)
-	index := NewIndex(res.CapacityBlocks)
-	if res.Warm != nil {
-		br.WarmMs, br.WarmHistoryRequests = res.Warm.DurationMs, res.Warm.HistoryRequests
-		if err := warmBackend(ctx, &br, warm, b, kv, index, dirs); err != nil {
-			return br, err
-		}
-	}
-	// The meters start after the warm-up: none of its I/O is counted.
-	meter := blockstat.StartMeterPaths(dirs, cfg.EBPF)
-	samp := startSampler(meter, 200*time.Millisecond)
-	stopMeter := func() blockstat.Result {
-		br.Device = samp.Stop()
-		return meter.Stop()
-	}
-	wall := time.Now()
-	var loadCPU, saveCPU time.Duration
-	var loadTime, saveTime time.Duration
-	var withHits, hitBlocks, ios, runs int64
-	var stalls []float64
-
-	for seq, tr := range cfg.Requests {
-		if err := ctx.Err(); err != nil {
-			stopMeter()
-			return br, err
-		}
-		req := &Request{Seq: seq, Trace: tr, Chain: tr.HashIDs}
-		pages, err := kv.Alloc(len(req.Chain) * g.ChunkPages)
-		if err != nil {
-			stopMeter()
-			return br, err
-		}
-		req.Pages = pages
-		if selfIndexed {
-			req.Hit = self.Lookup(req.Chain)
-		} else {
-			req.Hit = index.Lookup(req.Chain)
-		}
-
-		svc := Service{ArrivalMs: tr.ArrivalMs, Layers: layers}
-		restored := 0
-		var prefill *PrefillRun // on the GPU, next to the restore
-		if req.Hit > 0 {
-			kv.Scribble(pages[:req.Hit*g.ChunkPages])
-			if hs, ok := b.(HostSyncer); ok {
-				if err := hs.Invalidate(req); err != nil {
-					stopMeter()
-					return br, fmt.Errorf("request %d: clearing the backend's pages: %w", seq, err)
-				}
-			}
-			prefill = cfg.GPU.Start(tr.InputTokens, min(req.Hit*cfg.Profile.BlockTokens(), tr.InputTokens))
-			c0, _ := blockstat.ProcessCPU()
-			t0 := time.Now()
-			rr, err := b.Restore(req)
-			d := time.Since(t0)
-			c1, _ := blockstat.ProcessCPU()
-			if err != nil {
-				stopMeter()
-				return br, fmt.Errorf("request %d (trace line %d): restore: %w", seq, tr.Line, err)
-			}
-			loadCPU += c1.Sub(c0).Total()
-			if n := len(rr.LayerReady); n > 0 && rr.LayerReady[n-1] > 0 && rr.LayerReady[n-1] < d {
-				d = rr.LayerReady[n-1] // the last layer's readiness ends the load
-			}
-			loadTime += d
-			restored = rr.Blocks
-			if hs, ok := b.(HostSyncer); ok && rr.Blocks > 0 {
-				if err := hs.ToHost(req, rr.Blocks); err != nil {
-					stopMeter()
-					return br, fmt.Errorf("request %d: copying restored KV to the host: %w", seq, err)
-				}
-			}
-			for blk := 0; blk < rr.Blocks; blk++ {
-				br.VerifyMismatches += int64(kv.VerifyBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk)))
-			}
-			br.Fallbacks += int64(rr.Fallbacks)
-			br.RestoredBytes += rr.Bytes
-			br.ReadBytes += rr.ReadBytes
-			withHits++
-			hitBlocks += int64(rr.Blocks)
-			ios += rr.IOs
-			runs += int64(rr.Runs)
-			if rr.Blocks > 0 {
-				svc.LayerReady, svc.Load, svc.Bytes = rr.LayerReady, d, rr.Bytes
+// capacity is the backends' block capacity and where it comes from: the
+// given one (at most every distinct block), or every distinct block where
+// half of the roots' free space holds them, else that half.
+func capacity(given int, distinct int64, roots []string, chunkBytes int64) (int, string) {
+	capBlocks, capNote := given, "given"
+	if capBlocks <= 0 || int64(capBlocks) > distinct {
+		capBlocks, capNote = int(distinct), "every distinct block"
+		if given <= 0 {
+			if free, where := freeAcross(roots); free > 0 && int64(capBlocks)*chunkBytes > free/2 {
+				capBlocks = int(free / 2 / chunkBytes)
+				capNote = fmt.Sprintf("half of the %d MiB free in %s", free>>20, where)
 			}
 		}
-		// The prefill computes the rest: its KV goes into the pages (only
-		// needed when something will be saved from them).
-		for blk := restored; blk < len(req.Chain) && b.Name() != "recompute"; blk++ {
-			kv.FillBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk))
-		}
-		cachedTokens := min(restored*cfg.Profile.BlockTokens(), tr.InputTokens)
-		if svc.LayerCompute, err = cfg.GPU.Finish(prefill, cfg.Compute, tr.InputTokens-cachedTokens, cachedTokens); err != nil {
-			stopMeter()
-			return br, fmt.Errorf("request %d: %w", seq, err)
-		}
-
-		// Save what is new, within the capacity.
-		end := len(req.Chain)
-		if !selfIndexed {
-			var evict []uint64
-			end, evict = index.Admit(req.Chain, req.Hit)
-			if err := b.Evict(evict); err != nil {
-				stopMeter()
-				return br, err
-			}
-			br.EvictedBlocks += int64(len(evict))
-		}
-		req.SaveEnd = end
-		if end > req.Hit {
-			if hs, ok := b.(HostSyncer); ok {
-				if err := hs.FromHost(req); err != nil {
-					stopMeter()
-					return br, fmt.Errorf("request %d: copying KV to the backend: %w", seq, err)
-				}
-			}
-			c0, _ := blockstat.ProcessCPU()
-			t0 := time.Now()
-			sr, err := b.Save(req)
-			d := time.Since(t0)
-			c1, _ := blockstat.ProcessCPU()
-			if err != nil {
-				stopMeter()
-				return br, fmt.Errorf("request %d (trace line %d): save: %w", seq, tr.Line, err)
-			}
-			saveCPU += c1.Sub(c0).Total()
-			saveTime += d
-			svc.Save, svc.SaveBlocks = d, sr.Blocks
-			br.SavedBytes += sr.Bytes
-			br.SaveFallbacks += int64(sr.Fallbacks)
-			if !selfIndexed {
-				index.Insert(req.Chain, req.Hit, req.Hit+sr.Blocks)
-			}
-		}
-		kv.Release(pages)
-		br.Services = append(br.Services, svc)
-		br.Requests++
-		if cfg.Progress != nil {
-			cfg.Progress(b.Name(), seq+1, len(cfg.Requests))
-		}
 	}
-	m := stopMeter()
-	br.WallSeconds = time.Since(wall).Seconds()
-	br.LoadSeconds, br.SaveSeconds = loadTime.Seconds(), saveTime.Seconds()
-	br.DeviceReadBytes = m.DeviceReadBytes()
-	br.DeviceBytesSource = m.Source()
-	br.DiskstatsReadBytes = m.DiskReadBytes
-	br.DeviceWriteBytes = m.DiskWriteBytes
-	if m.EBPF {
-		br.DeviceWriteBytes = m.EBPFWriteBytes
-		if m.ReadLatency.Count() > 0 {
-			br.DeviceReadLatencyP50Us = float64(m.ReadLatency.Quantile(0.5)) / 1e3
-			br.DeviceReadLatencyP99Us = float64(m.ReadLatency.Quantile(0.99)) / 1e3
-		}
-	}
-
-	// Metrics from the measured services.
-	o := Simulate(br.Services, 1)
-	br.TTFTms = o.TTFTms
-	s := metrics.Summarize(o.TTFTms)
-	br.TTFTmsP50, br.TTFTmsP90, br.TTFTmsP99 = s.P50, s.P90, s.P99
-	stalls = o.StallMs
-	br.GPUStallMsMean = metrics.Mean(stalls)
-	// The rate curve waits for the settled SLO (settleSLO, after the backends).
-	binMs := math.Max(1, (res.Trace.DurationMs+1)/200)
-	br.BandwidthT, br.Bandwidth = Bandwidth(br.Services, o, binMs)
-	br.HitBlocks = hitBlocks
-	var refs int64
-	for _, r := range cfg.Requests {
-		refs += int64(len(r.HashIDs))
-	}
-	if refs > 0 {
-		br.HitRatio = float64(hitBlocks) / float64(refs)
-	}
-	br.RequestsWithHitsRestore = int(withHits)
-	if withHits > 0 {
-		br.IOsPerRequestMean = float64(ios) / float64(withHits)
-		br.IOsPerLayerRequestMean = br.IOsPerRequestMean / float64(layers)
-		br.RunsPerRequestMean = float64(runs) / float64(withHits)
-		br.BlocksPerRequestMean = float64(hitBlocks) / float64(withHits)
-	}
-	if loadTime > 0 {
-		br.BytesPerS = float64(br.RestoredBytes) / loadTime.Seconds()
-	}
-	if res.CeilingBytesPS > 0 {
-		br.CeilingFraction = br.BytesPerS / res.CeilingBytesPS
-	}
-	if res.CeilingSumBytesPS > 0 {
-		br.CeilingSumFraction = br.BytesPerS / res.CeilingSumBytesPS
-	}
-	br.CPUSPerGiB = blockstat.CPU{User: loadCPU}.PerGiB(br.RestoredBytes)
-	br.SaveCPUSPerGiB = blockstat.CPU{User: saveCPU}.PerGiB(br.SavedBytes)
-	return br, nil
+	return max(capBlocks, 1), capNote
 }

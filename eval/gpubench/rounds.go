@@ -1,4 +1,4 @@
-package main
+package gpubench
 
 import (
 	"fmt"
@@ -6,18 +6,18 @@ import (
 	"sort"
 )
 
-// Rounds. On the GPU machine the devices' ceiling moved by up to 30 % between
-// two samples a minute apart (RAM-backed loop devices: 15.3 to 19.8 GB/s),
-// so a single ceiling sample taken before every path ran made a path's
-// fraction depend on when it ran. gpubench therefore runs --rounds rounds,
+// Rounds. A host's device ceiling can drift a lot between two samples a
+// minute apart (RAM-backed loop devices above all; BENCHMARKS.md has the
+// figures), so a single ceiling sample taken before every path ran would
+// make a path's fraction depend on when it ran. gpubench therefore runs --rounds rounds,
 // each a fresh sample of the sum ceiling followed by every path (in the
 // order roundOrder gives) with a striped ceiling sample between any two,
 // and reports for each path the median over the rounds: of its bytes/s, of
 // its CPU s/GiB and of its fractions of the ceilings sampled around it and
 // in its round. The per-round values are kept in the row.
 
-// roundStats are one path's per-round values, in round order.
-type roundStats struct {
+// RoundStats are one path's per-round values, in round order.
+type RoundStats struct {
 	BytesPerS       []float64 `json:"bytes_per_s_rounds,omitempty"`
 	CeilingBytesPS  []float64 `json:"ceiling_bytes_per_s_rounds,omitempty"`
 	CeilingFraction []float64 `json:"ceiling_fraction_rounds,omitempty"`
@@ -34,11 +34,10 @@ type roundStats struct {
 // rotated by k/2, and mirrored in odd rounds. A round and its mirror run
 // every pair of paths both ways, so with an even number of rounds every
 // path runs before every other in exactly half of them, and over 2n rounds
-// every path runs in every position twice. (Rotating by one per round, as
-// before, ran the first of two paths first in 3 of 5 rounds, and of three
-// paths ran the first before the second in 2 of every 3; on the GPU
-// machine the path that ran second in a round was up to a few per cent
-// ahead in some calls: Session 8, BENCHMARKS.md.)
+// every path runs in every position twice. (A plain rotation by one per
+// round runs some pairs in one order more often than the other, and the
+// path that runs second in a round can come out a few per cent ahead on a
+// GPU host: BENCHMARKS.md.)
 func roundOrder(n, k int) []int {
 	o := make([]int, n)
 	for j := range o {
@@ -57,7 +56,7 @@ func roundOrder(n, k int) []int {
 // row is the round with the median bytes/s (the lower one of an even
 // count), with the medians of bytes/s, CPU s/GiB, ceiling and ceiling
 // fraction put in.
-func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
+func mergeRounds(rounds [][]Row) ([]Row, error) {
 	if len(rounds) == 0 {
 		return nil, nil
 	}
@@ -67,9 +66,9 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 			return nil, fmt.Errorf("round %d ran %d paths, round 1 ran %d", k+1, len(r), n)
 		}
 	}
-	out := make([]benchRow, n)
+	out := make([]Row, n)
 	for i := 0; i < n; i++ {
-		var st roundStats
+		var st RoundStats
 		var mism uint64
 		failed := -1
 		for k, r := range rounds {
@@ -91,7 +90,7 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 			st.IOWQWorkers = append(st.IOWQWorkers, row.IOWQWorkers)
 			st.Position = append(st.Position, row.position)
 		}
-		var row benchRow
+		var row Row
 		if failed >= 0 {
 			row = rounds[failed][i]
 			if len(rounds) > 1 {
@@ -100,12 +99,12 @@ func mergeRounds(rounds [][]benchRow) ([]benchRow, error) {
 			row.BytesPerS, row.CeilingFraction, row.CeilingSumFraction = 0, 0, 0
 		} else {
 			row = rounds[medianIndex(st.BytesPerS)][i] // its bytes/s is the median
-			row.CPUSPerGiB = median(st.CPUSPerGiB)
-			row.CeilingBytesPS = median(st.CeilingBytesPS)
-			row.CeilingCachedBytesPS = median(st.CeilingCached)
-			row.CeilingFraction = median(st.CeilingFraction)
-			row.CeilingSumBytesPS = median(st.CeilingSum)
-			row.CeilingSumFraction = median(st.CeilingSumFrac)
+			row.CPUSPerGiB = Median(st.CPUSPerGiB)
+			row.CeilingBytesPS = Median(st.CeilingBytesPS)
+			row.CeilingCachedBytesPS = Median(st.CeilingCached)
+			row.CeilingFraction = Median(st.CeilingFraction)
+			row.CeilingSumBytesPS = Median(st.CeilingSum)
+			row.CeilingSumFraction = Median(st.CeilingSumFrac)
 		}
 		row.Mismatches = mism
 		row.Rounds = len(rounds)
@@ -126,4 +125,6 @@ func medianIndex(v []float64) int {
 	return idx[(len(v)-1)/2]
 }
 
-func median(v []float64) float64 { return v[medianIndex(v)] }
+// Median is the median of v (the lower middle of an even count: a value
+// of v); v must not be empty and is not reordered.
+func Median(v []float64) float64 { return v[medianIndex(v)] }

@@ -1,7 +1,8 @@
-package main
+package gpubench
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -19,7 +20,7 @@ func TestGroupBenchCPU(t *testing.T) {
 		{Layers: 2, KVHeads: 1, HeadDim: 72, DType: objmap.BF16, Planes: 1, PageTokens: 16, ChunkPages: 1},
 	} {
 		var stderr bytes.Buffer
-		rows := runGroupBench(groupBenchOptions{model: "test", g: g, layout: objmap.LayoutPerLayer, tokens: 1024,
+		rows := runGroupBench(context.Background(), groupBenchOptions{model: "test", g: g, layout: objmap.LayoutPerLayer, tokens: 1024,
 			dirs: []string{t.TempDir()}, ranks: 4, path: runtime.PathCPU, seed: 9, reps: 2,
 			stagingBytes: 1 << 20, slotBytes: 256 << 10}, &stderr)
 		if len(rows) != 2 || rows[0].Ranks != 1 || rows[1].Ranks != 4 {
@@ -36,11 +37,11 @@ func TestGroupBenchCPU(t *testing.T) {
 	}
 	// Refusals: heads that do not split, no directory.
 	var out, errb bytes.Buffer
-	if err := runGroupBenchCLI(groupBenchFlags{model: "llama3-70b", tokens: 1024, dir: t.TempDir(), layout: "per-layer", seed: 1, gpus: 3}, &out, &errb); err == nil ||
+	if err := runGroupBenchCLI(context.Background(), Config{Model: "llama3-70b", Tokens: 1024, Dir: t.TempDir(), Layout: "per-layer", Seed: 1, GPUs: 3}, &out, &errb); err == nil ||
 		!strings.Contains(err.Error(), "8 KV heads cannot be split evenly over 3 ranks") {
 		t.Fatalf("3 ranks: %v", err)
 	}
-	if err := runGroupBenchCLI(groupBenchFlags{model: "llama3-70b", tokens: 1024, layout: "per-layer", seed: 1, gpus: 2}, &out, &errb); err == nil || !strings.Contains(err.Error(), "--dir") {
+	if err := runGroupBenchCLI(context.Background(), Config{Model: "llama3-70b", Tokens: 1024, Layout: "per-layer", Seed: 1, GPUs: 2}, &out, &errb); err == nil || !strings.Contains(err.Error(), "--dir") {
 		t.Fatalf("no dir: %v", err)
 	}
 }

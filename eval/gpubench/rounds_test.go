@@ -1,4 +1,4 @@
-package main
+package gpubench
 
 import (
 	"fmt"
@@ -7,11 +7,11 @@ import (
 )
 
 func TestMergeRounds(t *testing.T) {
-	row := func(path string, bps, ceil, cpu float64, ios int64) benchRow {
-		return benchRow{Path: path, BytesPerS: bps, CeilingBytesPS: ceil, CeilingCachedBytesPS: 2 * ceil, CeilingFraction: bps / ceil, CPUSPerGiB: cpu, IOs: ios}
+	row := func(path string, bps, ceil, cpu float64, ios int64) Row {
+		return Row{Path: path, BytesPerS: bps, CeilingBytesPS: ceil, CeilingCachedBytesPS: 2 * ceil, CeilingFraction: bps / ceil, CPUSPerGiB: cpu, IOs: ios}
 	}
 	t.Run("medians", func(t *testing.T) {
-		rounds := [][]benchRow{
+		rounds := [][]Row{
 			{row("gpu", 10, 20, 0.3, 1), row("cpu", 5, 20, 0.9, 1)},
 			{atPosition(withWorkers(row("gpu", 14, 14, 0.1, 2), 2), 1), atPosition(row("cpu", 7, 14, 0.8, 2), 0)},
 			{row("gpu", 12, 16, 0.2, 3), row("cpu", 6, 16, 0.7, 3)},
@@ -43,7 +43,7 @@ func TestMergeRounds(t *testing.T) {
 		}
 	})
 	t.Run("even count takes the lower middle", func(t *testing.T) {
-		got, err := mergeRounds([][]benchRow{{row("gpu", 9, 10, 0, 1)}, {row("gpu", 3, 10, 0, 2)}})
+		got, err := mergeRounds([][]Row{{row("gpu", 9, 10, 0, 1)}, {row("gpu", 3, 10, 0, 2)}})
 		if err != nil || got[0].BytesPerS != 3 || got[0].IOs != 2 {
 			t.Errorf("got %+v, %v: want round 2 (3 B/s)", got, err)
 		}
@@ -51,7 +51,7 @@ func TestMergeRounds(t *testing.T) {
 	t.Run("one failed round fails the path", func(t *testing.T) {
 		bad := row("gpu", 11, 10, 0.1, 2)
 		bad.Error, bad.Mismatches = "verify: 4 words", 4
-		got, err := mergeRounds([][]benchRow{{row("gpu", 10, 10, 0.1, 1)}, {bad}, {row("gpu", 12, 10, 0.1, 3)}})
+		got, err := mergeRounds([][]Row{{row("gpu", 10, 10, 0.1, 1)}, {bad}, {row("gpu", 12, 10, 0.1, 3)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,22 +63,22 @@ func TestMergeRounds(t *testing.T) {
 	t.Run("mismatches add up", func(t *testing.T) {
 		a, b := row("gpu", 10, 10, 0, 1), row("gpu", 10, 10, 0, 1)
 		a.Mismatches, b.Mismatches = 1, 2
-		got, _ := mergeRounds([][]benchRow{{a}, {b}})
+		got, _ := mergeRounds([][]Row{{a}, {b}})
 		if got[0].Mismatches != 3 {
 			t.Errorf("mismatches %d, want 3", got[0].Mismatches)
 		}
 	})
 	t.Run("rounds must run the same paths", func(t *testing.T) {
-		if _, err := mergeRounds([][]benchRow{{row("gpu", 1, 1, 0, 0)}, {row("cpu", 1, 1, 0, 0)}}); err == nil {
+		if _, err := mergeRounds([][]Row{{row("gpu", 1, 1, 0, 0)}, {row("cpu", 1, 1, 0, 0)}}); err == nil {
 			t.Error("different paths merged")
 		}
-		if _, err := mergeRounds([][]benchRow{{row("gpu", 1, 1, 0, 0)}, {}}); err == nil {
+		if _, err := mergeRounds([][]Row{{row("gpu", 1, 1, 0, 0)}, {}}); err == nil {
 			t.Error("different path counts merged")
 		}
 	})
 }
 
-func withWorkers(r benchRow, n int) benchRow {
+func withWorkers(r Row, n int) Row {
 	r.IOWQWorkers = n
 	return r
 }
@@ -135,4 +135,4 @@ func TestRoundOrder(t *testing.T) {
 	}
 }
 
-func atPosition(r benchRow, pos int) benchRow { r.position = pos; return r }
+func atPosition(r Row, pos int) Row { r.position = pos; return r }

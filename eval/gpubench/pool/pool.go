@@ -1,10 +1,16 @@
-package main
+// Package pool is `tutti gpubench-pool`: the rounds of several gpubench
+// calls, pooled. A call may land on a fresh host, and which of two paths
+// that both run near the ceiling comes out ahead can change from host to
+// host (BENCHMARKS.md has the calls). One call's median then says more
+// about its host than about the paths; the pool of every call's rounds,
+// and the ratio of two paths within each round (same host, same minute),
+// is what a decision between them rests on.
+package pool
 
 import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,21 +18,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/tutti-io/tutti/eval/gpubench"
 	"github.com/tutti-io/tutti/eval/metrics"
 )
-
-// gpubench-pool: the rounds of several gpubench calls, pooled. On the GPU
-// machine a call may land on a fresh host, and which of two paths that both
-// run near the ceiling comes out ahead changed from host to host (Session 7:
-// the GPU path led path (a) in every 70B round of runs 30, 31 and 34 and in 3
-// of 14 of runs 32 and 33). One call's median then says more about its host
-// than about the paths; the pool of every call's rounds, and the ratio of two
-// paths within each round (same host, same minute), is what a decision
-// between them rests on.
-
-func init() {
-	register("gpubench-pool", "pool the per-round results of several gpubench --json files: medians, ranges and per-round ratios between paths", runGPUBenchPool)
-}
 
 // Limits on what gpubench-pool reads: gpubench writes one line per path of
 // a few KiB.
@@ -35,10 +29,10 @@ const (
 	poolMaxRows      = 100000
 )
 
-// poolRow is one path's rounds in one gpubench file.
-type poolRow struct {
+// Row is one path's rounds in one gpubench file.
+type Row struct {
 	file string
-	row  benchRow
+	row  gpubench.Row
 	// rounds are the per-round values, or the row's own values as one round
 	// when it has none (a file from before --rounds).
 	bytesPerS, ceilFrac, cpu []float64
@@ -53,10 +47,10 @@ type poolRow struct {
 // readBenchRows parses gpubench --json output: one JSON object per line,
 // blank lines skipped. An error names the line. A row that failed (error
 // set) is kept: the pool counts it and leaves its numbers out.
-func readBenchRows(r io.Reader, name string) ([]poolRow, error) {
+func readBenchRows(r io.Reader, name string) ([]Row, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), poolMaxLineBytes)
-	var out []poolRow
+	var out []Row
 	for line := 1; sc.Scan(); line++ {
 		b := bytes.TrimSpace(sc.Bytes())
 		if len(b) == 0 {
@@ -65,7 +59,7 @@ func readBenchRows(r io.Reader, name string) ([]poolRow, error) {
 		if len(out) == poolMaxRows {
 			return nil, fmt.Errorf("%s:%d: more than %d rows", name, line, poolMaxRows)
 		}
-		var row benchRow
+		var row gpubench.Row
 		dec := json.NewDecoder(bytes.NewReader(b))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&row); err != nil {
@@ -77,7 +71,7 @@ func readBenchRows(r io.Reader, name string) ([]poolRow, error) {
 		if row.Path == "" {
 			return nil, fmt.Errorf("%s:%d: a row without a path", name, line)
 		}
-		p := poolRow{file: name, row: row}
+		p := Row{file: name, row: row}
 		pr := row.PerRound
 		switch {
 		case len(pr.BytesPerS) == 0:
@@ -98,9 +92,9 @@ func readBenchRows(r io.Reader, name string) ([]poolRow, error) {
 	return out, nil
 }
 
-// pooled is one (model, storage, path) over every file that ran it.
-type pooled struct {
-	File       string  `json:"file,omitempty"` // --by-file: the one file pooled
+// Pooled is one (model, storage, path) over every file that ran it.
+type Pooled struct {
+	File       string  `json:"file,omitempty"` // --by-file: the one file Pooled
 	Model      string  `json:"model"`
 	Storage    string  `json:"storage"`
 	Path       string  `json:"path"`
@@ -140,7 +134,7 @@ type pooled struct {
 	VsFirstRatio   float64 `json:"vs_ratio_median_ran_first,omitempty"`
 	VsSecondRounds int     `json:"vs_rounds_ran_second,omitempty"`
 	VsSecondRatio  float64 `json:"vs_ratio_median_ran_second,omitempty"`
-	// The pooled median CPU s/GiB over that of the --cpu-vs path (files that
+	// The Pooled median CPU s/GiB over that of the --cpu-vs path (files that
 	// ran both).
 	CPUVs    string  `json:"cpu_vs,omitempty"`
 	CPURatio float64 `json:"cpu_ratio,omitempty"`
@@ -148,178 +142,191 @@ type pooled struct {
 
 type poolKey struct{ file, model, storage, path string }
 
-// poolRows pools rows by (model, storage, path), in the order each first
+// Rows pools rows by (model, storage, path), in the order each first
 // appears; byFile keeps each file apart (one call, one host). vs and cpuVs
 // pick a path of the same model and storage by the start of its name ("" =
 // none); a path is not compared with itself. The ratio against vs pairs
 // round k of a file with round k of the same file (gpubench runs every path
 // in every round, in the order roundOrder gives).
-func poolRows(rows []poolRow, vs, cpuVs string, byFile bool) ([]pooled, error) {
-	var order []poolKey
-	groups := map[poolKey][]poolRow{}
+func Rows(rows []Row, vs, cpuVs string, byFile bool) ([]Pooled, error) {
+	g := grouping{groups: map[poolKey][]Row{}}
 	for _, r := range rows {
 		k := poolKey{"", r.row.Model, r.row.Storage, r.row.Path}
 		if byFile {
 			k.file = r.file
 		}
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
+		if _, ok := g.groups[k]; !ok {
+			g.order = append(g.order, k)
 		}
-		groups[k] = append(groups[k], r)
+		g.groups[k] = append(g.groups[k], r)
 	}
-	find := func(k poolKey, prefix, file string) (poolRow, bool, error) {
-		var hit poolRow
-		n := 0
-		for _, o := range order {
-			if o.model != k.model || o.storage != k.storage || o.path == k.path || !strings.HasPrefix(o.path, prefix) {
-				continue
-			}
-			for _, r := range groups[o] {
-				if r.file == file {
-					hit, n = r, n+1
-				}
-			}
-		}
-		if n > 1 {
-			return poolRow{}, false, fmt.Errorf("%s: %d paths start with %q for %s on %q; name one", file, n, prefix, k.model, k.storage)
-		}
-		return hit, n == 1, nil
-	}
-	out := make([]pooled, 0, len(order))
-	for _, k := range order {
-		p := pooled{File: k.file, Model: k.model, Storage: k.storage, Path: k.path}
-		var bps, frac, cpu, ratios, first, second, cpuOwn, cpuOther []float64
-		for _, r := range groups[k] {
-			p.Files++
-			p.Mismatches += r.row.Mismatches
-			if r.row.Error != "" {
-				p.Failed++
-				continue
-			}
-			bps = append(bps, r.bytesPerS...)
-			frac = append(frac, r.ceilFrac...)
-			cpu = append(cpu, r.cpu...)
-			for _, n := range r.iowq {
-				p.IOWQKnown++
-				if n > 0 {
-					p.IOWQRounds++
-				}
-			}
-			if vs != "" {
-				o, ok, err := find(k, vs, r.file)
-				if err != nil {
-					return nil, err
-				}
-				if ok && o.row.Error == "" {
-					if len(o.bytesPerS) != len(r.bytesPerS) {
-						return nil, fmt.Errorf("%s: %q ran %d rounds, %q %d", r.file, k.path, len(r.bytesPerS), o.row.Path, len(o.bytesPerS))
-					}
-					p.Vs = o.row.Path
-					ordered := len(r.pos) == len(r.bytesPerS) && len(o.pos) == len(r.bytesPerS)
-					for i, b := range r.bytesPerS {
-						if o.bytesPerS[i] <= 0 {
-							continue
-						}
-						x := b / o.bytesPerS[i]
-						ratios = append(ratios, x)
-						switch {
-						case !ordered:
-						case r.pos[i] < o.pos[i]:
-							first = append(first, x)
-						default:
-							second = append(second, x)
-						}
-					}
-				}
-			}
-			if cpuVs != "" {
-				o, ok, err := find(k, cpuVs, r.file)
-				if err != nil {
-					return nil, err
-				}
-				if ok && o.row.Error == "" {
-					p.CPUVs = o.row.Path
-					cpuOwn = append(cpuOwn, r.cpu...)
-					cpuOther = append(cpuOther, o.cpu...)
-				}
-			}
-		}
-		p.Rounds = len(bps)
-		if p.Rounds > 0 {
-			p.BytesPerS, p.CeilFrac, p.CPUSPerGiB = median(bps), median(frac), median(cpu)
-			p.CeilMin, p.CeilMax = slices.Min(frac), slices.Max(frac)
-		}
-		if len(ratios) > 0 {
-			p.VsRounds, p.VsRatio = len(ratios), median(ratios)
-			p.VsRatioLo, p.VsRatioHi = slices.Min(ratios), slices.Max(ratios)
-			for _, x := range ratios {
-				if x >= 1 {
-					p.VsAhead++
-				}
-			}
-			if lo, hi, ok := metrics.MedianCI(ratios, 0.95); ok {
-				p.VsCI95Lo, p.VsCI95Hi = lo, hi
-			}
-			_, _, p.VsSignP = metrics.SignTest(ratios, 1)
-			if len(first) > 0 {
-				p.VsFirstRounds, p.VsFirstRatio = len(first), median(first)
-			}
-			if len(second) > 0 {
-				p.VsSecondRounds, p.VsSecondRatio = len(second), median(second)
-			}
-		}
-		if len(cpuOther) > 0 {
-			if m := median(cpuOther); m > 0 {
-				p.CPURatio = median(cpuOwn) / m
-			}
+	out := make([]Pooled, 0, len(g.order))
+	for _, k := range g.order {
+		p, err := g.pool(k, vs, cpuVs)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, p)
 	}
 	return out, nil
 }
 
-func runGPUBenchPool(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("gpubench-pool", stderr)
-	vs := fs.String("vs", "(a)", "compare each path's bytes/s, round by round, with the path of the same file, model and storage whose name starts with this ('' = none)")
-	cpuVs := fs.String("cpu-vs", "(b)", "report each path's pooled median CPU s/GiB over that of the path whose name starts with this ('' = none)")
-	asJSON := fs.Bool("json", false, "write the pooled rows as JSON")
-	byFile := fs.Bool("by-file", false, "one row per file and path instead of pooling the files (a file is one call, often one host)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: tutti gpubench-pool [flags] FILE... (gpubench --json outputs)")
-		fs.PrintDefaults()
+// grouping is Rows' rows by key, keys in the order each first appears.
+type grouping struct {
+	order  []poolKey
+	groups map[poolKey][]Row
+}
+
+// find is the row of file whose path starts with prefix, of k's model and
+// storage but not k's path; more than one is an error.
+func (g *grouping) find(k poolKey, prefix, file string) (Row, bool, error) {
+	var hit Row
+	n := 0
+	for _, o := range g.order {
+		if o.model != k.model || o.storage != k.storage || o.path == k.path || !strings.HasPrefix(o.path, prefix) {
+			continue
+		}
+		for _, r := range g.groups[o] {
+			if r.file == file {
+				hit, n = r, n+1
+			}
+		}
 	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	if n > 1 {
+		return Row{}, false, fmt.Errorf("%s: %d paths start with %q for %s on %q; name one", file, n, prefix, k.model, k.storage)
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errors.New("gpubench-pool: no files")
+	return hit, n == 1, nil
+}
+
+// samples are one key's pooled per-round values.
+type samples struct {
+	bps, frac, cpu, ratios, first, second, cpuOwn, cpuOther []float64
+}
+
+// pool is key k's Pooled row.
+func (g *grouping) pool(k poolKey, vs, cpuVs string) (Pooled, error) {
+	p := Pooled{File: k.file, Model: k.model, Storage: k.storage, Path: k.path}
+	var s samples
+	for _, r := range g.groups[k] {
+		p.Files++
+		p.Mismatches += r.row.Mismatches
+		if r.row.Error != "" {
+			p.Failed++
+			continue
+		}
+		s.bps = append(s.bps, r.bytesPerS...)
+		s.frac = append(s.frac, r.ceilFrac...)
+		s.cpu = append(s.cpu, r.cpu...)
+		for _, n := range r.iowq {
+			p.IOWQKnown++
+			if n > 0 {
+				p.IOWQRounds++
+			}
+		}
+		if vs != "" {
+			o, ok, err := g.find(k, vs, r.file)
+			if err != nil {
+				return p, err
+			}
+			if ok && o.row.Error == "" {
+				if len(o.bytesPerS) != len(r.bytesPerS) {
+					return p, fmt.Errorf("%s: %q ran %d rounds, %q %d", r.file, k.path, len(r.bytesPerS), o.row.Path, len(o.bytesPerS))
+				}
+				p.Vs = o.row.Path
+				s.addRatios(r, o)
+			}
+		}
+		if cpuVs != "" {
+			o, ok, err := g.find(k, cpuVs, r.file)
+			if err != nil {
+				return p, err
+			}
+			if ok && o.row.Error == "" {
+				p.CPUVs = o.row.Path
+				s.cpuOwn = append(s.cpuOwn, r.cpu...)
+				s.cpuOther = append(s.cpuOther, o.cpu...)
+			}
+		}
 	}
-	var rows []poolRow
-	for _, name := range fs.Args() {
+	p.summarize(&s)
+	return p, nil
+}
+
+// addRatios adds r's bytes/s over o's, round by round (rounds where o has
+// none are left out), also to first or second where both files say where
+// each path ran.
+func (s *samples) addRatios(r, o Row) {
+	ordered := len(r.pos) == len(r.bytesPerS) && len(o.pos) == len(r.bytesPerS)
+	for i, b := range r.bytesPerS {
+		if o.bytesPerS[i] <= 0 {
+			continue
+		}
+		x := b / o.bytesPerS[i]
+		s.ratios = append(s.ratios, x)
+		switch {
+		case !ordered:
+		case r.pos[i] < o.pos[i]:
+			s.first = append(s.first, x)
+		default:
+			s.second = append(s.second, x)
+		}
+	}
+}
+
+// summarize puts s's medians, ranges and tests into p.
+func (p *Pooled) summarize(s *samples) {
+	p.Rounds = len(s.bps)
+	if p.Rounds > 0 {
+		p.BytesPerS, p.CeilFrac, p.CPUSPerGiB = gpubench.Median(s.bps), gpubench.Median(s.frac), gpubench.Median(s.cpu)
+		p.CeilMin, p.CeilMax = slices.Min(s.frac), slices.Max(s.frac)
+	}
+	if len(s.ratios) > 0 {
+		p.VsRounds, p.VsRatio = len(s.ratios), gpubench.Median(s.ratios)
+		p.VsRatioLo, p.VsRatioHi = slices.Min(s.ratios), slices.Max(s.ratios)
+		for _, x := range s.ratios {
+			if x >= 1 {
+				p.VsAhead++
+			}
+		}
+		if lo, hi, ok := metrics.MedianCI(s.ratios, 0.95); ok {
+			p.VsCI95Lo, p.VsCI95Hi = lo, hi
+		}
+		_, _, p.VsSignP = metrics.SignTest(s.ratios, 1)
+		if len(s.first) > 0 {
+			p.VsFirstRounds, p.VsFirstRatio = len(s.first), gpubench.Median(s.first)
+		}
+		if len(s.second) > 0 {
+			p.VsSecondRounds, p.VsSecondRatio = len(s.second), gpubench.Median(s.second)
+		}
+	}
+	if len(s.cpuOther) > 0 {
+		if m := gpubench.Median(s.cpuOther); m > 0 {
+			p.CPURatio = gpubench.Median(s.cpuOwn) / m
+		}
+	}
+}
+
+// ReadFiles reads every named gpubench --json file (readBenchRows), in
+// order; an error names the file and line.
+func ReadFiles(names []string) ([]Row, error) {
+	var rows []Row
+	for _, name := range names {
 		f, err := os.Open(name)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rs, err := readBenchRows(f, name)
 		f.Close()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rows = append(rows, rs...)
 	}
-	out, err := poolRows(rows, *vs, *cpuVs, *byFile)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return writeIndentedJSON(stdout, out)
-	}
-	printPooled(stdout, out)
-	return nil
+	return rows, nil
 }
 
-func printPooled(w io.Writer, out []pooled) {
+// Print writes the pooled rows as gpubench-pool's table, with a legend.
+func Print(w io.Writer, out []Pooled) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	byFile := len(out) > 0 && out[0].File != ""
 	if byFile {
@@ -369,7 +376,7 @@ func printPooled(w io.Writer, out []pooled) {
 	}
 	fmt.Fprintln(w, "io-wq: rounds that ran io-wq workers, of the rounds whose files count them.")
 	if len(names) > 0 {
-		fmt.Fprintf(w, "vs: the median over rounds of bytes/s over the compared path's in the same round; ahead: rounds at 1 or more; 95%% CI: a distribution-free interval for that median (order statistics, 6 rounds or more); sign p: the two-sided sign test's p-value for a median of 1; ran first / second: the median ratio (rounds) where the path ran before the compared one and where after. CPU ratio: pooled median CPU s/GiB over the compared path's. Compared paths: %s\n", strings.Join(names, "; "))
+		fmt.Fprintf(w, "vs: the median over rounds of bytes/s over the compared path's in the same round; ahead: rounds at 1 or more; 95%% CI: a distribution-free interval for that median (order statistics, 6 rounds or more); sign p: the two-sided sign test's p-value for a median of 1; ran first / second: the median ratio (rounds) where the path ran before the compared one and where after. CPU ratio: Pooled median CPU s/GiB over the compared path's. Compared paths: %s\n", strings.Join(names, "; "))
 	}
 }
 

@@ -1,7 +1,8 @@
-package main
+package gpubench
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
@@ -41,21 +42,21 @@ func TestPlacementTable(t *testing.T) {
 		runPages              int // asked for
 		wantRunPages, wantRun int // laid out: pages per run, runs per layer
 	}{
-		{"70B 32K 4 devices", shape70B(32), 2048, 4, stripeRuns, 0, 512, 4},
-		{"70B 32K 1 device", shape70B(32), 2048, 1, stripeRuns, 0, 2048, 1},
-		{"70B 32K 4 devices 1-page blocks", shape70B(1), 2048, 4, stripeRuns, 0, 256, 8},
-		{"70B 32K 1 device 1-page blocks", shape70B(1), 2048, 1, stripeRuns, 0, 410, 5},
-		{"70B 32K 3 devices", shape70B(32), 2048, 3, stripeRuns, 0, 704, 3},
-		{"70B runs of 256", shape70B(32), 2048, 4, stripeRuns, 256, 256, 8},
-		{"70B 100K 4 devices", shape70B(32), 6250, 4, stripeRuns, 0, 1568, 4},
-		{"70B short prefix", shape70B(32), 40, 4, stripeRuns, 0, 32, 2},
-		{"MLA 32K 4 devices", shapeMLA(32), 2048, 4, stripeRuns, 0, 512, 4},
-		{"MLA 32K 1 device", shapeMLA(32), 2048, 1, stripeRuns, 0, 2048, 1},
-		{"MLA odd runs", shapeMLA(1), 1001, 4, stripeRuns, 7, 7, 143},
-		{"MLA 1-page blocks 2 devices", shapeMLA(1), 2047, 2, stripeRuns, 0, 342, 6},
-		{"70B layers 4 devices", shape70B(32), 2048, 4, stripeLayers, 0, 2048, 1},
-		{"70B layers 3 devices", shape70B(32), 2048, 3, stripeLayers, 0, 2048, 1},
-		{"MLA layers 4 devices", shapeMLA(32), 2047, 4, stripeLayers, 0, 2047, 1},
+		{"70B 32K 4 devices", shape70B(32), 2048, 4, StripeRuns, 0, 512, 4},
+		{"70B 32K 1 device", shape70B(32), 2048, 1, StripeRuns, 0, 2048, 1},
+		{"70B 32K 4 devices 1-page blocks", shape70B(1), 2048, 4, StripeRuns, 0, 256, 8},
+		{"70B 32K 1 device 1-page blocks", shape70B(1), 2048, 1, StripeRuns, 0, 410, 5},
+		{"70B 32K 3 devices", shape70B(32), 2048, 3, StripeRuns, 0, 704, 3},
+		{"70B runs of 256", shape70B(32), 2048, 4, StripeRuns, 256, 256, 8},
+		{"70B 100K 4 devices", shape70B(32), 6250, 4, StripeRuns, 0, 1568, 4},
+		{"70B short prefix", shape70B(32), 40, 4, StripeRuns, 0, 32, 2},
+		{"MLA 32K 4 devices", shapeMLA(32), 2048, 4, StripeRuns, 0, 512, 4},
+		{"MLA 32K 1 device", shapeMLA(32), 2048, 1, StripeRuns, 0, 2048, 1},
+		{"MLA odd runs", shapeMLA(1), 1001, 4, StripeRuns, 7, 7, 143},
+		{"MLA 1-page blocks 2 devices", shapeMLA(1), 2047, 2, StripeRuns, 0, 342, 6},
+		{"70B layers 4 devices", shape70B(32), 2048, 4, StripeLayers, 0, 2048, 1},
+		{"70B layers 3 devices", shape70B(32), 2048, 3, StripeLayers, 0, 2048, 1},
+		{"MLA layers 4 devices", shapeMLA(32), 2047, 4, StripeLayers, 0, 2047, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lay, err := newBenchLayout(tc.shape, tc.pages, tc.devices, tc.stripe, tc.runPages)
@@ -92,12 +93,12 @@ func TestPlacementTable(t *testing.T) {
 					spans[pc.dev] = append(spans[pc.dev], span{pc.off, end})
 					held[pc.dev] += int64(pc.pages) * pb
 					switch tc.stripe {
-					case stripeLayers: // gpubench's layerDev and layerOff before the runs
+					case StripeLayers: // gpubench's layerDev and layerOff before the runs
 						stride := (int64(tc.pages)*pb + 4095) / 4096 * 4096
 						if pc.dev != l%tc.devices || pc.off != int64(l/tc.devices)*stride {
 							t.Fatalf("layer %d: device %d at %d, the old layout had %d at %d", l, pc.dev, pc.off, l%tc.devices, int64(l/tc.devices)*stride)
 						}
-					case stripeRuns:
+					case StripeRuns:
 						r := k
 						if pc.dev != r%tc.devices {
 							t.Fatalf("run %d on device %d", r, pc.dev)
@@ -133,7 +134,7 @@ func TestPlacementTable(t *testing.T) {
 					t.Fatalf("device %d: objects end at %d, devBytes %d", d, end, devBytes[d])
 				}
 			}
-			if tc.stripe == stripeRuns && tc.pages%(tc.devices*lay.runPages) == 0 {
+			if tc.stripe == StripeRuns && tc.pages%(tc.devices*lay.runPages) == 0 {
 				for d := range held {
 					if held[d] != held[0] || devBytes[d] != devBytes[0] {
 						t.Fatalf("pages divide evenly, devices unbalanced: object bytes %v, device bytes %v", held, devBytes)
@@ -174,12 +175,12 @@ func TestStripeHeaderLines(t *testing.T) {
 		stripe  string
 		want    string
 	}{
-		{"llama3-70b", 4, stripeRuns, "runs of 512 pages striped over 4 devices, 1 per device; 32.0 MiB per layer piece"},
-		{"llama3-70b", 1, stripeRuns, "runs of 2048 pages striped over 1 device, 1 per device; 128.0 MiB per layer piece"},
-		{"deepseek-v3", 4, stripeRuns, "runs of 512 pages striped over 4 devices, 1 per device; 9.0 MiB per layer piece"},
-		{"deepseek-v3", 1, stripeRuns, "runs of 2048 pages striped over 1 device, 1 per device; 36.0 MiB per layer piece"},
-		{"llama3-70b", 4, stripeLayers, "layers striped over 4 devices (layer l on device l%4), 20 per device; 128.0 MiB per layer piece"},
-		{"deepseek-v3", 4, stripeLayers, "layers striped over 4 devices (layer l on device l%4), 15 or 16 per device; 36.0 MiB per layer piece"},
+		{"llama3-70b", 4, StripeRuns, "runs of 512 pages striped over 4 devices, 1 per device; 32.0 MiB per layer piece"},
+		{"llama3-70b", 1, StripeRuns, "runs of 2048 pages striped over 1 device, 1 per device; 128.0 MiB per layer piece"},
+		{"deepseek-v3", 4, StripeRuns, "runs of 512 pages striped over 4 devices, 1 per device; 9.0 MiB per layer piece"},
+		{"deepseek-v3", 1, StripeRuns, "runs of 2048 pages striped over 1 device, 1 per device; 36.0 MiB per layer piece"},
+		{"llama3-70b", 4, StripeLayers, "layers striped over 4 devices (layer l on device l%4), 20 per device; 128.0 MiB per layer piece"},
+		{"deepseek-v3", 4, StripeLayers, "layers striped over 4 devices (layer l on device l%4), 15 or 16 per device; 36.0 MiB per layer piece"},
 	} {
 		prof, err := evalmodel.Lookup(tc.model)
 		if err != nil {
@@ -193,7 +194,7 @@ func TestStripeHeaderLines(t *testing.T) {
 			t.Errorf("%s over %d, %s:\n got %q\nwant %q", tc.model, tc.devices, tc.stripe, got, tc.want)
 		}
 	}
-	lay, err := newBenchLayout(shape70B(1), 2048, 1, stripeRuns, 0)
+	lay, err := newBenchLayout(shape70B(1), 2048, 1, StripeRuns, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,16 +221,8 @@ func TestStripeRefusals(t *testing.T) {
 			t.Errorf("--stripe %s --run-pages %d: %v, want %q", tc.stripe, tc.runPages, err, tc.want)
 		}
 	}
-	if _, err := newBenchLayout(shape70B(32), 2048, 4, stripeRuns, 461*32); err != nil {
+	if _, err := newBenchLayout(shape70B(32), 2048, 4, StripeRuns, 461*32); err != nil {
 		t.Errorf("the longest run: %v", err)
-	}
-	var out, errb bytes.Buffer
-	if code := run([]string{"gpubench", "--dir", t.TempDir(), "--tokens", "4096", "--run-pages", "48"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--run-pages 48") {
-		t.Fatalf("--run-pages 48: exit %d, stderr %q", code, errb.String())
-	}
-	errb.Reset()
-	if code := run([]string{"gpubench", "--dir", t.TempDir(), "--gpus", "2", "--stripe", "layers"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--stripe and --run-pages apply to one GPU") {
-		t.Fatalf("--gpus 2 --stripe layers: exit %d, stderr %q", code, errb.String())
 	}
 }
 
@@ -251,12 +244,12 @@ func TestGpubenchReadPathsCPU(t *testing.T) {
 		runPages int
 		maxIO    int
 	}{
-		{"70B-like runs", shape70B(1), 11, stripeRuns, 2, 96 << 10},
-		{"70B-like default runs", shape70B(1), 11, stripeRuns, 0, 128 << 10},
-		{"70B-like layers", shape70B(1), 11, stripeLayers, 0, 96 << 10},
-		{"MLA-like odd runs", shapeMLA(1), 23, stripeRuns, 3, 8 << 10},
-		{"MLA-like layers", shapeMLA(1), 23, stripeLayers, 0, 8 << 10},
-		{"MLA-like chunks of 2", shapeMLA(2), 23, stripeRuns, 4, 16 << 10},
+		{"70B-like runs", shape70B(1), 11, StripeRuns, 2, 96 << 10},
+		{"70B-like default runs", shape70B(1), 11, StripeRuns, 0, 128 << 10},
+		{"70B-like layers", shape70B(1), 11, StripeLayers, 0, 96 << 10},
+		{"MLA-like odd runs", shapeMLA(1), 23, StripeRuns, 3, 8 << 10},
+		{"MLA-like layers", shapeMLA(1), 23, StripeLayers, 0, 8 << 10},
+		{"MLA-like chunks of 2", shapeMLA(2), 23, StripeRuns, 4, 16 << 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			shape := tc.shape
@@ -280,9 +273,9 @@ func TestGpubenchReadPathsCPU(t *testing.T) {
 			if !strings.Contains(stderr.String(), "reusing") {
 				t.Fatalf("same layout not reused: %q", stderr.String())
 			}
-			other := stripeLayers
-			if tc.stripe == stripeLayers {
-				other = stripeRuns
+			other := StripeLayers
+			if tc.stripe == StripeLayers {
+				other = StripeRuns
 			}
 			stderr.Reset()
 			b3 := readBackBench(t, shape, tc.pages, other, 0, tc.maxIO, dir, &stderr)
@@ -303,7 +296,7 @@ func TestGpubenchReadPathsCPU(t *testing.T) {
 func readBackBench(t *testing.T, shape objmap.Geometry, pages int, stripe string, runPages, maxIO int, dir string, stderr *bytes.Buffer) *gpuBench {
 	t.Helper()
 	g := kernels.GeometryOf(shape)
-	b := &gpuBench{g: g, model: "test", pages: pages, numPages: pages + 8, objBytes: int64(pages) * g.PageBytes(), seed: 77, maxIO: maxIO, stderr: stderr}
+	b := &gpuBench{g: g, model: "test", pages: pages, numPages: pages + 8, objBytes: int64(pages) * g.PageBytes(), seed: 77, maxIO: maxIO, stderr: stderr, ctx: context.Background()}
 	perm := rand.New(rand.NewPCG(5, 7)).Perm(b.numPages)
 	for i := 0; i < pages; i++ {
 		b.dst = append(b.dst, int32(perm[i]))

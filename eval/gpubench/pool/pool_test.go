@@ -1,14 +1,14 @@
-package main
+package pool
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tutti-io/tutti/eval/gpubench"
 )
 
 const (
@@ -20,10 +20,10 @@ const (
 // poolLine is one gpubench --json line with per-round values.
 func poolLine(t *testing.T, model, path string, bps, frac, cpu []float64, mism uint64, errText string) string {
 	t.Helper()
-	r := benchRow{Path: path, Storage: "loops", Model: model, Mismatches: mism, Error: errText, Rounds: len(bps),
-		PerRound: roundStats{BytesPerS: bps, CeilingFraction: frac, CPUSPerGiB: cpu}}
+	r := gpubench.Row{Path: path, Storage: "loops", Model: model, Mismatches: mism, Error: errText, Rounds: len(bps),
+		PerRound: gpubench.RoundStats{BytesPerS: bps, CeilingFraction: frac, CPUSPerGiB: cpu}}
 	if len(bps) > 0 {
-		r.BytesPerS, r.CeilingFraction, r.CPUSPerGiB = median(bps), median(frac), median(cpu)
+		r.BytesPerS, r.CeilingFraction, r.CPUSPerGiB = gpubench.Median(bps), gpubench.Median(frac), gpubench.Median(cpu)
 	}
 	b, err := json.Marshal(r)
 	if err != nil {
@@ -33,9 +33,9 @@ func poolLine(t *testing.T, model, path string, bps, frac, cpu []float64, mism u
 }
 
 // readPool reads every file's gpubench lines; an error fails the test.
-func readPool(t *testing.T, files map[string]string) []poolRow {
+func readPool(t *testing.T, files map[string]string) []Row {
 	t.Helper()
-	var rows []poolRow
+	var rows []Row
 	for name, in := range files {
 		rs, err := readBenchRows(strings.NewReader(in), name)
 		if err != nil {
@@ -104,11 +104,11 @@ func TestPoolRows(t *testing.T) {
 		poolLine(t, "70b", poolB, nil, nil, nil, 0, "open: no such file"),
 	}, "\n")
 	rows := readPool(t, map[string]string{"one.json": f1, "two.json": f2})
-	out, err := poolRows(rows, "(a)", "(b)", false)
+	out, err := Rows(rows, "(a)", "(b)", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]pooled{}
+	got := map[string]Pooled{}
 	for _, p := range out {
 		got[p.Model+"/"+p.Path] = p
 	}
@@ -118,7 +118,7 @@ func TestPoolRows(t *testing.T) {
 	// gpubench's own.
 	if g.Files != 2 || g.Rounds != 6 || g.Mismatches != 2 || !near(g.BytesPerS, 11) || !near(g.CeilFrac, .96) ||
 		!near(g.CeilMin, .90) || !near(g.CeilMax, 1.01) || !near(g.CPUSPerGiB, .003) {
-		t.Errorf("GPU pooled %+v", g)
+		t.Errorf("GPU Pooled %+v", g)
 	}
 	// Ratios per round: 1.2 1.1 1.0833 | 0.9 1.1667 0.9091; ahead 4 of 6.
 	if g.Vs != poolA || g.VsRounds != 6 || g.VsAhead != 4 || !near(g.VsRatio, 13.0/12) || !near(g.VsRatioLo, .9) || !near(g.VsRatioHi, 1.2) {
@@ -147,7 +147,7 @@ func TestPoolRows(t *testing.T) {
 	}
 
 	// --by-file: each file (host) apart.
-	per, err := poolRows(rows, "(a)", "", true)
+	per, err := Rows(rows, "(a)", "", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestPoolRows(t *testing.T) {
 	}{
 		{"a prefix two paths share", "(", `paths start with "("`},
 	} {
-		if _, err := poolRows(rows, tc.vs, "", false); err == nil || !strings.Contains(err.Error(), tc.err) {
+		if _, err := Rows(rows, tc.vs, "", false); err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%s: error %v, want %q", tc.name, err, tc.err)
 		}
 	}
@@ -174,41 +174,8 @@ func TestPoolRows(t *testing.T) {
 		poolLine(t, "70b", poolGPU, []float64{1, 2}, []float64{1, 1}, []float64{1, 1}, 0, ""),
 		poolLine(t, "70b", poolA, []float64{1}, []float64{1}, []float64{1}, 0, ""),
 	}, "\n")
-	if _, err := poolRows(readPool(t, map[string]string{"short.json": short}), "(a)", "", false); err == nil || !strings.Contains(err.Error(), "ran 2 rounds") {
+	if _, err := Rows(readPool(t, map[string]string{"short.json": short}), "(a)", "", false); err == nil || !strings.Contains(err.Error(), "ran 2 rounds") {
 		t.Errorf("rounds that cannot be paired: error %v", err)
-	}
-}
-
-func TestGPUBenchPoolCommand(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "g1.json")
-	in := poolLine(t, "70b", poolGPU, []float64{12e9, 11e9}, []float64{.97, .96}, []float64{.004, .004}, 0, "") + "\n" +
-		poolLine(t, "70b", poolA, []float64{10e9, 12e9}, []float64{.90, .91}, []float64{.02, .02}, 0, "") + "\n"
-	if err := os.WriteFile(p, []byte(in), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var out, errb bytes.Buffer
-	if err := runGPUBenchPool([]string{p}, &out, &errb); err != nil {
-		t.Fatalf("%v: %s", err, errb.String())
-	}
-	for _, want := range []string{"gpu-driven ", "1 of 2", "0.917-1.200", "Compared paths: (a) uring -> staging -> scatter"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
-		}
-	}
-	out.Reset()
-	if err := runGPUBenchPool([]string{"--json", p}, &out, &errb); err != nil {
-		t.Fatal(err)
-	}
-	var rows []pooled
-	if err := json.Unmarshal(out.Bytes(), &rows); err != nil || len(rows) != 2 || rows[0].VsRounds != 2 {
-		t.Errorf("--json: %v %+v", err, rows)
-	}
-	if err := runGPUBenchPool(nil, &out, &errb); err == nil {
-		t.Error("no files: no error")
-	}
-	if err := runGPUBenchPool([]string{filepath.Join(dir, "missing.json")}, &out, &errb); err == nil {
-		t.Error("a missing file: no error")
 	}
 }
 
@@ -238,21 +205,21 @@ func FuzzReadBenchRows(f *testing.F) {
 func TestPoolIOWQRounds(t *testing.T) {
 	in := `{"path":"g","model":"m","per_round":{"bytes_per_s_rounds":[1,2,3],"ceiling_fraction_rounds":[1,1,1],"cpu_s_per_gib_rounds":[1,1,1],"io_wq_workers_rounds":[0,4,1]}}
 {"path":"g","model":"m","per_round":{"bytes_per_s_rounds":[1,2],"ceiling_fraction_rounds":[1,1],"cpu_s_per_gib_rounds":[1,1]}}`
-	out, err := poolRows(readPool(t, map[string]string{"f.json": in}), "", "", false)
+	out, err := Rows(readPool(t, map[string]string{"f.json": in}), "", "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(out) != 1 || out[0].Rounds != 5 || out[0].IOWQRounds != 2 || out[0].IOWQKnown != 3 {
-		t.Errorf("pooled %+v: want 5 rounds, io-wq in 2 of 3 counted", out)
+		t.Errorf("Pooled %+v: want 5 rounds, io-wq in 2 of 3 counted", out)
 	}
 }
 
 // The ratio against the compared path, split by which of the two ran first
-// in each round; files without positions count in the pooled ratio only.
+// in each round; files without positions count in the Pooled ratio only.
 func TestPoolRanFirstSecond(t *testing.T) {
 	line := func(path string, bps []float64, pos []int) string {
-		r := benchRow{Path: path, Storage: "loops", Model: "70b", Rounds: len(bps),
-			PerRound: roundStats{BytesPerS: bps, CeilingFraction: bps, CPUSPerGiB: bps, Position: pos}}
+		r := gpubench.Row{Path: path, Storage: "loops", Model: "70b", Rounds: len(bps),
+			PerRound: gpubench.RoundStats{BytesPerS: bps, CeilingFraction: bps, CPUSPerGiB: bps, Position: pos}}
 		b, err := json.Marshal(r)
 		if err != nil {
 			t.Fatal(err)
@@ -261,7 +228,7 @@ func TestPoolRanFirstSecond(t *testing.T) {
 	}
 	withPos := line(poolGPU, []float64{9, 11, 9, 11}, []int{0, 1, 1, 0}) + "\n" + line(poolA, []float64{10, 10, 10, 10}, []int{1, 0, 0, 1})
 	noPos := line(poolGPU, []float64{20}, nil) + "\n" + line(poolA, []float64{10}, nil)
-	out, err := poolRows(readPool(t, map[string]string{"pos.json": withPos, "old.json": noPos}), "(a)", "", false)
+	out, err := Rows(readPool(t, map[string]string{"pos.json": withPos, "old.json": noPos}), "(a)", "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +243,7 @@ func TestPoolRanFirstSecond(t *testing.T) {
 		t.Errorf("ran first/second: %+v", g)
 	}
 	skew := line(poolGPU, []float64{9, 11, 11, 11}, []int{0, 1, 1, 1}) + "\n" + line(poolA, []float64{10, 10, 10, 10}, []int{1, 0, 0, 0})
-	out, err = poolRows(readPool(t, map[string]string{"skew.json": skew}), "(a)", "", false)
+	out, err = Rows(readPool(t, map[string]string{"skew.json": skew}), "(a)", "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +251,7 @@ func TestPoolRanFirstSecond(t *testing.T) {
 		t.Errorf("one round first at 0.9, three second at 1.1: %+v", g)
 	}
 	var buf bytes.Buffer
-	printPooled(&buf, out)
+	Print(&buf, out)
 	if !strings.Contains(buf.String(), "0.900 (1) / 1.100 (3)") {
 		t.Errorf("table does not show the split:\n%s", buf.String())
 	}

@@ -1,4 +1,4 @@
-package main
+package gpubench
 
 // Where tutti gpubench puts the prefix on its devices (--stripe,
 // --run-pages): every read path of gpubench asks a benchLayout for the
@@ -14,16 +14,16 @@ import (
 
 // Stripes of --stripe.
 const (
-	// stripeRuns lays the prefix out as the object store does: the pages
+	// StripeRuns lays the prefix out as the object store does: the pages
 	// are cut into runs of consecutive pages, run r on device r%D at
 	// (r/D)*runStride, and object l of a run (layer l of the run's pages)
 	// at l*objStride inside it. The store puts a header region (header and
 	// chunk CRC table, objmap.Geometry.HeaderRegionBytes) before a run's
 	// objects; gpubench does not read it, so it leaves it out.
-	stripeRuns = "runs"
-	// stripeLayers is gpubench's layout before the runs: layer l's whole
+	StripeRuns = "runs"
+	// StripeLayers is gpubench's layout before the runs: layer l's whole
 	// object on device l%D at (l/D)*objStride (kept for A/B runs).
-	stripeLayers = "layers"
+	StripeLayers = "layers"
 )
 
 // benchLayout places each layer's object bytes (page-major, planes of a
@@ -35,8 +35,8 @@ type benchLayout struct {
 	layers    int
 	pages     int   // pages of the prefix
 	pageBytes int64 // one page of one layer, all planes
-	// runPages: stripeRuns: pages per run (the last run may hold fewer);
-	// stripeLayers: pages (a layer's object is one piece).
+	// runPages: StripeRuns: pages per run (the last run may hold fewer);
+	// StripeLayers: pages (a layer's object is one piece).
 	runPages int
 }
 
@@ -78,12 +78,12 @@ func newBenchLayout(shape objmap.Geometry, pages, devices int, stripe string, ru
 	}
 	lay := benchLayout{stripe: stripe, devices: devices, layers: shape.Layers, pages: pages, pageBytes: shape.PageBytesPerLayer()}
 	switch stripe {
-	case stripeLayers:
+	case StripeLayers:
 		if runPages != 0 {
-			return benchLayout{}, fmt.Errorf("--run-pages %d: runs are laid out only with --stripe %s", runPages, stripeRuns)
+			return benchLayout{}, fmt.Errorf("--run-pages %d: runs are laid out only with --stripe %s", runPages, StripeRuns)
 		}
 		lay.runPages = pages
-	case stripeRuns:
+	case StripeRuns:
 		maxRun := maxRunPages(shape)
 		switch {
 		case runPages == 0:
@@ -95,13 +95,13 @@ func newBenchLayout(shape objmap.Geometry, pages, devices int, stripe string, ru
 			lay.runPages = runPages
 		}
 	default:
-		return benchLayout{}, fmt.Errorf("--stripe %q: want %s or %s", stripe, stripeRuns, stripeLayers)
+		return benchLayout{}, fmt.Errorf("--stripe %q: want %s or %s", stripe, StripeRuns, StripeLayers)
 	}
 	return lay, nil
 }
 
 // piecesPerLayer is how many pieces every layer's object is cut into: the
-// runs (stripeRuns) or 1 (stripeLayers); the GPU path's extents per layer.
+// runs (StripeRuns) or 1 (StripeLayers); the GPU path's extents per layer.
 func (p benchLayout) piecesPerLayer() int { return ceilDiv(p.pages, p.runPages) }
 
 // objStride is the device bytes of one object of n pages: its bytes padded
@@ -109,13 +109,13 @@ func (p benchLayout) piecesPerLayer() int { return ceilDiv(p.pages, p.runPages) 
 func (p benchLayout) objStride(n int) int64 { return alignBlock(int64(n) * p.pageBytes) }
 
 // runStride is the spacing of the runs on a device: Layers objects of a
-// full run (no header region: see stripeRuns).
+// full run (no header region: see StripeRuns).
 func (p benchLayout) runStride() int64 { return int64(p.layers) * p.objStride(p.runPages) }
 
 // pieces appends layer l's pieces to dst, in page order. Every layer is
 // cut alike (kernels.Request wants that); only dev and off differ.
 func (p benchLayout) pieces(l int, dst []layoutPiece) []layoutPiece {
-	if p.stripe == stripeLayers {
+	if p.stripe == StripeLayers {
 		return append(dst, layoutPiece{dev: l % p.devices, off: int64(l/p.devices) * p.objStride(p.pages), first: 0, pages: p.pages})
 	}
 	for r := 0; r*p.runPages < p.pages; r++ {
@@ -208,7 +208,7 @@ func (p benchLayout) String() string {
 		devs = "1 device"
 	}
 	mib := float64(int64(p.runPages)*p.pageBytes) / (1 << 20)
-	if p.stripe == stripeLayers {
+	if p.stripe == StripeLayers {
 		return fmt.Sprintf("layers striped over %s (layer l on device l%%%d), %s per device; %.1f MiB per layer piece",
 			devs, p.devices, perDevice(p.layers, p.devices), mib)
 	}
@@ -233,7 +233,7 @@ func perDevice(n, d int) string {
 // jsonRunPages is run_pages of a --json row: pages per run, 0 with
 // --stripe layers (no runs: a layer's object is one piece).
 func (p benchLayout) jsonRunPages() int {
-	if p.stripe == stripeLayers {
+	if p.stripe == StripeLayers {
 		return 0
 	}
 	return p.runPages

@@ -1,12 +1,12 @@
-package main
+package gpubench
 
-// tutti gpubench --gpus N: the model's KV restored by N tensor-parallel
+// gpubench --gpus N: the model's KV restored by N tensor-parallel
 // ranks at once (runtime/tp on the GPU path: per rank its own store, SQPOLL
 // ring, staging and restorer, on GPU r mod visible), next to one rank of the
-// same shape in the same run. Kept apart from gpubench.go, which only
-// branches here.
+// same shape in the same call.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -62,10 +62,10 @@ type groupBenchRow struct {
 }
 
 // runGroupBench runs one rank, then o.ranks ranks, on the same shape.
-func runGroupBench(o groupBenchOptions, stderr io.Writer) []groupBenchRow {
+func runGroupBench(ctx context.Context, o groupBenchOptions, stderr io.Writer) []groupBenchRow {
 	var rows []groupBenchRow
 	for _, n := range []int{1, o.ranks} {
-		row, err := groupBenchOnce(o, n, stderr)
+		row, err := groupBenchOnce(ctx, o, n, stderr)
 		if err != nil {
 			row.Error = err.Error()
 		}
@@ -88,7 +88,9 @@ func rankSalt(g objmap.Geometry, r int) uint64 {
 	return uint64(r+1) << 56
 }
 
-func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow, error) {
+// groupBenchOnce saves the prefix through n ranks, then times o.reps
+// restores of it (every page poisoned before each) and verifies the last.
+func groupBenchOnce(ctx context.Context, o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow, error) {
 	row := groupBenchRow{Path: "tutti-tp-" + o.path.String(), Model: o.model, Ranks: n}
 	shard, err := tp.ShardGeometry(o.g, n)
 	if err != nil {
@@ -97,6 +99,76 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 	blockTokens := o.g.PageTokens * o.g.ChunkPages
 	blocks := max(1, (o.tokens+blockTokens-1)/blockTokens)
 	numPages := blocks*o.g.ChunkPages + blocks/8 + 16
+	cfg, removeDirs, err := groupConfig(o, n, blocks, numPages, shard, &row)
+	defer removeDirs()
+	if err != nil {
+		return row, err
+	}
+	grp, err := tp.Open(cfg)
+	if err != nil {
+		return row, err
+	}
+	defer grp.Close()
+	kv := &groupKV{o: o, shard: shard, numPages: numPages}
+	defer kv.free()
+	for r := 0; r < n; r++ {
+		row.Devices = append(row.Devices, grp.Device(r))
+	}
+	if err := kv.register(grp, n); err != nil {
+		return row, err
+	}
+	chain := make([]uint64, blocks)
+	for i := range chain {
+		chain[i] = o.seed + uint64(i)
+	}
+	rng := rand.New(rand.NewPCG(o.seed, 11))
+	perm := rng.Perm(numPages)
+	kv.pages = make([]int32, blocks*o.g.ChunkPages)
+	for i := range kv.pages {
+		kv.pages[i] = int32(perm[i])
+	}
+	kv.chain = chain
+	kv.each(func(_ int, k kvdata.Key, b []byte) { kvdata.Fill(b, k) })
+	if err := kv.copy(true); err != nil {
+		return row, err
+	}
+	sv, err := grp.Save(chain, kv.pages)
+	if err != nil {
+		return row, err
+	}
+	sv.Wait()
+	if sv.Saved() != blocks {
+		return row, fmt.Errorf("saved %d of %d blocks (%v)", sv.Saved(), blocks, sv.Failed())
+	}
+	if err := timeLoads(ctx, grp, kv, o.reps, &row); err != nil {
+		return row, err
+	}
+	if err := kv.copy(false); err != nil {
+		return row, err
+	}
+	var bad atomic.Uint64
+	kv.each(func(_ int, k kvdata.Key, b []byte) {
+		if kvdata.Verify(b, k) >= 0 {
+			bad.Add(1)
+		}
+	})
+	row.Mismatches = bad.Load()
+	fmt.Fprintf(stderr, "  %d rank(s) on devices %v: %.2f GB/s aggregate, ranks done after %v s, %d mismatched pages\n",
+		n, row.Devices, row.BytesPerS/1e9, row.RankSeconds, row.Mismatches)
+	return row, nil
+}
+
+// groupConfig is the tp.Config of n ranks for blocks chain blocks, its GPU
+// reads sized to rank 0's devices (the sizes put in row), each rank's
+// stores in fresh directories under its share of o.dirs (rankDirs);
+// removeDirs removes those, also after an error.
+func groupConfig(o groupBenchOptions, n, blocks, numPages int, shard objmap.Geometry, row *groupBenchRow) (cfg tp.Config, removeDirs func(), err error) {
+	var made []string
+	removeDirs = func() {
+		for _, d := range made {
+			os.RemoveAll(d)
+		}
+	}
 	payload := int64(blocks) * shard.ChunkBytes()
 	row.Bytes = payload * int64(n)
 	split := rankDirs(o.dirs, n)
@@ -107,7 +179,7 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 		lookahead = runtime.GPULookaheadToFill(window, maxIO, len(split[0]), payload/int64(o.g.Layers))
 	}
 	row.Window, row.MaxIOBytes, row.Lookahead = window, maxIO, lookahead
-	cfg := tp.Config{Ranks: n, Store: runtime.Config{
+	cfg = tp.Config{Ranks: n, Store: runtime.Config{
 		CapacityBytes: payload + payload/8 + 64<<20, Geometry: o.g, Layout: o.layout, NumPages: numPages,
 		Path: o.path, StagingBytes: o.stagingBytes, StagingSlotBytes: o.slotBytes, QueueDepth: 64,
 		SaveBoundMs: 600000, SaveBudgetBytes: 2 * payload,
@@ -118,144 +190,42 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 		for _, parent := range parents {
 			d, err := os.MkdirTemp(parent, fmt.Sprintf("tutti-tp-rank%d-", r))
 			if err != nil {
-				return row, err
+				return cfg, removeDirs, err
 			}
-			defer os.RemoveAll(d)
+			made = append(made, d)
 			ds = append(ds, d)
 		}
 		cfg.Dirs = append(cfg.Dirs, ds)
 	}
-	grp, err := tp.Open(cfg)
-	if err != nil {
-		return row, err
-	}
-	defer grp.Close()
-	mirrors := make([]*runtime.HostKV, n)
-	var dev [][]uint64 // per rank, device tensors (PathGPU)
-	defer func() {
-		for _, ps := range dev {
-			for _, p := range ps {
-				kernels.DevFree(p)
-			}
-		}
-		for _, m := range mirrors {
-			if m != nil {
-				m.Free()
-			}
-		}
-	}()
-	regionsOf := func(m runtime.KVMemory) []runtime.Region {
-		if len(m.Layers) > 0 {
-			return m.Layers
-		}
-		return []runtime.Region{m.Cross}
-	}
-	for r := 0; r < n; r++ {
-		row.Devices = append(row.Devices, grp.Device(r))
-		if mirrors[r], err = runtime.AllocHostKV(shard, o.layout, numPages); err != nil {
-			return row, fmt.Errorf("rank %d: %w", r, err)
-		}
-		mem := mirrors[r].Memory()
-		if o.path == runtime.PathGPU {
-			var ps []uint64
-			var out runtime.KVMemory
-			for _, reg := range regionsOf(mem) {
-				p, err := kernels.DevAllocOn(grp.Device(r), reg.LenBytes)
-				if err != nil {
-					return row, fmt.Errorf("rank %d: %w", r, err)
-				}
-				ps = append(ps, p)
-				if o.layout == objmap.LayoutPerLayer {
-					out.Layers = append(out.Layers, runtime.Region{Addr: uintptr(p), LenBytes: reg.LenBytes})
-				} else {
-					out.Cross = runtime.Region{Addr: uintptr(p), LenBytes: reg.LenBytes}
-				}
-			}
-			dev = append(dev, ps)
-			mem = out
-		}
-		if err := grp.RegisterKV(r, mem); err != nil {
-			return row, err
-		}
-	}
-	copyKV := func(toDevice bool) error {
-		for r, ps := range dev {
-			for i, reg := range regionsOf(mirrors[r].Memory()) {
-				var err error
-				if toDevice {
-					err = kernels.CopyToDevice(ps[i], reg.Addr, reg.LenBytes)
-				} else {
-					err = kernels.CopyToHost(reg.Addr, ps[i], reg.LenBytes)
-				}
-				if err != nil {
-					return fmt.Errorf("rank %d: %w", r, err)
-				}
-			}
-		}
-		return nil
-	}
-	chain := make([]uint64, blocks)
-	for i := range chain {
-		chain[i] = o.seed + uint64(i)
-	}
-	rng := rand.New(rand.NewPCG(o.seed, 11))
-	perm := rng.Perm(numPages)
-	pages := make([]int32, blocks*o.g.ChunkPages)
-	for i := range pages {
-		pages[i] = int32(perm[i])
-	}
-	// each visits every (rank, block, page, layer, plane) page of the
-	// request, one goroutine per rank.
-	each := func(fn func(r int, key kvdata.Key, b []byte)) {
-		var wg sync.WaitGroup
-		for r := 0; r < n; r++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i, id := range chain {
-					for j := 0; j < o.g.ChunkPages; j++ {
-						for l := 0; l < o.g.Layers; l++ {
-							for pl := 0; pl < o.g.Planes; pl++ {
-								key := kvdata.Key{Block: id ^ rankSalt(o.g, r), Layer: l, Plane: pl, Page: j}
-								fn(r, key, mirrors[r].Page(l, pl, pages[i*o.g.ChunkPages+j]))
-							}
-						}
-					}
-				}
-			}()
-		}
-		wg.Wait()
-	}
-	each(func(_ int, k kvdata.Key, b []byte) { kvdata.Fill(b, k) })
-	if err := copyKV(true); err != nil {
-		return row, err
-	}
-	sv, err := grp.Save(chain, pages)
-	if err != nil {
-		return row, err
-	}
-	sv.Wait()
-	if sv.Saved() != blocks {
-		return row, fmt.Errorf("saved %d of %d blocks (%v)", sv.Saved(), blocks, sv.Failed())
-	}
-	reps := max(1, o.reps)
+	return cfg, removeDirs, nil
+}
+
+// timeLoads times reps restores of kv's chain, every page poisoned before
+// each so that a page a restore skipped cannot pass; it fills the row's
+// seconds, bytes/s, per-rank seconds and read I/Os. A cancelled ctx stops
+// it between restores.
+func timeLoads(ctx context.Context, grp *tp.Group, kv *groupKV, reps int, row *groupBenchRow) error {
+	n := len(row.Devices)
+	reps = max(1, reps)
 	before := grp.Stats()
 	var elapsed time.Duration
 	row.RankSeconds = make([]float64, n)
 	for rep := 0; rep < reps; rep++ {
-		// Poison every page, so a page a restore skipped cannot pass.
-		each(func(_ int, _ kvdata.Key, b []byte) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		kv.each(func(_ int, _ kvdata.Key, b []byte) {
 			for i := range b {
 				b[i] = 0xA5
 			}
 		})
-		if err := copyKV(true); err != nil {
-			return row, err
+		if err := kv.copy(true); err != nil {
+			return err
 		}
 		start := time.Now()
-		l, err := grp.Load(chain, pages)
+		l, err := grp.Load(kv.chain, kv.pages)
 		if err != nil {
-			return row, err
+			return err
 		}
 		var wg sync.WaitGroup
 		for r := 0; r < n; r++ {
@@ -270,11 +240,11 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 		}
 		wg.Wait()
 		if err := l.Wait(); err != nil {
-			return row, err
+			return err
 		}
 		elapsed += time.Since(start)
-		if l.Blocks() != blocks {
-			return row, fmt.Errorf("restored %d of %d blocks", l.Blocks(), blocks)
+		if l.Blocks() != len(kv.chain) {
+			return fmt.Errorf("restored %d of %d blocks", l.Blocks(), len(kv.chain))
 		}
 	}
 	after := grp.Stats()
@@ -283,19 +253,117 @@ func groupBenchOnce(o groupBenchOptions, n int, stderr io.Writer) (groupBenchRow
 	}
 	row.Seconds = elapsed.Seconds() / float64(reps)
 	row.BytesPerS = float64(row.Bytes) / row.Seconds
-	if err := copyKV(false); err != nil {
-		return row, err
-	}
-	var bad atomic.Uint64
-	each(func(_ int, k kvdata.Key, b []byte) {
-		if kvdata.Verify(b, k) >= 0 {
-			bad.Add(1)
+	return nil
+}
+
+// groupKV is the ranks' KV: a host mirror per rank (what the test fills
+// and verifies) and, on the GPU path, device tensors the mirrors are
+// copied to and from. free releases both.
+type groupKV struct {
+	o        groupBenchOptions
+	shard    objmap.Geometry
+	numPages int
+	mirrors  []*runtime.HostKV
+	dev      [][]uint64 // per rank, device tensors (PathGPU)
+	chain    []uint64
+	pages    []int32
+}
+
+func (k *groupKV) free() {
+	for _, ps := range k.dev {
+		for _, p := range ps {
+			kernels.DevFree(p)
 		}
-	})
-	row.Mismatches = bad.Load()
-	fmt.Fprintf(stderr, "  %d rank(s) on devices %v: %.2f GB/s aggregate, ranks done after %v s, %d mismatched pages\n",
-		n, row.Devices, row.BytesPerS/1e9, row.RankSeconds, row.Mismatches)
-	return row, nil
+	}
+	for _, m := range k.mirrors {
+		if m != nil {
+			m.Free()
+		}
+	}
+}
+
+func regionsOf(m runtime.KVMemory) []runtime.Region {
+	if len(m.Layers) > 0 {
+		return m.Layers
+	}
+	return []runtime.Region{m.Cross}
+}
+
+// register allocates each of n ranks' KV and registers it with grp.
+func (k *groupKV) register(grp *tp.Group, n int) error {
+	k.mirrors = make([]*runtime.HostKV, n)
+	for r := 0; r < n; r++ {
+		var err error
+		if k.mirrors[r], err = runtime.AllocHostKV(k.shard, k.o.layout, k.numPages); err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+		mem := k.mirrors[r].Memory()
+		if k.o.path == runtime.PathGPU {
+			var ps []uint64
+			var out runtime.KVMemory
+			for _, reg := range regionsOf(mem) {
+				p, err := kernels.DevAllocOn(grp.Device(r), reg.LenBytes)
+				if err != nil {
+					return fmt.Errorf("rank %d: %w", r, err)
+				}
+				ps = append(ps, p)
+				if k.o.layout == objmap.LayoutPerLayer {
+					out.Layers = append(out.Layers, runtime.Region{Addr: uintptr(p), LenBytes: reg.LenBytes})
+				} else {
+					out.Cross = runtime.Region{Addr: uintptr(p), LenBytes: reg.LenBytes}
+				}
+			}
+			k.dev = append(k.dev, ps)
+			mem = out
+		}
+		if err := grp.RegisterKV(r, mem); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copy copies the mirrors to the device tensors (toDevice) or back; a
+// no-op on the CPU path.
+func (k *groupKV) copy(toDevice bool) error {
+	for r, ps := range k.dev {
+		for i, reg := range regionsOf(k.mirrors[r].Memory()) {
+			var err error
+			if toDevice {
+				err = kernels.CopyToDevice(ps[i], reg.Addr, reg.LenBytes)
+			} else {
+				err = kernels.CopyToHost(reg.Addr, ps[i], reg.LenBytes)
+			}
+			if err != nil {
+				return fmt.Errorf("rank %d: %w", r, err)
+			}
+		}
+	}
+	return nil
+}
+
+// each visits every (rank, block, page, layer, plane) page of the
+// request, one goroutine per rank.
+func (k *groupKV) each(fn func(r int, key kvdata.Key, b []byte)) {
+	g := k.o.g
+	var wg sync.WaitGroup
+	for r := range k.mirrors {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i, id := range k.chain {
+				for j := 0; j < g.ChunkPages; j++ {
+					for l := 0; l < g.Layers; l++ {
+						for pl := 0; pl < g.Planes; pl++ {
+							key := kvdata.Key{Block: id ^ rankSalt(g, r), Layer: l, Plane: pl, Page: j}
+							fn(r, key, k.mirrors[r].Page(l, pl, k.pages[i*g.ChunkPages+j]))
+						}
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // rankDirs splits the --dir list over n ranks, so that the one-rank run and
@@ -317,20 +385,12 @@ func rankDirs(dirs []string, n int) [][]string {
 	return out
 }
 
-// groupBenchFlags are the gpubench flags --gpus N uses.
-type groupBenchFlags struct {
-	model, dir, layout, jsonPath string
-	tokens, gpus                 int
-	seed                         uint64
-	window, maxIO, lookahead     int
-}
-
 // runGroupBenchCLI is `tutti gpubench --gpus N`: the GPU path through
 // runtime/tp, stores under --dir (comma-separated: one per device spreads
 // the ranks). It prints a table, writes --json rows, and fails on any
 // mismatch or error.
-func runGroupBenchCLI(f groupBenchFlags, stdout, stderr io.Writer) error {
-	model, tokens, dir, gpus := f.model, f.tokens, f.dir, f.gpus
+func runGroupBenchCLI(ctx context.Context, f Config, stdout, stderr io.Writer) error {
+	model, tokens, dir, gpus := f.Model, f.Tokens, f.Dir, f.GPUs
 	prof, err := evalmodel.Lookup(model)
 	if err != nil {
 		return err
@@ -343,9 +403,9 @@ func runGroupBenchCLI(f groupBenchFlags, stdout, stderr io.Writer) error {
 		return errors.New("--gpus needs --dir (the ranks' stores go there; comma-separated directories spread them)")
 	}
 	o := groupBenchOptions{model: model, g: g, tokens: tokens, dirs: strings.Split(dir, ","), ranks: gpus,
-		path: runtime.PathGPU, seed: f.seed, reps: 3, stagingBytes: 256 << 20, slotBytes: 32 << 20,
-		window: f.window, maxIO: f.maxIO, lookahead: f.lookahead}
-	if f.layout == "cross-layer" {
+		path: runtime.PathGPU, seed: f.Seed, reps: 3, stagingBytes: 256 << 20, slotBytes: 32 << 20,
+		window: f.Window, maxIO: f.MaxIO, lookahead: f.Lookahead}
+	if f.Layout == "cross-layer" {
 		o.layout = objmap.LayoutCrossLayer
 	}
 	if _, err := tp.ShardGeometry(g, gpus); err != nil {
@@ -353,7 +413,7 @@ func runGroupBenchCLI(f groupBenchFlags, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "gpubench --gpus %d: %s (%s), %d tokens in %d-token chain blocks, %s, each rank its own store, ring, staging and restorer; %s\n",
 		gpus, model, g, tokens, g.PageTokens*g.ChunkPages, map[bool]string{true: "MLA latent replicated on every rank", false: "KV heads split over the ranks"}[tp.Replicated(g)], time.Now().UTC().Format(time.RFC3339))
-	rows := runGroupBench(o, stderr)
+	rows := runGroupBench(ctx, o, stderr)
 	fmt.Fprintf(stdout, "%-16s %5s %10s %9s %10s %9s %9s %14s %s\n", "path", "ranks", "devices", "GB/s", "x single", "I/Os", "mismatch", "win/KiB/ahead", "error")
 	var failed []string
 	for _, r := range rows {
@@ -363,7 +423,7 @@ func runGroupBenchCLI(f groupBenchFlags, stdout, stderr io.Writer) error {
 			failed = append(failed, fmt.Sprintf("%d ranks: %d mismatched pages %s", r.Ranks, r.Mismatches, r.Error))
 		}
 	}
-	if err := writeJSONLines(f.jsonPath, stdout, rows); err != nil {
+	if err := writeJSONLines(f.JSONPath, stdout, rows); err != nil {
 		return err
 	}
 	if failed != nil {

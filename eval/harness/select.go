@@ -1,0 +1,100 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/tutti-io/tutti/runtime"
+)
+
+// BackendChoice is which backends a replay runs and how tutti's are tuned.
+type BackendChoice struct {
+	Names []string
+	// Explicit: Names were asked for by name, and each runs even where
+	// Available refuses (Run then reports it skipped, and the CLI fails);
+	// otherwise an unavailable one is left out with a note.
+	Explicit bool
+	Planner  *Compute // tutti's planner model; nil: load every cached block
+	// Dirs are the store directories: tutti-gpu's reads are sized to their
+	// devices where GPUWindow, GPUMaxIO or GPULookahead is 0.
+	Dirs                              []string
+	GPUWindow, GPUMaxIO, GPULookahead int
+	SaveBoundMs                       int // tutti's save bound; 0: the runtime's default
+}
+
+// SelectBackends builds c's backends, in c.Names' order, with notes for
+// the report: the ones left out and why, tutti-gpu's read sizes and the
+// save bound. An unknown name is an error naming it.
+func SelectBackends(c BackendChoice) ([]Backend, []string, error) {
+	var bs []Backend
+	var notes []string
+	for _, n := range c.Names {
+		b, err := NewBackend(n, c.Planner)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := b.Available(); err != nil && !c.Explicit {
+			notes = append(notes, fmt.Sprintf("%s not run: %v", n, err))
+			continue
+		}
+		if t, ok := b.(*Tutti); ok {
+			if n == "tutti-gpu" {
+				r := gpuReads(c.Dirs, c.GPUWindow, c.GPUMaxIO, c.GPULookahead)
+				t.SetGPUReads(r.Window, r.MaxIOBytes, r.Lookahead)
+				notes = append(notes, fmt.Sprintf("tutti-gpu: window %d reads, largest read %d KiB, lookahead %d layers", r.Window, r.MaxIOBytes>>10, r.Lookahead))
+				for _, u := range r.Unread {
+					notes = append(notes, "tutti-gpu: device not read: "+u)
+				}
+			}
+			if c.SaveBoundMs > 0 {
+				t.SetSaveBoundMs(c.SaveBoundMs)
+				notes = append(notes, fmt.Sprintf("%s: save bound %d ms (--tutti-save-bound-ms, the replay's default 60000: the runtime's own default, 2000, cuts saves larger than it writes in 2 s, which the baselines keep whole)", n, c.SaveBoundMs))
+			}
+		}
+		bs = append(bs, b)
+	}
+	return bs, notes, nil
+}
+
+// gpuReads sizes tutti-gpu's reads to the store's devices where a flag
+// left them 0 (runtime.DeviceSizedGPUReads; an unknown device adds 128
+// reads to the window and counts as taking 1 MiB reads); the runtime checks
+// the values at Open.
+func gpuReads(dirs []string, window, maxIO, lookahead int) runtime.GPUReads {
+	if len(dirs) == 0 {
+		dirs = []string{os.TempDir()}
+	}
+	return runtime.DeviceSizedGPUReads(dirs).Explicit(window, maxIO, lookahead)
+}
+
+// TuttiNotes are the report's notes on tutti's backends after a run: how
+// often the GPU ring's helper entered the kernel, and the cached blocks the
+// planner recomputed instead of loading.
+func TuttiNotes(bs []Backend) []string {
+	var notes []string
+	for _, b := range bs {
+		t, ok := b.(*Tutti)
+		if !ok {
+			continue
+		}
+		if w, bt := t.GPUHelper(); w > 0 {
+			notes = append(notes, fmt.Sprintf("%s: the GPU ring's helper entered the kernel %d times; %d waits ran the whole batch wait with reads in flight", t.Name(), w, bt))
+		}
+		if t.PlannedRecomputeBlocks() > 0 {
+			notes = append(notes, fmt.Sprintf("%s: the planner recomputed %d cached blocks instead of loading them",
+				t.Name(), t.PlannedRecomputeBlocks()))
+		}
+	}
+	return notes
+}
+
+// GPUComputeNotes is the report's note on measured GPU prefill (none
+// where g measured none; g may be nil).
+func GPUComputeNotes(g *GPUCompute) []string {
+	gs := g.Stats()
+	if gs.Requests == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("GPU prefill: %d prefills measured (%d re-measured alone: the restore brought back fewer blocks than looked up), %.1f s of GPU time; %d GEMM launches next to restores took %.2f CPU-s (in the restores' CPU time where they overlapped)",
+		gs.Requests, gs.Reruns, gs.GPUTime.Seconds(), gs.Launches, gs.EnqueueCPU.Seconds())}
+}
