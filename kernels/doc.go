@@ -104,7 +104,7 @@
 // layout [planes, num_pages, page_tokens, kv_heads, head_dim] or cross-layer
 // [num_pages, layers, planes, ...]) and record the layer's ready event. All
 // ordering is stream-ordered events, no host round trip, so layer l+1 is read
-// while layer l is copied, scattered and consumed. (ZeroCopyScatter: the
+// while layer l is copied, scattered and consumed. (BenchOptions.ZeroCopyScatter: the
 // scatter reads the host slot itself, holding SMs while PCIe delivers it.)
 //
 // Enqueueing a layer blocks once the GPU's command queue is full (about 60

@@ -241,9 +241,9 @@ func TestGPURestore(t *testing.T) {
 		maxIO  int
 		ring   uint32
 		noMmap bool
-		plain  bool // NoFixedBuffers: plain READ SQEs (the default is READ_FIXED into registered staging)
+		plain  bool // BenchOptions.NoFixedBuffers: plain READ SQEs (the default is READ_FIXED into registered staging)
 		ahead  int  // EnqueueLayers (0: the default, every layer of these requests at once)
-		zc     bool // ZeroCopyScatter: the scatter reads host staging (the default copies it into HBM first)
+		zc     bool // BenchOptions.ZeroCopyScatter: the scatter reads host staging (the default copies it into HBM first)
 	}{
 		// a 16-entry ring far smaller than a layer: wrap-around and SQ-full back-pressure
 		{"gqa-per-layer-small-ring", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 0, false},
@@ -267,8 +267,9 @@ func TestGPURestore(t *testing.T) {
 			dst := func(i int) int32 { return int32((i*7 + 3) % numPages) }
 			f, stride := objectFile(t, c.g, n, 5)
 			ring := sqpollRingMem(t, c.ring, c.noMmap)
-			r, err := kernels.Bind(kernels.Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages),
-				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24, NoFixedBuffers: c.plain, EnqueueLayers: c.ahead, ZeroCopyScatter: c.zc})
+			r, err := kernels.BindBench(kernels.Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages),
+				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24, EnqueueLayers: c.ahead},
+				kernels.BenchOptions{NoFixedBuffers: c.plain, ZeroCopyScatter: c.zc})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -26,7 +26,7 @@ typedef struct {
 	int fd;
 	uint32_t sq_entries, cq_entries;
 	uint32_t batch;        // most completions one wake-up waits for
-	uint32_t exact_target; // !Config.LooseWakeTarget
+	uint32_t exact_target; // !BenchOptions.LooseWakeTarget
 	uint32_t ramp;         // Config.WakeRamp: completions per +1 of a restore's starting batch (0: no ramp)
 	uint64_t sq_head, sq_tail, cq_head, cq_tail; // addresses in the ring's memory
 	int64_t interval_ns;   // wait while nothing is in flight (new SQEs are only seen on waking)

@@ -83,27 +83,8 @@ type Config struct {
 	// at 1 and grows by one every WakeRamp completions up to WakeBatch, so
 	// the first layer is seen as soon as its reads are done; 8 (-1: no
 	// ramp, a full batch from the first wait).
-	WakeRamp int
-	// LooseWakeTarget (kick mode) restores the helper's first wait target:
-	// completions in flight less a batch, counting those the GPU reaps while
-	// the helper computes it, so a layer's last completions could wait for
-	// BatchWait. By default the wait counts only completions that arrive
-	// after it starts (unless the GPU is seen not to reap), and a wait for a
-	// single completion times out after 4 WakeIntervals: on the H200 that was
-	// equal or faster in every gpubench case and the replay (BENCHMARKS.md,
-	// kernels, Session 4).
-	LooseWakeTarget bool
-	SlotBytesHint   int64 // staging slot size; derived from MaxPages and MaxExtents
-	// ZeroCopyScatter: the scatter kernel reads each restored layer from
-	// pinned host staging itself, as before 2026-11-29. By default the copy
-	// engine moves the layer into one of two device staging slots (2 ×
-	// the staging slot size of HBM, allocated at Bind) and the scatter runs
-	// within HBM: a zero-copy scatter holds up to 1024 blocks of SMs, at the
-	// highest priority, for as long as PCIe takes to deliver the layer (0.7
-	// ms per 70B layer at 32K tokens), and in the GPU replay the engine's
-	// prefill layers took 5 % longer next to it than next to a host-issued
-	// path.
-	ZeroCopyScatter bool
+	WakeRamp      int
+	SlotBytesHint int64 // staging slot size; derived from MaxPages and MaxExtents
 	// EnqueueLayers is how many layers of a restore are on the GPU's streams
 	// ahead of the last one scattered; Restore enqueues that many and a
 	// feeder goroutine the rest (feed.go: enqueueing blocks once the GPU's
@@ -114,19 +95,10 @@ type Config struct {
 	// waits for layer l-EnqueueLayers+EnqueueChunk-1, then enqueues layers
 	// l..l+EnqueueChunk-1): fewer host wake-ups per restore, at least
 	// EnqueueLayers-EnqueueChunk+1 layers always queued. EnqueueLayers/2,
-	// at least 1, at most 8; at most EnqueueLayers. Why: on the H200 (70B,
-	// 80 layers, 4 loop devices) the feeder's threads took 23 ms of CPU per
-	// 10 GiB at 1 layer per wake-up, 13 at 4 and 9 at 8, at the same
-	// bytes/s (BENCHMARKS.md, kernels, Session 5).
+	// at least 1, at most 8; at most EnqueueLayers. Why: each wake-up of
+	// the feeder costs CPU time and a chunk of layers per wake-up moves the
+	// same bytes per second as one layer per wake-up.
 	EnqueueChunk int
-
-	// NoFixedBuffers keeps the staging pool unregistered with the ring: every
-	// SQE is a plain READ/WRITE and the kernel pins the pages of each I/O
-	// itself. By default the pool is registered slot by slot (buffer index =
-	// slot) and the GPU writes READ_FIXED/WRITE_FIXED, which takes the page
-	// pinning off the per-I/O path (the bulk of the CPU time of a 1 MiB
-	// O_DIRECT read). A refused registration is reported by FixedBuffers.
-	NoFixedBuffers bool
 }
 
 func (c *Config) defaults() {
@@ -167,11 +139,10 @@ func (c *Config) defaults() {
 		c.WakeRamp = 8
 	}
 	if c.BatchWait == 0 {
-		// On a disk of ~2 GB/s a batch of 32 takes longer than this, so the
-		// timeout sets the wake-up rate there: 1 ms cost 0.006 CPU s/GiB
-		// (70B, H200 virtio disk), most of it these wake-ups. A layer's
-		// last completions may wait this long; layers of such a disk take
-		// tens of ms.
+		// On a slow disk a batch of 32 takes longer than this, so the
+		// timeout sets the wake-up rate there, and a shorter one costs CPU
+		// time in wake-ups. A layer's last completions may wait this long;
+		// layers of such a disk take far longer.
 		c.BatchWait = 4 * time.Millisecond
 	}
 }
@@ -190,6 +161,7 @@ func (c *Config) checkFeed() error {
 // concurrent use.
 type Restorer struct {
 	cfg     Config
+	opts    BenchOptions
 	lim     Limits
 	ctx     C.uint64_t
 	staging *uring.Buffer
@@ -227,7 +199,11 @@ type reqSlot struct {
 
 // Bind allocates the staging pool (off-heap, registered with CUDA), binds the
 // KV tensors and the ring, and starts the wake helper. Close releases all.
-func Bind(cfg Config) (*Restorer, error) {
+func Bind(cfg Config) (*Restorer, error) { return BindBench(cfg, BenchOptions{}) }
+
+// BindBench is Bind with benchmark-only A/B switches (bench.go); only a
+// benchmark comparing the defaults with their baselines calls it.
+func BindBench(cfg Config, opts BenchOptions) (*Restorer, error) {
 	cfg.defaults()
 	if err := Init(cfg.Device); err != nil {
 		return nil, err
@@ -278,7 +254,7 @@ func Bind(cfg Config) (*Restorer, error) {
 	p.io_window = C.uint32_t(cfg.IOWindow)
 	p.lookahead = C.uint32_t(cfg.Lookahead)
 	p.poll_timeout_ns = C.uint64_t(cfg.PollTimeout.Nanoseconds())
-	if cfg.ZeroCopyScatter {
+	if opts.ZeroCopyScatter {
 		p.zero_copy_scatter = 1
 	}
 	if cfg.Ring != nil {
@@ -290,13 +266,13 @@ func Bind(cfg Config) (*Restorer, error) {
 		}
 		p.ring = rd
 	}
-	r := &Restorer{cfg: cfg, lim: lim, staging: staging, ring: cfg.Ring, kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	r := &Restorer{cfg: cfg, opts: opts, lim: lim, staging: staging, ring: cfg.Ring, kick: make(chan struct{}, 1), stop: make(chan struct{})}
 	if err := status("tk_bind", C.tkl_bind(p, &r.ctx)); err != nil {
 		staging.Free()
 		return nil, fmt.Errorf("binding kernels: %w", err)
 	}
 	r.owned = r.ring != nil && r.ring.Layout().SetupFlags&setupRDisabled != 0
-	if r.ring != nil && !cfg.NoFixedBuffers && !r.owned {
+	if r.ring != nil && !opts.NoFixedBuffers && !r.owned {
 		r.fixedErr = r.registerStaging(slotBytes)
 		r.fixed = r.fixedErr == nil
 	}
@@ -334,8 +310,8 @@ func Bind(cfg Config) (*Restorer, error) {
 // StagingAlign, and of 2 MiB once it is that large. Why 2 MiB: the pool is
 // huge-page backed (uring.AllocBuffer), and a slot registered with the ring
 // that starts on a huge page is one segment per 2 MiB to the block layer; a
-// slot starting 4 KiB into one was measured to send reads to io-wq workers
-// on the H200's loop devices (the kernel then splits them).
+// slot starting 4 KiB into one sends reads to io-wq workers on some block
+// devices (the kernel then splits them).
 func stagingSlotBytes(cfg Config, g Geometry) int64 {
 	n := cfg.SlotBytesHint
 	if n == 0 {
@@ -400,7 +376,7 @@ func (r *Restorer) wakeLoop(slotBytes int64, ready chan<- error) {
 		defer runtime.UnlockOSThread()
 	}
 	if r.owned {
-		if !r.cfg.NoFixedBuffers {
+		if !r.opts.NoFixedBuffers {
 			r.fixedErr = r.registerStaging(slotBytes)
 			r.fixed = r.fixedErr == nil
 		}
@@ -421,7 +397,7 @@ func (r *Restorer) wakeLoop(slotBytes int64, ready chan<- error) {
 	}
 	ready <- nil
 	if kick && l.Features&featExtArg != 0 {
-		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch, r.cfg.WakeRamp, !r.cfg.LooseWakeTarget)
+		r.helper.runKickLoop(l, r.cfg.WakeInterval, r.cfg.BatchWait, r.cfg.WakeBatch, r.cfg.WakeRamp, !r.opts.LooseWakeTarget)
 		return
 	}
 	t := time.NewTicker(r.cfg.WakeInterval)
@@ -506,7 +482,7 @@ func (r *Restorer) WakeTimeouts() int64 { return r.helper.timeouts() }
 
 // BatchTimeouts counts the kick loop's waits that ran the whole BatchWait
 // with I/O in flight (part of WakeTimeouts; the rest are idle waits and,
-// without LooseWakeTarget, short waits for a single completion).
+// without BenchOptions.LooseWakeTarget, short waits for a single completion).
 func (r *Restorer) BatchTimeouts() int64 { return r.helper.batchTimeouts() }
 
 // HelperMode says how the CPU helper drives the ring: "sqpoll-wake" (it

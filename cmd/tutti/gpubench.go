@@ -101,7 +101,8 @@ type gpuBench struct {
 	seed        uint64
 	r           *kernels.Restorer
 	ring        *uring.Ring
-	kcfg        kernels.Config    // for the kick-mode context, bound on first use
+	kcfg        kernels.Config // for the kick-mode context, bound on first use
+	kopts       kernels.BenchOptions
 	rk          *kernels.Restorer // GPU path on a ring without SQPOLL (kick mode)
 	ringK       *uring.Ring
 	stderr      io.Writer
@@ -138,11 +139,11 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	kickBatch := fs.Int("kick-batch", 32, "GPU kick mode: most completions one wake-up of the CPU helper waits for (a quarter of the I/O in flight, at most this; 1: every completion)")
 	kickRamp := fs.Int("kick-ramp", 0, "GPU kick mode: at a restore's start the helper's batch grows by one every this many completions (kernels.Config.WakeRamp; 0: 8, -1: no ramp)")
 	kickBatchWait := fs.Duration("kick-batch-wait", 4*time.Millisecond, "GPU kick mode: longest wait for a batch of completions while I/O is in flight")
-	kickExact := fs.Bool("kick-exact-target", true, "GPU kick mode: the helper's wait counts only completions that arrive after it starts (false: kernels.Config.LooseWakeTarget, the first target, slower on the H200)")
+	kickExact := fs.Bool("kick-exact-target", true, "GPU kick mode: the helper's wait counts only completions that arrive after it starts (false: kernels.BenchOptions.LooseWakeTarget, the first target, slower on the H200)")
 	kickDefer := fs.Bool("kick-defer", true, "GPU kick mode: a DEFER_TASKRUN ring (the kernel wakes the helper once per batch); false: an ordinary ring, woken by every completion")
 	enqueueLayers := fs.Int("enqueue-layers", 0, "GPU paths: layers of a restore on the GPU's streams ahead of the last one scattered (kernels.Config.EnqueueLayers; 0: 2×(lookahead+3), 16..48)")
 	enqueueChunk := fs.Int("enqueue-chunk", 0, "GPU paths: layers the feeder enqueues per wake-up (kernels.Config.EnqueueChunk; 0: half of --enqueue-layers, 1..8)")
-	zeroCopy := fs.Bool("zero-copy-scatter", false, "GPU paths: the scatter kernel reads host staging itself instead of a copy-engine copy into device staging (kernels.Config.ZeroCopyScatter)")
+	zeroCopy := fs.Bool("zero-copy-scatter", false, "GPU paths: the scatter kernel reads host staging itself instead of a copy-engine copy into device staging (kernels.BenchOptions.ZeroCopyScatter)")
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -257,11 +258,12 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	defer b.ring.Close()
 	b.kcfg = kernels.Config{Geometry: g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
 		MaxPages: b.pages, MaxExtents: b.lay.piecesPerLayer(), MaxIOBytes: b.maxIO, IOWindow: *window, Lookahead: *lookahead,
-		WakeInterval: *kickUs, PollTimeout: *pollTimeout, NoFixedBuffers: *plainReads, ZeroCopyScatter: *zeroCopy,
+		WakeInterval: *kickUs, PollTimeout: *pollTimeout,
 		EnqueueLayers: *enqueueLayers, EnqueueChunk: *enqueueChunk,
-		WakeBatch: *kickBatch, WakeRamp: *kickRamp, BatchWait: *kickBatchWait, LooseWakeTarget: !*kickExact}
+		WakeBatch: *kickBatch, WakeRamp: *kickRamp, BatchWait: *kickBatchWait}
+	b.kopts = kernels.BenchOptions{NoFixedBuffers: *plainReads, ZeroCopyScatter: *zeroCopy, LooseWakeTarget: !*kickExact}
 	b.kickDefer = *kickDefer
-	b.r, err = kernels.Bind(b.kcfg)
+	b.r, err = kernels.BindBench(b.kcfg, b.kopts)
 	if err != nil {
 		return err
 	}
@@ -806,7 +808,7 @@ func (b *gpuBench) bindKick() error {
 	}
 	cfg := b.kcfg
 	cfg.Ring = ring
-	b.rk, err = kernels.Bind(cfg)
+	b.rk, err = kernels.BindBench(cfg, b.kopts)
 	if err != nil {
 		ring.Close()
 		return err
