@@ -10,8 +10,8 @@ type BenchOptions struct {
 	// the helper computes it, so a layer's last completions could wait for
 	// BatchWait. By default the wait counts only completions that arrive
 	// after it starts (unless the GPU is seen not to reap), and a wait for a
-	// single completion times out after 4 WakeIntervals: that never lost to
-	// this baseline in the GPU benchmarks (BENCHMARKS.md, kernels).
+	// single completion times out after 4 WakeIntervals, so a layer's
+	// last completions are seen without waiting for a batch.
 	LooseWakeTarget bool
 	// ZeroCopyScatter: the scatter kernel reads each restored layer from
 	// pinned host staging itself. By default the copy engine moves the layer

@@ -48,8 +48,8 @@ static inline uint32_t kl_ld(uint64_t a) { return __atomic_load_n((uint32_t *)a,
 // one more for every r->ramp completions: the whole window is in flight at
 // once, so k would be a full batch from the first wait, and the first
 // layer's last reads would wait for a batch of other layers' completions
-// before the GPU could see them (6.3 ms to the first layer against 3.0 ms
-// for a CPU-issued restore, MLA on 4 loop devices, H200).
+// before the GPU could see them (the first layer then arrives later than on
+// a CPU-issued restore).
 //
 // The timeout is batch_wait_ns while I/O is in flight (it bounds how long
 // CQEs and newly published SQEs wait when the device is slower than a batch

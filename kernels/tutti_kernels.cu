@@ -601,8 +601,8 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
   TRYC(cudaMemset(c->d_state, 0, sizeof(DState)));
   // The I/O and scatter streams run at the device's highest priority: the
   // I/O kernel is one block that must get an SM while the engine's GEMMs fill
-  // every SM, else the reads wait for whole GEMM grids (seen in the eval
-  // harness: 0.3 GB/s restores next to 70B prefills on the default priority).
+  // every SM, else the reads wait for whole GEMM grids (restores next to a
+  // prefill on the default priority slow to a crawl).
   int prio_low = 0, prio_high = 0;
   TRYC(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high));
   TRYC(cudaStreamCreateWithPriority(&c->io, cudaStreamNonBlocking, prio_high));
