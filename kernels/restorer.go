@@ -32,6 +32,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
 )
@@ -50,7 +51,7 @@ var (
 // defaults named.
 type Config struct {
 	Device   int
-	Geometry Geometry
+	Geometry objmap.Geometry // ChunkPages is not used
 	Layout   Layout
 	NumPages int      // engine pages in each KV tensor
 	KV       []uint64 // device pointers: Geometry.Layers tensors (per-layer) or one (cross-layer)
@@ -209,7 +210,7 @@ func BindBench(cfg Config, opts BenchOptions) (*Restorer, error) {
 		return nil, err
 	}
 	g := cfg.Geometry
-	if err := g.Validate(); err != nil {
+	if err := checkGeometry(g); err != nil {
 		return nil, fmt.Errorf("binding kernels: %w", err)
 	}
 	want := g.Layers
@@ -239,7 +240,7 @@ func BindBench(cfg Config, opts BenchOptions) (*Restorer, error) {
 	p.kv.page_tokens = C.uint32_t(g.PageTokens)
 	p.kv.kv_heads = C.uint32_t(g.KVHeads)
 	p.kv.head_dim = C.uint32_t(g.HeadDim)
-	p.kv.dtype_bytes = C.uint32_t(g.DTypeBytes)
+	p.kv.dtype_bytes = C.uint32_t(g.DType.Bytes())
 	p.kv.layout = C.uint32_t(cfg.Layout)
 	p.kv.num_pages = C.uint32_t(cfg.NumPages)
 	for i, ptr := range cfg.KV {
@@ -312,10 +313,10 @@ func BindBench(cfg Config, opts BenchOptions) (*Restorer, error) {
 // that starts on a huge page is one segment per 2 MiB to the block layer; a
 // slot starting 4 KiB into one sends reads to io-wq workers on some block
 // devices (the kernel then splits them).
-func stagingSlotBytes(cfg Config, g Geometry) int64 {
+func stagingSlotBytes(cfg Config, g objmap.Geometry) int64 {
 	n := cfg.SlotBytesHint
 	if n == 0 {
-		n = roundUp(int64(cfg.MaxPages)*g.PageBytes(), StagingAlign) + int64(cfg.MaxExtents)*StagingAlign
+		n = roundUp(int64(cfg.MaxPages)*g.PageBytesPerLayer(), StagingAlign) + int64(cfg.MaxExtents)*StagingAlign
 	}
 	n = roundUp(n, StagingAlign)
 	if n >= hugePageBytes {
@@ -835,7 +836,7 @@ func (r *Restorer) SyncCopies() error { return status("sync copies", C.tkl_sync(
 // dst + (l-firstLayer)*layerStride, and waits. This is the save path's
 // HBM -> staging step; the bytes are then written by the CPU (uring).
 func (r *Restorer) Gather(pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error {
-	pb := r.cfg.Geometry.PageBytes()
+	pb := r.cfg.Geometry.PageBytesPerLayer()
 	if layerStride < int64(len(pages))*pb || firstLayer < 0 || layers <= 0 || firstLayer+layers > r.cfg.Geometry.Layers {
 		return fmt.Errorf("gather: %w: stride %d for %d pages, layers [%d,+%d)", ErrInvalid, layerStride, len(pages), firstLayer, layers)
 	}

@@ -18,6 +18,7 @@ import (
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kernels/testkit"
+	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
@@ -80,7 +81,7 @@ type benchRow struct {
 }
 
 type gpuBench struct {
-	g        kernels.Geometry
+	g        objmap.Geometry
 	model    string
 	label    string
 	pages    int
@@ -176,11 +177,11 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	g := kernels.GeometryOf(prof.Shape)
+	g := prof.Shape
 	b := &gpuBench{g: g, model: *model, label: *label, qd: *qd, seed: *seed, stderr: stderr}
 	b.pages = (*tokens + g.PageTokens - 1) / g.PageTokens
 	b.numPages = b.pages + b.pages/8 + 16
-	b.objBytes = int64(b.pages) * g.PageBytes()
+	b.objBytes = int64(b.pages) * g.PageBytesPerLayer()
 	rng := rand.New(rand.NewPCG(*seed, 7))
 	perm := rng.Perm(b.numPages)
 	for i := 0; i < b.pages; i++ {
@@ -207,7 +208,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("gpubench needs the GPU and the kernels library: %w", err)
 	}
 	fmt.Fprintf(stdout, "gpubench %s: %d layers x %d pages of %d KiB (%s), %.2f GiB, %s, storage %q on %v: %s, GPU %s (%d SMs), content internal/kvdata blocks %d..\n",
-		*model, g.Layers, b.pages, g.PageBytes()>>10, kl, float64(b.totalBytes())/(1<<30), time.Now().UTC().Format(time.RFC3339), b.label, b.paths, b.lay, name, sms, *seed)
+		*model, g.Layers, b.pages, g.PageBytesPerLayer()>>10, kl, float64(b.totalBytes())/(1<<30), time.Now().UTC().Format(time.RFC3339), b.label, b.paths, b.lay, name, sms, *seed)
 
 	if err := b.writeData(*reuse); err != nil {
 		return err
@@ -216,7 +217,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 
 	// KV tensors and the bound context (ring included), allocated once.
 	var kv []uint64
-	per := g.PageBytes() * int64(b.numPages)
+	per := g.PageBytesPerLayer() * int64(b.numPages)
 	n, bytes := g.Layers, per
 	if kl == kernels.LayoutCrossLayer {
 		n, bytes = 1, per*int64(g.Layers)
@@ -431,7 +432,7 @@ func (b *gpuBench) writeData(reuse bool) error {
 			for l := range work {
 				ps = b.lay.pieces(l, ps[:0])
 				for _, pc := range ps {
-					n, padded := int64(pc.pages)*b.g.PageBytes(), b.lay.objStride(pc.pages)
+					n, padded := int64(pc.pages)*b.g.PageBytesPerLayer(), b.lay.objStride(pc.pages)
 					if err := testkit.FillObject(buf.Bytes()[:n], b.g, b.seed, l, pc.first, pc.pages); err != nil {
 						errs <- err
 						return
@@ -835,7 +836,7 @@ type hostIO struct {
 // not on 4 KiB boundaries is read whole blocks into a bounce buffer and
 // copied). Either way the layer's slot ends up as b.pm describes it.
 func (b *gpuBench) hostReads(perBlock bool) []hostIO {
-	pb := b.g.PageBytes()
+	pb := b.g.PageBytesPerLayer()
 	offs, _ := b.lay.slotOffsets()
 	var ios []hostIO
 	var rs []objRead
@@ -893,7 +894,9 @@ func (b *gpuBench) runHost(row *benchRow, perBlock, toHBM bool) error {
 
 // bounceSlotBytes is one O_DIRECT-aligned bounce slot: a page's read with
 // the alignment slack either side.
-func (b *gpuBench) bounceSlotBytes() int { return int((b.g.PageBytes() + 8192 + 4095) / 4096 * 4096) }
+func (b *gpuBench) bounceSlotBytes() int {
+	return int((b.g.PageBytesPerLayer() + 8192 + 4095) / 4096 * 4096)
+}
 
 // allocBounce allocates hostPipeline's bounce slots (qd of them) before a
 // path's clock starts: setup that the GPU path does at bind time is not
