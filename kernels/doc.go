@@ -4,9 +4,10 @@
 // engine's paged KV tensors in HBM, and every layer's readiness is a CUDA
 // event that a compute stream can wait on with no host round trip.
 //
-// The CUDA side is libtutti_kernels.so (tutti_kernels.cu, tk_cufile.cu,
-// tk_prefill.cu; the ABI header tutti_kernels.h and its prefill companion
-// tk_prefill.h, whose entry points are resolved separately), built by nvcc on
+// The CUDA side is libtutti_kernels.so (tutti_kernels.cu, tk_mem.cu; the ABI
+// header tutti_kernels.h, the layout rule tk_layout.h) and the test kit's
+// libtutti_testkit.so (tk_testkit.cu, tk_cufile.cu, tk_prefill.cu;
+// tk_testkit.h, tk_prefill.h), built by nvcc on
 // a GPU machine with `make kernels` (sm_90 SASS + compute_90 PTX, static CUDA
 // runtime: it needs the driver's libcuda, and the toolkit's libcublas for the
 // prefill compute). This package loads it at run time with dlopen, so `go
@@ -104,7 +105,7 @@
 // layout [planes, num_pages, page_tokens, kv_heads, head_dim] or cross-layer
 // [num_pages, layers, planes, ...]) and record the layer's ready event. All
 // ordering is stream-ordered events, no host round trip, so layer l+1 is read
-// while layer l is copied, scattered and consumed. (ZeroCopyScatter: the
+// while layer l is copied, scattered and consumed. (BenchOptions.ZeroCopyScatter: the
 // scatter reads the host slot itself, holding SMs while PCIe delivers it.)
 //
 // Enqueueing a layer blocks once the GPU's command queue is full (about 60

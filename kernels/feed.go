@@ -10,11 +10,10 @@ import (
 //
 // Why: enqueueing a layer (its I/O kernel, its scatter kernel and their
 // events) blocks the calling thread once the GPU's command queue is full,
-// about 60 layers. Enqueued all at once, a 70B restore (80 layers) held the
-// engine's Load call until some 24 layers had already been read: in the GPU
-// replay, layers 0-23 of a 2.8 GB restore all became ready at once, 100 ms
-// after the load started, where per-block's first layer was ready after 5
-// ms, and the engine could not start computing layer 0 before then.
+// some tens of layers. Enqueued all at once, a restore of a deep model held
+// the engine's Load call until many layers had already been read: they all
+// became ready at once, long after a CPU-issued path's first layer, and the
+// engine could not start computing layer 0 before then.
 //
 // So Restore enqueues the first EnqueueLayers layers itself and returns; the
 // feeder enqueues layer l once layer l-EnqueueLayers is scattered (a host

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kernels/testkit"
+	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
 )
@@ -32,9 +33,9 @@ func gpuOrSkip(t *testing.T) {
 
 // kvTensors allocates the KV memory of g (per-layer tensors or one
 // cross-layer tensor) and frees it at the end of the test.
-func kvTensors(t *testing.T, g kernels.Geometry, layout kernels.Layout, numPages int) []uint64 {
+func kvTensors(t *testing.T, g objmap.Geometry, layout kernels.Layout, numPages int) []uint64 {
 	t.Helper()
-	per := g.PageBytes() * int64(numPages)
+	per := g.PageBytesPerLayer() * int64(numPages)
 	var ptrs []uint64
 	n, bytes := g.Layers, per
 	if layout == kernels.LayoutCrossLayer {
@@ -64,9 +65,9 @@ func kvTensors(t *testing.T, g kernels.Geometry, layout kernels.Layout, numPages
 
 // objectFile writes layers objects of pages pages each (object l at
 // l*stride) with GenWord content and opens it with O_DIRECT.
-func objectFile(t *testing.T, g kernels.Geometry, pages int, seed uint64) (*uring.File, int64) {
+func objectFile(t *testing.T, g objmap.Geometry, pages int, seed uint64) (*uring.File, int64) {
 	t.Helper()
-	stride := roundUpTo(int64(pages)*g.PageBytes(), kernels.StagingAlign)
+	stride := roundUpTo(int64(pages)*g.PageBytesPerLayer(), kernels.StagingAlign)
 	path := filepath.Join(t.TempDir(), "objects")
 	w, err := os.Create(path)
 	if err != nil {
@@ -115,7 +116,7 @@ func sqpollRingMem(t *testing.T, entries uint32, noMmap bool) *uring.Ring {
 }
 
 // wholeRequest restores pages [0,n) of every layer from f, split into runs.
-func wholeRequest(f *uring.File, g kernels.Geometry, stride int64, runs []int, dst func(i int) int32) kernels.Request {
+func wholeRequest(f *uring.File, g objmap.Geometry, stride int64, runs []int, dst func(i int) int32) kernels.Request {
 	req := kernels.Request{}
 	n := 0
 	for _, r := range runs {
@@ -129,7 +130,7 @@ func wholeRequest(f *uring.File, g kernels.Geometry, stride int64, runs []int, d
 		off := int64(l) * stride
 		for _, r := range runs {
 			xs = append(xs, kernels.Extent{FD: f.FD, Align: f.DirectAlign, Offset: off, Pages: r})
-			off += int64(r) * g.PageBytes()
+			off += int64(r) * g.PageBytesPerLayer()
 		}
 		req.Layers = append(req.Layers, xs)
 	}
@@ -148,12 +149,12 @@ func verifyMap(n int, dst func(i int) int32) []kernels.PageMap {
 func TestGPUScatterGather(t *testing.T) {
 	gpuOrSkip(t)
 	for _, c := range []struct {
-		g      kernels.Geometry
+		g      objmap.Geometry
 		layout kernels.Layout
 	}{
-		{kernels.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer},
-		{kernels.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutCrossLayer},
-		{kernels.Geometry{Layers: 3, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, kernels.LayoutPerLayer},
+		{objmap.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer},
+		{objmap.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutCrossLayer},
+		{objmap.Geometry{Layers: 3, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: objmap.BF16}, kernels.LayoutPerLayer},
 	} {
 		const pages, numPages = 37, 100
 		dst := func(i int) int32 { return int32((i*13 + 5) % numPages) }
@@ -164,7 +165,7 @@ func TestGPUScatterGather(t *testing.T) {
 		if err := testkit.FillKV(r, 0xA5); err != nil {
 			t.Fatal(err)
 		}
-		pb := c.g.PageBytes()
+		pb := c.g.PageBytesPerLayer()
 		obj, err := uring.AllocBuffer(int(pb) * pages)
 		if err != nil {
 			t.Fatal(err)
@@ -235,27 +236,27 @@ func TestGPURestore(t *testing.T) {
 	gpuOrSkip(t)
 	cases := []struct {
 		name   string
-		g      kernels.Geometry
+		g      objmap.Geometry
 		layout kernels.Layout
 		runs   []int
 		maxIO  int
 		ring   uint32
 		noMmap bool
-		plain  bool // NoFixedBuffers: plain READ SQEs (the default is READ_FIXED into registered staging)
+		plain  bool // BenchOptions.NoFixedBuffers: plain READ SQEs (the default is READ_FIXED into registered staging)
 		ahead  int  // EnqueueLayers (0: the default, every layer of these requests at once)
-		zc     bool // ZeroCopyScatter: the scatter reads host staging (the default copies it into HBM first)
+		zc     bool // BenchOptions.ZeroCopyScatter: the scatter reads host staging (the default copies it into HBM first)
 	}{
 		// a 16-entry ring far smaller than a layer: wrap-around and SQ-full back-pressure
-		{"gqa-per-layer-small-ring", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 0, false},
-		{"gqa-cross-layer", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false, 0, false},
-		{"mla-per-layer", kernels.Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false, 0, false},
+		{"gqa-per-layer-small-ring", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 0, false},
+		{"gqa-cross-layer", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false, 0, false},
+		{"mla-per-layer", objmap.Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false, 0, false},
 		// rings of several pages in process memory (NO_MMAP), as gpubench uses
-		{"gqa-nommap-256", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{40}, 64 << 10, 256, true, false, 0, false},
-		{"gqa-plain-reads", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true, 0, false},
+		{"gqa-nommap-256", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{40}, 64 << 10, 256, true, false, 0, false},
+		{"gqa-plain-reads", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true, 0, false},
 		// the feeder enqueues layer by layer; the second request waits in its queue
-		{"gqa-fed-1-ahead", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 1, false},
-		{"gqa-zero-copy", kernels.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 2, true},
-		{"mla-fed-2-ahead", kernels.Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DTypeBytes: 2}, kernels.LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, true, false, 2, false},
+		{"gqa-fed-1-ahead", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 1, false},
+		{"gqa-zero-copy", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 2, true},
+		{"mla-fed-2-ahead", objmap.Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, true, false, 2, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -267,8 +268,9 @@ func TestGPURestore(t *testing.T) {
 			dst := func(i int) int32 { return int32((i*7 + 3) % numPages) }
 			f, stride := objectFile(t, c.g, n, 5)
 			ring := sqpollRingMem(t, c.ring, c.noMmap)
-			r, err := kernels.Bind(kernels.Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages),
-				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24, NoFixedBuffers: c.plain, EnqueueLayers: c.ahead, ZeroCopyScatter: c.zc})
+			r, err := kernels.BindBench(kernels.Config{Geometry: c.g, Layout: c.layout, NumPages: numPages, KV: kvTensors(t, c.g, c.layout, numPages),
+				Ring: ring, MaxPages: n, MaxIOBytes: c.maxIO, IOWindow: 24, EnqueueLayers: c.ahead},
+				kernels.BenchOptions{NoFixedBuffers: c.plain, ZeroCopyScatter: c.zc})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -327,7 +329,7 @@ func TestGPURestore(t *testing.T) {
 // waited for in order, as the runtime does, and the KV is right.
 func TestGPURestoreManyLayers(t *testing.T) {
 	gpuOrSkip(t)
-	g := kernels.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
+	g := objmap.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}
 	const n, numPages = 8, 16
 	for _, ahead := range []int{80, 2, 0} {
 		t.Run(fmt.Sprintf("enqueue-layers=%d", ahead), func(t *testing.T) {
@@ -380,7 +382,7 @@ func TestGPURestoreManyLayers(t *testing.T) {
 // poison, every other page is right, and the ring serves the next request.
 func TestGPURestoreFaults(t *testing.T) {
 	gpuOrSkip(t)
-	g := kernels.Geometry{Layers: 6, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
+	g := objmap.Geometry{Layers: 6, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}
 	const n, numPages = 24, 64
 	dst := func(i int) int32 { return int32(numPages - 1 - i) }
 	f, stride := objectFile(t, g, n, 21)
@@ -444,7 +446,7 @@ func TestGPURestoreFaults(t *testing.T) {
 			// Every word of a failed page must differ from the saved data (it
 			// keeps the poison); every other page must be exact.
 			full := verifyMap(n, dst)
-			words := uint64(12 * g.PageBytes() / 8)
+			words := uint64(12 * g.PageBytesPerLayer() / 8)
 			for l := 0; l < g.Layers; l++ {
 				head, err := testkit.VerifyKV(r, 21, full[:12], l, 1)
 				if err != nil || head != 0 {

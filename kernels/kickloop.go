@@ -26,7 +26,7 @@ typedef struct {
 	int fd;
 	uint32_t sq_entries, cq_entries;
 	uint32_t batch;        // most completions one wake-up waits for
-	uint32_t exact_target; // !Config.LooseWakeTarget
+	uint32_t exact_target; // !BenchOptions.LooseWakeTarget
 	uint32_t ramp;         // Config.WakeRamp: completions per +1 of a restore's starting batch (0: no ramp)
 	uint64_t sq_head, sq_tail, cq_head, cq_tail; // addresses in the ring's memory
 	int64_t interval_ns;   // wait while nothing is in flight (new SQEs are only seen on waking)
@@ -48,8 +48,8 @@ static inline uint32_t kl_ld(uint64_t a) { return __atomic_load_n((uint32_t *)a,
 // one more for every r->ramp completions: the whole window is in flight at
 // once, so k would be a full batch from the first wait, and the first
 // layer's last reads would wait for a batch of other layers' completions
-// before the GPU could see them (6.3 ms to the first layer against 3.0 ms
-// for a CPU-issued restore, MLA on 4 loop devices, H200).
+// before the GPU could see them (the first layer then arrives later than on
+// a CPU-issued restore).
 //
 // The timeout is batch_wait_ns while I/O is in flight (it bounds how long
 // CQEs and newly published SQEs wait when the device is slower than a batch

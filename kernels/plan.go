@@ -17,35 +17,17 @@ const (
 	LayoutCrossLayer = objmap.LayoutCrossLayer
 )
 
-// Geometry is a model's KV shape as the kernels see it (objmap.Geometry maps
-// onto it one to one: Planes 2 for K and V, 1 for an MLA latent).
-type Geometry struct {
-	Layers, Planes, PageTokens, KVHeads, HeadDim, DTypeBytes int
-}
-
-// GeometryOf is the kernels' view of an object-store geometry (the chain
-// block size does not matter to a kernel: it sees pages).
-func GeometryOf(g objmap.Geometry) Geometry {
-	return Geometry{Layers: g.Layers, Planes: g.Planes, PageTokens: g.PageTokens, KVHeads: g.KVHeads,
-		HeadDim: g.HeadDim, DTypeBytes: g.DType.Bytes()}
-}
-
-// PlaneBytes is one plane of one page of one layer.
-func (g Geometry) PlaneBytes() int64 {
-	return int64(g.PageTokens) * int64(g.KVHeads) * int64(g.HeadDim) * int64(g.DTypeBytes)
-}
-
-// PageBytes is one page of one layer, all planes (its size in an object).
-func (g Geometry) PageBytes() int64 { return g.PlaneBytes() * int64(g.Planes) }
-
-// Validate checks the shape is one the kernels can copy (16-byte vectors).
-func (g Geometry) Validate() error {
+// checkGeometry checks the shape is one the kernels can copy: the model's
+// KV shape is objmap.Geometry (its layout rules have their one home there;
+// the chain block size does not matter to a kernel, which sees pages), held
+// to 16-byte vectors and the C side's tensor table.
+func checkGeometry(g objmap.Geometry) error {
 	if g.Layers <= 0 || g.Layers > maxLayers || g.Planes < 1 || g.Planes > 2 || g.PageTokens <= 0 || g.KVHeads <= 0 ||
-		g.HeadDim <= 0 || g.DTypeBytes <= 0 {
+		g.HeadDim <= 0 || g.DType.Bytes() <= 0 {
 		return fmt.Errorf("geometry %+v: %w", g, ErrInvalid)
 	}
-	if g.PlaneBytes()%16 != 0 {
-		return fmt.Errorf("geometry %+v: plane of %d bytes is not a multiple of 16: %w", g, g.PlaneBytes(), ErrInvalid)
+	if g.PageBytesPerPlane()%16 != 0 {
+		return fmt.Errorf("geometry %+v: plane of %d bytes is not a multiple of 16: %w", g, g.PageBytesPerPlane(), ErrInvalid)
 	}
 	return nil
 }
@@ -160,8 +142,8 @@ type Limits struct {
 // that no kernel launched from the plan can touch memory outside the KV
 // tensors or the staging slot. It is pure CPU work and allocation-free once p
 // has grown to the largest request.
-func BuildPlan(g Geometry, lim Limits, req Request, p *Plan) error {
-	if err := g.Validate(); err != nil {
+func BuildPlan(g objmap.Geometry, lim Limits, req Request, p *Plan) error {
+	if err := checkGeometry(g); err != nil {
 		return err
 	}
 	if lim.MaxIOBytes <= 0 || lim.MaxIOBytes%StagingAlign != 0 {
@@ -177,7 +159,7 @@ func BuildPlan(g Geometry, lim Limits, req Request, p *Plan) error {
 	if err := p.checkPages(req.Pages, lim.NumPages); err != nil {
 		return err
 	}
-	pageBytes := g.PageBytes()
+	pageBytes := g.PageBytesPerLayer()
 	maxIO := int64(lim.MaxIOBytes)
 	shape := req.Layers[0]
 	// The page map and entry split, from layer 0's extents.

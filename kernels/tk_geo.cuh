@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "tk_layout.h"
 #include "tutti_kernels.h"
 
 struct Geo {
@@ -25,11 +26,12 @@ static inline Geo geo_of(const tk_kv &kv) {
   return g;
 }
 
+// plane_ptr: the offset rule is tk_layout.h's (held to objmap.PlaneOffset by
+// a host test); the tensor is layer's own (per-layer) or the one (cross-layer).
 __device__ __forceinline__ char *plane_ptr(const uint64_t *kvp, const Geo &g, uint32_t layer,
                                            uint32_t plane, uint32_t page) {
-  if (g.layout == TK_LAYOUT_PER_LAYER)
-    return (char *)kvp[layer] + ((uint64_t)plane * g.num_pages + page) * g.plane_bytes;
-  return (char *)kvp[0] + (((uint64_t)page * g.layers + layer) * g.planes + plane) * g.plane_bytes;
+  const uint64_t off = tk_plane_offset(g.layout, g.layers, g.planes, g.num_pages, g.plane_bytes, layer, plane, page);
+  return (char *)kvp[g.layout == TK_LAYOUT_PER_LAYER ? layer : 0] + off;
 }
 
 #endif  // TK_GEO_CUH

@@ -14,8 +14,8 @@ import (
 
 // newKickRestorer is the part of a Restorer the wake loop uses, on ring,
 // as Bind would make it (owned: a ring created disabled).
-func newKickRestorer(ring *uring.Ring, cfg Config, owned bool) *Restorer {
-	return &Restorer{cfg: cfg, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState(), owned: owned}
+func newKickRestorer(ring *uring.Ring, cfg Config, opts BenchOptions, owned bool) *Restorer {
+	return &Restorer{cfg: cfg, opts: opts, ring: ring, kick: make(chan struct{}, 1), stop: make(chan struct{}), helper: newHelperState(), owned: owned}
 }
 
 // startKick starts r's helper as Bind does, counts one restore live and
@@ -84,7 +84,7 @@ func TestWakeLoopKicks(t *testing.T) {
 		t.Skipf("io_uring unavailable: %v", err)
 	}
 	defer ring.Close()
-	r := newKickRestorer(ring, Config{WakeInterval: 100 * time.Microsecond}, false)
+	r := newKickRestorer(ring, Config{WakeInterval: 100 * time.Microsecond}, BenchOptions{}, false)
 	stop := startKick(t, r)
 	r.kick <- struct{}{}
 	deadline := time.Now().Add(5 * time.Second)
@@ -132,7 +132,7 @@ func TestKickLoopSubmitsWhatTheGPUPublishes(t *testing.T) {
 			ring, l := kickRingOrSkip(t, c.cfg)
 			defer ring.Close()
 			const interval = 20 * time.Millisecond
-			r := newKickRestorer(ring, Config{WakeInterval: interval, BatchWait: interval, WakeBatch: 4, NoFixedBuffers: true}, c.cfg.Disabled)
+			r := newKickRestorer(ring, Config{WakeInterval: interval, BatchWait: interval, WakeBatch: 4}, BenchOptions{NoFixedBuffers: true}, c.cfg.Disabled)
 			if m := r.HelperMode(); !strings.HasPrefix(m, "kick-wait") {
 				t.Fatalf("helper mode %q on a ring without SQPOLL, kernel with EXT_ARG", m)
 			}
@@ -247,8 +247,8 @@ func TestKickLoopLayerByLayer(t *testing.T) {
 			defer ring.Close()
 			// A batch timeout far above a 4 KiB read's latency: a layer
 			// that waits for it is unmistakable in the timeout count.
-			r := newKickRestorer(ring, Config{WakeInterval: 50 * time.Microsecond, BatchWait: 50 * time.Millisecond, WakeBatch: 32,
-				NoFixedBuffers: true, LooseWakeTarget: !c.exact}, c.cfg.Disabled)
+			r := newKickRestorer(ring, Config{WakeInterval: 50 * time.Microsecond, BatchWait: 50 * time.Millisecond, WakeBatch: 32},
+				BenchOptions{NoFixedBuffers: true, LooseWakeTarget: !c.exact}, c.cfg.Disabled)
 			defer startKick(t, r)()
 			mask, cmask := ringLoad32(l.SQMask), ringLoad32(l.CQMask)
 			t0 := r.BatchTimeouts()
@@ -331,7 +331,7 @@ func TestKickLoopBackoffStartsOver(t *testing.T) {
 	ring, l := kickRingOrSkip(t, uring.Config{Entries: 8, SQThreadCPU: -1, DeferTaskrun: true, Disabled: true})
 	defer ring.Close()
 	const interval = 100 * time.Millisecond
-	r := newKickRestorer(ring, Config{WakeInterval: interval, BatchWait: interval, WakeBatch: 4, NoFixedBuffers: true}, true)
+	r := newKickRestorer(ring, Config{WakeInterval: interval, BatchWait: interval, WakeBatch: 4}, BenchOptions{NoFixedBuffers: true}, true)
 	defer startKick(t, r)() // one restore live, publishing nothing
 	r.kick <- struct{}{}
 	time.Sleep(2 * time.Second) // 100+200+400+800 ms: the backoff is at its 8 intervals
@@ -387,7 +387,7 @@ func TestKickLoopRampsItsBatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer dst.Free()
-			r := newKickRestorer(ring, Config{WakeInterval: time.Millisecond, BatchWait: batchWait, WakeBatch: 32, WakeRamp: c.ramp, NoFixedBuffers: true}, true)
+			r := newKickRestorer(ring, Config{WakeInterval: time.Millisecond, BatchWait: batchWait, WakeBatch: 32, WakeRamp: c.ramp}, BenchOptions{NoFixedBuffers: true}, true)
 			defer startKick(t, r)() // stops the helper before the ring, pipes and buffer go
 			r.kick <- struct{}{}
 			t0 := time.Now()

@@ -13,9 +13,8 @@ const maxConsumeWorkers = 8
 // consumePool verifies and scatters completed load reads (CRC32C of each
 // chunk, then the copy from staging into the KV pages) on min(GOMAXPROCS, 8)
 // goroutines shared by the store's loads. On PathCPU that is the CPU work
-// of a restore: about 0.2 CPU-seconds per GiB on the dev machine, so one
-// goroutine per load caps a restore at a few GB/s however fast the devices
-// are. Only reads that are one staging segment (one slot holds the whole
+// of a restore, enough that one goroutine per load would cap a restore
+// below what fast devices deliver. Only reads that are one staging segment (one slot holds the whole
 // (layer, run) read) go here: a split read carries its chunk verifier from
 // one segment to the next, so its driver consumes it in order.
 //

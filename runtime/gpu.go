@@ -76,7 +76,7 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runtime: GPU ring: %w", err)
 	}
-	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPU.Device, Geometry: kernels.GeometryOf(s.geo), Layout: s.cfg.Layout,
+	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPU.Device, Geometry: s.geo, Layout: s.cfg.Layout,
 		NumPages: s.cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: s.cfg.GPU.MaxPages, MaxExtents: s.cfg.GPU.MaxRuns,
 		IOWindow: s.cfg.GPU.IOWindow, MaxIOBytes: s.cfg.GPU.MaxIOBytes, Lookahead: s.cfg.GPU.Lookahead})
 	if err != nil {

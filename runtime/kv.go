@@ -37,12 +37,12 @@ var ErrKV = errors.New("runtime: bad KV memory")
 // RegisterKV so the hot path only slices.
 type kvViews struct {
 	layout     objmap.Layout
-	layers     [][]byte // per-layer layout: one view per layer
-	cross      []byte   // cross-layer layout
+	layers     [][]byte        // per-layer layout: one view per layer
+	cross      []byte          // cross-layer layout
+	g          objmap.Geometry // the layout rule: g.PlaneOffset
 	planeBytes int64
-	planes     int64
-	numPages   int64
-	numLayers  int64
+	planes     int64 // planes of a page in an object (copyPages)
+	numPages   int
 }
 
 // view makes a []byte over caller-owned memory that the GC does not manage.
@@ -70,7 +70,10 @@ func kvRegions(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemor
 		if len(kv.Layers) != g.Layers {
 			return nil, fmt.Errorf("%w: Layers has %d tensors, geometry has %d layers", ErrKV, len(kv.Layers), g.Layers)
 		}
-		need := int64(g.Planes) * int64(numPages) * g.PageBytesPerPlane()
+		need, err := g.TensorBytes(layout, numPages)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrKV, err)
+		}
 		out := make([]Region, g.Layers)
 		for l, r := range kv.Layers {
 			if r.Addr == 0 {
@@ -86,7 +89,10 @@ func kvRegions(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemor
 		if len(kv.Layers) != 0 {
 			return nil, fmt.Errorf("%w: Layers is set but the layout is cross-layer (use Cross)", ErrKV)
 		}
-		need := int64(numPages) * int64(g.Layers) * g.PageBytesPerLayer()
+		need, err := g.TensorBytes(layout, numPages)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrKV, err)
+		}
 		if kv.Cross.Addr == 0 {
 			return nil, fmt.Errorf("%w: Cross: nil address", ErrKV)
 		}
@@ -105,10 +111,10 @@ func newKVViews(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemo
 	}
 	v := &kvViews{
 		layout:     layout,
+		g:          g,
 		planeBytes: g.PageBytesPerPlane(),
 		planes:     int64(g.Planes),
-		numPages:   int64(numPages),
-		numLayers:  int64(g.Layers),
+		numPages:   numPages,
 	}
 	if layout == objmap.LayoutPerLayer {
 		for _, r := range regions {
@@ -123,11 +129,10 @@ func newKVViews(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemo
 // plane returns the bytes of (layer, plane, page). The caller has checked
 // every index.
 func (v *kvViews) plane(layer, plane int, page int32) []byte {
+	off := v.g.PlaneOffset(v.layout, v.numPages, layer, plane, int(page))
 	if v.layout == objmap.LayoutPerLayer {
-		off := (int64(plane)*v.numPages + int64(page)) * v.planeBytes
 		return v.layers[layer][off : off+v.planeBytes]
 	}
-	off := ((int64(page)*v.numLayers+int64(layer))*v.planes + int64(plane)) * v.planeBytes
 	return v.cross[off : off+v.planeBytes]
 }
 
@@ -199,9 +204,12 @@ func AllocHostKV(g objmap.Geometry, layout objmap.Layout, numPages int) (*HostKV
 		h.bufs = append(h.bufs, b)
 		return Region{Addr: b.Addr(), LenBytes: int64(b.Len())}, nil
 	}
+	per, err := g.TensorBytes(layout, numPages)
+	if err != nil {
+		return nil, fmt.Errorf("allocating host KV: %w", err)
+	}
 	switch layout {
 	case objmap.LayoutPerLayer:
-		per := int64(g.Planes) * int64(numPages) * g.PageBytesPerPlane()
 		for l := 0; l < g.Layers; l++ {
 			r, err := alloc(per)
 			if err != nil {
@@ -211,7 +219,7 @@ func AllocHostKV(g objmap.Geometry, layout objmap.Layout, numPages int) (*HostKV
 			h.mem.Layers = append(h.mem.Layers, r)
 		}
 	case objmap.LayoutCrossLayer:
-		r, err := alloc(int64(numPages) * int64(g.Layers) * g.PageBytesPerLayer())
+		r, err := alloc(per)
 		if err != nil {
 			return nil, err
 		}
@@ -234,8 +242,8 @@ func (h *HostKV) Memory() KVMemory { return h.mem }
 // Page returns the bytes of (layer, plane, page): a view valid until Free.
 // It panics on an index out of range, like a slice.
 func (h *HostKV) Page(layer, plane int, page int32) []byte {
-	if layer < 0 || int64(layer) >= h.views.numLayers || plane < 0 || int64(plane) >= h.views.planes ||
-		page < 0 || int64(page) >= h.views.numPages {
+	if layer < 0 || layer >= h.views.g.Layers || plane < 0 || plane >= h.views.g.Planes ||
+		page < 0 || int(page) >= h.views.numPages {
 		panic(fmt.Sprintf("runtime: HostKV.Page(%d, %d, %d) out of range", layer, plane, page))
 	}
 	return h.views.plane(layer, plane, page)

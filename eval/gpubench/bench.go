@@ -15,12 +15,13 @@ import (
 
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"
 )
 
 type gpuBench struct {
-	g        kernels.Geometry
+	g        objmap.Geometry
 	model    string
 	label    string
 	pages    int
@@ -41,8 +42,9 @@ type gpuBench struct {
 	seed        uint64
 	r           *kernels.Restorer
 	ring        *uring.Ring
-	kcfg        kernels.Config    // for the kick-mode context, bound on first use
-	rk          *kernels.Restorer // GPU path on a ring without SQPOLL (kick mode)
+	kcfg        kernels.Config       // for the kick-mode context, bound on first use
+	kopts       kernels.BenchOptions // the A/B switches of the comparison, bound with kcfg
+	rk          *kernels.Restorer    // GPU path on a ring without SQPOLL (kick mode)
 	ringK       *uring.Ring
 	stderr      io.Writer
 	ctx         context.Context // cancelled: stop between paths
@@ -66,11 +68,11 @@ func newGPUBench(ctx context.Context, cfg Config, stderr io.Writer) (*gpuBench, 
 	if err != nil {
 		return nil, err
 	}
-	g := kernels.GeometryOf(prof.Shape)
+	g := prof.Shape
 	b := &gpuBench{g: g, model: cfg.Model, label: cfg.Label, qd: cfg.QD, seed: cfg.Seed, stderr: stderr, ctx: ctx, progress: cfg.Progress}
 	b.pages = (cfg.Tokens + g.PageTokens - 1) / g.PageTokens
 	b.numPages = b.pages + b.pages/8 + 16
-	b.objBytes = int64(b.pages) * g.PageBytes()
+	b.objBytes = int64(b.pages) * g.PageBytesPerLayer()
 	rng := rand.New(rand.NewPCG(cfg.Seed, 7))
 	perm := rng.Perm(b.numPages)
 	for i := 0; i < b.pages; i++ {
@@ -99,7 +101,7 @@ func (b *gpuBench) allocKV(kl kernels.Layout) (kv []uint64, free func(), err err
 			kernels.DevFree(p)
 		}
 	}
-	per := b.g.PageBytes() * int64(b.numPages)
+	per := b.g.PageBytesPerLayer() * int64(b.numPages)
 	n, bytes := b.g.Layers, per
 	if kl == kernels.LayoutCrossLayer {
 		n, bytes = 1, per*int64(b.g.Layers)
@@ -160,11 +162,12 @@ func (b *gpuBench) bind(cfg Config, kl kernels.Layout, kv []uint64) (closeAll fu
 	}
 	b.kcfg = kernels.Config{Geometry: b.g, Layout: kl, NumPages: b.numPages, KV: kv, Ring: b.ring,
 		MaxPages: b.pages, MaxExtents: b.lay.piecesPerLayer(), MaxIOBytes: b.maxIO, IOWindow: cfg.Window, Lookahead: cfg.Lookahead,
-		WakeInterval: cfg.WakeInterval, PollTimeout: cfg.PollTimeout, NoFixedBuffers: cfg.NoFixedBuffers, ZeroCopyScatter: cfg.ZeroCopy,
+		WakeInterval: cfg.WakeInterval, PollTimeout: cfg.PollTimeout,
 		EnqueueLayers: cfg.EnqueueLayers, EnqueueChunk: cfg.EnqueueChunk,
-		WakeBatch: cfg.KickBatch, WakeRamp: cfg.KickRamp, BatchWait: cfg.KickBatchWait, LooseWakeTarget: !cfg.KickExact}
+		WakeBatch: cfg.KickBatch, WakeRamp: cfg.KickRamp, BatchWait: cfg.KickBatchWait}
+	b.kopts = kernels.BenchOptions{NoFixedBuffers: cfg.NoFixedBuffers, ZeroCopyScatter: cfg.ZeroCopy, LooseWakeTarget: !cfg.KickExact}
 	b.kickDefer = cfg.KickDefer
-	r, err := kernels.Bind(b.kcfg)
+	r, err := kernels.BindBench(b.kcfg, b.kopts)
 	if err != nil {
 		return closeAll, err
 	}

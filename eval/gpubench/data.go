@@ -82,7 +82,7 @@ func (b *gpuBench) writeData(reuse bool) error {
 			for l := range work {
 				ps = b.lay.pieces(l, ps[:0])
 				for _, pc := range ps {
-					n, padded := int64(pc.pages)*b.g.PageBytes(), b.lay.objStride(pc.pages)
+					n, padded := int64(pc.pages)*b.g.PageBytesPerLayer(), b.lay.objStride(pc.pages)
 					if err := testkit.FillObject(buf.Bytes()[:n], b.g, b.seed, l, pc.first, pc.pages); err != nil {
 						errs <- err
 						return

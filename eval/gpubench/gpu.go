@@ -186,7 +186,7 @@ func (b *gpuBench) bindKick() error {
 	}
 	cfg := b.kcfg
 	cfg.Ring = ring
-	b.rk, err = kernels.Bind(cfg)
+	b.rk, err = kernels.BindBench(cfg, b.kopts)
 	if err != nil {
 		ring.Close()
 		return err

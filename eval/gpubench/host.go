@@ -25,7 +25,7 @@ type hostIO struct {
 // not on 4 KiB boundaries is read whole blocks into a bounce buffer and
 // copied). Either way the layer's slot ends up as b.pm describes it.
 func (b *gpuBench) hostReads(perBlock bool) []hostIO {
-	pb := b.g.PageBytes()
+	pb := b.g.PageBytesPerLayer()
 	offs, _ := b.lay.slotOffsets()
 	var ios []hostIO
 	var rs []objRead
@@ -83,7 +83,9 @@ func (b *gpuBench) runHost(row *Row, perBlock, toHBM bool) error {
 
 // bounceSlotBytes is one O_DIRECT-aligned bounce slot: a page's read with
 // the alignment slack either side.
-func (b *gpuBench) bounceSlotBytes() int { return int((b.g.PageBytes() + 8192 + 4095) / 4096 * 4096) }
+func (b *gpuBench) bounceSlotBytes() int {
+	return int((b.g.PageBytesPerLayer() + 8192 + 4095) / 4096 * 4096)
+}
 
 // allocBounce allocates hostPipeline's bounce slots (qd of them) before a
 // path's clock starts: setup that the GPU path does at bind time is not

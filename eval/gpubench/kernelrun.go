@@ -37,7 +37,7 @@ func runKernelPaths(ctx context.Context, cfg Config, paths []string, stdout, std
 		return fmt.Errorf("gpubench needs the GPU and the kernels library: %w", err)
 	}
 	fmt.Fprintf(stdout, "gpubench %s: %d layers x %d pages of %d KiB (%s), %.2f GiB, %s, storage %q on %v: %s, GPU %s (%d SMs), content internal/kvdata blocks %d..\n",
-		cfg.Model, b.g.Layers, b.pages, b.g.PageBytes()>>10, kl, float64(b.totalBytes())/(1<<30), time.Now().UTC().Format(time.RFC3339), b.label, b.paths, b.lay, name, sms, cfg.Seed)
+		cfg.Model, b.g.Layers, b.pages, b.g.PageBytesPerLayer()>>10, kl, float64(b.totalBytes())/(1<<30), time.Now().UTC().Format(time.RFC3339), b.label, b.paths, b.lay, name, sms, cfg.Seed)
 
 	err = b.writeData(cfg.Reuse)
 	defer b.closeFiles()

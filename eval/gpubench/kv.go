@@ -154,7 +154,7 @@ func (k *benchKV) verify(seed uint64, dst []int32) (uint64, error) {
 		for i, p := range dst {
 			pm[i] = kernels.PageMap{DstPage: uint32(p)}
 		}
-		cfg := kernels.Config{Device: k.device, Geometry: kernels.GeometryOf(k.g), Layout: kernels.LayoutPerLayer,
+		cfg := kernels.Config{Device: k.device, Geometry: k.g, Layout: kernels.LayoutPerLayer,
 			NumPages: k.numPages, KV: k.dev}
 		return testkit.VerifyTensors(cfg, seed, pm, 0, k.g.Layers)
 	}

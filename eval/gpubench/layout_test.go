@@ -295,8 +295,8 @@ func TestGpubenchReadPathsCPU(t *testing.T) {
 // sets it up (without a GPU).
 func readBackBench(t *testing.T, shape objmap.Geometry, pages int, stripe string, runPages, maxIO int, dir string, stderr *bytes.Buffer) *gpuBench {
 	t.Helper()
-	g := kernels.GeometryOf(shape)
-	b := &gpuBench{g: g, model: "test", pages: pages, numPages: pages + 8, objBytes: int64(pages) * g.PageBytes(), seed: 77, maxIO: maxIO, stderr: stderr, ctx: context.Background()}
+	g := shape
+	b := &gpuBench{g: g, model: "test", pages: pages, numPages: pages + 8, objBytes: int64(pages) * g.PageBytesPerLayer(), seed: 77, maxIO: maxIO, stderr: stderr, ctx: context.Background()}
 	perm := rand.New(rand.NewPCG(5, 7)).Perm(b.numPages)
 	for i := 0; i < pages; i++ {
 		b.dst = append(b.dst, int32(perm[i]))
@@ -315,7 +315,7 @@ func readBackBench(t *testing.T, shape objmap.Geometry, pages int, stripe string
 func checkReadBack(t *testing.T, b *gpuBench) {
 	t.Helper()
 	L := b.g.Layers
-	pb := b.g.PageBytes()
+	pb := b.g.PageBytesPerLayer()
 	need := b.lay.devBytes()
 	for i, p := range b.paths {
 		var st unix.Stat_t

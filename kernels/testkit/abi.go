@@ -159,7 +159,7 @@ func kvDesc(cfg kernels.Config) (C.tk_kv, error) {
 	kv.page_tokens = C.uint32_t(g.PageTokens)
 	kv.kv_heads = C.uint32_t(g.KVHeads)
 	kv.head_dim = C.uint32_t(g.HeadDim)
-	kv.dtype_bytes = C.uint32_t(g.DTypeBytes)
+	kv.dtype_bytes = C.uint32_t(g.DType.Bytes())
 	kv.layout = C.uint32_t(cfg.Layout)
 	kv.num_pages = C.uint32_t(cfg.NumPages)
 	for i, p := range cfg.KV {
