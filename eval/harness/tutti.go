@@ -199,8 +199,13 @@ func (t *Tutti) Save(req *Request) (SaveResult, error) {
 	sv.Wait()
 	after := t.store.Stats()
 	res := SaveResult{Blocks: sv.Saved(), Bytes: after.SavedBytes - before.SavedBytes, IOs: after.WriteIOs - before.WriteIOs}
-	for _, c := range []runtime.SkipCause{runtime.SkipENOSPC, runtime.SkipIOError, runtime.SkipClosed} {
-		res.Fallbacks += sv.Skipped(c)
+	// Every new block not stored is a fallback, as the baselines count
+	// theirs: write errors, and the admission cuts (no room, the save budget,
+	// what the device cannot write within the save bound).
+	for _, c := range runtime.SkipCauses() {
+		if c != runtime.SkipCached {
+			res.Fallbacks += sv.Skipped(c)
+		}
 	}
 	return res, nil
 }
