@@ -40,7 +40,6 @@ const (
 	DefaultStagingSlotBytes = 64 << 20
 	DefaultSaveBoundMs      = 2000
 	DefaultMaxLoads         = 64
-	DefaultSaveBudgetBytes  = 2 << 30
 )
 
 // Limits that bound what a Config may ask for.
@@ -91,7 +90,9 @@ type Config struct {
 	SaveBoundMs int
 	// SaveBudgetBytes bounds the save bytes admitted and not yet written,
 	// per device; a Save beyond it is admitted in part (counted as
-	// SkipBudget). Zero: 2 GiB.
+	// SkipBudget). Zero: no byte budget; the save bound alone limits pending
+	// saves to what the device can write within SaveBoundMs (a Save beyond
+	// it is admitted in part, counted as SkipBound).
 	SaveBudgetBytes int64
 	// MaxLoads bounds the Loads in flight at once; Load returns
 	// ErrBusy beyond it instead of queueing without bound.
@@ -290,9 +291,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.GPU.MaxRuns == 0 {
 		c.GPU.MaxRuns = 64
-	}
-	if c.SaveBudgetBytes == 0 {
-		c.SaveBudgetBytes = DefaultSaveBudgetBytes
 	}
 	if c.Compute == (sched.ComputeModel{}) {
 		c.Compute = defaultCompute

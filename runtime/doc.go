@@ -42,8 +42,8 @@
 //     returned or the Save's Done is closed.
 //   - Every method is safe for concurrent use. Everything is bounded:
 //     staging (StagingBytes, allocated at Open), I/Os in flight (QueueDepth),
-//     loads in flight (MaxLoads: ErrBusy beyond), pending save bytes
-//     (SaveBudgetBytes).
+//     loads in flight (MaxLoads: ErrBusy beyond), pending saves (what
+//     the devices write within SaveBoundMs, and SaveBudgetBytes).
 //
 // # Goroutines
 //

@@ -17,10 +17,11 @@ type SkipCause uint8
 const (
 	SkipCached  SkipCause = iota // already cached, being saved by another Save, or its parent left the index
 	SkipNoSpace                  // the index or the pool had no room (partial admission)
-	SkipBudget                   // the scheduler's save budget or bound cut the save (partial admission)
+	SkipBudget                   // the scheduler's pending save bytes or op table cut the save (partial admission)
 	SkipENOSPC                   // a write failed with ENOSPC
 	SkipIOError                  // a write, sync or commit failed otherwise
 	SkipClosed                   // the store was closing
+	SkipBound                    // the device cannot write more within the save bound (partial admission)
 	numSkipCauses
 )
 
@@ -38,6 +39,8 @@ func (c SkipCause) String() string {
 		return "io-error"
 	case SkipClosed:
 		return "closed"
+	case SkipBound:
+		return "bound"
 	}
 	return fmt.Sprintf("SkipCause(%d)", uint8(c))
 }
@@ -139,7 +142,8 @@ func skipCauseOf(err error) SkipCause {
 // from the pages of the block table (pages[i*ChunkPages+j] is page j of chain
 // block i). It returns at once: the scheduler defers the writes into the
 // slack of loads, within Config.SaveBoundMs. What does not fit (pool, index,
-// scheduler budget) is not admitted and counted, never waited for; a write
+// scheduler budget, what the device can write within the bound) is not
+// admitted and counted by cause, never waited for; a write
 // error skips the run and everything after it, counted. The pages must stay
 // unchanged until Gathered.
 func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
@@ -212,7 +216,8 @@ func (sv *Save) admit(ids []uint64, from int) {
 	sv.ios = make(chan sched.IO, max(1, bound))
 	pos := from
 	cut := false
-	shrunkAt := -1 // chain position where a run cut by the scheduler was shrunk
+	cutCause := SkipBudget // why the scheduler cut the save (when cut)
+	shrunkAt := -1         // chain position where a run cut by the scheduler was shrunk
 	nwrites := 0
 	for _, r := range resv {
 		sr := &saveRun{res: r, chainPos: pos, crcs: make([]uint32, s.geo.Layers*r.Chunks), nextOff: make([]int64, s.geo.Layers)}
@@ -234,6 +239,9 @@ func (sv *Save) admit(ids []uint64, from int) {
 			// cut is reallocated for the blocks it admitted (its writes are
 			// cut for that many), or not written at all; nothing after it is.
 			cut = true
+			if t.Reason == sched.ReasonSaveBound {
+				cutCause = SkipBound
+			}
 			if t.Blocks > 0 && sv.shrink(sr, t.Blocks) {
 				sr.admitted = true
 				shrunkAt = sr.chainPos + t.Blocks
@@ -266,12 +274,12 @@ func (sv *Save) admit(ids []uint64, from int) {
 		}
 		tail := sv.chain[shrunkAt : from+total]
 		sv.abortIDs(tail)
-		sv.skip(SkipBudget, len(tail))
+		sv.skip(cutCause, len(tail))
 		return
 	}
 	for i, r := range sv.runs {
 		if !r.admitted {
-			sv.abortRuns(i, SkipBudget, nil, nil)
+			sv.abortRuns(i, cutCause, nil, nil)
 			break
 		}
 	}

@@ -3,6 +3,7 @@ package sched
 import (
 	"errors"
 	"fmt"
+	"math"
 )
 
 // DeviceConfig is one device's model seed and limits. Zero limits take the
@@ -21,7 +22,10 @@ type DeviceConfig struct {
 	// Admission capacity: bytes admitted and not yet completed. PlanLoad cuts
 	// the loaded prefix and EnqueueSave cuts the saved blocks to fit.
 	MaxPendingReadBytes int64 // default 16 GiB
-	MaxPendingSaveBytes int64 // default 2 GiB
+	// MaxPendingSaveBytes: default none beyond the save bound, which already
+	// limits pending saves to what the device can write within SaveBoundNs
+	// (at most 16× the profile's write rate) and MaxPendingIOs writes.
+	MaxPendingSaveBytes int64
 }
 
 // Config configures a Planner.
@@ -55,7 +59,7 @@ const (
 	defaultMaxReadBytesInFlight  = 256 << 20
 	defaultMaxWriteBytesInFlight = 16 << 20
 	defaultMaxPendingReadBytes   = 16 << 30
-	defaultMaxPendingSaveBytes   = 2 << 30
+	defaultMaxPendingSaveBytes   = math.MaxInt64
 	defaultSaveBoundNs           = 2e9
 	defaultSlackMarginNs         = 1e6
 	defaultSlackFrac             = 0.1

@@ -33,7 +33,8 @@ func (p *Planner) NextWakeNs() int64 {
 	for i := range p.devs {
 		d := &p.devs[i]
 		if d.saveHead < len(d.saveQ) && d.writesInFlight < d.cfg.MaxWritesInFlight {
-			at = min(at, p.promoteAtNs(d))
+			promoteAt, _ := p.saveTimes(d, 0)
+			at = min(at, promoteAt)
 		}
 	}
 	return at
@@ -49,11 +50,20 @@ func (p *Planner) NextWakeNs() int64 {
 func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
 	for di := range p.devs {
 		d := &p.devs[di]
+		maxReadNs := math.Inf(1)
+		if d.saveHead < len(d.saveQ) || d.writesInFlight > 0 {
+			_, maxReadNs = p.saveTimes(d, nowNs)
+		}
+		held := false // a read waits so that the queued saves keep their bound
 		for len(d.readQ) > 0 && d.readsInFlight < d.cfg.MaxReadsInFlight {
 			ci := d.readQ[0]
 			c := &p.cursors[ci]
 			sg := c.segs[c.si]
 			if d.readsInFlight > 0 && d.readBytesInFlight+sg.Bytes > d.cfg.MaxReadBytesInFlight {
+				break
+			}
+			if d.inflightReadNs+c.segNs[c.si] > maxReadNs {
+				held = true
 				break
 			}
 			i, ok := p.alloc()
@@ -81,6 +91,7 @@ func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
 			d.inflightRd = append(d.inflightRd, i)
 			d.readsInFlight++
 			d.readBytesInFlight += e.io.Bytes
+			d.inflightReadNs += e.svcNs
 			p.stats.ReadsDispatched++
 			dst = append(dst, e.io)
 		}
@@ -91,7 +102,11 @@ func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
 		if d.pendingReads > 0 {
 			slack = p.minReadSlackNs(d, nowNs)
 		}
-		promoteAt := p.promoteAtNs(d)
+		promoteAt, _ := p.saveTimes(d, nowNs)
+		if held {
+			p.stats.ReadHolds++
+			promoteAt = nowNs
+		}
 		for d.saveHead < len(d.saveQ) && d.writesInFlight < d.cfg.MaxWritesInFlight {
 			i := d.saveQ[d.saveHead]
 			e := &p.entries[i]
@@ -113,10 +128,10 @@ func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
 			d.writeBytesInFlight += e.io.Bytes
 			d.queuedSaveNs -= e.svcNs
 			d.inflightWriteNs += e.svcNs
+			d.inflightWr = append(d.inflightWr, i)
 			p.stats.WritesDispatched++
 			if promoted {
 				p.stats.WritesPromoted++
-				promoteAt = p.promoteAtNs(d)
 			}
 			dst = append(dst, e.io)
 		}
@@ -150,12 +165,22 @@ func (p *Planner) Complete(id uint64, nowNs int64) error {
 		d.inflightRd = d.inflightRd[:len(d.inflightRd)-1]
 		d.readsInFlight--
 		d.readBytesInFlight -= e.io.Bytes
+		d.inflightReadNs -= e.svcNs
+		if d.readsInFlight == 0 {
+			d.inflightReadNs = 0
+		}
 		p.retireRead(d, e)
 	case IOWrite:
 		d.writesInFlight--
 		d.writeBytesInFlight -= e.io.Bytes
 		d.pendingSaveBytes -= e.io.Bytes
 		d.inflightWriteNs -= e.svcNs
+		for j, w := range d.inflightWr {
+			if w == i {
+				d.inflightWr = append(d.inflightWr[:j], d.inflightWr[j+1:]...)
+				break
+			}
+		}
 		if d.writesInFlight == 0 {
 			d.inflightWriteNs = 0
 		}

@@ -51,10 +51,18 @@
 // slack discounted by SlackFrac of its remaining horizon (predictions err in
 // proportion to how far ahead they look), and the device is not running
 // behind its plans, or (c) the save queue reached its promotion time: the
-// latest moment the queue can start draining, at the write share, and still
-// finish every write within SaveBoundNs of its EnqueueSave. EnqueueSave admits
-// only the leading blocks whose writes fit that bound and the pending save
-// bytes, so admitted saves never miss the bound when the models hold.
+// latest moment the queue can start draining and still finish every write
+// (in flight and queued) within SaveBoundNs of its EnqueueSave, with writes
+// at the write share while the reads in flight drain (at the read share)
+// and at the full rate after. From the moment the writes need it, Dispatch
+// starts no read that would push them past their bound (counted in
+// Stats.ReadHolds): a save is deferred into slack, not cut, as long as the
+// device can write it in time. EnqueueSave admits only the leading blocks
+// whose writes, after the write work ahead of them and beside the reads
+// already admitted, fit that bound (ReasonSaveBound) and the pending save
+// bytes (ReasonSaveBudget, none by default), so admitted saves never miss
+// the bound when the models hold: on an idle device a save gets the full
+// write rate, next to a long read backlog the write share.
 //
 // # How the runtime uses it
 //

@@ -174,8 +174,12 @@ type SaveTicket struct {
 type Stats struct {
 	Plans, CachedBlocks, LoadedBlocks, BudgetCutBlocks int64
 	ReadsDispatched, WritesDispatched, WritesPromoted  int64
-	Saves, SaveBlocks, SaveCutBlocks                   int64
-	Cancelled                                          int64
+	// ReadHolds counts Dispatch rounds in which a device's next read waited
+	// so that its queued saves keep their bound (their writes then run
+	// promoted).
+	ReadHolds                        int64
+	Saves, SaveBlocks, SaveCutBlocks int64
+	Cancelled                        int64
 }
 
 // ErrUnknownIO is returned by Complete for an ID that is not in flight.

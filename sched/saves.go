@@ -6,10 +6,16 @@ import (
 )
 
 // EnqueueSave admits the leading blocks of a save that fit the device's
-// pending save bytes and its save bound, cuts them into writes and queues
-// them. It never blocks; SaveTicket.Blocks == 0 means nothing was admitted.
-// The writes come out of Dispatch: into read slack when they can, promoted
-// when their bound comes near.
+// pending save bytes and that the device can write within the save bound,
+// cuts them into writes and queues them. It never blocks; SaveTicket.Blocks
+// == 0 means nothing was admitted. The writes come out of Dispatch: into read
+// slack when they can, promoted when their bound comes near (and then reads
+// wait where the writes would otherwise miss it; see Dispatch).
+//
+// A save fits when all queued and in-flight write work, this save's last,
+// can finish within the bound less two margins beside the reads already
+// admitted on the device (saveNeedNs): on an idle device that is the full
+// write rate, next to a long read backlog the write share.
 func (p *Planner) EnqueueSave(req SaveRequest) (SaveTicket, error) {
 	if req.Device < 0 || req.Device >= len(p.devs) || req.Blocks <= 0 || req.BytesPerLayerPerBlock <= 0 {
 		return SaveTicket{}, fmt.Errorf("enqueue save %d: %+v: %w", req.ID, req, ErrBadRequest)
@@ -17,18 +23,17 @@ func (p *Planner) EnqueueSave(req SaveRequest) (SaveTicket, error) {
 	d := &p.devs[req.Device]
 	L := int64(p.cfg.Layers)
 	perBlock := L * req.BytesPerLayerPerBlock
-	// Write time budget: all queued and in-flight write work, at the share
-	// writes get next to reads, must fit the bound less two margins.
-	ws := d.model.WriteShare()
-	budgetNs := float64(p.cfg.SaveBoundNs-2*p.cfg.SlackMarginNs)*ws - d.queuedSaveNs - d.inflightWriteNs
+	gap := p.writeGapNs(d)
+	aheadNs := d.queuedSaveNs + d.inflightWriteNs + float64(d.queuedWrites()+d.writesInFlight)*gap
+	budgetNs := float64(p.cfg.SaveBoundNs - 2*p.cfg.SlackMarginNs)
 	writeNs := func(blocks int) (float64, int) {
 		per := int64(blocks) * req.BytesPerLayerPerBlock
 		full := per / p.cfg.MaxWriteIOBytes
 		rest := per % p.cfg.MaxWriteIOBytes
-		ns := float64(full) * d.model.WriteNs(p.cfg.MaxWriteIOBytes)
+		ns := float64(full) * (d.model.WriteNs(p.cfg.MaxWriteIOBytes) + gap)
 		n := full
 		if rest > 0 {
-			ns += d.model.WriteNs(rest)
+			ns += d.model.WriteNs(rest) + gap
 			n++
 		}
 		return float64(L) * ns, int(L * n)
@@ -40,7 +45,7 @@ func (p *Planner) EnqueueSave(req SaveRequest) (SaveTicket, error) {
 	// The write time is monotone in blocks: binary search the largest that fits.
 	fits := func(b int) bool {
 		ns, n := writeNs(b)
-		return ns <= budgetNs && n <= p.cfg.MaxPendingIOs-p.Pending()
+		return saveNeedNs(d.model, aheadNs+ns, d.pendingReadNs) <= budgetNs && n <= p.cfg.MaxPendingIOs-p.Pending()
 	}
 	if blocks > 0 && !fits(blocks) {
 		lo, hi := 0, blocks // fits(lo), !fits(hi)
@@ -84,17 +89,54 @@ func (p *Planner) EnqueueSave(req SaveRequest) (SaveTicket, error) {
 	return t, nil
 }
 
-// promoteAtNs is the latest time the device's save queue can start draining
-// and still finish every queued write by its deadline less the margin, with
-// writes at their share next to reads and after the writes in flight.
-func (p *Planner) promoteAtNs(d *devState) int64 {
-	ws := d.model.WriteShare()
-	cum := d.inflightWriteNs / ws
-	at := int64(math.MaxInt64)
-	for _, i := range d.saveQ[d.saveHead:] {
+// saveNeedNs is how long the device takes to finish writeNs of write work
+// (busy time at the full write rate) while reads of readNs (at the full read
+// rate) run beside it and no further read starts: writes get WriteShare while
+// those reads drain at ReadShare, the whole device after. With no bound on
+// the reads it is writeNs / WriteShare.
+func saveNeedNs(m DeviceModel, writeNs, readNs float64) float64 {
+	ws := m.WriteShare()
+	return min(writeNs/ws, writeNs+(1-ws)*readNs/m.ReadShare())
+}
+
+// writeGapNs is what each write adds to a save's time beyond its busy time:
+// with at most MaxWritesInFlight writes out, every completion costs the
+// device's latency before the next write reaches it.
+func (p *Planner) writeGapNs(d *devState) float64 {
+	return d.model.LatencyNs() / float64(d.cfg.MaxWritesInFlight)
+}
+
+func (d *devState) queuedWrites() int { return len(d.saveQ) - d.saveHead }
+
+// saveTimes returns, for the device's save queue, the latest time it can
+// start draining with the reads now in flight beside it and no read started
+// after (promoteAt: from then on writes are dispatched regardless of slack),
+// and the most read work in flight (at the full read rate) that keeps every
+// queued write within its deadline less the margin at nowNs (maxReadNs:
+// Dispatch starts no read beyond it; +Inf when any amount does, because the
+// writes fit at their share beside reads, or reads do not slow writes).
+// nowNs matters to maxReadNs only.
+func (p *Planner) saveTimes(d *devState, nowNs int64) (promoteAt int64, maxReadNs float64) {
+	ws, rs := d.model.WriteShare(), d.model.ReadShare()
+	gap := p.writeGapNs(d)
+	cum := 0.0
+	promoteAt, maxReadNs = math.MaxInt64, math.Inf(1)
+	// In-flight writes first (counted whole: conservative), then the queue.
+	each := func(i int32) {
 		e := &p.entries[i]
-		cum += e.svcNs / ws
-		at = min(at, e.io.DeadlineNs-p.cfg.SlackMarginNs-ceilNs(cum))
+		cum += e.svcNs + gap
+		end := e.io.DeadlineNs - p.cfg.SlackMarginNs
+		promoteAt = min(promoteAt, end-ceilNs(saveNeedNs(d.model, cum, d.inflightReadNs)))
+		if ws < 1 && end-ceilNs(cum/ws) <= nowNs {
+			// Finishing cum by end needs cum + (1−ws)·r/rs ≤ end − now.
+			maxReadNs = min(maxReadNs, (float64(end-nowNs)-cum)*rs/(1-ws))
+		}
 	}
-	return at
+	for _, i := range d.inflightWr {
+		each(i)
+	}
+	for _, i := range d.saveQ[d.saveHead:] {
+		each(i)
+	}
+	return promoteAt, maxReadNs
 }

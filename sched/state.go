@@ -23,6 +23,7 @@ type devState struct {
 
 	readQ      []int32 // cursors, min-heap by (deadline of their next read, seq)
 	inflightRd []int32 // entries
+	inflightWr []int32 // entries, in dispatch order (at most MaxWritesInFlight)
 	saveQ      []int32 // FIFO = EDF, the bound is the same for all saves
 	saveHead   int
 
@@ -32,7 +33,8 @@ type devState struct {
 	pendingReadNs                         float64 // admitted, not completed reads
 	queuedSaveNs                          float64 // queued writes, at full write rate
 	inflightWriteNs                       float64
-	plannedTailNs                         int64 // latest planned completion among pending reads
+	inflightReadNs                        float64 // predicted busy time of the reads in flight
+	plannedTailNs                         int64   // latest planned completion among pending reads
 	pendingReads                          int
 
 	// scratch of PlanLoad

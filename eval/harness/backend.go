@@ -125,7 +125,7 @@ type SaveResult struct {
 	Blocks    int   // blocks stored
 	Bytes     int64 // payload bytes written
 	IOs       int64
-	Fallbacks int // blocks not stored (error, no space): counted, never silent
+	Fallbacks int // blocks not stored (error, no space, a save budget or bound cut): counted, never silent
 }
 
 // Backend is one way to keep and restore KV cache. A backend is used by one

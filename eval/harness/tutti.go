@@ -199,7 +199,10 @@ func (t *Tutti) Save(req *Request) (SaveResult, error) {
 	sv.Wait()
 	after := t.store.Stats()
 	res := SaveResult{Blocks: sv.Saved(), Bytes: after.SavedBytes - before.SavedBytes, IOs: after.WriteIOs - before.WriteIOs}
-	for _, c := range []runtime.SkipCause{runtime.SkipENOSPC, runtime.SkipIOError, runtime.SkipClosed} {
+	// Write errors and the scheduler's cuts (the save budget, what the
+	// device cannot write within the save bound) are fallbacks; no room is
+	// the capacity its own index manages, as evictions are for the others.
+	for _, c := range []runtime.SkipCause{runtime.SkipENOSPC, runtime.SkipIOError, runtime.SkipClosed, runtime.SkipBudget, runtime.SkipBound} {
 		res.Fallbacks += sv.Skipped(c)
 	}
 	return res, nil

@@ -141,7 +141,7 @@ typedef struct tutti_config {
 	double device_read_share_under_writes; /* read bandwidth with writes running / alone, (0, 1] */
 	double device_write_share_under_reads; /* write bandwidth with reads running / alone, (0, 1] */
 	int64_t save_budget_bytes;             /* save bytes admitted and not yet written, per device
-	                                          (a save beyond it is stored in part); 0 = default */
+	                                          (a save beyond it is stored in part); 0 = none: the save bound alone limits saves */
 	/* GPU path */
 	int32_t gpu_device;    /* CUDA ordinal of the KV tensors */
 	int32_t gpu_max_pages; /* pages one restore moves (a longer load is cut, the rest recomputed);

@@ -120,10 +120,11 @@ type Result struct {
 
 	CachedBlocks, LoadedBlocks int64 // prefix blocks found resident / loaded
 	ReadBytes, WriteBytes      int64
-	SavedBlocks, DroppedBlocks int64 // admitted to saves / not admitted (scheduler)
-	MaxSaveNs                  int64 // longest enqueue → last write seen complete
-	SaveBoundMisses            int   // saves that took longer than the planner's bound
-	GPUIdleNs                  int64 // GPU waiting for reads while a request was on it
+	SavedBlocks, DroppedBlocks int64                  // admitted to saves / not admitted (scheduler)
+	CutBlocks                  map[sched.Reason]int64 // DroppedBlocks by the planner's reason
+	MaxSaveNs                  int64                  // longest enqueue → last write seen complete
+	SaveBoundMisses            int                    // saves that took longer than the planner's bound
+	GPUIdleNs                  int64                  // GPU waiting for reads while a request was on it
 	Planner                    sched.Stats
 	ComputeScale               float64 // the planner's learned compute correction at the end
 }

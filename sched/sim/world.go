@@ -345,6 +345,12 @@ func (s *state) saveNew(i int) error {
 			return err
 		}
 		s.res.DroppedBlocks += int64(len(ids) - t.Blocks)
+		if t.Blocks < len(ids) {
+			if s.res.CutBlocks == nil {
+				s.res.CutBlocks = map[sched.Reason]int64{}
+			}
+			s.res.CutBlocks[t.Reason] += int64(len(ids) - t.Blocks)
+		}
 		ids = ids[:t.Blocks]
 		sv.writesLeft = t.Writes
 	} else {
