@@ -283,7 +283,7 @@ func timeSave(s *runtime.Store, chain []uint64, dst []int32) (StoreRow, error) {
 	r.Blocks = sv.Saved()
 	r.Bytes = int64(r.Blocks) * s.Geometry().ChunkBytes()
 	rate(&r, t0, c0)
-	for c := runtime.SkipCached; c <= runtime.SkipClosed; c++ {
+	for _, c := range runtime.SkipCauses() {
 		if n := sv.Skipped(c); n > 0 {
 			if r.Skipped == nil {
 				r.Skipped = map[string]int{}
