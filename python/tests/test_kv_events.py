@@ -17,6 +17,28 @@ def free_port():
         return s.getsockname()[1]
 
 
+def replayed_events(test, rep):
+    """Every event of the store's current contents, asked from its replay
+    endpoint from sequence 0 (vLLM's replay protocol); skips the test where
+    pyzmq or msgpack is missing."""
+    try:
+        import msgpack
+        import zmq
+    except ImportError:
+        test.skipTest("pyzmq or msgpack missing: the wire check runs under /usr/bin/python3 (CI)")
+    d = zmq.Context.instance().socket(zmq.DEALER)
+    test.addCleanup(d.close, 0)
+    d.setsockopt(zmq.RCVTIMEO, 10000)
+    d.connect(f"tcp://127.0.0.1:{rep}")
+    d.send_multipart([b"", (0).to_bytes(8, "big")])
+    events = []
+    while True:
+        _, seq, payload = d.recv_multipart()
+        if int.from_bytes(seq, "big", signed=True) == -1:
+            return events
+        events += msgpack.unpackb(payload)[1]
+
+
 class KVEventsTest(unittest.TestCase):
     def test_bad_spec_is_an_argument_error(self):
         with self.assertRaises(tutti.TuttiError) as cm:
@@ -38,23 +60,7 @@ class KVEventsTest(unittest.TestCase):
             sv.wait_gathered()
         st.wait_saves()
         self.assertEqual(st.lookup(chain), 3)
-        try:
-            import msgpack
-            import zmq
-        except ImportError:
-            self.skipTest("pyzmq or msgpack missing: the wire check runs under /usr/bin/python3 (CI)")
-        d = zmq.Context.instance().socket(zmq.DEALER)
-        self.addCleanup(d.close, 0)
-        d.setsockopt(zmq.RCVTIMEO, 10000)
-        d.connect(f"tcp://127.0.0.1:{rep}")
-        d.send_multipart([b"", (0).to_bytes(8, "big")])
-        events = []
-        while True:
-            _, seq, payload = d.recv_multipart()
-            if int.from_bytes(seq, "big", signed=True) == -1:
-                break
-            ts, evs, rank = msgpack.unpackb(payload)
-            events += evs
+        events = replayed_events(self, rep)
         self.assertEqual(events[0], ["AllBlocksCleared"])
         self.assertEqual(events[1], ["BlockStored", chain, None, tokens, bt, None, "DISK"])
 
@@ -80,22 +86,7 @@ class KVEventsTest(unittest.TestCase):
         with st.save(chain, [4, 5], tokens=tokens, hashes=hashes) as sv:
             sv.wait_gathered()
         st.wait_saves()
-        try:
-            import msgpack
-            import zmq
-        except ImportError:
-            self.skipTest("pyzmq or msgpack missing: the wire check runs under /usr/bin/python3 (CI)")
-        d = zmq.Context.instance().socket(zmq.DEALER)
-        self.addCleanup(d.close, 0)
-        d.setsockopt(zmq.RCVTIMEO, 10000)
-        d.connect(f"tcp://127.0.0.1:{rep}")
-        d.send_multipart([b"", (0).to_bytes(8, "big")])
-        stored = []
-        while True:
-            _, seq, payload = d.recv_multipart()
-            if int.from_bytes(seq, "big", signed=True) == -1:
-                break
-            stored += [e for e in msgpack.unpackb(payload)[1] if e[0] == "BlockStored"]
+        stored = [e for e in replayed_events(self, rep) if e[0] == "BlockStored"]
         got = [h for e in stored for h in e[1]]
         self.assertEqual(got, hashes)
         self.assertEqual([e[2] for e in stored], [None, hashes[0]])  # the child's parent is the engine's hash too
