@@ -130,13 +130,7 @@ func Path() string { return loadPath }
 func Explicit() bool { return os.Getenv("TUTTI_KERNELS_LIB") != "" }
 
 func load() error {
-	var tried []string
-	for _, p := range candidates() {
-		if _, err := os.Stat(p); err != nil {
-			tried = append(tried, p+": "+err.Error())
-			continue
-		}
-		abs, _ := filepath.Abs(p)
+	abs, err := LoadFirst(candidates(), "TUTTI_KERNELS_LIB", func(abs string) error {
 		cp := C.CString(abs)
 		var buf [512]C.char
 		rc := C.tkl_load(cp, &buf[0], C.int(len(buf)))
@@ -147,10 +141,33 @@ func load() error {
 		if v := int(C.tkl_abi_version()); v != ABIVersion {
 			return fmt.Errorf("%w: %s has ABI %d, package kernels wants %d", ErrABI, abs, v, ABIVersion)
 		}
-		loadPath = abs
 		return nil
+	})
+	if err == nil {
+		loadPath = abs
 	}
-	return fmt.Errorf("%w: tried %v (build it with `make kernels` on a CUDA machine, or set TUTTI_KERNELS_LIB)", ErrNotLoaded, tried)
+	return err
+}
+
+// LoadFirst is the library search of Load (and of the test library's
+// loader): the first of candidates that exists is opened by open, given its
+// absolute path, and open's result is final; when none exists, the error
+// wraps ErrNotLoaded, lists what was tried and names env, the variable
+// that points at the library.
+func LoadFirst(candidates []string, env string, open func(abs string) error) (string, error) {
+	var tried []string
+	for _, p := range candidates {
+		if _, err := os.Stat(p); err != nil {
+			tried = append(tried, p+": "+err.Error())
+			continue
+		}
+		abs, _ := filepath.Abs(p)
+		if err := open(abs); err != nil {
+			return "", err
+		}
+		return abs, nil
+	}
+	return "", fmt.Errorf("%w: tried %v (build it with `make kernels` on a CUDA machine, or set %s)", ErrNotLoaded, tried, env)
 }
 
 // status turns a tk_status into an error naming op, with the library's message.

@@ -96,13 +96,7 @@ func Load() error {
 func Path() string { return loadPath }
 
 func load() error {
-	var tried []string
-	for _, p := range candidates() {
-		if _, err := os.Stat(p); err != nil {
-			tried = append(tried, p+": "+err.Error())
-			continue
-		}
-		abs, _ := filepath.Abs(p)
+	abs, err := kernels.LoadFirst(candidates(), "TUTTI_TESTKIT_LIB", func(abs string) error {
 		cp := C.CString(abs)
 		var buf [512]C.char
 		rc := C.tkt_load(cp, &buf[0], C.int(len(buf)))
@@ -113,10 +107,12 @@ func load() error {
 		if v := int(C.tkt_abi()); v != kernels.ABIVersion {
 			return fmt.Errorf("%w: %s has ABI %d, package kernels wants %d", kernels.ErrABI, abs, v, kernels.ABIVersion)
 		}
-		loadPath = abs
 		return nil
+	})
+	if err == nil {
+		loadPath = abs
 	}
-	return fmt.Errorf("%w: tried %v (build it with `make kernels` on a CUDA machine, or set TUTTI_TESTKIT_LIB)", kernels.ErrNotLoaded, tried)
+	return err
 }
 
 // status turns a tk_status into an error naming op, with this library's message.
