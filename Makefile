@@ -52,13 +52,15 @@ kernels:
 	$(MAKE) -C kernels NVCC=$(NVCC)
 
 # The Go side of a GPU run, built here (the GPU machine has no Go): carry bin/.
+# Stripped (-s -w): the device tool carries at most 64 MiB with the tree.
+GPU_LDFLAGS ?= -s -w
 gpu-bins:
-	$(GO) build -o $(BIN)/gpu/tutti ./cmd/tutti
-	$(GO) test -c -o $(BIN)/gpu/kernels.test ./kernels
-	$(GO) test -c -o $(BIN)/gpu/testkit.test ./kernels/testkit
-	$(GO) test -c -o $(BIN)/gpu/runtime.test ./runtime
-	$(GO) test -c -o $(BIN)/gpu/tp.test ./runtime/tp
-	$(GO) build -buildmode=c-shared -o $(BIN)/libtutti.so ./runtime/capi
+	$(GO) build -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/tutti ./cmd/tutti
+	$(GO) test -c -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/kernels.test ./kernels
+	$(GO) test -c -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/testkit.test ./kernels/testkit
+	$(GO) test -c -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/runtime.test ./runtime
+	$(GO) test -c -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/tp.test ./runtime/tp
+	$(GO) build -ldflags='$(GPU_LDFLAGS)' -buildmode=c-shared -o $(BIN)/libtutti.so ./runtime/capi
 
 # Everything the GPU machine runs in one call (build, every GPU test,
 # gpubench, the pool): see kernels/device-test.sh. Needs `make gpu-bins` first.

@@ -29,6 +29,7 @@
 #   TK_TOKENS  prefix tokens (default 32768)
 #   TK_BENCH_S product: no new gpubench run starts after this many seconds
 #              of the script (default 480; the whole call stays under 10 min)
+#   TK_RUN_S   the limit of one gpubench run in seconds (default 400)
 #   TK_FLAGS   extra gpubench flags for every run (a diagnostic such as
 #              "--window 32"; such a run is never a default-settings pool)
 #   TK_DISK    the real disk's directory (default /var/tmp/tk)
@@ -39,6 +40,7 @@ W=${TK_WORK:-/tmp/device-test}
 STEPS=${TK_STEPS:-build selftest tests bench}
 BENCH=${TK_BENCH:-product}
 BENCH_S=${TK_BENCH_S:-480}
+RUN_S=${TK_RUN_S:-400}
 ROUNDS=${TK_ROUNDS:-$([ "$BENCH" = paths ] && echo 1 || echo 6)}
 TOKENS=${TK_TOKENS:-32768}
 FLAGS=${TK_FLAGS:-}
@@ -127,7 +129,7 @@ fi
 gb() { # name gpubench-args...
 	local name=$1
 	shift
-	timeout 400 bin/gpu/tutti gpubench --tokens "$TOKENS" --json "$W/$name.json" $FLAGS "$@" >"$W/$name.txt" 2>&1
+	timeout "$RUN_S" bin/gpu/tutti gpubench --tokens "$TOKENS" --json "$W/$name.json" $FLAGS "$@" >"$W/$name.txt" 2>&1
 	note "gpubench $name: rc $?"
 	local line # the product rows and their ceilings, in the summary too
 	while IFS= read -r line; do SUMMARY+=("  $name: ${line## }"); done < <(grep -E '^  store-(gpu|cpu) |^ceilings over' "$W/$name.txt" | cut -c1-200)
