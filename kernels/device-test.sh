@@ -30,6 +30,8 @@
 #   TK_BENCH_S product: no new gpubench run starts after this many seconds
 #              of the script (default 480; the whole call stays under 10 min)
 #   TK_RUN_S   the limit of one gpubench run in seconds (default 400)
+#   TK_KERNEL_ROWS  product: 0 leaves the kernels-only rows out (the store
+#              rows alone, when the kernels rows were measured already)
 #   TK_FLAGS   extra gpubench flags for every run (a diagnostic such as
 #              "--window 32"; such a run is never a default-settings pool)
 #   TK_DISK    the real disk's directory (default /var/tmp/tk)
@@ -180,6 +182,7 @@ product() {
 		local devs label="emulated storage ($n RAM-backed loop devices)"
 		devs=$(IFS=,; echo "${LOOPS[*]}")
 		for m in llama3-8b llama3-70b deepseek-v3; do
+			[ "${TK_KERNEL_ROWS:-1}" = 0 ] && break
 			budget || return 0
 			gb "emu$n-$m" --model $m --devices "$devs" --label "$label" --rounds 1 --paths $kp
 			files+=("$W/emu$n-$m.json")
@@ -193,9 +196,11 @@ product() {
 	done
 	for m in llama3-8b llama3-70b deepseek-v3; do
 		budget || return 0
-		gb "disk-$m" --model $m --dir "$DISK" --label "$REAL" --rounds 1 --paths gpu-kick,uring
-		files+=("$W/disk-$m.json")
-		rm -rf "$DISK"/gpubench-*
+		if [ "${TK_KERNEL_ROWS:-1}" != 0 ]; then
+			gb "disk-$m" --model $m --dir "$DISK" --label "$REAL" --rounds 1 --paths gpu-kick,uring
+			files+=("$W/disk-$m.json")
+			rm -rf "$DISK"/gpubench-*
+		fi
 		budget || return 0
 		gb "disk-store-$m" --model $m --dir "$DISK" --label "$REAL" --paths store-gpu,store-cpu
 	done

@@ -118,6 +118,9 @@ def _kv_bytes(cfg, tokens):
 
 
 PAGE_TOKENS = 16  # vLLM's block size; one chain block per page, as the vLLM connector stores them
+WARM_TOKENS = 32768  # prefixes up to this get an untimed first pass of recompute and of the store's load
+
+
 
 
 def _pool(cfg, num_pages, device):
@@ -173,7 +176,12 @@ def run_model(name, args, prefixes, storages, paths):
     forward(model, torch.randint(0, cfg.vocab_size, (1, 1024), generator=gen).cuda(), warm.new(), 0)
     del warm
     for P in prefixes:
-        yield from _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache)
+        try:
+            yield from _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache)
+        except torch.cuda.OutOfMemoryError as e:
+            # "Where memory allows": the prefix is reported as not run, with what ran out; the next one runs.
+            yield dict(model=name, prefix=P, kind="skipped", ok=True,
+                       why=f"out of GPU memory at {P} tokens: {str(e).splitlines()[0]}")
         torch.cuda.empty_cache()
 
 
@@ -200,12 +208,31 @@ def _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache
     sync()
     prefill_ms = (time.perf_counter() - t0) * 1e3
 
-    # Reference: the same model, the prefix in its cache, then the suffix.
+    # Is prefill bitwise repeatable here? A second prefill of the same prefix,
+    # compared with A's cache, then freed (reported: when it is not, only a
+    # reference built from A's own cache can be bit-exact).
+    prefill_repeatable = None  # not tried past WARM_TOKENS: a long prefill's time goes to the runs
+    if P <= WARM_TOKENS:
+        cache_2 = caches.new()
+        forward(model, prefix, cache_2, 0)
+        prefill_repeatable = _caches_equal(cache_a, cache_2, P)
+        del cache_2
+
+    # Reference: the same model, the prefix in its cache (A's prefill, copied
+    # into a fresh cache), then the suffix.
     cache_ref = caches.new()
-    forward(model, prefix, cache_ref, 0)
+    for a, r in zip(cache_a.layers, cache_ref.layers):
+        r.keys.copy_(a.keys)
+        r.values.copy_(a.values)
+        hfcache.set_filled_tokens(r, P)
     logits_ref = forward(model, suffix, cache_ref, P)
 
-    # One-pass recomputation of the whole prompt: B's TTFT baseline.
+    # One-pass recomputation of the whole prompt: B's TTFT baseline (a first,
+    # untimed pass up to WARM_TOKENS so that its kernels are chosen and loaded).
+    if P <= WARM_TOKENS:
+        cache_1 = caches.new()
+        forward(model, prompt, cache_1, 0)
+        del cache_1
     cache_1 = caches.new()
     sync()
     t0 = time.perf_counter()
@@ -243,7 +270,17 @@ def _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache
                                save_gbps=kv_bytes / save_ms / 1e6, prefill_ms=prefill_ms, ok=True)
                 for t in pool:
                     t.fill_(-1.0 if path == "gpu" else 7.0)  # poison: the restore must write every byte
+                cold_ms = None
+                if P <= WARM_TOKENS:
+                    # The store's first load pays one-time set-up (an engine pays it once, at its first
+                    # request): timed apart, and the load measured is the second.
+                    cold = _restore_b(kv, model, layers, caches, chain, pages, P, suffix, pool, path, hfcache)
+                    cold_ms = cold["ttft_ms"]
+                    del cold
+                    for t in pool:
+                        t.fill_(-1.0 if path == "gpu" else 7.0)
                 rec = _restore_b(kv, model, layers, caches, chain, pages, P, suffix, pool, path, hfcache)
+                rec["cold_ttft_ms"] = cold_ms
                 ok, why = rec.pop("ok"), rec.pop("why")
                 kv_equal = _pool_equals_cache(pool, pages, cache_a, P, hfcache)
                 logits_b = rec.pop("logits")
@@ -255,8 +292,8 @@ def _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache
                     why += " B's logits differ from prefix-then-suffix;"
                 cache_b = rec.pop("cache")
                 if not checked:
-                    yield _checks(base, args, model, cache_b, cache_ref, logits_b, logits_ref, logits_1, P, S,
-                                  kv_equal, logits_equal)
+                    yield _checks(base, args, model, cache_a, cache_b, cache_ref, logits_b, logits_ref, logits_1, P, S,
+                                  kv_equal, logits_equal, prefill_repeatable)
                     checked = True
                 del cache_b
                 rec.update(base, kind="ttft", storage=storage, path=path, recompute_ms=recompute_ms,
@@ -287,6 +324,7 @@ def _restore_b(kv, model, layers, caches, chain, pages, P, suffix, pool, path, h
         waits[i] = time.perf_counter() - t
         lk = cache_b.layers[i]
         hfcache.pages_to_cache(pool[i], pages, lk.keys, lk.values, P, name=f"layer {i}")
+        hfcache.set_filled_tokens(lk, P)
 
     hooks.pre(layers, before_layer)
     kv.bind(loads=[worker_side.LoadSpec("B", chain, 0, pages)])
@@ -321,9 +359,22 @@ def _pool_equals_cache(pool, pages, cache, P, hfcache):
     return True
 
 
-def _checks(base, args, model, cache_b, cache_ref, logits_b, logits_ref, logits_1, P, S, kv_equal, logits_equal):
+def _caches_equal(x, y, n_tokens):
+    """Tokens [0, n_tokens) of every layer of two caches, bit for bit."""
     import torch
 
+    return all(torch.equal(a.keys[:, :, :n_tokens], b.keys[:, :, :n_tokens]) and
+               torch.equal(a.values[:, :, :n_tokens], b.values[:, :, :n_tokens]) for a, b in zip(x.layers, y.layers))
+
+
+def _checks(base, args, model, cache_a, cache_b, cache_ref, logits_b, logits_ref, logits_1, P, S, kv_equal, logits_equal,
+            prefill_repeatable):
+    import torch
+
+    # Where a mismatch comes from (before greedy decoding grows the caches): B's
+    # prefix in its own cache against A's, and how far the logits are apart.
+    b_prefix_equal = _caches_equal(cache_a, cache_b, P)
+    logits_max_diff = float((logits_b - logits_ref).abs().max())
     greedy_b = greedy(model, cache_b, logits_b, P + S, args.decode)
     greedy_r = greedy(model, cache_ref, logits_ref, P + S, args.decode)
     rng = float(logits_ref.max() - logits_ref.min())
@@ -331,4 +382,5 @@ def _checks(base, args, model, cache_b, cache_ref, logits_b, logits_ref, logits_
     top1 = bool(torch.argmax(logits_1) == torch.argmax(logits_ref))
     ok = kv_equal and logits_equal and greedy_b == greedy_r and rel <= args.tolerance
     return dict(base, kind="checks", kv_equal=kv_equal, logits_equal=logits_equal, greedy_equal=greedy_b == greedy_r,
+                b_prefix_equal=b_prefix_equal, logits_max_diff=logits_max_diff, prefill_repeatable=prefill_repeatable,
                 greedy_tokens=greedy_b[:8], onepass_rel_diff=rel, onepass_top1=top1, tolerance=args.tolerance, ok=ok)

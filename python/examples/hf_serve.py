@@ -110,10 +110,14 @@ def main(argv=None):
             print(f"{r['model']:<11} {r['prefix']:>6}  {r['storage']:<7}  {r['path']:<4}  {r['restore_done_ms']:>10.1f}"
                   f"  {r['ttft_ms']:>9.1f}  {r['recompute_ms']:>12.1f}  {r['speedup']:>6.2f}x  "
                   f"{'ok' if r['ok'] else 'FAILED: ' + r.get('why', '')}")
+        elif r.get("kind") == "skipped":
+            print(f"{r['model']:<11} {r['prefix']:>6}  not run: {r['why']}")
         elif r.get("kind") == "checks":
             print(f"{r['model']:<11} {r['prefix']:>6}  checks: kv_bit_exact={r['kv_equal']} logits_equal={r['logits_equal']}"
                   f" greedy_same={r['greedy_equal']} onepass_rel_diff={r['onepass_rel_diff']:.4f}"
-                  f" top1={r['onepass_top1']} -> {'ok' if r['ok'] else 'FAILED'}")
+                  f" top1={r['onepass_top1']} -> {'ok' if r['ok'] else 'FAILED'}"
+                  + ("" if r['ok'] else f" (B's prefix = A's: {r['b_prefix_equal']}, prefill repeatable:"
+                     f" {r['prefill_repeatable']}, max |logit diff| {r['logits_max_diff']:.4g})"))
     return 0 if ok else 1
 
 

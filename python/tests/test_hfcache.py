@@ -88,3 +88,38 @@ class MappingTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(torch is None, "torch is not installed (Debian: python3-torch, seen by /usr/bin/python3)")
+class FilledTokensTest(unittest.TestCase):
+    """set_filled_tokens: the counters transformers' cache layers append at."""
+
+    def test_tensor_counter_in_place(self):
+        class Layer:  # transformers 5's StaticLayer: a tensor counter, static address
+            cumulative_length = torch.tensor(0)
+
+        layer = Layer()
+        counter = layer.cumulative_length
+        hfcache.set_filled_tokens(layer, 1024)
+        self.assertIs(layer.cumulative_length, counter)
+        self.assertEqual(int(counter), 1024)
+
+    def test_sliding_window_int_counter(self):
+        class Layer:
+            def __init__(self):
+                self.cumulative_length = torch.tensor(3)
+                self.cumulative_length_int = 3
+
+        layer = Layer()
+        hfcache.set_filled_tokens(layer, 48)
+        self.assertEqual((int(layer.cumulative_length), layer.cumulative_length_int), (48, 48))
+
+    def test_no_counter_and_bad_count(self):
+        class Old:  # writes at cache_position: nothing to set
+            pass
+
+        layer = Old()
+        hfcache.set_filled_tokens(layer, 16)
+        self.assertFalse(hasattr(layer, "cumulative_length"))
+        with self.assertRaisesRegex(ValueError, "n_tokens=-1"):
+            hfcache.set_filled_tokens(layer, -1)

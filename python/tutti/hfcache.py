@@ -125,3 +125,28 @@ def pages_to_cache(pool_layer, pages: Sequence[int], keys, values, n_tokens: int
         src = src.to(dst.device, non_blocking=True)
         tok = src.reshape(need * pt, pool_layer.shape[3], pool_layer.shape[4])
         dst[0, :, :n_tokens, :].copy_(tok[:n_tokens].transpose(0, 1))
+
+
+def set_filled_tokens(layer, n_tokens: int):
+    """Tells one transformers cache layer that tokens [0, n_tokens) hold KV
+    (after :func:`pages_to_cache` filled them), so that the model's next
+    update appends at n_tokens.
+
+    transformers 5's ``StaticLayer`` writes each update at its own counter,
+    ``cumulative_length`` (a tensor changed in place: the cache keeps static
+    addresses for CUDA graphs), not at the ``cache_position`` the model is
+    called with; a cache filled from outside without the counter set has the
+    next tokens written over its first ones. The sliding-window layer keeps
+    ``cumulative_length_int`` beside it. Earlier versions have neither and
+    write at ``cache_position``: nothing to set there."""
+    import torch
+
+    if n_tokens < 0:
+        raise ValueError(f"set_filled_tokens: n_tokens={n_tokens} < 0")
+    cl = getattr(layer, "cumulative_length", None)
+    if isinstance(cl, torch.Tensor):
+        cl.fill_(n_tokens)
+    elif cl is not None:
+        layer.cumulative_length = n_tokens
+    if hasattr(layer, "cumulative_length_int"):
+        layer.cumulative_length_int = n_tokens
