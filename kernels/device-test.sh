@@ -122,6 +122,12 @@ if step tests; then
 		rc=$?
 		grep -E '^(FAIL|ERROR):' "$W/python-tests.log" | head -10
 		note "python tests: $([ $rc -eq 0 ] && echo PASS || echo "FAIL rc $rc") ($(grep -E '^Ran [0-9]+ tests' "$W/python-tests.log"); $(tail -1 "$W/python-tests.log"))"
+		# The connector's and the worker side's tests again with their tensors on cuda:0 and tutti's GPU path.
+		(cd python/tests && TUTTI_TEST_PATH=gpu TUTTI_LIB=$ROOT/bin/libtutti.so PYTHONPATH=$ROOT/python:$ROOT/python/tests \
+			timeout -k 10 150 python3 -m unittest -v test_vllm_adapter test_worker_side) >"$W/python-gpu-path.log" 2>&1
+		rc=$?
+		grep -E '^(FAIL|ERROR):' "$W/python-gpu-path.log" | head -10
+		note "python tests, GPU path (vLLM adapter, worker side): $([ $rc -eq 0 ] && echo PASS || echo "FAIL rc $rc") ($(grep -E '^Ran [0-9]+ tests' "$W/python-gpu-path.log"); $(tail -1 "$W/python-gpu-path.log"))"
 	else
 		note "python tests: bin/libtutti.so missing (make gpu-bins)"
 	fi
