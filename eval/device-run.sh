@@ -181,18 +181,29 @@ for model in $MODELS; do
 	else
 		estimate "$model" "$BACKENDS"
 	fi
-done | tee "$OUT/estimate.txt"
-[ "$ESTIMATE_ONLY" = 1 ] && exit 0
-cp "$OUT/estimate.txt" "$WORK/estimate.txt"
+done >"$WORK/estimate.txt"
+if [ -z "${TUTTI_KERNELS_LIB:-}" ] && [ ! -f kernels/build/libtutti_kernels.so ]; then
+	echo "kernels/build/libtutti_kernels.so missing: built first (make -C kernels NVCC=nvcc: ~100 s on 2 cores; build them on the dev machine and carry kernels/build to save it)" >>"$WORK/estimate.txt"
+fi
+cat "$WORK/estimate.txt"
+if [ "$ESTIMATE_ONLY" = 1 ]; then
+	trap - EXIT
+	rm -rf "$WORK"
+	exit 0
+fi
+cp "$WORK/estimate.txt" "$OUT/estimate.txt"
+est_all=0
 while read -r line; do
 	case "$line" in
 	"total ~"*)
 		est=${line#total ~}
 		est=${est% s}
+		est_all=$((est_all + est))
 		[ "$est" -gt "$MAX_RUN_S" ] && say "WARNING: a replay is estimated at ${est} s, over MAX_RUN_S=$MAX_RUN_S: smaller documents (MAX_DOC), fewer DOCS, or BACKEND_GROUPS over several calls"
 		;;
 	esac
-done <"$OUT/estimate.txt"
+done <"$WORK/estimate.txt"
+[ "$est_all" -gt "$BUDGET_S" ] && say "WARNING: the replays are estimated at ${est_all} s in all, over BUDGET_S=$BUDGET_S: the last ones will be cut or skipped"
 
 # --- inputs -----------------------------------------------------------------
 if [ ! -x "$TUTTI" ]; then
