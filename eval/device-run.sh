@@ -6,37 +6,56 @@
 # document, Poisson arrivals, seeded) through every backend — tutti-gpu, tutti-cpu,
 # the designs users run instead (lmcache-gds, lmcache-disk, vllm-fs, each
 # "implemented here" after its design), the DRAM tier and recompute — with
-# llama3-8b first, prefill measured on the GPU (--compute gpu), on emulated
-# storage: NLOOPS RAM-backed loop devices (files in /dev/shm, losetup
-# --direct-io=on), one ext4 each, every backend's files striped over all of them.
-# Each replay runs under `timeout -s INT` (an interrupted replay still writes the
-# report of the backends that finished), and the whole script keeps to BUDGET_S.
+# llama3-8b first, prefill from a model calibrated on the GPU (--compute gpu
+# --gpu-prefill-every PREFILL_EVERY: the fit of GEMMs measured at start gives
+# every request's layer time, every PREFILL_EVERY-th request also runs its GEMMs
+# live next to its restore as the model's check), on emulated storage: NLOOPS
+# RAM-backed loop devices (files in /dev/shm, losetup --direct-io=on), one ext4
+# each, every backend's files striped over all of them. The replay's timeline
+# is simulated from the measured services (no sleeping for arrivals); restores
+# and saves are real and every restored byte is verified. Each replay runs
+# under `timeout -s INT` (an interrupted replay still writes the report of the
+# backends that finished, and its log has, every few seconds, where the running
+# backend's wall time went: restore, save, verify, scribble, fill, copies,
+# prefill), and the whole script keeps to BUDGET_S.
 # Every report (report.md, results.json, PNGs), log and the machine's description
 # end up in ONE tarball, $OUT/eval.tgz, on every exit path; stdout ends with each
-# run's summary table.
+# run's summary table and its per-backend time lines.
 #
-# Sizing (defaults): 12 documents of 8K-16K tokens, 17 questions each = 204
+# Sizing (defaults): 12 documents of 4K-8K tokens, 17 questions each = 204
 # requests per backend (a p99 over 200); llama3-8b's KV is 128 KiB per token, so
-# a document is 1-2 GiB of KV, the working set ~18 GiB, each backend restores
-# ~300 GiB over the window. Documents up to 128K tokens (--docqa-max-doc-tokens)
-# are 16 GiB each: that does not fit ~8 minutes for 7 backends.
+# a document is 0.5-1 GiB of KV (11 blocks of 64 MiB on average), each caching
+# backend restores ~130 GiB and saves ~25 GiB (every question saves its own
+# last block or two: 204 × ~1.3 blocks). The script prints an estimate per
+# backend before the runs (the rates in est_rates, assumed from gpubench and
+# issue 21; the replay's "time" lines measure them): ~6 minutes for the 7
+# backends. 8K-16K documents double the bytes (~10 minutes: over one call);
+# 128K-token documents (16 GiB each) do not fit a call. BACKEND_GROUPS splits the
+# backends over several replays (each its own report, the same workload and,
+# with the calibrated compute, the same SLO), e.g. one group per device call.
 #
 # Inputs (environment; all optional):
 #   TUTTI        the CLI, built on the dev machine (default bin/gpu/tutti)
-#   TUTTI_KERNELS_LIB  the CUDA library (make -C kernels NVCC=nvcc); default
-#                kernels/build/libtutti_kernels.so when it exists. Without it
-#                tutti-gpu is left out and lmcache-gds reads through its CPU
-#                compatibility path (both said so).
+#   TUTTI_KERNELS_LIB  the CUDA library; default kernels/build/libtutti_kernels.so,
+#                built here first (make -C kernels NVCC=nvcc, both libraries)
+#                when missing and nvcc is here. Without it tutti-gpu is left
+#                out and lmcache-gds reads through its CPU compatibility path
+#                (both said so).
 #   MODELS       default "llama3-8b" (then e.g. "llama3-8b llama3-70b deepseek-v3")
 #   BACKENDS     default tutti-gpu,tutti-cpu,lmcache-gds,lmcache-disk,vllm-fs,dram,recompute
-#   DOCS QUESTIONS MIN_DOC MAX_DOC RATE SEED   docqa's parameters (12 17 8192 16384 1 1)
+#   BACKEND_GROUPS  space-separated comma lists of backends, one replay each (default:
+#                one replay of BACKENDS); e.g. "tutti-gpu,tutti-cpu,recompute lmcache-gds,lmcache-disk,vllm-fs,dram"
+#   DOCS QUESTIONS MIN_DOC MAX_DOC RATE SEED   docqa's parameters (12 17 4096 8192 1 1)
 #   COMPUTE      --compute (default gpu)
+#   PREFILL_EVERY  --gpu-prefill-every (default 8; 1 = every request's prefill
+#                run and measured on the GPU: recompute alone then runs 204 full prefills)
 #   ROUNDS       --rounds (default 1; 2 interleaves two rounds: twice the time)
 #   STORAGES     default "emulated" ("disk emulated" adds the real disk, /var/tmp)
 #   REPLAY_ARGS  extra replay flags for every run
 #   STORE        real-disk store (default /var/tmp/tutti-eval)
 #   NLOOPS, LOOP_GIB  loop devices and their size (default 4 × 12 GiB)
 #   BUDGET_S     seconds for the whole script (default 540); MAX_RUN_S per replay (default 480)
+#   ESTIMATE_ONLY=1  print the estimate and exit (no GPU, no loops: runs anywhere)
 #   OUT          where eval.tgz goes (default out/device-run)
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -50,11 +69,14 @@ STORAGES=${STORAGES:-"emulated"}
 REPLAY_ARGS=${REPLAY_ARGS:-}
 DOCS=${DOCS:-12}
 QUESTIONS=${QUESTIONS:-17}
-MIN_DOC=${MIN_DOC:-8192}
-MAX_DOC=${MAX_DOC:-16384}
+MIN_DOC=${MIN_DOC:-4096}
+MAX_DOC=${MAX_DOC:-8192}
 RATE=${RATE:-1}
 SEED=${SEED:-1}
 COMPUTE=${COMPUTE:-gpu}
+PREFILL_EVERY=${PREFILL_EVERY:-8}
+BACKEND_GROUPS=${BACKEND_GROUPS:-}
+ESTIMATE_ONLY=${ESTIMATE_ONLY:-0}
 ROUNDS=${ROUNDS:-1}
 STORE=${STORE:-/var/tmp/tutti-eval}
 NLOOPS=${NLOOPS:-4}
@@ -96,17 +118,124 @@ finish() {
 trap finish EXIT
 trap 'say "interrupted"; exit 130' INT TERM
 
+# --- the estimate -------------------------------------------------------------
+# Assumed rates per backend (GB/s, restore then save) on 4 RAM-backed loops of an
+# H200 machine: tutti's restores at ~14 (gpubench of runtime.Store), saves at ~4
+# (tutti-gpu's GPU save path ~0.4: issue 21, gathers one layer at a time behind
+# one mutex); the designs users run instead at ~4 and ~2 (files per chunk, a few
+# threads); DRAM at memory speed. The replay's "time" lines measure them: update
+# these from a run's log.
+est_rates() {
+	case "$1" in
+	tutti-gpu) echo "14 0.4" ;;
+	tutti-cpu | tutti-cpu-load-all) echo "14 4" ;;
+	dram) echo "20 10" ;;
+	recompute) echo "0 0" ;;
+	*) echo "4 2" ;;
+	esac
+}
+# estimate MODEL BACKENDS: bytes each backend restores, saves and verifies for the
+# docqa parameters (no eviction assumed), the time each takes at est_rates plus
+# the harness's own work (verify and zero every restored byte, fill every saved
+# one: ~20 GB/s on 16 cores; tutti-gpu also copies restored and saved pages
+# between HBM and pinned host memory to verify them, ~20 GB/s), and the GPU
+# prefill of the live requests; the sum, with the setup (calibration, ceiling
+# files), in seconds. Prints a table; the total is the last word of the last line.
+estimate() {
+	local model=$1 backends=$2 kvb params
+	case "$model" in
+	llama3-8b) kvb=131072 params=8.03e9 ;;
+	llama3-70b) kvb=327680 params=70.6e9 ;;
+	qwen3-32b) kvb=262144 params=32.8e9 ;;
+	deepseek-v3) kvb=70272 params=37e9 ;;
+	*) kvb=131072 params=8e9 ;;
+	esac
+	local b rows=""
+	for b in ${backends//,/ }; do rows+="$b $(est_rates "$b");"; done
+	awk -v docs="$DOCS" -v q="$QUESTIONS" -v lo="$MIN_DOC" -v hi="$MAX_DOC" -v kvb="$kvb" -v params="$params" \
+		-v every="$PREFILL_EVERY" -v compute="$COMPUTE" -v rows="$rows" -v model="$model" -v nloops="$NLOOPS" 'BEGIN {
+		mean = (hi > lo) ? (hi - lo) / log(hi / lo) : lo        # log-uniform document length
+		blk = 512 * kvb; docblocks = int(mean / 512)            # a document'"'"'s full blocks: shared by its questions
+		reqs = docs * q
+		R = docs * (q - 1) * docblocks * blk                   # restored by a caching backend
+		S = docs * docblocks * blk + reqs * 1.3 * blk          # saved: each document, each question'"'"'s own ~1.3 blocks
+		live = (compute == "sim") ? 0 : ((every > 1) ? int((reqs + every - 1) / every) : reqs)
+		pre1 = 2 * params * mean / 400e12                      # one document'"'"'s prefill at ~400 TFLOP/s
+		G = 1e9; total = 20 + 2 * docs * docblocks * blk / G / 4 # setup: calibration, ceiling files written and read
+		printf "estimate for %s: %d requests per backend, documents of %.0f tokens on average (%.2f GiB of KV), per caching backend %.0f GiB restored, %.0f GiB saved\n", model, reqs, mean, docblocks * blk / 2^30, R / 2^30, S / 2^30
+		n = split(rows, r, ";")
+		for (i = 1; i < n; i++) {
+			split(r[i], f, " ")
+			if (f[1] == "recompute") { t = live * pre1 + 2; printf "  %-14s ~%4.0f s (%d live prefills on the GPU)\n", f[1], t, live; total += t; continue }
+			t = R / (f[2] * G) + S / (f[3] * G) + (2 * R + S) / (20 * G) + (live > 0 ? docs * pre1 : 0)
+			if (f[1] == "tutti-gpu") t += (R + S) / (20 * G)
+			printf "  %-14s ~%4.0f s (restore %.0f s at %s GB/s, save %.0f s at %s GB/s, harness %.0f s)\n", f[1], t, R / (f[2] * G), f[2], S / (f[3] * G), f[3], (2 * R + S) / (20 * G)
+			total += t
+		}
+		printf "  total ~%.0f s\n", total
+	}'
+}
+for model in $MODELS; do
+	if [ -n "$BACKEND_GROUPS" ]; then
+		for g in $BACKEND_GROUPS; do estimate "$model" "$g"; done
+	else
+		estimate "$model" "$BACKENDS"
+	fi
+done >"$WORK/estimate.txt"
+if [ -z "${TUTTI_KERNELS_LIB:-}" ] && [ ! -f kernels/build/libtutti_kernels.so ]; then
+	echo "kernels/build/libtutti_kernels.so missing: built first (make -C kernels NVCC=nvcc: ~100 s on 2 cores; build them on the dev machine and carry kernels/build to save it)" >>"$WORK/estimate.txt"
+fi
+cat "$WORK/estimate.txt"
+if [ "$ESTIMATE_ONLY" = 1 ]; then
+	trap - EXIT
+	rm -rf "$WORK"
+	exit 0
+fi
+cp "$WORK/estimate.txt" "$OUT/estimate.txt"
+est_all=0
+while read -r line; do
+	case "$line" in
+	"total ~"*)
+		est=${line#total ~}
+		est=${est% s}
+		est_all=$((est_all + est))
+		[ "$est" -gt "$MAX_RUN_S" ] && say "WARNING: a replay is estimated at ${est} s, over MAX_RUN_S=$MAX_RUN_S: smaller documents (MAX_DOC), fewer DOCS, or BACKEND_GROUPS over several calls"
+		;;
+	esac
+done <"$WORK/estimate.txt"
+[ "$est_all" -gt "$BUDGET_S" ] && say "WARNING: the replays are estimated at ${est_all} s in all, over BUDGET_S=$BUDGET_S: the last ones will be cut or skipped"
+
 # --- inputs -----------------------------------------------------------------
 if [ ! -x "$TUTTI" ]; then
 	say "$TUTTI missing: build it on the dev machine (go build -o bin/gpu/tutti ./cmd/tutti) and carry bin"
 	exit 2
 fi
+# A fresh GPU machine has no CUDA libraries: build both (the product's and the
+# test kit's, whose GEMMs the GPU prefill runs) when the product's is missing.
+if [ -z "${TUTTI_KERNELS_LIB:-}" ] && [ ! -f kernels/build/libtutti_kernels.so ]; then
+	if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+		command -v nvcc >/dev/null 2>&1 || export PATH=$PATH:/usr/local/cuda/bin
+		t=$(date +%s)
+		if make -C kernels NVCC=nvcc >"$WORK/kernels-build.log" 2>&1; then
+			say "kernels built in $(($(date +%s) - t)) s (make -C kernels NVCC=nvcc)"
+		else
+			say "kernels build FAILED (kernels-build.log):"
+			tail -20 "$WORK/kernels-build.log"
+		fi
+	else
+		say "no nvcc: the kernels library cannot be built here"
+	fi
+fi
 if [ -z "${TUTTI_KERNELS_LIB:-}" ] && [ -f kernels/build/libtutti_kernels.so ]; then
 	export TUTTI_KERNELS_LIB=$ROOT/kernels/build/libtutti_kernels.so
+fi
+if [ -z "${TUTTI_TESTKIT_LIB:-}" ] && [ -f kernels/build/libtutti_testkit.so ]; then
+	export TUTTI_TESTKIT_LIB=$ROOT/kernels/build/libtutti_testkit.so
 fi
 if [[ ",$BACKENDS," == *,tutti-gpu,* ]] && { [ -z "${TUTTI_KERNELS_LIB:-}" ] || [ ! -f "$TUTTI_KERNELS_LIB" ]; }; then
 	say "no kernels library (TUTTI_KERNELS_LIB='${TUTTI_KERNELS_LIB:-}'): tutti-gpu left out"
 	BACKENDS=$(echo ",$BACKENDS," | sed 's/,tutti-gpu,/,/; s/^,//; s/,$//')
+	BACKEND_GROUPS=$(echo " $BACKEND_GROUPS " | sed 's/\btutti-gpu,//g; s/,tutti-gpu\b//g; s/ tutti-gpu / /g')
 fi
 # the workload: the same requests for every model and backend
 WORKLOAD="--workload docqa --docqa-docs $DOCS --docqa-questions $QUESTIONS --docqa-min-doc-tokens $MIN_DOC --docqa-max-doc-tokens $MAX_DOC --docqa-rate $RATE --docqa-seed $SEED"
@@ -120,7 +249,7 @@ WORKLOAD="--workload docqa --docqa-docs $DOCS --docqa-questions $QUESTIONS --doc
 	git log -1 --format='commit %H %s' 2>/dev/null
 	git status --short 2>/dev/null | head -20
 	echo "TUTTI=$TUTTI TUTTI_KERNELS_LIB=${TUTTI_KERNELS_LIB:-}"
-	echo "MODELS=$MODELS BACKENDS=$BACKENDS STORAGES=$STORAGES COMPUTE=$COMPUTE ROUNDS=$ROUNDS REPLAY_ARGS=$REPLAY_ARGS"
+	echo "MODELS=$MODELS BACKENDS=$BACKENDS BACKEND_GROUPS=$BACKEND_GROUPS STORAGES=$STORAGES COMPUTE=$COMPUTE PREFILL_EVERY=$PREFILL_EVERY ROUNDS=$ROUNDS REPLAY_ARGS=$REPLAY_ARGS"
 	echo "WORKLOAD=$WORKLOAD"
 	echo "NLOOPS=$NLOOPS LOOP_GIB=$LOOP_GIB BUDGET_S=$BUDGET_S MAX_RUN_S=$MAX_RUN_S"
 } >"$WORK/machine.txt" 2>&1
@@ -164,9 +293,15 @@ setup_loops() {
 
 # --- the runs ---------------------------------------------------------------
 # disk and emulated alternate per model, so a run cut short still has both storages of the first model
+# each (storage, model) once per backend group (BACKEND_GROUPS; default one group, BACKENDS)
 ORDERED=()
+GROUP_LIST=${BACKEND_GROUPS:-$BACKENDS}
 for model in $MODELS; do
-	for storage in $STORAGES; do ORDERED+=("$storage:$model"); done
+	gi=0
+	for group in $GROUP_LIST; do
+		gi=$((gi + 1))
+		for storage in $STORAGES; do ORDERED+=("$storage:$model:$gi:$group"); done
+	done
 done
 if [[ " $STORAGES " == *" emulated "* ]]; then
 	setup_loops || say "emulated storage not set up: its runs are skipped"
@@ -174,7 +309,7 @@ fi
 
 left=${#ORDERED[@]}
 for run in "${ORDERED[@]}"; do
-	storage=${run%%:*} model=${run#*:}
+	IFS=: read -r storage model gi group <<<"$run"
 	left=$((left - 1))
 	case "$storage" in
 	disk)
@@ -197,10 +332,11 @@ for run in "${ORDERED[@]}"; do
 		continue
 	fi
 	tag=${storage}-${model}
+	[ -n "$BACKEND_GROUPS" ] && tag=$tag-g$gi
 	mkdir -p "$WORK/$tag"
 	# shellcheck disable=SC2086 # WORKLOAD and REPLAY_ARGS are word lists
-	set -- replay --model "$model" --backends "$BACKENDS" --dir "$dirs" --storage-label "$label" \
-		--out "$WORK/$tag" --compute "$COMPUTE" --rounds "$ROUNDS" $WORKLOAD $REPLAY_ARGS
+	set -- replay --model "$model" --backends "$group" --dir "$dirs" --storage-label "$label" \
+		--out "$WORK/$tag" --compute "$COMPUTE" --gpu-prefill-every "$PREFILL_EVERY" --rounds "$ROUNDS" $WORKLOAD $REPLAY_ARGS
 	say "$tag: $TUTTI $* (timeout ${limit}s)"
 	sync
 	t=$(date +%s)

@@ -35,6 +35,7 @@ type replayFlags struct {
 	fs                                                                                         *flag.FlagSet
 	tracePath, dir, storageLabel, backends, modelName, out, capBytes, computeMode, kvMem       *string
 	requests, blockTokens, capBlocks, qd, gpus, saveBoundMs, gpuWindow, gpuMaxIO, gpuLookahead *int
+	prefillEvery                                                                               *int
 	fromMs, toMs, timeScale, sloMs, gpuTFLOPs, warmMs                                          *float64
 	jsonOut, skipBad, noEBPF, noCeiling, keep, planner                                         *bool
 	wl                                                                                         *workloadFlags
@@ -66,6 +67,8 @@ func newReplayFlags(stderr io.Writer) *replayFlags {
 	f.computeMode = fs.String("compute", harness.ComputeAuto, "prefill compute: gpu (cuBLAS GEMMs sized from the model's FLOPs, run next to each restore and measured; "+
 		"every backend prefills every request's missed tokens for real: minutes for big models), sim (the profile's FLOPs at --gpu-tflops), "+
 		"auto (gpu where the kernels library and a GPU are, else sim; the report's compute label says which)")
+	f.prefillEvery = fs.Int("gpu-prefill-every", 1, "with the prefill on the GPU (--compute gpu/auto): 1 = every request runs its GEMMs next to its restore and its measured layer time is used; "+
+		"N > 1 = every request's layer time comes from the model calibrated on the GPU at start, and only every N-th request runs its GEMMs live, as the model's check (measured/model in the GPU prefill note)")
 	f.qd = fs.Int("qd", 64, "I/Os in flight per backend")
 	f.noEBPF = fs.Bool("no-ebpf", false, "count device bytes with /proc/diskstats only")
 	f.noCeiling = fs.Bool("no-ceiling", false, "skip the devbench ceiling measurement (over several --dir: the dirs as one striped array, timed to the slowest, and the sum of their own ceilings)")
@@ -173,8 +176,9 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	cfg := harness.Config{
 		Requests: reqs, Profile: prof, Dirs: storeDirs, StorageLabel: *f.storageLabel, Backends: bs, CapacityBlocks: *f.capBlocks,
 		QueueDepth: *f.qd, Compute: comp, GPU: gpuCompute, SLOms: *f.sloMs, EBPF: !*f.noEBPF,
-		Progress: replayProgress(stderr, len(reqs), bs), Warm: warm, Rounds: *f.wl.rounds,
+		Warm: warm, Rounds: *f.wl.rounds,
 	}
+	cfg.Progress, cfg.PhaseProgress = replayProgress(stderr, len(reqs), bs)
 	if *f.noCeiling {
 		cfg.CeilingBytes = -1
 	}
@@ -258,7 +262,14 @@ func (f *replayFlags) compute(prof model.Profile) (harness.Compute, *harness.GPU
 	if !slices.Contains(harness.ComputeModes, *f.computeMode) {
 		return comp, nil, usageErr(f.fs.Usage, fmt.Errorf("--compute %q: want one of %v", *f.computeMode, harness.ComputeModes))
 	}
-	return harness.SetupCompute(*f.computeMode, prof, comp)
+	if *f.prefillEvery < 1 {
+		return comp, nil, usageErr(f.fs.Usage, fmt.Errorf("--gpu-prefill-every %d: want ≥ 1", *f.prefillEvery))
+	}
+	comp, g, err := harness.SetupCompute(*f.computeMode, prof, comp)
+	if err == nil {
+		g.SetLiveEvery(*f.prefillEvery, &comp)
+	}
+	return comp, g, err
 }
 
 // selectBackends is --backends (named ones must run; by default, those
@@ -297,14 +308,15 @@ func (f *replayFlags) selectBackends(prof model.Profile, comp harness.Compute, s
 }
 
 // replayProgress is the run's progress: a bar on a terminal, whole lines
-// (a few per backend) on a pipe or a CI log.
-func replayProgress(stderr io.Writer, requests int, bs []harness.Backend) func(string, int, int) {
+// (a few per backend, each with where the backend's wall time went so far:
+// harness.Phases) on a pipe or a CI log.
+func replayProgress(stderr io.Writer, requests int, bs []harness.Backend) (func(string, int, int), func(string, int, int, harness.Phases)) {
 	if isTerminal(stderr) {
-		return report.NewProgress(stderr).Update
+		return report.NewProgress(stderr).Update, nil
 	}
 	lp := newLineProgress(stderr)
 	fmt.Fprintf(stderr, "replaying %d requests through %d backends (%s)\n", requests, len(bs), strings.Join(backendNames(bs), ", "))
-	return lp.Update
+	return nil, func(b string, done, total int, p harness.Phases) { lp.Note(b, done, total, p.String()) }
 }
 
 // replayReport writes the report under outDir, prints the summary (or the
@@ -378,6 +390,11 @@ func printSummary(w io.Writer, res *harness.Result) {
 		rate := rateText(b)
 		fmt.Fprintf(w, "%-18s %9.2f %9.2f %18s %10.2f %8.2f %8.2f %8.3f %9.1f %8.3f %6d\n", b.Backend, b.TTFTmsP50, b.TTFTmsP99,
 			rate, b.BytesPerS/1e9, b.CeilingFraction, b.CeilingSumFraction, b.HitRatio, b.IOsPerRequestMean, b.CPUSPerGiB, b.VerifyMismatches)
+	}
+	for _, b := range res.Backends {
+		if b.Phases != nil {
+			fmt.Fprintf(w, "time %-13s %s\n", b.Backend, b.Phases)
+		}
 	}
 	printBelowNotes(w, res)
 }

@@ -162,14 +162,18 @@ type SelfIndexed interface {
 // results (e.g. "POSIX bounce stand-in: cuFile refused the disk").
 type Labeler interface{ Label() string }
 
-// HostSyncer is a backend whose restores land in other memory than the
+// HostSyncer is a backend whose restores may land in other memory than the
 // harness's host KV memory (tutti-gpu: HBM). The driver calls ToHost after a
 // timed Restore, before verifying, and FromHost before a timed Save, after
-// filling the pages: the copies are outside the measured windows. Invalidate
-// comes before a timed Restore, after the driver zeroed the host pages: the
-// backend's copy of those pages must hold no block either, so a restore that
-// writes nothing cannot pass verification with a block left there earlier.
+// filling the pages: the copies are outside the measured windows. When
+// OwnMemory says the restores land in the backend's own memory, the driver
+// calls Invalidate before a timed Restore instead of zeroing the host pages:
+// the backend's copy of those pages must then hold no block, so a restore
+// that writes nothing cannot pass verification with a block left there
+// earlier (ToHost overwrites every host page that is verified). Otherwise
+// the driver zeroes the host pages and Invalidate is not called.
 type HostSyncer interface {
+	OwnMemory() bool                       // restores land in the backend's memory, not the host pages
 	Invalidate(req *Request) error         // pages of Chain[:Hit] hold no block
 	ToHost(req *Request, blocks int) error // blocks Chain[:blocks] into the host pages
 	FromHost(req *Request) error           // blocks Chain[Hit:SaveEnd] to the backend's memory

@@ -85,9 +85,15 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 		if cfg.Progress != nil {
 			cfg.Progress(b.Name(), seq+1, len(cfg.Requests))
 		}
+		if cfg.PhaseProgress != nil {
+			cfg.PhaseProgress(b.Name(), seq+1, len(cfg.Requests), r.clock.phases(time.Since(wall)))
+		}
 	}
 	m := stopMeter()
-	br.WallSeconds = time.Since(wall).Seconds()
+	w := time.Since(wall)
+	br.WallSeconds = w.Seconds()
+	ph := r.clock.phases(w)
+	br.Phases = &ph
 	r.summarize(m, res)
 	return br, nil
 }
@@ -107,12 +113,14 @@ type backendRun struct {
 	loadCPU, saveCPU             time.Duration
 	loadTime, saveTime           time.Duration
 	withHits, hitBlocks, ios, rn int64
+	clock                        phaseClock
 }
 
 // request replays request seq: restore its hit, prefill the rest, save
-// what is new within the capacity; the pages are released after.
+// what is new within the capacity; the pages are released after. Each
+// step's wall time goes into r.clock (Phases).
 func (r *backendRun) request(seq int) error {
-	g, tr := r.kv.Geometry, r.cfg.Requests[seq]
+	g, tr, c := r.kv.Geometry, r.cfg.Requests[seq], &r.clock
 	req := &Request{Seq: seq, Trace: tr, Chain: tr.HashIDs}
 	pages, err := r.kv.Alloc(len(req.Chain) * g.ChunkPages)
 	if err != nil {
@@ -126,26 +134,32 @@ func (r *backendRun) request(seq int) error {
 	}
 	svc := Service{ArrivalMs: tr.ArrivalMs, Layers: r.layers}
 	restored := 0
+	live := r.cfg.GPU.Live(seq)
 	var prefill *PrefillRun // on the GPU, next to the restore
 	if req.Hit > 0 {
-		r.kv.Scribble(pages[:req.Hit*g.ChunkPages])
-		if hs, ok := r.b.(HostSyncer); ok {
-			if err := hs.Invalidate(req); err != nil {
-				return fmt.Errorf("request %d: clearing the backend's pages: %w", seq, err)
-			}
+		if err := r.invalidate(req); err != nil {
+			return err
 		}
-		prefill = r.cfg.GPU.Start(tr.InputTokens, min(req.Hit*r.cfg.Profile.BlockTokens(), tr.InputTokens))
+		if live {
+			prefill = r.cfg.GPU.Start(tr.InputTokens, min(req.Hit*r.cfg.Profile.BlockTokens(), tr.InputTokens))
+		}
 		if restored, err = r.restore(req, &svc); err != nil {
 			return err
 		}
 	}
 	// The prefill computes the rest: its KV goes into the pages (only
 	// needed when something will be saved from them).
-	for blk := restored; blk < len(req.Chain) && r.b.Name() != "recompute"; blk++ {
-		r.kv.FillBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk))
-	}
+	timed(&c.fill, func() {
+		for blk := restored; blk < len(req.Chain) && r.b.Name() != "recompute"; blk++ {
+			r.kv.FillBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk))
+			c.filled += g.ChunkBytes()
+		}
+	})
 	cachedTokens := min(restored*r.cfg.Profile.BlockTokens(), tr.InputTokens)
-	if svc.LayerCompute, err = r.cfg.GPU.Finish(prefill, r.cfg.Compute, tr.InputTokens-cachedTokens, cachedTokens); err != nil {
+	timed(&c.prefill, func() {
+		svc.LayerCompute, err = r.cfg.GPU.Layer(live, prefill, r.cfg.Compute, tr.InputTokens-cachedTokens, cachedTokens)
+	})
+	if err != nil {
 		return fmt.Errorf("request %d: %w", seq, err)
 	}
 	if err := r.save(req, &svc); err != nil {
@@ -157,16 +171,37 @@ func (r *backendRun) request(seq int) error {
 	return nil
 }
 
-// restore restores req's hit into its pages (scribbled, and invalidated in
-// a HostSyncer, by the caller), times it, verifies every restored block
-// and returns how many were restored.
+// invalidate makes the pages of req's hit hold no block before its
+// restore, so a restore that writes nothing cannot pass verification with
+// stale content: the host pages are zeroed, or, for a backend restoring
+// into its own memory (OwnMemory: its ToHost then overwrites the host
+// pages before they are verified), its own pages are cleared instead.
+func (r *backendRun) invalidate(req *Request) error {
+	c := &r.clock
+	hit := req.Pages[:req.Hit*r.kv.Geometry.ChunkPages]
+	if hs, ok := r.b.(HostSyncer); ok && hs.OwnMemory() {
+		var err error
+		timed(&c.invalidate, func() { err = hs.Invalidate(req) })
+		if err != nil {
+			return fmt.Errorf("request %d: clearing the backend's pages: %w", req.Seq, err)
+		}
+		return nil
+	}
+	timed(&c.scribble, func() { r.kv.Scribble(hit) })
+	return nil
+}
+
+// restore restores req's hit into its pages (invalidated by the caller),
+// times it, verifies every restored block and returns how many were
+// restored.
 func (r *backendRun) restore(req *Request, svc *Service) (int, error) {
-	g, br, tr := r.kv.Geometry, r.br, req.Trace
+	g, br, tr, c := r.kv.Geometry, r.br, req.Trace, &r.clock
 	c0, _ := blockstat.ProcessCPU()
 	t0 := time.Now()
 	rr, err := r.b.Restore(req)
 	d := time.Since(t0)
 	c1, _ := blockstat.ProcessCPU()
+	c.restore += d
 	if err != nil {
 		return 0, fmt.Errorf("request %d (trace line %d): restore: %w", req.Seq, tr.Line, err)
 	}
@@ -176,13 +211,17 @@ func (r *backendRun) restore(req *Request, svc *Service) (int, error) {
 	}
 	r.loadTime += d
 	if hs, ok := r.b.(HostSyncer); ok && rr.Blocks > 0 {
-		if err := hs.ToHost(req, rr.Blocks); err != nil {
+		timed(&c.toHost, func() { err = hs.ToHost(req, rr.Blocks) })
+		if err != nil {
 			return 0, fmt.Errorf("request %d: copying restored KV to the host: %w", req.Seq, err)
 		}
 	}
-	for blk := 0; blk < rr.Blocks; blk++ {
-		br.VerifyMismatches += int64(r.kv.VerifyBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk)))
-	}
+	timed(&c.verify, func() {
+		for blk := 0; blk < rr.Blocks; blk++ {
+			br.VerifyMismatches += int64(r.kv.VerifyBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk)))
+			c.verified += g.ChunkBytes()
+		}
+	})
 	br.Fallbacks += int64(rr.Fallbacks)
 	br.RestoredBytes += rr.Bytes
 	br.ReadBytes += rr.ReadBytes
@@ -214,7 +253,9 @@ func (r *backendRun) save(req *Request, svc *Service) error {
 		return nil
 	}
 	if hs, ok := r.b.(HostSyncer); ok {
-		if err := hs.FromHost(req); err != nil {
+		var err error
+		timed(&r.clock.fromHost, func() { err = hs.FromHost(req) })
+		if err != nil {
 			return fmt.Errorf("request %d: copying KV to the backend: %w", req.Seq, err)
 		}
 	}
@@ -223,6 +264,7 @@ func (r *backendRun) save(req *Request, svc *Service) error {
 	sr, err := r.b.Save(req)
 	d := time.Since(t0)
 	c1, _ := blockstat.ProcessCPU()
+	r.clock.save += d
 	if err != nil {
 		return fmt.Errorf("request %d (trace line %d): save: %w", req.Seq, tr.Line, err)
 	}

@@ -129,6 +129,13 @@ type GPUCompute struct {
 
 	pending *PrefillRun
 	stats   GPUComputeStats
+
+	// fit is the model Calibrate fitted (from fitPoints points); every > 1
+	// makes it the source of every request's layer time, with every
+	// every-th request run live as its check (gpulive.go).
+	fit       sched.ComputeModel
+	fitPoints int
+	every     int
 }
 
 // GPUComputeStats counts what the GPU ran.
@@ -141,6 +148,10 @@ type GPUComputeStats struct {
 	// includes the part that overlapped it).
 	EnqueueCPU time.Duration
 	Launches   int64 // GEMM launches next to restores
+	// Calibrated (SetLiveEvery > 1): prefills whose layer time is the
+	// fitted model's; LiveRatios: measured/model of the live ones.
+	Calibrated int
+	LiveRatios []float64
 }
 
 // PrefillRun is one request's prefill in flight.
@@ -396,12 +407,24 @@ func SetupCompute(mode string, p model.Profile, sim Compute) (Compute, *GPUCompu
 		g.Close()
 		return sim, nil, fmt.Errorf("--compute %s: calibrating on the GPU: %w", mode, err)
 	}
-	c := Compute{model: m, Label: fmt.Sprintf("measured on GPU (%s): cuBLAS bf16 GEMMs sized from %s's FLOPs, per layer "+
+	g.fit, g.fitPoints = m, len(pts)
+	return Compute{model: m, Label: g.label()}, g, nil
+}
+
+// label is the replay's compute label: what runs on the GPU, and where a
+// request's layer time comes from (every request's measured prefill, or
+// the fitted model with a live check on a subset: SetLiveEvery).
+func (g *GPUCompute) label() string {
+	p, m := g.prof, g.fit
+	source := "run for each request's tokens not restored, concurrently with its restore; a request's layer time is the mean of its measured layers"
+	if g.every > 1 {
+		source = fmt.Sprintf("calibrated: every request's layer time is the fitted model's (below); every %d-th request (and none else) also runs its GEMMs on the GPU "+
+			"next to its restore, as a check of the model (the GPU prefill note gives measured/model)", g.every)
+	}
+	return fmt.Sprintf("measured on GPU (%s): cuBLAS bf16 GEMMs sized from %s's FLOPs, per layer "+
 		"[m×%d]·[%d×%d] (weights) and [m×%d]·[%d×ctx] (attention), ≤ %d tokens and ≤ %d attended tokens per GEMM, "+
-		"run for each request's tokens not restored, concurrently with its restore; a request's layer time is the mean "+
-		"of its measured layers. Planner and SLO model fitted to %d calibration points (sched.FitCompute): "+
+		"%s. Planner and SLO model fitted to %d calibration points (sched.FitCompute): "+
 		"%.1f µs + %.4g µs/token + %.4g ns/pair per layer",
 		g.device, p.Name, g.dims.K, g.dims.K, g.dims.LinearN, g.dims.AttnD, g.dims.AttnD, g.tiles.Rows, g.tiles.Ctx,
-		len(pts), m.FixedNs/1e3, m.PerTokenNs/1e3, m.PerPairNs)}
-	return c, g, nil
+		source, g.fitPoints, m.FixedNs/1e3, m.PerTokenNs/1e3, m.PerPairNs)
 }

@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/tutti-io/tutti/eval/model"
 )
@@ -10,11 +11,25 @@ import (
 // mirrored is the dram backend keeping its "engine memory" in a second KV
 // memory, as tutti-gpu keeps HBM: it exercises the driver's HostSyncer
 // protocol without a GPU. skipToHost breaks the copy back, which
-// verification must catch.
+// verification must catch; noopRestore restores nothing while claiming every
+// block, which verification must catch too although the mirror's pages
+// held those very blocks from the previous question of the document (the
+// driver does not zero the host pages of an OwnMemory backend: Invalidate
+// must clear the mirror's).
 type mirrored struct {
 	*DRAM
 	host, mirror *KVMemory
 	skipToHost   bool
+	noopRestore  bool
+}
+
+func (m *mirrored) OwnMemory() bool { return true }
+
+func (m *mirrored) Restore(req *Request) (RestoreResult, error) {
+	if m.noopRestore {
+		return RestoreResult{Blocks: req.Hit, LayerReady: make([]time.Duration, m.host.Geometry.Layers)}, nil
+	}
+	return m.DRAM.Restore(req)
 }
 
 func (m *mirrored) Name() string { return "mirrored" }
@@ -46,7 +61,7 @@ func (m *mirrored) copy(dst, src *KVMemory, pages []int32) {
 }
 
 func (m *mirrored) Invalidate(req *Request) error {
-	m.copy(m.mirror, m.host, req.Pages[:req.Hit*m.host.Geometry.ChunkPages])
+	m.mirror.Scribble(req.Pages[:req.Hit*m.host.Geometry.ChunkPages])
 	return nil
 }
 
@@ -66,8 +81,11 @@ func (m *mirrored) FromHost(req *Request) error {
 func TestHostSyncerProtocol(t *testing.T) {
 	p, _ := model.Lookup("tiny")
 	comp, _ := NewCompute(p, DefaultGPUFLOPs, DefaultLayerFixedNs)
-	for _, broken := range []bool{false, true} {
-		m := &mirrored{DRAM: NewDRAM(), skipToHost: broken}
+	for _, tc := range []struct {
+		name                    string
+		skipToHost, noopRestore bool
+	}{{"ok", false, false}, {"no copy back", true, false}, {"restore writes nothing", false, true}} {
+		m := &mirrored{DRAM: NewDRAM(), skipToHost: tc.skipToHost, noopRestore: tc.noopRestore}
 		res, err := Run(context.Background(), Config{Requests: synthetic(16), Profile: p, Dir: t.TempDir(),
 			Backends: []Backend{m}, Compute: comp, CeilingBytes: -1})
 		if err != nil {
@@ -75,10 +93,15 @@ func TestHostSyncerProtocol(t *testing.T) {
 		}
 		b := res.Backends[0]
 		if b.HitBlocks == 0 {
-			t.Fatal("nothing restored")
+			t.Fatalf("%s: nothing restored", tc.name)
 		}
+		broken := tc.skipToHost || tc.noopRestore
 		if got := b.VerifyMismatches > 0; got != broken {
-			t.Fatalf("broken copy-back %v: %d mismatches", broken, b.VerifyMismatches)
+			t.Fatalf("%s: %d mismatches", tc.name, b.VerifyMismatches)
+		}
+		ph := b.Phases
+		if ph == nil || ph.ScribbleS != 0 || ph.VerifiedBytes == 0 {
+			t.Fatalf("%s: phases %+v: want verified bytes and no host scribble for an OwnMemory backend", tc.name, ph)
 		}
 	}
 }

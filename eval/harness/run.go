@@ -57,6 +57,9 @@ type Config struct {
 	Rounds int
 	// Progress, if set, is called after each request of each backend.
 	Progress func(backend string, done, total int)
+	// PhaseProgress, if set, is called after each request of each backend
+	// with where its wall time went so far (a run cut short still says it).
+	PhaseProgress func(backend string, done, total int, p Phases)
 	// Warm, when set, starts every caching backend's window from the store
 	// the history's requests would have left (warm.go): the blocks of the
 	// history the window references are saved first, untimed, through the
@@ -75,42 +78,45 @@ type BackendResult struct {
 	Storage string        `json:"storage,omitempty"` // Config.StorageLabel
 	Skipped string        `json:"skipped,omitempty"` // why it did not run
 
-	Requests                int     `json:"requests"`
-	TTFTmsP50               float64 `json:"ttft_ms_p50"`
-	TTFTmsP90               float64 `json:"ttft_ms_p90"`
-	TTFTmsP99               float64 `json:"ttft_ms_p99"`
-	MaxRateAtSLO            float64 `json:"max_rate_at_slo"`
-	MaxRateIsLowerBound     bool    `json:"max_rate_is_lower_bound,omitempty"` // the SLO held at every rate tried
-	BytesPerS               float64 `json:"bytes_per_s"`
-	CeilingFraction         float64 `json:"ceiling_fraction"`     // of Result.CeilingBytesPS (striped)
-	CeilingSumFraction      float64 `json:"ceiling_sum_fraction"` // of Result.CeilingSumBytesPS
-	CPUSPerGiB              float64 `json:"cpu_s_per_gib"`
-	DeviceReadBytes         uint64  `json:"device_read_bytes"`
-	DeviceBytesSource       string  `json:"device_bytes_source"`
-	VerifyMismatches        int64   `json:"verify_mismatches"`
-	HitBlocks               int64   `json:"hit_blocks"`
-	RestoredBytes           int64   `json:"restored_bytes"`
-	ReadBytes               int64   `json:"read_bytes"` // read from the backend's storage to restore them
-	IOsPerLayerRequestMean  float64 `json:"ios_per_layer_request_mean"`
-	RunsPerRequestMean      float64 `json:"runs_per_request_mean"`
-	BlocksPerRequestMean    float64 `json:"blocks_per_request_mean"`
-	IOsPerRequestMean       float64 `json:"ios_per_request_mean"`
-	HitRatio                float64 `json:"hit_ratio"`
-	GPUStallMsMean          float64 `json:"gpu_stall_ms_mean"`
-	Fallbacks               int64   `json:"fallbacks"`
-	SaveFallbacks           int64   `json:"save_fallbacks"`
-	SavedBytes              int64   `json:"saved_bytes"`
-	SaveCPUSPerGiB          float64 `json:"save_cpu_s_per_gib"`
-	EvictedBlocks           int64   `json:"evicted_blocks"`
-	DeviceWriteBytes        uint64  `json:"device_write_bytes"`
-	DiskstatsReadBytes      uint64  `json:"diskstats_read_bytes"`
-	DeviceReadLatencyP50Us  float64 `json:"device_read_latency_p50_us,omitempty"`
-	DeviceReadLatencyP99Us  float64 `json:"device_read_latency_p99_us,omitempty"`
-	DirectIO                bool    `json:"direct_io"`
-	WallSeconds             float64 `json:"wall_s"`
-	LoadSeconds             float64 `json:"load_s"`
-	SaveSeconds             float64 `json:"save_s"`
-	ComputeModel            string  `json:"compute"`
+	Requests               int     `json:"requests"`
+	TTFTmsP50              float64 `json:"ttft_ms_p50"`
+	TTFTmsP90              float64 `json:"ttft_ms_p90"`
+	TTFTmsP99              float64 `json:"ttft_ms_p99"`
+	MaxRateAtSLO           float64 `json:"max_rate_at_slo"`
+	MaxRateIsLowerBound    bool    `json:"max_rate_is_lower_bound,omitempty"` // the SLO held at every rate tried
+	BytesPerS              float64 `json:"bytes_per_s"`
+	CeilingFraction        float64 `json:"ceiling_fraction"`     // of Result.CeilingBytesPS (striped)
+	CeilingSumFraction     float64 `json:"ceiling_sum_fraction"` // of Result.CeilingSumBytesPS
+	CPUSPerGiB             float64 `json:"cpu_s_per_gib"`
+	DeviceReadBytes        uint64  `json:"device_read_bytes"`
+	DeviceBytesSource      string  `json:"device_bytes_source"`
+	VerifyMismatches       int64   `json:"verify_mismatches"`
+	HitBlocks              int64   `json:"hit_blocks"`
+	RestoredBytes          int64   `json:"restored_bytes"`
+	ReadBytes              int64   `json:"read_bytes"` // read from the backend's storage to restore them
+	IOsPerLayerRequestMean float64 `json:"ios_per_layer_request_mean"`
+	RunsPerRequestMean     float64 `json:"runs_per_request_mean"`
+	BlocksPerRequestMean   float64 `json:"blocks_per_request_mean"`
+	IOsPerRequestMean      float64 `json:"ios_per_request_mean"`
+	HitRatio               float64 `json:"hit_ratio"`
+	GPUStallMsMean         float64 `json:"gpu_stall_ms_mean"`
+	Fallbacks              int64   `json:"fallbacks"`
+	SaveFallbacks          int64   `json:"save_fallbacks"`
+	SavedBytes             int64   `json:"saved_bytes"`
+	SaveCPUSPerGiB         float64 `json:"save_cpu_s_per_gib"`
+	EvictedBlocks          int64   `json:"evicted_blocks"`
+	DeviceWriteBytes       uint64  `json:"device_write_bytes"`
+	DiskstatsReadBytes     uint64  `json:"diskstats_read_bytes"`
+	DeviceReadLatencyP50Us float64 `json:"device_read_latency_p50_us,omitempty"`
+	DeviceReadLatencyP99Us float64 `json:"device_read_latency_p99_us,omitempty"`
+	DirectIO               bool    `json:"direct_io"`
+	WallSeconds            float64 `json:"wall_s"`
+	LoadSeconds            float64 `json:"load_s"`
+	SaveSeconds            float64 `json:"save_s"`
+	ComputeModel           string  `json:"compute"`
+	// Phases: where the wall time went (the harness's own work beside the
+	// measured restores and saves).
+	Phases                  *Phases `json:"phases,omitempty"`
 	RequestsWithHitsRestore int     `json:"requests_with_hits"`
 
 	// Warm start (Config.Warm; absent when the window started cold): the
@@ -280,11 +286,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			// than the working set a backend restores from.
 			size = min(max(sum.DistinctBlocks*g.ChunkBytes()/int64(len(roots)), 256<<20), 4<<30)
 		}
+		t0 := time.Now()
 		c, err := ceilingAcross(ctx, roots, size)
 		if err != nil {
 			res.CeilingNote = "not measured: " + err.Error()
 		} else {
 			res.CeilingBytesPS, res.CeilingSumBytesPS, res.CeilingNote = c.stripedBPS, c.sumBPS, c.note
+			res.CeilingNote += fmt.Sprintf(" (%.1f s to write the files and measure, before the first backend)", time.Since(t0).Seconds())
 		}
 	}
 

@@ -33,6 +33,8 @@ type Tutti struct {
 	// PathGPU: the engine's KV tensors in HBM, one per layer, shaped like
 	// the harness's host KV memory (page ids are the same).
 	devLayers []uint64
+	// pinned: the host KV layers registered with CUDA while open (PathGPU).
+	pinned []uintptr
 	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
 	saveBoundMs int
 	// gpuWindow, gpuMaxIO, gpuLookahead: runtime.GPUConfig IOWindow,
@@ -154,7 +156,25 @@ func (t *Tutti) Open(env Env) error {
 	}
 	t.label = fmt.Sprintf("store capacity %d MiB on disk (runtime.CapacityForBlocks: its index holds at least the %d blocks the others hold); planner compute model: %v",
 		cfg.CapacityBytes>>20, env.CapacityBlocks, t.compute != nil)
+	if t.path == runtime.PathGPU {
+		t.label += "; " + t.pinHostKV()
+	}
 	return nil
+}
+
+// pinHostKV pins the harness's host KV memory (cudaHostRegister) while the
+// GPU path is open, so the copies that mirror HBM pages to the host to
+// verify them (ToHost, FromHost: outside every measured window) run at DMA
+// speed instead of through the driver's pageable bounce. Where pinning
+// fails the copies stay pageable, and the returned note says so.
+func (t *Tutti) pinHostKV() string {
+	for l, b := range t.env.KV.Layers {
+		if err := kernels.HostRegister(b.Addr(), int64(b.Len())); err != nil {
+			return fmt.Sprintf("host KV copies for verification pageable (pinning layer %d: %v)", l, err)
+		}
+		t.pinned = append(t.pinned, b.Addr())
+	}
+	return "host KV pinned for the verification copies (outside the timed restores and saves)"
 }
 
 func (t *Tutti) Lookup(chain []uint64) int { return t.store.Lookup(chain) }
@@ -231,6 +251,10 @@ func (t *Tutti) Close() error {
 		errs = append(errs, kernels.DevFree(d))
 	}
 	t.devLayers = nil
+	for _, a := range t.pinned {
+		errs = append(errs, kernels.HostUnregister(a))
+	}
+	t.pinned = nil
 	return errors.Join(errs...)
 }
 
@@ -277,13 +301,32 @@ func (t *Tutti) copyPages(pages []int32, toHost bool) error {
 	return nil
 }
 
-// Invalidate implements HostSyncer: the hit pages in HBM get the host's
-// zeroed content.
+// OwnMemory implements HostSyncer: on the GPU path restores land in HBM.
+func (t *Tutti) OwnMemory() bool { return t.devLayers != nil }
+
+// Invalidate implements HostSyncer: the hit pages in HBM are zeroed on the
+// device (cudaMemset per run of pages, layer and plane: no copy over PCIe).
 func (t *Tutti) Invalidate(req *Request) error {
 	if t.devLayers == nil {
 		return nil
 	}
-	return t.copyPages(req.Pages[:req.Hit*t.env.Geometry.ChunkPages], false)
+	g := t.env.Geometry
+	pb := g.PageBytesPerPlane()
+	for l, dev := range t.devLayers {
+		for p := 0; p < g.Planes; p++ {
+			err := pageRuns(req.Pages[:req.Hit*g.ChunkPages], func(first int32, n int) error {
+				off, err := g.PageOffset(objmap.LayoutPerLayer, t.env.KV.NumPages, l, p, int(first))
+				if err != nil {
+					return err
+				}
+				return kernels.MemsetDevice(dev+uint64(off), 0, int64(n)*pb)
+			})
+			if err != nil {
+				return fmt.Errorf("%s: clearing layer %d plane %d: %w", t.Name(), l, p, err)
+			}
+		}
+	}
+	return nil
 }
 
 // ToHost implements HostSyncer: on the GPU path, the restored blocks' pages
