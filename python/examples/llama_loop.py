@@ -53,25 +53,24 @@ torch or CUDA is missing (the message says which).
 """
 
 import argparse
-import ctypes
 import json
 import math
-import mmap
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)  # llama_model.py and llama_report.py, beside this file
 
 import tutti  # noqa: E402
+from llama_report import (Marks, breakdown_text, drop_page_cache, median, open_flags_direct,  # noqa: E402
+                          page_cache_bytes, pool_files, recompute_breakdown, rounded, sync, tutti_breakdown)
 
 try:
     import torch
-    import torch.nn.functional as F
 except ImportError:
     torch = None
 
@@ -108,226 +107,6 @@ def parse_args(argv=None):
     return a
 
 
-class Llama:
-    """Random-weight Llama-shaped decoder over a paged KV cache."""
-
-    def __init__(self, a, device, dtype):
-        self.a, self.device, self.dtype = a, device, dtype
-        g = torch.Generator(device=device).manual_seed(a.seed)
-
-        def w(*shape, fan_in):
-            return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) / math.sqrt(fan_in)).to(dtype)
-
-        H, D, KVH = a.heads, a.head_dim, a.kv_heads
-        self.embed = w(a.vocab, a.hidden, fan_in=1)
-        distinct = []
-        for _ in range(a.distinct_layers or a.layers):
-            distinct.append(dict(
-                ln1=torch.ones(a.hidden, device=device, dtype=dtype),
-                wq=w(a.hidden, H * D, fan_in=a.hidden), wk=w(a.hidden, KVH * D, fan_in=a.hidden),
-                wv=w(a.hidden, KVH * D, fan_in=a.hidden), wo=w(H * D, a.hidden, fan_in=H * D),
-                ln2=torch.ones(a.hidden, device=device, dtype=dtype),
-                wg=w(a.hidden, a.intermediate, fan_in=a.hidden), wu=w(a.hidden, a.intermediate, fan_in=a.hidden),
-                wd=w(a.intermediate, a.hidden, fan_in=a.intermediate),
-            ))
-        self.layers = [distinct[l % len(distinct)] for l in range(a.layers)]
-        self.weight_bytes = sum(t.numel() * t.element_size() for L in distinct for t in L.values())
-        self.lnf = torch.ones(a.hidden, device=device, dtype=dtype)
-        self.lm_head = w(a.hidden, a.vocab, fan_in=a.hidden)
-        self.weight_bytes += 2 * self.embed.numel() * self.embed.element_size()
-        inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
-        self.inv_freq = inv
-
-    @staticmethod
-    def rms(x, wt, eps=1e-5):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * wt
-
-    def rope(self, x, pos):
-        f = torch.outer(pos.float(), self.inv_freq)  # [T, D/2]
-        cos, sin = f.cos()[:, None, :], f.sin()[:, None, :]
-        x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
-        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-        return out.to(x.dtype)
-
-    def forward(self, tokens, start, kv, table, before_attn=None, after_attn=None, marks=None):
-        """Prefills `tokens` at positions [start, start+T) whose earlier KV
-        (positions < start) is already in the pages of `table`; writes the new
-        KV into the cache and returns the last position's logits. `marks`
-        (a Marks) timestamps each layer's start and end and the end of the
-        LM head on the compute stream."""
-        a = self.a
-        T, PT = tokens.numel(), a.page_tokens
-        H, KVH, D = a.heads, a.kv_heads, a.head_dim
-        pos = torch.arange(start, start + T, device=self.device)
-        ctx = start + T
-        page_of = table[pos // PT]
-        slot_of = pos % PT
-        ctx_pages = table[: (ctx + PT - 1) // PT]
-        if T == ctx:
-            mask = None
-        else:
-            kpos = torch.arange(ctx, device=self.device)
-            mask = kpos[None, :] <= pos[:, None]  # [T, ctx]
-        h = self.embed[tokens]
-        for l, L in enumerate(self.layers):
-            if marks:
-                marks.mark(("start", l))
-            x = self.rms(h, L["ln1"])
-            q = self.rope((x @ L["wq"]).view(T, H, D), pos)
-            k = self.rope((x @ L["wk"]).view(T, KVH, D), pos)
-            v = (x @ L["wv"]).view(T, KVH, D)
-            if before_attn:
-                before_attn(l)  # the earlier KV of this layer must be in place from here on
-            cache = kv[l]
-            cache[0, page_of, slot_of] = k
-            cache[1, page_of, slot_of] = v
-            K = cache[0, ctx_pages].reshape(-1, KVH, D)[:ctx]
-            V = cache[1, ctx_pages].reshape(-1, KVH, D)[:ctx]
-            K = K.repeat_interleave(H // KVH, dim=1)
-            V = V.repeat_interleave(H // KVH, dim=1)
-            o = attention(q.transpose(0, 1), K.transpose(0, 1), V.transpose(0, 1), mask)
-            h = h + o.transpose(0, 1).reshape(T, H * D) @ L["wo"]
-            if after_attn:
-                after_attn(l)
-            x = self.rms(h, L["ln2"])
-            h = h + (F.silu(x @ L["wg"]) * (x @ L["wu"])) @ L["wd"]
-            if marks:
-                marks.mark(("end", l))
-        logits = (self.rms(h[-1:], self.lnf) @ self.lm_head).float()[0]
-        if marks:
-            marks.mark("head")
-        return logits
-
-
-def attention(q, k, v, mask):
-    """Causal attention of q [H, T, D] over k, v [H, ctx, D]; mask [T, ctx]
-    (True = attend) or None for a full causal prefill (T == ctx)."""
-    if hasattr(F, "scaled_dot_product_attention"):
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=None if mask is None else mask[None, None],
-                                              is_causal=mask is None)[0]
-    # torch < 2.0 (CPU smoke tests only)
-    T, ctx = q.shape[1], k.shape[1]
-    if mask is None:
-        mask = torch.ones(T, ctx, dtype=torch.bool, device=q.device).tril()
-    s = (q.float() @ k.float().transpose(1, 2)) / math.sqrt(q.shape[-1])
-    s = s.masked_fill(~mask[None], float("-inf"))
-    return (s.softmax(-1) @ v.float()).to(q.dtype)
-
-
-class Marks:
-    """Timestamps in stream order: CUDA events recorded on torch's current
-    stream (read after a synchronize), or host clock readings on the CPU,
-    where every op has finished when it returns."""
-
-    def __init__(self, dev):
-        self.cuda = dev.type == "cuda"
-        self.t = {}
-
-    def mark(self, key):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            self.t[key] = e
-        else:
-            self.t[key] = time.perf_counter()
-
-    def ms(self, a, b):
-        """Milliseconds from mark a to mark b (the device must be synchronized)."""
-        if self.cuda:
-            return self.t[a].elapsed_time(self.t[b])
-        return (self.t[b] - self.t[a]) * 1e3
-
-    def has(self, key):
-        return key in self.t
-
-
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def rounded(xs, nd=3):
-    return [round(x, nd) for x in xs]
-
-
-def median(xs):
-    return statistics.median(xs) if xs else 0.0
-
-
-# -- what the timed loads read: O_DIRECT pool files, not the page cache -------
-
-def _libc():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    return libc
-
-
-def page_cache_bytes(path):
-    """Bytes of the file at `path` in the page cache (mmap + mincore; the
-    mapping is never touched, so it faults nothing in), or None if unknown."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 0
-    libc = _libc()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr is None or addr == ctypes.c_void_p(-1).value:
-            return None
-        try:
-            n = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-            vec = (ctypes.c_ubyte * n)()
-            if libc.mincore(addr, size, vec) != 0:
-                return None
-            return (n - bytes(vec).count(0)) * mmap.PAGESIZE
-        finally:
-            libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-
-
-def pool_files(dirs):
-    """The store's pool files (objmap names them pool-NNNN.dat)."""
-    out = []
-    for d in dirs:
-        for root, _, files in os.walk(d):
-            out += [os.path.join(root, f) for f in sorted(files) if f.startswith("pool-") and f.endswith(".dat")]
-    return out
-
-
-def open_flags_direct(paths):
-    """{pool file: [O_DIRECT set?] for each of this process's descriptors of it}
-    (from /proc/self/fdinfo: what the library really opened)."""
-    real = {os.path.realpath(p): p for p in paths}
-    out = {p: [] for p in paths}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if target not in real:
-                continue
-            with open(f"/proc/self/fdinfo/{fd}") as f:
-                flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
-        except (OSError, StopIteration, ValueError):
-            continue
-        out[real[target]].append(bool(flags & os.O_DIRECT))
-    return out
-
-
-def drop_page_cache(paths):
-    """Drops clean cached pages of the pool files (O_DIRECT should have left
-    none: this only guards against another reader having cached them)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def main(argv=None):
     a = parse_args(argv)
     if torch is None:
@@ -337,6 +116,7 @@ def main(argv=None):
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("llama_loop: no CUDA device visible to torch", file=sys.stderr)
         return 2
+    from llama_model import Llama  # needs torch
     t_start = time.perf_counter()
     PT = a.page_tokens
     block_tokens = PT * a.chunk_pages
@@ -555,31 +335,6 @@ def main(argv=None):
             sync(dev)
             return dict(logits=logits, ttft_ms=(time.perf_counter() - t0) * 1e3)
 
-        def tutti_breakdown(m):
-            L = a.layers
-            stall = [m.ms(("wait0", l), ("wait1", l)) for l in range(L)]
-            h2d = [m.ms(("wait1", l), ("copy", l)) if m.has(("copy", l)) else 0.0 for l in range(L)]
-            total = [m.ms(("start", l), ("end", l)) for l in range(L)]
-            compute = [t - s - c for t, s, c in zip(total, stall, h2d)]
-            ready = [m.ms("t0", ("wait1", l)) for l in range(L)]
-            # Where the stream waited, it went on when the layer's KV landed:
-            # the gaps between those moments are the load's pace per layer.
-            paced = [ready[l] - ready[l - 1] for l in range(1, L) if stall[l] > 0.05 and stall[l - 1] > 0.05]
-            return dict(before_first_layer_ms=m.ms("t0", ("start", 0)), stream_wait_ms=sum(stall),
-                        compute_ms=sum(compute), h2d_ms=sum(h2d), head_ms=m.ms(("end", L - 1), "head"),
-                        layers_waited=sum(s > 0.05 for s in stall),
-                        load_ms_per_layer=median(paced) if paced else None,
-                        last_layer_ready_ms=ready[-1],
-                        per_layer=dict(stream_wait_ms=rounded(stall), compute_ms=rounded(compute),
-                                       h2d_ms=rounded(h2d), ready_at_ms=rounded(ready)))
-
-        def recompute_breakdown(m):
-            L = a.layers
-            per = [m.ms(("start", l), ("end", l)) for l in range(L)]
-            return dict(before_first_layer_ms=m.ms("t0", ("start", 0)), compute_ms=sum(per),
-                        compute_ms_per_layer=median(per), head_ms=m.ms(("end", L - 1), "head"),
-                        per_layer_compute_ms=rounded(per))
-
         # -- 2. warm-up of both paths on their own prefixes (untimed).
         warm = []
         for i in range(a.warmup):
@@ -593,14 +348,14 @@ def main(argv=None):
         for i in range(a.warmup, n_prefixes):
             m = Marks(dev)
             r = tutti_request(i, m)
-            r["breakdown"] = tutti_breakdown(m)
+            r["breakdown"] = tutti_breakdown(m, a.layers)
             tutti_runs.append(r)
             n_loaded = r["planned"] * a.chunk_pages
             exact_saved.append(all(torch.equal(kv[l][:, t_load[:n_loaded]], kv[l][:, save_tables[i][:n_loaded]])
                                    for l in range(a.layers)))
             m = Marks(dev)
             c = recompute_request(i, m)
-            c["breakdown"] = recompute_breakdown(m)
+            c["breakdown"] = recompute_breakdown(m, a.layers)
             recompute_runs.append(c)
         report["pool_files_after"] = {p: dict(page_cache_bytes=page_cache_bytes(p)) for p in files}
 
@@ -688,32 +443,6 @@ def main(argv=None):
           f"{per_layer}recompute {compute_per_layer:.1f} ms/layer; "
           f"KV bit-exact: {kv_exact and kv_equal_saved}; logits equal: {logits_equal}")
     return 0 if ok else 1
-
-
-def breakdown_text(rep):
-    """Where the TTFT of request 2 goes, for a reader."""
-    L = rep["model"]["layers"]
-    out = [f"\nTTFT breakdown ({rep['path']} path, layer wait: {rep['layer_wait']}; "
-           f"{rep['prefix_tokens']}-token prefix, {L} layers, {rep['prefix_kv_bytes'] / 2**20:.0f} MiB of KV per request)"]
-    for k, r in enumerate(rep["tutti_runs"]):
-        pl = r["load_ms_per_layer"]
-        out.append(f"  tutti rep {k}: TTFT {r['ttft_ms']:.1f} ms = start_load_kv (hash+lookup+plan+enqueue) "
-                   f"{r['start_load_ms']:.1f} ms, then on the stream: waited for KV {r['stream_wait_ms']:.1f} ms "
-                   f"({r['layers_waited']}/{L} layers), computed {r['compute_ms']:.1f} ms"
-                   + (f", copied from the host mirror {r['h2d_ms']:.1f} ms" if r["h2d_ms"] else "")
-                   + f", LM head {r['head_ms']:.1f} ms; last layer's KV ready at {r['last_layer_ready_ms']:.1f} ms"
-                   + ("" if pl is None else f"; load pace {pl:.2f} ms/layer")
-                   + f"; host launch {r['host_launch_ms']:.1f} ms")
-    for k, r in enumerate(rep["recompute_runs"]):
-        out.append(f"  recompute rep {k}: TTFT {r['ttft_ms']:.1f} ms = {r['compute_ms']:.1f} ms over {L} layers "
-                   f"({r['compute_ms_per_layer']:.2f} ms/layer), LM head {r['head_ms']:.1f} ms")
-    out.append(f"  host: hash {rep['host_hash_ms']:.2f} ms, lookup {rep['host_lookup_ms']:.2f} ms (of start_load_kv)")
-    odir = [all(v["o_direct_fds"]) and bool(v["o_direct_fds"]) for v in rep["pool_files"].values()]
-    cached = [v["page_cache_bytes_before_loads"] for v in rep["pool_files"].values()]
-    out.append(f"  pool files: {len(odir)}, opened O_DIRECT: {all(odir) if odir else None}; "
-               f"page-cache bytes before the loads: {cached}, after: "
-               f"{[v['page_cache_bytes'] for v in rep['pool_files_after'].values()]}")
-    return "\n".join(out)
 
 
 if __name__ == "__main__":
