@@ -106,62 +106,66 @@ def parse_args(argv=None):
         p.error("--reps must be >= 1 and --warmup >= 0")
     return a
 
+class Loop:
+    """One run of the example, phase by phase: its sizes, the model and its paged
+    KV cache, the store and connector, the prompts, the requests and the report."""
 
-def main(argv=None):
-    a = parse_args(argv)
-    if torch is None:
-        print("llama_loop: torch is not installed; this example runs on the GPU machine", file=sys.stderr)
-        return 2
-    dev, dtype = torch.device(a.device), torch.bfloat16
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        print("llama_loop: no CUDA device visible to torch", file=sys.stderr)
-        return 2
-    from llama_model import Llama  # needs torch
-    t_start = time.perf_counter()
-    PT = a.page_tokens
-    block_tokens = PT * a.chunk_pages
-    if a.prefix_tokens % block_tokens:
-        a.prefix_tokens -= a.prefix_tokens % block_tokens
-        print(f"prefix rounded down to {a.prefix_tokens} tokens (whole chain blocks of {block_tokens})")
-    P, S = a.prefix_tokens, a.suffix_tokens
-    n_prefixes = a.warmup + a.reps
-    pages_per_req = (P + S + PT - 1) // PT
-    # Page sets: one per prefix (its request 1, kept for the check against
-    # the saved pages), then request 2 (tutti), the two-step reference and
-    # one-pass recomputation.
-    n_sets = n_prefixes + 3
-    num_pages = n_sets * pages_per_req
-    geom = tutti.Geometry(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim, dtype="bf16",
-                          planes=2, page_tokens=PT, chunk_pages=a.chunk_pages)
-    n_pages_prefix = P // PT
-    chain_len = P // block_tokens
-    prefix_kv_bytes = n_pages_prefix * geom.page_bytes_per_layer * a.layers
-    # The index admits payload up to 90% of the capacity (runtime.CapacityForBlocks),
-    # so 1.1x left the first prefix a few blocks short (evicted): 1.25x plus headers.
-    capacity = int(a.capacity_gib * (1 << 30)) or max(int(n_prefixes * prefix_kv_bytes * 1.25) + (64 << 20), 64 << 20)
+    def __init__(self, a, dev, dtype, Llama):
+        """The sizes (the prefix rounded down to whole blocks), the model, its paged KV cache
+        and page sets, the report's setup."""
+        t_start = time.perf_counter()
+        PT = a.page_tokens
+        block_tokens = PT * a.chunk_pages
+        if a.prefix_tokens % block_tokens:
+            a.prefix_tokens -= a.prefix_tokens % block_tokens
+            print(f"prefix rounded down to {a.prefix_tokens} tokens (whole chain blocks of {block_tokens})")
+        P, S = a.prefix_tokens, a.suffix_tokens
+        n_prefixes = a.warmup + a.reps
+        pages_per_req = (P + S + PT - 1) // PT
+        # Page sets: one per prefix (its request 1, kept for the check against
+        # the saved pages), then request 2 (tutti), the two-step reference and
+        # one-pass recomputation.
+        n_sets = n_prefixes + 3
+        num_pages = n_sets * pages_per_req
+        geom = tutti.Geometry(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim, dtype="bf16",
+                              planes=2, page_tokens=PT, chunk_pages=a.chunk_pages)
+        n_pages_prefix = P // PT
+        chain_len = P // block_tokens
+        prefix_kv_bytes = n_pages_prefix * geom.page_bytes_per_layer * a.layers
+        # The index admits payload up to 90% of the capacity (runtime.CapacityForBlocks),
+        # so 1.1x left the first prefix a few blocks short (evicted): 1.25x plus headers.
+        capacity = int(a.capacity_gib * (1 << 30)) or max(int(n_prefixes * prefix_kv_bytes * 1.25) + (64 << 20), 64 << 20)
 
-    model = Llama(a, dev, dtype)
-    shape = geom.tensor_shape("per_layer", num_pages)
-    kv = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(a.layers)]
-    kv_cache_bytes = sum(t.numel() * t.element_size() for t in kv)
-    names = [f"model.layers.{l}.self_attn.attn" for l in range(a.layers)]
-    tables = [torch.arange(i * pages_per_req, (i + 1) * pages_per_req, device=dev, dtype=torch.long) for i in range(n_sets)]
-    save_tables, t_load, t_ref, t_full = tables[:n_prefixes], tables[-3], tables[-2], tables[-1]
+        model = Llama(a, dev, dtype)
+        shape = geom.tensor_shape("per_layer", num_pages)
+        kv = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(a.layers)]
+        kv_cache_bytes = sum(t.numel() * t.element_size() for t in kv)
+        names = [f"model.layers.{l}.self_attn.attn" for l in range(a.layers)]
+        tables = [torch.arange(i * pages_per_req, (i + 1) * pages_per_req, device=dev, dtype=torch.long) for i in range(n_sets)]
+        save_tables, t_load, t_ref, t_full = tables[:n_prefixes], tables[-3], tables[-2], tables[-1]
 
-    dirs = a.dir or [tempfile.mkdtemp(prefix="tutti-llama-")]
-    own_dirs = a.dir is None
-    report = dict(model=dict(layers=a.layers, distinct_layers=a.distinct_layers or a.layers, hidden=a.hidden,
-                             heads=a.heads, kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate,
-                             vocab=a.vocab, dtype="bf16", weight_bytes=model.weight_bytes),
-                  prefix_tokens=P, suffix_tokens=S, page_tokens=PT, chunk_pages=a.chunk_pages,
-                  prefix_kv_bytes=prefix_kv_bytes, kv_cache_bytes=kv_cache_bytes, capacity_bytes=capacity,
-                  warmup=a.warmup, reps=a.reps, dirs=dirs,
-                  device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", torch=torch.__version__)
-    print(f"model: {a.layers} layers ({a.distinct_layers or a.layers} distinct), weights {model.weight_bytes / 2**30:.1f} GiB; "
-          f"KV cache {kv_cache_bytes / 2**30:.1f} GiB; prefix KV {prefix_kv_bytes / 2**30:.2f} GiB x {n_prefixes} prefixes",
-          flush=True)
+        dirs = a.dir or [tempfile.mkdtemp(prefix="tutti-llama-")]
+        own_dirs = a.dir is None
+        report = dict(model=dict(layers=a.layers, distinct_layers=a.distinct_layers or a.layers, hidden=a.hidden,
+                                 heads=a.heads, kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate,
+                                 vocab=a.vocab, dtype="bf16", weight_bytes=model.weight_bytes),
+                      prefix_tokens=P, suffix_tokens=S, page_tokens=PT, chunk_pages=a.chunk_pages,
+                      prefix_kv_bytes=prefix_kv_bytes, kv_cache_bytes=kv_cache_bytes, capacity_bytes=capacity,
+                      warmup=a.warmup, reps=a.reps, dirs=dirs,
+                      device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", torch=torch.__version__)
+        print(f"model: {a.layers} layers ({a.distinct_layers or a.layers} distinct), weights {model.weight_bytes / 2**30:.1f} GiB; "
+              f"KV cache {kv_cache_bytes / 2**30:.1f} GiB; prefix KV {prefix_kv_bytes / 2**30:.2f} GiB x {n_prefixes} prefixes",
+              flush=True)
+        self.P, self.S, self.a, self.block_tokens, self.capacity = P, S, a, block_tokens, capacity
+        self.chain_len, self.dev, self.dirs, self.dtype, self.geom, self.kv = chain_len, dev, dirs, dtype, geom, kv
+        self.model, self.n_pages_prefix, self.n_prefixes, self.names = model, n_pages_prefix, n_prefixes, names
+        self.num_pages, self.prefix_kv_bytes, self.report = num_pages, prefix_kv_bytes, report
+        self.save_tables, self.shape, self.t_full, self.t_load, self.t_ref = save_tables, shape, t_full, t_load, t_ref
+        self.t_start, self.own_dirs = t_start, own_dirs
 
-    def open_store(path):
+    def open_store(self, path):
+        dirs, n_prefixes, prefix_kv_bytes, capacity = self.dirs, self.n_prefixes, self.prefix_kv_bytes, self.capacity
+        geom, num_pages, n_pages_prefix = self.geom, self.num_pages, self.n_pages_prefix
         for d in dirs:  # a fresh store for each attempt
             for e in os.listdir(d):
                 p = os.path.join(d, e)
@@ -180,10 +184,12 @@ def main(argv=None):
                                save_bound_ms=min(600_000, max(2000, math.ceil(4 * save_bytes / 1e6))),
                                save_budget_bytes=int(1.25 * save_bytes) + (64 << 20)))
 
-    def connect(path):
+    def connect(self, path):
         """Opens a store on `path` and registers the KV memory with a
         connector: the CUDA cache on the GPU path, a pinned host mirror of it
         on the CPU path (tutti's CPU path reads and writes host memory)."""
+        names, a, shape, kv, dtype, dev = self.names, self.a, self.shape, self.kv, self.dtype, self.dev
+        open_store = self.open_store
         store = open_store(path)
         try:
             stream_wait = None if a.wait == "auto" else (a.wait == "stream" and path == "gpu")
@@ -199,24 +205,32 @@ def main(argv=None):
             store.close()
             raise
 
-    path = a.path
-    if path == "auto":
-        path = "gpu" if dev.type == "cuda" else "cpu"
-    try:
-        store, conn, host = connect(path)
-    except (tutti.NoGPU, tutti.NotSupported) as e:
-        if a.path != "auto":
-            raise
-        report["fallback"] = f"GPU path unavailable ({type(e).__name__}: {e}); using the CPU path"
-        print("fallback:", report["fallback"])
-        path = "cpu"
-        store, conn, host = connect(path)
-    report["path"] = path
-    report["layer_wait"] = "stream" if conn.stream_wait else "host"
-    report["gpu_reads"] = store.gpu_reads()
-    print("GPU reads:", report["gpu_reads"], flush=True)
+    def connect_any(self):
+        """--path gpu or cpu, or auto: gpu on CUDA, falling back to cpu when the GPU path
+        is unavailable."""
+        a, report, dev = self.a, self.report, self.dev
+        connect = self.connect
+        path = a.path
+        if path == "auto":
+            path = "gpu" if dev.type == "cuda" else "cpu"
+        try:
+            store, conn, host = connect(path)
+        except (tutti.NoGPU, tutti.NotSupported) as e:
+            if a.path != "auto":
+                raise
+            report["fallback"] = f"GPU path unavailable ({type(e).__name__}: {e}); using the CPU path"
+            print("fallback:", report["fallback"])
+            path = "cpu"
+            store, conn, host = connect(path)
+        report["path"] = path
+        report["layer_wait"] = "stream" if conn.stream_wait else "host"
+        report["gpu_reads"] = store.gpu_reads()
+        print("GPU reads:", report["gpu_reads"], flush=True)
+        self.conn, self.host, self.path, self.store = conn, host, path, store
 
-    try:
+    def make_prompts(self):
+        """One random prefix per warm-up and timed request and one shared suffix."""
+        dev, a, S, P, n_prefixes = self.dev, self.a, self.S, self.P, self.n_prefixes
         g = torch.Generator(device="cpu").manual_seed(a.seed + 1)
         prefixes = [torch.randint(0, a.vocab, (P,), generator=g) for _ in range(n_prefixes)]
         suffix = torch.randint(0, a.vocab, (S,), generator=g)
@@ -227,8 +241,16 @@ def main(argv=None):
         prefixes_d = [p.to(dev) for p in prefixes]
         prompts_d = [p.to(dev) for p in prompts]
         suffix_d = suffix.to(dev)
+        self.prefix_lists, self.prefixes_d, self.prompt_lists = prefix_lists, prefixes_d, prompt_lists
+        self.prompts_d, self.suffix_d = prompts_d, suffix_d
 
-        # -- 1. request 1 per prefix: prefill, save its KV through the connector.
+    def save_prefixes(self):
+        """1. Request 1 per prefix: prefill, save its KV through the connector; then
+        every save durable."""
+        n_prefixes, report, save_tables, dev, kv = self.n_prefixes, self.report, self.save_tables, self.dev, self.kv
+        store, conn, host, model, prefixes_d = self.store, self.conn, self.host, self.model, self.prefixes_d
+        chain_len, a, names, n_pages_prefix = self.chain_len, self.a, self.names, self.n_pages_prefix
+        prefix_lists = self.prefix_lists
         req1_ms, gather_ms = [], []
         for i in range(n_prefixes):
             t1 = save_tables[i]
@@ -264,7 +286,11 @@ def main(argv=None):
                                wait_saves_ms=round(durable_ms, 3), warmup_prefixes=a.warmup)
         report["request1_prefill_ms"] = median(req1_ms[a.warmup:])
 
-        # -- scheduler: how much of each request 2 can tutti supply?
+    def check_lookups(self):
+        """The scheduler side: each request 2 finds its whole prefix; what a lookup
+        costs on the host (start_load_kv does the same again)."""
+        n_prefixes, report, block_tokens, P = self.n_prefixes, self.report, self.block_tokens, self.P
+        prompt_lists, store, conn = self.prompt_lists, self.store, self.conn
         for i in range(n_prefixes):
             class Req:
                 prompt_token_ids = prompt_lists[i]
@@ -280,62 +306,76 @@ def main(argv=None):
         report["host_hash_ms"] = round((t1_ - t0) * 1e3, 3)
         report["host_lookup_ms"] = round((time.perf_counter() - t1_) * 1e3, 3)
 
+    def check_pool_files(self):
+        """What the timed loads will read: the pool files' open flags and page-cache
+        bytes (then dropped)."""
+        dirs, report = self.dirs, self.report
         files = pool_files(dirs)
         direct = open_flags_direct(files)
         cached_before = {p: page_cache_bytes(p) for p in files}
         drop_page_cache(files)
         report["pool_files"] = {p: dict(o_direct_fds=direct[p], page_cache_bytes_before_loads=cached_before[p])
                                 for p in files}
+        self.files = files
 
+    def tutti_request(self, i, marks):
+        kv, host, dev, block_tokens, t_load = self.kv, self.host, self.dev, self.block_tokens, self.t_load
+        conn, a, model, names, prompts_d = self.conn, self.a, self.model, self.names, self.prompts_d
+        n_pages_prefix, P, prompt_lists = self.n_pages_prefix, self.P, self.prompt_lists
         page_ids_2 = t_load[:n_pages_prefix].tolist()
+        """Request 2 on prefix i: load through tutti, prefill the suffix."""
+        for t in kv:
+            t[:, t_load] = 0  # every rep starts from zeroed destination pages
+        for t in host or ():
+            t[:, page_ids_2] = 0  # and so does the CPU path's host mirror
+        meta = tutti.ConnectorMetadata(loads=[
+            tutti.ReqMeta(f"r2-{i}", page_ids_2, token_ids=prompt_lists[i], num_tokens=P)])
+        sync(dev)
+        t0 = time.perf_counter()
+        marks.mark("t0")
+        conn.bind_connector_metadata(meta)
+        conn.start_load_kv()
+        t_started = time.perf_counter()
+        # The scheduler may leave a stored tail to recompute when that is
+        # faster: the model computes every token past the planned blocks.
+        planned = conn.planned_blocks[f"r2-{i}"]
+        start = planned * block_tokens
+        n_loaded_pages = planned * a.chunk_pages
 
-        def tutti_request(i, marks):
-            """Request 2 on prefix i: load through tutti, prefill the suffix."""
-            for t in kv:
-                t[:, t_load] = 0  # every rep starts from zeroed destination pages
-            for t in host or ():
-                t[:, page_ids_2] = 0  # and so does the CPU path's host mirror
-            meta = tutti.ConnectorMetadata(loads=[
-                tutti.ReqMeta(f"r2-{i}", page_ids_2, token_ids=prompt_lists[i], num_tokens=P)])
-            sync(dev)
-            t0 = time.perf_counter()
-            marks.mark("t0")
-            conn.bind_connector_metadata(meta)
-            conn.start_load_kv()
-            t_started = time.perf_counter()
-            # The scheduler may leave a stored tail to recompute when that is
-            # faster: the model computes every token past the planned blocks.
-            planned = conn.planned_blocks[f"r2-{i}"]
-            start = planned * block_tokens
-            n_loaded_pages = planned * a.chunk_pages
+        def wait_hook(l):
+            marks.mark(("wait0", l))
+            conn.wait_for_layer_load(names[l])
+            marks.mark(("wait1", l))
+            if host is not None and n_loaded_pages:
+                kv[l][:, t_load[:n_loaded_pages]] = host[l][:, page_ids_2[:n_loaded_pages]].to(dev, non_blocking=True)
+                marks.mark(("copy", l))
 
-            def wait_hook(l):
-                marks.mark(("wait0", l))
-                conn.wait_for_layer_load(names[l])
-                marks.mark(("wait1", l))
-                if host is not None and n_loaded_pages:
-                    kv[l][:, t_load[:n_loaded_pages]] = host[l][:, page_ids_2[:n_loaded_pages]].to(dev, non_blocking=True)
-                    marks.mark(("copy", l))
+        logits = model.forward(prompts_d[i][start:], start, kv, t_load, before_attn=wait_hook, marks=marks)
+        t_launched = time.perf_counter()
+        sync(dev)
+        ttft = (time.perf_counter() - t0) * 1e3
+        conn.get_finished(set())
+        conn.clear_connector_metadata()
+        return dict(logits=logits, ttft_ms=ttft, planned=planned, loaded=conn.loaded_blocks.get(f"r2-{i}"),
+                    start_load_ms=(t_started - t0) * 1e3, host_launch_ms=(t_launched - t_started) * 1e3)
 
-            logits = model.forward(prompts_d[i][start:], start, kv, t_load, before_attn=wait_hook, marks=marks)
-            t_launched = time.perf_counter()
-            sync(dev)
-            ttft = (time.perf_counter() - t0) * 1e3
-            conn.get_finished(set())
-            conn.clear_connector_metadata()
-            return dict(logits=logits, ttft_ms=ttft, planned=planned, loaded=conn.loaded_blocks.get(f"r2-{i}"),
-                        start_load_ms=(t_started - t0) * 1e3, host_launch_ms=(t_launched - t_started) * 1e3)
+    def recompute_request(self, i, marks):
+        """One-pass recomputation of prompt i (the TTFT baseline)."""
+        dev, kv, t_full, model, prompts_d = self.dev, self.kv, self.t_full, self.model, self.prompts_d
+        sync(dev)
+        t0 = time.perf_counter()
+        marks.mark("t0")
+        logits = model.forward(prompts_d[i], 0, kv, t_full, marks=marks)
+        sync(dev)
+        return dict(logits=logits, ttft_ms=(time.perf_counter() - t0) * 1e3)
 
-        def recompute_request(i, marks):
-            """One-pass recomputation of prompt i (the TTFT baseline)."""
-            sync(dev)
-            t0 = time.perf_counter()
-            marks.mark("t0")
-            logits = model.forward(prompts_d[i], 0, kv, t_full, marks=marks)
-            sync(dev)
-            return dict(logits=logits, ttft_ms=(time.perf_counter() - t0) * 1e3)
-
-        # -- 2. warm-up of both paths on their own prefixes (untimed).
+    def run_requests(self):
+        """2. The warm-up of both paths on their own prefixes (untimed), then 3. the
+        timed repetitions, each on a prefix never read before."""
+        report, n_prefixes, a, dev, files, kv = self.report, self.n_prefixes, self.a, self.dev, self.files, self.kv
+        t_load, save_tables = self.t_load, self.save_tables
+        tutti_request = self.tutti_request
+        recompute_request = self.recompute_request
         warm = []
         for i in range(a.warmup):
             r = tutti_request(i, Marks(dev))
@@ -358,7 +398,15 @@ def main(argv=None):
             c["breakdown"] = recompute_breakdown(m, a.layers)
             recompute_runs.append(c)
         report["pool_files_after"] = {p: dict(page_cache_bytes=page_cache_bytes(p)) for p in files}
+        self.exact_saved, self.recompute_runs, self.tutti_runs = exact_saved, recompute_runs, tutti_runs
 
+    def finish(self):
+        """4. The reference on the last prefix, the checks and the report's results."""
+        chain_len, tutti_runs, report, n_prefixes = self.chain_len, self.tutti_runs, self.report, self.n_prefixes
+        kv, t_ref, suffix_d, P, dev = self.kv, self.t_ref, self.suffix_d, self.P, self.dev
+        exact_saved, a, model, prefixes_d = self.exact_saved, self.a, self.model, self.prefixes_d
+        recompute_runs, conn, geom, store = self.recompute_runs, self.conn, self.geom, self.store
+        t_start, t_load = self.t_start, self.t_load
         last = tutti_runs[-1]
         planned = last["planned"]
         n_loaded = planned * a.chunk_pages
@@ -424,25 +472,56 @@ def main(argv=None):
             stats=store.stats(),
             wall_s=round(time.perf_counter() - t_start, 1),
         )
-    finally:
-        store.close()
-        if own_dirs:
-            for d in dirs:
-                shutil.rmtree(d, ignore_errors=True)
+        self.compute_per_layer, self.kv_equal_saved, self.kv_exact = compute_per_layer, kv_equal_saved, kv_exact
+        self.load_per_layer, self.logits_equal, self.planned = load_per_layer, logits_equal, planned
+        self.ttft_r, self.ttft_t = ttft_r, ttft_t
 
-    print(json.dumps(report, indent=2))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=2)
-    print(breakdown_text(report))
-    full = planned == chain_len
-    ok = kv_exact and kv_equal_saved and report["loaded_blocks"] == planned and (logits_equal or not full)
-    per_layer = "" if load_per_layer is None else f"load {load_per_layer:.1f} ms/layer, "
-    print(f"\nrequest 2 TTFT (warm, median of {a.reps}): tutti ({path} path, {planned}/{chain_len} blocks, "
-          f"{report['load_gbps']:.2f} GB/s) {ttft_t:.1f} ms vs recompute {ttft_r:.1f} ms (x{ttft_r / ttft_t:.2f}); "
-          f"{per_layer}recompute {compute_per_layer:.1f} ms/layer; "
-          f"KV bit-exact: {kv_exact and kv_equal_saved}; logits equal: {logits_equal}")
-    return 0 if ok else 1
+    def summary(self):
+        """Prints the report, its breakdown and the summary line; returns the exit status."""
+        a, planned, chain_len, kv_exact = self.a, self.planned, self.chain_len, self.kv_exact
+        kv_equal_saved, report, logits_equal = self.kv_equal_saved, self.report, self.logits_equal
+        load_per_layer, path, ttft_t, ttft_r = self.load_per_layer, self.path, self.ttft_t, self.ttft_r
+        compute_per_layer = self.compute_per_layer
+        print(json.dumps(report, indent=2))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(report, f, indent=2)
+        print(breakdown_text(report))
+        full = planned == chain_len
+        ok = kv_exact and kv_equal_saved and report["loaded_blocks"] == planned and (logits_equal or not full)
+        per_layer = "" if load_per_layer is None else f"load {load_per_layer:.1f} ms/layer, "
+        print(f"\nrequest 2 TTFT (warm, median of {a.reps}): tutti ({path} path, {planned}/{chain_len} blocks, "
+              f"{report['load_gbps']:.2f} GB/s) {ttft_t:.1f} ms vs recompute {ttft_r:.1f} ms (x{ttft_r / ttft_t:.2f}); "
+              f"{per_layer}recompute {compute_per_layer:.1f} ms/layer; "
+              f"KV bit-exact: {kv_exact and kv_equal_saved}; logits equal: {logits_equal}")
+        return 0 if ok else 1
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    if torch is None:
+        print("llama_loop: torch is not installed; this example runs on the GPU machine", file=sys.stderr)
+        return 2
+    dev, dtype = torch.device(a.device), torch.bfloat16
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print("llama_loop: no CUDA device visible to torch", file=sys.stderr)
+        return 2
+    from llama_model import Llama  # needs torch
+    run = Loop(a, dev, dtype, Llama)
+    run.connect_any()
+    try:
+        run.make_prompts()
+        run.save_prefixes()
+        run.check_lookups()
+        run.check_pool_files()
+        run.run_requests()
+        run.finish()
+    finally:
+        run.store.close()
+        if run.own_dirs:
+            for d in run.dirs:
+                shutil.rmtree(d, ignore_errors=True)
+    return run.summary()
 
 
 if __name__ == "__main__":
