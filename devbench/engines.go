@@ -35,38 +35,13 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	qd, bs := s.QueueDepth, s.BlockBytes
-	cfg := uring.Config{Entries: uint32(2 * qd), MaxInFlight: qd, SQThreadCPU: -1}
-	if sqpoll {
-		cfg.SQPoll, cfg.SQThreadIdleMs = true, 100
-	} else {
-		cfg.SingleIssuer, cfg.DeferTaskrun = true, true
-	}
-	r, err := uring.New(cfg)
+	g, err := newUringRig(t, s, seed, o.bufferBytes)
 	if err != nil {
 		return nil, err
 	}
-	defer r.Close()
-	blocks := qd // destination blocks the I/Os rotate over (Config.BufferBytes)
-	if n := int(o.bufferBytes / int64(bs)); n > blocks {
-		blocks = n
-	}
-	buf, err := uring.AllocBuffer(blocks * bs)
-	if err != nil {
-		return nil, err
-	}
-	defer buf.Free()
+	defer g.close()
+	r, buf, blocks := g.r, g.buf, g.blocks
 	next := 0
-	if s.Op == "randwrite" || s.Op == "seqwrite" {
-		fillPattern(buf.Bytes(), seed)
-	}
-	if err := r.RegisterFiles([]*uring.File{t.file}); err != nil {
-		return nil, err
-	}
-	defer r.RegisterFiles(nil)
-	if err := r.RegisterBuffers([]*uring.Buffer{buf}); err != nil {
-		return nil, err
-	}
-	defer r.RegisterBuffers(nil)
 
 	write := strings.HasSuffix(s.Op, "write")
 	offs := newOffsets(s.Op, t.sizeBytes, bs, seed)
@@ -166,6 +141,67 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	}
 	res.bufferBytes, res.bufferHuge = int64(buf.Len()), buf.HugeNow()
 	return res, nil
+}
+
+// uringRig is runUring's ring with the target's file and one buffer of
+// blocks destination blocks (at least the queue depth) registered.
+type uringRig struct {
+	r                 *uring.Ring
+	buf               *uring.Buffer
+	blocks            int
+	files, registered bool
+}
+
+// newUringRig sets the ring up for s: SQPOLL for uring-sqpoll, else
+// SINGLE_ISSUER and DEFER_TASKRUN; a write's buffer holds the seed's
+// pattern. close undoes what it did, in reverse order.
+func newUringRig(t *target, s Spec, seed uint64, bufferBytes int64) (*uringRig, error) {
+	qd, bs := s.QueueDepth, s.BlockBytes
+	cfg := uring.Config{Entries: uint32(2 * qd), MaxInFlight: qd, SQThreadCPU: -1}
+	if s.Engine == "uring-sqpoll" {
+		cfg.SQPoll, cfg.SQThreadIdleMs = true, 100
+	} else {
+		cfg.SingleIssuer, cfg.DeferTaskrun = true, true
+	}
+	r, err := uring.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	g := &uringRig{r: r, blocks: qd} // destination blocks the I/Os rotate over (Config.BufferBytes)
+	if n := int(bufferBytes / int64(bs)); n > g.blocks {
+		g.blocks = n
+	}
+	if g.buf, err = uring.AllocBuffer(g.blocks * bs); err != nil {
+		g.close()
+		return nil, err
+	}
+	if s.Op == "randwrite" || s.Op == "seqwrite" {
+		fillPattern(g.buf.Bytes(), seed)
+	}
+	if err := r.RegisterFiles([]*uring.File{t.file}); err != nil {
+		g.close()
+		return nil, err
+	}
+	g.files = true
+	if err := r.RegisterBuffers([]*uring.Buffer{g.buf}); err != nil {
+		g.close()
+		return nil, err
+	}
+	g.registered = true
+	return g, nil
+}
+
+func (g *uringRig) close() {
+	if g.registered {
+		g.r.RegisterBuffers(nil)
+	}
+	if g.files {
+		g.r.RegisterFiles(nil)
+	}
+	if g.buf != nil {
+		g.buf.Free()
+	}
+	g.r.Close()
 }
 
 // runPread runs s.QueueDepth goroutines, each doing pread(2)/pwrite(2) of

@@ -4,8 +4,10 @@
 // engine's paged KV tensors in HBM, and every layer's readiness is a CUDA
 // event that a compute stream can wait on with no host round trip.
 //
-// The CUDA side is libtutti_kernels.so (tutti_kernels.cu, tk_mem.cu; the ABI
-// header tutti_kernels.h, the layout rule tk_layout.h) and the test kit's
+// The CUDA side is libtutti_kernels.so (tk_bind.cu, tk_restore.cu,
+// tk_hostcopy.cu, tk_ring_kernel.cu, tk_copy_kernel.cu, tk_mem.cu, each
+// file's job listed in tk_ctx.cuh; the ABI header tutti_kernels.h, the
+// layout rule tk_layout.h) and the test kit's
 // libtutti_testkit.so (tk_testkit.cu, tk_cufile.cu, tk_prefill.cu;
 // tk_testkit.h, tk_prefill.h), built by nvcc on
 // a GPU machine with `make kernels` (sm_90 SASS + compute_90 PTX, static CUDA

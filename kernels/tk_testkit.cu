@@ -1,6 +1,6 @@
 // libtutti_testkit: content fill and verification of the KV tensors in HBM
 // (tk_testkit.h). Tests and benchmarks only; the product's library is
-// tutti_kernels.cu.
+// libtutti_kernels.so (tk_ctx.cuh lists its files).
 #include "tk_testkit.h"
 #include "tk_geo.cuh"
 

@@ -1,6 +1,8 @@
 // Command tutti is the command-line front of the tutti runtime: device
 // measurement (devbench), store checks (fsck), trace replay and evaluation
-// (replay), and the GPU benchmark (gpubench).
+// (replay, resweep), a store serving KV events (node), and the GPU benchmark
+// (gpubench, gpubench-pool). README.md's CLI table lists each, one row per
+// command (TestReadmeListsEveryCommand).
 //
 // Each subcommand lives in its own file and registers itself in init, so the
 // owners of the packages behind them do not edit a shared switch.

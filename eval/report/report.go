@@ -141,6 +141,29 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	p("# tutti replay report\n\n")
 	p("Run %s on %s. Reproduce with:\n\n```sh\n%s\n```\n\n", res.Started.Format(time.RFC3339), res.Host, meta.Command)
+	writeSetup(p, res, meta)
+	writeResults(p, res)
+	writeDataPath(p, res)
+	writePerBackend(p, res)
+	if res.Warm != nil {
+		writeWarm(p, res)
+	}
+	p("\n## Plots\n\n![TTFT p50 and p99 vs request rate](%s)\n\n![SLO attainment vs rate](%s)\n\n![TTFT CDF](%s)\n\n![device and restore bandwidth over time](%s)\n\n",
+		TTFTRatePlot, SLOPlot, TTFTPlot, BandwidthPlot)
+	if len(plotErrs) > 0 {
+		p("Plot errors: %s\n\n", strings.Join(plotErrs, "; "))
+	}
+	if len(meta.Notes) > 0 {
+		p("## Notes\n\n")
+		for _, n := range meta.Notes {
+			p("- %s\n", n)
+		}
+		p("\n")
+	}
+}
+
+// writeSetup is the setup table: trace, model, storage, start, SLO, ceiling.
+func writeSetup(p func(string, ...any), res *harness.Result, meta Meta) {
 	p("## Setup\n\n")
 	p("| | |\n| --- | --- |\n")
 	p("| trace | %s |\n", meta.TracePath)
@@ -178,6 +201,11 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		p("| device ceiling | %s |\n", res.CeilingNote)
 	}
 	p("\n")
+}
+
+// writeResults says how TTFT is measured, then the results table per
+// backend and where tutti-cpu is below one.
+func writeResults(p func(string, ...any), res *harness.Result) {
 	p("TTFT comes from a deterministic timeline: restore and save times are measured for real on this machine, " +
 		"one request at a time, in arrival order; the prefill is the compute model above. In the timeline the GPU runs " +
 		"one prefill at a time and a layer computes once it is loaded and the previous layer is done (time the GPU " +
@@ -217,6 +245,11 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 			p("- %s\n", n)
 		}
 	}
+}
+
+// writeDataPath is the data path proof: what each backend restored, read
+// and wrote, against the device counters.
+func writeDataPath(p func(string, ...any), res *harness.Result) {
 	p("\n### Data path proof\n\n")
 	p("| backend | restored | read by the backend | device read | source | diskstats read | device write | saved | evicted blocks | read latency p50/p99 µs | O_DIRECT |\n")
 	p("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |\n")
@@ -241,6 +274,11 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	p("Device counters cover the whole disk during the backend's run (other processes' I/O included), so they " +
 		"bound the backend's reads from above; for O_DIRECT backends device reads must be at least the restored bytes. " +
 		"The page-cache backend may restore from memory (device reads below restored bytes).\n\n")
+}
+
+// writePerBackend lists the backends not run and labels, then the table
+// per backend (requests, hits, runs, I/Os, times).
+func writePerBackend(p func(string, ...any), res *harness.Result) {
 	var skipped []string
 	for _, b := range res.Backends {
 		switch {
@@ -264,21 +302,6 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 		p("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.3f |\n", b.Backend, b.Requests,
 			b.RequestsWithHitsRestore, b.HitBlocks, b.BlocksPerRequestMean, b.RunsPerRequestMean,
 			b.IOsPerLayerRequestMean, b.WallSeconds, b.LoadSeconds, b.SaveSeconds, b.SaveCPUSPerGiB)
-	}
-	if res.Warm != nil {
-		writeWarm(p, res)
-	}
-	p("\n## Plots\n\n![TTFT p50 and p99 vs request rate](%s)\n\n![SLO attainment vs rate](%s)\n\n![TTFT CDF](%s)\n\n![device and restore bandwidth over time](%s)\n\n",
-		TTFTRatePlot, SLOPlot, TTFTPlot, BandwidthPlot)
-	if len(plotErrs) > 0 {
-		p("Plot errors: %s\n\n", strings.Join(plotErrs, "; "))
-	}
-	if len(meta.Notes) > 0 {
-		p("## Notes\n\n")
-		for _, n := range meta.Notes {
-			p("- %s\n", n)
-		}
-		p("\n")
 	}
 }
 

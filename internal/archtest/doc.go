@@ -1,5 +1,5 @@
-// Package archtest holds the repository's import rules and the test that
-// enforces them. The rules have one home, layers and testSupport in
+// Package archtest holds the repository's import rules and size limits and
+// the tests that enforce them. The rules have one home, layers and testSupport in
 // rules.go; docs/architecture.md draws them, and a test checks that its
 // table says the same.
 //
@@ -16,4 +16,8 @@
 //
 // The check parses import blocks with go/parser (no build, no go list), so
 // it covers every file whatever its build tags, test files included.
+//
+// Size limits (size.go): no source file (.go, .cu, .cuh, .h, .c, .py, .sh)
+// over MaxFileLines lines and no Go function over MaxFuncLines, tests and
+// generated files aside; oversized in rules.go allows an exception, with why.
 package archtest

@@ -53,25 +53,24 @@ torch or CUDA is missing (the message says which).
 """
 
 import argparse
-import ctypes
 import json
 import math
-import mmap
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)  # llama_model.py and llama_report.py, beside this file
 
 import tutti  # noqa: E402
+from llama_report import (Marks, breakdown_text, drop_page_cache, median, open_flags_direct,  # noqa: E402
+                          page_cache_bytes, pool_files, recompute_breakdown, rounded, sync, tutti_breakdown)
 
 try:
     import torch
-    import torch.nn.functional as F
 except ImportError:
     torch = None
 
@@ -107,281 +106,66 @@ def parse_args(argv=None):
         p.error("--reps must be >= 1 and --warmup >= 0")
     return a
 
+class Loop:
+    """One run of the example, phase by phase: its sizes, the model and its paged
+    KV cache, the store and connector, the prompts, the requests and the report."""
 
-class Llama:
-    """Random-weight Llama-shaped decoder over a paged KV cache."""
+    def __init__(self, a, dev, dtype, Llama):
+        """The sizes (the prefix rounded down to whole blocks), the model, its paged KV cache
+        and page sets, the report's setup."""
+        t_start = time.perf_counter()
+        PT = a.page_tokens
+        block_tokens = PT * a.chunk_pages
+        if a.prefix_tokens % block_tokens:
+            a.prefix_tokens -= a.prefix_tokens % block_tokens
+            print(f"prefix rounded down to {a.prefix_tokens} tokens (whole chain blocks of {block_tokens})")
+        P, S = a.prefix_tokens, a.suffix_tokens
+        n_prefixes = a.warmup + a.reps
+        pages_per_req = (P + S + PT - 1) // PT
+        # Page sets: one per prefix (its request 1, kept for the check against
+        # the saved pages), then request 2 (tutti), the two-step reference and
+        # one-pass recomputation.
+        n_sets = n_prefixes + 3
+        num_pages = n_sets * pages_per_req
+        geom = tutti.Geometry(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim, dtype="bf16",
+                              planes=2, page_tokens=PT, chunk_pages=a.chunk_pages)
+        n_pages_prefix = P // PT
+        chain_len = P // block_tokens
+        prefix_kv_bytes = n_pages_prefix * geom.page_bytes_per_layer * a.layers
+        # The index admits payload up to 90% of the capacity (runtime.CapacityForBlocks),
+        # so 1.1x left the first prefix a few blocks short (evicted): 1.25x plus headers.
+        capacity = int(a.capacity_gib * (1 << 30)) or max(int(n_prefixes * prefix_kv_bytes * 1.25) + (64 << 20), 64 << 20)
 
-    def __init__(self, a, device, dtype):
-        self.a, self.device, self.dtype = a, device, dtype
-        g = torch.Generator(device=device).manual_seed(a.seed)
+        model = Llama(a, dev, dtype)
+        shape = geom.tensor_shape("per_layer", num_pages)
+        kv = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(a.layers)]
+        kv_cache_bytes = sum(t.numel() * t.element_size() for t in kv)
+        names = [f"model.layers.{l}.self_attn.attn" for l in range(a.layers)]
+        tables = [torch.arange(i * pages_per_req, (i + 1) * pages_per_req, device=dev, dtype=torch.long) for i in range(n_sets)]
+        save_tables, t_load, t_ref, t_full = tables[:n_prefixes], tables[-3], tables[-2], tables[-1]
 
-        def w(*shape, fan_in):
-            return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) / math.sqrt(fan_in)).to(dtype)
+        dirs = a.dir or [tempfile.mkdtemp(prefix="tutti-llama-")]
+        own_dirs = a.dir is None
+        report = dict(model=dict(layers=a.layers, distinct_layers=a.distinct_layers or a.layers, hidden=a.hidden,
+                                 heads=a.heads, kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate,
+                                 vocab=a.vocab, dtype="bf16", weight_bytes=model.weight_bytes),
+                      prefix_tokens=P, suffix_tokens=S, page_tokens=PT, chunk_pages=a.chunk_pages,
+                      prefix_kv_bytes=prefix_kv_bytes, kv_cache_bytes=kv_cache_bytes, capacity_bytes=capacity,
+                      warmup=a.warmup, reps=a.reps, dirs=dirs,
+                      device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", torch=torch.__version__)
+        print(f"model: {a.layers} layers ({a.distinct_layers or a.layers} distinct), weights {model.weight_bytes / 2**30:.1f} GiB; "
+              f"KV cache {kv_cache_bytes / 2**30:.1f} GiB; prefix KV {prefix_kv_bytes / 2**30:.2f} GiB x {n_prefixes} prefixes",
+              flush=True)
+        self.P, self.S, self.a, self.block_tokens, self.capacity = P, S, a, block_tokens, capacity
+        self.chain_len, self.dev, self.dirs, self.dtype, self.geom, self.kv = chain_len, dev, dirs, dtype, geom, kv
+        self.model, self.n_pages_prefix, self.n_prefixes, self.names = model, n_pages_prefix, n_prefixes, names
+        self.num_pages, self.prefix_kv_bytes, self.report = num_pages, prefix_kv_bytes, report
+        self.save_tables, self.shape, self.t_full, self.t_load, self.t_ref = save_tables, shape, t_full, t_load, t_ref
+        self.t_start, self.own_dirs = t_start, own_dirs
 
-        H, D, KVH = a.heads, a.head_dim, a.kv_heads
-        self.embed = w(a.vocab, a.hidden, fan_in=1)
-        distinct = []
-        for _ in range(a.distinct_layers or a.layers):
-            distinct.append(dict(
-                ln1=torch.ones(a.hidden, device=device, dtype=dtype),
-                wq=w(a.hidden, H * D, fan_in=a.hidden), wk=w(a.hidden, KVH * D, fan_in=a.hidden),
-                wv=w(a.hidden, KVH * D, fan_in=a.hidden), wo=w(H * D, a.hidden, fan_in=H * D),
-                ln2=torch.ones(a.hidden, device=device, dtype=dtype),
-                wg=w(a.hidden, a.intermediate, fan_in=a.hidden), wu=w(a.hidden, a.intermediate, fan_in=a.hidden),
-                wd=w(a.intermediate, a.hidden, fan_in=a.intermediate),
-            ))
-        self.layers = [distinct[l % len(distinct)] for l in range(a.layers)]
-        self.weight_bytes = sum(t.numel() * t.element_size() for L in distinct for t in L.values())
-        self.lnf = torch.ones(a.hidden, device=device, dtype=dtype)
-        self.lm_head = w(a.hidden, a.vocab, fan_in=a.hidden)
-        self.weight_bytes += 2 * self.embed.numel() * self.embed.element_size()
-        inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
-        self.inv_freq = inv
-
-    @staticmethod
-    def rms(x, wt, eps=1e-5):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * wt
-
-    def rope(self, x, pos):
-        f = torch.outer(pos.float(), self.inv_freq)  # [T, D/2]
-        cos, sin = f.cos()[:, None, :], f.sin()[:, None, :]
-        x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
-        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-        return out.to(x.dtype)
-
-    def forward(self, tokens, start, kv, table, before_attn=None, after_attn=None, marks=None):
-        """Prefills `tokens` at positions [start, start+T) whose earlier KV
-        (positions < start) is already in the pages of `table`; writes the new
-        KV into the cache and returns the last position's logits. `marks`
-        (a Marks) timestamps each layer's start and end and the end of the
-        LM head on the compute stream."""
-        a = self.a
-        T, PT = tokens.numel(), a.page_tokens
-        H, KVH, D = a.heads, a.kv_heads, a.head_dim
-        pos = torch.arange(start, start + T, device=self.device)
-        ctx = start + T
-        page_of = table[pos // PT]
-        slot_of = pos % PT
-        ctx_pages = table[: (ctx + PT - 1) // PT]
-        if T == ctx:
-            mask = None
-        else:
-            kpos = torch.arange(ctx, device=self.device)
-            mask = kpos[None, :] <= pos[:, None]  # [T, ctx]
-        h = self.embed[tokens]
-        for l, L in enumerate(self.layers):
-            if marks:
-                marks.mark(("start", l))
-            x = self.rms(h, L["ln1"])
-            q = self.rope((x @ L["wq"]).view(T, H, D), pos)
-            k = self.rope((x @ L["wk"]).view(T, KVH, D), pos)
-            v = (x @ L["wv"]).view(T, KVH, D)
-            if before_attn:
-                before_attn(l)  # the earlier KV of this layer must be in place from here on
-            cache = kv[l]
-            cache[0, page_of, slot_of] = k
-            cache[1, page_of, slot_of] = v
-            K = cache[0, ctx_pages].reshape(-1, KVH, D)[:ctx]
-            V = cache[1, ctx_pages].reshape(-1, KVH, D)[:ctx]
-            K = K.repeat_interleave(H // KVH, dim=1)
-            V = V.repeat_interleave(H // KVH, dim=1)
-            o = attention(q.transpose(0, 1), K.transpose(0, 1), V.transpose(0, 1), mask)
-            h = h + o.transpose(0, 1).reshape(T, H * D) @ L["wo"]
-            if after_attn:
-                after_attn(l)
-            x = self.rms(h, L["ln2"])
-            h = h + (F.silu(x @ L["wg"]) * (x @ L["wu"])) @ L["wd"]
-            if marks:
-                marks.mark(("end", l))
-        logits = (self.rms(h[-1:], self.lnf) @ self.lm_head).float()[0]
-        if marks:
-            marks.mark("head")
-        return logits
-
-
-def attention(q, k, v, mask):
-    """Causal attention of q [H, T, D] over k, v [H, ctx, D]; mask [T, ctx]
-    (True = attend) or None for a full causal prefill (T == ctx)."""
-    if hasattr(F, "scaled_dot_product_attention"):
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=None if mask is None else mask[None, None],
-                                              is_causal=mask is None)[0]
-    # torch < 2.0 (CPU smoke tests only)
-    T, ctx = q.shape[1], k.shape[1]
-    if mask is None:
-        mask = torch.ones(T, ctx, dtype=torch.bool, device=q.device).tril()
-    s = (q.float() @ k.float().transpose(1, 2)) / math.sqrt(q.shape[-1])
-    s = s.masked_fill(~mask[None], float("-inf"))
-    return (s.softmax(-1) @ v.float()).to(q.dtype)
-
-
-class Marks:
-    """Timestamps in stream order: CUDA events recorded on torch's current
-    stream (read after a synchronize), or host clock readings on the CPU,
-    where every op has finished when it returns."""
-
-    def __init__(self, dev):
-        self.cuda = dev.type == "cuda"
-        self.t = {}
-
-    def mark(self, key):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            self.t[key] = e
-        else:
-            self.t[key] = time.perf_counter()
-
-    def ms(self, a, b):
-        """Milliseconds from mark a to mark b (the device must be synchronized)."""
-        if self.cuda:
-            return self.t[a].elapsed_time(self.t[b])
-        return (self.t[b] - self.t[a]) * 1e3
-
-    def has(self, key):
-        return key in self.t
-
-
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def rounded(xs, nd=3):
-    return [round(x, nd) for x in xs]
-
-
-def median(xs):
-    return statistics.median(xs) if xs else 0.0
-
-
-# -- what the timed loads read: O_DIRECT pool files, not the page cache -------
-
-def _libc():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    return libc
-
-
-def page_cache_bytes(path):
-    """Bytes of the file at `path` in the page cache (mmap + mincore; the
-    mapping is never touched, so it faults nothing in), or None if unknown."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 0
-    libc = _libc()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr is None or addr == ctypes.c_void_p(-1).value:
-            return None
-        try:
-            n = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-            vec = (ctypes.c_ubyte * n)()
-            if libc.mincore(addr, size, vec) != 0:
-                return None
-            return (n - bytes(vec).count(0)) * mmap.PAGESIZE
-        finally:
-            libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-
-
-def pool_files(dirs):
-    """The store's pool files (objmap names them pool-NNNN.dat)."""
-    out = []
-    for d in dirs:
-        for root, _, files in os.walk(d):
-            out += [os.path.join(root, f) for f in sorted(files) if f.startswith("pool-") and f.endswith(".dat")]
-    return out
-
-
-def open_flags_direct(paths):
-    """{pool file: [O_DIRECT set?] for each of this process's descriptors of it}
-    (from /proc/self/fdinfo: what the library really opened)."""
-    real = {os.path.realpath(p): p for p in paths}
-    out = {p: [] for p in paths}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if target not in real:
-                continue
-            with open(f"/proc/self/fdinfo/{fd}") as f:
-                flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
-        except (OSError, StopIteration, ValueError):
-            continue
-        out[real[target]].append(bool(flags & os.O_DIRECT))
-    return out
-
-
-def drop_page_cache(paths):
-    """Drops clean cached pages of the pool files (O_DIRECT should have left
-    none: this only guards against another reader having cached them)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def main(argv=None):
-    a = parse_args(argv)
-    if torch is None:
-        print("llama_loop: torch is not installed; this example runs on the GPU machine", file=sys.stderr)
-        return 2
-    dev, dtype = torch.device(a.device), torch.bfloat16
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        print("llama_loop: no CUDA device visible to torch", file=sys.stderr)
-        return 2
-    t_start = time.perf_counter()
-    PT = a.page_tokens
-    block_tokens = PT * a.chunk_pages
-    if a.prefix_tokens % block_tokens:
-        a.prefix_tokens -= a.prefix_tokens % block_tokens
-        print(f"prefix rounded down to {a.prefix_tokens} tokens (whole chain blocks of {block_tokens})")
-    P, S = a.prefix_tokens, a.suffix_tokens
-    n_prefixes = a.warmup + a.reps
-    pages_per_req = (P + S + PT - 1) // PT
-    # Page sets: one per prefix (its request 1, kept for the check against
-    # the saved pages), then request 2 (tutti), the two-step reference and
-    # one-pass recomputation.
-    n_sets = n_prefixes + 3
-    num_pages = n_sets * pages_per_req
-    geom = tutti.Geometry(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim, dtype="bf16",
-                          planes=2, page_tokens=PT, chunk_pages=a.chunk_pages)
-    n_pages_prefix = P // PT
-    chain_len = P // block_tokens
-    prefix_kv_bytes = n_pages_prefix * geom.page_bytes_per_layer * a.layers
-    # The index admits payload up to 90% of the capacity (runtime.CapacityForBlocks),
-    # so 1.1x left the first prefix a few blocks short (evicted): 1.25x plus headers.
-    capacity = int(a.capacity_gib * (1 << 30)) or max(int(n_prefixes * prefix_kv_bytes * 1.25) + (64 << 20), 64 << 20)
-
-    model = Llama(a, dev, dtype)
-    shape = geom.tensor_shape("per_layer", num_pages)
-    kv = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(a.layers)]
-    kv_cache_bytes = sum(t.numel() * t.element_size() for t in kv)
-    names = [f"model.layers.{l}.self_attn.attn" for l in range(a.layers)]
-    tables = [torch.arange(i * pages_per_req, (i + 1) * pages_per_req, device=dev, dtype=torch.long) for i in range(n_sets)]
-    save_tables, t_load, t_ref, t_full = tables[:n_prefixes], tables[-3], tables[-2], tables[-1]
-
-    dirs = a.dir or [tempfile.mkdtemp(prefix="tutti-llama-")]
-    own_dirs = a.dir is None
-    report = dict(model=dict(layers=a.layers, distinct_layers=a.distinct_layers or a.layers, hidden=a.hidden,
-                             heads=a.heads, kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate,
-                             vocab=a.vocab, dtype="bf16", weight_bytes=model.weight_bytes),
-                  prefix_tokens=P, suffix_tokens=S, page_tokens=PT, chunk_pages=a.chunk_pages,
-                  prefix_kv_bytes=prefix_kv_bytes, kv_cache_bytes=kv_cache_bytes, capacity_bytes=capacity,
-                  warmup=a.warmup, reps=a.reps, dirs=dirs,
-                  device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", torch=torch.__version__)
-    print(f"model: {a.layers} layers ({a.distinct_layers or a.layers} distinct), weights {model.weight_bytes / 2**30:.1f} GiB; "
-          f"KV cache {kv_cache_bytes / 2**30:.1f} GiB; prefix KV {prefix_kv_bytes / 2**30:.2f} GiB x {n_prefixes} prefixes",
-          flush=True)
-
-    def open_store(path):
+    def open_store(self, path):
+        dirs, n_prefixes, prefix_kv_bytes, capacity = self.dirs, self.n_prefixes, self.prefix_kv_bytes, self.capacity
+        geom, num_pages, n_pages_prefix = self.geom, self.num_pages, self.n_pages_prefix
         for d in dirs:  # a fresh store for each attempt
             for e in os.listdir(d):
                 p = os.path.join(d, e)
@@ -400,10 +184,12 @@ def main(argv=None):
                                save_bound_ms=min(600_000, max(2000, math.ceil(4 * save_bytes / 1e6))),
                                save_budget_bytes=int(1.25 * save_bytes) + (64 << 20)))
 
-    def connect(path):
+    def connect(self, path):
         """Opens a store on `path` and registers the KV memory with a
         connector: the CUDA cache on the GPU path, a pinned host mirror of it
         on the CPU path (tutti's CPU path reads and writes host memory)."""
+        names, a, shape, kv, dtype, dev = self.names, self.a, self.shape, self.kv, self.dtype, self.dev
+        open_store = self.open_store
         store = open_store(path)
         try:
             stream_wait = None if a.wait == "auto" else (a.wait == "stream" and path == "gpu")
@@ -419,24 +205,32 @@ def main(argv=None):
             store.close()
             raise
 
-    path = a.path
-    if path == "auto":
-        path = "gpu" if dev.type == "cuda" else "cpu"
-    try:
-        store, conn, host = connect(path)
-    except (tutti.NoGPU, tutti.NotSupported) as e:
-        if a.path != "auto":
-            raise
-        report["fallback"] = f"GPU path unavailable ({type(e).__name__}: {e}); using the CPU path"
-        print("fallback:", report["fallback"])
-        path = "cpu"
-        store, conn, host = connect(path)
-    report["path"] = path
-    report["layer_wait"] = "stream" if conn.stream_wait else "host"
-    report["gpu_reads"] = store.gpu_reads()
-    print("GPU reads:", report["gpu_reads"], flush=True)
+    def connect_any(self):
+        """--path gpu or cpu, or auto: gpu on CUDA, falling back to cpu when the GPU path
+        is unavailable."""
+        a, report, dev = self.a, self.report, self.dev
+        connect = self.connect
+        path = a.path
+        if path == "auto":
+            path = "gpu" if dev.type == "cuda" else "cpu"
+        try:
+            store, conn, host = connect(path)
+        except (tutti.NoGPU, tutti.NotSupported) as e:
+            if a.path != "auto":
+                raise
+            report["fallback"] = f"GPU path unavailable ({type(e).__name__}: {e}); using the CPU path"
+            print("fallback:", report["fallback"])
+            path = "cpu"
+            store, conn, host = connect(path)
+        report["path"] = path
+        report["layer_wait"] = "stream" if conn.stream_wait else "host"
+        report["gpu_reads"] = store.gpu_reads()
+        print("GPU reads:", report["gpu_reads"], flush=True)
+        self.conn, self.host, self.path, self.store = conn, host, path, store
 
-    try:
+    def make_prompts(self):
+        """One random prefix per warm-up and timed request and one shared suffix."""
+        dev, a, S, P, n_prefixes = self.dev, self.a, self.S, self.P, self.n_prefixes
         g = torch.Generator(device="cpu").manual_seed(a.seed + 1)
         prefixes = [torch.randint(0, a.vocab, (P,), generator=g) for _ in range(n_prefixes)]
         suffix = torch.randint(0, a.vocab, (S,), generator=g)
@@ -447,8 +241,16 @@ def main(argv=None):
         prefixes_d = [p.to(dev) for p in prefixes]
         prompts_d = [p.to(dev) for p in prompts]
         suffix_d = suffix.to(dev)
+        self.prefix_lists, self.prefixes_d, self.prompt_lists = prefix_lists, prefixes_d, prompt_lists
+        self.prompts_d, self.suffix_d = prompts_d, suffix_d
 
-        # -- 1. request 1 per prefix: prefill, save its KV through the connector.
+    def save_prefixes(self):
+        """1. Request 1 per prefix: prefill, save its KV through the connector; then
+        every save durable."""
+        n_prefixes, report, save_tables, dev, kv = self.n_prefixes, self.report, self.save_tables, self.dev, self.kv
+        store, conn, host, model, prefixes_d = self.store, self.conn, self.host, self.model, self.prefixes_d
+        chain_len, a, names, n_pages_prefix = self.chain_len, self.a, self.names, self.n_pages_prefix
+        prefix_lists = self.prefix_lists
         req1_ms, gather_ms = [], []
         for i in range(n_prefixes):
             t1 = save_tables[i]
@@ -484,7 +286,11 @@ def main(argv=None):
                                wait_saves_ms=round(durable_ms, 3), warmup_prefixes=a.warmup)
         report["request1_prefill_ms"] = median(req1_ms[a.warmup:])
 
-        # -- scheduler: how much of each request 2 can tutti supply?
+    def check_lookups(self):
+        """The scheduler side: each request 2 finds its whole prefix; what a lookup
+        costs on the host (start_load_kv does the same again)."""
+        n_prefixes, report, block_tokens, P = self.n_prefixes, self.report, self.block_tokens, self.P
+        prompt_lists, store, conn = self.prompt_lists, self.store, self.conn
         for i in range(n_prefixes):
             class Req:
                 prompt_token_ids = prompt_lists[i]
@@ -500,87 +306,76 @@ def main(argv=None):
         report["host_hash_ms"] = round((t1_ - t0) * 1e3, 3)
         report["host_lookup_ms"] = round((time.perf_counter() - t1_) * 1e3, 3)
 
+    def check_pool_files(self):
+        """What the timed loads will read: the pool files' open flags and page-cache
+        bytes (then dropped)."""
+        dirs, report = self.dirs, self.report
         files = pool_files(dirs)
         direct = open_flags_direct(files)
         cached_before = {p: page_cache_bytes(p) for p in files}
         drop_page_cache(files)
         report["pool_files"] = {p: dict(o_direct_fds=direct[p], page_cache_bytes_before_loads=cached_before[p])
                                 for p in files}
+        self.files = files
 
+    def tutti_request(self, i, marks):
+        kv, host, dev, block_tokens, t_load = self.kv, self.host, self.dev, self.block_tokens, self.t_load
+        conn, a, model, names, prompts_d = self.conn, self.a, self.model, self.names, self.prompts_d
+        n_pages_prefix, P, prompt_lists = self.n_pages_prefix, self.P, self.prompt_lists
         page_ids_2 = t_load[:n_pages_prefix].tolist()
+        """Request 2 on prefix i: load through tutti, prefill the suffix."""
+        for t in kv:
+            t[:, t_load] = 0  # every rep starts from zeroed destination pages
+        for t in host or ():
+            t[:, page_ids_2] = 0  # and so does the CPU path's host mirror
+        meta = tutti.ConnectorMetadata(loads=[
+            tutti.ReqMeta(f"r2-{i}", page_ids_2, token_ids=prompt_lists[i], num_tokens=P)])
+        sync(dev)
+        t0 = time.perf_counter()
+        marks.mark("t0")
+        conn.bind_connector_metadata(meta)
+        conn.start_load_kv()
+        t_started = time.perf_counter()
+        # The scheduler may leave a stored tail to recompute when that is
+        # faster: the model computes every token past the planned blocks.
+        planned = conn.planned_blocks[f"r2-{i}"]
+        start = planned * block_tokens
+        n_loaded_pages = planned * a.chunk_pages
 
-        def tutti_request(i, marks):
-            """Request 2 on prefix i: load through tutti, prefill the suffix."""
-            for t in kv:
-                t[:, t_load] = 0  # every rep starts from zeroed destination pages
-            for t in host or ():
-                t[:, page_ids_2] = 0  # and so does the CPU path's host mirror
-            meta = tutti.ConnectorMetadata(loads=[
-                tutti.ReqMeta(f"r2-{i}", page_ids_2, token_ids=prompt_lists[i], num_tokens=P)])
-            sync(dev)
-            t0 = time.perf_counter()
-            marks.mark("t0")
-            conn.bind_connector_metadata(meta)
-            conn.start_load_kv()
-            t_started = time.perf_counter()
-            # The scheduler may leave a stored tail to recompute when that is
-            # faster: the model computes every token past the planned blocks.
-            planned = conn.planned_blocks[f"r2-{i}"]
-            start = planned * block_tokens
-            n_loaded_pages = planned * a.chunk_pages
+        def wait_hook(l):
+            marks.mark(("wait0", l))
+            conn.wait_for_layer_load(names[l])
+            marks.mark(("wait1", l))
+            if host is not None and n_loaded_pages:
+                kv[l][:, t_load[:n_loaded_pages]] = host[l][:, page_ids_2[:n_loaded_pages]].to(dev, non_blocking=True)
+                marks.mark(("copy", l))
 
-            def wait_hook(l):
-                marks.mark(("wait0", l))
-                conn.wait_for_layer_load(names[l])
-                marks.mark(("wait1", l))
-                if host is not None and n_loaded_pages:
-                    kv[l][:, t_load[:n_loaded_pages]] = host[l][:, page_ids_2[:n_loaded_pages]].to(dev, non_blocking=True)
-                    marks.mark(("copy", l))
+        logits = model.forward(prompts_d[i][start:], start, kv, t_load, before_attn=wait_hook, marks=marks)
+        t_launched = time.perf_counter()
+        sync(dev)
+        ttft = (time.perf_counter() - t0) * 1e3
+        conn.get_finished(set())
+        conn.clear_connector_metadata()
+        return dict(logits=logits, ttft_ms=ttft, planned=planned, loaded=conn.loaded_blocks.get(f"r2-{i}"),
+                    start_load_ms=(t_started - t0) * 1e3, host_launch_ms=(t_launched - t_started) * 1e3)
 
-            logits = model.forward(prompts_d[i][start:], start, kv, t_load, before_attn=wait_hook, marks=marks)
-            t_launched = time.perf_counter()
-            sync(dev)
-            ttft = (time.perf_counter() - t0) * 1e3
-            conn.get_finished(set())
-            conn.clear_connector_metadata()
-            return dict(logits=logits, ttft_ms=ttft, planned=planned, loaded=conn.loaded_blocks.get(f"r2-{i}"),
-                        start_load_ms=(t_started - t0) * 1e3, host_launch_ms=(t_launched - t_started) * 1e3)
+    def recompute_request(self, i, marks):
+        """One-pass recomputation of prompt i (the TTFT baseline)."""
+        dev, kv, t_full, model, prompts_d = self.dev, self.kv, self.t_full, self.model, self.prompts_d
+        sync(dev)
+        t0 = time.perf_counter()
+        marks.mark("t0")
+        logits = model.forward(prompts_d[i], 0, kv, t_full, marks=marks)
+        sync(dev)
+        return dict(logits=logits, ttft_ms=(time.perf_counter() - t0) * 1e3)
 
-        def recompute_request(i, marks):
-            """One-pass recomputation of prompt i (the TTFT baseline)."""
-            sync(dev)
-            t0 = time.perf_counter()
-            marks.mark("t0")
-            logits = model.forward(prompts_d[i], 0, kv, t_full, marks=marks)
-            sync(dev)
-            return dict(logits=logits, ttft_ms=(time.perf_counter() - t0) * 1e3)
-
-        def tutti_breakdown(m):
-            L = a.layers
-            stall = [m.ms(("wait0", l), ("wait1", l)) for l in range(L)]
-            h2d = [m.ms(("wait1", l), ("copy", l)) if m.has(("copy", l)) else 0.0 for l in range(L)]
-            total = [m.ms(("start", l), ("end", l)) for l in range(L)]
-            compute = [t - s - c for t, s, c in zip(total, stall, h2d)]
-            ready = [m.ms("t0", ("wait1", l)) for l in range(L)]
-            # Where the stream waited, it went on when the layer's KV landed:
-            # the gaps between those moments are the load's pace per layer.
-            paced = [ready[l] - ready[l - 1] for l in range(1, L) if stall[l] > 0.05 and stall[l - 1] > 0.05]
-            return dict(before_first_layer_ms=m.ms("t0", ("start", 0)), stream_wait_ms=sum(stall),
-                        compute_ms=sum(compute), h2d_ms=sum(h2d), head_ms=m.ms(("end", L - 1), "head"),
-                        layers_waited=sum(s > 0.05 for s in stall),
-                        load_ms_per_layer=median(paced) if paced else None,
-                        last_layer_ready_ms=ready[-1],
-                        per_layer=dict(stream_wait_ms=rounded(stall), compute_ms=rounded(compute),
-                                       h2d_ms=rounded(h2d), ready_at_ms=rounded(ready)))
-
-        def recompute_breakdown(m):
-            L = a.layers
-            per = [m.ms(("start", l), ("end", l)) for l in range(L)]
-            return dict(before_first_layer_ms=m.ms("t0", ("start", 0)), compute_ms=sum(per),
-                        compute_ms_per_layer=median(per), head_ms=m.ms(("end", L - 1), "head"),
-                        per_layer_compute_ms=rounded(per))
-
-        # -- 2. warm-up of both paths on their own prefixes (untimed).
+    def run_requests(self):
+        """2. The warm-up of both paths on their own prefixes (untimed), then 3. the
+        timed repetitions, each on a prefix never read before."""
+        report, n_prefixes, a, dev, files, kv = self.report, self.n_prefixes, self.a, self.dev, self.files, self.kv
+        t_load, save_tables = self.t_load, self.save_tables
+        tutti_request = self.tutti_request
+        recompute_request = self.recompute_request
         warm = []
         for i in range(a.warmup):
             r = tutti_request(i, Marks(dev))
@@ -593,17 +388,25 @@ def main(argv=None):
         for i in range(a.warmup, n_prefixes):
             m = Marks(dev)
             r = tutti_request(i, m)
-            r["breakdown"] = tutti_breakdown(m)
+            r["breakdown"] = tutti_breakdown(m, a.layers)
             tutti_runs.append(r)
             n_loaded = r["planned"] * a.chunk_pages
             exact_saved.append(all(torch.equal(kv[l][:, t_load[:n_loaded]], kv[l][:, save_tables[i][:n_loaded]])
                                    for l in range(a.layers)))
             m = Marks(dev)
             c = recompute_request(i, m)
-            c["breakdown"] = recompute_breakdown(m)
+            c["breakdown"] = recompute_breakdown(m, a.layers)
             recompute_runs.append(c)
         report["pool_files_after"] = {p: dict(page_cache_bytes=page_cache_bytes(p)) for p in files}
+        self.exact_saved, self.recompute_runs, self.tutti_runs = exact_saved, recompute_runs, tutti_runs
 
+    def finish(self):
+        """4. The reference on the last prefix, the checks and the report's results."""
+        chain_len, tutti_runs, report, n_prefixes = self.chain_len, self.tutti_runs, self.report, self.n_prefixes
+        kv, t_ref, suffix_d, P, dev = self.kv, self.t_ref, self.suffix_d, self.P, self.dev
+        exact_saved, a, model, prefixes_d = self.exact_saved, self.a, self.model, self.prefixes_d
+        recompute_runs, conn, geom, store = self.recompute_runs, self.conn, self.geom, self.store
+        t_start, t_load = self.t_start, self.t_load
         last = tutti_runs[-1]
         planned = last["planned"]
         n_loaded = planned * a.chunk_pages
@@ -669,51 +472,56 @@ def main(argv=None):
             stats=store.stats(),
             wall_s=round(time.perf_counter() - t_start, 1),
         )
+        self.compute_per_layer, self.kv_equal_saved, self.kv_exact = compute_per_layer, kv_equal_saved, kv_exact
+        self.load_per_layer, self.logits_equal, self.planned = load_per_layer, logits_equal, planned
+        self.ttft_r, self.ttft_t = ttft_r, ttft_t
+
+    def summary(self):
+        """Prints the report, its breakdown and the summary line; returns the exit status."""
+        a, planned, chain_len, kv_exact = self.a, self.planned, self.chain_len, self.kv_exact
+        kv_equal_saved, report, logits_equal = self.kv_equal_saved, self.report, self.logits_equal
+        load_per_layer, path, ttft_t, ttft_r = self.load_per_layer, self.path, self.ttft_t, self.ttft_r
+        compute_per_layer = self.compute_per_layer
+        print(json.dumps(report, indent=2))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(report, f, indent=2)
+        print(breakdown_text(report))
+        full = planned == chain_len
+        ok = kv_exact and kv_equal_saved and report["loaded_blocks"] == planned and (logits_equal or not full)
+        per_layer = "" if load_per_layer is None else f"load {load_per_layer:.1f} ms/layer, "
+        print(f"\nrequest 2 TTFT (warm, median of {a.reps}): tutti ({path} path, {planned}/{chain_len} blocks, "
+              f"{report['load_gbps']:.2f} GB/s) {ttft_t:.1f} ms vs recompute {ttft_r:.1f} ms (x{ttft_r / ttft_t:.2f}); "
+              f"{per_layer}recompute {compute_per_layer:.1f} ms/layer; "
+              f"KV bit-exact: {kv_exact and kv_equal_saved}; logits equal: {logits_equal}")
+        return 0 if ok else 1
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    if torch is None:
+        print("llama_loop: torch is not installed; this example runs on the GPU machine", file=sys.stderr)
+        return 2
+    dev, dtype = torch.device(a.device), torch.bfloat16
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print("llama_loop: no CUDA device visible to torch", file=sys.stderr)
+        return 2
+    from llama_model import Llama  # needs torch
+    run = Loop(a, dev, dtype, Llama)
+    run.connect_any()
+    try:
+        run.make_prompts()
+        run.save_prefixes()
+        run.check_lookups()
+        run.check_pool_files()
+        run.run_requests()
+        run.finish()
     finally:
-        store.close()
-        if own_dirs:
-            for d in dirs:
+        run.store.close()
+        if run.own_dirs:
+            for d in run.dirs:
                 shutil.rmtree(d, ignore_errors=True)
-
-    print(json.dumps(report, indent=2))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=2)
-    print(breakdown_text(report))
-    full = planned == chain_len
-    ok = kv_exact and kv_equal_saved and report["loaded_blocks"] == planned and (logits_equal or not full)
-    per_layer = "" if load_per_layer is None else f"load {load_per_layer:.1f} ms/layer, "
-    print(f"\nrequest 2 TTFT (warm, median of {a.reps}): tutti ({path} path, {planned}/{chain_len} blocks, "
-          f"{report['load_gbps']:.2f} GB/s) {ttft_t:.1f} ms vs recompute {ttft_r:.1f} ms (x{ttft_r / ttft_t:.2f}); "
-          f"{per_layer}recompute {compute_per_layer:.1f} ms/layer; "
-          f"KV bit-exact: {kv_exact and kv_equal_saved}; logits equal: {logits_equal}")
-    return 0 if ok else 1
-
-
-def breakdown_text(rep):
-    """Where the TTFT of request 2 goes, for a reader."""
-    L = rep["model"]["layers"]
-    out = [f"\nTTFT breakdown ({rep['path']} path, layer wait: {rep['layer_wait']}; "
-           f"{rep['prefix_tokens']}-token prefix, {L} layers, {rep['prefix_kv_bytes'] / 2**20:.0f} MiB of KV per request)"]
-    for k, r in enumerate(rep["tutti_runs"]):
-        pl = r["load_ms_per_layer"]
-        out.append(f"  tutti rep {k}: TTFT {r['ttft_ms']:.1f} ms = start_load_kv (hash+lookup+plan+enqueue) "
-                   f"{r['start_load_ms']:.1f} ms, then on the stream: waited for KV {r['stream_wait_ms']:.1f} ms "
-                   f"({r['layers_waited']}/{L} layers), computed {r['compute_ms']:.1f} ms"
-                   + (f", copied from the host mirror {r['h2d_ms']:.1f} ms" if r["h2d_ms"] else "")
-                   + f", LM head {r['head_ms']:.1f} ms; last layer's KV ready at {r['last_layer_ready_ms']:.1f} ms"
-                   + ("" if pl is None else f"; load pace {pl:.2f} ms/layer")
-                   + f"; host launch {r['host_launch_ms']:.1f} ms")
-    for k, r in enumerate(rep["recompute_runs"]):
-        out.append(f"  recompute rep {k}: TTFT {r['ttft_ms']:.1f} ms = {r['compute_ms']:.1f} ms over {L} layers "
-                   f"({r['compute_ms_per_layer']:.2f} ms/layer), LM head {r['head_ms']:.1f} ms")
-    out.append(f"  host: hash {rep['host_hash_ms']:.2f} ms, lookup {rep['host_lookup_ms']:.2f} ms (of start_load_kv)")
-    odir = [all(v["o_direct_fds"]) and bool(v["o_direct_fds"]) for v in rep["pool_files"].values()]
-    cached = [v["page_cache_bytes_before_loads"] for v in rep["pool_files"].values()]
-    out.append(f"  pool files: {len(odir)}, opened O_DIRECT: {all(odir) if odir else None}; "
-               f"page-cache bytes before the loads: {cached}, after: "
-               f"{[v['page_cache_bytes'] for v in rep['pool_files_after'].values()]}")
-    return "\n".join(out)
+    return run.summary()
 
 
 if __name__ == "__main__":
