@@ -16,15 +16,39 @@ import (
 // returns ErrNoSpace. Space freed by Free becomes allocatable only once its
 // free record is durable (after the next Commit or Sync).
 func (m *Map) Allocate(chunks int) ([]Reservation, error) {
-	if chunks < 1 {
-		return nil, fmt.Errorf("objmap: allocating %d chunks", chunks)
+	return m.AllocateStriped(chunks, 1)
+}
+
+// AllocateStriped is Allocate with the chunks cut into at least ways runs
+// (fewer when there are fewer chunks) of near-equal length: consecutive runs
+// go to consecutive pool files, which lie in different directories, so the
+// runs of one save are written (and later read) on min(ways, Dirs) devices at
+// once instead of one. ways is bounded by the runs one call returns.
+func (m *Map) AllocateStriped(chunks, ways int) ([]Reservation, error) {
+	if chunks < 1 || ways < 1 || ways > maxRunsPerAllocate {
+		return nil, fmt.Errorf("objmap: allocating %d chunks in %d runs (want chunks >= 1, ways in 1..%d)", chunks, ways, maxRunsPerAllocate)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.usable(); err != nil {
 		return nil, fmt.Errorf("objmap: allocating %d chunks: %w", chunks, err)
 	}
-	spans := m.alloc.alloc(chunks, MaxRunChunks(m.g), maxRunsPerAllocate)
+	ways = min(ways, chunks)
+	var spans []span
+	for i := range ways {
+		// Piece i of ways near-equal pieces; a piece the pool cannot take
+		// whole ends the allocation (partial, as Allocate's).
+		piece := chunks/ways + min(1, max(0, chunks%ways-i))
+		got := m.alloc.alloc(piece, MaxRunChunks(m.g), maxRunsPerAllocate-len(spans))
+		spans = append(spans, got...)
+		placed := 0
+		for _, sp := range got {
+			placed += sp.chunks
+		}
+		if placed < piece {
+			break
+		}
+	}
 	if len(spans) == 0 {
 		return nil, fmt.Errorf("objmap: allocating %d chunks (%d bytes free, %d quarantined): %w",
 			chunks, m.alloc.freeBytes(), m.alloc.quarantinedBytes(), ErrNoSpace)

@@ -315,14 +315,29 @@ func (sv *Save) shrink(sr *saveRun, k int) bool {
 // tries once more.
 func (sv *Save) allocate(n int) ([]objmap.Reservation, error) {
 	s := sv.s
-	resv, err := s.m.Allocate(n)
+	ways := s.saveWays(n)
+	resv, err := s.m.AllocateStriped(n, ways)
 	if errors.Is(err, objmap.ErrNoSpace) {
 		s.release(s.idx.Evict(int64(n) * s.bytesPerBlock()))
 		if serr := s.m.Sync(); serr == nil {
-			resv, err = s.m.Allocate(n)
+			resv, err = s.m.AllocateStriped(n, ways)
 		}
 	}
 	return resv, err
+}
+
+// minStripeLayerBytes is the smallest per-layer object a save is cut into
+// runs for: a restore reads each (layer, run) with one read, which must stay
+// large for the devices to run at their rate.
+const minStripeLayerBytes = 1 << 20
+
+// saveWays is how many runs a save of chunks blocks is cut into: one per
+// directory (a run is written and read on one device, so a save in one run
+// moves at one device's rate however many there are), fewer when the runs'
+// per-layer objects would fall below minStripeLayerBytes.
+func (s *Store) saveWays(chunks int) int {
+	byBytes := int64(chunks) * s.geo.ChunkBytesPerLayer() / minStripeLayerBytes
+	return int(max(1, min(int64(len(s.cfg.Dirs)), int64(chunks), byBytes)))
 }
 
 // deviceOf maps a pool file to its device: file i lies in directory i%dirs.
