@@ -59,6 +59,9 @@ func Open(cfg Config) (*Store, error) {
 		if s.consumers != nil {
 			s.consumers.close()
 		}
+		if s.stager != nil {
+			s.stager.close()
+		}
 		if s.staging != nil {
 			_ = s.staging.close()
 		}
@@ -108,6 +111,9 @@ func Open(cfg Config) (*Store, error) {
 		u := gpuWriteUnit(s.geo)
 		s.maxWriteIOBytes = max(u, s.maxWriteIOBytes/u*u)
 	}
+	s.saveSlots = saveSlotLimit(len(s.staging.all), cfg.Path)
+	s.saveSlotTokens = make(chan struct{}, s.saveSlots)
+	s.stager = newStagePool(s.saveSlots * s.wbufsPerSlot())
 	devs := make([]sched.DeviceConfig, len(cfg.Dirs))
 	for i := range devs {
 		devs[i] = sched.DeviceConfig{Profile: cfg.Device, MaxReadsInFlight: cfg.QueueDepth,
