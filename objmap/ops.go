@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/tutti-io/tutti/uring"
 )
@@ -188,7 +189,7 @@ func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 	defer buf.Free()
 	b := buf.Bytes()
 	out := make([]runCRCs, len(reqs))
-	var sync []int
+	var touched []int // pool files written, each synced once
 	for i, r := range reqs {
 		f := m.files[r.Res.File]
 		chunks := slices.Clone(r.ChunkCRCs)
@@ -219,16 +220,39 @@ func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 			return nil, fmt.Errorf("objmap: committing run %d: writing header at %s offset %d: %w", r.Res.ID, f.Path, r.Res.Offset, err)
 		}
 		out[i] = runCRCs{chunks: chunks, layers: layers}
-		if !slices.Contains(sync, r.Res.File) {
-			sync = append(sync, r.Res.File)
+		if !slices.Contains(touched, r.Res.File) {
+			touched = append(touched, r.Res.File)
 		}
 	}
-	for _, fi := range sync {
-		if err := m.syncers[fi].sync(); err != nil {
-			return nil, fmt.Errorf("objmap: commit: fdatasync of %s: %w", m.files[fi].Path, err)
-		}
+	if err := m.syncFiles(touched); err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// maxParallelSyncs bounds the fdatasyncs one commit runs at once.
+const maxParallelSyncs = 16
+
+// syncFiles fdatasyncs the pool files, all at once (at most
+// maxParallelSyncs at a time): a commit of a striped save touches one file
+// per device, and each device flushes on its own.
+func (m *Map) syncFiles(files []int) error {
+	errs := make([]error, len(files))
+	sem := make(chan struct{}, maxParallelSyncs)
+	var wg sync.WaitGroup
+	for i, fi := range files {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.syncers[fi].sync(); err != nil {
+				errs[i] = fmt.Errorf("objmap: commit: fdatasync of %s: %w", m.files[fi].Path, err)
+			}
+			<-sem
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Free forgets a committed run. It journals a free record and returns
