@@ -1,7 +1,8 @@
 package runtime
 
-// A Save's I/O phase: the goroutine that gathers and submits the writes the
-// scheduler dispatches, checksums them, and commits runs in chain order.
+// A Save's I/O phase: the goroutine that hands the writes the scheduler
+// dispatches to the stage workers (savestage.go), retires their completions
+// and commits runs in chain order.
 
 import (
 	"fmt"
