@@ -2,6 +2,7 @@ package objmap
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -92,4 +93,53 @@ func allocCmd(t *testing.T, d *datadriven.TestData) string {
 	}
 	out.WriteString(s.a.String())
 	return out.String()
+}
+
+// TestAllocateStriped: a striped allocation is cut into near-equal runs on
+// distinct pool files in distinct directories, as many as asked (fewer with
+// fewer chunks), and bad arguments are refused.
+func TestAllocateStriped(t *testing.T) {
+	root := t.TempDir()
+	var dirs []string
+	for i := range 4 {
+		dirs = append(dirs, filepath.Join(root, fmt.Sprintf("d%d", i)))
+	}
+	o := testOpts(t, dirs...)
+	o.CapacityBytes = 4 << 20
+	m := mustOpen(t, o)
+	defer m.Close()
+	for _, tc := range []struct{ chunks, ways, runs int }{{10, 4, 4}, {3, 4, 3}, {8, 1, 1}, {9, 3, 3}} {
+		res, err := m.AllocateStriped(tc.chunks, tc.ways)
+		if err != nil {
+			t.Fatalf("%d chunks in %d ways: %v", tc.chunks, tc.ways, err)
+		}
+		if len(res) != tc.runs {
+			t.Fatalf("%d chunks in %d ways: %d runs, want %d", tc.chunks, tc.ways, len(res), tc.runs)
+		}
+		total, dirSeen := 0, map[int]bool{}
+		for _, r := range res {
+			total += r.Chunks
+			if d := r.File % len(dirs); dirSeen[d] {
+				t.Fatalf("%d chunks in %d ways: two runs in directory %d: %+v", tc.chunks, tc.ways, d, res)
+			} else {
+				dirSeen[d] = true
+			}
+			if lo := tc.chunks / tc.runs; r.Chunks < lo || r.Chunks > lo+1 {
+				t.Fatalf("%d chunks in %d ways: uneven runs %+v", tc.chunks, tc.ways, res)
+			}
+		}
+		if total != tc.chunks {
+			t.Fatalf("%d chunks in %d ways: %d chunks reserved", tc.chunks, tc.ways, total)
+		}
+		for _, r := range res {
+			if err := m.Abort(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, bad := range [][2]int{{0, 1}, {1, 0}, {1, maxRunsPerAllocate + 1}} {
+		if _, err := m.AllocateStriped(bad[0], bad[1]); err == nil {
+			t.Fatalf("AllocateStriped(%d, %d) accepted", bad[0], bad[1])
+		}
+	}
 }

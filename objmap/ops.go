@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/tutti-io/tutti/uring"
 )
@@ -16,15 +17,39 @@ import (
 // returns ErrNoSpace. Space freed by Free becomes allocatable only once its
 // free record is durable (after the next Commit or Sync).
 func (m *Map) Allocate(chunks int) ([]Reservation, error) {
-	if chunks < 1 {
-		return nil, fmt.Errorf("objmap: allocating %d chunks", chunks)
+	return m.AllocateStriped(chunks, 1)
+}
+
+// AllocateStriped is Allocate with the chunks cut into at least ways runs
+// (fewer when there are fewer chunks) of near-equal length: consecutive runs
+// go to consecutive pool files, which lie in different directories, so the
+// runs of one save are written (and later read) on min(ways, Dirs) devices at
+// once instead of one. ways is bounded by the runs one call returns.
+func (m *Map) AllocateStriped(chunks, ways int) ([]Reservation, error) {
+	if chunks < 1 || ways < 1 || ways > maxRunsPerAllocate {
+		return nil, fmt.Errorf("objmap: allocating %d chunks in %d runs (want chunks >= 1, ways in 1..%d)", chunks, ways, maxRunsPerAllocate)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.usable(); err != nil {
 		return nil, fmt.Errorf("objmap: allocating %d chunks: %w", chunks, err)
 	}
-	spans := m.alloc.alloc(chunks, MaxRunChunks(m.g), maxRunsPerAllocate)
+	ways = min(ways, chunks)
+	var spans []span
+	for i := range ways {
+		// Piece i of ways near-equal pieces; a piece the pool cannot take
+		// whole ends the allocation (partial, as Allocate's).
+		piece := chunks/ways + min(1, max(0, chunks%ways-i))
+		got := m.alloc.alloc(piece, MaxRunChunks(m.g), maxRunsPerAllocate-len(spans))
+		spans = append(spans, got...)
+		placed := 0
+		for _, sp := range got {
+			placed += sp.chunks
+		}
+		if placed < piece {
+			break
+		}
+	}
 	if len(spans) == 0 {
 		return nil, fmt.Errorf("objmap: allocating %d chunks (%d bytes free, %d quarantined): %w",
 			chunks, m.alloc.freeBytes(), m.alloc.quarantinedBytes(), ErrNoSpace)
@@ -164,7 +189,7 @@ func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 	defer buf.Free()
 	b := buf.Bytes()
 	out := make([]runCRCs, len(reqs))
-	var sync []int
+	var touched []int // pool files written, each synced once
 	for i, r := range reqs {
 		f := m.files[r.Res.File]
 		chunks := slices.Clone(r.ChunkCRCs)
@@ -195,16 +220,39 @@ func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 			return nil, fmt.Errorf("objmap: committing run %d: writing header at %s offset %d: %w", r.Res.ID, f.Path, r.Res.Offset, err)
 		}
 		out[i] = runCRCs{chunks: chunks, layers: layers}
-		if !slices.Contains(sync, r.Res.File) {
-			sync = append(sync, r.Res.File)
+		if !slices.Contains(touched, r.Res.File) {
+			touched = append(touched, r.Res.File)
 		}
 	}
-	for _, fi := range sync {
-		if err := m.syncers[fi].sync(); err != nil {
-			return nil, fmt.Errorf("objmap: commit: fdatasync of %s: %w", m.files[fi].Path, err)
-		}
+	if err := m.syncFiles(touched); err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// maxParallelSyncs bounds the fdatasyncs one commit runs at once.
+const maxParallelSyncs = 16
+
+// syncFiles fdatasyncs the pool files, all at once (at most
+// maxParallelSyncs at a time): a commit of a striped save touches one file
+// per device, and each device flushes on its own.
+func (m *Map) syncFiles(files []int) error {
+	errs := make([]error, len(files))
+	sem := make(chan struct{}, maxParallelSyncs)
+	var wg sync.WaitGroup
+	for i, fi := range files {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.syncers[fi].sync(); err != nil {
+				errs[i] = fmt.Errorf("objmap: commit: fdatasync of %s: %w", m.files[fi].Path, err)
+			}
+			<-sem
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Free forgets a committed run. It journals a free record and returns

@@ -52,15 +52,14 @@ type loadRun struct {
 }
 
 // segment is what one staging slot holds: part of one (layer, run) read
-// (a dispatched sched.IO) or write.
+// (a dispatched sched.IO). Saves stage in write buffers (wbuf) instead.
 type segment struct {
 	io   sched.IO
-	span objmap.Span // reads: the (layer, run) read this segment is part of
-	// objOff is where the staged bytes start: reads, relative to the span's
-	// read; writes, in the object's payload. dataBytes of them are payload
-	// (writes), ioBytes are transferred (BlockBytes-aligned).
-	objOff, dataBytes, ioBytes int64
-	last                       bool // last segment of its sched.IO
+	span objmap.Span // the (layer, run) read this segment is part of
+	// objOff is where the staged bytes start, relative to the span's read;
+	// ioBytes are transferred (BlockBytes-aligned).
+	objOff, ioBytes int64
+	last            bool // last segment of its sched.IO
 }
 
 // Load is one restore in progress. WaitLayer(l) returns once layer l of the

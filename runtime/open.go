@@ -20,6 +20,12 @@ var (
 		ReadLatencyNs: 1e5, ReadShareUnderWrites: 0.5, WriteShareUnderReads: 0.5}
 )
 
+// saveWritesPerDevice bounds each device's save writes in flight. A write
+// counts from its dispatch, so this covers the writes being gathered and
+// checksummed as well as those in the device's queue: twice the planner's
+// default keeps the device's queue fed while the next writes are staged.
+const saveWritesPerDevice = 8
+
 // Open opens (or creates) the store in cfg.Dirs: it validates cfg, locks
 // every directory (a second Open of the same store fails with an error
 // wrapping objmap.ErrLocked), recovers the object map, rebuilds the prefix
@@ -58,6 +64,9 @@ func Open(cfg Config) (*Store, error) {
 		}
 		if s.consumers != nil {
 			s.consumers.close()
+		}
+		if s.stager != nil {
+			s.stager.close()
 		}
 		if s.staging != nil {
 			_ = s.staging.close()
@@ -108,9 +117,12 @@ func Open(cfg Config) (*Store, error) {
 		u := gpuWriteUnit(s.geo)
 		s.maxWriteIOBytes = max(u, s.maxWriteIOBytes/u*u)
 	}
+	s.saveSlots = saveSlotLimit(len(s.staging.all), cfg.Path)
+	s.saveSlotTokens = make(chan struct{}, s.saveSlots)
+	s.stager = newStagePool(s.saveSlots * s.wbufsPerSlot())
 	devs := make([]sched.DeviceConfig, len(cfg.Dirs))
 	for i := range devs {
-		devs[i] = sched.DeviceConfig{Profile: cfg.Device, MaxReadsInFlight: cfg.QueueDepth,
+		devs[i] = sched.DeviceConfig{Profile: cfg.Device, MaxReadsInFlight: cfg.QueueDepth, MaxWritesInFlight: saveWritesPerDevice,
 			MaxReadBytesInFlight: cfg.StagingBytes, MaxWriteBytesInFlight: max(cfg.StagingBytes/4, s.maxWriteIOBytes), MaxPendingSaveBytes: cfg.SaveBudgetBytes}
 	}
 	if s.sched, err = newScheduler(sched.Config{Layers: s.geo.Layers, BlockTokens: s.geo.ChunkPages * s.geo.PageTokens,

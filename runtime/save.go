@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
@@ -57,10 +58,9 @@ type saveRun struct {
 	mapAbort bool // its objmap reservation is aborted once no write is in flight
 	resGone  bool // it holds no objmap reservation (a failed shrink)
 	failed   error
-	crcs     []uint32 // CRC32C per (layer, chunk), layer-major: objmap's chunk table
-	nextOff  []int64  // per layer: payload offset the running CRCs reached
-	crcStale bool     // writes came out of order: CRCs are recomputed from the pages
-	done     bool     // committed or aborted
+	crcs     []uint32  // CRC32C per (layer, chunk), layer-major: objmap's chunk table
+	parts    []crcPart // the completed writes' chunk pieces, folded into crcs at commit (driver only)
+	done     bool      // committed or aborted
 }
 
 // Save is one asynchronous save. The pages it names must stay unchanged until
@@ -73,12 +73,12 @@ type Save struct {
 	runs  []*saveRun
 
 	ios      chan sched.IO
-	sink     chan *slot
+	sink     chan *wbuf // completions of the save's writes; room for every wbuf it can hold
 	gathered chan struct{}
 	done     chan struct{}
 
-	writesLeft int // dispatched writes not yet retired (driver only)
-	gatherLeft int // writes not yet gathered (driver only)
+	writesLeft int          // dispatched writes not yet retired (driver only)
+	gatherLeft atomic.Int64 // writes not yet gathered (driver and stage workers)
 	// The save's writes, one batch per device for the device models
 	// (driver only): each device is credited with the writes it served.
 	batches   []ioBatch
@@ -125,8 +125,6 @@ func (sv *Save) skip(cause SkipCause, blocks int) {
 }
 
 func (sv *Save) route(io sched.IO) { sv.ios <- io }
-
-var errCRCOrder = errors.New("runtime: save writes out of order")
 
 func skipCauseOf(err error) SkipCause {
 	switch {
@@ -220,7 +218,7 @@ func (sv *Save) admit(ids []uint64, from int) {
 	shrunkAt := -1         // chain position where a run cut by the scheduler was shrunk
 	nwrites := 0
 	for _, r := range resv {
-		sr := &saveRun{res: r, chainPos: pos, crcs: make([]uint32, s.geo.Layers*r.Chunks), nextOff: make([]int64, s.geo.Layers)}
+		sr := &saveRun{res: r, chainPos: pos, crcs: make([]uint32, s.geo.Layers*r.Chunks)}
 		pos += r.Chunks
 		sv.runs = append(sv.runs, sr)
 		if cut {
@@ -252,11 +250,11 @@ func (sv *Save) admit(ids []uint64, from int) {
 		}
 		sr.admitted = true
 	}
-	sv.sink = make(chan *slot, len(s.staging.all))
+	sv.sink = make(chan *wbuf, s.saveSlots*s.wbufsPerSlot())
 	sv.writesLeft = nwrites
 	for _, r := range sv.runs {
 		if r.admitted {
-			sv.gatherLeft += r.writes
+			sv.gatherLeft.Add(int64(r.writes))
 		}
 	}
 	// Abort the reserved blocks past the allocation and the runs cut.
@@ -315,14 +313,29 @@ func (sv *Save) shrink(sr *saveRun, k int) bool {
 // tries once more.
 func (sv *Save) allocate(n int) ([]objmap.Reservation, error) {
 	s := sv.s
-	resv, err := s.m.Allocate(n)
+	ways := s.saveWays(n)
+	resv, err := s.m.AllocateStriped(n, ways)
 	if errors.Is(err, objmap.ErrNoSpace) {
 		s.release(s.idx.Evict(int64(n) * s.bytesPerBlock()))
 		if serr := s.m.Sync(); serr == nil {
-			resv, err = s.m.Allocate(n)
+			resv, err = s.m.AllocateStriped(n, ways)
 		}
 	}
 	return resv, err
+}
+
+// minStripeLayerBytes is the smallest per-layer object a save is cut into
+// runs for: a restore reads each (layer, run) with one read, which must stay
+// large for the devices to run at their rate.
+const minStripeLayerBytes = 1 << 20
+
+// saveWays is how many runs a save of chunks blocks is cut into: one per
+// directory (a run is written and read on one device, so a save in one run
+// moves at one device's rate however many there are), fewer when the runs'
+// per-layer objects would fall below minStripeLayerBytes.
+func (s *Store) saveWays(chunks int) int {
+	byBytes := int64(chunks) * s.geo.ChunkBytesPerLayer() / minStripeLayerBytes
+	return int(max(1, min(int64(len(s.cfg.Dirs)), int64(chunks), byBytes)))
 }
 
 // deviceOf maps a pool file to its device: file i lies in directory i%dirs.

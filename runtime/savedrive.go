@@ -1,7 +1,8 @@
 package runtime
 
-// A Save's I/O phase: the goroutine that gathers and submits the writes the
-// scheduler dispatches, checksums them, and commits runs in chain order.
+// A Save's I/O phase: the goroutine that hands the writes the scheduler
+// dispatches to the stage workers (savestage.go), retires their completions
+// and commits runs in chain order.
 
 import (
 	"fmt"
@@ -11,91 +12,166 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// drive is the save's goroutine: it gathers and submits the writes the
-// scheduler dispatches, then commits runs in chain order (a block is
-// committed only after its parent).
+// drive is the save's goroutine: it hands the writes the scheduler
+// dispatches to the stage workers (which gather, checksum and submit them)
+// as write buffers allow, retires their completions, and commits runs in
+// chain order (a block is committed only after its parent). Commits wait
+// until none of the save's writes is in flight (the end of the save, or a
+// pause in what the scheduler dispatches), so that a commit's syncs never
+// leave the devices idle while writes wait.
 func (sv *Save) drive() {
 	s := sv.s
-	queue := make([]sched.IO, 0, sv.writesLeft)
-	ring := make([]*slot, 0, len(s.staging.all))
-	inflight := make([]int, len(sv.runs)) // writes submitted, per run
-	remaining := make([]int, len(sv.runs))
+	d := &saveDriver{sv: sv, queue: make([]sched.IO, 0, sv.writesLeft),
+		inflight: make([]int, len(sv.runs)), remaining: make([]int, len(sv.runs))}
 	for i, r := range sv.runs {
-		remaining[i] = r.writes
+		d.remaining[i] = r.writes
 	}
-	nextCommit := 0
-	retire := func(io sched.IO, ri int) {
-		remaining[ri]--
-		sv.writesLeft--
-		s.sched.complete(io, remaining[ri] == 0)
-	}
-	for sv.writesLeft > 0 || len(ring) > 0 {
-		for len(queue) > 0 {
-			io := queue[0]
-			ri := sv.runOf(io.ReqID)
-			r := sv.runs[ri]
-			if r.skip || r.failed != nil {
-				queue = queue[1:]
-				if r.admitted {
-					sv.gathered1()
-				}
-				retire(io, ri)
-				continue
-			}
-			var sl *slot
-			if len(ring) == 0 {
-				sl = s.staging.acquire()
-			} else if sl = s.staging.tryAcquire(); sl == nil {
-				break
-			}
-			queue = queue[1:]
-			sv.stage(sl, io, r)
-			sv.batch(s.deviceOf(r.res.File)).start(s.sched.nowNs(), sl.tag.ioBytes)
-			sv.withReads = sv.withReads || len(s.loadN) > 0
-			sl.sink, sl.completed = sv.sink, false
-			ring = append(ring, sl)
-			inflight[ri]++
-			s.stats.writeIOs.Add(1)
-			s.worker.submit(&sl.req)
-		}
-		if len(ring) > 0 && ring[0].completed {
-			sl := ring[0]
-			copy(ring, ring[1:])
-			ring = ring[:len(ring)-1]
-			ri := sv.runOf(sl.tag.io.ReqID)
-			r := sv.runs[ri]
-			inflight[ri]--
-			sv.batch(s.deviceOf(r.res.File)).lastNs = s.sched.nowNs()
-			if r.failed == nil {
-				if sl.req.err != nil {
-					r.failed = fmt.Errorf("writing run %d layer %d: %w", r.res.ID, sl.tag.io.Layer, sl.req.err)
-				} else if sl.req.result != sl.tag.ioBytes {
-					r.failed = fmt.Errorf("writing run %d layer %d: %d of %d bytes: %w", r.res.ID, sl.tag.io.Layer, sl.req.result, sl.tag.ioBytes, unix.EIO)
-				}
-			}
-			io := sl.tag.io // the slot is another request's once released
-			s.staging.release(sl)
-			retire(io, ri)
-			nextCommit = sv.commitReady(nextCommit, remaining, inflight)
-			continue
-		}
-		if sv.writesLeft == 0 && len(ring) == 0 {
+	for sv.writesLeft > 0 {
+		d.stageQueued()
+		if sv.writesLeft == 0 {
 			break
+		}
+		if d.busy == 0 {
+			// Nothing in flight: the staging goes back to loads and other
+			// saves while the scheduler holds the rest back.
+			d.releaseSlots()
+			d.nextCommit = sv.commitReady(d.nextCommit, d.remaining, d.inflight)
 		}
 		select {
 		case io := <-sv.ios:
-			queue = append(queue, io)
-		case sl := <-sv.sink:
-			sl.completed = true
+			d.queue = append(d.queue, io)
+		case b := <-sv.sink:
+			d.completed(b)
 		}
 	}
-	sv.commitReady(nextCommit, remaining, inflight)
+	d.releaseSlots()
+	sv.commitReady(d.nextCommit, d.remaining, d.inflight)
 	for dev, b := range sv.batches {
 		if b.ops > 0 {
 			s.sched.observeWrites(dev, b.bytes, int(b.ops), b.lastNs-b.firstNs, sv.withReads)
 		}
 	}
 	sv.finish()
+}
+
+// saveDriver is the driver goroutine's state.
+type saveDriver struct {
+	sv         *Save
+	queue      []sched.IO // dispatched, waiting for a write buffer
+	held       []*slot    // staging slots held (each holds a save slot token)
+	free       []*wbuf    // idle write buffers of the held slots
+	busy       int        // write buffers being staged or written
+	inflight   []int      // per run: writes being staged or written
+	remaining  []int      // per run: writes not retired
+	nextCommit int        // first run not committed or given up
+}
+
+// stageQueued hands queued writes to the stage workers while write buffers
+// are free; writes of runs given up are retired at once.
+func (d *saveDriver) stageQueued() {
+	sv := d.sv
+	s := sv.s
+	for len(d.queue) > 0 {
+		io := d.queue[0]
+		ri := sv.runOf(io.ReqID)
+		r := sv.runs[ri]
+		if r.skip || r.failed != nil {
+			d.queue = d.queue[1:]
+			if r.admitted {
+				sv.gathered1()
+			}
+			d.retire(io, ri)
+			continue
+		}
+		b := d.takeBuf()
+		if b == nil {
+			return
+		}
+		d.queue = d.queue[1:]
+		b.io, b.run, b.sink = io, ri, sv.sink
+		b.ioBytes = (io.Bytes + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
+		sv.batch(s.deviceOf(r.res.File)).start(s.sched.nowNs(), b.ioBytes)
+		sv.withReads = sv.withReads || len(s.loadN) > 0
+		d.inflight[ri]++
+		d.busy++
+		s.stats.writeIOs.Add(1)
+		s.stager.jobs <- stageJob{sv: sv, b: b}
+	}
+}
+
+// takeBuf returns a free write buffer, taking another staging slot when
+// the store's saves hold fewer than their share; nil when none is free now.
+// With nothing in flight it blocks for a slot (the save cannot progress
+// otherwise, and loads and other saves give theirs back).
+func (d *saveDriver) takeBuf() *wbuf {
+	if n := len(d.free); n > 0 {
+		b := d.free[n-1]
+		d.free = d.free[:n-1]
+		return b
+	}
+	s := d.sv.s
+	var sl *slot
+	if d.busy == 0 {
+		s.saveSlotTokens <- struct{}{}
+		sl = s.staging.acquire()
+	} else {
+		select {
+		case s.saveSlotTokens <- struct{}{}:
+		default:
+			return nil
+		}
+		if sl = s.staging.tryAcquire(); sl == nil {
+			<-s.saveSlotTokens
+			return nil
+		}
+	}
+	d.held = append(d.held, sl)
+	bs := s.saveWbufs(sl)
+	d.free = append(d.free, bs[1:]...)
+	return bs[0]
+}
+
+// releaseSlots gives every held slot back (none of its buffers is busy).
+func (d *saveDriver) releaseSlots() {
+	s := d.sv.s
+	for _, sl := range d.held {
+		s.staging.release(sl)
+		<-s.saveSlotTokens
+	}
+	d.held, d.free = d.held[:0], d.free[:0]
+}
+
+// completed retires a finished write (or one whose gather failed): a
+// failure gives its run up, a success keeps its chunk CRC pieces.
+func (d *saveDriver) completed(b *wbuf) {
+	sv := d.sv
+	s := sv.s
+	ri := b.run
+	r := sv.runs[ri]
+	d.inflight[ri]--
+	d.busy--
+	sv.batch(s.deviceOf(r.res.File)).lastNs = s.sched.nowNs()
+	if r.failed == nil {
+		switch {
+		case b.gatherErr != nil:
+			r.failed = b.gatherErr
+		case b.req.err != nil:
+			r.failed = fmt.Errorf("writing run %d layer %d: %w", r.res.ID, b.io.Layer, b.req.err)
+		case b.req.result != b.ioBytes:
+			r.failed = fmt.Errorf("writing run %d layer %d: %d of %d bytes: %w", r.res.ID, b.io.Layer, b.req.result, b.ioBytes, unix.EIO)
+		default:
+			r.parts = append(r.parts, b.parts...)
+		}
+	}
+	io := b.io
+	d.free = append(d.free, b)
+	d.retire(io, ri)
+}
+
+func (d *saveDriver) retire(io sched.IO, ri int) {
+	d.remaining[ri]--
+	d.sv.writesLeft--
+	d.sv.s.sched.complete(io, d.remaining[ri] == 0)
 }
 
 // ioBatch is one device's share of a save's writes or a load's reads: bytes
@@ -125,90 +201,10 @@ func batchOf(bs *[]ioBatch, dev int) *ioBatch {
 }
 
 // gathered1 counts one write gathered (or given up) and closes Gathered
-// after the last.
+// after the last (on the driver or a stage worker).
 func (sv *Save) gathered1() {
-	sv.gatherLeft--
-	if sv.gatherLeft == 0 {
+	if sv.gatherLeft.Add(-1) == 0 {
 		close(sv.gathered)
-	}
-}
-
-// stage gathers one dispatched write into sl and prepares it.
-func (sv *Save) stage(sl *slot, io sched.IO, r *saveRun) {
-	s := sv.s
-	g := s.geo
-	dataBytes := io.Bytes
-	ioBytes := (dataBytes + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
-	buf := sl.data[:ioBytes]
-	if s.gpu != nil {
-		// Writes are cut at whole pages on this path (gpuWriteUnit).
-		pb := g.PageBytesPerLayer()
-		first := r.chainPos*g.ChunkPages + int(io.OffsetBytes/pb)
-		if err := s.gpu.gather(sv.pages[first:first+int(dataBytes/pb)], io.Layer, sl.buf.Addr(), dataBytes); err != nil && r.failed == nil {
-			r.failed = fmt.Errorf("gathering run %d layer %d from the GPU: %w", r.res.ID, io.Layer, err)
-		}
-	} else {
-		s.kv.copyPages(io.Layer, sv.pages[r.chainPos*g.ChunkPages:], io.OffsetBytes, io.OffsetBytes+dataBytes, buf[:dataBytes], false)
-	}
-	clear(buf[dataBytes:]) // padding: deterministic bytes on disk
-	if !r.crcStale && r.nextOff[io.Layer] == io.OffsetBytes {
-		r.feedCRCs(io.Layer, buf[:dataBytes], g.ChunkBytesPerLayer())
-	} else {
-		r.crcStale = true
-	}
-	sv.gathered1()
-	if r.crcStale && sv.gatherLeft == 0 {
-		sv.recomputeCRCs()
-	}
-	objOff, _ := g.ObjectOffset(r.res.Chunks, io.Layer)
-	sl.tag = segment{io: io, objOff: io.OffsetBytes, dataBytes: dataBytes, ioBytes: ioBytes}
-	sl.req.c.PrepWrite(s.m.Files()[r.res.File], sl.buf.Addr(), uint32(ioBytes), uint64(r.res.Offset+objOff+io.OffsetBytes))
-}
-
-// feedCRCs continues the chunk CRCs of layer with the next payload bytes
-// (writes of one layer come in order; stage checks).
-func (r *saveRun) feedCRCs(layer int, data []byte, chunkBytes int64) {
-	for len(data) > 0 {
-		off := r.nextOff[layer]
-		n := min(int64(len(data)), chunkBytes-off%chunkBytes)
-		i := layer*r.res.Chunks + int(off/chunkBytes)
-		r.crcs[i] = objmap.UpdateCRC32C(r.crcs[i], data[:n])
-		r.nextOff[layer] += n
-		data = data[n:]
-	}
-}
-
-// recomputeCRCs computes the chunk CRCs of runs whose writes were
-// dispatched out of order straight from the pages. It runs before Gathered
-// closes, so the pages are still the saved ones.
-func (sv *Save) recomputeCRCs() {
-	g := sv.s.geo
-	pb := g.PageBytesPerPlane()
-	for _, r := range sv.runs {
-		if !r.crcStale || r.skip {
-			continue
-		}
-		if sv.s.gpu != nil {
-			// The pages are in HBM: no CRC without reading them back; give
-			// the run up rather than commit a CRC that may be wrong.
-			if r.failed == nil {
-				r.failed = fmt.Errorf("run %d: writes dispatched out of order on the GPU path: %w", r.res.ID, errCRCOrder)
-			}
-			continue
-		}
-		for l := 0; l < g.Layers; l++ {
-			for c := 0; c < r.res.Chunks; c++ {
-				crc := uint32(0)
-				for p := 0; p < g.ChunkPages; p++ {
-					page := sv.pages[(r.chainPos+c)*g.ChunkPages+p]
-					for pl := 0; pl < g.Planes; pl++ {
-						crc = objmap.UpdateCRC32C(crc, sv.s.kv.plane(l, pl, page)[:pb])
-					}
-				}
-				r.crcs[l*r.res.Chunks+c] = crc
-			}
-		}
-		r.crcStale = false
 	}
 }
 
@@ -218,6 +214,7 @@ func (sv *Save) recomputeCRCs() {
 // Commit (one fdatasync per pool file, one journal group).
 func (sv *Save) commitReady(next int, remaining, inflight []int) int {
 	ready := func(i int) bool { return remaining[i] == 0 && inflight[i] == 0 }
+	cb := sv.s.geo.ChunkBytesPerLayer()
 	for next < len(sv.runs) {
 		r := sv.runs[next]
 		switch {
@@ -235,9 +232,16 @@ func (sv *Save) commitReady(next int, remaining, inflight []int) int {
 		case r.skip:
 			next++
 		default:
+			if err := r.chunkCRCs(cb); err != nil {
+				r.failed = err // given up on the next pass
+				continue
+			}
 			j := next + 1
 			for j < len(sv.runs) && j-next < objmap.MaxCommitBatch && ready(j) {
 				if x := sv.runs[j]; x.done || x.mapAbort || x.failed != nil || x.skip {
+					break
+				} else if err := x.chunkCRCs(cb); err != nil {
+					x.failed = err
 					break
 				}
 				j++

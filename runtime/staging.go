@@ -19,6 +19,10 @@ type slot struct {
 	tag       segment
 	sink      chan *slot
 	completed bool
+
+	// wbufs are the slot cut into save write buffers, made the first time a
+	// save holds it (saveWbufs).
+	wbufs []*wbuf
 }
 
 // ioDone runs on the I/O worker goroutine.

@@ -69,6 +69,11 @@ type Store struct {
 	idx     *servedIndex // the prefix index; publishes KV events with Config.KVEvents
 	worker  *ioWorker
 	staging *stagingPool
+	// stager gathers, checksums and submits save writes; saveSlotTokens
+	// holds one token per staging slot the saves hold (at most saveSlots).
+	stager         *stagePool
+	saveSlots      int
+	saveSlotTokens chan struct{}
 	// consumers verify and scatter completed load reads (PathCPU; nil on
 	// PathGPU, which does not stage its reads here).
 	consumers *consumePool
@@ -435,6 +440,7 @@ func (s *Store) Close() error {
 	if s.consumers != nil {
 		s.consumers.close()
 	}
+	s.stager.close()
 	errs = append(errs, s.worker.close(), s.staging.close(), s.m.Close())
 	if s.idx.ev != nil {
 		errs = append(errs, s.idx.ev.Close(), s.idx.file.close())

@@ -1,0 +1,236 @@
+package runtime
+
+// A Save's staging: writes are staged in write buffers carved from the
+// staging slots the save holds (a slot is far larger than one write), and
+// gathered and checksummed by a pool of stage workers shared by the store's
+// saves, so that copies, CRCs and writes to every device overlap.
+
+import (
+	"errors"
+	"fmt"
+	goruntime "runtime"
+	"slices"
+	"sync"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/sched"
+)
+
+// maxStageWorkers bounds the stage goroutines of a store.
+const maxStageWorkers = 8
+
+// wbuf is one save write's staging: a piece of a staging slot with the I/O
+// request that writes it. The wbufs of a slot are made the first time a save
+// holds it and kept with it (nothing is allocated per write).
+type wbuf struct {
+	sl   *slot
+	off  int64 // offset in sl
+	data []byte
+	req  ioReq
+	sink chan *wbuf // the holding save's; room for every wbuf it can hold
+
+	// Per write, set by the driver: what it stages.
+	io      sched.IO
+	run     int   // index in Save.runs
+	ioBytes int64 // io.Bytes rounded up to O_DIRECT blocks
+	// Set by the stage worker: the CRC32C of each chunk piece the write
+	// covers, or why it could not gather.
+	parts     []crcPart
+	gatherErr error
+}
+
+// ioDone runs on the I/O worker goroutine (or a stage worker for a write
+// that failed before submission): it never blocks.
+func (b *wbuf) ioDone(*ioReq) { b.sink <- b }
+
+// crcPart is the CRC32C of bytes [off, off+n) of chunk entry idx of a run
+// (layer*chunks + chunk, objmap's chunk table order).
+type crcPart struct {
+	idx    int
+	off, n int64
+	crc    uint32
+}
+
+// wbufBytes is the staging of one save write: the scheduler's largest
+// write, rounded up to O_DIRECT blocks.
+func (s *Store) wbufBytes() int64 {
+	return (s.maxWriteIOBytes + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
+}
+
+// wbufsPerSlot is how many write buffers one staging slot holds.
+func (s *Store) wbufsPerSlot() int { return int(s.staging.slotBytes / s.wbufBytes()) }
+
+// saveWbufs returns sl's write buffers, carving them on first use.
+func (s *Store) saveWbufs(sl *slot) []*wbuf {
+	if sl.wbufs != nil {
+		return sl.wbufs
+	}
+	wb := s.wbufBytes()
+	parts := int(wb/s.geo.ChunkBytesPerLayer()) + 2
+	for off := int64(0); off+wb <= s.staging.slotBytes; off += wb {
+		b := &wbuf{sl: sl, off: off, data: sl.data[off : off+wb], parts: make([]crcPart, 0, parts)}
+		b.req.owner = b
+		sl.wbufs = append(sl.wbufs, b)
+	}
+	return sl.wbufs
+}
+
+// saveSlotLimit is how many staging slots the store's saves hold at once:
+// on PathCPU half (loads stage their reads in the others), on PathGPU all
+// (its loads stage in the kernels' memory).
+func saveSlotLimit(slots int, path Path) int {
+	if path == PathGPU {
+		return slots
+	}
+	return max(1, slots/2)
+}
+
+// stagePool gathers and checksums save writes on min(GOMAXPROCS, 8)
+// goroutines shared by the store's saves, and submits them. Its queue has
+// room for every wbuf of the staging pool, so queueing never blocks.
+type stagePool struct {
+	jobs chan stageJob
+	wg   sync.WaitGroup
+}
+
+type stageJob struct {
+	sv *Save
+	b  *wbuf
+}
+
+func newStagePool(wbufs int) *stagePool {
+	n := min(goruntime.GOMAXPROCS(0), maxStageWorkers)
+	p := &stagePool{jobs: make(chan stageJob, wbufs)}
+	p.wg.Add(n)
+	for range n {
+		go p.run()
+	}
+	return p
+}
+
+func (p *stagePool) run() {
+	defer p.wg.Done()
+	for j := range p.jobs {
+		j.sv.stageWrite(j.b)
+	}
+}
+
+// close stops the workers once the queued jobs are done; no job may be
+// queued after it (Close calls it once every save ended).
+func (p *stagePool) close() {
+	close(p.jobs)
+	p.wg.Wait()
+}
+
+// stageWrite (on a stage worker) gathers b's write from the engine's pages,
+// checksums it and submits it; a failed gather is reported as a failed
+// write. The save's runs are only read here (their fields are the driver's
+// to change, and it changes none of a write's run while it stages).
+func (sv *Save) stageWrite(b *wbuf) {
+	s := sv.s
+	g := s.geo
+	r := sv.runs[b.run]
+	io := b.io
+	buf := b.data[:b.ioBytes]
+	b.parts = b.parts[:0]
+	b.gatherErr = nil
+	if s.gpu != nil {
+		// Writes are cut at whole pages on this path (gpuWriteUnit).
+		pb := g.PageBytesPerLayer()
+		first := r.chainPos*g.ChunkPages + int(io.OffsetBytes/pb)
+		if err := s.gpu.gather(sv.pages[first:first+int(io.Bytes/pb)], io.Layer, b.sl.buf.Addr()+uintptr(b.off), io.Bytes); err != nil {
+			b.gatherErr = fmt.Errorf("gathering run %d layer %d from the GPU: %w", r.res.ID, io.Layer, err)
+		} else {
+			b.checksum(g, r.res.Chunks, buf[:io.Bytes])
+		}
+	} else {
+		b.copyAndChecksum(s.kv, g, r.res.Chunks, sv.pages[r.chainPos*g.ChunkPages:], buf[:io.Bytes])
+	}
+	clear(buf[io.Bytes:]) // padding: deterministic bytes on disk
+	sv.gathered1()
+	if b.gatherErr != nil {
+		b.req.result, b.req.err = 0, b.gatherErr
+		b.ioDone(&b.req)
+		return
+	}
+	objOff, _ := g.ObjectOffset(r.res.Chunks, io.Layer)
+	b.req.c.PrepWrite(s.m.Files()[r.res.File], b.sl.buf.Addr()+uintptr(b.off), uint32(b.ioBytes), uint64(r.res.Offset+objOff+io.OffsetBytes))
+	s.worker.submit(&b.req)
+}
+
+// copyAndChecksum copies b's object bytes from the pages into buf one page
+// plane at a time, each checksummed while it is still in the CPU's cache.
+func (b *wbuf) copyAndChecksum(v *kvViews, g objmap.Geometry, chunks int, pages []int32, buf []byte) {
+	start, end := b.io.OffsetBytes, b.io.OffsetBytes+b.io.Bytes
+	pb := v.planeBytes
+	for u := start / pb; u*pb < end; u++ {
+		us := u * pb
+		lo, hi := max(us, start), min(us+pb, end)
+		kv := v.plane(b.io.Layer, int(u%v.planes), pages[u/v.planes])
+		dst := buf[lo-start : hi-start]
+		copy(dst, kv[lo-us:hi-us])
+		b.addCRC(g, chunks, lo, dst)
+	}
+}
+
+// checksum feeds buf (b's object bytes, already staged) to the chunk CRCs.
+func (b *wbuf) checksum(g objmap.Geometry, chunks int, buf []byte) {
+	cb := g.ChunkBytesPerLayer()
+	for off := b.io.OffsetBytes; len(buf) > 0; {
+		n := min(int64(len(buf)), cb-off%cb)
+		b.addCRC(g, chunks, off, buf[:n])
+		off += n
+		buf = buf[n:]
+	}
+}
+
+// addCRC adds p, the object bytes at off (within one chunk), to the chunk
+// piece it continues or to a new one.
+func (b *wbuf) addCRC(g objmap.Geometry, chunks int, off int64, p []byte) {
+	cb := g.ChunkBytesPerLayer()
+	idx, in := b.io.Layer*chunks+int(off/cb), off%cb
+	if n := len(b.parts); n > 0 && b.parts[n-1].idx == idx && b.parts[n-1].off+b.parts[n-1].n == in {
+		last := &b.parts[n-1]
+		last.crc = objmap.UpdateCRC32C(last.crc, p)
+		last.n += int64(len(p))
+		return
+	}
+	b.parts = append(b.parts, crcPart{idx: idx, off: in, n: int64(len(p)), crc: objmap.UpdateCRC32C(0, p)})
+}
+
+var errCRCCoverage = errors.New("runtime: save's chunk CRC pieces do not cover the run")
+
+// chunkCRCs folds the run's chunk pieces (from writes completed in any
+// order) into objmap's chunk table: CRC32C of each (layer, chunk).
+func (r *saveRun) chunkCRCs(chunkBytes int64) error {
+	slices.SortFunc(r.parts, func(a, b crcPart) int {
+		if a.idx != b.idx {
+			return a.idx - b.idx
+		}
+		return int(a.off - b.off)
+	})
+	i := 0
+	for idx := range r.crcs {
+		crc, at := uint32(0), int64(0)
+		for ; i < len(r.parts) && r.parts[i].idx == idx; i++ {
+			p := r.parts[i]
+			if p.off != at {
+				return fmt.Errorf("run %d chunk entry %d: piece at %d, want %d: %w", r.res.ID, idx, p.off, at, errCRCCoverage)
+			}
+			if at == 0 {
+				crc = p.crc
+			} else {
+				crc = objmap.CombineCRC32C(crc, p.crc, p.n)
+			}
+			at += p.n
+		}
+		if at != chunkBytes {
+			return fmt.Errorf("run %d chunk entry %d: %d of %d bytes checksummed: %w", r.res.ID, idx, at, chunkBytes, errCRCCoverage)
+		}
+		r.crcs[idx] = crc
+	}
+	if i != len(r.parts) {
+		return fmt.Errorf("run %d: %d pieces beyond its %d chunk entries: %w", r.res.ID, len(r.parts)-i, len(r.crcs), errCRCCoverage)
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+package runtime
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/uring"
+	"github.com/tutti-io/tutti/uring/uringsim"
+)
+
+// TestChunkCRCsFromPieces: chunk pieces from writes completed in any order
+// fold into the CRC32C of each whole chunk; a missing or overlapping piece
+// is errCRCCoverage, never a CRC.
+func TestChunkCRCsFromPieces(t *testing.T) {
+	const layers, chunks, chunkBytes = 2, 3, 1000
+	rng := rand.New(rand.NewPCG(9, 9))
+	data := make([]byte, layers*chunks*chunkBytes)
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	r := &saveRun{res: objmap.Reservation{ID: 7, Chunks: chunks}, crcs: make([]uint32, layers*chunks)}
+	want := make([]uint32, layers*chunks)
+	for idx := range want {
+		chunk := data[idx*chunkBytes : (idx+1)*chunkBytes]
+		want[idx] = objmap.UpdateCRC32C(0, chunk)
+		// Cut each chunk at random points, as writes of any size cut it.
+		for off := 0; off < chunkBytes; {
+			n := min(chunkBytes-off, 1+rng.IntN(400))
+			r.parts = append(r.parts, crcPart{idx: idx, off: int64(off), n: int64(n), crc: objmap.UpdateCRC32C(0, chunk[off:off+n])})
+			off += n
+		}
+	}
+	rng.Shuffle(len(r.parts), func(i, j int) { r.parts[i], r.parts[j] = r.parts[j], r.parts[i] })
+	if err := r.chunkCRCs(chunkBytes); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if r.crcs[i] != want[i] {
+			t.Fatalf("chunk entry %d: CRC %08x, want %08x", i, r.crcs[i], want[i])
+		}
+	}
+	full := r.parts
+	for name, parts := range map[string][]crcPart{
+		"missing piece":  full[1:],
+		"repeated piece": append(append([]crcPart(nil), full...), full[0]),
+		"beyond the run": append(append([]crcPart(nil), full...), crcPart{idx: layers * chunks, n: chunkBytes}),
+	} {
+		r.parts = append([]crcPart(nil), parts...)
+		if err := r.chunkCRCs(chunkBytes); !errors.Is(err, errCRCCoverage) {
+			t.Errorf("%s: %v, want errCRCCoverage", name, err)
+		}
+	}
+}
+
+// TestSaveStripedOverDirs: a save large enough is cut into one run per
+// directory, each on its own device, written through write buffers cut from
+// the staging slots, and restores bit-exact.
+func TestSaveStripedOverDirs(t *testing.T) {
+	// 1 MiB per (layer, chunk): a run of one block per device is worth it.
+	g := objmap.Geometry{Layers: 2, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
+	const blocks = 8
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()}
+	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, blocks) + 4<<20, Geometry: g, Layout: objmap.LayoutPerLayer,
+		NumPages: 2 * blocks * g.ChunkPages, StagingBytes: 32 << 20, StagingSlotBytes: 8 << 20}
+	s, kv := openKV(t, cfg)
+	defer closeKV(t, s, kv)
+	if s.wbufsPerSlot() != 2 {
+		t.Fatalf("%d write buffers per 8 MiB slot, want 2 of 4 MiB", s.wbufsPerSlot())
+	}
+	rng := rand.New(rand.NewPCG(3, 3))
+	c := chainOf(9<<32, blocks)
+	pages := pageTable(rng, g, cfg.NumPages, blocks)
+	fill(kv, g, c, pages)
+	if sv := saveWait(t, s, c, pages); sv.Saved() != blocks {
+		t.Fatalf("saved %d of %d blocks: %+v", sv.Saved(), blocks, s.Stats())
+	}
+	devs := map[int]int{}
+	s.mu.Lock()
+	for _, r := range s.runs {
+		devs[r.device] += r.chunks
+	}
+	s.mu.Unlock()
+	if len(devs) != len(dirs) {
+		t.Fatalf("blocks per device %v: want %d blocks on each of %d devices", devs, blocks/len(dirs), len(dirs))
+	}
+	for d, n := range devs {
+		if n != blocks/len(dirs) {
+			t.Fatalf("device %d holds %d blocks (%v), want %d", d, n, devs, blocks/len(dirs))
+		}
+	}
+	scramble(kv, g, cfg.NumPages)
+	if l := loadWait(t, s, c, pages); l.Blocks() != blocks {
+		t.Fatalf("restored %d of %d blocks", l.Blocks(), blocks)
+	}
+	if err := verify(kv, g, c, pages, blocks); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSaveWritesCompleteOutOfOrder: with chunks cut across writes and the
+// simulator completing writes out of submission order, every save commits
+// CRCs that the restore verifies.
+func TestSaveWritesCompleteOutOfOrder(t *testing.T) {
+	// 3 KiB per (layer, chunk) against 8 KiB writes: chunks straddle writes.
+	g := objmap.Geometry{Layers: 3, KVHeads: 3, HeadDim: 16, DType: objmap.BF16, Planes: 2, PageTokens: 4, ChunkPages: 4}
+	cfg := testConfig(t, g, objmap.LayoutPerLayer, 128)
+	var sim *uringsim.Sim
+	cfg.NewEngine = func() (uring.Engine, error) {
+		sim = uringsim.New(uringsim.Config{Seed: 11, MinLatencyTicks: 1, MaxLatencyTicks: 40})
+		return sim, nil
+	}
+	s, kv := openKV(t, cfg)
+	defer closeKV(t, s, kv)
+	rng := rand.New(rand.NewPCG(11, 11))
+	for i := range 6 {
+		c := chainOf(uint64(i+1)<<36, 5)
+		pages := pageTable(rng, g, cfg.NumPages, len(c))
+		fill(kv, g, c, pages)
+		if sv := saveWait(t, s, c, pages); sv.Saved() != len(c) {
+			t.Fatalf("chain %d: saved %d of %d blocks: %+v", i, sv.Saved(), len(c), s.Stats())
+		}
+		scramble(kv, g, cfg.NumPages)
+		if l := loadWait(t, s, c, pages); l.Blocks() != len(c) {
+			t.Fatalf("chain %d: restored %d of %d blocks (first failure: %v)", i, l.Blocks(), len(c), l.Failure())
+		}
+		if err := verify(kv, g, c, pages, len(c)); err != nil {
+			t.Fatalf("chain %d: %v", i, err)
+		}
+	}
+}
