@@ -20,7 +20,7 @@ const (
 )
 
 const (
-	jobWorldStepNs   = int64(20e3)
+	jobWorldStepNs   = int64(50e3)
 	jobWorldLimitNs  = int64(30e9)
 	jobWorldRequests = 30
 	jobWorldSaves    = 30
@@ -75,7 +75,8 @@ type jobWorld struct {
 	writes [2][]wWrite
 	reqs   []wReq
 	saves  []wSave
-	left   int // requests and saves not finished
+	left   int  // requests and saves not finished
+	dirty  bool // something arrived or completed since the last Dispatch
 }
 
 func runJobWorld(t testing.TB, seed uint64, pol jobWorldPolicy) jobWorldResult {
@@ -100,7 +101,10 @@ func runJobWorld(t testing.TB, seed uint64, pol jobWorldPolicy) jobWorldResult {
 		for ; nextSave < len(w.saves) && w.saves[nextSave].arrive <= w.now; nextSave++ {
 			w.arriveSave(nextSave)
 		}
-		w.dispatch()
+		if w.dirty || w.now >= w.p.NextWakeNs() {
+			w.dispatch() // as the runtime calls it: on requests, completions and wake-ups
+			w.dirty = false
+		}
 		for d := range w.reads {
 			w.serve(d)
 		}
@@ -110,6 +114,7 @@ func runJobWorld(t testing.TB, seed uint64, pol jobWorldPolicy) jobWorldResult {
 }
 
 func (w *jobWorld) arriveRequest(i int) {
+	w.dirty = true
 	r := &w.reqs[i]
 	plan, err := w.p.PlanLoad(wholeRequest(uint64(i+1), w.now, r.blocks[0], r.blocks[1]))
 	if err != nil || plan.LoadBlocks != r.blocks[0]+r.blocks[1] {
@@ -124,6 +129,7 @@ func (w *jobWorld) arriveRequest(i int) {
 }
 
 func (w *jobWorld) arriveSave(i int) {
+	w.dirty = true
 	s := &w.saves[i]
 	if w.pol == jobWorldEager {
 		per := int64(s.blocks) * jobBlockBytes
@@ -210,6 +216,7 @@ func (w *jobWorld) readDone(rd wRead) {
 		return
 	}
 	r.retired = n
+	w.dirty = true
 	var err error
 	if n < jobLayers {
 		err = w.p.CompleteLayers(r.io.ID, n, w.now)
@@ -224,6 +231,7 @@ func (w *jobWorld) readDone(rd wRead) {
 }
 
 func (w *jobWorld) writeDone(wt wWrite) {
+	w.dirty = true
 	if wt.planned {
 		if err := w.p.Complete(wt.id, w.now); err != nil {
 			w.t.Fatal(err)
