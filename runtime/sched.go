@@ -1,10 +1,11 @@
 package runtime
 
 // The scheduler wiring: every load read and save write goes through
-// sched.Planner (a GPU load as one Whole restore, retired layer by layer), which decides the load-versus-recompute split, admits saves
-// (partially when its budgets are short) and hands out I/O in least-slack
-// order, deferring writes into the reads' slack within the save bound. The
-// planner is not safe for concurrent use; scheduler serialises it and one
+// sched.Planner (a GPU load as one Whole restore, retired layer by layer),
+// which decides the load-versus-recompute split, admits saves (partially
+// when its budgets are short) and hands out I/O in least-slack order,
+// deferring writes into the reads' slack within the save bound. The planner
+// is not safe for concurrent use; scheduler serialises it and one
 // dispatcher goroutine routes what Dispatch hands out to the Load or Save
 // that owns it (whose driver goroutine stages and submits it).
 
