@@ -116,6 +116,11 @@ type Config struct {
 	// ring: tests pass a *uringsim.Sim here (seeded latency, fault injection).
 	// It is called once per engine at Open; the store owns and closes it.
 	NewEngine func() (uring.Engine, error)
+
+	// gpuBind, if set (tests), binds PathGPU's restorer instead of package
+	// kernels: Open then needs no GPU, and RegisterKV binds no ring and
+	// registers no staging with CUDA.
+	gpuBind gpuBinder
 }
 
 // GPUConfig is PathGPU's part of Config. Every zero field takes the value

@@ -9,13 +9,27 @@ import (
 
 // TestIOCreditsEachDevice: a save whose runs lie on both directories, and
 // then the load of it, report each device's writes and reads to that
-// device's model, not every byte to the first run's device.
+// device's model, not every byte to the first run's device, on either path
+// (PathGPU with the CPU restorer). On PathGPU the load is one restore the
+// scheduler dispatched, with no read planned and cancelled.
 func TestIOCreditsEachDevice(t *testing.T) {
+	for _, path := range []Path{PathCPU, PathGPU} {
+		t.Run(path.String(), func(t *testing.T) { testIOCreditsEachDevice(t, path) })
+	}
+}
+
+func testIOCreditsEachDevice(t *testing.T, path Path) {
 	g := tinyGeometry()
 	blocks := 2*objmap.MaxRunChunks(g) + 3 // at least three runs: both devices
 	cfg := testConfig(t, g, objmap.LayoutPerLayer, blocks*g.ChunkPages+8)
 	cfg.CapacityBytes = 256 << 20
 	cfg.SaveBoundMs, cfg.SaveBudgetBytes = 600000, 1<<30
+	var bound chan *cpuRestorer
+	if path == PathGPU {
+		bound = make(chan *cpuRestorer, 1)
+		cfg.Path, cfg.gpuBind = PathGPU, cpuGPU(nil, bound)
+		cfg.GPU.MaxPages = blocks * g.ChunkPages
+	}
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
 	seed := s.sched.device(0).Profile()
@@ -48,6 +62,9 @@ func TestIOCreditsEachDevice(t *testing.T) {
 			t.Errorf("device %d: model still the seed %+v: its writes were credited elsewhere", d, got)
 		}
 	}
+	if path == PathGPU {
+		scramble(kv, g, cfg.NumPages) // the restore must bring the bytes back
+	}
 	l, err := s.Load(chain, pages)
 	if err != nil {
 		t.Fatal(err)
@@ -60,5 +77,15 @@ func TestIOCreditsEachDevice(t *testing.T) {
 		if got.ReadBytesPerSec == seed.ReadBytesPerSec && got.ReadIOPS == seed.ReadIOPS && got.ReadLatencyNs == seed.ReadLatencyNs {
 			t.Errorf("device %d: read model still the seed's %+v: its reads were credited elsewhere", d, got)
 		}
+	}
+	if path != PathGPU {
+		return
+	}
+	if err := verify(kv, g, chain, pages, blocks); err != nil {
+		t.Errorf("GPU path restore: %v", err)
+	}
+	st := s.SchedStats()
+	if c := <-bound; c.calls() != 1 || st.RestoresDispatched != 1 || st.Cancelled != 0 {
+		t.Errorf("%d GPU restores, scheduler %+v: want one restore dispatched, nothing cancelled", c.calls(), st)
 	}
 }

@@ -32,7 +32,9 @@
 //     needs and verifies each against the run's chunk table; PathGPU reports
 //     the kernels' per-entry I/O status and does not check CRCs).
 //   - Save returns at once; the scheduler defers its writes into the slack of
-//     loads within Config.SaveBoundMs. The pages must stay unchanged until
+//     loads within Config.SaveBoundMs, on PathGPU too: a GPU restore is one
+//     job of the scheduler (sched.LoadRequest.Whole) whose reads hold their
+//     devices from dispatch until the GPU reports each layer done. The pages must stay unchanged until
 //     Gathered is closed. A run is served only after its payload, header and
 //     journal record are durable; what the index, the pool or the save budget
 //     cannot take, and any write error, skips blocks (counted by SkipCause),

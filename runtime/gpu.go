@@ -13,6 +13,7 @@ import (
 
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 )
 
@@ -34,10 +35,10 @@ func gpuAvailable(device int) error {
 
 // gpuPath is the bound GPU context of a store.
 type gpuPath struct {
-	r        *kernels.Restorer
-	ring     *uring.Ring
-	gatherMu sync.Mutex // Gather sets the restorer's host page map: one at a time
-	slots    []uintptr  // staging slots registered with CUDA
+	r        gpuRestorer
+	ring     *uring.Ring // nil with Config.gpuBind
+	gatherMu sync.Mutex  // Gather sets the restorer's host page map: one at a time
+	slots    []uintptr   // staging slots registered with CUDA
 	// kickFallback: why the kick-mode ring has no DEFER_TASKRUN (empty: it
 	// has, or the ring is SQPOLL), reported in Stats.
 	kickFallback string
@@ -48,6 +49,13 @@ type gpuPath struct {
 func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	if err := checkKV(s.geo, s.cfg.Layout, s.cfg.NumPages, kv); err != nil {
 		return nil, err
+	}
+	if s.cfg.gpuBind != nil {
+		r, err := s.cfg.gpuBind(s.cfg, kv)
+		if err != nil {
+			return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
+		}
+		return &gpuPath{r: r}, nil
 	}
 	var ptrs []uint64
 	if s.cfg.Layout == objmap.LayoutPerLayer {
@@ -83,7 +91,7 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 		ring.Close()
 		return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
 	}
-	gp := &gpuPath{r: r, ring: ring, kickFallback: fallback}
+	gp := &gpuPath{r: kernelsRestorer{r}, ring: ring, kickFallback: fallback}
 	for _, sl := range s.staging.all {
 		if err := kernels.HostRegister(sl.buf.Addr(), int64(sl.buf.Len())); err != nil {
 			gp.close()
@@ -99,7 +107,10 @@ func (gp *gpuPath) close() error {
 	for _, a := range gp.slots {
 		errs = append(errs, kernels.HostUnregister(a))
 	}
-	errs = append(errs, gp.r.Close(), gp.ring.Close())
+	errs = append(errs, gp.r.Close())
+	if gp.ring != nil {
+		errs = append(errs, gp.ring.Close())
+	}
 	return errors.Join(errs...)
 }
 
@@ -142,34 +153,62 @@ func (s *Store) gpuCut(runs []loadRun, planned int) int {
 	return kept
 }
 
-// startGPU enqueues the load's restore on the GPU and waits for it on a
-// goroutine that marks layers ready and maps failed entries to runs.
+// startGPU builds the load's GPU request and submits it once the scheduler
+// dispatched it (sched.LoadRequest.Whole): at once when planLoad's round
+// dispatched it, else from the load's goroutine when saves near their bound
+// held it. A goroutine then waits for the GPU layer by layer.
 func (l *Load) startGPU() {
-	s := l.s
-	g := s.geo
+	req := l.gpuRequest()
+	select {
+	case io := <-l.ios:
+		l.submitGPU(io, req)
+		go l.driveGPU()
+	default:
+		go func() {
+			l.submitGPU(<-l.ios, req)
+			l.driveGPU()
+		}()
+	}
+}
+
+// gpuRequest is the kernels request of the load's runs: extent i of every
+// layer is run i (driveGPU maps failed entries back by that index).
+func (l *Load) gpuRequest() kernels.Request {
+	g := l.s.geo
 	req := kernels.Request{Layers: make([][]kernels.Extent, g.Layers)}
 	for _, r := range l.runs {
 		base := r.chainPos * g.ChunkPages
 		req.Pages = append(req.Pages, l.pages[base:base+r.k*g.ChunkPages]...)
 	}
 	for layer := range req.Layers {
+		req.Layers[layer] = make([]kernels.Extent, 0, len(l.runs))
 		for _, r := range l.runs {
 			off, _ := g.ObjectOffset(r.run.chunks, layer)
 			req.Layers[layer] = append(req.Layers[layer], kernels.Extent{FD: r.run.file.FD, Align: r.run.file.DirectAlign,
 				Offset: r.run.offset + off + int64(r.first)*g.ChunkBytesPerLayer(), Pages: r.k * g.ChunkPages})
 		}
 	}
-	x, err := s.gpu.r.Restore(req)
+	return req
+}
+
+// submitGPU puts the dispatched restore io on the GPU. A refusal fails the
+// whole load (MissGPU); driveGPU still retires io.
+func (l *Load) submitGPU(io sched.IO, req kernels.Request) {
+	l.gpuIO = io
+	l.firstNs = l.s.sched.nowNs()
+	x, err := l.s.gpu.r.Restore(req)
 	if err != nil {
 		l.failRuns(0, MissGPU, err)
-		l.gpuErr = err
-		go l.driveGPU(nil)
-		return
 	}
-	l.ioCount = int64(g.Layers * len(l.runs))
-	l.firstNs = s.sched.nowNs()
-	l.gpuX = x
-	go l.driveGPU(x)
+	l.mu.Lock()
+	if err != nil {
+		l.gpuErr, l.gpuEnded = err, true
+	} else {
+		l.gpuX = x
+		l.ioCount = int64(l.s.geo.Layers * len(l.runs))
+	}
+	l.mu.Unlock()
+	l.cond.Broadcast()
 }
 
 // observeGPUReads reports a finished GPU restore's reads to each device's
@@ -197,49 +236,64 @@ func (l *Load) observeGPUReads() {
 	}
 }
 
-func (l *Load) driveGPU(x *kernels.Restore) {
-	g := l.s.geo
+// driveGPU waits for the submitted restore layer by layer: each layer the
+// GPU finished is ready for WaitLayer and retired in the scheduler (its
+// reads leave their devices' pending work, so saves queued behind them may
+// go), failed entries are mapped to runs, the reads are reported to the
+// device models, and the restore is released and retired.
+func (l *Load) driveGPU() {
+	l.mu.Lock()
+	x := l.gpuX
+	l.mu.Unlock()
 	if x != nil {
-		for layer := 0; layer < g.Layers; layer++ {
-			// ErrIO here is a failed entry: mapped to runs after Wait.
-			if err := x.WaitLayer(layer); err != nil && !errors.Is(err, kernels.ErrIO) && l.gpuErr == nil {
-				l.gpuErr = err
-			}
-			l.mu.Lock()
-			l.ready = layer + 1
-			l.mu.Unlock()
-			l.cond.Broadcast()
-		}
-		res, err := x.Wait()
-		if res != nil {
-			for _, f := range res.Failed {
-				// Extent i of every layer is run i (startGPU); out of
-				// range fails the whole load (closed).
-				r := f.Extent
-				if r < 0 || r >= len(l.runs) {
-					r = 0
-				}
-				l.failRuns(r, MissIOError, f)
-			}
-		}
-		l.observeGPUReads()
-		if err != nil && (res == nil || len(res.Failed) == 0) {
-			l.failRuns(0, MissGPU, err)
-			if l.gpuErr == nil {
-				l.gpuErr = err
-			}
-		}
-		l.mu.Lock()
-		_ = x.Release()
-		l.gpuX = nil
-		l.err = l.gpuErr
-		l.mu.Unlock()
-	} else {
-		l.mu.Lock()
-		l.err = l.gpuErr
-		l.mu.Unlock()
+		l.waitGPU(x)
 	}
+	l.s.sched.complete(l.gpuIO, true)
+	l.mu.Lock()
+	l.err = l.gpuErr
+	l.mu.Unlock()
 	l.finish()
+}
+
+func (l *Load) waitGPU(x gpuRestore) {
+	g := l.s.geo
+	for layer := 0; layer < g.Layers; layer++ {
+		// ErrIO here is a failed entry: mapped to runs after Wait.
+		if err := x.WaitLayer(layer); err != nil && !errors.Is(err, kernels.ErrIO) && l.gpuErr == nil {
+			l.gpuErr = err
+		}
+		l.mu.Lock()
+		l.ready = layer + 1
+		l.mu.Unlock()
+		l.cond.Broadcast()
+		l.s.sched.completeLayers(l.gpuIO, layer+1)
+	}
+	res, err := x.Wait()
+	if res != nil {
+		for _, f := range res.Failed {
+			// Extent i of every layer is run i (gpuRequest); one out of
+			// range fails the whole load.
+			r := f.Extent
+			if r < 0 || r >= len(l.runs) {
+				r = 0
+			}
+			l.failRuns(r, MissIOError, f)
+		}
+	}
+	l.observeGPUReads()
+	if err != nil && (res == nil || len(res.Failed) == 0) {
+		l.failRuns(0, MissGPU, err)
+		if l.gpuErr == nil {
+			l.gpuErr = err
+		}
+	}
+	rerr := x.Release()
+	l.mu.Lock()
+	if rerr != nil && l.gpuErr == nil {
+		l.gpuErr = fmt.Errorf("runtime: releasing the GPU restore: %w", rerr)
+	}
+	l.gpuX, l.gpuEnded = nil, true
+	l.mu.Unlock()
 }
 
 // StreamWaitLayer makes a CUDA stream wait until layer is in the KV tensors,
@@ -248,13 +302,21 @@ func (l *Load) driveGPU(x *kernels.Restore) {
 // really got. For a layer far ahead it first blocks the host until the
 // layer is on the GPU's streams (kernels enqueues layer l once layer
 // l-EnqueueLayers, 16 to 48 layers back, is scattered), so call it layer by
-// layer, as the engine computes.
+// layer, as the engine computes. A restore the scheduler still holds back
+// (queued saves would otherwise miss their bound) blocks the host until it
+// is on the GPU.
 func (l *Load) StreamWaitLayer(layer int, stream uintptr) error {
 	if l.s.gpu == nil {
 		return ErrNotGPU
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// A restore the scheduler has not dispatched yet (saves near their
+	// bound hold it) is not on the GPU's streams: wait for its submission,
+	// or a stream would not wait at all.
+	for l.gpuX == nil && !l.gpuEnded && !l.finished && l.planned > 0 {
+		l.cond.Wait()
+	}
 	if l.gpuX == nil || l.finished {
 		return nil // nothing in flight: the layer is as done as it gets
 	}

@@ -6,7 +6,6 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
@@ -100,9 +99,14 @@ type Load struct {
 
 	missBlocks [numMissCauses]int64 // mu (resolve fills it before the driver starts)
 
-	gpuX    *kernels.Restore // PathGPU: the restore in flight
-	gpuErr  error
-	failure error // the first cause of a miss (mu)
+	// PathGPU: the scheduler's IORestore of the load (driver), the
+	// restore on the GPU (mu; nil until submitted and after release),
+	// gpuEnded once it will not be (mu), and the load's error (driver).
+	gpuIO    sched.IO
+	gpuX     gpuRestore
+	gpuEnded bool
+	gpuErr   error
+	failure  error // the first cause of a miss (mu)
 }
 
 // Blocks is the number of leading chain blocks restored (final after Wait).

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/tutti-io/tutti/sched"
 )
 
 // LoadOptions are what an engine that schedules ahead of its loads (vLLM)
@@ -104,20 +102,23 @@ func (s *Store) Match(chain []uint64, skip int, ttl time.Duration) (*Hold, error
 	return h, nil
 }
 
-// matchBlocks is how many leading blocks of runs a load would restore: the
-// planner's split, asked and withdrawn under the scheduler's lock (so no
-// read of it is dispatched), then the GPU restore's cut.
+// matchBlocks is how many leading blocks of runs a load would restore: on
+// PathGPU cut first to what one GPU restore takes (as LoadWith cuts it),
+// then the planner's split, asked and withdrawn under the scheduler's lock
+// (so no read of it is dispatched).
 func (s *Store) matchBlocks(runs []loadRun, blocks int) int {
 	cached := 0
-	req := sched.LoadRequest{SegmentsOnly: true}
 	for _, r := range runs {
 		cached += r.k
-		req.Runs = append(req.Runs, sched.Run{Device: r.run.device, Blocks: r.k, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()})
 	}
 	if cached == 0 {
 		return 0
 	}
-	req.UncachedTokens = (blocks - cached) * s.geo.ChunkPages * s.geo.PageTokens
+	if s.cfg.Path == PathGPU {
+		runs = keepBlocks(runs, s.gpuCut(runs, cached))
+	}
+	req := s.loadRequest(runs, blocks)
+	req.SegmentsOnly = true
 	sc := s.sched
 	sc.mu.Lock()
 	sc.nextID++
@@ -130,11 +131,7 @@ func (s *Store) matchBlocks(runs []loadRun, blocks int) int {
 	if err != nil {
 		return 0 // a request the planner refuses is one LoadWith would refuse: no hit
 	}
-	n := plan.LoadBlocks
-	if s.cfg.Path == PathGPU {
-		n = s.gpuCut(runs, n)
-	}
-	return n
+	return plan.LoadBlocks
 }
 
 // Release ends the hold (idempotent; the timer's expiry is a release too).

@@ -42,7 +42,7 @@ func Open(cfg Config) (*Store, error) {
 	// on these devices; sized values are within Validate's ranges
 	// (TestDeviceSizedGPUReads).
 	gpuReads := cfg.sizeGPUReads()
-	if cfg.Path == PathGPU {
+	if cfg.Path == PathGPU && cfg.gpuBind == nil {
 		if err := gpuAvailable(cfg.GPU.Device); err != nil {
 			return nil, fmt.Errorf("runtime: open with path gpu: %w", err)
 		}

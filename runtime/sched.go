@@ -1,10 +1,11 @@
 package runtime
 
 // The scheduler wiring: every load read and save write goes through
-// sched.Planner, which decides the load-versus-recompute split, admits saves
-// (partially when its budgets are short) and hands out I/O in least-slack
-// order, deferring writes into the reads' slack within the save bound. The
-// planner is not safe for concurrent use; scheduler serialises it and one
+// sched.Planner (a GPU load as one Whole restore, retired layer by layer),
+// which decides the load-versus-recompute split, admits saves (partially
+// when its budgets are short) and hands out I/O in least-slack order,
+// deferring writes into the reads' slack within the save bound. The planner
+// is not safe for concurrent use; scheduler serialises it and one
 // dispatcher goroutine routes what Dispatch hands out to the Load or Save
 // that owns it (whose driver goroutine stages and submits it).
 
@@ -63,15 +64,21 @@ func (sc *scheduler) poke() {
 }
 
 // planLoad plans req (its ID and NowNs are filled in) and routes its reads
-// to r. With no read admitted nothing is routed.
+// to r. With no block admitted nothing is routed. A Whole request (the GPU
+// path) gets a dispatch round here: its IORestore is routed before planLoad
+// returns unless saves near their bound hold it, so a GPU load is submitted
+// from the caller's goroutine, with no hop through the dispatcher's.
 func (sc *scheduler) planLoad(req sched.LoadRequest, r ioRoute) (sched.Plan, error) {
 	sc.mu.Lock()
 	sc.nextID++
 	req.ID = sc.nextID
 	req.NowNs = sc.nowNs()
 	plan, err := sc.p.PlanLoad(req)
-	if err == nil && len(plan.Reads) > 0 {
+	if err == nil && plan.LoadBlocks > 0 {
 		sc.routes[req.ID] = r
+		if req.Whole {
+			sc.dispatchLocked(req.NowNs)
+		}
 	}
 	sc.mu.Unlock()
 	if err != nil {
@@ -98,17 +105,6 @@ func (sc *scheduler) enqueueSave(req sched.SaveRequest, r ioRoute) (uint64, sche
 	}
 	sc.poke()
 	return req.ID, t, nil
-}
-
-// cancelLoad drops the queued reads of load id and its route (the GPU path
-// issues its reads itself); it returns the reads already dispatched to ios,
-// which the caller must complete.
-func (sc *scheduler) cancelLoad(id uint64, ios chan sched.IO) []sched.IO {
-	sc.mu.Lock()
-	sc.p.Cancel(id)
-	delete(sc.routes, id)
-	sc.mu.Unlock()
-	return drainIOs(ios, nil)
 }
 
 // takeRouted appends to dst every I/O routed to ios so far. It holds the
@@ -149,6 +145,19 @@ func (sc *scheduler) complete(io sched.IO, last bool) {
 	sc.poke()
 }
 
+// completeLayers retires layers [0, layers) of a dispatched IORestore: the
+// GPU has them in HBM, so their reads no longer hold saves back.
+func (sc *scheduler) completeLayers(io sched.IO, layers int) {
+	sc.mu.Lock()
+	err := sc.p.CompleteLayers(io.ID, layers, sc.nowNs())
+	sc.mu.Unlock()
+	if err != nil {
+		// Only a runtime bug gets here (a restore retired twice).
+		panic(fmt.Sprintf("runtime: scheduler: %v", err))
+	}
+	sc.poke()
+}
+
 // observeReads feeds the device model with a load's reads as one batch.
 func (sc *scheduler) observeReads(dev int, bytes int64, ops int, busyNs int64) {
 	sc.mu.Lock()
@@ -183,11 +192,7 @@ func (sc *scheduler) loop() {
 	for {
 		sc.mu.Lock()
 		now := sc.nowNs()
-		sc.buf = sc.p.Dispatch(now, sc.buf[:0])
-		for _, io := range sc.buf {
-			sc.routes[io.ReqID].route(io)
-		}
-		wake := sc.p.NextWakeNs()
+		wake := sc.dispatchLocked(now)
 		sc.mu.Unlock()
 		if wake != math.MaxInt64 {
 			timer.Reset(time.Duration(max(wake-now, 0)))
@@ -199,6 +204,16 @@ func (sc *scheduler) loop() {
 			return
 		}
 	}
+}
+
+// dispatchLocked runs one dispatch round (sc.mu held), routes what it
+// handed out and returns when the next round is due.
+func (sc *scheduler) dispatchLocked(nowNs int64) (wakeNs int64) {
+	sc.buf = sc.p.Dispatch(nowNs, sc.buf[:0])
+	for _, io := range sc.buf {
+		sc.routes[io.ReqID].route(io)
+	}
+	return sc.p.NextWakeNs()
 }
 
 func (sc *scheduler) close() {

@@ -241,45 +241,10 @@ func (s *Store) LoadWith(chain []uint64, pages []int32, opts LoadOptions) (*Load
 	s.stats.loads.Add(1)
 	s.stats.cachedBlocks.Add(int64(l.Cached()))
 	if cached > 0 {
-		req := sched.LoadRequest{UncachedTokens: (len(chain) - opts.Skip - cached) * s.geo.ChunkPages * s.geo.PageTokens,
-			ComputeReadyNs: opts.computeReadyNs()}
-		for _, r := range l.runs {
-			req.Runs = append(req.Runs, sched.Run{Device: r.run.device, Blocks: r.k, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()})
-		}
-		l.ios = make(chan sched.IO, max(1, s.geo.Layers*len(l.runs)))
-		plan, err := s.sched.planLoad(req, l)
-		if err != nil {
+		if err := l.planReads(cached, opts); err != nil {
 			l.runs = nil
 			l.finish()
 			return nil, err
-		}
-		l.plan = plan
-		l.planned = plan.LoadBlocks
-		if s.gpu != nil {
-			// The GPU issues the reads itself: the plan gives the split only.
-			for _, io := range s.sched.cancelLoad(plan.ID, l.ios) {
-				s.sched.complete(io, false)
-			}
-			l.planned = s.gpuCut(l.runs, plan.LoadBlocks)
-		}
-		// Keep the runs the plan loads, the last one cut to the plan.
-		kept, n := l.runs[:0], 0
-		for _, r := range l.runs {
-			if n >= l.planned {
-				break
-			}
-			r.k = min(r.k, l.planned-n)
-			n += r.k
-			kept = append(kept, r)
-		}
-		l.runs = kept
-		l.remaining = make([]int, s.geo.Layers)
-		for _, io := range plan.Reads {
-			l.remaining[io.Layer]++
-		}
-		l.readsLeft = len(plan.Reads)
-		if s.gpu != nil {
-			l.readsLeft = 0
 		}
 	}
 	s.stats.plannedBlocks.Add(int64(l.planned))
@@ -297,6 +262,65 @@ func (s *Store) LoadWith(chain []uint64, pages []int32, opts LoadOptions) (*Load
 	}
 	go l.drive()
 	return l, nil
+}
+
+// planReads has the scheduler plan the load of its cached blocks and keeps the
+// runs the plan loads. On PathGPU the request is cut first to what one GPU
+// restore takes (gpuCut; the rest is computed like an uncached suffix) and
+// planned Whole: the scheduler dispatches the restore as one job that holds
+// its devices' reads until the GPU reports the layers done.
+func (l *Load) planReads(cached int, opts LoadOptions) error {
+	s := l.s
+	runs := l.runs
+	if s.gpu != nil {
+		runs = keepBlocks(runs, s.gpuCut(runs, cached))
+	}
+	req := s.loadRequest(runs, len(l.chain)-opts.Skip)
+	req.ComputeReadyNs = opts.computeReadyNs()
+	req.Whole, req.SegmentsOnly = s.gpu != nil, s.gpu != nil
+	l.ios = make(chan sched.IO, max(1, s.geo.Layers*len(runs)))
+	plan, err := s.sched.planLoad(req, l)
+	if err != nil {
+		return err
+	}
+	l.plan, l.planned = plan, plan.LoadBlocks
+	l.runs = keepBlocks(runs, plan.LoadBlocks)
+	if s.gpu != nil {
+		return nil
+	}
+	l.remaining = make([]int, s.geo.Layers)
+	for _, io := range plan.Reads {
+		l.remaining[io.Layer]++
+	}
+	l.readsLeft = len(plan.Reads)
+	return nil
+}
+
+// loadRequest is the scheduler's request for runs of a chain of blocks
+// blocks (those after the runs are computed).
+func (s *Store) loadRequest(runs []loadRun, blocks int) sched.LoadRequest {
+	req := sched.LoadRequest{}
+	for _, r := range runs {
+		blocks -= r.k
+		req.Runs = append(req.Runs, sched.Run{Device: r.run.device, Blocks: r.k, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()})
+	}
+	req.UncachedTokens = blocks * s.geo.ChunkPages * s.geo.PageTokens
+	return req
+}
+
+// keepBlocks is the leading runs that hold n blocks, the last one cut to
+// them (in place).
+func keepBlocks(runs []loadRun, n int) []loadRun {
+	kept, k := runs[:0], 0
+	for _, r := range runs {
+		if k >= n {
+			break
+		}
+		r.k = min(r.k, n-k)
+		k += r.k
+		kept = append(kept, r)
+	}
+	return kept
 }
 
 // resolve maps the pinned blocks to runs: consecutive blocks stored

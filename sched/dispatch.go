@@ -19,6 +19,7 @@ func (p *Planner) minReadSlackNs(d *devState, now int64) float64 {
 		e := &p.entries[i]
 		m = min(m, e.slackNs-f*float64(max(0, e.plannedDoneNs-now)))
 	}
+	m = min(m, p.jobSlackNs(d, now))
 	tail := float64(now) + d.pendingReadNs + (1-d.model.ReadShare())*d.inflightWriteNs
 	if drift := tail - float64(d.plannedTailNs); drift > 0 {
 		m -= drift
@@ -46,15 +47,21 @@ func (p *Planner) NextWakeNs() int64 {
 // depth and bytes, each only if the device has no pending reads, or the
 // pending reads keep SlackMarginNs of slack after the delay the write causes
 // them ((1 − ReadShare) × its time), or the save queue reached its promotion
-// time. Call it after PlanLoad, EnqueueSave, every Complete, and at NextWakeNs.
+// time. Whole plans go first, each as one IORestore once every device it
+// reads from can take all of its reads under the same rule (dispatchJobs).
+// Call it after PlanLoad, EnqueueSave, every Complete and CompleteLayers,
+// and at NextWakeNs.
 func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
+	dst = p.dispatchJobs(nowNs, dst)
 	for di := range p.devs {
 		d := &p.devs[di]
 		maxReadNs := math.Inf(1)
 		if d.saveHead < len(d.saveQ) || d.writesInFlight > 0 {
 			_, maxReadNs = p.saveTimes(d, nowNs)
 		}
-		held := false // a read waits so that the queued saves keep their bound
+		// A read (or a whole restore) waits so that the queued saves keep their bound.
+		held := d.jobHeld
+		d.jobHeld = false
 		for len(d.readQ) > 0 && d.readsInFlight < d.cfg.MaxReadsInFlight {
 			ci := d.readQ[0]
 			c := &p.cursors[ci]
@@ -62,7 +69,7 @@ func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
 			if d.readsInFlight > 0 && d.readBytesInFlight+sg.Bytes > d.cfg.MaxReadBytesInFlight {
 				break
 			}
-			if d.inflightReadNs+c.segNs[c.si] > maxReadNs {
+			if d.inflightReadNs+d.jobReadNs+c.segNs[c.si] > maxReadNs {
 				held = true
 				break
 			}
@@ -148,7 +155,8 @@ func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
 
 // Complete retires an op that Dispatch handed out (successfully or not: a
 // failed read is the runtime's to handle, e.g. recompute the layer). It frees
-// the op's queue slot and budgets; feed the device model with ObserveReads and
+// the op's queue slot and budgets (an IORestore: every read not retired by
+// CompleteLayers); feed the device model with ObserveReads and
 // ObserveWrites.
 func (p *Planner) Complete(id uint64, nowNs int64) error {
 	i := int32(id & 0xffffffff)
@@ -156,6 +164,11 @@ func (p *Planner) Complete(id uint64, nowNs int64) error {
 		return fmt.Errorf("complete io %#x: %w", id, ErrUnknownIO)
 	}
 	e := &p.entries[i]
+	if e.io.Kind == IORestore {
+		p.finishJob(e.pos)
+		p.release(i)
+		return nil
+	}
 	d := &p.devs[e.io.Device]
 	switch e.io.Kind {
 	case IORead:

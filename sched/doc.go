@@ -96,6 +96,13 @@
 //	p.ObserveLayer(tokens, startPos, ns)                  // when the engine reports layer times
 //	p.Cancel(loadID)                 // the engine dropped a request: forget its queued reads
 //
+//	// A restore the GPU drives itself (LoadRequest.Whole): Dispatch hands
+//	// it out as one IORestore when every device it reads from can take all
+//	// of it; its reads stay pending there (deadlines, slack, budgets, so
+//	// saves wait behind them as behind IORead) until the GPU reports layers:
+//	p.CompleteLayers(restore.ID, layersDone, now)   // layers [0, layersDone) are in HBM
+//	p.Complete(restore.ID, now)                     // the restore ended: retire the rest
+//
 // Everything is bounded: reads and writes in flight per device (count and
 // bytes), pending read and save bytes per device (admission), and the
 // planner's record table (MaxPendingIOs). PlanLoad and EnqueueSave never

@@ -61,7 +61,10 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 	}
 	p.planSegments(&plan, req)
 	p.planLayers(&plan, req, cR, sp.bestF, c)
-	p.admitCursors(&plan)
+	curs := p.admitCursors(&plan, req.Whole)
+	if req.Whole {
+		p.queueJob(plan.ID, curs)
+	}
 	return plan, nil
 }
 
@@ -275,8 +278,10 @@ func (p *Planner) planLayers(plan *Plan, req LoadRequest, cR, bestF, c float64) 
 }
 
 // admitCursors queues the plan's reads: one cursor per device with segments,
-// pushed on the device's heap, and charges them to the device's budgets.
-func (p *Planner) admitCursors(plan *Plan) {
+// pushed on the device's heap (whole: kept on the device's job list
+// instead, and returned), and charges them to the device's budgets.
+func (p *Planner) admitCursors(plan *Plan, whole bool) []int32 {
+	var curs []int32
 	L := p.cfg.Layers
 	f := p.cfg.SlackFrac
 	for di := range p.devs {
@@ -307,12 +312,31 @@ func (p *Planner) admitCursors(plan *Plan) {
 			cu.slackMin[l] = min(cu.slackMin[l+1], dl-done)
 			cu.slackMinH[l] = min(cu.slackMinH[l+1], dl-(1+f)*done)
 		}
-		p.heapPush(d, ci)
+		if whole {
+			d.jobCurs = append(d.jobCurs, ci)
+			curs = append(curs, ci)
+		} else {
+			p.heapPush(d, ci)
+		}
 		d.pendingReadBytes += int64(L) * cu.segCumB[len(cu.segs)]
 		d.pendingReadNs += float64(L) * d.d
 		d.pendingReads += L * len(cu.segs)
 		d.plannedTailNs = max(d.plannedTailNs, ceilNs(d.t0+float64(L)*d.d))
 	}
+	return curs
+}
+
+// dropCursor takes c's reads not yet retired off device d's budgets and
+// returns how many there were.
+func (p *Planner) dropCursor(d *devState, c *cursor) int {
+	reads, bytes, ns := c.remaining(p.cfg.Layers)
+	d.pendingReadBytes -= bytes
+	d.pendingReadNs -= ns
+	d.pendingReads -= reads
+	if d.pendingReads == 0 {
+		d.pendingReadNs, d.plannedTailNs = 0, 0
+	}
+	return reads
 }
 
 func ceilNs(v float64) int64 {
@@ -326,10 +350,11 @@ func ceilNs(v float64) int64 {
 }
 
 // Cancel drops the queued (not yet dispatched) reads of load request id, e.g.
-// when the engine aborted it; reads in flight still need Complete. It returns
-// the number of reads dropped. O(queued plans).
+// when the engine aborted it; reads in flight still need Complete. A Whole
+// plan not dispatched yet is dropped whole; once dispatched, only Complete
+// retires it. It returns the number of reads dropped. O(queued plans).
 func (p *Planner) Cancel(id uint64) int {
-	n := 0
+	n := p.cancelJobs(id)
 	for di := range p.devs {
 		d := &p.devs[di]
 		q := d.readQ[:0]
@@ -339,14 +364,7 @@ func (p *Planner) Cancel(id uint64) int {
 				q = append(q, ci)
 				continue
 			}
-			reads, bytes, ns := c.remaining(p.cfg.Layers)
-			d.pendingReadBytes -= bytes
-			d.pendingReadNs -= ns
-			d.pendingReads -= reads
-			if d.pendingReads == 0 {
-				d.pendingReadNs, d.plannedTailNs = 0, 0
-			}
-			n += reads
+			n += p.dropCursor(d, c)
 			p.releaseCursor(ci)
 		}
 		d.readQ = q

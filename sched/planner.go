@@ -9,8 +9,9 @@ import (
 type IOKind uint8
 
 const (
-	IORead  IOKind = iota + 1 // restore part of a cached prefix
-	IOWrite                   // save part of a new run
+	IORead    IOKind = iota + 1 // restore part of a cached prefix
+	IOWrite                     // save part of a new run
+	IORestore                   // a whole restore (LoadRequest.Whole): every read of the plan
 )
 
 func (k IOKind) String() string {
@@ -19,6 +20,8 @@ func (k IOKind) String() string {
 		return "read"
 	case IOWrite:
 		return "write"
+	case IORestore:
+		return "restore"
 	}
 	return fmt.Sprintf("IOKind(%d)", uint8(k))
 }
@@ -29,7 +32,7 @@ type IO struct {
 	ID     uint64 // planner handle; pass to Complete
 	Kind   IOKind
 	ReqID  uint64 // LoadRequest.ID or SaveRequest.ID
-	Device int
+	Device int    // IORestore: -1 (it reads from every device of Plan.Segments)
 	Layer  int
 	// Reads: Run indexes LoadRequest.Runs; the read covers the run's first
 	// Blocks blocks of this layer's object (one contiguous range).
@@ -104,6 +107,14 @@ type LoadRequest struct {
 	// SegmentsOnly leaves Plan.Reads nil: callers that use Plan.Segments save
 	// the O(layers × runs) list (the planner itself never needs it).
 	SegmentsOnly bool
+	// Whole: the caller cannot issue the plan's reads one by one (a GPU
+	// restore is one request to the GPU, which drives its own queue), so
+	// Dispatch hands the plan out as one IO of Kind IORestore, once every
+	// device it reads from can take all of its reads (see Dispatch). Its
+	// reads stay pending on their devices, with their deadlines and slack,
+	// until CompleteLayers retires them layer by layer (and Complete the
+	// rest): queued saves wait behind them in slack as behind IORead.
+	Whole bool
 }
 
 // Plan is what PlanLoad decided. Blocks [0, LoadBlocks) are loaded; blocks
@@ -178,6 +189,7 @@ type Stats struct {
 	// so that its queued saves keep their bound (their writes then run
 	// promoted).
 	ReadHolds                        int64
+	RestoresDispatched               int64 // IORestore handed out (their reads count in ReadsDispatched)
 	Saves, SaveBlocks, SaveCutBlocks int64
 	Cancelled                        int64
 }
@@ -201,6 +213,9 @@ type Planner struct {
 	free    []int32
 	cursors []cursor
 	cfree   []int32
+	jobs    []restoreJob // Whole plans (restorejob.go)
+	jfree   []int32
+	jobQ    []int32 // jobs not dispatched yet, in admission order
 	seq     uint64
 	stats   Stats
 }

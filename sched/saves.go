@@ -109,8 +109,8 @@ func (p *Planner) writeGapNs(d *devState) float64 {
 func (d *devState) queuedWrites() int { return len(d.saveQ) - d.saveHead }
 
 // saveTimes returns, for the device's save queue, the latest time it can
-// start draining with the reads now in flight beside it and no read started
-// after (promoteAt: from then on writes are dispatched regardless of slack),
+// start draining with the reads now in flight beside it (CPU reads and the
+// dispatched whole restores' layers not retired) and no read started after (promoteAt: from then on writes are dispatched regardless of slack),
 // and the most read work in flight (at the full read rate) that keeps every
 // queued write within its deadline less the margin at nowNs (maxReadNs:
 // Dispatch starts no read beyond it; +Inf when any amount does, because the
@@ -126,7 +126,7 @@ func (p *Planner) saveTimes(d *devState, nowNs int64) (promoteAt int64, maxReadN
 		e := &p.entries[i]
 		cum += e.svcNs + gap
 		end := e.io.DeadlineNs - p.cfg.SlackMarginNs
-		promoteAt = min(promoteAt, end-ceilNs(saveNeedNs(d.model, cum, d.inflightReadNs)))
+		promoteAt = min(promoteAt, end-ceilNs(saveNeedNs(d.model, cum, d.inflightReadNs+d.jobReadNs)))
 		if ws < 1 && end-ceilNs(cum/ws) <= nowNs {
 			// Finishing cum by end needs cum + (1−ws)·r/rs ≤ end − now.
 			maxReadNs = min(maxReadNs, (float64(end-nowNs)-cum)*rs/(1-ws))

@@ -37,6 +37,14 @@ type devState struct {
 	plannedTailNs                         int64   // latest planned completion among pending reads
 	pendingReads                          int
 
+	// Whole plans' reads (restorejob.go): their cursors (queued or
+	// dispatched; never on readQ), the predicted busy time of the layers
+	// of the dispatched ones not yet retired, and how many are dispatched.
+	jobCurs      []int32
+	jobReadNs    float64
+	jobsInFlight int
+	jobHeld      bool // Dispatch scratch: a job waits so that this device's saves keep their bound
+
 	// scratch of PlanLoad
 	t0, d float64
 	nseg  int

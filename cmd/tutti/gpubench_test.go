@@ -48,7 +48,8 @@ func TestGPUBenchStripeRefusals(t *testing.T) {
 }
 
 // TestGPUBenchStoreCPU runs `gpubench --paths store-cpu` as a user does on a
-// machine without a GPU: rows for the save and the restore, in the JSON too.
+// machine without a GPU: rows for the save, the restore and the warm
+// restore, in the JSON too.
 func TestGPUBenchStoreCPU(t *testing.T) {
 	dir := t.TempDir()
 	js := filepath.Join(dir, "rows.json")
@@ -65,10 +66,10 @@ func TestGPUBenchStoreCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-	if len(lines) != 2 {
+	if len(lines) != 3 {
 		t.Fatalf("%d JSON rows:\n%s", len(lines), data)
 	}
-	for i, op := range []string{"save", "restore"} {
+	for i, op := range []string{"save", "restore", "restore-warm"} {
 		var r struct {
 			Path, Op   string
 			Blocks     int

@@ -68,7 +68,8 @@ func gpuReads(dirs []string, window, maxIO, lookahead int) runtime.GPUReads {
 }
 
 // TuttiNotes are the report's notes on tutti's backends after a run: how
-// often the GPU ring's helper entered the kernel, and the cached blocks the
+// often the GPU ring's helper entered the kernel, what the scheduler
+// dispatched (writes into slack or promoted), and the cached blocks the
 // planner recomputed instead of loading.
 func TuttiNotes(bs []Backend) []string {
 	var notes []string
@@ -79,6 +80,12 @@ func TuttiNotes(bs []Backend) []string {
 		}
 		if w, bt := t.GPUHelper(); w > 0 {
 			notes = append(notes, fmt.Sprintf("%s: the GPU ring's helper entered the kernel %d times; %d waits ran the whole batch wait with reads in flight", t.Name(), w, bt))
+		}
+		if st := t.SchedStats(); st.ReadsDispatched > 0 || st.WritesDispatched > 0 {
+			// Whether saves were deferred into the restores' slack (on
+			// tutti-gpu behind whole GPU restores) or had to be promoted.
+			notes = append(notes, fmt.Sprintf("%s: the scheduler dispatched %d reads (%d GPU restores, each whole) and %d writes, %d of them promoted (due soon: issued beside reads regardless of slack); %d dispatch rounds held reads back for saves; %d reads cancelled",
+				t.Name(), st.ReadsDispatched, st.RestoresDispatched, st.WritesDispatched, st.WritesPromoted, st.ReadHolds, st.Cancelled))
 		}
 		if t.PlannedRecomputeBlocks() > 0 {
 			notes = append(notes, fmt.Sprintf("%s: the planner recomputed %d cached blocks instead of loading them",

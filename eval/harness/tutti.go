@@ -9,6 +9,7 @@ import (
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
+	"github.com/tutti-io/tutti/sched"
 )
 
 // Tutti adapts the runtime package (tutti's store: prefix index, object map,
@@ -42,6 +43,7 @@ type Tutti struct {
 	gpuWindow, gpuMaxIO, gpuLookahead int
 	// helper: the GPU ring helper's counters, read at Close.
 	helperWakeups, helperBatchTimeouts int64
+	sched                              sched.Stats // the store's scheduler, as of Close
 	// kvEvents: runtime.Config.KVEvents; kvStats its counters, read at Close.
 	kvEvents *kvevents.Config
 	kvStats  *runtime.KVEventsStats
@@ -54,6 +56,9 @@ func (t *Tutti) SetKVEvents(c *kvevents.Config) { t.kvEvents = c }
 // KVEventsStats returns what the store published, as of Close (nil without
 // SetKVEvents).
 func (t *Tutti) KVEventsStats() *runtime.KVEventsStats { return t.kvStats }
+
+// SchedStats returns the store's scheduler counters as of Close.
+func (t *Tutti) SchedStats() sched.Stats { return t.sched }
 
 // GPUHelper returns the GPU ring helper's kernel entries and the waits of
 // them that ran the whole batch wait with reads in flight, as of Close
@@ -238,6 +243,7 @@ func (t *Tutti) Close() error {
 	if t.store != nil {
 		st := t.store.Stats()
 		t.helperWakeups, t.helperBatchTimeouts = st.GPUHelperWakeups, st.GPUHelperBatchTimeouts
+		t.sched = t.store.SchedStats()
 		if t.kvEvents != nil {
 			// Published while open: the counters before Close's final flush.
 			if ks, ok := t.store.KVEvents(); ok {

@@ -1,0 +1,175 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/uring"
+)
+
+// cpuRestorer is PathGPU's restorer without a GPU, for tests: the "device"
+// KV memory is host memory (AllocHostKV), a restore reads each layer's
+// extents with pread and scatters them into the pages as the scatter kernel
+// does, layer after layer on its own goroutine, and Gather copies pages out
+// in object layout. With a gate, each layer waits for a token first, so a
+// test holds a restore in flight for as long as it likes.
+type cpuRestorer struct {
+	v    *kvViews
+	g    objmap.Geometry
+	gate chan struct{}
+	noIO bool // layers complete at once, nothing read (the Go side's own cost)
+	// failEntry, if set, fails the entry of (layer, extent) with EIO.
+	failEntry func(layer, extent int) bool
+
+	mu       sync.Mutex
+	restores int // Restore calls
+}
+
+// cpuGPU binds a cpuRestorer (Config.gpuBind); each bound one is sent on
+// bound when it is not nil.
+func cpuGPU(gate chan struct{}, bound chan<- *cpuRestorer) gpuBinder {
+	return func(cfg Config, kv KVMemory) (gpuRestorer, error) {
+		v, err := newKVViews(cfg.Geometry, cfg.Layout, cfg.NumPages, kv)
+		if err != nil {
+			return nil, err
+		}
+		c := &cpuRestorer{v: v, g: cfg.Geometry, gate: gate}
+		if bound != nil {
+			bound <- c
+		}
+		return c, nil
+	}
+}
+
+func (c *cpuRestorer) Restore(req kernels.Request) (gpuRestore, error) {
+	if req.FirstLayer != 0 || len(req.Layers) != c.g.Layers {
+		return nil, fmt.Errorf("cpu restorer: layers [%d, +%d) of %d: %w", req.FirstLayer, len(req.Layers), c.g.Layers, kernels.ErrInvalid)
+	}
+	c.mu.Lock()
+	c.restores++
+	c.mu.Unlock()
+	x := &cpuRestore{c: c, req: req, done: make([]chan struct{}, c.g.Layers), failed: make([][]*kernels.EntryError, c.g.Layers)}
+	for l := range x.done {
+		x.done[l] = make(chan struct{})
+	}
+	go x.run()
+	return x, nil
+}
+
+func (c *cpuRestorer) Gather(pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error {
+	if layers != 1 {
+		return fmt.Errorf("cpu restorer: gather of %d layers: %w", layers, kernels.ErrNotSupported)
+	}
+	n := int64(len(pages)) * c.g.PageBytesPerLayer()
+	c.v.copyPages(firstLayer, pages, 0, n, view(dst, n), false)
+	return nil
+}
+
+func (c *cpuRestorer) FixedBuffers() (bool, error) { return true, nil }
+func (c *cpuRestorer) Wakeups() int64              { return 0 }
+func (c *cpuRestorer) BatchTimeouts() int64        { return 0 }
+func (c *cpuRestorer) Close() error                { return nil }
+
+func (c *cpuRestorer) calls() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.restores
+}
+
+type cpuRestore struct {
+	c      *cpuRestorer
+	req    kernels.Request
+	done   []chan struct{}         // closed once the layer is scattered
+	failed [][]*kernels.EntryError // per layer, written before done closes
+}
+
+func (x *cpuRestore) run() {
+	g := x.c.g
+	var buf *uring.Buffer
+	defer func() {
+		if buf != nil {
+			_ = buf.Free()
+		}
+	}()
+	for l := 0; l < g.Layers; l++ {
+		if x.c.gate != nil {
+			<-x.c.gate
+		}
+		page := 0
+		for e, ext := range x.req.Layers[l] {
+			if x.c.noIO {
+				break
+			}
+			n := int64(ext.Pages) * g.PageBytesPerLayer()
+			align := int64(max(ext.Align, 1))
+			lo := ext.Offset / align * align
+			hi := (ext.Offset + n + align - 1) / align * align
+			if buf == nil || int64(buf.Len()) < hi-lo {
+				if buf != nil {
+					_ = buf.Free()
+				}
+				var err error
+				if buf, err = uring.AllocBuffer(int(hi - lo)); err != nil {
+					panic(fmt.Sprintf("cpu restorer: %v", err)) // test memory
+				}
+			}
+			b := buf.Bytes()[:hi-lo]
+			got, err := unix.Pread(int(ext.FD), b, lo)
+			if x.c.failEntry != nil && x.c.failEntry(l, e) {
+				err = syscall.EIO
+			}
+			switch {
+			case err != nil:
+				var errno syscall.Errno
+				if !errors.As(err, &errno) {
+					errno = syscall.EIO
+				}
+				x.failed[l] = append(x.failed[l], &kernels.EntryError{Layer: l, Entry: e, Extent: e, Offset: lo,
+					Result: kernels.EntryResult{Status: kernels.EntryIOError, Res: -int32(errno)}})
+			case int64(got) < ext.Offset-lo+n:
+				x.failed[l] = append(x.failed[l], &kernels.EntryError{Layer: l, Entry: e, Extent: e, Offset: lo,
+					Result: kernels.EntryResult{Status: kernels.EntryShort, Res: int32(got)}})
+			default:
+				x.c.v.copyPages(l, x.req.Pages[page:], 0, n, b[ext.Offset-lo:ext.Offset-lo+n], true)
+			}
+			page += ext.Pages
+		}
+		close(x.done[l])
+	}
+}
+
+func (x *cpuRestore) WaitLayer(layer int) error {
+	if layer < 0 || layer >= len(x.done) {
+		return fmt.Errorf("cpu restore: layer %d: %w", layer, kernels.ErrInvalid)
+	}
+	<-x.done[layer]
+	if len(x.failed[layer]) > 0 {
+		return fmt.Errorf("cpu restore: layer %d: %w", layer, kernels.ErrIO)
+	}
+	return nil
+}
+
+func (x *cpuRestore) StreamWaitLayer(layer int, _ uintptr) error { return x.WaitLayer(layer) }
+
+func (x *cpuRestore) Wait() (*kernels.Result, error) {
+	<-x.done[len(x.done)-1]
+	res := &kernels.Result{}
+	for _, f := range x.failed {
+		res.Failed = append(res.Failed, f...)
+	}
+	if len(res.Failed) > 0 {
+		return res, fmt.Errorf("cpu restore: %d entries failed: %w", len(res.Failed), kernels.ErrIO)
+	}
+	return res, nil
+}
+
+func (x *cpuRestore) Release() error {
+	<-x.done[len(x.done)-1]
+	return nil
+}

@@ -1,0 +1,42 @@
+package runtime
+
+import (
+	"github.com/tutti-io/tutti/kernels"
+)
+
+// gpuRestorer is what a store uses of a bound kernels.Restorer. The
+// product's is kernels' own (kernelsRestorer); runtime tests bind a CPU one
+// through Config.gpuBind, so that PathGPU's load and save logic, its
+// scheduling included, runs in CI, where there is no GPU. The kernels API
+// itself is unchanged.
+type gpuRestorer interface {
+	Restore(req kernels.Request) (gpuRestore, error)
+	Gather(pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error
+	FixedBuffers() (bool, error)
+	Wakeups() int64
+	BatchTimeouts() int64
+	Close() error
+}
+
+// gpuRestore is one restore in flight (kernels.Restore's methods).
+type gpuRestore interface {
+	StreamWaitLayer(layer int, stream uintptr) error
+	WaitLayer(layer int) error
+	Wait() (*kernels.Result, error)
+	Release() error
+}
+
+// gpuBinder binds a store's GPU restorer in place of kernels.Bind (tests
+// only; it gets the store's config and the KV memory RegisterKV was given).
+type gpuBinder func(cfg Config, kv KVMemory) (gpuRestorer, error)
+
+// kernelsRestorer is the product's restorer: package kernels.
+type kernelsRestorer struct{ *kernels.Restorer }
+
+func (k kernelsRestorer) Restore(req kernels.Request) (gpuRestore, error) {
+	x, err := k.Restorer.Restore(req)
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return x, nil
+}
