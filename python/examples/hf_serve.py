@@ -35,6 +35,7 @@ fails, 2 when torch, transformers or a GPU is missing (the message says which).
 """
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -81,6 +82,7 @@ def main(argv=None):
     if any(p not in ("gpu", "cpu") for p in paths):
         ap.error(f"--paths {args.paths}: want gpu and/or cpu")
     need_deps()
+    import torch
     from hf_run import MODELS, run_model  # beside this file; imports torch and transformers
 
     storages = []
@@ -91,10 +93,15 @@ def main(argv=None):
         storages.append((name, dirs.split(",")))
     results, ok = [], True
     out = open(args.json, "w") if args.json else None
-    for name in args.models.split(","):
+    models = args.models.split(",")
+    for name in models:
         if name not in MODELS:
             ap.error(f"--models: unknown model {name!r} (want {', '.join(MODELS)})")
-        for rec in run_model(name, args, prefixes, storages, paths):
+    # Prefix-major, each model built afresh per prefix: a run cut short by its
+    # time limit has every model at the shorter prefixes.
+    runs = [(P, name) for P in prefixes for name in models]
+    for P, name in runs:
+        for rec in run_model(name, args, [P], storages, paths):
             line = json.dumps(rec, sort_keys=True)
             print(line, flush=True)
             if out:
@@ -102,6 +109,8 @@ def main(argv=None):
                 out.flush()
             results.append(rec)
             ok = ok and rec.get("ok", True)
+        gc.collect()  # the model of this run goes before the next is built
+        torch.cuda.empty_cache()
     if out:
         out.close()
     print("\nmodel       prefix  storage  path  restore_ms  B_ttft_ms  recompute_ms  speedup  checks")
