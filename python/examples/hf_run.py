@@ -118,6 +118,7 @@ def _kv_bytes(cfg, tokens):
 
 
 PAGE_TOKENS = 16  # vLLM's block size; one chain block per page, as the vLLM connector stores them
+SAVE_BOUND_MS = 120_000  # A's whole save admitted (see _open_worker)
 WARM_TOKENS = 32768  # prefixes up to this get an untimed first pass of recompute and of the store's load
 
 
@@ -141,12 +142,14 @@ def _layer_name(i):
 def _open_worker(dirs, pool, path, capacity):
     """tutti's worker side (the vLLM connector's) over the pool: layer
     registration from the tensors' shapes and strides, loads, waits, saves."""
-    from tutti import GPUOptions, Store, worker_side
+    from tutti import GPUOptions, SchedOptions, Store, worker_side
 
     def opener(lay):
         # A restore moves the whole prefix at once: no cut below the pool's pages.
+        # B needs all of A's prefix: a save bound far above the default 2 s, which an
+        # unlearned device model (seeded low) would hold a 16 GiB save to, cutting the rest.
         return Store(dirs, capacity, lay.geometry, lay.num_pages, layout=lay.layout, path=path,
-                     gpu=GPUOptions(max_pages=lay.num_pages))
+                     gpu=GPUOptions(max_pages=lay.num_pages), sched=SchedOptions(save_bound_ms=SAVE_BOUND_MS))
 
     w = worker_side.WorkerSide(opener)
     try:
@@ -324,6 +327,10 @@ def _restore_b(kv, model, layers, caches, chain, pages, P, suffix, pool, path, h
         waits[i] = time.perf_counter() - t
         lk = cache_b.layers[i]
         hfcache.pages_to_cache(pool[i], pages, lk.keys, lk.values, P, name=f"layer {i}")
+
+    # Every layer's fill counter before the forward, not in its hook: the
+    # model reads the cache's length (its positions and mask) before layer 0.
+    for lk in cache_b.layers:
         hfcache.set_filled_tokens(lk, P)
 
     hooks.pre(layers, before_layer)
