@@ -295,7 +295,7 @@ def _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache
                     why += " B's logits differ from prefix-then-suffix;"
                 cache_b = rec.pop("cache")
                 if not checked:
-                    yield _checks(base, args, model, cache_a, cache_b, cache_ref, logits_b, logits_ref, logits_1, P, S,
+                    yield _checks(base, args, caches, model, cache_a, cache_b, cache_ref, logits_b, logits_ref, logits_1, P, S,
                                   kv_equal, logits_equal, prefill_repeatable)
                     checked = True
                 del cache_b
@@ -374,7 +374,19 @@ def _caches_equal(x, y, n_tokens):
                torch.equal(a.values[:, :, :n_tokens], b.values[:, :, :n_tokens]) for a, b in zip(x.layers, y.layers))
 
 
-def _checks(base, args, model, cache_a, cache_b, cache_ref, logits_b, logits_ref, logits_1, P, S, kv_equal, logits_equal,
+def _clone_cache(caches, src, n_tokens):
+    """A fresh cache holding src's tokens [0, n_tokens), its fill counters set."""
+    from tutti import hfcache
+
+    dst = caches.new()
+    for a, b in zip(src.layers, dst.layers):
+        b.keys.copy_(a.keys)
+        b.values.copy_(a.values)
+        hfcache.set_filled_tokens(b, n_tokens)
+    return dst
+
+
+def _checks(base, args, caches, model, cache_a, cache_b, cache_ref, logits_b, logits_ref, logits_1, P, S, kv_equal, logits_equal,
             prefill_repeatable):
     import torch
 
@@ -382,12 +394,20 @@ def _checks(base, args, model, cache_a, cache_b, cache_ref, logits_b, logits_ref
     # prefix in its own cache against A's, and how far the logits are apart.
     b_prefix_equal = _caches_equal(cache_a, cache_b, P)
     logits_max_diff = float((logits_b - logits_ref).abs().max())
+    # The control: the reference's cache cloned and decoded again. Where two
+    # identical caches decode apart, decoding itself is not bitwise repeatable
+    # on this machine (a kernel's reduction order), not tutti's restore.
+    cache_r2 = _clone_cache(caches, cache_ref, P + S)
     greedy_b = greedy(model, cache_b, logits_b, P + S, args.decode)
     greedy_r = greedy(model, cache_ref, logits_ref, P + S, args.decode)
+    greedy_r2 = greedy(model, cache_r2, logits_ref, P + S, args.decode)
+    del cache_r2
+    apart = next((i for i, (x, y) in enumerate(zip(greedy_b, greedy_r)) if x != y), None)
     rng = float(logits_ref.max() - logits_ref.min())
     rel = float((logits_1 - logits_ref).abs().max()) / max(rng, 1e-9)
     top1 = bool(torch.argmax(logits_1) == torch.argmax(logits_ref))
     ok = kv_equal and logits_equal and greedy_b == greedy_r and rel <= args.tolerance
     return dict(base, kind="checks", kv_equal=kv_equal, logits_equal=logits_equal, greedy_equal=greedy_b == greedy_r,
                 b_prefix_equal=b_prefix_equal, logits_max_diff=logits_max_diff, prefill_repeatable=prefill_repeatable,
+                greedy_repeatable=greedy_r == greedy_r2, greedy_apart_at=apart,
                 greedy_tokens=greedy_b[:8], onepass_rel_diff=rel, onepass_top1=top1, tolerance=args.tolerance, ok=ok)

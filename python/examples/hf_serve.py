@@ -37,6 +37,7 @@ fails, 2 when torch, transformers or a GPU is missing (the message says which).
 import argparse
 import gc
 import json
+import os
 import sys
 import tempfile
 
@@ -71,6 +72,8 @@ def main(argv=None):
     ap.add_argument("--tolerance", type=float, default=0.02,
                     help="one-pass recompute: max |logit diff| / logit range allowed")
     ap.add_argument("--json", default="", help="write every result line to this file too")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch's deterministic algorithms and cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG)")
     args = ap.parse_args(argv)
     for v, n in ((args.suffix, "--suffix"), (args.decode, "--decode"), (args.layers, "--layers")):
         if v < 0:
@@ -81,8 +84,13 @@ def main(argv=None):
     paths = [p for p in args.paths.split(",") if p]
     if any(p not in ("gpu", "cpu") for p in paths):
         ap.error(f"--paths {args.paths}: want gpu and/or cpu")
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
     need_deps()
     import torch
+
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     from hf_run import MODELS, run_model  # beside this file; imports torch and transformers
 
     storages = []
@@ -126,7 +134,8 @@ def main(argv=None):
                   f" greedy_same={r['greedy_equal']} onepass_rel_diff={r['onepass_rel_diff']:.4f}"
                   f" top1={r['onepass_top1']} -> {'ok' if r['ok'] else 'FAILED'}"
                   + ("" if r['ok'] else f" (B's prefix = A's: {r['b_prefix_equal']}, prefill repeatable:"
-                     f" {r['prefill_repeatable']}, max |logit diff| {r['logits_max_diff']:.4g})"))
+                     f" {r['prefill_repeatable']}, max |logit diff| {r['logits_max_diff']:.4g}, greedy apart at"
+                     f" {r['greedy_apart_at']}, the reference's own decode repeatable: {r['greedy_repeatable']})"))
     return 0 if ok else 1
 
 
