@@ -104,7 +104,12 @@ type Config struct {
 	// every cached block is loaded.
 	Compute sched.ComputeModel
 	// Device is each directory's device profile (devbench); corrected online
-	// from completions. Zero: a conservative SSD (2 GB/s reads).
+	// from completions. Zero: Open probes each directory's device (a
+	// time-limited burst of O_DIRECT writes and reads of a scratch file,
+	// reported in Stats.DeviceProbe) and seeds its bandwidths from that; a
+	// device it cannot probe, or any device under NewEngine, gets a
+	// conservative SSD (defaultDevice), counted in
+	// Stats.DeviceProbeFailures.
 	Device sched.DeviceProfile
 
 	// KVEvents, if set, publishes what the store serves as vLLM KV events
@@ -121,6 +126,9 @@ type Config struct {
 	// kernels: Open then needs no GPU, and RegisterKV binds no ring and
 	// registers no staging with CUDA.
 	gpuBind gpuBinder
+	// probe, if set (tests), measures the devices instead of probeDir, also
+	// under NewEngine.
+	probe deviceProber
 }
 
 // GPUConfig is PathGPU's part of Config. Every zero field takes the value

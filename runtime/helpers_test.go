@@ -17,10 +17,13 @@ func tinyGeometry() objmap.Geometry {
 }
 
 // testConfig is a store over fresh temporary directories with small staging
-// slots, so objects are read and written in several pieces.
+// slots, so objects are read and written in several pieces. Its devices
+// "probe" at the seed profile's rates, so that admission does not depend on
+// the disk under the test (TestOpenProbesDevices runs the real probe).
 func testConfig(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages int) Config {
 	t.Helper()
 	return Config{
+		probe:            fixedProbe(defaultDevice.WriteBytesPerSec, defaultDevice.ReadBytesPerSec),
 		Dirs:             []string{t.TempDir(), t.TempDir()},
 		CapacityBytes:    64 << 20,
 		Geometry:         g,

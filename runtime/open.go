@@ -37,6 +37,7 @@ func Open(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	userDevice := cfg.Device != (sched.DeviceProfile{})
 	cfg = cfg.withDefaults()
 	// Sized on either path, so that Stats.GPUReads says what PathGPU uses
 	// on these devices; sized values are within Validate's ranges
@@ -120,9 +121,10 @@ func Open(cfg Config) (*Store, error) {
 	s.saveSlots = saveSlotLimit(len(s.staging.all), cfg.Path)
 	s.saveSlotTokens = make(chan struct{}, s.saveSlots)
 	s.stager = newStagePool(s.saveSlots * s.wbufsPerSlot())
+	profiles := s.deviceProfiles(userDevice)
 	devs := make([]sched.DeviceConfig, len(cfg.Dirs))
 	for i := range devs {
-		devs[i] = sched.DeviceConfig{Profile: cfg.Device, MaxReadsInFlight: cfg.QueueDepth, MaxWritesInFlight: saveWritesPerDevice,
+		devs[i] = sched.DeviceConfig{Profile: profiles[i], MaxReadsInFlight: cfg.QueueDepth, MaxWritesInFlight: saveWritesPerDevice,
 			MaxReadBytesInFlight: cfg.StagingBytes, MaxWriteBytesInFlight: max(cfg.StagingBytes/4, s.maxWriteIOBytes), MaxPendingSaveBytes: cfg.SaveBudgetBytes}
 	}
 	if s.sched, err = newScheduler(sched.Config{Layers: s.geo.Layers, BlockTokens: s.geo.ChunkPages * s.geo.PageTokens,
@@ -130,6 +132,36 @@ func Open(cfg Config) (*Store, error) {
 		return fail(err)
 	}
 	return s, nil
+}
+
+// deviceProfiles is each directory's device model seed: the configured
+// profile, or defaultDevice with the bandwidths probed on its device (Stats
+// reports which). Under a test engine (NewEngine) the directories' devices
+// are not what serves the I/O, so they are not probed.
+func (s *Store) deviceProfiles(configured bool) []sched.DeviceProfile {
+	cfg := s.cfg
+	same := func() []sched.DeviceProfile {
+		out := make([]sched.DeviceProfile, len(cfg.Dirs))
+		for i := range out {
+			out[i] = cfg.Device
+		}
+		return out
+	}
+	probe := cfg.probe
+	switch {
+	case configured:
+		s.devProbe = "not probed: Config.Device is set"
+		return same()
+	case probe == nil && cfg.NewEngine != nil:
+		s.devProbe = "not probed: Config.NewEngine serves the I/O; seed profile"
+		s.devProbeFailures = len(cfg.Dirs)
+		return same()
+	case probe == nil:
+		probe = probeDir
+	}
+	profiles, report, failures := probeDevices(cfg.Dirs, cfg.Device, probe)
+	s.devProbe, s.devProbeFailures = report, failures
+	return profiles
 }
 
 // OpenWithFallback opens cfg; when cfg.Path is PathGPU and the GPU path

@@ -45,15 +45,10 @@ func TestSaveBudgetCut(t *testing.T) {
 // keeps every block of a save its device model writes within the save
 // bound at the full write rate (nothing else runs on the device), and cuts a
 // save larger than that to what fits, counted as SkipBound. Each save runs
-// on a fresh store, so admission follows the default seed profile, not
-// what this machine's disk taught the model.
+// on a fresh store whose probe measures the seed profile's rates, so
+// admission follows them, not what this machine's disk taught the model.
 func TestDefaultSaveBudget(t *testing.T) {
-	g := objmap.Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
-	const boundMs = 40
-	// Blocks whose writes take frac of the bound at the default write rate.
-	blocksFor := func(frac float64) int {
-		return int(frac * boundMs / 1e3 * defaultDevice.WriteBytesPerSec / float64(g.ChunkBytes()))
-	}
+	seedRates := fixedProbe(defaultDevice.WriteBytesPerSec, defaultDevice.ReadBytesPerSec)
 	for _, tc := range []struct {
 		name string
 		frac float64
@@ -63,31 +58,48 @@ func TestDefaultSaveBudget(t *testing.T) {
 		{"2 bounds", 2, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := blocksFor(tc.frac)
-			cfg := testConfig(t, g, objmap.LayoutPerLayer, n*g.ChunkPages)
-			cfg.Dirs = cfg.Dirs[:1]
-			cfg.CapacityBytes = 4 * int64(n) * g.ChunkBytes()
-			cfg.StagingBytes, cfg.StagingSlotBytes = 16<<20, 4<<20
-			cfg.SaveBoundMs = boundMs // SaveBudgetBytes and Device left to their defaults
-			s, kv := openKV(t, cfg)
-			defer closeKV(t, s, kv)
-			c := chainOf(9<<32, n)
-			pages := pageTable(rand.New(rand.NewPCG(9, 9)), g, cfg.NumPages, n)
-			fill(kv, g, c, pages)
-			sv := saveWait(t, s, c, pages)
-			t.Logf("%d blocks of %d MiB: saved %d, skipped bound %d budget %d", n, g.ChunkBytes()>>20, sv.Saved(), sv.Skipped(SkipBound), sv.Skipped(SkipBudget))
-			if tc.all {
-				if sv.Saved() != n {
-					t.Fatalf("saved %d of %d blocks (%v): the device writes them within the bound", sv.Saved(), n, s.Stats())
-				}
-				return
-			}
-			if sv.Saved() == 0 || sv.Saved() >= n || sv.Skipped(SkipBound) != n-sv.Saved() {
-				t.Fatalf("saved %d of %d, %d skipped as %v: want a cut counted as bound (%v)", sv.Saved(), n, sv.Skipped(SkipBound), SkipBound, s.Stats())
-			}
-			if st := s.Stats(); st.SkippedBlocks[SkipBound] != int64(n-sv.Saved()) {
-				t.Fatalf("Stats.SkippedBlocks %v: want %d as %v", st.SkippedBlocks, n-sv.Saved(), SkipBound)
-			}
+			checkFreshSave(t, tc.frac, tc.all, seedRates)
 		})
 	}
+}
+
+// saveBoundMs is the save bound of checkFreshSave's stores.
+const saveBoundMs = 40
+
+// checkFreshSave saves, on a fresh one-directory store with no save budget
+// or device profile set and probe measuring its device, a chain whose
+// writes take frac of the save bound at defaultDevice's write rate, and
+// checks that all of it is saved (all) or that it is cut, counted as
+// SkipBound. It returns the store's stats.
+func checkFreshSave(t *testing.T, frac float64, all bool, probe deviceProber) Stats {
+	t.Helper()
+	g := objmap.Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
+	n := int(frac * saveBoundMs / 1e3 * defaultDevice.WriteBytesPerSec / float64(g.ChunkBytes()))
+	cfg := testConfig(t, g, objmap.LayoutPerLayer, n*g.ChunkPages)
+	cfg.Dirs = cfg.Dirs[:1]
+	cfg.CapacityBytes = 4 * int64(n) * g.ChunkBytes()
+	cfg.StagingBytes, cfg.StagingSlotBytes = 16<<20, 4<<20
+	cfg.SaveBoundMs = saveBoundMs // SaveBudgetBytes and Device left to their defaults
+	cfg.probe = probe
+	s, kv := openKV(t, cfg)
+	defer closeKV(t, s, kv)
+	c := chainOf(9<<32, n)
+	pages := pageTable(rand.New(rand.NewPCG(9, 9)), g, cfg.NumPages, n)
+	fill(kv, g, c, pages)
+	sv := saveWait(t, s, c, pages)
+	st := s.Stats()
+	t.Logf("%d blocks of %d MiB: saved %d, skipped bound %d budget %d; %s", n, g.ChunkBytes()>>20, sv.Saved(), sv.Skipped(SkipBound), sv.Skipped(SkipBudget), st.DeviceProbe)
+	if all {
+		if sv.Saved() != n {
+			t.Fatalf("saved %d of %d blocks (%v): the device writes them within the bound", sv.Saved(), n, st)
+		}
+		return st
+	}
+	if sv.Saved() == 0 || sv.Saved() >= n || sv.Skipped(SkipBound) != n-sv.Saved() {
+		t.Fatalf("saved %d of %d, %d skipped as %v: want a cut counted as bound (%v)", sv.Saved(), n, sv.Skipped(SkipBound), SkipBound, st)
+	}
+	if st.SkippedBlocks[SkipBound] != int64(n-sv.Saved()) {
+		t.Fatalf("Stats.SkippedBlocks %v: want %d as %v", st.SkippedBlocks, n-sv.Saved(), SkipBound)
+	}
+	return st
 }

@@ -58,6 +58,13 @@ type Stats struct {
 	// and, after "not read:", each device fact that could not be read and
 	// what was assumed; empty when the option is off.
 	GPUReads string
+	// DeviceProbe says, per directory, what Open measured to seed the device
+	// model (Config.Device's doc) or why it kept the seed profile;
+	// DeviceProbeFailures counts the directories seeded without a
+	// measurement (their first large saves may be cut below what the device
+	// can write within the bound, until the model learns).
+	DeviceProbe         string
+	DeviceProbeFailures int64
 }
 
 // MissCauses lists the causes indexing Stats.MissBlocks.

@@ -96,11 +96,13 @@ type Store struct {
 	holds        int
 	holdsExpired atomic.Int64
 
-	report          RecoveryReport
-	stats           counters
-	maxWriteIOBytes int64  // the scheduler's write size: at most one staging slot
-	fallbackReason  string // set by OpenWithFallback before the store is shared
-	gpuReads        string // Stats.GPUReads, set by Open
+	report           RecoveryReport
+	stats            counters
+	maxWriteIOBytes  int64  // the scheduler's write size: at most one staging slot
+	fallbackReason   string // set by OpenWithFallback before the store is shared
+	gpuReads         string // Stats.GPUReads, set by Open
+	devProbe         string // Stats.DeviceProbe, set by Open
+	devProbeFailures int    // Stats.DeviceProbeFailures, set by Open
 }
 
 // bytesPerBlock is what one chain block costs in the index's capacity: its
@@ -424,6 +426,7 @@ func (s *Store) Stats() Stats {
 	st := s.stats.snapshot()
 	st.FallbackReason = s.fallbackReason
 	st.GPUReads = s.gpuReads
+	st.DeviceProbe, st.DeviceProbeFailures = s.devProbe, int64(s.devProbeFailures)
 	if gp := s.gpuPath(); gp != nil {
 		if _, err := gp.r.FixedBuffers(); err != nil {
 			st.GPUPlainReads = err.Error()

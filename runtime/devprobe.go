@@ -1,0 +1,196 @@
+package runtime
+
+// The device probe: Open measures each directory's device with a short,
+// time-limited burst of O_DIRECT writes and reads, so that a store whose
+// Config.Device is left zero seeds its device model with what its devices
+// do rather than with defaultDevice. The model corrects itself only slowly
+// (a bounded step per completed save), and EnqueueSave admits a whole save
+// at once from the model, so a seed far below the device would cut every
+// large save on a fresh store although the device writes it within the
+// bound. A device the probe cannot measure falls back to the seed, counted
+// (Stats.DeviceProbeFailures) and said why (Stats.DeviceProbe).
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tutti-io/tutti/sched"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// probeBudget bounds the whole probe (all devices run at once): half
+	// for the writes, half for the reads of what was written.
+	probeBudget = 50 * time.Millisecond
+	// probeIOBytes is one probe op: large enough to be bandwidth bound,
+	// like the save writes and the restore reads the model predicts.
+	probeIOBytes = 1 << 20
+	// probeDepth ops in flight per device, like the save writes per device.
+	probeDepth = saveWritesPerDevice
+	// probeMaxBytes bounds the scratch file's size.
+	probeMaxBytes = 64 << 20
+	// probeMinOps: fewer completions measure latency, not bandwidth, so
+	// they are not taken as a rate. Every worker completes its first op
+	// whatever the deadline, so a slow device is measured (a phase then
+	// runs past its deadline by at most one op per worker) rather than
+	// left on a seed that would admit more than it writes in the bound.
+	probeMinOps = probeDepth
+	// probeFile is the scratch file, removed when the probe ends.
+	probeFile = ".tutti-probe"
+)
+
+// probeRates is what the probe measured on one device.
+type probeRates struct {
+	WriteBytesPerSec, ReadBytesPerSec float64
+	Bytes                             int64 // written (and read back)
+	Took                              time.Duration
+}
+
+// deviceProber measures the device under dir within budget.
+type deviceProber func(dir string, budget time.Duration) (probeRates, error)
+
+// probeDevices returns each directory's device profile: seed with the
+// probed bandwidths, or seed itself where the probe failed (counted in
+// failures). report says what was measured and what was assumed. The
+// directories are probed at once, as a striped save writes them: those on
+// one device share its rate, as their saves do.
+func probeDevices(dirs []string, seed sched.DeviceProfile, probe deviceProber) (profiles []sched.DeviceProfile, report string, failures int) {
+	profiles = make([]sched.DeviceProfile, len(dirs))
+	rates := make([]probeRates, len(dirs))
+	errs := make([]error, len(dirs))
+	var wg sync.WaitGroup
+	for i, dir := range dirs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rates[i], errs[i] = probe(dir, probeBudget)
+		}()
+	}
+	wg.Wait()
+	parts := make([]string, len(dirs))
+	for i := range dirs {
+		p := seed
+		p.WriteBytesPerSec, p.ReadBytesPerSec = rates[i].WriteBytesPerSec, rates[i].ReadBytesPerSec
+		if errs[i] == nil {
+			errs[i] = p.Validate()
+		}
+		if errs[i] != nil {
+			failures++
+			profiles[i] = seed
+			parts[i] = fmt.Sprintf("dir %d: not probed (%v): seed write %.2g B/s, read %.2g B/s",
+				i, errs[i], seed.WriteBytesPerSec, seed.ReadBytesPerSec)
+			continue
+		}
+		profiles[i] = p
+		parts[i] = fmt.Sprintf("dir %d: probed write %.2g B/s, read %.2g B/s (%d MiB in %v)",
+			i, p.WriteBytesPerSec, p.ReadBytesPerSec, rates[i].Bytes>>20, rates[i].Took.Round(time.Millisecond))
+	}
+	return profiles, strings.Join(parts, "; "), failures
+}
+
+// probeDir is the default prober: a scratch file in dir, written and read
+// back with O_DIRECT at probeDepth ops in flight, each phase stopped at
+// half the budget or probeMaxBytes.
+func probeDir(dir string, budget time.Duration) (probeRates, error) {
+	path := filepath.Join(dir, probeFile)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return probeRates{}, fmt.Errorf("opening %s with O_DIRECT: %w", path, err)
+	}
+	defer func() {
+		_ = unix.Close(fd)
+		_ = os.Remove(path)
+	}()
+	// Pool files are preallocated: so is the scratch file, where the file
+	// system can (a failure only makes the writes allocate).
+	_ = unix.Fallocate(fd, 0, 0, probeMaxBytes)
+	bufs := make([][]byte, probeDepth)
+	for i := range bufs {
+		b, err := unix.Mmap(-1, 0, probeIOBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			return probeRates{}, fmt.Errorf("probe buffer: %w", err)
+		}
+		defer func() { _ = unix.Munmap(b) }()
+		// Not zeros, which some devices write for free.
+		b[0] = byte(i + 1)
+		for n := 1; n < len(b); n *= 2 {
+			copy(b[n:], b[:n])
+			b[n] ^= byte(n)
+		}
+		bufs[i] = b
+	}
+	begin := time.Now() // the budget is the I/O's, not the setup's
+	written, wNs, err := probePhase(fd, bufs, probeMaxBytes, begin.Add(budget/2), true)
+	if err != nil {
+		return probeRates{}, fmt.Errorf("writing %s: %w", path, err)
+	}
+	read, rNs, err := probePhase(fd, bufs, written, begin.Add(budget), false)
+	if err != nil {
+		return probeRates{}, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return probeRates{WriteBytesPerSec: float64(written) * 1e9 / float64(wNs), ReadBytesPerSec: float64(read) * 1e9 / float64(rNs),
+		Bytes: written, Took: time.Since(begin)}, nil
+}
+
+// errProbeShort: the device completed too few ops within the budget.
+var errProbeShort = errors.New("too few ops completed within the probe's budget")
+
+// probePhase writes (or reads) [0, limit) of fd in probeIOBytes ops, one
+// worker per buffer, until limit or the deadline: a worker starts no op
+// its last one says would end past it (its first op always starts). It returns the bytes moved and the
+// time from the first submission to the last completion.
+func probePhase(fd int, bufs [][]byte, limit int64, deadline time.Time, write bool) (int64, int64, error) {
+	var next, done, ops atomic.Int64
+	var mu sync.Mutex
+	var firstErr error
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, b := range bufs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var last time.Duration
+			for t0 := time.Now(); last == 0 || t0.Add(last).Before(deadline); t0 = time.Now() {
+				off := next.Add(probeIOBytes) - probeIOBytes
+				if off+probeIOBytes > limit {
+					return
+				}
+				var n int
+				var err error
+				if write {
+					n, err = unix.Pwrite(fd, b, off)
+				} else {
+					n, err = unix.Pread(fd, b, off)
+				}
+				if err == nil && n != len(b) {
+					err = fmt.Errorf("%d of %d bytes at %d", n, len(b), off)
+				}
+				if err != nil {
+					mu.Lock()
+					firstErr = cmp.Or(firstErr, err)
+					mu.Unlock()
+					return
+				}
+				done.Add(int64(n))
+				ops.Add(1)
+				last = time.Since(t0)
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start).Nanoseconds()
+	if firstErr != nil {
+		return 0, 0, firstErr
+	}
+	if ops.Load() < probeMinOps || took <= 0 {
+		return 0, 0, fmt.Errorf("%d ops: %w", ops.Load(), errProbeShort)
+	}
+	return done.Load(), took, nil
+}
