@@ -159,8 +159,8 @@ func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
 // CompleteLayers); feed the device model with ObserveReads and
 // ObserveWrites.
 func (p *Planner) Complete(id uint64, nowNs int64) error {
-	i := int32(id & 0xffffffff)
-	if int(i) >= len(p.entries) || p.entries[i].gen != uint32(id>>32) || p.entries[i].state != stateInFlight {
+	i, ok := p.inFlight(id)
+	if !ok {
 		return fmt.Errorf("complete io %#x: %w", id, ErrUnknownIO)
 	}
 	e := &p.entries[i]
@@ -202,12 +202,25 @@ func (p *Planner) Complete(id uint64, nowNs int64) error {
 	return nil
 }
 
-func (p *Planner) retireRead(d *devState, e *entry) {
-	d.pendingReadBytes -= e.io.Bytes
-	d.pendingReadNs -= e.svcNs
-	d.pendingReads--
+func (p *Planner) retireRead(d *devState, e *entry) { d.retirePending(1, e.io.Bytes, e.svcNs) }
+
+// retirePending takes reads (of bytes, costing ns) off d's pending budgets:
+// completed, retired by CompleteLayers, or dropped.
+func (d *devState) retirePending(reads int, bytes int64, ns float64) {
+	d.pendingReadBytes -= bytes
+	d.pendingReadNs -= ns
+	d.pendingReads -= reads
 	if d.pendingReads == 0 {
 		// Start the next plan from exact zeros, not accumulated float error.
 		d.pendingReadNs, d.plannedTailNs = 0, 0
 	}
+}
+
+// inFlight is the entry id names, if it is in flight.
+func (p *Planner) inFlight(id uint64) (int32, bool) {
+	i := uint32(id)
+	if int64(i) >= int64(len(p.entries)) || p.entries[i].gen != uint32(id>>32) || p.entries[i].state != stateInFlight {
+		return 0, false
+	}
+	return int32(i), true
 }

@@ -330,12 +330,7 @@ func (p *Planner) admitCursors(plan *Plan, whole bool) []int32 {
 // returns how many there were.
 func (p *Planner) dropCursor(d *devState, c *cursor) int {
 	reads, bytes, ns := c.remaining(p.cfg.Layers)
-	d.pendingReadBytes -= bytes
-	d.pendingReadNs -= ns
-	d.pendingReads -= reads
-	if d.pendingReads == 0 {
-		d.pendingReadNs, d.plannedTailNs = 0, 0
-	}
+	d.retirePending(reads, bytes, ns)
 	return reads
 }
 

@@ -130,9 +130,8 @@ func (p *Planner) CompleteLayers(id uint64, layers int, nowNs int64) error {
 
 // restoreEntry is the in-flight IORestore id names.
 func (p *Planner) restoreEntry(id uint64) (*entry, error) {
-	i := int32(id & 0xffffffff)
-	if int(i) >= len(p.entries) || p.entries[i].gen != uint32(id>>32) || p.entries[i].state != stateInFlight ||
-		p.entries[i].io.Kind != IORestore {
+	i, ok := p.inFlight(id)
+	if !ok || p.entries[i].io.Kind != IORestore {
 		return nil, ErrUnknownIO
 	}
 	return &p.entries[i], nil
@@ -145,15 +144,9 @@ func (p *Planner) retireJobLayers(j *restoreJob, layers int) {
 			c := &p.cursors[ci]
 			d := &p.devs[c.dev]
 			n := len(c.segs)
-			d.pendingReadBytes -= c.segCumB[n]
-			d.pendingReadNs -= c.segCumNs[n]
-			d.pendingReads -= n
+			d.retirePending(n, c.segCumB[n], c.segCumNs[n])
 			d.jobReadNs -= c.segCumNs[n]
 			c.layer++
-			if d.pendingReads == 0 {
-				// Start the next plan from exact zeros, not accumulated float error.
-				d.pendingReadNs, d.plannedTailNs = 0, 0
-			}
 		}
 	}
 }
