@@ -223,11 +223,7 @@ def _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache
 
     # Reference: the same model, the prefix in its cache (A's prefill, copied
     # into a fresh cache), then the suffix.
-    cache_ref = caches.new()
-    for a, r in zip(cache_a.layers, cache_ref.layers):
-        r.keys.copy_(a.keys)
-        r.values.copy_(a.values)
-        hfcache.set_filled_tokens(r, P)
+    cache_ref = _clone_cache(caches, cache_a, P)
     logits_ref = forward(model, suffix, cache_ref, P)
 
     # One-pass recomputation of the whole prompt: B's TTFT baseline (a first,
@@ -271,8 +267,7 @@ def _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache
                     saved_by = path
                     yield dict(base, kind="save", storage=storage, path=path, save_ms=save_ms,
                                save_gbps=kv_bytes / save_ms / 1e6, prefill_ms=prefill_ms, ok=True)
-                for t in pool:
-                    t.fill_(-1.0 if path == "gpu" else 7.0)  # poison: the restore must write every byte
+                _poison(pool, path)
                 cold_ms = None
                 if P <= WARM_TOKENS:
                     # The store's first load pays one-time set-up (an engine pays it once, at its first
@@ -280,8 +275,7 @@ def _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache
                     cold = _restore_b(kv, model, layers, caches, chain, pages, P, suffix, pool, path, hfcache)
                     cold_ms = cold["ttft_ms"]
                     del cold
-                    for t in pool:
-                        t.fill_(-1.0 if path == "gpu" else 7.0)
+                    _poison(pool, path)
                 rec = _restore_b(kv, model, layers, caches, chain, pages, P, suffix, pool, path, hfcache)
                 rec["cold_ttft_ms"] = cold_ms
                 ok, why = rec.pop("ok"), rec.pop("why")
@@ -372,6 +366,12 @@ def _caches_equal(x, y, n_tokens):
 
     return all(torch.equal(a.keys[:, :, :n_tokens], b.keys[:, :, :n_tokens]) and
                torch.equal(a.values[:, :, :n_tokens], b.values[:, :, :n_tokens]) for a, b in zip(x.layers, y.layers))
+
+
+def _poison(pool, path):
+    """Fills the page pool with one constant, so that a page the restore left unwritten fails the bit-exact check."""
+    for t in pool:
+        t.fill_(-1.0 if path == "gpu" else 7.0)
 
 
 def _clone_cache(caches, src, n_tokens):
