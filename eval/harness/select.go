@@ -88,8 +88,8 @@ func TuttiNotes(bs []Backend) []string {
 				t.Name(), st.ReadsDispatched, st.RestoresDispatched, st.WritesDispatched, st.WritesPromoted, st.ReadHolds, st.Cancelled))
 		}
 		if t.PlannedRecomputeBlocks() > 0 {
-			notes = append(notes, fmt.Sprintf("%s: the planner recomputed %d cached blocks instead of loading them",
-				t.Name(), t.PlannedRecomputeBlocks()))
+			notes = append(notes, fmt.Sprintf("%s: the planner recomputed %d cached blocks instead of loading them (its device model started from: %s)",
+				t.Name(), t.PlannedRecomputeBlocks(), t.DeviceProbe()))
 		}
 	}
 	return notes

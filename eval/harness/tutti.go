@@ -44,6 +44,8 @@ type Tutti struct {
 	// helper: the GPU ring helper's counters, read at Close.
 	helperWakeups, helperBatchTimeouts int64
 	sched                              sched.Stats // the store's scheduler, as of Close
+	// devProbe: what Open measured to seed the device model (Stats.DeviceProbe), as of Close.
+	devProbe string
 	// kvEvents: runtime.Config.KVEvents; kvStats its counters, read at Close.
 	kvEvents *kvevents.Config
 	kvStats  *runtime.KVEventsStats
@@ -235,6 +237,11 @@ func (t *Tutti) Save(req *Request) (SaveResult, error) {
 
 func (t *Tutti) Evict([]uint64) error { return nil } // its own index evicts
 
+// DeviceProbe says what the store's Open measured to seed its device model
+// (runtime Stats.DeviceProbe), as of Close; the planner's load-or-recompute
+// choices start from it.
+func (t *Tutti) DeviceProbe() string { return t.devProbe }
+
 // PlannedRecomputeBlocks counts cached blocks the planner chose to recompute.
 func (t *Tutti) PlannedRecomputeBlocks() int64 { return t.plannedRecompute }
 
@@ -244,6 +251,7 @@ func (t *Tutti) Close() error {
 		st := t.store.Stats()
 		t.helperWakeups, t.helperBatchTimeouts = st.GPUHelperWakeups, st.GPUHelperBatchTimeouts
 		t.sched = t.store.SchedStats()
+		t.devProbe = st.DeviceProbe
 		if t.kvEvents != nil {
 			// Published while open: the counters before Close's final flush.
 			if ks, ok := t.store.KVEvents(); ok {
