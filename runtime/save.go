@@ -202,10 +202,7 @@ func (sv *Save) admit(ids []uint64, from int) {
 		sv.skip(cause, len(ids))
 		return
 	}
-	total := 0
-	for _, r := range resv {
-		total += r.Chunks
-	}
+	total := reservedChunks(resv)
 	// Room for every write the scheduler can dispatch, so routing never blocks.
 	bound := 0
 	for _, r := range resv {
@@ -308,20 +305,44 @@ func (sv *Save) shrink(sr *saveRun, k int) bool {
 
 // allocate reserves pool space for n blocks (objmap cuts it into runs of at
 // most MaxRunChunks); a shortfall returns what fit (partial admission). When
-// the pool has no room although the index had (headers, padding,
-// fragmentation, quarantined frees) it evicts, makes the frees durable and
-// tries once more.
+// the pool has less room than the index had (quarantined frees, headers,
+// padding, fragmentation), it gives back what fit and tries again, at most
+// twice: first after making the frees durable (which releases their
+// quarantine: a save right after an eviction or a Discard finds the space
+// those freed), then after evicting runs that hold the shortfall too.
 func (sv *Save) allocate(n int) ([]objmap.Reservation, error) {
 	s := sv.s
 	ways := s.saveWays(n)
 	resv, err := s.m.AllocateStriped(n, ways)
-	if errors.Is(err, objmap.ErrNoSpace) {
-		s.release(s.idx.Evict(int64(n) * s.bytesPerBlock()))
-		if serr := s.m.Sync(); serr == nil {
-			resv, err = s.m.AllocateStriped(n, ways)
+	for try := 0; try < 2; try++ {
+		got := reservedChunks(resv)
+		if got == n || (err != nil && !errors.Is(err, objmap.ErrNoSpace)) {
+			break
 		}
+		if try == 0 && s.m.Stats().QuarantinedBytes == 0 {
+			continue // nothing to release: go on to evicting
+		}
+		for _, r := range resv {
+			_ = s.m.Abort(r)
+		}
+		if try == 1 {
+			s.evictRuns(s.geo.RunBytes(n - got))
+		}
+		if serr := s.m.Sync(); serr != nil {
+			return nil, serr
+		}
+		resv, err = s.m.AllocateStriped(n, ways)
 	}
 	return resv, err
+}
+
+// reservedChunks is the blocks a set of reservations holds.
+func reservedChunks(resv []objmap.Reservation) int {
+	n := 0
+	for _, r := range resv {
+		n += r.Chunks
+	}
+	return n
 }
 
 // minStripeLayerBytes is the smallest per-layer object a save is cut into

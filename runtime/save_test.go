@@ -103,3 +103,45 @@ func checkFreshSave(t *testing.T, frac float64, all bool, probe deviceProber) St
 	}
 	return st
 }
+
+// TestSaveReusesFreedSpace: a store sized for n blocks, full, saves n new
+// blocks whole right after the old ones leave, whether the engine discarded
+// them or the index evicted them for the new save: their space is
+// quarantined until its free is durable, and the save makes it so instead
+// of skipping what the pool could not take at once (SkipNoSpace).
+func TestSaveReusesFreedSpace(t *testing.T) {
+	g := objmap.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
+	const n = 12
+	for _, tc := range []struct {
+		name    string
+		discard bool
+	}{{"after Discard", true}, {"after eviction", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, g, objmap.LayoutPerLayer, 2*n*g.ChunkPages)
+			cfg.CapacityBytes = CapacityForBlocks(g, n)
+			s, kv := openKV(t, cfg)
+			defer closeKV(t, s, kv)
+			rng := rand.New(rand.NewPCG(6, 6))
+			for round := range 4 {
+				c := chainOf(uint64(round+1)<<32, n)
+				pages := pageTable(rng, g, cfg.NumPages, n)
+				fill(kv, g, c, pages)
+				sv := saveWait(t, s, c, pages)
+				if sv.Saved() != n {
+					t.Fatalf("round %d: saved %d of %d (no space %d): %v; pool %+v", round, sv.Saved(), n, sv.Skipped(SkipNoSpace), s.Stats(), s.m.Stats())
+				}
+				p2 := pageTable(rng, g, cfg.NumPages, n)
+				if l := loadWait(t, s, c, p2); l.Blocks() != n {
+					t.Fatalf("round %d: restored %d of %d", round, l.Blocks(), n)
+				} else if err := verify(kv, g, c, p2, n); err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				if tc.discard {
+					if _, err := s.Discard(c[0]); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

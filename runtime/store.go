@@ -374,9 +374,9 @@ func (s *Store) loadFinished(l *Load, blocks int) {
 
 // release frees the storage of blocks that left the index: a run is freed
 // in the object map once none of its blocks is indexed.
-func (s *Store) release(dropped []prefix.Dropped) {
+func (s *Store) release(dropped []prefix.Dropped) (freedBytes int64) {
 	if len(dropped) == 0 {
-		return
+		return 0
 	}
 	var free []objmap.RunID
 	s.mu.Lock()
@@ -390,6 +390,7 @@ func (s *Store) release(dropped []prefix.Dropped) {
 		if r.live == 0 {
 			delete(s.runs, rid)
 			free = append(free, rid)
+			freedBytes += r.info.Length
 		}
 	}
 	s.mu.Unlock()
@@ -397,6 +398,21 @@ func (s *Store) release(dropped []prefix.Dropped) {
 		// A failed free leaves the run on disk until the next recovery; the
 		// index no longer serves it either way.
 		_ = s.m.Free(id)
+	}
+	return freedBytes
+}
+
+// evictRuns evicts least recently used blocks until the runs they free hold
+// needBytes of pool space, or nothing more can be evicted. The index evicts
+// blocks, the pool frees whole runs (a run stays while any block of it is
+// indexed), so the index can have room where the pool has none.
+func (s *Store) evictRuns(needBytes int64) {
+	for freed := int64(0); freed < needBytes; {
+		dropped := s.idx.Evict(1) // one block
+		if len(dropped) == 0 {
+			return
+		}
+		freed += s.release(dropped)
 	}
 }
 
