@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/objmap"
@@ -129,6 +130,10 @@ type Config struct {
 	// probe, if set (tests), measures the devices instead of probeDir, also
 	// under NewEngine.
 	probe deviceProber
+	// reprobe, if set with probe (tests), re-measures reads instead of
+	// reprobeReads, every reprobeEvery (0: the default) at most.
+	reprobe      readProber
+	reprobeEvery time.Duration
 }
 
 // GPUConfig is PathGPU's part of Config. Every zero field takes the value

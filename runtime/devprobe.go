@@ -127,11 +127,11 @@ func probeDir(dir string, budget time.Duration) (probeRates, error) {
 		bufs[i] = b
 	}
 	begin := time.Now() // the budget is the I/O's, not the setup's
-	written, wNs, err := probePhase(fd, bufs, probeMaxBytes, begin.Add(budget/2), true)
+	written, wNs, err := probePhase(fd, bufs, 0, probeMaxBytes, begin.Add(budget/2), true)
 	if err != nil {
 		return probeRates{}, fmt.Errorf("writing %s: %w", path, err)
 	}
-	read, rNs, err := probePhase(fd, bufs, written, begin.Add(budget), false)
+	read, rNs, err := probePhase(fd, bufs, 0, written, begin.Add(budget), false)
 	if err != nil {
 		return probeRates{}, fmt.Errorf("reading %s: %w", path, err)
 	}
@@ -142,11 +142,13 @@ func probeDir(dir string, budget time.Duration) (probeRates, error) {
 // errProbeShort: the device completed too few ops within the budget.
 var errProbeShort = errors.New("too few ops completed within the probe's budget")
 
-// probePhase writes (or reads) [0, limit) of fd in probeIOBytes ops, one
-// worker per buffer, until limit or the deadline: a worker starts no op
-// its last one says would end past it (its first op always starts). It returns the bytes moved and the
+// probePhase writes (or reads) [base, base+limit) of fd in ops of one
+// buffer's size (every buffer has the same), one worker per buffer, until
+// limit or the deadline: a worker starts no op its last one says would end
+// past it (its first op always starts). It returns the bytes moved and the
 // time from the first submission to the last completion.
-func probePhase(fd int, bufs [][]byte, limit int64, deadline time.Time, write bool) (int64, int64, error) {
+func probePhase(fd int, bufs [][]byte, base, limit int64, deadline time.Time, write bool) (int64, int64, error) {
+	opBytes := int64(len(bufs[0]))
 	var next, done, ops atomic.Int64
 	var mu sync.Mutex
 	var firstErr error
@@ -158,10 +160,11 @@ func probePhase(fd int, bufs [][]byte, limit int64, deadline time.Time, write bo
 			defer wg.Done()
 			var last time.Duration
 			for t0 := time.Now(); last == 0 || t0.Add(last).Before(deadline); t0 = time.Now() {
-				off := next.Add(probeIOBytes) - probeIOBytes
-				if off+probeIOBytes > limit {
+				off := next.Add(opBytes) - opBytes
+				if off+opBytes > limit {
 					return
 				}
+				off += base
 				var n int
 				var err error
 				if write {

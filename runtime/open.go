@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 
@@ -136,7 +137,8 @@ func Open(cfg Config) (*Store, error) {
 
 // deviceProfiles is each directory's device model seed: the configured
 // profile, or defaultDevice with the bandwidths probed on its device (Stats
-// reports which). Under a test engine (NewEngine) the directories' devices
+// reports which); probed devices are re-probed later where plans need it
+// (reprobe.go). Under a test engine (NewEngine) the directories' devices
 // are not what serves the I/O, so they are not probed.
 func (s *Store) deviceProfiles(configured bool) []sched.DeviceProfile {
 	cfg := s.cfg
@@ -157,8 +159,11 @@ func (s *Store) deviceProfiles(configured bool) []sched.DeviceProfile {
 		s.devProbeFailures = len(cfg.Dirs)
 		return same()
 	case probe == nil:
-		probe = probeDir
+		probe, s.reprobe.probe = probeDir, reprobeReads
+	default: // a test's probe: re-probes only where the test asks
+		s.reprobe.probe = cfg.reprobe
 	}
+	s.reprobe.every = cmp.Or(cfg.reprobeEvery, reprobeEvery)
 	profiles, report, failures := probeDevices(cfg.Dirs, cfg.Device, probe)
 	s.devProbe, s.devProbeFailures = report, failures
 	return profiles

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tutti-io/tutti/sched"
@@ -31,6 +32,9 @@ type scheduler struct {
 	routes  map[uint64]ioRoute
 	nextID  uint64
 	buf     []sched.IO
+	// readSeenNs: per device, when its model last saw reads (a load's, or a
+	// re-probe; Open's probe at 0).
+	readSeenNs []atomic.Int64
 
 	kick chan struct{}
 	quit chan struct{}
@@ -43,12 +47,13 @@ func newScheduler(cfg sched.Config) (*scheduler, error) {
 		return nil, fmt.Errorf("starting the scheduler: %w", err)
 	}
 	sc := &scheduler{
-		p:       p,
-		startAt: time.Now(),
-		routes:  make(map[uint64]ioRoute),
-		kick:    make(chan struct{}, 1),
-		quit:    make(chan struct{}),
-		done:    make(chan struct{}),
+		p:          p,
+		startAt:    time.Now(),
+		routes:     make(map[uint64]ioRoute),
+		readSeenNs: make([]atomic.Int64, len(cfg.Devices)),
+		kick:       make(chan struct{}, 1),
+		quit:       make(chan struct{}),
+		done:       make(chan struct{}),
 	}
 	go sc.loop()
 	return sc, nil
@@ -163,6 +168,22 @@ func (sc *scheduler) observeReads(dev int, bytes int64, ops int, busyNs int64) {
 	sc.mu.Lock()
 	sc.p.ObserveReads(dev, bytes, ops, busyNs, false)
 	sc.mu.Unlock()
+	sc.readsSeen(dev)
+}
+
+// readsSeen records that device dev's model saw reads now.
+func (sc *scheduler) readsSeen(dev int) { sc.readSeenNs[dev].Store(sc.nowNs()) }
+
+// readsStale is whether device dev's model saw no reads for every.
+func (sc *scheduler) readsStale(dev int, every time.Duration) bool {
+	return sc.nowNs()-sc.readSeenNs[dev].Load() >= int64(every)
+}
+
+// remeasureReads sets device dev's read rate to a fresh measurement.
+func (sc *scheduler) remeasureReads(dev int, bytesPerSec float64) error {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.p.RemeasureReads(dev, bytesPerSec)
 }
 
 // observeWrites feeds the device model with a finished save's writes.

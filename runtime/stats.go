@@ -65,6 +65,13 @@ type Stats struct {
 	// can write within the bound, until the model learns).
 	DeviceProbe         string
 	DeviceProbeFailures int64
+	// DeviceReprobes counts the read re-measurements of probed devices
+	// whose model had seen no reads while plans recomputed their cached
+	// blocks (reprobe.go); DeviceReprobeFailures those that failed
+	// (DeviceReprobeError: the last failure), DeviceReprobeSkips the plans
+	// that would have re-probed a run too short to measure bandwidth on.
+	DeviceReprobes, DeviceReprobeFailures, DeviceReprobeSkips int64
+	DeviceReprobeError                                        string
 }
 
 // MissCauses lists the causes indexing Stats.MissBlocks.

@@ -103,6 +103,7 @@ type Store struct {
 	gpuReads         string // Stats.GPUReads, set by Open
 	devProbe         string // Stats.DeviceProbe, set by Open
 	devProbeFailures int    // Stats.DeviceProbeFailures, set by Open
+	reprobe          reprobes
 }
 
 // bytesPerBlock is what one chain block costs in the index's capacity: its
@@ -286,6 +287,9 @@ func (l *Load) planReads(cached int, opts LoadOptions) error {
 		return err
 	}
 	l.plan, l.planned = plan, plan.LoadBlocks
+	if recomputesCached(plan) {
+		s.maybeReprobe(runs, plan.LoadBlocks)
+	}
 	l.runs = keepBlocks(runs, plan.LoadBlocks)
 	if s.gpu != nil {
 		return nil
@@ -443,6 +447,7 @@ func (s *Store) Stats() Stats {
 	st.FallbackReason = s.fallbackReason
 	st.GPUReads = s.gpuReads
 	st.DeviceProbe, st.DeviceProbeFailures = s.devProbe, int64(s.devProbeFailures)
+	st.DeviceReprobes, st.DeviceReprobeFailures, st.DeviceReprobeSkips, st.DeviceReprobeError = s.reprobe.stats()
 	if gp := s.gpuPath(); gp != nil {
 		if _, err := gp.r.FixedBuffers(); err != nil {
 			st.GPUPlainReads = err.Error()

@@ -101,6 +101,21 @@ func ewmaLog(cur, seed, observed float64) float64 {
 	return math.Exp(l)
 }
 
+// RemeasureReads replaces the read bandwidth, estimate and seed both, by
+// readBytesPerSec measured afresh on the device (a re-run of the probe that
+// seeded it). Online corrections stay within a factor of the seed, so a
+// seed measured while the device was busy would otherwise bound the model
+// for good; and a model that says loads lose to recompute sees no reads to
+// correct it. A rate that is not finite and > 0 is refused.
+func (d *DeviceModel) RemeasureReads(readBytesPerSec float64) error {
+	if !(readBytesPerSec > 0) || math.IsInf(readBytesPerSec, 0) {
+		return fmt.Errorf("device model: remeasured read rate %v: %w", readBytesPerSec, ErrBadProfile)
+	}
+	d.cur.ReadBytesPerSec, d.seed.ReadBytesPerSec = readBytesPerSec, readBytesPerSec
+	d.obs++
+	return nil
+}
+
 // ObserveReads corrects the model from a batch of completed reads: ops reads
 // of bytes in total kept the device busy for busyNs (the union of the
 // intervals in which at least one of them was in flight; at queue depth 1 the

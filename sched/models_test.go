@@ -101,3 +101,45 @@ func TestDeviceObserve(t *testing.T) {
 		t.Error("zero profile: no error")
 	}
 }
+
+// TestRemeasureReads: a fresh measurement replaces the read bandwidth and
+// the seed that bounds later corrections, so a model seeded far too low
+// (the device was busy when it was probed) can reach the device's rate; bad
+// rates and devices are refused and change nothing.
+func TestRemeasureReads(t *testing.T) {
+	seed := DeviceProfile{ReadBytesPerSec: 1e6, WriteBytesPerSec: 1e9, ReadIOPS: 1e5, WriteIOPS: 1e5,
+		ReadLatencyNs: 1e5, ReadShareUnderWrites: 0.5, WriteShareUnderReads: 0.5}
+	m, err := NewDeviceModel(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Corrections alone stop at 16x the seed, however fast the reads.
+	for range 200 {
+		m.ObserveReads(64<<20, 64, 64<<20*1e9/4e9, false)
+	}
+	bound := m.Profile().ReadBytesPerSec
+	if math.Abs(bound-16e6) > 1 {
+		t.Fatalf("after corrections: %g B/s, want the bound 16e6", bound)
+	}
+	for _, bad := range []float64{0, -1, math.NaN(), math.Inf(1)} {
+		if err := m.RemeasureReads(bad); err == nil || m.Profile().ReadBytesPerSec != bound {
+			t.Fatalf("RemeasureReads(%v): err %v, rate %g", bad, err, m.Profile().ReadBytesPerSec)
+		}
+	}
+	if err := m.RemeasureReads(3e9); err != nil || m.Profile().ReadBytesPerSec != 3e9 {
+		t.Fatalf("RemeasureReads(3e9): err %v, rate %g", err, m.Profile().ReadBytesPerSec)
+	}
+	for range 200 {
+		m.ObserveReads(64<<20, 64, 64<<20*1e9/4e9, false)
+	}
+	if got := m.Profile().ReadBytesPerSec; math.Abs(got-4e9) > 0.01*4e9 {
+		t.Fatalf("corrections after the remeasure: %g B/s, want about the observed 4e9", got)
+	}
+	if w := m.Profile().WriteBytesPerSec; w != seed.WriteBytesPerSec {
+		t.Fatalf("write rate changed to %g", w)
+	}
+	p := testPlanner(t, 2)
+	if err := p.RemeasureReads(len(p.devs), 1e9); err == nil {
+		t.Fatal("device out of range: no error")
+	}
+}

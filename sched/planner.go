@@ -263,6 +263,15 @@ func (p *Planner) ObserveReads(d int, bytes int64, ops int, busyNs int64, withWr
 	}
 }
 
+// RemeasureReads sets device d's read bandwidth to a fresh measurement; see
+// DeviceModel.RemeasureReads.
+func (p *Planner) RemeasureReads(d int, readBytesPerSec float64) error {
+	if d < 0 || d >= len(p.devs) {
+		return fmt.Errorf("remeasure reads of device %d of %d: %w", d, len(p.devs), ErrBadRequest)
+	}
+	return p.devs[d].model.RemeasureReads(readBytesPerSec)
+}
+
 // ObserveWrites feeds a batch of completed writes on device d.
 func (p *Planner) ObserveWrites(d int, bytes int64, ops int, busyNs int64, withReads bool) {
 	if d >= 0 && d < len(p.devs) {

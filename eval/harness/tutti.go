@@ -238,8 +238,8 @@ func (t *Tutti) Save(req *Request) (SaveResult, error) {
 func (t *Tutti) Evict([]uint64) error { return nil } // its own index evicts
 
 // DeviceProbe says what the store's Open measured to seed its device model
-// (runtime Stats.DeviceProbe), as of Close; the planner's load-or-recompute
-// choices start from it.
+// (runtime Stats.DeviceProbe) and how often its reads were re-probed, as of
+// Close; the planner's load-or-recompute choices start from it.
 func (t *Tutti) DeviceProbe() string { return t.devProbe }
 
 // PlannedRecomputeBlocks counts cached blocks the planner chose to recompute.
@@ -252,6 +252,12 @@ func (t *Tutti) Close() error {
 		t.helperWakeups, t.helperBatchTimeouts = st.GPUHelperWakeups, st.GPUHelperBatchTimeouts
 		t.sched = t.store.SchedStats()
 		t.devProbe = st.DeviceProbe
+		if n := st.DeviceReprobes + st.DeviceReprobeFailures + st.DeviceReprobeSkips; n > 0 {
+			t.devProbe += fmt.Sprintf("; reads re-probed %d times, %d failed, %d runs too short", st.DeviceReprobes, st.DeviceReprobeFailures, st.DeviceReprobeSkips)
+			if st.DeviceReprobeError != "" {
+				t.devProbe += " (last failure: " + st.DeviceReprobeError + ")"
+			}
+		}
 		if t.kvEvents != nil {
 			// Published while open: the counters before Close's final flush.
 			if ks, ok := t.store.KVEvents(); ok {
