@@ -66,10 +66,10 @@ func TestGPUBenchStoreCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-	if len(lines) != 3 {
+	if len(lines) != 4 {
 		t.Fatalf("%d JSON rows:\n%s", len(lines), data)
 	}
-	for i, op := range []string{"save", "restore", "restore-warm"} {
+	for i, op := range []string{"save", "restore", "restore-warm", "save-again"} {
 		var r struct {
 			Path, Op   string
 			Blocks     int

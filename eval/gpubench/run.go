@@ -127,7 +127,7 @@ func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, std
 		paths, f.model, f.tokens, f.label, cfg.Dirs)
 	rows, _, err := RunStore(ctx, cfg, stderr)
 	for _, r := range rows {
-		fmt.Fprintf(stdout, "  %-9s %-7s %s\n", r.Path, r.Op, Summary(r))
+		fmt.Fprintf(stdout, "  %-9s %-12s %s\n", r.Path, r.Op, Summary(r))
 	}
 	if werr := writeJSONRows(f.jsonPath, stdout, rows, f.appendJSON); werr != nil && err == nil {
 		err = werr

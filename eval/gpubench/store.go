@@ -56,8 +56,14 @@ const maxTokens = 1 << 22
 // 8-byte words of the restored pages that differ from what was saved (in HBM
 // on store-gpu); a row with any is a failure.
 type StoreRow struct {
-	Path    string `json:"path"`
-	Op      string `json:"op"` // "save" (timed to the durable commit), "restore", or "restore-warm" (the same restore again)
+	Path string `json:"path"`
+	// Op is "save" (timed to the durable commit, into a fresh store's pool),
+	// "restore", "restore-warm" (the same restore again), or "save-again"
+	// (the prefix discarded and saved again into the space it held: a
+	// store's steady state, where saves overwrite pool space written
+	// before, as the write ceiling's writes do; a fresh pool's first writes
+	// may also allocate on the file system).
+	Op      string `json:"op"`
 	Model   string `json:"model"`
 	Storage string `json:"storage"`
 	Dirs    int    `json:"dirs"`
@@ -133,7 +139,7 @@ func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, 
 		for i := range rs {
 			rs[i].Model, rs[i].Storage, rs[i].Dirs, rs[i].Tokens = cfg.Model, cfg.Label, len(cfg.Dirs), cfg.Tokens
 			rs[i].CeilingBytesPS = ceil.ReadBytesPS
-			if rs[i].Op == "save" {
+			if isSave(rs[i].Op) {
 				rs[i].CeilingBytesPS = ceil.WriteBytesPS
 			}
 			if rs[i].CeilingBytesPS > 0 {
@@ -148,6 +154,8 @@ func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, 
 	return rows, ceil, nil
 }
 
+func isSave(op string) bool { return op == "save" || op == "save-again" }
+
 // Summary is a row in one line.
 func Summary(r StoreRow) string {
 	s := fmt.Sprintf("%d blocks, %.2f GiB in %.3f s = %.2f GB/s, x ceil %.3f, CPU %.4f s/GiB, mismatches %d",
@@ -155,7 +163,7 @@ func Summary(r StoreRow) string {
 	if len(r.Skipped) > 0 {
 		s += fmt.Sprintf(", skipped %v", r.Skipped)
 	}
-	if r.Op != "save" {
+	if !isSave(r.Op) {
 		s += fmt.Sprintf(", submitted %.3f s, layer 0 at %.3f s, last layer at %.3f s", r.SubmittedS, r.FirstLayerS, r.LastLayerS)
 	}
 	return s
@@ -270,7 +278,33 @@ func runStorePath(cfg StoreConfig, path string, g objmap.Geometry, blocks int, c
 	// launches, first use of the restorer's buffers), not per Load.
 	warm, err := restoreAgain(s, kv, cfg.Seed, chain, dst, g, save.Blocks)
 	warm.Path = path
-	return []StoreRow{save, restore, warm}, err
+	if err != nil {
+		return []StoreRow{save, restore, warm}, err
+	}
+	again, err := saveAgain(s, kv, cfg.Seed, chain, dst, g, save.Blocks)
+	again.Path = path
+	return []StoreRow{save, restore, warm, again}, err
+}
+
+// saveAgain discards the saved prefix, saves it again (row op
+// "save-again"), then restores it into poisoned memory and verifies it: the
+// row's Mismatches are that restore's.
+func saveAgain(s *runtime.Store, kv *benchKV, seed uint64, chain []uint64, dst []int32, g objmap.Geometry, saved int) (StoreRow, error) {
+	r := StoreRow{Op: "save-again"}
+	if _, err := s.Discard(chain[0]); err != nil {
+		return r, err
+	}
+	r, err := timeSave(s, chain, dst)
+	r.Op = "save-again"
+	if err != nil {
+		return r, err
+	}
+	if r.Blocks < saved {
+		return r, fmt.Errorf("saved %d of the %d blocks the first save did (skipped %v)", r.Blocks, saved, r.Skipped)
+	}
+	check, err := restoreAgain(s, kv, seed, chain, dst, g, r.Blocks)
+	r.Mismatches = check.Mismatches
+	return r, err
 }
 
 // restoreAgain restores the saved prefix once more into poisoned memory and

@@ -15,7 +15,8 @@ import (
 
 // TestRunStoreCPU saves and restores a prefix through runtime.Store on
 // PathCPU over two directories and checks the rows: every block saved and
-// restored (twice: the warm restore), no mismatched word, the ceilings
+// restored (twice: the warm restore), saved again after a discard and
+// restored once more, no mismatched word, the ceilings
 // measured and used, a restore's time split in order.
 func TestRunStoreCPU(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir()}
@@ -27,13 +28,13 @@ func TestRunStoreCPU(t *testing.T) {
 	if ceil.WriteBytesPS <= 0 || ceil.ReadBytesPS <= 0 {
 		t.Fatalf("ceilings %+v", ceil)
 	}
-	if len(rows) != 3 || rows[0].Op != "save" || rows[1].Op != "restore" || rows[2].Op != "restore-warm" {
+	if len(rows) != 4 || rows[0].Op != "save" || rows[1].Op != "restore" || rows[2].Op != "restore-warm" || rows[3].Op != "save-again" {
 		t.Fatalf("rows %+v", rows)
 	}
 	const blocks = 4096 / (16 * 32)
 	for _, r := range rows {
 		if r.Blocks != blocks || r.Mismatches != 0 || r.Bytes <= 0 || r.BytesPerS <= 0 || r.CeilingFraction <= 0 || len(r.Skipped) != 0 ||
-			(r.Op != "save" && !(0 < r.SubmittedS && r.SubmittedS <= r.FirstLayerS && r.FirstLayerS <= r.LastLayerS && r.LastLayerS <= r.Seconds)) {
+			(!isSave(r.Op) && !(0 < r.SubmittedS && r.SubmittedS <= r.FirstLayerS && r.FirstLayerS <= r.LastLayerS && r.LastLayerS <= r.Seconds)) {
 			t.Errorf("%s %s: %s", r.Path, r.Op, Summary(r))
 		}
 	}
