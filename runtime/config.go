@@ -38,7 +38,7 @@ func (p Path) String() string {
 const (
 	DefaultQueueDepth       = 64
 	DefaultStagingBytes     = 256 << 20
-	DefaultStagingSlotBytes = 64 << 20
+	DefaultStagingSlotBytes = 16 << 20
 	DefaultSaveBoundMs      = 2000
 	DefaultMaxLoads         = 64
 )
@@ -84,7 +84,9 @@ type Config struct {
 	StagingBytes int64
 	// StagingSlotBytes is the unit of staging: one read or write is at most
 	// one slot, so a (layer, run) larger than a slot takes several I/Os
-	// (counted in Stats.SplitIOs). Must divide StagingBytes.
+	// (counted in Stats.SplitIOs), verified and scattered in parallel like
+	// whole ones; smaller slots keep more reads in flight per device for the
+	// same StagingBytes. Must divide StagingBytes.
 	StagingSlotBytes int64
 	// SaveBoundMs bounds how long a save may be deferred behind loads
 	// before it is issued regardless (the scheduler's save bound).

@@ -31,10 +31,12 @@ type consumeJob struct {
 	sl *slot
 }
 
-// consumed is a read whose segment a worker finished: the driver retires it.
+// consumed is a segment a worker finished: the driver retires its read
+// when readDone (the read's last segment to be consumed).
 type consumed struct {
 	io            sched.IO
 	overreadBytes int64
+	readDone      bool
 }
 
 func newConsumePool(slots int) *consumePool {
@@ -50,7 +52,7 @@ func newConsumePool(slots int) *consumePool {
 func (p *consumePool) run() {
 	defer p.wg.Done()
 	for j := range p.jobs {
-		j.l.consumeWhole(j.sl)
+		j.l.consumeSegment(j.sl)
 	}
 }
 

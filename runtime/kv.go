@@ -163,7 +163,7 @@ func (v *kvViews) copyPages(layer int, pages []int32, start, end int64, buf []by
 // (verifying a whole segment, then copying it, reads it from memory twice).
 // It stops at the first CRC error; the pieces before it were copied (a run
 // that fails is a miss: its pages hold unspecified bytes).
-func (v *kvViews) restorePages(layer int, pages []int32, start, end int64, buf []byte, ver *objmap.ChunkVerifier) error {
+func (v *kvViews) restorePages(layer int, pages []int32, start, end int64, buf []byte, ver chunkChecker) error {
 	pb := v.planeBytes
 	for u := start / pb; u*pb < end; u++ {
 		us := u * pb

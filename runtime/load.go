@@ -59,6 +59,9 @@ type segment struct {
 	// ioBytes are transferred (BlockBytes-aligned).
 	objOff, ioBytes int64
 	last            bool // last segment of its sched.IO
+	// split is the read's verification state when it takes several
+	// segments (nil when one slot holds it whole).
+	split *splitRead
 }
 
 // Load is one restore in progress. WaitLayer(l) returns once layer l of the
@@ -221,23 +224,24 @@ func (l *Load) span(r loadRun, layer int) objmap.Span {
 
 // drive is the load's goroutine: it stages and submits the reads the
 // scheduler dispatches (as many as staging slots allow) by deadline and
-// layer across devices (insertRead), has completed ones verified and
-// scattered (a read that one slot holds by the store's consume pool, the
-// segments of a split read by itself, in order), and marks layers ready. It
-// holds at least one slot whenever it waits for one, and its oldest read
-// always completes, so loads never deadlock on staging.
+// layer across devices (insertRead), hands completed segments to the
+// store's consume pool (verified and scattered there, a split read's
+// segments in any order: splitread.go), and marks layers ready. It holds at
+// least one slot whenever it waits for one, and its oldest segment always
+// completes, so loads never deadlock on staging.
 func (l *Load) drive() {
 	s := l.s
 	slotBytes := s.staging.slotBytes
 	queue := make([]sched.IO, 0, len(l.plan.Reads)) // dispatched, not yet fully submitted
 	ring := make([]*slot, 0, len(s.staging.all))    // submitted, in order
 	var off int64                                   // progress within queue[0]
-	var ver objmap.ChunkVerifier                    // of the (layer, run) read being consumed
-	pool := s.consumers
-	if pool != nil {
-		l.consumed = make(chan consumed, l.readsLeft)
+	var split *splitRead                            // queue[0]'s, when it is split
+	segs := 0
+	for _, io := range l.plan.Reads {
+		segs += int((l.span(l.runs[io.Run], io.Layer).IOBytes + slotBytes - 1) / slotBytes)
 	}
-	inPool := 0 // reads handed to the pool and not yet retired
+	l.consumed = make(chan consumed, segs) // room for every segment: workers never block
+	inPool := 0                            // segments handed to the pool and not yet back
 	for l.readsLeft > 0 {
 		for len(queue) > 0 {
 			io := queue[0]
@@ -254,11 +258,17 @@ func (l *Load) drive() {
 				break
 			}
 			sp := l.span(l.runs[io.Run], io.Layer)
+			if off == 0 && sp.IOBytes > slotBytes {
+				split = l.newSplit(r, sp, int((sp.IOBytes+slotBytes-1)/slotBytes))
+			}
 			seg := segment{io: io, span: sp, objOff: off, ioBytes: min(slotBytes, sp.IOBytes-off)}
+			if off > 0 || sp.IOBytes > slotBytes {
+				seg.split = split
+			}
 			off += seg.ioBytes
 			if off == sp.IOBytes {
 				seg.last = true
-				queue, off = queue[1:], 0
+				queue, off, split = queue[1:], 0, nil
 			}
 			sl.tag = seg
 			sl.sink, sl.completed = l.done, false
@@ -282,18 +292,8 @@ func (l *Load) drive() {
 			sl := ring[0]
 			copy(ring, ring[1:])
 			ring = ring[:len(ring)-1]
-			if pool != nil && sl.tag.objOff == 0 && sl.tag.last {
-				// One segment holds the whole read: no state to carry.
-				inPool++
-				pool.jobs <- consumeJob{l: l, sl: sl}
-				continue
-			}
-			l.overreadBytes += l.consume(sl, &ver)
-			tag := sl.tag // the slot is another request's once released
-			s.staging.release(sl)
-			if tag.last {
-				l.finishRead(tag.io)
-			}
+			inPool++
+			s.consumers.jobs <- consumeJob{l: l, sl: sl}
 			continue
 		}
 		select {
@@ -304,7 +304,9 @@ func (l *Load) drive() {
 		case c := <-l.consumed:
 			inPool--
 			l.overreadBytes += c.overreadBytes
-			l.finishRead(c.io)
+			if c.readDone {
+				l.finishRead(c.io)
+			}
 		}
 	}
 	// One batch per device: busy time is the span in which its reads were
@@ -316,6 +318,16 @@ func (l *Load) drive() {
 		}
 	}
 	l.finish()
+}
+
+// newSplit starts the check of a split read of span sp of run r in segs
+// segments.
+func (l *Load) newSplit(r *runEntry, sp objmap.Span, segs int) *splitRead {
+	sr, err := newSplitRead(r.info.LayerChunkCRCs(sp.Layer), sp, segs)
+	if err != nil {
+		panic(fmt.Sprintf("runtime: run %d: %v", r.id, err)) // recovery and commit keep every run's chunk CRCs
+	}
+	return sr
 }
 
 // takeReads adds io and every other read dispatched to the load so far (a
@@ -361,64 +373,106 @@ func readBefore(a, b sched.IO) bool {
 	return a.Run < b.Run
 }
 
-// consumeWhole consumes a segment that is a whole read on a consume pool
-// worker, releases its slot and hands the read back to the driver.
-func (l *Load) consumeWhole(sl *slot) {
-	var ver objmap.ChunkVerifier
-	over := l.consume(sl, &ver)
+// consumeSegment verifies and scatters a completed segment on a consume
+// pool worker, releases its slot and tells the driver, with readDone once
+// the segment was its read's last to be consumed.
+func (l *Load) consumeSegment(sl *slot) {
+	var over int64
+	done := true
+	if sl.tag.split == nil {
+		over = l.consumeWhole(sl)
+	} else {
+		over, done = l.consumeSplit(sl)
+	}
 	io := sl.tag.io // the slot is another request's once released
 	l.s.staging.release(sl)
-	l.consumed <- consumed{io: io, overreadBytes: over}
+	l.consumed <- consumed{io: io, overreadBytes: over, readDone: done}
 }
 
-// consume checks one completed segment, verifies the chunks it completes
-// (ver carries a chunk across segments) and scatters its payload. It
-// returns the read's overread bytes (alignment slack) once its last segment
-// verified. It runs on the driver or on a consume pool worker: it touches
-// no driver-only state.
-func (l *Load) consume(sl *slot, ver *objmap.ChunkVerifier) (overreadBytes int64) {
+// consumeWhole checks a segment that holds its whole read, verifies its
+// chunks and scatters its payload. It returns the read's overread bytes
+// (alignment slack).
+func (l *Load) consumeWhole(sl *slot) (overreadBytes int64) {
+	seg := &sl.tag
+	sp := &seg.span
+	r := l.runs[seg.io.Run]
+	ver, err := r.run.info.NewChunkVerifier(*sp)
+	if err != nil {
+		panic(fmt.Sprintf("runtime: %v", err)) // recovery and commit keep every run's chunk CRCs
+	}
+	if !l.scatter(sl, &ver) {
+		return 0
+	}
+	if err := ver.Done(); err != nil {
+		l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
+		return 0
+	}
+	return sp.IOBytes - sp.DataBytes
+}
+
+// consumeSplit checks one segment of a split read, scatters its payload and
+// hands the CRCs of its chunk pieces to the read's check. done reports that
+// it was the read's last segment to be consumed; the overread bytes are
+// the read's, returned with done.
+func (l *Load) consumeSplit(sl *slot) (overreadBytes int64, done bool) {
+	seg := &sl.tag
+	sp := &seg.span
+	r := l.runs[seg.io.Run]
+	lo := max(seg.objOff, sp.Skip)
+	crcs := segCRCs{next: lo - sp.Skip, chunkBytes: sp.ChunkBytes}
+	ok := l.scatter(sl, &crcs)
+	done, err := seg.split.add(crcs.pieces, !ok)
+	if ok && err != nil {
+		l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
+		if errors.Is(err, objmap.ErrChunkCRC) {
+			l.s.dropCorrupt(r.run)
+		}
+		ok = false
+	}
+	if done && ok && l.runValid(seg.io.Run) {
+		return sp.IOBytes - sp.DataBytes, true
+	}
+	return 0, done
+}
+
+// chunkChecker takes a segment's payload bytes in order (a chunk verifier
+// of a whole read, the piece CRCs of a split one).
+type chunkChecker interface {
+	Update(p []byte) error
+}
+
+// scatter checks that sl's read completed whole and copies its payload into
+// the KV pages through ck. false: the run failed (now or before) and the
+// segment's bytes were not used.
+func (l *Load) scatter(sl *slot, ck chunkChecker) bool {
 	seg := &sl.tag
 	sp := &seg.span
 	run := seg.io.Run
 	r := l.runs[run]
-	if seg.objOff == 0 {
-		v, err := r.run.info.NewChunkVerifier(*sp)
-		if err != nil {
-			panic(fmt.Sprintf("runtime: %v", err)) // recovery and commit keep every run's chunk CRCs
-		}
-		*ver = v
-	}
 	if !l.runValid(run) {
-		return 0
+		return false
 	}
 	req := &sl.req
 	switch {
 	case req.err != nil:
 		l.failRuns(run, missCauseOf(req.err), req.err)
-		return 0
+		return false
 	case req.result != seg.ioBytes:
 		l.failRuns(run, MissShortRead, fmt.Errorf("read %d of %d bytes at span offset %d", req.result, seg.ioBytes, seg.objOff))
-		return 0
+		return false
 	}
 	// The payload inside this segment: [lo, hi) of the read.
 	lo := max(seg.objOff, sp.Skip)
 	hi := min(seg.objOff+seg.ioBytes, sp.Skip+sp.DataBytes)
 	if lo < hi {
 		data := sl.data[lo-seg.objOff : hi-seg.objOff]
-		if err := l.s.kv.restorePages(seg.io.Layer, l.pages[r.chainPos*l.s.geo.ChunkPages:], lo-sp.Skip, hi-sp.Skip, data, ver); err != nil {
+		if err := l.s.kv.restorePages(seg.io.Layer, l.pages[r.chainPos*l.s.geo.ChunkPages:], lo-sp.Skip, hi-sp.Skip, data, ck); err != nil {
 			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
 			l.s.dropCorrupt(r.run)
-			return 0
+			return false
 		}
 	}
-	if seg.last {
-		if err := ver.Done(); err != nil {
-			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
-			return 0
-		}
-		return sp.IOBytes - sp.DataBytes
-	}
-	return 0
+	return true
 }
 
 func missCauseOf(err error) MissCause {

@@ -1,0 +1,111 @@
+package runtime
+
+// Verifying a split read. A (layer, run) read larger than one staging slot
+// is read in segments, one slot each, and its segments are verified and
+// scattered by the consume pool in any order, at once: each segment
+// checksums the pieces of chunks it holds (segCRCs), and the read's
+// splitRead combines a chunk's pieces once all of them arrived
+// (objmap.CombineCRC32C) and checks the result against the chunk's CRC. So a
+// slot need not hold a whole read for the read to be consumed in parallel,
+// and slots can be sized for depth (several reads in flight per device)
+// rather than for the largest read.
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/tutti-io/tutti/objmap"
+)
+
+// crcPiece is the CRC32C of bytes [off, off+n) of chunk chunk of a span
+// (chunk counted from the span's first).
+type crcPiece struct {
+	chunk  int
+	off, n int64
+	crc    uint32
+}
+
+// segCRCs checksums the payload of one segment as it arrives in order:
+// Update takes the bytes that follow the previous ones (payload offset
+// next), as objmap.ChunkVerifier's does.
+type segCRCs struct {
+	next       int64 // payload offset of the next byte
+	chunkBytes int64
+	pieces     []crcPiece
+}
+
+func (s *segCRCs) Update(p []byte) error {
+	for len(p) > 0 {
+		c := int(s.next / s.chunkBytes)
+		in := s.next % s.chunkBytes
+		n := min(int64(len(p)), s.chunkBytes-in)
+		if k := len(s.pieces); k == 0 || s.pieces[k-1].chunk != c {
+			s.pieces = append(s.pieces, crcPiece{chunk: c, off: in})
+		}
+		last := &s.pieces[len(s.pieces)-1]
+		last.crc = objmap.UpdateCRC32C(last.crc, p[:n])
+		last.n += n
+		p, s.next = p[n:], s.next+n
+	}
+	return nil
+}
+
+// splitRead is the verification state of one split (layer, run) read,
+// shared by its segments' consume workers.
+type splitRead struct {
+	mu         sync.Mutex
+	want       []uint32 // CRC32C of the span's chunks
+	layer      int
+	first      int   // the span's first chunk in its run
+	chunkBytes int64 // bytes per chunk
+	pieces     [][]crcPiece
+	have       []int64 // per chunk: bytes seen
+	verified   int
+	segsLeft   int // segments not consumed yet
+}
+
+// newSplitRead starts the check of span sp of a run whose chunk CRCs of
+// sp.Layer are layerCRCs, read in segs segments.
+func newSplitRead(layerCRCs []uint32, sp objmap.Span, segs int) (*splitRead, error) {
+	if sp.First < 0 || sp.K < 1 || sp.First+sp.K > len(layerCRCs) || sp.ChunkBytes < 1 || segs < 1 {
+		return nil, fmt.Errorf("verifying layer %d chunks [%d,+%d) in %d segments against %d chunk CRCs: %w",
+			sp.Layer, sp.First, sp.K, segs, len(layerCRCs), objmap.ErrOutOfRange)
+	}
+	return &splitRead{want: layerCRCs[sp.First : sp.First+sp.K], layer: sp.Layer, first: sp.First, chunkBytes: sp.ChunkBytes,
+		pieces: make([][]crcPiece, sp.K), have: make([]int64, sp.K), segsLeft: segs}, nil
+}
+
+// add takes one segment's pieces (nil for a segment whose run already
+// failed) and verifies every chunk they complete. last reports that this
+// was the read's last segment to be consumed; then err also says whether
+// every chunk was verified. A bad chunk is a *objmap.ChunkCRCError.
+func (r *splitRead) add(pieces []crcPiece, failed bool) (last bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.segsLeft--
+	last = r.segsLeft == 0
+	for _, p := range pieces {
+		if p.chunk < 0 || p.chunk >= len(r.want) || r.have[p.chunk]+p.n > r.chunkBytes {
+			return last, fmt.Errorf("layer %d: piece [%d,+%d) of chunk %d outside the read: %w", r.layer, p.off, p.n, r.first+p.chunk, objmap.ErrOutOfRange)
+		}
+		r.pieces[p.chunk] = append(r.pieces[p.chunk], p)
+		if r.have[p.chunk] += p.n; r.have[p.chunk] < r.chunkBytes {
+			continue
+		}
+		ps := r.pieces[p.chunk]
+		slices.SortFunc(ps, func(a, b crcPiece) int { return int(a.off - b.off) })
+		crc := ps[0].crc
+		for _, q := range ps[1:] {
+			crc = objmap.CombineCRC32C(crc, q.crc, q.n)
+		}
+		if crc != r.want[p.chunk] {
+			return last, &objmap.ChunkCRCError{Layer: r.layer, Chunk: r.first + p.chunk, Got: crc, Want: r.want[p.chunk]}
+		}
+		r.verified++
+	}
+	if last && !failed && r.verified != len(r.want) {
+		return last, fmt.Errorf("objmap: layer %d: %d of %d chunks verified", r.layer, r.verified, len(r.want))
+	}
+	return last, nil
+}

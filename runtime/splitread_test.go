@@ -1,0 +1,183 @@
+package runtime
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/tutti-io/tutti/objmap"
+)
+
+// TestSplitReadPieces: a split read's chunk pieces verify in any order of
+// arrival; a wrong byte anywhere in a chunk is a *ChunkCRCError naming it, a
+// chunk never completed fails the read's last segment, and a piece outside
+// the read is refused.
+func TestSplitReadPieces(t *testing.T) {
+	const chunk = 10000
+	rng := rand.New(rand.NewPCG(1, 2))
+	data := make([]byte, 3*chunk)
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	want := []uint32{0xdead, objmap.CRC32C(data[:chunk]), objmap.CRC32C(data[chunk : 2*chunk]), objmap.CRC32C(data[2*chunk:])}
+	sp := objmap.Span{Layer: 2, First: 1, K: 3, ChunkBytes: chunk}
+	// Segments of 7000 payload bytes: pieces straddle chunk boundaries.
+	var segs [][]crcPiece
+	for off := 0; off < len(data); off += 7000 {
+		c := segCRCs{next: int64(off), chunkBytes: chunk}
+		end := min(off+7000, len(data))
+		for p := off; p < end; p += 512 { // in pieces of a page, as restorePages feeds it
+			if err := c.Update(data[p:min(p+512, end)]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		segs = append(segs, c.pieces)
+	}
+	for _, tc := range []struct {
+		name    string
+		order   []int
+		corrupt func([][]crcPiece)
+		drop    bool // the last segment never arrives: the read is short
+		chunk   int  // chunk a CRC error names (-1: none)
+	}{
+		{name: "in order", order: []int{0, 1, 2, 3, 4}, chunk: -1},
+		{name: "reversed", order: []int{4, 3, 2, 1, 0}, chunk: -1},
+		{name: "shuffled", order: []int{2, 0, 4, 1, 3}, chunk: -1},
+		{name: "bad piece", order: []int{3, 1, 0, 2, 4}, corrupt: func(s [][]crcPiece) { s[2][1].crc ^= 1 }, chunk: 3}, // span chunk 2 = run chunk 3
+		{name: "chunk never completed", order: []int{0, 1, 2, 3, 4}, drop: true, chunk: -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := make([][]crcPiece, len(segs))
+			for i := range segs {
+				cp[i] = append([]crcPiece(nil), segs[i]...)
+			}
+			if tc.corrupt != nil {
+				tc.corrupt(cp)
+			}
+			sr, err := newSplitRead(want, sp, len(cp))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var firstErr error
+			var lastSeen bool
+			for i, k := range tc.order {
+				pieces := cp[k]
+				if tc.drop && i == len(tc.order)-1 {
+					pieces = nil
+				}
+				last, err := sr.add(pieces, false)
+				if last != (i == len(tc.order)-1) {
+					t.Fatalf("segment %d: last %v", i, last)
+				}
+				lastSeen = lastSeen || last
+				if firstErr == nil {
+					firstErr = err
+				}
+			}
+			var ce *objmap.ChunkCRCError
+			switch {
+			case tc.chunk >= 0:
+				if !errors.As(firstErr, &ce) || ce.Chunk != tc.chunk || ce.Layer != 2 {
+					t.Fatalf("err %v, want a CRC error of layer 2 chunk %d", firstErr, tc.chunk)
+				}
+			case tc.drop:
+				if firstErr == nil || errors.As(firstErr, &ce) {
+					t.Fatalf("err %v, want chunks not verified", firstErr)
+				}
+			case firstErr != nil:
+				t.Fatal(firstErr)
+			}
+		})
+	}
+	sr, _ := newSplitRead(want, sp, 1)
+	if _, err := sr.add([]crcPiece{{chunk: 3, n: 1}}, false); !errors.Is(err, objmap.ErrOutOfRange) {
+		t.Fatalf("piece past the read: %v", err)
+	}
+	if _, err := newSplitRead(want[:2], sp, 1); !errors.Is(err, objmap.ErrOutOfRange) {
+		t.Fatalf("span past the CRCs: %v", err)
+	}
+}
+
+// TestSplitReadStore: reads four times a slot's size, whose chunks straddle
+// segment boundaries (a 12 KiB slot, 16 KiB chunks), restore bit-exact
+// through the consume pool; one flipped byte, in the first, a middle or the
+// last segment of a read, makes that run a miss counted as MissCRC, drops
+// it from the index, and the runs before it still restore.
+func TestSplitReadStore(t *testing.T) {
+	g := objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 2}
+	for _, tc := range []struct {
+		name string
+		pos  int64 // payload byte of layer 1 of the second run flipped; -1: none
+	}{
+		{"healthy", -1},
+		{"first segment", 5},
+		{"segment boundary", 12<<10 - 1},
+		{"middle segment", 20 << 10},
+		{"last byte", 3*16<<10 - 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(5, 5))
+			cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+			cfg.StagingBytes, cfg.StagingSlotBytes = 96<<10, 12<<10
+			ch := saveChains(t, cfg, rng, 1)[0]
+			s, kv := openKV(t, cfg)
+			defer closeKV(t, s, kv)
+			want := 6
+			if tc.pos >= 0 {
+				want = 3
+				flipRunByte(t, s, g, ch[3], 1, tc.pos)
+			}
+			pages := pageTable(rng, g, cfg.NumPages, len(ch))
+			l := loadWait(t, s, ch, pages)
+			if l.Blocks() != want {
+				t.Fatalf("restored %d blocks, want %d", l.Blocks(), want)
+			}
+			if err := verify(kv, g, ch, pages, want); err != nil {
+				t.Fatal(err)
+			}
+			st := s.Stats()
+			if st.SplitIOs == 0 {
+				t.Fatalf("no read was split: %v", st)
+			}
+			if miss := int64(6 - want); st.MissBlocks[MissCRC] != miss || st.CorruptDropped != min(miss, 1) || s.Lookup(ch) != want {
+				t.Fatalf("crc misses %d, dropped %d, lookup %d; want %d, %d, %d", st.MissBlocks[MissCRC], st.CorruptDropped, s.Lookup(ch), miss, min(miss, 1), want)
+			}
+		})
+	}
+}
+
+// flipRunByte flips payload byte pos of layer's object of the run whose
+// first block is first, on disk.
+func flipRunByte(t *testing.T, s *Store, g objmap.Geometry, first uint64, layer int, pos int64) {
+	t.Helper()
+	s.mu.Lock()
+	var victim *runEntry
+	for _, r := range s.runs {
+		if r.chain[0] == first {
+			victim = r
+		}
+	}
+	s.mu.Unlock()
+	if victim == nil {
+		t.Fatalf("no run starts at block %#x", first)
+	}
+	off, err := g.ObjectOffset(victim.chunks, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(victim.file.Path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := []byte{0}
+	at := victim.offset + off + pos
+	if _, err := f.ReadAt(b, at); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xFF
+	if _, err := f.WriteAt(b, at); err != nil {
+		t.Fatal(err)
+	}
+}
