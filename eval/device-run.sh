@@ -59,6 +59,7 @@
 #   OUT          where eval.tgz goes (default out/device-run)
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$ROOT/scripts/emuloop.sh"
 cd "$ROOT" || exit 1
 T0=$(date +%s)
 OUT=${OUT:-$ROOT/out/device-run}
@@ -269,7 +270,7 @@ setup_loops() {
 	local i f dev dirs=()
 	for ((i = 0; i < NLOOPS; i++)); do
 		f=/dev/shm/tutti-eval-loop$i
-		truncate -s "${LOOP_GIB}G" "$f" || return 1
+		emu_backing "$f" "${LOOP_GIB}G" || return 1
 		SHMFILES+=("$f")
 		dev=$(losetup --find --show --direct-io=on "$f") || { say "losetup $f failed"; return 1; }
 		LOOPS+=("$dev")

@@ -48,6 +48,7 @@ TOKENS=${TK_TOKENS:-32768}
 FLAGS=${TK_FLAGS:-}
 DISK=${TK_DISK:-/var/tmp/tk}
 ROOT=$PWD
+. "$ROOT/scripts/emuloop.sh"
 LIB=$ROOT/kernels/build/libtutti_kernels.so
 TESTKIT=$ROOT/kernels/build/libtutti_testkit.so
 LOOPS=()
@@ -145,7 +146,7 @@ gb() { # name gpubench-args...
 loops() { # n size: sets up n loop devices over /dev/shm files, O_DIRECT
 	local n=$1 size=$2 i d
 	for ((i = 0; i < n; i++)); do
-		truncate -s "$size" /dev/shm/tk-loop$i || return 1
+		emu_backing /dev/shm/tk-loop$i "$size" || return 1
 		d=$(losetup --find --show --direct-io=on /dev/shm/tk-loop$i) || return 1
 		LOOPS+=("$d")
 	done

@@ -45,6 +45,7 @@ set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 ROOT=$PWD
+. "$ROOT/scripts/emuloop.sh"
 W=$(mktemp -d /tmp/tutti-py.XXXXXX) # packed into $OUT/py.tgz at exit
 export TUTTI_LIB=$ROOT/bin/libtutti.so PYTHONPATH=$ROOT/python
 LLAMA_ARGS=${LLAMA_ARGS:---layers 32 --distinct-layers 8 --prefix-tokens 16384 --reps 3 --warmup 1}
@@ -120,7 +121,7 @@ if [ -n "${HF:-}" ]; then
 	hfmnts=""
 	for i in 0 1 2 3; do
 		himg=/dev/shm/tutti-hf$i.img hmnt=/mnt/tutti-hf$i
-		truncate -s "${HF_LOOP_GIB:-7}G" "$himg"
+		emu_backing "$himg" "${HF_LOOP_GIB:-7}G"
 		if hdev=$(losetup --find --show --direct-io=on "$himg") && mkfs.ext4 -q -F "$hdev" && mkdir -p "$hmnt" && mount "$hdev" "$hmnt"; then
 			hfmnts="$hfmnts${hfmnts:+,}$hmnt"
 			HF_LOOPS="${HF_LOOPS:-} $hdev:$himg:$hmnt"
@@ -152,7 +153,7 @@ if [ -z "${SKIP_LOOP:-}" ] && [ -z "${SKIP_LLAMA:-}" ] && [ "$(id -u)" = 0 ]; th
 	avail=$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
 	if [ -n "$avail" ] && [ "$avail" -gt "$LOOP_GIB" ]; then
 		img=/dev/shm/tutti-py.img mnt=/mnt/tutti-py
-		truncate -s "${LOOP_GIB}G" "$img"
+		emu_backing "$img" "${LOOP_GIB}G"
 		if dev=$(losetup --find --show --direct-io=on "$img" 2>/dev/null || losetup --find --show "$img") &&
 			mkfs.ext4 -q -F "$dev" && mkdir -p "$mnt" && mount "$dev" "$mnt"; then
 			note "loop device: $dev over $img (${LOOP_GIB} GiB, RAM-backed: emulated fast storage), direct-io $(cat /sys/block/"${dev#/dev/}"/loop/dio 2>/dev/null)"
