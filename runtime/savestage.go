@@ -203,34 +203,54 @@ var errCRCCoverage = errors.New("runtime: save's chunk CRC pieces do not cover t
 // chunkCRCs folds the run's chunk pieces (from writes completed in any
 // order) into objmap's chunk table: CRC32C of each (layer, chunk).
 func (r *saveRun) chunkCRCs(chunkBytes int64) error {
-	slices.SortFunc(r.parts, func(a, b crcPart) int {
-		if a.idx != b.idx {
-			return a.idx - b.idx
-		}
-		return int(a.off - b.off)
-	})
+	sortPieces(r.parts)
 	i := 0
 	for idx := range r.crcs {
-		crc, at := uint32(0), int64(0)
-		for ; i < len(r.parts) && r.parts[i].idx == idx; i++ {
-			p := r.parts[i]
-			if p.off != at {
-				return fmt.Errorf("run %d chunk entry %d: piece at %d, want %d: %w", r.res.ID, idx, p.off, at, errCRCCoverage)
-			}
-			if at == 0 {
-				crc = p.crc
-			} else {
-				crc = objmap.CombineCRC32C(crc, p.crc, p.n)
-			}
-			at += p.n
+		j := i
+		for j < len(r.parts) && r.parts[j].idx == idx {
+			j++
 		}
-		if at != chunkBytes {
-			return fmt.Errorf("run %d chunk entry %d: %d of %d bytes checksummed: %w", r.res.ID, idx, at, chunkBytes, errCRCCoverage)
+		crc, err := foldPieces(r.parts[i:j], chunkBytes)
+		if err != nil {
+			return fmt.Errorf("run %d chunk entry %d: %w", r.res.ID, idx, err)
 		}
 		r.crcs[idx] = crc
+		i = j
 	}
 	if i != len(r.parts) {
 		return fmt.Errorf("run %d: %d pieces beyond its %d chunk entries: %w", r.res.ID, len(r.parts)-i, len(r.crcs), errCRCCoverage)
 	}
 	return nil
+}
+
+// sortPieces orders chunk pieces by chunk entry, then offset.
+func sortPieces(ps []crcPart) {
+	slices.SortFunc(ps, func(a, b crcPart) int {
+		if a.idx != b.idx {
+			return a.idx - b.idx
+		}
+		return int(a.off - b.off)
+	})
+}
+
+// foldPieces is the CRC32C of one chunk of chunkBytes from its pieces
+// (sorted by offset), which must cover it exactly, each once. The save's
+// writes and a split read's segments both checksum a chunk in pieces.
+func foldPieces(ps []crcPart, chunkBytes int64) (uint32, error) {
+	crc, at := uint32(0), int64(0)
+	for _, p := range ps {
+		if p.off != at {
+			return 0, fmt.Errorf("piece at %d, want %d: %w", p.off, at, errCRCCoverage)
+		}
+		if at == 0 {
+			crc = p.crc
+		} else {
+			crc = objmap.CombineCRC32C(crc, p.crc, p.n)
+		}
+		at += p.n
+	}
+	if at != chunkBytes {
+		return 0, fmt.Errorf("%d of %d bytes checksummed: %w", at, chunkBytes, errCRCCoverage)
+	}
+	return crc, nil
 }

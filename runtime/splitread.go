@@ -12,27 +12,19 @@ package runtime
 
 import (
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/tutti-io/tutti/objmap"
 )
 
-// crcPiece is the CRC32C of bytes [off, off+n) of chunk chunk of a span
-// (chunk counted from the span's first).
-type crcPiece struct {
-	chunk  int
-	off, n int64
-	crc    uint32
-}
-
 // segCRCs checksums the payload of one segment as it arrives in order:
 // Update takes the bytes that follow the previous ones (payload offset
-// next), as objmap.ChunkVerifier's does.
+// next), as objmap.ChunkVerifier's does. A piece's idx is its chunk counted
+// from the span's first.
 type segCRCs struct {
 	next       int64 // payload offset of the next byte
 	chunkBytes int64
-	pieces     []crcPiece
+	pieces     []crcPart
 }
 
 func (s *segCRCs) Update(p []byte) error {
@@ -40,8 +32,8 @@ func (s *segCRCs) Update(p []byte) error {
 		c := int(s.next / s.chunkBytes)
 		in := s.next % s.chunkBytes
 		n := min(int64(len(p)), s.chunkBytes-in)
-		if k := len(s.pieces); k == 0 || s.pieces[k-1].chunk != c {
-			s.pieces = append(s.pieces, crcPiece{chunk: c, off: in})
+		if k := len(s.pieces); k == 0 || s.pieces[k-1].idx != c {
+			s.pieces = append(s.pieces, crcPart{idx: c, off: in})
 		}
 		last := &s.pieces[len(s.pieces)-1]
 		last.crc = objmap.UpdateCRC32C(last.crc, p[:n])
@@ -59,7 +51,7 @@ type splitRead struct {
 	layer      int
 	first      int   // the span's first chunk in its run
 	chunkBytes int64 // bytes per chunk
-	pieces     [][]crcPiece
+	pieces     [][]crcPart
 	have       []int64 // per chunk: bytes seen
 	verified   int
 	segsLeft   int // segments not consumed yet
@@ -73,34 +65,34 @@ func newSplitRead(layerCRCs []uint32, sp objmap.Span, segs int) (*splitRead, err
 			sp.Layer, sp.First, sp.K, segs, len(layerCRCs), objmap.ErrOutOfRange)
 	}
 	return &splitRead{want: layerCRCs[sp.First : sp.First+sp.K], layer: sp.Layer, first: sp.First, chunkBytes: sp.ChunkBytes,
-		pieces: make([][]crcPiece, sp.K), have: make([]int64, sp.K), segsLeft: segs}, nil
+		pieces: make([][]crcPart, sp.K), have: make([]int64, sp.K), segsLeft: segs}, nil
 }
 
 // add takes one segment's pieces (nil for a segment whose run already
 // failed) and verifies every chunk they complete. last reports that this
 // was the read's last segment to be consumed; then err also says whether
 // every chunk was verified. A bad chunk is a *objmap.ChunkCRCError.
-func (r *splitRead) add(pieces []crcPiece, failed bool) (last bool, err error) {
+func (r *splitRead) add(pieces []crcPart, failed bool) (last bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.segsLeft--
 	last = r.segsLeft == 0
 	for _, p := range pieces {
-		if p.chunk < 0 || p.chunk >= len(r.want) || r.have[p.chunk]+p.n > r.chunkBytes {
-			return last, fmt.Errorf("layer %d: piece [%d,+%d) of chunk %d outside the read: %w", r.layer, p.off, p.n, r.first+p.chunk, objmap.ErrOutOfRange)
+		c := p.idx
+		if c < 0 || c >= len(r.want) || r.have[c]+p.n > r.chunkBytes {
+			return last, fmt.Errorf("layer %d: piece [%d,+%d) of chunk %d outside the read: %w", r.layer, p.off, p.n, r.first+c, objmap.ErrOutOfRange)
 		}
-		r.pieces[p.chunk] = append(r.pieces[p.chunk], p)
-		if r.have[p.chunk] += p.n; r.have[p.chunk] < r.chunkBytes {
+		r.pieces[c] = append(r.pieces[c], p)
+		if r.have[c] += p.n; r.have[c] < r.chunkBytes {
 			continue
 		}
-		ps := r.pieces[p.chunk]
-		slices.SortFunc(ps, func(a, b crcPiece) int { return int(a.off - b.off) })
-		crc := ps[0].crc
-		for _, q := range ps[1:] {
-			crc = objmap.CombineCRC32C(crc, q.crc, q.n)
+		sortPieces(r.pieces[c])
+		crc, err := foldPieces(r.pieces[c], r.chunkBytes)
+		if err != nil {
+			return last, fmt.Errorf("layer %d chunk %d: %w", r.layer, r.first+c, err)
 		}
-		if crc != r.want[p.chunk] {
-			return last, &objmap.ChunkCRCError{Layer: r.layer, Chunk: r.first + p.chunk, Got: crc, Want: r.want[p.chunk]}
+		if crc != r.want[c] {
+			return last, &objmap.ChunkCRCError{Layer: r.layer, Chunk: r.first + c, Got: crc, Want: r.want[c]}
 		}
 		r.verified++
 	}

@@ -23,7 +23,7 @@ func TestSplitReadPieces(t *testing.T) {
 	want := []uint32{0xdead, objmap.CRC32C(data[:chunk]), objmap.CRC32C(data[chunk : 2*chunk]), objmap.CRC32C(data[2*chunk:])}
 	sp := objmap.Span{Layer: 2, First: 1, K: 3, ChunkBytes: chunk}
 	// Segments of 7000 payload bytes: pieces straddle chunk boundaries.
-	var segs [][]crcPiece
+	var segs [][]crcPart
 	for off := 0; off < len(data); off += 7000 {
 		c := segCRCs{next: int64(off), chunkBytes: chunk}
 		end := min(off+7000, len(data))
@@ -37,20 +37,20 @@ func TestSplitReadPieces(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		order   []int
-		corrupt func([][]crcPiece)
+		corrupt func([][]crcPart)
 		drop    bool // the last segment never arrives: the read is short
 		chunk   int  // chunk a CRC error names (-1: none)
 	}{
 		{name: "in order", order: []int{0, 1, 2, 3, 4}, chunk: -1},
 		{name: "reversed", order: []int{4, 3, 2, 1, 0}, chunk: -1},
 		{name: "shuffled", order: []int{2, 0, 4, 1, 3}, chunk: -1},
-		{name: "bad piece", order: []int{3, 1, 0, 2, 4}, corrupt: func(s [][]crcPiece) { s[2][1].crc ^= 1 }, chunk: 3}, // span chunk 2 = run chunk 3
+		{name: "bad piece", order: []int{3, 1, 0, 2, 4}, corrupt: func(s [][]crcPart) { s[2][1].crc ^= 1 }, chunk: 3}, // span chunk 2 = run chunk 3
 		{name: "chunk never completed", order: []int{0, 1, 2, 3, 4}, drop: true, chunk: -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cp := make([][]crcPiece, len(segs))
+			cp := make([][]crcPart, len(segs))
 			for i := range segs {
-				cp[i] = append([]crcPiece(nil), segs[i]...)
+				cp[i] = append([]crcPart(nil), segs[i]...)
 			}
 			if tc.corrupt != nil {
 				tc.corrupt(cp)
@@ -91,7 +91,7 @@ func TestSplitReadPieces(t *testing.T) {
 		})
 	}
 	sr, _ := newSplitRead(want, sp, 1)
-	if _, err := sr.add([]crcPiece{{chunk: 3, n: 1}}, false); !errors.Is(err, objmap.ErrOutOfRange) {
+	if _, err := sr.add([]crcPart{{idx: 3, n: 1}}, false); !errors.Is(err, objmap.ErrOutOfRange) {
 		t.Fatalf("piece past the read: %v", err)
 	}
 	if _, err := newSplitRead(want[:2], sp, 1); !errors.Is(err, objmap.ErrOutOfRange) {
