@@ -118,7 +118,7 @@ func (s *Store) matchBlocks(runs []loadRun, blocks int) int {
 		runs = keepBlocks(runs, s.gpuCut(runs, cached))
 	}
 	req := s.loadRequest(runs, blocks)
-	req.SegmentsOnly = true
+	req.SegmentsOnly, req.QueueUnknown = true, true // as LoadWith plans an unpromised load
 	sc := s.sched
 	sc.mu.Lock()
 	sc.nextID++

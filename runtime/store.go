@@ -280,6 +280,7 @@ func (l *Load) planReads(cached int, opts LoadOptions) error {
 	}
 	req := s.loadRequest(runs, len(l.chain)-opts.Skip)
 	req.ComputeReadyNs = opts.computeReadyNs()
+	req.QueueUnknown = req.ComputeReadyNs == 0 // the store never sees the engine's GPU queue
 	req.Whole, req.SegmentsOnly = s.gpu != nil, s.gpu != nil
 	l.ios = make(chan sched.IO, max(1, s.geo.Layers*len(runs)))
 	plan, err := s.sched.planLoad(req, l)

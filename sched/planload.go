@@ -30,7 +30,7 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 	}
 	kmax, capReason := p.admissionCap(req.Runs, P)
 	lc := p.newLayerCost(P*p.cfg.BlockTokens + req.UncachedTokens)
-	sp := p.chooseSplit(req.Runs, kmax, cR, lc)
+	sp := p.chooseSplit(req.Runs, kmax, cR, lc, req.QueueUnknown)
 
 	B := p.cfg.BlockTokens
 	plan := Plan{
@@ -159,23 +159,29 @@ type split struct {
 // and per device with reads A = t0 + D (first layer read), Bv = t0 + L·D
 // (last layer read); D grows with k, so A and Bv are running maxima, O(1) per
 // candidate. It accumulates each device's D in d.d (zeroed by admissionCap).
-func (p *Planner) chooseSplit(runs []Run, kmax int, cR float64, lc layerCost) split {
+func (p *Planner) chooseSplit(runs []Run, kmax int, cR float64, lc layerCost, queueUnknown bool) split {
 	fL := float64(p.cfg.Layers)
-	// The decision rule: the split minimises F(k) + C(k), the first token plus
-	// one layer's compute of what it leaves to the GPU, not F(k) alone. F
+	// The decision rule: the split minimises F(k) + w·C(k), the first token
+	// plus w layers' compute of what it leaves to the GPU, not F(k) alone. F
 	// assumes the GPU waits for nobody but this request; a caller that does
-	// not know the GPU's queue (ComputeReadyNs = now) would otherwise trade
-	// a large recompute (quadratic attention over a long prefix) for a
-	// slightly earlier first token, which under load delays every queued prefill while loading would have
-	// overlapped the queue. One layer's compute is the least the recomputed
-	// tokens add beyond F to what the next prefill waits for; charging the
-	// whole L·C(k) instead would forgo splits that shorten the tail when
-	// the queue is known (sched/sim's replays).
+	// not know the GPU's queue would otherwise trade a large recompute
+	// (quadratic attention over a long prefix) for a slightly earlier first
+	// token, which under load delays every queued prefill while loading
+	// would have overlapped the queue. With the queue known (ComputeReadyNs;
+	// sched/sim's replays) w = 1: one layer's compute is the least the
+	// recomputed tokens add beyond F to what the next prefill waits for, and
+	// charging more would forgo splits that shorten the tail. With it
+	// unknown (QueueUnknown) w = L, the whole GPU time: nothing is
+	// recomputed that costs the GPU more than it saves this first token.
+	w := 1.0
+	if queueUnknown {
+		w = fL
+	}
 	A, Bv := math.Inf(-1), math.Inf(-1)
 	c0 := lc.at(0)
 	f0 := max(cR+fL*c0, A+fL*c0, Bv+c0)
 	s := split{bestK: 0, bestF: f0, recomputeAll: f0, lastF: f0}
-	bestS := f0 + lc.at(0) // the rule's score of the best k so far
+	bestS := f0 + w*lc.at(0) // the rule's score of the best k so far
 	k := 0
 	for _, r := range runs {
 		if k >= kmax {
@@ -209,7 +215,7 @@ func (p *Planner) chooseSplit(runs []Run, kmax int, cR float64, lc layerCost) sp
 				f = v
 			}
 			s.lastF = f
-			if sc := f + c; sc < bestS {
+			if sc := f + w*c; sc < bestS {
 				s.bestK, s.bestF, bestS = k, f, sc
 			}
 		}

@@ -115,6 +115,13 @@ type LoadRequest struct {
 	// until CompleteLayers retires them layer by layer (and Complete the
 	// rest): queued saves wait behind them in slack as behind IORead.
 	Whole bool
+	// QueueUnknown: the caller cannot tell when the GPU is free for this
+	// prefill (an engine that gives no ComputeReadyNs). The split then
+	// charges a recomputed block its whole GPU time (every layer's compute),
+	// so a cached block is recomputed only where loading it would delay the
+	// first token by more than recomputing it costs the GPU: under load that
+	// GPU time delays every queued prefill, while reads overlap them.
+	QueueUnknown bool
 }
 
 // Plan is what PlanLoad decided. Blocks [0, LoadBlocks) are loaded; blocks

@@ -110,13 +110,17 @@ func TestSplitMatchesBruteForce(t *testing.T) {
 			runs = append(runs, Run{Device: rng.IntN(2), Blocks: 1 + rng.IntN(40), BytesPerLayerPerBlock: testBlockBytes / int64(1+rng.IntN(4))})
 		}
 		req := LoadRequest{ID: seed, NowNs: 1e9, ComputeReadyNs: 1e9 + int64(rng.IntN(200))*1e6, Runs: runs, UncachedTokens: rng.IntN(4000)}
+		w := 1.0
+		if seed%2 == 0 { // the queue unknown: no compute-ready time, every layer's compute charged
+			req.ComputeReadyNs, req.QueueUnknown, w = 0, true, float64(p.cfg.Layers)
+		}
 		plan, err := p.PlanLoad(req)
 		if err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
-		// The rule: least first token plus one layer's compute.
+		// The rule: least first token plus w layers' compute.
 		score := func(k int) float64 {
-			return bruteFinish(p, req, k) + p.compute.LayerNs((plan.CachedBlocks-k)*p.cfg.BlockTokens+req.UncachedTokens, k*p.cfg.BlockTokens)
+			return bruteFinish(p, req, k) + w*p.compute.LayerNs((plan.CachedBlocks-k)*p.cfg.BlockTokens+req.UncachedTokens, k*p.cfg.BlockTokens)
 		}
 		f0 := bruteFinish(p, req, 0)
 		best := math.Inf(1)
@@ -210,5 +214,38 @@ func TestSplitDoesNotBuyLatencyWithLargeRecompute(t *testing.T) {
 	}
 	if bestF >= float64(plan.FirstTokenNs)-1e6 {
 		t.Fatalf("the least F %.1f ms is not below load-all's %.1f: the case does not test the rule", bestF/1e6, float64(plan.FirstTokenNs)/1e6)
+	}
+}
+
+// With the GPU's queue unknown the split charges recompute its whole GPU
+// time: on every disk it loads at least what the queue-known rule loads
+// (the same compute start), more where the two differ, and a disk far
+// slower than recomputing still has blocks recomputed.
+func TestSplitQueueUnknownPrefersLoading(t *testing.T) {
+	more := false
+	var slowest int
+	for i, gb := range []float64{0.02, 0.2, 0.5, 1, 1.5, 2, 3, 4, 6} {
+		known, err := testPlanner(t, gb).PlanLoad(LoadRequest{ID: 1, Runs: oneRun(100), UncachedTokens: 700})
+		if err != nil {
+			t.Fatal(err)
+		}
+		unknown, err := testPlanner(t, gb).PlanLoad(LoadRequest{ID: 1, Runs: oneRun(100), UncachedTokens: 700, QueueUnknown: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%.2f GB/s: loads %d (queue known, now), %d (unknown)", gb, known.LoadBlocks, unknown.LoadBlocks)
+		if unknown.LoadBlocks < known.LoadBlocks {
+			t.Fatalf("%.2f GB/s: queue unknown loads %d blocks, known %d", gb, unknown.LoadBlocks, known.LoadBlocks)
+		}
+		more = more || unknown.LoadBlocks > known.LoadBlocks
+		if i == 0 {
+			slowest = unknown.LoadBlocks
+		}
+	}
+	if !more {
+		t.Fatal("the two rules never differ: the case does not test the rule")
+	}
+	if slowest >= 100 {
+		t.Fatalf("at 0.02 GB/s the queue-unknown rule still loads all %d blocks", slowest)
 	}
 }
