@@ -53,8 +53,9 @@
 // completions; one runs the scheduler's dispatch loop; each Load and Save has
 // one that stages, verifies and copies, ending with it. On PathCPU,
 // min(GOMAXPROCS, 8) consume goroutines shared by the loads verify and
-// scatter the reads that fit one staging slot (the CRC32C and copy are a
-// restore's CPU work), so a load's restore is not bound by one core.
+// scatter every completed staging slot (the CRC32C and copy are a restore's
+// CPU work; a read split over several slots is checked in pieces,
+// splitread.go), so a load's restore is not bound by one core.
 //
 // See docs/integration.md for what each call costs and how an engine drives it.
 package runtime

@@ -31,12 +31,14 @@
 // start (after what it has admitted, slowed by writes in flight) and cR when
 // the GPU can start this request. D_d only grows with k, so both inner maxima
 // are running maxima: F(k) costs O(1) per candidate and PlanLoad scans every k
-// (O(runs + blocks)) and takes the least F(k) + C(k): the first token plus
-// one layer's compute of what the split leaves to the GPU, so a cached block
+// (O(runs + blocks)) and takes the least F(k) + w·C(k): the first token plus
+// w layers' compute of what the split leaves to the GPU, so a cached block
 // is recomputed only where that makes the first token earlier by more than
-// the compute it adds to one layer (a slightly earlier first token is not
+// the compute it adds to w layers (a slightly earlier first token is not
 // bought with a large recompute that delays every queued prefill); ties go
-// to less loading.
+// to less loading. w = 1 when the caller gives the GPU's queue
+// (ComputeReadyNs), w = L, the whole recompute, when it cannot
+// (LoadRequest.QueueUnknown: the runtime's case).
 // Reads are then queued as one cursor per (plan, device): O(layers + runs)
 // per plan, not one record per read.
 //
