@@ -39,8 +39,11 @@ func (s *state) arrive(i int) error {
 	switch s.cfg.Policy {
 	case PolicyScheduler:
 		ready := s.gpuReadyEstimate()
+		if s.cfg.QueueUnknown {
+			ready = 0
+		}
 		plan, err := s.planner.PlanLoad(sched.LoadRequest{ID: uint64(i), NowNs: s.now, ComputeReadyNs: ready,
-			Runs: r.segs, UncachedTokens: uncached, SegmentsOnly: true})
+			Runs: r.segs, UncachedTokens: uncached, SegmentsOnly: true, QueueUnknown: s.cfg.QueueUnknown})
 		if err != nil {
 			return err
 		}

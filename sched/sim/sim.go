@@ -106,6 +106,9 @@ type Config struct {
 	PlannerDevice sched.DeviceConfig
 	// MaxWriteIOBytes cuts save writes, for every policy (0 = 4 MiB).
 	MaxWriteIOBytes int64
+	// QueueUnknown plans as the runtime does (scheduler policy): no
+	// compute-ready time, sched.LoadRequest.QueueUnknown set.
+	QueueUnknown bool
 	// NoCalibration withholds observations from the planner (an ablation: the
 	// scheduler then plans with the profiles as given, skews and all).
 	NoCalibration bool
