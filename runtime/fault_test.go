@@ -47,7 +47,21 @@ func saveChains(t *testing.T, cfg Config, rng *rand.Rand, nChains int) [][]uint6
 // run and every later run a miss (counted); what is reported restored is
 // bit-exact; nothing panics.
 func TestLoadFaults(t *testing.T) {
-	g := tinyGeometry()
+	// Whole reads (one slot each) and split ones (reads of four 12 KiB
+	// slots, chunks straddling them, consumed in any order).
+	for _, sh := range []struct {
+		name        string
+		g           objmap.Geometry
+		slot, total int64
+	}{
+		{"whole reads", tinyGeometry(), 0, 0},
+		{"split reads", objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 2}, 12 << 10, 96 << 10},
+	} {
+		t.Run(sh.name, func(t *testing.T) { loadFaults(t, sh.g, sh.slot, sh.total) })
+	}
+}
+
+func loadFaults(t *testing.T, g objmap.Geometry, slotBytes, stagingBytes int64) {
 	cases := []struct {
 		name string
 		inj  func() []uringsim.Injector
@@ -65,6 +79,9 @@ func TestLoadFaults(t *testing.T) {
 			for seed := uint64(1); seed <= 4; seed++ {
 				rng := rand.New(rand.NewPCG(seed, 7))
 				cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+				if slotBytes > 0 {
+					cfg.StagingBytes, cfg.StagingSlotBytes = stagingBytes, slotBytes
+				}
 				chains := saveChains(t, cfg, rng, 3)
 				var sim *uringsim.Sim
 				// Faults start after Open (its recovery reads go through the
@@ -88,6 +105,9 @@ func TestLoadFaults(t *testing.T) {
 					missed += int64(len(ch) - l.Blocks())
 				}
 				st := s.Stats()
+				if slotBytes > 0 && st.SplitIOs == 0 {
+					t.Fatalf("seed %d: no read was split", seed)
+				}
 				var counted int64
 				for _, n := range st.MissBlocks {
 					counted += n
