@@ -30,39 +30,36 @@ type BlockMeta struct {
 // KVEvents.MaxTokenBytes) while the block is served and published with it.
 // Without Config.KVEvents it is Save. The store copies meta.
 func (s *Store) SaveWithMeta(chain []uint64, pages []int32, meta []BlockMeta) (*Save, error) {
-	if err := s.putMeta(chain, meta); err != nil {
+	kept, err := s.copyMeta(chain, meta)
+	if err != nil {
 		return nil, err
 	}
-	sv, err := s.Save(chain, pages)
-	if err != nil && s.idx.ev != nil {
-		s.idx.ev.Do(func(func(kvevents.Event)) { s.idx.forgetUnheld(chain) })
-	}
-	return sv, err
+	return s.save(chain, pages, kept)
 }
 
-func (s *Store) putMeta(chain []uint64, meta []BlockMeta) error {
+// copyMeta checks meta against chain and copies it for the index (nil
+// without Config.KVEvents: nothing is published).
+func (s *Store) copyMeta(chain []uint64, meta []BlockMeta) ([]blockMeta, error) {
 	if len(meta) != len(chain) {
-		return fmt.Errorf("runtime: save: %d metadata for %d chain blocks: %w", len(meta), len(chain), ErrBadRequest)
+		return nil, fmt.Errorf("runtime: save: %d metadata for %d chain blocks: %w", len(meta), len(chain), ErrBadRequest)
 	}
 	bt := s.geo.ChunkPages * s.geo.PageTokens
 	for i, m := range meta {
 		if len(m.Tokens) != 0 && len(m.Tokens) != bt {
-			return fmt.Errorf("runtime: save: meta[%d]: %d token ids, a block has %d: %w", i, len(m.Tokens), bt, ErrBadRequest)
+			return nil, fmt.Errorf("runtime: save: meta[%d]: %d token ids, a block has %d: %w", i, len(m.Tokens), bt, ErrBadRequest)
 		}
 		if len(m.Hash) > kvevents.MaxHashBytes {
-			return fmt.Errorf("runtime: save: meta[%d]: %d hash bytes, at most %d: %w", i, len(m.Hash), kvevents.MaxHashBytes, ErrBadRequest)
+			return nil, fmt.Errorf("runtime: save: meta[%d]: %d hash bytes, at most %d: %w", i, len(m.Hash), kvevents.MaxHashBytes, ErrBadRequest)
 		}
 	}
 	if s.idx.ev == nil {
-		return nil
+		return nil, nil
 	}
+	kept := make([]blockMeta, len(meta))
 	for i, m := range meta {
-		if len(m.Tokens) == 0 && len(m.Hash) == 0 {
-			continue
-		}
-		s.idx.meta.put(chain[i], blockMeta{tokens: slices.Clone(m.Tokens), hash: slices.Clone(m.Hash)})
+		kept[i] = blockMeta{tokens: slices.Clone(m.Tokens), hash: slices.Clone(m.Hash)}
 	}
-	return nil
+	return kept, nil
 }
 
 // openServed wraps the index; with Config.KVEvents it binds the publisher

@@ -246,7 +246,7 @@ func (s *Store) recover() error {
 		full = fullChain(pp, upTo, full)
 		base := len(full)
 		full = append(full, info.Chain...)
-		res, err := s.idx.Reserve(full, base, bpb)
+		res, err := s.idx.Reserve(full, base, bpb, nil)
 		if err != nil || res.N != len(info.Chain) {
 			if res.N > 0 {
 				if _, aerr := s.idx.Abort(full[base : base+res.N]); aerr != nil {

@@ -145,6 +145,12 @@ func skipCauseOf(err error) SkipCause {
 // error skips the run and everything after it, counted. The pages must stay
 // unchanged until Gathered.
 func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
+	return s.save(chain, pages, nil)
+}
+
+// save is Save with the blocks' KV-event metadata (SaveWithMeta; nil:
+// none), kept from their reservation on.
+func (s *Store) save(chain []uint64, pages []int32, meta []blockMeta) (*Save, error) {
 	if err := s.checkRequest("save", chain, pages); err != nil {
 		return nil, err
 	}
@@ -160,7 +166,7 @@ func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
 
 	from := s.idx.Lookup(chain)
 	sv.skip(SkipCached, from)
-	res, err := s.idx.Reserve(chain, from, s.bytesPerBlock())
+	res, err := s.idx.Reserve(chain, from, s.bytesPerBlock(), meta)
 	if err != nil { // only bad arguments, which checkRequest excludes
 		panic(fmt.Sprintf("runtime: reserving a save: %v", err))
 	}

@@ -95,26 +95,24 @@ func (x *servedIndex) stored(ids []uint64, parent uint64, hasParent bool) kveven
 	return e
 }
 
-// Reserve also forgets the metadata SaveWithMeta kept for blocks of chain
-// it did not reserve and the index does not hold (the save skips them).
-func (x *servedIndex) Reserve(chain []uint64, from int, bytesPerBlock int64) (res prefix.Reservation, err error) {
+// Reserve also keeps meta[i] (SaveWithMeta's, nil for none) of every block
+// i it reserves, in the same step: a block's metadata is kept from its
+// reservation until it stops being served, so an eviction of the same id
+// racing the save (which forgets that id's metadata) can never take what
+// the save will publish.
+func (x *servedIndex) Reserve(chain []uint64, from int, bytesPerBlock int64, meta []blockMeta) (res prefix.Reservation, err error) {
 	x.do(func(emit func(kvevents.Event)) {
 		res, err = x.Index.Reserve(chain, from, bytesPerBlock)
 		x.removed(emit, res.Evicted)
-		if err == nil && x.ev != nil {
-			x.forgetUnheld(chain[min(len(chain), from+res.N):])
+		if err == nil && x.ev != nil && meta != nil {
+			for i := from; i < from+res.N; i++ {
+				if m := meta[i]; len(m.tokens) != 0 || len(m.hash) != 0 {
+					x.meta.put(chain[i], m)
+				}
+			}
 		}
 	})
 	return res, err
-}
-
-// forgetUnheld drops the metadata of ids the index does not hold.
-func (x *servedIndex) forgetUnheld(ids []uint64) {
-	for _, id := range ids {
-		if _, ok := x.Index.Get(id); !ok {
-			x.meta.forget(id)
-		}
-	}
 }
 
 // Commit publishes the committed blocks as one BlockStored (those a Remove
