@@ -258,11 +258,11 @@ func (l *Load) drive() {
 				break
 			}
 			sp := l.span(l.runs[io.Run], io.Layer)
-			if off == 0 && sp.IOBytes > slotBytes {
-				split = l.newSplit(r, sp, int((sp.IOBytes+slotBytes-1)/slotBytes))
-			}
 			seg := segment{io: io, span: sp, objOff: off, ioBytes: min(slotBytes, sp.IOBytes-off)}
-			if off > 0 || sp.IOBytes > slotBytes {
+			if sp.IOBytes > slotBytes {
+				if off == 0 {
+					split = l.newSplit(r, sp, int((sp.IOBytes+slotBytes-1)/slotBytes))
+				}
 				seg.split = split
 			}
 			off += seg.ioBytes
@@ -293,7 +293,7 @@ func (l *Load) drive() {
 			copy(ring, ring[1:])
 			ring = ring[:len(ring)-1]
 			inPool++
-			s.consumers.jobs <- consumeJob{l: l, sl: sl}
+			s.consumers.submit(consumeJob{l: l, sl: sl})
 			continue
 		}
 		select {

@@ -131,9 +131,7 @@ func (s *Store) matchBlocks(runs []loadRun, blocks int) int {
 	if err != nil {
 		return 0 // a request the planner refuses is one LoadWith would refuse: no hit
 	}
-	if recomputesCached(plan) {
-		s.maybeReprobe(runs, plan.LoadBlocks)
-	}
+	s.maybeReprobe(runs, plan)
 	return plan.LoadBlocks
 }
 

@@ -52,15 +52,16 @@ type reprobes struct {
 	lastErr               atomic.Pointer[string]
 }
 
-// maybeReprobe is called after a plan that recomputes cached blocks: runs
-// are the runs it was asked to load, loaded the blocks it loads. It starts a
-// re-probe of the device of the first block left out when that device's
-// model is stale and none is running. It never blocks.
-func (s *Store) maybeReprobe(runs []loadRun, loaded int) {
+// maybeReprobe is called after every plan of runs: when the plan
+// recomputes cached blocks because loading would not be faster, it starts a
+// re-probe of the device of the first block left out if that device's model
+// is stale and none is running. It never blocks.
+func (s *Store) maybeReprobe(runs []loadRun, plan sched.Plan) {
 	rp := &s.reprobe
-	if rp.probe == nil {
+	if rp.probe == nil || !recomputesCached(plan) {
 		return
 	}
+	loaded := plan.LoadBlocks
 	var r *runEntry
 	for _, lr := range runs {
 		if loaded < lr.k {

@@ -95,7 +95,7 @@ func (d *saveDriver) stageQueued() {
 		d.inflight[ri]++
 		d.busy++
 		s.stats.writeIOs.Add(1)
-		s.stager.jobs <- stageJob{sv: sv, b: b}
+		s.stager.submit(stageJob{sv: sv, b: b})
 	}
 }
 

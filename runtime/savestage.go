@@ -8,16 +8,11 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	goruntime "runtime"
 	"slices"
-	"sync"
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
 )
-
-// maxStageWorkers bounds the stage goroutines of a store.
-const maxStageWorkers = 8
 
 // wbuf is one save write's staging: a piece of a staging slot with the I/O
 // request that writes it. The wbufs of a slot are made the first time a save
@@ -85,41 +80,17 @@ func saveSlotLimit(slots int, path Path) int {
 	return max(1, slots/2)
 }
 
-// stagePool gathers and checksums save writes on min(GOMAXPROCS, 8)
-// goroutines shared by the store's saves, and submits them. Its queue has
-// room for every wbuf of the staging pool, so queueing never blocks.
-type stagePool struct {
-	jobs chan stageJob
-	wg   sync.WaitGroup
-}
-
+// stageJob is one save write for the store's stage pool (Store.stager),
+// which gathers and checksums it and submits it, so that copies, CRCs and
+// writes to every device overlap. Its queue has room for every wbuf of the
+// staging pool, so queueing never blocks.
 type stageJob struct {
 	sv *Save
 	b  *wbuf
 }
 
-func newStagePool(wbufs int) *stagePool {
-	n := min(goruntime.GOMAXPROCS(0), maxStageWorkers)
-	p := &stagePool{jobs: make(chan stageJob, wbufs)}
-	p.wg.Add(n)
-	for range n {
-		go p.run()
-	}
-	return p
-}
-
-func (p *stagePool) run() {
-	defer p.wg.Done()
-	for j := range p.jobs {
-		j.sv.stageWrite(j.b)
-	}
-}
-
-// close stops the workers once the queued jobs are done; no job may be
-// queued after it (Close calls it once every save ended).
-func (p *stagePool) close() {
-	close(p.jobs)
-	p.wg.Wait()
+func newStagePool(wbufs int) *workerPool[stageJob] {
+	return newWorkerPool(wbufs, func(j stageJob) { j.sv.stageWrite(j.b) })
 }
 
 // stageWrite (on a stage worker) gathers b's write from the engine's pages,

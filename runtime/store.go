@@ -71,12 +71,12 @@ type Store struct {
 	staging *stagingPool
 	// stager gathers, checksums and submits save writes; saveSlotTokens
 	// holds one token per staging slot the saves hold (at most saveSlots).
-	stager         *stagePool
+	stager         *workerPool[stageJob]
 	saveSlots      int
 	saveSlotTokens chan struct{}
 	// consumers verify and scatter completed load reads (PathCPU; nil on
 	// PathGPU, which does not stage its reads here).
-	consumers *consumePool
+	consumers *workerPool[consumeJob]
 	sched     *scheduler
 	kv        *kvViews // set once by RegisterKV (PathCPU)
 	gpu       *gpuPath // set once by RegisterKV (PathGPU)
@@ -288,9 +288,7 @@ func (l *Load) planReads(cached int, opts LoadOptions) error {
 		return err
 	}
 	l.plan, l.planned = plan, plan.LoadBlocks
-	if recomputesCached(plan) {
-		s.maybeReprobe(runs, plan.LoadBlocks)
-	}
+	s.maybeReprobe(runs, plan)
 	l.runs = keepBlocks(runs, plan.LoadBlocks)
 	if s.gpu != nil {
 		return nil
