@@ -9,12 +9,8 @@ import (
 // discounted by SlackFrac of its remaining horizon, less the amount by which
 // the device runs behind the plans that admitted them.
 func (p *Planner) minReadSlackNs(d *devState, now int64) float64 {
-	m := math.Inf(1)
+	m := p.cursorSlackNs(d.readQ, now)
 	f := p.cfg.SlackFrac
-	for _, ci := range d.readQ {
-		c := &p.cursors[ci]
-		m = min(m, c.slackMin[c.layer], c.slackMinH[c.layer]+f*float64(now))
-	}
 	for _, i := range d.inflightRd {
 		e := &p.entries[i]
 		m = min(m, e.slackNs-f*float64(max(0, e.plannedDoneNs-now)))
@@ -23,6 +19,18 @@ func (p *Planner) minReadSlackNs(d *devState, now int64) float64 {
 	tail := float64(now) + d.pendingReadNs + (1-d.model.ReadShare())*d.inflightWriteNs
 	if drift := tail - float64(d.plannedTailNs); drift > 0 {
 		m -= drift
+	}
+	return m
+}
+
+// cursorSlackNs is the least slack of the cursors' remaining reads, each
+// discounted by SlackFrac of its remaining horizon (+Inf for none).
+func (p *Planner) cursorSlackNs(curs []int32, nowNs int64) float64 {
+	m := math.Inf(1)
+	f := p.cfg.SlackFrac
+	for _, ci := range curs {
+		c := &p.cursors[ci]
+		m = min(m, c.slackMin[c.layer], c.slackMinH[c.layer]+f*float64(nowNs))
 	}
 	return m
 }

@@ -1,9 +1,6 @@
 package sched
 
-import (
-	"fmt"
-	"math"
-)
+import "fmt"
 
 // Whole restores (LoadRequest.Whole). A GPU restore is one request to the
 // GPU, which then drives its own queue: the caller cannot submit its reads
@@ -102,13 +99,7 @@ func (p *Planner) dispatchJobs(nowNs int64, dst []IO) []IO {
 // jobSlackNs is the least slack among device d's Whole reads not retired,
 // as minReadSlackNs counts a queued read's.
 func (p *Planner) jobSlackNs(d *devState, nowNs int64) float64 {
-	m := math.Inf(1)
-	f := p.cfg.SlackFrac
-	for _, ci := range d.jobCurs {
-		c := &p.cursors[ci]
-		m = min(m, c.slackMin[c.layer], c.slackMinH[c.layer]+f*float64(nowNs))
-	}
-	return m
+	return p.cursorSlackNs(d.jobCurs, nowNs)
 }
 
 // CompleteLayers retires the reads of layers [0, layers) of a dispatched
