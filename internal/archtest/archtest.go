@@ -42,22 +42,32 @@ func skipDir(root, path string, d fs.DirEntry) bool {
 	return err == nil
 }
 
+// walkFiles calls visit for every file under root with its path and its
+// slash-separated path relative to root, skipping the directories skip
+// names (Scan's and Sizes' rules differ).
+func walkFiles(root string, skip func(root, path string, d fs.DirEntry) bool, visit func(path, rel string) error) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if skip(root, path, d) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		rel, _ := filepath.Rel(root, path)
+		return visit(path, filepath.ToSlash(rel))
+	})
+}
+
 // Scan parses the import blocks of every .go file under root (the module's
 // directory) and returns its packages sorted by path.
 func Scan(root string) ([]Package, error) {
 	byDir := map[string]*Package{}
 	seen := map[string]bool{}
 	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if skipDir(root, path, d) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
+	err := walkFiles(root, skipDir, func(path, rel string) error {
 		if !strings.HasSuffix(path, ".go") {
 			return nil
 		}
@@ -65,7 +75,6 @@ func Scan(root string) ([]Package, error) {
 		if err != nil {
 			return fmt.Errorf("archtest: parse %s: %w", path, err)
 		}
-		rel, _ := filepath.Rel(root, path)
 		dir := filepath.ToSlash(filepath.Dir(rel))
 		if dir == "." {
 			dir = ""
@@ -93,7 +102,7 @@ func Scan(root string) ([]Package, error) {
 				continue
 			}
 			seen[key] = true
-			p.Imports = append(p.Imports, Import{From: dir, To: to, Test: test, File: filepath.ToSlash(rel)})
+			p.Imports = append(p.Imports, Import{From: dir, To: to, Test: test, File: rel})
 		}
 		return nil
 	})

@@ -115,15 +115,7 @@ func TestCheck(t *testing.T) {
 // marked, package main is seen, testdata and nested modules are skipped.
 func TestScanSeesTestsAndMain(t *testing.T) {
 	dir := t.TempDir()
-	write := func(rel, src string) {
-		p := filepath.Join(dir, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, src string) { writeFile(t, dir, rel, src) }
 	write("a/a.go", "package a\nimport _ \""+module+"/b\"\n")
 	write("a/a_test.go", "package a_test\nimport (\n\t\"testing\"\n\t_ \""+module+"/eval\"\n)\nvar _ testing.T\n")
 	write("c/main.go", "package main\nimport _ \""+module+"/a\"\nfunc main() {}\n")
@@ -233,5 +225,17 @@ func TestReadmeExample(t *testing.T) {
 	}
 	if n < 10 {
 		t.Fatalf("README's Go example has only %d lines", n)
+	}
+}
+
+// writeFile writes src at dir/rel, making its directories.
+func writeFile(t *testing.T, dir, rel, src string) {
+	t.Helper()
+	p := filepath.Join(dir, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -75,18 +75,7 @@ func skipSizeDir(root, path string, d fs.DirEntry) bool {
 func Sizes(root string) ([]Oversize, error) {
 	var out []Oversize
 	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if skipSizeDir(root, path, d) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		rel, _ := filepath.Rel(root, path)
-		rel = filepath.ToSlash(rel)
+	err := walkFiles(root, skipSizeDir, func(path, rel string) error {
 		if !sizeExts[filepath.Ext(path)] || isTestFile(rel) {
 			return nil
 		}

@@ -1,8 +1,6 @@
 package archtest
 
 import (
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -36,15 +34,7 @@ func TestSizeLimits(t *testing.T) {
 // function are found, tests, generated files and build outputs are not.
 func TestSizesCatches(t *testing.T) {
 	dir := t.TempDir()
-	write := func(rel, src string) {
-		p := filepath.Join(dir, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, src string) { writeFile(t, dir, rel, src) }
 	lines := func(n int, l string) string { return strings.Repeat(l+"\n", n) }
 	longFunc := "func Long() {\n" + lines(MaxFuncLines-1, "\t_ = 0") + "}\n" // one line over
 	write("a/long.go", "package a\n\n"+longFunc+"\nfunc Short() {\n}\n")
