@@ -21,7 +21,10 @@ type KVMemory struct {
 	NumPages int
 	Layers   []*uring.Buffer // one per layer
 
-	free []int32 // free page ids (stack)
+	// free page ids, a stack whose top is taken first; kept ascending where
+	// it can be, so a request's pages are runs of consecutive ids and the
+	// copies and clears over them (HostSyncer) are few and large.
+	free []int32
 }
 
 // NewKVMemory allocates numPages pages of every layer.
@@ -44,7 +47,7 @@ func NewKVMemory(g objmap.Geometry, numPages int) (*KVMemory, error) {
 	}
 	m.free = make([]int32, numPages)
 	for i := range m.free {
-		m.free[i] = int32(numPages - 1 - i)
+		m.free[i] = int32(i)
 	}
 	return m, nil
 }
@@ -78,7 +81,8 @@ func (m *KVMemory) PageAddr(layer, plane int, page int32) uintptr {
 // ErrNoPages is returned when a request needs more pages than are free.
 var ErrNoPages = errors.New("not enough free KV pages")
 
-// Alloc takes n free pages.
+// Alloc takes n free pages: the top of the stack, in ascending order when
+// they were released in it (consecutive ids on a fresh memory).
 func (m *KVMemory) Alloc(n int) ([]int32, error) {
 	if n > len(m.free) {
 		return nil, fmt.Errorf("%w: want %d, %d free of %d", ErrNoPages, n, len(m.free), m.NumPages)
