@@ -182,10 +182,13 @@ func printWindowNotes(w io.Writer, res *harness.Result) {
 }
 
 // printBelowNotes prints why tutti-cpu is below a backend, where it is
-// (harness.BelowNotes).
+// (harness.BelowNotes), and the paper's figures as measured (harness.Claims).
 func printBelowNotes(w io.Writer, res *harness.Result) {
 	for _, n := range harness.BelowNotes(res) {
 		fmt.Fprintf(w, "WHY: %s\n", n)
+	}
+	for _, c := range harness.Claims(res) {
+		fmt.Fprintf(w, "CLAIM: %s\n", c)
 	}
 }
 

@@ -152,6 +152,10 @@ type GPUComputeStats struct {
 	// fitted model's; LiveRatios: measured/model of the live ones.
 	Calibrated int
 	LiveRatios []float64
+	// LiveFirstRatios, LiveRestRatios: of each live check with more than one
+	// layer, its first layer's time and its other layers' median, over the
+	// model's layer time.
+	LiveFirstRatios, LiveRestRatios []float64
 }
 
 // PrefillRun is one request's prefill in flight.

@@ -69,6 +69,12 @@ func (g *GPUCompute) Layer(live bool, r *PrefillRun, model Compute, newTokens, c
 	}
 	if newTokens > 0 && want > 0 {
 		g.stats.LiveRatios = append(g.stats.LiveRatios, float64(got)/float64(want))
+		if len(g.times) > 1 { // where a live prefill's excess sits: its first layer (a GPU idle before it) or all of them
+			rest := slices.Clone(g.times[1:])
+			slices.Sort(rest)
+			g.stats.LiveFirstRatios = append(g.stats.LiveFirstRatios, float64(g.times[0])/float64(want))
+			g.stats.LiveRestRatios = append(g.stats.LiveRestRatios, float64(rest[len(rest)/2])/float64(want))
+		}
 	}
 	return want, nil
 }
@@ -86,6 +92,13 @@ func (gs GPUComputeStats) liveNote(every int) string {
 		slices.Sort(r)
 		s += fmt.Sprintf(": measured/model median %.3f, p10 %.3f, p90 %.3f, min %.3f, max %.3f (the timeline uses the model's)",
 			metrics.Percentile(r, 0.5), metrics.Percentile(r, 0.1), metrics.Percentile(r, 0.9), r[0], r[len(r)-1])
+	}
+	if len(gs.LiveFirstRatios) > 0 {
+		f, m := slices.Clone(gs.LiveFirstRatios), slices.Clone(gs.LiveRestRatios)
+		slices.Sort(f)
+		slices.Sort(m)
+		s += fmt.Sprintf("; of that, the first layer's time/model median %.3f (p90 %.3f), the other layers' median layer/model median %.3f (p90 %.3f)",
+			metrics.Percentile(f, 0.5), metrics.Percentile(f, 0.9), metrics.Percentile(m, 0.5), metrics.Percentile(m, 0.9))
 	}
 	return s
 }

@@ -95,9 +95,11 @@ func TestGPULiveWithoutGPU(t *testing.T) {
 	if got := (&GPUCompute{every: 1}).LiveEvery(); got != 1 {
 		t.Fatalf("every %d", got)
 	}
-	gs := GPUComputeStats{Calibrated: 7, LiveRatios: []float64{1.1, 0.9, 1.0}}
+	gs := GPUComputeStats{Calibrated: 7, LiveRatios: []float64{1.1, 0.9, 1.0},
+		LiveFirstRatios: []float64{5, 6, 7}, LiveRestRatios: []float64{1, 1, 1}}
 	note := gs.liveNote(4)
-	for _, want := range []string{"7 prefills' layer times from the model", "every 4-th", "3 checks", "median 1.000", "min 0.900", "max 1.100"} {
+	for _, want := range []string{"7 prefills' layer times from the model", "every 4-th", "3 checks", "median 1.000", "min 0.900", "max 1.100",
+		"first layer's time/model median 6.000", "other layers' median layer/model median 1.000"} {
 		if !strings.Contains(note, want) {
 			t.Fatalf("note %q lacks %q", note, want)
 		}

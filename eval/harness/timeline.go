@@ -99,11 +99,10 @@ func Sweep(svc []Service, sloMs float64) (curve []RatePoint, maxRate float64) {
 	if len(svc) < 2 {
 		return nil, 0
 	}
-	span := svc[len(svc)-1].ArrivalMs - svc[0].ArrivalMs
-	if span <= 0 {
+	base := baseRate(svc)
+	if base <= 0 {
 		return nil, 0
 	}
-	base := float64(len(svc)-1) / (span / 1000)
 	p90 := func(speed float64) float64 { return metrics.Percentile(Simulate(svc, 1/speed).TTFTms, 0.9) }
 	lastOK, firstBad := 0.0, 0.0
 	for k := -24; k <= 40; k++ {
@@ -136,6 +135,29 @@ func Sweep(svc []Service, sloMs float64) (curve []RatePoint, maxRate float64) {
 		}
 	}
 	return curve, base * lo
+}
+
+// baseRate is the window's own request rate (req/s) over its arrivals; 0
+// for fewer than two requests or no span.
+func baseRate(svc []Service) float64 {
+	if len(svc) < 2 {
+		return 0
+	}
+	span := svc[len(svc)-1].ArrivalMs - svc[0].ArrivalMs
+	if span <= 0 {
+		return 0
+	}
+	return float64(len(svc)-1) / (span / 1000)
+}
+
+// TTFTAt replays svc with its arrivals scaled to ratePerS (the timeline
+// Sweep uses) and summarizes the TTFTs; ok is false when svc has no rate.
+func TTFTAt(svc []Service, ratePerS float64) (q metrics.Summary, ok bool) {
+	base := baseRate(svc)
+	if base <= 0 || ratePerS <= 0 {
+		return q, false
+	}
+	return metrics.Summarize(Simulate(svc, base/ratePerS).TTFTms), true
 }
 
 // MaxRateTried reports whether maxRate is the highest rate Sweep tried (so

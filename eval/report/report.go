@@ -245,6 +245,7 @@ func writeResults(p func(string, ...any), res *harness.Result) {
 			p("- %s\n", n)
 		}
 	}
+	writeClaims(p, res)
 }
 
 // writeDataPath is the data path proof: what each backend restored, read

@@ -1,0 +1,147 @@
+package harness
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The figures the Tutti paper claims for its design (arXiv 2605.03375:
+// Llama3-8B on one GPU, long-document QA, 4 NVMe drives), as goals the
+// replay measures side by side.
+const (
+	claimP99Goal  = 4.6 // p99 TTFT of the GDS design over tutti's at the same rate (−78.3%)
+	claimRateGoal = 2.0 // tutti's highest rate at the SLO over the GDS design's
+	claimDRAMGoal = 1.2 // tutti's p50 TTFT over the DRAM tier's ("nearly the same")
+)
+
+// Claim is one of the paper's figures as this replay measured it.
+type Claim struct {
+	Name     string  `json:"name"`
+	Backend  string  `json:"backend"` // tutti's backend measured (tutti-gpu where it ran)
+	Against  string  `json:"against"`
+	RatePerS float64 `json:"rate_per_s"` // the request rate the figure is taken at (0: none, a rate ratio)
+	Measured float64 `json:"measured"`
+	Goal     float64 `json:"goal"`
+	AtLeast  bool    `json:"at_least"` // the goal is Measured ≥ Goal (else ≤)
+	Met      bool    `json:"met"`
+	Detail   string  `json:"detail"` // the values compared and, where the goal is missed, what the run shows about why
+}
+
+// String is the one line the summary prints.
+func (c Claim) String() string {
+	op, verdict := "≤", "missed"
+	if c.AtLeast {
+		op = "≥"
+	}
+	if c.Met {
+		verdict = "met"
+	}
+	return fmt.Sprintf("%s: %.2f× (goal %s %.1f×, %s): %s", c.Name, c.Measured, op, c.Goal, verdict, c.Detail)
+}
+
+// Claims measures the paper's figures for tutti (tutti-gpu where it ran,
+// else tutti-cpu) against the LMCache-GDS design, the best CPU-issued design
+// (lmcache-disk or vllm-fs, by rate at SLO) and the DRAM tier, among the
+// backends that ran: p99 TTFT at the baseline's highest rate at the SLO
+// (the heaviest load it still serves within the SLO; the window's own rate
+// where it never meets it), the highest rates at the SLO, and p50 TTFT at
+// the window's rate. Nil when no tutti backend ran.
+func Claims(res *Result) []Claim {
+	ran := map[string]*BackendResult{}
+	for i := range res.Backends {
+		if b := &res.Backends[i]; b.Skipped == "" && len(b.Services) > 0 {
+			ran[b.Backend] = b
+		}
+	}
+	t := ran["tutti-gpu"]
+	if t == nil {
+		t = ran["tutti-cpu"]
+	}
+	if t == nil {
+		return nil
+	}
+	var against []*BackendResult
+	if b := ran["lmcache-gds"]; b != nil {
+		against = append(against, b)
+	}
+	var best *BackendResult
+	for _, n := range []string{"lmcache-disk", "vllm-fs"} {
+		if b := ran[n]; b != nil && (best == nil || b.MaxRateAtSLO > best.MaxRateAtSLO) {
+			best = b
+		}
+	}
+	if best != nil {
+		against = append(against, best)
+	}
+	var out []Claim
+	for _, b := range against {
+		out = append(out, p99Claim(res, t, b), rateClaim(t, b))
+	}
+	if d := ran["dram"]; d != nil && d.TTFTmsP50 > 0 {
+		c := Claim{Name: "p50 TTFT against " + d.Backend, Backend: t.Backend, Against: d.Backend, RatePerS: baseRate(t.Services),
+			Measured: t.TTFTmsP50 / d.TTFTmsP50, Goal: claimDRAMGoal}
+		c.Met = c.Measured <= c.Goal
+		c.Detail = fmt.Sprintf("%s %.1f ms, %s %.1f ms at the window's %.2f req/s", t.Backend, t.TTFTmsP50, d.Backend, d.TTFTmsP50, c.RatePerS)
+		if !c.Met {
+			c.Detail += "; " + whyRestoreSlower(t, d)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// p99Claim: b's p99 TTFT over t's at b's highest rate meeting the SLO.
+func p99Claim(res *Result, t, b *BackendResult) Claim {
+	rate, at := b.MaxRateAtSLO, "its highest rate at the SLO"
+	if rate <= 0 {
+		rate, at = baseRate(b.Services), "the window's rate (it never meets the SLO)"
+	}
+	c := Claim{Name: "p99 TTFT against " + b.Backend, Backend: t.Backend, Against: b.Backend, RatePerS: rate, Goal: claimP99Goal, AtLeast: true}
+	qt, ok1 := TTFTAt(t.Services, rate)
+	qb, ok2 := TTFTAt(b.Services, rate)
+	if !ok1 || !ok2 || qt.P99 <= 0 {
+		c.Detail = "no rate to compare at (a window of fewer than two requests)"
+		return c
+	}
+	c.Measured = qb.P99 / qt.P99
+	c.Met = c.Measured >= c.Goal
+	c.Detail = fmt.Sprintf("at %.2f req/s (%s, SLO p90 ≤ %.0f ms): %s p99 %.1f ms, %s p99 %.1f ms", rate, at, res.SLOms, b.Backend, qb.P99, t.Backend, qt.P99)
+	if !c.Met {
+		var why []string
+		if noHit := 1 - float64(t.RequestsWithHitsRestore)/float64(max(1, t.Requests)); noHit > 0.01 {
+			why = append(why, fmt.Sprintf("%.1f%% of requests hit nothing (a document's first question prefills it whole), so p99 is a full prefill for every backend", 100*noHit))
+		}
+		why = append(why, whyRestoreSlower(b, t))
+		c.Detail += "; " + strings.Join(why, "; ")
+	}
+	return c
+}
+
+// rateClaim: t's highest rate at the SLO over b's.
+func rateClaim(t, b *BackendResult) Claim {
+	c := Claim{Name: "rate at SLO against " + b.Backend, Backend: t.Backend, Against: b.Backend, Goal: claimRateGoal, AtLeast: true}
+	if b.MaxRateAtSLO <= 0 {
+		c.Detail = fmt.Sprintf("%s never meets the SLO; %s up to %.2f req/s", b.Backend, t.Backend, t.MaxRateAtSLO)
+		c.Met = t.MaxRateAtSLO > 0
+		return c
+	}
+	c.Measured = t.MaxRateAtSLO / b.MaxRateAtSLO
+	c.Met = c.Measured >= c.Goal
+	c.Detail = fmt.Sprintf("%s %.2f req/s, %s %.2f req/s", t.Backend, t.MaxRateAtSLO, b.Backend, b.MaxRateAtSLO)
+	if t.MaxRateIsLowerBound {
+		c.Detail += fmt.Sprintf(" (%s's is a lower bound: it meets the SLO at every rate tried)", t.Backend)
+	}
+	if !c.Met {
+		c.Detail += "; " + whyRestoreSlower(b, t)
+	}
+	return c
+}
+
+// whyRestoreSlower says what the run measured of slow's restores against
+// fast's (the figure a missed goal comes down to): bytes per second and of
+// the ceiling, I/Os per request, hit ratio, GPU stall.
+func whyRestoreSlower(slow, fast *BackendResult) string {
+	return fmt.Sprintf("restores: %s %.2f GB/s (%.2f of the ceiling, %.0f I/Os per request, hit ratio %.3f, GPU stall %.1f ms), %s %.2f GB/s (%.2f, %.0f, %.3f, %.1f ms)",
+		slow.Backend, slow.BytesPerS/1e9, slow.CeilingFraction, slow.IOsPerRequestMean, slow.HitRatio, slow.GPUStallMsMean,
+		fast.Backend, fast.BytesPerS/1e9, fast.CeilingFraction, fast.IOsPerRequestMean, fast.HitRatio, fast.GPUStallMsMean)
+}
