@@ -121,15 +121,16 @@ trap 'say "interrupted"; exit 130' INT TERM
 
 # --- the estimate -------------------------------------------------------------
 # Assumed rates per backend (GB/s, restore then save) on 4 RAM-backed loops of an
-# H200 machine: tutti's restores at ~14 (gpubench of runtime.Store), saves at ~4
-# (tutti-gpu's GPU save path ~0.4: issue 21, gathers one layer at a time behind
-# one mutex); the designs users run instead at ~4 and ~2 (files per chunk, a few
-# threads); DRAM at memory speed. The replay's "time" lines measure them: update
-# these from a run's log.
+# H200 machine, from the docqa replay's "time" lines (2026-12-02, 4K-8K documents):
+# tutti's restores ~10, its saves ~3-4; the designs users run instead 6-15 and
+# 2.5-10; DRAM at memory speed. Update them from a run's log.
 est_rates() {
 	case "$1" in
-	tutti-gpu) echo "14 0.4" ;;
-	tutti-cpu | tutti-cpu-load-all) echo "14 4" ;;
+	tutti-gpu) echo "10 2.6" ;;
+	tutti-cpu | tutti-cpu-load-all) echo "10 4" ;;
+	lmcache-gds) echo "6.5 4" ;;
+	lmcache-disk) echo "7.5 2.5" ;;
+	vllm-fs) echo "14 10" ;;
 	dram) echo "20 10" ;;
 	recompute) echo "0 0" ;;
 	*) echo "4 2" ;;
