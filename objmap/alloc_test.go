@@ -97,7 +97,8 @@ func allocCmd(t *testing.T, d *datadriven.TestData) string {
 
 // TestAllocateStriped: a striped allocation is cut into near-equal runs on
 // distinct pool files in distinct directories, as many as asked (fewer with
-// fewer chunks), and bad arguments are refused.
+// fewer chunks), the longer runs last (a restore of all but the last chunks
+// then cuts a longest run), and bad arguments are refused.
 func TestAllocateStriped(t *testing.T) {
 	root := t.TempDir()
 	var dirs []string
@@ -108,7 +109,7 @@ func TestAllocateStriped(t *testing.T) {
 	o.CapacityBytes = 4 << 20
 	m := mustOpen(t, o)
 	defer m.Close()
-	for _, tc := range []struct{ chunks, ways, runs int }{{10, 4, 4}, {3, 4, 3}, {8, 1, 1}, {9, 3, 3}} {
+	for _, tc := range []struct{ chunks, ways, runs int }{{10, 4, 4}, {3, 4, 3}, {8, 1, 1}, {9, 3, 3}, {13, 4, 4}, {7, 4, 4}} {
 		res, err := m.AllocateStriped(tc.chunks, tc.ways)
 		if err != nil {
 			t.Fatalf("%d chunks in %d ways: %v", tc.chunks, tc.ways, err)
@@ -117,7 +118,10 @@ func TestAllocateStriped(t *testing.T) {
 			t.Fatalf("%d chunks in %d ways: %d runs, want %d", tc.chunks, tc.ways, len(res), tc.runs)
 		}
 		total, dirSeen := 0, map[int]bool{}
-		for _, r := range res {
+		for i, r := range res {
+			if i > 0 && r.Chunks < res[i-1].Chunks {
+				t.Fatalf("%d chunks in %d ways: run %d shorter than run %d: %+v", tc.chunks, tc.ways, i, i-1, res)
+			}
 			total += r.Chunks
 			if d := r.File % len(dirs); dirSeen[d] {
 				t.Fatalf("%d chunks in %d ways: two runs in directory %d: %+v", tc.chunks, tc.ways, d, res)

@@ -21,10 +21,11 @@ func (m *Map) Allocate(chunks int) ([]Reservation, error) {
 }
 
 // AllocateStriped is Allocate with the chunks cut into at least ways runs
-// (fewer when there are fewer chunks) of near-equal length: consecutive runs
-// go to consecutive pool files, which lie in different directories, so the
-// runs of one save are written (and later read) on min(ways, Dirs) devices at
-// once instead of one. ways is bounded by the runs one call returns.
+// (fewer when there are fewer chunks) of near-equal length, the longer ones
+// last: consecutive runs go to consecutive pool files, which lie in
+// different directories, so the runs of one save are written (and later
+// read) on min(ways, Dirs) devices at once instead of one. ways is bounded
+// by the runs one call returns.
 func (m *Map) AllocateStriped(chunks, ways int) ([]Reservation, error) {
 	if chunks < 1 || ways < 1 || ways > maxRunsPerAllocate {
 		return nil, fmt.Errorf("objmap: allocating %d chunks in %d runs (want chunks >= 1, ways in 1..%d)", chunks, ways, maxRunsPerAllocate)
@@ -37,9 +38,15 @@ func (m *Map) AllocateStriped(chunks, ways int) ([]Reservation, error) {
 	ways = min(ways, chunks)
 	var spans []span
 	for i := range ways {
-		// Piece i of ways near-equal pieces; a piece the pool cannot take
-		// whole ends the allocation (partial, as Allocate's).
-		piece := chunks/ways + min(1, max(0, chunks%ways-i))
+		// Piece i of ways near-equal pieces, the longer ones last: a restore
+		// reads a prefix of the chunks, most often all but the last few (the
+		// block the next request no longer shares), so cutting the longest
+		// piece keeps the devices' shares of the prefix even (13 chunks as
+		// 3,3,3,4 read back 12 as 3 per device; as 4,3,3,3, one device reads
+		// 4 of 12 and the load takes a third longer than striped evenly). A
+		// piece the pool cannot take whole ends the allocation (partial, as
+		// Allocate's).
+		piece := chunks/ways + min(1, max(0, i-(ways-chunks%ways)+1))
 		got := m.alloc.alloc(piece, MaxRunChunks(m.g), maxRunsPerAllocate-len(spans))
 		spans = append(spans, got...)
 		placed := 0

@@ -77,3 +77,68 @@ func BenchmarkRestoreStriped70B(b *testing.B) {
 	b.ReportMetric(float64(total.Microseconds())/1e3/float64(b.N), "load-ms")
 	b.ReportMetric(float64(s.Stats().ReadIOs)/float64(s.Stats().Loads), "reads/load")
 }
+
+// BenchmarkRestoreStripedDocQA restores what a docqa question restores
+// (tutti replay --workload docqa, Llama-3-8B): a document of
+// TUTTI_BENCH_BLOCKS (default 12) chain blocks of 512 tokens (768 MiB),
+// saved with the block its first question shares with it, so the restore is
+// all of a striped save but its last block, on the CPU path with the
+// runtime's default staging. It reports the load's time and the most blocks
+// one device reads (ceil(blocks/dirs) when the prefix is spread evenly):
+// a restore of this size is bound by its busiest device.
+//
+// Knobs: TUTTI_BENCH_DIRS (as BenchmarkRestoreStriped70B),
+// TUTTI_BENCH_BLOCKS.
+func BenchmarkRestoreStripedDocQA(b *testing.B) {
+	dirs := benchenv.Dirs(b)
+	g := benchenv.Llama70B(32, 32) // Llama-3-8B: the 70B's KV shape per layer, 32 layers
+	blocks := benchenv.Int("TUTTI_BENCH_BLOCKS", 12)
+	saved := blocks + 1
+	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, saved+len(dirs)), Geometry: g,
+		Layout: objmap.LayoutPerLayer, NumPages: saved * g.ChunkPages, SaveBoundMs: 600000}
+	s, kv := openKV(b, cfg)
+	defer closeKV(b, s, kv)
+	chain := chainOf(1<<40, saved)
+	pages := make([]int32, saved*g.ChunkPages)
+	for i := range pages {
+		pages[i] = int32(i)
+	}
+	fill(kv, g, chain, pages)
+	sv, err := s.Save(chain, pages)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if sv.Wait(); sv.Saved() != saved {
+		b.Fatalf("saved %d of %d blocks: %v", sv.Saved(), saved, s.Stats())
+	}
+	scramble(kv, g, cfg.NumPages)
+	var total time.Duration
+	busiest := 0
+	b.SetBytes(int64(blocks) * g.ChunkBytes())
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		l, err := s.Load(chain[:blocks], pages[:blocks*g.ChunkPages])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		total += time.Since(start)
+		if l.Blocks() != blocks {
+			b.Fatalf("restored %d of %d blocks (first failure: %v)", l.Blocks(), blocks, l.Failure())
+		}
+		perDev := map[int]int{}
+		for _, r := range l.runs {
+			perDev[r.run.device] += r.k
+			busiest = max(busiest, perDev[r.run.device])
+		}
+	}
+	b.StopTimer()
+	if err := verify(kv, g, chain, pages, blocks); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(total.Microseconds())/1e3/float64(b.N), "load-ms")
+	b.ReportMetric(float64(busiest), "busiest-dev-blocks")
+}
