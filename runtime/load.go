@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -233,7 +234,7 @@ func (l *Load) drive() {
 	s := l.s
 	slotBytes := s.staging.slotBytes
 	queue := make([]sched.IO, 0, len(l.plan.Reads)) // dispatched, not yet fully submitted
-	ring := make([]*slot, 0, len(s.staging.all))    // submitted, in order
+	ring := make([]*slot, 0, len(s.staging.all))    // submitted, not yet handed to the pool
 	var off int64                                   // progress within queue[0]
 	var split *splitRead                            // queue[0]'s, when it is split
 	segs := 0
@@ -288,10 +289,12 @@ func (l *Load) drive() {
 			queue = l.takeReads(queue, false, <-l.ios)
 			continue
 		}
-		if len(ring) > 0 && ring[0].completed {
-			sl := ring[0]
-			copy(ring, ring[1:])
-			ring = ring[:len(ring)-1]
+		if i := slices.IndexFunc(ring, func(sl *slot) bool { return sl.completed }); i >= 0 {
+			// Any completed segment goes on at once (the pool verifies and
+			// scatters in any order): waiting for the oldest left finished
+			// slots idle behind a read still in flight on a slower device.
+			sl := ring[i]
+			ring = slices.Delete(ring, i, i+1)
 			inPool++
 			s.consumers.submit(consumeJob{l: l, sl: sl})
 			continue
