@@ -85,6 +85,9 @@ func Claims(res *Result) []Claim {
 		if !c.Met {
 			c.Detail += "; " + whyRestoreSlower(t, d)
 		}
+		if d.BytesPerS > 0 && d.BytesPerS < t.BytesPerS {
+			c.Detail += fmt.Sprintf("; the DRAM tier is no bound in this run: its restores measured %.2f GB/s against %s's %.2f", d.BytesPerS/1e9, t.Backend, t.BytesPerS/1e9)
+		}
 		out = append(out, c)
 	}
 	return out

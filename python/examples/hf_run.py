@@ -72,6 +72,27 @@ def forward(model, ids, cache, start):
     return out.logits[:, -1, :].float()
 
 
+def greedy_pair(model, ca, cb, la, lb, start, steps):
+    """Greedy decoding from two caches in lockstep. Returns both token lists
+    and where they first differ: the first step whose logits differ bitwise
+    (with whether the two caches were equal over every attended position
+    before it: equal caches and unequal logits mean the decode step itself
+    is not bitwise repeatable), and the first step whose tokens differ."""
+    import torch
+
+    ta, tb, where = [], [], dict(logits_apart_at=None, caches_equal_before=None, logits_diff_there=None)
+    for i in range(steps):
+        if where["logits_apart_at"] is None and not torch.equal(la, lb):
+            where.update(logits_apart_at=i, caches_equal_before=_caches_equal(ca, cb, start + i),
+                         logits_diff_there=float((la - lb).abs().max()))
+        ta.append(int(torch.argmax(la, dim=-1).item()))
+        tb.append(int(torch.argmax(lb, dim=-1).item()))
+        if i + 1 < steps:
+            la = forward(model, torch.tensor([[ta[-1]]], device="cuda"), ca, start + i)
+            lb = forward(model, torch.tensor([[tb[-1]]], device="cuda"), cb, start + i)
+    return ta, tb, where
+
+
 def greedy(model, cache, first_logits, start, steps):
     import torch
 
@@ -397,9 +418,9 @@ def _checks(base, args, caches, model, cache_a, cache_b, cache_ref, logits_b, lo
     # The control: the reference's cache cloned and decoded again. Where two
     # identical caches decode apart, decoding itself is not bitwise repeatable
     # on this machine (a kernel's reduction order), not tutti's restore.
+    b_attended_equal = _caches_equal(cache_ref, cache_b, P + S)  # the suffix's KV too
     cache_r2 = _clone_cache(caches, cache_ref, P + S)
-    greedy_b = greedy(model, cache_b, logits_b, P + S, args.decode)
-    greedy_r = greedy(model, cache_ref, logits_ref, P + S, args.decode)
+    greedy_b, greedy_r, where = greedy_pair(model, cache_b, cache_ref, logits_b, logits_ref, P + S, args.decode)
     greedy_r2 = greedy(model, cache_r2, logits_ref, P + S, args.decode)
     del cache_r2
     apart = next((i for i, (x, y) in enumerate(zip(greedy_b, greedy_r)) if x != y), None)
@@ -408,6 +429,7 @@ def _checks(base, args, caches, model, cache_a, cache_b, cache_ref, logits_b, lo
     top1 = bool(torch.argmax(logits_1) == torch.argmax(logits_ref))
     ok = kv_equal and logits_equal and greedy_b == greedy_r and rel <= args.tolerance
     return dict(base, kind="checks", kv_equal=kv_equal, logits_equal=logits_equal, greedy_equal=greedy_b == greedy_r,
-                b_prefix_equal=b_prefix_equal, logits_max_diff=logits_max_diff, prefill_repeatable=prefill_repeatable,
+                b_prefix_equal=b_prefix_equal, b_attended_equal=b_attended_equal, **where,
+                logits_max_diff=logits_max_diff, prefill_repeatable=prefill_repeatable,
                 greedy_repeatable=greedy_r == greedy_r2, greedy_apart_at=apart,
                 greedy_tokens=greedy_b[:8], onepass_rel_diff=rel, onepass_top1=top1, tolerance=args.tolerance, ok=ok)
