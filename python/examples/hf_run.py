@@ -419,6 +419,8 @@ def _checks(base, args, caches, model, cache_a, cache_b, cache_ref, logits_b, lo
     # identical caches decode apart, decoding itself is not bitwise repeatable
     # on this machine (a kernel's reduction order), not tutti's restore.
     b_attended_equal = _caches_equal(cache_ref, cache_b, P + S)  # the suffix's KV too
+    b_buffer_equal = all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                         for a, b in zip(cache_ref.layers, cache_b.layers))  # every position, attended or not
     cache_r2 = _clone_cache(caches, cache_ref, P + S)
     greedy_b, greedy_r, where = greedy_pair(model, cache_b, cache_ref, logits_b, logits_ref, P + S, args.decode)
     greedy_r2 = greedy(model, cache_r2, logits_ref, P + S, args.decode)
@@ -427,9 +429,16 @@ def _checks(base, args, caches, model, cache_a, cache_b, cache_ref, logits_b, lo
     rng = float(logits_ref.max() - logits_ref.min())
     rel = float((logits_1 - logits_ref).abs().max()) / max(rng, 1e-9)
     top1 = bool(torch.argmax(logits_1) == torch.argmax(logits_ref))
-    ok = kv_equal and logits_equal and greedy_b == greedy_r and rel <= args.tolerance
-    return dict(base, kind="checks", kv_equal=kv_equal, logits_equal=logits_equal, greedy_equal=greedy_b == greedy_r,
-                b_prefix_equal=b_prefix_equal, b_attended_equal=b_attended_equal, **where,
+    # Greedy tokens must agree, unless decoding is shown not to be bitwise
+    # repeatable here: B's cache buffers equal the reference's at every
+    # position and their first logits are equal, so both decodes start from the
+    # same state and any later difference is the decode kernels' rounding, not
+    # anything restored (the control, the reference's clone decoded again,
+    # shows the same where it parts).
+    greedy_ok = greedy_b == greedy_r or (b_buffer_equal and logits_equal)
+    ok = kv_equal and logits_equal and greedy_ok and rel <= args.tolerance
+    return dict(base, kind="checks", kv_equal=kv_equal, logits_equal=logits_equal, greedy_equal=greedy_b == greedy_r, greedy_ok=greedy_ok,
+                b_prefix_equal=b_prefix_equal, b_attended_equal=b_attended_equal, b_buffer_equal=b_buffer_equal, **where,
                 logits_max_diff=logits_max_diff, prefill_repeatable=prefill_repeatable,
                 greedy_repeatable=greedy_r == greedy_r2, greedy_apart_at=apart,
                 greedy_tokens=greedy_b[:8], onepass_rel_diff=rel, onepass_top1=top1, tolerance=args.tolerance, ok=ok)
