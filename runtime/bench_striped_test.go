@@ -26,16 +26,8 @@ func BenchmarkRestoreStriped70B(b *testing.B) {
 	for _, n := range runs {
 		blocks += n
 	}
-	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, blocks+len(dirs)), Geometry: g,
-		Layout: objmap.LayoutPerLayer, NumPages: blocks * g.ChunkPages, SaveBoundMs: 600000}
-	s, kv := openKV(b, cfg)
+	cfg, s, kv, chain, pages := benchStore(b, dirs, g, blocks)
 	defer closeKV(b, s, kv)
-	chain := chainOf(1<<40, blocks)
-	pages := make([]int32, blocks*g.ChunkPages)
-	for i := range pages {
-		pages[i] = int32(i)
-	}
-	fill(kv, g, chain, pages)
 	end := 0
 	for _, n := range runs {
 		end += n
@@ -94,16 +86,8 @@ func BenchmarkRestoreStripedDocQA(b *testing.B) {
 	g := benchenv.Llama70B(32, 32) // Llama-3-8B: the 70B's KV shape per layer, 32 layers
 	blocks := benchenv.Int("TUTTI_BENCH_BLOCKS", 12)
 	saved := blocks + 1
-	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, saved+len(dirs)), Geometry: g,
-		Layout: objmap.LayoutPerLayer, NumPages: saved * g.ChunkPages, SaveBoundMs: 600000}
-	s, kv := openKV(b, cfg)
+	cfg, s, kv, chain, pages := benchStore(b, dirs, g, saved)
 	defer closeKV(b, s, kv)
-	chain := chainOf(1<<40, saved)
-	pages := make([]int32, saved*g.ChunkPages)
-	for i := range pages {
-		pages[i] = int32(i)
-	}
-	fill(kv, g, chain, pages)
 	sv, err := s.Save(chain, pages)
 	if err != nil {
 		b.Fatal(err)
@@ -141,4 +125,20 @@ func BenchmarkRestoreStripedDocQA(b *testing.B) {
 	}
 	b.ReportMetric(float64(total.Microseconds())/1e3/float64(b.N), "load-ms")
 	b.ReportMetric(float64(busiest), "busiest-dev-blocks")
+}
+
+// benchStore opens a store over dirs with room for blocks chain blocks (and
+// a run per directory of slack) and host KV holding them on pages 0..,
+// filled; the caller closes it (closeKV).
+func benchStore(b *testing.B, dirs []string, g objmap.Geometry, blocks int) (Config, *Store, *HostKV, []uint64, []int32) {
+	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, blocks+len(dirs)), Geometry: g,
+		Layout: objmap.LayoutPerLayer, NumPages: blocks * g.ChunkPages, SaveBoundMs: 600000}
+	s, kv := openKV(b, cfg)
+	chain := chainOf(1<<40, blocks)
+	pages := make([]int32, blocks*g.ChunkPages)
+	for i := range pages {
+		pages[i] = int32(i)
+	}
+	fill(kv, g, chain, pages)
+	return cfg, s, kv, chain, pages
 }
