@@ -112,7 +112,7 @@ func p99Claim(res *Result, t, b *BackendResult) Claim {
 	if !c.Met {
 		var why []string
 		if noHit := 1 - float64(t.RequestsWithHitsRestore)/float64(max(1, t.Requests)); noHit > 0.01 {
-			why = append(why, fmt.Sprintf("%.1f%% of requests hit nothing (a document's first question prefills it whole), so p99 is a full prefill for every backend", 100*noHit))
+			why = append(why, fmt.Sprintf("%.1f%% of requests hit nothing and prefill whole (in docqa, each document's first question), so p99 is a full prefill for every backend", 100*noHit))
 		}
 		why = append(why, whyRestoreSlower(b, t))
 		c.Detail += "; " + strings.Join(why, "; ")
