@@ -83,7 +83,7 @@ func Claims(res *Result) []Claim {
 		c.Met = c.Measured <= c.Goal
 		c.Detail = fmt.Sprintf("%s %.1f ms, %s %.1f ms at the window's %.2f req/s", t.Backend, t.TTFTmsP50, d.Backend, d.TTFTmsP50, c.RatePerS)
 		if !c.Met {
-			c.Detail += "; " + whyRestoreSlower(t, d)
+			c.Detail += "; " + restoresCompared(t, d)
 		}
 		if d.BytesPerS > 0 && d.BytesPerS < t.BytesPerS {
 			c.Detail += fmt.Sprintf("; the DRAM tier is no bound in this run: its restores measured %.2f GB/s against %s's %.2f", d.BytesPerS/1e9, t.Backend, t.BytesPerS/1e9)
@@ -114,7 +114,7 @@ func p99Claim(res *Result, t, b *BackendResult) Claim {
 		if noHit := 1 - float64(t.RequestsWithHitsRestore)/float64(max(1, t.Requests)); noHit > 0.01 {
 			why = append(why, fmt.Sprintf("%.1f%% of requests hit nothing and prefill whole (in docqa, each document's first question), so p99 is a full prefill for every backend", 100*noHit))
 		}
-		why = append(why, whyRestoreSlower(b, t))
+		why = append(why, restoresCompared(b, t))
 		c.Detail += "; " + strings.Join(why, "; ")
 	}
 	return c
@@ -135,16 +135,16 @@ func rateClaim(t, b *BackendResult) Claim {
 		c.Detail += fmt.Sprintf(" (%s's is a lower bound: it meets the SLO at every rate tried)", t.Backend)
 	}
 	if !c.Met {
-		c.Detail += "; " + whyRestoreSlower(b, t)
+		c.Detail += "; " + restoresCompared(b, t)
 	}
 	return c
 }
 
-// whyRestoreSlower says what the run measured of slow's restores against
-// fast's (the figure a missed goal comes down to): bytes per second and of
-// the ceiling, I/Os per request, hit ratio, GPU stall.
-func whyRestoreSlower(slow, fast *BackendResult) string {
+// restoresCompared says what the run measured of x's restores and y's (what
+// a missed goal comes down to): bytes per second and of the ceiling, I/Os
+// per request, hit ratio, GPU stall.
+func restoresCompared(x, y *BackendResult) string {
 	return fmt.Sprintf("restores: %s %.2f GB/s (%.2f of the ceiling, %.0f I/Os per request, hit ratio %.3f, GPU stall %.1f ms), %s %.2f GB/s (%.2f, %.0f, %.3f, %.1f ms)",
-		slow.Backend, slow.BytesPerS/1e9, slow.CeilingFraction, slow.IOsPerRequestMean, slow.HitRatio, slow.GPUStallMsMean,
-		fast.Backend, fast.BytesPerS/1e9, fast.CeilingFraction, fast.IOsPerRequestMean, fast.HitRatio, fast.GPUStallMsMean)
+		x.Backend, x.BytesPerS/1e9, x.CeilingFraction, x.IOsPerRequestMean, x.HitRatio, x.GPUStallMsMean,
+		y.Backend, y.BytesPerS/1e9, y.CeilingFraction, y.IOsPerRequestMean, y.HitRatio, y.GPUStallMsMean)
 }
