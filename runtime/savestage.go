@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
@@ -109,13 +110,19 @@ func (sv *Save) stageWrite(b *wbuf) {
 		// Writes are cut at whole pages on this path (gpuWriteUnit).
 		pb := g.PageBytesPerLayer()
 		first := r.chainPos*g.ChunkPages + int(io.OffsetBytes/pb)
+		t0 := time.Now()
 		if err := s.gpu.gather(sv.pages[first:first+int(io.Bytes/pb)], io.Layer, b.sl.buf.Addr()+uintptr(b.off), io.Bytes); err != nil {
 			b.gatherErr = fmt.Errorf("gathering run %d layer %d from the GPU: %w", r.res.ID, io.Layer, err)
 		} else {
+			t1 := time.Now()
+			s.stats.saveCopyNs.Add(int64(t1.Sub(t0)))
 			b.checksum(g, r.res.Chunks, buf[:io.Bytes])
+			s.stats.saveChecksumNs.Add(int64(time.Since(t1)))
 		}
 	} else {
+		t0 := time.Now()
 		b.copyAndChecksum(s.kv, g, r.res.Chunks, sv.pages[r.chainPos*g.ChunkPages:], buf[:io.Bytes])
+		s.stats.saveCopyNs.Add(int64(time.Since(t0)))
 	}
 	clear(buf[io.Bytes:]) // padding: deterministic bytes on disk
 	sv.gathered1()

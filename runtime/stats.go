@@ -32,6 +32,13 @@ type Stats struct {
 	CorruptDropped int64 // runs dropped from the index after a CRC mismatch
 	// SkippedBlocks counts blocks of saves not stored, by SkipCause.
 	SkippedBlocks [numSkipCauses]int64
+	// SaveCopyNs is the time save writes spent getting their bytes into
+	// staging (PathGPU: the HBM gathers, waiting for a free gather
+	// included; PathCPU: the copies from host KV memory, checksummed in the
+	// same pass), SaveChecksumNs the GPU path's checksums of the gathered
+	// bytes, both summed over the stage
+	// workers (so they can exceed the wall time). Where a save's time goes.
+	SaveCopyNs, SaveChecksumNs int64
 
 	// Fallbacks counts stores opened on PathCPU after PathGPU failed
 	// (OpenWithFallback); FallbackReason is the last such error.
@@ -107,6 +114,7 @@ type counters struct {
 	saves, saveBlocks, savedBlocks, savedBytes, writeIOs     atomic.Int64
 	committedRuns, corruptDropped                            atomic.Int64
 	skippedBlocks                                            [numSkipCauses]atomic.Int64
+	saveCopyNs, saveChecksumNs                               atomic.Int64
 	fallbacks                                                atomic.Int64
 }
 
@@ -119,7 +127,7 @@ func (c *counters) snapshot() Stats {
 		Saves: c.saves.Load(), SaveBlocks: c.saveBlocks.Load(), SavedBlocks: c.savedBlocks.Load(),
 		SavedBytes: c.savedBytes.Load(), WriteIOs: c.writeIOs.Load(),
 		CommittedRuns: c.committedRuns.Load(), CorruptDropped: c.corruptDropped.Load(),
-		Fallbacks: c.fallbacks.Load(),
+		Fallbacks: c.fallbacks.Load(), SaveCopyNs: c.saveCopyNs.Load(), SaveChecksumNs: c.saveChecksumNs.Load(),
 	}
 	for i := range s.MissBlocks {
 		s.MissBlocks[i] = c.missBlocks[i].Load()

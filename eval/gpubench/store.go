@@ -93,6 +93,11 @@ type StoreRow struct {
 	SubmittedS  float64 `json:"submitted_s,omitempty"`
 	FirstLayerS float64 `json:"first_layer_s,omitempty"`
 	LastLayerS  float64 `json:"last_layer_s,omitempty"`
+	// A save's stage work (runtime.Stats.SaveCopyNs, SaveChecksumNs),
+	// summed over the stage workers: bytes into staging (store-gpu: the
+	// HBM gathers) and their checksums.
+	CopyS     float64 `json:"copy_s,omitempty"`
+	ChecksumS float64 `json:"checksum_s,omitempty"`
 }
 
 // RunStore measures every path of cfg: per path, a fresh store over cfg.Dirs,
@@ -163,7 +168,9 @@ func Summary(r StoreRow) string {
 	if len(r.Skipped) > 0 {
 		s += fmt.Sprintf(", skipped %v", r.Skipped)
 	}
-	if !isSave(r.Op) {
+	if isSave(r.Op) {
+		s += fmt.Sprintf(", staging copies %.3f s, checksums %.3f s (summed over workers)", r.CopyS, r.ChecksumS)
+	} else {
 		s += fmt.Sprintf(", submitted %.3f s, layer 0 at %.3f s, last layer at %.3f s", r.SubmittedS, r.FirstLayerS, r.LastLayerS)
 	}
 	return s
@@ -346,12 +353,16 @@ func rate(r *StoreRow, t0 time.Time, c0 float64) {
 
 func timeSave(s *runtime.Store, chain []uint64, dst []int32) (StoreRow, error) {
 	r := StoreRow{Op: "save"}
+	before := s.Stats()
 	c0, t0 := cpuSeconds(), time.Now()
 	sv, err := s.Save(chain, dst)
 	if err != nil {
 		return r, err
 	}
 	sv.Wait()
+	after := s.Stats()
+	r.CopyS = float64(after.SaveCopyNs-before.SaveCopyNs) / 1e9
+	r.ChecksumS = float64(after.SaveChecksumNs-before.SaveChecksumNs) / 1e9
 	r.Blocks = sv.Saved()
 	r.Bytes = int64(r.Blocks) * s.Geometry().ChunkBytes()
 	rate(&r, t0, c0)

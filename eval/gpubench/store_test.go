@@ -34,6 +34,7 @@ func TestRunStoreCPU(t *testing.T) {
 	const blocks = 4096 / (16 * 32)
 	for _, r := range rows {
 		if r.Blocks != blocks || r.Mismatches != 0 || r.Bytes <= 0 || r.BytesPerS <= 0 || r.CeilingFraction <= 0 || len(r.Skipped) != 0 ||
+			(isSave(r.Op) && r.CopyS <= 0) ||
 			(!isSave(r.Op) && !(0 < r.SubmittedS && r.SubmittedS <= r.FirstLayerS && r.FirstLayerS <= r.LastLayerS && r.LastLayerS <= r.Seconds)) {
 			t.Errorf("%s %s: %s", r.Path, r.Op, Summary(r))
 		}

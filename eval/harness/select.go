@@ -87,6 +87,9 @@ func TuttiNotes(bs []Backend) []string {
 			notes = append(notes, fmt.Sprintf("%s: the scheduler dispatched %d reads (%d GPU restores, each whole) and %d writes, %d of them promoted (due soon: issued beside reads regardless of slack); %d dispatch rounds held reads back for saves; %d reads cancelled",
 				t.Name(), st.ReadsDispatched, st.RestoresDispatched, st.WritesDispatched, st.WritesPromoted, st.ReadHolds, st.Cancelled))
 		}
+		if t.saveNote != "" {
+			notes = append(notes, t.Name()+": "+t.saveNote)
+		}
 		if t.PlannedRecomputeBlocks() > 0 {
 			notes = append(notes, fmt.Sprintf("%s: the planner recomputed %d cached blocks instead of loading them (its device model started from: %s)",
 				t.Name(), t.PlannedRecomputeBlocks(), t.DeviceProbe()))

@@ -38,6 +38,8 @@ type Tutti struct {
 	pinned []uintptr
 	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
 	saveBoundMs int
+	// saveNote: where the saves' time went (Stats.SaveCopyNs, ...), set at Close.
+	saveNote string
 	// gpuWindow, gpuMaxIO, gpuLookahead: runtime.GPUConfig IOWindow,
 	// MaxIOBytes, Lookahead (PathGPU only; 0: the runtime's default).
 	gpuWindow, gpuMaxIO, gpuLookahead int
@@ -252,6 +254,10 @@ func (t *Tutti) Close() error {
 		t.helperWakeups, t.helperBatchTimeouts = st.GPUHelperWakeups, st.GPUHelperBatchTimeouts
 		t.sched = t.store.SchedStats()
 		t.devProbe = st.DeviceProbe
+		if st.WriteIOs > 0 {
+			t.saveNote = fmt.Sprintf("%d save writes (%.1f GiB); getting their bytes into staging took %.2f s and checksumming them %.2f s, summed over the stage workers",
+				st.WriteIOs, float64(st.SavedBytes)/(1<<30), float64(st.SaveCopyNs)/1e9, float64(st.SaveChecksumNs)/1e9)
+		}
 		if n := st.DeviceReprobes + st.DeviceReprobeFailures + st.DeviceReprobeSkips; n > 0 {
 			t.devProbe += fmt.Sprintf("; reads re-probed %d times, %d failed, %d runs too short", st.DeviceReprobes, st.DeviceReprobeFailures, st.DeviceReprobeSkips)
 			if st.DeviceReprobeError != "" {
