@@ -38,6 +38,7 @@ type Config struct {
 	IOWindow     int           // SQEs in flight; 128 (capped by the ring's SQ and CQ)
 	Lookahead    int           // layers beyond the one waited for that may be in flight; 1
 	PollTimeout  time.Duration // no completion for this long: entries time out, the ring breaks; 5 s
+	GatherLanes  int           // concurrent GatherLane callers, each with its own stream and page map buffers; 8 (tutti_kernels.h's TK_GATHER_LANES), at most 64
 	WakeInterval time.Duration // SQPOLL: how often the helper looks at the flags; kick mode: wait while nothing is in flight; 50 µs
 	WakeBatch    int           // kick mode: most completions one wake-up of the helper waits for; 32 (1: every completion)
 	BatchWait    time.Duration // kick mode: longest wait for a batch while I/O is in flight; 4 ms

@@ -36,9 +36,14 @@
 //	(*Restore).StreamWaitLayer(l, stream)    the engine's compute stream waits for layer l
 //	(*Restore).WaitLayer(l) / Wait()         host waits; per-entry results, failed pages
 //	(*Restore).Release()                     frees the request slot (always call it)
-//	(*Restorer).Gather(pages, l0, n, dst, stride)
+//	(*Restorer).GatherLane(lane, pages, l0, n, dst, stride)
 //	                                         save path: HBM -> registered host memory in
-//	                                         object layout; the CPU then writes it (uring)
+//	                                         object layout; the CPU then writes it (uring).
+//	                                         GatherLanes() lanes, each its own stream and
+//	                                         page map: concurrent savers, no shared lock
+//	(*Restorer).Gather(pages, l0, n, dst, stride)
+//	                                         the same through the host map and copy stream
+//	                                         (one at a time, waits for every host copy)
 //	(*Restorer).SetHostMap/ScatterHost/ScatterDevice/RecordCopy/WaitCopy/SyncCopies
 //	                                         copies for CPU-issued I/O (fallback, baselines)
 //	HostRegister/HostUnregister              pin + map off-heap memory (uring.Buffer) for copies

@@ -10,11 +10,13 @@ tk_status tkl_scatter_dev(uint64_t c, uint32_t l, uint64_t a, uint64_t n);
 tk_status tkl_copy_event(uint64_t c, uint32_t i);
 tk_status tkl_copy_event_wait(uint64_t c, uint32_t i);
 tk_status tkl_sync(uint64_t c);
+tk_status tkl_gather_lane(uint64_t c, uint32_t lane, const tk_page_map *m, uint32_t n, uint32_t l0, uint32_t nl, uint64_t dst, uint64_t stride);
 */
 import "C"
 
 import (
 	"fmt"
+	goruntime "runtime"
 	"unsafe"
 )
 
@@ -69,16 +71,14 @@ func (r *Restorer) SyncCopies() error { return status("sync copies", C.tkl_sync(
 
 // Gather copies layers [firstLayer, firstLayer+layers) of the given engine
 // pages into dst (registered host memory) in object layout, layer l at
-// dst + (l-firstLayer)*layerStride, and waits. This is the save path's
-// HBM -> staging step; the bytes are then written by the CPU (uring).
+// dst + (l-firstLayer)*layerStride, and waits. It goes through the host page
+// map and the copy stream (SetHostMap, GatherHost, SyncCopies), so it waits
+// for, and excludes, every other host copy; concurrent savers use
+// GatherLane instead.
 func (r *Restorer) Gather(pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error {
-	pb := r.cfg.Geometry.PageBytesPerLayer()
-	if layerStride < int64(len(pages))*pb || firstLayer < 0 || layers <= 0 || firstLayer+layers > r.cfg.Geometry.Layers {
-		return fmt.Errorf("gather: %w: stride %d for %d pages, layers [%d,+%d)", ErrInvalid, layerStride, len(pages), firstLayer, layers)
-	}
-	pm := make([]PageMap, len(pages))
-	for i, p := range pages {
-		pm[i] = PageMap{DstPage: uint32(p), SlotOff: uint32(int64(i) * pb)}
+	pm, err := r.gatherMap(pages, firstLayer, layers, layerStride)
+	if err != nil {
+		return fmt.Errorf("gather: %w", err)
 	}
 	if err := r.SetHostMap(pm); err != nil {
 		return fmt.Errorf("gather: %w", err)
@@ -89,6 +89,51 @@ func (r *Restorer) Gather(pages []int32, firstLayer, layers int, dst uintptr, la
 		}
 	}
 	return r.SyncCopies()
+}
+
+// GatherLanes is how many GatherLane calls may run at once: lanes
+// 0..GatherLanes()-1 (Config.GatherLanes).
+func (r *Restorer) GatherLanes() int { return r.cfg.GatherLanes }
+
+// GatherLane is Gather on gather lane lane: the save path's HBM -> staging
+// step (the bytes are then written by the CPU). Each lane has its own stream
+// and page map buffers in the library, so calls on different lanes run at
+// once and take no lock of r's; the caller hands out the lanes (one call per
+// lane at a time: a lane already in a call is refused with ErrBusy). dst and
+// layerStride must be multiples of 16 and dst..dst+layers*layerStride
+// registered host memory (HostRegister, or the staging pool), else ErrInvalid,
+// as for a bad lane or more than MaxPages pages. The bytes are in dst when it
+// returns; pages is not kept. Like every method, not after Close.
+func (r *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error {
+	op := fmt.Sprintf("gather lane %d", lane)
+	pm, err := r.gatherMap(pages, firstLayer, layers, layerStride)
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if lane < 0 { // the library checks the upper bound
+		return fmt.Errorf("%s: %w: %d lanes", op, ErrInvalid, r.cfg.GatherLanes)
+	}
+	// The library's error message is per OS thread: the call and status's
+	// read of the message must run on one.
+	goruntime.LockOSThread()
+	defer goruntime.UnlockOSThread()
+	// pm holds no Go pointers, so C may read it for the call's duration.
+	return status(op, C.tkl_gather_lane(r.ctx, C.uint32_t(lane), (*C.tk_page_map)(unsafe.Pointer(&pm[0])), C.uint32_t(len(pm)),
+		C.uint32_t(firstLayer), C.uint32_t(layers), C.uint64_t(dst), C.uint64_t(layerStride)))
+}
+
+// gatherMap checks a gather's arguments and returns its page map, the one
+// rule of a gather's object layout: request page i at i*PageBytesPerLayer.
+func (r *Restorer) gatherMap(pages []int32, firstLayer, layers int, layerStride int64) ([]PageMap, error) {
+	pb := r.cfg.Geometry.PageBytesPerLayer()
+	if len(pages) == 0 || layerStride < int64(len(pages))*pb || firstLayer < 0 || layers <= 0 || firstLayer+layers > r.cfg.Geometry.Layers {
+		return nil, fmt.Errorf("%w: stride %d for %d pages, layers [%d,+%d)", ErrInvalid, layerStride, len(pages), firstLayer, layers)
+	}
+	pm := make([]PageMap, len(pages))
+	for i, p := range pages {
+		pm[i] = PageMap{DstPage: uint32(p), SlotOff: uint32(int64(i) * pb)}
+	}
+	return pm, nil
 }
 
 // failedPages counts (layer, page) pairs that a failed entry kept from being

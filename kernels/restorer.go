@@ -77,6 +77,9 @@ func Bind(cfg Config) (*Restorer, error) { return BindBench(cfg, BenchOptions{})
 // benchmark comparing the defaults with their baselines calls it.
 func BindBench(cfg Config, opts BenchOptions) (*Restorer, error) {
 	cfg.defaults()
+	if cfg.GatherLanes == 0 {
+		cfg.GatherLanes = C.TK_GATHER_LANES // the library's default, named once (tutti_kernels.h)
+	}
 	if err := Init(cfg.Device); err != nil {
 		return nil, err
 	}
@@ -91,6 +94,9 @@ func BindBench(cfg Config, opts BenchOptions) (*Restorer, error) {
 	if len(cfg.KV) != want || cfg.NumPages <= 0 || cfg.MaxPages <= 0 || cfg.MaxIOBytes%StagingAlign != 0 {
 		return nil, fmt.Errorf("binding kernels: %d KV tensors (want %d), %d pages, %d max pages, %d max I/O bytes: %w",
 			len(cfg.KV), want, cfg.NumPages, cfg.MaxPages, cfg.MaxIOBytes, ErrInvalid)
+	}
+	if cfg.GatherLanes < 1 || cfg.GatherLanes > C.TK_MAX_GATHER_LANES {
+		return nil, fmt.Errorf("binding kernels: %d gather lanes (want 1..%d): %w", cfg.GatherLanes, C.TK_MAX_GATHER_LANES, ErrInvalid)
 	}
 	if err := cfg.checkFeed(); err != nil {
 		return nil, fmt.Errorf("binding kernels: %w", err)
@@ -126,6 +132,7 @@ func BindBench(cfg Config, opts BenchOptions) (*Restorer, error) {
 	p.io_window = C.uint32_t(cfg.IOWindow)
 	p.lookahead = C.uint32_t(cfg.Lookahead)
 	p.poll_timeout_ns = C.uint64_t(cfg.PollTimeout.Nanoseconds())
+	p.gather_lanes = C.uint32_t(cfg.GatherLanes)
 	if opts.ZeroCopyScatter {
 		p.zero_copy_scatter = 1
 	}

@@ -104,6 +104,8 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
       (p->staging_bytes / p->staging_slots) % 4096)
     return fail(TK_ERR_INVALID, "staging %#llx+%llu in %u slots: want page-aligned slots",
                 (unsigned long long)p->staging_addr, (unsigned long long)p->staging_bytes, p->staging_slots);
+  if (p->gather_lanes > TK_MAX_GATHER_LANES)
+    return fail(TK_ERR_INVALID, "%u gather lanes (max %d)", p->gather_lanes, TK_MAX_GATHER_LANES);
   if (p->ring && p->staging_slots < p->lookahead + 2)
     return fail(TK_ERR_INVALID, "staging slots %u < lookahead %u + 2", p->staging_slots, p->lookahead);
   CK(cudaSetDevice(p->device));
@@ -160,6 +162,17 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
     TRYC(cudaEventCreateWithFlags(&c->copy_events[i], cudaEventDisableTiming | cudaEventBlockingSync));
   }
   TRYC(cudaMalloc(&c->d_host_map, sizeof(tk_page_map) * c->max_pages));
+  // Gather lanes at the highest priority too: a save's gather must not wait
+  // for the engine's GEMM grids either (they hold the stage workers).
+  c->n_lanes = p->gather_lanes ? p->gather_lanes : TK_GATHER_LANES;
+  c->lanes = (Lane *)calloc(c->n_lanes, sizeof(Lane));
+  if (!c->lanes) TRY(fail(TK_ERR_INVALID, "out of host memory"));
+  for (uint32_t i = 0; i < c->n_lanes; i++) {
+    Lane &ln = c->lanes[i];
+    TRYC(cudaStreamCreateWithPriority(&ln.stream, cudaStreamNonBlocking, prio_high));
+    TRYC(cudaHostAlloc(&ln.h_map, sizeof(tk_page_map) * c->max_pages, cudaHostAllocDefault));
+    TRYC(cudaMalloc(&ln.d_map, sizeof(tk_page_map) * c->max_pages));
+  }
   const uint32_t L = c->kv.layers;
   c->reqs = (Req *)calloc(c->max_requests, sizeof(Req));
   for (uint32_t i = 0; i < c->max_requests; i++) {
@@ -202,6 +215,16 @@ static void free_ctx(Ctx *c) {
   if (c->scatter) cudaStreamSynchronize(c->scatter);
   if (c->copy) cudaStreamSynchronize(c->copy);
   if (c->h2d) cudaStreamSynchronize(c->h2d);
+  for (uint32_t i = 0; c->lanes && i < c->n_lanes; i++) {
+    Lane &ln = c->lanes[i];
+    if (ln.stream) {
+      cudaStreamSynchronize(ln.stream);
+      cudaStreamDestroy(ln.stream);
+    }
+    if (ln.h_map) cudaFreeHost(ln.h_map);
+    if (ln.d_map) cudaFree(ln.d_map);
+  }
+  free(c->lanes);
   for (int i = 0; i < 2; i++) {
     if (c->d_stage[i]) cudaFree(c->d_stage[i]);
     if (c->dstage_ready[i]) cudaEventDestroy(c->dstage_ready[i]);

@@ -5,7 +5,8 @@
 //   tk_ring_kernel.cu  the GPU side of the ring: io_layer_kernel submits and reaps a layer's reads
 //   tk_copy_kernel.cu  copy_layer_kernel: one layer between object layout and the paged KV
 //   tk_restore.cu      tk_restore_*: a request's layers onto the streams, waits, results
-//   tk_hostcopy.cu     host-driven scatter/gather (save, CPU-path restores), copy events
+//   tk_hostcopy.cu     host-driven scatter/gather (save, CPU-path restores), copy events,
+//                      the save's gather lanes (tk_gather_lane)
 //   tk_mem.cu          errors, registered host memory, device memory calls
 #ifndef TK_CTX_CUH
 #define TK_CTX_CUH
@@ -60,6 +61,15 @@ struct Req {
   cudaEvent_t *io_done, *ready;  // [layers]
 };
 
+// A gather lane (tk_gather_lane): what one call uses alone, so calls on
+// different lanes share nothing mutable.
+struct Lane {
+  cudaStream_t stream;  // non-blocking, the device's highest priority
+  tk_page_map *h_map;   // pinned upload buffer, max_pages entries
+  tk_page_map *d_map;   // the kernel's copy, max_pages entries
+  uint32_t busy;        // 1 while a call holds the lane (__atomic builtins)
+};
+
 struct Ctx {
   int device;
   tk_kv kv;
@@ -90,6 +100,8 @@ struct Ctx {
   uint32_t host_map_pages;
   uint64_t host_map_end;
   bool staging_ours;
+  Lane *lanes;  // [n_lanes], immutable after tk_bind but for Lane.busy
+  uint32_t n_lanes;
 };
 
 static inline Ctx *as_ctx(uint64_t h) { return (Ctx *)h; }

@@ -1,8 +1,11 @@
 // tk_hostcopy.cu — copies the host drives on a context's copy stream: one
 // layer between a registered host (or device) buffer in object layout and
 // the paged KV, through the page map tk_host_map set (the save's gather, the
-// CPU path's scatter), and the events that order them.
+// CPU path's scatter), and the events that order them; and the save's gather
+// lanes (tk_gather_lane), which use none of that.
 #include "tk_ctx.cuh"
+
+#include <string.h>
 
 extern "C" tk_status tk_host_map(uint64_t h, const tk_page_map *pages, uint32_t n) {
   Ctx *c = as_ctx(h);
@@ -86,4 +89,62 @@ extern "C" tk_status tk_sync(uint64_t h) {
   CK(cudaSetDevice(c->device));
   CK(cudaStreamSynchronize(c->copy));
   return TK_OK;
+}
+
+// ---------------------------------------------------------------- gather lanes
+
+// lane_gather is tk_gather_lane's work once its arguments are checked and
+// the lane is held. Whatever fails, the lane's stream is drained before it
+// returns: the next call on the lane overwrites ln.h_map, which an
+// unfinished upload would still read.
+static tk_status lane_gather(Ctx *c, Lane &ln, const tk_page_map *pages, uint32_t n, uint32_t first_layer,
+                             uint32_t layers, uint64_t obj_dev, uint64_t layer_stride) {
+  CK(cudaSetDevice(c->device));
+  memcpy(ln.h_map, pages, sizeof(tk_page_map) * n);
+  cudaError_t e = cudaMemcpyAsync(ln.d_map, ln.h_map, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice, ln.stream);
+  for (uint32_t l = 0; e == cudaSuccess && l < layers; l++) {
+    launch_copy_layer(ln.stream, false, (char *)(obj_dev + l * layer_stride), ln.d_map, n, nullptr, c->d_kvp, c->geo,
+                      first_layer + l);
+    e = cudaGetLastError();  // the runtime's error state is per thread: this launch's
+  }
+  const cudaError_t se = cudaStreamSynchronize(ln.stream);
+  if (e == cudaSuccess) e = se;
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fail(TK_ERR_CUDA, "tk_gather_lane: %s (%d), layers [%u,+%u) of %u pages", cudaGetErrorString(e), (int)e,
+                first_layer, layers, n);
+  }
+  return TK_OK;
+}
+
+// tk_gather_lane reads only what tk_bind set (geometry, KV pointers, the
+// lane's buffers) and the lane it holds, so calls on different lanes need
+// no lock; lookup's table has its own.
+extern "C" tk_status tk_gather_lane(uint64_t h, uint32_t lane, const tk_page_map *pages, uint32_t n,
+                                    uint32_t first_layer, uint32_t layers, uint64_t dst, uint64_t layer_stride) {
+  Ctx *c = as_ctx(h);
+  if (!c) return fail(TK_ERR_INVALID, "tk_gather_lane: null context");
+  if (lane >= c->n_lanes) return fail(TK_ERR_INVALID, "tk_gather_lane: lane %u of %u", lane, c->n_lanes);
+  if (!pages || !n || n > c->max_pages)
+    return fail(TK_ERR_INVALID, "tk_gather_lane: %u pages (max %u)", n, c->max_pages);
+  if (!layers || first_layer >= c->kv.layers || layers > c->kv.layers - first_layer)
+    return fail(TK_ERR_INVALID, "tk_gather_lane: layers [%u,+%u) of %u", first_layer, layers, c->kv.layers);
+  // 16-byte vectors go to dst + l*layer_stride + slot_off (check_map holds
+  // slot_off to 16): a misaligned store into mapped host memory is a sticky
+  // fault of the whole CUDA context, so it is refused here.
+  if (!layer_stride || dst % 16 || layer_stride % 16 || layer_stride > (~0ull) / layers)
+    return fail(TK_ERR_INVALID, "tk_gather_lane: destination %#llx, layer stride %llu: want both 16-byte aligned",
+                (unsigned long long)dst, (unsigned long long)layer_stride);
+  tk_status s = check_map(c, pages, n, 0, layer_stride, NULL);
+  if (s) return s;
+  uint64_t d;
+  if (!lookup(dst, layers * layer_stride, &d))
+    return fail(TK_ERR_INVALID, "tk_gather_lane: destination %#llx+%llu is not registered host memory",
+                (unsigned long long)dst, (unsigned long long)(layers * layer_stride));
+  Lane &ln = c->lanes[lane];
+  if (__atomic_exchange_n(&ln.busy, 1u, __ATOMIC_ACQUIRE))
+    return fail(TK_ERR_BUSY, "tk_gather_lane: lane %u is in another call", lane);
+  s = lane_gather(c, ln, pages, n, first_layer, layers, d, layer_stride);
+  __atomic_store_n(&ln.busy, 0u, __ATOMIC_RELEASE);
+  return s;
 }

@@ -28,7 +28,12 @@
 extern "C" {
 #endif
 
-#define TK_ABI_VERSION 3
+#define TK_ABI_VERSION 4
+
+/* Gather lanes (tk_gather_lane) a context has when tk_bind_params.gather_lanes
+ * is 0, and the most it may ask for. */
+#define TK_GATHER_LANES 8
+#define TK_MAX_GATHER_LANES 64
 
 typedef int32_t tk_status;
 enum {
@@ -114,6 +119,10 @@ typedef struct tk_bind_params {
 	 * (zero copy: no device staging, but its SMs wait on PCIe while the
 	 * engine computes). ABI 2. */
 	uint32_t zero_copy_scatter;
+	/* Gather lanes: independent tk_gather_lane callers (0: TK_GATHER_LANES;
+	 * at most TK_MAX_GATHER_LANES). Each has its own stream and page map
+	 * buffers for max_pages pages. ABI 4. */
+	uint32_t gather_lanes;
 } tk_bind_params;
 
 /* One read (or write) of a restore. offset/len are bytes in the file; slot_off
@@ -214,6 +223,21 @@ tk_status tk_copy_event_wait(uint64_t ctx, uint32_t index);
 tk_status tk_scatter_dev(uint64_t ctx, uint32_t layer, uint64_t dsrc, uint64_t src_bytes);
 /* Wait for everything enqueued on the copy stream. */
 tk_status tk_sync(uint64_t ctx);
+
+/* Save gather on a lane (lane < the context's gather lanes): copies layers
+ * [first_layer, first_layer+layers) of the n pages of map (n <= max_pages;
+ * page i's object bytes at pages[i].slot_off, entries unused) from the KV
+ * tensors into dst in object layout, layer first_layer+l at
+ * dst + l*layer_stride, and returns once the bytes are in dst.
+ * dst..dst+layers*layer_stride must lie in tk_host_register'ed memory (or the
+ * staging pool); dst and layer_stride are multiples of 16, and every page of
+ * the map fits in layer_stride. The map is copied before the call returns
+ * (the caller keeps ownership). Calls on different lanes run at once, each
+ * on its own stream and map buffers, from any threads; a lane already in a
+ * call is refused (TK_ERR_BUSY). Independent of tk_host_map and the copy
+ * stream. (ABI 4.) */
+tk_status tk_gather_lane(uint64_t ctx, uint32_t lane, const tk_page_map *pages, uint32_t n, uint32_t first_layer,
+                         uint32_t layers, uint64_t dst, uint64_t layer_stride);
 
 #ifdef __cplusplus
 }

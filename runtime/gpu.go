@@ -9,7 +9,6 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/objmap"
@@ -35,10 +34,10 @@ func gpuAvailable(device int) error {
 
 // gpuPath is the bound GPU context of a store.
 type gpuPath struct {
-	r        gpuRestorer
-	ring     *uring.Ring // nil with Config.gpuBind
-	gatherMu sync.Mutex  // Gather sets the restorer's host page map: one at a time
-	slots    []uintptr   // staging slots registered with CUDA
+	r     gpuRestorer
+	ring  *uring.Ring // nil with Config.gpuBind
+	lanes chan int    // the restorer's free gather lanes: a stage worker holds one per gather
+	slots []uintptr   // staging slots registered with CUDA
 	// kickFallback: why the kick-mode ring has no DEFER_TASKRUN (empty: it
 	// has, or the ring is SQPOLL), reported in Stats.
 	kickFallback string
@@ -55,7 +54,7 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 		if err != nil {
 			return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
 		}
-		return &gpuPath{r: r}, nil
+		return newGPUPath(r)
 	}
 	var ptrs []uint64
 	if s.cfg.Layout == objmap.LayoutPerLayer {
@@ -91,13 +90,33 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 		ring.Close()
 		return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
 	}
-	gp := &gpuPath{r: kernelsRestorer{r}, ring: ring, kickFallback: fallback}
+	gp, err := newGPUPath(kernelsRestorer{r})
+	if err != nil {
+		ring.Close()
+		return nil, err
+	}
+	gp.ring, gp.kickFallback = ring, fallback
 	for _, sl := range s.staging.all {
 		if err := kernels.HostRegister(sl.buf.Addr(), int64(sl.buf.Len())); err != nil {
 			gp.close()
 			return nil, fmt.Errorf("runtime: registering staging with CUDA: %w", err)
 		}
 		gp.slots = append(gp.slots, sl.buf.Addr())
+	}
+	return gp, nil
+}
+
+// newGPUPath is the path of bound restorer r with all its gather lanes
+// free. On an error it closes r.
+func newGPUPath(r gpuRestorer) (*gpuPath, error) {
+	n := r.GatherLanes()
+	if n < 1 {
+		r.Close()
+		return nil, fmt.Errorf("runtime: binding the GPU: the restorer has %d gather lanes", n)
+	}
+	gp := &gpuPath{r: r, lanes: make(chan int, n)}
+	for i := range n {
+		gp.lanes <- i
 	}
 	return gp, nil
 }
@@ -115,11 +134,13 @@ func (gp *gpuPath) close() error {
 }
 
 // gather copies pages [first, first+n) of the run's page list, layer layer,
-// from HBM into dst (a registered staging slot) in object layout.
+// from HBM into dst (a registered staging slot) in object layout, on a free
+// gather lane: the stage workers' gathers run at once, up to the lanes
+// (one lock over them all serialized every save behind every other).
 func (gp *gpuPath) gather(pages []int32, layer int, dst uintptr, bytes int64) error {
-	gp.gatherMu.Lock()
-	defer gp.gatherMu.Unlock()
-	return gp.r.Gather(pages, layer, 1, dst, bytes)
+	lane := <-gp.lanes
+	defer func() { gp.lanes <- lane }()
+	return gp.r.GatherLane(lane, pages, layer, 1, dst, bytes)
 }
 
 // gpuWriteUnit is the size GPU save writes are cut at: whole pages (Gather

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -16,14 +17,22 @@ import (
 // cpuRestorer is PathGPU's restorer without a GPU, for tests: the "device"
 // KV memory is host memory (AllocHostKV), a restore reads each layer's
 // extents with pread and scatters them into the pages as the scatter kernel
-// does, layer after layer on its own goroutine, and Gather copies pages out
+// does, layer after layer on its own goroutine, and GatherLane copies pages out
 // in object layout. With a gate, each layer waits for a token first, so a
-// test holds a restore in flight for as long as it likes.
+// test holds a restore in flight for as long as it likes. Its gather lanes
+// are checked as the library checks them (range, one call per lane at a
+// time, MaxPages, 16-byte alignment), so a runtime that shares a lane or
+// misaligns a gather fails here, in CI, too.
 type cpuRestorer struct {
-	v    *kvViews
-	g    objmap.Geometry
-	gate chan struct{}
-	noIO bool // layers complete at once, nothing read (the Go side's own cost)
+	v        *kvViews
+	g        objmap.Geometry
+	maxPages int
+	gate     chan struct{}
+	laneBusy []atomic.Bool // per gather lane: a GatherLane call holds it
+	// onGather, if set, runs in every GatherLane call before it copies (on
+	// the caller's goroutine, with the lane held).
+	onGather func(lane int)
+	noIO     bool // layers complete at once, nothing read (the Go side's own cost)
 	// failEntry, if set, fails the entry of (layer, extent) with EIO.
 	failEntry func(layer, extent int) bool
 
@@ -39,7 +48,7 @@ func cpuGPU(gate chan struct{}, bound chan<- *cpuRestorer) gpuBinder {
 		if err != nil {
 			return nil, err
 		}
-		c := &cpuRestorer{v: v, g: cfg.Geometry, gate: gate}
+		c := &cpuRestorer{v: v, g: cfg.Geometry, maxPages: cfg.GPU.MaxPages, gate: gate, laneBusy: make([]atomic.Bool, cpuGatherLanes)}
 		if bound != nil {
 			bound <- c
 		}
@@ -62,11 +71,30 @@ func (c *cpuRestorer) Restore(req kernels.Request) (gpuRestore, error) {
 	return x, nil
 }
 
-func (c *cpuRestorer) Gather(pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error {
-	if layers != 1 {
-		return fmt.Errorf("cpu restorer: gather of %d layers: %w", layers, kernels.ErrNotSupported)
-	}
+// cpuGatherLanes is the CPU restorer's gather lanes: the kernels' default.
+const cpuGatherLanes = 8
+
+func (c *cpuRestorer) GatherLanes() int { return len(c.laneBusy) }
+
+func (c *cpuRestorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error {
 	n := int64(len(pages)) * c.g.PageBytesPerLayer()
+	switch {
+	case lane < 0 || lane >= len(c.laneBusy):
+		return fmt.Errorf("cpu restorer: gather lane %d of %d: %w", lane, len(c.laneBusy), kernels.ErrInvalid)
+	case layers != 1:
+		return fmt.Errorf("cpu restorer: gather of %d layers: %w", layers, kernels.ErrNotSupported)
+	case len(pages) == 0 || len(pages) > c.maxPages || firstLayer < 0 || firstLayer >= c.g.Layers || layerStride < n ||
+		dst%16 != 0 || layerStride%16 != 0:
+		return fmt.Errorf("cpu restorer: gather of %d pages (max %d), layer %d, dst %#x, stride %d: %w",
+			len(pages), c.maxPages, firstLayer, dst, layerStride, kernels.ErrInvalid)
+	}
+	if !c.laneBusy[lane].CompareAndSwap(false, true) {
+		return fmt.Errorf("cpu restorer: gather lane %d is in another call: %w", lane, kernels.ErrBusy)
+	}
+	defer c.laneBusy[lane].Store(false)
+	if c.onGather != nil {
+		c.onGather(lane)
+	}
 	c.v.copyPages(firstLayer, pages, 0, n, view(dst, n), false)
 	return nil
 }

@@ -11,7 +11,10 @@ import (
 // itself is unchanged.
 type gpuRestorer interface {
 	Restore(req kernels.Request) (gpuRestore, error)
-	Gather(pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error
+	// GatherLanes and GatherLane: kernels.Restorer's (the save's gathers,
+	// one call per lane at a time, lanes handed out by gpuPath).
+	GatherLanes() int
+	GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error
 	FixedBuffers() (bool, error)
 	Wakeups() int64
 	BatchTimeouts() int64

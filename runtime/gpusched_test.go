@@ -10,8 +10,9 @@ import (
 )
 
 // gpuStoreOnCPU opens a PathGPU store whose restorer is the CPU one (gate:
-// see cpuRestorer) and registers host KV memory with it.
-func gpuStoreOnCPU(t *testing.T, numPages int, gate chan struct{}) (*Store, *HostKV, *cpuRestorer) {
+// see cpuRestorer) and registers host KV memory with it; tune, if given,
+// changes the config last.
+func gpuStoreOnCPU(t *testing.T, numPages int, gate chan struct{}, tune ...func(*Config)) (*Store, *HostKV, *cpuRestorer) {
 	t.Helper()
 	g := tinyGeometry()
 	cfg := testConfig(t, g, objmap.LayoutPerLayer, numPages)
@@ -27,6 +28,9 @@ func gpuStoreOnCPU(t *testing.T, numPages int, gate chan struct{}) (*Store, *Hos
 		t.Fatal(err)
 	}
 	cfg.Compute = cm
+	for _, f := range tune {
+		f(&cfg)
+	}
 	s, kv := openKV(t, cfg)
 	return s, kv, <-bound
 }

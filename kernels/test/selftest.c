@@ -29,7 +29,7 @@ F(tk_abi_version); F(tk_init); F(tk_last_error); F(tk_dev_alloc); F(tk_dev_free)
 F(tk_restore_submit); F(tk_restore_wait); F(tk_restore_release); F(tkt_kv_fill); F(tkt_kv_verify);
 F(tkt_abi_version);
 F(tk_host_map); F(tk_scatter_host); F(tk_sync); F(tk_host_register); F(tk_host_unregister); F(tk_gather_host);
-F(tk_restore_wait_layer);
+F(tk_restore_wait_layer); F(tk_gather_lane);
 #undef F
 
 static int failures;
@@ -234,6 +234,23 @@ static int restore_case(const char *name, Shape s, unsigned layout, unsigned pag
     CHECK(gbad == 0, "gather mismatched %llu words", (unsigned long long)gbad);
     p_tk_host_unregister((uint64_t)g);
     munmap(g, obj);
+    // the same through a gather lane (the last one), layers 1 and 2 at once
+    void *g2 = mmap(0, 2 * obj, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    CHECK(p_tk_host_register((uint64_t)g2, 2 * obj) == 0, "register lane gather buffer");
+    st = p_tk_gather_lane(ctx, TK_GATHER_LANES - 1, pm, pages, 1, 2, (uint64_t)g2, obj);
+    if (st) tkerr("gather lane", st);
+    CHECK(st == TK_OK, "gather lane");
+    CHECK(p_tk_gather_lane(ctx, TK_GATHER_LANES, pm, pages, 1, 1, (uint64_t)g2, obj) == TK_ERR_INVALID,
+          "gather on a lane past the last accepted");
+    gbad = 0;
+    for (unsigned l = 0; l < 2; l++)
+      for (uint64_t w = 0; w < pages * page / 8; w++) {
+        uint64_t i = (w * 8) / page, ww = w - i * page / 8;
+        if (((uint64_t *)((char *)g2 + l * obj))[w] != kvword(seed + i, 1 + l, (unsigned)(ww / (plane / 8)), ww % (plane / 8))) gbad++;
+      }
+    CHECK(gbad == 0, "lane gather mismatched %llu words", (unsigned long long)gbad);
+    p_tk_host_unregister((uint64_t)g2);
+    munmap(g2, 2 * obj);
   } else {
     CHECK(failed >= 1, "%s: the bad entry did not fail", name);
     CHECK(st == TK_ERR_IO, "%s: wait returned %d, want TK_ERR_IO", name, st);
@@ -264,7 +281,7 @@ int main(int argc, char **argv) {
   L(tk_abi_version); L(tk_init); L(tk_last_error); L(tk_dev_alloc); L(tk_dev_free); L(tk_bind); L(tk_unbind);
   L(tk_restore_submit); L(tk_restore_wait); L(tk_restore_release); LT(tkt_kv_fill); LT(tkt_kv_verify); LT(tkt_abi_version);
   L(tk_host_map); L(tk_scatter_host); L(tk_sync); L(tk_host_register); L(tk_host_unregister); L(tk_gather_host);
-  L(tk_restore_wait_layer);
+  L(tk_restore_wait_layer); L(tk_gather_lane);
   if (p_tk_abi_version() != TK_ABI_VERSION) { printf("abi %d != %d\n", p_tk_abi_version(), TK_ABI_VERSION); return 2; }
   if (p_tkt_abi_version() != TK_ABI_VERSION) { printf("testkit abi %d != %d\n", p_tkt_abi_version(), TK_ABI_VERSION); return 2; }
   int st = p_tk_init(0);

@@ -1,0 +1,199 @@
+package kernels_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kernels/testkit"
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/uring"
+)
+
+// registeredBuffer is off-heap host memory registered with CUDA, freed at
+// the end of the test.
+func registeredBuffer(t *testing.T, bytes int64) *uring.Buffer {
+	t.Helper()
+	b, err := uring.AllocBuffer(int(bytes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kernels.HostRegister(b.Addr(), bytes); err != nil {
+		b.Free()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := kernels.HostUnregister(b.Addr()); err != nil {
+			t.Error(err)
+		}
+		b.Free()
+	})
+	return b
+}
+
+// fillAllPages scatters testkit content into every engine page of every
+// layer: engine page p holds saved page p of seed (FillObject).
+func fillAllPages(t *testing.T, r *kernels.Restorer, g objmap.Geometry, numPages int, seed uint64) {
+	t.Helper()
+	pb := g.PageBytesPerLayer()
+	obj := registeredBuffer(t, int64(numPages)*pb)
+	pm := make([]kernels.PageMap, numPages)
+	for i := range pm {
+		pm[i] = kernels.PageMap{DstPage: uint32(i), SlotOff: uint32(int64(i) * pb)}
+	}
+	if err := r.SetHostMap(pm); err != nil {
+		t.Fatal(err)
+	}
+	for l := 0; l < g.Layers; l++ {
+		if err := testkit.FillObject(obj.Bytes(), g, seed, l, 0, numPages); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.ScatterHost(l, obj.Addr(), int64(obj.Len())); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.SyncCopies(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// checkGathered compares got (layers [first, first+len(got)/stride) of
+// pages, stride apart) with the generator's bytes; it names the first
+// differing page.
+func checkGathered(g objmap.Geometry, seed uint64, pages []int32, first int, got []byte, stride int64) error {
+	pb := g.PageBytesPerLayer()
+	want := make([]byte, pb)
+	for l := 0; int64(l)*stride < int64(len(got)); l++ {
+		for i, p := range pages {
+			if err := testkit.FillObject(want, g, seed, first+l, int(p), 1); err != nil {
+				return err
+			}
+			off := int64(l)*stride + int64(i)*pb
+			if !bytes.Equal(got[off:off+pb], want) {
+				return fmt.Errorf("layer %d, page %d (engine page %d) differs", first+l, i, p)
+			}
+		}
+	}
+	return nil
+}
+
+// TestGPUGatherLanes gathers from one goroutine per lane at once, round
+// after round, each its own pages of every layer, and checks every byte
+// against the generator and against a single-threaded Gather of the same
+// pages; then the refusals (ErrInvalid) of a bad lane, too many pages, an
+// unregistered or misaligned destination, after which the lanes still work.
+func TestGPUGatherLanes(t *testing.T) {
+	gpuOrSkip(t)
+	g := objmap.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}
+	const numPages, pages, rounds, seed = 96, 37, 4, 23
+	pb := g.PageBytesPerLayer()
+	stride := int64(pages) * pb
+	for _, layout := range []kernels.Layout{kernels.LayoutPerLayer, kernels.LayoutCrossLayer} {
+		r, err := kernels.Bind(kernels.Config{Geometry: g, Layout: layout, NumPages: numPages, KV: kvTensors(t, g, layout, numPages), MaxPages: numPages})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fillAllPages(t, r, g, numPages, seed)
+		lanes := r.GatherLanes()
+		if lanes != 8 {
+			t.Errorf("%v: %d gather lanes, want the default 8", layout, lanes)
+		}
+		// lane w's pages in round k: distinct (7 is prime to numPages), and
+		// different for every lane and round.
+		pagesOf := func(w, k int) []int32 {
+			p := make([]int32, pages)
+			for i := range p {
+				p[i] = int32((i*7 + w*11 + k*3) % numPages)
+			}
+			return p
+		}
+		bufs := make([]*uring.Buffer, lanes)
+		for w := range bufs {
+			bufs[w] = registeredBuffer(t, int64(g.Layers)*stride)
+		}
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := 0; w < lanes; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for k := 0; k < rounds; k++ {
+					clear(bufs[w].Bytes())
+					pw := pagesOf(w, k)
+					if err := r.GatherLane(w, pw, 0, g.Layers, bufs[w].Addr(), stride); err != nil {
+						t.Errorf("%v lane %d round %d: %v", layout, w, k, err)
+						return
+					}
+					if err := checkGathered(g, seed, pw, 0, bufs[w].Bytes(), stride); err != nil {
+						t.Errorf("%v lane %d round %d: %v", layout, w, k, err)
+						return
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		ref := registeredBuffer(t, int64(g.Layers)*stride)
+		for w := 0; w < lanes; w++ {
+			if err := r.Gather(pagesOf(w, rounds-1), 0, g.Layers, ref.Addr(), stride); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(ref.Bytes(), bufs[w].Bytes()) {
+				t.Errorf("%v lane %d: concurrent gather differs from a single-threaded Gather", layout, w)
+			}
+		}
+		gatherLaneRefusals(t, r, g, numPages, bufs[0], stride)
+		// Layers [1, 3) on the last lane after the refusals: the lanes still work.
+		pw := pagesOf(0, 0)
+		if err := r.GatherLane(lanes-1, pw, 1, 2, bufs[0].Addr(), stride); err != nil {
+			t.Fatalf("%v: gather after the refusals: %v", layout, err)
+		}
+		if err := checkGathered(g, seed, pw, 1, bufs[0].Bytes()[:2*stride], stride); err != nil {
+			t.Fatalf("%v: gather of layers [1,3): %v", layout, err)
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// gatherLaneRefusals: what GatherLane refuses before any copy (ErrInvalid).
+func gatherLaneRefusals(t *testing.T, r *kernels.Restorer, g objmap.Geometry, numPages int, buf *uring.Buffer, stride int64) {
+	t.Helper()
+	few := []int32{0, 1, 2}
+	many := make([]int32, r.Limits().MaxPages+1)
+	for i := range many {
+		many[i] = int32(i % numPages)
+	}
+	unregistered, err := uring.AllocBuffer(int(stride))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unregistered.Free()
+	for _, c := range []struct {
+		name   string
+		lane   int
+		pages  []int32
+		dst    uintptr
+		stride int64
+	}{
+		{"lane past the last", r.GatherLanes(), few, buf.Addr(), stride},
+		{"negative lane", -1, few, buf.Addr(), stride},
+		{"more pages than MaxPages", 0, many, buf.Addr(), int64(len(many)) * g.PageBytesPerLayer()},
+		{"unregistered destination", 0, few, unregistered.Addr(), stride},
+		{"destination past the registered buffer", 0, few, buf.Addr() + uintptr(buf.Len()) - uintptr(stride) + 4096, stride},
+		{"misaligned destination", 0, few, buf.Addr() + 8, stride},
+		{"misaligned stride", 0, few, buf.Addr(), int64(len(few))*g.PageBytesPerLayer() + 8},
+	} {
+		if err := r.GatherLane(c.lane, c.pages, 0, 1, c.dst, c.stride); !errors.Is(err, kernels.ErrInvalid) {
+			t.Errorf("gather lane, %s: %v, want ErrInvalid", c.name, err)
+		}
+	}
+}

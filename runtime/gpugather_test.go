@@ -1,0 +1,73 @@
+package runtime
+
+import (
+	"math/rand/v2"
+	goruntime "runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestGPUSaveGathersConcurrently: on PathGPU the stage workers' gathers of
+// one save run at once, each on its own lane (no lock over them: that
+// serialized every save behind every other). Each gather of the CPU
+// restorer waits until want of them are in flight; if they never are (the
+// gathers are serialized), the wait gives up after a deadline and the test
+// fails. The saved bytes then restore bit-exact into other pages.
+func TestGPUSaveGathersConcurrently(t *testing.T) {
+	const want, numPages = 4, 128
+	// The stage pool has min(GOMAXPROCS, maxPoolWorkers) workers, made at Open.
+	if goruntime.GOMAXPROCS(0) < want {
+		defer goruntime.GOMAXPROCS(goruntime.GOMAXPROCS(want))
+	}
+	s, kv, gpu := gpuStoreOnCPU(t, numPages, nil, func(c *Config) {
+		// Room for want 8 KiB writes in flight on the one device (a quarter
+		// of the staging bytes).
+		c.StagingBytes = 256 << 10
+	})
+	defer closeKV(t, s, kv)
+	var (
+		inFlight, peak atomic.Int32
+		reached        = make(chan struct{})
+		reachedOnce    sync.Once
+		gaveUp         = make(chan struct{})
+	)
+	timer := time.AfterFunc(10*time.Second, func() { close(gaveUp) })
+	defer timer.Stop()
+	gpu.onGather = func(int) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		if n >= want {
+			reachedOnce.Do(func() { close(reached) })
+		}
+		select {
+		case <-reached:
+		case <-gaveUp:
+		}
+	}
+	g := s.Geometry()
+	rng := rand.New(rand.NewPCG(21, 3))
+	a := chainOf(9400, 24) // 24 KiB per layer: many 8 KiB writes
+	pa := pageTable(rng, g, numPages, len(a))
+	fill(kv, g, a, pa)
+	sv := saveWait(t, s, a, pa)
+	select {
+	case <-reached:
+	default:
+		t.Fatalf("at most %d gathers of the save in flight at once, want %d (they waited %v for each other)", peak.Load(), want, 10*time.Second)
+	}
+	if sv.Saved() != len(a) {
+		t.Fatalf("saved %d of %d blocks: %+v", sv.Saved(), len(a), s.Stats())
+	}
+	scramble(kv, g, numPages)
+	pl := pageTable(rng, g, numPages, len(a))
+	if l := loadWait(t, s, a, pl); l.Blocks() != len(a) {
+		t.Fatalf("restored %d of %d blocks (%v)", l.Blocks(), len(a), l.Failure())
+	}
+	if err := verify(kv, g, a, pl, len(a)); err != nil {
+		t.Fatalf("restore of the concurrently gathered save: %v", err)
+	}
+}
