@@ -268,11 +268,12 @@ setup_loops() {
 		return 1
 	fi
 	mkdir -p "$MNT"
-	local i f dev dirs=()
+	local i f dev dirs=() files=()
+	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/tutti-eval-loop$i"); done
+	SHMFILES+=("${files[@]}")
+	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || { say "writing the loops' backing files failed"; return 1; }
 	for ((i = 0; i < NLOOPS; i++)); do
-		f=/dev/shm/tutti-eval-loop$i
-		emu_backing "$f" "${LOOP_GIB}G" || return 1
-		SHMFILES+=("$f")
+		f=${files[$i]}
 		dev=$(losetup --find --show --direct-io=on "$f") || { say "losetup $f failed"; return 1; }
 		LOOPS+=("$dev")
 		# inode tables and journal written now, not by ext4lazyinit during a run

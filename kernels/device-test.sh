@@ -144,9 +144,10 @@ gb() { # name gpubench-args...
 	while IFS= read -r line; do SUMMARY+=("  $name: ${line## }"); done < <(grep -E '^  store-(gpu|cpu) |^ceilings over' "$W/$name.txt" | cut -c1-200)
 }
 loops() { # n size: sets up n loop devices over /dev/shm files, O_DIRECT
-	local n=$1 size=$2 i d
+	local n=$1 size=$2 i d files=()
+	for ((i = 0; i < n; i++)); do files+=("/dev/shm/tk-loop$i"); done
+	emu_backing_many "$size" "${files[@]}" || return 1
 	for ((i = 0; i < n; i++)); do
-		emu_backing /dev/shm/tk-loop$i "$size" || return 1
 		d=$(losetup --find --show --direct-io=on /dev/shm/tk-loop$i) || return 1
 		LOOPS+=("$d")
 	done
