@@ -33,11 +33,11 @@ type Stats struct {
 	// SkippedBlocks counts blocks of saves not stored, by SkipCause.
 	SkippedBlocks [numSkipCauses]int64
 	// SaveCopyNs is the time save writes spent getting their bytes into
-	// staging (PathGPU: the HBM gathers, waiting for a free gather
+	// staging (PathGPU: the HBM gathers, waiting for a free gather lane
 	// included; PathCPU: the copies from host KV memory, checksummed in the
 	// same pass), SaveChecksumNs the GPU path's checksums of the gathered
-	// bytes, both summed over the stage
-	// workers (so they can exceed the wall time). Where a save's time goes.
+	// bytes, both summed over the stage workers (so they can exceed the
+	// wall time): where a save's time goes.
 	SaveCopyNs, SaveChecksumNs int64
 
 	// Fallbacks counts stores opened on PathCPU after PathGPU failed

@@ -74,10 +74,10 @@ def forward(model, ids, cache, start):
 
 def greedy_pair(model, ca, cb, la, lb, start, steps):
     """Greedy decoding from two caches in lockstep. Returns both token lists
-    and where they first differ: the first step whose logits differ bitwise
-    (with whether the two caches were equal over every attended position
-    before it: equal caches and unequal logits mean the decode step itself
-    is not bitwise repeatable), and the first step whose tokens differ."""
+    and where their logits first differ bitwise: the step, the largest
+    difference there, and whether the two caches were equal over every
+    attended position before it (equal caches and unequal logits mean the
+    decode step itself is not bitwise repeatable)."""
     import torch
 
     ta, tb, where = [], [], dict(logits_apart_at=None, caches_equal_before=None, logits_diff_there=None)
