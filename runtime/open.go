@@ -113,12 +113,7 @@ func Open(cfg Config) (*Store, error) {
 		return fail(fmt.Errorf("starting the I/O engine: %w", err))
 	}
 	s.worker = newIOWorker("runtime io", eng, cfg.QueueDepth)
-	s.maxWriteIOBytes = min(cfg.StagingSlotBytes, 4<<20)
-	if cfg.Path == PathGPU {
-		// GPU gathers copy whole pages: cut writes at page and block boundaries.
-		u := gpuWriteUnit(s.geo)
-		s.maxWriteIOBytes = max(u, s.maxWriteIOBytes/u*u)
-	}
+	s.maxWriteIOBytes = saveWriteBytes(s.geo, min(cfg.StagingSlotBytes, 4<<20), cfg.Path == PathGPU)
 	s.saveSlots = saveSlotLimit(len(s.staging.all), cfg.Path)
 	s.saveSlotTokens = make(chan struct{}, s.saveSlots)
 	s.stager = newStagePool(s.saveSlots * s.wbufsPerSlot())

@@ -47,6 +47,32 @@ type crcPart struct {
 	crc    uint32
 }
 
+// saveWriteBytes is the scheduler's save write size (each layer's object
+// is cut at its multiples): at most limit, whole O_DIRECT blocks and, where
+// a chunk fits, whole chunks. A chunk cut between two writes leaves CRC
+// pieces that the commit combines after the last write, on the save's
+// critical path; a chunk that does not divide the limit (MLA's) would be
+// cut in nearly every layer of every run. Whole chunks are whole pages, as
+// PathGPU's gathers need (gpuWriteUnit).
+func saveWriteBytes(g objmap.Geometry, limit int64, gpu bool) int64 {
+	if u := lcm(g.ChunkBytesPerLayer(), objmap.BlockBytes); u <= limit {
+		return limit / u * u
+	}
+	if gpu {
+		u := gpuWriteUnit(g)
+		return max(u, limit/u*u)
+	}
+	return limit
+}
+
+func lcm(a, b int64) int64 {
+	x, y := a, b
+	for y != 0 {
+		x, y = y, x%y
+	}
+	return a / x * b
+}
+
 // wbufBytes is the staging of one save write: the scheduler's largest
 // write, rounded up to O_DIRECT blocks.
 func (s *Store) wbufBytes() int64 {

@@ -180,3 +180,68 @@ func TestSaveWritesCompleteOutOfOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestSaveWritesWholeChunks: with a chunk that does not divide the write
+// limit (an MLA-like shape: one 12 KiB chunk per layer against 64 KiB
+// slots), save writes still end on chunk boundaries, so every chunk's CRC
+// is one write's piece and the commit combines none; the save restores
+// intact.
+func TestSaveWritesWholeChunks(t *testing.T) {
+	g := objmap.Geometry{Layers: 3, KVHeads: 1, HeadDim: 768, DType: objmap.BF16, Planes: 1, PageTokens: 4, ChunkPages: 2}
+	const blocks = 16
+	cfg := testConfig(t, g, objmap.LayoutPerLayer, 2*blocks*g.ChunkPages)
+	cfg.Dirs = cfg.Dirs[:1]
+	cfg.StagingBytes, cfg.StagingSlotBytes = 512<<10, 64<<10
+	s, kv := openKV(t, cfg)
+	defer closeKV(t, s, kv)
+	if cb := g.ChunkBytesPerLayer(); s.maxWriteIOBytes%cb != 0 || s.maxWriteIOBytes > cfg.StagingSlotBytes {
+		t.Fatalf("save writes of %d bytes: want a multiple of the %d-byte chunk within the %d-byte slot", s.maxWriteIOBytes, cb, cfg.StagingSlotBytes)
+	}
+	rng := rand.New(rand.NewPCG(5, 5))
+	c := chainOf(11<<32, blocks)
+	pages := pageTable(rng, g, cfg.NumPages, blocks)
+	fill(kv, g, c, pages)
+	sv := saveWait(t, s, c, pages)
+	if sv.Saved() != blocks {
+		t.Fatalf("saved %d of %d blocks: %+v", sv.Saved(), blocks, s.Stats())
+	}
+	for _, r := range sv.runs {
+		if len(r.parts) != len(r.crcs) {
+			t.Errorf("run of %d chunks: %d CRC pieces for %d (layer, chunk) entries: writes cut chunks", r.res.Chunks, len(r.parts), len(r.crcs))
+		}
+	}
+	scramble(kv, g, cfg.NumPages)
+	if l := loadWait(t, s, c, pages); l.Blocks() != blocks {
+		t.Fatalf("restored %d of %d blocks", l.Blocks(), blocks)
+	}
+	if err := verify(kv, g, c, pages, blocks); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSaveWriteBytes: the write size is within the limit and a multiple of
+// O_DIRECT blocks, of whole chunks where one fits and, on PathGPU, of
+// whole pages; a chunk larger than the limit falls back to blocks (pages
+// on PathGPU).
+func TestSaveWriteBytes(t *testing.T) {
+	mla := objmap.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: objmap.BF16, Planes: 1, PageTokens: 16, ChunkPages: 32}
+	llama := objmap.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
+	for _, tc := range []struct {
+		name  string
+		g     objmap.Geometry
+		limit int64
+		gpu   bool
+		want  int64
+	}{
+		{"mla cpu", mla, 4 << 20, false, 7 * 576 << 10},
+		{"mla gpu", mla, 4 << 20, true, 7 * 576 << 10},
+		{"llama cpu", llama, 4 << 20, false, 4 << 20},
+		{"chunk over limit cpu", llama, 1 << 20, false, 1 << 20},
+		{"chunk over limit gpu", mla, 256 << 10, true, 7 * 36 << 10}, // whole 36 KiB page-and-block units
+	} {
+		got := saveWriteBytes(tc.g, tc.limit, tc.gpu)
+		if got != tc.want || got%objmap.BlockBytes != 0 || (tc.gpu && got%tc.g.PageBytesPerLayer() != 0) {
+			t.Errorf("%s: %d bytes, want %d", tc.name, got, tc.want)
+		}
+	}
+}
