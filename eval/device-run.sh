@@ -46,6 +46,10 @@
 #   BACKEND_GROUPS  space-separated comma lists of backends, one replay each (default:
 #                one replay of BACKENDS); e.g. "tutti-gpu,tutti-cpu,recompute lmcache-gds,lmcache-disk,vllm-fs,dram"
 #   DOCS QUESTIONS MIN_DOC MAX_DOC RATE SEED   docqa's parameters (12 17 4096 8192 1 1)
+#   BLOCK_TOKENS --block-tokens, tokens per chain block (default 256, LMCache's
+#                chunk): a restore reads whole blocks, a store stripes them over
+#                the devices, so a document of a few blocks leaves some devices
+#                a block more than others (the figures are in BENCHMARKS.md)
 #   COMPUTE      --compute (default gpu)
 #   PREFILL_EVERY  --gpu-prefill-every (default 8; 1 = every request's prefill
 #                run and measured on the GPU: recompute alone then runs 204 full prefills)
@@ -74,6 +78,7 @@ MIN_DOC=${MIN_DOC:-4096}
 MAX_DOC=${MAX_DOC:-8192}
 RATE=${RATE:-1}
 SEED=${SEED:-1}
+BLOCK_TOKENS=${BLOCK_TOKENS:-256}
 COMPUTE=${COMPUTE:-gpu}
 PREFILL_EVERY=${PREFILL_EVERY:-8}
 BACKEND_GROUPS=${BACKEND_GROUPS:-}
@@ -240,7 +245,7 @@ if [[ ",$BACKENDS," == *,tutti-gpu,* ]] && { [ -z "${TUTTI_KERNELS_LIB:-}" ] || 
 	BACKEND_GROUPS=$(echo " $BACKEND_GROUPS " | sed 's/\btutti-gpu,//g; s/,tutti-gpu\b//g; s/ tutti-gpu / /g')
 fi
 # the workload: the same requests for every model and backend
-WORKLOAD="--workload docqa --docqa-docs $DOCS --docqa-questions $QUESTIONS --docqa-min-doc-tokens $MIN_DOC --docqa-max-doc-tokens $MAX_DOC --docqa-rate $RATE --docqa-seed $SEED"
+WORKLOAD="--workload docqa --docqa-docs $DOCS --docqa-questions $QUESTIONS --docqa-min-doc-tokens $MIN_DOC --docqa-max-doc-tokens $MAX_DOC --docqa-rate $RATE --docqa-seed $SEED --block-tokens $BLOCK_TOKENS"
 
 # --- the machine ------------------------------------------------------------
 {
