@@ -146,12 +146,7 @@ func (gp *gpuPath) gather(pages []int32, layer int, dst uintptr, bytes int64) er
 // gpuWriteUnit is the size GPU save writes are cut at: whole pages (Gather
 // copies pages) and whole O_DIRECT blocks.
 func gpuWriteUnit(g objmap.Geometry) int64 {
-	pb := g.PageBytesPerLayer()
-	a, b := pb, int64(objmap.BlockBytes)
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return pb / a * objmap.BlockBytes
+	return lcm(g.PageBytesPerLayer(), objmap.BlockBytes)
 }
 
 // gpuCut trims runs to what one GPU restore can take (GPU.MaxRuns extents,

@@ -65,6 +65,7 @@ func saveWriteBytes(g objmap.Geometry, limit int64, gpu bool) int64 {
 	return limit
 }
 
+// lcm is the least common multiple of a and b (both > 0).
 func lcm(a, b int64) int64 {
 	x, y := a, b
 	for y != 0 {
