@@ -60,6 +60,7 @@ gpu-bins:
 	$(GO) test -c -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/testkit.test ./kernels/testkit
 	$(GO) test -c -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/runtime.test ./runtime
 	$(GO) test -c -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/tp.test ./runtime/tp
+	$(GO) test -c -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/harness.test ./eval/harness
 	$(GO) build -ldflags='$(GPU_LDFLAGS)' -buildmode=c-shared -o $(BIN)/libtutti.so ./runtime/capi
 
 # Everything the GPU machine runs in one call (build, every GPU test,

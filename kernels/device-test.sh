@@ -117,6 +117,7 @@ if step tests; then
 	gotest testkit-test kernels/testkit bin/gpu/testkit.test 120 .
 	gotest runtime-test runtime bin/gpu/runtime.test 150 'GPU|DeviceWindow|WindowFor'
 	gotest tp-test runtime/tp bin/gpu/tp.test 150 GPU
+	gotest harness-test eval/harness bin/gpu/harness.test 150 '^Test(TuttiGPU|GPUCompute)'
 	if [ -f bin/libtutti.so ]; then
 		TUTTI_LIB=$ROOT/bin/libtutti.so PYTHONPATH=$ROOT/python timeout -k 10 150 \
 			python3 -m unittest discover -s python/tests -v >"$W/python-tests.log" 2>&1

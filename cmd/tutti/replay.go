@@ -339,7 +339,7 @@ func replayReport(outDir string, res *harness.Result, meta report.Meta, jsonOut,
 	}
 	for _, b := range res.Backends {
 		if b.VerifyMismatches > 0 {
-			fmt.Fprintf(stderr, "%s: %d restored pages differ from what was saved\n", b.Backend, b.VerifyMismatches)
+			fmt.Fprintf(stderr, "%s: %d restored pages (8-byte words where verified on the device) differ from what was saved\n", b.Backend, b.VerifyMismatches)
 			return exitError{code: 3}
 		}
 	}

@@ -191,6 +191,26 @@ func (r *backendRun) invalidate(req *Request) error {
 	return nil
 }
 
+// verifyOnHost checks blocks Chain[:blocks] in the host pages, copied there
+// first from a HostSyncer's own memory.
+func (r *backendRun) verifyOnHost(req *Request, blocks int) error {
+	g, c := r.kv.Geometry, &r.clock
+	if hs, ok := r.b.(HostSyncer); ok && blocks > 0 {
+		var err error
+		timed(&c.toHost, func() { err = hs.ToHost(req, blocks) })
+		if err != nil {
+			return fmt.Errorf("request %d: copying restored KV to the host: %w", req.Seq, err)
+		}
+	}
+	timed(&c.verify, func() {
+		for blk := 0; blk < blocks; blk++ {
+			r.br.VerifyMismatches += int64(r.kv.VerifyBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk)))
+			c.verified += g.ChunkBytes()
+		}
+	})
+	return nil
+}
+
 // restore restores req's hit into its pages (invalidated by the caller),
 // times it, verifies every restored block and returns how many were
 // restored.
@@ -210,18 +230,23 @@ func (r *backendRun) restore(req *Request, svc *Service) (int, error) {
 		d = rr.LayerReady[n-1] // the last layer's readiness ends the load
 	}
 	r.loadTime += d
-	if hs, ok := r.b.(HostSyncer); ok && rr.Blocks > 0 {
-		timed(&c.toHost, func() { err = hs.ToHost(req, rr.Blocks) })
+	onDevice := false
+	if dv, ok := r.b.(DeviceVerifier); ok && rr.Blocks > 0 {
+		var bad int64
+		timed(&c.verify, func() { bad, onDevice, err = dv.VerifyOnDevice(req, rr.Blocks) })
 		if err != nil {
-			return 0, fmt.Errorf("request %d: copying restored KV to the host: %w", req.Seq, err)
+			return 0, fmt.Errorf("request %d: %w", req.Seq, err)
+		}
+		if onDevice {
+			br.VerifyMismatches += bad
+			c.verified += int64(rr.Blocks) * g.ChunkBytes()
 		}
 	}
-	timed(&c.verify, func() {
-		for blk := 0; blk < rr.Blocks; blk++ {
-			br.VerifyMismatches += int64(r.kv.VerifyBlock(req.Chain[blk], req.BlockPages(g.ChunkPages, blk)))
-			c.verified += g.ChunkBytes()
+	if !onDevice {
+		if err := r.verifyOnHost(req, rr.Blocks); err != nil {
+			return 0, err
 		}
-	})
+	}
 	br.Fallbacks += int64(rr.Fallbacks)
 	br.RestoredBytes += rr.Bytes
 	br.ReadBytes += rr.ReadBytes

@@ -95,13 +95,33 @@ func (m *KVMemory) Alloc(n int) ([]int32, error) {
 // Release returns pages taken by Alloc.
 func (m *KVMemory) Release(pages []int32) { m.free = append(m.free, pages...) }
 
+// PageKey is the content key of page i of chain block id, layer and plane:
+// one kvdata block per page, BlockContentBase(id)+i, at its page 0. That is
+// the content testkit's GPU verify checks (page j of its page map holds
+// Key{Block: base+j, Page: 0}), so a backend whose restores land in HBM is
+// verified there (DeviceVerifier) against the same bytes the host checks.
+func PageKey(id uint64, layer, plane, i int) kvdata.Key {
+	return kvdata.Key{Block: BlockContentBase(id) + uint64(i), Layer: layer, Plane: plane}
+}
+
+// BlockContentBase spreads chain ids (a synthetic trace's may be
+// consecutive) over 64 bits, so no two blocks' page keys coincide: block
+// a's page i and block b's page j share a key only if their bases differ by
+// less than a block's pages.
+func BlockContentBase(id uint64) uint64 {
+	z := id + 0x9E3779B97F4A7C15
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
+}
+
 // FillBlock writes the deterministic KV of chain block id into its pages (all
 // layers and planes), as a prefill would produce it.
 func (m *KVMemory) FillBlock(id uint64, pages []int32) {
 	m.eachLayer(func(l int) int {
 		for p := 0; p < m.Geometry.Planes; p++ {
 			for i, pg := range pages {
-				kvdata.Fill(m.Page(l, p, pg), kvdata.Key{Block: id, Layer: l, Plane: p, Page: i})
+				kvdata.Fill(m.Page(l, p, pg), PageKey(id, l, p, i))
 			}
 		}
 		return 0
@@ -115,7 +135,7 @@ func (m *KVMemory) VerifyBlock(id uint64, pages []int32) int {
 		bad := 0
 		for p := 0; p < m.Geometry.Planes; p++ {
 			for i, pg := range pages {
-				if kvdata.Verify(m.Page(l, p, pg), kvdata.Key{Block: id, Layer: l, Plane: p, Page: i}) >= 0 {
+				if kvdata.Verify(m.Page(l, p, pg), PageKey(id, l, p, i)) >= 0 {
 					bad++
 				}
 			}

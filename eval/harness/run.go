@@ -90,7 +90,7 @@ type BackendResult struct {
 	CPUSPerGiB             float64 `json:"cpu_s_per_gib"`
 	DeviceReadBytes        uint64  `json:"device_read_bytes"`
 	DeviceBytesSource      string  `json:"device_bytes_source"`
-	VerifyMismatches       int64   `json:"verify_mismatches"`
+	VerifyMismatches       int64   `json:"verify_mismatches"` // restored pages (host check) or 8-byte words (DeviceVerifier) that differ: anything but 0 fails
 	HitBlocks              int64   `json:"hit_blocks"`
 	RestoredBytes          int64   `json:"restored_bytes"`
 	ReadBytes              int64   `json:"read_bytes"` // read from the backend's storage to restore them

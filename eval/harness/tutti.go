@@ -34,6 +34,9 @@ type Tutti struct {
 	// PathGPU: the engine's KV tensors in HBM, one per layer, shaped like
 	// the harness's host KV memory (page ids are the same).
 	devLayers []uint64
+	// devVerify: restored pages are verified in HBM (DeviceVerifier),
+	// decided at Open.
+	devVerify bool
 	// pinned: the host KV layers registered with CUDA while open (PathGPU).
 	pinned []uintptr
 	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
@@ -166,7 +169,9 @@ func (t *Tutti) Open(env Env) error {
 	t.label = fmt.Sprintf("store capacity %d MiB on disk (runtime.CapacityForBlocks: its index holds at least the %d blocks the others hold); planner compute model: %v",
 		cfg.CapacityBytes>>20, env.CapacityBlocks, t.compute != nil)
 	if t.path == runtime.PathGPU {
-		t.label += "; " + t.pinHostKV()
+		var how string
+		t.devVerify, how = deviceVerify()
+		t.label += "; " + t.pinHostKV() + "; " + how
 	}
 	return nil
 }
@@ -179,11 +184,11 @@ func (t *Tutti) Open(env Env) error {
 func (t *Tutti) pinHostKV() string {
 	for l, b := range t.env.KV.Layers {
 		if err := kernels.HostRegister(b.Addr(), int64(b.Len())); err != nil {
-			return fmt.Sprintf("host KV copies for verification pageable (pinning layer %d: %v)", l, err)
+			return fmt.Sprintf("host KV copies to and from HBM pageable (pinning layer %d: %v)", l, err)
 		}
 		t.pinned = append(t.pinned, b.Addr())
 	}
-	return "host KV pinned for the verification copies (outside the timed restores and saves)"
+	return "host KV pinned for the copies to and from HBM (outside the timed restores and saves)"
 }
 
 func (t *Tutti) Lookup(chain []uint64) int { return t.store.Lookup(chain) }

@@ -255,7 +255,7 @@ func TestFillVerifyParallel(t *testing.T) {
 	for l := 0; l < g.Layers; l++ { // the sequential reference
 		for p := 0; p < g.Planes; p++ {
 			for i, pg := range b {
-				kvdata.Fill(kv.Page(l, p, pg), kvdata.Key{Block: 7, Layer: l, Plane: p, Page: i})
+				kvdata.Fill(kv.Page(l, p, pg), PageKey(7, l, p, i))
 			}
 		}
 	}
