@@ -144,8 +144,8 @@ est_rates() {
 # estimate MODEL BACKENDS: bytes each backend restores, saves and verifies for the
 # docqa parameters (no eviction assumed), the time each takes at est_rates plus
 # the harness's own work (verify and zero every restored byte, fill every saved
-# one: ~20 GB/s on 16 cores; tutti-gpu also copies restored and saved pages
-# between HBM and pinned host memory to verify them, ~20 GB/s), and the GPU
+# one: ~20 GB/s on 16 cores; tutti-gpu verifies its restores in HBM and copies
+# only the saved pages from pinned host memory into HBM), and the GPU
 # prefill of the live requests; the sum, with the setup (calibration, ceiling
 # files), in seconds. Prints a table; the total is the last word of the last line.
 estimate() {
