@@ -37,7 +37,7 @@ type replayFlags struct {
 	requests, blockTokens, capBlocks, qd, gpus, saveBoundMs, gpuWindow, gpuMaxIO, gpuLookahead *int
 	prefillEvery                                                                               *int
 	fromMs, toMs, timeScale, sloMs, gpuTFLOPs, warmMs                                          *float64
-	jsonOut, skipBad, noEBPF, noCeiling, keep, planner                                         *bool
+	jsonOut, skipBad, noEBPF, noCeiling, keep, planner, aloneCheck                             *bool
 	wl                                                                                         *workloadFlags
 	kf                                                                                         kvFlags
 }
@@ -69,6 +69,7 @@ func newReplayFlags(stderr io.Writer) *replayFlags {
 		"auto (gpu where the kernels library and a GPU are, else sim; the report's compute label says which)")
 	f.prefillEvery = fs.Int("gpu-prefill-every", 1, "with the prefill on the GPU (--compute gpu/auto): 1 = every request runs its GEMMs next to its restore and its measured layer time is used; "+
 		"N > 1 = every request's layer time comes from the model calibrated on the GPU at start, and only every N-th request runs its GEMMs live, as the model's check (measured/model in the GPU prefill note)")
+	f.aloneCheck = fs.Bool("gpu-alone-check", true, "with --gpu-prefill-every N > 1: re-run each live check's GEMMs alone right after it (a diagnostic outside the timeline: alone/model and live/alone per backend in the GPU prefill note); false skips the re-runs")
 	f.qd = fs.Int("qd", 64, "I/Os in flight per backend")
 	f.noEBPF = fs.Bool("no-ebpf", false, "count device bytes with /proc/diskstats only")
 	f.noCeiling = fs.Bool("no-ceiling", false, "skip the devbench ceiling measurement (over several --dir: the dirs as one striped array, timed to the slowest, and the sum of their own ceilings)")
@@ -268,6 +269,7 @@ func (f *replayFlags) compute(prof model.Profile) (harness.Compute, *harness.GPU
 	comp, g, err := harness.SetupCompute(*f.computeMode, prof, comp)
 	if err == nil {
 		g.SetLiveEvery(*f.prefillEvery, &comp)
+		g.SetAloneCheck(*f.aloneCheck)
 	}
 	return comp, g, err
 }

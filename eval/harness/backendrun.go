@@ -72,6 +72,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 		br.Device = samp.Stop()
 		return meter.Stop()
 	}
+	cfg.GPU.SetBackend(b.Name()) // the live checks are kept per backend
 	wall := time.Now()
 	for seq := range cfg.Requests {
 		if err := ctx.Err(); err != nil {

@@ -136,6 +136,22 @@ type GPUCompute struct {
 	fit       sched.ComputeModel
 	fitPoints int
 	every     int
+
+	// The live checks' diagnostics (gpucheck.go): the backend whose
+	// requests run now (SetBackend), whether a check's GEMMs are re-run
+	// alone after it (SetAloneCheck; on by default), the per-backend
+	// figures, and when the GPU last finished a run (host wall, at the
+	// Wait's return) and how long it had idled before the latest measure.
+	backend  string
+	noAlone  bool
+	checks   map[string]*LiveChecks
+	order    []string
+	lastDone time.Time
+	lastIdle time.Duration
+
+	// runHook, when set (tests without a GPU), runs measure's GEMMs in
+	// place of pf.Run, under its contract.
+	runHook func(layers int, gemms []testkit.GEMM, dst []time.Duration) ([]time.Duration, error)
 }
 
 // GPUComputeStats counts what the GPU ran.
@@ -156,6 +172,14 @@ type GPUComputeStats struct {
 	// layer, its first layer's time and its other layers' median, over the
 	// model's layer time.
 	LiveFirstRatios, LiveRestRatios []float64
+	// Backends: the live checks per backend (SetBackend), in the order the
+	// backends first ran. AloneRuns and AloneGPUTime: the diagnostic
+	// re-runs of the checks' GEMMs alone (outside the timeline, and not in
+	// Requests or GPUTime).
+	Backends     []LiveChecks
+	AloneRuns    int
+	AloneGPUTime time.Duration
+	NoAloneRerun bool // SetAloneCheck(false)
 }
 
 // PrefillRun is one request's prefill in flight.
@@ -165,6 +189,13 @@ type PrefillRun struct {
 	err                     error
 	enqueueCPU              time.Duration
 	launches                int64
+	counted                 bool // enqueueCPU and launches are in the stats
+
+	// Host timings of the enqueue (live checks' diagnostics), each set
+	// before done closes: lag is Start to the goroutine running, wall
+	// Start to the enqueue's return, call the cgo call alone; idle is how
+	// long the GPU had idled (since the previous Wait's return) at Start.
+	lag, wall, call, idle time.Duration
 }
 
 // NewGPUCompute allocates the GPU prefill for profile p on device 0 (buffers
@@ -207,7 +238,9 @@ func (g *GPUCompute) Stats() GPUComputeStats {
 	if g == nil {
 		return GPUComputeStats{}
 	}
-	return g.stats
+	s := g.stats
+	s.Backends, s.NoAloneRerun = g.backendStats(), g.noAlone
+	return s
 }
 
 // Start launches the prefill of inputTokens−cachedTokens tokens after
@@ -237,13 +270,19 @@ func (g *GPUCompute) Start(inputTokens, cachedTokens int) *PrefillRun {
 		r.launches += int64(gm.Count) * int64(g.prof.Shape.Layers)
 	}
 	g.pending = r
+	t0 := time.Now()
+	if !g.lastDone.IsZero() {
+		r.idle = t0.Sub(g.lastDone)
+	}
 	go func() {
+		r.lag = time.Since(t0)
 		// One OS thread for the whole enqueue, so its CPU time is measurable.
 		goruntime.LockOSThread()
 		defer goruntime.UnlockOSThread()
-		c0 := threadCPU()
+		c0, w0 := threadCPU(), time.Now()
 		r.err = g.pf.Start(g.prof.Shape.Layers, gemms)
 		r.enqueueCPU = threadCPU() - c0
+		r.call, r.wall = time.Since(w0), time.Since(t0)
 		close(r.done)
 	}()
 	return r
@@ -265,15 +304,18 @@ func (g *GPUCompute) collect(r *PrefillRun) error {
 	if g.pending == r {
 		g.pending = nil
 	}
-	g.stats.EnqueueCPU += r.enqueueCPU
-	g.stats.Launches += r.launches
-	r.enqueueCPU, r.launches = 0, 0
+	if !r.counted {
+		g.stats.EnqueueCPU += r.enqueueCPU
+		g.stats.Launches += r.launches
+		r.counted = true
+	}
 	g.times = g.times[:0]
 	if r.err != nil || r.newTokens <= 0 {
 		return r.err
 	}
 	var err error
 	g.times, err = g.pf.Wait(g.times)
+	g.lastDone = time.Now()
 	return err
 }
 
@@ -289,29 +331,43 @@ func (g *GPUCompute) Finish(r *PrefillRun, sim Compute, newTokens, cachedTokens 
 	if g == nil {
 		return sim.Layer(newTokens, cachedTokens), nil
 	}
+	d, _, err := g.finish(r, newTokens, cachedTokens)
+	return d, err
+}
+
+// finish is Finish with a GPU; concurrent says the layer times in g.times
+// are r's, run next to the restore (false: measured now, alone).
+func (g *GPUCompute) finish(r *PrefillRun, newTokens, cachedTokens int) (layer time.Duration, concurrent bool, err error) {
 	if r != nil {
 		if err := g.collect(r); err != nil {
-			return 0, fmt.Errorf("GPU prefill of %d tokens after %d: %w", r.newTokens, r.cachedTokens, err)
+			return 0, false, fmt.Errorf("GPU prefill of %d tokens after %d: %w", r.newTokens, r.cachedTokens, err)
 		}
 	}
 	if newTokens <= 0 {
-		return 0, nil
+		return 0, false, nil
 	}
-	if r == nil || r.newTokens != newTokens || r.cachedTokens != cachedTokens {
+	concurrent = r != nil && r.newTokens == newTokens && r.cachedTokens == cachedTokens
+	if !concurrent {
 		if r != nil {
 			g.stats.Reruns++
 		}
 		if err := g.measure(g.prof.Shape.Layers, newTokens, cachedTokens); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 	}
-	var sum time.Duration
-	for _, d := range g.times {
-		sum += d
-	}
+	sum := sumTimes(g.times)
 	g.stats.Requests++
 	g.stats.GPUTime += sum
-	return sum / time.Duration(len(g.times)), nil
+	return sum / time.Duration(len(g.times)), concurrent, nil
+}
+
+// sumTimes is the sum of ts.
+func sumTimes(ts []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range ts {
+		sum += d
+	}
+	return sum
 }
 
 // measure runs layers layers of the prefill of newTokens after cachedTokens
@@ -324,7 +380,16 @@ func (g *GPUCompute) measure(layers, newTokens, cachedTokens int) error {
 	if err != nil {
 		return err
 	}
-	g.times, err = g.pf.Run(layers, gemms, g.times[:0])
+	g.lastIdle = 0
+	if !g.lastDone.IsZero() {
+		g.lastIdle = time.Since(g.lastDone)
+	}
+	if g.runHook != nil {
+		g.times, err = g.runHook(layers, gemms, g.times[:0])
+	} else {
+		g.times, err = g.pf.Run(layers, gemms, g.times[:0])
+	}
+	g.lastDone = time.Now()
 	if err != nil {
 		return fmt.Errorf("GPU prefill of %d tokens after %d: %w", newTokens, cachedTokens, err)
 	}

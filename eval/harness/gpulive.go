@@ -48,7 +48,8 @@ func (g *GPUCompute) Live(seq int) bool {
 // newTokens after cachedTokens. model is the replay's compute model (with a
 // GPU, the one fitted on it). Without a GPU it is model's; with one and
 // every request live, the measured one (Finish); calibrated, the model's,
-// after collecting a live request's measurement as the model's check.
+// after collecting a live request's measurement as the model's check (and
+// its diagnostics: check).
 func (g *GPUCompute) Layer(live bool, r *PrefillRun, model Compute, newTokens, cachedTokens int) (time.Duration, error) {
 	if g == nil {
 		return model.Layer(newTokens, cachedTokens), nil
@@ -63,7 +64,7 @@ func (g *GPUCompute) Layer(live bool, r *PrefillRun, model Compute, newTokens, c
 		}
 		return want, nil
 	}
-	got, err := g.Finish(r, model, newTokens, cachedTokens)
+	got, concurrent, err := g.finish(r, newTokens, cachedTokens)
 	if err != nil {
 		return 0, err
 	}
@@ -75,12 +76,16 @@ func (g *GPUCompute) Layer(live bool, r *PrefillRun, model Compute, newTokens, c
 			g.stats.LiveFirstRatios = append(g.stats.LiveFirstRatios, float64(g.times[0])/float64(want))
 			g.stats.LiveRestRatios = append(g.stats.LiveRestRatios, float64(rest[len(rest)/2])/float64(want))
 		}
+		if err := g.check(r, concurrent, got, want, newTokens, cachedTokens); err != nil {
+			return 0, err
+		}
 	}
 	return want, nil
 }
 
 // liveNote is the GPU prefill note's part on the calibrated model's check
-// ("" when every request was measured).
+// ("" when every request was measured): over all backends, then per
+// backend (backendNote).
 func (gs GPUComputeStats) liveNote(every int) string {
 	if every <= 1 {
 		return ""
@@ -100,5 +105,5 @@ func (gs GPUComputeStats) liveNote(every int) string {
 		s += fmt.Sprintf("; of that, the first layer's time/model median %.3f (p90 %.3f), the other layers' median layer/model median %.3f (p90 %.3f)",
 			metrics.Percentile(f, 0.5), metrics.Percentile(f, 0.9), metrics.Percentile(m, 0.5), metrics.Percentile(m, 0.9))
 	}
-	return s
+	return s + gs.backendNote()
 }
