@@ -3,10 +3,12 @@ package objmap
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
@@ -34,7 +36,7 @@ func createStore(opts Options) ([]*manifest, error) {
 		return nil, err
 	}
 	mans := make([]*manifest, len(opts.Dirs))
-	for i, d := range opts.Dirs {
+	for _, d := range opts.Dirs {
 		// Leftovers of an interrupted creation (no manifest was written) hold
 		// nothing committed; remove only our own file names.
 		for _, pat := range storeFilePatterns {
@@ -45,12 +47,11 @@ func createStore(opts Options) ([]*manifest, error) {
 				}
 			}
 		}
-		for k := 0; k < opts.FilesPerDir; k++ {
-			global := k*len(opts.Dirs) + i
-			if err := createPoolFile(filepath.Join(d, poolFileName(global)), fileBytes); err != nil {
-				return nil, err
-			}
-		}
+	}
+	if err := createPoolFiles(opts, fileBytes); err != nil {
+		return nil, err
+	}
+	for i, d := range opts.Dirs {
 		if err := syncDir(d); err != nil {
 			return nil, fmt.Errorf("objmap: creating store: %w", err)
 		}
@@ -71,10 +72,37 @@ func createStore(opts Options) ([]*manifest, error) {
 	return mans, nil
 }
 
+// createPoolFiles makes every directory's pool files, the directories at
+// once (one goroutine each: with WritePool, creation writes the whole
+// capacity, and each directory is its own device).
+func createPoolFiles(opts Options, fileBytes int64) error {
+	errs := make([]error, len(opts.Dirs))
+	var wg sync.WaitGroup
+	for i, d := range opts.Dirs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; k < opts.FilesPerDir && errs[i] == nil; k++ {
+				global := k*len(opts.Dirs) + i
+				errs[i] = createPoolFile(filepath.Join(d, poolFileName(global)), fileBytes, opts.WritePool, opts.Buffered)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// poolWriteBytes is one write of WritePool's zeros.
+const poolWriteBytes = 4 << 20
+
 // createPoolFile makes an owner-only file with sizeBytes of real blocks
 // (fallocate, not a sparse file: the space is promised at creation and
-// later writes do not fail with ENOSPC).
-func createPoolFile(path string, sizeBytes int64) error {
+// later writes do not fail with ENOSPC). With write, every byte is then
+// written with zeros (O_DIRECT unless buffered), so the file system's
+// extents are written ones: a save into a fresh pool then overwrites, as
+// every later save does, instead of converting unwritten extents at each
+// write's completion.
+func createPoolFile(path string, sizeBytes int64, write, buffered bool) error {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("objmap: creating pool file %s: %w", path, err)
@@ -83,8 +111,47 @@ func createPoolFile(path string, sizeBytes int64) error {
 	if err := unix.Fallocate(fd, 0, 0, sizeBytes); err != nil {
 		return fmt.Errorf("objmap: preallocating %d bytes for pool file %s: %w", sizeBytes, path, err)
 	}
+	if write {
+		if err := writeZeros(path, sizeBytes, buffered); err != nil {
+			return err
+		}
+	}
 	if err := unix.Fsync(fd); err != nil {
 		return fmt.Errorf("objmap: fsync of pool file %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeZeros writes sizeBytes of zeros over the pool file at path, in
+// poolWriteBytes writes from one page-aligned buffer.
+func writeZeros(path string, sizeBytes int64, buffered bool) error {
+	flags := unix.O_WRONLY | unix.O_CLOEXEC
+	if !buffered {
+		flags |= unix.O_DIRECT
+	}
+	fd, err := unix.Open(path, flags, 0)
+	if err != nil {
+		return fmt.Errorf("objmap: opening pool file %s to write it: %w", path, err)
+	}
+	defer unix.Close(fd)
+	buf, err := unix.Mmap(-1, 0, poolWriteBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return fmt.Errorf("objmap: writing pool file %s: buffer: %w", path, err)
+	}
+	defer unix.Munmap(buf)
+	for off := int64(0); off < sizeBytes; {
+		n := int(min(int64(len(buf)), sizeBytes-off))
+		w, err := unix.Pwrite(fd, buf[:n], off)
+		if err != nil {
+			return fmt.Errorf("objmap: writing pool file %s at %d: %w", path, off, err)
+		}
+		if w <= 0 {
+			return fmt.Errorf("objmap: writing pool file %s at %d: %w", path, off, io.ErrShortWrite)
+		}
+		off += int64(w)
+	}
+	if err := unix.Fdatasync(fd); err != nil {
+		return fmt.Errorf("objmap: fdatasync of pool file %s: %w", path, err)
 	}
 	return nil
 }

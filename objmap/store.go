@@ -28,6 +28,12 @@ type Options struct {
 	// Buffered opens pool files without O_DIRECT (for file systems that
 	// refuse it, such as tmpfs). Files() reports DirectAlign 0 then.
 	Buffered bool
+	// WritePool writes every byte of the pool with zeros at creation
+	// (ignored on reopen): creation then takes the capacity's write time,
+	// and the first saves into the fresh pool overwrite written extents as
+	// every later save does, instead of having the file system convert
+	// fallocate's unwritten extents as each write completes.
+	WritePool bool
 	// ReadOnly opens for checking (fsck): nothing is written (the LOCK
 	// file is flock'ed shared, so a store on a read-only mount can be
 	// checked, and a writer holding it is refused), a torn journal tail is

@@ -53,7 +53,7 @@ func Open(cfg Config) (*Store, error) {
 		gpuReads: gpuReads}
 	s.savesCond.L = &s.mu
 	var err error
-	s.m, err = objmap.Open(objmap.Options{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: cfg.Geometry})
+	s.m, err = objmap.Open(objmap.Options{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: cfg.Geometry, WritePool: cfg.WritePool})
 	if err != nil {
 		return nil, fmt.Errorf("runtime: open: %w", err)
 	}
