@@ -103,6 +103,7 @@ say() { echo "== $*" | tee -a "$WORK/run.log"; }
 finish() {
 	local rc=$?
 	trap - EXIT INT TERM
+	[ -n "$CLOCKS_PID" ] && kill "$CLOCKS_PID" 2>/dev/null
 	for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
 	for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null; done
 	for f in "${SHMFILES[@]}"; do rm -f "$f"; done
@@ -262,6 +263,36 @@ WORKLOAD="--workload docqa --docqa-docs $DOCS --docqa-questions $QUESTIONS --doc
 } >"$WORK/machine.txt" 2>&1
 head -3 "$WORK/machine.txt"
 
+# --- the GPU's clocks during a replay (read-only: nvidia-smi queries) --------
+# The live checks' prefills are short bursts between idle gaps; whether the
+# GPU's clocks had dropped in those gaps is part of why a live layer time
+# differs from the model fitted back to back, so every replay's clocks are
+# sampled every 20 ms and summarized next to its table.
+CLOCKS_PID=""
+clocks_start() {
+	command -v nvidia-smi >/dev/null || return 0
+	nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,pstate,power.draw,utilization.gpu --format=csv,noheader,nounits -lms 20 >"$1" 2>/dev/null &
+	CLOCKS_PID=$!
+}
+clocks_stop() {
+	[ -n "$CLOCKS_PID" ] || return 0
+	kill "$CLOCKS_PID" 2>/dev/null
+	wait "$CLOCKS_PID" 2>/dev/null
+	CLOCKS_PID=""
+	local med
+	med=$(awk -F', *' 'NF >= 6 && $2 ~ /^[0-9]+$/ { print $2 }' "$1" | sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }')
+	awk -F', *' -v med="${med:-0}" 'NF >= 6 && $2 ~ /^[0-9]+$/ {
+		n++; if (n == 1 || $2 < lo) lo = $2; if ($2 > hi) hi = $2; ps[$4]++
+		if ($6 + 0 >= 50) { b++; bsm += $2 } else { i++; ism += $2 }
+	} END {
+		if (n == 0) { print "GPU clocks: no samples"; exit }
+		printf "GPU clocks (nvidia-smi every 20 ms, %d samples): SM MHz min %d, median %d, max %d", n, lo, med, hi
+		if (b) printf "; busy (util >= 50%%) %d samples at %.0f MHz mean", b, bsm / b
+		if (i) printf "; idle %d at %.0f MHz mean", i, ism / i
+		printf "; pstates"; for (p in ps) printf " %s:%d", p, ps[p]; print ""
+	}' "$1"
+}
+
 # --- emulated storage: RAM-backed loop devices, ext4 each -------------------
 EMU_DIRS=""
 LOOP_IO=""
@@ -348,8 +379,10 @@ for run in "${ORDERED[@]}"; do
 	say "$tag: $TUTTI $* (timeout ${limit}s)"
 	sync
 	t=$(date +%s)
+	clocks_start "$WORK/$tag/gpu-clocks.csv"
 	timeout -s INT -k 20 "$limit" "$TUTTI" "$@" >"$WORK/$tag/summary.txt" 2>"$WORK/$tag/replay.log"
 	rc=$?
+	clocks_stop "$WORK/$tag/gpu-clocks.csv" | tee -a "$WORK/$tag/summary.txt"
 	say "$tag: exit $rc in $(($(date +%s) - t)) s$([ $rc = 124 ] && echo ' (timed out)')"
 	[ $rc = 0 ] || tail -5 "$WORK/$tag/replay.log"
 	SUMMARIES+=("$WORK/$tag/summary.txt|$tag (exit $rc)")
