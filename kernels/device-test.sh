@@ -30,6 +30,9 @@
 #   TK_BENCH_S product: no new gpubench run starts after this many seconds
 #              of the script (default 480; the whole call stays under 10 min)
 #   TK_RUN_S   the limit of one gpubench run in seconds (default 400)
+#   TK_STORE_ROUNDS  product: gpubench rounds of the store rows (default 1;
+#              each round of a model costs both paths' operations and 16
+#              ceiling samples, about 20 s beyond them)
 #   TK_KERNEL_ROWS  product: 0 leaves the kernels-only rows out (the store
 #              rows alone, when the kernels rows were measured already)
 #   TK_FLAGS   extra gpubench flags for every run (a diagnostic such as
@@ -44,6 +47,7 @@ BENCH=${TK_BENCH:-product}
 BENCH_S=${TK_BENCH_S:-480}
 RUN_S=${TK_RUN_S:-400}
 ROUNDS=${TK_ROUNDS:-$([ "$BENCH" = paths ] && echo 1 || echo 6)}
+STORE_ROUNDS=${TK_STORE_ROUNDS:-1}
 TOKENS=${TK_TOKENS:-32768}
 FLAGS=${TK_FLAGS:-}
 DISK=${TK_DISK:-/var/tmp/tk}
@@ -70,7 +74,7 @@ step() { [[ " $STEPS " == *" $1 "* ]]; }
 
 {
 	echo "date $(date -u +%FT%TZ) host $(hostname) kernel $(uname -r) cpus $(nproc)"
-	echo "steps [$STEPS] bench $BENCH rounds $ROUNDS tokens $TOKENS flags [$FLAGS]"
+	echo "steps [$STEPS] bench $BENCH rounds $ROUNDS store rounds $STORE_ROUNDS tokens $TOKENS flags [$FLAGS]"
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv,noheader 2>&1 | head -2
 	nvcc --version 2>&1 | tail -2
 	echo "commit ${TK_COMMIT:-not given: set TK_COMMIT, the .git copied there may lag the tree}"
@@ -142,7 +146,7 @@ gb() { # name gpubench-args...
 	timeout "$RUN_S" bin/gpu/tutti gpubench --tokens "$TOKENS" --json "$W/$name.json" $FLAGS "$@" >"$W/$name.txt" 2>&1
 	note "gpubench $name: rc $?"
 	local line # the product rows and their ceilings, in the summary too
-	while IFS= read -r line; do SUMMARY+=("  $name: ${line## }"); done < <(grep -E '^  store-(gpu|cpu) |^ceilings over' "$W/$name.txt" | cut -c1-200)
+	while IFS= read -r line; do SUMMARY+=("  $name: ${line## }"); done < <(grep -E '^  store-(gpu|cpu)[ /]|^ceilings over' "$W/$name.txt" | cut -c1-200)
 }
 loops() { # n size: sets up n loop devices over /dev/shm files, O_DIRECT
 	local n=$1 size=$2 i d files=()
@@ -180,7 +184,7 @@ budget() { # true while the bench is within TK_BENCH_S of the script's start
 # product: the product paths (store-gpu, store-cpu: runtime.Store Save and
 # Load) beside the kernels-only rows, for three models on 4 and 8 loops
 # (raw devices for the kernels rows, ext4 on the same loops for the store)
-# and on the real disk; one round each.
+# and on the real disk; one round each (TK_STORE_ROUNDS for the store rows).
 product() {
 	local n size kp m
 	for n in 4 8; do
@@ -199,7 +203,7 @@ product() {
 		mountloops || { note "ext4 on the $n loops failed"; unloops; return 1; }
 		for m in llama3-8b llama3-70b deepseek-v3; do
 			budget || { unloops; return 0; }
-			gb "emu$n-store-$m" --model $m --store-dirs "$STORE_DIRS" --label "$label (ext4)" --paths store-gpu,store-cpu
+			gb "emu$n-store-$m" --model $m --store-dirs "$STORE_DIRS" --label "$label (ext4)" --rounds "$STORE_ROUNDS" --paths store-gpu,store-cpu
 		done
 		unloops
 	done
@@ -211,7 +215,7 @@ product() {
 			rm -rf "$DISK"/gpubench-*
 		fi
 		budget || return 0
-		gb "disk-store-$m" --model $m --dir "$DISK" --label "$REAL" --paths store-gpu,store-cpu
+		gb "disk-store-$m" --model $m --dir "$DISK" --label "$REAL" --rounds "$STORE_ROUNDS" --paths store-gpu,store-cpu
 	done
 }
 if step bench && [ "$BENCH" != none ]; then

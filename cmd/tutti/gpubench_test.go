@@ -47,18 +47,22 @@ func TestGPUBenchStripeRefusals(t *testing.T) {
 	}
 }
 
-// TestGPUBenchStoreCPU runs `gpubench --paths store-cpu` as a user does on a
-// machine without a GPU: rows for the save, the restore and the warm
-// restore, in the JSON too.
+// TestGPUBenchStoreCPU runs `gpubench --paths store-cpu --rounds 2` as a
+// user does on a machine without a GPU: rows for the save, the restore, the
+// warm restore and the save again, the median of two rounds, in the table
+// and in the JSON with both rounds' values.
 func TestGPUBenchStoreCPU(t *testing.T) {
 	dir := t.TempDir()
 	js := filepath.Join(dir, "rows.json")
 	var out, errb bytes.Buffer
-	err := runGPUBench([]string{"--paths", "store-cpu", "--dir", dir, "--model", "tiny", "--tokens", "2048", "--no-ceiling", "--json", js}, &out, &errb)
+	err := runGPUBench([]string{"--paths", "store-cpu", "--dir", dir, "--model", "tiny", "--tokens", "2048", "--no-ceiling", "--rounds", "2", "--json", js}, &out, &errb)
 	if err != nil {
 		t.Fatalf("%v\n%s%s", err, out.String(), errb.String())
 	}
-	if !strings.Contains(errb.String(), "gpubench store paths: 1/1") {
+	if !strings.Contains(out.String(), "median of 2 rounds") || !strings.Contains(out.String(), "  store-cpu save-again") {
+		t.Errorf("no table of the rounds:\n%s", out.String())
+	}
+	if !strings.Contains(errb.String(), "gpubench store paths: 2/2") {
 		t.Errorf("no progress line without a terminal:\n%s", errb.String())
 	}
 	data, err := os.ReadFile(js)
@@ -74,11 +78,13 @@ func TestGPUBenchStoreCPU(t *testing.T) {
 			Path, Op   string
 			Blocks     int
 			Mismatches uint64
+			Rounds     int
+			PerRound   gpubench.RoundStats `json:"per_round"`
 		}
 		if err := json.Unmarshal([]byte(lines[i]), &r); err != nil {
 			t.Fatal(err)
 		}
-		if r.Path != "store-cpu" || r.Op != op || r.Blocks != 4 || r.Mismatches != 0 {
+		if r.Path != "store-cpu" || r.Op != op || r.Blocks != 4 || r.Mismatches != 0 || r.Rounds != 2 || len(r.PerRound.BytesPerS) != 2 {
 			t.Errorf("row %d: %+v", i, r)
 		}
 	}

@@ -10,11 +10,14 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/devbench"
+	"golang.org/x/sys/unix"
 )
 
 // Ceilings are the store directories' limits measured in the same run as the
 // rows they divide: writes and then reads of one file per directory, every
-// directory at once.
+// directory at once. RunStore samples them once before the stores (the
+// scheduler's device profile) and then just before and just after every
+// measured operation.
 type Ceilings struct {
 	// WriteBytesPS: devbench's O_DIRECT sequential 1 MiB writes at queue
 	// depth 32 through uring for 2 s, each directory's own rate summed (the
@@ -36,34 +39,62 @@ const (
 	maxCeilingFile = 2 << 30
 )
 
-// measureCeilings writes and reads one file of fileBytes (clamped to
-// 64 MiB..2 GiB, whole MiB) in every directory and removes them.
-func measureCeilings(ctx context.Context, dirs []string, fileBytes int64) (Ceilings, error) {
-	fileBytes = min(max(fileBytes, minCeilingFile), maxCeilingFile) / (1 << 20) * (1 << 20)
-	c := Ceilings{FileBytes: fileBytes}
-	files := make([]string, len(dirs))
-	for i, d := range dirs {
-		files[i] = filepath.Join(d, ceilingFileName)
+// storeCeilings are the ceiling files of a RunStore call, one per store
+// directory, kept from its first sample to remove so that every sample
+// overwrites and reads the same blocks, beside the store's pool; a nil
+// *storeCeilings (NoCeiling) samples 0.
+type storeCeilings struct {
+	dirs, files []string
+	fileBytes   int64
+}
+
+// newStoreCeilings names a file of fileBytes in every directory; the first
+// write sample creates them.
+func newStoreCeilings(dirs []string, fileBytes int64) *storeCeilings {
+	c := &storeCeilings{dirs: dirs, fileBytes: fileBytes}
+	for _, d := range dirs {
+		c.files = append(c.files, filepath.Join(d, ceilingFileName))
 	}
-	defer func() {
-		for _, f := range files {
-			os.Remove(f)
-		}
-	}()
-	rates := make([]float64, len(dirs))
-	errs := make([]error, len(dirs))
+	return c
+}
+
+// remove deletes the ceiling files.
+func (c *storeCeilings) remove() {
+	if c == nil {
+		return
+	}
+	for _, f := range c.files {
+		os.Remove(f)
+	}
+}
+
+// sample is one sample of the write ceiling (write) or the read ceiling
+// (Ceilings says what each is); the read needs a write sample first.
+func (c *storeCeilings) sample(ctx context.Context, write bool) (float64, error) {
+	switch {
+	case c == nil:
+		return 0, nil
+	case write:
+		return c.write(ctx)
+	}
+	return c.read(ctx)
+}
+
+func (c *storeCeilings) write(ctx context.Context) (float64, error) {
+	rates := make([]float64, len(c.dirs))
+	errs := make([]error, len(c.dirs))
 	var wg sync.WaitGroup
-	for i := range dirs {
+	for i := range c.dirs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rows, err := devbench.Run(ctx, devbench.Config{Path: files[i], BlockSizes: []int{1 << 20}, QueueDepths: []int{32},
-				Engines: []string{"uring"}, Ops: []string{"seqwrite"}, Runtime: 2 * time.Second, SizeBytes: fileBytes, Keep: true, Seed: uint64(i + 1)})
+			rows, err := devbench.Run(ctx, devbench.Config{Path: c.files[i], BlockSizes: []int{1 << 20}, QueueDepths: []int{32},
+				Engines: []string{"uring"}, Ops: []string{"seqwrite"}, Runtime: 2 * time.Second, SizeBytes: c.fileBytes, Keep: true, Seed: uint64(i + 1)})
 			if err == nil && len(rows) != 1 {
 				err = fmt.Errorf("%d rows", len(rows))
 			}
 			if err != nil {
-				errs[i] = fmt.Errorf("write ceiling of %s: %w", dirs[i], err)
+				errs[i] = fmt.Errorf("write ceiling of %s: %w", c.dirs[i], err)
 				return
 			}
 			rates[i] = rows[0].BytesPerS
@@ -71,19 +102,68 @@ func measureCeilings(ctx context.Context, dirs []string, fileBytes int64) (Ceili
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return c, err
+		return 0, err
 	}
+	var sum float64
 	for _, r := range rates {
-		c.WriteBytesPS += r
+		sum += r
 	}
-	sizes := make([]int64, len(dirs))
+	return sum, nil
+}
+
+func (c *storeCeilings) read(ctx context.Context) (float64, error) {
+	sizes := make([]int64, len(c.files))
 	for i := range sizes {
-		sizes[i] = fileBytes
+		sizes[i] = c.fileBytes
 	}
-	st, err := devbench.CeilingStriped(ctx, files, sizes, sizes, 0)
+	st, err := devbench.CeilingStriped(ctx, c.files, sizes, sizes, 0)
 	if err != nil {
-		return c, fmt.Errorf("read ceiling: %w", err)
+		return 0, fmt.Errorf("read ceiling: %w", err)
 	}
-	c.ReadBytesPS = st.BytesPerS
-	return c, nil
+	return st.BytesPerS, nil
+}
+
+// storeSlackBytes is what ceilingFileBytes leaves free in each directory
+// beyond the store's capacity: the file system's own blocks for the
+// store's files.
+const storeSlackBytes = 64 << 20
+
+// ceilingFileBytes is the size of every directory's ceiling file: want (a
+// directory's share of the prefix) clamped to 64 MiB..2 GiB in whole MiB,
+// smaller where a file system, with storeBytes of store in each of its
+// directories beside the files, has not the room (the files live as long
+// as the stores do). Less than 64 MiB of room is an error.
+func ceilingFileBytes(dirs []string, want, storeBytes int64) (int64, error) {
+	size := min(max(want, minCeilingFile), maxCeilingFile)
+	type fsRoom struct {
+		dirs  int
+		avail int64
+		name  string
+	}
+	byFS := map[uint64]*fsRoom{}
+	for _, d := range dirs {
+		var st unix.Stat_t
+		var fs unix.Statfs_t
+		if err := unix.Stat(d, &st); err != nil {
+			return 0, fmt.Errorf("store directory %s: %w", d, err)
+		}
+		if err := unix.Statfs(d, &fs); err != nil {
+			return 0, fmt.Errorf("free space of %s: %w", d, err)
+		}
+		r := byFS[st.Dev]
+		if r == nil {
+			r = &fsRoom{avail: int64(fs.Bavail) * int64(fs.Bsize), name: d}
+			byFS[st.Dev] = r
+		}
+		r.dirs++
+	}
+	for _, r := range byFS {
+		room := (r.avail - int64(r.dirs)*(storeBytes+storeSlackBytes)) / int64(r.dirs)
+		if room < minCeilingFile {
+			return 0, fmt.Errorf("ceiling files: %d MiB free on the file system of %s, %d MiB per directory for its %d store(s) and 64 MiB per ceiling file needed (--no-ceiling skips the ceilings)",
+				r.avail>>20, r.name, (storeBytes+storeSlackBytes)>>20, r.dirs)
+		}
+		size = min(size, room)
+	}
+	return size / (1 << 20) * (1 << 20), nil
 }

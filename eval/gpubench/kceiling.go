@@ -80,6 +80,19 @@ func meanPositive(a, b float64) float64 {
 	return max(b, 0)
 }
 
+// bracketFraction is a rate's ceiling and its fraction of it from the
+// ceiling sampled just before and just after it (the kernels-only paths
+// and the store's operations alike): the mean of the samples
+// (meanPositive), so that a drift of the host between them splits evenly,
+// and bps over it; the fraction is 0 without a rate or a sample.
+func bracketFraction(bps, before, after float64) (ceiling, fraction float64) {
+	ceiling = meanPositive(before, after)
+	if bps > 0 && ceiling > 0 {
+		fraction = bps / ceiling
+	}
+	return ceiling, fraction
+}
+
 // ceilingDestBytes is each device's destination for the ceiling: its share
 // of the staging pool the restore paths read into, in whole MiBs, 32 MiB to
 // 1 GiB, so that the ceiling reads into memory as a restore does: devbench's

@@ -94,8 +94,8 @@ func (b *gpuBench) runRound(cfg Config, paths []string, k int, stdout io.Writer)
 		k+1, cfg.Rounds, dest>>20, sum/1e9, cnote, cached/1e9, cachedNote)
 	// The paths run in roundOrder's order, so that no path always runs
 	// first or right after another; each is bracketed by striped ceiling
-	// samples, and its fraction is taken against their mean, so that a
-	// drift of the host between samples splits evenly.
+	// samples, and its fraction is taken against their mean
+	// (bracketFraction).
 	rows := make([]Row, len(paths))
 	before, bnote := b.stripedCeiling(dest, cfg.NoCeiling)
 	b.logf("  striped ceiling %s\n", bnote)
@@ -106,17 +106,12 @@ func (b *gpuBench) runRound(cfg Config, paths []string, k int, stdout io.Writer)
 		row := b.runPath(strings.TrimSpace(paths[i]))
 		row.position = j
 		after, anote := b.stripedCeiling(dest, cfg.NoCeiling)
-		ceiling := meanPositive(before, after)
 		row.Storage, row.Model = b.label, b.model
-		row.CeilingBytesPS, row.CeilingSumBytesPS, row.CeilingCachedBytesPS = ceiling, sum, cached
+		row.CeilingBytesPS, row.CeilingFraction = bracketFraction(row.BytesPerS, before, after)
+		row.CeilingSumBytesPS, row.CeilingCachedBytesPS = sum, cached
 		row.Stripe, row.RunPages = b.lay.stripe, b.lay.jsonRunPages()
-		if row.BytesPerS > 0 {
-			if ceiling > 0 {
-				row.CeilingFraction = row.BytesPerS / ceiling
-			}
-			if sum > 0 {
-				row.CeilingSumFraction = row.BytesPerS / sum
-			}
+		if row.BytesPerS > 0 && sum > 0 {
+			row.CeilingSumFraction = row.BytesPerS / sum
 		}
 		rows[i] = row
 		b.logf("  %-26s %s\n", row.Path, rowSummary(row))

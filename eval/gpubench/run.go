@@ -73,7 +73,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		return runGroupBenchCLI(ctx, cfg, stdout, stderr)
 	}
 	kernelPaths, storePaths := splitStorePaths(cfg.Paths)
-	sf := storeFlags{model: cfg.Model, label: cfg.Label, dirs: cfg.StoreDirs, jsonPath: cfg.JSONPath, tokens: cfg.Tokens, seed: cfg.Seed,
+	sf := storeFlags{model: cfg.Model, label: cfg.Label, dirs: cfg.StoreDirs, jsonPath: cfg.JSONPath, tokens: cfg.Tokens, rounds: cfg.Rounds, seed: cfg.Seed,
 		noCeiling: cfg.NoCeiling, appendJSON: len(kernelPaths) > 0, progress: cfg.Progress}
 	if sf.dirs == "" {
 		sf.dirs = cfg.Dir
@@ -93,7 +93,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 // gpubench's flags.
 type storeFlags struct {
 	model, label, dirs, jsonPath string
-	tokens                       int
+	tokens, rounds               int
 	seed                         uint64
 	noCeiling, appendJSON        bool
 	progress                     func(phase string, done, total int)
@@ -114,21 +114,20 @@ func splitStorePaths(list string) (kernelPaths, storePaths []string) {
 	return kernelPaths, storePaths
 }
 
-// runStoreRows measures the product paths and prints their table; with
-// --json its rows go to the same file (appended after the kernels-only rows
-// when those ran).
+// runStoreRows measures the product paths in f.rounds rounds and prints
+// their table (the rounds' rows go to stderr as they come); with --json
+// its rows go to the same file (appended after the kernels-only rows when
+// those ran). Any mismatched word, summed over the rounds, fails it.
 func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, stderr io.Writer) error {
 	if f.dirs == "" {
 		return fmt.Errorf("--paths %s: need --store-dirs or --dir (directories on the devices' filesystems)", strings.Join(paths, ","))
 	}
 	cfg := StoreConfig{Model: f.model, Tokens: f.tokens, Dirs: strings.Split(f.dirs, ","), Label: f.label,
-		Seed: f.seed, Paths: paths, NoCeiling: f.noCeiling, Progress: f.progress}
-	fmt.Fprintf(stdout, "gpubench product paths %v: %s, %d tokens, storage %q on %v (runtime.Store Save timed to the commit, Load timed to Wait, every byte verified)\n",
-		paths, f.model, f.tokens, f.label, cfg.Dirs)
+		Seed: f.seed, Paths: paths, Rounds: f.rounds, NoCeiling: f.noCeiling, Progress: f.progress}
+	fmt.Fprintf(stdout, "gpubench product paths %v: %s, %d tokens, storage %q on %v, %d rounds (runtime.Store Save timed to the commit, Load timed to Wait, every byte verified)\n",
+		paths, f.model, f.tokens, f.label, cfg.Dirs, max(f.rounds, 1))
 	rows, _, err := RunStore(ctx, cfg, stderr)
-	for _, r := range rows {
-		fmt.Fprintf(stdout, "  %-9s %-12s %s\n", r.Path, r.Op, Summary(r))
-	}
+	printStoreTable(stdout, rows)
 	if werr := writeJSONRows(f.jsonPath, stdout, rows, f.appendJSON); werr != nil && err == nil {
 		err = werr
 	}
@@ -137,7 +136,7 @@ func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, std
 	}
 	for _, r := range rows {
 		if r.Mismatches != 0 {
-			return fmt.Errorf("path %s %s: %d mismatched words", r.Path, r.Op, r.Mismatches)
+			return fmt.Errorf("path %s %s: %d mismatched words over %d rounds", r.Path, r.Op, r.Mismatches, r.Rounds)
 		}
 	}
 	return nil

@@ -5,7 +5,9 @@
 // over data files laid out as the store lays out its runs, each divided by
 // device ceilings sampled around it; the product paths (runtime.Store's
 // Save and Load on PathGPU, store-gpu, and PathCPU, store-cpu) go through
-// the store's own layout, planner and scheduler beside them. --gpus N runs
+// the store's own layout, planner and scheduler beside them, in rounds too,
+// each operation divided by the write or read ceiling sampled around it
+// (storerounds.go). --gpus N runs
 // the tensor-parallel restore (runtime/tp) instead. cmd/tutti parses the
 // flags and calls Run.
 package gpubench
@@ -14,13 +16,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"syscall"
 	"time"
 
-	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/sched"
@@ -44,9 +44,13 @@ type StoreConfig struct {
 	Seed   uint64   // content and chain ids start here
 	Paths  []string // of PathStoreGPU, PathStoreCPU, in order
 	Device int      // GPU of store-gpu
+	// Rounds: every path's operations run once per round (0: one round;
+	// at most MaxRounds), each round in roundOrder's order of Paths.
+	Rounds int
 	// NoCeiling skips the ceilings (quick checks): the fractions stay 0.
 	NoCeiling bool
-	// Progress, if set, is told after each path (done of len(Paths)).
+	// Progress, if set, is told after each path of each round (done of
+	// Rounds×len(Paths)).
 	Progress func(phase string, done, total int)
 }
 
@@ -75,8 +79,15 @@ type StoreRow struct {
 	BytesPerS  float64 `json:"bytes_per_s"`
 	CPUSPerGiB float64 `json:"cpu_s_per_gib"` // process CPU (user+system) per GiB moved
 
-	CeilingBytesPS  float64 `json:"ceiling_bytes_per_s"` // the write ceiling for a save, the read ceiling for a restore
+	// CeilingBytesPS is the mean of the ceiling sampled just before and
+	// just after the operation (the write ceiling for a save, the read
+	// ceiling for a restore: Ceilings), CeilingFraction BytesPerS over it.
+	CeilingBytesPS  float64 `json:"ceiling_bytes_per_s"`
 	CeilingFraction float64 `json:"ceiling_fraction"`
+	// The two samples themselves, of the row's round (of a merged row: the
+	// round whose bytes/s is the median).
+	CeilingBeforeBytesPS float64 `json:"ceiling_before_bytes_per_s,omitempty"`
+	CeilingAfterBytesPS  float64 `json:"ceiling_after_bytes_per_s,omitempty"`
 
 	// Skipped counts a save's blocks not stored, by runtime.SkipCause name.
 	Skipped    map[string]int `json:"skipped,omitempty"`
@@ -98,73 +109,21 @@ type StoreRow struct {
 	// HBM gathers) and their checksums.
 	CopyS     float64 `json:"copy_s,omitempty"`
 	ChecksumS float64 `json:"checksum_s,omitempty"`
-}
+	// Rounds is how many rounds the row is the median of (mergeStoreRounds);
+	// PerRound their values (bytes/s, ceiling, fraction, CPU s/GiB and the
+	// path's position in each round).
+	Rounds   int        `json:"rounds"`
+	PerRound RoundStats `json:"per_round"`
 
-// RunStore measures every path of cfg: per path, a fresh store over cfg.Dirs,
-// the prefix filled, saved (timed to Done, the commit) and restored into
-// poisoned memory (timed to Wait), then verified. The ceilings are measured
-// once before the paths. A cancelled ctx stops it before the next path.
-func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, Ceilings, error) {
-	prof, err := evalmodel.Lookup(cfg.Model)
-	if err != nil {
-		return nil, Ceilings{}, err
-	}
-	g, err := prof.Geometry()
-	if err != nil {
-		return nil, Ceilings{}, err
-	}
-	if cfg.Tokens < 1 || cfg.Tokens > maxTokens || len(cfg.Dirs) == 0 || len(cfg.Paths) == 0 {
-		return nil, Ceilings{}, fmt.Errorf("store bench: tokens %d (1..%d), %d dirs, %d paths: need all", cfg.Tokens, maxTokens, len(cfg.Dirs), len(cfg.Paths))
-	}
-	for _, p := range cfg.Paths {
-		if !IsStorePath(p) {
-			return nil, Ceilings{}, fmt.Errorf("store bench: unknown path %q (want %s or %s)", p, PathStoreGPU, PathStoreCPU)
-		}
-	}
-	tokensPerBlock := g.PageTokens * g.ChunkPages
-	blocks := (cfg.Tokens + tokensPerBlock - 1) / tokensPerBlock
-	payload := int64(blocks) * g.ChunkBytes()
-	var ceil Ceilings
-	if !cfg.NoCeiling {
-		if ceil, err = measureCeilings(ctx, cfg.Dirs, payload/int64(len(cfg.Dirs))); err != nil {
-			return nil, ceil, err
-		}
-		fmt.Fprintf(log, "ceilings over %d dirs (%d MiB per dir): write %.2f GB/s, read %.2f GB/s\n",
-			len(cfg.Dirs), ceil.FileBytes>>20, ceil.WriteBytesPS/1e9, ceil.ReadBytesPS/1e9)
-	}
-	var rows []StoreRow
-	for done, p := range cfg.Paths {
-		if err := ctx.Err(); err != nil {
-			return rows, ceil, err // cancelled: no further path starts
-		}
-		rs, err := runStorePath(cfg, p, g, blocks, ceil)
-		if err != nil {
-			return rows, ceil, fmt.Errorf("%s: %w", p, err)
-		}
-		for i := range rs {
-			rs[i].Model, rs[i].Storage, rs[i].Dirs, rs[i].Tokens = cfg.Model, cfg.Label, len(cfg.Dirs), cfg.Tokens
-			rs[i].CeilingBytesPS = ceil.ReadBytesPS
-			if isSave(rs[i].Op) {
-				rs[i].CeilingBytesPS = ceil.WriteBytesPS
-			}
-			if rs[i].CeilingBytesPS > 0 {
-				rs[i].CeilingFraction = rs[i].BytesPerS / rs[i].CeilingBytesPS
-			}
-		}
-		rows = append(rows, rs...)
-		if cfg.Progress != nil {
-			cfg.Progress("gpubench store paths", done+1, len(cfg.Paths))
-		}
-	}
-	return rows, ceil, nil
+	position int // where the path ran in its round (roundOrder)
 }
 
 func isSave(op string) bool { return op == "save" || op == "save-again" }
 
 // Summary is a row in one line.
 func Summary(r StoreRow) string {
-	s := fmt.Sprintf("%d blocks, %.2f GiB in %.3f s = %.2f GB/s, x ceil %.3f, CPU %.4f s/GiB, mismatches %d",
-		r.Blocks, float64(r.Bytes)/(1<<30), r.Seconds, r.BytesPerS/1e9, r.CeilingFraction, r.CPUSPerGiB, r.Mismatches)
+	s := fmt.Sprintf("%d blocks, %.2f GiB in %.3f s = %.2f GB/s, x ceil %.3f (ceiling %.2f before, %.2f after), CPU %.4f s/GiB, mismatches %d",
+		r.Blocks, float64(r.Bytes)/(1<<30), r.Seconds, r.BytesPerS/1e9, r.CeilingFraction, r.CeilingBeforeBytesPS/1e9, r.CeilingAfterBytesPS/1e9, r.CPUSPerGiB, r.Mismatches)
 	if len(r.Skipped) > 0 {
 		s += fmt.Sprintf(", skipped %v", r.Skipped)
 	}
@@ -225,7 +184,18 @@ func deviceProfile(c Ceilings, dirs int) sched.DeviceProfile {
 		ReadLatencyNs: 1e5, ReadShareUnderWrites: 0.5, WriteShareUnderReads: 0.5}
 }
 
-func runStorePath(cfg StoreConfig, path string, g objmap.Geometry, blocks int, ceil Ceilings) ([]StoreRow, error) {
+// storeCapacity is the store's capacity for a prefix of blocks over dirs
+// directories: every block with room to spare in each directory.
+func storeCapacity(g objmap.Geometry, blocks, dirs int) int64 {
+	return runtime.CapacityForBlocks(g, blocks) + int64(dirs)*(64<<20)
+}
+
+// runStorePath is one path's operations in one round: a fresh store in
+// fresh subdirectories of cfg.Dirs (removed after), the prefix saved,
+// restored twice, discarded and saved again, each operation bracketed by
+// samples of its ceiling (c; nil: none). It returns the rows measured so
+// far with any error.
+func runStorePath(ctx context.Context, cfg StoreConfig, path string, g objmap.Geometry, blocks int, ceil Ceilings, c *storeCeilings) ([]StoreRow, error) {
 	pages := blocks * g.ChunkPages
 	numPages := pages + pages/8 + 16
 	dirs, cleanup, err := storeDirs(cfg.Dirs, path)
@@ -244,7 +214,7 @@ func runStorePath(cfg StoreConfig, path string, g objmap.Geometry, blocks int, c
 	// a default budget would cut is the replay's to count, not this row's).
 	payload := int64(blocks) * g.ChunkBytes()
 	sc := runtime.Config{Dirs: dirs, Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: numPages,
-		CapacityBytes: runtime.CapacityForBlocks(g, blocks) + int64(len(dirs))*(64<<20),
+		CapacityBytes: storeCapacity(g, blocks, len(dirs)),
 		SaveBoundMs:   saveBoundMs, SaveBudgetBytes: payload, Device: deviceProfile(ceil, len(dirs))}
 	if onGPU {
 		sc.Path, sc.GPU.Device, sc.GPU.MaxPages = runtime.PathGPU, cfg.Device, pages
@@ -260,74 +230,110 @@ func runStorePath(cfg StoreConfig, path string, g objmap.Geometry, blocks int, c
 	if err := kv.fill(cfg.Seed, dst); err != nil {
 		return nil, err
 	}
-	save, err := timeSave(s, chain, dst)
+	p := &storePathRun{ctx: ctx, c: c, s: s, kv: kv, seed: cfg.Seed, chain: chain, dst: dst, g: g}
+	var rows []StoreRow
+	add := func(r StoreRow) { r.Path = path; rows = append(rows, r) }
+	save, err := p.save("save")
+	add(save)
 	if err != nil {
-		return nil, err
+		return rows, err
 	}
-	save.Path = path
-	if err := kv.poison(); err != nil {
-		return nil, err
-	}
-	restore, err := timeLoad(s, chain, dst, g)
-	restore.Path = path
+	restore, err := p.restore("restore", save.Blocks, true)
+	add(restore)
 	if err != nil {
-		return []StoreRow{save, restore}, err
-	}
-	restore.Mismatches, err = kv.verify(cfg.Seed, dst[:restore.Blocks*g.ChunkPages])
-	if err == nil && restore.Blocks < save.Blocks {
-		err = fmt.Errorf("restored %d of the %d blocks saved (planned %d)", restore.Blocks, save.Blocks, restore.Planned)
-	}
-	if err != nil {
-		return []StoreRow{save, restore}, err
+		return rows, err
 	}
 	// The same restore again on the now warm store and GPU context: what the
 	// first one costs beyond it is paid once per store (first kernel
 	// launches, first use of the restorer's buffers), not per Load.
-	warm, err := restoreAgain(s, kv, cfg.Seed, chain, dst, g, save.Blocks)
-	warm.Path = path
+	warm, err := p.restore("restore-warm", save.Blocks, true)
+	add(warm)
 	if err != nil {
-		return []StoreRow{save, restore, warm}, err
+		return rows, err
 	}
-	again, err := saveAgain(s, kv, cfg.Seed, chain, dst, g, save.Blocks)
-	again.Path = path
-	return []StoreRow{save, restore, warm, again}, err
+	// The prefix discarded and saved into the space it held, then restored
+	// (unmeasured) and verified: the row's Mismatches are that restore's.
+	if _, err := s.Discard(chain[0]); err != nil {
+		return rows, err
+	}
+	again, err := p.save("save-again")
+	if err == nil && again.Blocks < save.Blocks {
+		err = fmt.Errorf("saved %d of the %d blocks the first save did (skipped %v)", again.Blocks, save.Blocks, again.Skipped)
+	}
+	if err == nil {
+		var check StoreRow
+		check, err = p.restore("restore after save-again", again.Blocks, false)
+		again.Mismatches = check.Mismatches
+	}
+	add(again)
+	return rows, err
 }
 
-// saveAgain discards the saved prefix, saves it again (row op
-// "save-again"), then restores it into poisoned memory and verifies it: the
-// row's Mismatches are that restore's.
-func saveAgain(s *runtime.Store, kv *benchKV, seed uint64, chain []uint64, dst []int32, g objmap.Geometry, saved int) (StoreRow, error) {
-	r := StoreRow{Op: "save-again"}
-	if _, err := s.Discard(chain[0]); err != nil {
-		return r, err
+// storePathRun is what one path's operations act on.
+type storePathRun struct {
+	ctx   context.Context
+	c     *storeCeilings
+	s     *runtime.Store
+	kv    *benchKV
+	seed  uint64
+	chain []uint64
+	dst   []int32
+	g     objmap.Geometry
+}
+
+// save times a Save of the prefix to its commit (row op op) between two
+// samples of the write ceiling.
+func (p *storePathRun) save(op string) (StoreRow, error) {
+	before, err := p.c.sample(p.ctx, true)
+	if err != nil {
+		return StoreRow{Op: op}, err
 	}
-	r, err := timeSave(s, chain, dst)
-	r.Op = "save-again"
+	r, err := timeSave(p.s, p.chain, p.dst)
+	r.Op = op
 	if err != nil {
 		return r, err
 	}
-	if r.Blocks < saved {
-		return r, fmt.Errorf("saved %d of the %d blocks the first save did (skipped %v)", r.Blocks, saved, r.Skipped)
-	}
-	check, err := restoreAgain(s, kv, seed, chain, dst, g, r.Blocks)
-	r.Mismatches = check.Mismatches
+	after, err := p.c.sample(p.ctx, true)
+	p.bracket(&r, before, after)
 	return r, err
 }
 
-// restoreAgain restores the saved prefix once more into poisoned memory and
-// verifies it (row op "restore-warm").
-func restoreAgain(s *runtime.Store, kv *benchKV, seed uint64, chain []uint64, dst []int32, g objmap.Geometry, saved int) (StoreRow, error) {
-	if err := kv.poison(); err != nil {
-		return StoreRow{Op: "restore-warm"}, err
+// bracket puts the ceiling samples around r's operation in r.
+func (p *storePathRun) bracket(r *StoreRow, before, after float64) {
+	r.CeilingBeforeBytesPS, r.CeilingAfterBytesPS = before, after
+	r.CeilingBytesPS, r.CeilingFraction = bracketFraction(r.BytesPerS, before, after)
+}
+
+// restore restores the saved prefix into poisoned memory (row op op), timed
+// to Wait between two samples of the read ceiling when bracket, and
+// verifies it: fewer than saved blocks restored is an error, mismatched
+// words are counted.
+func (p *storePathRun) restore(op string, saved int, bracket bool) (StoreRow, error) {
+	r := StoreRow{Op: op}
+	if err := p.kv.poison(); err != nil {
+		return r, err
 	}
-	r, err := timeLoad(s, chain, dst, g)
-	r.Op = "restore-warm"
+	var before, after float64
+	var err error
+	if bracket {
+		if before, err = p.c.sample(p.ctx, false); err != nil {
+			return r, err
+		}
+	}
+	r, err = timeLoad(p.s, p.chain, p.dst, p.g)
+	r.Op = op
 	if err != nil {
 		return r, err
 	}
-	r.Mismatches, err = kv.verify(seed, dst[:r.Blocks*g.ChunkPages])
+	if bracket {
+		if after, err = p.c.sample(p.ctx, false); err != nil {
+			return r, err
+		}
+		p.bracket(&r, before, after)
+	}
+	r.Mismatches, err = p.kv.verify(p.seed, p.dst[:r.Blocks*p.g.ChunkPages])
 	if err == nil && r.Blocks < saved {
-		err = fmt.Errorf("restored %d of the %d blocks saved the second time (planned %d)", r.Blocks, saved, r.Planned)
+		err = fmt.Errorf("%s: restored %d of the %d blocks saved (planned %d)", op, r.Blocks, saved, r.Planned)
 	}
 	return r, err
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,18 +15,20 @@ import (
 )
 
 // TestRunStoreCPU saves and restores a prefix through runtime.Store on
-// PathCPU over two directories and checks the rows: every block saved and
-// restored (twice: the warm restore), saved again after a discard and
-// restored once more, no mismatched word, the ceilings
-// measured and used, a restore's time split in order.
+// PathCPU over two directories in two rounds and checks the rows: every
+// block saved and restored (twice: the warm restore), saved again after a
+// discard and restored once more, no mismatched word in any round, the
+// ceilings sampled around every operation, per-round values for both
+// rounds, a restore's time split in order, nothing left behind.
 func TestRunStoreCPU(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir()}
-	cfg := StoreConfig{Model: "tiny", Tokens: 4096, Dirs: dirs, Label: "test", Seed: 3, Paths: []string{PathStoreCPU}}
-	rows, ceil, err := RunStore(context.Background(), cfg, io.Discard)
+	cfg := StoreConfig{Model: "tiny", Tokens: 4096, Dirs: dirs, Label: "test", Seed: 3, Paths: []string{PathStoreCPU}, Rounds: 2}
+	var log strings.Builder
+	rows, ceil, err := RunStore(context.Background(), cfg, &log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ceil.WriteBytesPS <= 0 || ceil.ReadBytesPS <= 0 {
+	if ceil.WriteBytesPS <= 0 || ceil.ReadBytesPS <= 0 || ceil.FileBytes != minCeilingFile {
 		t.Fatalf("ceilings %+v", ceil)
 	}
 	if len(rows) != 4 || rows[0].Op != "save" || rows[1].Op != "restore" || rows[2].Op != "restore-warm" || rows[3].Op != "save-again" {
@@ -33,11 +36,20 @@ func TestRunStoreCPU(t *testing.T) {
 	}
 	const blocks = 4096 / (16 * 32)
 	for _, r := range rows {
+		pr := r.PerRound
 		if r.Blocks != blocks || r.Mismatches != 0 || r.Bytes <= 0 || r.BytesPerS <= 0 || r.CeilingFraction <= 0 || len(r.Skipped) != 0 ||
+			r.CeilingBeforeBytesPS <= 0 || r.CeilingAfterBytesPS <= 0 ||
 			(isSave(r.Op) && r.CopyS <= 0) ||
 			(!isSave(r.Op) && !(0 < r.SubmittedS && r.SubmittedS <= r.FirstLayerS && r.FirstLayerS <= r.LastLayerS && r.LastLayerS <= r.Seconds)) {
 			t.Errorf("%s %s: %s", r.Path, r.Op, Summary(r))
 		}
+		if r.Rounds != 2 || len(pr.BytesPerS) != 2 || len(pr.CeilingFraction) != 2 || len(pr.CeilingBytesPS) != 2 || len(pr.CPUSPerGiB) != 2 ||
+			len(pr.Position) != 2 || slices.Min(pr.CeilingFraction) <= 0 {
+			t.Errorf("%s %s: %d rounds, per round %+v", r.Path, r.Op, r.Rounds, pr)
+		}
+	}
+	if n := strings.Count(log.String(), "round 2/2 store-cpu"); n != 4 {
+		t.Errorf("%d round 2 rows logged, want 4:\n%s", n, log.String())
 	}
 	for _, d := range dirs {
 		if ents, _ := os.ReadDir(d); len(ents) != 0 {
