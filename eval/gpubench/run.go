@@ -34,7 +34,8 @@ type Config struct {
 	WakeInterval   time.Duration
 	Seed           uint64
 	NoCeiling      bool
-	Rounds         int // 1..MaxRounds
+	WritePool      bool // store rows: runtime.Config.WritePool
+	Rounds         int  // 1..MaxRounds
 	Reuse          bool
 	GPUs           int
 	PollTimeout    time.Duration
@@ -74,7 +75,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	kernelPaths, storePaths := splitStorePaths(cfg.Paths)
 	sf := storeFlags{model: cfg.Model, label: cfg.Label, dirs: cfg.StoreDirs, jsonPath: cfg.JSONPath, tokens: cfg.Tokens, rounds: cfg.Rounds, seed: cfg.Seed,
-		noCeiling: cfg.NoCeiling, appendJSON: len(kernelPaths) > 0, progress: cfg.Progress}
+		noCeiling: cfg.NoCeiling, writePool: cfg.WritePool, appendJSON: len(kernelPaths) > 0, progress: cfg.Progress}
 	if sf.dirs == "" {
 		sf.dirs = cfg.Dir
 	}
@@ -96,6 +97,7 @@ type storeFlags struct {
 	tokens, rounds               int
 	seed                         uint64
 	noCeiling, appendJSON        bool
+	writePool                    bool
 	progress                     func(phase string, done, total int)
 }
 
@@ -123,9 +125,9 @@ func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, std
 		return fmt.Errorf("--paths %s: need --store-dirs or --dir (directories on the devices' filesystems)", strings.Join(paths, ","))
 	}
 	cfg := StoreConfig{Model: f.model, Tokens: f.tokens, Dirs: strings.Split(f.dirs, ","), Label: f.label,
-		Seed: f.seed, Paths: paths, Rounds: f.rounds, NoCeiling: f.noCeiling, Progress: f.progress}
-	fmt.Fprintf(stdout, "gpubench product paths %v: %s, %d tokens, storage %q on %v, %d rounds (runtime.Store Save timed to the commit, Load timed to Wait, every byte verified)\n",
-		paths, f.model, f.tokens, f.label, cfg.Dirs, max(f.rounds, 1))
+		Seed: f.seed, Paths: paths, Rounds: f.rounds, NoCeiling: f.noCeiling, WritePool: f.writePool, Progress: f.progress}
+	fmt.Fprintf(stdout, "gpubench product paths %v: %s, %d tokens, storage %q on %v, %d rounds, %s (runtime.Store Save timed to the commit, Load timed to Wait, every byte verified)\n",
+		paths, f.model, f.tokens, f.label, cfg.Dirs, max(f.rounds, 1), poolNote(f.writePool))
 	rows, _, err := RunStore(ctx, cfg, stderr)
 	printStoreTable(stdout, rows)
 	if werr := writeJSONRows(f.jsonPath, stdout, rows, f.appendJSON); werr != nil && err == nil {
@@ -140,4 +142,12 @@ func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, std
 		}
 	}
 	return nil
+}
+
+// poolNote says how the rows' stores were created.
+func poolNote(written bool) string {
+	if written {
+		return "each store's pool written with zeros at creation (--write-pool: the first save overwrites, as save-again does)"
+	}
+	return "each store's pool fallocated (its first save writes unwritten extents)"
 }

@@ -49,6 +49,9 @@ type StoreConfig struct {
 	Rounds int
 	// NoCeiling skips the ceilings (quick checks): the fractions stay 0.
 	NoCeiling bool
+	// WritePool creates each round's store with runtime.Config.WritePool:
+	// its first save then overwrites written extents, as save-again does.
+	WritePool bool
 	// Progress, if set, is told after each path of each round (done of
 	// Rounds×len(Paths)).
 	Progress func(phase string, done, total int)
@@ -215,7 +218,7 @@ func runStorePath(ctx context.Context, cfg StoreConfig, path string, g objmap.Ge
 	payload := int64(blocks) * g.ChunkBytes()
 	sc := runtime.Config{Dirs: dirs, Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: numPages,
 		CapacityBytes: storeCapacity(g, blocks, len(dirs)),
-		SaveBoundMs:   saveBoundMs, SaveBudgetBytes: payload, Device: deviceProfile(ceil, len(dirs))}
+		SaveBoundMs:   saveBoundMs, SaveBudgetBytes: payload, Device: deviceProfile(ceil, len(dirs)), WritePool: cfg.WritePool}
 	if onGPU {
 		sc.Path, sc.GPU.Device, sc.GPU.MaxPages = runtime.PathGPU, cfg.Device, pages
 	}
