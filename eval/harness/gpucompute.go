@@ -71,7 +71,8 @@ func dimsOf(p model.Profile) (prefillDims, error) {
 // (chunk j of m rows at positions s..s+m−1 attends pairs = m·s + m(m+1)/2
 // keys: an m × ⌊pairs/m⌋ GEMM in Ctx tiles plus the remainder as a
 // rem × 1 GEMM), the linear part within the rounding of N (< 1e-5 for every
-// profile). Identical consecutive shapes are merged (Count).
+// profile). Each is a tokenGEMM (the tokens in cuBLAS's n). Identical
+// consecutive shapes are merged (Count).
 func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]testkit.GEMM, error) {
 	d, err := dimsOf(p)
 	if err != nil {
@@ -93,25 +94,31 @@ func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]
 	}
 	for r0 := 0; r0 < newTokens; r0 += t.Rows {
 		m := min(t.Rows, newTokens-r0)
-		add(testkit.GEMM{M: m, N: d.LinearN, K: d.K, Count: 1})
+		add(tokenGEMM(m, d.LinearN, d.K, 1))
 		s := int64(cachedTokens + r0)
 		pairs := int64(m)*s + int64(m)*int64(m+1)/2
 		q, rem := pairs/int64(m), pairs%int64(m)
-		add(testkit.GEMM{M: m, N: t.Ctx, K: d.AttnD, Count: int(q / int64(t.Ctx))})
-		add(testkit.GEMM{M: m, N: int(q % int64(t.Ctx)), K: d.AttnD, Count: 1})
-		add(testkit.GEMM{M: int(rem), N: 1, K: d.AttnD, Count: 1})
+		add(tokenGEMM(m, t.Ctx, d.AttnD, int(q/int64(t.Ctx))))
+		add(tokenGEMM(m, int(q%int64(t.Ctx)), d.AttnD, 1))
+		add(tokenGEMM(int(rem), 1, d.AttnD, 1))
 	}
 	return out, nil
+}
+
+// tokenGEMM is the product of a [tokens × k] activation and a [k × n]
+// operand as a row-major engine (PyTorch) has cuBLAS run it: column-major
+// C[n × tokens] = B[n × k]·A[k × tokens], the token count in cuBLAS's n.
+// With the tokens in cuBLAS's m instead, a count that is not a multiple of
+// 8 runs 5-8× slower (BenchmarkPrefillShapes), which no engine pays.
+func tokenGEMM(tokens, n, k, count int) testkit.GEMM {
+	return testkit.GEMM{M: n, N: tokens, K: k, Count: count}
 }
 
 // prefillBuffers returns the buffer elements that hold every GEMM
 // PrefillGEMMs can emit for p under t (the largest linear and attention
 // shapes: a full chunk of rows).
 func prefillBuffers(d prefillDims, t GEMMTiles) (a, b, c int64) {
-	return testkit.PrefillBuffers([]testkit.GEMM{
-		{M: t.Rows, N: d.LinearN, K: d.K, Count: 1},
-		{M: t.Rows, N: t.Ctx, K: d.AttnD, Count: 1},
-	})
+	return testkit.PrefillBuffers([]testkit.GEMM{tokenGEMM(t.Rows, d.LinearN, d.K, 1), tokenGEMM(t.Rows, t.Ctx, d.AttnD, 1)})
 }
 
 // GPUCompute runs each request's prefill GEMMs on the GPU (testkit.Prefill)
@@ -491,7 +498,7 @@ func (g *GPUCompute) label() string {
 			"next to its restore, as a check of the model (the GPU prefill note gives measured/model)", g.every)
 	}
 	return fmt.Sprintf("measured on GPU (%s): cuBLAS bf16 GEMMs sized from %s's FLOPs, per layer "+
-		"[m×%d]·[%d×%d] (weights) and [m×%d]·[%d×ctx] (attention), ≤ %d tokens and ≤ %d attended tokens per GEMM, "+
+		"[m×%d]·[%d×%d] (weights) and [m×%d]·[%d×ctx] (attention), the m tokens in cuBLAS's n as a row-major engine runs them, ≤ %d tokens and ≤ %d attended tokens per GEMM, "+
 		"%s. Planner and SLO model fitted to %d calibration points (sched.FitCompute): "+
 		"%.1f µs + %.4g µs/token + %.4g ns/pair per layer",
 		g.device, p.Name, g.dims.K, g.dims.K, g.dims.LinearN, g.dims.AttnD, g.dims.AttnD, g.tiles.Rows, g.tiles.Ctx,

@@ -49,12 +49,12 @@ func TestPrefillGEMMsFLOPs(t *testing.T) {
 				var linF, attnF float64
 				rows := 0
 				for _, g := range gs {
-					if g.M > tiles.Rows || (g.K == d.AttnD && g.N > tiles.Ctx) {
+					if g.N > tiles.Rows || (g.K == d.AttnD && g.M > tiles.Ctx) {
 						t.Errorf("%s: GEMM %+v exceeds the tiles", what, g)
 					}
-					if g.K == d.K && g.N == d.LinearN {
+					if g.K == d.K && g.M == d.LinearN {
 						linF += g.FLOPs()
-						rows += g.M * g.Count
+						rows += g.N * g.Count
 					} else {
 						attnF += g.FLOPs()
 					}
@@ -104,7 +104,7 @@ func TestPrefillGEMMsRejects(t *testing.T) {
 
 // gpuComputeAvailable reports whether this machine runs the GPU prefill; a
 // named library (TUTTI_KERNELS_LIB) that cannot is a failure, not a skip.
-func gpuComputeAvailable(t *testing.T) bool {
+func gpuComputeAvailable(t testing.TB) bool {
 	t.Helper()
 	err := kernels.Init(0)
 	if err == nil {
