@@ -67,11 +67,11 @@ func dimsOf(p model.Profile) (prefillDims, error) {
 // PrefillGEMMs returns the GEMMs of one layer that prefills newTokens tokens
 // after cachedTokens tokens of context, for profile p, at most t.Rows tokens
 // and t.Ctx attended tokens per GEMM. Their FLOPs are the profile's
-// PrefillFLOPsPerLayer(cachedTokens, newTokens): the attention part exactly
-// (chunk j of m rows at positions s..s+m−1 attends pairs = m·s + m(m+1)/2
-// keys: an m × ⌊pairs/m⌋ GEMM in Ctx tiles plus the remainder as a
-// rem × 1 GEMM), the linear part within the rounding of N (< 1e-5 for every
-// profile). Each is a tokenGEMM (the tokens in cuBLAS's n). Identical
+// PrefillFLOPsPerLayer(cachedTokens, newTokens): the attention part within
+// 8·m keys per chunk (chunk j of m rows at positions s..s+m−1 attends
+// pairs = m·s + m(m+1)/2 keys: an m × pairs/m GEMM in Ctx tiles, the last
+// tile's key count rounded to a multiple of 8), the linear part within the
+// rounding of N (< 1e-5 for every profile). Each is a tokenGEMM (the tokens in cuBLAS's n). Identical
 // consecutive shapes are merged (Count).
 func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]testkit.GEMM, error) {
 	d, err := dimsOf(p)
@@ -97,10 +97,13 @@ func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]
 		add(tokenGEMM(m, d.LinearN, d.K, 1))
 		s := int64(cachedTokens + r0)
 		pairs := int64(m)*s + int64(m)*int64(m+1)/2
-		q, rem := pairs/int64(m), pairs%int64(m)
+		// Each token attends ⌈pairs/m⌉ or ⌊pairs/m⌋ keys on average: the
+		// tail tile's key count goes to the nearest multiple of 8, as cuBLAS
+		// runs an m off a multiple of 8 several times slower and an
+		// engine's attention kernel has no such cliff.
+		q := (pairs + int64(m)/2) / int64(m)
 		add(tokenGEMM(m, t.Ctx, d.AttnD, int(q/int64(t.Ctx))))
-		add(tokenGEMM(m, int(q%int64(t.Ctx)), d.AttnD, 1))
-		add(tokenGEMM(int(rem), 1, d.AttnD, 1))
+		add(tokenGEMM(m, int(min((q%int64(t.Ctx)+4)&^7, int64(t.Ctx))), d.AttnD, 1))
 	}
 	return out, nil
 }

@@ -64,14 +64,18 @@ func TestPrefillGEMMsFLOPs(t *testing.T) {
 				}
 				n, s := float64(tc.newTokens), float64(tc.cached)
 				wantAttn := p.AttnFLOPsPerContextToken() / float64(p.Shape.Layers) * (n*s + n*(n+1)/2)
-				if attnF != wantAttn {
-					t.Errorf("%s: attention FLOPs %v, want exactly %v", what, attnF, wantAttn)
+				// The last tile's keys are rounded to a multiple of 8 (and the
+				// per-token mean to the nearest key): at most 5 keys per row
+				// of each chunk off, whatever the context.
+				chunks := float64((tc.newTokens + tiles.Rows - 1) / tiles.Rows)
+				if tol := 2 * float64(d.AttnD) * 5 * float64(min(tc.newTokens, tiles.Rows)) * chunks; math.Abs(attnF-wantAttn) > tol {
+					t.Errorf("%s: attention FLOPs %v, want %v within %v", what, attnF, wantAttn, tol)
 				}
 				if linF != 2*float64(d.K*d.LinearN)*n {
 					t.Errorf("%s: weight FLOPs %v, want %v", what, linF, 2*float64(d.K*d.LinearN)*n)
 				}
 				want := p.PrefillFLOPsPerLayer(tc.cached, tc.newTokens)
-				if rel := math.Abs(linF+attnF-want) / want; rel > 1e-5 {
+				if rel := math.Abs(linF+attnF-want) / want; rel > 1e-5+math.Abs(attnF-wantAttn)/want {
 					t.Errorf("%s: %v FLOPs per layer, profile says %v (off by %.2g)", what, linF+attnF, want, rel)
 				}
 				if tiles.Rows < 100 {
