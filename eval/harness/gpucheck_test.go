@@ -232,15 +232,7 @@ func TestGPULiveCheck(t *testing.T) {
 	if !gpuComputeAvailable(t) {
 		t.Skip("GPU test skipped: no GPU or kernels library")
 	}
-	p, _ := model.Lookup("llama3-8b")
-	sim, err := NewCompute(p, DefaultGPUFLOPs, DefaultLayerFixedNs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, g, err := SetupCompute(ComputeGPU, p, sim)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, g := calibratedGPU(t, "llama3-8b")
 	defer g.Close()
 	g.SetLiveEvery(8, &c)
 	g.SetBackend("test")

@@ -154,13 +154,11 @@ func TestSetupCompute(t *testing.T) {
 	}
 }
 
-// On the GPU machine: calibration fits a model, requests measure positive
-// layer times, a restore that brought back fewer blocks is re-measured.
-func TestGPUCompute(t *testing.T) {
-	if !gpuComputeAvailable(t) {
-		t.Skip("GPU test skipped: no GPU or kernels library")
-	}
-	p, _ := model.Lookup("llama3-8b")
+// calibratedGPU is SetupCompute(ComputeGPU) for profile name, or the
+// test's end.
+func calibratedGPU(t *testing.T, name string) (Compute, *GPUCompute) {
+	t.Helper()
+	p, _ := model.Lookup(name)
 	sim, err := NewCompute(p, DefaultGPUFLOPs, DefaultLayerFixedNs)
 	if err != nil {
 		t.Fatal(err)
@@ -169,6 +167,16 @@ func TestGPUCompute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, g
+}
+
+// On the GPU machine: calibration fits a model, requests measure positive
+// layer times, a restore that brought back fewer blocks is re-measured.
+func TestGPUCompute(t *testing.T) {
+	if !gpuComputeAvailable(t) {
+		t.Skip("GPU test skipped: no GPU or kernels library")
+	}
+	c, g := calibratedGPU(t, "llama3-8b")
 	defer g.Close()
 	if !strings.HasPrefix(c.Label, "measured on GPU") || c.Layer(1024, 0) <= 0 {
 		t.Errorf("label %q, fitted layer time %v", c.Label, c.Layer(1024, 0))
