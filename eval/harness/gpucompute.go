@@ -42,8 +42,10 @@ var DefaultGEMMTiles = GEMMTiles{Rows: 8192, Ctx: 16384}
 // prefillDims are the GEMM dimensions of one layer of profile p:
 //
 //   - linear: [m × K]·[K × N] with K the hidden size and N = (linear FLOPs per
-//     token per layer)/(2K), rounded to the nearest integer: the layer's
-//     weights as one matrix (2·K·N = 2 × the layer's active parameters);
+//     token per layer)/(2K), rounded to the nearest multiple of 8 (an
+//     engine's weight dimensions are; cuBLAS's m off one runs several times
+//     slower): the layer's weights as one matrix (2·K·N = 2 × the layer's
+//     active parameters, within 4/N);
 //   - attention: [m × D]·[D × ctx] with D = AttnFLOPsPerContextToken/(2·layers)
 //     = query heads × (QK dim + V dim): one product per (new token, attended
 //     token) pair, as QKᵀ and A·V together cost.
@@ -55,7 +57,7 @@ func dimsOf(p model.Profile) (prefillDims, error) {
 	if p.HiddenSize < 1 || layers < 1 {
 		return d, fmt.Errorf("prefill GEMMs of %s: hidden size %d, %v layers", p.Name, p.HiddenSize, layers)
 	}
-	d.LinearN = int(math.Round(p.LinearFLOPsPerToken() / layers / (2 * float64(p.HiddenSize))))
+	d.LinearN = 8 * int(math.Round(p.LinearFLOPsPerToken()/layers/(2*float64(p.HiddenSize))/8))
 	attn := p.AttnFLOPsPerContextToken() / layers / 2
 	d.AttnD = int(math.Round(attn))
 	if d.LinearN < 1 || d.AttnD < 1 || float64(d.AttnD) != attn {
@@ -68,11 +70,11 @@ func dimsOf(p model.Profile) (prefillDims, error) {
 // after cachedTokens tokens of context, for profile p, at most t.Rows tokens
 // and t.Ctx attended tokens per GEMM. Their FLOPs are the profile's
 // PrefillFLOPsPerLayer(cachedTokens, newTokens): the attention part within
-// 8·m keys per chunk (chunk j of m rows at positions s..s+m−1 attends
+// 5 keys per row of each chunk (chunk j of m rows at positions s..s+m−1 attends
 // pairs = m·s + m(m+1)/2 keys: an m × pairs/m GEMM in Ctx tiles, the last
 // tile's key count rounded to a multiple of 8), the linear part within the
-// rounding of N (< 1e-5 for every profile). Each is a tokenGEMM (the tokens in cuBLAS's n). Identical
-// consecutive shapes are merged (Count).
+// rounding of N (< 1e-4 for every profile). Each is a tokenGEMM (the
+// tokens in cuBLAS's n). Identical consecutive shapes are merged (Count).
 func PrefillGEMMs(p model.Profile, newTokens, cachedTokens int, t GEMMTiles) ([]testkit.GEMM, error) {
 	d, err := dimsOf(p)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 )
 
 // The GEMMs launched for a layer carry the profile's prefill FLOPs: the
-// attention part exactly, the weights within the rounding of N; every shape
+// attention part within its 8-key rounding, the weights within the rounding of N to a multiple of 8; every shape
 // fits the buffers NewGPUCompute allocates.
 func TestPrefillGEMMsFLOPs(t *testing.T) {
 	tileSets := []GEMMTiles{DefaultGEMMTiles, {Rows: 1000, Ctx: 3000}, {Rows: 7, Ctx: 5}}
@@ -29,9 +29,10 @@ func TestPrefillGEMMsFLOPs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The rounding of N is the only inexact part.
+		// The rounding of N to a multiple of 8 is the linear part's only
+		// inexact step.
 		lin := p.LinearFLOPsPerToken() / float64(p.Shape.Layers)
-		if rel := math.Abs(2*float64(d.K*d.LinearN)-lin) / lin; rel > 1e-5 {
+		if rel := math.Abs(2*float64(d.K*d.LinearN)-lin) / lin; rel > 1e-4 || d.LinearN%8 != 0 {
 			t.Errorf("%s: linear N %d off by %.2g", name, d.LinearN, rel)
 		}
 		for _, tiles := range tileSets {
@@ -75,7 +76,7 @@ func TestPrefillGEMMsFLOPs(t *testing.T) {
 					t.Errorf("%s: weight FLOPs %v, want %v", what, linF, 2*float64(d.K*d.LinearN)*n)
 				}
 				want := p.PrefillFLOPsPerLayer(tc.cached, tc.newTokens)
-				if rel := math.Abs(linF+attnF-want) / want; rel > 1e-5+math.Abs(attnF-wantAttn)/want {
+				if rel := math.Abs(linF+attnF-want) / want; rel > 1e-4+math.Abs(attnF-wantAttn)/want {
 					t.Errorf("%s: %v FLOPs per layer, profile says %v (off by %.2g)", what, linF+attnF, want, rel)
 				}
 				if tiles.Rows < 100 {
