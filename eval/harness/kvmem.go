@@ -144,18 +144,21 @@ func (m *KVMemory) VerifyBlock(id uint64, pages []int32) int {
 	}, len(pages))
 }
 
-// parallelLayerBytes: a block whose pages hold at least this much per layer
-// is filled and verified one goroutine per layer (at most GOMAXPROCS at
-// once): a 70B block is 160 MiB, about 60 ms of one core's kvdata, and a
-// warm start fills and verifies tens of GiB per backend. Smaller blocks (the
-// tiny test shape) stay on the caller's goroutine.
-const parallelLayerBytes = 1 << 20
+// parallelBlockBytes: a block whose pages hold at least this much over all
+// layers is filled and verified one goroutine per layer (at most GOMAXPROCS
+// at once): a 70B block is 160 MiB, about 60 ms of one core's kvdata, and a
+// replay fills and verifies tens of GiB per backend. The whole block counts,
+// not one layer: deepseek-v3's 256-token block is 288 KiB per layer but 17
+// MiB in all, and checked on one goroutine its host verify was the slowest
+// phase of a replay (BENCHMARKS.md). Smaller blocks (the tiny test shape)
+// stay on the caller's goroutine.
+const parallelBlockBytes = 4 << 20
 
 // eachLayer runs fn for every layer and sums what it returns; fn for
 // different layers touches disjoint memory.
 func (m *KVMemory) eachLayer(fn func(layer int) int, pages int) int {
 	g := m.Geometry
-	if int64(pages)*g.PageBytesPerLayer() < parallelLayerBytes || goruntime.GOMAXPROCS(0) == 1 {
+	if int64(pages)*g.PageBytesPerLayer()*int64(g.Layers) < parallelBlockBytes || goruntime.GOMAXPROCS(0) == 1 {
 		sum := 0
 		for l := 0; l < g.Layers; l++ {
 			sum += fn(l)

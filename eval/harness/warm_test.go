@@ -246,7 +246,7 @@ func TestFillVerifyParallel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kv.Free()
-	if int64(g.ChunkPages)*g.PageBytesPerLayer() < parallelLayerBytes {
+	if int64(g.ChunkPages)*g.PageBytesPerLayer()*int64(g.Layers) < parallelBlockBytes {
 		t.Fatal("the shape does not take the parallel path")
 	}
 	pages, _ := kv.Alloc(2 * g.ChunkPages)
