@@ -79,6 +79,9 @@ MAX_DOC=${MAX_DOC:-8192}
 RATE=${RATE:-1}
 SEED=${SEED:-1}
 BLOCK_TOKENS=${BLOCK_TOKENS:-256}
+# the real disk's rates for the estimate (GB/s; the virtio disk's ceilings in BENCHMARKS.md, product path)
+DISK_READ_GBPS=${DISK_READ_GBPS:-1.7}
+DISK_WRITE_GBPS=${DISK_WRITE_GBPS:-2.3}
 COMPUTE=${COMPUTE:-gpu}
 PREFILL_EVERY=${PREFILL_EVERY:-8}
 BACKEND_GROUPS=${BACKEND_GROUPS:-}
@@ -150,7 +153,7 @@ est_rates() {
 # prefill of the live requests; the sum, with the setup (calibration, ceiling
 # files), in seconds. Prints a table; the total is the last word of the last line.
 estimate() {
-	local model=$1 backends=$2 kvb params
+	local model=$1 backends=$2 storage=$3 kvb params
 	case "$model" in
 	llama3-8b) kvb=131072 params=8.03e9 ;;
 	llama3-70b) kvb=327680 params=70.6e9 ;;
@@ -161,34 +164,39 @@ estimate() {
 	local b rows=""
 	for b in ${backends//,/ }; do rows+="$b $(est_rates "$b");"; done
 	awk -v docs="$DOCS" -v q="$QUESTIONS" -v lo="$MIN_DOC" -v hi="$MAX_DOC" -v kvb="$kvb" -v params="$params" \
-		-v every="$PREFILL_EVERY" -v compute="$COMPUTE" -v rows="$rows" -v model="$model" -v nloops="$NLOOPS" 'BEGIN {
+		-v every="$PREFILL_EVERY" -v compute="$COMPUTE" -v rows="$rows" -v model="$model" -v nloops="$NLOOPS" \
+		-v storage="$storage" -v bt="$BLOCK_TOKENS" -v dread="$DISK_READ_GBPS" -v dwrite="$DISK_WRITE_GBPS" 'BEGIN {
 		mean = (hi > lo) ? (hi - lo) / log(hi / lo) : lo        # log-uniform document length
-		blk = 512 * kvb; docblocks = int(mean / 512)            # a document'"'"'s full blocks: shared by its questions
+		blk = bt * kvb; docblocks = int(mean / bt)              # a document'"'"'s full blocks: shared by its questions
 		reqs = docs * q
 		R = docs * (q - 1) * docblocks * blk                   # restored by a caching backend
 		S = docs * docblocks * blk + reqs * 1.3 * blk          # saved: each document, each question'"'"'s own ~1.3 blocks
 		live = (compute == "sim") ? 0 : ((every > 1) ? int((reqs + every - 1) / every) : reqs)
 		pre1 = 2 * params * mean / 400e12                      # one document'"'"'s prefill at ~400 TFLOP/s
 		G = 1e9; total = 20 + 2 * docs * docblocks * blk / G / 4 # setup: calibration, ceiling files written and read
-		printf "estimate for %s: %d requests per backend, documents of %.0f tokens on average (%.2f GiB of KV), per caching backend %.0f GiB restored, %.0f GiB saved\n", model, reqs, mean, docblocks * blk / 2^30, R / 2^30, S / 2^30
+		printf "estimate for %s on %s storage: %d requests per backend, documents of %.0f tokens on average (%.2f GiB of KV), per caching backend %.0f GiB restored, %.0f GiB saved\n", model, storage, reqs, mean, docblocks * blk / 2^30, R / 2^30, S / 2^30
 		n = split(rows, r, ";")
 		for (i = 1; i < n; i++) {
 			split(r[i], f, " ")
+			if (storage == "disk" && f[1] != "dram") { f[2] = (f[2] > dread) ? dread : f[2]; f[3] = (f[3] > dwrite) ? dwrite : f[3] }
 			if (f[1] == "recompute") { t = live * pre1 + 2; printf "  %-14s ~%4.0f s (%d live prefills on the GPU)\n", f[1], t, live; total += t; continue }
-			t = R / (f[2] * G) + S / (f[3] * G) + (2 * R + S) / (20 * G) + (live > 0 ? docs * pre1 : 0)
-			if (f[1] == "tutti-gpu") t += (R + S) / (20 * G)
-			printf "  %-14s ~%4.0f s (restore %.0f s at %s GB/s, save %.0f s at %s GB/s, harness %.0f s)\n", f[1], t, R / (f[2] * G), f[2], S / (f[3] * G), f[3], (2 * R + S) / (20 * G)
+			h = (2 * R + S) / (20 * G)                             # zero and verify every restored byte, fill every saved one
+			if (f[1] == "tutti-gpu") h = 2 * S / (20 * G)           # verified in HBM; saved pages filled, then copied to HBM
+			t = R / (f[2] * G) + S / (f[3] * G) + h + (live > 0 ? docs * pre1 : 0)
+			printf "  %-14s ~%4.0f s (restore %.0f s at %s GB/s, save %.0f s at %s GB/s, harness %.0f s)\n", f[1], t, R / (f[2] * G), f[2], S / (f[3] * G), f[3], h
 			total += t
 		}
 		printf "  total ~%.0f s\n", total
 	}'
 }
-for model in $MODELS; do
-	if [ -n "$BACKEND_GROUPS" ]; then
-		for g in $BACKEND_GROUPS; do estimate "$model" "$g"; done
-	else
-		estimate "$model" "$BACKENDS"
-	fi
+for storage in $STORAGES; do
+	for model in $MODELS; do
+		if [ -n "$BACKEND_GROUPS" ]; then
+			for g in $BACKEND_GROUPS; do estimate "$model" "$g" "$storage"; done
+		else
+			estimate "$model" "$BACKENDS" "$storage"
+		fi
+	done
 done >"$WORK/estimate.txt"
 if [ -z "${TUTTI_KERNELS_LIB:-}" ] && [ ! -f kernels/build/libtutti_kernels.so ]; then
 	echo "kernels/build/libtutti_kernels.so missing: built first (make -C kernels NVCC=nvcc: ~100 s on 2 cores; build them on the dev machine and carry kernels/build to save it)" >>"$WORK/estimate.txt"
