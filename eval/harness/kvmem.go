@@ -108,12 +108,7 @@ func PageKey(id uint64, layer, plane, i int) kvdata.Key {
 // consecutive) over 64 bits, so no two blocks' page keys coincide: block
 // a's page i and block b's page j share a key only if their bases differ by
 // less than a block's pages.
-func BlockContentBase(id uint64) uint64 {
-	z := id + 0x9E3779B97F4A7C15
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-	return z ^ (z >> 31)
-}
+func BlockContentBase(id uint64) uint64 { return kvdata.Spread(id) }
 
 // FillBlock writes the deterministic KV of chain block id into its pages (all
 // layers and planes), as a prefill would produce it.

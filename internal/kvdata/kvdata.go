@@ -34,6 +34,11 @@ func mix(z uint64) uint64 {
 	return z ^ (z >> 31)
 }
 
+// Spread is splitmix64 of x (the generator's own mixer after one step of
+// its counter): x's bits spread over all 64, so consecutive inputs give
+// unrelated outputs.
+func Spread(x uint64) uint64 { return mix(x + golden) }
+
 // seed folds the key into one 64-bit stream start. Each field goes through
 // the mixer so that neighbouring keys (layer 1 vs 2) are far apart.
 func seed(k Key) uint64 {
