@@ -426,12 +426,10 @@ func (l *Load) consumeSplit(sl *slot) (overreadBytes int64, done bool) {
 	ok := l.scatter(sl, &crcs)
 	done, err := seg.split.add(crcs.pieces, !ok)
 	if ok && err != nil {
-		// Dropped before the runs fail: failing them may end the load, and
-		// whoever waited on it must find the corrupt run out of the index.
+		l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
 		if errors.Is(err, objmap.ErrChunkCRC) {
 			l.s.dropCorrupt(r.run)
 		}
-		l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
 		ok = false
 	}
 	if done && ok && l.runValid(seg.io.Run) {
@@ -472,8 +470,8 @@ func (l *Load) scatter(sl *slot, ck chunkChecker) bool {
 	if lo < hi {
 		data := sl.data[lo-seg.objOff : hi-seg.objOff]
 		if err := l.s.kv.restorePages(seg.io.Layer, l.pages[r.chainPos*l.s.geo.ChunkPages:], lo-sp.Skip, hi-sp.Skip, data, ck); err != nil {
-			l.s.dropCorrupt(r.run) // first, as in consumeSplit
 			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
+			l.s.dropCorrupt(r.run)
 			return false
 		}
 	}
