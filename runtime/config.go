@@ -59,11 +59,8 @@ type Config struct {
 	// CapacityBytes is the on-disk capacity of the store (preallocated,
 	// split evenly over Dirs).
 	CapacityBytes int64
-	// WritePool has the store's creation write the whole pool with zeros
-	// (objmap.Options.WritePool; ignored when the store exists): creation
-	// takes the capacity's write time, and the first saves into the fresh
-	// store run as fast as later ones instead of paying the file system's
-	// conversion of preallocated extents.
+	// WritePool: a new store's pool is written with zeros at creation
+	// (objmap.Options.WritePool says what that costs and buys).
 	WritePool bool
 
 	// Geometry is the model's KV shape; its fingerprint is in every header,
