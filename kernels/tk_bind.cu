@@ -109,6 +109,8 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
   if (p->ring && p->staging_slots < p->lookahead + 2)
     return fail(TK_ERR_INVALID, "staging slots %u < lookahead %u + 2", p->staging_slots, p->lookahead);
   CK(cudaSetDevice(p->device));
+  CK(load_io_layer());  // before any restore runs: see load_io_layer
+  CK(load_copy_layer());
   Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
   if (!c) return fail(TK_ERR_INVALID, "out of host memory");
   c->device = p->device;

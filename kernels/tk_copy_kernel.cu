@@ -51,3 +51,9 @@ void launch_copy_layer(cudaStream_t s, bool to_kv, char *obj, const tk_page_map 
   else
     copy_layer_kernel<false><<<grid, kCopyThreads, 0, s>>>(obj, map, n_pages, results, kvp, g, layer);
 }
+
+cudaError_t load_copy_layer(void) {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaFuncGetAttributes(&a, copy_layer_kernel<true>);
+  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, copy_layer_kernel<false>);
+}

@@ -122,4 +122,14 @@ TK_HIDDEN void launch_io_layer(cudaStream_t s, const DRing &r, DState *st, const
 TK_HIDDEN void launch_copy_layer(cudaStream_t s, bool to_kv, char *obj, const tk_page_map *map, uint32_t n_pages,
                                  const tk_entry_result *results, const uint64_t *kvp, const Geo &g, uint32_t layer);
 
+// load_io_layer and load_copy_layer load their kernels into the current
+// device's context now. Under lazy module loading (CUDA's default) a
+// kernel's first launch loads it, and loading may synchronize the whole
+// context: a restore's first launch would wait for every kernel an engine
+// has queued, and an engine kernel's first launch for the running ring
+// kernel. tk_bind calls both, so only the engine's own first launches remain
+// (docs/integration.md, the GPU path, says how an engine avoids those).
+TK_HIDDEN cudaError_t load_io_layer(void);
+TK_HIDDEN cudaError_t load_copy_layer(void);
+
 #endif  // TK_CTX_CUH

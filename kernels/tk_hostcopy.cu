@@ -13,8 +13,10 @@ extern "C" tk_status tk_host_map(uint64_t h, const tk_page_map *pages, uint32_t 
   tk_status s = check_map(c, pages, n, 0, ~0ull >> 1, NULL);
   if (s) return s;
   CK(cudaSetDevice(c->device));
+  // On the copy stream, after the copies that read the previous map (a
+  // cudaMemcpy would go on the legacy stream and wait for an engine's work there).
+  CK(cudaMemcpyAsync(c->d_host_map, pages, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice, c->copy));
   CK(cudaStreamSynchronize(c->copy));
-  CK(cudaMemcpy(c->d_host_map, pages, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice));
   c->host_map_pages = n;
   c->host_map_end = 0;
   const uint64_t page_bytes = c->geo.plane_bytes * c->geo.planes;

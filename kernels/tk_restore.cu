@@ -192,12 +192,16 @@ extern "C" tk_status tk_restore_wait(uint64_t h, uint32_t req, tk_entry_result *
   if (results) memcpy(results, q->h_results, sizeof(tk_entry_result) * (n_results < ne ? n_results : ne));
   for (uint32_t l = 0; layer_ms && l < n_layer_ms && l < q->n_layers; l++)
     CK(cudaEventElapsedTime(&layer_ms[l], q->start, q->ready[l]));
-  DState st;
-  CK(cudaMemcpy(&st, c->d_state, sizeof st, cudaMemcpyDeviceToHost));
   for (uint32_t l = 0; l < q->n_layers; l++) {
     if ((s = layer_status(*q, l))) {
       char first[256];
       snprintf(first, sizeof first, "%s", g_err);
+      // Read on the ring's own stream, which has finished this request: a
+      // cudaMemcpy would go on the legacy stream and wait for an engine's work
+      // there (here only on a failure, which reads it for its message).
+      DState st;
+      CK(cudaMemcpyAsync(&st, c->d_state, sizeof st, cudaMemcpyDeviceToHost, c->io));
+      CK(cudaStreamSynchronize(c->io));
       // Both views of the ring: what the kernel published and what the GPU holds.
       return fail(st.broken ? TK_ERR_RING : TK_ERR_IO,
                   "%s; ring: sq head %u tail %u flags %#x, cq head %u tail %u; gpu: sq tail %u cq head %u inflight %u stray %u",

@@ -157,3 +157,8 @@ void launch_io_layer(cudaStream_t s, const DRing &r, DState *st, const DReq &q, 
                      uint32_t window, uint64_t timeout_ns) {
   io_layer_kernel<<<1, kIOThreads, 0, s>>>(r, st, q, layer, lookahead, window, timeout_ns);
 }
+
+cudaError_t load_io_layer(void) {
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes(&a, io_layer_kernel);
+}

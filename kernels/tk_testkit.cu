@@ -140,3 +140,35 @@ extern "C" tk_status tkt_kv_verify(const tk_kv *kv, int32_t device, uint64_t see
   *mismatched = count;
   return TK_OK;
 }
+
+// An engine's work on the legacy default stream (PyTorch's default): one
+// block spinning for ns by the GPU's clock, launched and not waited for.
+__global__ void legacy_spin_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+extern "C" tk_status tkt_legacy_spin(int32_t device, uint64_t ns) {
+  if (!ns || ns > 60ull * 1000000000ull) return tk_fail_msg(TK_ERR_INVALID, "legacy spin of %llu ns (1 ns..60 s)", (unsigned long long)ns);
+  CK(cudaSetDevice(device));
+  legacy_spin_kernel<<<1, 32, 0, cudaStreamLegacy>>>(ns);
+  CK(cudaGetLastError());
+  return TK_OK;
+}
+
+extern "C" tk_status tkt_legacy_busy(int32_t device, int32_t *busy) {
+  if (!busy) return tk_fail_msg(TK_ERR_INVALID, "tkt_legacy_busy: null argument");
+  CK(cudaSetDevice(device));
+  cudaError_t e = cudaStreamQuery(cudaStreamLegacy);
+  if (e == cudaErrorNotReady) {
+    *busy = 1;
+    return TK_OK;
+  }
+  CK(e);
+  *busy = 0;
+  return TK_OK;
+}

@@ -9,6 +9,7 @@
  * a bound context: they share device pointers with the product's library
  * (one process, one primary CUDA context per device) and nothing else. Each
  * call is synchronous and allocates what it needs for its own duration.
+ * (tkt_legacy_spin excepted: it returns with its kernel running.)
  * Errors: tk_status codes of tutti_kernels.h; tkt_last_error copies the
  * calling thread's last message of this library.
  */
@@ -32,6 +33,13 @@ tk_status tkt_kv_fill(const tk_kv *kv, int32_t device, uint32_t byte_value);
  * index in `pages` (its place in the saved object; one page per chain block). */
 tk_status tkt_kv_verify(const tk_kv *kv, int32_t device, uint64_t seed, const tk_page_map *pages, uint32_t n_pages,
                         uint32_t first_layer, uint32_t n_layers, uint64_t *mismatched_words);
+
+/* An engine's work on the legacy default stream: tkt_legacy_spin launches a
+ * kernel there that runs for ns (1 ns..60 s) and returns at once;
+ * tkt_legacy_busy says whether the legacy stream still has work. What a test
+ * of "the product's waits do not wait for the engine's stream" uses. */
+tk_status tkt_legacy_spin(int32_t device, uint64_t ns);
+tk_status tkt_legacy_busy(int32_t device, int32_t *busy);
 
 /* ---- cuFile (GDS), loaded with dlopen ---- */
 /* Opens the cuFile driver and registers path; returns TK_OK, or the error with

@@ -163,6 +163,12 @@ func (r *backendRun) request(seq int) error {
 	if err != nil {
 		return fmt.Errorf("request %d: %w", seq, err)
 	}
+	// Verified once the live prefill is collected: a verify on the GPU
+	// beside it (a kernel over every restored page, and the test kit's
+	// device-wide syncs) is harness work no engine has.
+	if err := r.verifyRestored(req, restored); err != nil {
+		return err
+	}
 	if err := r.save(req, &svc); err != nil {
 		return err
 	}
@@ -192,6 +198,31 @@ func (r *backendRun) invalidate(req *Request) error {
 	return nil
 }
 
+// verifyRestored checks the blocks Chain[:blocks] the restore brought
+// back: in the backend's own device memory where it can (DeviceVerifier),
+// else in the host pages.
+func (r *backendRun) verifyRestored(req *Request, blocks int) error {
+	if blocks == 0 {
+		return nil
+	}
+	g, c := r.kv.Geometry, &r.clock
+	if dv, ok := r.b.(DeviceVerifier); ok {
+		var bad int64
+		var onDevice bool
+		var err error
+		timed(&c.verify, func() { bad, onDevice, err = dv.VerifyOnDevice(req, blocks) })
+		if err != nil {
+			return fmt.Errorf("request %d: %w", req.Seq, err)
+		}
+		if onDevice {
+			r.br.VerifyMismatches += bad
+			c.verified += int64(blocks) * g.ChunkBytes()
+			return nil
+		}
+	}
+	return r.verifyOnHost(req, blocks)
+}
+
 // verifyOnHost checks blocks Chain[:blocks] in the host pages, copied there
 // first from a HostSyncer's own memory.
 func (r *backendRun) verifyOnHost(req *Request, blocks int) error {
@@ -216,7 +247,7 @@ func (r *backendRun) verifyOnHost(req *Request, blocks int) error {
 // times it, verifies every restored block and returns how many were
 // restored.
 func (r *backendRun) restore(req *Request, svc *Service) (int, error) {
-	g, br, tr, c := r.kv.Geometry, r.br, req.Trace, &r.clock
+	br, tr, c := r.br, req.Trace, &r.clock
 	c0, _ := blockstat.ProcessCPU()
 	t0 := time.Now()
 	rr, err := r.b.Restore(req)
@@ -231,23 +262,6 @@ func (r *backendRun) restore(req *Request, svc *Service) (int, error) {
 		d = rr.LayerReady[n-1] // the last layer's readiness ends the load
 	}
 	r.loadTime += d
-	onDevice := false
-	if dv, ok := r.b.(DeviceVerifier); ok && rr.Blocks > 0 {
-		var bad int64
-		timed(&c.verify, func() { bad, onDevice, err = dv.VerifyOnDevice(req, rr.Blocks) })
-		if err != nil {
-			return 0, fmt.Errorf("request %d: %w", req.Seq, err)
-		}
-		if onDevice {
-			br.VerifyMismatches += bad
-			c.verified += int64(rr.Blocks) * g.ChunkBytes()
-		}
-	}
-	if !onDevice {
-		if err := r.verifyOnHost(req, rr.Blocks); err != nil {
-			return 0, err
-		}
-	}
 	br.Fallbacks += int64(rr.Fallbacks)
 	br.RestoredBytes += rr.Bytes
 	br.ReadBytes += rr.ReadBytes

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"time"
 
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels/testkit"
@@ -113,5 +114,50 @@ func TestDeviceVerifierProtocol(t *testing.T) {
 		if ph := b.Phases; ph == nil || ph.VerifiedBytes == 0 || (!tc.refuse && ph.ToHostS != 0) {
 			t.Fatalf("%s: phases %+v", tc.name, ph)
 		}
+	}
+}
+
+// pendingCheck is devMirrored noting, at each verify on its device, whether
+// the replay's live prefill was still in flight.
+type pendingCheck struct {
+	devMirrored
+	gpu                *GPUCompute
+	verifies, inFlight int
+}
+
+func (d *pendingCheck) VerifyOnDevice(req *Request, blocks int) (int64, bool, error) {
+	d.verifies++
+	if d.gpu.pending != nil {
+		d.inFlight++
+	}
+	return d.devMirrored.VerifyOnDevice(req, blocks)
+}
+
+// A restore is verified after the live prefill beside it is collected: a
+// verify on the GPU (a kernel over every restored page, the test kit's
+// device-wide syncs) beside the prefill is harness work no engine has, and
+// would be measured as the restore's contention.
+func TestVerifyAfterLivePrefill(t *testing.T) {
+	p, _ := model.Lookup("tiny")
+	comp, _ := NewCompute(p, DefaultGPUFLOPs, DefaultLayerFixedNs)
+	g, runs := fakeGPU(t, 100*time.Microsecond)
+	g.prof = p
+	d, err := dimsOf(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.dims = d
+	g.every = 1 // every request's prefill runs live next to its restore
+	b := &pendingCheck{devMirrored: devMirrored{mirrored: mirrored{DRAM: NewDRAM()}}, gpu: g}
+	res, err := Run(context.Background(), Config{Requests: synthetic(16), Profile: p, Dir: t.TempDir(),
+		Backends: []Backend{b}, Compute: comp, GPU: g, CeilingBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Backends[0].HitBlocks == 0 || b.verifies == 0 || len(*runs) == 0 {
+		t.Fatalf("nothing to check: %d hit blocks, %d verifies, %d prefills", res.Backends[0].HitBlocks, b.verifies, len(*runs))
+	}
+	if b.inFlight != 0 {
+		t.Fatalf("%d of %d verifies ran while the live prefill was in flight", b.inFlight, b.verifies)
 	}
 }

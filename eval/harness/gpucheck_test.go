@@ -251,3 +251,49 @@ func TestGPULiveCheck(t *testing.T) {
 	}
 	t.Logf("%s", st.liveNote(8))
 }
+
+// A prefill next to a restore whose GEMM shapes have not run yet runs one
+// layer of the new shapes alone first (an engine's warm-up: a kernel's
+// first launch can wait for the whole context under lazy loading); shapes
+// already run, by a warm-up or by a measure, are not warmed again.
+func TestWarmUpNewShapesBeforeLive(t *testing.T) {
+	g, runs := fakeGPU(t, 100*time.Microsecond)
+	layers := g.prof.Shape.Layers
+	startCollect := func(in, cached int) {
+		t.Helper()
+		r := g.Start(in, cached)
+		if err := g.collect(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startCollect(300, 16)
+	if len(*runs) != 2 {
+		t.Fatalf("%d runs for the first prefill, want a warm-up then the live run", len(*runs))
+	}
+	live, _ := PrefillGEMMs(g.prof, 284, 16, g.tiles)
+	for _, gm := range (*runs)[0] {
+		if gm.Count != 1 {
+			t.Errorf("warm-up GEMM %+v: want one launch of each shape", gm)
+		}
+	}
+	if !slices.Equal((*runs)[1], live) {
+		t.Errorf("live run %v, want %v", (*runs)[1], live)
+	}
+	if s := g.Stats(); s.Warmups != 1 || s.WarmupGPUTime != 100*time.Microsecond {
+		t.Errorf("warm-ups %d, %v of GPU: want 1 of one layer (100µs)", s.Warmups, s.WarmupGPUTime)
+	}
+	startCollect(300, 16) // the same shapes: no warm-up
+	if len(*runs) != 3 {
+		t.Fatalf("%d runs after a second prefill of the same shapes, want 3", len(*runs))
+	}
+	if err := g.measure(layers, 1000, 0); err != nil { // a measure warms its shapes too
+		t.Fatal(err)
+	}
+	startCollect(1000, 0)
+	if len(*runs) != 5 {
+		t.Fatalf("%d runs after a measured shape ran live, want 5 (no warm-up)", len(*runs))
+	}
+	if n := g.Stats().warmupNote(); !strings.Contains(n, "1 prefills next to a restore had GEMM shapes not run before") {
+		t.Errorf("note %q does not report the warm-up", n)
+	}
+}

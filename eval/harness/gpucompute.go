@@ -161,8 +161,13 @@ type GPUCompute struct {
 	lastDone time.Time
 	lastIdle time.Duration
 
-	// runHook, when set (tests without a GPU), runs measure's GEMMs in
-	// place of pf.Run, under its contract.
+	// warmed holds the GEMM shapes run at least once in this process
+	// (warmUp).
+	warmed map[testkit.GEMM]bool
+
+	// runHook, when set (tests without a GPU), runs the GEMMs of measure
+	// and of a Start/collect pair in place of pf.Run (pf.Start then pf.Wait
+	// for the pair: the hook runs at collect), under its contract.
 	runHook func(layers int, gemms []testkit.GEMM, dst []time.Duration) ([]time.Duration, error)
 }
 
@@ -192,6 +197,11 @@ type GPUComputeStats struct {
 	AloneRuns    int
 	AloneGPUTime time.Duration
 	NoAloneRerun bool // SetAloneCheck(false)
+	// Warmups: prefills whose GEMM shapes were new, run once alone (one
+	// layer) before their run next to a restore (warmUp); WarmupGPUTime is
+	// their GPU time, outside the timeline like AloneGPUTime.
+	Warmups       int
+	WarmupGPUTime time.Duration
 }
 
 // PrefillRun is one request's prefill in flight.
@@ -201,7 +211,8 @@ type PrefillRun struct {
 	err                     error
 	enqueueCPU              time.Duration
 	launches                int64
-	counted                 bool // enqueueCPU and launches are in the stats
+	counted                 bool           // enqueueCPU and launches are in the stats
+	hooked                  []testkit.GEMM // what runHook runs at collect
 
 	// Host timings of the enqueue (live checks' diagnostics), each set
 	// before done closes: lag is Start to the goroutine running, wall
@@ -281,6 +292,11 @@ func (g *GPUCompute) Start(inputTokens, cachedTokens int) *PrefillRun {
 	for _, gm := range gemms {
 		r.launches += int64(gm.Count) * int64(g.prof.Shape.Layers)
 	}
+	if err := g.warmUp(gemms); err != nil {
+		r.err = err
+		close(r.done)
+		return r
+	}
 	g.pending = r
 	t0 := time.Now()
 	if !g.lastDone.IsZero() {
@@ -292,12 +308,63 @@ func (g *GPUCompute) Start(inputTokens, cachedTokens int) *PrefillRun {
 		goruntime.LockOSThread()
 		defer goruntime.UnlockOSThread()
 		c0, w0 := threadCPU(), time.Now()
-		r.err = g.pf.Start(g.prof.Shape.Layers, gemms)
+		if g.runHook != nil {
+			r.hooked = gemms
+		} else {
+			r.err = g.pf.Start(g.prof.Shape.Layers, gemms)
+		}
 		r.enqueueCPU = threadCPU() - c0
 		r.call, r.wall = time.Since(w0), time.Since(t0)
 		close(r.done)
 	}()
 	return r
+}
+
+// warmUp runs one layer of gemms alone, and waits, when one of their shapes
+// has not run in this process yet. A kernel's first launch loads it, and
+// under CUDA's lazy loading that load can wait for the whole context: a
+// prefill whose GEMMs are new would then wait for the restore running
+// beside it (a GPU restore's I/O kernel runs until its reads are in) and
+// measure that instead of the contention. An engine loads its kernels in
+// its warm-up before it serves; this is that warm-up, shape by shape.
+func (g *GPUCompute) warmUp(gemms []testkit.GEMM) error {
+	var fresh []testkit.GEMM
+	for _, gm := range gemms {
+		key := gm
+		key.Count = 1
+		if !g.warmed[key] {
+			fresh = append(fresh, key)
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	var err error
+	var ts []time.Duration
+	if g.runHook != nil {
+		ts, err = g.runHook(1, fresh, nil)
+	} else {
+		ts, err = g.pf.Run(1, fresh, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("warming up %d new GEMM shapes: %w", len(fresh), err)
+	}
+	g.markWarm(fresh)
+	g.stats.Warmups++
+	g.stats.WarmupGPUTime += sumTimes(ts)
+	g.lastDone = time.Now()
+	return nil
+}
+
+// markWarm records the shapes of gemms as run (warmUp).
+func (g *GPUCompute) markWarm(gemms []testkit.GEMM) {
+	if g.warmed == nil {
+		g.warmed = make(map[testkit.GEMM]bool)
+	}
+	for _, gm := range gemms {
+		gm.Count = 1
+		g.warmed[gm] = true
+	}
 }
 
 // threadCPU is the calling thread's CPU time (user + system).
@@ -326,7 +393,11 @@ func (g *GPUCompute) collect(r *PrefillRun) error {
 		return r.err
 	}
 	var err error
-	g.times, err = g.pf.Wait(g.times)
+	if g.runHook != nil {
+		g.times, err = g.runHook(g.prof.Shape.Layers, r.hooked, g.times)
+	} else {
+		g.times, err = g.pf.Wait(g.times)
+	}
 	g.lastDone = time.Now()
 	return err
 }
@@ -405,6 +476,7 @@ func (g *GPUCompute) measure(layers, newTokens, cachedTokens int) error {
 	if err != nil {
 		return fmt.Errorf("GPU prefill of %d tokens after %d: %w", newTokens, cachedTokens, err)
 	}
+	g.markWarm(gemms)
 	return nil
 }
 

@@ -107,3 +107,12 @@ func (gs GPUComputeStats) liveNote(every int) string {
 	}
 	return s + gs.backendNote()
 }
+
+// warmupNote is the GPU prefill note's part on warmUp ("" when none ran).
+func (gs GPUComputeStats) warmupNote() string {
+	if gs.Warmups == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d prefills next to a restore had GEMM shapes not run before and ran one layer of them alone first (%.1f ms of GPU time, outside the timeline), as an engine's warm-up loads its kernels before it serves",
+		gs.Warmups, ms(gs.WarmupGPUTime))
+}

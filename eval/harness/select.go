@@ -105,6 +105,6 @@ func GPUComputeNotes(g *GPUCompute) []string {
 	if gs.Requests == 0 && gs.Calibrated == 0 {
 		return nil
 	}
-	return []string{fmt.Sprintf("GPU prefill: %d prefills measured (%d re-measured alone: the restore brought back fewer blocks than looked up), %.1f s of GPU time; %d GEMM launches next to restores took %.2f CPU-s (in the restores' CPU time where they overlapped)%s",
-		gs.Requests, gs.Reruns, gs.GPUTime.Seconds(), gs.Launches, gs.EnqueueCPU.Seconds(), gs.liveNote(g.LiveEvery()))}
+	return []string{fmt.Sprintf("GPU prefill: %d prefills measured (%d re-measured alone: the restore brought back fewer blocks than looked up), %.1f s of GPU time; %d GEMM launches next to restores took %.2f CPU-s (in the restores' CPU time where they overlapped)%s%s",
+		gs.Requests, gs.Reruns, gs.GPUTime.Seconds(), gs.Launches, gs.EnqueueCPU.Seconds(), gs.warmupNote(), gs.liveNote(g.LiveEvery()))}
 }

@@ -23,6 +23,8 @@ static struct {
 	int32_t (*last_error)(char *, int32_t);
 	tk_status (*kv_fill)(const tk_kv *, int32_t, uint32_t);
 	tk_status (*kv_verify)(const tk_kv *, int32_t, uint64_t, const tk_page_map *, uint32_t, uint32_t, uint32_t, uint64_t *);
+	tk_status (*legacy_spin)(int32_t, uint64_t);
+	tk_status (*legacy_busy)(int32_t, int32_t *);
 	tk_status (*cufile_probe)(const char *, int32_t *);
 	tk_status (*cufile_batch_read)(const char *, const uint64_t *, const uint64_t *, const uint32_t *, uint32_t, uint64_t, uint64_t);
 } T;
@@ -34,6 +36,7 @@ static int tkt_load(const char *path, char *err, int n) {
 	if (!h) { snprintf(err, n, "%s", dlerror()); return -1; }
 #define S(f, sym) if (!(*(void **)&T.f = dlsym(h, sym))) { snprintf(err, n, "%s lacks %s", path, sym); dlclose(h); memset(&T, 0, sizeof T); return -1; }
 	S(abi_version, "tkt_abi_version") S(last_error, "tkt_last_error") S(kv_fill, "tkt_kv_fill") S(kv_verify, "tkt_kv_verify")
+	S(legacy_spin, "tkt_legacy_spin") S(legacy_busy, "tkt_legacy_busy")
 	S(cufile_probe, "tk_cufile_probe") S(cufile_batch_read, "tk_cufile_batch_read")
 #undef S
 	tkt_handle = h;
@@ -44,6 +47,8 @@ static int32_t tkt_abi(void) { return T.abi_version(); }
 static int32_t tkt_err(char *b, int32_t n) { return T.last_error(b, n); }
 static tk_status tkt_fill(const tk_kv *kv, int32_t d, uint32_t v) { return T.kv_fill(kv, d, v); }
 static tk_status tkt_verify(const tk_kv *kv, int32_t d, uint64_t seed, const tk_page_map *m, uint32_t n, uint32_t fl, uint32_t nl, uint64_t *out) { return T.kv_verify(kv, d, seed, m, n, fl, nl, out); }
+static tk_status tkt_spin(int32_t d, uint64_t ns) { return T.legacy_spin(d, ns); }
+static tk_status tkt_busy(int32_t d, int32_t *b) { return T.legacy_busy(d, b); }
 static tk_status tkt_cf_probe(const char *p, int32_t *e) { return T.cufile_probe(p, e); }
 static tk_status tkt_cf_read(const char *p, const uint64_t *fo, const uint64_t *dof, const uint32_t *len, uint32_t n, uint64_t d, uint64_t db) { return T.cufile_batch_read(p, fo, dof, len, n, d, db); }
 */
@@ -54,6 +59,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/tutti-io/tutti/kernels"
@@ -204,6 +210,27 @@ func VerifyTensors(cfg kernels.Config, seed uint64, pages []kernels.PageMap, fir
 	err = status("verify kv", C.tkt_verify(&kv, C.int32_t(cfg.Device), C.uint64_t(seed), (*C.tk_page_map)(unsafe.Pointer(&pages[0])),
 		C.uint32_t(len(pages)), C.uint32_t(firstLayer), C.uint32_t(layers), &n))
 	return uint64(n), err
+}
+
+// LegacySpin launches a kernel that runs for d on device's legacy default
+// stream (where PyTorch puts an engine's work) and returns at once: what a
+// test that the product's waits do not wait for an engine's stream runs
+// beside them. LegacyBusy reports whether that stream still has work.
+func LegacySpin(device int, d time.Duration) error {
+	if err := Load(); err != nil {
+		return err
+	}
+	return status("legacy spin", C.tkt_spin(C.int32_t(device), C.uint64_t(d.Nanoseconds())))
+}
+
+// LegacyBusy: see LegacySpin.
+func LegacyBusy(device int) (bool, error) {
+	if err := Load(); err != nil {
+		return false, err
+	}
+	var b C.int32_t
+	err := status("legacy stream query", C.tkt_busy(C.int32_t(device), &b))
+	return b != 0, err
 }
 
 // CuFileProbe opens the cuFile driver and registers path with it. On failure
