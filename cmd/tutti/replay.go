@@ -80,7 +80,7 @@ func newReplayFlags(stderr io.Writer) *replayFlags {
 	f.saveBoundMs = fs.Int("tutti-save-bound-ms", 60000, "tutti's save bound (runtime Config.SaveBoundMs; 0: the runtime's default, 2000). The scheduler cuts a save to what it can write within the bound; the replay compares restores of the same cached blocks, and with the runtime's 2 s a 70B request bringing several GB of new KV would keep only its leading blocks where the baselines keep all")
 	f.gpuWindow = fs.Int("tutti-gpu-window", 0, "tutti-gpu: GPU reads in flight (0: sized to the store's devices, runtime.GPUReadWindow)")
 	f.gpuMaxIO = fs.Int("tutti-gpu-max-io", 0, "tutti-gpu: largest read in bytes (0: the largest read every store device takes unsplit, from max_sectors_kb, at most 4 MiB)")
-	f.gpuLookahead = fs.Int("tutti-gpu-lookahead", 0, "tutti-gpu: layers in flight beyond the one waited for (0: one per store device, at least 2, at most 8)")
+	f.gpuLookahead = fs.Int("tutti-gpu-lookahead", 0, "tutti-gpu: layers in flight beyond the one waited for, 0..16 (0: runtime.GPULookaheadToFill, layers enough to fill the read window, at least one per store device and 2, at most 16)")
 	f.wl = registerWorkloadFlags(fs)
 	f.planner = fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
 	f.kf.add(fs)
