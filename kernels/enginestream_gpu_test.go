@@ -11,9 +11,10 @@ import (
 
 // TestGPUWaitsIgnoreTheEngineStream: an engine's work on the legacy default
 // stream (PyTorch's default) is not waited for by a restore's waits or by
-// setting the host page map. A cudaMemcpy in either made every restore wait
-// for the engine's queued prefill, and a live prefill beside a restore ran
-// several times slower than alone.
+// setting the host page map. Either would make every restore wait for the
+// engine's queued prefill: a cudaMemcpy on the legacy stream, or the lazy
+// load of a kernel at its first launch (tk_bind loads them: load_io_layer).
+// It runs first of the package's GPU tests, before any restore has launched.
 func TestGPUWaitsIgnoreTheEngineStream(t *testing.T) {
 	gpuOrSkip(t)
 	g := objmap.Geometry{Layers: 6, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}

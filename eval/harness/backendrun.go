@@ -244,8 +244,8 @@ func (r *backendRun) verifyOnHost(req *Request, blocks int) error {
 }
 
 // restore restores req's hit into its pages (invalidated by the caller),
-// times it, verifies every restored block and returns how many were
-// restored.
+// times it and returns how many blocks were restored (request verifies
+// them, after the live prefill: verifyRestored).
 func (r *backendRun) restore(req *Request, svc *Service) (int, error) {
 	br, tr, c := r.br, req.Trace, &r.clock
 	c0, _ := blockstat.ProcessCPU()

@@ -330,30 +330,26 @@ func (g *GPUCompute) Start(inputTokens, cachedTokens int) *PrefillRun {
 func (g *GPUCompute) warmUp(gemms []testkit.GEMM) error {
 	var fresh []testkit.GEMM
 	for _, gm := range gemms {
-		key := gm
-		key.Count = 1
-		if !g.warmed[key] {
-			fresh = append(fresh, key)
+		if k := shapeOf(gm); !g.warmed[k] {
+			fresh = append(fresh, k)
 		}
 	}
 	if len(fresh) == 0 {
 		return nil
 	}
-	var err error
-	var ts []time.Duration
-	if g.runHook != nil {
-		ts, err = g.runHook(1, fresh, nil)
-	} else {
-		ts, err = g.pf.Run(1, fresh, nil)
-	}
+	ts, err := g.runAlone(1, fresh, nil)
 	if err != nil {
 		return fmt.Errorf("warming up %d new GEMM shapes: %w", len(fresh), err)
 	}
-	g.markWarm(fresh)
 	g.stats.Warmups++
 	g.stats.WarmupGPUTime += sumTimes(ts)
-	g.lastDone = time.Now()
 	return nil
+}
+
+// shapeOf is gm's shape: one launch of it (what loads its kernel).
+func shapeOf(gm testkit.GEMM) testkit.GEMM {
+	gm.Count = 1
+	return gm
 }
 
 // markWarm records the shapes of gemms as run (warmUp).
@@ -362,8 +358,7 @@ func (g *GPUCompute) markWarm(gemms []testkit.GEMM) {
 		g.warmed = make(map[testkit.GEMM]bool)
 	}
 	for _, gm := range gemms {
-		gm.Count = 1
-		g.warmed[gm] = true
+		g.warmed[shapeOf(gm)] = true
 	}
 }
 
@@ -467,17 +462,27 @@ func (g *GPUCompute) measure(layers, newTokens, cachedTokens int) error {
 	if !g.lastDone.IsZero() {
 		g.lastIdle = time.Since(g.lastDone)
 	}
-	if g.runHook != nil {
-		g.times, err = g.runHook(layers, gemms, g.times[:0])
-	} else {
-		g.times, err = g.pf.Run(layers, gemms, g.times[:0])
-	}
-	g.lastDone = time.Now()
+	g.times, err = g.runAlone(layers, gemms, g.times[:0])
 	if err != nil {
 		return fmt.Errorf("GPU prefill of %d tokens after %d: %w", newTokens, cachedTokens, err)
 	}
-	g.markWarm(gemms)
 	return nil
+}
+
+// runAlone runs layers layers of gemms and waits (runHook's in tests),
+// appending the layer times to dst; the shapes count as warm after it.
+func (g *GPUCompute) runAlone(layers int, gemms []testkit.GEMM, dst []time.Duration) ([]time.Duration, error) {
+	var err error
+	if g.runHook != nil {
+		dst, err = g.runHook(layers, gemms, dst)
+	} else {
+		dst, err = g.pf.Run(layers, gemms, dst)
+	}
+	g.lastDone = time.Now()
+	if err == nil {
+		g.markWarm(gemms)
+	}
+	return dst, err
 }
 
 // calibrationTokens and calibrationStarts span the requests of a replay: the

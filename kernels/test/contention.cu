@@ -1,6 +1,5 @@
 // contention.cu — which part of a GPU-driven restore slows a prefill's GEMMs
-// running beside it (the harness's live check read tutti-gpu's live prefill
-// 4.8x its alone re-run while the CPU-issued backends read 1.00).
+// running beside it (BENCHMARKS.md, the live check, has its figures).
 //
 // The prefill is the harness's stand-in for one docqa question (llama3-8b,
 // tokens in cuBLAS's n): per layer the linear GEMM and the attention GEMM.
