@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -248,7 +247,7 @@ func Ceiling(ctx context.Context, path string, sizeBytes int64) (float64, Row, e
 // destination (Config.BufferBytes; 0: 32 MiB, one block per read in
 // flight).
 func CeilingInto(ctx context.Context, path string, sizeBytes, bufferBytes int64) (float64, Row, error) {
-	row, err := ceilingOn(ctx, path, sizeBytes, ceilingRuntime, uringRun{bufferBytes: bufferBytes})
+	row, err := ceilingOn(ctx, path, sizeBytes, ceilingRuntime, ceilingSpec, uringRun{bufferBytes: bufferBytes})
 	if err != nil {
 		return 0, Row{}, fmt.Errorf("measuring the device ceiling of %s: %w", path, err)
 	}
@@ -258,24 +257,29 @@ func CeilingInto(ctx context.Context, path string, sizeBytes, bufferBytes int64)
 // The ceiling's grid point and time bound.
 var ceilingSpec = Spec{Engine: "uring", Op: "randread", BlockBytes: 1 << 20, QueueDepth: 32}
 
+// ceilingWriteSpec is the write ceilings' grid point: ceilingSpec's
+// size and depth, sequential (a save writes whole objects).
+var ceilingWriteSpec = Spec{Engine: "uring", Op: "seqwrite", BlockBytes: 1 << 20, QueueDepth: 32}
+
 const ceilingRuntime = 2 * time.Second
 
 // ceilingOn opens path as Run does (a directory gets a test file of
-// sizeBytes, removed afterwards) and measures ceilingSpec for at most dur,
-// with every read within the first sizeBytes of the target.
-func ceilingOn(ctx context.Context, path string, sizeBytes int64, dur time.Duration, o uringRun) (Row, error) {
-	cfg := Config{Path: path, BlockSizes: []int{ceilingSpec.BlockBytes}, QueueDepths: []int{ceilingSpec.QueueDepth},
-		Engines: []string{ceilingSpec.Engine}, Ops: []string{ceilingSpec.Op}, Runtime: dur, SizeBytes: sizeBytes,
+// sizeBytes, removed afterwards) and measures spec (ceilingSpec, or
+// ceilingWriteSpec: then the target's blocks are overwritten) for at most
+// dur, with every I/O within the first sizeBytes of the target.
+func ceilingOn(ctx context.Context, path string, sizeBytes int64, dur time.Duration, spec Spec, o uringRun) (Row, error) {
+	cfg := Config{Path: path, BlockSizes: []int{spec.BlockBytes}, QueueDepths: []int{spec.QueueDepth},
+		Engines: []string{spec.Engine}, Ops: []string{spec.Op}, Runtime: dur, SizeBytes: sizeBytes,
 		Seed: 1, BufferBytes: o.bufferBytes}
 	if err := cfg.Validate(); err != nil {
 		return Row{}, err
 	}
-	t, err := openCeilingTarget(ctx, path, sizeBytes)
+	t, err := openCeilingTarget(ctx, path, sizeBytes, spec.Op == ceilingWriteSpec.Op)
 	if err != nil {
 		return Row{}, err
 	}
 	defer t.close()
-	return measure(ctx, t, ceilingSpec, dur, 1, o)
+	return measure(ctx, t, spec, dur, 1, o)
 }
 
 // openCeilingTarget is openTarget with the reads kept within the first
@@ -285,8 +289,8 @@ func ceilingOn(ctx context.Context, path string, sizeBytes int64, dur time.Durat
 // loop device over a sparse file in /dev/shm a read of a hole is a memset,
 // several times faster than a read of data (BENCHMARKS.md has the figures),
 // and a benchmark's loop devices need not be full of its data.
-func openCeilingTarget(ctx context.Context, path string, sizeBytes int64) (*target, error) {
-	t, err := openTarget(ctx, path, sizeBytes, false, false, 1)
+func openCeilingTarget(ctx context.Context, path string, sizeBytes int64, writes bool) (*target, error) {
+	t, err := openTarget(ctx, path, sizeBytes, writes, false, 1)
 	if err != nil {
 		return nil, err
 	}
@@ -323,94 +327,12 @@ func WriteCeilingFile(ctx context.Context, path string, sizeBytes int64) error {
 // none runs part of its 2 s alone. rows[i] and errs[i] are path i's.
 func CeilingEachInto(ctx context.Context, paths []string, sizeBytes []int64, bufferBytes int64) (rows []Row, errs []error) {
 	return together(len(paths), func(i int, ready func()) (Row, error) {
-		row, err := ceilingOn(ctx, paths[i], sizeBytes[i], ceilingRuntime, uringRun{bufferBytes: bufferBytes, ready: ready})
+		row, err := ceilingOn(ctx, paths[i], sizeBytes[i], ceilingRuntime, ceilingSpec, uringRun{bufferBytes: bufferBytes, ready: ready})
 		if err != nil {
 			return Row{}, fmt.Errorf("measuring the device ceiling of %s: %w", paths[i], err)
 		}
 		return row, nil
 	})
-}
-
-// StripedRow is what CeilingStriped measured.
-type StripedRow struct {
-	BytesPerS float64 `json:"bytes_per_s"` // all devices' bytes over the slowest device's time
-	Seconds   float64 `json:"seconds"`     // the slowest device's time
-	Slowest   int     `json:"slowest"`     // its index
-	Devices   []Row   `json:"devices"`     // each device's bytes over its own time
-	// SumBytesPerS is the sum of the devices' own rates, what CeilingEachInto
-	// would report for the same reads; BytesPerS / SumBytesPerS is how
-	// evenly the devices kept up with each other.
-	SumBytesPerS float64 `json:"sum_bytes_per_s"`
-}
-
-// stripedLimit bounds one CeilingStriped device's reads.
-const stripedLimit = 120 * time.Second
-
-// CeilingStriped is the ceiling of striped storage for one read of data
-// spread over it: path i reads readBytes[i] (1 MiB O_DIRECT random reads
-// within its first sizeBytes[i], queue depth 32, a ring each, rotating over
-// bufferBytes of destination), all starting together once every device is
-// set up, and the aggregate is every device's bytes over the time the
-// slowest one took. A restore of striped data ends when its slowest device
-// has delivered its share; the sum of the devices' rates over a fixed time
-// (CeilingEachInto) counts the faster devices' extra reads, which such a
-// read cannot use. A device that does not finish within 120 s, or fails, is
-// an error (the rows of the others are still returned).
-func CeilingStriped(ctx context.Context, paths []string, sizeBytes, readBytes []int64, bufferBytes int64) (StripedRow, error) {
-	if len(sizeBytes) != len(paths) || len(readBytes) != len(paths) {
-		return StripedRow{}, fmt.Errorf("striped ceiling: %d paths, %d sizes, %d read sizes", len(paths), len(sizeBytes), len(readBytes))
-	}
-	rows, errs := together(len(paths), func(i int, ready func()) (Row, error) {
-		if readBytes[i] < int64(ceilingSpec.BlockBytes) {
-			return Row{}, fmt.Errorf("striped ceiling of %s: %d bytes to read, less than one 1 MiB read", paths[i], readBytes[i])
-		}
-		row, err := ceilingOn(ctx, paths[i], sizeBytes[i], stripedLimit, uringRun{bufferBytes: bufferBytes, budgetBytes: readBytes[i], ready: ready})
-		if got := row.Bytes; err == nil && got < readBytes[i] {
-			err = fmt.Errorf("read %d of %d bytes in %v", got, readBytes[i], stripedLimit)
-		}
-		if err != nil {
-			return row, fmt.Errorf("striped ceiling of %s: %w", paths[i], err)
-		}
-		return row, nil
-	})
-	out := StripedRow{Devices: rows}
-	var total float64
-	for i, r := range rows {
-		if errs[i] != nil {
-			return out, errs[i]
-		}
-		total += float64(r.Bytes)
-		out.SumBytesPerS += r.BytesPerS
-		if r.Seconds > out.Seconds {
-			out.Seconds, out.Slowest = r.Seconds, i
-		}
-	}
-	if out.Seconds > 0 {
-		out.BytesPerS = total / out.Seconds
-	}
-	return out, nil
-}
-
-// together runs f(i, ready) for i in [0, n) at once, each on its own
-// goroutine. ready is a barrier: it returns when every f has called it or
-// returned, so their measurements start together; an f that fails before
-// it releases the others.
-func together(n int, f func(i int, ready func()) (Row, error)) ([]Row, []error) {
-	rows, errs := make([]Row, n), make([]error, n)
-	var arrived, done sync.WaitGroup
-	arrived.Add(n)
-	for i := 0; i < n; i++ {
-		done.Add(1)
-		go func() {
-			defer done.Done()
-			var once sync.Once
-			arrive := func() { once.Do(arrived.Done) }
-			defer arrive()
-			rows[i], errs[i] = f(i, func() { arrive(); arrived.Wait() })
-		}()
-	}
-	done.Wait()
-	return rows, errs
 }
 
 // result is what an engine loop returns.

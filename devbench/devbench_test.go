@@ -304,7 +304,7 @@ func TestCeilingTargetWithinSize(t *testing.T) {
 		{part, 16 << 20, 16 << 20, false},
 		{part, 32 << 20, 0, sparse},
 	} {
-		tg, err := openCeilingTarget(context.Background(), tc.dev, tc.size)
+		tg, err := openCeilingTarget(context.Background(), tc.dev, tc.size, false)
 		if tc.holes {
 			if !errors.Is(err, errHoles) {
 				t.Errorf("ceiling over %d bytes of a device written in its first 16 MiB: %v, want errHoles", tc.size, err)
@@ -334,7 +334,7 @@ func TestCeilingTargetWithinSize(t *testing.T) {
 		if err := os.WriteFile(named, bytes.Repeat([]byte{0x5a}, 32<<20), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		switch tg, err := openCeilingTarget(context.Background(), named, 32<<20); {
+		switch tg, err := openCeilingTarget(context.Background(), named, 32<<20, false); {
 		case errors.Is(err, unix.EINVAL):
 			t.Logf("%s: no O_DIRECT on this file system, the file named like a loop device is not checked", named)
 		case err != nil:
@@ -412,5 +412,63 @@ func TestSizeBeyondFreeSpace(t *testing.T) {
 	}
 	if err := WriteCeilingFile(context.Background(), filepath.Join(dir, "ceiling.dat"), size); !errors.Is(err, ErrNoRoom) {
 		t.Fatalf("ceiling file: %v, want ErrNoRoom", err)
+	}
+}
+
+// CeilingStripedWrite overwrites exactly each device's budget of existing
+// written files (wrapping within sizeBytes), starts the devices together,
+// divides all bytes by the slowest device's time to its sync, and refuses a
+// sparse target (writes over holes allocate: not the ceiling of overwrites).
+func TestCeilingStripedWrite(t *testing.T) {
+	ctx := context.Background()
+	dirs := []string{t.TempDir(), t.TempDir()}
+	sizes := []int64{8 << 20, 16 << 20}
+	writes := []int64{8 << 20, 24<<20 + 1} // the second wraps and rounds up to 25 writes
+	var files []string
+	for i, d := range dirs {
+		f := filepath.Join(d, "ceil.dat")
+		if err := WriteCeilingFile(ctx, f, sizes[i]); err != nil {
+			if errors.Is(err, unix.EINVAL) {
+				t.Skipf("%s: no O_DIRECT here", d)
+			}
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	// The writes carry the fill's own pattern: the mtime says they happened.
+	past := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(files[0], past, past); err != nil {
+		t.Fatal(err)
+	}
+	st, err := CeilingStripedWrite(ctx, files, sizes, writes, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Devices) != 2 || st.Devices[0].Ops != 8 || st.Devices[1].Ops != 25 {
+		t.Fatalf("writes per device: %+v", st.Devices)
+	}
+	for i, d := range st.Devices {
+		if d.Op != "seqwrite" || d.Seconds <= 0 || d.Seconds > st.Seconds {
+			t.Errorf("device %d: %s over %v s, the slowest %v s", i, d.Op, d.Seconds, st.Seconds)
+		}
+	}
+	if want := float64(33<<20) / st.Seconds; st.BytesPerS < want*0.999 || st.BytesPerS > want*1.001 {
+		t.Errorf("aggregate %v, want %v", st.BytesPerS, want)
+	}
+	if fi, err := os.Stat(files[0]); err != nil || !fi.ModTime().After(past.Add(time.Minute)) || fi.Size() != sizes[0] {
+		t.Errorf("the file was not overwritten in place: %v, %v", fi, err)
+	}
+	sparse := filepath.Join(dirs[0], "sparse.dat")
+	if err := os.WriteFile(sparse, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sparse, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CeilingStripedWrite(ctx, []string{sparse}, []int64{8 << 20}, []int64{8 << 20}, 0); err == nil || !strings.Contains(err.Error(), "sparse") {
+		t.Errorf("a sparse target: %v, want a refusal that says it is sparse", err)
+	}
+	if _, err := CeilingStripedWrite(ctx, files[:1], sizes[:1], []int64{1000}, 0); err == nil || !strings.Contains(err.Error(), "less than one 1 MiB write") {
+		t.Errorf("a budget under one write: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/uring"
+	"golang.org/x/sys/unix"
 )
 
 // uringRun are the knobs of one runUring call beyond the grid point.
@@ -23,6 +24,9 @@ type uringRun struct {
 	// concurrent measurement is ready too, so that their clocks start
 	// together and no device runs part of its row alone.
 	ready func()
+	// syncAtEnd: a write row ends after an fdatasync of the target that
+	// follows its last completion (a save is timed to its durable commit).
+	syncAtEnd bool
 }
 
 // runUring keeps s.QueueDepth I/Os in flight on one ring, owned by this
@@ -132,6 +136,12 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if o.syncAtEnd && write {
+		if err := unix.Fdatasync(int(t.file.FD)); err != nil {
+			return nil, fmt.Errorf("fdatasync of %s: %w", t.path, err)
+		}
+		res.elapsed = time.Since(start)
 	}
 	if sqpoll {
 		sq1, err := r.SQPollCPUTime()

@@ -35,7 +35,7 @@ func runDevbench(args []string, stdout, stderr io.Writer) (err error) {
 	bufFlag := fs.String("buffer", "", "uring engines: memory the I/Os rotate over (e.g. 1GiB; empty: one block per I/O in flight, which a large CPU cache may hold)")
 	jsonOut := fs.Bool("json", false, "print rows as JSON (one array) instead of a table")
 	holes := fs.Bool("allow-holes", false, "read a loop device even where its backing file has holes (refused otherwise: a read of a hole never reaches the medium)")
-	striped := fs.Bool("striped", false, "the ceiling of the comma-separated --path list as one striped array: each reads --size (1 MiB O_DIRECT random reads, QD 32, a ring each, into --buffer), all at once, timed to the slowest (devbench.CeilingStriped); --bs, --qd, --engines, --ops and --runtime do not apply")
+	striped := fs.Bool("striped", false, "the ceiling of the comma-separated --path list as one striped array: each reads --size (1 MiB O_DIRECT random reads, QD 32, a ring each, into --buffer), all at once, timed to the slowest (devbench.CeilingStriped); with --ops seqwrite the write ceiling by the same rule: each overwrites --size with 1 MiB O_DIRECT sequential writes, QD 32, then fdatasyncs (devbench.CeilingStripedWrite); --bs, --qd, --engines and --runtime do not apply")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tutti devbench --path FILE_OR_DEVICE [flags]")
 		fmt.Fprintln(stderr, "\nfio-style O_DIRECT measurement: IOPS, bytes/s, latency p50/p99, CPU s per GiB per (engine, op, block size, queue depth).")
@@ -67,7 +67,15 @@ func runDevbench(args []string, stdout, stderr io.Writer) (err error) {
 	defer func() { err = interrupted(err) }()
 	defer stop()
 	if *striped {
-		return runStriped(ctx, splitList(*path), cfg.SizeBytes, cfg.BufferBytes, *jsonOut, stdout, fs.Usage)
+		write := false
+		switch *ops {
+		case "seqwrite":
+			write = true
+		case "randread", "randread,seqread":
+		default:
+			return usageErr(fs.Usage, fmt.Errorf("--striped takes --ops randread (the default) or seqwrite, not %q", *ops))
+		}
+		return runStriped(ctx, splitList(*path), cfg.SizeBytes, cfg.BufferBytes, write, *jsonOut, stdout, fs.Usage)
 	}
 	if cfg.BlockSizes, err = parseSizes(*bsFlag); err != nil {
 		return usageErr(fs.Usage, fmt.Errorf("--bs: %w", err))
@@ -112,15 +120,20 @@ func runDevbench(args []string, stdout, stderr io.Writer) (err error) {
 	return nil
 }
 
-// runStriped is devbench --striped: devbench.CeilingStriped over paths,
-// each reading sizeBytes (and, if a directory, holding a test file of that
-// size) into bufferBytes of memory.
-func runStriped(ctx context.Context, paths []string, sizeBytes, bufferBytes int64, asJSON bool, stdout io.Writer, usage func()) error {
+// runStriped is devbench --striped: devbench.CeilingStriped (or, with
+// write, CeilingStripedWrite) over paths, each reading or overwriting
+// sizeBytes (and, if a directory, holding a test file of that size) from
+// bufferBytes of memory.
+func runStriped(ctx context.Context, paths []string, sizeBytes, bufferBytes int64, write, asJSON bool, stdout io.Writer, usage func()) error {
 	if len(paths) == 0 {
 		return usageErr(usage, errors.New("--striped: --path lists no path"))
 	}
 	sizes := slices.Repeat([]int64{sizeBytes}, len(paths))
-	st, err := devbench.CeilingStriped(ctx, paths, sizes, sizes, bufferBytes)
+	ceiling, col, op := devbench.CeilingStriped, "read", "read"
+	if write {
+		ceiling, col, op = devbench.CeilingStripedWrite, "written", "write"
+	}
+	st, err := ceiling(ctx, paths, sizes, sizes, bufferBytes)
 	if err != nil {
 		return err
 	}
@@ -128,15 +141,15 @@ func runStriped(ctx context.Context, paths []string, sizeBytes, bufferBytes int6
 		return writeIndentedJSON(stdout, st)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "path\tread\tseconds\tMB/s\tp50 µs\tp99 µs\t")
+	fmt.Fprintf(tw, "path\t%s\tseconds\tMB/s\tp50 µs\tp99 µs\t\n", col)
 	for i, r := range st.Devices {
 		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.1f\t%.1f\t%.1f\t\n", paths[i], devbench.FormatBytes(r.Bytes), r.Seconds, r.BytesPerS/1e6, r.P50Us, r.P99Us)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "\nstriped ceiling %.1f MB/s: %d devices' bytes over the slowest one's %.3f s (%s); their own rates sum to %.1f MB/s\n",
-		st.BytesPerS/1e6, len(paths), st.Seconds, paths[st.Slowest], st.SumBytesPerS/1e6)
+	fmt.Fprintf(stdout, "\nstriped %s ceiling %.1f MB/s: %d devices' bytes over the slowest one's %.3f s (%s); their own rates sum to %.1f MB/s\n",
+		op, st.BytesPerS/1e6, len(paths), st.Seconds, paths[st.Slowest], st.SumBytesPerS/1e6)
 	return nil
 }
 

@@ -66,7 +66,15 @@ func TestDevbenchStriped(t *testing.T) {
 		t.Fatalf("JSON %q: %v", out.String(), err)
 	}
 	out.Reset()
-	if code := run([]string{"devbench", "--striped", "--path", a, "--size", "4m"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "striped ceiling") {
+	if code := run([]string{"devbench", "--striped", "--path", a, "--size", "4m"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "striped read ceiling") {
 		t.Fatalf("exit %d: %s %s", code, out.String(), errb.String())
+	}
+	out.Reset()
+	if code := run([]string{"devbench", "--striped", "--ops", "seqwrite", "--path", a + "," + b, "--size", "4m"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "striped write ceiling") {
+		t.Fatalf("exit %d: %s %s", code, out.String(), errb.String())
+	}
+	out.Reset()
+	if code := run([]string{"devbench", "--striped", "--ops", "randwrite", "--path", a, "--size", "4m"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "seqwrite") {
+		t.Fatalf("--striped --ops randwrite: exit %d: %s", code, errb.String())
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"time"
 
 	"github.com/tutti-io/tutti/devbench"
 	"golang.org/x/sys/unix"
@@ -19,9 +18,11 @@ import (
 // scheduler's device profile) and then just before and just after every
 // measured operation.
 type Ceilings struct {
-	// WriteBytesPS: devbench's O_DIRECT sequential 1 MiB writes at queue
-	// depth 32 through uring for 2 s, each directory's own rate summed (the
-	// directories' clocks start after each wrote its file once).
+	// WriteBytesPS: devbench.CeilingStripedWrite over one file per
+	// directory: all of each file overwritten with 1 MiB O_DIRECT
+	// sequential writes at queue depth 32 and fdatasynced, every directory
+	// at once, every byte over the slowest directory's time (a striped save
+	// is durable when its slowest device's share is).
 	WriteBytesPS float64 `json:"write_bytes_per_s"`
 	// ReadBytesPS: devbench.CeilingStriped over the same files: all of each
 	// file read with 1 MiB O_DIRECT random reads at queue depth 32, every
@@ -48,8 +49,8 @@ type storeCeilings struct {
 	fileBytes   int64
 }
 
-// newStoreCeilings names a file of fileBytes in every directory; the first
-// write sample creates them.
+// newStoreCeilings names a file of fileBytes in every directory; create
+// writes them.
 func newStoreCeilings(dirs []string, fileBytes int64) *storeCeilings {
 	c := &storeCeilings{dirs: dirs, fileBytes: fileBytes}
 	for _, d := range dirs {
@@ -80,35 +81,35 @@ func (c *storeCeilings) sample(ctx context.Context, write bool) (float64, error)
 	return c.read(ctx)
 }
 
-func (c *storeCeilings) write(ctx context.Context) (float64, error) {
-	rates := make([]float64, len(c.dirs))
-	errs := make([]error, len(c.dirs))
+// create writes every directory's ceiling file, all at once.
+func (c *storeCeilings) create(ctx context.Context) error {
+	errs := make([]error, len(c.files))
 	var wg sync.WaitGroup
-	for i := range c.dirs {
+	for i, f := range c.files {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rows, err := devbench.Run(ctx, devbench.Config{Path: c.files[i], BlockSizes: []int{1 << 20}, QueueDepths: []int{32},
-				Engines: []string{"uring"}, Ops: []string{"seqwrite"}, Runtime: 2 * time.Second, SizeBytes: c.fileBytes, Keep: true, Seed: uint64(i + 1)})
-			if err == nil && len(rows) != 1 {
-				err = fmt.Errorf("%d rows", len(rows))
+			if err := devbench.WriteCeilingFile(ctx, f, c.fileBytes); err != nil {
+				errs[i] = fmt.Errorf("ceiling file in %s: %w", c.dirs[i], err)
 			}
-			if err != nil {
-				errs[i] = fmt.Errorf("write ceiling of %s: %w", c.dirs[i], err)
-				return
-			}
-			rates[i] = rows[0].BytesPerS
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return 0, err
+	return errors.Join(errs...)
+}
+
+// write is devbench.CeilingStripedWrite over the files, each overwritten
+// whole: the rule of the read ceiling, for a save.
+func (c *storeCeilings) write(ctx context.Context) (float64, error) {
+	sizes := make([]int64, len(c.files))
+	for i := range sizes {
+		sizes[i] = c.fileBytes
 	}
-	var sum float64
-	for _, r := range rates {
-		sum += r
+	st, err := devbench.CeilingStripedWrite(ctx, c.files, sizes, sizes, 0)
+	if err != nil {
+		return 0, fmt.Errorf("write ceiling: %w", err)
 	}
-	return sum, nil
+	return st.BytesPerS, nil
 }
 
 func (c *storeCeilings) read(ctx context.Context) (float64, error) {

@@ -87,7 +87,10 @@ func openStoreCeilings(ctx context.Context, dirs []string, g objmap.Geometry, bl
 	}
 	c := newStoreCeilings(dirs, size)
 	ceil := Ceilings{FileBytes: size}
-	if ceil.WriteBytesPS, err = c.write(ctx); err == nil {
+	if err = c.create(ctx); err == nil {
+		ceil.WriteBytesPS, err = c.write(ctx)
+	}
+	if err == nil {
 		ceil.ReadBytesPS, err = c.read(ctx)
 	}
 	if err != nil {
