@@ -11,7 +11,8 @@ import (
 
 // Allocate reserves space for up to chunks chain blocks as one or more runs
 // of at most MaxRunChunks chunks, striped round-robin over the pool files.
-// It never blocks on I/O. A partial result (fewer chunks in total than
+// It does no I/O; it waits for a Prewrite write in progress (one write),
+// whose piece of the free space it may need. A partial result (fewer chunks in total than
 // asked, nil error) means the pool had no room for the rest: the caller
 // stores what fits and counts the rest as not admitted. When nothing fits it
 // returns ErrNoSpace. Space freed by Free becomes allocatable only once its
@@ -32,6 +33,11 @@ func (m *Map) AllocateStriped(chunks, ways int) ([]Reservation, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// A prewrite in progress holds a piece of the free space: wait for it
+	// (one write) rather than place runs around it or fail for lack of it.
+	for m.pre.inflight > 0 {
+		m.prewriteDone.Wait()
+	}
 	if err := m.usable(); err != nil {
 		return nil, fmt.Errorf("objmap: allocating %d chunks: %w", chunks, err)
 	}

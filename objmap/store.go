@@ -137,6 +137,11 @@ type Map struct {
 	epoch    uint64
 	closed   bool
 
+	// pre is the prewrite state (prewrite.go); prewriteDone (on mu) wakes
+	// Close when the last Prewrite write in progress ends.
+	pre          prewriteState
+	prewriteDone sync.Cond
+
 	j           *journal // nil when read-only
 	report      RecoveryReport
 	checkpoints int64
@@ -160,6 +165,7 @@ func Open(opts Options) (*Map, error) {
 		return nil, err
 	}
 	m := &Map{opts: opts, readOnly: opts.ReadOnly, runs: map[RunID]*runEntry{}, reserved: map[RunID]Reservation{}}
+	m.prewriteDone.L = &m.mu
 	var madeDirs []string // created by this Open, deepest last
 	created := false      // this Open created the store files
 	ok := false
@@ -226,6 +232,7 @@ func Open(opts Options) (*Map, error) {
 	if err := m.recover(); err != nil {
 		return nil, err
 	}
+	m.scanUnwritten()
 	ok = true
 	return m, nil
 }
@@ -320,6 +327,13 @@ func (m *Map) Close() error {
 	}
 	m.mu.Lock()
 	m.closed = true
+	for m.pre.inflight > 0 {
+		m.prewriteDone.Wait()
+	}
+	if m.pre.zero != nil {
+		m.pre.zero.Free()
+		m.pre.zero = nil
+	}
 	m.mu.Unlock()
 	if cerr := m.closeFiles(); err == nil {
 		err = cerr

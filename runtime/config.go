@@ -62,6 +62,12 @@ type Config struct {
 	// WritePool: a new store's pool is written with zeros at creation
 	// (objmap.Options.WritePool says what that costs and buys).
 	WritePool bool
+	// NoPrewrite turns off the background prewrite: by default a store
+	// whose pool has unwritten (fallocated) extents writes zeros over their
+	// free parts while no load or save runs (prewrite.go), so that its
+	// saves overwrite written blocks, as with WritePool, without paying for
+	// the whole pool at creation.
+	NoPrewrite bool
 
 	// Geometry is the model's KV shape; its fingerprint is in every header,
 	// so a store written for another shape is never served.

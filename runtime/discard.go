@@ -29,7 +29,7 @@ func (s *Store) Discard(id uint64) (int, error) {
 	if err := s.begin(); err != nil {
 		return 0, err
 	}
-	defer s.ops.Done()
+	defer s.endOp()
 	dropped, err := s.idx.Remove(id)
 	if err != nil {
 		return 0, fmt.Errorf("runtime: discarding block %#x: %w", id, err)

@@ -19,7 +19,9 @@ func tinyGeometry() objmap.Geometry {
 // testConfig is a store over fresh temporary directories with small staging
 // slots, so objects are read and written in several pieces. Its devices
 // "probe" at the seed profile's rates, so that admission does not depend on
-// the disk under the test (TestOpenProbesDevices runs the real probe).
+// the disk under the test (TestOpenProbesDevices runs the real probe), and
+// it does not prewrite (a test store's 64 MiB each, written in the
+// background of every test; prewrite_test.go turns it on).
 func testConfig(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages int) Config {
 	t.Helper()
 	return Config{
@@ -32,6 +34,7 @@ func testConfig(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages 
 		StagingBytes:     64 << 10,
 		StagingSlotBytes: 8 << 10,
 		QueueDepth:       16,
+		NoPrewrite:       true,
 	}
 }
 

@@ -497,5 +497,5 @@ func (l *Load) finish() {
 	l.mu.Unlock()
 	l.cond.Broadcast()
 	<-l.s.loadN
-	l.s.ops.Done()
+	l.s.endOp()
 }

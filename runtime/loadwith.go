@@ -81,7 +81,7 @@ func (s *Store) Match(chain []uint64, skip int, ttl time.Duration) (*Hold, error
 	if err := s.begin(); err != nil {
 		return nil, err
 	}
-	defer s.ops.Done()
+	defer s.endOp()
 	s.mu.Lock()
 	if s.holds >= MaxHolds {
 		s.mu.Unlock()
@@ -154,7 +154,7 @@ func (h *Hold) release(expired bool) {
 		if h.pinned == 0 || s.begin() != nil {
 			return // closing: the index goes with the store
 		}
-		defer s.ops.Done()
+		defer s.endOp()
 		dropped, err := s.idx.Unpin(h.chain[:h.pinned])
 		if err != nil {
 			panic(fmt.Sprintf("runtime: unpinning a hold: %v", err)) // pins are taken and released in pairs

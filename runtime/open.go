@@ -127,6 +127,7 @@ func Open(cfg Config) (*Store, error) {
 		Compute: cfg.Compute, Devices: devs, SaveBoundNs: int64(cfg.SaveBoundMs) * 1e6, MaxWriteIOBytes: s.maxWriteIOBytes}); err != nil {
 		return fail(err)
 	}
+	s.startPrewrite()
 	return s, nil
 }
 

@@ -88,7 +88,7 @@ func (s *Store) maybeReprobe(runs []loadRun, plan sched.Plan) {
 		return
 	}
 	go func() {
-		defer s.ops.Done() // Close waits: the pool file stays open meanwhile
+		defer s.endOp() // Close waits: the pool file stays open meanwhile
 		defer rp.busy.Store(false)
 		rate, err := rp.probe(int(r.file.FD), r.offset, n/op*op, op, reprobeBudget)
 		if err == nil {

@@ -316,7 +316,7 @@ func (sv *Save) finish() {
 		close(sv.gathered)
 	}
 	close(sv.done)
-	sv.s.ops.Done()
+	sv.s.endOp()
 	sv.s.mu.Lock()
 	sv.s.savesLive--
 	sv.s.mu.Unlock()

@@ -79,6 +79,16 @@ type Stats struct {
 	// that would have re-probed a run too short to measure bandwidth on.
 	DeviceReprobes, DeviceReprobeFailures, DeviceReprobeSkips int64
 	DeviceReprobeError                                        string
+
+	// Prewrite is the background prewrite's state (prewrite.go: "running",
+	// "done", "off: why", "stopped after N failed writes");
+	// PrewrittenBytes what it wrote, PrewriteLeftBytes the pool's unwritten
+	// bytes still known (those under runs included until it reaches them),
+	// PrewriteErrors its failed writes (PrewriteError: the last one's).
+	Prewrite                           string
+	PrewrittenBytes, PrewriteLeftBytes int64
+	PrewriteErrors                     int64
+	PrewriteError                      string
 }
 
 // MissCauses lists the causes indexing Stats.MissBlocks.

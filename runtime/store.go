@@ -104,6 +104,7 @@ type Store struct {
 	devProbe         string // Stats.DeviceProbe, set by Open
 	devProbeFailures int    // Stats.DeviceProbeFailures, set by Open
 	reprobe          reprobes
+	pre              prewriter
 }
 
 // bytesPerBlock is what one chain block costs in the index's capacity: its
@@ -189,6 +190,7 @@ func (s *Store) begin() error {
 		return ErrClosed
 	}
 	s.ops.Add(1)
+	s.pre.active.Add(1)
 	return nil
 }
 
@@ -447,6 +449,7 @@ func (s *Store) Stats() Stats {
 	st.GPUReads = s.gpuReads
 	st.DeviceProbe, st.DeviceProbeFailures = s.devProbe, int64(s.devProbeFailures)
 	st.DeviceReprobes, st.DeviceReprobeFailures, st.DeviceReprobeSkips, st.DeviceReprobeError = s.reprobe.stats()
+	s.prewriteStats(&st)
 	if gp := s.gpuPath(); gp != nil {
 		if _, err := gp.r.FixedBuffers(); err != nil {
 			st.GPUPlainReads = err.Error()
@@ -479,6 +482,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.ops.Wait()
+	s.stopPrewrite()
 	s.sched.close()
 	var errs []error
 	if s.gpu != nil {

@@ -37,6 +37,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	kickUs := fs.Duration("wake-interval", 200*time.Microsecond, "GPU paths: how often the CPU helper looks at the ring (SQPOLL: wake it if asleep; kick mode: the longest it waits in the kernel for a completion before submitting what the GPU published)")
 	seed := fs.Uint64("seed", 1000, "content: chain block ids start here")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the ceiling measurement (quick configuration checks)")
+	prewrite := fs.Bool("prewrite", false, "store rows: let each store prewrite its fallocated pool in the background (runtime.Config's default) and start the first save once that is done (a store some time after its creation); without it and --write-pool the first save writes unwritten extents")
 	writePool := fs.Bool("write-pool", false, "store rows: create each store with its pool written with zeros (runtime.Config.WritePool), so the first save overwrites written extents as save-again does")
 	nRounds := fs.Int("rounds", 4, "rounds, each a fresh sample of the sum ceiling, then every path (in an order rotated every two rounds and mirrored every other round: with an even number of rounds every path runs before every other in half of them) with a striped ceiling sample before and after each; rows are the median over the rounds, each path's fraction taken against the mean of the striped samples around it; store-gpu/store-cpu run in rounds too (after the others), each save and restore between two samples of the write or read ceiling")
 	reuse := fs.Bool("reuse", false, "keep data files from an earlier run with the same model, tokens, seed, devices and layout (the size of each and its .layout sidecar say so)")
@@ -61,7 +62,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := gpubench.Config{Model: *model, Tokens: *tokens, Dir: *dir, Devices: *devices, Stripe: *stripe, RunPages: *runPages,
 		Label: *label, JSONPath: *jsonPath, Paths: *pathList, StoreDirs: *storeDirs, MaxIO: *maxIO, QD: *qd, Window: *window,
-		Lookahead: *lookahead, SQPollIdleMs: *idleMs, Layout: *layout, WakeInterval: *kickUs, Seed: *seed, NoCeiling: *noCeiling, WritePool: *writePool,
+		Lookahead: *lookahead, SQPollIdleMs: *idleMs, Layout: *layout, WakeInterval: *kickUs, Seed: *seed, NoCeiling: *noCeiling, WritePool: *writePool, Prewrite: *prewrite,
 		Rounds: *nRounds, Reuse: *reuse, GPUs: *gpus, PollTimeout: *pollTimeout, KickBatch: *kickBatch, KickRamp: *kickRamp,
 		KickBatchWait: *kickBatchWait, KickExact: *kickExact, KickDefer: *kickDefer, EnqueueLayers: *enqueueLayers,
 		EnqueueChunk: *enqueueChunk, ZeroCopy: *zeroCopy, NoFixedBuffers: *plainReads}

@@ -35,6 +35,7 @@ type Config struct {
 	Seed           uint64
 	NoCeiling      bool
 	WritePool      bool // store rows: runtime.Config.WritePool
+	Prewrite       bool // store rows: StoreConfig.Prewrite
 	Rounds         int  // 1..MaxRounds
 	Reuse          bool
 	GPUs           int
@@ -75,7 +76,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	kernelPaths, storePaths := splitStorePaths(cfg.Paths)
 	sf := storeFlags{model: cfg.Model, label: cfg.Label, dirs: cfg.StoreDirs, jsonPath: cfg.JSONPath, tokens: cfg.Tokens, rounds: cfg.Rounds, seed: cfg.Seed,
-		noCeiling: cfg.NoCeiling, writePool: cfg.WritePool, appendJSON: len(kernelPaths) > 0, progress: cfg.Progress}
+		noCeiling: cfg.NoCeiling, writePool: cfg.WritePool, prewrite: cfg.Prewrite, appendJSON: len(kernelPaths) > 0, progress: cfg.Progress}
 	if sf.dirs == "" {
 		sf.dirs = cfg.Dir
 	}
@@ -97,7 +98,7 @@ type storeFlags struct {
 	tokens, rounds               int
 	seed                         uint64
 	noCeiling, appendJSON        bool
-	writePool                    bool
+	writePool, prewrite          bool
 	progress                     func(phase string, done, total int)
 }
 
@@ -125,9 +126,12 @@ func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, std
 		return fmt.Errorf("--paths %s: need --store-dirs or --dir (directories on the devices' filesystems)", strings.Join(paths, ","))
 	}
 	cfg := StoreConfig{Model: f.model, Tokens: f.tokens, Dirs: strings.Split(f.dirs, ","), Label: f.label,
-		Seed: f.seed, Paths: paths, Rounds: f.rounds, NoCeiling: f.noCeiling, WritePool: f.writePool, Progress: f.progress}
+		Seed: f.seed, Paths: paths, Rounds: f.rounds, NoCeiling: f.noCeiling, WritePool: f.writePool, Prewrite: f.prewrite, Progress: f.progress}
+	if f.writePool && f.prewrite {
+		return errors.New("--write-pool and --prewrite: one or the other (a written pool has nothing to prewrite)")
+	}
 	fmt.Fprintf(stdout, "gpubench product paths %v: %s, %d tokens, storage %q on %v, %d rounds, %s (runtime.Store Save timed to the commit, Load timed to Wait, every byte verified)\n",
-		paths, f.model, f.tokens, f.label, cfg.Dirs, max(f.rounds, 1), poolNote(f.writePool))
+		paths, f.model, f.tokens, f.label, cfg.Dirs, max(f.rounds, 1), poolNote(f.writePool, f.prewrite))
 	rows, _, err := RunStore(ctx, cfg, stderr)
 	printStoreTable(stdout, rows)
 	if werr := writeJSONRows(f.jsonPath, stdout, rows, f.appendJSON); werr != nil && err == nil {
@@ -145,9 +149,12 @@ func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, std
 }
 
 // poolNote says how the rows' stores were created.
-func poolNote(written bool) string {
-	if written {
+func poolNote(written, prewrite bool) string {
+	switch {
+	case written:
 		return "each store's pool written with zeros at creation (--write-pool: the first save overwrites, as save-again does)"
+	case prewrite:
+		return "each store's pool fallocated and prewritten in the background before the first save (--prewrite: a store some time after its creation)"
 	}
-	return "each store's pool fallocated (its first save writes unwritten extents)"
+	return "each store's pool fallocated, not prewritten (its first save writes unwritten extents: a save right after the store's creation)"
 }
