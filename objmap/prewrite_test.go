@@ -4,6 +4,7 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // Prewrite writes the free, unwritten pool space and nothing else: committed
@@ -180,5 +181,59 @@ func TestPrewriteConcurrent(t *testing.T) {
 	st := m.Stats()
 	if st.FreeBytes+used+st.QuarantinedBytes != st.CapacityBytes || st.ReservedBytes != 0 {
 		t.Errorf("free %d + runs %d + quarantined %d != capacity %d (reserved %d)", st.FreeBytes, used, st.QuarantinedBytes, st.CapacityBytes, st.ReservedBytes)
+	}
+}
+
+// An allocation that needs the piece a prewrite is writing waits for it
+// instead of failing for lack of space (the piece is out of the free space
+// only while its write runs).
+func TestAllocateWaitsForPrewrite(t *testing.T) {
+	o := testOpts(t)
+	m := mustOpen(t, o)
+	defer m.Close()
+	m.mu.Lock()
+	free := m.alloc.freeBytes()
+	fi, piece, ok := m.nextPrewrite(free) // the whole pool, as a write in progress holds it
+	if ok {
+		m.pre.inflight++
+	}
+	m.mu.Unlock()
+	if !ok {
+		t.Skipf("nothing unwritten to prewrite here (%s)", m.PrewriteNote())
+	}
+	release := func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.pre.inflight == 0 {
+			return
+		}
+		if err := m.alloc.free(fi, piece); err != nil {
+			t.Error(err)
+		}
+		m.pre.inflight--
+		m.prewriteDone.Broadcast()
+	}
+	defer release() // before Close (deferred earlier), which waits for it
+	chunks := m.Geometry().ChunksThatFit(free)
+	got := make(chan int, 1)
+	go func() {
+		res, err := m.Allocate(chunks)
+		n := 0
+		for _, r := range res {
+			n += r.Chunks
+		}
+		if err != nil {
+			n = -1
+		}
+		got <- n
+	}()
+	select {
+	case n := <-got:
+		t.Fatalf("Allocate returned %d chunks while the prewrite held the pool", n)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	if n := <-got; n != chunks {
+		t.Fatalf("after the prewrite: %d of %d chunks allocated", n, chunks)
 	}
 }
