@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/tutti-io/tutti/devbench"
@@ -69,16 +70,24 @@ func (c *storeCeilings) remove() {
 	}
 }
 
-// sample is one sample of the write ceiling (write) or the read ceiling
-// (Ceilings says what each is); the read needs a write sample first.
+// sample is one sample of the write ceiling (write:
+// devbench.CeilingStripedWrite, each file overwritten whole) or the read
+// ceiling (devbench.CeilingStriped, each read whole): the same striped rule,
+// as Ceilings says. The read needs the files written (create) first.
 func (c *storeCeilings) sample(ctx context.Context, write bool) (float64, error) {
-	switch {
-	case c == nil:
+	if c == nil {
 		return 0, nil
-	case write:
-		return c.write(ctx)
 	}
-	return c.read(ctx)
+	ceiling, what := devbench.CeilingStriped, "read"
+	if write {
+		ceiling, what = devbench.CeilingStripedWrite, "write"
+	}
+	sizes := slices.Repeat([]int64{c.fileBytes}, len(c.files))
+	st, err := ceiling(ctx, c.files, sizes, sizes, 0)
+	if err != nil {
+		return 0, fmt.Errorf("%s ceiling: %w", what, err)
+	}
+	return st.BytesPerS, nil
 }
 
 // create writes every directory's ceiling file, all at once.
@@ -96,32 +105,6 @@ func (c *storeCeilings) create(ctx context.Context) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// write is devbench.CeilingStripedWrite over the files, each overwritten
-// whole: the rule of the read ceiling, for a save.
-func (c *storeCeilings) write(ctx context.Context) (float64, error) {
-	sizes := make([]int64, len(c.files))
-	for i := range sizes {
-		sizes[i] = c.fileBytes
-	}
-	st, err := devbench.CeilingStripedWrite(ctx, c.files, sizes, sizes, 0)
-	if err != nil {
-		return 0, fmt.Errorf("write ceiling: %w", err)
-	}
-	return st.BytesPerS, nil
-}
-
-func (c *storeCeilings) read(ctx context.Context) (float64, error) {
-	sizes := make([]int64, len(c.files))
-	for i := range sizes {
-		sizes[i] = c.fileBytes
-	}
-	st, err := devbench.CeilingStriped(ctx, c.files, sizes, sizes, 0)
-	if err != nil {
-		return 0, fmt.Errorf("read ceiling: %w", err)
-	}
-	return st.BytesPerS, nil
 }
 
 // storeSlackBytes is what ceilingFileBytes leaves free in each directory

@@ -88,10 +88,10 @@ func openStoreCeilings(ctx context.Context, dirs []string, g objmap.Geometry, bl
 	c := newStoreCeilings(dirs, size)
 	ceil := Ceilings{FileBytes: size}
 	if err = c.create(ctx); err == nil {
-		ceil.WriteBytesPS, err = c.write(ctx)
+		ceil.WriteBytesPS, err = c.sample(ctx, true)
 	}
 	if err == nil {
-		ceil.ReadBytesPS, err = c.read(ctx)
+		ceil.ReadBytesPS, err = c.sample(ctx, false)
 	}
 	if err != nil {
 		c.remove()
