@@ -36,9 +36,10 @@
 //	(*Restore).StreamWaitLayer(l, stream)    the engine's compute stream waits for layer l
 //	(*Restore).WaitLayer(l) / Wait()         host waits; per-entry results, failed pages
 //	(*Restore).Release()                     frees the request slot (always call it)
-//	(*Restorer).GatherLane(lane, pages, l0, n, dst, stride)
+//	(*Restorer).GatherLane(lane, pages, l0, n, dst, stride, crcs)
 //	                                         save path: HBM -> registered host memory in
-//	                                         object layout; the CPU then writes it (uring).
+//	                                         object layout, and each page plane's CRC32C
+//	                                         computed on the GPU; the CPU then writes it (uring).
 //	                                         GatherLanes() lanes, each its own stream and
 //	                                         page map: concurrent savers, no shared lock
 //	(*Restorer).Gather(pages, l0, n, dst, stride)

@@ -124,11 +124,16 @@ func TestGPUGatherLanes(t *testing.T) {
 				for k := 0; k < rounds; k++ {
 					clear(bufs[w].Bytes())
 					pw := pagesOf(w, k)
-					if err := r.GatherLane(w, pw, 0, g.Layers, bufs[w].Addr(), stride); err != nil {
+					crcs := make([]uint32, g.Layers*len(pw)*g.Planes)
+					if err := r.GatherLane(w, pw, 0, g.Layers, bufs[w].Addr(), stride, crcs); err != nil {
 						t.Errorf("%v lane %d round %d: %v", layout, w, k, err)
 						return
 					}
 					if err := checkGathered(g, seed, pw, 0, bufs[w].Bytes(), stride); err != nil {
+						t.Errorf("%v lane %d round %d: %v", layout, w, k, err)
+						return
+					}
+					if err := checkPlaneCRCs(g, len(pw), bufs[w].Bytes(), stride, crcs); err != nil {
 						t.Errorf("%v lane %d round %d: %v", layout, w, k, err)
 						return
 					}
@@ -152,7 +157,7 @@ func TestGPUGatherLanes(t *testing.T) {
 		gatherLaneRefusals(t, r, g, numPages, bufs[0], stride)
 		// Layers [1, 3) on the last lane after the refusals: the lanes still work.
 		pw := pagesOf(0, 0)
-		if err := r.GatherLane(lanes-1, pw, 1, 2, bufs[0].Addr(), stride); err != nil {
+		if err := r.GatherLane(lanes-1, pw, 1, 2, bufs[0].Addr(), stride, nil); err != nil {
 			t.Fatalf("%v: gather after the refusals: %v", layout, err)
 		}
 		if err := checkGathered(g, seed, pw, 1, bufs[0].Bytes()[:2*stride], stride); err != nil {
@@ -192,8 +197,33 @@ func gatherLaneRefusals(t *testing.T, r *kernels.Restorer, g objmap.Geometry, nu
 		{"misaligned destination", 0, few, buf.Addr() + 8, stride},
 		{"misaligned stride", 0, few, buf.Addr(), int64(len(few))*g.PageBytesPerLayer() + 8},
 	} {
-		if err := r.GatherLane(c.lane, c.pages, 0, 1, c.dst, c.stride); !errors.Is(err, kernels.ErrInvalid) {
+		if err := r.GatherLane(c.lane, c.pages, 0, 1, c.dst, c.stride, nil); !errors.Is(err, kernels.ErrInvalid) {
 			t.Errorf("gather lane, %s: %v, want ErrInvalid", c.name, err)
 		}
 	}
+	if err := r.GatherLane(0, few, 0, 1, buf.Addr(), stride, make([]uint32, len(few)*g.Planes-1)); !errors.Is(err, kernels.ErrInvalid) {
+		t.Errorf("gather lane, one plane CRC short: %v, want ErrInvalid", err)
+	}
+}
+
+// checkPlaneCRCs holds the GPU's plane CRCs of a gather of n pages of every
+// layer (layer l at l*stride in buf) to hash/crc32's CRC32C of the bytes
+// gathered.
+func checkPlaneCRCs(g objmap.Geometry, n int, buf []byte, stride int64, crcs []uint32) error {
+	pb, ppb := g.PageBytesPerLayer(), g.PageBytesPerPlane()
+	bad := 0
+	for l := 0; l < g.Layers; l++ {
+		for i := 0; i < n; i++ {
+			for p := 0; p < g.Planes; p++ {
+				off := int64(l)*stride + int64(i)*pb + int64(p)*ppb
+				if objmap.CRC32C(buf[off:off+ppb]) != crcs[(l*n+i)*g.Planes+p] {
+					bad++
+				}
+			}
+		}
+	}
+	if bad > 0 {
+		return fmt.Errorf("%d of %d plane CRCs differ from the gathered bytes' CRC32C", bad, len(crcs))
+	}
+	return nil
 }

@@ -10,7 +10,7 @@ tk_status tkl_scatter_dev(uint64_t c, uint32_t l, uint64_t a, uint64_t n);
 tk_status tkl_copy_event(uint64_t c, uint32_t i);
 tk_status tkl_copy_event_wait(uint64_t c, uint32_t i);
 tk_status tkl_sync(uint64_t c);
-tk_status tkl_gather_lane(uint64_t c, uint32_t lane, const tk_page_map *m, uint32_t n, uint32_t l0, uint32_t nl, uint64_t dst, uint64_t stride);
+tk_status tkl_gather_lane(uint64_t c, uint32_t lane, const tk_page_map *m, uint32_t n, uint32_t l0, uint32_t nl, uint64_t dst, uint64_t stride, uint32_t *crcs);
 */
 import "C"
 
@@ -104,7 +104,13 @@ func (r *Restorer) GatherLanes() int { return r.cfg.GatherLanes }
 // registered host memory (HostRegister, or the staging pool), else ErrInvalid,
 // as for a bad lane or more than MaxPages pages. The bytes are in dst when it
 // returns; pages is not kept. Like every method, not after Close.
-func (r *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error {
+//
+// planeCRCs, if not nil, must have layers*len(pages)*Planes entries: it gets
+// the CRC32C (objmap's chunk CRC) of every page plane gathered, computed on
+// the GPU from the KV tensors, planeCRCs[(l*len(pages)+i)*Planes+p] for
+// layer firstLayer+l, page i, plane p, so that the caller need not read the
+// bytes in dst to checksum them. Its contents are undefined after an error.
+func (r *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32) error {
 	op := fmt.Sprintf("gather lane %d", lane)
 	pm, err := r.gatherMap(pages, firstLayer, layers, layerStride)
 	if err != nil {
@@ -113,13 +119,21 @@ func (r *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, d
 	if lane < 0 { // the library checks the upper bound
 		return fmt.Errorf("%s: %w: %d lanes", op, ErrInvalid, r.cfg.GatherLanes)
 	}
+	var crcs *C.uint32_t
+	if planeCRCs != nil {
+		if want := layers * len(pages) * r.cfg.Geometry.Planes; len(planeCRCs) != want {
+			return fmt.Errorf("%s: %w: %d plane CRCs for %d layers of %d pages of %d planes", op, ErrInvalid, len(planeCRCs), layers, len(pages), r.cfg.Geometry.Planes)
+		}
+		crcs = (*C.uint32_t)(unsafe.Pointer(&planeCRCs[0]))
+	}
 	// The library's error message is per OS thread: the call and status's
 	// read of the message must run on one.
 	goruntime.LockOSThread()
 	defer goruntime.UnlockOSThread()
-	// pm holds no Go pointers, so C may read it for the call's duration.
+	// pm and planeCRCs hold no Go pointers, so C may use them for the
+	// call's duration.
 	return status(op, C.tkl_gather_lane(r.ctx, C.uint32_t(lane), (*C.tk_page_map)(unsafe.Pointer(&pm[0])), C.uint32_t(len(pm)),
-		C.uint32_t(firstLayer), C.uint32_t(layers), C.uint64_t(dst), C.uint64_t(layerStride)))
+		C.uint32_t(firstLayer), C.uint32_t(layers), C.uint64_t(dst), C.uint64_t(layerStride), crcs))
 }
 
 // gatherMap checks a gather's arguments and returns its page map, the one

@@ -111,6 +111,7 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
   CK(cudaSetDevice(p->device));
   CK(load_io_layer());  // before any restore runs: see load_io_layer
   CK(load_copy_layer());
+  CK(load_crc_planes());
   Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
   if (!c) return fail(TK_ERR_INVALID, "out of host memory");
   c->device = p->device;
@@ -174,6 +175,15 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
     TRYC(cudaStreamCreateWithPriority(&ln.stream, cudaStreamNonBlocking, prio_high));
     TRYC(cudaHostAlloc(&ln.h_map, sizeof(tk_page_map) * c->max_pages, cudaHostAllocDefault));
     TRYC(cudaMalloc(&ln.d_map, sizeof(tk_page_map) * c->max_pages));
+    TRYC(cudaHostAlloc(&ln.h_crc, sizeof(uint32_t) * c->max_pages * c->kv.planes, cudaHostAllocDefault));
+    TRYC(cudaMalloc(&ln.d_crc, sizeof(uint32_t) * c->max_pages * c->kv.planes));
+  }
+  {
+    tk_crc_plan plan;
+    if (tk_crc_plan_make(&plan, c->geo.plane_bytes))
+      TRY(fail(TK_ERR_INVALID, "plane bytes %llu: no CRC plan", (unsigned long long)c->geo.plane_bytes));
+    TRYC(cudaMalloc(&c->d_crc_plan, sizeof plan));
+    TRYC(cudaMemcpy(c->d_crc_plan, &plan, sizeof plan, cudaMemcpyHostToDevice));
   }
   const uint32_t L = c->kv.layers;
   c->reqs = (Req *)calloc(c->max_requests, sizeof(Req));
@@ -225,8 +235,11 @@ static void free_ctx(Ctx *c) {
     }
     if (ln.h_map) cudaFreeHost(ln.h_map);
     if (ln.d_map) cudaFree(ln.d_map);
+    if (ln.h_crc) cudaFreeHost(ln.h_crc);
+    if (ln.d_crc) cudaFree(ln.d_crc);
   }
   free(c->lanes);
+  if (c->d_crc_plan) cudaFree(c->d_crc_plan);
   for (int i = 0; i < 2; i++) {
     if (c->d_stage[i]) cudaFree(c->d_stage[i]);
     if (c->dstage_ready[i]) cudaEventDestroy(c->dstage_ready[i]);

@@ -4,6 +4,7 @@
 //   tk_bind.cu         tk_bind/tk_unbind: checks, allocation, the ring's mapping; check_map
 //   tk_ring_kernel.cu  the GPU side of the ring: io_layer_kernel submits and reaps a layer's reads
 //   tk_copy_kernel.cu  copy_layer_kernel: one layer between object layout and the paged KV
+//   tk_crc_kernel.cu   crc_planes_kernel: the CRC32C of each page plane a save gathers
 //   tk_restore.cu      tk_restore_*: a request's layers onto the streams, waits, results
 //   tk_hostcopy.cu     host-driven scatter/gather (save, CPU-path restores), copy events,
 //                      the save's gather lanes (tk_gather_lane)
@@ -14,6 +15,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "tk_crc.h"
 #include "tk_geo.cuh"
 #include "tk_internal.cuh"
 #include "tutti_kernels.h"
@@ -67,6 +69,8 @@ struct Lane {
   cudaStream_t stream;  // non-blocking, the device's highest priority
   tk_page_map *h_map;   // pinned upload buffer, max_pages entries
   tk_page_map *d_map;   // the kernel's copy, max_pages entries
+  uint32_t *d_crc;      // crc_planes_kernel's output, max_pages*planes entries
+  uint32_t *h_crc;      // pinned download buffer of d_crc
   uint32_t busy;        // 1 while a call holds the lane (__atomic builtins)
 };
 
@@ -102,6 +106,7 @@ struct Ctx {
   bool staging_ours;
   Lane *lanes;  // [n_lanes], immutable after tk_bind but for Lane.busy
   uint32_t n_lanes;
+  tk_crc_plan *d_crc_plan;  // the plane size's CRC plan (tk_crc.h), device memory
 };
 
 static inline Ctx *as_ctx(uint64_t h) { return (Ctx *)h; }
@@ -122,7 +127,12 @@ TK_HIDDEN void launch_io_layer(cudaStream_t s, const DRing &r, DState *st, const
 TK_HIDDEN void launch_copy_layer(cudaStream_t s, bool to_kv, char *obj, const tk_page_map *map, uint32_t n_pages,
                                  const tk_entry_result *results, const uint64_t *kvp, const Geo &g, uint32_t layer);
 
-// load_io_layer and load_copy_layer load their kernels into the current
+// launch_crc_planes puts one crc_planes_kernel (tk_crc_kernel.cu) on stream
+// s: out[i*planes + p] = CRC32C of plane p of page map[i].dst_page of layer.
+TK_HIDDEN void launch_crc_planes(cudaStream_t s, const tk_page_map *map, uint32_t n_pages, const uint64_t *kvp,
+                                 const Geo &g, uint32_t layer, const tk_crc_plan *plan, uint32_t *out);
+
+// load_io_layer, load_copy_layer and load_crc_planes load their kernels into the current
 // device's context now. Under lazy module loading (CUDA's default) a
 // kernel's first launch loads it, and loading may synchronize the whole
 // context: a restore's first launch would wait for every kernel an engine
@@ -131,5 +141,6 @@ TK_HIDDEN void launch_copy_layer(cudaStream_t s, bool to_kv, char *obj, const tk
 // (docs/integration.md, the GPU path, says how an engine avoids those).
 TK_HIDDEN cudaError_t load_io_layer(void);
 TK_HIDDEN cudaError_t load_copy_layer(void);
+TK_HIDDEN cudaError_t load_crc_planes(void);
 
 #endif  // TK_CTX_CUH

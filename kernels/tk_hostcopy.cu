@@ -100,7 +100,7 @@ extern "C" tk_status tk_sync(uint64_t h) {
 // returns: the next call on the lane overwrites ln.h_map, which an
 // unfinished upload would still read.
 static tk_status lane_gather(Ctx *c, Lane &ln, const tk_page_map *pages, uint32_t n, uint32_t first_layer,
-                             uint32_t layers, uint64_t obj_dev, uint64_t layer_stride) {
+                             uint32_t layers, uint64_t obj_dev, uint64_t layer_stride, uint32_t *plane_crcs) {
   CK(cudaSetDevice(c->device));
   memcpy(ln.h_map, pages, sizeof(tk_page_map) * n);
   cudaError_t e = cudaMemcpyAsync(ln.d_map, ln.h_map, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice, ln.stream);
@@ -108,6 +108,15 @@ static tk_status lane_gather(Ctx *c, Lane &ln, const tk_page_map *pages, uint32_
     launch_copy_layer(ln.stream, false, (char *)(obj_dev + l * layer_stride), ln.d_map, n, nullptr, c->d_kvp, c->geo,
                       first_layer + l);
     e = cudaGetLastError();  // the runtime's error state is per thread: this launch's
+    if (e != cudaSuccess || !plane_crcs) continue;
+    // The layer's checksums, from the same pages in HBM; one layer's fit
+    // the lane's buffers, so each is downloaded before the next.
+    const uint64_t nc = (uint64_t)n * c->geo.planes;
+    launch_crc_planes(ln.stream, ln.d_map, n, c->d_kvp, c->geo, first_layer + l, c->d_crc_plan, ln.d_crc);
+    e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpyAsync(ln.h_crc, ln.d_crc, sizeof(uint32_t) * nc, cudaMemcpyDeviceToHost, ln.stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ln.stream);
+    if (e == cudaSuccess) memcpy(plane_crcs + l * nc, ln.h_crc, sizeof(uint32_t) * nc);
   }
   const cudaError_t se = cudaStreamSynchronize(ln.stream);
   if (e == cudaSuccess) e = se;
@@ -123,7 +132,8 @@ static tk_status lane_gather(Ctx *c, Lane &ln, const tk_page_map *pages, uint32_
 // lane's buffers) and the lane it holds, so calls on different lanes need
 // no lock; lookup's table has its own.
 extern "C" tk_status tk_gather_lane(uint64_t h, uint32_t lane, const tk_page_map *pages, uint32_t n,
-                                    uint32_t first_layer, uint32_t layers, uint64_t dst, uint64_t layer_stride) {
+                                    uint32_t first_layer, uint32_t layers, uint64_t dst, uint64_t layer_stride,
+                                    uint32_t *plane_crcs) {
   Ctx *c = as_ctx(h);
   if (!c) return fail(TK_ERR_INVALID, "tk_gather_lane: null context");
   if (lane >= c->n_lanes) return fail(TK_ERR_INVALID, "tk_gather_lane: lane %u of %u", lane, c->n_lanes);
@@ -146,7 +156,7 @@ extern "C" tk_status tk_gather_lane(uint64_t h, uint32_t lane, const tk_page_map
   Lane &ln = c->lanes[lane];
   if (__atomic_exchange_n(&ln.busy, 1u, __ATOMIC_ACQUIRE))
     return fail(TK_ERR_BUSY, "tk_gather_lane: lane %u is in another call", lane);
-  s = lane_gather(c, ln, pages, n, first_layer, layers, d, layer_stride);
+  s = lane_gather(c, ln, pages, n, first_layer, layers, d, layer_stride, plane_crcs);
   __atomic_store_n(&ln.busy, 0u, __ATOMIC_RELEASE);
   return s;
 }

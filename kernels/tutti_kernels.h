@@ -28,7 +28,7 @@
 extern "C" {
 #endif
 
-#define TK_ABI_VERSION 4
+#define TK_ABI_VERSION 5
 
 /* Gather lanes (tk_gather_lane) a context has when tk_bind_params.gather_lanes
  * is 0, and the most it may ask for. */
@@ -235,9 +235,14 @@ tk_status tk_sync(uint64_t ctx);
  * (the caller keeps ownership). Calls on different lanes run at once, each
  * on its own stream and map buffers, from any threads; a lane already in a
  * call is refused (TK_ERR_BUSY). Independent of tk_host_map and the copy
- * stream. (ABI 4.) */
+ * stream. (ABI 4.)
+ * plane_crcs, if not NULL, gets the CRC32C (Castagnoli, objmap's chunk CRC)
+ * of every page plane gathered, computed on the GPU from the KV tensors:
+ * plane_crcs[(l*n + i)*planes + p] for layer first_layer+l, page i, plane p
+ * (layers*n*planes entries of host memory the caller owns; written before
+ * the call returns, undefined after a failure). (ABI 5.) */
 tk_status tk_gather_lane(uint64_t ctx, uint32_t lane, const tk_page_map *pages, uint32_t n, uint32_t first_layer,
-                         uint32_t layers, uint64_t dst, uint64_t layer_stride);
+                         uint32_t layers, uint64_t dst, uint64_t layer_stride, uint32_t *plane_crcs);
 
 #ifdef __cplusplus
 }

@@ -170,13 +170,16 @@ func zerosOperator(n int64) [32]uint32 {
 	return acc
 }
 
-// crcShift applies a fixed zerosOperator with byte-indexed tables: four
-// lookups per combination, for the many combinations of one chunk length.
-type crcShift [4][256]uint32
+// CRCShift is CombineCRC32C for one length of B, made once (a zerosOperator
+// in byte-indexed tables): four lookups per combination, for the many
+// combinations of one length (a chunk, a page plane). It is read-only once
+// made: goroutines may share it.
+type CRCShift [4][256]uint32
 
-func newCRCShift(n int64) *crcShift {
+// NewCRCShift makes the CRCShift of B's of n bytes (n > 0).
+func NewCRCShift(n int64) *CRCShift {
 	op := zerosOperator(n)
-	s := new(crcShift)
+	s := new(CRCShift)
 	for b := range 4 {
 		for v := range 256 {
 			s[b][v] = gf2Times(&op, uint32(v)<<(8*b))
@@ -185,8 +188,8 @@ func newCRCShift(n int64) *crcShift {
 	return s
 }
 
-// combine is CombineCRC32C(crcA, crcB, n) for the n s was built for.
-func (s *crcShift) combine(crcA, crcB uint32) uint32 {
+// Combine is CombineCRC32C(crcA, crcB, n) for the n s was made for.
+func (s *CRCShift) Combine(crcA, crcB uint32) uint32 {
 	return s[0][crcA&0xff] ^ s[1][crcA>>8&0xff] ^ s[2][crcA>>16&0xff] ^ s[3][crcA>>24] ^ crcB
 }
 
@@ -197,12 +200,12 @@ func (g Geometry) LayerCRCsFromChunks(chunkCRCs []uint32, chunks int) ([]uint32,
 	if chunks < 1 || len(chunkCRCs) != g.Layers*chunks {
 		return nil, fmt.Errorf("objmap: %d chunk CRCs for %d layers x %d chunks", len(chunkCRCs), g.Layers, chunks)
 	}
-	sh := newCRCShift(g.ChunkBytesPerLayer())
+	sh := NewCRCShift(g.ChunkBytesPerLayer())
 	out := make([]uint32, g.Layers)
 	for l := range out {
 		var crc uint32
 		for _, c := range chunkCRCs[l*chunks : (l+1)*chunks] {
-			crc = sh.combine(crc, c)
+			crc = sh.Combine(crc, c)
 		}
 		out[l] = crc
 	}

@@ -26,7 +26,7 @@ func TestCombineCRC32C(t *testing.T) {
 		if got := CombineCRC32C(CRC32C(a), CRC32C(b), int64(len(b))); got != want {
 			t.Fatalf("lens %v: combine %08x, want %08x", lens, got, want)
 		}
-		if got := newCRCShift(int64(len(b))).combine(CRC32C(a), CRC32C(b)); got != want {
+		if got := NewCRCShift(int64(len(b))).Combine(CRC32C(a), CRC32C(b)); got != want {
 			t.Fatalf("lens %v: table combine %08x, want %08x", lens, got, want)
 		}
 	}

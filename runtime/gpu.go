@@ -3,8 +3,9 @@ package runtime
 // PathGPU: package kernels restores. The GPU drives its own SQPOLL io_uring
 // (one read per (layer, extent), in the kernels' staging), scatters into the
 // engine's KV tensors in HBM and marks layers ready with CUDA events. Saves
-// gather pages from HBM into this store's (CUDA-registered) staging slots
-// and write them from the CPU through the same save path as PathCPU.
+// gather pages from HBM into this store's (CUDA-registered) staging slots,
+// the GPU checksumming every page plane as it gathers, and write them from
+// the CPU through the same save path as PathCPU.
 
 import (
 	"errors"
@@ -37,7 +38,10 @@ type gpuPath struct {
 	r     gpuRestorer
 	ring  *uring.Ring // nil with Config.gpuBind
 	lanes chan int    // the restorer's free gather lanes: a stage worker holds one per gather
-	slots []uintptr   // staging slots registered with CUDA
+	// planeShift combines the GPU's plane CRCs of a save's gathers into
+	// chunk CRCs (the plane length's objmap.CRCShift).
+	planeShift *objmap.CRCShift
+	slots      []uintptr // staging slots registered with CUDA
 	// kickFallback: why the kick-mode ring has no DEFER_TASKRUN (empty: it
 	// has, or the ring is SQPOLL), reported in Stats.
 	kickFallback string
@@ -54,7 +58,7 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 		if err != nil {
 			return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
 		}
-		return newGPUPath(r)
+		return newGPUPath(r, s.geo)
 	}
 	var ptrs []uint64
 	if s.cfg.Layout == objmap.LayoutPerLayer {
@@ -90,7 +94,7 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 		ring.Close()
 		return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
 	}
-	gp, err := newGPUPath(kernelsRestorer{r})
+	gp, err := newGPUPath(kernelsRestorer{r}, s.geo)
 	if err != nil {
 		ring.Close()
 		return nil, err
@@ -108,13 +112,13 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 
 // newGPUPath is the path of bound restorer r with all its gather lanes
 // free. On an error it closes r.
-func newGPUPath(r gpuRestorer) (*gpuPath, error) {
+func newGPUPath(r gpuRestorer, g objmap.Geometry) (*gpuPath, error) {
 	n := r.GatherLanes()
 	if n < 1 {
 		r.Close()
 		return nil, fmt.Errorf("runtime: binding the GPU: the restorer has %d gather lanes", n)
 	}
-	gp := &gpuPath{r: r, lanes: make(chan int, n)}
+	gp := &gpuPath{r: r, lanes: make(chan int, n), planeShift: objmap.NewCRCShift(g.PageBytesPerPlane())}
 	for i := range n {
 		gp.lanes <- i
 	}
@@ -134,13 +138,14 @@ func (gp *gpuPath) close() error {
 }
 
 // gather copies pages [first, first+n) of the run's page list, layer layer,
-// from HBM into dst (a registered staging slot) in object layout, on a free
-// gather lane: the stage workers' gathers run at once, up to the lanes
+// from HBM into dst (a registered staging slot) in object layout, and the
+// CRC32C of each of their planes into planeCRCs (len(pages)*Planes), on a
+// free gather lane: the stage workers' gathers run at once, up to the lanes
 // (one lock over them all serialized every save behind every other).
-func (gp *gpuPath) gather(pages []int32, layer int, dst uintptr, bytes int64) error {
+func (gp *gpuPath) gather(pages []int32, layer int, dst uintptr, bytes int64, planeCRCs []uint32) error {
 	lane := <-gp.lanes
 	defer func() { gp.lanes <- lane }()
-	return gp.r.GatherLane(lane, pages, layer, 1, dst, bytes)
+	return gp.r.GatherLane(lane, pages, layer, 1, dst, bytes, planeCRCs)
 }
 
 // gpuWriteUnit is the size GPU save writes are cut at: whole pages (Gather

@@ -76,7 +76,7 @@ const cpuGatherLanes = 8
 
 func (c *cpuRestorer) GatherLanes() int { return len(c.laneBusy) }
 
-func (c *cpuRestorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error {
+func (c *cpuRestorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32) error {
 	n := int64(len(pages)) * c.g.PageBytesPerLayer()
 	switch {
 	case lane < 0 || lane >= len(c.laneBusy):
@@ -95,7 +95,17 @@ func (c *cpuRestorer) GatherLane(lane int, pages []int32, firstLayer, layers int
 	if c.onGather != nil {
 		c.onGather(lane)
 	}
-	c.v.copyPages(firstLayer, pages, 0, n, view(dst, n), false)
+	if planeCRCs != nil && len(planeCRCs) != len(pages)*c.g.Planes {
+		return fmt.Errorf("cpu restorer: %d plane CRCs for %d pages: %w", len(planeCRCs), len(pages), kernels.ErrInvalid)
+	}
+	out := view(dst, n)
+	c.v.copyPages(firstLayer, pages, 0, n, out, false)
+	// The kernels' contract: each plane's CRC32C, as the GPU computes it
+	// from the KV (here from the bytes just gathered, which are the same).
+	ppb := c.g.PageBytesPerPlane()
+	for k := range planeCRCs {
+		planeCRCs[k] = objmap.CRC32C(out[int64(k)*ppb : int64(k+1)*ppb])
+	}
 	return nil
 }
 

@@ -62,6 +62,14 @@ func TestGPUSaveGathersConcurrently(t *testing.T) {
 	if sv.Saved() != len(a) {
 		t.Fatalf("saved %d of %d blocks: %+v", sv.Saved(), len(a), s.Stats())
 	}
+	// The chunk CRCs committed come from the restorer's plane CRCs
+	// (combinePlaneCRCs): fsck reads every payload back against them.
+	if err := s.WaitSaves(); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := s.Check(); err != nil || rep.Corrupt != 0 || s.MapStats().LiveRuns == 0 {
+		t.Fatalf("fsck of the GPU path's save: %v %+v", err, rep)
+	}
 	scramble(kv, g, numPages)
 	pl := pageTable(rng, g, numPages, len(a))
 	if l := loadWait(t, s, a, pl); l.Blocks() != len(a) {

@@ -12,9 +12,10 @@ import (
 type gpuRestorer interface {
 	Restore(req kernels.Request) (gpuRestore, error)
 	// GatherLanes and GatherLane: kernels.Restorer's (the save's gathers,
-	// one call per lane at a time, lanes handed out by gpuPath).
+	// one call per lane at a time, lanes handed out by gpuPath, with the
+	// planes' CRC32Cs into planeCRCs).
 	GatherLanes() int
-	GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64) error
+	GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32) error
 	FixedBuffers() (bool, error)
 	Wakeups() int64
 	BatchTimeouts() int64

@@ -33,6 +33,9 @@ type wbuf struct {
 	// covers, or why it could not gather.
 	parts     []crcPart
 	gatherErr error
+	// PathGPU: the GPU's CRC32C of each page plane the write gathers
+	// (kernels.Restorer.GatherLane), room for a whole wbuf of planes.
+	planeCRCs []uint32
 }
 
 // ioDone runs on the I/O worker goroutine (or a stage worker for a write
@@ -92,6 +95,9 @@ func (s *Store) saveWbufs(sl *slot) []*wbuf {
 	parts := int(wb/s.geo.ChunkBytesPerLayer()) + 2
 	for off := int64(0); off+wb <= s.staging.slotBytes; off += wb {
 		b := &wbuf{sl: sl, off: off, data: sl.data[off : off+wb], parts: make([]crcPart, 0, parts)}
+		if s.cfg.Path == PathGPU {
+			b.planeCRCs = make([]uint32, 0, int(wb/s.geo.PageBytesPerPlane()))
+		}
 		b.req.owner = b
 		sl.wbufs = append(sl.wbufs, b)
 	}
@@ -134,16 +140,19 @@ func (sv *Save) stageWrite(b *wbuf) {
 	b.parts = b.parts[:0]
 	b.gatherErr = nil
 	if s.gpu != nil {
-		// Writes are cut at whole pages on this path (gpuWriteUnit).
+		// Writes are cut at whole pages on this path (gpuWriteUnit). The
+		// GPU checksums the planes it gathers: the CPU never reads them.
 		pb := g.PageBytesPerLayer()
 		first := r.chainPos*g.ChunkPages + int(io.OffsetBytes/pb)
+		pages := sv.pages[first : first+int(io.Bytes/pb)]
+		b.planeCRCs = b.planeCRCs[:len(pages)*g.Planes]
 		t0 := time.Now()
-		if err := s.gpu.gather(sv.pages[first:first+int(io.Bytes/pb)], io.Layer, b.sl.buf.Addr()+uintptr(b.off), io.Bytes); err != nil {
+		if err := s.gpu.gather(pages, io.Layer, b.sl.buf.Addr()+uintptr(b.off), io.Bytes, b.planeCRCs); err != nil {
 			b.gatherErr = fmt.Errorf("gathering run %d layer %d from the GPU: %w", r.res.ID, io.Layer, err)
 		} else {
 			t1 := time.Now()
 			s.stats.saveCopyNs.Add(int64(t1.Sub(t0)))
-			b.checksum(g, r.res.Chunks, buf[:io.Bytes])
+			b.combinePlaneCRCs(g, r.res.Chunks, s.gpu.planeShift)
 			s.stats.saveChecksumNs.Add(int64(time.Since(t1)))
 		}
 	} else {
@@ -186,6 +195,25 @@ func (b *wbuf) checksum(g objmap.Geometry, chunks int, buf []byte) {
 		b.addCRC(g, chunks, off, buf[:n])
 		off += n
 		buf = buf[n:]
+	}
+}
+
+// combinePlaneCRCs folds b.planeCRCs, the CRC32C of each page plane of the
+// write in object order (PathGPU's writes are whole pages), into the chunk
+// pieces; shift is the plane length's CRCShift.
+func (b *wbuf) combinePlaneCRCs(g objmap.Geometry, chunks int, shift *objmap.CRCShift) {
+	ppb, cb := g.PageBytesPerPlane(), g.ChunkBytesPerLayer()
+	off := b.io.OffsetBytes
+	for _, crc := range b.planeCRCs {
+		idx, in := b.io.Layer*chunks+int(off/cb), off%cb
+		if n := len(b.parts); n > 0 && b.parts[n-1].idx == idx && b.parts[n-1].off+b.parts[n-1].n == in {
+			last := &b.parts[n-1]
+			last.crc = shift.Combine(last.crc, crc)
+			last.n += ppb
+		} else {
+			b.parts = append(b.parts, crcPart{idx: idx, off: in, n: ppb, crc: crc})
+		}
+		off += ppb
 	}
 }
 

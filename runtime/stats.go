@@ -35,9 +35,10 @@ type Stats struct {
 	// SaveCopyNs is the time save writes spent getting their bytes into
 	// staging (PathGPU: the HBM gathers, waiting for a free gather lane
 	// included; PathCPU: the copies from host KV memory, checksummed in the
-	// same pass), SaveChecksumNs the GPU path's checksums of the gathered
-	// bytes, both summed over the stage workers (so they can exceed the
-	// wall time): where a save's time goes.
+	// same pass), SaveChecksumNs the GPU path's folding of the plane CRCs
+	// its gathers computed on the GPU into chunk CRCs (the CPU reads none
+	// of the gathered bytes), both summed over the stage workers (so they
+	// can exceed the wall time): where a save's time goes.
 	SaveCopyNs, SaveChecksumNs int64
 
 	// Fallbacks counts stores opened on PathCPU after PathGPU failed

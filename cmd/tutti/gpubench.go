@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/tutti-io/tutti/eval/gpubench"
@@ -52,8 +54,16 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	enqueueChunk := fs.Int("enqueue-chunk", 0, "GPU paths: layers the feeder enqueues per wake-up (kernels.Config.EnqueueChunk; 0: half of --enqueue-layers, 1..8)")
 	zeroCopy := fs.Bool("zero-copy-scatter", false, "GPU paths: the scatter kernel reads host staging itself instead of a copy-engine copy into device staging (kernels.BenchOptions.ZeroCopyScatter)")
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
+	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the run (runtime/pprof) to this file: where this process's CPU goes, the store's stage and I/O workers included")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		stopProfile, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
 	}
 	if *jsonPath != "" && *jsonPath != "-" {
 		if err := checkOutFile("--json", *jsonPath); err != nil {
@@ -73,6 +83,23 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	ctx, interrupted, stop := signalContext(stderr)
 	defer stop()
 	return interrupted(gpubench.Run(ctx, cfg, stdout, stderr))
+}
+
+// startCPUProfile starts a CPU profile into a new file at path; the
+// returned function stops it and closes the file.
+func startCPUProfile(path string) (func(), error) {
+	if err := checkOutFile("--cpuprofile", path); err != nil {
+		return nil, err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // runGPUBenchPool is `tutti gpubench-pool`: its flags, then

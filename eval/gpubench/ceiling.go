@@ -74,20 +74,27 @@ func (c *storeCeilings) remove() {
 // devbench.CeilingStripedWrite, each file overwritten whole) or the read
 // ceiling (devbench.CeilingStriped, each read whole): the same striped rule,
 // as Ceilings says. The read needs the files written (create) first.
-func (c *storeCeilings) sample(ctx context.Context, write bool) (float64, error) {
+func (c *storeCeilings) sample(ctx context.Context, write bool) (ceilingSample, error) {
 	if c == nil {
-		return 0, nil
+		return ceilingSample{}, nil
 	}
 	ceiling, what := devbench.CeilingStriped, "read"
 	if write {
 		ceiling, what = devbench.CeilingStripedWrite, "write"
 	}
 	sizes := slices.Repeat([]int64{c.fileBytes}, len(c.files))
+	h0 := readHostCPU()
 	st, err := ceiling(ctx, c.files, sizes, sizes, 0)
 	if err != nil {
-		return 0, fmt.Errorf("%s ceiling: %w", what, err)
+		return ceilingSample{}, fmt.Errorf("%s ceiling: %w", what, err)
 	}
-	return st.BytesPerS, nil
+	return ceilingSample{BytesPS: st.BytesPerS, BusyCPUs: busyCPUs(h0, readHostCPU())}, nil
+}
+
+// ceilingSample is one sample of a ceiling: its bytes/s and the host's CPUs
+// busy while it ran (busyCPUs: the devices' own kernel work shows here).
+type ceilingSample struct {
+	BytesPS, BusyCPUs float64
 }
 
 // create writes every directory's ceiling file, all at once.

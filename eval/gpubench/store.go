@@ -100,6 +100,14 @@ type StoreRow struct {
 	// round whose bytes/s is the median).
 	CeilingBeforeBytesPS float64 `json:"ceiling_before_bytes_per_s,omitempty"`
 	CeilingAfterBytesPS  float64 `json:"ceiling_after_bytes_per_s,omitempty"`
+	// HostBusyCPUs is how many of the host's HostCPUs were busy on average
+	// during the operation (busyCPUs: system-wide, the devices' kernel
+	// threads included), CeilingBusyCPUs the same during its two ceiling
+	// samples (their mean): an operation near HostCPUs is bound by the CPU,
+	// and the ceiling's figure is what the devices alone cost it.
+	HostBusyCPUs    float64 `json:"host_busy_cpus,omitempty"`
+	CeilingBusyCPUs float64 `json:"ceiling_busy_cpus,omitempty"`
+	HostCPUs        int     `json:"host_cpus,omitempty"`
 
 	// Skipped counts a save's blocks not stored, by runtime.SkipCause name.
 	Skipped    map[string]int `json:"skipped,omitempty"`
@@ -143,6 +151,9 @@ func Summary(r StoreRow) string {
 		r.Blocks, float64(r.Bytes)/(1<<30), r.Seconds, r.BytesPerS/1e9, r.CeilingFraction, r.CeilingBeforeBytesPS/1e9, r.CeilingAfterBytesPS/1e9, r.CPUSPerGiB, r.Mismatches)
 	if len(r.Skipped) > 0 {
 		s += fmt.Sprintf(", skipped %v", r.Skipped)
+	}
+	if r.HostCPUs > 0 {
+		s += fmt.Sprintf(", host CPUs busy %.1f of %d (ceilings %.1f)", r.HostBusyCPUs, r.HostCPUs, r.CeilingBusyCPUs)
 	}
 	if isSave(r.Op) {
 		s += fmt.Sprintf(", staging copies %.3f s, checksums %.3f s (summed over workers)", r.CopyS, r.ChecksumS)
@@ -334,9 +345,10 @@ func (p *storePathRun) save(op string) (StoreRow, error) {
 }
 
 // bracket puts the ceiling samples around r's operation in r.
-func (p *storePathRun) bracket(r *StoreRow, before, after float64) {
-	r.CeilingBeforeBytesPS, r.CeilingAfterBytesPS = before, after
-	r.CeilingBytesPS, r.CeilingFraction = bracketFraction(r.BytesPerS, before, after)
+func (p *storePathRun) bracket(r *StoreRow, before, after ceilingSample) {
+	r.CeilingBeforeBytesPS, r.CeilingAfterBytesPS = before.BytesPS, after.BytesPS
+	r.CeilingBytesPS, r.CeilingFraction = bracketFraction(r.BytesPerS, before.BytesPS, after.BytesPS)
+	r.CeilingBusyCPUs = meanPositive(before.BusyCPUs, after.BusyCPUs)
 }
 
 // restore restores the saved prefix into poisoned memory (row op op), timed
@@ -348,7 +360,7 @@ func (p *storePathRun) restore(op string, saved int, bracket bool) (StoreRow, er
 	if err := p.kv.poison(); err != nil {
 		return r, err
 	}
-	var before, after float64
+	var before, after ceilingSample
 	var err error
 	if bracket {
 		if before, err = p.c.sample(p.ctx, false); err != nil {
@@ -382,8 +394,12 @@ func cpuSeconds() float64 {
 	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
-func rate(r *StoreRow, t0 time.Time, c0 float64) {
+// rate fills r's time, bytes/s and CPU figures of an operation that
+// started at t0 with the process's CPU time at c0 and the host's at h0.
+func rate(r *StoreRow, t0 time.Time, c0 float64, h0 hostCPU) {
 	r.Seconds = time.Since(t0).Seconds()
+	h1 := readHostCPU()
+	r.HostBusyCPUs, r.HostCPUs = busyCPUs(h0, h1), h1.cpus
 	if r.Seconds > 0 {
 		r.BytesPerS = float64(r.Bytes) / r.Seconds
 	}
@@ -395,7 +411,7 @@ func rate(r *StoreRow, t0 time.Time, c0 float64) {
 func timeSave(s *runtime.Store, chain []uint64, dst []int32) (StoreRow, error) {
 	r := StoreRow{Op: "save"}
 	before := s.Stats()
-	c0, t0 := cpuSeconds(), time.Now()
+	h0, c0, t0 := readHostCPU(), cpuSeconds(), time.Now()
 	sv, err := s.Save(chain, dst)
 	if err != nil {
 		return r, err
@@ -406,7 +422,7 @@ func timeSave(s *runtime.Store, chain []uint64, dst []int32) (StoreRow, error) {
 	r.ChecksumS = float64(after.SaveChecksumNs-before.SaveChecksumNs) / 1e9
 	r.Blocks = sv.Saved()
 	r.Bytes = int64(r.Blocks) * s.Geometry().ChunkBytes()
-	rate(&r, t0, c0)
+	rate(&r, t0, c0, h0)
 	for _, c := range runtime.SkipCauses() {
 		if n := sv.Skipped(c); n > 0 {
 			if r.Skipped == nil {
@@ -427,7 +443,7 @@ func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g objmap.Geometry) 
 	if n == 0 {
 		return r, errors.New("nothing of the saved prefix is cached")
 	}
-	c0, t0 := cpuSeconds(), time.Now()
+	h0, c0, t0 := readHostCPU(), cpuSeconds(), time.Now()
 	l, err := s.Load(chain[:n], dst[:n*g.ChunkPages])
 	if err != nil {
 		return r, err
@@ -444,7 +460,7 @@ func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g objmap.Geometry) 
 	}
 	r.Blocks, r.Planned = l.Blocks(), l.Planned()
 	r.Bytes = int64(r.Blocks) * g.ChunkBytes()
-	rate(&r, t0, c0)
+	rate(&r, t0, c0, h0)
 	if werr != nil {
 		return r, fmt.Errorf("load: %w (first failure: %v)", werr, l.Failure())
 	}

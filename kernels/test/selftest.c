@@ -23,6 +23,7 @@
 
 #include "../tutti_kernels.h"
 #include "../tk_testkit.h"
+#include "../tk_crc.h"
 
 #define F(name) static __typeof__(&name) p_##name
 F(tk_abi_version); F(tk_init); F(tk_last_error); F(tk_dev_alloc); F(tk_dev_free); F(tk_bind); F(tk_unbind);
@@ -237,11 +238,29 @@ static int restore_case(const char *name, Shape s, unsigned layout, unsigned pag
     // the same through a gather lane (the last one), layers 1 and 2 at once
     void *g2 = mmap(0, 2 * obj, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     CHECK(p_tk_host_register((uint64_t)g2, 2 * obj) == 0, "register lane gather buffer");
-    st = p_tk_gather_lane(ctx, TK_GATHER_LANES - 1, pm, pages, 1, 2, (uint64_t)g2, obj);
+    const unsigned planes = (unsigned)(page / plane);
+    uint32_t *crcs = calloc((size_t)2 * pages * planes, sizeof(uint32_t));
+    st = p_tk_gather_lane(ctx, TK_GATHER_LANES - 1, pm, pages, 1, 2, (uint64_t)g2, obj, crcs);
     if (st) tkerr("gather lane", st);
     CHECK(st == TK_OK, "gather lane");
-    CHECK(p_tk_gather_lane(ctx, TK_GATHER_LANES, pm, pages, 1, 1, (uint64_t)g2, obj) == TK_ERR_INVALID,
+    CHECK(p_tk_gather_lane(ctx, TK_GATHER_LANES, pm, pages, 1, 1, (uint64_t)g2, obj, NULL) == TK_ERR_INVALID,
           "gather on a lane past the last accepted");
+    // the lane's plane CRCs against a bitwise CRC32C of the gathered bytes
+    uint64_t cbad = 0;
+    for (unsigned l = 0; l < 2; l++)
+      for (uint64_t i = 0; i < pages; i++)
+        for (unsigned p = 0; p < planes; p++) {
+          const unsigned char *b = (const unsigned char *)g2 + l * obj + pm[i].slot_off + (uint64_t)p * plane;
+          uint32_t c = 0xFFFFFFFFu;
+          for (uint64_t k = 0; k < plane; k++) {
+            c ^= b[k];
+            for (int j = 0; j < 8; j++) c = (c & 1) ? (c >> 1) ^ TK_CRC_POLY : c >> 1;
+          }
+          if (~c != crcs[(l * pages + i) * planes + p]) cbad++;
+        }
+    CHECK(cbad == 0, "gather lane: %llu of %llu plane CRCs differ from the gathered bytes'", (unsigned long long)cbad,
+          (unsigned long long)(2 * pages * planes));
+    free(crcs);
     gbad = 0;
     for (unsigned l = 0; l < 2; l++)
       for (uint64_t w = 0; w < pages * page / 8; w++) {
