@@ -48,12 +48,17 @@ const (
 type storeCeilings struct {
 	dirs, files []string
 	fileBytes   int64
+	destBytes   int64 // each read ceiling's destination per directory (0: devbench's default)
 }
 
-// newStoreCeilings names a file of fileBytes in every directory; create
-// writes them.
-func newStoreCeilings(dirs []string, fileBytes int64) *storeCeilings {
-	c := &storeCeilings{dirs: dirs, fileBytes: fileBytes}
+// maxCeilingDest bounds StoreConfig.CeilingDestBytes (every directory gets
+// its own).
+const maxCeilingDest = 1 << 30
+
+// newStoreCeilings names a file of fileBytes in every directory, read into
+// destBytes each; create writes them.
+func newStoreCeilings(dirs []string, fileBytes, destBytes int64) *storeCeilings {
+	c := &storeCeilings{dirs: dirs, fileBytes: fileBytes, destBytes: destBytes}
 	for _, d := range dirs {
 		c.files = append(c.files, filepath.Join(d, ceilingFileName))
 	}
@@ -78,13 +83,13 @@ func (c *storeCeilings) sample(ctx context.Context, write bool) (ceilingSample, 
 	if c == nil {
 		return ceilingSample{}, nil
 	}
-	ceiling, what := devbench.CeilingStriped, "read"
+	ceiling, what, dest := devbench.CeilingStriped, "read", c.destBytes
 	if write {
-		ceiling, what = devbench.CeilingStripedWrite, "write"
+		ceiling, what, dest = devbench.CeilingStripedWrite, "write", 0
 	}
 	sizes := slices.Repeat([]int64{c.fileBytes}, len(c.files))
 	h0 := readHostCPU()
-	st, err := ceiling(ctx, c.files, sizes, sizes, 0)
+	st, err := ceiling(ctx, c.files, sizes, sizes, dest)
 	if err != nil {
 		return ceilingSample{}, fmt.Errorf("%s ceiling: %w", what, err)
 	}

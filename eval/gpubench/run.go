@@ -29,26 +29,28 @@ type Config struct {
 	Window    int
 	Lookahead int
 
-	SQPollIdleMs   uint
-	Layout         string // per-layer or cross-layer
-	WakeInterval   time.Duration
-	Seed           uint64
-	NoCeiling      bool
-	WritePool      bool // store rows: runtime.Config.WritePool
-	Prewrite       bool // store rows: StoreConfig.Prewrite
-	Rounds         int  // 1..MaxRounds
-	Reuse          bool
-	GPUs           int
-	PollTimeout    time.Duration
-	KickBatch      int
-	KickRamp       int
-	KickBatchWait  time.Duration
-	KickExact      bool
-	KickDefer      bool
-	EnqueueLayers  int
-	EnqueueChunk   int
-	ZeroCopy       bool
-	NoFixedBuffers bool
+	SQPollIdleMs uint
+	Layout       string // per-layer or cross-layer
+	WakeInterval time.Duration
+	Seed         uint64
+	NoCeiling    bool
+	WritePool    bool // store rows: runtime.Config.WritePool
+	Prewrite     bool // store rows: StoreConfig.Prewrite
+	// StoreCeilingDest: store rows, StoreConfig.CeilingDestBytes.
+	StoreCeilingDest int64
+	Rounds           int // 1..MaxRounds
+	Reuse            bool
+	GPUs             int
+	PollTimeout      time.Duration
+	KickBatch        int
+	KickRamp         int
+	KickBatchWait    time.Duration
+	KickExact        bool
+	KickDefer        bool
+	EnqueueLayers    int
+	EnqueueChunk     int
+	ZeroCopy         bool
+	NoFixedBuffers   bool
 
 	// Progress, if set, is told how far the data writing and the rounds'
 	// paths are (the CLI passes line progress when stderr is no terminal).
@@ -76,7 +78,8 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	kernelPaths, storePaths := splitStorePaths(cfg.Paths)
 	sf := storeFlags{model: cfg.Model, label: cfg.Label, dirs: cfg.StoreDirs, jsonPath: cfg.JSONPath, tokens: cfg.Tokens, rounds: cfg.Rounds, seed: cfg.Seed,
-		noCeiling: cfg.NoCeiling, writePool: cfg.WritePool, prewrite: cfg.Prewrite, appendJSON: len(kernelPaths) > 0, progress: cfg.Progress}
+		noCeiling: cfg.NoCeiling, writePool: cfg.WritePool, prewrite: cfg.Prewrite, appendJSON: len(kernelPaths) > 0, progress: cfg.Progress,
+		ceilingDest: cfg.StoreCeilingDest}
 	if sf.dirs == "" {
 		sf.dirs = cfg.Dir
 	}
@@ -99,6 +102,7 @@ type storeFlags struct {
 	seed                         uint64
 	noCeiling, appendJSON        bool
 	writePool, prewrite          bool
+	ceilingDest                  int64
 	progress                     func(phase string, done, total int)
 }
 
@@ -126,7 +130,8 @@ func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, std
 		return fmt.Errorf("--paths %s: need --store-dirs or --dir (directories on the devices' filesystems)", strings.Join(paths, ","))
 	}
 	cfg := StoreConfig{Model: f.model, Tokens: f.tokens, Dirs: strings.Split(f.dirs, ","), Label: f.label,
-		Seed: f.seed, Paths: paths, Rounds: f.rounds, NoCeiling: f.noCeiling, WritePool: f.writePool, Prewrite: f.prewrite, Progress: f.progress}
+		Seed: f.seed, Paths: paths, Rounds: f.rounds, NoCeiling: f.noCeiling, WritePool: f.writePool, Prewrite: f.prewrite, Progress: f.progress,
+		CeilingDestBytes: f.ceilingDest}
 	if f.writePool && f.prewrite {
 		return errors.New("--write-pool and --prewrite: one or the other (a written pool has nothing to prewrite)")
 	}

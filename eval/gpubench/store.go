@@ -58,6 +58,12 @@ type StoreConfig struct {
 	// WritePool) the store runs with NoPrewrite, and its first save writes
 	// unwritten extents: a save right after creation.
 	Prewrite bool
+	// CeilingDestBytes is each directory's destination memory for the read
+	// ceiling's reads (devbench's bufferBytes; 0: one 1 MiB block per read
+	// in flight, devbench's default), so that the ceiling can read into as
+	// much memory as a restore's staging instead of what a last-level cache
+	// holds. At most maxCeilingDest.
+	CeilingDestBytes int64
 	// Progress, if set, is told after each path of each round (done of
 	// Rounds×len(Paths)).
 	Progress func(phase string, done, total int)

@@ -22,7 +22,8 @@ import (
 // rounds, a restore's time split in order, nothing left behind.
 func TestRunStoreCPU(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir()}
-	cfg := StoreConfig{Model: "tiny", Tokens: 4096, Dirs: dirs, Label: "test", Seed: 3, Paths: []string{PathStoreCPU}, Rounds: 2}
+	cfg := StoreConfig{Model: "tiny", Tokens: 4096, Dirs: dirs, Label: "test", Seed: 3, Paths: []string{PathStoreCPU}, Rounds: 2,
+		CeilingDestBytes: 64 << 20}
 	var log strings.Builder
 	rows, ceil, err := RunStore(context.Background(), cfg, &log)
 	if err != nil {
@@ -38,7 +39,7 @@ func TestRunStoreCPU(t *testing.T) {
 	for _, r := range rows {
 		pr := r.PerRound
 		if r.Blocks != blocks || r.Mismatches != 0 || r.Bytes <= 0 || r.BytesPerS <= 0 || r.CeilingFraction <= 0 || len(r.Skipped) != 0 ||
-			r.CeilingBeforeBytesPS <= 0 || r.CeilingAfterBytesPS <= 0 ||
+			r.CeilingBeforeBytesPS <= 0 || r.CeilingAfterBytesPS <= 0 || r.HostCPUs <= 0 ||
 			(isSave(r.Op) && r.CopyS <= 0) ||
 			(!isSave(r.Op) && !(0 < r.SubmittedS && r.SubmittedS <= r.FirstLayerS && r.FirstLayerS <= r.LastLayerS && r.LastLayerS <= r.Seconds)) {
 			t.Errorf("%s %s: %s", r.Path, r.Op, Summary(r))
@@ -47,6 +48,9 @@ func TestRunStoreCPU(t *testing.T) {
 			len(pr.Position) != 2 || slices.Min(pr.CeilingFraction) <= 0 {
 			t.Errorf("%s %s: %d rounds, per round %+v", r.Path, r.Op, r.Rounds, pr)
 		}
+	}
+	if !strings.Contains(log.String(), "read into 64 MiB per dir") {
+		t.Errorf("the log does not say the read ceiling's destination:\n%s", log.String())
 	}
 	if n := strings.Count(log.String(), "round 2/2 store-cpu"); n != 4 {
 		t.Errorf("%d round 2 rows logged, want 4:\n%s", n, log.String())
@@ -104,6 +108,12 @@ func TestRunStoreRefuses(t *testing.T) {
 	} {
 		if _, _, err := RunStore(context.Background(), c, io.Discard); err == nil || strings.Contains(err.Error(), "panic") {
 			t.Errorf("%+v: %v", c, err)
+		}
+	}
+	for _, dest := range []int64{-1, maxCeilingDest + 1} {
+		c := StoreConfig{Model: "tiny", Tokens: 10, Dirs: []string{t.TempDir()}, Paths: []string{PathStoreCPU}, CeilingDestBytes: dest}
+		if _, _, err := RunStore(context.Background(), c, io.Discard); err == nil || !strings.Contains(err.Error(), "read ceiling destination") {
+			t.Errorf("read ceiling destination %d: %v", dest, err)
 		}
 	}
 }
