@@ -187,17 +187,6 @@ func (b *wbuf) copyAndChecksum(v *kvViews, g objmap.Geometry, chunks int, pages 
 	}
 }
 
-// checksum feeds buf (b's object bytes, already staged) to the chunk CRCs.
-func (b *wbuf) checksum(g objmap.Geometry, chunks int, buf []byte) {
-	cb := g.ChunkBytesPerLayer()
-	for off := b.io.OffsetBytes; len(buf) > 0; {
-		n := min(int64(len(buf)), cb-off%cb)
-		b.addCRC(g, chunks, off, buf[:n])
-		off += n
-		buf = buf[n:]
-	}
-}
-
 // combinePlaneCRCs folds b.planeCRCs, the CRC32C of each page plane of the
 // write in object order (PathGPU's writes are whole pages), into the chunk
 // pieces; shift is the plane length's CRCShift.
