@@ -1,12 +1,9 @@
 package kernels
 
 import (
-	"bytes"
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,10 +15,6 @@ import (
 // holds each plane's CRC to hash/crc32's Castagnoli CRC, objmap's chunk
 // CRC: the save's checksums on PathGPU come from this code.
 func TestPlaneCRCMatchesCRC32C(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skipf("gcc: %v", err)
-	}
 	hdr, err := filepath.Abs("tk_crc.h")
 	if err != nil {
 		t.Fatal(err)
@@ -72,21 +65,9 @@ int main(void) {
 		want = append(want, fmt.Sprint(crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli))))
 	}
 	prog.WriteString("\treturn 0;\n}\n")
-	dir := t.TempDir()
-	src, bin := filepath.Join(dir, "crc.c"), filepath.Join(dir, "crc")
-	if err := os.WriteFile(src, []byte(prog.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(gcc, "-std=c11", "-O2", "-Wall", "-Werror", "-o", bin, src).CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
-	out, err := exec.Command(bin).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	got := strings.Fields(string(bytes.TrimSpace(out)))
+	got := gccPrint(t, prog.String(), "-O2")
 	if len(got) != len(want) {
-		t.Fatalf("%d CRCs printed, want %d: %s", len(got), len(want), out)
+		t.Fatalf("%d CRCs printed, want %d: %v", len(got), len(want), got)
 	}
 	for i := range want {
 		if got[i] != want[i] {

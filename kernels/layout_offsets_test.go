@@ -1,10 +1,7 @@
 package kernels
 
 import (
-	"bytes"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,10 +14,6 @@ import (
 // every (layer, plane, page) of a table of shapes, and holds each to
 // objmap.PlaneOffset, the layout's one statement.
 func TestPlaneOffsetMatchesObjmap(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skipf("gcc: %v", err)
-	}
 	type shape struct {
 		g        objmap.Geometry
 		numPages int
@@ -57,19 +50,7 @@ func TestPlaneOffsetMatchesObjmap(t *testing.T) {
 		}
 	}
 	prog.WriteString("\treturn 0;\n}\n")
-	dir := t.TempDir()
-	src, bin := filepath.Join(dir, "layout.c"), filepath.Join(dir, "layout")
-	if err := os.WriteFile(src, []byte(prog.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Werror", "-o", bin, src).CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
-	out, err := exec.Command(bin).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := strings.Fields(string(bytes.TrimSpace(out)))
+	got := gccPrint(t, prog.String())
 	if len(got) != len(want) {
 		t.Fatalf("%d offsets printed, want %d", len(got), len(want))
 	}
