@@ -189,19 +189,14 @@ func (b *wbuf) copyAndChecksum(v *kvViews, g objmap.Geometry, chunks int, pages 
 
 // combinePlaneCRCs folds b.planeCRCs, the CRC32C of each page plane of the
 // write in object order (PathGPU's writes are whole pages), into the chunk
-// pieces; shift is the plane length's CRCShift.
+// pieces; shift is the plane length's CRCShift (a new piece starts from 0,
+// and Combine(0, crc) is crc).
 func (b *wbuf) combinePlaneCRCs(g objmap.Geometry, chunks int, shift *objmap.CRCShift) {
-	ppb, cb := g.PageBytesPerPlane(), g.ChunkBytesPerLayer()
+	ppb := g.PageBytesPerPlane()
 	off := b.io.OffsetBytes
 	for _, crc := range b.planeCRCs {
-		idx, in := b.io.Layer*chunks+int(off/cb), off%cb
-		if n := len(b.parts); n > 0 && b.parts[n-1].idx == idx && b.parts[n-1].off+b.parts[n-1].n == in {
-			last := &b.parts[n-1]
-			last.crc = shift.Combine(last.crc, crc)
-			last.n += ppb
-		} else {
-			b.parts = append(b.parts, crcPart{idx: idx, off: in, n: ppb, crc: crc})
-		}
+		part := b.part(g, chunks, off, ppb)
+		part.crc = shift.Combine(part.crc, crc)
 		off += ppb
 	}
 }
@@ -209,15 +204,23 @@ func (b *wbuf) combinePlaneCRCs(g objmap.Geometry, chunks int, shift *objmap.CRC
 // addCRC adds p, the object bytes at off (within one chunk), to the chunk
 // piece it continues or to a new one.
 func (b *wbuf) addCRC(g objmap.Geometry, chunks int, off int64, p []byte) {
+	part := b.part(g, chunks, off, int64(len(p)))
+	part.crc = objmap.UpdateCRC32C(part.crc, p)
+}
+
+// part is the chunk piece that n object bytes at off (within one chunk)
+// extend: the last piece when they continue it, else a new one with CRC 0.
+// The caller folds the bytes' CRC into it.
+func (b *wbuf) part(g objmap.Geometry, chunks int, off, n int64) *crcPart {
 	cb := g.ChunkBytesPerLayer()
 	idx, in := b.io.Layer*chunks+int(off/cb), off%cb
-	if n := len(b.parts); n > 0 && b.parts[n-1].idx == idx && b.parts[n-1].off+b.parts[n-1].n == in {
-		last := &b.parts[n-1]
-		last.crc = objmap.UpdateCRC32C(last.crc, p)
-		last.n += int64(len(p))
-		return
+	if k := len(b.parts); k > 0 && b.parts[k-1].idx == idx && b.parts[k-1].off+b.parts[k-1].n == in {
+		last := &b.parts[k-1]
+		last.n += n
+		return last
 	}
-	b.parts = append(b.parts, crcPart{idx: idx, off: in, n: int64(len(p)), crc: objmap.UpdateCRC32C(0, p)})
+	b.parts = append(b.parts, crcPart{idx: idx, off: in, n: n})
+	return &b.parts[len(b.parts)-1]
 }
 
 var errCRCCoverage = errors.New("runtime: save's chunk CRC pieces do not cover the run")
