@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -188,10 +189,7 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	writes := false
-	for _, o := range cfg.Ops {
-		writes = writes || strings.HasSuffix(o, "write")
-	}
+	writes := slices.ContainsFunc(cfg.Ops, isWrite)
 	t, err := openTarget(ctx, cfg.Path, cfg.SizeBytes, writes, cfg.Keep, cfg.Seed)
 	if err != nil {
 		return nil, err
@@ -254,6 +252,9 @@ func CeilingInto(ctx context.Context, path string, sizeBytes, bufferBytes int64)
 	return row.BytesPerS, row, nil
 }
 
+// isWrite says whether op (of Ops) writes its target.
+func isWrite(op string) bool { return strings.HasSuffix(op, "write") }
+
 // The ceiling's grid point and time bound.
 var ceilingSpec = Spec{Engine: "uring", Op: "randread", BlockBytes: 1 << 20, QueueDepth: 32}
 
@@ -274,7 +275,7 @@ func ceilingOn(ctx context.Context, path string, sizeBytes int64, dur time.Durat
 	if err := cfg.Validate(); err != nil {
 		return Row{}, err
 	}
-	t, err := openCeilingTarget(ctx, path, sizeBytes, spec.Op == ceilingWriteSpec.Op)
+	t, err := openCeilingTarget(ctx, path, sizeBytes, isWrite(spec.Op))
 	if err != nil {
 		return Row{}, err
 	}

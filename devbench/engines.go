@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -47,7 +46,7 @@ func runUring(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 	r, buf, blocks := g.r, g.buf, g.blocks
 	next := 0
 
-	write := strings.HasSuffix(s.Op, "write")
+	write := isWrite(s.Op)
 	offs := newOffsets(s.Op, t.sizeBytes, bs, seed)
 	cs := make([]uring.Completion, qd)
 	started := make([]int64, qd)
@@ -185,7 +184,7 @@ func newUringRig(t *target, s Spec, seed uint64, bufferBytes int64) (*uringRig, 
 		g.close()
 		return nil, err
 	}
-	if s.Op == "randwrite" || s.Op == "seqwrite" {
+	if isWrite(s.Op) {
 		fillPattern(g.buf.Bytes(), seed)
 	}
 	if err := r.RegisterFiles([]*uring.File{t.file}); err != nil {
@@ -223,7 +222,7 @@ func runPread(ctx context.Context, t *target, s Spec, dur time.Duration, seed ui
 		return nil, err
 	}
 	defer buf.Free()
-	write := strings.HasSuffix(s.Op, "write")
+	write := isWrite(s.Op)
 	if write {
 		fillPattern(buf.Bytes(), seed)
 	}

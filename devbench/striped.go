@@ -55,7 +55,7 @@ func striped(ctx context.Context, spec Spec, paths []string, sizeBytes, budget [
 	if len(sizeBytes) != len(paths) || len(budget) != len(paths) {
 		return StripedRow{}, fmt.Errorf("striped ceiling: %d paths, %d sizes, %d budgets", len(paths), len(sizeBytes), len(budget))
 	}
-	write := spec.Op == ceilingWriteSpec.Op
+	write := isWrite(spec.Op)
 	what := "read"
 	if write {
 		what = "write"

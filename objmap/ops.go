@@ -35,9 +35,7 @@ func (m *Map) AllocateStriped(chunks, ways int) ([]Reservation, error) {
 	defer m.mu.Unlock()
 	// A prewrite in progress holds a piece of the free space: wait for it
 	// (one write) rather than place runs around it or fail for lack of it.
-	for m.pre.inflight > 0 {
-		m.prewriteDone.Wait()
-	}
+	m.waitPrewrite()
 	if err := m.usable(); err != nil {
 		return nil, fmt.Errorf("objmap: allocating %d chunks: %w", chunks, err)
 	}

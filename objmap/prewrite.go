@@ -159,6 +159,13 @@ func (m *Map) Prewrite(maxBytes int64) (int64, error) {
 	return e.n, nil
 }
 
+// waitPrewrite (under m.mu) returns once no Prewrite write is in progress.
+func (m *Map) waitPrewrite() {
+	for m.pre.inflight > 0 {
+		m.prewriteDone.Wait()
+	}
+}
+
 // nextPrewrite takes the next piece to prewrite out of the free space
 // (under m.mu): the first free part of the first unwritten range of the
 // next file in turn that has one, at most maxBytes. What of an unwritten

@@ -327,9 +327,7 @@ func (m *Map) Close() error {
 	}
 	m.mu.Lock()
 	m.closed = true
-	for m.pre.inflight > 0 {
-		m.prewriteDone.Wait()
-	}
+	m.waitPrewrite()
 	if m.pre.zero != nil {
 		m.pre.zero.Free()
 		m.pre.zero = nil

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -30,9 +31,11 @@ func readHostCPU() hostCPU {
 		return hostCPU{}
 	}
 	defer f.Close()
-	b := make([]byte, maxProcStatBytes)
-	n, _ := f.Read(b) // procfs hands the whole file to one large read
-	h, err := parseProcStat(b[:n])
+	b, err := io.ReadAll(io.LimitReader(f, maxProcStatBytes))
+	if err != nil {
+		return hostCPU{}
+	}
+	h, err := parseProcStat(b)
 	if err != nil {
 		return hostCPU{}
 	}

@@ -158,8 +158,8 @@ func Summary(r StoreRow) string {
 	if len(r.Skipped) > 0 {
 		s += fmt.Sprintf(", skipped %v", r.Skipped)
 	}
-	if r.HostCPUs > 0 {
-		s += fmt.Sprintf(", host CPUs busy %.1f of %d (ceilings %.1f)", r.HostBusyCPUs, r.HostCPUs, r.CeilingBusyCPUs)
+	if b := r.busy(); b != "" {
+		s += ", host CPUs busy " + b
 	}
 	if isSave(r.Op) {
 		s += fmt.Sprintf(", staging copies %.3f s, checksums %.3f s (summed over workers)", r.CopyS, r.ChecksumS)
@@ -170,6 +170,15 @@ func Summary(r StoreRow) string {
 		s += fmt.Sprintf(", submitted %.3f s, layer 0 at %.3f s, last layer at %.3f s", r.SubmittedS, r.FirstLayerS, r.LastLayerS)
 	}
 	return s
+}
+
+// busy is the row's host CPUs busy, "N of M (its ceilings' N)"; empty
+// where /proc/stat was not read.
+func (r StoreRow) busy() string {
+	if r.HostCPUs == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.1f of %d (ceilings %.1f)", r.HostBusyCPUs, r.HostCPUs, r.CeilingBusyCPUs)
 }
 
 // storeDirs makes a fresh subdirectory under each of dirs; cleanup removes them.

@@ -219,18 +219,14 @@ func printStoreTable(w io.Writer, rows []StoreRow) {
 		return
 	}
 	fmt.Fprintf(w, "median of %d rounds (x ceil: the operation's bytes/s over the mean of its ceiling, write for a save, read for a restore, sampled just before and just after it; [min-max] over the rounds):\n", rows[0].Rounds)
-	fmt.Fprintf(w, "  %-9s %-12s %6s %9s %8s %15s %10s %9s %s\n", "path", "op", "blocks", "GB/s", "x ceil", "[min-max]", "CPU s/GiB", "mismatch", "host CPUs busy (its ceilings)")
+	fmt.Fprintf(w, "  %-9s %-12s %6s %9s %8s %15s %10s %9s %s\n", "path", "op", "blocks", "GB/s", "x ceil", "[min-max]", "CPU s/GiB", "mismatch", "host CPUs busy")
 	for _, r := range rows {
 		f := r.PerRound.CeilingFraction
 		span := ""
 		if len(f) > 0 {
 			span = fmt.Sprintf("[%.3f-%.3f]", slices.Min(f), slices.Max(f))
 		}
-		busy := ""
-		if r.HostCPUs > 0 {
-			busy = fmt.Sprintf("%.1f of %d (%.1f)", r.HostBusyCPUs, r.HostCPUs, r.CeilingBusyCPUs)
-		}
-		fmt.Fprintf(w, "  %-9s %-12s %6d %9.2f %8.3f %15s %10.4f %9d %s\n", r.Path, r.Op, r.Blocks, r.BytesPerS/1e9, r.CeilingFraction, span, r.CPUSPerGiB, r.Mismatches, busy)
+		fmt.Fprintf(w, "  %-9s %-12s %6d %9.2f %8.3f %15s %10.4f %9d %s\n", r.Path, r.Op, r.Blocks, r.BytesPerS/1e9, r.CeilingFraction, span, r.CPUSPerGiB, r.Mismatches, r.busy())
 	}
 	for _, q := range storeRatios(rows) {
 		fmt.Fprintf(w, "  %s/%s %-12s median %.3f [%.3f-%.3f] of %d rounds (bytes/s, round by round)\n",
