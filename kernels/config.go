@@ -110,6 +110,17 @@ func (c *Config) defaults() {
 	}
 }
 
+// PlanLimits are the limits a Restorer bound with cfg checks every request
+// against (BuildPlan): a caller that builds requests without a GPU checks
+// them the same way.
+func PlanLimits(cfg Config) Limits {
+	cfg.defaults()
+	g := cfg.Geometry
+	slotBytes := stagingSlotBytes(cfg, g)
+	return Limits{Layers: g.Layers, NumPages: cfg.NumPages, MaxPages: cfg.MaxPages, SlotBytes: slotBytes,
+		MaxIOBytes: cfg.MaxIOBytes, MaxEntries: int((slotBytes+int64(cfg.MaxIOBytes)-1)/int64(cfg.MaxIOBytes)) + cfg.MaxExtents}
+}
+
 // checkFeed checks the feeder's settings (after defaults).
 func (c *Config) checkFeed() error {
 	if c.EnqueueLayers < 1 || c.EnqueueChunk < 0 || c.EnqueueChunk > c.EnqueueLayers {

@@ -101,9 +101,8 @@ func BindBench(cfg Config, opts BenchOptions) (*Restorer, error) {
 	if err := cfg.checkFeed(); err != nil {
 		return nil, fmt.Errorf("binding kernels: %w", err)
 	}
-	slotBytes := stagingSlotBytes(cfg, g)
-	lim := Limits{Layers: g.Layers, NumPages: cfg.NumPages, MaxPages: cfg.MaxPages, SlotBytes: slotBytes,
-		MaxIOBytes: cfg.MaxIOBytes, MaxEntries: int((slotBytes+int64(cfg.MaxIOBytes)-1)/int64(cfg.MaxIOBytes)) + cfg.MaxExtents}
+	lim := PlanLimits(cfg)
+	slotBytes := lim.SlotBytes
 	staging, err := uring.AllocBuffer(int(slotBytes) * cfg.StagingSlots)
 	if err != nil {
 		return nil, fmt.Errorf("binding kernels: staging pool: %w", err)

@@ -87,9 +87,7 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runtime: GPU ring: %w", err)
 	}
-	r, err := kernels.Bind(kernels.Config{Device: s.cfg.GPU.Device, Geometry: s.geo, Layout: s.cfg.Layout,
-		NumPages: s.cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: s.cfg.GPU.MaxPages, MaxExtents: s.cfg.GPU.MaxRuns,
-		IOWindow: s.cfg.GPU.IOWindow, MaxIOBytes: s.cfg.GPU.MaxIOBytes, Lookahead: s.cfg.GPU.Lookahead})
+	r, err := kernels.Bind(kernelsConfig(s.cfg, ptrs, ring))
 	if err != nil {
 		ring.Close()
 		return nil, fmt.Errorf("runtime: binding the GPU: %w", err)
@@ -108,6 +106,14 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 		gp.slots = append(gp.slots, sl.buf.Addr())
 	}
 	return gp, nil
+}
+
+// kernelsConfig is what the store binds the kernels with (cfg has its
+// defaults): KV tensors ptrs, ring ring.
+func kernelsConfig(cfg Config, ptrs []uint64, ring *uring.Ring) kernels.Config {
+	return kernels.Config{Device: cfg.GPU.Device, Geometry: cfg.Geometry, Layout: cfg.Layout,
+		NumPages: cfg.NumPages, KV: ptrs, Ring: ring, MaxPages: cfg.GPU.MaxPages, MaxExtents: cfg.gpuMaxExtents(),
+		IOWindow: cfg.GPU.IOWindow, MaxIOBytes: cfg.GPU.MaxIOBytes, Lookahead: cfg.GPU.Lookahead}
 }
 
 // newGPUPath is the path of bound restorer r with all its gather lanes
@@ -192,24 +198,35 @@ func (l *Load) startGPU() {
 	}
 }
 
-// gpuRequest is the kernels request of the load's runs: extent i of every
-// layer is run i (driveGPU maps failed entries back by that index).
+// gpuRequest is the kernels request of the load's runs, cut into pieces
+// ordered over the devices (gpuPieces): extent i of every layer is piece i,
+// l.gpuPieces[i] (driveGPU maps failed entries back to runs by it).
 func (l *Load) gpuRequest() kernels.Request {
-	g := l.s.geo
+	s := l.s
+	g := s.geo
+	l.gpuPieces = gpuPieces(l.runs, g, s.cfg.GPU.IOWindow, s.cfg.GPU.MaxIOBytes, s.cfg.gpuMaxExtents(), l.gpuPieces)
 	req := kernels.Request{Layers: make([][]kernels.Extent, g.Layers)}
-	for _, r := range l.runs {
-		base := r.chainPos * g.ChunkPages
-		req.Pages = append(req.Pages, l.pages[base:base+r.k*g.ChunkPages]...)
+	for _, p := range l.gpuPieces {
+		base := (l.runs[p.run].chainPos + p.first) * g.ChunkPages
+		req.Pages = append(req.Pages, l.pages[base:base+p.k*g.ChunkPages]...)
 	}
 	for layer := range req.Layers {
-		req.Layers[layer] = make([]kernels.Extent, 0, len(l.runs))
-		for _, r := range l.runs {
+		req.Layers[layer] = make([]kernels.Extent, 0, len(l.gpuPieces))
+		for _, p := range l.gpuPieces {
+			r := l.runs[p.run]
 			off, _ := g.ObjectOffset(r.run.chunks, layer)
 			req.Layers[layer] = append(req.Layers[layer], kernels.Extent{FD: r.run.file.FD, Align: r.run.file.DirectAlign,
-				Offset: r.run.offset + off + int64(r.first)*g.ChunkBytesPerLayer(), Pages: r.k * g.ChunkPages})
+				Offset: r.run.offset + off + int64(r.first+p.first)*g.ChunkBytesPerLayer(), Pages: p.k * g.ChunkPages})
 		}
 	}
 	return req
+}
+
+// gpuMaxExtents is the extents per layer the store's kernels are bound for
+// (each costs a staging block per slot, so at most gpuMaxExtentsCap unless
+// GPU.MaxRuns asks for more).
+func (c *Config) gpuMaxExtents() int {
+	return max(c.GPU.MaxRuns, min(c.GPU.MaxRuns*gpuExtentsPerRun, gpuMaxExtentsCap))
 }
 
 // submitGPU puts the dispatched restore io on the GPU. A refusal fails the
@@ -233,8 +250,8 @@ func (l *Load) submitGPU(io sched.IO, req kernels.Request) {
 }
 
 // observeGPUReads reports a finished GPU restore's reads to each device's
-// model: run i's bytes to the device that holds run i, the reads counted as
-// kernels cuts them (MaxIOBytes), busy from submission to the last layer.
+// model: each piece's bytes to the device that holds its run, the reads
+// counted as kernels cuts them (MaxIOBytes), busy from submission to the last layer.
 func (l *Load) observeGPUReads() {
 	s := l.s
 	g := s.geo
@@ -243,10 +260,13 @@ func (l *Load) observeGPUReads() {
 	valid := l.validRuns
 	l.mu.Unlock()
 	var bs []ioBatch
-	for _, r := range l.runs[:valid] {
-		perLayer := (int64(r.k)*g.ChunkBytesPerLayer() + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
+	for _, p := range l.gpuPieces {
+		if p.run >= valid {
+			continue
+		}
+		perLayer := (int64(p.k)*g.ChunkBytesPerLayer() + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
 		reads := (perLayer + int64(s.cfg.GPU.MaxIOBytes) - 1) / int64(s.cfg.GPU.MaxIOBytes)
-		b := batchOf(&bs, r.run.device)
+		b := batchOf(&bs, l.runs[p.run].run.device)
 		b.bytes += perLayer * int64(g.Layers)
 		b.ops += reads * int64(g.Layers)
 	}
@@ -292,11 +312,11 @@ func (l *Load) waitGPU(x gpuRestore) {
 	res, err := x.Wait()
 	if res != nil {
 		for _, f := range res.Failed {
-			// Extent i of every layer is run i (gpuRequest); one out of
-			// range fails the whole load.
-			r := f.Extent
-			if r < 0 || r >= len(l.runs) {
-				r = 0
+			// Extent i of every layer is piece i (gpuRequest); one out
+			// of range fails the whole load.
+			r := 0
+			if f.Extent >= 0 && f.Extent < len(l.gpuPieces) {
+				r = l.gpuPieces[f.Extent].run
 			}
 			l.failRuns(r, MissIOError, f)
 		}

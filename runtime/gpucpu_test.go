@@ -21,8 +21,10 @@ import (
 // in object layout. With a gate, each layer waits for a token first, so a
 // test holds a restore in flight for as long as it likes. Its gather lanes
 // are checked as the library checks them (range, one call per lane at a
-// time, MaxPages, 16-byte alignment), so a runtime that shares a lane or
-// misaligns a gather fails here, in CI, too.
+// time, MaxPages, 16-byte alignment), and its requests by kernels.BuildPlan
+// under the store's kernels limits, so a runtime that shares a lane,
+// misaligns a gather or builds a request the kernels refuse fails here, in
+// CI, too.
 type cpuRestorer struct {
 	v        *kvViews
 	g        objmap.Geometry
@@ -36,8 +38,12 @@ type cpuRestorer struct {
 	// failEntry, if set, fails the entry of (layer, extent) with EIO.
 	failEntry func(layer, extent int) bool
 
+	lim kernels.Limits // what the store binds the kernels for
+
 	mu       sync.Mutex
-	restores int // Restore calls
+	restores int             // Restore calls the plan accepted
+	last     kernels.Request // the last of them
+	plan     kernels.Plan
 }
 
 // cpuGPU binds a cpuRestorer (Config.gpuBind); each bound one is sent on
@@ -48,7 +54,8 @@ func cpuGPU(gate chan struct{}, bound chan<- *cpuRestorer) gpuBinder {
 		if err != nil {
 			return nil, err
 		}
-		c := &cpuRestorer{v: v, g: cfg.Geometry, maxPages: cfg.GPU.MaxPages, gate: gate, laneBusy: make([]atomic.Bool, cpuGatherLanes)}
+		c := &cpuRestorer{v: v, g: cfg.Geometry, maxPages: cfg.GPU.MaxPages, gate: gate, laneBusy: make([]atomic.Bool, cpuGatherLanes),
+			lim: kernels.PlanLimits(kernelsConfig(cfg, nil, nil))}
 		if bound != nil {
 			bound <- c
 		}
@@ -61,8 +68,16 @@ func (c *cpuRestorer) Restore(req kernels.Request) (gpuRestore, error) {
 		return nil, fmt.Errorf("cpu restorer: layers [%d, +%d) of %d: %w", req.FirstLayer, len(req.Layers), c.g.Layers, kernels.ErrInvalid)
 	}
 	c.mu.Lock()
-	c.restores++
+	// What the kernels would refuse is refused here too.
+	err := kernels.BuildPlan(c.g, c.lim, req, &c.plan)
+	if err == nil {
+		c.restores++
+		c.last = req
+	}
 	c.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("cpu restorer: %w", err)
+	}
 	x := &cpuRestore{c: c, req: req, done: make([]chan struct{}, c.g.Layers), failed: make([][]*kernels.EntryError, c.g.Layers)}
 	for l := range x.done {
 		x.done[l] = make(chan struct{})

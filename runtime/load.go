@@ -105,12 +105,14 @@ type Load struct {
 
 	// PathGPU: the scheduler's IORestore of the load (driver), the
 	// restore on the GPU (mu; nil until submitted and after release),
-	// gpuEnded once it will not be (mu), and the load's error (driver).
-	gpuIO    sched.IO
-	gpuX     gpuRestore
-	gpuEnded bool
-	gpuErr   error
-	failure  error // the first cause of a miss (mu)
+	// gpuEnded once it will not be (mu), and the load's error (driver);
+	// gpuPieces are the request's extents (gpuRequest).
+	gpuIO     sched.IO
+	gpuPieces []gpuPiece
+	gpuX      gpuRestore
+	gpuEnded  bool
+	gpuErr    error
+	failure   error // the first cause of a miss (mu)
 }
 
 // Blocks is the number of leading chain blocks restored (final after Wait).

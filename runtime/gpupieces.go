@@ -1,0 +1,77 @@
+package runtime
+
+import "github.com/tutti-io/tutti/objmap"
+
+// gpuPiece is one extent of a GPU restore's layers: chunks [first, first+k)
+// of load run run (first relative to the run's own first loaded chunk).
+type gpuPiece struct{ run, first, k int }
+
+// gpuExtentsPerRun is how many extents a GPU restore may cut each of its
+// runs into on average: the kernels are bound with GPU.MaxRuns times this.
+const (
+	gpuExtentsPerRun = 4
+	gpuMaxExtentsCap = 1024
+)
+
+// gpuPieces cuts a GPU restore's runs into the extents of its request and
+// orders them round-robin over the runs: piece 0 of every run, then piece 1
+// of every run, and so on.
+//
+// Why: the kernels submit a layer's reads in extent order, as the window
+// (window reads in flight over all devices) frees, and a run lies on one
+// device. With one extent per run, a layer whose runs are longer than
+// window/devices reads keeps the window on a few devices at a time and the
+// others idle (8b at 80K tokens: 40 reads per run, 128 in the window, three
+// devices busy of eight). Pieces of at most window/(2*devices) reads put
+// every device's share of any window near 1/devices.
+//
+// A piece is a whole number of chunks whose per-layer bytes are a multiple
+// of objmap.BlockBytes (so every extent starts on an O_DIRECT boundary, as
+// gpuCut keeps every run's first chunk) and at least one read of
+// maxIOBytes where the run is that long. There are at most maxExtents
+// pieces (at least len(runs) must be allowed); on one device the runs stay
+// whole. runs with k < 1 are not allowed.
+func gpuPieces(runs []loadRun, g objmap.Geometry, window, maxIOBytes, maxExtents int, dst []gpuPiece) []gpuPiece {
+	dst = dst[:0]
+	pc := gpuPieceChunks(runs, g, window, maxIOBytes, maxExtents)
+	for j, more := 0, true; more; j++ {
+		more = false
+		for ri, r := range runs {
+			first := j * pc
+			if first >= r.k {
+				continue
+			}
+			dst = append(dst, gpuPiece{run: ri, first: first, k: min(pc, r.k-first)})
+			more = more || first+pc < r.k
+		}
+	}
+	return dst
+}
+
+// gpuPieceChunks is the chunks of a gpuPieces piece (gpuPieces' doc).
+func gpuPieceChunks(runs []loadRun, g objmap.Geometry, window, maxIOBytes, maxExtents int) int {
+	longest := 0
+	devices := map[int]bool{}
+	for _, r := range runs {
+		longest = max(longest, r.k)
+		devices[r.run.device] = true
+	}
+	if len(devices) < 2 {
+		return max(longest, 1)
+	}
+	cb := g.ChunkBytesPerLayer()
+	unit := int(lcm(cb, objmap.BlockBytes) / cb) // chunks of whole O_DIRECT blocks
+	target := max(int64(maxIOBytes), int64(window)*int64(maxIOBytes)/int64(2*len(devices)))
+	pc := max(unit, int(target/cb)/unit*unit)
+	for pc < longest {
+		n := 0
+		for _, r := range runs {
+			n += (r.k + pc - 1) / pc
+		}
+		if n <= maxExtents {
+			break
+		}
+		pc += unit
+	}
+	return min(pc, longest)
+}
