@@ -41,6 +41,13 @@ const (
 	DefaultStagingSlotBytes = 16 << 20
 	DefaultSaveBoundMs      = 2000
 	DefaultMaxLoads         = 64
+	// DefaultStagingBytesPerDir: StagingBytes' default grows with the
+	// directories beyond DefaultStagingBytes' four.
+	DefaultStagingBytesPerDir = 64 << 20
+	// DefaultSaveWritesPerDevice: a write counts from its dispatch, so this
+	// keeps a device's queue fed while its next writes are gathered and
+	// checksummed (BENCHMARKS.md, product path: save write depth).
+	DefaultSaveWritesPerDevice = 16
 )
 
 // Limits that bound what a Config may ask for.
@@ -48,6 +55,7 @@ const (
 	maxQueueDepth  = 4096
 	maxStagingSlot = 1 << 30 // one read is one uring op: its length is a uint32
 	maxSaveBoundMs = 10 * 60 * 1000
+	maxSaveWrites  = 256
 )
 
 // Config is what Open needs. The zero value of the tuning fields (QueueDepth,
@@ -89,7 +97,10 @@ type Config struct {
 	// QueueDepth bounds the I/Os in flight on each engine.
 	QueueDepth int
 	// StagingBytes is the off-heap staging memory allocated at Open; it
-	// bounds the bytes of reads and writes in flight.
+	// bounds the bytes of reads and writes in flight. Zero:
+	// DefaultStagingBytes, or DefaultStagingBytesPerDir for each directory
+	// where that is more (so that every device holds
+	// DefaultSaveWritesPerDevice writes of 4 MiB on PathGPU).
 	StagingBytes int64
 	// StagingSlotBytes is the unit of staging: one read or write is at most
 	// one slot, so a (layer, run) larger than a slot takes several I/Os
@@ -97,6 +108,12 @@ type Config struct {
 	// whole ones; smaller slots keep more reads in flight per device for the
 	// same StagingBytes. Must divide StagingBytes.
 	StagingSlotBytes int64
+	// SaveWritesPerDevice bounds each device's save writes in flight. A
+	// write counts from its dispatch, so this covers the writes being
+	// gathered and checksummed as well as those in the device's queue; the
+	// write buffers of StagingBytes bound them too. Zero:
+	// DefaultSaveWritesPerDevice.
+	SaveWritesPerDevice int
 	// SaveBoundMs bounds how long a save may be deferred behind loads
 	// before it is issued regardless (the scheduler's save bound).
 	SaveBoundMs int
@@ -227,6 +244,9 @@ func (c *Config) Validate() error {
 	default:
 		return configErr("Path", "unknown path %d", c.Path)
 	}
+	if c.SaveWritesPerDevice < 0 || c.SaveWritesPerDevice > maxSaveWrites {
+		return configErr("SaveWritesPerDevice", "must be in [0, %d], got %d", maxSaveWrites, c.SaveWritesPerDevice)
+	}
 	if c.QueueDepth < 0 || c.QueueDepth > maxQueueDepth {
 		return configErr("QueueDepth", "must be in [0, %d], got %d", maxQueueDepth, c.QueueDepth)
 	}
@@ -303,11 +323,14 @@ func (c Config) withDefaults() Config {
 		}
 	}
 	if c.StagingBytes == 0 {
-		c.StagingBytes = DefaultStagingBytes
+		c.StagingBytes = max(DefaultStagingBytes, int64(len(c.Dirs))*DefaultStagingBytesPerDir)
 		if c.StagingBytes < 2*c.StagingSlotBytes {
 			c.StagingBytes = 2 * c.StagingSlotBytes
 		}
 		c.StagingBytes -= c.StagingBytes % c.StagingSlotBytes
+	}
+	if c.SaveWritesPerDevice == 0 {
+		c.SaveWritesPerDevice = DefaultSaveWritesPerDevice
 	}
 	if c.SaveBoundMs == 0 {
 		c.SaveBoundMs = DefaultSaveBoundMs

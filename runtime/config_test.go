@@ -29,6 +29,8 @@ func TestConfigValidate(t *testing.T) {
 		{"NumPages", func(c *Config) { c.NumPages = -1 }},
 		{"Path", func(c *Config) { c.Path = 9 }},
 		{"QueueDepth", func(c *Config) { c.QueueDepth = 1 << 20 }},
+		{"SaveWritesPerDevice", func(c *Config) { c.SaveWritesPerDevice = maxSaveWrites + 1 }},
+		{"SaveWritesPerDevice", func(c *Config) { c.SaveWritesPerDevice = -1 }},
 		{"StagingBytes", func(c *Config) { c.StagingBytes = -1 }},
 		{"StagingSlotBytes", func(c *Config) { c.StagingSlotBytes = 4097 }},
 		{"StagingBytes", func(c *Config) { c.StagingBytes, c.StagingSlotBytes = 12288, 8192 }},

@@ -32,8 +32,9 @@ const (
 	// probeIOBytes is one probe op: large enough to be bandwidth bound,
 	// like the save writes and the restore reads the model predicts.
 	probeIOBytes = 1 << 20
-	// probeDepth ops in flight per device, like the save writes per device.
-	probeDepth = saveWritesPerDevice
+	// probeDepth ops in flight per device: deep enough to be bandwidth
+	// bound, shallow enough that probeMinOps complete within the budget.
+	probeDepth = 8
 	// probeMaxBytes bounds the scratch file's size.
 	probeMaxBytes = 64 << 20
 	// probeMinOps: fewer completions measure latency, not bandwidth, so

@@ -21,12 +21,6 @@ var (
 		ReadLatencyNs: 1e5, ReadShareUnderWrites: 0.5, WriteShareUnderReads: 0.5}
 )
 
-// saveWritesPerDevice bounds each device's save writes in flight. A write
-// counts from its dispatch, so this covers the writes being gathered and
-// checksummed as well as those in the device's queue: twice the planner's
-// default keeps the device's queue fed while the next writes are staged.
-const saveWritesPerDevice = 8
-
 // Open opens (or creates) the store in cfg.Dirs: it validates cfg, locks
 // every directory (a second Open of the same store fails with an error
 // wrapping objmap.ErrLocked), recovers the object map, rebuilds the prefix
@@ -120,7 +114,7 @@ func Open(cfg Config) (*Store, error) {
 	profiles := s.deviceProfiles(userDevice)
 	devs := make([]sched.DeviceConfig, len(cfg.Dirs))
 	for i := range devs {
-		devs[i] = sched.DeviceConfig{Profile: profiles[i], MaxReadsInFlight: cfg.QueueDepth, MaxWritesInFlight: saveWritesPerDevice,
+		devs[i] = sched.DeviceConfig{Profile: profiles[i], MaxReadsInFlight: cfg.QueueDepth, MaxWritesInFlight: cfg.SaveWritesPerDevice,
 			MaxReadBytesInFlight: cfg.StagingBytes, MaxWriteBytesInFlight: max(cfg.StagingBytes/4, s.maxWriteIOBytes), MaxPendingSaveBytes: cfg.SaveBudgetBytes}
 	}
 	if s.sched, err = newScheduler(sched.Config{Layers: s.geo.Layers, BlockTokens: s.geo.ChunkPages * s.geo.PageTokens,

@@ -38,19 +38,23 @@ type Config struct {
 	Prewrite     bool // store rows: StoreConfig.Prewrite
 	// StoreCeilingDest: store rows, StoreConfig.CeilingDestBytes.
 	StoreCeilingDest int64
-	Rounds           int // 1..MaxRounds
-	Reuse            bool
-	GPUs             int
-	PollTimeout      time.Duration
-	KickBatch        int
-	KickRamp         int
-	KickBatchWait    time.Duration
-	KickExact        bool
-	KickDefer        bool
-	EnqueueLayers    int
-	EnqueueChunk     int
-	ZeroCopy         bool
-	NoFixedBuffers   bool
+	// StoreStaging and StoreSaveWrites: store rows, StoreConfig.StagingBytes
+	// and SaveWritesPerDevice.
+	StoreStaging    int64
+	StoreSaveWrites int
+	Rounds          int // 1..MaxRounds
+	Reuse           bool
+	GPUs            int
+	PollTimeout     time.Duration
+	KickBatch       int
+	KickRamp        int
+	KickBatchWait   time.Duration
+	KickExact       bool
+	KickDefer       bool
+	EnqueueLayers   int
+	EnqueueChunk    int
+	ZeroCopy        bool
+	NoFixedBuffers  bool
 
 	// Progress, if set, is told how far the data writing and the rounds'
 	// paths are (the CLI passes line progress when stderr is no terminal).
@@ -79,7 +83,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	kernelPaths, storePaths := splitStorePaths(cfg.Paths)
 	sf := storeFlags{model: cfg.Model, label: cfg.Label, dirs: cfg.StoreDirs, jsonPath: cfg.JSONPath, tokens: cfg.Tokens, rounds: cfg.Rounds, seed: cfg.Seed,
 		noCeiling: cfg.NoCeiling, writePool: cfg.WritePool, prewrite: cfg.Prewrite, appendJSON: len(kernelPaths) > 0, progress: cfg.Progress,
-		ceilingDest: cfg.StoreCeilingDest}
+		ceilingDest: cfg.StoreCeilingDest, staging: cfg.StoreStaging, saveWrites: cfg.StoreSaveWrites}
 	if sf.dirs == "" {
 		sf.dirs = cfg.Dir
 	}
@@ -103,6 +107,8 @@ type storeFlags struct {
 	noCeiling, appendJSON        bool
 	writePool, prewrite          bool
 	ceilingDest                  int64
+	staging                      int64
+	saveWrites                   int
 	progress                     func(phase string, done, total int)
 }
 
@@ -131,7 +137,7 @@ func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, std
 	}
 	cfg := StoreConfig{Model: f.model, Tokens: f.tokens, Dirs: strings.Split(f.dirs, ","), Label: f.label,
 		Seed: f.seed, Paths: paths, Rounds: f.rounds, NoCeiling: f.noCeiling, WritePool: f.writePool, Prewrite: f.prewrite, Progress: f.progress,
-		CeilingDestBytes: f.ceilingDest}
+		CeilingDestBytes: f.ceilingDest, StagingBytes: f.staging, SaveWritesPerDevice: f.saveWrites}
 	if f.writePool && f.prewrite {
 		return errors.New("--write-pool and --prewrite: one or the other (a written pool has nothing to prewrite)")
 	}

@@ -64,6 +64,10 @@ type StoreConfig struct {
 	// much memory as a restore's staging instead of what a last-level cache
 	// holds. At most maxCeilingDest.
 	CeilingDestBytes int64
+	// StagingBytes and SaveWritesPerDevice are each round's store's
+	// runtime.Config fields of those names (0: the runtime's defaults).
+	StagingBytes        int64
+	SaveWritesPerDevice int
 	// Progress, if set, is told after each path of each round (done of
 	// Rounds×len(Paths)).
 	Progress func(phase string, done, total int)
@@ -262,7 +266,7 @@ func runStorePath(ctx context.Context, cfg StoreConfig, path string, g objmap.Ge
 	sc := runtime.Config{Dirs: dirs, Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: numPages,
 		CapacityBytes: storeCapacity(g, blocks, len(dirs)),
 		SaveBoundMs:   saveBoundMs, SaveBudgetBytes: payload, Device: deviceProfile(ceil, len(dirs)), WritePool: cfg.WritePool,
-		NoPrewrite: !cfg.Prewrite}
+		NoPrewrite: !cfg.Prewrite, StagingBytes: cfg.StagingBytes, SaveWritesPerDevice: cfg.SaveWritesPerDevice}
 	if onGPU {
 		sc.Path, sc.GPU.Device, sc.GPU.MaxPages = runtime.PathGPU, cfg.Device, pages
 	}
