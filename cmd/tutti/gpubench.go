@@ -62,21 +62,13 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	var ceilingDestBytes int64
-	if *ceilingDest != "0" {
-		v, err := devbench.ParseBytes(*ceilingDest)
-		if err != nil {
-			return fmt.Errorf("--store-ceiling-dest: %w", err)
-		}
-		ceilingDestBytes = v
+	ceilingDestBytes, err := bytesOrZero("--store-ceiling-dest", *ceilingDest)
+	if err != nil {
+		return err
 	}
-	var stagingBytes int64
-	if *storeStaging != "0" {
-		v, err := devbench.ParseBytes(*storeStaging)
-		if err != nil {
-			return fmt.Errorf("--store-staging: %w", err)
-		}
-		stagingBytes = v
+	stagingBytes, err := bytesOrZero("--store-staging", *storeStaging)
+	if err != nil {
+		return err
 	}
 	if *cpuProfile != "" {
 		stopProfile, err := startCPUProfile(*cpuProfile)
@@ -155,4 +147,17 @@ func runGPUBenchPool(args []string, stdout, stderr io.Writer) error {
 	}
 	pool.Print(stdout, out)
 	return nil
+}
+
+// bytesOrZero parses a size flag that also takes "0" (the default it
+// stands for), which devbench.ParseBytes refuses.
+func bytesOrZero(flag, v string) (int64, error) {
+	if v == "0" {
+		return 0, nil
+	}
+	n, err := devbench.ParseBytes(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", flag, err)
+	}
+	return n, nil
 }
