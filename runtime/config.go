@@ -42,8 +42,9 @@ const (
 	DefaultSaveBoundMs      = 2000
 	DefaultMaxLoads         = 64
 	// DefaultStagingBytesPerDir: StagingBytes' default grows with the
-	// directories beyond DefaultStagingBytes' four.
-	DefaultStagingBytesPerDir = 64 << 20
+	// directories beyond DefaultStagingBytes' four, by one device's
+	// DefaultSaveWritesPerDevice writes of maxSaveWriteBytes.
+	DefaultStagingBytesPerDir = DefaultSaveWritesPerDevice * maxSaveWriteBytes
 	// DefaultSaveWritesPerDevice: a write counts from its dispatch, so this
 	// keeps a device's queue fed while its next writes are gathered and
 	// checksummed (BENCHMARKS.md, product path: save write depth).
@@ -56,6 +57,9 @@ const (
 	maxStagingSlot = 1 << 30 // one read is one uring op: its length is a uint32
 	maxSaveBoundMs = 10 * 60 * 1000
 	maxSaveWrites  = 256
+	// maxSaveWriteBytes bounds one save write (a smaller StagingSlotBytes
+	// bounds it more).
+	maxSaveWriteBytes = 4 << 20
 )
 
 // Config is what Open needs. The zero value of the tuning fields (QueueDepth,
@@ -100,7 +104,7 @@ type Config struct {
 	// bounds the bytes of reads and writes in flight. Zero:
 	// DefaultStagingBytes, or DefaultStagingBytesPerDir for each directory
 	// where that is more (so that every device holds
-	// DefaultSaveWritesPerDevice writes of 4 MiB on PathGPU).
+	// DefaultSaveWritesPerDevice of the largest writes on PathGPU).
 	StagingBytes int64
 	// StagingSlotBytes is the unit of staging: one read or write is at most
 	// one slot, so a (layer, run) larger than a slot takes several I/Os

@@ -204,7 +204,7 @@ func (l *Load) startGPU() {
 func (l *Load) gpuRequest() kernels.Request {
 	s := l.s
 	g := s.geo
-	l.gpuPieces = gpuPieces(l.runs, g, s.cfg.GPU.IOWindow, s.cfg.GPU.MaxIOBytes, s.cfg.gpuMaxExtents(), l.gpuPieces)
+	l.gpuPieces = gpuPieces(l.runs, g, s.cfg.GPU.IOWindow, s.cfg.GPU.MaxIOBytes, s.cfg.gpuMaxExtents())
 	req := kernels.Request{Layers: make([][]kernels.Extent, g.Layers)}
 	for _, p := range l.gpuPieces {
 		base := (l.runs[p.run].chainPos + p.first) * g.ChunkPages
@@ -220,13 +220,6 @@ func (l *Load) gpuRequest() kernels.Request {
 		}
 	}
 	return req
-}
-
-// gpuMaxExtents is the extents per layer the store's kernels are bound for
-// (each costs a staging block per slot, so at most gpuMaxExtentsCap unless
-// GPU.MaxRuns asks for more).
-func (c *Config) gpuMaxExtents() int {
-	return max(c.GPU.MaxRuns, min(c.GPU.MaxRuns*gpuExtentsPerRun, gpuMaxExtentsCap))
 }
 
 // submitGPU puts the dispatched restore io on the GPU. A refusal fails the

@@ -6,12 +6,19 @@ import "github.com/tutti-io/tutti/objmap"
 // of load run run (first relative to the run's own first loaded chunk).
 type gpuPiece struct{ run, first, k int }
 
-// gpuExtentsPerRun is how many extents a GPU restore may cut each of its
-// runs into on average: the kernels are bound with GPU.MaxRuns times this.
+// The store's kernels are bound for gpuExtentsPerRun extents per run of
+// GPU.MaxRuns on average, at most gpuMaxExtentsCap (gpuMaxExtents).
 const (
 	gpuExtentsPerRun = 4
 	gpuMaxExtentsCap = 1024
 )
+
+// gpuMaxExtents is the extents per layer the store's kernels are bound for
+// (each costs a staging block per slot, so at most gpuMaxExtentsCap unless
+// GPU.MaxRuns asks for more).
+func (c *Config) gpuMaxExtents() int {
+	return max(c.GPU.MaxRuns, min(c.GPU.MaxRuns*gpuExtentsPerRun, gpuMaxExtentsCap))
+}
 
 // gpuPieces cuts a GPU restore's runs into the extents of its request and
 // orders them round-robin over the runs: piece 0 of every run, then piece 1
@@ -31,8 +38,8 @@ const (
 // maxIOBytes where the run is that long. There are at most maxExtents
 // pieces (at least len(runs) must be allowed); on one device the runs stay
 // whole. runs with k < 1 are not allowed.
-func gpuPieces(runs []loadRun, g objmap.Geometry, window, maxIOBytes, maxExtents int, dst []gpuPiece) []gpuPiece {
-	dst = dst[:0]
+func gpuPieces(runs []loadRun, g objmap.Geometry, window, maxIOBytes, maxExtents int) []gpuPiece {
+	var dst []gpuPiece
 	pc := gpuPieceChunks(runs, g, window, maxIOBytes, maxExtents)
 	for j, more := 0, true; more; j++ {
 		more = false

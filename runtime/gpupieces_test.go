@@ -60,7 +60,7 @@ func TestGPUPieces(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runs := runsOn(tc.ks, tc.devs)
-			ps := gpuPieces(runs, tc.g, tc.window, tc.maxIO, tc.maxExtents, nil)
+			ps := gpuPieces(runs, tc.g, tc.window, tc.maxIO, tc.maxExtents)
 			if len(ps) > tc.maxExtents {
 				t.Fatalf("%d pieces, limit %d", len(ps), tc.maxExtents)
 			}

@@ -107,7 +107,7 @@ func Open(cfg Config) (*Store, error) {
 		return fail(fmt.Errorf("starting the I/O engine: %w", err))
 	}
 	s.worker = newIOWorker("runtime io", eng, cfg.QueueDepth)
-	s.maxWriteIOBytes = saveWriteBytes(s.geo, min(cfg.StagingSlotBytes, 4<<20), cfg.Path == PathGPU)
+	s.maxWriteIOBytes = saveWriteBytes(s.geo, min(cfg.StagingSlotBytes, maxSaveWriteBytes), cfg.Path == PathGPU)
 	s.saveSlots = saveSlotLimit(len(s.staging.all), cfg.Path)
 	s.saveSlotTokens = make(chan struct{}, s.saveSlots)
 	s.stager = newStagePool(s.saveSlots * s.wbufsPerSlot())
