@@ -75,8 +75,14 @@ func pageTable(rng *rand.Rand, g objmap.Geometry, numPages, blocks int) []int32 
 	return pages
 }
 
+// pageMem is host KV memory seen page plane by page plane: a HostKV, or
+// views over memory a test laid out itself (shiftedKV).
+type pageMem interface {
+	Page(layer, plane int, page int32) []byte
+}
+
 // fill writes the deterministic content of chain's blocks into their pages.
-func fill(kv *HostKV, g objmap.Geometry, chain []uint64, pages []int32) {
+func fill(kv pageMem, g objmap.Geometry, chain []uint64, pages []int32) {
 	for i, id := range chain {
 		for j := 0; j < g.ChunkPages; j++ {
 			for l := 0; l < g.Layers; l++ {
@@ -89,7 +95,7 @@ func fill(kv *HostKV, g objmap.Geometry, chain []uint64, pages []int32) {
 }
 
 // scramble overwrites every page (so a restore that skips a page shows).
-func scramble(kv *HostKV, g objmap.Geometry, numPages int) {
+func scramble(kv pageMem, g objmap.Geometry, numPages int) {
 	for p := 0; p < numPages; p++ {
 		for l := 0; l < g.Layers; l++ {
 			for pl := 0; pl < g.Planes; pl++ {
@@ -104,7 +110,7 @@ func scramble(kv *HostKV, g objmap.Geometry, numPages int) {
 
 // verify checks the first n blocks of chain in their pages; it returns the
 // first mismatch.
-func verify(kv *HostKV, g objmap.Geometry, chain []uint64, pages []int32, n int) error {
+func verify(kv pageMem, g objmap.Geometry, chain []uint64, pages []int32, n int) error {
 	for i, id := range chain[:n] {
 		for j := 0; j < g.ChunkPages; j++ {
 			for l := 0; l < g.Layers; l++ {

@@ -150,6 +150,10 @@ func (d *saveDriver) completed(b *wbuf) {
 	r := sv.runs[ri]
 	d.inflight[ri]--
 	d.busy--
+	if b.direct {
+		b.direct = false
+		sv.gathered1()
+	}
 	sv.batch(s.deviceOf(r.res.File)).lastNs = s.sched.nowNs()
 	if r.failed == nil {
 		switch {

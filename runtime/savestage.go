@@ -13,6 +13,7 @@ import (
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
+	"github.com/tutti-io/tutti/uring"
 )
 
 // wbuf is one save write's staging: a piece of a staging slot with the I/O
@@ -36,6 +37,12 @@ type wbuf struct {
 	// PathGPU: the GPU's CRC32C of each page plane the write gathers
 	// (kernels.Restorer.GatherLane), room for a whole wbuf of planes.
 	planeCRCs []uint32
+	// PathCPU: the write's entries over the engine's pages (savedirect.go),
+	// or why there are none (iovErr); direct is set while a write from
+	// the pages is in flight (Gathered counts it at its completion).
+	iov    *uring.Iovecs
+	iovErr error
+	direct bool
 }
 
 // ioDone runs on the I/O worker goroutine (or a stage worker for a write
@@ -97,6 +104,8 @@ func (s *Store) saveWbufs(sl *slot) []*wbuf {
 		b := &wbuf{sl: sl, off: off, data: sl.data[off : off+wb], parts: make([]crcPart, 0, parts)}
 		if s.cfg.Path == PathGPU {
 			b.planeCRCs = make([]uint32, 0, int(wb/s.geo.PageBytesPerPlane()))
+		} else {
+			b.newSaveIovecs(saveIovecCap(wb, s.geo.PageBytesPerPlane()))
 		}
 		b.req.owner = b
 		sl.wbufs = append(sl.wbufs, b)
@@ -129,8 +138,10 @@ func newStagePool(wbufs int) *workerPool[stageJob] {
 
 // stageWrite (on a stage worker) gathers b's write from the engine's pages,
 // checksums it and submits it; a failed gather is reported as a failed
-// write. The save's runs are only read here (their fields are the driver's
-// to change, and it changes none of a write's run while it stages).
+// write. On PathCPU the write goes from the pages themselves where they meet
+// O_DIRECT's alignment (savedirect.go). The save's runs are only read here
+// (their fields are the driver's to change, and it changes none of a
+// write's run while it stages).
 func (sv *Save) stageWrite(b *wbuf) {
 	s := sv.s
 	g := s.geo
@@ -139,6 +150,9 @@ func (sv *Save) stageWrite(b *wbuf) {
 	buf := b.data[:b.ioBytes]
 	b.parts = b.parts[:0]
 	b.gatherErr = nil
+	f := s.m.Files()[r.res.File]
+	objOff, _ := g.ObjectOffset(r.res.Chunks, io.Layer)
+	fileOff := uint64(r.res.Offset + objOff + io.OffsetBytes)
 	if s.gpu != nil {
 		// Writes are cut at whole pages on this path (gpuWriteUnit). The
 		// GPU checksums the planes it gathers: the CPU never reads them.
@@ -156,8 +170,20 @@ func (sv *Save) stageWrite(b *wbuf) {
 			s.stats.saveChecksumNs.Add(int64(time.Since(t1)))
 		}
 	} else {
+		pages := sv.pages[r.chainPos*g.ChunkPages:]
+		why := b.directIovecs(s.kv, pages, f.DirectAlign)
 		t0 := time.Now()
-		b.copyAndChecksum(s.kv, g, r.res.Chunks, sv.pages[r.chainPos*g.ChunkPages:], buf[:io.Bytes])
+		if why.kind == 0 {
+			b.copyAndChecksum(s.kv, g, r.res.Chunks, pages, nil)
+			s.stats.saveChecksumNs.Add(int64(time.Since(t0)))
+			s.stats.saveDirectWrites.Add(1)
+			b.direct = true // gathered at its completion (saveDriver.completed)
+			b.req.c.PrepWritev(f, b.iov, fileOff)
+			s.worker.submit(&b.req)
+			return
+		}
+		s.stats.staged(why)
+		b.copyAndChecksum(s.kv, g, r.res.Chunks, pages, buf[:io.Bytes])
 		s.stats.saveCopyNs.Add(int64(time.Since(t0)))
 	}
 	clear(buf[io.Bytes:]) // padding: deterministic bytes on disk
@@ -167,23 +193,26 @@ func (sv *Save) stageWrite(b *wbuf) {
 		b.ioDone(&b.req)
 		return
 	}
-	objOff, _ := g.ObjectOffset(r.res.Chunks, io.Layer)
-	b.req.c.PrepWrite(s.m.Files()[r.res.File], b.sl.buf.Addr()+uintptr(b.off), uint32(b.ioBytes), uint64(r.res.Offset+objOff+io.OffsetBytes))
+	b.req.c.PrepWrite(f, b.sl.buf.Addr()+uintptr(b.off), uint32(b.ioBytes), fileOff)
 	s.worker.submit(&b.req)
 }
 
 // copyAndChecksum copies b's object bytes from the pages into buf one page
-// plane at a time, each checksummed while it is still in the CPU's cache.
+// plane at a time, each checksummed while it is still in the CPU's cache;
+// with buf nil it only checksums them (a write from the pages).
 func (b *wbuf) copyAndChecksum(v *kvViews, g objmap.Geometry, chunks int, pages []int32, buf []byte) {
 	start, end := b.io.OffsetBytes, b.io.OffsetBytes+b.io.Bytes
 	pb := v.planeBytes
 	for u := start / pb; u*pb < end; u++ {
 		us := u * pb
 		lo, hi := max(us, start), min(us+pb, end)
-		kv := v.plane(b.io.Layer, int(u%v.planes), pages[u/v.planes])
-		dst := buf[lo-start : hi-start]
-		copy(dst, kv[lo-us:hi-us])
-		b.addCRC(g, chunks, lo, dst)
+		src := v.plane(b.io.Layer, int(u%v.planes), pages[u/v.planes])[lo-us : hi-us]
+		if buf != nil {
+			dst := buf[lo-start : hi-start]
+			copy(dst, src)
+			src = dst
+		}
+		b.addCRC(g, chunks, lo, src)
 	}
 }
 

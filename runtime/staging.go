@@ -73,6 +73,11 @@ func (p *stagingPool) close() error {
 		if err := s.buf.Free(); err != nil && first == nil {
 			first = err
 		}
+		for _, b := range s.wbufs {
+			if err := b.freeIovecs(); err != nil && first == nil {
+				first = err
+			}
+		}
 	}
 	p.all = nil
 	return first

@@ -34,12 +34,23 @@ type Stats struct {
 	SkippedBlocks [numSkipCauses]int64
 	// SaveCopyNs is the time save writes spent getting their bytes into
 	// staging (PathGPU: the HBM gathers, waiting for a free gather lane
-	// included; PathCPU: the copies from host KV memory, checksummed in the
-	// same pass), SaveChecksumNs the GPU path's folding of the plane CRCs
-	// its gathers computed on the GPU into chunk CRCs (the CPU reads none
-	// of the gathered bytes), both summed over the stage workers (so they
-	// can exceed the wall time): where a save's time goes.
+	// included; PathCPU: the copies of staged writes from host KV memory,
+	// checksummed in the same pass), SaveChecksumNs the checksums of
+	// writes not copied (PathGPU: folding the plane CRCs its gathers
+	// computed on the GPU into chunk CRCs, the CPU reads none of the
+	// gathered bytes; PathCPU: the CRC32C of writes sent from the engine's
+	// pages), both summed over the stage workers (so they can exceed the
+	// wall time): where a save's time goes.
 	SaveCopyNs, SaveChecksumNs int64
+	// SaveDirectWrites counts PathCPU's payload writes sent from the
+	// engine's pages (O_DIRECT vectored writes, no staging copy);
+	// SaveStagedWrites those copied into staging first because the pages
+	// did not allow it, SaveStagedReason why the first of them was
+	// (alignment of a page plane against the pool file's O_DIRECT needs,
+	// too many page planes for one write's iovecs). PathGPU's writes are
+	// always gathered into staging and counted in neither.
+	SaveDirectWrites, SaveStagedWrites int64
+	SaveStagedReason                   string
 
 	// Fallbacks counts stores opened on PathCPU after PathGPU failed
 	// (OpenWithFallback); FallbackReason is the last such error.
@@ -126,7 +137,19 @@ type counters struct {
 	committedRuns, corruptDropped                            atomic.Int64
 	skippedBlocks                                            [numSkipCauses]atomic.Int64
 	saveCopyNs, saveChecksumNs                               atomic.Int64
+	saveDirectWrites, saveStagedWrites                       atomic.Int64
+	saveStagedReason                                         atomic.Pointer[string]
 	fallbacks                                                atomic.Int64
+}
+
+// staged counts a PathCPU save write staged through a copy, keeping the
+// first one's reason.
+func (c *counters) staged(why stageWhy) {
+	c.saveStagedWrites.Add(1)
+	if c.saveStagedReason.Load() == nil {
+		r := why.String()
+		c.saveStagedReason.CompareAndSwap(nil, &r)
+	}
 }
 
 func (c *counters) snapshot() Stats {
@@ -139,6 +162,10 @@ func (c *counters) snapshot() Stats {
 		SavedBytes: c.savedBytes.Load(), WriteIOs: c.writeIOs.Load(),
 		CommittedRuns: c.committedRuns.Load(), CorruptDropped: c.corruptDropped.Load(),
 		Fallbacks: c.fallbacks.Load(), SaveCopyNs: c.saveCopyNs.Load(), SaveChecksumNs: c.saveChecksumNs.Load(),
+		SaveDirectWrites: c.saveDirectWrites.Load(), SaveStagedWrites: c.saveStagedWrites.Load(),
+	}
+	if r := c.saveStagedReason.Load(); r != nil {
+		s.SaveStagedReason = *r
 	}
 	for i := range s.MissBlocks {
 		s.MissBlocks[i] = c.missBlocks[i].Load()

@@ -139,6 +139,12 @@ type StoreRow struct {
 	// HBM gathers) and their checksums.
 	CopyS     float64 `json:"copy_s,omitempty"`
 	ChecksumS float64 `json:"checksum_s,omitempty"`
+	// store-cpu saves: writes sent from the engine's pages and those
+	// staged through a copy, with why (runtime.Stats.SaveDirectWrites,
+	// SaveStagedWrites, SaveStagedReason).
+	DirectWrites int64  `json:"direct_writes,omitempty"`
+	StagedWrites int64  `json:"staged_writes,omitempty"`
+	StagedReason string `json:"staged_reason,omitempty"`
 	// A first save with StoreConfig.Prewrite: the pool bytes the store's
 	// background prewrite wrote before it, and the seconds from Open to its
 	// end (it runs beside the benchmark's fill of the KV memory).
@@ -167,6 +173,12 @@ func Summary(r StoreRow) string {
 	}
 	if isSave(r.Op) {
 		s += fmt.Sprintf(", staging copies %.3f s, checksums %.3f s (summed over workers)", r.CopyS, r.ChecksumS)
+		if r.DirectWrites > 0 || r.StagedWrites > 0 {
+			s += fmt.Sprintf(", writes from the pages %d, staged %d", r.DirectWrites, r.StagedWrites)
+			if r.StagedReason != "" {
+				s += " (" + r.StagedReason + ")"
+			}
+		}
 		if r.PrewrittenBytes > 0 {
 			s += fmt.Sprintf(", after the prewrite of %.2f GiB, done %.2f s after Open", float64(r.PrewrittenBytes)/(1<<30), r.PrewriteS)
 		}
@@ -439,6 +451,11 @@ func timeSave(s *runtime.Store, chain []uint64, dst []int32) (StoreRow, error) {
 	after := s.Stats()
 	r.CopyS = float64(after.SaveCopyNs-before.SaveCopyNs) / 1e9
 	r.ChecksumS = float64(after.SaveChecksumNs-before.SaveChecksumNs) / 1e9
+	r.DirectWrites = after.SaveDirectWrites - before.SaveDirectWrites
+	r.StagedWrites = after.SaveStagedWrites - before.SaveStagedWrites
+	if r.StagedWrites > 0 {
+		r.StagedReason = after.SaveStagedReason
+	}
 	r.Blocks = sv.Saved()
 	r.Bytes = int64(r.Blocks) * s.Geometry().ChunkBytes()
 	rate(&r, t0, c0, h0)

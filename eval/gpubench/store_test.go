@@ -40,7 +40,7 @@ func TestRunStoreCPU(t *testing.T) {
 		pr := r.PerRound
 		if r.Blocks != blocks || r.Mismatches != 0 || r.Bytes <= 0 || r.BytesPerS <= 0 || r.CeilingFraction <= 0 || len(r.Skipped) != 0 ||
 			r.CeilingBeforeBytesPS <= 0 || r.CeilingAfterBytesPS <= 0 || r.HostCPUs <= 0 ||
-			(isSave(r.Op) && r.CopyS <= 0) ||
+			(isSave(r.Op) && (r.CopyS+r.ChecksumS <= 0 || r.DirectWrites == 0 || r.StagedWrites != 0)) ||
 			(!isSave(r.Op) && !(0 < r.SubmittedS && r.SubmittedS <= r.FirstLayerS && r.FirstLayerS <= r.LastLayerS && r.LastLayerS <= r.Seconds)) {
 			t.Errorf("%s %s: %s", r.Path, r.Op, Summary(r))
 		}

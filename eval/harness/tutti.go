@@ -262,6 +262,12 @@ func (t *Tutti) Close() error {
 		if st.WriteIOs > 0 {
 			t.saveNote = fmt.Sprintf("%d save writes (%.1f GiB); getting their bytes into staging took %.2f s and checksumming them %.2f s, summed over the stage workers",
 				st.WriteIOs, float64(st.SavedBytes)/(1<<30), float64(st.SaveCopyNs)/1e9, float64(st.SaveChecksumNs)/1e9)
+			if st.SaveDirectWrites+st.SaveStagedWrites > 0 {
+				t.saveNote += fmt.Sprintf("; %d written from the engine's pages, %d staged through a copy", st.SaveDirectWrites, st.SaveStagedWrites)
+				if st.SaveStagedReason != "" {
+					t.saveNote += " (" + st.SaveStagedReason + ")"
+				}
+			}
 		}
 		if n := st.DeviceReprobes + st.DeviceReprobeFailures + st.DeviceReprobeSkips; n > 0 {
 			t.devProbe += fmt.Sprintf("; reads re-probed %d times, %d failed, %d runs too short", st.DeviceReprobes, st.DeviceReprobeFailures, st.DeviceReprobeSkips)

@@ -1,0 +1,280 @@
+package runtime
+
+import (
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/uring"
+	"github.com/tutti-io/tutti/uring/uringsim"
+	"golang.org/x/sys/unix"
+)
+
+// shiftedKV is host KV memory whose tensors start shiftBytes past a page
+// boundary (a CPU allocator's alignment, not mmap's).
+type shiftedKV struct {
+	bufs  []*uring.Buffer
+	mem   KVMemory
+	views *kvViews
+}
+
+func allocShiftedKV(t *testing.T, g objmap.Geometry, layout objmap.Layout, numPages int, shiftBytes int64) *shiftedKV {
+	t.Helper()
+	per, err := g.TensorBytes(layout, numPages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &shiftedKV{}
+	region := func() Region {
+		b, err := uring.AllocBuffer(int(per + shiftBytes))
+		if err != nil {
+			t.Fatal(err)
+		}
+		k.bufs = append(k.bufs, b)
+		return Region{Addr: b.Addr() + uintptr(shiftBytes), LenBytes: per}
+	}
+	if layout == objmap.LayoutPerLayer {
+		for range g.Layers {
+			k.mem.Layers = append(k.mem.Layers, region())
+		}
+	} else {
+		k.mem.Cross = region()
+	}
+	if k.views, err = newKVViews(g, layout, numPages, k.mem); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, b := range k.bufs {
+			_ = b.Free()
+		}
+	})
+	return k
+}
+
+func (k *shiftedKV) Page(layer, plane int, page int32) []byte { return k.views.plane(layer, plane, page) }
+
+// TestSaveDirectWrites: PathCPU's save writes go from the engine's pages
+// when every page plane meets the pool file's O_DIRECT alignment, and are
+// staged through a copy otherwise, counted with the reason; either way the
+// blocks restore bit-exact and fsck finds every run whole.
+func TestSaveDirectWrites(t *testing.T) {
+	aligned := objmap.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
+	mla := objmap.Geometry{Layers: 2, KVHeads: 1, HeadDim: 72, DType: objmap.FP16, Planes: 1, PageTokens: 16, ChunkPages: 1}
+	for _, tc := range []struct {
+		name       string
+		g          objmap.Geometry
+		layout     objmap.Layout
+		shiftBytes int64
+		slotBytes  int64 // staging slot: the write size
+	}{
+		{"aligned/per-layer", aligned, objmap.LayoutPerLayer, 0, 0},
+		{"aligned/cross-layer", aligned, objmap.LayoutCrossLayer, 0, 0},
+		{"aligned/cut planes", aligned, objmap.LayoutPerLayer, 0, 12 << 10},
+		{"shifted 64 bytes", aligned, objmap.LayoutPerLayer, 64, 0},
+		{"mla planes of 2304 bytes", mla, objmap.LayoutPerLayer, 0, 0},
+		{"tiny planes", tinyGeometry(), objmap.LayoutPerLayer, 0, 0},
+		{"tiny planes, a page's two merged", tinyGeometry(), objmap.LayoutCrossLayer, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tc.g
+			numPages := 40 * g.ChunkPages
+			cfg := testConfig(t, g, tc.layout, numPages)
+			if tc.slotBytes > 0 {
+				cfg.StagingSlotBytes, cfg.StagingBytes = tc.slotBytes, 8*tc.slotBytes
+			}
+			s, err := Open(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			kv := allocShiftedKV(t, g, tc.layout, numPages, tc.shiftBytes)
+			if err := s.RegisterKV(kv.mem); err != nil {
+				t.Fatal(err)
+			}
+			// An entry is a page plane, or on the cross-layer layout a page's
+			// planes of one layer (adjacent in memory).
+			align, entry := int64(s.m.Files()[0].DirectAlign), g.PageBytesPerPlane()
+			if tc.layout == objmap.LayoutCrossLayer {
+				entry = g.PageBytesPerLayer()
+			}
+			direct := align == 0 || (tc.shiftBytes%align == 0 && entry%align == 0)
+
+			rng := rand.New(rand.NewPCG(7, 0))
+			chain := chainOf(3000, 6)
+			pages := pageTable(rng, g, numPages, len(chain))
+			fill(kv, g, chain, pages)
+			if sv := saveWait(t, s, chain, pages); sv.Saved() != len(chain) {
+				t.Fatalf("saved %d of %d (skipped %v)", sv.Saved(), len(chain), s.Stats().SkippedBlocks)
+			}
+			st := s.Stats()
+			if st.SaveDirectWrites+st.SaveStagedWrites != st.WriteIOs || st.WriteIOs == 0 {
+				t.Fatalf("%d direct + %d staged writes of %d", st.SaveDirectWrites, st.SaveStagedWrites, st.WriteIOs)
+			}
+			if direct {
+				if st.SaveStagedWrites != 0 || st.SaveStagedReason != "" || st.SaveCopyNs != 0 {
+					t.Errorf("aligned pages (file alignment %d): %d writes staged (%q), copies %d ns", align, st.SaveStagedWrites, st.SaveStagedReason, st.SaveCopyNs)
+				}
+			} else if st.SaveDirectWrites != 0 || !strings.Contains(st.SaveStagedReason, "O_DIRECT needs address and length in multiples of") {
+				t.Errorf("misaligned pages (file alignment %d): %d writes direct, reason %q", align, st.SaveDirectWrites, st.SaveStagedReason)
+			}
+
+			scramble(kv, g, numPages)
+			other := pageTable(rng, g, numPages, len(chain))
+			if l := loadWait(t, s, chain, other); l.Blocks() != len(chain) {
+				t.Fatalf("restored %d of %d; stats %v", l.Blocks(), len(chain), s.Stats())
+			}
+			if err := verify(kv, g, chain, other, len(chain)); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := s.Check(); err != nil || rep.Corrupt != 0 || !rep.PayloadChecked {
+				t.Fatalf("fsck: %v %+v", err, rep)
+			}
+		})
+	}
+}
+
+// holdWrite blocks the Sim's goroutine (the store's I/O worker) before the
+// first write attempt until release is closed.
+type holdWrite struct {
+	once    sync.Once
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (h *holdWrite) Fault(_ *rand.Rand, c *uring.Completion, _ *uringsim.Sim) uringsim.Fault {
+	if c.Op().IsWrite() && c.Op() != uring.OpFdatasync && c.Op() != uring.OpFsync {
+		h.once.Do(func() {
+			close(h.held)
+			<-h.release
+		})
+	}
+	return uringsim.Fault{}
+}
+
+func (h *holdWrite) String() string { return "hold-first-write" }
+
+// TestSaveDirectGathered: a save written from the engine's pages reads them
+// until its writes complete, so Gathered stays open while one is held in
+// the device, and pages changed right after Gathered do not reach the disk.
+func TestSaveDirectGathered(t *testing.T) {
+	g := objmap.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
+	numPages := 40 * g.ChunkPages
+	h := &holdWrite{held: make(chan struct{}), release: make(chan struct{})}
+	var sim *uringsim.Sim
+	cfg := simConfig(testConfig(t, g, objmap.LayoutPerLayer, numPages), 5, &sim, h)
+	s, kv := openKV(t, cfg)
+	defer closeKV(t, s, kv)
+	rng := rand.New(rand.NewPCG(9, 0))
+	chain := chainOf(4000, 6)
+	pages := pageTable(rng, g, numPages, len(chain))
+	fill(kv, g, chain, pages)
+	sv, err := s.Save(chain, pages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-h.held
+	select {
+	case <-sv.Gathered():
+		t.Fatal("Gathered closed while a write from the engine's pages was held in the device")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(h.release)
+	<-sv.Gathered()
+	scramble(kv, g, numPages) // the engine reuses the pages
+	sv.Wait()
+	if sv.Saved() != len(chain) {
+		t.Fatalf("saved %d of %d (skipped %v)", sv.Saved(), len(chain), s.Stats().SkippedBlocks)
+	}
+	if st := s.Stats(); st.SaveDirectWrites != st.WriteIOs {
+		t.Fatalf("%d of %d writes direct (%q): the test needs writes from the pages", st.SaveDirectWrites, st.WriteIOs, st.SaveStagedReason)
+	}
+	other := pageTable(rng, g, numPages, len(chain))
+	if l := loadWait(t, s, chain, other); l.Blocks() != len(chain) {
+		t.Fatalf("restored %d of %d after reusing the pages at Gathered; stats %v", l.Blocks(), len(chain), s.Stats())
+	}
+	if err := verify(kv, g, chain, other, len(chain)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDirectIovecs: a write's entries are its page planes in object order
+// (cut at the write's ends, neighbours in memory merged), then its zero
+// padding; a misaligned entry or one beyond the iovecs' capacity stages it.
+func TestDirectIovecs(t *testing.T) {
+	g := objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
+	pb := g.PageBytesPerPlane() // 4 KiB
+	for _, tc := range []struct {
+		name        string
+		layout      objmap.Layout
+		shift       int64
+		align       uint32
+		capacity    int
+		wantKind    uint8
+		wantEntries int
+	}{
+		{"per-layer", objmap.LayoutPerLayer, 0, 512, 8, 0, 5},
+		{"cross-layer merges a page's planes", objmap.LayoutCrossLayer, 0, 512, 8, 0, 3},
+		{"capacity", objmap.LayoutPerLayer, 0, 512, 4, whyIovecCap, 0},
+		{"shifted", objmap.LayoutPerLayer, 64, 512, 8, whyUnaligned, 0},
+		{"shifted, buffered file", objmap.LayoutPerLayer, 64, 0, 8, 0, 5},
+		{"padding below the alignment", objmap.LayoutPerLayer, 0, 4096, 8, whyUnaligned, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kv := allocShiftedKV(t, g, tc.layout, 8, tc.shift)
+			buf, err := uring.AllocBuffer(int(4 * pb))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer buf.Free()
+			b := &wbuf{sl: &slot{buf: buf}, data: buf.Bytes()}
+			b.newSaveIovecs(tc.capacity)
+			defer b.freeIovecs()
+			// Two pages of layer 1, the last plane cut 1 KiB short: 16 KiB
+			// with 1 KiB of padding.
+			b.io.Layer, b.io.Bytes = 1, 4*pb-1024
+			b.ioBytes = 4 * pb
+			pages := []int32{5, 2}
+			why := b.directIovecs(kv.views, pages, tc.align)
+			if why.kind != tc.wantKind {
+				t.Fatalf("kind %d (%s), want %d", why.kind, why, tc.wantKind)
+			}
+			if tc.wantKind != 0 {
+				return
+			}
+			if b.iov.Len() != tc.wantEntries || b.iov.TotalBytes() != b.ioBytes {
+				t.Fatalf("%d entries of %d bytes, want %d of %d", b.iov.Len(), b.iov.TotalBytes(), tc.wantEntries, b.ioBytes)
+			}
+			// The entries cover exactly the planes in object order, then
+			// the padding, which is zeros.
+			var want []byte
+			for _, p := range pages {
+				for pl := 0; pl < g.Planes; pl++ {
+					want = append(want, kv.Page(1, pl, p)...)
+				}
+			}
+			want = append(want[:b.io.Bytes], make([]byte, 1024)...)
+			var got []byte
+			for i := range b.iov.Len() {
+				addr, n := b.iov.At(i)
+				got = append(got, view(addr, int64(n))...)
+			}
+			if string(got) != string(want) {
+				t.Fatal("the entries do not list the write's bytes in object order")
+			}
+		})
+	}
+	var why stageWhy
+	if why.String() != "" {
+		t.Errorf("zero stageWhy says %q", why.String())
+	}
+	why = stageWhy{kind: whyNoIovecs, err: unix.ENOMEM}
+	if !strings.Contains(why.String(), "cannot allocate memory") {
+		t.Errorf("stageWhy %q does not name the allocation error", why.String())
+	}
+	if got := saveIovecCap(4<<20, 2<<10); got != maxSaveIovecs {
+		t.Errorf("saveIovecCap(4 MiB, 2 KiB) = %d, want the kernel's %d", got, maxSaveIovecs)
+	}
+}
