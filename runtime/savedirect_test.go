@@ -54,7 +54,9 @@ func allocShiftedKV(t *testing.T, g objmap.Geometry, layout objmap.Layout, numPa
 	return k
 }
 
-func (k *shiftedKV) Page(layer, plane int, page int32) []byte { return k.views.plane(layer, plane, page) }
+func (k *shiftedKV) Page(layer, plane int, page int32) []byte {
+	return k.views.plane(layer, plane, page)
+}
 
 // TestSaveDirectWrites: PathCPU's save writes go from the engine's pages
 // when every page plane meets the pool file's O_DIRECT alignment, and are
