@@ -427,12 +427,16 @@ func (l *Load) consumeSplit(sl *slot) (overreadBytes int64, done bool) {
 	crcs := segCRCs{next: lo - sp.Skip, chunkBytes: sp.ChunkBytes}
 	ok := l.scatter(sl, &crcs)
 	done, err := seg.split.add(crcs.pieces, !ok)
-	if ok && err != nil {
-		l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
+	if err != nil {
+		if ok {
+			l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
+			ok = false
+		}
+		// Whether or not this segment's run had failed already: the read
+		// must not count as done before its bad run left the index.
 		if errors.Is(err, objmap.ErrChunkCRC) {
 			l.s.dropCorrupt(r.run)
 		}
-		ok = false
 	}
 	if done && ok && l.runValid(seg.io.Run) {
 		return sp.IOBytes - sp.DataBytes, true

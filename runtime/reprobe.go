@@ -96,9 +96,10 @@ func (s *Store) maybeReprobe(runs []loadRun, plan sched.Plan) {
 		}
 		s.sched.readsSeen(r.device)
 		if err != nil {
-			rp.failed.Add(1)
+			// The message first: a reader that sees the count sees why.
 			msg := fmt.Sprintf("device %d (%s): %v", r.device, r.file.Path, err)
 			rp.lastErr.Store(&msg)
+			rp.failed.Add(1)
 			return
 		}
 		rp.done.Add(1)
@@ -139,9 +140,12 @@ func reprobeReads(fd int, off, n, opBytes int64, budget time.Duration) (float64,
 }
 
 // stats is what the re-probes did so far.
+// The counts are read before the message, which a failure stores before
+// its count: a failure counted here has its message here.
 func (rp *reprobes) stats() (done, failed, skipped int64, lastErr string) {
+	done, failed, skipped = rp.done.Load(), rp.failed.Load(), rp.skipped.Load()
 	if p := rp.lastErr.Load(); p != nil {
 		lastErr = *p
 	}
-	return rp.done.Load(), rp.failed.Load(), rp.skipped.Load(), lastErr
+	return done, failed, skipped, lastErr
 }

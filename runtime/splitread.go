@@ -54,7 +54,8 @@ type splitRead struct {
 	pieces     [][]crcPart
 	have       []int64 // per chunk: bytes seen
 	verified   int
-	segsLeft   int // segments not consumed yet
+	segsLeft   int   // segments not consumed yet
+	bad        error // the first piece or chunk that failed, sticky
 }
 
 // newSplitRead starts the check of span sp of a run whose chunk CRCs of
@@ -71,16 +72,34 @@ func newSplitRead(layerCRCs []uint32, sp objmap.Span, segs int) (*splitRead, err
 // add takes one segment's pieces (nil for a segment whose run already
 // failed) and verifies every chunk they complete. last reports that this
 // was the read's last segment to be consumed; then err also says whether
-// every chunk was verified. A bad chunk is a *objmap.ChunkCRCError.
+// every chunk was verified. A bad chunk is a *objmap.ChunkCRCError, and it
+// stays the read's verdict: every later segment, the last included, gets it
+// too, so whichever consumer ends the read has acted on it (dropped the
+// run) before the read counts as done.
 func (r *splitRead) add(pieces []crcPart, failed bool) (last bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.segsLeft--
 	last = r.segsLeft == 0
+	if r.bad == nil {
+		r.bad = r.addPieces(pieces)
+	}
+	switch {
+	case r.bad != nil:
+		return last, r.bad
+	case last && !failed && r.verified != len(r.want):
+		return last, fmt.Errorf("objmap: layer %d: %d of %d chunks verified", r.layer, r.verified, len(r.want))
+	}
+	return last, nil
+}
+
+// addPieces files pieces and checks each chunk they complete; the first
+// error ends it (the read has failed, the rest need no check).
+func (r *splitRead) addPieces(pieces []crcPart) error {
 	for _, p := range pieces {
 		c := p.idx
 		if c < 0 || c >= len(r.want) || r.have[c]+p.n > r.chunkBytes {
-			return last, fmt.Errorf("layer %d: piece [%d,+%d) of chunk %d outside the read: %w", r.layer, p.off, p.n, r.first+c, objmap.ErrOutOfRange)
+			return fmt.Errorf("layer %d: piece [%d,+%d) of chunk %d outside the read: %w", r.layer, p.off, p.n, r.first+c, objmap.ErrOutOfRange)
 		}
 		r.pieces[c] = append(r.pieces[c], p)
 		if r.have[c] += p.n; r.have[c] < r.chunkBytes {
@@ -89,15 +108,12 @@ func (r *splitRead) add(pieces []crcPart, failed bool) (last bool, err error) {
 		sortPieces(r.pieces[c])
 		crc, err := foldPieces(r.pieces[c], r.chunkBytes)
 		if err != nil {
-			return last, fmt.Errorf("layer %d chunk %d: %w", r.layer, r.first+c, err)
+			return fmt.Errorf("layer %d chunk %d: %w", r.layer, r.first+c, err)
 		}
 		if crc != r.want[c] {
-			return last, &objmap.ChunkCRCError{Layer: r.layer, Chunk: r.first + c, Got: crc, Want: r.want[c]}
+			return &objmap.ChunkCRCError{Layer: r.layer, Chunk: r.first + c, Got: crc, Want: r.want[c]}
 		}
 		r.verified++
 	}
-	if last && !failed && r.verified != len(r.want) {
-		return last, fmt.Errorf("objmap: layer %d: %d of %d chunks verified", r.layer, r.verified, len(r.want))
-	}
-	return last, nil
+	return nil
 }

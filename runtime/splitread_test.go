@@ -10,7 +10,8 @@ import (
 )
 
 // TestSplitReadPieces: a split read's chunk pieces verify in any order of
-// arrival; a wrong byte anywhere in a chunk is a *ChunkCRCError naming it, a
+// arrival; a wrong byte anywhere in a chunk is a *ChunkCRCError naming it,
+// which the read's last segment also gets however late it comes, a
 // chunk never completed fails the read's last segment, and a piece outside
 // the read is refused.
 func TestSplitReadPieces(t *testing.T) {
@@ -45,6 +46,7 @@ func TestSplitReadPieces(t *testing.T) {
 		{name: "reversed", order: []int{4, 3, 2, 1, 0}, chunk: -1},
 		{name: "shuffled", order: []int{2, 0, 4, 1, 3}, chunk: -1},
 		{name: "bad piece", order: []int{3, 1, 0, 2, 4}, corrupt: func(s [][]crcPart) { s[2][1].crc ^= 1 }, chunk: 3}, // span chunk 2 = run chunk 3
+		{name: "bad first chunk found early", order: []int{1, 0, 3, 2, 4}, corrupt: func(s [][]crcPart) { s[0][0].crc ^= 1 }, chunk: 1},
 		{name: "chunk never completed", order: []int{0, 1, 2, 3, 4}, drop: true, chunk: -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -59,20 +61,27 @@ func TestSplitReadPieces(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var firstErr error
-			var lastSeen bool
+			var firstErr, lastErr error
 			for i, k := range tc.order {
 				pieces := cp[k]
 				if tc.drop && i == len(tc.order)-1 {
 					pieces = nil
 				}
-				last, err := sr.add(pieces, false)
+				// As in a load: once a segment failed the run, the later
+				// ones are consumed without their pieces.
+				failed := firstErr != nil
+				if failed {
+					pieces = nil
+				}
+				last, err := sr.add(pieces, failed)
 				if last != (i == len(tc.order)-1) {
 					t.Fatalf("segment %d: last %v", i, last)
 				}
-				lastSeen = lastSeen || last
 				if firstErr == nil {
 					firstErr = err
+				}
+				if last {
+					lastErr = err
 				}
 			}
 			var ce *objmap.ChunkCRCError
@@ -80,6 +89,11 @@ func TestSplitReadPieces(t *testing.T) {
 			case tc.chunk >= 0:
 				if !errors.As(firstErr, &ce) || ce.Chunk != tc.chunk || ce.Layer != 2 {
 					t.Fatalf("err %v, want a CRC error of layer 2 chunk %d", firstErr, tc.chunk)
+				}
+				// The consumer that ends the read must see the verdict too,
+				// or the read could count as done before the run is dropped.
+				if !errors.Is(lastErr, objmap.ErrChunkCRC) {
+					t.Fatalf("last segment's err %v, want the CRC error", lastErr)
 				}
 			case tc.drop:
 				if firstErr == nil || errors.As(firstErr, &ce) {

@@ -36,6 +36,9 @@ type runEntry struct {
 	chunks int
 	chain  []uint64
 	live   int // blocks of the run still in the index (Store.mu)
+	// corrupt is set by the first dropCorrupt: a run found bad by several
+	// reads (segments, layers or loads) is dropped and counted once.
+	corrupt atomic.Bool
 }
 
 func (s *Store) newRunEntry(info objmap.RunInfo) *runEntry {
@@ -424,6 +427,9 @@ func (s *Store) evictRuns(needBytes int64) {
 // dropCorrupt takes a run whose payload failed its CRC out of service with
 // everything cached below it (unreachable without it).
 func (s *Store) dropCorrupt(r *runEntry) {
+	if r.corrupt.Swap(true) {
+		return // dropped by an earlier read
+	}
 	dropped, err := s.idx.Remove(r.chain[0])
 	if err != nil {
 		return // already removed by a concurrent load
