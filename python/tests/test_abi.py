@@ -28,7 +28,7 @@ def header_struct_fields(name):
 
 class VersionTest(unittest.TestCase):
     def test_library_version(self):
-        self.assertEqual(tutti.abi_version(), (1, 2))
+        self.assertEqual(tutti.abi_version(), (1, 3))
 
     def test_check_version_refuses_other_major(self):
         with self.assertRaises(tutti.VersionMismatch) as cm:
@@ -39,9 +39,9 @@ class VersionTest(unittest.TestCase):
     def test_check_version_refuses_older_minor(self):
         old = _lib.ABI_MINOR_NEEDED
         try:
-            _lib.ABI_MINOR_NEEDED = 3
+            _lib.ABI_MINOR_NEEDED = 4
             with self.assertRaises(tutti.VersionMismatch):
-                _lib.check_version(1 << 16 | 2)
+                _lib.check_version(1 << 16 | 3)
         finally:
             _lib.ABI_MINOR_NEEDED = old
 
@@ -53,7 +53,7 @@ class VersionTest(unittest.TestCase):
         self.assertEqual(rc, tutti.VersionMismatch.code)
         self.assertEqual(h.value, 0)
         self.assertIn("abi_major = 2", tutti.last_error())
-        self.assertIn("ABI 1.2", tutti.last_error())
+        self.assertIn("ABI %d.%d" % tutti.abi_version(), tutti.last_error())
 
     def test_config_struct_too_small(self):
         lib = _lib.lib()
@@ -74,7 +74,7 @@ class LayoutTest(unittest.TestCase):
 
     def test_config_fields(self):
         self.assertEqual([f for f, _ in _lib.tutti_config._fields_], header_struct_fields("tutti_config"))
-        self.assertEqual(ctypes.sizeof(_lib.tutti_config), 224)
+        self.assertEqual(ctypes.sizeof(_lib.tutti_config), 232)
 
     def test_stats_fields(self):
         self.assertEqual([f for f, _ in _lib.tutti_stats._fields_], header_struct_fields("tutti_stats"))

@@ -349,7 +349,9 @@ class ConfigErrorTest(unittest.TestCase):
     def test_bad_fields(self):
         for kw, frag in ((dict(num_pages=0), "num_pages"), (dict(capacity_bytes=0), "CapacityBytes"),
                          (dict(io=tutti.IOOptions(queue_depth=-1)), "QueueDepth"), (dict(dirs=[]), "num_dirs"),
-                         (dict(sched=tutti.SchedOptions(save_budget_bytes=-1)), "SaveBudgetBytes")):
+                         (dict(sched=tutti.SchedOptions(save_budget_bytes=-1)), "SaveBudgetBytes"),
+                         (dict(io=tutti.IOOptions(save_writes_per_device=-1)), "SaveWritesPerDevice"),
+                         (dict(io=tutti.IOOptions(save_writes_per_device=257)), "SaveWritesPerDevice")):
             with self.assertRaises(tutti.InvalidArgument, msg=str(kw)) as cm:
                 self.open(**kw)
             self.assertIn(frag, str(cm.exception))

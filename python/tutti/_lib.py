@@ -19,7 +19,9 @@ import threading
 # The ABI this binding was written for. A library of another major is refused
 # at load; a lower minor than ABI_MINOR_NEEDED too.
 ABI_MAJOR = 1
-ABI_MINOR_NEEDED = 2  # 1.2: tp_rank/tp_size, tutti_load_with (skip, TUTTI_LOAD_PROMISED), tutti_match/tutti_hold_release
+# 1.2: tp_rank/tp_size, tutti_load_with (skip, TUTTI_LOAD_PROMISED), tutti_match/tutti_hold_release;
+# 1.3: save_writes_per_device (a 1.2 library would not see it: refused, not ignored).
+ABI_MINOR_NEEDED = 3
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
@@ -69,6 +71,8 @@ class tutti_config(ctypes.Structure):
         ("gpu_max_io_bytes", ctypes.c_int32),
         ("gpu_lookahead", ctypes.c_int32),
         ("gpu_flags", ctypes.c_uint32),
+        ("save_writes_per_device", ctypes.c_int32),  # ABI 1.3
+        ("reserved3", ctypes.c_uint32),
     ]
 
 

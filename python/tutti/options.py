@@ -16,12 +16,13 @@ from typing import Dict, Mapping, Optional, Tuple
 
 @dataclass(frozen=True)
 class IOOptions:
-    """The I/O engines (runtime.Config's QueueDepth ... MaxLoads)."""
+    """The I/O engines (runtime.Config's QueueDepth ... MaxLoads, SaveWritesPerDevice)."""
 
     queue_depth: int = 0  # I/Os in flight per engine
     staging_bytes: int = 0  # off-heap staging memory; bounds the bytes in flight
     staging_slot_bytes: int = 0  # largest single I/O; divides staging_bytes
     max_loads: int = 0  # loads in flight at once (more: Busy)
+    save_writes_per_device: int = 0  # save writes in flight per device, 0..256
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ FLAT: Dict[str, Tuple[str, str]] = {
     "staging_bytes": ("io", "staging_bytes"),
     "staging_slot_bytes": ("io", "staging_slot_bytes"),
     "max_loads": ("io", "max_loads"),
+    "save_writes_per_device": ("io", "save_writes_per_device"),
     "save_bound_ms": ("sched", "save_bound_ms"),
     "save_budget_bytes": ("sched", "save_budget_bytes"),
     "compute": ("sched", "compute"),

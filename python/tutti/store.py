@@ -189,7 +189,7 @@ class Store:
             dtype=geometry.dtype_code, planes=geometry.planes, page_tokens=geometry.page_tokens,
             chunk_pages=geometry.chunk_pages, layout=_LAYOUTS[layout], num_pages=num_pages,
             queue_depth=io.queue_depth, staging_bytes=io.staging_bytes, staging_slot_bytes=io.staging_slot_bytes,
-            max_loads=io.max_loads, save_bound_ms=sched.save_bound_ms, save_budget_bytes=sched.save_budget_bytes,
+            max_loads=io.max_loads, save_writes_per_device=io.save_writes_per_device, save_bound_ms=sched.save_bound_ms, save_budget_bytes=sched.save_budget_bytes,
             gpu_device=gpu.device, gpu_max_pages=gpu.max_pages, gpu_max_runs=gpu.max_runs,
             gpu_io_window=gpu.io_window, gpu_max_io_bytes=gpu.max_io_bytes, gpu_lookahead=gpu.lookahead,
             tp_rank=tp_rank, tp_size=tp_size,

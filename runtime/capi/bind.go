@@ -11,7 +11,7 @@ import (
 // ABI version of this library (TUTTI_ABI_MAJOR/MINOR in tutti.h).
 const (
 	abiMajor = 1
-	abiMinor = 2
+	abiMinor = 3
 )
 
 // Values of the enums in tutti.h (TestHeaderEnums keeps them equal).
@@ -71,6 +71,8 @@ type config struct {
 	// ABI 1.1 (zero from a 1.0 caller)
 	gpuIOWindow, gpuMaxIOBytes, gpuLookahead int32
 	gpuFlags                                 uint32
+	saveWritesPerDevice                      int32 // ABI 1.3
+	reserved3                                uint32
 }
 
 // runtimeConfig checks what the runtime cannot see (ABI version, enum
@@ -83,6 +85,9 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	}
 	if err := c.checkTP(); err != nil {
 		return rc, err
+	}
+	if c.reserved3 != 0 {
+		return rc, errorf(errInvalidArgument, "tutti_config.reserved3 = %d, want 0", c.reserved3)
 	}
 	if u := c.gpuFlags &^ gpuFlagsKnown; u != 0 {
 		return rc, errorf(errInvalidArgument, "tutti_config.gpu_flags = %#x has bits unknown to ABI %d.%d (%#x); known: TUTTI_GPU_READS_FROM_DEVICES = %d",
@@ -132,6 +137,7 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	rc.StagingBytes = c.stagingBytes
 	rc.StagingSlotBytes = c.stagingSlotBytes
 	rc.MaxLoads = int(c.maxLoads)
+	rc.SaveWritesPerDevice = int(c.saveWritesPerDevice)
 	rc.SaveBudgetBytes = c.saveBudgetBytes
 	rc.GPU.Device, rc.GPU.MaxPages, rc.GPU.MaxRuns = int(c.gpuDevice), int(c.gpuMaxPages), int(c.gpuMaxRuns)
 	rc.GPU.IOWindow, rc.GPU.MaxIOBytes, rc.GPU.Lookahead = int(c.gpuIOWindow), int(c.gpuMaxIOBytes), int(c.gpuLookahead)

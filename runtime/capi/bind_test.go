@@ -30,6 +30,11 @@ func TestRuntimeConfig(t *testing.T) {
 	if rc, err := g.runtimeConfig(); err != nil || rc.GPU.IOWindow != 384 || rc.GPU.MaxIOBytes != 4<<20 || rc.GPU.Lookahead != 4 {
 		t.Fatalf("GPU reads: %+v %v", rc, err)
 	}
+	sw := goodConfig()
+	sw.saveWritesPerDevice = 4
+	if rc, err := sw.runtimeConfig(); err != nil || rc.SaveWritesPerDevice != 4 {
+		t.Fatalf("save writes per device: %+v %v", rc, err)
+	}
 	g.gpuFlags = gpuReadsFromDevices // the runtime's default: accepted, explicit values still win
 	if rc, err := g.runtimeConfig(); err != nil || rc.GPU.IOWindow != 384 {
 		t.Fatalf("TUTTI_GPU_READS_FROM_DEVICES: %+v %v", rc, err)
@@ -54,6 +59,9 @@ func TestRuntimeConfig(t *testing.T) {
 		{"layers", func(c *config) { c.layers = -1 }, errGeometry, "Layers"},
 		{"capacity", func(c *config) { c.capacityBytes = 0 }, errInvalidArgument, "CapacityBytes"},
 		{"queue depth", func(c *config) { c.queueDepth = -5 }, errInvalidArgument, "QueueDepth"},
+		{"save writes negative", func(c *config) { c.saveWritesPerDevice = -1 }, errInvalidArgument, "SaveWritesPerDevice"},
+		{"save writes huge", func(c *config) { c.saveWritesPerDevice = 257 }, errInvalidArgument, "SaveWritesPerDevice"},
+		{"reserved3", func(c *config) { c.reserved3 = 1 }, errInvalidArgument, "reserved3 = 1"},
 		{"dup dirs", func(c *config) { c.dirs = []string{"/a", "/a"} }, errInvalidArgument, "twice"},
 		{"unknown gpu flag", func(c *config) { c.gpuFlags = 2 }, errInvalidArgument, "gpu_flags = 0x2"},
 		{"unknown gpu flag with a known one", func(c *config) { c.gpuFlags = 1 | 1<<31 }, errInvalidArgument, "(0x80000000); known: TUTTI_GPU_READS_FROM_DEVICES = 1"},

@@ -38,8 +38,9 @@ const (
 	configSizeV1 = 208
 	statsSizeV1  = 176
 	recovSizeV1  = 32
-	// configSize is tutti_config of ABI 1.1 (gpu_io_window ... gpu_flags).
-	configSize = 224
+	// configSize is tutti_config of ABI 1.3 (1.1: gpu_io_window ...
+	// gpu_flags, 1.3: save_writes_per_device, reserved3).
+	configSize = 232
 )
 
 var (
@@ -237,6 +238,7 @@ func readConfig(p *C.tutti_config) (config, error) {
 	c.tpSize = uint32(local.tp_size)
 	c.gpuIOWindow, c.gpuMaxIOBytes, c.gpuLookahead = int32(local.gpu_io_window), int32(local.gpu_max_io_bytes), int32(local.gpu_lookahead)
 	c.gpuFlags = uint32(local.gpu_flags)
+	c.saveWritesPerDevice, c.reserved3 = int32(local.save_writes_per_device), uint32(local.reserved3)
 	c.compute = [3]float64{float64(local.compute_fixed_ns), float64(local.compute_per_token_ns), float64(local.compute_per_pair_ns)}
 	c.device = [7]float64{float64(local.device_read_bytes_per_sec), float64(local.device_write_bytes_per_sec),
 		float64(local.device_read_iops), float64(local.device_write_iops), float64(local.device_read_latency_ns),

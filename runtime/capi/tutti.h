@@ -47,7 +47,7 @@ extern "C" {
  * and minor >= the minor it needs. tutti_abi_version() returns
  * (major << 16) | minor. */
 #define TUTTI_ABI_MAJOR 1
-#define TUTTI_ABI_MINOR 2
+#define TUTTI_ABI_MINOR 3
 
 typedef enum tutti_status {
 	TUTTI_OK = 0,
@@ -164,6 +164,10 @@ typedef struct tutti_config {
 	int32_t gpu_lookahead;    /* layers in flight beyond the one waited for (staging: lookahead+3
 	                             layer slots); 0 = enough to fill the window */
 	uint32_t gpu_flags;       /* tutti_gpu_flags bits; 0 = none */
+	/* ABI 1.3 (a 1.2 caller's shorter struct leaves it 0) */
+	int32_t save_writes_per_device; /* save writes in flight per device, 0..256; 0 = the default
+	                                   (runtime.DefaultSaveWritesPerDevice) */
+	uint32_t reserved3;             /* must be 0 (TUTTI_ERR_INVALID_ARGUMENT otherwise) */
 } tutti_config;
 
 /* One contiguous range of KV memory. */

@@ -1,6 +1,7 @@
 // A C program against tutti.h and libtutti.so: what an engine written in C
 // sees. Built and run by TestCProgram (header_test.go). Argument: a store
 // directory. Prints "ok" and exits 0, or names the failed check and exits 1.
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +136,19 @@ int main(int argc, char **argv) {
 	CHECK(tutti_close(store) == TUTTI_OK);
 	CHECK(tutti_lookup(store, chain, 3, &hit) == TUTTI_ERR_BAD_HANDLE);
 	CHECK(tutti_get_gpu_reads(store, text, sizeof text, &text_len) == TUTTI_ERR_BAD_HANDLE);
+
+	// ABI 1.3's save writes per device: checked; a 1.2 caller's shorter
+	// struct does not reach it (what lies past struct_size is not read).
+	cfg.save_writes_per_device = 300;
+	CHECK(tutti_open(&cfg, &store) == TUTTI_ERR_INVALID_ARGUMENT && tutti_last_error(small, sizeof small) > 0);
+	cfg.struct_size = offsetof(tutti_config, save_writes_per_device);
+	CHECK(tutti_open(&cfg, &store) == TUTTI_OK);
+	CHECK(tutti_close(store) == TUTTI_OK);
+	cfg.struct_size = sizeof cfg;
+	cfg.save_writes_per_device = 4;
+	CHECK(tutti_open(&cfg, &store) == TUTTI_OK);
+	CHECK(tutti_close(store) == TUTTI_OK);
+	cfg.save_writes_per_device = 0;
 
 	// The GPU reads sized to the directory's disk at open, said as text.
 	cfg.gpu_flags = TUTTI_GPU_READS_FROM_DEVICES | 4;
