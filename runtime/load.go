@@ -60,6 +60,9 @@ type segment struct {
 	// ioBytes are transferred (BlockBytes-aligned).
 	objOff, ioBytes int64
 	last            bool // last segment of its sched.IO
+	// direct: the payload was read into the pages, not the slot
+	// (loaddirect.go).
+	direct bool
 	// split is the read's verification state when it takes several
 	// segments (nil when one slot holds it whole).
 	split *splitRead
@@ -273,9 +276,9 @@ func (l *Load) drive() {
 				seg.last = true
 				queue, off, split = queue[1:], 0, nil
 			}
-			sl.tag = seg
 			sl.sink, sl.completed = l.done, false
-			sl.req.c.PrepRead(r.file, sl.buf.Addr(), uint32(seg.ioBytes), uint64(r.offset+sp.Off+seg.objOff))
+			l.prepRead(sl, &seg, l.runs[io.Run], r.file, uint64(r.offset+sp.Off+seg.objOff))
+			sl.tag = seg
 			ring = append(ring, sl)
 			l.ioCount++
 			batchOf(&l.batches, l.runs[io.Run].run.device).start(s.sched.nowNs(), seg.ioBytes)
@@ -474,8 +477,14 @@ func (l *Load) scatter(sl *slot, ck chunkChecker) bool {
 	lo := max(seg.objOff, sp.Skip)
 	hi := min(seg.objOff+seg.ioBytes, sp.Skip+sp.DataBytes)
 	if lo < hi {
-		data := sl.data[lo-seg.objOff : hi-seg.objOff]
-		if err := l.s.kv.restorePages(seg.io.Layer, l.pages[r.chainPos*l.s.geo.ChunkPages:], lo-sp.Skip, hi-sp.Skip, data, ck); err != nil {
+		pages := l.pages[r.chainPos*l.s.geo.ChunkPages:]
+		var err error
+		if seg.direct {
+			err = l.s.kv.checkPages(seg.io.Layer, pages, lo-sp.Skip, hi-sp.Skip, ck)
+		} else {
+			err = l.s.kv.restorePages(seg.io.Layer, pages, lo-sp.Skip, hi-sp.Skip, sl.data[lo-seg.objOff:hi-seg.objOff], ck)
+		}
+		if err != nil {
 			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
 			l.s.dropCorrupt(r.run)
 			return false

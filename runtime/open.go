@@ -93,6 +93,7 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if cfg.Path == PathCPU {
 		s.consumers = newConsumePool(len(s.staging.all))
+		s.staging.newReadIovecs(s.geo.PageBytesPerPlane())
 	}
 	var eng uring.Engine
 	if cfg.NewEngine != nil {

@@ -58,10 +58,11 @@ func (k *shiftedKV) Page(layer, plane int, page int32) []byte {
 	return k.views.plane(layer, plane, page)
 }
 
-// TestSaveDirectWrites: PathCPU's save writes go from the engine's pages
-// when every page plane meets the pool file's O_DIRECT alignment, and are
-// staged through a copy otherwise, counted with the reason; either way the
-// blocks restore bit-exact and fsck finds every run whole.
+// TestSaveDirectWrites: PathCPU's save writes go from the engine's pages,
+// and its load reads into them, when every page plane meets the pool file's
+// O_DIRECT alignment, and are staged through a copy otherwise, counted with
+// the reason; either way the blocks restore bit-exact and fsck finds every
+// run whole.
 func TestSaveDirectWrites(t *testing.T) {
 	aligned := objmap.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
 	mla := objmap.Geometry{Layers: 2, KVHeads: 1, HeadDim: 72, DType: objmap.FP16, Planes: 1, PageTokens: 16, ChunkPages: 1}
@@ -130,6 +131,17 @@ func TestSaveDirectWrites(t *testing.T) {
 			}
 			if err := verify(kv, g, chain, other, len(chain)); err != nil {
 				t.Fatal(err)
+			}
+			st = s.Stats()
+			if st.LoadDirectReads+st.LoadStagedReads == 0 || st.LoadDirectReads+st.LoadStagedReads > st.ReadIOs {
+				t.Fatalf("%d direct + %d staged reads of %d", st.LoadDirectReads, st.LoadStagedReads, st.ReadIOs)
+			}
+			if direct {
+				if st.LoadStagedReads != 0 || st.LoadStagedReason != "" {
+					t.Errorf("aligned pages (file alignment %d): %d reads staged (%q)", align, st.LoadStagedReads, st.LoadStagedReason)
+				}
+			} else if st.LoadDirectReads != 0 || !strings.Contains(st.LoadStagedReason, "O_DIRECT needs address and length in multiples of") {
+				t.Errorf("misaligned pages (file alignment %d): %d reads direct, reason %q", align, st.LoadDirectReads, st.LoadStagedReason)
 			}
 			if rep, err := s.Check(); err != nil || rep.Corrupt != 0 || !rep.PayloadChecked {
 				t.Fatalf("fsck: %v %+v", err, rep)
@@ -276,7 +288,7 @@ func TestDirectIovecs(t *testing.T) {
 	if !strings.Contains(why.String(), "cannot allocate memory") {
 		t.Errorf("stageWhy %q does not name the allocation error", why.String())
 	}
-	if got := saveIovecCap(4<<20, 2<<10); got != maxSaveIovecs {
-		t.Errorf("saveIovecCap(4 MiB, 2 KiB) = %d, want the kernel's %d", got, maxSaveIovecs)
+	if got := saveIovecCap(4<<20, 2<<10); got != maxDirectIovecs {
+		t.Errorf("saveIovecCap(4 MiB, 2 KiB) = %d, want the kernel's %d", got, maxDirectIovecs)
 	}
 }

@@ -130,34 +130,52 @@ func TestSplitReadStore(t *testing.T) {
 		{"middle segment", 20 << 10},
 		{"last byte", 3*16<<10 - 1},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(5, 5))
-			cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
-			cfg.StagingBytes, cfg.StagingSlotBytes = 96<<10, 12<<10
-			ch := saveChains(t, cfg, rng, 1)[0]
-			s, kv := openKV(t, cfg)
-			defer closeKV(t, s, kv)
-			want := 6
-			if tc.pos >= 0 {
-				want = 3
-				flipRunByte(t, s, g, ch[3], 1, tc.pos)
+		// Reads into the pages, and (KV memory 64 bytes off O_DIRECT's
+		// alignment) into staging, copied.
+		for _, staged := range []bool{false, true} {
+			name := tc.name + "/direct"
+			if staged {
+				name = tc.name + "/staged"
 			}
-			pages := pageTable(rng, g, cfg.NumPages, len(ch))
-			l := loadWait(t, s, ch, pages)
-			if l.Blocks() != want {
-				t.Fatalf("restored %d blocks, want %d", l.Blocks(), want)
-			}
-			if err := verify(kv, g, ch, pages, want); err != nil {
-				t.Fatal(err)
-			}
-			st := s.Stats()
-			if st.SplitIOs == 0 {
-				t.Fatalf("no read was split: %v", st)
-			}
-			if miss := int64(6 - want); st.MissBlocks[MissCRC] != miss || st.CorruptDropped != min(miss, 1) || s.Lookup(ch) != want {
-				t.Fatalf("crc misses %d, dropped %d, lookup %d; want %d, %d, %d", st.MissBlocks[MissCRC], st.CorruptDropped, s.Lookup(ch), miss, min(miss, 1), want)
-			}
-		})
+			t.Run(name, func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(5, 5))
+				cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+				cfg.StagingBytes, cfg.StagingSlotBytes = 96<<10, 12<<10
+				ch := saveChains(t, cfg, rng, 1)[0]
+				s, err := Open(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				kv := allocShiftedKV(t, g, cfg.Layout, cfg.NumPages, map[bool]int64{false: 0, true: 64}[staged])
+				if err := s.RegisterKV(kv.mem); err != nil {
+					t.Fatal(err)
+				}
+				want := 6
+				if tc.pos >= 0 {
+					want = 3
+					flipRunByte(t, s, g, ch[3], 1, tc.pos)
+				}
+				pages := pageTable(rng, g, cfg.NumPages, len(ch))
+				l := loadWait(t, s, ch, pages)
+				if l.Blocks() != want {
+					t.Fatalf("restored %d blocks, want %d", l.Blocks(), want)
+				}
+				if err := verify(kv, g, ch, pages, want); err != nil {
+					t.Fatal(err)
+				}
+				st := s.Stats()
+				if st.SplitIOs == 0 {
+					t.Fatalf("no read was split: %v", st)
+				}
+				if direct := st.LoadDirectReads > 0 && st.LoadStagedReads == 0; direct == staged {
+					t.Fatalf("reads %d direct, %d staged (%s); want staged %v", st.LoadDirectReads, st.LoadStagedReads, st.LoadStagedReason, staged)
+				}
+				if miss := int64(6 - want); st.MissBlocks[MissCRC] != miss || st.CorruptDropped != min(miss, 1) || s.Lookup(ch) != want {
+					t.Fatalf("crc misses %d, dropped %d, lookup %d; want %d, %d, %d", st.MissBlocks[MissCRC], st.CorruptDropped, s.Lookup(ch), miss, min(miss, 1), want)
+				}
+			})
+		}
 	}
 }
 

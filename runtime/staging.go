@@ -23,6 +23,11 @@ type slot struct {
 	// wbufs are the slot cut into save write buffers, made the first time a
 	// save holds it (saveWbufs).
 	wbufs []*wbuf
+
+	// iov lists a direct read's entries (PathCPU, loaddirect.go); nil when
+	// the store stages its reads, iovErr why when that was not its choice.
+	iov    *uring.Iovecs
+	iovErr error
 }
 
 // ioDone runs on the I/O worker goroutine.
@@ -72,6 +77,11 @@ func (p *stagingPool) close() error {
 	for _, s := range p.all {
 		if err := s.buf.Free(); err != nil && first == nil {
 			first = err
+		}
+		if s.iov != nil {
+			if err := s.iov.Free(); err != nil && first == nil {
+				first = err
+			}
 		}
 		for _, b := range s.wbufs {
 			if err := b.freeIovecs(); err != nil && first == nil {

@@ -51,6 +51,13 @@ type Stats struct {
 	// always gathered into staging and counted in neither.
 	SaveDirectWrites, SaveStagedWrites int64
 	SaveStagedReason                   string
+	// LoadDirectReads counts PathCPU's reads with payload that went straight
+	// into the engine's pages (O_DIRECT vectored reads, no copy);
+	// LoadStagedReads those read into staging and copied because the pages
+	// did not allow it, LoadStagedReason why the first of them was (as for
+	// saves). PathGPU's reads are counted in neither.
+	LoadDirectReads, LoadStagedReads int64
+	LoadStagedReason                 string
 
 	// Fallbacks counts stores opened on PathCPU after PathGPU failed
 	// (OpenWithFallback); FallbackReason is the last such error.
@@ -139,17 +146,27 @@ type counters struct {
 	saveCopyNs, saveChecksumNs                               atomic.Int64
 	saveDirectWrites, saveStagedWrites                       atomic.Int64
 	saveStagedReason                                         atomic.Pointer[string]
+	loadDirectReads, loadStagedReads                         atomic.Int64
+	loadStagedReason                                         atomic.Pointer[string]
 	fallbacks                                                atomic.Int64
 }
 
 // staged counts a PathCPU save write staged through a copy, keeping the
 // first one's reason.
-func (c *counters) staged(why stageWhy) {
-	c.saveStagedWrites.Add(1)
-	if c.saveStagedReason.Load() == nil {
+func (c *counters) staged(why stageWhy) { countStaged(&c.saveStagedWrites, &c.saveStagedReason, why) }
+
+// stagedRead counts a PathCPU load read staged through a copy, keeping the
+// first one's reason.
+func (c *counters) stagedRead(why stageWhy) {
+	countStaged(&c.loadStagedReads, &c.loadStagedReason, why)
+}
+
+func countStaged(n *atomic.Int64, reason *atomic.Pointer[string], why stageWhy) {
+	if reason.Load() == nil {
 		r := why.String()
-		c.saveStagedReason.CompareAndSwap(nil, &r)
+		reason.CompareAndSwap(nil, &r)
 	}
+	n.Add(1) // after the reason: a reader that sees the count sees why
 }
 
 func (c *counters) snapshot() Stats {
@@ -164,8 +181,12 @@ func (c *counters) snapshot() Stats {
 		Fallbacks: c.fallbacks.Load(), SaveCopyNs: c.saveCopyNs.Load(), SaveChecksumNs: c.saveChecksumNs.Load(),
 		SaveDirectWrites: c.saveDirectWrites.Load(), SaveStagedWrites: c.saveStagedWrites.Load(),
 	}
+	s.LoadDirectReads, s.LoadStagedReads = c.loadDirectReads.Load(), c.loadStagedReads.Load()
 	if r := c.saveStagedReason.Load(); r != nil {
 		s.SaveStagedReason = *r
+	}
+	if r := c.loadStagedReason.Load(); r != nil {
+		s.LoadStagedReason = *r
 	}
 	for i := range s.MissBlocks {
 		s.MissBlocks[i] = c.missBlocks[i].Load()

@@ -145,6 +145,11 @@ type StoreRow struct {
 	DirectWrites int64  `json:"direct_writes,omitempty"`
 	StagedWrites int64  `json:"staged_writes,omitempty"`
 	StagedReason string `json:"staged_reason,omitempty"`
+	// store-cpu restores: reads into the engine's pages and those staged
+	// through a copy (runtime.Stats.LoadDirectReads, LoadStagedReads;
+	// StagedReason says why).
+	DirectReads int64 `json:"direct_reads,omitempty"`
+	StagedReads int64 `json:"staged_reads,omitempty"`
 	// A first save with StoreConfig.Prewrite: the pool bytes the store's
 	// background prewrite wrote before it, and the seconds from Open to its
 	// end (it runs beside the benchmark's fill of the KV memory).
@@ -184,6 +189,12 @@ func Summary(r StoreRow) string {
 		}
 	} else {
 		s += fmt.Sprintf(", submitted %.3f s, layer 0 at %.3f s, last layer at %.3f s", r.SubmittedS, r.FirstLayerS, r.LastLayerS)
+		if r.DirectReads > 0 || r.StagedReads > 0 {
+			s += fmt.Sprintf(", reads into the pages %d, staged %d", r.DirectReads, r.StagedReads)
+			if r.StagedReason != "" {
+				s += " (" + r.StagedReason + ")"
+			}
+		}
 	}
 	return s
 }
@@ -479,6 +490,7 @@ func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g objmap.Geometry) 
 	if n == 0 {
 		return r, errors.New("nothing of the saved prefix is cached")
 	}
+	before := s.Stats()
 	h0, c0, t0 := readHostCPU(), cpuSeconds(), time.Now()
 	l, err := s.Load(chain[:n], dst[:n*g.ChunkPages])
 	if err != nil {
@@ -497,6 +509,11 @@ func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g objmap.Geometry) 
 	r.Blocks, r.Planned = l.Blocks(), l.Planned()
 	r.Bytes = int64(r.Blocks) * g.ChunkBytes()
 	rate(&r, t0, c0, h0)
+	after := s.Stats()
+	r.DirectReads = after.LoadDirectReads - before.LoadDirectReads
+	if r.StagedReads = after.LoadStagedReads - before.LoadStagedReads; r.StagedReads > 0 {
+		r.StagedReason = after.LoadStagedReason
+	}
 	if werr != nil {
 		return r, fmt.Errorf("load: %w (first failure: %v)", werr, l.Failure())
 	}

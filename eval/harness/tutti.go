@@ -41,7 +41,9 @@ type Tutti struct {
 	pinned []uintptr
 	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
 	saveBoundMs int
-	// saveNote: where the saves' time went (Stats.SaveCopyNs, ...), set at Close.
+	// saveNote: where the saves' time went (Stats.SaveCopyNs, ...) and
+	// which I/Os went through a copy (Stats.SaveStagedWrites,
+	// LoadStagedReads), set at Close.
 	saveNote string
 	// gpuWindow, gpuMaxIO, gpuLookahead: runtime.GPUConfig IOWindow,
 	// MaxIOBytes, Lookahead (PathGPU only; 0: the runtime's default).
@@ -267,6 +269,15 @@ func (t *Tutti) Close() error {
 				if st.SaveStagedReason != "" {
 					t.saveNote += " (" + st.SaveStagedReason + ")"
 				}
+			}
+		}
+		if st.LoadDirectReads+st.LoadStagedReads > 0 {
+			if t.saveNote != "" {
+				t.saveNote += "; "
+			}
+			t.saveNote += fmt.Sprintf("%d load reads into the engine's pages, %d staged through a copy", st.LoadDirectReads, st.LoadStagedReads)
+			if st.LoadStagedReason != "" {
+				t.saveNote += " (" + st.LoadStagedReason + ")"
 			}
 		}
 		if n := st.DeviceReprobes + st.DeviceReprobeFailures + st.DeviceReprobeSkips; n > 0 {
