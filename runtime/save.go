@@ -83,6 +83,8 @@ type Save struct {
 	// (driver only): each device is credited with the writes it served.
 	batches   []ioBatch
 	withReads bool
+	startNs   int64      // the scheduler's clock at Save's call
+	timing    SaveTiming // written by save and the driver, read after done
 
 	mu      sync.Mutex
 	saved   int
@@ -97,6 +99,28 @@ func (sv *Save) Done() <-chan struct{} { return sv.done }
 
 // Wait blocks until the save ended.
 func (sv *Save) Wait() { <-sv.done }
+
+// SaveTiming is where a save's time went, each figure from Save's call.
+type SaveTiming struct {
+	AdmittedNs   int64 // Save returned: blocks reserved, pool allocated, writes enqueued
+	FirstWriteNs int64 // its first write went to a stage worker (0: none did)
+	WritesNs     int64 // its last write was retired (completed, or given up)
+	DoneNs       int64 // it ended: its last commit durable
+	// DeviceWritesNs is, per device (directory), its span from its first write's
+	// submission to its last completion (0: the device wrote nothing); the
+	// save's writes end with the slowest.
+	DeviceWritesNs []int64
+}
+
+// Timing is the save's SaveTiming: final after Done, the zero value before.
+func (sv *Save) Timing() SaveTiming {
+	select {
+	case <-sv.done:
+		return sv.timing
+	default:
+		return SaveTiming{}
+	}
+}
 
 // Saved is the number of leading blocks of the uncached part committed
 // (final after Done).
@@ -160,7 +184,8 @@ func (s *Store) save(chain []uint64, pages []int32, meta []blockMeta) (*Save, er
 	s.mu.Lock()
 	s.savesLive++
 	s.mu.Unlock()
-	sv := &Save{s: s, chain: chain, pages: pages, gathered: make(chan struct{}), done: make(chan struct{})}
+	startNs := s.sched.nowNs()
+	sv := &Save{s: s, chain: chain, pages: pages, gathered: make(chan struct{}), done: make(chan struct{}), startNs: startNs}
 	s.stats.saves.Add(1)
 	s.stats.saveBlocks.Add(int64(len(chain)))
 
@@ -185,6 +210,7 @@ func (s *Store) save(chain []uint64, pages []int32, meta []blockMeta) (*Save, er
 	for _, r := range sv.runs {
 		total += r.writes
 	}
+	sv.timing.AdmittedNs = s.sched.nowNs() - startNs
 	if total == 0 {
 		sv.finish()
 		return sv, nil

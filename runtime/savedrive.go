@@ -44,11 +44,14 @@ func (sv *Save) drive() {
 			d.completed(b)
 		}
 	}
+	sv.timing.WritesNs = s.sched.nowNs() - sv.startNs
 	d.releaseSlots()
 	sv.commitReady(d.nextCommit, d.remaining, d.inflight)
+	sv.timing.DeviceWritesNs = make([]int64, len(s.cfg.Dirs))
 	for dev, b := range sv.batches {
 		if b.ops > 0 {
 			s.sched.observeWrites(dev, b.bytes, int(b.ops), b.lastNs-b.firstNs, sv.withReads)
+			sv.timing.DeviceWritesNs[dev] = b.lastNs - b.firstNs
 		}
 	}
 	sv.finish()
@@ -90,7 +93,11 @@ func (d *saveDriver) stageQueued() {
 		d.queue = d.queue[1:]
 		b.io, b.run, b.sink = io, ri, sv.sink
 		b.ioBytes = (io.Bytes + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
-		sv.batch(s.deviceOf(r.res.File)).start(s.sched.nowNs(), b.ioBytes)
+		now := s.sched.nowNs()
+		if sv.timing.FirstWriteNs == 0 {
+			sv.timing.FirstWriteNs = max(1, now-sv.startNs)
+		}
+		sv.batch(s.deviceOf(r.res.File)).start(now, b.ioBytes)
 		sv.withReads = sv.withReads || len(s.loadN) > 0
 		d.inflight[ri]++
 		d.busy++
@@ -314,6 +321,7 @@ func (sv *Save) commit(i, j int, remaining, inflight []int) {
 }
 
 func (sv *Save) finish() {
+	sv.timing.DoneNs = sv.s.sched.nowNs() - sv.startNs
 	select {
 	case <-sv.gathered:
 	default:

@@ -55,14 +55,14 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	enqueueChunk := fs.Int("enqueue-chunk", 0, "GPU paths: layers the feeder enqueues per wake-up (kernels.Config.EnqueueChunk; 0: half of --enqueue-layers, 1..8)")
 	zeroCopy := fs.Bool("zero-copy-scatter", false, "GPU paths: the scatter kernel reads host staging itself instead of a copy-engine copy into device staging (kernels.BenchOptions.ZeroCopyScatter)")
 	plainReads := fs.Bool("no-fixed-buffers", false, "GPU paths: plain READ SQEs instead of READ_FIXED into the staging slots registered with the ring (the kernel then pins the pages of every I/O)")
-	ceilingDest := fs.String("store-ceiling-dest", "0", "store rows: each directory's destination memory for the read ceiling's reads (e.g. 256MiB, at most 1GiB; 0: one 1 MiB block per read in flight, which a large last-level cache may hold)")
+	ceilingMem := fs.String("store-ceiling-mem", "0", "store rows: each directory's memory for the ceilings, the read ceiling's destination and the write ceiling's source (e.g. 256MiB, at most 1GiB; 0: one 1 MiB block per I/O in flight, 32 MiB, which a large last-level cache may hold)")
 	storeStaging := fs.String("store-staging", "0", "store rows: each store's staging memory (runtime.Config.StagingBytes, e.g. 512MiB; 0: the runtime's default)")
 	saveWrites := fs.Int("store-save-writes", 0, "store rows: save writes in flight per device (runtime.Config.SaveWritesPerDevice; 0: the runtime's default)")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the run (runtime/pprof) to this file: where this process's CPU goes, the store's stage and I/O workers included")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	ceilingDestBytes, err := bytesOrZero("--store-ceiling-dest", *ceilingDest)
+	ceilingMemBytes, err := bytesOrZero("--store-ceiling-mem", *ceilingMem)
 	if err != nil {
 		return err
 	}
@@ -87,7 +87,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 		Lookahead: *lookahead, SQPollIdleMs: *idleMs, Layout: *layout, WakeInterval: *kickUs, Seed: *seed, NoCeiling: *noCeiling, WritePool: *writePool, Prewrite: *prewrite,
 		Rounds: *nRounds, Reuse: *reuse, GPUs: *gpus, PollTimeout: *pollTimeout, KickBatch: *kickBatch, KickRamp: *kickRamp,
 		KickBatchWait: *kickBatchWait, KickExact: *kickExact, KickDefer: *kickDefer, EnqueueLayers: *enqueueLayers,
-		EnqueueChunk: *enqueueChunk, ZeroCopy: *zeroCopy, NoFixedBuffers: *plainReads, StoreCeilingDest: ceilingDestBytes,
+		EnqueueChunk: *enqueueChunk, ZeroCopy: *zeroCopy, NoFixedBuffers: *plainReads, StoreCeilingMem: ceilingMemBytes,
 		StoreStaging: stagingBytes, StoreSaveWrites: *saveWrites}
 	if !isTerminal(stderr) {
 		// A pipe or a CI log: whole lines, at most one every few seconds.

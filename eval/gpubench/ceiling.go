@@ -30,6 +30,11 @@ type Ceilings struct {
 	// byte over the slowest directory's time.
 	ReadBytesPS float64 `json:"read_bytes_per_s"`
 	FileBytes   int64   `json:"file_bytes"` // per directory
+	// WriteMemBytes and ReadMemBytes are the memory per directory the
+	// first samples' writes came from and reads went into (devbench's
+	// Row.BufferBytes).
+	WriteMemBytes int64 `json:"write_mem_bytes,omitempty"`
+	ReadMemBytes  int64 `json:"read_mem_bytes,omitempty"`
 }
 
 // ceilingFileName is the file measured in each directory, removed after.
@@ -48,17 +53,17 @@ const (
 type storeCeilings struct {
 	dirs, files []string
 	fileBytes   int64
-	destBytes   int64 // each read ceiling's destination per directory (0: devbench's default)
+	memBytes    int64 // each ceiling's memory per directory: reads' destination, writes' source (0: devbench's default)
 }
 
-// maxCeilingDest bounds StoreConfig.CeilingDestBytes (every directory gets
+// maxCeilingMem bounds StoreConfig.CeilingMemBytes (every directory gets
 // its own).
-const maxCeilingDest = 1 << 30
+const maxCeilingMem = 1 << 30
 
 // newStoreCeilings names a file of fileBytes in every directory, read into
-// destBytes each; create writes them.
-func newStoreCeilings(dirs []string, fileBytes, destBytes int64) *storeCeilings {
-	c := &storeCeilings{dirs: dirs, fileBytes: fileBytes, destBytes: destBytes}
+// and written through memBytes each; create writes them.
+func newStoreCeilings(dirs []string, fileBytes, memBytes int64) *storeCeilings {
+	c := &storeCeilings{dirs: dirs, fileBytes: fileBytes, memBytes: memBytes}
 	for _, d := range dirs {
 		c.files = append(c.files, filepath.Join(d, ceilingFileName))
 	}
@@ -83,23 +88,28 @@ func (c *storeCeilings) sample(ctx context.Context, write bool) (ceilingSample, 
 	if c == nil {
 		return ceilingSample{}, nil
 	}
-	ceiling, what, dest := devbench.CeilingStriped, "read", c.destBytes
+	ceiling, what := devbench.CeilingStriped, "read"
 	if write {
-		ceiling, what, dest = devbench.CeilingStripedWrite, "write", 0
+		ceiling, what = devbench.CeilingStripedWrite, "write"
 	}
 	sizes := slices.Repeat([]int64{c.fileBytes}, len(c.files))
 	h0 := readHostCPU()
-	st, err := ceiling(ctx, c.files, sizes, sizes, dest)
+	st, err := ceiling(ctx, c.files, sizes, sizes, c.memBytes)
 	if err != nil {
 		return ceilingSample{}, fmt.Errorf("%s ceiling: %w", what, err)
 	}
-	return ceilingSample{BytesPS: st.BytesPerS, BusyCPUs: busyCPUs(h0, readHostCPU())}, nil
+	cs := ceilingSample{BytesPS: st.BytesPerS, BusyCPUs: busyCPUs(h0, readHostCPU())}
+	if len(st.Devices) > 0 {
+		cs.MemBytes = st.Devices[0].BufferBytes
+	}
+	return cs, nil
 }
 
 // ceilingSample is one sample of a ceiling: its bytes/s and the host's CPUs
 // busy while it ran (busyCPUs: the devices' own kernel work shows here).
 type ceilingSample struct {
 	BytesPS, BusyCPUs float64
+	MemBytes          int64 // a directory's memory its I/Os moved through
 }
 
 // create writes every directory's ceiling file, all at once.

@@ -36,8 +36,8 @@ type Config struct {
 	NoCeiling    bool
 	WritePool    bool // store rows: runtime.Config.WritePool
 	Prewrite     bool // store rows: StoreConfig.Prewrite
-	// StoreCeilingDest: store rows, StoreConfig.CeilingDestBytes.
-	StoreCeilingDest int64
+	// StoreCeilingMem: store rows, StoreConfig.CeilingMemBytes.
+	StoreCeilingMem int64
 	// StoreStaging and StoreSaveWrites: store rows, StoreConfig.StagingBytes
 	// and SaveWritesPerDevice.
 	StoreStaging    int64
@@ -83,7 +83,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	kernelPaths, storePaths := splitStorePaths(cfg.Paths)
 	sf := storeFlags{model: cfg.Model, label: cfg.Label, dirs: cfg.StoreDirs, jsonPath: cfg.JSONPath, tokens: cfg.Tokens, rounds: cfg.Rounds, seed: cfg.Seed,
 		noCeiling: cfg.NoCeiling, writePool: cfg.WritePool, prewrite: cfg.Prewrite, appendJSON: len(kernelPaths) > 0, progress: cfg.Progress,
-		ceilingDest: cfg.StoreCeilingDest, staging: cfg.StoreStaging, saveWrites: cfg.StoreSaveWrites}
+		ceilingMem: cfg.StoreCeilingMem, staging: cfg.StoreStaging, saveWrites: cfg.StoreSaveWrites}
 	if sf.dirs == "" {
 		sf.dirs = cfg.Dir
 	}
@@ -106,7 +106,7 @@ type storeFlags struct {
 	seed                         uint64
 	noCeiling, appendJSON        bool
 	writePool, prewrite          bool
-	ceilingDest                  int64
+	ceilingMem                   int64
 	staging                      int64
 	saveWrites                   int
 	progress                     func(phase string, done, total int)
@@ -137,7 +137,7 @@ func runStoreRows(ctx context.Context, f storeFlags, paths []string, stdout, std
 	}
 	cfg := StoreConfig{Model: f.model, Tokens: f.tokens, Dirs: strings.Split(f.dirs, ","), Label: f.label,
 		Seed: f.seed, Paths: paths, Rounds: f.rounds, NoCeiling: f.noCeiling, WritePool: f.writePool, Prewrite: f.prewrite, Progress: f.progress,
-		CeilingDestBytes: f.ceilingDest, StagingBytes: f.staging, SaveWritesPerDevice: f.saveWrites}
+		CeilingMemBytes: f.ceilingMem, StagingBytes: f.staging, SaveWritesPerDevice: f.saveWrites}
 	if f.writePool && f.prewrite {
 		return errors.New("--write-pool and --prewrite: one or the other (a written pool has nothing to prewrite)")
 	}

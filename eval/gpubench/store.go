@@ -58,12 +58,13 @@ type StoreConfig struct {
 	// WritePool) the store runs with NoPrewrite, and its first save writes
 	// unwritten extents: a save right after creation.
 	Prewrite bool
-	// CeilingDestBytes is each directory's destination memory for the read
-	// ceiling's reads (devbench's bufferBytes; 0: one 1 MiB block per read
-	// in flight, devbench's default), so that the ceiling can read into as
-	// much memory as a restore's staging instead of what a last-level cache
-	// holds. At most maxCeilingDest.
-	CeilingDestBytes int64
+	// CeilingMemBytes is each directory's memory for the ceilings: the read
+	// ceiling's destination and the write ceiling's source (devbench's
+	// bufferBytes; 0: one 1 MiB block per I/O in flight, devbench's
+	// default), so that the ceilings move their bytes through as much
+	// memory as a restore or a save does instead of what a last-level cache
+	// holds. At most maxCeilingMem.
+	CeilingMemBytes int64
 	// StagingBytes and SaveWritesPerDevice are each round's store's
 	// runtime.Config fields of those names (0: the runtime's defaults).
 	StagingBytes        int64
@@ -139,6 +140,16 @@ type StoreRow struct {
 	// HBM gathers) and their checksums.
 	CopyS     float64 `json:"copy_s,omitempty"`
 	ChecksumS float64 `json:"checksum_s,omitempty"`
+	// A save's time split (runtime.SaveTiming, seconds from its Save
+	// call): Save returned, its first write was staged, its last write
+	// completed (the rest of Seconds is the last commit); the shortest and
+	// longest of the devices' write spans. A late first write, devices
+	// that write unevenly or a long commit show here.
+	AdmittedS       float64 `json:"admitted_s,omitempty"`
+	FirstWriteS     float64 `json:"first_write_s,omitempty"`
+	WritesS         float64 `json:"writes_s,omitempty"`
+	DeviceWritesMin float64 `json:"device_writes_min_s,omitempty"`
+	DeviceWritesMax float64 `json:"device_writes_max_s,omitempty"`
 	// store-cpu saves: writes sent from the engine's pages and those
 	// staged through a copy, with why (runtime.Stats.SaveDirectWrites,
 	// SaveStagedWrites, SaveStagedReason).
@@ -178,6 +189,8 @@ func Summary(r StoreRow) string {
 	}
 	if isSave(r.Op) {
 		s += fmt.Sprintf(", staging copies %.3f s, checksums %.3f s (summed over workers)", r.CopyS, r.ChecksumS)
+		s += fmt.Sprintf(", admitted %.4f s, first write %.4f s, writes done %.4f s (devices %.4f-%.4f s)",
+			r.AdmittedS, r.FirstWriteS, r.WritesS, r.DeviceWritesMin, r.DeviceWritesMax)
 		if r.DirectWrites > 0 || r.StagedWrites > 0 {
 			s += fmt.Sprintf(", writes from the pages %d, staged %d", r.DirectWrites, r.StagedWrites)
 			if r.StagedReason != "" {
@@ -470,6 +483,7 @@ func timeSave(s *runtime.Store, chain []uint64, dst []int32) (StoreRow, error) {
 	r.Blocks = sv.Saved()
 	r.Bytes = int64(r.Blocks) * s.Geometry().ChunkBytes()
 	rate(&r, t0, c0, h0)
+	saveTiming(&r, sv.Timing())
 	for _, c := range runtime.SkipCauses() {
 		if n := sv.Skipped(c); n > 0 {
 			if r.Skipped == nil {
@@ -482,6 +496,23 @@ func timeSave(s *runtime.Store, chain []uint64, dst []int32) (StoreRow, error) {
 		return r, fmt.Errorf("nothing saved (skipped %v)", r.Skipped)
 	}
 	return r, nil
+}
+
+// saveTiming puts a save's runtime.SaveTiming into its row, in seconds.
+func saveTiming(r *StoreRow, tm runtime.SaveTiming) {
+	r.AdmittedS, r.FirstWriteS, r.WritesS = float64(tm.AdmittedNs)/1e9, float64(tm.FirstWriteNs)/1e9, float64(tm.WritesNs)/1e9
+	first := true
+	for _, ns := range tm.DeviceWritesNs {
+		if ns == 0 {
+			continue
+		}
+		v := float64(ns) / 1e9
+		if first || v < r.DeviceWritesMin {
+			r.DeviceWritesMin = v
+		}
+		r.DeviceWritesMax = max(r.DeviceWritesMax, v)
+		first = false
+	}
 }
 
 func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g objmap.Geometry) (StoreRow, error) {

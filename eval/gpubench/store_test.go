@@ -23,7 +23,7 @@ import (
 func TestRunStoreCPU(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir()}
 	cfg := StoreConfig{Model: "tiny", Tokens: 4096, Dirs: dirs, Label: "test", Seed: 3, Paths: []string{PathStoreCPU}, Rounds: 2,
-		CeilingDestBytes: 64 << 20}
+		CeilingMemBytes: 64 << 20}
 	var log strings.Builder
 	rows, ceil, err := RunStore(context.Background(), cfg, &log)
 	if err != nil {
@@ -41,6 +41,8 @@ func TestRunStoreCPU(t *testing.T) {
 		if r.Blocks != blocks || r.Mismatches != 0 || r.Bytes <= 0 || r.BytesPerS <= 0 || r.CeilingFraction <= 0 || len(r.Skipped) != 0 ||
 			r.CeilingBeforeBytesPS <= 0 || r.CeilingAfterBytesPS <= 0 || r.HostCPUs <= 0 ||
 			(isSave(r.Op) && (r.CopyS+r.ChecksumS <= 0 || r.DirectWrites == 0 || r.StagedWrites != 0)) ||
+			(isSave(r.Op) && !(0 < r.AdmittedS && r.AdmittedS <= r.FirstWriteS && r.FirstWriteS <= r.WritesS && r.WritesS <= r.Seconds &&
+				0 < r.DeviceWritesMin && r.DeviceWritesMin <= r.DeviceWritesMax && r.DeviceWritesMax <= r.WritesS)) ||
 			(!isSave(r.Op) && !(0 < r.SubmittedS && r.SubmittedS <= r.FirstLayerS && r.FirstLayerS <= r.LastLayerS && r.LastLayerS <= r.Seconds)) {
 			t.Errorf("%s %s: %s", r.Path, r.Op, Summary(r))
 		}
@@ -49,7 +51,7 @@ func TestRunStoreCPU(t *testing.T) {
 			t.Errorf("%s %s: %d rounds, per round %+v", r.Path, r.Op, r.Rounds, pr)
 		}
 	}
-	if !strings.Contains(log.String(), "read into 64 MiB per dir") {
+	if !strings.Contains(log.String(), "written from 64 MiB and read into 64 MiB per dir") {
 		t.Errorf("the log does not say the read ceiling's destination:\n%s", log.String())
 	}
 	if n := strings.Count(log.String(), "round 2/2 store-cpu"); n != 4 {
@@ -110,10 +112,10 @@ func TestRunStoreRefuses(t *testing.T) {
 			t.Errorf("%+v: %v", c, err)
 		}
 	}
-	for _, dest := range []int64{-1, maxCeilingDest + 1} {
-		c := StoreConfig{Model: "tiny", Tokens: 10, Dirs: []string{t.TempDir()}, Paths: []string{PathStoreCPU}, CeilingDestBytes: dest}
-		if _, _, err := RunStore(context.Background(), c, io.Discard); err == nil || !strings.Contains(err.Error(), "read ceiling destination") {
-			t.Errorf("read ceiling destination %d: %v", dest, err)
+	for _, mem := range []int64{-1, maxCeilingMem + 1} {
+		c := StoreConfig{Model: "tiny", Tokens: 10, Dirs: []string{t.TempDir()}, Paths: []string{PathStoreCPU}, CeilingMemBytes: mem}
+		if _, _, err := RunStore(context.Background(), c, io.Discard); err == nil || !strings.Contains(err.Error(), "ceiling memory") {
+			t.Errorf("ceiling memory %d: %v", mem, err)
 		}
 	}
 }

@@ -54,19 +54,15 @@ func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, 
 	var ceil Ceilings
 	var c *storeCeilings
 	if !cfg.NoCeiling {
-		if cfg.CeilingDestBytes < 0 || cfg.CeilingDestBytes > maxCeilingDest {
-			return nil, Ceilings{}, fmt.Errorf("store bench: read ceiling destination %d bytes per directory: want 0..%d", cfg.CeilingDestBytes, maxCeilingDest)
+		if cfg.CeilingMemBytes < 0 || cfg.CeilingMemBytes > maxCeilingMem {
+			return nil, Ceilings{}, fmt.Errorf("store bench: ceiling memory %d bytes per directory: want 0..%d", cfg.CeilingMemBytes, maxCeilingMem)
 		}
-		if c, ceil, err = openStoreCeilings(ctx, cfg.Dirs, g, blocks, cfg.CeilingDestBytes); err != nil {
+		if c, ceil, err = openStoreCeilings(ctx, cfg.Dirs, g, blocks, cfg.CeilingMemBytes); err != nil {
 			return nil, ceil, err
 		}
 		defer c.remove()
-		dest := "one block per read in flight"
-		if cfg.CeilingDestBytes > 0 {
-			dest = fmt.Sprintf("%d MiB", cfg.CeilingDestBytes>>20)
-		}
-		fmt.Fprintf(log, "ceilings over %d dirs (%d MiB per dir, read into %s per dir): write %.2f GB/s, read %.2f GB/s\n",
-			len(cfg.Dirs), ceil.FileBytes>>20, dest, ceil.WriteBytesPS/1e9, ceil.ReadBytesPS/1e9)
+		fmt.Fprintf(log, "ceilings over %d dirs (%d MiB per dir, written from %d MiB and read into %d MiB per dir): write %.2f GB/s, read %.2f GB/s\n",
+			len(cfg.Dirs), ceil.FileBytes>>20, ceil.WriteMemBytes>>20, ceil.ReadMemBytes>>20, ceil.WriteBytesPS/1e9, ceil.ReadBytesPS/1e9)
 	}
 	var rounds [][]StoreRow
 	for k := 0; k < cfg.Rounds; k++ {
@@ -85,14 +81,14 @@ func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, 
 // directory's share of the prefix, where it fits beside the store), writes
 // them and takes the first sample of both ceilings; the caller removes the
 // files.
-func openStoreCeilings(ctx context.Context, dirs []string, g objmap.Geometry, blocks int, destBytes int64) (*storeCeilings, Ceilings, error) {
+func openStoreCeilings(ctx context.Context, dirs []string, g objmap.Geometry, blocks int, memBytes int64) (*storeCeilings, Ceilings, error) {
 	payload := int64(blocks) * g.ChunkBytes()
 	n := int64(len(dirs))
 	size, err := ceilingFileBytes(dirs, payload/n, (storeCapacity(g, blocks, len(dirs))+n-1)/n)
 	if err != nil {
 		return nil, Ceilings{}, err
 	}
-	c := newStoreCeilings(dirs, size, destBytes)
+	c := newStoreCeilings(dirs, size, memBytes)
 	ceil := Ceilings{FileBytes: size}
 	var w, r ceilingSample
 	if err = c.create(ctx); err == nil {
@@ -102,6 +98,7 @@ func openStoreCeilings(ctx context.Context, dirs []string, g objmap.Geometry, bl
 		r, err = c.sample(ctx, false)
 	}
 	ceil.WriteBytesPS, ceil.ReadBytesPS = w.BytesPS, r.BytesPS
+	ceil.WriteMemBytes, ceil.ReadMemBytes = w.MemBytes, r.MemBytes
 	if err != nil {
 		c.remove()
 		return nil, ceil, err
