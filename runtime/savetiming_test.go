@@ -53,7 +53,6 @@ func TestSaveTiming(t *testing.T) {
 			t.Fatalf("device %d wrote for %d ns, outside the writes phase %d-%d ns", dev, ns, tm.FirstWriteNs, tm.WritesNs)
 		}
 	}
-
 	if wrote == 0 {
 		t.Fatalf("no device has a write span: %+v", tm)
 	}

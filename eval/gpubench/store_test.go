@@ -52,7 +52,7 @@ func TestRunStoreCPU(t *testing.T) {
 		}
 	}
 	if !strings.Contains(log.String(), "written from 64 MiB and read into 64 MiB per dir") {
-		t.Errorf("the log does not say the read ceiling's destination:\n%s", log.String())
+		t.Errorf("the log does not say the memory the ceilings used:\n%s", log.String())
 	}
 	if n := strings.Count(log.String(), "round 2/2 store-cpu"); n != 4 {
 		t.Errorf("%d round 2 rows logged, want 4:\n%s", n, log.String())
