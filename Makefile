@@ -9,7 +9,10 @@ KBUILD    := kernels/build
 # Debian's python3 sees python3-torch (installed by test-deps): the torch tests run on real tensors.
 PY        ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
 STATICCHECK_VERSION := v0.8.2
-STATICCHECK := $(shell $(GO) env GOPATH)/bin/staticcheck
+# Where `go install` puts staticcheck: GOBIN when set, else the first GOPATH
+# entry's bin; test-deps installs it into exactly this directory.
+GOBIN_DIR   := $(or $(shell $(GO) env GOBIN),$(firstword $(subst :, ,$(shell $(GO) env GOPATH)))/bin)
+STATICCHECK := $(GOBIN_DIR)/staticcheck
 
 .PHONY: all build test test-deps test-go vet lint bench kernels gpu-bins device-test python-test clean
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What `make test` needs on a fresh machine (Go, gcc and python3 given), installed
 # once; a no-op where it is all there. Called by `make test-deps`.
-#   - staticcheck at its pinned version in GOPATH/bin (go install);
+#   - staticcheck at its pinned version at $STATICCHECK (go install into its directory,
+#     so the Makefile runs what was installed whether or not GOBIN is set);
 #   - tracefs mounted for eBPF block tracing (as root, where it is not);
 #   - /dev/fuse and /dev/loop-control for the EIO fault tests (internal/faultfs,
 #     runtime TestEIO*): modprobe where the node is missing;
@@ -17,7 +18,7 @@ STATICCHECK_VERSION=${STATICCHECK_VERSION:?}
 GO=${GO:-go}
 if [ ! -x "$STATICCHECK" ]; then
 	echo "test-deps: installing staticcheck $STATICCHECK_VERSION"
-	"$GO" install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+	GOBIN=$(dirname "$STATICCHECK") "$GO" install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
 fi
 [ "$(id -u)" = 0 ] || exit 0
 if [ -d /sys/kernel/tracing ] && [ ! -e /sys/kernel/tracing/events ]; then
