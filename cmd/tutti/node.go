@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -36,6 +37,7 @@ func init() {
 // Limits of tutti node's input.
 const (
 	nodeMaxLineBytes = 1 << 20
+	nodeMaxPages     = 1 << 20
 	nodeChainSeed    = 0 // prefix.ChainFromTokens seed: the router derives the same ids
 )
 
@@ -47,7 +49,7 @@ type kvFlags struct {
 }
 
 func (k *kvFlags) add(fs *flag.FlagSet) {
-	fs.StringVar(&k.events, "kv-events", "", "publish what the store serves as vLLM KV events: tcp://HOST:PORT[?replay=tcp://HOST:PORT&topic=kv@POD@MODEL] (docs/routers.md)")
+	fs.StringVar(&k.events, "kv-events", "", "publish what the store serves as vLLM KV events: tcp://HOST:PORT[?replay=tcp://HOST:PORT&topic=kv@POD@MODEL], HOST the node's routable address (bound and advertised; a wildcard is refused; docs/routers.md)")
 	fs.StringVar(&k.etcd, "etcd", "", "register the node at /tutti/nodes/<id> in etcd (comma-separated endpoints) under a lease kept alive while it runs; needs --kv-events")
 	fs.StringVar(&k.id, "node-id", "", "the node's id in etcd (default: the host name)")
 	fs.DurationVar(&k.ttl, "etcd-ttl", membership.DefaultTTL, "the registration's lease TTL: a killed node's key is gone within it plus etcd's slack")
@@ -65,10 +67,33 @@ func (k *kvFlags) config() (*kvevents.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kv-events: %w", err)
 	}
+	for _, ep := range []string{c.Endpoint, c.ReplayEndpoint} {
+		if err := advertisable(ep); err != nil {
+			return nil, fmt.Errorf("--kv-events: %w", err)
+		}
+	}
 	if c.Epoch == 0 {
 		c.Epoch = uint64(time.Now().UnixNano())
 	}
 	return &c, nil
+}
+
+// advertisable refuses an endpoint that binds every address: an endpoint is
+// both where the node binds and what it advertises (the ready line, the etcd
+// record), and a router cannot connect to a wildcard. "" (no replay
+// endpoint) passes.
+func advertisable(ep string) error {
+	if ep == "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+	if err != nil {
+		return fmt.Errorf("endpoint %q: %v", ep, err)
+	}
+	if ip := net.ParseIP(host); host == "" || host == "*" || ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("endpoint %q binds every address, and the endpoint is what the node advertises: give the node's routable address (docs/routers.md)", ep)
+	}
+	return nil
 }
 
 // register puts the node's record in etcd; nil, nil without --etcd.
@@ -122,7 +147,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	dir := fs.String("dir", "", "store directories (comma-separated); kept: a restarted node recovers them")
 	modelName := fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
 	capBlocks := fs.Int("capacity-blocks", 1024, "store capacity in chain blocks")
-	pages := fs.Int("pages", 256, "engine KV pages (host memory); a request may use all of them")
+	pages := fs.Int("pages", 256, "engine KV pages (host memory), at least one chain block of the model; a request may use all of them")
 	var kf kvFlags
 	kf.add(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -140,10 +165,16 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usageErr(fs.Usage, err)
 	}
-	if *capBlocks < 1 || *pages < 1 || *pages > 1<<20 {
-		return usageErr(fs.Usage, errors.New("--capacity-blocks and --pages must be >= 1 (pages at most 2^20)"))
-	}
 	g := prof.Shape
+	if *capBlocks < 1 {
+		return usageErr(fs.Usage, fmt.Errorf("--capacity-blocks %d: want >= 1", *capBlocks))
+	}
+	// A request holds whole chain blocks: fewer pages than one block would
+	// fail every save and load.
+	if *pages < g.ChunkPages || *pages > nodeMaxPages {
+		return usageErr(fs.Usage, fmt.Errorf("--pages %d: want %d..%d (one chain block of model %s is %d pages)",
+			*pages, g.ChunkPages, nodeMaxPages, prof.Name, g.ChunkPages))
+	}
 	cfg := runtime.Config{Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(g, *capBlocks), Geometry: g,
 		Layout: objmap.LayoutPerLayer, NumPages: *pages, KVEvents: ev}
 	s, err := runtime.Open(cfg)
@@ -177,13 +208,20 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	n := &node{s: s, kv: kv, g: g}
-	lines := make(chan string)
+	lines := make(chan nodeLine)
+	readErr := make(chan error, 1)
 	go func() {
 		defer close(lines)
-		sc := bufio.NewScanner(os.Stdin)
-		sc.Buffer(make([]byte, 64<<10), nodeMaxLineBytes)
-		for sc.Scan() {
-			lines <- sc.Text()
+		br := bufio.NewReaderSize(os.Stdin, 64<<10)
+		for {
+			l, err := readNodeLine(br, nodeMaxLineBytes)
+			if err != nil {
+				if !errors.Is(err, io.EOF) {
+					readErr <- fmt.Errorf("reading stdin: %w", err)
+				}
+				return
+			}
+			lines <- l
 		}
 	}()
 	sig := make(chan os.Signal, 1)
@@ -193,17 +231,68 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		select {
 		case <-sig:
 			return nil
-		case line, ok := <-lines:
+		case l, ok := <-lines:
 			if !ok {
-				return nil
+				select {
+				case err := <-readErr:
+					return err
+				default:
+					return nil
+				}
 			}
-			if strings.TrimSpace(line) == "" {
+			var r nodeReply
+			switch {
+			case l.over > 0:
+				r.Error = fmt.Sprintf("line of %d bytes, longer than the %d-byte limit: skipped", l.over, nodeMaxLineBytes)
+			case strings.TrimSpace(l.text) == "":
 				continue
+			default:
+				r = n.do(l.text)
 			}
-			if err := out.Encode(n.do(line)); err != nil {
+			if err := out.Encode(r); err != nil {
 				return err
 			}
 		}
+	}
+}
+
+// nodeLine is one line of stdin: its text, or (over > 0) the length of a
+// line past the limit, which was read to its end and dropped.
+type nodeLine struct {
+	text string
+	over int64
+}
+
+// readNodeLine reads the next line of br (its newline, or the end of the
+// input, ends it). A line longer than limit bytes is consumed in full but not
+// kept, so the lines after it are read as lines and memory stays bounded.
+// It returns io.EOF only when no byte is left.
+func readNodeLine(br *bufio.Reader, limit int) (nodeLine, error) {
+	var buf []byte
+	var n int64
+	for {
+		frag, err := br.ReadSlice('\n')
+		n += int64(len(frag))
+		if n <= int64(limit)+1 { // +1: the newline
+			buf = append(buf, frag...)
+		} else {
+			buf = nil
+		}
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case errors.Is(err, io.EOF) && n == 0:
+			return nodeLine{}, io.EOF
+		case err != nil && !errors.Is(err, io.EOF):
+			return nodeLine{}, err
+		}
+		if len(frag) > 0 && frag[len(frag)-1] == '\n' {
+			n--
+		}
+		if n > int64(limit) {
+			return nodeLine{over: n}, nil
+		}
+		return nodeLine{text: strings.TrimSuffix(string(buf), "\n")}, nil
 	}
 }
 
