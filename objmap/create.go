@@ -158,6 +158,9 @@ func writeZeros(path string, sizeBytes int64, buffered bool) error {
 
 func (m *Map) adoptManifests(mans []*manifest) error {
 	first := mans[0]
+	if first.Dirs > len(mans) {
+		return fmt.Errorf("%w: store %s spans %d directories, %d given: %d missing from the list", ErrMissingDir, first.StoreID, first.Dirs, len(mans), first.Dirs-len(mans))
+	}
 	if first.Dirs != len(mans) {
 		return fmt.Errorf("%w: store %s spans %d directories, %d given", ErrCorruptStore, first.StoreID, first.Dirs, len(mans))
 	}
@@ -177,8 +180,8 @@ func (m *Map) adoptManifests(mans []*manifest) error {
 		return fmt.Errorf("%w: store %s has %v, asked for %v", ErrGeometryMismatch, m.dirs[0], first.Geometry, m.opts.Geometry)
 	}
 	if m.opts.CapacityBytes != 0 && m.opts.CapacityBytes != first.CapacityBytes {
-		return fmt.Errorf("objmap: open: store %s was created with CapacityBytes %d, asked for %d (resizing is not supported)",
-			m.dirs[0], first.CapacityBytes, m.opts.CapacityBytes)
+		return fmt.Errorf("%w: store %s was created with CapacityBytes %d, asked for %d (resizing is not supported)",
+			ErrSettingsMismatch, m.dirs[0], first.CapacityBytes, m.opts.CapacityBytes)
 	}
 	m.g = first.Geometry
 	m.fileSize = first.FileBytes

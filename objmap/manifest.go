@@ -38,6 +38,13 @@ var (
 	ErrReadOnly         = errors.New("objmap: store opened read-only")
 	ErrClosed           = errors.New("objmap: store closed")
 	ErrUnknownRun       = errors.New("objmap: unknown run")
+	// ErrMissingDir: a directory of the store is not there: a listed one
+	// does not exist or holds no part of a store the others hold, or the
+	// store spans more directories than were listed.
+	ErrMissingDir = errors.New("objmap: store directory missing")
+	// ErrSettingsMismatch: the store was created with settings other than
+	// those asked for on reopen (its capacity); the error names both.
+	ErrSettingsMismatch = errors.New("objmap: settings differ from the store's")
 )
 
 // manifest describes the store; every directory has one naming its index.

@@ -1,10 +1,13 @@
 package objmap
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/tutti-io/tutti/uring"
@@ -41,6 +44,10 @@ type Options struct {
 	// index rebuilt from run headers in memory only, and
 	// Allocate/Commit/Free fail with ErrReadOnly.
 	ReadOnly bool
+	// MustExist opens only a store that exists (fsck --repair): nothing
+	// is created, a listed directory that does not exist is ErrMissingDir
+	// and directories without a store are ErrNoStore. ReadOnly implies it.
+	MustExist bool
 	// SegmentBytes bounds a journal segment: past it, a checkpoint is
 	// written and a new segment started (default 64 MiB, minimum 512 bytes).
 	SegmentBytes int64
@@ -174,19 +181,27 @@ func Open(opts Options) (*Map, error) {
 			m.undoOpen(created, madeDirs)
 		}
 	}()
+	existing := opts.ReadOnly || opts.MustExist
+	made := map[string]bool{} // directories of opts.Dirs this Open created
 	for _, d := range opts.Dirs {
 		var l *DirLock
-		if opts.ReadOnly {
-			if _, err := os.Stat(d); err != nil {
-				return nil, fmt.Errorf("%w: %s: %v", ErrNoStore, d, err)
+		if existing {
+			if _, err := os.Stat(d); errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("%w: %s does not exist", ErrMissingDir, d)
+			} else if err != nil {
+				return nil, fmt.Errorf("objmap: open: %w", err)
 			}
-			l, err = LockDirShared(d)
 		} else {
-			made, merr := mkdirAllList(d)
-			madeDirs = append(madeDirs, made...)
+			dm, merr := mkdirAllList(d)
+			madeDirs = append(madeDirs, dm...)
 			if merr != nil {
 				return nil, fmt.Errorf("objmap: open: creating %s: %w", d, merr)
 			}
+			made[d] = len(dm) > 0
+		}
+		if opts.ReadOnly {
+			l, err = LockDirShared(d)
+		} else {
 			l, err = LockDir(d)
 		}
 		if err != nil {
@@ -207,16 +222,21 @@ func Open(opts Options) (*Map, error) {
 		}
 	}
 	switch {
-	case have == 0 && opts.ReadOnly:
-		return nil, fmt.Errorf("%w: %s has no %s", ErrNoStore, opts.Dirs[0], manifestName)
+	case have == 0 && existing:
+		return nil, fmt.Errorf("%w: no %s in %s", ErrNoStore, manifestName, strings.Join(opts.Dirs, ", "))
 	case have == 0:
 		created = true
 		mans, err = createStore(opts)
 	case have < len(mans):
 		for i, man := range mans {
+			if man == nil && made[opts.Dirs[i]] {
+				return nil, fmt.Errorf("%w: %s does not exist while %d other directories listed hold the store", ErrMissingDir, opts.Dirs[i], have)
+			}
+		}
+		for i, man := range mans {
 			if man == nil {
-				return nil, fmt.Errorf("%w: %s has no %s while %d other directories do (interrupted creation, or a directory missing from the list?)",
-					ErrCorruptStore, opts.Dirs[i], manifestName, have)
+				return nil, fmt.Errorf("%w: %s has no %s while %d other directories listed do: the store's directory there is missing (not mounted?), the directory is not one of the store's, or the store's creation was interrupted",
+					ErrMissingDir, opts.Dirs[i], manifestName, have)
 			}
 		}
 	}

@@ -265,23 +265,13 @@ func TestStoreOpenErrors(t *testing.T) {
 	}
 	o = testOpts(t, dir)
 	o.CapacityBytes = 2 << 20
-	if _, err := Open(o); err == nil || !strings.Contains(err.Error(), "CapacityBytes") {
+	if _, err := Open(o); !errors.Is(err, ErrSettingsMismatch) || !strings.Contains(err.Error(), "CapacityBytes") {
 		t.Fatalf("other capacity: %v", err)
-	}
-	if _, err := Open(Options{Dirs: []string{filepath.Join(t.TempDir(), "none")}, ReadOnly: true}); !errors.Is(err, ErrNoStore) {
-		t.Fatalf("fsck of nothing: %v", err)
 	}
 	o = testOpts(t)
 	o.Geometry.Planes = 3
 	if _, err := Open(o); !errors.Is(err, ErrGeometry) {
 		t.Fatalf("bad geometry: %v", err)
-	}
-	// One directory of a two-directory store is missing from the list.
-	d2 := []string{filepath.Join(t.TempDir(), "x"), filepath.Join(t.TempDir(), "y")}
-	m = mustOpen(t, testOpts(t, d2...))
-	m.Close()
-	if _, err := Open(Options{Dirs: d2[:1]}); !errors.Is(err, ErrCorruptStore) {
-		t.Fatalf("partial dir list: %v", err)
 	}
 }
 
