@@ -14,12 +14,6 @@ func init() {
 	register("fsck", "check a store (read-only): manifest, journal, run headers and payload CRCs; --repair fixes what it can", runFsck)
 }
 
-// dirList is a repeatable --dir flag.
-type dirList []string
-
-func (d *dirList) String() string     { return strings.Join(*d, ",") }
-func (d *dirList) Set(v string) error { *d = append(*d, v); return nil }
-
 // fsckResult is what --json prints: the recovery report with payloads
 // checked (objects, recovered, dropped, corrupt and their reasons).
 type fsckResult struct {
@@ -32,7 +26,23 @@ type fsckResult struct {
 	Repaired     bool   `json:"repaired,omitempty"`
 	FreedCorrupt int    `json:"freed_corrupt,omitempty"`
 	Error        string `json:"error,omitempty"`
+	// Verdict is one of the fsckVerdict* values.
+	Verdict string `json:"verdict"`
 }
+
+// fsck's verdicts and their exit statuses: the store is clean (0), had
+// problems (1: found, or found and repaired), its metadata is corrupt (1),
+// the directories hold no store (2), or a directory of the store is missing
+// (3). Only the first three checked a store.
+const (
+	fsckClean       = "clean"
+	fsckProblems    = "problems"
+	fsckCorrupt     = "corrupt"
+	fsckNoStore     = "no store"
+	fsckMissing     = "missing directory"
+	fsckExitNoStore = 2
+	fsckExitMissing = 3
+)
 
 // runFsck checks a store. By default it opens it read-only: a shared lock
 // on LOCK (it refuses a store a writer has open, naming its pid, and works
@@ -41,31 +51,42 @@ type fsckResult struct {
 // every served run in full and verifies each chunk and object CRC32C.
 // --repair opens it for writing instead (the exclusive lock), which makes
 // recovery's repairs durable, and frees the runs whose payload is corrupt.
-// Exit status 1 when anything is wrong (with --repair: was wrong; a second
-// fsck then exits 0), or when the store cannot be opened at all.
+// Neither mode creates anything: a directory that does not exist is named
+// as missing, and directories without a store are not a store (no repair
+// makes one). Exit status 1 when anything is wrong (with --repair: was
+// wrong; a second fsck then exits 0) or the store cannot be opened (locked,
+// unreadable); 2 and 3 as fsckExitNoStore and fsckExitMissing say.
 func runFsck(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("fsck", stderr)
-	var dirs dirList
-	fs.Var(&dirs, "dir", "store directory (repeat for a store striped over several)")
+	var dirs dirsFlag
+	fs.Var(&dirs, "dir", "store directory, or several comma-separated or repeated (a store striped over several)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	buffered := fs.Bool("buffered", false, "open pool files without O_DIRECT (file systems that refuse it)")
 	repair := fs.Bool("repair", false, "open the store for writing and repair it: rewrite a damaged journal from the run headers, truncate a torn tail, free dropped and corrupt runs")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if len(dirs) == 0 || fs.NArg() > 0 {
+	if len(dirs.dirs) == 0 || fs.NArg() > 0 {
 		fs.Usage()
-		return fmt.Errorf("need --dir D [--dir D2 ...] and no other arguments")
+		return fmt.Errorf("need --dir D[,D2...] (or --dir repeated) and no other arguments")
 	}
-	res := fsckResult{Dirs: dirs, Repaired: *repair}
-	m, err := objmap.Open(objmap.Options{Dirs: dirs, ReadOnly: !*repair, Buffered: *buffered})
+	res := fsckResult{Dirs: dirs.dirs}
+	m, err := objmap.Open(objmap.Options{Dirs: dirs.dirs, ReadOnly: !*repair, MustExist: true, Buffered: *buffered})
 	if err != nil {
-		if !errors.Is(err, objmap.ErrCorruptStore) {
-			return err // not a store, locked, unreadable: say so, exit 1
+		switch {
+		case errors.Is(err, objmap.ErrMissingDir):
+			res.Verdict = fsckMissing
+		case errors.Is(err, objmap.ErrNoStore):
+			res.Verdict = fsckNoStore
+		case errors.Is(err, objmap.ErrCorruptStore):
+			res.Verdict = fsckCorrupt
+		default:
+			return err // locked, unreadable: say so, exit 1
 		}
 		res.Error = err.Error()
 		return printFsck(stdout, *asJSON, &res)
 	}
+	res.Repaired = *repair
 	g := m.Geometry()
 	res.Geometry = &g
 	res.RecoveryReport, err = m.Check()
@@ -87,10 +108,18 @@ func runFsck(args []string, stdout, stderr io.Writer) error {
 	return printFsck(stdout, *asJSON, &res)
 }
 
-// printFsck prints the verdict and returns exit status 1 unless the store
-// is clean.
+// printFsck prints the verdict and returns its exit status unless the
+// store is clean. A store that could not be opened was not repaired,
+// whatever --repair asked.
 func printFsck(w io.Writer, asJSON bool, res *fsckResult) error {
 	clean := res.Error == "" && res.Clean()
+	switch {
+	case res.Verdict != "":
+	case clean:
+		res.Verdict = fsckClean
+	default:
+		res.Verdict = fsckProblems
+	}
 	if asJSON {
 		b, err := json.MarshalIndent(res, "", "  ")
 		if err != nil {
@@ -102,23 +131,32 @@ func printFsck(w io.Writer, asJSON bool, res *fsckResult) error {
 		if res.Geometry != nil {
 			fmt.Fprintf(w, "geometry %v\n", *res.Geometry)
 		}
-		switch {
-		case res.Error != "":
-			fmt.Fprintf(w, "corrupt: %s\n", res.Error)
-		default:
+		switch res.Verdict {
+		case fsckClean:
 			fmt.Fprintln(w, res.RecoveryReport.String())
-		}
-		switch {
-		case clean:
 			fmt.Fprintln(w, "clean")
-		case res.Repaired:
-			fmt.Fprintf(w, "problems found and repaired (%d corrupt runs freed); run fsck again to confirm\n", res.FreedCorrupt)
-		case res.Error == "":
-			fmt.Fprintln(w, "problems found; nothing was changed (fsck --repair, or the next writable open, repairs what it can)")
+		case fsckProblems:
+			fmt.Fprintln(w, res.RecoveryReport.String())
+			if res.Repaired {
+				fmt.Fprintf(w, "problems found and repaired (%d corrupt runs freed); run fsck again to confirm\n", res.FreedCorrupt)
+			} else {
+				fmt.Fprintln(w, "problems found; nothing was changed (fsck --repair, or the next writable open, repairs what it can)")
+			}
+		case fsckCorrupt:
+			fmt.Fprintf(w, "corrupt: %s\nnothing was changed\n", res.Error)
+		case fsckNoStore:
+			fmt.Fprintf(w, "no store here: %s\nnothing was changed (fsck never creates a store)\n", res.Error)
+		case fsckMissing:
+			fmt.Fprintf(w, "missing: %s\nnothing was changed (fsck checks and repairs only a store whose directories are all there)\n", res.Error)
 		}
 	}
-	if !clean {
-		return exitError{code: 1}
+	switch res.Verdict {
+	case fsckClean:
+		return nil
+	case fsckNoStore:
+		return exitError{code: fsckExitNoStore}
+	case fsckMissing:
+		return exitError{code: fsckExitMissing}
 	}
-	return nil
+	return exitError{code: 1}
 }

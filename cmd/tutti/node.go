@@ -144,7 +144,8 @@ type nodeReply struct {
 
 func runNode(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("node", stderr)
-	dir := fs.String("dir", "", "store directories (comma-separated); kept: a restarted node recovers them")
+	var dirs dirsFlag
+	fs.Var(&dirs, "dir", "store directory, or several comma-separated or repeated; kept: a restarted node recovers them")
 	modelName := fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
 	capBlocks := fs.Int("capacity-blocks", 1024, "store capacity in chain blocks")
 	pages := fs.Int("pages", 256, "engine KV pages (host memory), at least one chain block of the model; a request may use all of them")
@@ -153,9 +154,8 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	dirs, err := parseDirs(*dir)
-	if err != nil || len(dirs) == 0 {
-		return usageErr(fs.Usage, fmt.Errorf("--dir: %v", errOr(err, "required")))
+	if len(dirs.dirs) == 0 {
+		return usageErr(fs.Usage, errors.New("--dir: required"))
 	}
 	prof, err := model.Lookup(*modelName)
 	if err != nil {
@@ -175,7 +175,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		return usageErr(fs.Usage, fmt.Errorf("--pages %d: want %d..%d (one chain block of model %s is %d pages)",
 			*pages, g.ChunkPages, nodeMaxPages, prof.Name, g.ChunkPages))
 	}
-	cfg := runtime.Config{Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(g, *capBlocks), Geometry: g,
+	cfg := runtime.Config{Dirs: dirs.dirs, CapacityBytes: runtime.CapacityForBlocks(g, *capBlocks), Geometry: g,
 		Layout: objmap.LayoutPerLayer, NumPages: *pages, KVEvents: ev}
 	s, err := runtime.Open(cfg)
 	if err != nil {
@@ -294,13 +294,6 @@ func readNodeLine(br *bufio.Reader, limit int) (nodeLine, error) {
 		}
 		return nodeLine{text: strings.TrimSuffix(string(buf), "\n")}, nil
 	}
-}
-
-func errOr(err error, s string) string {
-	if err != nil {
-		return err.Error()
-	}
-	return s
 }
 
 // node runs one request at a time; its pages are [0, blocks*ChunkPages).

@@ -33,12 +33,13 @@ const defaultWindowRequests = 100
 // replayFlags are replay's flags, parsed into by its FlagSet.
 type replayFlags struct {
 	fs                                                                                         *flag.FlagSet
-	tracePath, dir, storageLabel, backends, modelName, out, capBytes, computeMode, kvMem       *string
+	tracePath, storageLabel, backends, modelName, out, capBytes, computeMode, kvMem            *string
 	requests, blockTokens, capBlocks, qd, gpus, saveBoundMs, gpuWindow, gpuMaxIO, gpuLookahead *int
 	prefillEvery                                                                               *int
 	fromMs, toMs, timeScale, sloMs, gpuTFLOPs, warmMs                                          *float64
 	jsonOut, skipBad, noEBPF, noCeiling, keep, planner, aloneCheck                             *bool
 	wl                                                                                         *workloadFlags
+	dir                                                                                        *dirsFlag
 	kf                                                                                         kvFlags
 }
 
@@ -47,7 +48,8 @@ func newReplayFlags(stderr io.Writer) *replayFlags {
 	f := &replayFlags{fs: newFlagSet("replay", stderr)}
 	fs := f.fs
 	f.tracePath = fs.String("trace", "", "Mooncake-format JSONL trace (default: the embedded 200-request window)")
-	f.dir = fs.String("dir", "", "store directory, or several comma-separated (one file system each, e.g. one per device) that every backend stripes over; each backend uses D/<backend> in each (default: a temporary directory, removed afterwards)")
+	f.dir = &dirsFlag{}
+	fs.Var(f.dir, "dir", "store directory, or several comma-separated (one file system each, e.g. one per device) that every backend stripes over; each backend uses D/<backend> in each (default: a temporary directory, removed afterwards)")
 	f.storageLabel = fs.String("storage-label", "", "what the storage under --dir is, for the report and every JSON row (e.g. \"emulated storage (4 RAM-backed loop devices, ext4)\")")
 	f.backends = fs.String("backends", "", "comma-separated backends: "+strings.Join(harness.BackendNames, ",")+" (or, named only: "+strings.Join(harness.ExtraBackendNames, ",")+")"+
 		" (default: every backend this machine can run)")
@@ -243,10 +245,7 @@ func (f *replayFlags) check() (prof model.Profile, storeDirs []string, err error
 	if *f.qd < 1 || *f.qd > 4096 {
 		return prof, nil, usageErr(fs.Usage, errors.New("--qd must be in 1..4096"))
 	}
-	storeDirs, err = parseDirs(*f.dir)
-	if err != nil {
-		return prof, nil, usageErr(fs.Usage, err)
-	}
+	storeDirs = f.dir.dirs
 	if *f.warmMs < 0 || math.IsNaN(*f.warmMs) || math.IsInf(*f.warmMs, 0) {
 		return prof, nil, usageErr(fs.Usage, fmt.Errorf("--warm-ms %v: want a duration ≥ 0", *f.warmMs))
 	}

@@ -5,44 +5,9 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 )
-
-func TestParseDirs(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want []string
-		err  []string // each must appear in the error
-	}{
-		{in: "", want: nil},
-		{in: "/a", want: []string{"/a"}},
-		{in: "/m0,/m1,/m2,/m3", want: []string{"/m0", "/m1", "/m2", "/m3"}},
-		{in: " /a/ , b/../c ", want: []string{"/a", "c"}},
-		{in: "/a,,/b", err: []string{"entry 2 is empty"}},
-		{in: "/a,", err: []string{"entry 2 is empty"}},
-		{in: ",/a", err: []string{"entry 1 is empty"}},
-		{in: "/a,/b,/a/", err: []string{`entry 3 ("/a/") is entry 1 again`}},
-		{in: ",/a,/a", err: []string{"entry 1 is empty", `entry 3 ("/a") is entry 2 again`}},
-	} {
-		got, err := parseDirs(tc.in)
-		if len(tc.err) > 0 {
-			if err == nil {
-				t.Fatalf("%q: no error, got %q", tc.in, got)
-			}
-			for _, e := range tc.err {
-				if !strings.Contains(err.Error(), e) {
-					t.Fatalf("%q: error %q does not say %q", tc.in, err, e)
-				}
-			}
-			continue
-		}
-		if err != nil || !reflect.DeepEqual(got, tc.want) {
-			t.Fatalf("%q: got %q, %v; want %q", tc.in, got, err, tc.want)
-		}
-	}
-}
 
 // TestReplayStripedDirs: replay --dir a,b,c runs every CPU backend over the
 // three dirs (each backend's files in all of them), verifies, and puts the
