@@ -12,7 +12,7 @@ engine-driven connector (method names of vLLM's, not a vLLM connector).
 from ._lib import (  # noqa: F401
     ABI_MAJOR, ABI_MINOR_NEEDED, TuttiError, InvalidArgument, BadHandle, VersionMismatch,
     GeometryMismatch, OutOfRange, NotRegistered, BufferTooSmall, NoGPU, NotSupported, Locked,
-    Closed, NoSpace, StoreIOError, Corrupt, Busy, Internal, load_library, last_error,
+    Closed, NoSpace, StoreIOError, Corrupt, Busy, Internal, SettingsMismatch, load_library, last_error,
 )
 from .tensor import (  # noqa: F401
     RawTensor, TensorMismatch, DTypeMismatch, ShapeMismatch, StrideMismatch, AlignmentError,

@@ -16,12 +16,15 @@ import ctypes.util
 import os
 import threading
 
+from . import _args
+
 # The ABI this binding was written for. A library of another major is refused
 # at load; a lower minor than ABI_MINOR_NEEDED too.
 ABI_MAJOR = 1
 # 1.2: tp_rank/tp_size, tutti_load_with (skip, TUTTI_LOAD_PROMISED), tutti_match/tutti_hold_release;
-# 1.3: save_writes_per_device (a 1.2 library would not see it: refused, not ignored).
-ABI_MINOR_NEEDED = 3
+# 1.3: save_writes_per_device (a 1.2 library would not see it: refused, not ignored);
+# 1.4: TUTTI_ERR_SETTINGS_MISMATCH (a 1.3 library reports a reopen with other settings as Internal).
+ABI_MINOR_NEEDED = 4
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
@@ -138,6 +141,7 @@ _STATUS_NAMES = {
     14: "TUTTI_ERR_CORRUPT",
     15: "TUTTI_ERR_BUSY",
     16: "TUTTI_ERR_INTERNAL",
+    17: "TUTTI_ERR_SETTINGS_MISMATCH",
 }
 
 InvalidArgument = _err("InvalidArgument", 1, ValueError, doc="NULL, zero or oversize argument, bad enum.")
@@ -156,10 +160,14 @@ StoreIOError = _err("StoreIOError", 13, OSError, doc="A read, write or sync fail
 Corrupt = _err("Corrupt", 14, doc="Stored data failed a checksum or header check.")
 Busy = _err("Busy", 15, doc="Too many loads in flight.")
 Internal = _err("Internal", 16, doc="A bug in the library.")
+SettingsMismatch = _err("SettingsMismatch", 17, ValueError,
+                        doc="The directories hold a store created with other settings (its capacity), or not all of "
+                            "its directories were given; the message names what differs.")
 
 ERRORS = {c.code: c for c in (
     InvalidArgument, BadHandle, VersionMismatch, GeometryMismatch, OutOfRange, NotRegistered,
     BufferTooSmall, NoGPU, NotSupported, Locked, Closed, NoSpace, StoreIOError, Corrupt, Busy, Internal,
+    SettingsMismatch,
 )}
 
 
@@ -229,6 +237,8 @@ def load_library(path=None):
     with _lock:
         if _lib is not None and path is None:
             return _lib
+        if path is not None:
+            path = os.fsdecode(_args.path("path", path))
         errors = []
         for cand in ([path] if path else _candidates()):
             try:
@@ -245,6 +255,7 @@ def load_library(path=None):
 
 
 def check_version(packed, where="libtutti"):
+    packed = _args.uint32("packed", packed)
     major, minor = packed >> 16, packed & 0xFFFF
     if major != ABI_MAJOR or minor < ABI_MINOR_NEEDED:
         raise VersionMismatch(

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+
+	"github.com/tutti-io/tutti/objmap"
 )
 
 func TestHandleTable(t *testing.T) {
@@ -67,6 +69,8 @@ func TestClassify(t *testing.T) {
 		{base, errOutOfRange},
 		{fmt.Errorf("tutti_load: %w", base), errOutOfRange},
 		{errors.New("something new"), errInternal},
+		{fmt.Errorf("runtime: open: %w", fmt.Errorf("%w: capacity", objmap.ErrSettingsMismatch)), errSettings},
+		{fmt.Errorf("runtime: open: %w", objmap.ErrMissingDir), errSettings},
 	} {
 		if got := classify(c.err); got != c.want {
 			t.Errorf("classify(%v) = %v, want %v", c.err, got, c.want)

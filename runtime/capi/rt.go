@@ -19,6 +19,8 @@ var sentinelStatus = []struct {
 }{
 	{objmap.ErrLocked, errLocked},
 	{objmap.ErrGeometryMismatch, errGeometry},
+	{objmap.ErrSettingsMismatch, errSettings},
+	{objmap.ErrMissingDir, errSettings},
 	{objmap.ErrNoSpace, errNoSpace},
 	{objmap.ErrCorruptStore, errCorrupt},
 	{objmap.ErrBadHeader, errCorrupt},

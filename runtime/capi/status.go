@@ -27,7 +27,8 @@ const (
 	errCorrupt         status = 14
 	errBusy            status = 15
 	errInternal        status = 16
-	statusCount               = 17 // one past the last code
+	errSettings        status = 17 // ABI 1.4
+	statusCount               = 18 // one past the last code
 )
 
 var statusNames = [statusCount]string{
@@ -35,7 +36,7 @@ var statusNames = [statusCount]string{
 	"TUTTI_ERR_GEOMETRY", "TUTTI_ERR_OUT_OF_RANGE", "TUTTI_ERR_NOT_REGISTERED",
 	"TUTTI_ERR_BUFFER_TOO_SMALL", "TUTTI_ERR_NO_GPU", "TUTTI_ERR_NOT_SUPPORTED",
 	"TUTTI_ERR_LOCKED", "TUTTI_ERR_CLOSED", "TUTTI_ERR_NO_SPACE", "TUTTI_ERR_IO",
-	"TUTTI_ERR_CORRUPT", "TUTTI_ERR_BUSY", "TUTTI_ERR_INTERNAL",
+	"TUTTI_ERR_CORRUPT", "TUTTI_ERR_BUSY", "TUTTI_ERR_INTERNAL", "TUTTI_ERR_SETTINGS_MISMATCH",
 }
 
 func (s status) String() string {

@@ -47,7 +47,7 @@ extern "C" {
  * and minor >= the minor it needs. tutti_abi_version() returns
  * (major << 16) | minor. */
 #define TUTTI_ABI_MAJOR 1
-#define TUTTI_ABI_MINOR 3
+#define TUTTI_ABI_MINOR 4
 
 typedef enum tutti_status {
 	TUTTI_OK = 0,
@@ -66,7 +66,11 @@ typedef enum tutti_status {
 	TUTTI_ERR_IO = 13,              /* a read, write or sync failed (message names it) */
 	TUTTI_ERR_CORRUPT = 14,         /* stored data failed a checksum or header check */
 	TUTTI_ERR_BUSY = 15,            /* too many loads in flight; release some and retry */
-	TUTTI_ERR_INTERNAL = 16         /* a bug in the library; the message says where */
+	TUTTI_ERR_INTERNAL = 16,        /* a bug in the library; the message says where */
+	/* ABI 1.4 (TUTTI_ERR_INTERNAL before): tutti_open found a store created with other
+	 * settings (its capacity), or not all of its directories (one does not exist or holds
+	 * no part of it, or it spans more than were given); the message names what differs */
+	TUTTI_ERR_SETTINGS_MISMATCH = 17
 } tutti_status;
 
 typedef enum tutti_path {

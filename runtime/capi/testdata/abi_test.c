@@ -150,6 +150,14 @@ int main(int argc, char **argv) {
 	CHECK(tutti_close(store) == TUTTI_OK);
 	cfg.save_writes_per_device = 0;
 
+	// ABI 1.4: a reopen with another capacity is a settings mismatch, and
+	// the message names the setting.
+	cfg.capacity_bytes = 32 << 20;
+	char mismatch[512];
+	CHECK(tutti_open(&cfg, &store) == TUTTI_ERR_SETTINGS_MISMATCH && tutti_last_error(mismatch, sizeof mismatch) > 0 &&
+	      strstr(mismatch, "CapacityBytes") != NULL);
+	cfg.capacity_bytes = 64 << 20;
+
 	// The GPU reads sized to the directory's disk at open, said as text.
 	cfg.gpu_flags = TUTTI_GPU_READS_FROM_DEVICES | 4;
 	CHECK(tutti_open(&cfg, &store) == TUTTI_ERR_INVALID_ARGUMENT);
