@@ -121,5 +121,5 @@ class FilledTokensTest(unittest.TestCase):
         layer = Old()
         hfcache.set_filled_tokens(layer, 16)
         self.assertFalse(hasattr(layer, "cumulative_length"))
-        with self.assertRaisesRegex(ValueError, "n_tokens=-1"):
+        with self.assertRaisesRegex(ValueError, "n_tokens = -1"):
             hfcache.set_filled_tokens(layer, -1)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
+from . import _args
+
 
 class LayoutError(ValueError):
     """A cache tensor or page pool does not have the shape this mapping needs;
@@ -33,20 +35,16 @@ class BlockTable:
     A page is in at most one allocation at a time."""
 
     def __init__(self, num_pages: int, page_tokens: int):
-        if num_pages <= 0 or page_tokens <= 0:
-            raise ValueError(f"BlockTable: num_pages={num_pages}, page_tokens={page_tokens}: both must be > 0")
-        self.num_pages = num_pages
-        self.page_tokens = page_tokens
+        self.num_pages = _args.integer("BlockTable num_pages", num_pages, 1, _args.INT32[1])
+        self.page_tokens = _args.integer("BlockTable page_tokens", page_tokens, 1, _args.INT32[1])
         self._free = list(range(num_pages - 1, -1, -1))
         self._used = set()
 
     def pages_for(self, n_tokens: int) -> int:
-        return -(-n_tokens // self.page_tokens)
+        return -(-_args.int64("n_tokens", n_tokens, 0) // self.page_tokens)
 
     def allocate(self, n_tokens: int) -> List[int]:
-        if n_tokens < 0:
-            raise ValueError(f"BlockTable.allocate: n_tokens={n_tokens} < 0")
-        n = self.pages_for(n_tokens)
+        n = self.pages_for(_args.int64("BlockTable.allocate n_tokens", n_tokens, 0))
         if n > len(self._free):
             raise MemoryError(f"BlockTable: {n_tokens} tokens need {n} pages, {len(self._free)} of {self.num_pages} are free")
         pages = [self._free.pop() for _ in range(n)]
@@ -54,6 +52,7 @@ class BlockTable:
         return pages
 
     def free(self, pages: Sequence[int]):
+        pages = _pages("BlockTable.free pages", pages)
         for p in pages:
             if p not in self._used:
                 raise ValueError(f"BlockTable.free: page {p} is not allocated")
@@ -65,7 +64,17 @@ class BlockTable:
         return len(self._free)
 
 
+def _pages(name, pages) -> List[int]:
+    """Page ids: a sequence of ints (not bools)."""
+    if isinstance(pages, (str, bytes)) or not isinstance(pages, Sequence):
+        raise TypeError(f"{name}: want a sequence of page ids, got {type(pages).__name__}")
+    return [_args.int64(f"{name}[{i}]", p) for i, p in enumerate(pages)]
+
+
 def _check(keys, values, pool_layer, pages, n_tokens, name):
+    _args.string("name", name)
+    n_tokens = _args.int64("n_tokens", n_tokens, 0)
+    pages = _pages("pages", pages)
     if keys.dim() != 4 or values.dim() != 4:
         raise LayoutError(f"{name}: cache tensors must be (batch, kv_heads, tokens, head_dim), got keys {tuple(keys.shape)}, values {tuple(values.shape)}")
     if keys.shape != values.shape:
@@ -88,7 +97,7 @@ def _check(keys, values, pool_layer, pages, n_tokens, name):
     bad = [p for p in pages[:need] if not 0 <= p < num_pages]
     if bad:
         raise LayoutError(f"{name}: page ids {bad[:4]} outside the pool's {num_pages} pages")
-    return need, page_tokens
+    return need, page_tokens, pages, n_tokens
 
 
 def cache_to_pages(keys, values, pool_layer, pages: Sequence[int], n_tokens: int, name="layer"):
@@ -98,7 +107,7 @@ def cache_to_pages(keys, values, pool_layer, pages: Sequence[int], n_tokens: int
     depend on what the pool held before."""
     import torch
 
-    need, pt = _check(keys, values, pool_layer, pages, n_tokens, name)
+    need, pt, pages, n_tokens = _check(keys, values, pool_layer, pages, n_tokens, name)
     idx = torch.as_tensor(list(pages[:need]), device=pool_layer.device, dtype=torch.long)
     full = need * pt
     for plane, src in ((0, keys), (1, values)):
@@ -115,7 +124,7 @@ def pages_to_cache(pool_layer, pages: Sequence[int], keys, values, n_tokens: int
     cache tensors (the inverse of :func:`cache_to_pages`)."""
     import torch
 
-    need, pt = _check(keys, values, pool_layer, pages, n_tokens, name)
+    need, pt, pages, n_tokens = _check(keys, values, pool_layer, pages, n_tokens, name)
     sel = list(pages[:need])
     run = sel == list(range(sel[0], sel[0] + need)) if need else True
     idx = None if run else torch.as_tensor(sel, device=pool_layer.device, dtype=torch.long)
@@ -139,10 +148,9 @@ def set_filled_tokens(layer, n_tokens: int):
     next tokens written over its first ones. The sliding-window layer keeps
     ``cumulative_length_int`` beside it. Earlier versions have neither and
     write at ``cache_position``: nothing to set there."""
+    n_tokens = _args.int64("set_filled_tokens n_tokens", n_tokens, 0)
     import torch
 
-    if n_tokens < 0:
-        raise ValueError(f"set_filled_tokens: n_tokens={n_tokens} < 0")
     cl = getattr(layer, "cumulative_length", None)
     if isinstance(cl, torch.Tensor):
         cl.fill_(n_tokens)

@@ -10,8 +10,39 @@ place that knows both spellings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Dict, Mapping, Optional, Tuple
+
+from . import _args, _lib
+
+# The keys of SchedOptions.compute and .device: tutti_config's compute_* and
+# device_* fields without the prefix.
+COMPUTE_KEYS = tuple(f[len("compute_"):] for f, _ in _lib.tutti_config._fields_ if f.startswith("compute_"))
+DEVICE_KEYS = tuple(f[len("device_"):] for f, _ in _lib.tutti_config._fields_ if f.startswith("device_"))
+
+
+def _check_ints(obj, widths):
+    """Checks each int field of a frozen options dataclass against its C
+    field's width (``widths``: field → _args check) and keeps it as an int."""
+    for f in fields(obj):
+        check = widths.get(f.name)
+        if check is not None:
+            object.__setattr__(obj, f.name, check(f"{type(obj).__name__}.{f.name}", getattr(obj, f.name)))
+
+
+def _check_profile(owner, name, v, keys):
+    """A mapping of known keys to finite numbers (SchedOptions.compute, .device), or None."""
+    if v is None:
+        return None
+    what = f"{owner}.{name}"
+    if not isinstance(v, Mapping):
+        raise TypeError(f"{what} = {v!r}: want a dict with keys from {list(keys)}, got {type(v).__name__}")
+    out = {}
+    for k, x in v.items():
+        if k not in keys:
+            raise ValueError(f"unknown {name} field {k!r} in {what} (want one of {list(keys)})")
+        out[k] = _args.real(f"{what}[{k!r}]", x)
+    return out
 
 
 @dataclass(frozen=True)
@@ -23,6 +54,10 @@ class IOOptions:
     staging_slot_bytes: int = 0  # largest single I/O; divides staging_bytes
     max_loads: int = 0  # loads in flight at once (more: Busy)
     save_writes_per_device: int = 0  # save writes in flight per device, 0..256
+
+    def __post_init__(self):
+        _check_ints(self, {"queue_depth": _args.int32, "staging_bytes": _args.int64, "staging_slot_bytes": _args.int64,
+                           "max_loads": _args.int32, "save_writes_per_device": _args.int32})
 
 
 @dataclass(frozen=True)
@@ -42,6 +77,11 @@ class SchedOptions:
     compute: Optional[Mapping[str, float]] = None
     device: Optional[Mapping[str, float]] = None
 
+    def __post_init__(self):
+        _check_ints(self, {"save_bound_ms": _args.int32, "save_budget_bytes": _args.int64})
+        object.__setattr__(self, "compute", _check_profile("SchedOptions", "compute", self.compute, COMPUTE_KEYS))
+        object.__setattr__(self, "device", _check_profile("SchedOptions", "device", self.device, DEVICE_KEYS))
+
 
 @dataclass(frozen=True)
 class GPUOptions:
@@ -60,6 +100,9 @@ class GPUOptions:
     io_window: int = 0  # reads in flight; 0 = sized to the disks
     max_io_bytes: int = 0  # largest read, a multiple of 4096 up to 16 MiB; 0 = sized to the disks
     lookahead: int = 0  # layers in flight beyond the one waited for; 0 = fill the window
+
+    def __post_init__(self):
+        _check_ints(self, {f.name: _args.int32 for f in fields(self)})
 
 
 #: flat keyword → (group, field).
@@ -98,7 +141,9 @@ def from_flat(flat: Mapping[str, object], io: Optional[IOOptions] = None, sched:
     """The groups (keys io, sched, gpu) with the flat keywords ``flat`` applied.
     A flat keyword whose group is also given is a TypeError (which would
     win is not obvious); an unknown one too."""
-    given = {"io": io, "sched": sched, "gpu": gpu}
+    given = {"io": _args.instance("io", io, IOOptions, optional=True),
+             "sched": _args.instance("sched", sched, SchedOptions, optional=True),
+             "gpu": _args.instance("gpu", gpu, GPUOptions, optional=True)}
     fields: Dict[str, Dict[str, object]] = {g: {} for g in GROUPS}
     for k, v in flat.items():
         if k in NO_OP:

@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from . import _lib, options
+from . import _args, _lib, options
 from .options import GPUOptions, IOOptions, SchedOptions
 from .tensor import DTYPE_BYTES, dtype_code
 
@@ -35,6 +35,17 @@ class Geometry:
     planes: int = 2  # 2 = K and V, 1 = one latent plane (MLA)
     page_tokens: int = 16  # tokens per engine page (vLLM block_size)
     chunk_pages: int = 1  # pages per chain block (hash granularity)
+
+    def __post_init__(self):
+        # The int32 fields of tutti_config: ctypes would truncate a wider
+        # value, and the store on disk would not be this geometry. What a
+        # valid geometry is, the library says (GeometryMismatch).
+        for name in ("layers", "kv_heads", "head_dim", "planes", "page_tokens", "chunk_pages"):
+            object.__setattr__(self, name, _args.int32(f"Geometry.{name}", getattr(self, name)))
+        try:
+            dtype_code(self.dtype)
+        except ValueError as e:
+            raise ValueError(f"Geometry.dtype: {e}") from None
 
     @property
     def dtype_code(self) -> int:
@@ -58,10 +69,13 @@ class Geometry:
         return self.page_tokens * self.chunk_pages
 
     def tensor_bytes(self, layout: str, num_pages: int) -> int:
-        per_layer = num_pages * self.page_bytes_per_layer
+        _args.choice("layout", layout, _LAYOUTS)
+        per_layer = _args.integer("num_pages", num_pages, 0) * self.page_bytes_per_layer
         return per_layer if layout == "per_layer" else per_layer * self.layers
 
     def tensor_shape(self, layout: str, num_pages: int):
+        _args.choice("layout", layout, _LAYOUTS)
+        _args.integer("num_pages", num_pages, 0)
         if layout == "per_layer":
             return (self.planes, num_pages, self.page_tokens, self.kv_heads, self.head_dim)
         return (num_pages, self.layers, self.planes, self.page_tokens, self.kv_heads, self.head_dim)
@@ -69,6 +83,11 @@ class Geometry:
     def page_offset(self, layout: str, num_pages: int, layer: int, plane: int, page: int) -> int:
         """Byte offset of (layer, plane, page): inside the layer's tensor
         (per_layer) or the single tensor (cross_layer)."""
+        _args.choice("layout", layout, _LAYOUTS)
+        num_pages = _args.integer("num_pages", num_pages, 0)
+        _args.integer("layer", layer, 0, self.layers - 1)
+        _args.integer("plane", plane, 0, self.planes - 1)
+        _args.integer("page", page, 0, num_pages - 1)
         pp = self.page_bytes_per_plane
         if layout == "per_layer":
             return (plane * num_pages + page) * pp
@@ -77,16 +96,21 @@ class Geometry:
 
 def _c_array(typecode, ctype, values, what):
     """A ctypes array over a compact copy of ``values`` (the array module
-    range-checks in C, with no per-element Python work). Returns
-    (array, length)."""
+    checks each element's type and range in C, with no per-element Python
+    work). Returns (array, length); the length is a uint32 in the C ABI."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{what}: want a sequence of ints, got {type(values).__name__}")
     if isinstance(values, array.array) and values.typecode == typecode:
         buf = values
     else:
+        kind = ctype.__name__[2:]
         try:
             buf = array.array(typecode, values)
-        except (OverflowError, TypeError) as e:
-            raise ValueError(f"{what}: every element must be a {ctype.__name__[2:]}: {e}") from None
-    n = len(buf)
+        except OverflowError as e:
+            raise ValueError(f"{what}: every element must be a {kind}: {e}") from None
+        except TypeError as e:
+            raise TypeError(f"{what}: want a sequence of {kind} ints: {e}") from None
+    n = _args.uint32(f"len({what})", len(buf))
     if n == 0:
         return (ctype * 1)(), 0
     arr = (ctype * n).from_buffer(buf)  # borrows buf's memory and keeps buf alive
@@ -111,8 +135,12 @@ def chain_from_tokens(tokens: Sequence[int], block_tokens: int, seed: int = 0):
     id per full block of ``block_tokens`` tokens (a trailing partial block
     has none), XXH64 of the parent id and the block's tokens under ``seed``."""
     lib = _lib.lib()
-    if block_tokens <= 0:
-        raise ValueError(f"block_tokens = {block_tokens}, want > 0")
+    block_tokens = _args.uint32("block_tokens", block_tokens, lo=1)
+    seed = _args.uint64("seed", seed)
+    try:
+        len(tokens), tokens[:0]
+    except TypeError:
+        raise TypeError(f"tokens: want a sequence of uint32 ints, got {type(tokens).__name__}") from None
     n_full = (len(tokens) // block_tokens) * block_tokens
     toks, n = _u32_array(tokens[:n_full], "tokens")
     want = n // block_tokens
@@ -166,10 +194,14 @@ class Store:
         (MLA's latent plane whole), ``dirs`` are this rank's own and a
         directory another rank or degree stored into is refused
         (:class:`GeometryMismatch`)."""
-        if layout not in _LAYOUTS:
-            raise ValueError(f"layout = {layout!r}, want one of {sorted(_LAYOUTS)}")
-        if path not in _PATHS:
-            raise ValueError(f"path = {path!r}, want one of {sorted(_PATHS)}")
+        _args.choice("layout", layout, _LAYOUTS)
+        _args.choice("path", path, _PATHS)
+        dirs = _args.paths("dirs", dirs)
+        capacity_bytes = _args.int64("capacity_bytes", capacity_bytes)
+        _args.instance("geometry", geometry, Geometry)
+        num_pages = _args.int64("num_pages", num_pages)
+        tp_rank, tp_size = _args.uint32("tp_rank", tp_rank), _args.uint32("tp_size", tp_size)
+        kv_events = None if kv_events is None else _args.string("kv_events", kv_events)
         groups = options.from_flat(flat, io=io, sched=sched, gpu=gpu)
         _warn_flat(flat)
         io, sched, gpu = groups["io"], groups["sched"], groups["gpu"]
@@ -179,7 +211,6 @@ class Store:
         self.layout = layout
         self.path = path
         self._lib = _lib.lib()
-        dirs = [os.fsencode(d) for d in dirs]
         self._dirs = (ctypes.c_char_p * max(len(dirs), 1))(*dirs)
         cfg = _lib.tutti_config(
             struct_size=ctypes.sizeof(_lib.tutti_config), abi_major=_lib.ABI_MAJOR,
@@ -195,10 +226,8 @@ class Store:
             tp_rank=tp_rank, tp_size=tp_size,
         )
         for prefix, given in (("compute_", sched.compute), ("device_", sched.device)):
-            for k, v in (given or {}).items():
-                if not hasattr(cfg, prefix + k):
-                    raise ValueError(f"unknown {prefix[:-1]} field {k!r}")
-                setattr(cfg, prefix + k, float(v))
+            for k, v in (given or {}).items():  # keys and values checked by SchedOptions
+                setattr(cfg, prefix + k, v)
         h = ctypes.c_uint64()
         if kv_events is None:
             _lib.check(self._lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), "tutti_open")
@@ -255,11 +284,16 @@ class Store:
         returns."""
         if memory is None:
             memory = "host" if self.path == "cpu" else "cuda"
-        if memory not in _MEMORY:
-            raise ValueError(f"memory = {memory!r}, want 'host' or 'cuda'")
+        _args.choice("memory", memory, _MEMORY)
+        if isinstance(regions, (str, bytes)) or not isinstance(regions, Sequence):
+            raise TypeError(f"regions: want a list of (address, length) pairs, got {type(regions).__name__}")
+        _args.uint32("len(regions)", len(regions))
         arr = (_lib.tutti_kv_region * max(len(regions), 1))()
-        for i, (addr, n) in enumerate(regions):
-            arr[i].addr, arr[i].len_bytes = addr, n
+        for i, r in enumerate(regions):
+            if not isinstance(r, Sequence) or isinstance(r, (str, bytes)) or len(r) != 2:
+                raise TypeError(f"regions[{i}] = {r!r}: want an (address, length) pair")
+            arr[i].addr = _args.uint64(f"regions[{i}] address", r[0])
+            arr[i].len_bytes = _args.uint64(f"regions[{i}] length", r[1])
         _lib.check(self._lib.tutti_register_kv(self._h(), _MEMORY[memory], arr, len(regions)), "tutti_register_kv")
         self._regions = arr  # keep the description alive alongside the registration
 
@@ -288,8 +322,9 @@ class Store:
         the planner loads every cached block it can admit."""
         c, nc = _u64_array(chain, "chain")
         p, np_ = _i32_array(pages, "pages")
+        skip = _args.uint32("skip", skip)
         h = ctypes.c_uint64()
-        flags = _lib.LOAD_PROMISED if promised else 0
+        flags = _lib.LOAD_PROMISED if _args.boolean("promised", promised) else 0
         _lib.check(self._lib.tutti_load_with(self._h(), c, nc, skip, flags, p, np_, ctypes.byref(h)), "tutti_load_with")
         return Load(self, h.value, nc - skip)
 
@@ -300,6 +335,7 @@ class Store:
         cheaper to recompute, or past one GPU restore: left out), held against
         eviction until :meth:`Hold.release` or ``ttl_ms``."""
         c, nc = _u64_array(chain, "chain")
+        skip, ttl_ms = _args.uint32("skip", skip), _args.uint32("ttl_ms", ttl_ms)
         h, n = ctypes.c_uint64(), ctypes.c_uint32()
         _lib.check(self._lib.tutti_match(self._h(), c, nc, skip, ttl_ms, ctypes.byref(h), ctypes.byref(n)), "tutti_match")
         return Hold(self, h.value, n.value)
@@ -321,6 +357,12 @@ class Store:
         t, nt = _u32_array(tokens, "tokens") if tokens is not None else (None, 0)
         hb, hlen = None, 0
         if hashes is not None:
+            if isinstance(hashes, (str, bytes)):
+                raise TypeError(f"hashes: want a sequence of bytes, one per chain block, got {type(hashes).__name__}")
+            hashes = list(hashes)
+            for i, x in enumerate(hashes):
+                if not isinstance(x, (bytes, bytearray, memoryview)):
+                    raise TypeError(f"hashes[{i}] = {x!r}: want bytes, got {type(x).__name__}")
             hashes = [bytes(x) for x in hashes]
             if len(hashes) != nc:
                 raise ValueError(f"hashes: {len(hashes)} for {nc} chain blocks")
@@ -414,12 +456,14 @@ class Load(_Handle):
 
     def wait_layer(self, layer: int):
         """Blocks until ``layer`` is in KV memory."""
+        layer = _args.int32("layer", layer)
         _lib.check(self.store._lib.tutti_load_wait_layer(self.handle, layer), "tutti_load_wait_layer")
 
     def stream_wait_layer(self, layer: int, stream: int):
         """GPU path: makes CUDA stream ``stream`` (a cudaStream_t as an int,
         e.g. ``torch.cuda.current_stream().cuda_stream``; 0 = legacy default)
         wait for ``layer`` without blocking this thread."""
+        layer, stream = _args.int32("layer", layer), _args.uint64("stream", stream)
         _lib.check(self.store._lib.tutti_load_stream_wait_layer(self.handle, layer, stream),
                    "tutti_load_stream_wait_layer")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from . import _lib
+from . import _args, _lib
 
 # Alignment of every registered region (REGION_ALIGN in the C library).
 REGION_ALIGN = 16
@@ -99,14 +99,34 @@ class RawTensor:
     dtype: str
     device: str = "cpu"
 
+    def __post_init__(self):
+        # Types and widths only: what fits a store is check_tensor's to say,
+        # naming the tensor.
+        object.__setattr__(self, "data_ptr", _args.uint64("RawTensor.data_ptr", self.data_ptr))
+        object.__setattr__(self, "shape", _int_tuple("RawTensor.shape", self.shape, 0))
+        object.__setattr__(self, "strides", _int_tuple("RawTensor.strides", self.strides, _args.INT64[0]))
+        _args.string("RawTensor.dtype", self.dtype)
+        _args.string("RawTensor.device", self.device)
+
     @staticmethod
     def contiguous(data_ptr, shape, dtype, device="cpu"):
         return RawTensor(data_ptr, tuple(shape), contiguous_strides(shape), dtype, device)
 
 
+def _int_tuple(name, values, lo):
+    """A tuple of int64 values >= lo (a shape, strides)."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{name} = {values!r}: want a sequence of ints, got {type(values).__name__}")
+    try:
+        items = tuple(values)
+    except TypeError:
+        raise TypeError(f"{name} = {values!r}: want a sequence of ints, got {type(values).__name__}") from None
+    return tuple(_args.integer(f"{name}[{i}]", v, lo, _args.INT64[1]) for i, v in enumerate(items))
+
+
 def contiguous_strides(shape):
     strides, acc = [], 1
-    for d in reversed(tuple(shape)):
+    for d in reversed(_int_tuple("shape", shape, 0)):
         strides.append(acc)
         acc *= d
     return tuple(reversed(strides))
@@ -114,6 +134,7 @@ def contiguous_strides(shape):
 
 def describe(t, name="tensor") -> RawTensor:
     """A RawTensor for ``t`` (a RawTensor, or a torch-like tensor)."""
+    _args.string("name", name)
     if isinstance(t, RawTensor):
         return t
     needed = ("data_ptr", "shape", "stride", "dtype", "device")
