@@ -25,9 +25,12 @@ vet:
 	$(GO) vet ./...
 
 # What the tests need on a fresh machine (Go, gcc and python3 given): see
-# scripts/test-deps.sh (staticcheck, tracefs, fuse/loop, Debian packages).
+# scripts/test-deps.sh (staticcheck, tracefs, fuse/loop, Debian packages) and
+# scripts/vllm-venv.sh (vLLM 0.26.0 and torch 2.11.0 in .venv-vllm, for the
+# tests under vLLM's own scheduler).
 test-deps:
 	@STATICCHECK=$(STATICCHECK) STATICCHECK_VERSION=$(STATICCHECK_VERSION) GO=$(GO) bash scripts/test-deps.sh
+	@bash scripts/vllm-venv.sh
 
 lint: vet test-deps
 	$(STATICCHECK) ./...

@@ -1,0 +1,120 @@
+"""Checks one case of eval/vllm/run.sh: the first and second phases of a
+connector run against the baseline (no connector) of the same model.
+
+A case passes when:
+  - every request that was not aborted on purpose finished (no error finish),
+  - greedy outputs equal the baseline's, token for token; where they part, the
+    report gives the first position and both runs' top logprobs there, so a
+    difference of arithmetic (different batches give different roundings) can
+    be told from a wrong KV,
+  - the connector's check mode compared at least one restored block and found
+    none different from the KV vLLM computed for it (its summary JSON files
+    under --check-dir; absent when the run had no check mode: then reported,
+    not passed),
+  - the second process, a new one, restored from tutti: vLLM's own
+    external-prefix-cache hits counter is above zero there.
+Prints one line per finding and a verdict; --json writes them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+
+
+def load(p):
+    with open(p) as f:
+        return json.load(f)
+
+
+def metric(run, prefix):
+    return sum(v for k, v in run.get("metrics", {}).items() if k.split("{")[0] == prefix and not isinstance(v, dict))
+
+
+def compare_outputs(base, run):
+    """Per request present in both: equal, or where it parts."""
+    same, parted, failed = 0, [], []
+    for rid, r in run["requests"].items():
+        if r.get("aborted_at_step") is not None:
+            continue
+        if "tokens" not in r or r.get("finish_reason") not in ("length", "stop"):
+            failed.append({"request": rid, "finish_reason": r.get("finish_reason")})
+            continue
+        b = base["requests"].get(rid)
+        if b is None or "tokens" not in b:
+            continue
+        if r["tokens"] == b["tokens"]:
+            same += 1
+            continue
+        pos = next(i for i, (x, y) in enumerate(zip(r["tokens"] + [None], b["tokens"] + [None])) if x != y)
+        parted.append({"request": rid, "position": pos,
+                       "tokens": r["tokens"][pos:pos + 4], "baseline_tokens": b["tokens"][pos:pos + 4],
+                       "top": (r.get("top") or [])[pos:pos + 1], "baseline_top": (b.get("top") or [])[pos:pos + 1],
+                       "cached_tokens": r.get("num_cached_tokens"), "baseline_cached_tokens": b.get("num_cached_tokens")})
+    return same, parted, failed
+
+
+def check_summaries(d):
+    """The connector's check-mode summaries (one JSON per process and rank)."""
+    tot = {"compared_blocks": 0, "mismatched_blocks": 0, "files": 0, "mismatches": []}
+    for p in sorted(glob.glob(f"{d}/summary-*.json")):
+        s = load(p)
+        tot["files"] += 1
+        tot["compared_blocks"] += int(s.get("compared_blocks", 0))
+        tot["mismatched_blocks"] += int(s.get("mismatched_blocks", 0))
+        tot["mismatches"] += s.get("mismatches", [])[:8]
+    return tot
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", required=True)
+    p.add_argument("--baseline", required=True)
+    p.add_argument("--first", required=True)
+    p.add_argument("--second", required=True)
+    p.add_argument("--check-dir", default="")
+    p.add_argument("--json", default="")
+    a = p.parse_args(argv)
+    base, first, second = load(a.baseline), load(a.first), load(a.second)
+    rep = {"case": a.case, "phases": {}}
+    ok = True
+    for name, run in (("first", first), ("second", second)):
+        same, parted, failed = compare_outputs(base, run)
+        ext = metric(run, "vllm:external_prefix_cache_hits")
+        rep["phases"][name] = {
+            "equal_outputs": same, "parted": parted, "failed": failed,
+            "external_hit_tokens": ext, "local_hit_tokens": metric(run, "vllm:prefix_cache_hits"),
+            "preemptions": metric(run, "vllm:num_preemptions"), "engine_start_s": run.get("engine_start_s"),
+            "pythonhashseed": run.get("pythonhashseed"),
+            "tutti": {k: v for k, v in run.get("metrics", {}).items() if "tutti" in k},
+        }
+        print(f"{a.case} {name}: {same} outputs equal the baseline's, {len(parted)} part, {len(failed)} failed; "
+              f"tokens from tutti {ext}, from the GPU cache {rep['phases'][name]['local_hit_tokens']}, "
+              f"preemptions {rep['phases'][name]['preemptions']}")
+        for d in parted[:4]:
+            print(f"  {d['request']} parts at token {d['position']}: {d['tokens']} vs {d['baseline_tokens']}; "
+                  f"top there {d['top']} vs {d['baseline_top']}")
+        for d in failed:
+            print(f"  {d['request']} did not finish: {d['finish_reason']}")
+        ok &= not failed
+    ok &= rep["phases"]["second"]["external_hit_tokens"] > 0
+    if a.check_dir:
+        c = check_summaries(a.check_dir)
+        rep["check"] = c
+        print(f"{a.case} check mode: {c['compared_blocks']} restored blocks compared with the KV vLLM computed, "
+              f"{c['mismatched_blocks']} differ ({c['files']} summaries)")
+        for m in c["mismatches"]:
+            print(f"  mismatch: {m}")
+        ok &= c["files"] > 0 and c["compared_blocks"] > 0 and c["mismatched_blocks"] == 0
+    rep["ok"] = bool(ok)
+    print(f"{a.case}: {'PASS' if ok else 'FAIL'}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rep, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

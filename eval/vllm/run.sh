@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# eval/vllm/run.sh: tutti inside real vLLM 0.26.0 on the GPU machine.
+#
+# Stage first, on the dev machine: `bash eval/vllm/stage.sh` (vLLM and what it
+# imports, packed into .vllm-stage/piece-NN, each under 48 MiB) and
+# `make gpu-bins` (bin/libtutti.so). A device call carries at most 64 MiB and
+# ignored files stay on the GPU machine only while it is warm (30 s idle), so
+# the pieces go over back-to-back calls, then the checks run:
+#
+#   run carry=[.vllm-stage/piece-00, .vllm-stage/MANIFEST]  'bash eval/vllm/run.sh recv'
+#   run carry=[.vllm-stage/piece-01, .vllm-stage/MANIFEST]  'bash eval/vllm/run.sh recv'
+#   run carry=[.vllm-stage/MANIFEST, bin/libtutti.so]       'bash eval/vllm/run.sh check CASE...'
+#
+# recv checks each piece it has against MANIFEST (sha256) and says what is
+# still missing; the first recv also starts building the CUDA kernels in the
+# background. Once all pieces are there, vLLM is unpacked into /tmp/vllm-site
+# (PYTHONPATH) and the checks run, one vLLM process per phase (eval/vllm/drive.py):
+#
+#   CASE = MODEL:STORAGE:PATH, e.g. llama3-8b:loops:gpu, llama3-8b:disk:cpu,
+#          deepseek-v2-lite:loops:gpu
+#     MODEL    a directory under eval/vllm/models (dummy weights from its config.json)
+#     STORAGE  loops: NLOOPS RAM-backed loop devices (files in /dev/shm, O_DIRECT,
+#              ext4 each; emulated storage), disk: /var/tmp on the machine's disk
+#     PATH     tutti's GPU path or CPU path
+#   For each model, one baseline process (no connector) gives the reference
+#   outputs; for each case a `first` process (a new store) and, after it exits,
+#   a `second` one, without PYTHONHASHSEED or any other variable of tutti's,
+#   that must hit what the first saved. eval/vllm/compare.py checks every
+#   case: no request failed, the connector's check mode found every restored
+#   block equal to the KV vLLM computed for it, greedy outputs equal the
+#   baseline's (where they part: the first position and both top logits),
+#   the second process restored from tutti.
+#
+# Time on one H200: about 40 s per vLLM process (import, engine start with
+# dummy weights and no graph capture, the waves); a case is two processes and
+# a model's baseline one: about 5 minutes for llama3-8b on both storages and
+# both paths, so split the cases over calls (each call stops starting phases
+# once BUDGET_S, default 540, is spent). Results: $OUT/vllm-<case>.json,
+# $OUT/vllm.log, $OUT/summary.txt.
+#
+# Knobs (environment): NLOOPS (8), LOOP_GIB (4), CAPACITY_GIB (24, per store),
+# BUDGET_S (540), DRIVE_ARGS (extra flags for drive.py, every phase), CHECK (1: the
+# connector's check mode on), TUTTI_EXTRA (more kv_connector_extra_config keys, JSON members).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+ST=$ROOT/.vllm-stage
+SITE=/tmp/vllm-site
+RES=/tmp/vllm-results
+OUT=${OUT:-$ROOT/out}
+mkdir -p "$OUT" "$RES"
+NLOOPS=${NLOOPS:-8}
+LOOP_GIB=${LOOP_GIB:-4}
+CAPACITY_GIB=${CAPACITY_GIB:-24}
+BUDGET_S=${BUDGET_S:-540}
+DRIVE_ARGS=${DRIVE_ARGS:-}
+CHECK=${CHECK:-1}
+. "$ROOT/scripts/emuloop.sh"
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+pieces_ok() { # prints the missing pieces; true when none is
+	local name bytes sum missing=0
+	while read -r name bytes sum; do
+		case $name in piece-*) ;; *) continue ;; esac
+		if [ ! -f "$ST/$name" ] || [ "$(sha256sum "$ST/$name" | cut -d' ' -f1)" != "$sum" ]; then
+			echo "missing or damaged: $name"
+			missing=1
+		fi
+	done <"$ST/MANIFEST"
+	return $missing
+}
+
+install_site() {
+	[ -f "$SITE/.installed" ] && return 0
+	pieces_ok || return 1
+	local t=$SECONDS
+	rm -rf "$SITE" && mkdir -p "$SITE"
+	cat "$ST"/piece-* | xz -d | tar -x -C "$SITE" || { log "unpacking vLLM failed"; return 1; }
+	touch "$SITE/.installed"
+	log "vLLM unpacked into $SITE in $((SECONDS - t)) s ($(du -sm "$SITE" | cut -f1) MiB)"
+}
+
+kernels_bg() { # the CUDA kernels, built in the background while pieces arrive
+	[ -f kernels/build/libtutti_kernels.so ] && return 0
+	pgrep -f "make -C kernels" >/dev/null && return 0
+	setsid nohup make -C kernels NVCC=nvcc build/libtutti_kernels.so >/tmp/kernels-build.log 2>&1 </dev/null &
+	log "kernels: building in the background (/tmp/kernels-build.log)"
+}
+
+kernels_wait() {
+	local i
+	for ((i = 0; i < 300; i++)); do
+		pgrep -f "make -C kernels" >/dev/null || break
+		sleep 1
+	done
+	[ -f kernels/build/libtutti_kernels.so ] || make -C kernels NVCC=nvcc build/libtutti_kernels.so >>/tmp/kernels-build.log 2>&1
+	[ -f kernels/build/libtutti_kernels.so ] || { log "kernels: build failed"; tail -20 /tmp/kernels-build.log; return 1; }
+}
+
+LOOPDIRS=""
+loops_up() { # NLOOPS loop devices with ext4, mounted under /mnt/vl-loopN (kept while warm)
+	local i d m files=() dirs=()
+	if [ -f /tmp/vl-loops ]; then
+		LOOPDIRS=$(cat /tmp/vl-loops)
+		return 0
+	fi
+	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/vl-loop$i"); done
+	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || return 1
+	for ((i = 0; i < NLOOPS; i++)); do
+		d=$(losetup --find --show --direct-io=on "/dev/shm/vl-loop$i") || return 1
+		m=/mnt/vl-loop$i
+		mkdir -p "$m" && mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$d" && mount "$d" "$m" || return 1
+		dirs+=("\"$m/tutti\"")
+	done
+	LOOPDIRS=$(IFS=,; echo "${dirs[*]}")
+	echo "$LOOPDIRS" >/tmp/vl-loops
+	log "storage: $NLOOPS RAM-backed loop devices of $LOOP_GIB GiB (emulated storage), ext4, O_DIRECT"
+}
+
+phase() { # model phase out [extra-config]
+	local model=$1 ph=$2 out=$3 extra=${4:-}
+	local args=(--model "eval/vllm/models/$model" --phase "$ph" --out "$out")
+	[ -n "$extra" ] && args+=(--connector tutti --extra-config "$extra")
+	# env -u: the second process must need nothing of the environment.
+	env -u PYTHONHASHSEED PYTHONPATH="$SITE:$ROOT/python" TUTTI_LIB="$ROOT/bin/libtutti.so" \
+		TUTTI_KERNELS_LIB="$ROOT/kernels/build/libtutti_kernels.so" PYTHONUNBUFFERED=1 \
+		timeout 300 python3 eval/vllm/drive.py "${args[@]}" $DRIVE_ARGS >>"$OUT/vllm.log" 2>&1
+	local rc=$?
+	log "$model $ph ${extra:+(tutti)}: rc $rc, $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"engine start {r['engine_start_s']:.0f} s\")" "$out" 2>/dev/null)"
+	return $rc
+}
+
+check_case() { # MODEL:STORAGE:PATH
+	local model storage path dirs store extra
+	IFS=: read -r model storage path <<<"$1"
+	case $storage in
+	loops) loops_up || { log "$1: loop devices failed"; return 1; }; dirs=$LOOPDIRS ;;
+	disk) dirs="\"/var/tmp/tutti-vllm\"" ;;
+	*) log "$1: unknown storage $storage"; return 1 ;;
+	esac
+	# A new store per case: its directories and the check digests are emptied.
+	for d in $(echo "$dirs" | tr -d '"' | tr , ' '); do rm -rf "$d"; done
+	rm -rf "$RES/check-$1" && mkdir -p "$RES/check-$1"
+	extra="{\"dirs\":[$dirs],\"capacity_bytes\":$((CAPACITY_GIB << 30)),\"path\":\"$path\""
+	[ "$CHECK" = 1 ] && extra+=",\"check\":{\"dir\":\"$RES/check-$1\"}"
+	extra+="${TUTTI_EXTRA:+,$TUTTI_EXTRA}}"
+	if [ ! -f "$RES/baseline-$model.json" ]; then
+		phase "$model" baseline "$RES/baseline-$model.json" || return 1
+	fi
+	phase "$model" first "$RES/first-$1.json" "$extra" || return 1
+	phase "$model" second "$RES/second-$1.json" "$extra" || return 1
+	python3 eval/vllm/compare.py --case "$1" --baseline "$RES/baseline-$model.json" \
+		--first "$RES/first-$1.json" --second "$RES/second-$1.json" --check-dir "$RES/check-$1" \
+		--json "$OUT/vllm-${1//:/-}.json" | tee -a "$OUT/summary.txt"
+}
+
+case ${1:-} in
+recv)
+	kernels_bg
+	if pieces_ok; then install_site; else log "pieces still to come (above)"; fi
+	;;
+check)
+	shift
+	t0=$SECONDS
+	install_site || { log "vLLM is not staged: see this script's header"; exit 1; }
+	[ -f bin/libtutti.so ] || { log "no bin/libtutti.so: make gpu-bins here, carry bin/libtutti.so"; exit 1; }
+	kernels_wait || exit 1
+	log "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader), $(python3 -c 'import torch; print("torch", torch.__version__)')"
+	rc=0
+	for c in "$@"; do
+		if [ $((SECONDS - t0)) -ge "$BUDGET_S" ]; then
+			log "$c: not run, the call's budget of $BUDGET_S s is spent"
+			rc=1
+			continue
+		fi
+		check_case "$c" || rc=1
+	done
+	cp /tmp/kernels-build.log "$OUT/" 2>/dev/null
+	exit $rc
+	;;
+*)
+	echo "usage: $0 recv | check MODEL:STORAGE:PATH..." >&2
+	exit 2
+	;;
+esac
