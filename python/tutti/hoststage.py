@@ -304,6 +304,7 @@ class HostStaging:
         self._warned = set()
         self._share: Dict[str, int] = {}  # request -> pool pages planned for its load this step
         self._active: List["_StagedLoad"] = []  # loads whose pages are still theirs
+        self._saves: List["_StagedSave"] = []  # saves not released yet
         self._pending: List[Tuple[Extents, object]] = []  # pages back once the event completes
         log.info("tutti: host staging for a KV cache on %s: %d pages of %d layers, %d MiB%s", lay.device, pages, g.layers,
                  self._pool.nbytes >> 20, " pinned" if self._streams.cuda else "")
@@ -412,7 +413,9 @@ class HostStaging:
         finally:
             hold.release()
         self.counters["staging_saves"] += 1
-        return _StagedSave(self, sv, ext)
+        out = _StagedSave(self, sv, ext)
+        self._saves.append(out)
+        return out
 
     def _segments(self, extents: Extents, dev_ids: Sequence[int]):
         """(first pool page, pages, the engine page ids as a device tensor)
@@ -463,6 +466,8 @@ class HostStaging:
             return
         for ld in list(self._active):
             ld.release()
+        for sv in list(self._saves):
+            sv.release()
         self._reclaim(wait=True)
         self._pool.close()
         self._pool = None
@@ -497,7 +502,9 @@ class _StagedLoad:
         stg._active.append(self)
         try:
             if self._per_round < self._n:  # later rounds read after this one: pin their blocks meanwhile
-                stg._count("staging_load_rounds", -(-self._n // self._per_round) - 1)
+                stg._count("staging_load_rounds", -(-self._n // self._per_round) - 1,
+                           why=f"request {spec.req_id!r}: {self._n} blocks through {self._per_round} pool blocks, in rounds "
+                               "(all but the last before the first layer)")
                 self._hold = stg.store.match(spec.chain, skip=spec.skip, ttl_ms=stg.hold_ttl_ms)
             self._start_round(0)
         except BaseException:
@@ -618,6 +625,6 @@ class _StagedSave:
                 pass
         self._sv.release()
         self._sv = None
-        if self._stg._pool is not None:
-            self._stg._pool.give(self._extents)
+        self._stg._pool.give(self._extents)
+        self._stg._saves.remove(self)
         self._extents = []
