@@ -13,9 +13,11 @@ every transfer is one extra copy through the pool:
   engine's pages with an asynchronous host-to-device copy on a side stream
   the engine's current stream is made to wait for (no host round trip). The
   pages go back to the pool once the copies are complete (a CUDA event).
-* **save**: the blocks' engine pages (every layer) are copied into pool pages
-  (device-to-host, synchronized), then ``Store.save`` writes from the pool;
-  the pages go back once the save gathered them.
+* **save**: the blocks after the stored prefix are copied from the engine's
+  pages (every layer) into pool pages (device-to-host, synchronized), then
+  ``Store.save`` writes from the pool. The engine's pages are free from
+  then on (``wait_for_save`` does not wait for the disks); the pool pages go
+  back once the save gathered them, waited for only when the pool needs them.
 
 Limits and partial results. The pool is ``host_staging_bytes`` (default
 :data:`HOST_STAGING_BYTES_DEFAULT`, at most :data:`HOST_STAGING_BYTES_MAX`,
@@ -304,7 +306,8 @@ class HostStaging:
         self._warned = set()
         self._share: Dict[str, int] = {}  # request -> pool pages planned for its load this step
         self._active: List["_StagedLoad"] = []  # loads whose pages are still theirs
-        self._saves: List["_StagedSave"] = []  # saves not released yet
+        self._saves: List["_StagedSave"] = []  # saves whose pages are still theirs
+        self._gathering: List["_StagedSave"] = []  # of those, the ones released by the worker, oldest first
         self._pending: List[Tuple[Extents, object]] = []  # pages back once the event completes
         log.info("tutti: host staging for a KV cache on %s: %d pages of %d layers, %d MiB%s", lay.device, pages, g.layers,
                  self._pool.nbytes >> 20, " pinned" if self._streams.cuda else "")
@@ -331,9 +334,11 @@ class HostStaging:
         return out
 
     # -- pages
-    def _reclaim(self, wait: bool):
-        """Gives back the pages whose copies completed (``wait``: waits for
-        the copies already issued, which end on their own)."""
+    def _reclaim(self, wait: bool, need: int = 0):
+        """Gives back the pages of loads whose copies completed; ``wait``:
+        waits for the copies already issued, then, oldest first, for released
+        saves to gather until ``need`` pages are free (each wait ends on its
+        own: copies complete, a save gathers within the save bound)."""
         keep = []
         for ext, ev in self._pending:
             if wait:
@@ -343,6 +348,8 @@ class HostStaging:
             else:
                 keep.append((ext, ev))
         self._pending = keep
+        while wait and self._gathering and self._pool.free_pages < need:
+            self._gathering[0]._finish()
 
     def _release_after(self, extents: Extents, ev):
         self._pending.append((extents, ev))
@@ -355,7 +362,7 @@ class HostStaging:
         want = {s.req_id: len(s.chain) - s.skip for s in specs if len(s.chain) > s.skip}
         self._reclaim(wait=False)
         if sum(want.values()) * cp > self._pool.free_pages:
-            self._reclaim(wait=True)  # the previous step's copies
+            self._reclaim(wait=True, need=sum(want.values()) * cp)  # earlier copies and saves
         self._share = {k: v * cp for k, v in _shares(want, self._pool.free_pages // cp).items()}
 
     # -- transfers
@@ -396,7 +403,7 @@ class HostStaging:
             ext = self._pool.take(len(new))
             if ext is None:
                 self._finish_copied_loads()  # this step's loads are copied: their pages are done once the copies are
-                self._reclaim(wait=True)
+                self._reclaim(wait=True, need=len(new))
                 ext = self._pool.take(len(new))
             if ext is None:
                 self._count("staging_skipped_save_blocks", len(chain) - stored)
@@ -467,7 +474,7 @@ class HostStaging:
         for ld in list(self._active):
             ld.release()
         for sv in list(self._saves):
-            sv.release()
+            sv._finish()
         self._reclaim(wait=True)
         self._pool.close()
         self._pool = None
@@ -601,30 +608,36 @@ class _StagedLoad:
 
 
 class _StagedSave:
-    """A save from pool pages: Save's interface as WorkerSide uses it."""
+    """A save from pool pages, with Save's interface as WorkerSide uses it.
+    The engine's pages were copied into the pool by :meth:`HostStaging.save`,
+    so :meth:`wait_gathered` returns at once and the step goes on while the
+    store writes; the pool pages stay the save's until it gathered them."""
 
     def __init__(self, stg: HostStaging, sv, extents: Extents):
         self._stg, self._sv, self._extents = stg, sv, extents
-        self._gathered = False
 
     def wait_gathered(self):
-        """The save has written (or staged) the pool pages; the engine's pages
-        were free once :meth:`HostStaging.save` returned."""
-        self._sv.wait_gathered()
-        self._gathered = True
+        """The engine's pages may be reused (they were copied out before)."""
 
     def release(self):
-        """Releases the save; its pool pages go back once it gathered them
-        (waited for here if it had not)."""
+        """Hands the save to the pool, which takes its pages back once the
+        save gathered them (waited for when it needs the pages, or at close)."""
+        if self._sv is not None and self not in self._stg._gathering:
+            self._stg._gathering.append(self)
+
+    def _finish(self):
+        """Waits until the store gathered the pool pages (bounded by the
+        store's save bound), releases the save and gives the pages back."""
         if self._sv is None:
             return
-        if not self._gathered:
-            try:
-                self._sv.wait_gathered()
-            except _lib.TuttiError:  # the store closed: nothing reads the pages any more
-                pass
-        self._sv.release()
+        try:
+            self._sv.wait_gathered()
+            self._sv.release()
+        except _lib.TuttiError:  # the store closed: nothing reads the pages any more
+            pass
         self._sv = None
         self._stg._pool.give(self._extents)
-        self._stg._saves.remove(self)
         self._extents = []
+        self._stg._saves.remove(self)
+        if self in self._stg._gathering:
+            self._stg._gathering.remove(self)

@@ -471,6 +471,10 @@ class WorkerSide:
         return self.staging.take_counters() if self.staging is not None else {}
 
     def close(self, close_store: bool = True):
+        """Releases the step's loads and saves and closes the store (unless
+        ``close_store`` is False: a shared store). Host staging's pool is
+        freed here either way, once its loads and saves drained: a store
+        left open no longer reads or writes it."""
         for ld, _ in self._loads.values():
             ld.release()
         self._loads.clear()
@@ -478,9 +482,9 @@ class WorkerSide:
             for sv in saves:
                 sv.release()
         self._saves.clear()
-        if close_store and self.store is not None:
-            self.store.close()
-        if self.staging is not None:  # after its loads and saves drained above: nothing moves through the pool
+        if self.staging is not None:  # waits for its saves to gather, then frees the pool
             self.staging.close()
             self.staging = None
+        if close_store and self.store is not None:
+            self.store.close()
         self._kv_refs = None
