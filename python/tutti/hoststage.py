@@ -44,11 +44,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import mmap
-from contextlib import contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _lib
+from ._hostpool import Extents, expand, int_dtype, Pool, Streams, torch_module
 
 log = logging.getLogger("tutti.hoststage")
 
@@ -67,8 +66,6 @@ COUNTERS = (
     "staging_d2h_bytes",  # bytes copied engine pages -> pool
 )
 
-Extents = List[Tuple[int, int]]  # (first pool page, pages)
-
 
 class HostStagingExhausted(RuntimeError):
     """A load's blocks not restored because no pool page was free for them
@@ -83,165 +80,15 @@ def check_host_staging_bytes(value, what: str = "host_staging_bytes") -> int:
     return value
 
 
-_torch = None
-
-
-def _torch_module():
-    global _torch
-    if _torch is None:
-        import torch
-        _torch = torch
-    return _torch
-
-
-def _int_dtype(nbytes: int):
-    """Copies move bits: the integer type of the element's size (also for
-    dtypes some copy kernels lack, such as fp8)."""
-    t = _torch_module()
-    return {1: t.uint8, 2: t.int16, 4: t.int32}[nbytes]
-
-
-class _Pool:
-    """Host pages in tutti's per_layer layout: region l is (planes, pages,
-    page elements), all layers in one anonymous mapping (page-aligned, off
-    the Python heap), pinned with cudaHostRegister when the engine is on
-    CUDA. Freed by :meth:`close`."""
-
-    def __init__(self, geometry, pages: int, pin: bool):
-        torch = _torch_module()
-        g = geometry
-        self.pages = pages
-        self.layer_bytes = g.planes * pages * g.page_bytes_per_plane
-        self.nbytes = g.layers * self.layer_bytes
-        self._mm = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        flat = torch.frombuffer(self._mm, dtype=torch.uint8)
-        self.addr = flat.data_ptr()
-        self._pinned = False
-        if pin:
-            rc = torch.cuda.cudart().cudaHostRegister(self.addr, self.nbytes, 0)
-            if int(rc) != 0:
-                del flat
-                self._mm.close()
-                raise RuntimeError(f"host staging: cudaHostRegister of {self.nbytes} bytes failed (cudaError {int(rc)}); "
-                                   "lower host_staging_bytes or raise the memlock limit")
-            self._pinned = True
-        unit = g.page_bytes_per_plane // g.dtype_bytes
-        it = _int_dtype(g.dtype_bytes)
-        self.layers = [flat[i * self.layer_bytes:(i + 1) * self.layer_bytes].view(it).view(g.planes, pages, unit)
-                       for i in range(g.layers)]
-        self._free: Extents = [(0, pages)]
-
-    @property
-    def free_pages(self) -> int:
-        return sum(n for _, n in self._free)
-
-    def regions(self):
-        return tuple((self.addr + i * self.layer_bytes, self.layer_bytes) for i in range(len(self.layers)))
-
-    def take(self, n: int) -> Optional[Extents]:
-        """Exactly ``n`` pages (one extent where one is long enough), or None."""
-        if n <= 0 or self.free_pages < n:
-            return None
-        for i, (a, m) in enumerate(self._free):
-            if m >= n:
-                self._free[i:i + 1] = [(a + n, m - n)] if m > n else []
-                return [(a, n)]
-        out, left = [], n
-        while left:
-            a, m = self._free[0]
-            k = min(m, left)
-            out.append((a, k))
-            self._free[0:1] = [(a + k, m - k)] if m > k else []
-            left -= k
-        return out
-
-    def give(self, extents: Extents):
-        merged: Extents = []
-        for a, n in sorted(self._free + [e for e in extents if e[1]]):
-            if merged and merged[-1][0] + merged[-1][1] == a:
-                merged[-1] = (merged[-1][0], merged[-1][1] + n)
-            else:
-                merged.append((a, n))
-        self._free = merged
-
-    def close(self):
-        """Unpins and unmaps; every copy into or out of the pool must be
-        complete (the caller's events) and no transfer may use it."""
-        if self._mm is None:
-            return
-        self.layers = []
-        if self._pinned:
-            _torch_module().cuda.cudart().cudaHostUnregister(self.addr)
-            self._pinned = False
-        try:
-            self._mm.close()
-        except BufferError:  # a view of the pool outlived close: the mapping goes with it
-            log.warning("host staging: a view of the pool is still referenced; its %d bytes are freed with it", self.nbytes)
-        self._mm = None
-
-
-def _expand(extents: Extents) -> List[int]:
-    return [p for a, n in extents for p in range(a, a + n)]
-
-
-class _Streams:
-    """Where the copies run: a side stream on CUDA (the engine's stream waits
-    on events, no host round trip); plain synchronous copies elsewhere."""
-
-    def __init__(self, device):
-        torch = _torch_module()
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.side = torch.cuda.Stream(device=device) if self.cuda else None
-
-    def engine(self):
-        return _torch_module().cuda.current_stream(self.device) if self.cuda else None
-
-    @contextmanager
-    def on_side(self, after_engine: bool = False):
-        """Copies issued inside run on the side stream; ``after_engine``: they
-        also wait for the engine's work so far (pages it still reads or has
-        just written)."""
-        if not self.cuda:
-            yield
-            return
-        torch = _torch_module()
-        if after_engine:
-            self.side.wait_stream(self.engine())
-        with torch.cuda.device(self.device), torch.cuda.stream(self.side):
-            yield
-
-    def mark(self):
-        """An event after every copy issued so far (None: they are done)."""
-        if not self.cuda:
-            return None
-        ev = _torch_module().cuda.Event()
-        ev.record(self.side)
-        return ev
-
-    def engine_waits(self, ev):
-        if ev is not None:
-            self.engine().wait_event(ev)
-
-    @staticmethod
-    def done(ev) -> bool:
-        return ev is None or ev.query()
-
-    @staticmethod
-    def sync(ev):
-        if ev is not None:
-            ev.synchronize()
-
-
 def _device_views(kv_caches, lay, names):
     """Each layer's tensor as (planes, pages, page elements) of an integer
     type, at the byte offsets Geometry.page_offset gives for the layout
     describe_kv_caches read (the one statement of where a page lies)."""
-    torch = _torch_module()
+    torch = torch_module()
     g, nb = lay.geometry, lay.num_pages
     esize = g.dtype_bytes
     unit = g.page_bytes_per_plane // esize
-    it = _int_dtype(esize)
+    it = int_dtype(esize)
     out = []
     for i, name in enumerate(names):
         t = kv_caches[name]
@@ -283,7 +130,7 @@ class HostStaging:
         """``lay``: the engine tensors' KVLayout (describe_kv_caches);
         ``hold_ttl_ms``: how long a load in rounds pins the blocks of its
         later rounds at most."""
-        torch = _torch_module()
+        torch = torch_module()
         check_host_staging_bytes(host_staging_bytes)
         g = lay.geometry
         block_bytes = g.layers * g.page_bytes_per_layer * g.chunk_pages
@@ -295,8 +142,8 @@ class HostStaging:
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"host staging: KV cache on {lay.device}; copies are written for cuda (and cpu in tests)")
         self._views = _device_views(kv_caches, lay, lay.layer_names)
-        self._streams = _Streams(self.device)
-        self._pool = _Pool(g, pages, pin=self._streams.cuda)
+        self._streams = Streams(self.device)
+        self._pool = Pool(g, pages, pin=self._streams.cuda)
         self.geometry, self.pages, self.hold_ttl_ms = g, pages, hold_ttl_ms
         self.host_staging_bytes = host_staging_bytes
         self.layout = dataclasses.replace(lay, layout="per_layer", num_pages=pages, regions=self._pool.regions(), device="cpu")
@@ -412,7 +259,7 @@ class HostStaging:
                 return None
             try:
                 self._copy_out(ext, new)
-                pages = _expand(ext)
+                pages = expand(ext)
                 sv = self.store.save(chain, pages[:cp] * stored + pages, tokens=tokens, hashes=hashes)
             except BaseException:
                 self._pool.give(ext)
@@ -427,7 +274,7 @@ class HostStaging:
     def _segments(self, extents: Extents, dev_ids: Sequence[int]):
         """(first pool page, pages, the engine page ids as a device tensor)
         per extent; call on the side stream."""
-        torch = _torch_module()
+        torch = torch_module()
         out, i = [], 0
         for a, n in extents:
             k = min(n, len(dev_ids) - i)
@@ -438,7 +285,7 @@ class HostStaging:
         return out
 
     def _copy_out(self, extents: Extents, dev_ids: Sequence[int]):
-        torch = _torch_module()
+        torch = torch_module()
         with self._streams.on_side(after_engine=True):
             segs = self._segments(extents, dev_ids)
             for view, host in zip(self._views, self._pool.layers):
@@ -522,7 +369,7 @@ class _StagedLoad:
         stg, spec, cp = self._stg, self.spec, self._stg.geometry.chunk_pages
         self._start, self._end_block, self._copied = start, min(self._n, start + self._per_round), 0
         m = self._end_block - start
-        self._ld = stg.store.load_with(spec.chain[:spec.skip + self._end_block], _expand(self._extents)[:m * cp],
+        self._ld = stg.store.load_with(spec.chain[:spec.skip + self._end_block], expand(self._extents)[:m * cp],
                                        skip=spec.skip + start, promised=True)
         if self._end_block == self._n and self._hold is not None:  # the last round pins for itself
             self._hold.release()
