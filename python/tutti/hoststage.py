@@ -413,7 +413,11 @@ class _StagedLoad:
                 self._end()
                 return
             self._stg._streams.sync(self._ev)
-            self._start_round(self._end_block)
+            try:
+                self._start_round(self._end_block)
+            except _lib.TuttiError as e:  # e.g. Busy: the rounds so far stay restored, the rest are not
+                self._failure = e
+                self._end()
 
     def wait(self) -> int:
         """Ends the restore (copies every layer left) and returns the leading
