@@ -160,21 +160,24 @@ def _layer_name(i):
     return f"model.layers.{i}.self_attn"
 
 
-def _open_worker(dirs, pool, path, capacity):
+def _open_worker(dirs, pool, path, capacity, host_staging_bytes=None):
     """tutti's worker side (the vLLM connector's) over the pool: layer
-    registration from the tensors' shapes and strides, loads, waits, saves."""
+    registration from the tensors' shapes and strides, loads, waits, saves.
+    Path "staged": the CPU path on the GPU pool through host staging of
+    ``host_staging_bytes`` (tutti.hoststage), as vLLM's path "cpu" runs."""
     from tutti import GPUOptions, SchedOptions, Store, worker_side
 
     def opener(lay):
         # A restore moves the whole prefix at once: no cut below the pool's pages.
         # B needs all of A's prefix: a save bound far above the default 2 s, which an
         # unlearned device model (seeded low) would hold a 16 GiB save to, cutting the rest.
-        return Store(dirs, capacity, lay.geometry, lay.num_pages, layout=lay.layout, path=path,
+        return Store(dirs, capacity, lay.geometry, lay.num_pages, layout=lay.layout, path="cpu" if path == "staged" else path,
                      gpu=GPUOptions(max_pages=lay.num_pages), sched=SchedOptions(save_bound_ms=SAVE_BOUND_MS))
 
     w = worker_side.WorkerSide(opener)
     try:
-        w.register({_layer_name(i): t for i, t in enumerate(pool)}, block_size=PAGE_TOKENS)
+        w.register({_layer_name(i): t for i, t in enumerate(pool)}, block_size=PAGE_TOKENS,
+                   host_staging_bytes=host_staging_bytes if path == "staged" else None)
     except BaseException:
         w.close()
         raise
@@ -270,8 +273,8 @@ def _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache
         capacity = int(kv_bytes * 1.25) + (256 << 20)
         saved_by = None
         for path in paths:
-            pool = _pool(cfg, table.num_pages, "cuda" if path == "gpu" else "cpu")
-            kv = _open_worker(dirs, pool, path, capacity)
+            pool = _pool(cfg, table.num_pages, "cpu" if path == "cpu" else "cuda")
+            kv = _open_worker(dirs, pool, path, capacity, args.host_staging_bytes)
             try:
                 if saved_by is None:
                     # A's save: each layer's KV into the pool and saved per layer (the
@@ -316,7 +319,7 @@ def _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache
                 del cache_b
                 rec.update(base, kind="ttft", storage=storage, path=path, recompute_ms=recompute_ms,
                            speedup=recompute_ms / rec["ttft_ms"], kv_equal=kv_equal, logits_equal=logits_equal,
-                           ok=ok, why=why.strip(), stats=kv.store.stats())
+                           ok=ok, why=why.strip(), stats=kv.store.stats(), staging=kv.take_stats())
                 yield rec
             finally:
                 kv.close()
@@ -392,7 +395,7 @@ def _caches_equal(x, y, n_tokens):
 def _poison(pool, path):
     """Fills the page pool with one constant, so that a page the restore left unwritten fails the bit-exact check."""
     for t in pool:
-        t.fill_(-1.0 if path == "gpu" else 7.0)
+        t.fill_(7.0 if path == "cpu" else -1.0)
 
 
 def _clone_cache(caches, src, n_tokens):

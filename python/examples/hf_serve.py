@@ -13,7 +13,8 @@ For each model and prefix length:
    through tutti, then made durable.
 2. Request B shares A's prefix and adds a suffix. tutti restores the prefix
    into the page pool (GPU path: the GPU-driven restore into HBM; CPU path:
-   into pinned host pages, copied to the GPU per layer), and a forward
+   into pinned host pages, copied to the GPU per layer; staged: the CPU path
+   on GPU pages through a bounded pinned pool, tutti.hoststage), and a forward
    pre-hook on each decoder layer waits for that layer's restore (as vLLM's
    ``wait_for_layer_load``) and moves its pages into the model's own
    ``StaticCache``; the model computes only the suffix.
@@ -70,7 +71,10 @@ def main(argv=None):
     ap.add_argument("--decode", type=int, default=32, help="greedy tokens compared from both caches")
     ap.add_argument("--storage", action="append", default=[],
                     help="NAME=DIR[,DIR...] (repeatable): where tutti's store lives; default disk=a temporary dir")
-    ap.add_argument("--paths", default="gpu,cpu")
+    ap.add_argument("--paths", default="gpu,cpu", help="gpu, cpu (a pinned host page pool), staged (the CPU path "
+                    "through host staging on GPU pages, as vLLM's path \"cpu\")")
+    ap.add_argument("--host-staging-bytes", type=int, default=1 << 30, help="the staged path's pinned pool; a save larger than it is skipped "
+                    "(Llama-3-8B: 128 KiB per prefix token)")
     ap.add_argument("--layers", type=int, default=0, help="override the layer count (quick runs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tolerance", type=float, default=0.02,
@@ -86,8 +90,8 @@ def main(argv=None):
     if any(p <= 0 or p % 16 for p in prefixes):
         ap.error(f"--prefixes {args.prefixes}: each must be a positive multiple of 16")
     paths = [p for p in args.paths.split(",") if p]
-    if any(p not in ("gpu", "cpu") for p in paths):
-        ap.error(f"--paths {args.paths}: want gpu and/or cpu")
+    if any(p not in ("gpu", "cpu", "staged") for p in paths):
+        ap.error(f"--paths {args.paths}: want gpu, cpu and/or staged")
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
     need_deps()

@@ -17,6 +17,8 @@ import sys
 import tempfile
 import unittest
 
+import tutti
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOUBLE = os.path.join(HERE, "vllm_double")
 
@@ -45,10 +47,10 @@ def _config(store_root, extra=None, engine_id="e1"):
                       cache_config=CacheConfig(BS), parallel_config=ParallelConfig(TP), model_config=ModelConfig("test/model"))
 
 
-def _content(key, layer, rank):
+def _content(key, layer, rank, dev=DEV):
     """What the double's attention writes for a block: (2 planes, BS, heads, D)."""
     g = torch.Generator().manual_seed((key ^ (layer * 7919 + rank * 104729)) & 0x7FFFFFFFFFFFFFFF)
-    return torch.randn(2, BS, H // TP, D, generator=g).to(torch.bfloat16).to(DEV)
+    return torch.randn(2, BS, H // TP, D, generator=g).to(torch.bfloat16).to(dev)
 
 
 def _block_keys(tokens):
@@ -62,15 +64,20 @@ def _block_keys(tokens):
     return keys
 
 
-def worker_main(pipe, rank, store_root, engine_id):
+def worker_main(pipe, rank, store_root, engine_id, extra=None, dev=DEV):
     sys.path.insert(0, DOUBLE)
     torch.set_num_threads(1)  # tiny tensors; the CI machine has 2 cores
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.distributed.parallel_state import set_rank_for_test
     set_rank_for_test(rank)
-    conn = KVConnectorFactory.create_connector(_config(store_root, engine_id=engine_id), KVConnectorRole.WORKER, None)
-    kv = {f"model.layers.{i}.self_attn.attn": torch.zeros(2, NB, BS, H // TP, D, dtype=torch.bfloat16, device=DEV)
+    if extra and "host_staging_bytes" in extra and dev == "cpu":
+        # No GPU here: CPU tensors stand in for the GPU KV cache, so the path
+        # decision (staging for a cache outside host memory) is told to stage.
+        import tutti.vllm
+        tutti.vllm.TuttiConnector._host_staging_bytes = lambda self, kv: self.settings.host_staging_bytes
+    conn = KVConnectorFactory.create_connector(_config(store_root, extra, engine_id=engine_id), KVConnectorRole.WORKER, None)
+    kv = {f"model.layers.{i}.self_attn.attn": torch.zeros(2, NB, BS, H // TP, D, dtype=torch.bfloat16, device=dev)
           for i in range(L)}
     conn.register_kv_caches(kv)
     pipe.send("ready")
@@ -97,21 +104,21 @@ def worker_main(pipe, rank, store_root, engine_id):
                 keys = _block_keys(tokens)
                 for pos_block in range(start // BS, (start + n + BS - 1) // BS):
                     lo, hi = max(start, pos_block * BS) - pos_block * BS, min(start + n, (pos_block + 1) * BS) - pos_block * BS
-                    c = _content(keys[pos_block], li, rank)
+                    c = _content(keys[pos_block], li, rank, dev)
                     kv[name][:, blocks[pos_block], lo:hi] = c[:, lo:hi]
             conn.save_kv_layer(name, kv[name], None)
         conn.wait_for_save()
         if not so.has_sync_kv_loads:
             conn.start_load_kv(None)  # the newest tree's order: after the forward
         sending, recving = conn.get_finished(so.finished_req_ids)  # ends the step's loads
-        if DEV == "cuda":
+        if dev == "cuda":
             torch.cuda.synchronize()
         bad = []
         for ld in meta.loads:
             for i, key in enumerate(ld.chain):
                 page = reqs[ld.req_id][1][i]
                 for li, name in enumerate(names):
-                    if not torch.equal(kv[name][:, page], _content(key, li, rank)):
+                    if not torch.equal(kv[name][:, page], _content(key, li, rank, dev)):
                         bad.append((ld.req_id, i, page, li))
         errors = conn.get_block_ids_with_load_errors()
         stats = conn.get_kv_connector_stats()
@@ -142,20 +149,21 @@ class VLLMAdapterTest(unittest.TestCase):
         self.ctx = mp.get_context("spawn")
         self.procs = []
 
-    def start(self, engine_id):
+    def start(self, engine_id, extra=None, dev=DEV):
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         self.pipes = []
+        self.worker_stats = {}
         for r in range(TP):
             a, b = self.ctx.Pipe()
-            p = self.ctx.Process(target=worker_main, args=(b, r, self.root, engine_id), daemon=True)
+            p = self.ctx.Process(target=worker_main, args=(b, r, self.root, engine_id, extra, dev), daemon=True)
             p.start()
             self.procs.append(p)
             self.pipes.append(a)
         for a in self.pipes:  # the workers register before the scheduler-role connector is built
             self.assertTrue(a.poll(120), "a worker did not start")
             self.assertEqual(a.recv(), "ready")
-        self.sched = KVConnectorFactory.create_connector(_config(self.root, engine_id=engine_id), KVConnectorRole.SCHEDULER, None)
+        self.sched = KVConnectorFactory.create_connector(_config(self.root, extra, engine_id=engine_id), KVConnectorRole.SCHEDULER, None)
         self.free = list(range(NB))
         self.finished = set()
 
@@ -190,6 +198,8 @@ class VLLMAdapterTest(unittest.TestCase):
             self.assertEqual((o["sending"], o["recving"]), (None, None))  # loads sync, saves gathered in the step
             self.assertEqual(o["errors"], set())
             self.assertEqual(o["bad"], [], "loaded pages differ from what was saved")
+            for k, v in o["stats"].items():
+                self.worker_stats[k] = self.worker_stats.get(k, 0) + v
         self.finished = set()
         return outs
 
@@ -276,6 +286,51 @@ class VLLMAdapterTest(unittest.TestCase):
         self.assertEqual(ext % BS if ext < 30 * BS - 1 else 0, 0)
         self.stop()
 
+    def test_cpu_path_host_staged(self):
+        """path "cpu" on a KV cache outside host memory: the CPU path through
+        host staging (tensors on cuda:0 where torch sees a GPU, else CPU
+        tensors standing in for them), every loaded page compared."""
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        block_bytes = L * 2 * BS * (H // TP) * D * 2
+        self.start("engine-staged", {"path": "cpu", "host_staging_bytes": 5 * block_bytes}, dev)
+        a = list(range(3000, 3000 + 5 * BS + 3))
+        ext, a_blocks = self.run_request("A", a, chunks=[40, 43])
+        self.assertEqual(ext, 0)
+        self.sync()
+        ext, _ = self.run_request("B", a, local_blocks=a_blocks[:2])  # 3 blocks through the pool
+        self.assertEqual(ext, 3 * BS)
+        ext, _ = self.run_request("C", a[:5 * BS])  # 5 blocks: the whole pool
+        self.assertEqual(ext, 5 * BS - 1)
+        s = self.worker_stats
+        self.assertEqual((s.get("staging_loads"), s.get("staging_saves")), (2 * TP, TP))
+        self.assertEqual(s.get("staging_h2d_bytes"), TP * 8 * block_bytes)
+        self.assertEqual(s.get("staging_d2h_bytes"), TP * 5 * block_bytes)
+        self.assertEqual(s.get("staging_short_blocks", 0) + s.get("staging_skipped_saves", 0), 0)
+        self.stop()
+
+    def test_gpu_path_unavailable_says_set_cpu(self):
+        """path "auto" on a GPU KV cache takes the GPU path, with no fallback:
+        where it cannot open, the error says to set path "cpu"."""
+        import dataclasses
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.distributed.parallel_state import set_rank_for_test
+        from tutti import worker_side as ws
+        set_rank_for_test(0)
+        conn = KVConnectorFactory.create_connector(_config(self.root, {"path": "auto"}), KVConnectorRole.WORKER, None)
+        kv = {f"l{i}": torch.zeros(2, NB, BS, H // TP, D, dtype=torch.bfloat16) for i in range(L)}
+        lay = dataclasses.replace(ws.describe_kv_caches(kv, BS), device="cuda:0")  # as a GPU cache reads
+        try:
+            st = conn._open_store(lay)
+        except RuntimeError as e:
+            self.assertIn('path = "cpu"', str(e))
+            self.assertIsInstance(e.__cause__, (tutti._lib.NoGPU, tutti._lib.NotSupported))
+            return
+        finally:
+            conn.shutdown()
+        st.close()
+        self.skipTest("the GPU path opens here (a GPU and the kernels library)")
+
     def test_hash_seed_required(self):
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -299,7 +354,8 @@ class VLLMAdapterTest(unittest.TestCase):
         with self.assertRaises(ValueError):  # the engine-neutral class is no vLLM connector
             KVConnectorFactory.create_connector(old, KVConnectorRole.SCHEDULER, None)
         for bad, frag in (({"dirs": "/x"}, "list"), ({"path": "tpu"}, "path"), ({"nope": 1}, "unknown"),
-                          ({"store_options": {"x": 1}}, "store_options")):
+                          ({"store_options": {"x": 1}}, "store_options"), ({"host_staging_bytes": 0}, "host_staging_bytes"),
+                          ({"host_staging_bytes": "1G"}, "host_staging_bytes")):
             with self.assertRaises(ValueError) as cm:
                 KVConnectorFactory.create_connector(_config(self.root, bad), KVConnectorRole.SCHEDULER, None)
             self.assertIn(frag, str(cm.exception))

@@ -28,9 +28,9 @@ def device():
     return "cuda" if path_under_test() == "gpu" else "cpu"
 
 
-def layouts():
-    """name → (per-layer tensors, block dimension of each tensor)."""
-    dev, dt = device(), torch.bfloat16
+def layouts(dev=None):
+    """name → (per-layer tensors on ``dev``, default the path's device; block dimension of each tensor)."""
+    dev, dt = dev or device(), torch.bfloat16
     out = {}
     out["flash-nhd"] = ({f"l{i}": torch.zeros(2, NB, BS, H, D, dtype=dt, device=dev) for i in range(L)}, 1)
     out["flash-hnd"] = ({f"l{i}": torch.zeros(2, NB, H, BS, D, dtype=dt, device=dev).permute(0, 1, 3, 2, 4) for i in range(L)}, 1)

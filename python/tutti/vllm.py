@@ -34,7 +34,7 @@ try:
 except ImportError:  # vLLM before connector stats: stats and metrics are off
     KVConnectorPromMetrics = KVConnectorStats = None
 
-from . import _lib, options
+from . import _lib, hoststage, options
 from .connector import _hash64
 from .lookup_service import LookupServer, RemoteMatcher, socket_path
 from .scheduler_side import LocalMatcher, SchedulerSide
@@ -47,7 +47,7 @@ log = logging.getLogger("tutti.vllm")
 VLLM_COMMITS = ("003df29", "00f4240")
 
 _KEYS = {"dirs", "capacity_bytes", "path", "hold_ttl_ms", "lookup_socket_dir", "lookup_timeout_ms",
-         "pythonhashseed", "store_options", "kv_events"}
+         "pythonhashseed", "store_options", "kv_events", "host_staging_bytes"}
 # store_options take the flat names of tutti.options.FLAT (a JSON object has
 # no dataclasses); the connector picks the CUDA device itself.
 _STORE_OPTIONS = (set(options.FLAT) - {"gpu_device"}) | options.NO_OP
@@ -76,6 +76,7 @@ class Settings:
     pythonhashseed: str = "require"
     store_options: Dict[str, Any] = field(default_factory=dict)
     kv_events: Optional[str] = None  # "tcp://HOST:PORT?replay=...&topic=kv@pod@model": docs/routers.md
+    host_staging_bytes: int = hoststage.HOST_STAGING_BYTES_DEFAULT  # path "cpu" on a GPU KV cache: pinned pool per rank
 
     @staticmethod
     def parse(extra: Optional[dict]) -> "Settings":
@@ -93,6 +94,7 @@ class Settings:
             raise ValueError(f"kv_connector_extra_config.capacity_bytes = {s.capacity_bytes!r}: want bytes > 0 (per rank)")
         if s.path not in ("gpu", "cpu", "auto"):
             raise ValueError(f"kv_connector_extra_config.path = {s.path!r}: want 'gpu', 'cpu' or 'auto'")
+        hoststage.check_host_staging_bytes(s.host_staging_bytes, "kv_connector_extra_config.host_staging_bytes")
         if s.kv_events is not None and not isinstance(s.kv_events, str):
             raise ValueError(f"kv_connector_extra_config.kv_events = {s.kv_events!r}: want an endpoint string (docs/routers.md)")
         if s.pythonhashseed not in ("require", "warn"):
@@ -190,6 +192,13 @@ if KVConnectorStats is not None:
             "hit_tokens": ("vllm:kv_offload_tutti_hit_tokens", "Tokens tutti promised to restore"),
             "load_error_blocks": ("vllm:kv_offload_tutti_load_error_blocks", "Promised blocks not restored"),
             "fallbacks": ("vllm:kv_offload_tutti_fallbacks", "Lookups answered as misses because a rank did not answer"),
+            # host staging (path "cpu" on a GPU KV cache; tutti.hoststage.COUNTERS)
+            "staging_h2d_bytes": ("vllm:kv_offload_tutti_staging_h2d_bytes", "Bytes copied from host staging into the KV cache"),
+            "staging_d2h_bytes": ("vllm:kv_offload_tutti_staging_d2h_bytes", "Bytes copied from the KV cache into host staging"),
+            "staging_short_blocks": ("vllm:kv_offload_tutti_staging_short_blocks",
+                                     "Promised blocks not restored: no host staging page was free"),
+            "staging_skipped_saves": ("vllm:kv_offload_tutti_staging_skipped_saves",
+                                      "Saves skipped: too few host staging pages free"),
         }
 
         def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
@@ -249,6 +258,8 @@ class TuttiConnector(KVConnectorBase_V1):
         g = lay.geometry
         if self.tp_size > 1 and g.planes == 2:  # the store takes the whole model's heads and keeps its rank's share
             g = Geometry(g.layers, g.kv_heads * self.tp_size, g.head_dim, g.dtype, g.planes, g.page_tokens, g.chunk_pages)
+        # The path decision: "cpu" on a GPU KV cache came through host staging
+        # (register_kv_caches), so ``lay`` is then the host pool's.
         path = self.settings.path
         if path == "auto":
             path = "cpu" if lay.device == "cpu" else "gpu"
@@ -265,20 +276,36 @@ class TuttiConnector(KVConnectorBase_V1):
         def opener():
             return Store(self._store_dirs(lay), self.settings.capacity_bytes, g, lay.num_pages, layout=lay.layout,
                          path=path, tp_rank=self.rank, tp_size=self.tp_size, kv_events=self.settings.kv_events, **groups)
-        st = process_store(self._key, opener)
+        try:
+            st = process_store(self._key, opener)
+        except (_lib.NoGPU, _lib.NotSupported) as e:
+            raise _gpu_path_error(e) from e
         self._holds = _process_matcher(self._key, st, self.settings.hold_ttl_ms)
         self._server = LookupServer(socket_path(self.settings.lookup_socket_dir, self._key, self.rank), self._holds)
         log.info("tutti: rank %d of %d, %s, store %s (%s path)", self.rank, self.tp_size, lay.tag, st.shard_geometry, path)
         return st
 
+    def _host_staging_bytes(self, kv_caches) -> Optional[int]:
+        """Path "cpu" on a KV cache outside host memory: the CPU path through
+        host staging of host_staging_bytes (None: the tensors themselves)."""
+        first = next(iter(kv_caches.values()), None)
+        on_host = str(getattr(first, "device", "cpu")) == "cpu"
+        return self.settings.host_staging_bytes if self.settings.path == "cpu" and not on_host else None
+
+    def _register(self, kv_caches):
+        try:
+            self._worker.register(kv_caches, self.block_size, host_staging_bytes=self._host_staging_bytes(kv_caches))
+        except (_lib.NoGPU, _lib.NotSupported) as e:  # the GPU path binds its kernels at registration
+            raise _gpu_path_error(e) from e
+
     def register_kv_caches(self, kv_caches):
-        self._worker.register(kv_caches, self.block_size)
+        self._register(kv_caches)
 
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
         # [num_blocks, num_layers, ...]: per-layer views; describe_kv_caches
         # reads them as tutti's cross-layer layout from their strides.
         names = [f"layer.{i}" for i in range(kv_cache.shape[1])]
-        self._worker.register({n: kv_cache.select(1, i) for i, n in enumerate(names)}, self.block_size)
+        self._register({n: kv_cache.select(1, i) for i, n in enumerate(names)})
 
     def bind_connector_metadata(self, connector_metadata):
         super().bind_connector_metadata(connector_metadata)  # the per-layer hooks run only while metadata is bound
@@ -332,6 +359,8 @@ class TuttiConnector(KVConnectorBase_V1):
         if KVConnectorStats is None:
             return None
         d = self._stats.take()
+        if self._worker is not None:
+            d.update(self._worker.take_stats())
         if self._sched is not None:
             d.update({k: v for k, v in self._sched.counters.items() if not k.startswith("fallback")})
             d["fallbacks"] = sum(v for k, v in self._sched.counters.items() if k.startswith("fallback"))
@@ -406,6 +435,11 @@ class TuttiConnector(KVConnectorBase_V1):
 
     def take_events(self):
         return ()
+
+
+def _gpu_path_error(e: Exception) -> RuntimeError:
+    return RuntimeError(f"tutti: the GPU path cannot run here ({e}). Set kv_connector_extra_config.path = \"cpu\" to use "
+                        "tutti's CPU path through pinned host staging (host_staging_bytes; docs/vllm.md)")
 
 
 class _HoldsProxy:

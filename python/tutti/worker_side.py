@@ -17,9 +17,14 @@ API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
     layer and why.
 
 ``WorkerSide(store_opener, path)``
-    ``register(kv_caches, block_size)`` once: describes the tensors, opens the
-    store through ``store_opener(layout)`` (so directories and geometry come
-    from the layout) and registers the memory; returns the KVLayout.
+    ``register(kv_caches, block_size, host_staging_bytes=None)`` once:
+    describes the tensors, opens the store through ``store_opener(layout)``
+    (so directories and geometry come from the layout) and registers the
+    memory; returns the KVLayout. With ``host_staging_bytes`` the tensors
+    (any torch device, a GPU's in practice) are served by the CPU path
+    through a pool of that many bytes of pinned host pages
+    (:mod:`tutti.hoststage`): the opener gets the pool's layout (device
+    "cpu", the pool's pages, the tensors' tag) and must open a CPU-path store.
     Per engine step, in any of the orders engines use:
 
     * ``bind(loads, saves)``: this step's :class:`LoadSpec` / :class:`SaveSpec`
@@ -41,6 +46,9 @@ API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
       restored (load errors), and which requests waiting on their saves are
       done (``sending``).
     * ``unbind()``.
+
+``take_stats()``: the worker's counters since the last call (host staging's,
+:data:`tutti.hoststage.COUNTERS`; empty without it).
 
 Ownership: the WorkerSide holds references to the registered tensors until
 ``close``; the store is closed by ``close`` unless it came shared (see
@@ -291,6 +299,7 @@ class WorkerSide:
         self._stream_wait = stream_wait
         self.store: Optional[Store] = None
         self.kv_layout: Optional[KVLayout] = None
+        self.staging = None  # a tutti.hoststage.HostStaging when the KV goes through host staging
         self._layer_index: Dict[str, int] = {}
         self._kv_refs = None
         self._loads_spec: List[LoadSpec] = []
@@ -303,16 +312,32 @@ class WorkerSide:
         self._result = StepResult()
 
     # -- registration
-    def register(self, kv_caches: Dict[str, object], block_size: int, layer_names: Optional[Sequence[str]] = None) -> KVLayout:
+    def register(self, kv_caches: Dict[str, object], block_size: int, layer_names: Optional[Sequence[str]] = None,
+                 host_staging_bytes: Optional[int] = None) -> KVLayout:
+        """``host_staging_bytes``: serve the tensors through host staging of
+        that size (module doc); the store then holds the pool's pages."""
         if self.store is not None:
             raise RuntimeError("register called twice")
         lay = describe_kv_caches(kv_caches, block_size, layer_names)
-        st = self._opener(lay)
-        if (st.shard_geometry, st.num_pages, st.layout) != (lay.geometry, lay.num_pages, lay.layout):
-            raise LayoutError(f"the store opened for {lay.tag} holds {st.shard_geometry}, {st.num_pages} pages, {st.layout}; "
-                              f"the tensors are {lay.geometry}, {lay.num_pages} pages, {lay.layout}")
-        st.register_kv(list(lay.regions), memory="host" if lay.device == "cpu" else "cuda")
-        self.store, self.kv_layout = st, lay
+        # -- host staging: the store moves the pool's pages, not the tensors'
+        mem, staging = lay, None
+        if host_staging_bytes is not None:
+            from .hoststage import HostStaging
+            staging = HostStaging(kv_caches, lay, host_staging_bytes)
+            mem = staging.layout
+        try:
+            st = self._opener(mem)
+            if (st.shard_geometry, st.num_pages, st.layout) != (mem.geometry, mem.num_pages, mem.layout):
+                raise LayoutError(f"the store opened for {mem.tag} holds {st.shard_geometry}, {st.num_pages} pages, {st.layout}; "
+                                  f"the KV memory is {mem.geometry}, {mem.num_pages} pages, {mem.layout}")
+            if staging is not None:
+                staging.bind(st)
+            st.register_kv(list(mem.regions), memory="host" if mem.device == "cpu" else "cuda")
+        except BaseException:
+            if staging is not None:
+                staging.close()
+            raise
+        self.store, self.kv_layout, self.staging = st, lay, staging
         self._layer_index = {n: i for i, n in enumerate(lay.layer_names)}
         self._kv_refs = dict(kv_caches)  # the library writes into them until the store closes
         if self._device_sync is None:
@@ -351,13 +376,17 @@ class WorkerSide:
         st = self._need_store()
         self._device_sync()  # the engine's kernels may still use the pages a load overwrites
         cp = st.geometry.chunk_pages
+        if self.staging is not None:  # host staging: the step's loads share its free pages
+            self.staging.plan_loads(self._loads_spec)
         for spec in self._loads_spec:
             want = (len(spec.chain) - spec.skip) * cp
             if len(spec.block_ids) != want:
                 raise ValueError(f"request {spec.req_id!r}: {len(spec.block_ids)} block ids for {len(spec.chain) - spec.skip} "
                                  f"blocks after {spec.skip} local ones (need {want})")
             try:
-                if want:
+                if want and self.staging is not None:  # host staging: through the pool
+                    self._loads[spec.req_id] = (self.staging.load(spec), spec)
+                elif want:
                     self._loads[spec.req_id] = (st.load_with(spec.chain, spec.block_ids, skip=spec.skip, promised=True), spec)
             except Exception as e:  # a promise not kept: every block of it is a load error
                 self._result.failures[spec.req_id] = e
@@ -390,6 +419,7 @@ class WorkerSide:
         st = self._need_store()
         self._device_sync()  # the KV to save must be written before tutti's copies read it
         cp = st.geometry.chunk_pages
+        save = self.staging.save if self.staging is not None else st.save  # host staging: None when skipped
         for spec in self._saves_spec:
             n = min(len(spec.chain), len(spec.block_ids) // cp)
             if n == 0:
@@ -397,8 +427,9 @@ class WorkerSide:
             bt = cp * st.geometry.page_tokens
             tokens = spec.tokens[:n * bt] if spec.tokens is not None and len(spec.tokens) >= n * bt else None
             hashes = spec.hashes[:n] if spec.hashes is not None and len(spec.hashes) >= n else None
-            self._saves.setdefault(spec.req_id, []).append(
-                st.save(spec.chain[:n], spec.block_ids[:n * cp], tokens=tokens, hashes=hashes))
+            sv = save(spec.chain[:n], spec.block_ids[:n * cp], tokens=tokens, hashes=hashes)
+            if sv is not None:
+                self._saves.setdefault(spec.req_id, []).append(sv)
 
     def wait_for_save(self):
         """Every save of the step has copied its pages out when this returns."""
@@ -435,7 +466,15 @@ class WorkerSide:
     def unbind(self):
         self._loads_spec, self._saves_spec = [], []
 
+    def take_stats(self) -> Dict[str, int]:
+        """Counters grown since the last call (host staging's; empty without it)."""
+        return self.staging.take_counters() if self.staging is not None else {}
+
     def close(self, close_store: bool = True):
+        """Releases the step's loads and saves and closes the store (unless
+        ``close_store`` is False: a shared store). Host staging's pool is
+        freed here either way, once its loads and saves drained: a store
+        left open no longer reads or writes it."""
         for ld, _ in self._loads.values():
             ld.release()
         self._loads.clear()
@@ -443,6 +482,9 @@ class WorkerSide:
             for sv in saves:
                 sv.release()
         self._saves.clear()
+        if self.staging is not None:  # waits for its saves to gather, then frees the pool
+            self.staging.close()
+            self.staging = None
         if close_store and self.store is not None:
             self.store.close()
         self._kv_refs = None

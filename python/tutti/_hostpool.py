@@ -1,0 +1,162 @@
+"""The pieces under tutti.hoststage: the pinned host page pool and the
+streams its copies run on (torch imported on first use)."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+from contextlib import contextmanager
+from typing import List, Optional, Tuple
+
+log = logging.getLogger("tutti.hoststage")
+
+Extents = List[Tuple[int, int]]  # (first pool page, pages)
+
+_torch = None
+
+
+def torch_module():
+    global _torch
+    if _torch is None:
+        import torch
+        _torch = torch
+    return _torch
+
+
+def int_dtype(nbytes: int):
+    """Copies move bits: the integer type of the element's size (also for
+    dtypes some copy kernels lack, such as fp8)."""
+    t = torch_module()
+    return {1: t.uint8, 2: t.int16, 4: t.int32}[nbytes]
+
+
+class Pool:
+    """Host pages in tutti's per_layer layout: region l is (planes, pages,
+    page elements), all layers in one anonymous mapping (page-aligned, off
+    the Python heap), pinned with cudaHostRegister when the engine is on
+    CUDA. Freed by :meth:`close`."""
+
+    def __init__(self, geometry, pages: int, pin: bool):
+        torch = torch_module()
+        g = geometry
+        self.pages = pages
+        self.layer_bytes = g.planes * pages * g.page_bytes_per_plane
+        self.nbytes = g.layers * self.layer_bytes
+        self._mm = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        flat = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self.addr = flat.data_ptr()
+        self._pinned = False
+        if pin:
+            rc = torch.cuda.cudart().cudaHostRegister(self.addr, self.nbytes, 0)
+            if int(rc) != 0:
+                del flat
+                self._mm.close()
+                raise RuntimeError(f"host staging: cudaHostRegister of {self.nbytes} bytes failed (cudaError {int(rc)}); "
+                                   "lower host_staging_bytes or raise the memlock limit")
+            self._pinned = True
+        unit = g.page_bytes_per_plane // g.dtype_bytes
+        it = int_dtype(g.dtype_bytes)
+        self.layers = [flat[i * self.layer_bytes:(i + 1) * self.layer_bytes].view(it).view(g.planes, pages, unit)
+                       for i in range(g.layers)]
+        self._free: Extents = [(0, pages)]
+
+    @property
+    def free_pages(self) -> int:
+        return sum(n for _, n in self._free)
+
+    def regions(self):
+        return tuple((self.addr + i * self.layer_bytes, self.layer_bytes) for i in range(len(self.layers)))
+
+    def take(self, n: int) -> Optional[Extents]:
+        """Exactly ``n`` pages (one extent where one is long enough), or None."""
+        if n <= 0 or self.free_pages < n:
+            return None
+        for i, (a, m) in enumerate(self._free):
+            if m >= n:
+                self._free[i:i + 1] = [(a + n, m - n)] if m > n else []
+                return [(a, n)]
+        out, left = [], n
+        while left:
+            a, m = self._free[0]
+            k = min(m, left)
+            out.append((a, k))
+            self._free[0:1] = [(a + k, m - k)] if m > k else []
+            left -= k
+        return out
+
+    def give(self, extents: Extents):
+        merged: Extents = []
+        for a, n in sorted(self._free + [e for e in extents if e[1]]):
+            if merged and merged[-1][0] + merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((a, n))
+        self._free = merged
+
+    def close(self):
+        """Unpins and unmaps; every copy into or out of the pool must be
+        complete (the caller's events) and no transfer may use it."""
+        if self._mm is None:
+            return
+        self.layers = []
+        if self._pinned:
+            torch_module().cuda.cudart().cudaHostUnregister(self.addr)
+            self._pinned = False
+        try:
+            self._mm.close()
+        except BufferError:  # a view of the pool outlived close: the mapping goes with it
+            log.warning("host staging: a view of the pool is still referenced; its %d bytes are freed with it", self.nbytes)
+        self._mm = None
+
+
+def expand(extents: Extents) -> List[int]:
+    return [p for a, n in extents for p in range(a, a + n)]
+
+
+class Streams:
+    """Where the copies run: a side stream on CUDA (the engine's stream waits
+    on events, no host round trip); plain synchronous copies elsewhere."""
+
+    def __init__(self, device):
+        torch = torch_module()
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.side = torch.cuda.Stream(device=device) if self.cuda else None
+
+    def engine(self):
+        return torch_module().cuda.current_stream(self.device) if self.cuda else None
+
+    @contextmanager
+    def on_side(self, after_engine: bool = False):
+        """Copies issued inside run on the side stream; ``after_engine``: they
+        also wait for the engine's work so far (pages it still reads or has
+        just written)."""
+        if not self.cuda:
+            yield
+            return
+        torch = torch_module()
+        if after_engine:
+            self.side.wait_stream(self.engine())
+        with torch.cuda.device(self.device), torch.cuda.stream(self.side):
+            yield
+
+    def mark(self):
+        """An event after every copy issued so far (None: they are done)."""
+        if not self.cuda:
+            return None
+        ev = torch_module().cuda.Event()
+        ev.record(self.side)
+        return ev
+
+    def engine_waits(self, ev):
+        if ev is not None:
+            self.engine().wait_event(ev)
+
+    @staticmethod
+    def done(ev) -> bool:
+        return ev is None or ev.query()
+
+    @staticmethod
+    def sync(ev):
+        if ev is not None:
+            ev.synchronize()
