@@ -47,6 +47,11 @@ type Config struct {
 	// to publish with its blocks; past it blocks are published with hashes
 	// only (counted by the store).
 	MaxTokenBytes int64
+	// Format is the events' layout (default vLLM 0.26's maps).
+	Format Format
+	// Medium and Locality are what a store publishes its blocks as; empty:
+	// Format.Medium() and Format.Locality(). FormatVLLM011 has no locality.
+	Medium, Locality string
 }
 
 // Defaults for the zero tuning fields of Config.
@@ -88,13 +93,38 @@ func (c Config) withDefaults() Config {
 	if c.Epoch == 0 {
 		c.Epoch = uint64(time.Now().UnixNano())
 	}
+	c.Medium = c.PublishedMedium()
+	if c.Locality == "" {
+		c.Locality = c.Format.Locality()
+	}
 	return c
+}
+
+// PublishedMedium is the medium a store publishes its blocks as: Medium,
+// or the format's (Format.Medium).
+func (c Config) PublishedMedium() string {
+	if c.Medium != "" {
+		return c.Medium
+	}
+	return c.Format.Medium()
 }
 
 // Validate names the first wrong field.
 func (c Config) Validate() error {
 	if !strings.HasPrefix(c.Endpoint, "tcp://") {
 		return fmt.Errorf("%w: Endpoint %q: want tcp://HOST:PORT", ErrConfig, c.Endpoint)
+	}
+	if int(c.Format) >= len(formatNames) {
+		return fmt.Errorf("%w: %v", ErrConfig, c.Format)
+	}
+	if len(c.Medium) > maxMediumBytes {
+		return fmt.Errorf("%w: Medium of %d bytes (at most %d)", ErrConfig, len(c.Medium), maxMediumBytes)
+	}
+	switch {
+	case c.Locality != "" && c.Format == FormatVLLM011:
+		return fmt.Errorf("%w: Locality %q: format %v has no locality", ErrConfig, c.Locality, c.Format)
+	case c.Locality != "" && c.Locality != LocalityLocal && c.Locality != LocalityRemote:
+		return fmt.Errorf("%w: Locality %q: want LOCAL or REMOTE (vLLM's Locality)", ErrConfig, c.Locality)
 	}
 	if c.ReplayEndpoint != "" && !strings.HasPrefix(c.ReplayEndpoint, "tcp://") {
 		return fmt.Errorf("%w: ReplayEndpoint %q: want tcp://HOST:PORT", ErrConfig, c.ReplayEndpoint)
@@ -307,7 +337,7 @@ func (p *Publisher) send(cut []seqBatch) {
 	defer p.sendMu.Unlock()
 	topic := []byte(p.cfg.Topic)
 	for _, b := range cut {
-		payload := AppendBatch(nil, &Batch{TS: nowSeconds(), Events: b.events, DataParallelRank: p.cfg.DataParallelRank})
+		payload := AppendBatch(nil, &Batch{TS: nowSeconds(), Events: b.events, DataParallelRank: p.cfg.DataParallelRank, Format: p.cfg.Format})
 		if err := p.pub.SendMulti(zmq4.NewMsgFrom(topic, seqBytes(b.seq), payload)); err != nil {
 			p.st.sendErrs.Add(1)
 		}

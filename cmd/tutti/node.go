@@ -47,7 +47,7 @@ type kvFlags struct {
 }
 
 func (k *kvFlags) add(fs *flag.FlagSet) {
-	fs.StringVar(&k.events, "kv-events", "", "publish what the store serves as vLLM KV events: tcp://HOST:PORT[?replay=tcp://HOST:PORT&topic=kv@POD@MODEL] (docs/routers.md)")
+	fs.StringVar(&k.events, "kv-events", "", "publish what the store serves as vLLM KV events: tcp://HOST:PORT[?replay=tcp://HOST:PORT&topic=kv@POD@MODEL&format=vllm-0.26|vllm-0.11] (docs/routers.md)")
 	fs.StringVar(&k.etcd, "etcd", "", "register the node at /tutti/nodes/<id> in etcd (comma-separated endpoints) under a lease kept alive while it runs; needs --kv-events")
 	fs.StringVar(&k.id, "node-id", "", "the node's id in etcd (default: the host name)")
 	fs.DurationVar(&k.ttl, "etcd-ttl", membership.DefaultTTL, "the registration's lease TTL: a killed node's key is gone within it plus etcd's slack")
@@ -91,7 +91,7 @@ func (k *kvFlags) register(ev *kvevents.Config, capacityBytes int64, blockTokens
 		return nil, nil, err
 	}
 	reg, err := membership.Register(cli, membership.Record{ID: id, Events: ev.Endpoint, Replay: ev.ReplayEndpoint, Topic: ev.Topic,
-		Epoch: ev.Epoch, CapacityBytes: capacityBytes, Medium: kvevents.MediumDisk, BlockTokens: blockTokens}, k.ttl)
+		Epoch: ev.Epoch, CapacityBytes: capacityBytes, Medium: ev.PublishedMedium(), BlockTokens: blockTokens}, k.ttl)
 	if err != nil {
 		cli.Close()
 		return nil, nil, err
