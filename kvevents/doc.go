@@ -54,6 +54,16 @@
 // subscriber that applies them holds exactly what the store served after
 // batch S, and continues with the live batch S+1.
 //
+// # Events the engine publishes (Config.Engine)
+//
+// Where the engine publishes KV events itself (vLLM, whose router stream
+// also carries its GPU blocks), a publisher binds nothing: the engine takes
+// the events (Publisher.Take) as one array of events in the format. The
+// first take, and the first after the queue overflowed, lists the contents
+// after an AllBlocksCleared that speaks for this store only: the engine
+// replaces what it knew of the store with what follows, and must not pass
+// that event on.
+//
 // # Ordering and bounds
 //
 // The store calls [Publisher.Do] around every change of what it serves: the
@@ -62,7 +72,7 @@
 // never blocks on the network: events go to a bounded queue
 // (Config.MaxQueueEvents); past it they are dropped and counted, and the next
 // batch skips a sequence number so subscribers see the gap and repair it
-// through the replay endpoint. The
+// through the replay endpoint (an engine's next take lists the contents). The
 // PUB socket's own queue is bounded (Config.SendQueueBatches); a subscriber
 // too slow for it loses batches, which it sees as a sequence gap too.
 package kvevents

@@ -15,8 +15,10 @@ const maxSpecBytes = 4096
 // take:
 //
 //	tcp://HOST:PORT[?replay=tcp://HOST:PORT][&topic=TOPIC][&dp_rank=N][&max_queue_events=N][&format=F][&medium=M]
+//	engine[?max_queue_events=N][&format=F][&medium=M]
 //
 // e.g. "tcp://127.0.0.1:5557?replay=tcp://127.0.0.1:5558&topic=kv@pod-0@llama".
+// "engine" is Config.Engine: the engine takes the events (Publisher.Take).
 // format is vllm-0.26 (the default: maps, medium FS, locality LOCAL) or
 // vllm-0.11 (arrays, medium DISK); medium replaces the format's medium.
 // Unknown keys, repeated keys and bad values are errors naming them; the
@@ -27,6 +29,9 @@ func ParseSpec(spec string) (Config, error) {
 	}
 	ep, query, _ := strings.Cut(spec, "?")
 	c := Config{Endpoint: ep}
+	if ep == "engine" {
+		c = Config{Engine: true}
+	}
 	q, err := url.ParseQuery(query)
 	if err != nil {
 		return Config{}, fmt.Errorf("%w: spec %q: %v", ErrConfig, spec, err)

@@ -14,6 +14,8 @@ func TestParseSpec(t *testing.T) {
 			Config{Endpoint: "tcp://127.0.0.1:5557", ReplayEndpoint: "tcp://127.0.0.1:5558", Topic: "kv@pod-0@llama", DataParallelRank: 2}},
 		{"tcp://h:1?format=vllm-0.11", Config{Endpoint: "tcp://h:1", Format: FormatVLLM011}},
 		{"tcp://h:1?format=vllm-0.26&medium=DISK", Config{Endpoint: "tcp://h:1", Medium: "DISK"}},
+		{"engine", Config{Engine: true}},
+		{"engine?max_queue_events=9&format=vllm-0.11", Config{Engine: true, MaxQueueEvents: 9, Format: FormatVLLM011}},
 	} {
 		got, err := ParseSpec(c.spec)
 		if err != nil || got != c.want {
@@ -22,7 +24,7 @@ func TestParseSpec(t *testing.T) {
 	}
 	for _, bad := range []string{"", "127.0.0.1:5557", "tcp://h:1?replay=udp://x", "tcp://h:1?x=1", "tcp://h:1?dp_rank=-1",
 		"tcp://h:1?topic=a&topic=b", "tcp://h:1?max_queue_events=abc", "tcp://h:1?%zz", "tcp://h:1?format=vllm-0.20",
-		"tcp://h:1?medium=", "engine"} {
+		"tcp://h:1?medium=", "engine?topic=t", "engine?replay=tcp://h:2", "engine?dp_rank=1", "engines"} {
 		if _, err := ParseSpec(bad); !errors.Is(err, ErrConfig) {
 			t.Errorf("%q: %v, want ErrConfig", bad, err)
 		}
@@ -47,6 +49,7 @@ func TestConfigDefaults(t *testing.T) {
 		{Endpoint: "tcp://h:1", Format: 7},
 		{Endpoint: "tcp://h:1", Format: FormatVLLM011, Locality: LocalityLocal},
 		{Endpoint: "tcp://h:1", Locality: "NEAR"},
+		{Engine: true, Endpoint: "tcp://h:1"},
 	} {
 		if err := bad.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%+v: %v, want ErrConfig", bad, err)
@@ -56,7 +59,7 @@ func TestConfigDefaults(t *testing.T) {
 
 func FuzzParseSpec(f *testing.F) {
 	f.Add("tcp://127.0.0.1:5557?replay=tcp://127.0.0.1:5558&topic=kv@p@m")
-	f.Add("tcp://h:1?format=vllm-0.11&medium=DISK")
+	f.Add("engine?format=vllm-0.11&medium=DISK")
 	f.Fuzz(func(t *testing.T, s string) {
 		c, err := ParseSpec(s)
 		if err == nil {

@@ -65,6 +65,9 @@ func (k *kvFlags) config() (*kvevents.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kv-events: %w", err)
 	}
+	if c.Engine {
+		return nil, errors.New("--kv-events engine: nothing here takes the events; give an endpoint")
+	}
 	if c.Epoch == 0 {
 		c.Epoch = uint64(time.Now().UnixNano())
 	}

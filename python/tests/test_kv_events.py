@@ -1,13 +1,17 @@
 """KV events through the C ABI and Python (docs/routers.md): a store opened
 with kv_events publishes its saved blocks with the token ids given to save,
-in vLLM 0.26's maps by default (0.11's arrays on request). The wire checks
-need pyzmq and msgpack, which Debian's /usr/bin/python3 has (python3-zmq,
+in vLLM 0.26's maps by default (0.11's arrays on request); a store opened
+with kv_events="engine" hands them to its engine; tutti.kv_events keeps, over
+tensor-parallel ranks, the blocks every rank holds. The wire checks need
+pyzmq and msgpack, which Debian's /usr/bin/python3 has (python3-zmq,
 python3-msgpack); elsewhere they skip."""
 
+import ctypes
 import socket
 import unittest
 
 import tutti
+from tutti.kv_events import CommonBlocks, split_stored
 
 from helpers import SMALL, StoreFixture
 
@@ -16,6 +20,16 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def need_msgpack(test):
+    try:
+        import msgpack  # noqa: F401
+    except ImportError:
+        try:
+            import msgspec  # noqa: F401
+        except ImportError:
+            test.skipTest("neither msgpack nor msgspec: the events cannot be decoded here (CI: python3-msgpack)")
 
 
 def replayed_events(test, rep):
@@ -101,6 +115,91 @@ class KVEventsTest(unittest.TestCase):
         events = [e for e in replayed_events(self, rep) if e["type"] == "BlockStored"]
         self.assertEqual([h for e in events for h in e["block_hashes"]], hashes)
         self.assertEqual([e["parent_block_hash"] for e in events], [None, hashes[0]])  # the child's parent too
+
+    def test_engine_takes_its_events(self):
+        """kv_events="engine": no sockets; the first take lists what the
+        store holds after AllBlocksCleared, later takes what changed."""
+        need_msgpack(self)
+        from tutti.kv_events import decode
+        st = self.open("engine")
+        bt = SMALL.block_tokens
+        tokens = list(range(7, 7 + 2 * bt))
+        chain = tutti.chain_from_tokens(tokens, bt)
+        save(st, chain[:1], [1], tokens=tokens[:bt])
+        take = lambda: [e for p in st.take_kv_events() for e in decode(p)]  # noqa: E731
+        self.assertEqual(take(), [{"type": "AllBlocksCleared"}, stored(chain[:1], tokens[:bt], bt)])
+        self.assertEqual(take(), [])
+        save(st, chain, [1, 2], tokens=tokens)
+        st._take_buf = (ctypes.c_uint8 * 8)()  # smaller than the event: the binding grows it
+        self.assertEqual(take(), [stored(chain[1:], tokens[bt:], bt, parent=chain[0])])
+        plain = StoreFixture()
+        self.addCleanup(plain.close)
+        with self.assertRaises(tutti.InvalidArgument):
+            plain.store.take_kv_events()
+
+
+def S(*hs, parent=None, toks=True):
+    """A BlockStored of blocks hs (block size 1: each block's token is its hash)."""
+    return {"type": "BlockStored", "block_hashes": list(hs), "parent_block_hash": parent,
+            "token_ids": list(hs) if toks else [], "block_size": 1, "lora_id": None, "medium": "FS",
+            "lora_name": None, "group_idx": 0, "locality": "LOCAL"}
+
+
+def R(*hs):
+    return {"type": "BlockRemoved", "block_hashes": list(hs), "medium": "FS", "group_idx": 0, "locality": "LOCAL"}
+
+
+C = {"type": "AllBlocksCleared"}
+
+
+class CommonBlocksTest(unittest.TestCase):
+    """Two ranks' stores: a block is published once both hold it."""
+
+    def test_steps(self):
+        cases = [
+            ("only the blocks both hold, as one run",
+             [(0, [C, S(1, 2, 3)]), (1, [C, S(1, 2), S(9, parent=2)])], [S(1, 2)]),
+            ("a rank that commits a step later",
+             [(0, [C, S(1, 2)]), (1, [C]), (1, [S(1, 2)])], [S(1, 2)]),
+            ("runs of different lengths per rank",
+             [(0, [C, S(1), S(2, 3, parent=1)]), (1, [C, S(1, 2, 3)])], [S(1, 2, 3)]),
+            ("removed when one rank drops it, leaf first",
+             [(0, [C, S(1, 2, 3)]), (1, [C, S(1, 2, 3)]), (0, [R(3, 2)])], [S(1, 2, 3), R(3, 2)]),
+            ("a block only one rank held is never removed",
+             [(0, [C, S(1, 2)]), (1, [C, S(1)]), (0, [R(2)])], [S(1)]),
+            ("stored again after a removal",
+             [(0, [C, S(1)]), (1, [C, S(1)]), (1, [R(1)]), (1, [S(1)])], [S(1), R(1), S(1)]),
+            ("a listing keeps what it shows, removes what it does not",
+             [(0, [C, S(1, 2, 3)]), (1, [C, S(1, 2, 3)]), (1, [C, S(1, 2)])], [S(1, 2, 3), R(3)]),
+            ("a rank's token ids win over hashes only",
+             [(0, [C, S(4, toks=False)]), (1, [C, S(4)])], [S(4)]),
+            ("removes of unknown blocks are counted, not published",
+             [(0, [C, R(5)]), (1, [C])], []),
+        ]
+        for name, adds, want in cases:
+            with self.subTest(name):
+                cb = CommonBlocks(2)
+                got = []
+                for rank, events in adds:
+                    cb.add(rank, [dict(e) for e in events])
+                    got += cb.take()
+                self.assertEqual(got, want)
+
+    def test_counters_and_bounds(self):
+        cb = CommonBlocks(2, max_blocks=2)
+        cb.add(0, [C, S(1, 2, 3), R(7)])
+        cb.add(1, [C, S(1, 2, 3)])
+        self.assertEqual(cb.take(), [S(1, 2)])
+        self.assertEqual((cb.counters["untracked_blocks"], cb.counters["unknown_removes"], cb.blocks()), (2, 1, 2))
+        with self.assertRaises(ValueError):
+            cb.add(2, [])
+        with self.assertRaises(ValueError):
+            CommonBlocks(0)
+
+    def test_split_keeps_each_blocks_parent_tokens_and_extra_keys(self):
+        ev = dict(S(1, 2, parent=0), extra_keys=[("a",), None])
+        self.assertEqual(split_stored(ev), [dict(S(1, parent=0), extra_keys=[("a",)]),
+                                            dict(S(2, parent=1), extra_keys=[None])])
 
 
 if __name__ == "__main__":
