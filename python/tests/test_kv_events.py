@@ -2,18 +2,25 @@
 with kv_events publishes its saved blocks with the token ids given to save,
 in vLLM 0.26's maps by default (0.11's arrays on request); a store opened
 with kv_events="engine" hands them to its engine; tutti.kv_events keeps, over
-tensor-parallel ranks, the blocks every rank holds. The wire checks need
-pyzmq and msgpack, which Debian's /usr/bin/python3 has (python3-zmq,
-python3-msgpack); elsewhere they skip."""
+tensor-parallel ranks, the blocks every rank holds; and the vLLM connector's
+kv_events "vllm" goes through vLLM's own path (workers' events, vLLM's
+aggregator, the scheduler's take_events), driven here through the contract
+double of vLLM. The wire checks need pyzmq and msgpack, which Debian's
+/usr/bin/python3 has (python3-zmq, python3-msgpack); elsewhere they skip."""
 
 import ctypes
+import os
 import socket
+import sys
+import tempfile
 import unittest
 
 import tutti
 from tutti.kv_events import CommonBlocks, split_stored
 
 from helpers import SMALL, StoreFixture
+
+DOUBLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_double")
 
 
 def free_port():
@@ -200,6 +207,103 @@ class CommonBlocksTest(unittest.TestCase):
         ev = dict(S(1, 2, parent=0), extra_keys=[("a",), None])
         self.assertEqual(split_stored(ev), [dict(S(1, parent=0), extra_keys=[("a",)]),
                                             dict(S(2, parent=1), extra_keys=[None])])
+
+
+class VLLMPathTest(unittest.TestCase):
+    """kv_events "vllm" at TP = 2, vLLM's path with real stores: each rank's
+    worker connector reports its store's events, vLLM's KVOutputAggregator
+    merges them, the scheduler connector takes what both ranks hold."""
+
+    def setUp(self):
+        need_msgpack(self)
+        sys.path.insert(0, DOUBLE)
+        env, mods = os.environ.get("PYTHONHASHSEED"), set(sys.modules)
+        os.environ["PYTHONHASHSEED"] = "0"
+
+        def restore():
+            # The double hashes from PYTHONHASHSEED at import: later tests
+            # import it afresh under their own.
+            sys.path.remove(DOUBLE)
+            for m in set(sys.modules) - mods:
+                if m == "vllm" or m.startswith("vllm.") or m in ("tutti.vllm", "tutti.vllm_events"):
+                    del sys.modules[m]
+            if env is None:
+                os.environ.pop("PYTHONHASHSEED", None)
+            else:
+                os.environ["PYTHONHASHSEED"] = env
+        self.addCleanup(restore)
+
+    def config(self, events_on=True):
+        from vllm.config import CacheConfig, KVEventsConfig, KVTransferConfig, ParallelConfig, VllmConfig
+        root = tempfile.mkdtemp(prefix="tutti-kvev-")
+        ex = {"dirs": [root], "capacity_bytes": 1 << 20, "kv_events": "vllm", "lookup_socket_dir": root}
+        return VllmConfig(kv_transfer_config=KVTransferConfig("TuttiConnector", "tutti.vllm", "kv_both", ex, "ev"),
+                          cache_config=CacheConfig(SMALL.page_tokens), parallel_config=ParallelConfig(2),
+                          kv_events_config=KVEventsConfig(enable_kv_cache_events=events_on))
+
+    def test_refused_settings(self):
+        from tutti.vllm import Settings, TuttiConnector
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        with self.assertRaisesRegex(ValueError, "kv-events-config"):  # vLLM would drop the events
+            TuttiConnector(self.config(events_on=False), KVConnectorRole.SCHEDULER)
+        for bad in ("engine", "VLLM", 1):
+            with self.assertRaisesRegex(ValueError, "kv_events"):
+                Settings.parse({"dirs": ["/x"], "capacity_bytes": 1, "kv_events": bad})
+
+    def test_only_blocks_every_rank_holds_are_published(self):
+        from tutti.vllm import TuttiConnector
+        from vllm.distributed.kv_events import BlockRemoved, BlockStored
+        from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.distributed.parallel_state import set_rank_for_test
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        cfg = self.config()
+        sched = TuttiConnector(cfg, KVConnectorRole.SCHEDULER)
+        workers = []
+        for rank in range(2):
+            set_rank_for_test(rank)
+            w = TuttiConnector(cfg, KVConnectorRole.WORKER)
+            # The store register_kv_caches opens for this rank; rank 0's
+            # holds 4 blocks, so a fifth evicts.
+            fx = StoreFixture(kv_events="engine", capacity_bytes=(4 if rank == 0 else 64) * 32768)
+            self.addCleanup(fx.close)
+            fx.store.register_kv(fx.regions())
+            w._worker.store = fx.store
+            workers.append(w)
+        agg = KVOutputAggregator()
+
+        def step():
+            outs = [ModelRunnerOutput(KVConnectorOutput(kv_cache_events=w.get_kv_connector_kv_cache_events()))
+                    for w in workers]
+            sched.update_connector_output(agg.aggregate(outs).kv_connector_output)
+            return list(sched.take_events())
+
+        bt = SMALL.block_tokens
+        tokens = list(range(50, 50 + 4 * bt))
+        chain = tutti.chain_from_tokens(tokens, bt)
+        vh = [bytes(24) + bytes([0, 0, 0, 0, 0, 0, 1, i]) for i in range(4)]  # vLLM's hash bytes; published as ints
+        ints = [256 + i for i in range(4)]
+
+        def rank_save(rank, n, pages):
+            save(workers[rank]._worker.store, chain[:n], pages, tokens=tokens[:n * bt], hashes=vh[:n])
+
+        self.assertEqual(step(), [])  # both stores empty: their listings publish nothing
+        rank_save(0, 3, [1, 2, 3])  # rank 0 holds blocks 0-2, rank 1 blocks 0-1
+        rank_save(1, 2, [4, 5])
+        got = step()
+        want = BlockStored(block_hashes=ints[:2], parent_block_hash=None, token_ids=tokens[:2 * bt], block_size=bt,
+                           lora_id=None, medium="FS", lora_name=None, group_idx=0, locality="LOCAL")
+        self.assertEqual(got, [want])
+        rank_save(1, 4, [4, 5, 6, 7])  # rank 1 now holds 0-3: block 2 is whole, block 3 is rank 1's only
+        got = step()
+        self.assertEqual([(type(e), e.block_hashes, e.parent_block_hash) for e in got],
+                         [(BlockStored, ints[2:3], ints[1])])
+        r0 = workers[0]._worker.store
+        save(r0, tutti.chain_from_tokens(list(range(9000, 9000 + bt)), bt), [9])  # rank 0 evicts, leaf first
+        kept = r0.lookup(chain)
+        self.assertLess(kept, 3)
+        self.assertEqual(step(), [BlockRemoved(block_hashes=ints[kept:3][::-1], medium="FS", group_idx=0,
+                                               locality="LOCAL")])  # the new block is rank 0's only
 
 
 if __name__ == "__main__":
