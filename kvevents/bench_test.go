@@ -9,7 +9,7 @@ import (
 )
 
 func benchEvent(i int) kvevents.Event {
-	e := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 16, Medium: kvevents.MediumDisk, HasParent: true,
+	e := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 16, Medium: kvevents.MediumFS, Locality: kvevents.LocalityLocal, HasParent: true,
 		Parent: kvevents.IntHash(uint64(i) << 1), Hashes: []kvevents.Hash{kvevents.IntHash(uint64(i)<<1 | 1)}}
 	e.Tokens = make([]uint32, 16)
 	for j := range e.Tokens {
@@ -19,19 +19,23 @@ func benchEvent(i int) kvevents.Event {
 }
 
 // BenchmarkEncodeBatch is the ceiling of BenchmarkPublish: encoding one
-// batch of 64 one-block BlockStored events, per event.
+// batch of 64 one-block BlockStored events, per event, in each format.
 func BenchmarkEncodeBatch(b *testing.B) {
 	evs := make([]kvevents.Event, 64)
 	for i := range evs {
 		evs[i] = benchEvent(i)
 	}
-	var buf []byte
-	b.ReportAllocs()
-	for b.Loop() {
-		buf = kvevents.AppendBatch(buf[:0], &kvevents.Batch{TS: 1, Events: evs})
+	for _, f := range []kvevents.Format{kvevents.FormatVLLM026, kvevents.FormatVLLM011} {
+		b.Run(f.String(), func(b *testing.B) {
+			var buf []byte
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = kvevents.AppendBatch(buf[:0], &kvevents.Batch{TS: 1, Events: evs, Format: f})
+			}
+			b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "events/s")
+			b.SetBytes(int64(len(buf)))
+		})
 	}
-	b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "events/s")
-	b.SetBytes(int64(len(buf)))
 }
 
 // BenchmarkPublish: one-block BlockStored events from Do to a subscriber

@@ -1,34 +1,38 @@
 package kvevents
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 )
 
-// ErrFormat is wrapped by every DecodeBatch error.
+// ErrFormat is wrapped by every DecodeBatch and DecodeEvents error.
 var ErrFormat = errors.New("kvevents: malformed batch")
 
-// DecodeBatch parses one batch payload (what AppendBatch writes, or what
-// vLLM v0.11.0 publishes: a batch without data_parallel_rank decodes with
-// rank -1). It rejects trailing bytes, unknown tags, wrong field counts and
-// anything past the Max* limits, naming what is wrong.
+// DecodeBatch parses one batch payload: what AppendBatch writes in either
+// Format, or what vLLM 0.11 or 0.26 publishes (a batch without
+// data_parallel_rank decodes with rank -1). The events' layout is detected
+// and returned in Batch.Format; a batch that mixes layouts is rejected. Map
+// events are read as msgspec reads them: unknown fields are skipped, a
+// missing required field is an error; lora_id and the kv_cache_spec fields
+// are read and dropped (tutti publishes them as None). Trailing bytes,
+// unknown tags, wrong field counts and anything past the Max* limits are
+// errors naming what is wrong.
 func DecodeBatch(p []byte) (Batch, error) {
 	d := decoder{p: p}
-	v, err := d.value(0)
+	n, err := d.arrayLen("batch", 3)
 	if err != nil {
 		return Batch{}, err
 	}
-	if d.off != len(p) {
-		return Batch{}, fmt.Errorf("%w: %d trailing bytes", ErrFormat, len(p)-d.off)
-	}
-	arr, ok := v.([]any)
-	if !ok || len(arr) < 2 || len(arr) > 3 {
+	if n < 2 {
 		return Batch{}, fmt.Errorf("%w: batch is not an array of 2 or 3 fields", ErrFormat)
 	}
 	var b Batch
-	switch ts := arr[0].(type) {
+	ts, err := d.value(1)
+	if err != nil {
+		return Batch{}, err
+	}
+	switch ts := ts.(type) {
 	case float64:
 		b.TS = ts
 	case int64:
@@ -36,276 +40,328 @@ func DecodeBatch(p []byte) (Batch, error) {
 	case uint64:
 		b.TS = float64(ts)
 	default:
-		return Batch{}, fmt.Errorf("%w: ts is %T", ErrFormat, arr[0])
+		return Batch{}, fmt.Errorf("%w: ts is %T", ErrFormat, ts)
 	}
-	evs, ok := arr[1].([]any)
-	if !ok {
-		return Batch{}, fmt.Errorf("%w: events is %T", ErrFormat, arr[1])
+	if b.Events, b.Format, err = d.events(1); err != nil {
+		return Batch{}, err
 	}
 	b.DataParallelRank = -1
-	if len(arr) == 3 && arr[2] != nil {
-		r, ok := asInt(arr[2])
-		if !ok {
-			return Batch{}, fmt.Errorf("%w: data_parallel_rank is %T", ErrFormat, arr[2])
+	if n == 3 && !d.nilNext() {
+		r, err := d.intIn("data_parallel_rank", 0, math.MaxInt32)
+		if err != nil {
+			return Batch{}, err
 		}
 		b.DataParallelRank = int(r)
 	}
-	b.Events = make([]Event, 0, len(evs))
-	for i, ev := range evs {
-		e, err := decodeEvent(ev)
-		if err != nil {
-			return Batch{}, fmt.Errorf("event %d: %w", i, err)
-		}
-		b.Events = append(b.Events, e)
+	if d.off != len(p) {
+		return Batch{}, fmt.Errorf("%w: %d trailing bytes", ErrFormat, len(p)-d.off)
 	}
 	return b, nil
 }
 
-func decodeEvent(v any) (Event, error) {
-	f, ok := v.([]any)
-	if !ok || len(f) == 0 {
-		return Event{}, fmt.Errorf("%w: event is not a tagged array", ErrFormat)
+// DecodeEvents parses what AppendEvents writes: one array of events (the
+// form an engine takes them in, Publisher.Take).
+func DecodeEvents(p []byte) ([]Event, Format, error) {
+	d := decoder{p: p}
+	evs, f, err := d.events(0)
+	if err == nil && d.off != len(p) {
+		err = fmt.Errorf("%w: %d trailing bytes", ErrFormat, len(p)-d.off)
 	}
-	tag, _ := f[0].(string)
-	var e Event
+	return evs, f, err
+}
+
+// events reads an array of events, all of one layout.
+func (d *decoder) events(depth int) ([]Event, Format, error) {
+	n, err := d.arrayLen("events", MaxBatchEvents)
+	if err != nil {
+		return nil, 0, err
+	}
+	var f Format
+	evs := make([]Event, n)
+	for i := range evs {
+		t, err := d.peek()
+		if err != nil {
+			return nil, 0, err
+		}
+		ef := FormatVLLM026
+		if isArray(t) {
+			ef = FormatVLLM011
+		}
+		if i == 0 {
+			f = ef
+		} else if ef != f {
+			return nil, 0, fmt.Errorf("%w: event %d is %v, the first was %v", ErrFormat, i, ef, f)
+		}
+		if ef == FormatVLLM011 {
+			err = d.eventArray(&evs[i], depth+1)
+		} else {
+			err = d.eventMap(&evs[i], depth+1)
+		}
+		if err != nil {
+			return nil, 0, fmt.Errorf("event %d: %w", i, err)
+		}
+	}
+	return evs, f, nil
+}
+
+// The fields of vLLM 0.26's events, as bits of what a map held.
+const (
+	fType = 1 << iota
+	fHashes
+	fParent
+	fTokens
+	fBlockSize
+	fLoRAID
+	fMedium
+	fLoRAName
+	fExtraKeys
+	fGroupIdx
+	fSpecKind
+	fSpecWindow
+	fLocality
+)
+
+// fieldNames[i] is the field of bit 1<<i.
+var fieldNames = [...]string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+	"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality"}
+
+var mapFields = func() map[string]int {
+	m := make(map[string]int, len(fieldNames))
+	for i, n := range fieldNames {
+		m[n] = 1 << i
+	}
+	return m
+}()
+
+// The fields without a default in vLLM 0.26's structs: msgspec requires them.
+const (
+	storedRequired  = fHashes | fParent | fTokens | fBlockSize | fLoRAID | fMedium | fLoRAName
+	removedRequired = fHashes | fMedium
+)
+
+// eventMap reads one vLLM 0.26 event (a map tagged by "type").
+func (d *decoder) eventMap(e *Event, depth int) error {
+	n, err := d.mapLen("event", maxMapFields)
+	if err != nil {
+		return err
+	}
+	var seen int
+	var tag string
+	for range n {
+		k, err := d.str("field name", maxStringBytes)
+		if err != nil {
+			return err
+		}
+		bit, known := mapFields[k]
+		if !known { // msgspec skips fields it does not know
+			if _, err := d.value(depth + 1); err != nil {
+				return err
+			}
+			continue
+		}
+		if seen&bit != 0 {
+			return fmt.Errorf("%w: field %q twice", ErrFormat, k)
+		}
+		seen |= bit
+		if err := d.field(e, bit, &tag, depth+1); err != nil {
+			return fmt.Errorf("%s: %w", k, err)
+		}
+	}
+	var required int
 	switch tag {
 	case "BlockStored":
-		if len(f) != 7 {
-			return Event{}, fmt.Errorf("%w: BlockStored has %d fields, want 7", ErrFormat, len(f))
-		}
-		e.Kind = BlockStored
-		var err error
-		if e.Hashes, err = decodeHashes(f[1]); err != nil {
-			return Event{}, err
-		}
-		if f[2] != nil {
-			if e.Parent, err = decodeHash(f[2]); err != nil {
-				return Event{}, err
-			}
-			e.HasParent = true
-		}
-		toks, ok := f[3].([]any)
-		if !ok {
-			return Event{}, fmt.Errorf("%w: token_ids is %T", ErrFormat, f[3])
-		}
-		e.Tokens = make([]uint32, len(toks))
-		for i, t := range toks {
-			u, ok := asInt(t)
-			if !ok || u < 0 || u > math.MaxUint32 {
-				return Event{}, fmt.Errorf("%w: token_ids[%d] is not a uint32", ErrFormat, i)
-			}
-			e.Tokens[i] = uint32(u)
-		}
-		bs, ok := asInt(f[4])
-		if !ok || bs <= 0 || bs > math.MaxInt32 {
-			return Event{}, fmt.Errorf("%w: block_size %v", ErrFormat, f[4])
-		}
-		e.BlockSize = int(bs)
-		if len(e.Tokens) != 0 && len(e.Tokens) != len(e.Hashes)*e.BlockSize {
-			return Event{}, fmt.Errorf("%w: %d token ids for %d blocks of %d", ErrFormat, len(e.Tokens), len(e.Hashes), e.BlockSize)
-		}
-		if e.Medium, err = decodeMedium(f[6]); err != nil {
-			return Event{}, err
-		}
+		e.Kind, required = BlockStored, storedRequired
 	case "BlockRemoved":
-		if len(f) != 3 {
-			return Event{}, fmt.Errorf("%w: BlockRemoved has %d fields, want 3", ErrFormat, len(f))
-		}
-		e.Kind = BlockRemoved
-		var err error
-		if e.Hashes, err = decodeHashes(f[1]); err != nil {
-			return Event{}, err
-		}
-		if e.Medium, err = decodeMedium(f[2]); err != nil {
-			return Event{}, err
-		}
+		e.Kind, required = BlockRemoved, removedRequired
+		*e = Event{Kind: BlockRemoved, Hashes: e.Hashes, Medium: e.Medium, GroupIdx: e.GroupIdx, HasGroupIdx: e.HasGroupIdx, Locality: e.Locality}
 	case "AllBlocksCleared":
-		if len(f) != 1 {
-			return Event{}, fmt.Errorf("%w: AllBlocksCleared has %d fields, want 1", ErrFormat, len(f))
-		}
-		e.Kind = AllBlocksCleared
+		*e = Event{Kind: AllBlocksCleared}
 	default:
-		return Event{}, fmt.Errorf("%w: unknown event tag %q", ErrFormat, tag)
+		return fmt.Errorf("%w: unknown event tag %q", ErrFormat, tag)
 	}
-	return e, nil
+	if missing := required &^ seen; missing != 0 {
+		for i, name := range fieldNames {
+			if missing&(1<<i) != 0 {
+				return fmt.Errorf("%w: %s without %q", ErrFormat, tag, name)
+			}
+		}
+	}
+	if e.Kind == BlockStored {
+		return e.checkStored()
+	}
+	return nil
 }
 
-func decodeMedium(v any) (string, error) {
-	if v == nil {
-		return "", nil
+// field reads the value of one known map field into e.
+func (d *decoder) field(e *Event, bit int, tag *string, depth int) error {
+	var err error
+	switch bit {
+	case fType:
+		*tag, err = d.str("type", maxStringBytes)
+	case fHashes:
+		e.Hashes, err = d.hashes()
+	case fParent:
+		e.HasParent = !d.nilNext()
+		if e.HasParent {
+			e.Parent, err = d.hash()
+		}
+	case fTokens:
+		e.Tokens, err = d.tokens()
+	case fBlockSize:
+		var bs int64
+		bs, err = d.intIn("block_size", 0, math.MaxInt32)
+		e.BlockSize = int(bs)
+	case fLoRAID, fSpecWindow:
+		if !d.nilNext() {
+			_, err = d.intIn("int field", math.MinInt64, math.MaxInt64)
+		}
+	case fMedium:
+		e.Medium, err = d.optStr("medium", maxMediumBytes)
+	case fLoRAName:
+		e.LoRAName, err = d.optStr("lora_name", maxStringBytes)
+	case fSpecKind:
+		_, err = d.optStr("kv_cache_spec_kind", maxStringBytes)
+	case fLocality:
+		e.Locality, err = d.optStr("locality", maxMediumBytes)
+	case fGroupIdx:
+		e.HasGroupIdx = !d.nilNext()
+		if e.HasGroupIdx {
+			var g int64
+			g, err = d.intIn("group_idx", 0, math.MaxInt32)
+			e.GroupIdx = int(g)
+		}
+	case fExtraKeys:
+		if d.nilNext() {
+			return nil
+		}
+		var n int
+		if n, err = d.arrayLen("extra_keys", MaxEventHashes); err != nil {
+			return err
+		}
+		e.ExtraKeys = make([]RawValue, n)
+		for i := range e.ExtraKeys {
+			if d.nilNext() {
+				continue
+			}
+			if e.ExtraKeys[i], err = d.raw(depth+1, MaxExtraBytes); err != nil {
+				return err
+			}
+		}
 	}
-	s, ok := v.(string)
-	if !ok || len(s) > maxMediumBytes {
-		return "", fmt.Errorf("%w: medium %v", ErrFormat, v)
-	}
-	return s, nil
+	return err
 }
 
-func decodeHashes(v any) ([]Hash, error) {
-	a, ok := v.([]any)
-	if !ok {
-		return nil, fmt.Errorf("%w: block_hashes is %T", ErrFormat, v)
+// checkStored checks what a BlockStored's fields say of each other.
+func (e *Event) checkStored() error {
+	if len(e.Tokens) != 0 && (e.BlockSize == 0 || len(e.Tokens) != len(e.Hashes)*e.BlockSize) {
+		return fmt.Errorf("%w: %d token ids for %d blocks of %d", ErrFormat, len(e.Tokens), len(e.Hashes), e.BlockSize)
 	}
-	hs := make([]Hash, len(a))
-	for i, x := range a {
-		h, err := decodeHash(x)
-		if err != nil {
+	if e.ExtraKeys != nil && len(e.ExtraKeys) != len(e.Hashes) {
+		return fmt.Errorf("%w: %d extra_keys entries for %d blocks", ErrFormat, len(e.ExtraKeys), len(e.Hashes))
+	}
+	return nil
+}
+
+// eventArray reads one vLLM 0.11 event (an array, the tag first).
+func (d *decoder) eventArray(e *Event, depth int) error {
+	n, err := d.arrayLen("event", 7)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: event is an empty array", ErrFormat)
+	}
+	tag, err := d.str("tag", maxStringBytes)
+	if err != nil {
+		return err
+	}
+	want := map[string]int{"BlockStored": 7, "BlockRemoved": 3, "AllBlocksCleared": 1}[tag]
+	if want == 0 {
+		return fmt.Errorf("%w: unknown event tag %q", ErrFormat, tag)
+	}
+	if n != want {
+		return fmt.Errorf("%w: %s has %d fields, want %d", ErrFormat, tag, n, want)
+	}
+	switch tag {
+	case "AllBlocksCleared":
+		e.Kind = AllBlocksCleared
+		return nil
+	case "BlockRemoved":
+		e.Kind = BlockRemoved
+		if e.Hashes, err = d.hashes(); err != nil {
+			return err
+		}
+		e.Medium, err = d.optStr("medium", maxMediumBytes)
+		return err
+	}
+	e.Kind = BlockStored
+	var tag2 string
+	for _, bit := range []int{fHashes, fParent, fTokens, fBlockSize, fLoRAID, fMedium} {
+		if err := d.field(e, bit, &tag2, depth+1); err != nil {
+			return err
+		}
+	}
+	return e.checkStored()
+}
+
+func (d *decoder) hashes() ([]Hash, error) {
+	n, err := d.arrayLen("block_hashes", MaxEventHashes)
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	hs := make([]Hash, n)
+	for i := range hs {
+		if hs[i], err = d.hash(); err != nil {
 			return nil, fmt.Errorf("block_hashes[%d]: %w", i, err)
 		}
-		hs[i] = h
 	}
 	return hs, nil
 }
 
-func decodeHash(v any) (Hash, error) {
-	switch h := v.(type) {
-	case []byte:
-		if len(h) == 0 || len(h) > MaxHashBytes {
-			return Hash{}, fmt.Errorf("%w: %d hash bytes", ErrFormat, len(h))
-		}
-		return Hash{bytes: h}, nil
-	case uint64:
-		return IntHash(h), nil
-	case int64:
-		return IntHash(uint64(h)), nil // vLLM may send a negative Python hash()
-	}
-	return Hash{}, fmt.Errorf("%w: hash is %T", ErrFormat, v)
-}
-
-func asInt(v any) (int64, bool) {
-	switch x := v.(type) {
-	case int64:
-		return x, true
-	case uint64:
-		if x > math.MaxInt64 {
-			return 0, false
-		}
-		return int64(x), true
-	}
-	return 0, false
-}
-
-// decoder reads msgpack values into nil, bool, int64, uint64 (only above
-// MaxInt64 or from the uint family), float64, string, []byte and []any.
-// Maps and extensions are rejected: vLLM's batches have none.
-type decoder struct {
-	p   []byte
-	off int
-}
-
-func (d *decoder) take(n int) ([]byte, error) {
-	if n < 0 || len(d.p)-d.off < n {
-		return nil, fmt.Errorf("%w: truncated at byte %d", ErrFormat, d.off)
-	}
-	b := d.p[d.off : d.off+n]
-	d.off += n
-	return b, nil
-}
-
-func (d *decoder) uintN(n int) (uint64, error) {
-	b, err := d.take(n)
+func (d *decoder) hash() (Hash, error) {
+	t, err := d.peek()
 	if err != nil {
-		return 0, err
+		return Hash{}, err
 	}
-	var u uint64
-	for _, c := range b {
-		u = u<<8 | uint64(c)
+	if t >= 0xc4 && t <= 0xc6 {
+		v, err := d.value(0)
+		if err != nil {
+			return Hash{}, err
+		}
+		b := v.([]byte)
+		if len(b) == 0 || len(b) > MaxHashBytes {
+			return Hash{}, fmt.Errorf("%w: %d hash bytes", ErrFormat, len(b))
+		}
+		return Hash{bytes: b}, nil
 	}
-	return u, nil
+	i, u, signed, err := d.integer("hash")
+	if err != nil {
+		return Hash{}, err
+	}
+	if signed {
+		return IntHash(uint64(i)), nil // vLLM may send a negative Python hash()
+	}
+	return IntHash(u), nil
 }
 
-func (d *decoder) value(depth int) (any, error) {
-	if depth > maxDecodeDepth {
-		return nil, fmt.Errorf("%w: nested deeper than %d", ErrFormat, maxDecodeDepth)
-	}
-	tb, err := d.take(1)
+func (d *decoder) tokens() ([]uint32, error) {
+	n, err := d.arrayLen("token_ids", MaxEventTokens)
 	if err != nil {
 		return nil, err
 	}
-	t := tb[0]
-	switch {
-	case t < 0x80:
-		return uint64(t), nil
-	case t >= 0xe0:
-		return int64(int8(t)), nil
-	case t&0xf0 == 0x90:
-		return d.array(int(t&0x0f), depth)
-	case t&0xe0 == 0xa0:
-		return d.str(int(t & 0x1f))
-	}
-	switch t {
-	case 0xc0:
+	if n == 0 {
 		return nil, nil
-	case 0xc2:
-		return false, nil
-	case 0xc3:
-		return true, nil
-	case 0xc4, 0xc5, 0xc6:
-		n, err := d.uintN(1 << (t - 0xc4))
-		if err != nil {
-			return nil, err
-		}
-		if n > maxStringBytes {
-			return nil, fmt.Errorf("%w: bin of %d bytes", ErrFormat, n)
-		}
-		b, err := d.take(int(n))
-		return append([]byte(nil), b...), err
-	case 0xca:
-		u, err := d.uintN(4)
-		return float64(math.Float32frombits(uint32(u))), err
-	case 0xcb:
-		u, err := d.uintN(8)
-		return math.Float64frombits(u), err
-	case 0xcc, 0xcd, 0xce, 0xcf:
-		return d.uintN(1 << (t - 0xcc))
-	case 0xd0, 0xd1, 0xd2, 0xd3:
-		n := 1 << (t - 0xd0)
-		u, err := d.uintN(n)
-		shift := 64 - 8*n
-		return int64(u<<shift) >> shift, err
-	case 0xd9, 0xda, 0xdb:
-		n, err := d.uintN(1 << (t - 0xd9))
-		if err != nil {
-			return nil, err
-		}
-		return d.str(int(min(n, math.MaxInt32)))
-	case 0xdc, 0xdd:
-		n, err := d.uintN(2 << (t - 0xdc))
-		if err != nil {
-			return nil, err
-		}
-		return d.array(int(min(n, math.MaxInt32)), depth)
 	}
-	return nil, fmt.Errorf("%w: msgpack type 0x%02x at byte %d", ErrFormat, t, d.off-1)
+	toks := make([]uint32, n)
+	for i := range toks {
+		t, err := d.intIn("token id", 0, math.MaxUint32)
+		if err != nil {
+			return nil, fmt.Errorf("token_ids[%d]: %w", i, err)
+		}
+		toks[i] = uint32(t)
+	}
+	return toks, nil
 }
-
-func (d *decoder) str(n int) (any, error) {
-	if n > maxStringBytes {
-		return nil, fmt.Errorf("%w: string of %d bytes", ErrFormat, n)
-	}
-	b, err := d.take(n)
-	return string(b), err
-}
-
-func (d *decoder) array(n, depth int) (any, error) {
-	if n > MaxEventTokens {
-		return nil, fmt.Errorf("%w: array of %d elements", ErrFormat, n)
-	}
-	// Every element takes at least one byte: a claimed length beyond the
-	// remaining input is rejected before allocating.
-	if n > len(d.p)-d.off {
-		return nil, fmt.Errorf("%w: array of %d elements in %d bytes", ErrFormat, n, len(d.p)-d.off)
-	}
-	a := make([]any, n)
-	for i := range a {
-		v, err := d.value(depth + 1)
-		if err != nil {
-			return nil, err
-		}
-		a[i] = v
-	}
-	return a, nil
-}
-
-// seqBytes is a sequence number as vLLM writes it.
-func seqBytes(seq int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(seq)) }

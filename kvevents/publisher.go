@@ -16,6 +16,11 @@ import (
 // Config is what a Publisher binds and how far it buffers. Zero tuning
 // fields take the defaults below.
 type Config struct {
+	// Engine: no sockets; the engine the store runs in takes the events
+	// (Publisher.Take) and publishes them with its own (vLLM: the
+	// connector's workers report them, vLLM publishes what every rank
+	// holds). Endpoint, ReplayEndpoint and Topic must be empty.
+	Engine bool
 	// Endpoint is the PUB socket's bind address, tcp://HOST:PORT (port 0:
 	// any free port; Publisher.Endpoint says which).
 	Endpoint string
@@ -47,6 +52,11 @@ type Config struct {
 	// to publish with its blocks; past it blocks are published with hashes
 	// only (counted by the store).
 	MaxTokenBytes int64
+	// Format is the events' layout (default vLLM 0.26's maps).
+	Format Format
+	// Medium and Locality are what a store publishes its blocks as; empty:
+	// Format.Medium() and Format.Locality(). FormatVLLM011 has no locality.
+	Medium, Locality string
 }
 
 // Defaults for the zero tuning fields of Config.
@@ -88,13 +98,42 @@ func (c Config) withDefaults() Config {
 	if c.Epoch == 0 {
 		c.Epoch = uint64(time.Now().UnixNano())
 	}
+	c.Medium = c.PublishedMedium()
+	if c.Locality == "" {
+		c.Locality = c.Format.Locality()
+	}
 	return c
+}
+
+// PublishedMedium is the medium a store publishes its blocks as: Medium,
+// or the format's (Format.Medium).
+func (c Config) PublishedMedium() string {
+	if c.Medium != "" {
+		return c.Medium
+	}
+	return c.Format.Medium()
 }
 
 // Validate names the first wrong field.
 func (c Config) Validate() error {
-	if !strings.HasPrefix(c.Endpoint, "tcp://") {
+	if c.Engine {
+		if c.Endpoint != "" || c.ReplayEndpoint != "" || c.Topic != "" || c.DataParallelRank != 0 {
+			return fmt.Errorf("%w: Engine with an endpoint, topic or rank (the engine publishes)", ErrConfig)
+		}
+	} else if !strings.HasPrefix(c.Endpoint, "tcp://") {
 		return fmt.Errorf("%w: Endpoint %q: want tcp://HOST:PORT", ErrConfig, c.Endpoint)
+	}
+	if int(c.Format) >= len(formatNames) {
+		return fmt.Errorf("%w: %v", ErrConfig, c.Format)
+	}
+	if len(c.Medium) > maxMediumBytes {
+		return fmt.Errorf("%w: Medium of %d bytes (at most %d)", ErrConfig, len(c.Medium), maxMediumBytes)
+	}
+	switch {
+	case c.Locality != "" && c.Format == FormatVLLM011:
+		return fmt.Errorf("%w: Locality %q: format %v has no locality", ErrConfig, c.Locality, c.Format)
+	case c.Locality != "" && c.Locality != LocalityLocal && c.Locality != LocalityRemote:
+		return fmt.Errorf("%w: Locality %q: want LOCAL or REMOTE (vLLM's Locality)", ErrConfig, c.Locality)
 	}
 	if c.ReplayEndpoint != "" && !strings.HasPrefix(c.ReplayEndpoint, "tcp://") {
 		return fmt.Errorf("%w: ReplayEndpoint %q: want tcp://HOST:PORT", ErrConfig, c.ReplayEndpoint)
@@ -126,7 +165,9 @@ func (c Config) Validate() error {
 // the Publisher's order held (no Do runs meanwhile) and must not call Do.
 type Contents func(emit func(Event))
 
-// Stats counts what a Publisher did.
+// Stats counts what a Publisher did. With Config.Engine, Batches counts the
+// Takes that took events, and Gaps the contents listings that replaced
+// dropped events.
 type Stats struct {
 	Epoch            uint64
 	LastSeq          int64 // -1 before the first batch
@@ -156,6 +197,7 @@ type Publisher struct {
 	mu       sync.Mutex // the order: Do, cutting batches, taking contents
 	pending  []Event
 	gap      bool
+	resync   bool // Engine: the next Take lists the contents first
 	nextSeq  int64
 	contents Contents
 	closed   bool
@@ -170,7 +212,8 @@ type Publisher struct {
 }
 
 // New binds the endpoints and publishes AllBlocksCleared as batch 0: a
-// subscriber drops whatever it held of an earlier epoch of this node.
+// subscriber drops whatever it held of an earlier epoch of this node. With
+// Config.Engine it binds nothing and starts nothing: see Take.
 func New(cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -178,6 +221,10 @@ func New(cfg Config) (*Publisher, error) {
 	cfg = cfg.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1)}
+	if cfg.Engine {
+		p.resync = true
+		return p, nil
+	}
 	p.ring.maxBatches, p.ring.maxBytes = cfg.ReplayBatches, cfg.ReplayBytes
 	p.pub = zmq4.NewPub(ctx, zmq4.WithTimeout(cfg.SendTimeout))
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.SendQueueBatches); err != nil {
@@ -206,8 +253,14 @@ func New(cfg Config) (*Publisher, error) {
 	return p, nil
 }
 
-// Endpoint is the PUB socket's address (with the port a port 0 bound).
-func (p *Publisher) Endpoint() string { return "tcp://" + p.pub.Addr().String() }
+// Endpoint is the PUB socket's address (with the port a port 0 bound);
+// empty with Config.Engine.
+func (p *Publisher) Endpoint() string {
+	if p.pub == nil {
+		return ""
+	}
+	return "tcp://" + p.pub.Addr().String()
+}
 
 // ReplayEndpoint is the ROUTER socket's address; empty without replay.
 func (p *Publisher) ReplayEndpoint() string {
@@ -250,6 +303,10 @@ func (p *Publisher) Do(fn func(emit func(Event))) {
 }
 
 func (p *Publisher) emitLocked(e Event) {
+	if p.cfg.Engine {
+		p.emitEngineLocked(e)
+		return
+	}
 	if p.closed || len(p.pending) >= p.cfg.MaxQueueEvents {
 		p.st.dropped.Add(1)
 		p.gap = !p.closed
@@ -307,7 +364,7 @@ func (p *Publisher) send(cut []seqBatch) {
 	defer p.sendMu.Unlock()
 	topic := []byte(p.cfg.Topic)
 	for _, b := range cut {
-		payload := AppendBatch(nil, &Batch{TS: nowSeconds(), Events: b.events, DataParallelRank: p.cfg.DataParallelRank})
+		payload := AppendBatch(nil, &Batch{TS: nowSeconds(), Events: b.events, DataParallelRank: p.cfg.DataParallelRank, Format: p.cfg.Format})
 		if err := p.pub.SendMulti(zmq4.NewMsgFrom(topic, seqBytes(b.seq), payload)); err != nil {
 			p.st.sendErrs.Add(1)
 		}
@@ -320,8 +377,11 @@ func (p *Publisher) send(cut []seqBatch) {
 func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }
 
 // Flush publishes what is queued now and returns once it was handed to the
-// PUB socket.
+// PUB socket (nothing with Config.Engine: the engine takes the events).
 func (p *Publisher) Flush() {
+	if p.cfg.Engine {
+		return
+	}
 	p.mu.Lock()
 	cut := p.cutLocked()
 	p.mu.Unlock()
@@ -349,6 +409,12 @@ func (p *Publisher) Close() error {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
+		return nil
+	}
+	if p.cfg.Engine {
+		p.closed, p.pending = true, nil
+		p.mu.Unlock()
+		p.cancel()
 		return nil
 	}
 	cut := p.cutLocked()

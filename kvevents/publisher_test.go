@@ -38,7 +38,7 @@ func follow(t *testing.T, x *kvindex.Index, id string, p *kvevents.Publisher) {
 }
 
 func stored(ids ...uint64) kvevents.Event {
-	e := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, Medium: kvevents.MediumDisk}
+	e := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, Medium: kvevents.MediumFS, Locality: kvevents.LocalityLocal, HasGroupIdx: true}
 	for i, id := range ids {
 		e.Hashes = append(e.Hashes, kvevents.IntHash(id))
 		e.Tokens = append(e.Tokens, uint32(id), uint32(i), 0, 1)
@@ -47,7 +47,7 @@ func stored(ids ...uint64) kvevents.Event {
 }
 
 func removed(ids ...uint64) kvevents.Event {
-	e := kvevents.Event{Kind: kvevents.BlockRemoved, Medium: kvevents.MediumDisk}
+	e := kvevents.Event{Kind: kvevents.BlockRemoved, Medium: kvevents.MediumFS, Locality: kvevents.LocalityLocal, HasGroupIdx: true}
 	for _, id := range ids {
 		e.Hashes = append(e.Hashes, kvevents.IntHash(id))
 	}

@@ -37,6 +37,8 @@ out["live"] = [t.decode(), int.from_bytes(seq, "big"), msgpack.unpackb(payload)]
 print(json.dumps(out), flush=True)
 `
 
+// TestPythonConsumer: python3-zmq and python3-msgpack read the stream and
+// its replay, in each format: vLLM 0.26's maps by default, 0.11's arrays.
 func TestPythonConsumer(t *testing.T) {
 	py := "/usr/bin/python3"
 	if _, err := os.Stat(py); err != nil {
@@ -45,7 +47,43 @@ func TestPythonConsumer(t *testing.T) {
 	if err := exec.Command(py, "-c", "import zmq, msgpack").Run(); err != nil {
 		t.Skip("python3-zmq or python3-msgpack missing (apt-get install python3-zmq python3-msgpack; CI installs them)")
 	}
-	p := newPub(t, kvevents.Config{Topic: "kv@pod-a@m", DataParallelRank: 3})
+	toks := []any{7.0, 0.0, 0.0, 1.0, 8.0, 1.0, 0.0, 1.0}
+	for _, c := range []struct {
+		format  kvevents.Format
+		cleared any
+		stored  any
+	}{
+		{kvevents.FormatVLLM026, map[string]any{"type": "AllBlocksCleared"}, map[string]any{
+			"type": "BlockStored", "block_hashes": []any{7.0, 8.0}, "parent_block_hash": nil, "token_ids": toks,
+			"block_size": 4.0, "lora_id": nil, "medium": "FS", "lora_name": nil, "group_idx": 0.0, "locality": "LOCAL"}},
+		{kvevents.FormatVLLM011, []any{"AllBlocksCleared"},
+			[]any{"BlockStored", []any{7.0, 8.0}, nil, toks, 4.0, nil, "FS"}},
+	} {
+		t.Run(c.format.String(), func(t *testing.T) {
+			replayed, live := pythonReads(t, py, kvevents.Config{Topic: "kv@pod-a@m", DataParallelRank: 3, Format: c.format})
+			// [[seq, [ts, [event...], 3]]...]: AllBlocksCleared, then the BlockStored.
+			var evs []any
+			for i, r := range replayed {
+				b := r[1].([]any)
+				if r[0].(float64) != float64(i) || len(b) != 3 || b[2].(float64) != 3 {
+					t.Fatalf("replayed batch %d as python reads it: %v", i, r)
+				}
+				evs = append(evs, b[1].([]any)...)
+			}
+			if js, wjs := mustJSON(t, evs), mustJSON(t, []any{c.cleared, c.stored}); js != wjs {
+				t.Fatalf("events as python reads them:\n %s\nwant %s", js, wjs)
+			}
+			if live[0] != "kv@pod-a@m" || live[1].(float64) < float64(len(replayed)) {
+				t.Fatalf("live message %v", live)
+			}
+		})
+	}
+}
+
+// pythonReads publishes stored(7, 8) and has pyConsumer replay from seq 0
+// and read one live message; it returns what python decoded.
+func pythonReads(t *testing.T, py string, cfg kvevents.Config) (replayed [][]any, live []any) {
+	p := newPub(t, cfg)
 	p.Do(func(emit func(kvevents.Event)) { emit(stored(7, 8)) })
 	p.Flush()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -92,26 +130,7 @@ func TestPythonConsumer(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	// [[seq, [ts, [event...], 3]]...]: AllBlocksCleared, then the BlockStored.
-	var evs []any
-	for i, r := range out.Replay {
-		b := r[1].([]any)
-		if r[0].(float64) != float64(i) || len(b) != 3 || b[2].(float64) != 3 {
-			t.Fatalf("replayed batch %d as python reads it: %v", i, r)
-		}
-		evs = append(evs, b[1].([]any)...)
-	}
-	if len(evs) != 2 || evs[0].([]any)[0] != "AllBlocksCleared" {
-		t.Fatalf("replayed events %v", evs)
-	}
-	ev := evs[1].([]any)
-	want := []any{"BlockStored", []any{7.0, 8.0}, nil, []any{7.0, 0.0, 0.0, 1.0, 8.0, 1.0, 0.0, 1.0}, 4.0, nil, "DISK"}
-	if js, wjs := mustJSON(t, ev), mustJSON(t, want); js != wjs {
-		t.Fatalf("BlockStored as python reads it: %s, want %s", js, wjs)
-	}
-	if out.Live[0] != "kv@pod-a@m" || out.Live[1].(float64) < float64(len(out.Replay)) {
-		t.Fatalf("live message %v", out.Live)
-	}
+	return out.Replay, out.Live
 }
 
 func mustJSON(t *testing.T, v any) string {

@@ -128,7 +128,7 @@ func (p *Publisher) contentsFrames() [][2][]byte {
 	seq := seqBytes(s)
 	for len(evs) > 0 {
 		n := min(len(evs), p.cfg.MaxBatchEvents)
-		payload := AppendBatch(nil, &Batch{TS: nowSeconds(), Events: evs[:n], DataParallelRank: p.cfg.DataParallelRank})
+		payload := AppendBatch(nil, &Batch{TS: nowSeconds(), Events: evs[:n], DataParallelRank: p.cfg.DataParallelRank, Format: p.cfg.Format})
 		frames = append(frames, [2][]byte{seq, payload})
 		evs = evs[n:]
 	}

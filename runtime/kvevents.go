@@ -7,6 +7,7 @@ package runtime
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -115,6 +116,28 @@ func (s *Store) contents(emit func(kvevents.Event)) {
 			emit(s.idx.stored(r.chain[:n], r.info.Parent, r.info.HasParent))
 		}
 	}
+}
+
+// TakeKVEvents hands the events of a store opened with KVEvents.Engine to
+// the engine that publishes them (kvevents.Publisher.Take): appended to dst
+// as one msgpack array of events in the configured format, as many as fit
+// maxBytes (a *kvevents.TooSmallError when the next one alone does not),
+// with how many it took and whether more wait. The first take lists what
+// the store serves, after an AllBlocksCleared that speaks for this store
+// only (see Publisher.Take).
+func (s *Store) TakeKVEvents(dst []byte, maxBytes int) (out []byte, n int, more bool, err error) {
+	p := s.idx.ev
+	if p == nil {
+		return dst, 0, false, fmt.Errorf("runtime: take KV events: the store publishes none (Config.KVEvents): %w", ErrBadRequest)
+	}
+	out, n, more, err = p.Take(dst, maxBytes)
+	switch {
+	case errors.Is(err, kvevents.ErrNotEngine):
+		err = fmt.Errorf("runtime: take KV events: %w (%w)", ErrBadRequest, err)
+	case err != nil:
+		err = fmt.Errorf("runtime: take KV events: %w", err)
+	}
+	return out, n, more, err
 }
 
 // KVEventsStats is what the store published (Config.KVEvents).

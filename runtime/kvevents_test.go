@@ -99,8 +99,8 @@ func history(t *testing.T, batches []seqBatch) map[uint64]bool {
 			}
 			switch e.Kind {
 			case kvevents.BlockStored:
-				if e.Medium != kvevents.MediumDisk || e.BlockSize != 8 {
-					t.Fatalf("batch %d: medium %q block size %d", i, e.Medium, e.BlockSize)
+				if e.Medium != kvevents.MediumFS || e.Locality != kvevents.LocalityLocal || !e.HasGroupIdx || e.GroupIdx != 0 || e.BlockSize != 8 {
+					t.Fatalf("batch %d: medium %q locality %q group %v/%d block size %d", i, e.Medium, e.Locality, e.HasGroupIdx, e.GroupIdx, e.BlockSize)
 				}
 				p, hasP := e.Parent.Uint(), e.HasParent
 				for _, h := range e.Hashes {

@@ -20,6 +20,9 @@ type servedIndex struct {
 	meta      *blockMetas
 	file      *metaFile // meta's sidecar; nil without a publisher
 	blockSize int       // tokens per chain block
+	// medium and locality are what the publisher's format says the store's
+	// blocks are (kvevents.Config).
+	medium, locality string
 
 	// unserved holds blocks reported Removed by Remove that stay in the
 	// index draining; their final drop is not reported again. Touched only
@@ -28,7 +31,18 @@ type servedIndex struct {
 }
 
 func newServedIndex(x *prefix.Index, ev *kvevents.Publisher, meta *blockMetas, blockSize int) *servedIndex {
-	return &servedIndex{Index: x, ev: ev, meta: meta, blockSize: blockSize, unserved: map[uint64]struct{}{}}
+	s := &servedIndex{Index: x, ev: ev, meta: meta, blockSize: blockSize, unserved: map[uint64]struct{}{}}
+	if ev != nil {
+		c := ev.Config()
+		s.medium, s.locality = c.Medium, c.Locality
+	}
+	return s
+}
+
+// event is an empty event of kind k as this store publishes it. group_idx
+// is 0: a store serves one KV cache group, which vLLM numbers 0.
+func (x *servedIndex) event(k kvevents.Kind) kvevents.Event {
+	return kvevents.Event{Kind: k, Medium: x.medium, Locality: x.locality, HasGroupIdx: true}
 }
 
 // do runs fn as one step of the event order (just fn without a publisher).
@@ -54,7 +68,7 @@ func (x *servedIndex) removed(emit func(kvevents.Event), dropped []prefix.Droppe
 	if len(dropped) == 0 || x.ev == nil {
 		return
 	}
-	e := kvevents.Event{Kind: kvevents.BlockRemoved, Medium: kvevents.MediumDisk}
+	e := x.event(kvevents.BlockRemoved)
 	for _, d := range dropped {
 		if _, ok := x.unserved[d.ID]; ok {
 			delete(x.unserved, d.ID)
@@ -71,7 +85,8 @@ func (x *servedIndex) removed(emit func(kvevents.Event), dropped []prefix.Droppe
 // stored is the BlockStored event of committed blocks ids (in chain order)
 // under parent; token ids only when every block has them.
 func (x *servedIndex) stored(ids []uint64, parent uint64, hasParent bool) kvevents.Event {
-	e := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: x.blockSize, Medium: kvevents.MediumDisk, HasParent: hasParent}
+	e := x.event(kvevents.BlockStored)
+	e.BlockSize, e.HasParent = x.blockSize, hasParent
 	if hasParent {
 		e.Parent = x.hash(parent)
 	}
@@ -187,7 +202,7 @@ func (x *servedIndex) Remove(id uint64) (dropped []prefix.Dropped, err error) {
 		for _, d := range dropped {
 			now[d.ID] = true
 		}
-		e := kvevents.Event{Kind: kvevents.BlockRemoved, Medium: kvevents.MediumDisk}
+		e := x.event(kvevents.BlockRemoved)
 		for i := len(sub) - 1; i >= 0; i-- {
 			b := sub[i]
 			if b.Draining || b.State == prefix.StatePending {

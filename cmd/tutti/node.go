@@ -49,7 +49,7 @@ type kvFlags struct {
 }
 
 func (k *kvFlags) add(fs *flag.FlagSet) {
-	fs.StringVar(&k.events, "kv-events", "", "publish what the store serves as vLLM KV events: tcp://HOST:PORT[?replay=tcp://HOST:PORT&topic=kv@POD@MODEL], HOST the node's routable address (bound and advertised; a wildcard is refused; docs/routers.md)")
+	fs.StringVar(&k.events, "kv-events", "", "publish what the store serves as vLLM KV events: tcp://HOST:PORT[?replay=tcp://HOST:PORT&topic=kv@POD@MODEL&format=vllm-0.26|vllm-0.11], HOST the node's routable address (bound and advertised; a wildcard is refused; docs/routers.md)")
 	fs.StringVar(&k.etcd, "etcd", "", "register the node at /tutti/nodes/<id> in etcd (comma-separated endpoints) under a lease kept alive while it runs; needs --kv-events")
 	fs.StringVar(&k.id, "node-id", "", "the node's id in etcd (default: the host name)")
 	fs.DurationVar(&k.ttl, "etcd-ttl", membership.DefaultTTL, "the registration's lease TTL: a killed node's key is gone within it plus etcd's slack")
@@ -66,6 +66,9 @@ func (k *kvFlags) config() (*kvevents.Config, error) {
 	c, err := kvevents.ParseSpec(k.events)
 	if err != nil {
 		return nil, fmt.Errorf("--kv-events: %w", err)
+	}
+	if c.Engine {
+		return nil, errors.New("--kv-events engine: nothing here takes the events; give an endpoint")
 	}
 	for _, ep := range []string{c.Endpoint, c.ReplayEndpoint} {
 		if err := advertisable(ep); err != nil {
@@ -116,7 +119,7 @@ func (k *kvFlags) register(ev *kvevents.Config, capacityBytes int64, blockTokens
 		return nil, nil, err
 	}
 	reg, err := membership.Register(cli, membership.Record{ID: id, Events: ev.Endpoint, Replay: ev.ReplayEndpoint, Topic: ev.Topic,
-		Epoch: ev.Epoch, CapacityBytes: capacityBytes, Medium: kvevents.MediumDisk, BlockTokens: blockTokens}, k.ttl)
+		Epoch: ev.Epoch, CapacityBytes: capacityBytes, Medium: ev.PublishedMedium(), BlockTokens: blockTokens}, k.ttl)
 	if err != nil {
 		cli.Close()
 		return nil, nil, err

@@ -95,6 +95,7 @@ func TestReplayKVEventsFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--etcd", "127.0.0.1:1"},
 		{"--kv-events", "udp://x"},
+		{"--kv-events", "engine"},
 		{"--kv-events", "tcp://127.0.0.1:1", "--backends", "dram"},
 		{"--kv-events", "tcp://127.0.0.1:1", "--backends", "tutti-cpu,tutti-gpu"},
 	} {

@@ -28,7 +28,7 @@ def header_struct_fields(name):
 
 class VersionTest(unittest.TestCase):
     def test_library_version(self):
-        self.assertEqual(tutti.abi_version(), (1, 4))
+        self.assertEqual(tutti.abi_version(), (1, 5))
 
     def test_check_version_refuses_other_major(self):
         with self.assertRaises(tutti.VersionMismatch) as cm:
@@ -39,9 +39,9 @@ class VersionTest(unittest.TestCase):
     def test_check_version_refuses_older_minor(self):
         old = _lib.ABI_MINOR_NEEDED
         try:
-            _lib.ABI_MINOR_NEEDED = 5
+            _lib.ABI_MINOR_NEEDED = 6
             with self.assertRaises(tutti.VersionMismatch):
-                _lib.check_version(1 << 16 | 4)
+                _lib.check_version(1 << 16 | 5)
         finally:
             _lib.ABI_MINOR_NEEDED = old
 

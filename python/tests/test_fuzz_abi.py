@@ -80,6 +80,9 @@ class FuzzABITest(unittest.TestCase):
             lambda: lib.tutti_get_recovery(handle(), ctypes.byref(recov)),
             lambda: lib.tutti_chain_from_tokens(toks, count(), rnd.choice((0, 1, 7, 16, 1 << 21)), rnd.getrandbits(64),
                                                 chain, count(), ctypes.byref(out32a)),
+            lambda: lib.tutti_take_kv_events(handle(), ctypes.cast(toks, ctypes.POINTER(ctypes.c_uint8)),
+                                             rnd.choice((0, 8, 4 * BUF)), ctypes.byref(out64), ctypes.byref(out32a),
+                                             ctypes.byref(out32b)),
         ]
         for i in range(3000):
             fill()

@@ -23,8 +23,9 @@ from . import _args
 ABI_MAJOR = 1
 # 1.2: tp_rank/tp_size, tutti_load_with (skip, TUTTI_LOAD_PROMISED), tutti_match/tutti_hold_release;
 # 1.3: save_writes_per_device (a 1.2 library would not see it: refused, not ignored);
-# 1.4: TUTTI_ERR_SETTINGS_MISMATCH (a 1.3 library reports a reopen with other settings as Internal).
-ABI_MINOR_NEEDED = 4
+# 1.4: TUTTI_ERR_SETTINGS_MISMATCH (a 1.3 library reports a reopen with other settings as Internal);
+# 1.5: tutti_take_kv_events (kv_events="engine").
+ABI_MINOR_NEEDED = 5
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
@@ -222,6 +223,7 @@ def _prototype(lib):
         "tutti_open_kv_events": (i32, [p(tutti_config), ctypes.c_char_p, p(u64)]),
         "tutti_save_tokens": (i32, [u64, p(u64), u32, p(i32), u32, p(u32), u64, p(u64)]),
         "tutti_save_meta": (i32, [u64, p(u64), u32, p(i32), u32, p(u32), u64, p(ctypes.c_uint8), u32, p(u64)]),
+        "tutti_take_kv_events": (i32, [u64, p(ctypes.c_uint8), u64, p(u64), p(u32), p(u32)]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)

@@ -13,7 +13,7 @@ import ctypes
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, List, Sequence
 
 from . import _args, _lib, options
 from .options import GPUOptions, IOOptions, SchedOptions
@@ -187,7 +187,8 @@ class Store:
         ``kv_events`` ("tcp://HOST:PORT?replay=tcp://HOST:PORT&topic=kv@pod@model")
         publishes what the store serves as vLLM KV events for cache-aware
         routers (docs/routers.md); pass ``tokens`` to :meth:`save` so they are
-        published with the blocks.
+        published with the blocks. ``kv_events="engine"`` binds nothing: the
+        engine takes the events (:meth:`take_kv_events`) and publishes them.
 
         ``tp_rank``/``tp_size``: with ``tp_size`` = N > 1 the geometry is the
         whole model's, the store holds rank ``tp_rank``'s shard of the KV heads
@@ -236,6 +237,7 @@ class Store:
                        "tutti_open_kv_events")
         self.handle = h.value
         self._regions = None
+        self._take_buf = (ctypes.c_uint8 * (1 << 20))()
 
     @property
     def shard_geometry(self) -> Geometry:
@@ -373,6 +375,32 @@ class Store:
             hb = (ctypes.c_uint8 * max(len(joined), 1)).from_buffer_copy(joined.ljust(max(len(joined), 1), b"\0"))
         _lib.check(self._lib.tutti_save_meta(self._h(), c, nc, p, np_, t, nt, hb, hlen, ctypes.byref(h)), "tutti_save_meta")
         return Save(self, h.value)
+
+    # Bounds one take_kv_events answer (the library's own bound is 1 GiB).
+    _TAKE_MAX_BYTES = 256 << 20
+
+    def take_kv_events(self) -> List[bytes]:
+        """For a store opened with ``kv_events="engine"``: every event queued
+        since the last call, oldest first, as msgpack payloads (each one array
+        of events in the spec's format, vLLM 0.26's maps by default;
+        :func:`tutti.kv_events.decode` reads them). The first call, and the
+        first after the queue overflowed, begins with AllBlocksCleared, then
+        lists what the store serves: "this store's blocks are the ones that
+        follow", never to be forwarded to a router as it is."""
+        out = []
+        while True:
+            buf = self._take_buf
+            n, count, more = ctypes.c_uint64(), ctypes.c_uint32(), ctypes.c_uint32()
+            rc = self._lib.tutti_take_kv_events(self._h(), buf, len(buf), ctypes.byref(n), ctypes.byref(count),
+                                                ctypes.byref(more))
+            if rc == _lib.BufferTooSmall.code and n.value <= self._TAKE_MAX_BYTES:
+                self._take_buf = (ctypes.c_uint8 * n.value)()
+                continue
+            _lib.check(rc, "tutti_take_kv_events")
+            if count.value:
+                out.append(bytes(memoryview(buf)[:n.value]))
+            if not more.value:
+                return out
 
     def wait_saves(self):
         """Blocks until every save so far is durable and found by lookup."""

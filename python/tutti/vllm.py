@@ -75,7 +75,9 @@ class Settings:
     lookup_timeout_ms: int = 2000
     pythonhashseed: str = "require"
     store_options: Dict[str, Any] = field(default_factory=dict)
-    kv_events: Optional[str] = None  # "tcp://HOST:PORT?replay=...&topic=kv@pod@model": docs/routers.md
+    # "vllm" (vLLM publishes tutti's blocks with its own, any TP) or a tutti
+    # publisher's spec "tcp://HOST:PORT?replay=...&topic=kv@pod@model" (TP = 1): docs/routers.md
+    kv_events: Optional[str] = None
     host_staging_bytes: int = hoststage.HOST_STAGING_BYTES_DEFAULT  # path "cpu" on a GPU KV cache: pinned pool per rank
 
     @staticmethod
@@ -95,8 +97,10 @@ class Settings:
         if s.path not in ("gpu", "cpu", "auto"):
             raise ValueError(f"kv_connector_extra_config.path = {s.path!r}: want 'gpu', 'cpu' or 'auto'")
         hoststage.check_host_staging_bytes(s.host_staging_bytes, "kv_connector_extra_config.host_staging_bytes")
-        if s.kv_events is not None and not isinstance(s.kv_events, str):
-            raise ValueError(f"kv_connector_extra_config.kv_events = {s.kv_events!r}: want an endpoint string (docs/routers.md)")
+        if s.kv_events is not None and (not isinstance(s.kv_events, str) or
+                                        (s.kv_events != "vllm" and not s.kv_events.startswith("tcp://"))):
+            raise ValueError(f"kv_connector_extra_config.kv_events = {s.kv_events!r}: want 'vllm' or an endpoint string "
+                             "(docs/routers.md)")
         if s.pythonhashseed not in ("require", "warn"):
             raise ValueError(f"kv_connector_extra_config.pythonhashseed = {s.pythonhashseed!r}: want 'require' or 'warn'")
         bad = set(s.store_options) - _STORE_OPTIONS
@@ -242,6 +246,12 @@ class TuttiConnector(KVConnectorBase_V1):
             self._worker = WorkerSide(self._open_store, holds=_HoldsProxy(self))
         else:
             self.rank = None
+        self._events = None  # kv_events "vllm": the scheduler's side (tutti.vllm_events)
+        if self.settings.kv_events == "vllm":
+            from . import vllm_events
+            vllm_events.check_enabled(vllm_config)
+            if role != KVConnectorRole.WORKER:
+                self._events = vllm_events.SchedulerEvents(self.tp_size)
 
     # ------------------------------------------------------------ worker
     def _store_dirs(self, lay: KVLayout) -> List[str]:
@@ -266,16 +276,18 @@ class TuttiConnector(KVConnectorBase_V1):
         elif (path == "cpu") != (lay.device == "cpu"):
             raise ValueError(f"kv_connector_extra_config.path = {path!r} but the KV cache is on {lay.device}")
         opts = dict(self.settings.store_options)
-        if self.settings.kv_events and self.tp_size > 1:
-            raise ValueError("kv_connector_extra_config.kv_events with tensor parallelism: not supported (each rank's "
-                             "store holds a shard; a router must see a block only when every rank holds it)")
+        kv_events = "engine" if self.settings.kv_events == "vllm" else self.settings.kv_events
+        if kv_events and kv_events != "engine" and self.tp_size > 1:
+            raise ValueError("kv_connector_extra_config.kv_events: a tutti publisher with tensor parallelism (each "
+                             "rank's store holds a shard; a router must see a block only when every rank holds it): "
+                             "use 'vllm', which publishes the blocks every rank holds (docs/routers.md)")
         if path == "gpu" and lay.device.startswith("cuda:"):
             opts.setdefault("gpu_device", int(lay.device.split(":")[1]))
         groups = options.from_flat(opts)
 
         def opener():
             return Store(self._store_dirs(lay), self.settings.capacity_bytes, g, lay.num_pages, layout=lay.layout,
-                         path=path, tp_rank=self.rank, tp_size=self.tp_size, kv_events=self.settings.kv_events, **groups)
+                         path=path, tp_rank=self.rank, tp_size=self.tp_size, kv_events=kv_events, **groups)
         try:
             st = process_store(self._key, opener)
         except (_lib.NoGPU, _lib.NotSupported) as e:
@@ -350,6 +362,13 @@ class TuttiConnector(KVConnectorBase_V1):
                 log.warning("tutti: request %s: promised blocks not restored: %s", rid, e)
         self._errors |= res.error_block_ids
         return None, None
+
+    def get_kv_connector_kv_cache_events(self):
+        st = self._worker.store if self._worker is not None else None
+        if self.settings.kv_events != "vllm" or st is None:
+            return None
+        from .vllm_events import worker_events
+        return worker_events(st, self.rank)
 
     def get_block_ids_with_load_errors(self):
         out, self._errors = self._errors, set()
@@ -433,8 +452,12 @@ class TuttiConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids):
         return self._scheduler().request_finished(request.request_id), None
 
+    def update_connector_output(self, connector_output):
+        if self._events is not None:
+            self._events.update(getattr(connector_output, "kv_cache_events", None))
+
     def take_events(self):
-        return ()
+        return self._events.take() if self._events is not None else ()
 
 
 def _gpu_path_error(e: Exception) -> RuntimeError:

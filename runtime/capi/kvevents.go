@@ -1,7 +1,8 @@
 package main
 
 // KV events (docs/routers.md): opening a store that publishes what it
-// serves, and saving with the blocks' token ids.
+// serves, saving with the blocks' token ids, and taking the events where
+// the engine publishes them itself.
 
 /*
 #include <string.h>
@@ -10,6 +11,8 @@ package main
 import "C"
 
 import (
+	"errors"
+	"math"
 	"unsafe"
 
 	"github.com/tutti-io/tutti/kvevents"
@@ -92,4 +95,42 @@ func saveMeta(store C.uint64_t, chain *C.uint64_t, chainLen C.uint32_t, pages *C
 	}
 	se := &saveEntry{owner: e, s: sv}
 	return publish(e, kindSave, se, func() error { return releaseSave(se) }, "save", outSave)
+}
+
+// maxTakeBytes bounds one tutti_take_kv_events answer.
+const maxTakeBytes = 1 << 30
+
+//export tutti_take_kv_events
+func tutti_take_kv_events(store C.uint64_t, buf *C.uint8_t, capacity C.uint64_t, outLen *C.uint64_t, outEvents *C.uint32_t,
+	outMore *C.uint32_t) (rc C.int32_t) {
+	defer guard("tutti_take_kv_events", &rc)
+	return finish("tutti_take_kv_events", func() error {
+		if outLen == nil || outEvents == nil || outMore == nil {
+			return errorf(errInvalidArgument, "out_len, out_events or out_more is NULL")
+		}
+		*outLen, *outEvents, *outMore = 0, 0, 0
+		if buf == nil && capacity != 0 {
+			return errorf(errInvalidArgument, "buf is NULL with cap = %d", capacity)
+		}
+		e, err := storeArg(uint64(store))
+		if err != nil {
+			return err
+		}
+		out, n, more, err := e.s.TakeKVEvents(nil, int(min(uint64(capacity), maxTakeBytes)))
+		var small *kvevents.TooSmallError
+		if errors.As(err, &small) {
+			*outLen = C.uint64_t(small.Need)
+			*outMore = 1
+			return errorf(errBufferTooSmall, "cap = %d, the next event takes %d bytes", capacity, small.Need)
+		}
+		if err != nil {
+			return err
+		}
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(out)), out)
+		*outLen, *outEvents = C.uint64_t(len(out)), C.uint32_t(min(n, math.MaxUint32))
+		if more {
+			*outMore = 1
+		}
+		return nil
+	}())
 }

@@ -47,7 +47,7 @@ extern "C" {
  * and minor >= the minor it needs. tutti_abi_version() returns
  * (major << 16) | minor. */
 #define TUTTI_ABI_MAJOR 1
-#define TUTTI_ABI_MINOR 4
+#define TUTTI_ABI_MINOR 5
 
 typedef enum tutti_status {
 	TUTTI_OK = 0,
@@ -230,10 +230,12 @@ int32_t tutti_open(tutti_config *cfg, uint64_t *out_store);
 
 /* tutti_open, and the store publishes what it serves as vLLM KV events for
  * cache-aware routers (docs/routers.md). kv_events (NUL-terminated, < 4096
- * bytes) is "tcp://HOST:PORT[?replay=tcp://HOST:PORT][&topic=T][&dp_rank=N]":
- * the ZeroMQ PUB endpoint, the ROUTER replay endpoint, the topic (llm-d:
- * "kv@<pod>@<model>"). A bad spec is TUTTI_ERR_INVALID_ARGUMENT; an endpoint
- * that cannot be bound fails the open. */
+ * bytes) is "tcp://HOST:PORT[?replay=tcp://HOST:PORT][&topic=T][&dp_rank=N]
+ * [&format=F][&medium=M]": the ZeroMQ PUB endpoint, the ROUTER replay
+ * endpoint, the topic (llm-d: "kv@<pod>@<model>"), the format (vllm-0.26, the
+ * default, or vllm-0.11); or "engine[?format=F]": no sockets, the engine
+ * takes the events (ABI 1.5, tutti_take_kv_events). A bad spec is
+ * TUTTI_ERR_INVALID_ARGUMENT; an endpoint that cannot be bound fails the open. */
 int32_t tutti_open_kv_events(tutti_config *cfg, char *kv_events, uint64_t *out_store);
 
 /* Waits for deferred saves, releases the store's loads and saves, unlocks the
@@ -368,6 +370,21 @@ int32_t tutti_save_tokens(uint64_t store, uint64_t *chain, uint32_t chain_len, i
  * copied before the call returns. */
 int32_t tutti_save_meta(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t *pages, uint32_t num_pages,
                         uint32_t *tokens, uint64_t num_tokens, uint8_t *hashes, uint32_t hash_bytes, uint64_t *out_save);
+
+/* ABI 1.5: hands the events of a store opened with kv_events "engine" to the
+ * engine that publishes them itself (vLLM: its workers report them and vLLM
+ * publishes what every rank holds; docs/routers.md), oldest first: buf (cap
+ * bytes) gets one msgpack array of events in the spec's format (vLLM 0.26's
+ * maps by default), *out_len its bytes, *out_events how many, *out_more 1
+ * when more wait (call again before acting on them). The first call, and the
+ * first after the store's queue overflowed, begins with AllBlocksCleared,
+ * then lists what the store serves (parents first): it means "this store's
+ * blocks are the ones that follow" and must not be forwarded to a router.
+ * TUTTI_ERR_BUFFER_TOO_SMALL (nothing taken) when the next event alone
+ * exceeds cap: *out_len is what it needs. TUTTI_ERR_INVALID_ARGUMENT for a
+ * store opened without "engine". */
+int32_t tutti_take_kv_events(uint64_t store, uint8_t *buf, uint64_t cap, uint64_t *out_len, uint32_t *out_events,
+                             uint32_t *out_more);
 
 /* Derives the block-hash chain of a token sequence with the Go prefix
  * package's ChainFromTokens: one id per full block of block_tokens tokens (a

@@ -29,9 +29,22 @@ class ModelConfig:
 
 
 @dataclass
+class KVEventsConfig:
+    enable_kv_cache_events: bool = False
+    publisher: Optional[str] = None  # "null" or "zmq"; None: zmq when enabled
+    endpoint: str = "tcp://*:5557"
+    topic: str = ""
+
+    def __post_init__(self):
+        if self.publisher is None:
+            self.publisher = "zmq" if self.enable_kv_cache_events else "null"
+
+
+@dataclass
 class VllmConfig:
     kv_transfer_config: Optional[KVTransferConfig] = None
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     model_config: ModelConfig = field(default_factory=ModelConfig)
+    kv_events_config: Optional[KVEventsConfig] = None
     extra: Any = None

@@ -18,3 +18,14 @@ def block_hashes(tokens, block_size):
         parent = hash_block_tokens(parent, tokens[i * block_size:(i + 1) * block_size])
         out.append(parent)
     return out
+
+
+# VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default on): events carry the last 8
+# bytes of a block hash as an int.
+VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES = os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0"
+
+
+def maybe_convert_block_hash(hash_bytes: bytes):
+    if not VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES:
+        return hash_bytes
+    return int.from_bytes(hash_bytes, byteorder="big") & ((1 << 64) - 1)
