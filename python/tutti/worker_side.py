@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .store import Geometry, Load, Save, Store
-from .tensor import DTYPE_BYTES, DTYPE_NAMES, REGION_ALIGN, describe, dtype_code
+from .tensor import DTYPE_BYTES, DTYPE_NAMES, REGION_ALIGN, describe, dtype_code, shared_memory
 
 
 class LayoutError(ValueError):
@@ -160,6 +160,9 @@ def describe_kv_caches(kv_caches: Dict[str, object], block_size: int, layer_name
     code = dtype_code(d0.dtype)
     esize = DTYPE_BYTES[code]
     layers = [_read_layer(n, d, block_size) for n, d in zip(names, descs)]
+    same = shared_memory([(n, ly.ptr, 1) for n, ly in zip(names, layers)])
+    if same:  # the same tensor twice: before any layout rule reads it as something else
+        raise LayoutError(f"KV tensors: {same}")
     first = layers[0]
     for n, d, ly in zip(names, descs, layers):
         if (dtype_code(d.dtype), str(d.device), d.shape) != (code, str(d0.device), d0.shape) or \
@@ -180,10 +183,9 @@ def describe_kv_caches(kv_caches: Dict[str, object], block_size: int, layer_name
             raise LayoutError(f"KV tensor {names[0]!r}: separate K and V planes with gaps between blocks")
         nbytes = first.num_blocks * plane_unit * esize
         regions = tuple((ly.ptr, nbytes) for ly in layers)
-        ptrs = sorted(r[0] for r in regions)
-        for a, b in zip(ptrs, ptrs[1:]):
-            if b - a < nbytes:
-                raise LayoutError(f"KV tensors overlap: layers {ptrs.index(a)} and {ptrs.index(b)} are {b - a} bytes apart, each is {nbytes}")
+        shared = shared_memory([(n, ly.ptr, nbytes) for n, ly in zip(names, layers)])
+        if shared:
+            raise LayoutError(f"KV tensors: {shared}")
         kind = "per_layer"
     else:
         # Blocks outermost over every layer: views cut from one buffer. Layer
