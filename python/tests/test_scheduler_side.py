@@ -1,14 +1,16 @@
 """tutti.scheduler_side and tutti.lookup_service without vLLM or torch: the
 lookup after local hits and its full-hit rule, allocation after local hits,
 the save rule from scheduler-output-shaped objects, holds across a socket
-with the minimum over two ranks' stores, and the server's parser against
-garbage (seeded)."""
+with the minimum over two ranks' stores, lookups that never wait on a slow
+rank, and the server's parser against garbage (seeded)."""
 
 import os
 import random
 import shutil
 import socket
 import tempfile
+import threading
+import time
 import unittest
 from types import SimpleNamespace as NS
 
@@ -109,6 +111,21 @@ class SchedulerSideTest(unittest.TestCase):
         self.assertEqual([(x.tokens, x.hashes) for x in m.saves], [(None, None)])
 
 
+class SlowMatcher:
+    """A rank's matcher that answers after ``delay_s`` (forever: never)."""
+
+    def __init__(self, inner, delay_s):
+        self.inner, self.delay_s = inner, delay_s
+        self.gate = threading.Event()
+
+    def match(self, req_id, chain, skip):
+        self.gate.wait(self.delay_s)
+        return self.inner.match(req_id, chain, skip)
+
+    def release(self, req_id):
+        self.inner.release(req_id)
+
+
 class LookupServiceTest(unittest.TestCase):
     def setUp(self):
         self.sock_dir = tempfile.mkdtemp(prefix="tutti-sock-")
@@ -137,10 +154,51 @@ class LookupServiceTest(unittest.TestCase):
         self.assertEqual(rm.match("a", chain, 1), 2)  # rank 1 has 3 blocks: 2 after the local one
         self.assertEqual(set(m0._holds), {"a"})
         self.assertEqual(set(m1._holds), {"a"})
-        rm.release("a")
-        self.assertEqual((m0._holds, m1._holds), ({}, {}))
+        rm.release("a")  # queued to each rank's connection: done once a later call is answered
         self.assertEqual(rm.match("b", chain, 3), 0)  # rank 1 has nothing after 3: no hold anywhere
+        self.assertEqual(rm.match("c", chain, 5), 0)  # nothing past the chain
         self.assertEqual((m0._holds, m1._holds), ({}, {}))
+
+    def test_a_slow_rank_never_stalls_the_scheduler(self):
+        """The first lookup sends the query and answers None (ask again);
+        later ones give the answer once every rank gave it; a rank that does
+        not answer within the timeout makes it a miss, counted."""
+        fx0, m0, chain = self.rank(0, 5)
+        fx1 = StoreFixture()
+        self.addCleanup(fx1.close)
+        fx1.store.register_kv(fx1.regions())
+        with fx1.store.save(chain[:3], [0, 1, 2]) as sv:
+            sv.wait_gathered()
+        fx1.store.wait_saves()
+        slow = SlowMatcher(LocalMatcher(fx1.store, ttl_ms=60000), delay_s=3600)
+        srv = ls.LookupServer(ls.socket_path(self.sock_dir, "k", 1), slow)
+        self.addCleanup(srv.close)
+        self.addCleanup(slow.gate.set)
+        paths = [ls.socket_path(self.sock_dir, "k", r) for r in range(2)]
+        rm = ls.RemoteMatcher(paths, timeout_s=10)
+        self.addCleanup(rm.close)
+        s = SchedulerSide(rm, BT)
+        self.assertIsNone(s.get_num_new_matched_tokens("a", chain, 5 * BT + 1, BT))  # rank 1 holds it back
+        self.assertIsNone(s.get_num_new_matched_tokens("a", chain, 5 * BT + 1, BT))
+        slow.gate.set()  # rank 1 answers now
+        got = None
+        for _ in range(5000):
+            got = s.get_num_new_matched_tokens("a", chain, 5 * BT + 1, BT)
+            if got is not None:
+                break
+            time.sleep(0.002)
+        self.assertEqual(got, 2 * BT)  # the minimum: rank 1 has 3 blocks, 2 after the local one
+        self.assertGreaterEqual(s.counters["lookups_deferred"], 2)
+        # A rank that never answers: None until the timeout, then a miss.
+        slow.gate.clear()
+        clock = [0.0]
+        rm2 = ls.RemoteMatcher(paths, timeout_s=0.5, clock=lambda: clock[0])
+        self.addCleanup(rm2.close)
+        s2 = SchedulerSide(rm2, BT)
+        self.assertIsNone(s2.get_num_new_matched_tokens("b", chain, 5 * BT + 1, 0))
+        clock[0] = 1.0  # past the timeout
+        self.assertEqual(s2.get_num_new_matched_tokens("b", chain, 5 * BT + 1, 0), 0)
+        self.assertEqual(s2.counters["fallback:LookupTimeout"], 1)
 
     def test_a_rank_down_is_unavailable(self):
         self.rank(0, 2)

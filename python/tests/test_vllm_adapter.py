@@ -5,7 +5,8 @@ worker role in TP = 2 other processes (spawned), a store per rank. Covered:
 construction through the factory, a miss, chunked prefill saves, a local
 prefix hit, a full hit (last token left to compute), eviction between lookup
 and load (the hold keeps the promise), a restart that hits again, metadata
-through pickle, both start_load_kv orders, stats; every loaded page compared
+through pickle, both start_load_kv orders, lookups answered later (the
+ranks are other processes), stats; every loaded page compared
 with what the forward that saved it wrote."""
 
 import multiprocessing as mp
@@ -193,6 +194,17 @@ class VLLMAdapterTest(unittest.TestCase):
         self.finished = set()
         return outs
 
+    def lookup(self, req, local):
+        """vLLM's scheduler asks again, at later steps, while the answer is None."""
+        import time
+        for _ in range(10000):
+            ext, is_async = self.sched.get_num_new_matched_tokens(req, local)
+            self.assertIs(is_async, False)
+            if ext is not None:
+                return ext
+            time.sleep(0.001)
+        self.fail("the lookup never answered")
+
     def run_request(self, rid, tokens, local_blocks=(), chunks=None):
         """vLLM's scheduler for one request: lookup after local hits,
         allocation of all its blocks, then prefill steps; returns
@@ -202,9 +214,8 @@ class VLLMAdapterTest(unittest.TestCase):
         from vllm.v1.request import Request
         req = Request(rid, tokens, BS)
         local = len(local_blocks) * BS
-        ext, is_async = self.sched.get_num_new_matched_tokens(req, local)
-        self.assertIs(is_async, False)
-        again, _ = self.sched.get_num_new_matched_tokens(req, local)  # may be called again: same answer
+        ext = self.lookup(req, local)
+        again = self.lookup(req, local)  # may be called again: same answer
         self.assertEqual(again, ext)
         need = -(-len(tokens) // BS)
         blocks = list(local_blocks) + [self.free.pop(0) for _ in range(need - len(local_blocks))]
@@ -229,8 +240,7 @@ class VLLMAdapterTest(unittest.TestCase):
     def lookup_only(self, rid, tokens):
         from vllm.v1.request import Request
         req = Request(rid, tokens, BS)
-        ext, _ = self.sched.get_num_new_matched_tokens(req, 0)
-        return req, ext
+        return req, self.lookup(req, 0)
 
     def sync(self):
         self.assertEqual(self.call("sync"), ["synced"] * TP)

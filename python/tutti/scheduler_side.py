@@ -4,12 +4,13 @@ engine decides, per step, what each request computes (vLLM's EngineCore).
 API:
 
 ``SchedulerSide(matcher, block_tokens, chunk_pages=1)``
-    * ``get_num_new_matched_tokens(req_id, chain, num_tokens, num_computed_tokens, request=None) -> int``:
+    * ``get_num_new_matched_tokens(req_id, chain, num_tokens, num_computed_tokens) -> int | None``:
       tokens beyond the engine's local hits (``num_computed_tokens``, whole
-      blocks) that tutti promises to restore; a full-prompt hit leaves the last
-      token to compute. The matcher holds what it promised (pinned, with a
-      lease) so it is still there when the worker loads it; a second call for
-      the same request replaces the first.
+      blocks) that tutti promises to restore; a hit reaching ``num_tokens``
+      leaves the last token to compute. ``None``: the answer is not in yet (a
+      matcher that asks other processes), ask again later. The matcher holds
+      what it promised (pinned, with a lease) so it is still there when the
+      worker loads it; a second call for the same request replaces the first.
     * ``update_state_after_alloc(req_id, block_ids, num_external_tokens)``:
       ``block_ids`` are ALL of the request's blocks, local hits first; the load
       goes into the blocks after the local hits.
@@ -25,11 +26,13 @@ API:
     * ``request_finished(req_id) -> bool``: always False: a save's pages are
       copied out before the step that wrote them ends (``WorkerSide.wait_for_save``),
       so no block outlives its request for tutti.
-    * ``counters``: lookups, hit tokens, promised blocks, fallbacks by reason.
+    * ``counters``: lookups (answered), lookups_deferred, hit tokens,
+      promised blocks, fallbacks by reason.
 
-Matchers (``match(req_id, chain, skip) -> blocks``, ``release(req_id)``):
-:class:`LocalMatcher` over a store of this process (the worker's, when the
-engine runs both roles in one process), and
+Matchers: ``match(req_id, chain, skip) -> blocks`` (blocking) or
+``query(req_id, chain, skip) -> blocks | None`` (not blocking: None until
+answered), ``release(req_id)``. :class:`LocalMatcher` over a store of this
+process (the worker's, when the engine runs both roles in one process), and
 :class:`tutti.lookup_service.RemoteMatcher` over the ranks' worker processes.
 """
 
@@ -118,20 +121,26 @@ class SchedulerSide:
         self.counters = Counter()
 
     # -- lookup
-    def get_num_new_matched_tokens(self, req_id: str, chain: Sequence[int], num_tokens: int, num_computed_tokens: int) -> int:
+    def get_num_new_matched_tokens(self, req_id: str, chain: Sequence[int], num_tokens: int,
+                                   num_computed_tokens: int) -> Optional[int]:
         bt = self.block_tokens
-        self.counters["lookups"] += 1
-        self.counters["lookup_tokens"] += max(0, num_tokens - num_computed_tokens)
         skip = num_computed_tokens // bt
         if num_computed_tokens % bt or skip >= len(chain):
             self._forget(req_id)
+            self._count_lookup(num_tokens, num_computed_tokens)
             return 0
         try:
-            blocks = self.matcher.match(req_id, list(chain), skip)
-        except Exception as e:  # an unreachable worker is a miss, counted, never a failed request
+            query = getattr(self.matcher, "query", None)
+            blocks = query(req_id, list(chain), skip) if query is not None else self.matcher.match(req_id, list(chain), skip)
+        except Exception as e:  # an unreachable or slow worker is a miss, counted, never a failed request
             self.counters[f"fallback:{type(e).__name__}"] += 1
             blocks = 0
-        if blocks == 0:
+        if blocks is None:
+            self.counters["lookups_deferred"] += 1
+            return None
+        self._count_lookup(num_tokens, num_computed_tokens)
+        blocks = min(int(blocks), len(chain) - skip)  # chain is the prompt's: never past it
+        if blocks <= 0:
             self._forget(req_id)
             return 0
         tokens = blocks * bt
@@ -143,6 +152,10 @@ class SchedulerSide:
         self._pending[req_id] = _Pending(list(chain[:skip + blocks]), skip, blocks)
         self.counters["hit_tokens"] += tokens
         return tokens
+
+    def _count_lookup(self, num_tokens: int, num_computed_tokens: int):
+        self.counters["lookups"] += 1
+        self.counters["lookup_tokens"] += max(0, num_tokens - num_computed_tokens)
 
     def _forget(self, req_id: str):
         """No hit now: drop what an earlier lookup of the request promised."""
