@@ -1,8 +1,8 @@
 """tutti.scheduler_side and tutti.lookup_service without vLLM or torch: the
 lookup after local hits and its full-hit rule, allocation after local hits,
-the save rule from scheduler-output-shaped objects, holds across a socket
-with the minimum over two ranks' stores, lookups that never wait on a slow
-rank, and the server's parser against garbage (seeded)."""
+the save rule from scheduler-output-shaped objects (chunk by chunk), holds
+across a socket with the minimum over two ranks' stores, lookups that never
+wait on a slow rank, and the server's parser against garbage (seeded)."""
 
 import os
 import random
@@ -74,41 +74,55 @@ class SchedulerSideTest(unittest.TestCase):
         self.assertEqual(s.get_num_new_matched_tokens("r", chain_of(1, 3), 3 * BT, 0), 0)
         self.assertEqual(s.counters["fallback:LookupUnavailable"], 1)
 
-    def test_save_once_when_the_prompt_is_computed(self):
+    def test_saves_chunk_by_chunk(self):
+        """Each step that completes full prompt blocks saves the chain up to the
+        last of them (blocks allocated step by step, as vLLM allocates them)."""
         s = SchedulerSide(FakeMatcher(0), BT)
         chain = chain_of(2, 3)
-        req = NS(chain=chain)
-        s.track("r", req, lambda r: r.chain, 3 * BT + 5)
-        new = NS(req_id="r", block_ids=([7, 8, 9, 10],), num_computed_tokens=0)
+        s.track("r", chain)
+        new = NS(req_id="r", block_ids=([7, 8],), num_computed_tokens=0)
         m1 = s.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None, num_scheduled_tokens={"r": 2 * BT}))
-        self.assertEqual(m1.saves, [])  # chunked prefill: the prompt's last full block is not computed yet
-        cached = NS(req_ids=["r"], new_block_ids=[None], num_computed_tokens=[2 * BT], resumed_req_ids=set())
+        self.assertEqual([(x.chain, x.block_ids, x.start) for x in m1.saves], [(chain[:2], [7, 8], 0)])
+        cached = NS(req_ids=["r"], new_block_ids=[([9, 10],)], num_computed_tokens=[2 * BT], resumed_req_ids=set())
         m2 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": BT + 5}))
-        self.assertEqual([(x.chain, x.block_ids) for x in m2.saves], [(chain, [7, 8, 9])])
-        cached = NS(req_ids=["r"], new_block_ids=[([11],)], num_computed_tokens=[3 * BT + 5], resumed_req_ids=set())
+        self.assertEqual([(x.chain, x.block_ids, x.start) for x in m2.saves], [(chain, [7, 8, 9], 2)])
+        cached = NS(req_ids=["r"], new_block_ids=[None], num_computed_tokens=[3 * BT + 5], resumed_req_ids=set())
         m3 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 1}))
-        self.assertEqual(m3.saves, [])  # decode: saved once already
-        # Preempted and resumed with new blocks: saved again from them.
-        cached = NS(req_ids=["r"], new_block_ids=[([1, 2, 3, 4],)], num_computed_tokens=[0], resumed_from_preemption=[True])
-        m4 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 3 * BT + 6}))
-        self.assertEqual([x.block_ids for x in m4.saves], [[1, 2, 3]])
+        self.assertEqual(m3.saves, [])  # decode: not saved
+        m4 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=None, num_scheduled_tokens={},
+                             preempted_req_ids={"r"}))
+        self.assertEqual(m4.ended, ["r"])  # its queued saves go before its blocks are reused
+        # Resumed with new blocks: saved again from them; anything queued from the old ones is dropped.
+        cached = NS(req_ids=["r"], new_block_ids=[([1, 2, 3, 4],)], num_computed_tokens=[0], resumed_req_ids={"r"})
+        m5 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 3 * BT + 6}))
+        self.assertEqual([(x.block_ids, x.start) for x in m5.saves], [([1, 2, 3], 0)])
+        self.assertEqual(m5.dropped, ["r"])
         self.assertEqual(s.request_finished("r"), False)
-        self.assertEqual(s.build_meta(NS(num_scheduled_tokens={"r": 1})).saves, [])
+        m6 = s.build_meta(NS(num_scheduled_tokens={"r": 1}, finished_req_ids={"r"}))
+        self.assertEqual((m6.saves, m6.ended), ([], ["r"]))
 
     def test_save_carries_tokens_and_engine_hashes(self):
         """For KV events: the save of a tracked request carries its prompt's
         tokens of the saved blocks and the engine's hash bytes per block."""
         s = SchedulerSide(FakeMatcher(0), BT)
         chain = chain_of(3, 2)
-        req = NS(chain=chain, tokens=list(range(2 * BT + 3)), hashes=[b"a" * 32, b"b" * 32])
-        s.track("r", req, lambda r: r.chain, 2 * BT + 3, tokens_of=lambda r: r.tokens, hashes_of=lambda r: r.hashes)
+        req = NS(tokens=list(range(2 * BT + 3)), hashes=[b"a" * 32, b"b" * 32])
+        s.track("r", chain, req, tokens_of=lambda r: r.tokens, hashes_of=lambda r: r.hashes)
         new = NS(req_id="r", block_ids=([4, 5, 6],), num_computed_tokens=0)
         m = s.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None, num_scheduled_tokens={"r": 2 * BT + 3}))
         self.assertEqual([(x.chain, x.tokens, x.hashes) for x in m.saves], [(chain, list(range(2 * BT)), req.hashes)])
         s2 = SchedulerSide(FakeMatcher(0), BT)  # without them: neither is sent
-        s2.track("r", req, lambda r: r.chain, 2 * BT + 3)
+        s2.track("r", chain)
         m = s2.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None, num_scheduled_tokens={"r": 2 * BT + 3}))
         self.assertEqual([(x.tokens, x.hashes) for x in m.saves], [(None, None)])
+
+    def test_never_more_than_the_prompt(self):
+        """The chain keys the prompt's blocks: a request whose tokens go past
+        its prompt (outputs, after a preemption) is never promised more."""
+        s = SchedulerSide(FakeMatcher(stored=10), BT)
+        chain = chain_of(4, 4)  # a 64-token prompt
+        self.assertEqual(s.get_num_new_matched_tokens("r", chain, 4 * BT + 5, 0), 4 * BT)
+        self.assertEqual(s.get_num_new_matched_tokens("r", chain, 4 * BT, 0), 4 * BT - 1)
 
 
 class SlowMatcher:

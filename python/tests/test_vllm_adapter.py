@@ -1,14 +1,15 @@
 """tutti.vllm.TuttiConnector driven in vLLM's call order through a contract
 double of vLLM (tests/vllm_double: vLLM's module paths, classes and factory,
 NOT vLLM), with real torch tensors: the scheduler role in this process, the
-worker role in TP = 2 other processes (spawned), a store per rank. Covered:
-construction through the factory, a miss, chunked prefill saves, a local
-prefix hit, a full hit (last token left to compute), eviction between lookup
-and load (the hold keeps the promise), a restart that hits again, metadata
-through pickle, both start_load_kv orders, lookups answered later (the
-ranks are other processes), stats; every loaded page compared
-with what the forward that saved it wrote."""
+worker role in TP = 2 other processes (spawned), a store per rank, no
+PYTHONHASHSEED anywhere. Covered: construction through the factory, a miss,
+chunked prefill saves, a local prefix hit, a full hit (last token left to
+compute), eviction between lookup and load (the hold keeps the promise), a
+restart that hits again, metadata through pickle, both start_load_kv orders,
+lookups answered later (the ranks are other processes), stats; every loaded
+page compared with what the forward that saved it wrote."""
 
+import hashlib
 import multiprocessing as mp
 import os
 import pickle
@@ -28,7 +29,6 @@ except ImportError:
 
 NO_TORCH = "torch is not installed for this interpreter (Debian's python3-torch serves /usr/bin/python3)"
 L, H, D, BS, NB, TP = 2, 2, 32, 16, 160, 2
-SEED = "1234"
 PATH = os.environ.get("TUTTI_TEST_PATH", "cpu")  # "gpu" on the GPU machine: tensors on cuda:0, tutti's GPU path
 DEV = "cuda" if PATH == "gpu" else "cpu"
 
@@ -53,13 +53,12 @@ def _content(key, layer, rank):
 
 
 def _block_keys(tokens):
-    """The key of every block the request touches: tutti's chain id of a full
-    block (vLLM's hash folded), a key of the tokens for the partial tail."""
-    from tutti.connector import _hash64
-    from vllm.v1.core.kv_cache_utils import block_hashes
-    keys = [_hash64(h) for h in block_hashes(tokens, BS)]
-    if len(tokens) % BS:
-        keys.append(hash(tuple(tokens)) & 0xFFFFFFFFFFFFFFFF)
+    """A key of every block the request touches (full or not): a stable hash
+    of the tokens up to the block's end (the KV of a block depends on them)."""
+    keys = []
+    for end in range(BS, len(tokens) + BS, BS):
+        d = hashlib.blake2b(repr(list(tokens[:end])).encode(), digest_size=8).digest()
+        keys.append(int.from_bytes(d, "little"))
     return keys
 
 
@@ -88,6 +87,14 @@ def worker_main(pipe, rank, store_root, engine_id):
             continue
         so, reqs = pickle.loads(msg)  # the scheduler output crosses processes pickled, as in vLLM
         meta = so.kv_connector_metadata
+        conn.handle_preemptions(meta)
+        if not so.total_num_scheduled_tokens:  # vLLM's kv_connector_no_forward
+            conn.bind_connector_metadata(meta)
+            conn.start_load_kv(None)
+            sending, recving = conn.get_finished(so.finished_req_ids)
+            conn.clear_connector_metadata()
+            pipe.send({"sending": sending, "recving": recving, "errors": set(), "bad": [], "stats": {}})
+            continue
         conn.bind_connector_metadata(meta)
         if so.has_sync_kv_loads:
             conn.start_load_kv(None)
@@ -109,10 +116,11 @@ def worker_main(pipe, rank, store_root, engine_id):
             torch.cuda.synchronize()
         bad = []
         for ld in meta.loads:
-            for i, key in enumerate(ld.chain):
+            keys = _block_keys(reqs[ld.req_id][0])
+            for i in range(len(ld.chain)):
                 page = reqs[ld.req_id][1][i]
                 for li, name in enumerate(names):
-                    if not torch.equal(kv[name][:, page], _content(key, li, rank)):
+                    if not torch.equal(kv[name][:, page], _content(keys[i], li, rank)):
                         bad.append((ld.req_id, i, page, li))
         errors = conn.get_block_ids_with_load_errors()
         stats = conn.get_kv_connector_stats()
@@ -125,17 +133,11 @@ def worker_main(pipe, rank, store_root, engine_id):
 class VLLMAdapterTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls._env = os.environ.get("PYTHONHASHSEED")
-        os.environ["PYTHONHASHSEED"] = SEED  # before the double's block hashing is imported, here and in the workers
         sys.path.insert(0, DOUBLE)
 
     @classmethod
     def tearDownClass(cls):
         sys.path.remove(DOUBLE)
-        if cls._env is None:
-            os.environ.pop("PYTHONHASHSEED", None)
-        else:
-            os.environ["PYTHONHASHSEED"] = cls._env
 
     def setUp(self):
         self.root = tempfile.mkdtemp(prefix="tutti-vllm-")
@@ -224,12 +226,14 @@ class VLLMAdapterTest(unittest.TestCase):
         rest = len(tokens) - computed
         chunks = chunks or [rest]
         self.assertEqual(sum(chunks), rest)
+        req.num_computed_tokens = computed
         for i, n in enumerate(chunks):
             if i == 0:
-                so = SchedulerOutput([NewRequestData(rid, tokens, (blocks,), computed)], CachedRequestData(),
+                so = SchedulerOutput([NewRequestData.from_request(req, (blocks,))], CachedRequestData.make_empty(),
                                      {rid: n}, n, set(self.finished))
             else:
-                so = SchedulerOutput([], CachedRequestData([rid], set(), [[]], [None], [computed]), {rid: n}, n, set(self.finished))
+                so = SchedulerOutput([], CachedRequestData([rid], set(), [], {}, [None], [computed], [0]), {rid: n}, n,
+                                     set(self.finished))
             self.step(so, {rid: (tokens, blocks, computed)})
             computed += n
         delay, params = self.sched.request_finished(req, blocks)
@@ -243,6 +247,11 @@ class VLLMAdapterTest(unittest.TestCase):
         return req, self.lookup(req, 0)
 
     def sync(self):
+        """vLLM steps once more after a request finished (its id in the
+        step's finished_req_ids, no tokens): then every save is durable."""
+        from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+        if self.finished:
+            self.step(SchedulerOutput([], CachedRequestData.make_empty(), {}, 0, set(self.finished)), {})
         self.assertEqual(self.call("sync"), ["synced"] * TP)
 
     def test_call_order_tp2(self):
@@ -276,7 +285,7 @@ class VLLMAdapterTest(unittest.TestCase):
         self.assertGreater(stats.data.get("hit_tokens", 0), 0)
         self.stop()
 
-        # A restart (new processes, new engine id, same PYTHONHASHSEED): the
+        # A restart (new processes, new engine id, vLLM's hashes other): the
         # newest fill (E went once its hold ended: the oldest in a full store)
         # hits again, as far as the store admitted it (a full store admits a
         # save in part), every loaded page compared by the workers.
@@ -286,18 +295,20 @@ class VLLMAdapterTest(unittest.TestCase):
         self.assertEqual(ext % BS if ext < 30 * BS - 1 else 0, 0)
         self.stop()
 
-    def test_hash_seed_required(self):
+    def test_pythonhashseed_is_deprecated(self):
+        """No PYTHONHASHSEED is needed; the old key is accepted with a warning,
+        a wrong value of it still refused."""
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-        os.environ.pop("PYTHONHASHSEED")
-        try:
-            with self.assertRaises(ValueError) as cm:
-                KVConnectorFactory.create_connector(_config(self.root), KVConnectorRole.SCHEDULER, None)
-            self.assertIn("PYTHONHASHSEED", str(cm.exception))
-            c = KVConnectorFactory.create_connector(_config(self.root, {"pythonhashseed": "warn"}), KVConnectorRole.SCHEDULER, None)
-            self.assertIsNotNone(c)
-        finally:
-            os.environ["PYTHONHASHSEED"] = SEED
+        from unittest import mock
+        with mock.patch.dict(os.environ):
+            os.environ.pop("PYTHONHASHSEED", None)
+            self.assertIsNotNone(KVConnectorFactory.create_connector(_config(self.root), KVConnectorRole.SCHEDULER, None))
+        with self.assertLogs("tutti.vllm", "WARNING"):
+            KVConnectorFactory.create_connector(_config(self.root, {"pythonhashseed": "require"}), KVConnectorRole.SCHEDULER, None)
+        with self.assertRaises(ValueError) as cm:
+            KVConnectorFactory.create_connector(_config(self.root, {"pythonhashseed": "yes"}), KVConnectorRole.SCHEDULER, None)
+        self.assertIn("pythonhashseed", str(cm.exception))
 
     def test_factory_and_settings(self):
         from vllm.config import KVTransferConfig, VllmConfig
@@ -313,7 +324,7 @@ class VLLMAdapterTest(unittest.TestCase):
             with self.assertRaises(ValueError) as cm:
                 KVConnectorFactory.create_connector(_config(self.root, bad), KVConnectorRole.SCHEDULER, None)
             self.assertIn(frag, str(cm.exception))
-        # Prometheus: vLLM passes its metric classes in; names are vLLM's offload metrics'.
+        # Prometheus: vLLM passes its metric classes in; tutti's own names.
         from vllm.distributed.kv_transfer.kv_connector.v1.metrics import Counter, Gauge, Histogram
         made = {}
 
@@ -335,9 +346,9 @@ class VLLMAdapterTest(unittest.TestCase):
         prom = tv.TuttiConnector.build_prom_metrics(_config(self.root), {Gauge: Metric, Counter: Metric, Histogram: Metric},
                                                     ["engine"], {0: ["0"]})
         prom.observe({"load_bytes": 4096, "hit_tokens": 32, "load_time_s": 0.01})
-        self.assertEqual(made["vllm:kv_offload_load_bytes"].values, {("0",): 4096})
-        self.assertEqual(made["vllm:kv_offload_tutti_hit_tokens"].values, {("0",): 32})
-        self.assertEqual(made["vllm:kv_offload_load_time"].values, {("0",): [0.01]})
+        self.assertEqual(made["vllm:tutti_load_bytes"].values, {("0",): 4096})
+        self.assertEqual(made["vllm:tutti_hit_tokens"].values, {("0",): 32})
+        self.assertEqual(made["vllm:tutti_load_time_seconds"].values, {("0",): [0.01]})
         st = tv.TuttiConnector.build_kv_connector_stats({"load_bytes": 1})
         st.aggregate(tv.TuttiConnector.build_kv_connector_stats({"load_bytes": 2, "lookups": 1}))
         self.assertEqual(st.reduce(), {"load_bytes": 3, "lookups": 1})
@@ -345,7 +356,7 @@ class VLLMAdapterTest(unittest.TestCase):
         m = tv.TuttiConnectorMetadata(loads=[], saves=[])
         self.assertEqual(pickle.loads(pickle.dumps(m)), m)
         self.assertIsNone(tv.TuttiConnector.get_required_kvcache_layout(None))
-        self.assertTrue(tv.TuttiConnector.requires_piecewise_for_cudagraph())
+        self.assertTrue(tv.TuttiConnector.requires_piecewise_for_cudagraph({}))
 
 
 class ImportWithoutVLLMTest(unittest.TestCase):
