@@ -320,7 +320,10 @@ class VLLMAdapterTest(unittest.TestCase):
         with self.assertRaises(ValueError):  # the engine-neutral class is no vLLM connector
             KVConnectorFactory.create_connector(old, KVConnectorRole.SCHEDULER, None)
         for bad, frag in (({"dirs": "/x"}, "list"), ({"path": "tpu"}, "path"), ({"nope": 1}, "unknown"),
-                          ({"store_options": {"x": 1}}, "store_options")):
+                          ({"store_options": {"x": 1}}, "store_options"), ({"check": {"dir": ""}}, "check"),
+                          ({"check": {"dir": "/x", "zap": 1}}, "check"), ({"check": "/x"}, "check"),
+                          ({"check": {"dir": "/x", "max_records": 0}}, "max_records"),
+                          ({"save_flush_wait_ms": -1}, "save_flush_wait_ms")):
             with self.assertRaises(ValueError) as cm:
                 KVConnectorFactory.create_connector(_config(self.root, bad), KVConnectorRole.SCHEDULER, None)
             self.assertIn(frag, str(cm.exception))
