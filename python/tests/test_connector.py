@@ -55,6 +55,15 @@ class TensorValidationTest(unittest.TestCase):
     def test_good(self):
         self.conn.register_kv_caches(self.good)
 
+    def test_one_tensor_for_two_layers(self):
+        kv = dict(self.good)
+        names = list(kv)
+        kv[names[1]] = kv[names[0]]
+        with self.assertRaises(ValueError) as cm:
+            self.conn.register_kv_caches(kv)
+        self.assertIn(repr(names[0]), str(cm.exception))
+        self.assertIn(repr(names[1]), str(cm.exception))
+
     def test_dtype(self):
         self.assertNames(tutti.DTypeMismatch, "dtype", self.with_bad(dtype="bfloat16"), "bfloat16", "fp16")
         self.assertNames(tutti.DTypeMismatch, "dtype", self.with_bad(dtype="int64"), "int64")

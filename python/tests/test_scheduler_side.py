@@ -1,14 +1,16 @@
 """tutti.scheduler_side and tutti.lookup_service without vLLM or torch: the
 lookup after local hits and its full-hit rule, allocation after local hits,
-the save rule from scheduler-output-shaped objects, holds across a socket
-with the minimum over two ranks' stores, and the server's parser against
-garbage (seeded)."""
+the save rule from scheduler-output-shaped objects (chunk by chunk), holds
+across a socket with the minimum over two ranks' stores, lookups that never
+wait on a slow rank, and the server's parser against garbage (seeded)."""
 
 import os
 import random
 import shutil
 import socket
 import tempfile
+import threading
+import time
 import unittest
 from types import SimpleNamespace as NS
 
@@ -72,41 +74,70 @@ class SchedulerSideTest(unittest.TestCase):
         self.assertEqual(s.get_num_new_matched_tokens("r", chain_of(1, 3), 3 * BT, 0), 0)
         self.assertEqual(s.counters["fallback:LookupUnavailable"], 1)
 
-    def test_save_once_when_the_prompt_is_computed(self):
+    def test_saves_chunk_by_chunk(self):
+        """Each step that completes full prompt blocks saves the chain up to the
+        last of them (blocks allocated step by step, as vLLM allocates them)."""
         s = SchedulerSide(FakeMatcher(0), BT)
         chain = chain_of(2, 3)
-        req = NS(chain=chain)
-        s.track("r", req, lambda r: r.chain, 3 * BT + 5)
-        new = NS(req_id="r", block_ids=([7, 8, 9, 10],), num_computed_tokens=0)
+        s.track("r", chain)
+        new = NS(req_id="r", block_ids=([7, 8],), num_computed_tokens=0)
         m1 = s.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None, num_scheduled_tokens={"r": 2 * BT}))
-        self.assertEqual(m1.saves, [])  # chunked prefill: the prompt's last full block is not computed yet
-        cached = NS(req_ids=["r"], new_block_ids=[None], num_computed_tokens=[2 * BT], resumed_req_ids=set())
+        self.assertEqual([(x.chain, x.block_ids, x.start) for x in m1.saves], [(chain[:2], [7, 8], 0)])
+        cached = NS(req_ids=["r"], new_block_ids=[([9, 10],)], num_computed_tokens=[2 * BT], resumed_req_ids=set())
         m2 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": BT + 5}))
-        self.assertEqual([(x.chain, x.block_ids) for x in m2.saves], [(chain, [7, 8, 9])])
-        cached = NS(req_ids=["r"], new_block_ids=[([11],)], num_computed_tokens=[3 * BT + 5], resumed_req_ids=set())
+        self.assertEqual([(x.chain, x.block_ids, x.start) for x in m2.saves], [(chain, [7, 8, 9], 2)])
+        cached = NS(req_ids=["r"], new_block_ids=[None], num_computed_tokens=[3 * BT + 5], resumed_req_ids=set())
         m3 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 1}))
-        self.assertEqual(m3.saves, [])  # decode: saved once already
-        # Preempted and resumed with new blocks: saved again from them.
-        cached = NS(req_ids=["r"], new_block_ids=[([1, 2, 3, 4],)], num_computed_tokens=[0], resumed_from_preemption=[True])
-        m4 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 3 * BT + 6}))
-        self.assertEqual([x.block_ids for x in m4.saves], [[1, 2, 3]])
+        self.assertEqual(m3.saves, [])  # decode: not saved
+        m4 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=None, num_scheduled_tokens={},
+                             preempted_req_ids={"r"}))
+        self.assertEqual(m4.ended, ["r"])  # its queued saves go before its blocks are reused
+        # Resumed with new blocks: saved again from them; anything queued from the old ones is dropped.
+        cached = NS(req_ids=["r"], new_block_ids=[([1, 2, 3, 4],)], num_computed_tokens=[0], resumed_req_ids={"r"})
+        m5 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 3 * BT + 6}))
+        self.assertEqual([(x.block_ids, x.start) for x in m5.saves], [([1, 2, 3], 0)])
+        self.assertEqual(m5.dropped, ["r"])
         self.assertEqual(s.request_finished("r"), False)
-        self.assertEqual(s.build_meta(NS(num_scheduled_tokens={"r": 1})).saves, [])
+        m6 = s.build_meta(NS(num_scheduled_tokens={"r": 1}, finished_req_ids={"r"}))
+        self.assertEqual((m6.saves, m6.ended), ([], ["r"]))
 
     def test_save_carries_tokens_and_engine_hashes(self):
         """For KV events: the save of a tracked request carries its prompt's
         tokens of the saved blocks and the engine's hash bytes per block."""
         s = SchedulerSide(FakeMatcher(0), BT)
         chain = chain_of(3, 2)
-        req = NS(chain=chain, tokens=list(range(2 * BT + 3)), hashes=[b"a" * 32, b"b" * 32])
-        s.track("r", req, lambda r: r.chain, 2 * BT + 3, tokens_of=lambda r: r.tokens, hashes_of=lambda r: r.hashes)
+        req = NS(tokens=list(range(2 * BT + 3)), hashes=[b"a" * 32, b"b" * 32])
+        s.track("r", chain, req, tokens_of=lambda r: r.tokens, hashes_of=lambda r: r.hashes)
         new = NS(req_id="r", block_ids=([4, 5, 6],), num_computed_tokens=0)
         m = s.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None, num_scheduled_tokens={"r": 2 * BT + 3}))
         self.assertEqual([(x.chain, x.tokens, x.hashes) for x in m.saves], [(chain, list(range(2 * BT)), req.hashes)])
         s2 = SchedulerSide(FakeMatcher(0), BT)  # without them: neither is sent
-        s2.track("r", req, lambda r: r.chain, 2 * BT + 3)
+        s2.track("r", chain)
         m = s2.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None, num_scheduled_tokens={"r": 2 * BT + 3}))
         self.assertEqual([(x.tokens, x.hashes) for x in m.saves], [(None, None)])
+
+    def test_never_more_than_the_prompt(self):
+        """The chain keys the prompt's blocks: a request whose tokens go past
+        its prompt (outputs, after a preemption) is never promised more."""
+        s = SchedulerSide(FakeMatcher(stored=10), BT)
+        chain = chain_of(4, 4)  # a 64-token prompt
+        self.assertEqual(s.get_num_new_matched_tokens("r", chain, 4 * BT + 5, 0), 4 * BT)
+        self.assertEqual(s.get_num_new_matched_tokens("r", chain, 4 * BT, 0), 4 * BT - 1)
+
+
+class SlowMatcher:
+    """A rank's matcher that answers after ``delay_s`` (forever: never)."""
+
+    def __init__(self, inner, delay_s):
+        self.inner, self.delay_s = inner, delay_s
+        self.gate = threading.Event()
+
+    def match(self, req_id, chain, skip):
+        self.gate.wait(self.delay_s)
+        return self.inner.match(req_id, chain, skip)
+
+    def release(self, req_id):
+        self.inner.release(req_id)
 
 
 class LookupServiceTest(unittest.TestCase):
@@ -137,10 +168,51 @@ class LookupServiceTest(unittest.TestCase):
         self.assertEqual(rm.match("a", chain, 1), 2)  # rank 1 has 3 blocks: 2 after the local one
         self.assertEqual(set(m0._holds), {"a"})
         self.assertEqual(set(m1._holds), {"a"})
-        rm.release("a")
-        self.assertEqual((m0._holds, m1._holds), ({}, {}))
+        rm.release("a")  # queued to each rank's connection: done once a later call is answered
         self.assertEqual(rm.match("b", chain, 3), 0)  # rank 1 has nothing after 3: no hold anywhere
+        self.assertEqual(rm.match("c", chain, 5), 0)  # nothing past the chain
         self.assertEqual((m0._holds, m1._holds), ({}, {}))
+
+    def test_a_slow_rank_never_stalls_the_scheduler(self):
+        """The first lookup sends the query and answers None (ask again);
+        later ones give the answer once every rank gave it; a rank that does
+        not answer within the timeout makes it a miss, counted."""
+        fx0, m0, chain = self.rank(0, 5)
+        fx1 = StoreFixture()
+        self.addCleanup(fx1.close)
+        fx1.store.register_kv(fx1.regions())
+        with fx1.store.save(chain[:3], [0, 1, 2]) as sv:
+            sv.wait_gathered()
+        fx1.store.wait_saves()
+        slow = SlowMatcher(LocalMatcher(fx1.store, ttl_ms=60000), delay_s=3600)
+        srv = ls.LookupServer(ls.socket_path(self.sock_dir, "k", 1), slow)
+        self.addCleanup(srv.close)
+        self.addCleanup(slow.gate.set)
+        paths = [ls.socket_path(self.sock_dir, "k", r) for r in range(2)]
+        rm = ls.RemoteMatcher(paths, timeout_s=10)
+        self.addCleanup(rm.close)
+        s = SchedulerSide(rm, BT)
+        self.assertIsNone(s.get_num_new_matched_tokens("a", chain, 5 * BT + 1, BT))  # rank 1 holds it back
+        self.assertIsNone(s.get_num_new_matched_tokens("a", chain, 5 * BT + 1, BT))
+        slow.gate.set()  # rank 1 answers now
+        got = None
+        for _ in range(5000):
+            got = s.get_num_new_matched_tokens("a", chain, 5 * BT + 1, BT)
+            if got is not None:
+                break
+            time.sleep(0.002)
+        self.assertEqual(got, 2 * BT)  # the minimum: rank 1 has 3 blocks, 2 after the local one
+        self.assertGreaterEqual(s.counters["lookups_deferred"], 2)
+        # A rank that never answers: None until the timeout, then a miss.
+        slow.gate.clear()
+        clock = [0.0]
+        rm2 = ls.RemoteMatcher(paths, timeout_s=0.5, clock=lambda: clock[0])
+        self.addCleanup(rm2.close)
+        s2 = SchedulerSide(rm2, BT)
+        self.assertIsNone(s2.get_num_new_matched_tokens("b", chain, 5 * BT + 1, 0))
+        clock[0] = 1.0  # past the timeout
+        self.assertEqual(s2.get_num_new_matched_tokens("b", chain, 5 * BT + 1, 0), 0)
+        self.assertEqual(s2.counters["fallback:LookupTimeout"], 1)
 
     def test_a_rank_down_is_unavailable(self):
         self.rank(0, 2)

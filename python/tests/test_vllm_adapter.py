@@ -1,13 +1,15 @@
 """tutti.vllm.TuttiConnector driven in vLLM's call order through a contract
 double of vLLM (tests/vllm_double: vLLM's module paths, classes and factory,
 NOT vLLM), with real torch tensors: the scheduler role in this process, the
-worker role in TP = 2 other processes (spawned), a store per rank. Covered:
-construction through the factory, a miss, chunked prefill saves, a local
-prefix hit, a full hit (last token left to compute), eviction between lookup
-and load (the hold keeps the promise), a restart that hits again, metadata
-through pickle, both start_load_kv orders, stats; every loaded page compared
-with what the forward that saved it wrote."""
+worker role in TP = 2 other processes (spawned), a store per rank, no
+PYTHONHASHSEED anywhere. Covered: construction through the factory, a miss,
+chunked prefill saves, a local prefix hit, a full hit (last token left to
+compute), eviction between lookup and load (the hold keeps the promise), a
+restart that hits again, metadata through pickle, both start_load_kv orders,
+lookups answered later (the ranks are other processes), stats; every loaded
+page compared with what the forward that saved it wrote."""
 
+import hashlib
 import multiprocessing as mp
 import os
 import pickle
@@ -29,7 +31,6 @@ except ImportError:
 
 NO_TORCH = "torch is not installed for this interpreter (Debian's python3-torch serves /usr/bin/python3)"
 L, H, D, BS, NB, TP = 2, 2, 32, 16, 160, 2
-SEED = "1234"
 PATH = os.environ.get("TUTTI_TEST_PATH", "cpu")  # "gpu" on the GPU machine: tensors on cuda:0, tutti's GPU path
 DEV = "cuda" if PATH == "gpu" else "cpu"
 
@@ -54,13 +55,12 @@ def _content(key, layer, rank, dev=DEV):
 
 
 def _block_keys(tokens):
-    """The key of every block the request touches: tutti's chain id of a full
-    block (vLLM's hash folded), a key of the tokens for the partial tail."""
-    from tutti.connector import _hash64
-    from vllm.v1.core.kv_cache_utils import block_hashes
-    keys = [_hash64(h) for h in block_hashes(tokens, BS)]
-    if len(tokens) % BS:
-        keys.append(hash(tuple(tokens)) & 0xFFFFFFFFFFFFFFFF)
+    """A key of every block the request touches (full or not): a stable hash
+    of the tokens up to the block's end (the KV of a block depends on them)."""
+    keys = []
+    for end in range(BS, len(tokens) + BS, BS):
+        d = hashlib.blake2b(repr(list(tokens[:end])).encode(), digest_size=8).digest()
+        keys.append(int.from_bytes(d, "little"))
     return keys
 
 
@@ -94,6 +94,14 @@ def worker_main(pipe, rank, store_root, engine_id, extra=None, dev=DEV):
             continue
         so, reqs = pickle.loads(msg)  # the scheduler output crosses processes pickled, as in vLLM
         meta = so.kv_connector_metadata
+        conn.handle_preemptions(meta)
+        if not so.total_num_scheduled_tokens:  # vLLM's kv_connector_no_forward
+            conn.bind_connector_metadata(meta)
+            conn.start_load_kv(None)
+            sending, recving = conn.get_finished(so.finished_req_ids)
+            conn.clear_connector_metadata()
+            pipe.send({"sending": sending, "recving": recving, "errors": set(), "bad": [], "stats": {}})
+            continue
         conn.bind_connector_metadata(meta)
         if so.has_sync_kv_loads:
             conn.start_load_kv(None)
@@ -115,10 +123,11 @@ def worker_main(pipe, rank, store_root, engine_id, extra=None, dev=DEV):
             torch.cuda.synchronize()
         bad = []
         for ld in meta.loads:
-            for i, key in enumerate(ld.chain):
+            keys = _block_keys(reqs[ld.req_id][0])
+            for i in range(len(ld.chain)):
                 page = reqs[ld.req_id][1][i]
                 for li, name in enumerate(names):
-                    if not torch.equal(kv[name][:, page], _content(key, li, rank, dev)):
+                    if not torch.equal(kv[name][:, page], _content(keys[i], li, rank, dev)):
                         bad.append((ld.req_id, i, page, li))
         errors = conn.get_block_ids_with_load_errors()
         stats = conn.get_kv_connector_stats()
@@ -131,17 +140,11 @@ def worker_main(pipe, rank, store_root, engine_id, extra=None, dev=DEV):
 class VLLMAdapterTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls._env = os.environ.get("PYTHONHASHSEED")
-        os.environ["PYTHONHASHSEED"] = SEED  # before the double's block hashing is imported, here and in the workers
         sys.path.insert(0, DOUBLE)
 
     @classmethod
     def tearDownClass(cls):
         sys.path.remove(DOUBLE)
-        if cls._env is None:
-            os.environ.pop("PYTHONHASHSEED", None)
-        else:
-            os.environ["PYTHONHASHSEED"] = cls._env
 
     def setUp(self):
         self.root = tempfile.mkdtemp(prefix="tutti-vllm-")
@@ -203,6 +206,17 @@ class VLLMAdapterTest(unittest.TestCase):
         self.finished = set()
         return outs
 
+    def lookup(self, req, local):
+        """vLLM's scheduler asks again, at later steps, while the answer is None."""
+        import time
+        for _ in range(10000):
+            ext, is_async = self.sched.get_num_new_matched_tokens(req, local)
+            self.assertIs(is_async, False)
+            if ext is not None:
+                return ext
+            time.sleep(0.001)
+        self.fail("the lookup never answered")
+
     def run_request(self, rid, tokens, local_blocks=(), chunks=None):
         """vLLM's scheduler for one request: lookup after local hits,
         allocation of all its blocks, then prefill steps; returns
@@ -212,9 +226,8 @@ class VLLMAdapterTest(unittest.TestCase):
         from vllm.v1.request import Request
         req = Request(rid, tokens, BS)
         local = len(local_blocks) * BS
-        ext, is_async = self.sched.get_num_new_matched_tokens(req, local)
-        self.assertIs(is_async, False)
-        again, _ = self.sched.get_num_new_matched_tokens(req, local)  # may be called again: same answer
+        ext = self.lookup(req, local)
+        again = self.lookup(req, local)  # may be called again: same answer
         self.assertEqual(again, ext)
         need = -(-len(tokens) // BS)
         blocks = list(local_blocks) + [self.free.pop(0) for _ in range(need - len(local_blocks))]
@@ -223,12 +236,14 @@ class VLLMAdapterTest(unittest.TestCase):
         rest = len(tokens) - computed
         chunks = chunks or [rest]
         self.assertEqual(sum(chunks), rest)
+        req.num_computed_tokens = computed
         for i, n in enumerate(chunks):
             if i == 0:
-                so = SchedulerOutput([NewRequestData(rid, tokens, (blocks,), computed)], CachedRequestData(),
+                so = SchedulerOutput([NewRequestData.from_request(req, (blocks,))], CachedRequestData.make_empty(),
                                      {rid: n}, n, set(self.finished))
             else:
-                so = SchedulerOutput([], CachedRequestData([rid], set(), [[]], [None], [computed]), {rid: n}, n, set(self.finished))
+                so = SchedulerOutput([], CachedRequestData([rid], set(), [], {}, [None], [computed], [0]), {rid: n}, n,
+                                     set(self.finished))
             self.step(so, {rid: (tokens, blocks, computed)})
             computed += n
         delay, params = self.sched.request_finished(req, blocks)
@@ -239,10 +254,14 @@ class VLLMAdapterTest(unittest.TestCase):
     def lookup_only(self, rid, tokens):
         from vllm.v1.request import Request
         req = Request(rid, tokens, BS)
-        ext, _ = self.sched.get_num_new_matched_tokens(req, 0)
-        return req, ext
+        return req, self.lookup(req, 0)
 
     def sync(self):
+        """vLLM steps once more after a request finished (its id in the
+        step's finished_req_ids, no tokens): then every save is durable."""
+        from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+        if self.finished:
+            self.step(SchedulerOutput([], CachedRequestData.make_empty(), {}, 0, set(self.finished)), {})
         self.assertEqual(self.call("sync"), ["synced"] * TP)
 
     def test_call_order_tp2(self):
@@ -276,7 +295,7 @@ class VLLMAdapterTest(unittest.TestCase):
         self.assertGreater(stats.data.get("hit_tokens", 0), 0)
         self.stop()
 
-        # A restart (new processes, new engine id, same PYTHONHASHSEED): the
+        # A restart (new processes, new engine id, vLLM's hashes other): the
         # newest fill (E went once its hold ended: the oldest in a full store)
         # hits again, as far as the store admitted it (a full store admits a
         # save in part), every loaded page compared by the workers.
@@ -302,7 +321,8 @@ class VLLMAdapterTest(unittest.TestCase):
         ext, _ = self.run_request("C", a[:5 * BS])  # 5 blocks: the whole pool
         self.assertEqual(ext, 5 * BS - 1)
         s = self.worker_stats
-        self.assertEqual((s.get("staging_loads"), s.get("staging_saves")), (2 * TP, TP))
+        # A's two chunks are two saves (each copies only its new blocks out).
+        self.assertEqual((s.get("staging_loads"), s.get("staging_saves")), (2 * TP, 2 * TP))
         self.assertEqual(s.get("staging_h2d_bytes"), TP * 8 * block_bytes)
         self.assertEqual(s.get("staging_d2h_bytes"), TP * 5 * block_bytes)
         self.assertEqual(s.get("staging_short_blocks", 0) + s.get("staging_skipped_saves", 0), 0)
@@ -331,18 +351,20 @@ class VLLMAdapterTest(unittest.TestCase):
         st.close()
         self.skipTest("the GPU path opens here (a GPU and the kernels library)")
 
-    def test_hash_seed_required(self):
+    def test_pythonhashseed_is_deprecated(self):
+        """No PYTHONHASHSEED is needed; the old key is accepted with a warning,
+        a wrong value of it still refused."""
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-        os.environ.pop("PYTHONHASHSEED")
-        try:
-            with self.assertRaises(ValueError) as cm:
-                KVConnectorFactory.create_connector(_config(self.root), KVConnectorRole.SCHEDULER, None)
-            self.assertIn("PYTHONHASHSEED", str(cm.exception))
-            c = KVConnectorFactory.create_connector(_config(self.root, {"pythonhashseed": "warn"}), KVConnectorRole.SCHEDULER, None)
-            self.assertIsNotNone(c)
-        finally:
-            os.environ["PYTHONHASHSEED"] = SEED
+        from unittest import mock
+        with mock.patch.dict(os.environ):
+            os.environ.pop("PYTHONHASHSEED", None)
+            self.assertIsNotNone(KVConnectorFactory.create_connector(_config(self.root), KVConnectorRole.SCHEDULER, None))
+        with self.assertLogs("tutti.vllm", "WARNING"):
+            KVConnectorFactory.create_connector(_config(self.root, {"pythonhashseed": "require"}), KVConnectorRole.SCHEDULER, None)
+        with self.assertRaises(ValueError) as cm:
+            KVConnectorFactory.create_connector(_config(self.root, {"pythonhashseed": "yes"}), KVConnectorRole.SCHEDULER, None)
+        self.assertIn("pythonhashseed", str(cm.exception))
 
     def test_factory_and_settings(self):
         from vllm.config import KVTransferConfig, VllmConfig
@@ -355,11 +377,14 @@ class VLLMAdapterTest(unittest.TestCase):
             KVConnectorFactory.create_connector(old, KVConnectorRole.SCHEDULER, None)
         for bad, frag in (({"dirs": "/x"}, "list"), ({"path": "tpu"}, "path"), ({"nope": 1}, "unknown"),
                           ({"store_options": {"x": 1}}, "store_options"), ({"host_staging_bytes": 0}, "host_staging_bytes"),
-                          ({"host_staging_bytes": "1G"}, "host_staging_bytes")):
+                          ({"host_staging_bytes": "1G"}, "host_staging_bytes"), ({"check": {"dir": ""}}, "check"),
+                          ({"check": {"dir": "/x", "zap": 1}}, "check"), ({"check": "/x"}, "check"),
+                          ({"check": {"dir": "/x", "max_records": 0}}, "max_records"),
+                          ({"save_flush_wait_ms": -1}, "save_flush_wait_ms")):
             with self.assertRaises(ValueError) as cm:
                 KVConnectorFactory.create_connector(_config(self.root, bad), KVConnectorRole.SCHEDULER, None)
             self.assertIn(frag, str(cm.exception))
-        # Prometheus: vLLM passes its metric classes in; names are vLLM's offload metrics'.
+        # Prometheus: vLLM passes its metric classes in; tutti's own names.
         from vllm.distributed.kv_transfer.kv_connector.v1.metrics import Counter, Gauge, Histogram
         made = {}
 
@@ -381,9 +406,9 @@ class VLLMAdapterTest(unittest.TestCase):
         prom = tv.TuttiConnector.build_prom_metrics(_config(self.root), {Gauge: Metric, Counter: Metric, Histogram: Metric},
                                                     ["engine"], {0: ["0"]})
         prom.observe({"load_bytes": 4096, "hit_tokens": 32, "load_time_s": 0.01})
-        self.assertEqual(made["vllm:kv_offload_load_bytes"].values, {("0",): 4096})
-        self.assertEqual(made["vllm:kv_offload_tutti_hit_tokens"].values, {("0",): 32})
-        self.assertEqual(made["vllm:kv_offload_load_time"].values, {("0",): [0.01]})
+        self.assertEqual(made["vllm:tutti_load_bytes"].values, {("0",): 4096})
+        self.assertEqual(made["vllm:tutti_hit_tokens"].values, {("0",): 32})
+        self.assertEqual(made["vllm:tutti_load_time_seconds"].values, {("0",): [0.01]})
         st = tv.TuttiConnector.build_kv_connector_stats({"load_bytes": 1})
         st.aggregate(tv.TuttiConnector.build_kv_connector_stats({"load_bytes": 2, "lookups": 1}))
         self.assertEqual(st.reduce(), {"load_bytes": 3, "lookups": 1})
@@ -391,7 +416,7 @@ class VLLMAdapterTest(unittest.TestCase):
         m = tv.TuttiConnectorMetadata(loads=[], saves=[])
         self.assertEqual(pickle.loads(pickle.dumps(m)), m)
         self.assertIsNone(tv.TuttiConnector.get_required_kvcache_layout(None))
-        self.assertTrue(tv.TuttiConnector.requires_piecewise_for_cudagraph())
+        self.assertTrue(tv.TuttiConnector.requires_piecewise_for_cudagraph({}))
 
 
 class ImportWithoutVLLMTest(unittest.TestCase):

@@ -83,6 +83,19 @@ class DescribeTest(unittest.TestCase):
             self.assertIn(frag, str(cm.exception), what)
 
 
+    def test_one_tensor_for_two_layers(self):
+        """Refused, naming both layers (vLLM passes one tensor under two names
+        for layers that share a KV cache)."""
+        t = torch.zeros(2, NB, BS, H, D, dtype=torch.bfloat16)
+        for kv in ({"a": t, "b": t, "c": torch.zeros_like(t)}, {"c": torch.zeros_like(t), "a": t, "b": t[:, :]}):
+            with self.assertRaises(ValueError) as cm:
+                ws.describe_kv_caches(kv, BS)
+            msg = str(cm.exception)
+            self.assertIn("'a'", msg)
+            self.assertIn("'b'", msg)
+            self.assertIn("two layers", msg)
+
+
 @unittest.skipIf(torch is None, NO_TORCH)
 class RoundTripTest(unittest.TestCase):
     def open_worker(self, d):

@@ -4,8 +4,9 @@ Low level: :mod:`tutti._lib` mirrors the C ABI (runtime/capi/tutti.h).
 :class:`Store`/:class:`Load`/:class:`Save` wrap its handles (the Store's
 tuning grouped in :class:`IOOptions`, :class:`SchedOptions`, :class:`GPUOptions`);
 :mod:`tutti.worker_side` and :mod:`tutti.scheduler_side` are the
-engine-neutral halves of a KV connector; :mod:`tutti.vllm` (needs vLLM) is
-vLLM's connector over them. :class:`TuttiConnector` here is the older,
+engine-neutral halves of a KV connector (:mod:`tutti.keys`: what a stored
+block is keyed by); :mod:`tutti.vllm` (needs vLLM) is vLLM's connector over
+them. :class:`TuttiConnector` here is the older,
 engine-driven connector (method names of vLLM's, not a vLLM connector).
 """
 

@@ -35,7 +35,7 @@ import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .store import Load, Save, Store, chain_from_tokens
-from .tensor import TensorMismatch, check_tensor, describe
+from .tensor import TensorMismatch, check_tensor, describe, shared_memory
 
 
 @dataclass
@@ -241,10 +241,15 @@ class TuttiConnector:
             if g.planes == 1 and g.kv_heads == 1:
                 alts.append(shape[1:3] + shape[4:])
             regions = [None] * g.layers
+            spans = []
             for name in names:
                 t = describe(kv_caches[name], name)
                 n = check_tensor(t, name, shape, g.dtype_code, device, alts)
                 regions[self._layer_index[name]] = (t.data_ptr, n)
+                spans.append((name, t.data_ptr, n))
+            shared = shared_memory(spans)
+            if shared:
+                raise ValueError(f"register_kv_caches: {shared}")
         else:
             shape = g.tensor_shape("cross_layer", st.num_pages)
             descs = [describe(kv_caches[n], n) for n in names]

@@ -11,6 +11,11 @@ released it, or its lease ran out. So the answer stays true under
 concurrent saves and evictions: nothing is read from a stale copy of an
 index, and a dead worker's pins die with its process.
 
+The scheduler never waits on a rank: :meth:`RemoteMatcher.query` sends a
+lookup to every rank (one thread and one connection per rank, requests in
+order) and answers ``None`` until every rank answered; a rank that fails, or
+has not answered within the timeout, makes the lookup a miss.
+
 Protocol (one request per line, JSON, at most ``MAX_LINE_BYTES``):
 ``{"op": "match", "req": id, "chain": [...], "skip": k}`` → ``{"blocks": n}``;
 ``{"op": "release", "req": id}`` → ``{}``; errors → ``{"error": text}``.
@@ -21,12 +26,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import socket
 import threading
-from typing import List, Optional, Sequence
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
 
 MAX_LINE_BYTES = 16 << 20
 MAX_CONNECTIONS = 16
+MAX_QUEUED_CALLS = 4096  # per rank: calls waiting for the rank's connection (beyond: the call fails)
 
 
 def socket_path(sock_dir: str, key: str, rank: int) -> str:
@@ -88,7 +98,10 @@ class LookupServer:
             with self._lock:
                 if conn in self._conns:
                     self._conns.remove(conn)
-            f.close()
+            try:
+                f.close()  # flushes: the peer may be gone
+            except OSError:
+                pass
             conn.close()
 
     def _answer(self, line: bytes) -> dict:
@@ -166,41 +179,138 @@ class _Client:
         self._s = self._f = None
 
 
+class LookupTimeout(LookupUnavailable):
+    """A rank did not answer a lookup within the timeout (the request is a miss)."""
+
+
+class _Rank:
+    """One rank's connection, driven by its own thread: calls run in the
+    order they were queued, callbacks get (answer, error)."""
+
+    def __init__(self, path: str, timeout_s: float):
+        self.client = _Client(path, timeout_s)
+        self.calls: "queue.Queue" = queue.Queue(MAX_QUEUED_CALLS)
+        self.thread = threading.Thread(target=self._run, name="tutti-lookup-client", daemon=True)
+        self.thread.start()
+
+    def submit(self, msg: dict, done=None) -> bool:
+        try:
+            self.calls.put_nowait((msg, done))
+            return True
+        except queue.Full:
+            return False
+
+    def _run(self):
+        while True:
+            item = self.calls.get()
+            if item is None:
+                self.client.close()
+                return
+            msg, done = item
+            try:
+                out, err = self.client.call(msg), None
+            except LookupUnavailable as e:
+                out, err = None, e
+            if done is not None:
+                done(out, err)
+
+    def stop(self):
+        try:
+            self.calls.put_nowait(None)
+        except queue.Full:
+            pass  # a daemon thread: it ends with the process
+
+
+@dataclass
+class _Query:
+    chain: List[int]
+    skip: int
+    deadline: float
+    answers: Dict[int, int] = field(default_factory=dict)
+    error: Optional[Exception] = None
+
+
 class RemoteMatcher:
     """The scheduler's matcher over N ranks' lookup servers: the hit is the
-    minimum over ranks. Raises :class:`LookupUnavailable` when a rank does
-    not answer (the caller counts it and treats the request as a miss)."""
+    minimum over ranks. :meth:`query` never blocks; :meth:`match` waits for
+    its answer. A rank that fails or does not answer within ``timeout_s``
+    raises :class:`LookupUnavailable` (:class:`LookupTimeout`) for that
+    lookup: the caller counts it and treats the request as a miss."""
 
-    def __init__(self, paths: Sequence[str], timeout_s: float = 2.0):
-        self._clients = [_Client(p, timeout_s) for p in paths]
+    def __init__(self, paths: Sequence[str], timeout_s: float = 2.0, clock=time.monotonic):
+        self.timeout_s, self._clock = timeout_s, clock
+        self._ranks = [_Rank(p, timeout_s) for p in paths]
         self._lock = threading.Lock()
+        self._queries: Dict[str, _Query] = {}
+        self.counters = Counter()
+
+    def query(self, req_id: str, chain: Sequence[int], skip: int) -> Optional[int]:
+        """The blocks every rank holds after ``skip`` (each rank holding its
+        answer for the request), or None while answers are missing; the
+        first call for a (request, chain, skip) sends the lookup. An answer
+        is given once: a later call asks again."""
+        chain = [int(x) for x in chain]
+        with self._lock:
+            q = self._queries.get(req_id)
+            if q is not None and (q.skip != skip or q.chain != chain):
+                del self._queries[req_id]  # asked again with other local hits: the old answer is moot
+                q = None
+            if q is None:
+                q = self._queries[req_id] = self._send(req_id, chain, skip)
+            if q.error is None and len(q.answers) < len(self._ranks) and self._clock() < q.deadline:
+                return None
+            del self._queries[req_id]
+        if q.error is None and len(q.answers) < len(self._ranks):
+            q.error = LookupTimeout(f"{len(self._ranks) - len(q.answers)} of {len(self._ranks)} ranks did not answer "
+                                    f"within {self.timeout_s:g} s")
+        if q.error is not None:
+            self._release_all(req_id)
+            raise q.error
+        got = min(q.answers.values())
+        if got == 0 and max(q.answers.values()) > 0:
+            self._release_all(req_id)  # no hit: nothing to hold on the ranks that had one
+        return got
+
+    def _send(self, req_id: str, chain: List[int], skip: int) -> _Query:
+        q = _Query(chain, skip, self._clock() + self.timeout_s)
+        msg = {"op": "match", "req": req_id, "chain": chain, "skip": skip}
+        for r, rank in enumerate(self._ranks):
+            def done(out, err, r=r):
+                with self._lock:
+                    if err is not None:
+                        q.error = q.error or err
+                    else:
+                        try:
+                            q.answers[r] = int(out["blocks"])
+                        except (KeyError, TypeError, ValueError) as e:
+                            q.error = q.error or LookupUnavailable(f"rank {r}: bad answer {out!r}: {e}")
+            if not rank.submit(msg, done):
+                q.error = LookupUnavailable(f"rank {r}: {MAX_QUEUED_CALLS} lookups already queued")
+                self.counters["queue_full"] += 1
+                break
+        return q
 
     def match(self, req_id: str, chain: Sequence[int], skip: int) -> int:
-        msg = {"op": "match", "req": req_id, "chain": [int(x) for x in chain], "skip": skip}
-        with self._lock:
-            try:
-                got = [c.call(msg)["blocks"] for c in self._clients]
-            except LookupUnavailable:
-                self._release_locked(req_id)
-                raise
-            if min(got) == 0 and max(got) > 0:
-                self._release_locked(req_id)  # no hit: nothing to hold on the ranks that had one
-            return min(got)
+        """:meth:`query`, waited for."""
+        while True:
+            got = self.query(req_id, chain, skip)
+            if got is not None:
+                return got
+            time.sleep(0.001)
 
     def release(self, req_id: str):
         with self._lock:
-            self._release_locked(req_id)
+            self._queries.pop(req_id, None)
+        self._release_all(req_id)
 
-    def _release_locked(self, req_id: str):
-        for c in self._clients:
-            try:
-                c.call({"op": "release", "req": req_id})
-            except LookupUnavailable:
-                pass  # that rank's hold ends by its lease
+    def _release_all(self, req_id: str):
+        for rank in self._ranks:
+            if not rank.submit({"op": "release", "req": req_id}):
+                self.counters["release_dropped"] += 1  # that rank's hold ends by its lease
 
     def close(self):
-        for c in self._clients:
-            c.close()
+        for rank in self._ranks:
+            rank.stop()
 
 
 def wait_for(paths: Sequence[str], timeout_s: float) -> Optional[str]:

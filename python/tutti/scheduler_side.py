@@ -4,32 +4,41 @@ engine decides, per step, what each request computes (vLLM's EngineCore).
 API:
 
 ``SchedulerSide(matcher, block_tokens, chunk_pages=1)``
-    * ``get_num_new_matched_tokens(req_id, chain, num_tokens, num_computed_tokens, request=None) -> int``:
+    * ``get_num_new_matched_tokens(req_id, chain, num_tokens, num_computed_tokens) -> int | None``:
       tokens beyond the engine's local hits (``num_computed_tokens``, whole
-      blocks) that tutti promises to restore; a full-prompt hit leaves the last
-      token to compute. The matcher holds what it promised (pinned, with a
-      lease) so it is still there when the worker loads it; a second call for
-      the same request replaces the first.
+      blocks) that tutti promises to restore; ``chain`` keys the prompt's
+      full blocks only (:mod:`tutti.keys`), so a hit never covers more than
+      the prompt; a hit reaching ``num_tokens`` leaves the last token to
+      compute. ``None``: the answer is not in yet (a matcher that asks other
+      processes), ask again later. The matcher holds what it promised
+      (pinned, with a lease) so it is still there when the worker loads it; a
+      second call for the same request replaces the first.
     * ``update_state_after_alloc(req_id, block_ids, num_external_tokens)``:
       ``block_ids`` are ALL of the request's blocks, local hits first; the load
       goes into the blocks after the local hits.
-    * ``build_meta(step) -> StepMeta``: the loads queued since the last call and
-      the saves decided from the step (``step`` is scheduler-output shaped:
-      ``scheduled_new_reqs`` with ``req_id``, ``block_ids``,
-      ``num_computed_tokens``; ``scheduled_cached_reqs`` with ``req_ids``,
-      ``new_block_ids``, ``num_computed_tokens`` and ``resumed_from_preemption``
-      or ``resumed_req_ids``; ``num_scheduled_tokens``; ``finished_req_ids``).
-      A request's full prompt blocks are saved once, in the step that
-      computes the last of them, with its chain from the request (decode
-      tokens are not saved).
-    * ``request_finished(req_id) -> bool``: always False: a save's pages are
-      copied out before the step that wrote them ends (``WorkerSide.wait_for_save``),
-      so no block outlives its request for tutti.
-    * ``counters``: lookups, hit tokens, promised blocks, fallbacks by reason.
+    * ``build_meta(step) -> StepMeta``: the loads queued since the last call,
+      the saves decided from the step, and which requests ended (``step`` is
+      scheduler-output shaped: ``scheduled_new_reqs`` with ``req_id``,
+      ``block_ids``, ``num_computed_tokens``; ``scheduled_cached_reqs`` with
+      ``req_ids``, ``new_block_ids``, ``num_computed_tokens`` and
+      ``resumed_req_ids`` or ``resumed_from_preemption``;
+      ``num_scheduled_tokens``; ``finished_req_ids``; ``preempted_req_ids``
+      where the engine has them). A request's prompt blocks are saved as they
+      are computed: each step that completes full prompt blocks saves the
+      chain up to the last of them (a long prompt computed in chunks is
+      durable chunk by chunk; decode tokens are not saved).
+    * ``track(req_id, chain, request=, tokens_of=, hashes_of=)``: a request
+      to save for (from its lookup).
+    * ``request_finished(req_id) -> bool``: always False: the blocks of a
+      finished request are freed at once; its queued saves are handed over
+      by the workers before the blocks can be reused (``StepMeta.ended``).
+    * ``counters``: lookups (answered), lookups_deferred, hit tokens,
+      promised blocks, save blocks, fallbacks by reason.
 
-Matchers (``match(req_id, chain, skip) -> blocks``, ``release(req_id)``):
-:class:`LocalMatcher` over a store of this process (the worker's, when the
-engine runs both roles in one process), and
+Matchers: ``match(req_id, chain, skip) -> blocks`` (blocking) or
+``query(req_id, chain, skip) -> blocks | None`` (not blocking: None until
+answered), ``release(req_id)``. :class:`LocalMatcher` over a store of this
+process (the worker's, when the engine runs both roles in one process), and
 :class:`tutti.lookup_service.RemoteMatcher` over the ranks' worker processes.
 """
 
@@ -51,6 +60,11 @@ class StepMeta:
 
     loads: List[LoadSpec] = field(default_factory=list)
     saves: List[SaveSpec] = field(default_factory=list)
+    # Requests whose blocks may be reused from this step on: finished or
+    # preempted (their queued saves are handed over first), or resumed after
+    # a preemption the engine did not report (their queued saves are dropped).
+    ended: List[str] = field(default_factory=list)
+    dropped: List[str] = field(default_factory=list)
 
 
 class LocalMatcher:
@@ -90,14 +104,13 @@ class LocalMatcher:
 class _Tracker:
     """One request the scheduler saves for."""
 
-    request: object  # the engine's request (its block hashes grow with it)
-    chain_of: object  # callable(request) -> chain
-    num_prompt_tokens: int
-    block_ids: List[int]
+    chain: List[int]  # keys of the prompt's full blocks
+    request: object = None  # the engine's request (for tokens_of / hashes_of)
     tokens_of: object = None  # callable(request) -> token ids, for KV events (None: not published)
     hashes_of: object = None  # callable(request) -> the engine's hash bytes per block, or None
+    block_ids: List[int] = field(default_factory=list)
     computed: int = 0  # tokens computed once the step runs
-    saved: bool = False
+    saved: int = 0  # chain blocks handed to a save so far
 
 
 @dataclass
@@ -118,20 +131,26 @@ class SchedulerSide:
         self.counters = Counter()
 
     # -- lookup
-    def get_num_new_matched_tokens(self, req_id: str, chain: Sequence[int], num_tokens: int, num_computed_tokens: int) -> int:
+    def get_num_new_matched_tokens(self, req_id: str, chain: Sequence[int], num_tokens: int,
+                                   num_computed_tokens: int) -> Optional[int]:
         bt = self.block_tokens
-        self.counters["lookups"] += 1
-        self.counters["lookup_tokens"] += max(0, num_tokens - num_computed_tokens)
         skip = num_computed_tokens // bt
         if num_computed_tokens % bt or skip >= len(chain):
             self._forget(req_id)
+            self._count_lookup(num_tokens, num_computed_tokens)
             return 0
         try:
-            blocks = self.matcher.match(req_id, list(chain), skip)
-        except Exception as e:  # an unreachable worker is a miss, counted, never a failed request
+            query = getattr(self.matcher, "query", None)
+            blocks = query(req_id, list(chain), skip) if query is not None else self.matcher.match(req_id, list(chain), skip)
+        except Exception as e:  # an unreachable or slow worker is a miss, counted, never a failed request
             self.counters[f"fallback:{type(e).__name__}"] += 1
             blocks = 0
-        if blocks == 0:
+        if blocks is None:
+            self.counters["lookups_deferred"] += 1
+            return None
+        self._count_lookup(num_tokens, num_computed_tokens)
+        blocks = min(int(blocks), len(chain) - skip)  # chain is the prompt's: never past it
+        if blocks <= 0:
             self._forget(req_id)
             return 0
         tokens = blocks * bt
@@ -143,6 +162,10 @@ class SchedulerSide:
         self._pending[req_id] = _Pending(list(chain[:skip + blocks]), skip, blocks)
         self.counters["hit_tokens"] += tokens
         return tokens
+
+    def _count_lookup(self, num_tokens: int, num_computed_tokens: int):
+        self.counters["lookups"] += 1
+        self.counters["lookup_tokens"] += max(0, num_tokens - num_computed_tokens)
 
     def _forget(self, req_id: str):
         """No hit now: drop what an earlier lookup of the request promised."""
@@ -164,14 +187,17 @@ class SchedulerSide:
         self.counters["promised_blocks"] += p.blocks
 
     # -- saves
-    def track(self, req_id: str, request, chain_of, num_prompt_tokens: int, tokens_of=None, hashes_of=None):
-        """Starts tracking a request for saves (call from the lookup, where
-        the engine hands the request object). ``tokens_of`` and ``hashes_of``
-        (callables of the request) give what a store publishing KV events
+    def track(self, req_id: str, chain: Sequence[int], request=None, tokens_of=None, hashes_of=None):
+        """Starts tracking a request for saves (call from the lookup):
+        ``chain`` keys its prompt's full blocks (a longer chain, a streaming
+        session's grown prompt, replaces it). ``tokens_of`` and ``hashes_of``
+        (callables of ``request``) give what a store publishing KV events
         publishes with the saved blocks."""
-        if req_id not in self._trackers:
-            self._trackers[req_id] = _Tracker(request, chain_of, num_prompt_tokens, [], tokens_of=tokens_of,
-                                              hashes_of=hashes_of)
+        tr = self._trackers.get(req_id)
+        if tr is None:
+            self._trackers[req_id] = _Tracker(list(chain), request, tokens_of, hashes_of)
+        elif len(chain) > len(tr.chain):
+            tr.chain = list(chain)
 
     def build_meta(self, step) -> StepMeta:
         meta = StepMeta(loads=self._loads)
@@ -179,57 +205,55 @@ class SchedulerSide:
         sched = getattr(step, "num_scheduled_tokens", {}) or {}
         for nr in getattr(step, "scheduled_new_reqs", ()) or ():
             tr = self._trackers.get(nr.req_id)
-            if tr is None:
-                continue
-            tr.block_ids = list(_group0(nr.block_ids))
-            tr.computed = nr.num_computed_tokens + sched.get(nr.req_id, 0)
+            if tr is not None:
+                tr.block_ids, tr.saved = list(_group0(nr.block_ids)), 0
+                tr.computed = nr.num_computed_tokens + sched.get(nr.req_id, 0)
         cached = getattr(step, "scheduled_cached_reqs", None)
         if cached is not None:
             resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
             flags = getattr(cached, "resumed_from_preemption", None)
             for i, rid in enumerate(cached.req_ids):
-                tr = self._trackers.get(rid)
-                if tr is None:
-                    continue
                 new = cached.new_block_ids[i]
                 if rid in resumed or (flags is not None and flags[i]):
-                    tr.block_ids = list(_group0(new)) if new is not None else []
-                    tr.saved = False  # new blocks after a preemption: the store skips what it has
-                elif new is not None:
-                    tr.block_ids.extend(_group0(new))
-                tr.computed = cached.num_computed_tokens[i] + sched.get(rid, 0)
+                    meta.dropped.append(rid)  # anything queued from its pages before the preemption is stale
+                    tr = self._trackers.get(rid)
+                    if tr is not None:
+                        tr.block_ids, tr.saved = (list(_group0(new)) if new is not None else []), 0
+                else:
+                    tr = self._trackers.get(rid)
+                    if tr is not None and new is not None:
+                        tr.block_ids.extend(_group0(new))
+                if tr is not None:
+                    tr.computed = cached.num_computed_tokens[i] + sched.get(rid, 0)
+        finished = set(getattr(step, "finished_req_ids", ()) or ())
+        meta.ended = sorted(finished | set(getattr(step, "preempted_req_ids", None) or ()))
         for rid in sched:
             tr = self._trackers.get(rid)
             if tr is not None:
                 spec = self._save_of(rid, tr)
                 if spec is not None:
                     meta.saves.append(spec)
-        for rid in getattr(step, "finished_req_ids", ()) or ():
+        for rid in finished:
             self._trackers.pop(rid, None)
             self._pending.pop(rid, None)
         return meta
 
     def _save_of(self, rid: str, tr: _Tracker) -> Optional[SaveSpec]:
-        """A request's prompt is saved once, as one chain, in the step that
-        computes its last full block. Why not chunk by chunk: a save whose
-        leading blocks are still being written by an earlier save is skipped
-        whole by the store (they are not committed yet, so neither is
-        anything under them), which would drop every chunk after the first;
-        one save per prompt is also one run, the store's unit of I/O."""
-        if tr.saved:
-            return None
+        """The chain up to the request's last computed full prompt block, if
+        the step completes any block after the last save (a save in a later
+        step waits on the worker for this one: tutti.save_queue)."""
         bt, cp = self.block_tokens, self.chunk_pages
-        chain = tr.chain_of(tr.request)
-        full = min(tr.num_prompt_tokens // bt, len(chain), len(tr.block_ids) // cp)
-        if full == 0 or tr.computed < full * bt:
+        full = min(len(tr.chain), tr.computed // bt, len(tr.block_ids) // cp)
+        if full <= tr.saved:
             return None
-        tr.saved = True
-        self.counters["save_blocks"] += full
+        start, tr.saved = tr.saved, full
+        self.counters["save_blocks"] += full - start
         tokens = [int(t) for t in tr.tokens_of(tr.request)[:full * bt]] if tr.tokens_of else None
         hashes = tr.hashes_of(tr.request) if tr.hashes_of else None
-        return SaveSpec(rid, list(chain[:full]), [int(b) for b in tr.block_ids[:full * cp]],
+        return SaveSpec(rid, list(tr.chain[:full]), [int(b) for b in tr.block_ids[:full * cp]],
                         tokens=tokens if tokens is not None and len(tokens) == full * bt else None,
-                        hashes=list(hashes[:full]) if hashes is not None and len(hashes) >= full else None)
+                        hashes=list(hashes[:full]) if hashes is not None and len(hashes) >= full else None,
+                        start=start)
 
     def request_finished(self, req_id: str) -> bool:
         self._trackers.pop(req_id, None)

@@ -186,3 +186,20 @@ def check_tensor(t: RawTensor, name, want_shape, want_dtype, want_device, alt_sh
     for d in t.shape:
         n *= d
     return n * DTYPE_BYTES[code]
+
+
+def shared_memory(regions):
+    """The first two layers whose memory is the same or overlaps, as a message
+    naming both, or None. ``regions``: (layer name, address, bytes) per layer.
+    tutti writes each layer's KV into its own memory, so a tensor given for two
+    layers (vLLM does so for layers that share another's KV cache) would mix
+    them."""
+    prev = None
+    for name, addr, nbytes in sorted(regions, key=lambda r: (r[1], r[0])):
+        if prev is not None and addr < prev[1] + prev[2]:
+            how = "are the same tensor" if addr == prev[1] else f"overlap ({prev[1] + prev[2] - addr} bytes)"
+            return (f"layers {prev[0]!r} and {name!r} {how} (data_ptr {prev[1]:#x} and {addr:#x}): one tensor "
+                    f"registered for two layers; tutti needs each layer's KV in its own memory (models whose layers "
+                    f"share a KV cache are not served)")
+        prev = (name, addr, nbytes)
+    return None

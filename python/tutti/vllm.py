@@ -6,7 +6,11 @@
 
 The work is done by :mod:`tutti.scheduler_side` and :mod:`tutti.worker_side`
 (engine-neutral, tested without vLLM); this module maps vLLM's objects and
-call order onto them. Importing it without vLLM raises ImportError saying so.
+call order onto them. Blocks are keyed by their tokens and vLLM's extra keys
+(:mod:`tutti.keys`, :mod:`tutti.request_keys`), never by vLLM's block hashes,
+whose seed is random per process: the store serves every process and restart
+of the same model; vLLM's own hashes only name what KV events publish.
+Importing it without vLLM raises ImportError saying so.
 """
 
 from __future__ import annotations
@@ -34,20 +38,31 @@ try:
 except ImportError:  # vLLM before connector stats: stats and metrics are off
     KVConnectorPromMetrics = KVConnectorStats = None
 
+try:  # vLLM's own block extras (LoRA, cache salt, multimodal inputs, prompt embeddings)
+    from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys as _extra_keys_fn
+except ImportError:  # a vLLM without it: requests with extras are not keyed (misses, counted)
+    _extra_keys_fn = None
+
 from . import _lib, hoststage, options
-from .connector import _hash64
+from .keys import Unkeyable, seed_of
+from .kvcheck import MAX_RECORDS, KVCheck
 from .lookup_service import LookupServer, RemoteMatcher, socket_path
+from .request_keys import RequestKeys, prompt_tokens
+from .save_queue import FLUSH_WAIT_MS
 from .scheduler_side import LocalMatcher, SchedulerSide
 from .store import Geometry, Store
 from .worker_side import KVLayout, LoadSpec, SaveSpec, WorkerSide, process_store, shared_store
 
 log = logging.getLogger("tutti.vllm")
 
-# The vLLM trees this adapter follows (docs/vllm.md).
+# The vLLM releases and trees this adapter follows (docs/vllm.md): the
+# released 0.26.0's Python source, and the trees it was first written against.
+VLLM_VERSIONS = ("0.26.0",)
 VLLM_COMMITS = ("003df29", "00f4240")
 
 _KEYS = {"dirs", "capacity_bytes", "path", "hold_ttl_ms", "lookup_socket_dir", "lookup_timeout_ms",
-         "pythonhashseed", "store_options", "kv_events", "host_staging_bytes"}
+         "pythonhashseed", "store_options", "kv_events", "host_staging_bytes", "save_flush_wait_ms", "check"}
+_CHECK_KEYS = {"dir", "max_records"}
 # store_options take the flat names of tutti.options.FLAT (a JSON object has
 # no dataclasses); the connector picks the CUDA device itself.
 _STORE_OPTIONS = (set(options.FLAT) - {"gpu_device"}) | options.NO_OP
@@ -73,12 +88,14 @@ class Settings:
     hold_ttl_ms: int = 30000
     lookup_socket_dir: str = field(default_factory=tempfile.gettempdir)
     lookup_timeout_ms: int = 2000
-    pythonhashseed: str = "require"
+    pythonhashseed: Optional[str] = None  # deprecated, no effect (blocks are keyed by their tokens)
     store_options: Dict[str, Any] = field(default_factory=dict)
     # "vllm" (vLLM publishes tutti's blocks with its own, any TP) or a tutti
     # publisher's spec "tcp://HOST:PORT?replay=...&topic=kv@pod@model" (TP = 1): docs/routers.md
     kv_events: Optional[str] = None
     host_staging_bytes: int = hoststage.HOST_STAGING_BYTES_DEFAULT  # path "cpu" on a GPU KV cache: pinned pool per rank
+    save_flush_wait_ms: int = FLUSH_WAIT_MS
+    check: Optional[Dict[str, Any]] = None  # {"dir": PATH, "max_records": N}: check mode (tutti.kvcheck)
 
     @staticmethod
     def parse(extra: Optional[dict]) -> "Settings":
@@ -101,36 +118,50 @@ class Settings:
                                         (s.kv_events != "vllm" and not s.kv_events.startswith("tcp://"))):
             raise ValueError(f"kv_connector_extra_config.kv_events = {s.kv_events!r}: want 'vllm' or an endpoint string "
                              "(docs/routers.md)")
-        if s.pythonhashseed not in ("require", "warn"):
-            raise ValueError(f"kv_connector_extra_config.pythonhashseed = {s.pythonhashseed!r}: want 'require' or 'warn'")
+        if s.pythonhashseed is not None:
+            if s.pythonhashseed not in ("require", "warn"):
+                raise ValueError(f"kv_connector_extra_config.pythonhashseed = {s.pythonhashseed!r}: deprecated, and "
+                                 f"'require' or 'warn' if given")
+            log.warning("kv_connector_extra_config.pythonhashseed is deprecated and has no effect: tutti keys blocks "
+                        "by their tokens, the same in every process; PYTHONHASHSEED is not needed")
+        if s.check is not None:
+            if not isinstance(s.check, dict) or set(s.check) - _CHECK_KEYS or not isinstance(s.check.get("dir"), str) \
+                    or not s.check["dir"]:
+                raise ValueError(f"kv_connector_extra_config.check = {s.check!r}: want {{\"dir\": PATH}} and optionally "
+                                 f"\"max_records\" (keys {sorted(_CHECK_KEYS)})")
+            mr = s.check.get("max_records", MAX_RECORDS)
+            if not isinstance(mr, int) or isinstance(mr, bool) or mr <= 0:
+                raise ValueError(f"kv_connector_extra_config.check.max_records = {mr!r}: want an int > 0")
         bad = set(s.store_options) - _STORE_OPTIONS
         if bad:
             raise ValueError(f"kv_connector_extra_config.store_options: unknown {sorted(bad)}; known: {sorted(_STORE_OPTIONS)}")
         for k in ("hold_ttl_ms", "lookup_timeout_ms"):
             if not isinstance(getattr(s, k), int) or not 0 < getattr(s, k) <= 3600 * 1000:
                 raise ValueError(f"kv_connector_extra_config.{k} = {getattr(s, k)!r}: want 1..3600000")
+        if not isinstance(s.save_flush_wait_ms, int) or not 0 <= s.save_flush_wait_ms <= 600 * 1000:
+            raise ValueError(f"kv_connector_extra_config.save_flush_wait_ms = {s.save_flush_wait_ms!r}: want 0..600000")
         return s
 
 
-def check_hash_seed(policy: str):
-    """vLLM's block hashes start from NONE_HASH, random per process start
-    unless PYTHONHASHSEED is set: a persistent store would never hit again."""
-    if os.environ.get("PYTHONHASHSEED") not in (None, "", "random"):
-        return
-    msg = ("PYTHONHASHSEED is not set: vLLM's block hashes change at every restart, so tutti's store would never "
-           "hit again after one. Start vLLM with PYTHONHASHSEED=<a fixed integer> (the same for every instance "
-           "sharing a store), or set kv_connector_extra_config.pythonhashseed = 'warn' to run anyway")
-    if policy == "require":
-        raise ValueError(msg)
-    log.warning(msg)
+def key_identity(vllm_config) -> str:
+    """What the chain seed names (tutti.keys): the model (and revision) whose
+    KV the blocks hold, and the tokens per block."""
+    mc = getattr(vllm_config, "model_config", None)
+    model = str(getattr(mc, "model", "model"))
+    rev = getattr(mc, "revision", None)
+    return f"{model}|revision={rev or ''}|block_size={int(vllm_config.cache_config.block_size)}"
 
 
 @dataclass
 class TuttiConnectorMetadata(KVConnectorMetadata):
-    """One step's loads and saves, from the scheduler to every worker."""
+    """One step's loads and saves, from the scheduler to every worker, and
+    the requests whose blocks may be reused from this step on (finished or
+    preempted: hand over their queued saves; resumed: drop them)."""
 
     loads: List[LoadSpec] = field(default_factory=list)
     saves: List[SaveSpec] = field(default_factory=list)
+    ended: List[str] = field(default_factory=list)
+    dropped: List[str] = field(default_factory=list)
 
 
 def _slug(s: str) -> str:
@@ -184,25 +215,33 @@ if KVConnectorStats is not None:
             return not any(self.data.values())
 
     class TuttiPromMetrics(KVConnectorPromMetrics):
-        """Named as vLLM's offload metrics are (vllm:kv_offload_*)."""
+        """tutti's own names (vllm:tutti_*): they never collide with another
+        connector's in one process (vLLM's OffloadingConnector registers
+        vllm:kv_offload_*, and under MultiConnector both register)."""
 
         COUNTERS = {
-            "load_bytes": ("vllm:kv_offload_load_bytes", "Bytes tutti restored into the KV cache"),
-            "store_bytes": ("vllm:kv_offload_store_bytes", "Bytes of KV cache tutti stored"),
-            "load_blocks": ("vllm:kv_offload_tutti_load_blocks", "Blocks tutti restored"),
-            "store_blocks": ("vllm:kv_offload_tutti_store_blocks", "Blocks tutti was asked to store"),
-            "lookups": ("vllm:kv_offload_tutti_queries", "Lookups (get_num_new_matched_tokens calls)"),
-            "lookup_tokens": ("vllm:kv_offload_tutti_query_tokens", "Tokens looked up beyond local hits"),
-            "hit_tokens": ("vllm:kv_offload_tutti_hit_tokens", "Tokens tutti promised to restore"),
-            "load_error_blocks": ("vllm:kv_offload_tutti_load_error_blocks", "Promised blocks not restored"),
-            "fallbacks": ("vllm:kv_offload_tutti_fallbacks", "Lookups answered as misses because a rank did not answer"),
+            "load_bytes": ("vllm:tutti_load_bytes", "Bytes tutti restored into the KV cache"),
+            "load_blocks": ("vllm:tutti_load_blocks", "Blocks tutti restored"),
+            "save_blocks": ("vllm:tutti_store_blocks", "Blocks tutti was asked to store"),
+            "lookups": ("vllm:tutti_lookups", "Lookups answered (get_num_new_matched_tokens)"),
+            "lookups_deferred": ("vllm:tutti_lookups_deferred", "Lookups answered 'ask again' (a rank's answer not in yet)"),
+            "lookup_tokens": ("vllm:tutti_lookup_tokens", "Tokens looked up beyond local hits"),
+            "hit_tokens": ("vllm:tutti_hit_tokens", "Tokens tutti promised to restore"),
+            "load_error_blocks": ("vllm:tutti_load_error_blocks", "Promised blocks not restored"),
+            "fallbacks": ("vllm:tutti_lookup_fallbacks", "Lookups answered as misses because a rank failed or was late"),
+            "unkeyable": ("vllm:tutti_unkeyable_lookups", "Lookups of requests whose extra keys tutti cannot represent (misses, never saved)"),
+            "save_gave_up_blocks": ("vllm:tutti_save_gave_up_blocks", "Blocks of a save never committed after its retries"),
+            "save_dropped_blocks": ("vllm:tutti_save_dropped_blocks", "Queued blocks not saved: their pages were reused"),
+            "save_flush_timeouts": ("vllm:tutti_save_flush_timeouts", "A finishing request's last save handed over before the one before it committed"),
+            "check_match": ("vllm:tutti_check_match", "Check mode: restored block-layers equal to what the engine computed"),
+            "check_mismatch": ("vllm:tutti_check_mismatch", "Check mode: restored block-layers unlike what the engine computed"),
+            "check_unknown": ("vllm:tutti_check_unknown", "Check mode: restored block-layers with no digest recorded"),
             # host staging (path "cpu" on a GPU KV cache; tutti.hoststage.COUNTERS)
-            "staging_h2d_bytes": ("vllm:kv_offload_tutti_staging_h2d_bytes", "Bytes copied from host staging into the KV cache"),
-            "staging_d2h_bytes": ("vllm:kv_offload_tutti_staging_d2h_bytes", "Bytes copied from the KV cache into host staging"),
-            "staging_short_blocks": ("vllm:kv_offload_tutti_staging_short_blocks",
+            "staging_h2d_bytes": ("vllm:tutti_staging_h2d_bytes", "Bytes copied from host staging into the KV cache"),
+            "staging_d2h_bytes": ("vllm:tutti_staging_d2h_bytes", "Bytes copied from the KV cache into host staging"),
+            "staging_short_blocks": ("vllm:tutti_staging_short_blocks",
                                      "Promised blocks not restored: no host staging page was free"),
-            "staging_skipped_saves": ("vllm:kv_offload_tutti_staging_skipped_saves",
-                                      "Saves skipped: too few host staging pages free"),
+            "staging_skipped_saves": ("vllm:tutti_staging_skipped_saves", "Saves skipped: too few host staging pages free"),
         }
 
         def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
@@ -210,8 +249,12 @@ if KVConnectorStats is not None:
             self._counters = {k: self.make_per_engine(self._counter_cls(name=n, documentation=d, labelnames=labelnames))
                               for k, (n, d) in self.COUNTERS.items()}
             self._load_time = self.make_per_engine(self._histogram_cls(
-                name="vllm:kv_offload_load_time", documentation="Seconds from start_load_kv to the step's loads done",
+                name="vllm:tutti_load_time_seconds", documentation="Seconds from start_load_kv to the step's loads done",
                 labelnames=labelnames, buckets=[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5]))
+
+        def make_per_engine(self, metric):
+            # KVConnectorPromMetrics has no such helper in vLLM 0.26
+            return {idx: metric.labels(*lv) for idx, lv in self.per_engine_labelvalues.items()}
 
         def observe(self, transfer_stats_data, engine_idx: int = 0):
             for k, v in transfer_stats_data.items():
@@ -228,7 +271,6 @@ class TuttiConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         ktc = vllm_config.kv_transfer_config
         self.settings = Settings.parse(getattr(ktc, "kv_connector_extra_config", None))
-        check_hash_seed(self.settings.pythonhashseed)
         self.block_size = int(vllm_config.cache_config.block_size)
         self.tp_size = _tp(vllm_config)
         model = str(getattr(getattr(vllm_config, "model_config", None), "model", "model"))
@@ -237,13 +279,19 @@ class TuttiConnector(KVConnectorBase_V1):
         self._stats = _Stats()
         self._worker: Optional[WorkerSide] = None
         self._sched: Optional[SchedulerSide] = None
+        self._keys = RequestKeys(self.block_size, seed_of(key_identity(vllm_config)), _extra_keys_fn)
         self._server: Optional[LookupServer] = None
         self._errors: set = set()
         self._load_started_at = None
         if role == KVConnectorRole.WORKER:
             self.rank = _tp_rank()
             self._holds: Optional[LocalMatcher] = None
-            self._worker = WorkerSide(self._open_store, holds=_HoldsProxy(self))
+            check = None
+            if self.settings.check is not None:
+                check = KVCheck(self.settings.check["dir"], self._store_subdir,
+                                self.settings.check.get("max_records", MAX_RECORDS))
+            self._worker = WorkerSide(self._open_store, holds=_HoldsProxy(self), ends_requests=True,
+                                      save_flush_wait_ms=self.settings.save_flush_wait_ms, check=check)
         else:
             self.rank = None
         self._events = None  # kv_events "vllm": the scheduler's side (tutti.vllm_events)
@@ -253,13 +301,22 @@ class TuttiConnector(KVConnectorBase_V1):
             if role != KVConnectorRole.WORKER:
                 self._events = vllm_events.SchedulerEvents(self.tp_size)
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """Newer vLLM asks this of a kv_both/kv_producer connector (vLLM 0.26
+        does not): tutti is a best-effort cache, nothing it saves must reach
+        anyone, so a preempted request's KV is never waited for."""
+        return False
+
     # ------------------------------------------------------------ worker
-    def _store_dirs(self, lay: KVLayout) -> List[str]:
+    def _store_subdir(self, lay: KVLayout) -> str:
         tag = hashlib.sha256(f"{self._model}|{lay.tag}|{self.block_size}".encode()).hexdigest()[:12]
-        sub = os.path.join(f"{_slug(self._model)}-{tag}", f"tp{self.tp_size}-rank{self.rank}")
+        return os.path.join(f"{_slug(self._model)}-{tag}", f"tp{self.tp_size}-rank{self.rank}")
+
+    def _store_dirs(self, lay: KVLayout) -> List[str]:
         out = []
         for d in self.settings.dirs:
-            p = os.path.join(d, sub)
+            p = os.path.join(d, self._store_subdir(lay))
             os.makedirs(p, exist_ok=True)
             out.append(p)
         return out
@@ -313,15 +370,16 @@ class TuttiConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches):
         self._register(kv_caches)
 
-    def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
-        # [num_blocks, num_layers, ...]: per-layer views; describe_kv_caches
-        # reads them as tutti's cross-layer layout from their strides.
-        names = [f"layer.{i}" for i in range(kv_cache.shape[1])]
-        self._register({n: kv_cache.select(1, i) for i, n in enumerate(names)})
+    def handle_preemptions(self, kv_connector_metadata):
+        """vLLM calls this first in a step, before anything writes the KV
+        cache: the queued saves of requests whose blocks may be reused from
+        this step on are handed over (or dropped) now."""
+        self._worker.end_requests(kv_connector_metadata.ended, kv_connector_metadata.dropped)
 
     def bind_connector_metadata(self, connector_metadata):
         super().bind_connector_metadata(connector_metadata)  # the per-layer hooks run only while metadata is bound
-        self._worker.bind(connector_metadata.loads, connector_metadata.saves)
+        m = connector_metadata
+        self._worker.bind(m.loads, m.saves, ended=m.ended, dropped=m.dropped)
         self._load_started_at = None
 
     def clear_connector_metadata(self):
@@ -344,9 +402,10 @@ class TuttiConnector(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids):
         """Loads are synchronous (inside the forward) and saves are gathered
-        before wait_for_save returns: no request ever waits on tutti, so
-        there is nothing to report (an id here would be one vLLM's scheduler
-        is not waiting for)."""
+        before wait_for_save returns (or, queued, before a finished request's
+        blocks can be reused): no request ever waits on tutti, so there is
+        nothing to report (an id here would be one vLLM's scheduler is not
+        waiting for)."""
         res = self._worker.finish_step(finished_req_ids)
         st = self._worker.store
         if res.restored_blocks and st is not None:
@@ -360,6 +419,11 @@ class TuttiConnector(KVConnectorBase_V1):
             self._stats.add("load_error_blocks", len(res.error_block_ids))
             for rid, e in res.failures.items():
                 log.warning("tutti: request %s: promised blocks not restored: %s", rid, e)
+        for k, v in res.counters.items():
+            self._stats.add(k, v)
+        if self._worker.check is not None:
+            for k, v in self._worker.check.take_counts().items():
+                self._stats.add(k, v)
         self._errors |= res.error_block_ids
         return None, None
 
@@ -405,6 +469,8 @@ class TuttiConnector(KVConnectorBase_V1):
         return True  # wait_for_layer_load must run between layers
 
     def shutdown(self):
+        if self._sched is not None and isinstance(self._sched.matcher, RemoteMatcher):
+            self._sched.matcher.close()
         if self._server is not None:
             self._server.close()
         if self._worker is not None:
@@ -425,19 +491,25 @@ class TuttiConnector(KVConnectorBase_V1):
             self._sched = SchedulerSide(matcher, self.block_size)
         return self._sched
 
-    @staticmethod
-    def _chain(request):
-        return [_hash64(h) for h in request.block_hashes]
-
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        """(tokens tutti restores beyond the local hits, False): loads are
+        synchronous. (None, False) while a rank's answer is not in: vLLM asks
+        again at a later step."""
         sched = self._scheduler()
         rid = request.request_id
+        try:
+            chain = self._keys.chain(request)
+        except Unkeyable as e:
+            sched.counters["unkeyable"] += 1
+            log.debug("tutti: request %s: not keyed, a miss: %s", rid, e)
+            return 0, False
         if self.settings.kv_events:
-            sched.track(rid, request, self._chain, int(request.num_prompt_tokens),
-                        tokens_of=lambda r: r.prompt_token_ids, hashes_of=_hash_bytes)
+            sched.track(rid, chain, request, tokens_of=prompt_tokens, hashes_of=_hash_bytes)
         else:
-            sched.track(rid, request, self._chain, int(request.num_prompt_tokens))
-        n = sched.get_num_new_matched_tokens(rid, self._chain(request), int(request.num_tokens), int(num_computed_tokens))
+            sched.track(rid, chain)
+        if getattr(request, "skip_reading_prefix_cache", False):
+            return 0, False  # saved, never read
+        n = sched.get_num_new_matched_tokens(rid, chain, int(request.num_tokens), int(num_computed_tokens))
         return n, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -447,9 +519,10 @@ class TuttiConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output):
         m = self._scheduler().build_meta(scheduler_output)
-        return TuttiConnectorMetadata(loads=m.loads, saves=m.saves)
+        return TuttiConnectorMetadata(loads=m.loads, saves=m.saves, ended=m.ended, dropped=m.dropped)
 
     def request_finished(self, request, block_ids):
+        self._keys.forget(request.request_id)
         return self._scheduler().request_finished(request.request_id), None
 
     def update_connector_output(self, connector_output):
@@ -487,4 +560,19 @@ def _process_matcher(key: str, store: Store, ttl_ms: int) -> LocalMatcher:
     return m
 
 
-__all__ = ["TuttiConnector", "TuttiConnectorMetadata", "Settings", "check_hash_seed", "VLLM_COMMITS", "_lib"]
+def _register_by_name():
+    """MultiConnector rebuilds a child's stats that crossed processes by the
+    child's class name (KVConnectorFactory.get_connector_class_by_name): a
+    connector loaded by module path must be in the factory's registry too."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        KVConnectorFactory.register_connector("TuttiConnector", __name__, "TuttiConnector")
+    except ValueError:
+        pass  # registered already (this module imported again)
+    except (ImportError, AttributeError) as e:  # a vLLM without the registry: nothing to rebuild by name
+        log.debug("tutti: not registered by name: %s", e)
+
+
+_register_by_name()
+
+__all__ = ["TuttiConnector", "TuttiConnectorMetadata", "Settings", "key_identity", "VLLM_VERSIONS", "VLLM_COMMITS", "_lib"]

@@ -16,7 +16,11 @@ API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
     order; tensors tutti cannot serve raise :class:`LayoutError`, naming the
     layer and why.
 
-``WorkerSide(store_opener, path)``
+``WorkerSide(store_opener, ..., ends_requests=False)``
+    ``ends_requests``: the engine calls ``end_requests`` for every request
+    whose pages may be reused, before they are (vLLM's adapter does); then a
+    request's save waits on the worker for the chunk before it to commit and
+    is retried while not committed.
     ``register(kv_caches, block_size, host_staging_bytes=None)`` once:
     describes the tensors, opens the store through ``store_opener(layout)``
     (so directories and geometry come from the layout) and registers the
@@ -27,8 +31,13 @@ API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
     "cpu", the pool's pages, the tensors' tag) and must open a CPU-path store.
     Per engine step, in any of the orders engines use:
 
-    * ``bind(loads, saves)``: this step's :class:`LoadSpec` / :class:`SaveSpec`
-      lists (plain data: they cross processes in the scheduler's metadata).
+    * ``end_requests(ended, dropped)``: before anything of the step writes
+      the KV cache (vLLM: ``handle_preemptions``), requests whose pages may
+      be reused from now on: their queued saves are handed over one last time
+      (``ended``) or forgotten (``dropped``).
+    * ``bind(loads, saves, ended=, dropped=)``: this step's :class:`LoadSpec` /
+      :class:`SaveSpec` lists (plain data: they cross processes in the
+      scheduler's metadata); ends ``ended``/``dropped`` if not done yet.
     * ``start_load()``: starts every load of the step and returns at once
       (also started by the first ``wait_for_layer``, so calling it before the
       forward, after it, or not at all works).
@@ -37,14 +46,15 @@ API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
       instead, no host round trip).
     * ``save_layer(name)``: after each layer's attention wrote its KV; the
       step's saves start at the last layer (a tutti run holds every layer of a
-      block), or at ``wait_for_save`` if the engine skips the hooks.
+      block), or at ``wait_for_save`` if the engine skips the hooks, with the
+      queued saves of earlier steps whose chunk before them is committed.
     * ``wait_for_save()``: returns once every save of the step copied its
       pages out (the pages may be reused after), bounded by the store's
       ``save_bound_ms``; durability is later (``Store.wait_saves``).
     * ``finish_step(finished_req_ids) -> StepResult``: ends the step's loads;
       reports per request the blocks restored, the block ids promised but not
-      restored (load errors), and which requests waiting on their saves are
-      done (``sending``).
+      restored (load errors), which requests waiting on their saves are done
+      (``sending``), and the save queue's counters.
     * ``unbind()``.
 
 ``take_stats()``: the worker's counters since the last call (host staging's,
@@ -59,11 +69,13 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from .save_queue import FLUSH_WAIT_MS, SaveQueue
 from .store import Geometry, Load, Save, Store
-from .tensor import DTYPE_BYTES, DTYPE_NAMES, REGION_ALIGN, describe, dtype_code
+from .tensor import DTYPE_BYTES, DTYPE_NAMES, REGION_ALIGN, describe, dtype_code, shared_memory
 
 
 class LayoutError(ValueError):
@@ -168,6 +180,9 @@ def describe_kv_caches(kv_caches: Dict[str, object], block_size: int, layer_name
     code = dtype_code(d0.dtype)
     esize = DTYPE_BYTES[code]
     layers = [_read_layer(n, d, block_size) for n, d in zip(names, descs)]
+    same = shared_memory([(n, ly.ptr, 1) for n, ly in zip(names, layers)])
+    if same:  # the same tensor twice: before any layout rule reads it as something else
+        raise LayoutError(f"KV tensors: {same}")
     first = layers[0]
     for n, d, ly in zip(names, descs, layers):
         if (dtype_code(d.dtype), str(d.device), d.shape) != (code, str(d0.device), d0.shape) or \
@@ -188,10 +203,9 @@ def describe_kv_caches(kv_caches: Dict[str, object], block_size: int, layer_name
             raise LayoutError(f"KV tensor {names[0]!r}: separate K and V planes with gaps between blocks")
         nbytes = first.num_blocks * plane_unit * esize
         regions = tuple((ly.ptr, nbytes) for ly in layers)
-        ptrs = sorted(r[0] for r in regions)
-        for a, b in zip(ptrs, ptrs[1:]):
-            if b - a < nbytes:
-                raise LayoutError(f"KV tensors overlap: layers {ptrs.index(a)} and {ptrs.index(b)} are {b - a} bytes apart, each is {nbytes}")
+        shared = shared_memory([(n, ly.ptr, nbytes) for n, ly in zip(names, layers)])
+        if shared:
+            raise LayoutError(f"KV tensors: {shared}")
         kind = "per_layer"
     else:
         # Blocks outermost over every layer: views cut from one buffer. Layer
@@ -229,15 +243,20 @@ class LoadSpec:
 @dataclass
 class SaveSpec:
     """One request's save in a step: chain's blocks from block_ids (blocks
-    already stored are skipped by the store). ``tokens`` (block_tokens per
-    chain block) and ``hashes`` (the engine's own hash bytes per block) are
-    optional: a store publishing KV events publishes them with the blocks."""
+    already stored are skipped by the store). A request's saves in later
+    steps extend the same chain (each up to its last computed full block;
+    ``start``: where the one before ended); the worker hands them to the
+    store in order, each once the one before is committed
+    (:mod:`tutti.save_queue`). ``tokens`` (block_tokens per chain block) and
+    ``hashes`` (the engine's own hash bytes per block) are optional: a store
+    publishing KV events publishes them with the blocks."""
 
     req_id: str
     chain: List[int]
     block_ids: List[int]
     tokens: Optional[List[int]] = None
     hashes: Optional[List[bytes]] = None
+    start: int = 0  # chain blocks an earlier save of the request already covers
 
 
 @dataclass
@@ -248,6 +267,7 @@ class StepResult:
     error_block_ids: Set[int] = field(default_factory=set)  # promised, not restored
     sending: Set[str] = field(default_factory=set)  # requests whose saves are done (waited for)
     failures: Dict[str, Exception] = field(default_factory=dict)
+    counters: Counter = field(default_factory=Counter)  # the save queue's (tutti.save_queue)
 
 
 def _torch_stream_sync():
@@ -288,17 +308,29 @@ class WorkerSide:
     loads and saves of the bound step (see the module doc)."""
 
     def __init__(self, store_opener: Callable[[KVLayout], Store], device_sync: Optional[Callable[[], None]] = None,
-                 stream_wait: Optional[bool] = None, holds=None):
+                 stream_wait: Optional[bool] = None, holds=None, save_flush_wait_ms: int = FLUSH_WAIT_MS, check=None,
+                 ends_requests: bool = False):
         """``holds``: what the scheduler's lookups hold in this process (an
         object with ``release(req_id)``, e.g. a
         :class:`tutti.scheduler_side.LocalMatcher`): a request's hold is
-        released once its load started, which pins for itself."""
+        released once its load started, which pins for itself.
+        ``save_flush_wait_ms``: how long :meth:`end_requests` waits for a
+        request's chunk to commit before handing over the next one
+        (:mod:`tutti.save_queue`). ``check``: a :class:`tutti.kvcheck.KVCheck`
+        (digests of what is saved and restored) or None. ``ends_requests``:
+        the engine names every request whose pages may be reused
+        (:meth:`end_requests`) before they are: then a request's saves wait
+        for the chunk before them and are retried while not committed
+        (tutti.save_queue); otherwise each is handed over in its step only."""
         self._opener = store_opener
         self.holds = holds
+        self.check = check
         self._device_sync = device_sync
         self._stream_wait = stream_wait
+        self._flush_wait_ms, self._ends_requests = save_flush_wait_ms, ends_requests
         self.store: Optional[Store] = None
         self.kv_layout: Optional[KVLayout] = None
+        self.queue: Optional[SaveQueue] = None
         self.staging = None  # a tutti.hoststage.HostStaging when the KV goes through host staging
         self._layer_index: Dict[str, int] = {}
         self._kv_refs = None
@@ -338,12 +370,15 @@ class WorkerSide:
                 staging.close()
             raise
         self.store, self.kv_layout, self.staging = st, lay, staging
+        self.queue = SaveQueue(st.lookup, flush_wait_ms=self._flush_wait_ms, keep=self._ends_requests)
         self._layer_index = {n: i for i, n in enumerate(lay.layer_names)}
         self._kv_refs = dict(kv_caches)  # the library writes into them until the store closes
         if self._device_sync is None:
             self._device_sync = _torch_stream_sync if st.path == "gpu" else (lambda: None)
         if self._stream_wait is None:
             self._stream_wait = st.path == "gpu" and "torch" in sys.modules
+        if self.check is not None:
+            self.check.register(kv_caches, lay, block_size)
         return lay
 
     def layer_index(self, name: str) -> int:
@@ -358,13 +393,36 @@ class WorkerSide:
         return self.store
 
     # -- the step
-    def bind(self, loads: Sequence[LoadSpec] = (), saves: Sequence[SaveSpec] = (), await_sending: Sequence[str] = ()):
+    def bind(self, loads: Sequence[LoadSpec] = (), saves: Sequence[SaveSpec] = (), await_sending: Sequence[str] = (),
+             ended: Sequence[str] = (), dropped: Sequence[str] = ()):
         """The step's transfers; ``await_sending``: requests the scheduler
         finished with their blocks held until their saves are done (reported
-        once each in ``finish_step().sending``)."""
+        once each in ``finish_step().sending``); ``ended``/``dropped``: see
+        :meth:`end_requests` (a no-op if it ran for them already)."""
+        self.end_requests(ended, dropped)
         self._loads_spec, self._saves_spec = list(loads), list(saves)
         self._loads_started = self._saves_started = False
         self._await_sending.update(await_sending)
+
+    def end_requests(self, ended: Sequence[str] = (), dropped: Sequence[str] = ()):
+        """Requests whose pages may be reused from this step on: ``ended``
+        (finished or preempted: their pages still hold their KV) hand their
+        queued saves to the store one last time and wait until the pages are
+        copied out; ``dropped`` (pages possibly already reused) forget theirs.
+        Call before anything of the step writes the KV cache (vLLM:
+        ``handle_preemptions``)."""
+        if self.queue is None:
+            return
+        self.queue.drop(dropped)
+        specs = self.queue.flush(ended)
+        if not specs:
+            return
+        self._device_sync()  # the KV they save may still be being written
+        saves = [self._issue(spec, keep=False) for spec in specs]
+        for sv in saves:
+            if sv is not None:
+                sv.wait_gathered()
+                sv.release()
 
     def start_load(self):
         """Starts the bound step's loads (once; returns at once)."""
@@ -402,9 +460,11 @@ class WorkerSide:
             stream = sys.modules["torch"].cuda.current_stream().cuda_stream
             for ld, _ in self._loads.values():
                 ld.stream_wait_layer(layer, stream)
-            return
-        for ld, _ in self._loads.values():
-            ld.wait_layer(layer)
+        else:
+            for ld, _ in self._loads.values():
+                ld.wait_layer(layer)
+        if self.check is not None and self._loads:
+            self.check.layer_loaded(name, [spec for _, spec in self._loads.values()])
 
     def save_layer(self, name: str):
         if self.layer_index(name) == len(self._layer_index) - 1:
@@ -414,22 +474,42 @@ class WorkerSide:
         if self._saves_started:
             return
         self._saves_started = True
-        if not self._saves_spec:
-            return
-        st = self._need_store()
-        self._device_sync()  # the KV to save must be written before tutti's copies read it
-        cp = st.geometry.chunk_pages
-        save = self.staging.save if self.staging is not None else st.save  # host staging: None when skipped
         for spec in self._saves_spec:
-            n = min(len(spec.chain), len(spec.block_ids) // cp)
-            if n == 0:
-                continue
-            bt = cp * st.geometry.page_tokens
-            tokens = spec.tokens[:n * bt] if spec.tokens is not None and len(spec.tokens) >= n * bt else None
-            hashes = spec.hashes[:n] if spec.hashes is not None and len(spec.hashes) >= n else None
-            sv = save(spec.chain[:n], spec.block_ids[:n * cp], tokens=tokens, hashes=hashes)
+            self._need_store()
+            self.queue.add(spec)
+        self._hand_ready(wait=False)
+
+    def _hand_ready(self, wait: bool):
+        """Hands the queued saves that may go now to the store; ``wait``: and
+        waits until their pages are copied out (outside the step's saves)."""
+        specs = self.queue.ready() if self.queue is not None and len(self.queue) else []
+        if not specs:
+            return
+        self._device_sync()  # the KV to save must be written before tutti's copies read it
+        saves = [self._issue(spec, keep=not wait) for spec in specs]
+        for sv in saves if wait else ():
             if sv is not None:
-                self._saves.setdefault(spec.req_id, []).append(sv)
+                sv.wait_gathered()
+                sv.release()
+
+    def _issue(self, spec: SaveSpec, keep: bool = True) -> Optional[Save]:
+        """Hands spec's blocks to the store (it skips those it has); the
+        Save is waited for in wait_for_save if ``keep``, else by the caller."""
+        st = self._need_store()
+        cp = st.geometry.chunk_pages
+        n = min(len(spec.chain), len(spec.block_ids) // cp)
+        if n == 0:
+            return None
+        bt = cp * st.geometry.page_tokens
+        tokens = spec.tokens[:n * bt] if spec.tokens is not None and len(spec.tokens) >= n * bt else None
+        hashes = spec.hashes[:n] if spec.hashes is not None and len(spec.hashes) >= n else None
+        if self.check is not None:
+            self.check.saving(spec.req_id, spec.chain[:n], spec.block_ids[:n * cp], st.lookup(spec.chain[:n]))
+        save = self.staging.save if self.staging is not None else st.save  # host staging: None when skipped
+        sv = save(spec.chain[:n], spec.block_ids[:n * cp], tokens=tokens, hashes=hashes)
+        if keep and sv is not None:
+            self._saves.setdefault(spec.req_id, []).append(sv)
+        return sv
 
     def wait_for_save(self):
         """Every save of the step has copied its pages out when this returns."""
@@ -456,11 +536,16 @@ class WorkerSide:
             if failure is not None:
                 res.failures[req_id] = failure
             res.error_block_ids.update(spec.block_ids[blocks * cp:])
+            if self.check is not None:
+                self.check.restored(spec, blocks)
         self._loads.clear()
-        for req_id in list(self._await_sending):
-            if req_id not in self._saves:  # saves are waited for in wait_for_save: none left behind
-                res.sending.add(req_id)
-                self._await_sending.discard(req_id)
+        done = [r for r in self._await_sending if r not in self._saves]  # the step's saves are waited for in wait_for_save
+        self.end_requests(done)  # and queued ones handed over: the engine reuses the pages once told
+        res.sending.update(done)
+        self._await_sending.difference_update(done)
+        if self.queue is not None:
+            self._hand_ready(wait=True)  # a chunk whose one before committed during the step goes now
+            res.counters.update(self.queue.take_counters())
         return res
 
     def unbind(self):
@@ -485,6 +570,8 @@ class WorkerSide:
         if self.staging is not None:  # waits for its saves to gather, then frees the pool
             self.staging.close()
             self.staging = None
+        if self.check is not None:
+            self.check.close()
         if close_store and self.store is not None:
             self.store.close()
         self._kv_refs = None

@@ -26,6 +26,7 @@ class ParallelConfig:
 @dataclass
 class ModelConfig:
     model: str = "facebook/opt-125m"
+    revision: Optional[str] = None
 
 
 @dataclass

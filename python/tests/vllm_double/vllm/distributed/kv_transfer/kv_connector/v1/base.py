@@ -1,6 +1,8 @@
-"""KVConnectorBase_V1's contract: constructor, role, metadata binding (the
-per-layer hooks run only while has_connector_metadata()), and the defaults a
-connector may leave alone."""
+"""KVConnectorBase_V1's contract as vLLM 0.26 has it: constructor, role,
+metadata binding (the per-layer hooks run only while
+has_connector_metadata()), handle_preemptions(metadata) before anything of a
+step touches the KV cache, and the defaults a connector may leave alone.
+0.26 has no requires_kv_delivery (newer trees do)."""
 import enum
 from abc import ABC, abstractmethod
 
@@ -50,7 +52,10 @@ class KVConnectorBase_V1(ABC):
     def register_kv_caches(self, kv_caches):
         return
 
-    def handle_preemptions(self, preempted_req_ids):
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
+        return
+
+    def handle_preemptions(self, kv_connector_metadata):
         return
 
     @abstractmethod
@@ -77,6 +82,12 @@ class KVConnectorBase_V1(ABC):
     def get_kv_connector_stats(self):
         return None
 
+    def get_kv_connector_kv_cache_events(self):
+        return None
+
+    def build_connector_worker_meta(self):
+        return None
+
     @abstractmethod
     def get_num_new_matched_tokens(self, request, num_computed_tokens): ...
 
@@ -86,11 +97,20 @@ class KVConnectorBase_V1(ABC):
     @abstractmethod
     def build_connector_meta(self, scheduler_output): ...
 
+    def on_new_request(self, request):
+        return
+
+    def update_connector_output(self, connector_output):
+        return
+
     def request_finished(self, request, block_ids):
         return False, None
 
     def take_events(self):
         return ()
+
+    def has_pending_push_work(self) -> bool:
+        return False
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
@@ -99,9 +119,19 @@ class KVConnectorBase_V1(ABC):
         return None
 
     @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config) -> bool:
+        return False
+
+    def get_finished_count(self):
+        return None
+
+    @classmethod
     def build_kv_connector_stats(cls, data=None):
         return None
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return None
+
+    def reset_cache(self):
         return None

@@ -1,5 +1,7 @@
-"""KVConnectorStats and KVConnectorPromMetrics as vLLM defines them (the
-prometheus classes are passed in by vLLM as metric_types)."""
+"""KVConnectorStats and KVConnectorPromMetrics as vLLM 0.26 defines them
+(the prometheus classes are passed in by vLLM as metric_types, keyed by
+prometheus_client's Gauge, Counter and Histogram: here stand-in key classes;
+0.26's base class has no per-engine helper)."""
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +43,6 @@ class KVConnectorPromMetrics:
         self._histogram_cls = metric_types[Histogram]
         self._labelnames = labelnames
         self.per_engine_labelvalues = per_engine_labelvalues
-
-    def make_per_engine(self, metric):
-        return {idx: metric.labels(*lv) for idx, lv in self.per_engine_labelvalues.items()}
 
     def observe(self, transfer_stats_data, engine_idx=0):
         raise NotImplementedError
