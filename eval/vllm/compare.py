@@ -7,10 +7,9 @@ A case passes when:
     report gives the first position and both runs' top logprobs there, so a
     difference of arithmetic (different batches give different roundings) can
     be told from a wrong KV,
-  - the connector's check mode compared at least one restored block and found
-    none different from the KV vLLM computed for it (its summary JSON files
-    under --check-dir; absent when the run had no check mode: then reported,
-    not passed),
+  - the connector's check mode compared restored blocks with the KV vLLM
+    computed for them and found none different and none without a digest
+    (tutti.kvcheck's summary files under --check-dir),
   - the second process, a new one, restored from tutti: vLLM's own
     external-prefix-cache hits counter is above zero there.
 Prints one line per finding and a verdict; --json writes them all.
@@ -57,13 +56,14 @@ def compare_outputs(base, run):
 
 
 def check_summaries(d):
-    """The connector's check-mode summaries (one JSON per process and rank)."""
-    tot = {"compared_blocks": 0, "mismatched_blocks": 0, "files": 0, "mismatches": []}
-    for p in sorted(glob.glob(f"{d}/summary-*.json")):
+    """The connector's check-mode summaries (tutti.kvcheck: one JSON per
+    process and rank, under the check dir's per-store folders)."""
+    tot = {"match": 0, "mismatch": 0, "unknown": 0, "recorded": 0, "files": 0, "mismatches": []}
+    for p in sorted(glob.glob(f"{d}/**/summary-*.json", recursive=True)):
         s = load(p)
         tot["files"] += 1
-        tot["compared_blocks"] += int(s.get("compared_blocks", 0))
-        tot["mismatched_blocks"] += int(s.get("mismatched_blocks", 0))
+        for k in ("match", "mismatch", "unknown", "recorded"):
+            tot[k] += int(s.get("totals", {}).get(k, 0))
         tot["mismatches"] += s.get("mismatches", [])[:8]
     return tot
 
@@ -103,11 +103,12 @@ def main(argv=None):
     if a.check_dir:
         c = check_summaries(a.check_dir)
         rep["check"] = c
-        print(f"{a.case} check mode: {c['compared_blocks']} restored blocks compared with the KV vLLM computed, "
-              f"{c['mismatched_blocks']} differ ({c['files']} summaries)")
+        print(f"{a.case} check mode: {c['match']} restored block-layers equal the KV vLLM computed, "
+              f"{c['mismatch']} differ, {c['unknown']} had no digest; {c['recorded']} saved block-layers "
+              f"digested ({c['files']} summaries)")
         for m in c["mismatches"]:
             print(f"  mismatch: {m}")
-        ok &= c["files"] > 0 and c["compared_blocks"] > 0 and c["mismatched_blocks"] == 0
+        ok &= c["files"] > 0 and c["match"] > 0 and c["mismatch"] == 0 and c["unknown"] == 0
     rep["ok"] = bool(ok)
     print(f"{a.case}: {'PASS' if ok else 'FAIL'}")
     if a.json:

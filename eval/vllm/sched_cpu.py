@@ -32,6 +32,7 @@ of scripts/vllm-venv.sh: the first phase, then the restart in a new process.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import random
@@ -231,6 +232,12 @@ class Runner:
                     abort.pop(rid)
         raise RuntimeError(f"requests left after {max_steps} steps")
 
+    def settle(self):
+        """Waits until every save handed to the store is durable: the next
+        request then sees them, as one arriving a little later would (this
+        runner's steps follow one another with no gap)."""
+        self.worker._worker.store.wait_saves()
+
     def external_tokens(self, rid):
         """Tokens of rid that came from tutti: computed at its first schedule
         beyond the GPU prefix cache's hit (vLLM's own count)."""
@@ -252,7 +259,7 @@ def main(argv=None):
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=4096)
     a = p.parse_args(argv)
-    extra = {"dirs": [a.dir], "capacity_bytes": 1 << 30, "path": "cpu"}
+    extra = {"dirs": [a.dir], "capacity_bytes": 1 << 30, "path": "cpu", "check": {"dir": a.dir + "-check"}}
     if os.environ.get("TUTTI_EXTRA"):
         extra.update(json.loads(os.environ["TUTTI_EXTRA"]))
     rng = random.Random(11)
@@ -266,6 +273,7 @@ def main(argv=None):
     if a.phase == "first":
         R.add("doc", doc + q1)
         R.run()
+        R.settle()
         R.sched.reset_prefix_cache()
         R.add("doc-again", doc[:480] + q2)
         R.run()
@@ -296,6 +304,17 @@ def main(argv=None):
         res["checks"]["restart"] = got
         print(f"restart: a new process (PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}) matched {got} tokens from tutti")
         ok &= got["doc-restart"] == 592 and all(v > 0 for v in got.values())
+    R.worker.shutdown()  # the check mode's summary is written at close
+    chk = {"match": 0, "mismatch": 0, "unknown": 0}
+    for f in glob.glob(f"{a.dir}-check/**/summary-*.json", recursive=True):
+        with open(f) as fh:
+            t = json.load(fh)["totals"]
+        for k in chk:
+            chk[k] += int(t.get(k, 0))
+    res["check"] = chk
+    print(f"{a.phase}: check mode: {chk['match']} restored block-layers equal to what was saved, "
+          f"{chk['mismatch']} differ, {chk['unknown']} unknown")
+    ok &= chk["mismatch"] == 0 and chk["unknown"] == 0 and (a.phase == "first" or chk["match"] > 0)
     res["verified_tokens"] = R.verified_tokens
     res["bad"] = R.bad
     ok &= not R.bad

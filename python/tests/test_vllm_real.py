@@ -52,6 +52,9 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertEqual(second["bad"], [], p.stdout)
         self.assertEqual(second["checks"]["restart"]["doc-restart"], 592, p.stdout)
         self.assertGreater(second["verified_tokens"], 0, p.stdout)
+        # The connector's check mode: every restored block equals what the first process saved.
+        self.assertGreater(second["check"]["match"], 0, p.stdout)
+        self.assertEqual((second["check"]["mismatch"], second["check"]["unknown"]), (0, 0), p.stdout)
         self.assertTrue(second["ok"], p.stdout)
 
 
