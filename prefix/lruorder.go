@@ -24,8 +24,9 @@ func (a lruKey) cmp(b lruKey) int {
 // is moved just behind that descendant, so the list keeps its invariant
 // (every block before its ancestors; the head is a leaf). Ids that are not
 // evictable now are skipped. It returns how many ids of order it placed.
-// O(n log n) in the evictable blocks, plus len(order), under the lock;
-// meant for the owner's Open, not for the request path.
+// O(n log n) in the evictable blocks, plus len(order), under the lock, with
+// temporary memory of the same order as the index's own; meant for the
+// owner's Open, not for the request path.
 func (x *Index) RestoreLRU(order []uint64) int {
 	x.mu.Lock()
 	defer x.mu.Unlock()

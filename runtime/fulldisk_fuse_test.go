@@ -72,9 +72,9 @@ func TestFullDisk(t *testing.T) {
 		segment int64 // journal segment bound
 	}{
 		{"append", 0},
-		// A segment bound 1 KiB into a 4 KiB block: the save that crosses it
-		// appends into the block's slack, and the checkpoint after it needs
-		// a new file.
+		// A segment bound inside a file system block: the save that crosses
+		// it appends into the block's slack, and the checkpoint after it
+		// needs a new file.
 		{"checkpoint", 8192 + 1024},
 	} {
 		t.Run(tc.name, func(t *testing.T) { fullDisk(t, tc.name, tc.segment) })
