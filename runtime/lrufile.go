@@ -2,14 +2,15 @@ package runtime
 
 // The lru sidecar keeps the prefix index's eviction order across a Close,
 // so that a reopened store evicts what was least recently used before it
-// closed, not what it happens to rebuild first. It is a hint next to the
-// object map, not part of it: the store serves the same blocks with or
-// without it. Close writes it (once the journal is durable, so it names the
-// blocks the next Open finds); Open orders its eviction list by it
-// (prefix.Index.RestoreLRU), blocks it does not name (saved after it was
-// written, before a crash) being the most recently used. A missing, torn or
-// foreign file leaves the rebuilt order (runs in id order), said in
-// RecoveryReport.LRUNote.
+// closed, not what it happens to rebuild first. It lies in the store's
+// first directory in the object map's order (whatever order Config.Dirs
+// lists them in). It is a hint next to the object map, not part of it: the
+// store serves the same blocks with or without it. Close writes it (once
+// the journal is durable, so it names the blocks the next Open finds); Open
+// orders its eviction list by it (prefix.Index.RestoreLRU), blocks it does
+// not name (saved after it was written, before a crash) being the most
+// recently used. A missing, torn or foreign file leaves the rebuilt order
+// (runs in id order), said in RecoveryReport.LRUNote.
 //
 // Format, version 1 (little-endian):
 //

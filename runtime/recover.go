@@ -128,7 +128,7 @@ func (s *Store) recover() error {
 		rep.IndexedRuns++
 		rep.IndexedBlocks += n
 	}
-	ids, note := readLRU(s.cfg.Dirs[0], int(min(s.indexCapacity()/s.bytesPerBlock()+1, prefix.MaxBlocksLimit)))
+	ids, note := readLRU(s.m.Dirs()[0], int(min(s.indexCapacity()/s.bytesPerBlock()+1, prefix.MaxBlocksLimit)))
 	rep.LRURestored, rep.LRUNote = s.idx.RestoreLRU(ids), note
 	dropped, err := s.idx.SetCapacity(s.indexCapacity())
 	if err != nil {

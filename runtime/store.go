@@ -563,7 +563,7 @@ func (s *Store) Close() error {
 	// The order is kept only with a durable journal: it then names the
 	// blocks the next Open finds.
 	if s.m.Sync() == nil {
-		if err := writeLRU(s.cfg.Dirs[0], s.idx.LRU()); err != nil {
+		if err := writeLRU(s.m.Dirs()[0], s.idx.LRU()); err != nil {
 			errs = append(errs, fmt.Errorf("runtime: close: keeping the eviction order: %w", err))
 		}
 	}
