@@ -106,8 +106,9 @@ func sampleRecords(rng *rand.Rand) []Record {
 	return []Record{
 		{Type: RecSegment, Seq: 3},
 		{Type: RecEpoch, Epoch: 9},
-		{Type: RecCommit, Run: RunInfo{ID: 5, Generation: 9, File: 2, Offset: 4096 * 7, Length: 4096 * 3, Chain: chain}},
-		{Type: RecCommit, Run: RunInfo{ID: 6, Generation: 9, File: 1, Offset: 0, Length: 4096 * 3, Chain: chain[:1], Parent: 77, HasParent: true}},
+		{Type: RecCommit, Run: RunInfo{ID: 5, Generation: 9, File: 2, Offset: 4096 * 7, Length: 4096 * 3, Chain: chain, Kept: len(chain)}},
+		{Type: RecCommit, Run: RunInfo{ID: 6, Generation: 9, File: 1, Offset: 0, Length: 4096 * 3, Chain: chain[:1], Parent: 77, HasParent: true, Kept: 1}},
+		{Type: RecTrim, ID: 5, Keep: 1 + rng.IntN(len(chain))},
 		{Type: RecFree, ID: 5},
 		{Type: RecCheckpoint, Seq: 4, Epoch: 9, NextID: 77, Count: 1},
 		{Type: RecCheckpointEnd, Count: 1},

@@ -1,6 +1,7 @@
 package objmap
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -11,10 +12,10 @@ import (
 	"testing"
 )
 
-// TestSimulatedCrash runs seeded random workloads (save, free, sync, abort,
-// reservations written but not committed), then crashes: descriptors are
-// closed with nothing flushed, and the journal gets a random prefix of the
-// records that were in flight (frees not yet synced, commits whose header
+// TestSimulatedCrash runs seeded random workloads (save, free, trim, sync,
+// abort, reservations written but not committed), then crashes: descriptors
+// are closed with nothing flushed, and the journal gets a random prefix of
+// the records that were in flight (frees and trims not yet synced, commits whose header
 // and payload were durable but whose record was being written), possibly
 // cut inside a record. After reopening, exactly the durable records count:
 // every acknowledged commit is served bit-exact, every in-flight record is
@@ -47,13 +48,28 @@ func crashOnce(t *testing.T, seed uint64) {
 	o.SegmentBytes = []int64{512, 2048, 1 << 20}[rng.IntN(3)]
 	m := mustOpen(t, o)
 
-	acked := map[RunID]RunInfo{} // Commit returned nil, no free durable
-	var pendingFrees []RunID     // Free returned, not yet followed by a durable write
+	acked := map[RunID]RunInfo{} // Commit returned nil, no free durable; Kept as durable
+	var queued []Record          // frees and trims returned, not yet followed by a durable write
 	var open []Reservation       // allocated, written, not committed
+	// durable applies the queued records: a group or a Sync wrote them.
+	durable := func() {
+		for _, r := range queued {
+			if r.Type == RecFree {
+				delete(acked, r.ID)
+			} else if a, ok := acked[r.ID]; ok {
+				a.Kept = min(a.Kept, r.Keep)
+				acked[r.ID] = a
+			}
+		}
+		queued = nil
+	}
+	freeQueued := func(id RunID) bool {
+		return slices.ContainsFunc(queued, func(r Record) bool { return r.Type == RecFree && r.ID == id })
+	}
 	ops := 20 + rng.IntN(80)
 	for i := 0; i < ops; i++ {
 		switch p := rng.IntN(100); {
-		case p < 50:
+		case p < 45:
 			res, err := m.Allocate(1 + rng.IntN(6))
 			if errors.Is(err, ErrNoSpace) {
 				continue
@@ -68,35 +84,36 @@ func crashOnce(t *testing.T, seed uint64) {
 			if err := m.Commit(reqs); err != nil {
 				t.Fatal(err)
 			}
+			durable() // the commit's group covered them
 			for _, r := range res {
 				info, _ := m.Lookup(r.ID)
 				acked[r.ID] = info
 			}
-			for _, id := range pendingFrees { // the commit's group covered them
-				delete(acked, id)
-			}
-			pendingFrees = nil
 		case p < 72:
 			if len(acked) == 0 {
 				continue
 			}
 			ids := sortedIDs(acked)
 			id := ids[rng.IntN(len(ids))]
-			if slices.Contains(pendingFrees, id) {
+			if freeQueued(id) {
 				continue
 			}
-			if err := m.Free(id); err != nil {
+			info, _ := m.Lookup(id)
+			r := Record{Type: RecFree, ID: id}
+			if p >= 62 && info.Kept > 1 {
+				r = Record{Type: RecTrim, ID: id, Keep: 1 + rng.IntN(info.Kept-1)}
+				if err := m.Trim(id, r.Keep); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := m.Free(id); err != nil {
 				t.Fatal(err)
 			}
-			pendingFrees = append(pendingFrees, id)
+			queued = append(queued, r)
 		case p < 80:
 			if err := m.Sync(); err != nil {
 				t.Fatal(err)
 			}
-			for _, id := range pendingFrees {
-				delete(acked, id)
-			}
-			pendingFrees = nil
+			durable()
 		case p < 92:
 			res, err := m.Allocate(1 + rng.IntN(3))
 			if err != nil {
@@ -120,15 +137,15 @@ func crashOnce(t *testing.T, seed uint64) {
 	// The crash. In flight: the queued frees, then commits of some open
 	// reservations whose header and payload are durable.
 	type inflight struct {
-		end  int
-		free RunID
-		run  *RunInfo
+		end int
+		rec *Record // a queued free or trim
+		run *RunInfo
 	}
 	var tail []byte
 	var recs []inflight
-	for _, id := range pendingFrees {
-		tail, _ = AppendRecord(tail, &Record{Type: RecFree, ID: id})
-		recs = append(recs, inflight{end: len(tail), free: id})
+	for i := range queued {
+		tail, _ = AppendRecord(tail, &queued[i])
+		recs = append(recs, inflight{end: len(tail), rec: &queued[i]})
 	}
 	for _, r := range open {
 		if rng.IntN(2) == 0 {
@@ -137,7 +154,7 @@ func crashOnce(t *testing.T, seed uint64) {
 		req := writeRun(t, m, r)
 		writeHeaderForTest(t, m, req)
 		info := RunInfo{ID: r.ID, Generation: r.Generation, File: r.File, Offset: r.Offset, Length: r.Length, Chain: req.Chain,
-			Parent: req.Parent, HasParent: req.HasParent}
+			Parent: req.Parent, HasParent: req.HasParent, Kept: len(req.Chain)}
 		tail, _ = AppendRecord(tail, &Record{Type: RecCommit, Run: info})
 		recs = append(recs, inflight{end: len(tail), run: &info})
 	}
@@ -151,25 +168,36 @@ func crashOnce(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Write(tail[:cut])
+	written := slices.Clone(tail[:cut])
 	if rng.IntN(3) == 0 { // a hole of zeros past the tail (page written out of order)
-		f.Write(make([]byte, 1+rng.IntN(5000)))
+		written = append(written, make([]byte, 1+rng.IntN(5000))...)
 	}
+	f.Write(written)
 	f.Close()
 
 	want := map[RunID]bool{}
 	for id := range acked {
 		want[id] = true
 	}
+	// A record is on disk when its bytes are: cut short, or completed by
+	// the zeros of a hole where its own last bytes are zeros.
+	start := 0
 	for _, r := range recs {
-		if r.end > cut {
+		if r.end > len(written) || !bytes.Equal(written[start:r.end], tail[start:r.end]) {
 			break
 		}
-		if r.run != nil {
+		start = r.end
+		switch {
+		case r.run != nil:
 			want[r.run.ID] = true
 			acked[r.run.ID] = *r.run
-		} else {
-			delete(want, r.free)
+		case r.rec.Type == RecFree:
+			delete(want, r.rec.ID)
+		default:
+			if a, ok := acked[r.rec.ID]; ok {
+				a.Kept = min(a.Kept, r.rec.Keep)
+				acked[r.rec.ID] = a
+			}
 		}
 	}
 
@@ -185,6 +213,8 @@ func crashOnce(t *testing.T, seed uint64) {
 	m.Runs(func(r RunInfo) bool {
 		if !want[r.ID] {
 			t.Errorf("seed %d: run %d served, never durably committed (or durably freed)", seed, r.ID)
+		} else if r.Kept != acked[r.ID].Kept {
+			t.Errorf("seed %d: run %d keeps %d chunks, durably %d", seed, r.ID, r.Kept, acked[r.ID].Kept)
 		}
 		live += r.Length
 		return true

@@ -35,12 +35,15 @@
 //	info, ok := m.Lookup(id)              // extent of a durable run, its ChunkCRCs
 //	sp, err := g.ChunkSpan(info.Chunks(), layer, first, k) // one read per (layer, run): chunks [first, first+k)
 //	err = info.VerifySpan(sp, buf)        // or a ChunkVerifier fed piece by piece
+//	m.Trim(id, keep)                      // the run serves only its first keep chunks (its owner evicted the rest)
 //	m.Free(id); m.Sync()                  // forget a run; its space is reusable once the free is durable
+//	m.Failing()                           // the journal had no room for its last group (commits fail meanwhile)
 //	m.Check()                             // fsck: read every payload, verify every chunk CRC32C
 //	m.Close()
 //
-// Allocate, Commit, Abort, Free, Sync, Lookup, Runs, Stats and Check are
-// safe for concurrent use; Close must not race with them.
+// Allocate, Commit, Abort, Trim, Free, Sync, Lookup, Runs, Stats and Check
+// are safe for concurrent use; Close must not race with them.
+// SimulateCrash is for crash tests only.
 //
 // # Commit protocol and recovery
 //
@@ -64,6 +67,23 @@
 // payload and compares every chunk with the table and every object with
 // the header's per-layer CRC.
 //
+// Trim and Free records are appended without waiting (the next group
+// carries them; Close syncs them): after a clean Close every run is
+// recovered with exactly the chunks it served (RunInfo.Kept), after a
+// crash a run may come back with chunks trimmed or as a whole run freed
+// shortly before, whose bytes are intact (a trim frees nothing, and freed
+// space is reused only once its free record is durable).
+//
+// A journal group, checkpoint or next segment the file system has no room
+// for (ENOSPC, EDQUOT) does not fail the store (journal.go,
+// journalfail.go): a group is undone (the segment truncated back to its
+// last durable record, so replay never meets it), the commits it carried
+// fail with the error and their space is free again, its frees and trims
+// are written with the next group; a checkpoint is retried by the next
+// group. Commits work again as soon as a group fits. Stats counts each
+// (JournalFailures, AbandonedCommits, CheckpointFailures). Any other
+// journal I/O error fails the store closed, as before.
+//
 // A journal that is damaged rather than torn (missing, zeroed, a bad
 // record followed by valid ones, a bad checkpoint; see journalread.go)
 // loses no committed run: recovery rebuilds the index from the run headers
@@ -86,6 +106,12 @@
 //     directory, then starts the next segment and deletes the old one.
 //   - Generation is the store's open count (journaled at each Open); run ids
 //     increase monotonically and are never reused.
+//   - Trims are records of their own (RecTrim) rather than a rewrite of the
+//     run: the header stays the commit's, so a rebuild still verifies it,
+//     and a trim costs one small record. A store whose journal may hold
+//     them has MANIFEST version 2, so an older build refuses it by name
+//     instead of taking the records for damage; a writable Open upgrades a
+//     version 1 store.
 //   - Files are created 0600 and directories 0700; each directory is
 //     flock'ed (LOCK holds the owner's pid for the error of a second open),
 //     exclusively by a writer, shared by a read-only checker. A failed Open

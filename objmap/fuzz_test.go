@@ -58,8 +58,9 @@ func FuzzManifest(f *testing.F) {
 
 func sampleCheckpoint() []byte {
 	runs := []RunInfo{
-		{ID: 3, Generation: 1, File: 0, Offset: 0, Length: tinyGeom.RunBytes(1), Chain: []uint64{7}},
-		{ID: 9, Generation: 2, File: 1, Offset: 8192, Length: tinyGeom.RunBytes(2), Chain: []uint64{1, 2}, Parent: 5, HasParent: true},
+		{ID: 3, Generation: 1, File: 0, Offset: 0, Length: tinyGeom.RunBytes(1), Chain: []uint64{7}, Kept: 1},
+		{ID: 9, Generation: 2, File: 1, Offset: 8192, Length: tinyGeom.RunBytes(3), Chain: []uint64{1, 2, 3}, Parent: 5, HasParent: true, Kept: 2},
+		{ID: 12, Generation: 2, File: 0, Offset: 1 << 20, Length: tinyGeom.RunBytes(2), Chain: []uint64{8, 9}, Kept: 1},
 	}
 	b, _ := encodeCheckpoint(4, 2, 10, runs)
 	return b
@@ -95,7 +96,8 @@ func FuzzCheckpoint(f *testing.F) {
 func sampleSegment() []byte {
 	b, _ := AppendRecord(nil, &Record{Type: RecSegment, Seq: 1})
 	b, _ = AppendRecord(b, &Record{Type: RecEpoch, Epoch: 1})
-	b, _ = AppendRecord(b, &Record{Type: RecCommit, Run: RunInfo{ID: 1, Generation: 1, Length: tinyGeom.RunBytes(1), Chain: []uint64{4}}})
+	b, _ = AppendRecord(b, &Record{Type: RecCommit, Run: RunInfo{ID: 1, Generation: 1, Length: tinyGeom.RunBytes(2), Chain: []uint64{4, 5}}})
+	b, _ = AppendRecord(b, &Record{Type: RecTrim, ID: 1, Keep: 1})
 	b, _ = AppendRecord(b, &Record{Type: RecFree, ID: 1})
 	return b
 }
@@ -113,7 +115,8 @@ func FuzzSegment(f *testing.F) {
 	flipped[30] ^= 1
 	f.Add(flipped)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		js := &journalState{runs: map[RunID]*RunInfo{}, freed: map[RunID]bool{}, nextID: 1, startSeq: 1, seg: "journal-1"}
+		js := newJournalState()
+		js.seg = "journal-1"
 		js.replaySegment(data, 4096)
 		if js.damage != "" || js.markerTorn {
 			return

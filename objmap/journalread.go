@@ -38,6 +38,7 @@ type journalState struct {
 	runs   map[RunID]*RunInfo
 	order  []RunID        // first-seen order, for stable reports
 	freed  map[RunID]bool // freed by a readable record: never served again, even by a rebuild
+	trims  map[RunID]int  // the shortest Keep of a readable trim record, by run (for a rebuild too)
 	epoch  uint64
 	nextID RunID // above every id the checkpoint and the journal name
 
@@ -53,10 +54,16 @@ type journalState struct {
 	tailBytes    int64
 	tail         string
 	unknownFrees int
+	unknownTrims int
 
 	// damage, when not empty, says why the journal is not trusted: file,
 	// byte offset, what is wrong.
 	damage string
+}
+
+// newJournalState is the state of an empty journal: no run, segment 1 next.
+func newJournalState() *journalState {
+	return &journalState{runs: map[RunID]*RunInfo{}, freed: map[RunID]bool{}, trims: map[RunID]int{}, nextID: 1, startSeq: 1}
 }
 
 // readBounded reads path, refusing a file larger than maxBytes (a bound
@@ -113,15 +120,25 @@ func parseCheckpoint(b []byte, maxRuns int) (runs []RunInfo, head Record, err er
 	}
 	p := n
 	runs = make([]RunInfo, 0, head.Count)
-	for i := uint64(0); i < head.Count; i++ {
+	for i := uint64(0); i < head.Count; {
 		r, n, err := DecodeRecord(b[p:])
 		if err != nil {
 			return nil, Record{}, bad(p, "run %d of %d: %v", i, head.Count, err)
 		}
-		if r.Type != RecCommit {
-			return nil, Record{}, bad(p, "run %d of %d is a %s record", i, head.Count, r.Type)
+		switch {
+		case r.Type == RecCommit:
+			runs = append(runs, r.Run)
+			i++
+		case r.Type == RecTrim && len(runs) > 0 && runs[len(runs)-1].ID == r.ID && r.Keep < runs[len(runs)-1].Kept:
+			runs[len(runs)-1].Kept = r.Keep
+		default:
+			return nil, Record{}, bad(p, "run %d of %d: a %s record where a commit (or a trim of the run before) belongs", i, head.Count, r.Type)
 		}
-		runs = append(runs, r.Run)
+		p += n
+	}
+	// A trim of the last run sits between it and the end record.
+	if r, n, err := DecodeRecord(b[p:]); err == nil && r.Type == RecTrim && len(runs) > 0 && runs[len(runs)-1].ID == r.ID && r.Keep < runs[len(runs)-1].Kept {
+		runs[len(runs)-1].Kept = r.Keep
 		p += n
 	}
 	end, n, err := DecodeRecord(b[p:])
@@ -136,7 +153,7 @@ func parseCheckpoint(b []byte, maxRuns int) (runs []RunInfo, head Record, err er
 // bytes a torn tail may span. Damage is reported in journalState.damage;
 // the error is for what cannot be read at all (an I/O error).
 func readJournal(dir string, maxRuns int, tornLimit int64) (*journalState, error) {
-	js := &journalState{runs: map[RunID]*RunInfo{}, freed: map[RunID]bool{}, nextID: 1, startSeq: 1}
+	js := newJournalState()
 	names, err := filepath.Glob(filepath.Join(dir, "journal-*.log"))
 	if err != nil {
 		return nil, fmt.Errorf("objmap: listing journal segments in %s: %w", dir, err)
@@ -177,6 +194,9 @@ func readJournal(dir string, maxRuns int, tornLimit int64) (*journalState, error
 			js.runs[r.ID] = r
 			js.order = append(js.order, r.ID)
 			js.nextID = max(js.nextID, r.ID+1)
+			if r.Kept < len(r.Chain) {
+				js.trims[r.ID] = r.Kept
+			}
 		}
 	}
 	var cur []uint64
@@ -273,6 +293,16 @@ func (js *journalState) apply(r *Record) string {
 		} else {
 			js.unknownFrees++
 		}
+	case RecTrim:
+		// Trims only shorten, so their order does not matter.
+		if k, ok := js.trims[r.ID]; !ok || r.Keep < k {
+			js.trims[r.ID] = r.Keep
+		}
+		if run, ok := js.runs[r.ID]; ok {
+			run.Kept = min(run.Kept, r.Keep)
+		} else {
+			js.unknownTrims++
+		}
 	case RecEpoch:
 		js.epoch = max(js.epoch, r.Epoch)
 	default:
@@ -312,7 +342,7 @@ func findRecord(b []byte, from int) (q int, r Record, found, exhausted bool) {
 		if n < 1 || n > MaxRecordBytes || q+recordFrameBytes+n > len(b) {
 			continue
 		}
-		if t := RecordType(b[q+recordFrameBytes]); t < RecCommit || t > RecCheckpointEnd {
+		if t := RecordType(b[q+recordFrameBytes]); t < RecCommit || t > maxRecordType {
 			continue
 		}
 		if budget -= int64(n); budget < 0 {

@@ -25,7 +25,14 @@ const (
 	lockName        = "LOCK"
 	manifestName    = "MANIFEST"
 	manifestTmpName = "MANIFEST.tmp"
-	manifestVersion = 1
+	// manifestVersion 2: the journal and the checkpoint may hold trim
+	// records (RecTrim), which a version 1 reader does not know; such a
+	// reader refuses the store by its manifest instead of taking the
+	// records for damage. A writable Open upgrades a version 1 store
+	// (whose journal holds none) before it writes anything.
+	manifestVersion = 2
+	// minManifestVersion is the oldest version this build reads.
+	minManifestVersion = 1
 )
 
 // Sentinel errors callers branch on.
@@ -94,8 +101,8 @@ func parseManifest(b []byte) (*manifest, error) {
 		return nil, err
 	}
 	switch {
-	case m.Version != manifestVersion:
-		return nil, fmt.Errorf("version %d, want %d", m.Version, manifestVersion)
+	case m.Version < minManifestVersion || m.Version > manifestVersion:
+		return nil, fmt.Errorf("version %d, this build reads versions %d to %d (a newer build wrote it?)", m.Version, minManifestVersion, manifestVersion)
 	case m.Dirs < 1 || m.Dirs > maxDirs || m.DirIndex < 0 || m.DirIndex >= m.Dirs:
 		return nil, fmt.Errorf("directory index %d of %d (at most %d directories)", m.DirIndex, m.Dirs, maxDirs)
 	case m.FilesPerDir < 1 || m.FilesPerDir > maxFilesPerDir || m.FileBytes < BlockBytes || m.FileBytes > maxFileBytes || m.FileBytes%BlockBytes != 0:
@@ -114,6 +121,24 @@ func parseManifest(b []byte) (*manifest, error) {
 		return nil, fmt.Errorf("pool files of %d bytes, smaller than one run (%d)", m.FileBytes, m.Geometry.RunBytes(1))
 	}
 	return &m, nil
+}
+
+// upgradeManifests rewrites the manifests older than manifestVersion at the
+// current version (each atomically; a crash between two directories leaves
+// versions a reader of either takes).
+func upgradeManifests(dirs []string, mans []*manifest) error {
+	for i, man := range mans {
+		if man.Version == manifestVersion {
+			continue
+		}
+		up := *man
+		up.Version = manifestVersion
+		if err := writeManifest(dirs[i], &up); err != nil {
+			return fmt.Errorf("objmap: open: upgrading the manifest of %s from version %d: %w", dirs[i], man.Version, err)
+		}
+		mans[i] = &up
+	}
+	return nil
 }
 
 // writeManifest writes atomically: temp file, fsync, rename, fsync dir.

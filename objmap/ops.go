@@ -152,34 +152,77 @@ func (m *Map) Commit(reqs []CommitRequest) error {
 	}
 
 	m.mu.Lock()
-	var last uint64
-	var overfull bool
+	if err := m.j.commitRoom(); err != nil {
+		m.freeReserved(reqs)
+		m.mu.Unlock()
+		return fmt.Errorf("objmap: committing %d runs: %w", len(reqs), err)
+	}
+	var last, since uint64
 	for i, r := range reqs {
 		info := RunInfo{ID: r.Res.ID, Generation: r.Res.Generation, File: r.Res.File, Offset: r.Res.Offset,
 			Length: r.Res.Length, Chain: slices.Clone(r.Chain), Parent: r.Parent, HasParent: r.HasParent,
-			ChunkCRCs: crcs[i].chunks, LayerCRCs: crcs[i].layers}
-		lsn, of, err := m.j.append(&Record{Type: RecCommit, Run: info})
+			Kept: len(r.Chain), ChunkCRCs: crcs[i].chunks, LayerCRCs: crcs[i].layers}
+		lsn, at, _, err := m.j.append(&Record{Type: RecCommit, Run: info})
 		if err != nil {
+			// Only a journal that failed closed: the records queued before
+			// it are never written either.
 			m.mu.Unlock()
 			return fmt.Errorf("objmap: journaling commit of run %d: %w", r.Res.ID, err)
 		}
-		last, overfull = lsn, overfull || of
+		last, since = lsn, at
 		m.runs[info.ID] = &runEntry{info: info, state: stateCommitting}
 	}
 	m.mu.Unlock()
-	_ = overfull // Commit waits anyway
-	if err := m.j.waitDurable(last); err != nil {
-		return fmt.Errorf("objmap: committing %d runs: %w", len(reqs), err)
-	}
-	m.mu.Lock()
+	// Commit waits for its records anyway, so the queue bound needs nothing more.
+	return m.settleCommits(reqs, m.j.waitDurable(last, since))
+}
+
+// freeReserved gives back the space of reservations whose commit failed
+// before any record named them (m.mu held).
+func (m *Map) freeReserved(reqs []CommitRequest) {
 	for _, r := range reqs {
-		if e, ok := m.runs[r.Res.ID]; ok {
-			e.state = stateLive
+		_ = m.alloc.free(r.Res.File, extent{r.Res.Offset, r.Res.Length})
+	}
+	m.aborts += int64(len(reqs))
+}
+
+// settleCommits ends a Commit whose records were waited for (werr: the
+// wait's error). Runs the journal abandoned (an undone group) are gone from
+// the table; the others are durable. All or nothing: when any was
+// abandoned, those that became durable are freed again (journaled) and
+// Commit fails. After the journal failed closed the runs stay as they are,
+// unserved, for the next recovery to decide.
+func (m *Map) settleCommits(reqs []CommitRequest, werr error) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if werr != nil && m.j.failed() != nil {
+		return fmt.Errorf("objmap: committing %d runs: %w", len(reqs), werr)
+	}
+	lost := 0
+	for _, r := range reqs {
+		if _, ok := m.runs[r.Res.ID]; !ok {
+			lost++
 		}
 	}
-	m.commits += int64(len(reqs))
-	m.mu.Unlock()
-	return nil
+	for _, r := range reqs {
+		e, ok := m.runs[r.Res.ID]
+		if !ok {
+			continue
+		}
+		e.state = stateLive
+		if lost > 0 {
+			_, _, _, _ = m.freeLocked(r.Res.ID, e)
+		}
+	}
+	if lost == 0 {
+		m.commits += int64(len(reqs))
+		return nil
+	}
+	m.aborts += int64(len(reqs))
+	if werr == nil {
+		werr = m.j.undoneErr()
+	}
+	return fmt.Errorf("objmap: committing %d runs: %d of them could not be journaled: %w", len(reqs), lost, werr)
 }
 
 // runCRCs is what Commit stored for one run (new slices, owned by the RunInfo).
@@ -282,23 +325,76 @@ func (m *Map) Free(id RunID) error {
 		m.mu.Unlock()
 		return fmt.Errorf("objmap: freeing run %d: %w", id, ErrUnknownRun)
 	}
-	lsn, overfull, err := m.j.append(&Record{Type: RecFree, ID: id})
+	lsn, since, overfull, err := m.freeLocked(id, e)
+	m.mu.Unlock()
 	if err != nil {
-		m.mu.Unlock()
 		return fmt.Errorf("objmap: freeing run %d: %w", id, err)
 	}
-	delete(m.runs, id)
-	m.alloc.quarantineFree(e.info.File, extent{e.info.Offset, e.info.Length}, lsn)
-	m.frees++
-	m.mu.Unlock()
 	if overfull {
-		return m.j.waitDurable(lsn)
+		return m.j.waitDurable(lsn, since)
 	}
 	return nil
 }
 
-// Sync makes every journal record appended so far durable (frees included),
-// which also releases their quarantined space.
+// freeLocked journals the free of live run id (entry e) and quarantines
+// its space until the record is durable (m.mu held).
+func (m *Map) freeLocked(id RunID, e *runEntry) (lsn, since uint64, overfull bool, err error) {
+	lsn, since, overfull, err = m.j.append(&Record{Type: RecFree, ID: id})
+	if err != nil {
+		return 0, 0, false, err
+	}
+	delete(m.runs, id)
+	m.alloc.quarantineFree(e.info.File, extent{e.info.Offset, e.info.Length}, lsn)
+	m.frees++
+	return lsn, since, overfull, nil
+}
+
+// Trim cuts a committed run to its first keep chunks: from now on the run
+// serves only those (RunInfo.Kept), after any later Open too. Like Free it
+// journals a record and returns without waiting for it (unless the journal
+// queue is past its bound); a crash before the record is durable serves the
+// run's tail again, whose bytes are intact. The space stays the run's until
+// Free. keep at or above the run's Kept changes nothing; keep < 1 is an
+// error (Free the run instead). The caller must have no read in flight on
+// the chunks it cuts.
+func (m *Map) Trim(id RunID, keep int) error {
+	m.mu.Lock()
+	if err := m.usable(); err != nil {
+		m.mu.Unlock()
+		return fmt.Errorf("objmap: trimming run %d: %w", id, err)
+	}
+	e, ok := m.runs[id]
+	switch {
+	case !ok || e.state != stateLive:
+		m.mu.Unlock()
+		return fmt.Errorf("objmap: trimming run %d: %w", id, ErrUnknownRun)
+	case keep < 1:
+		m.mu.Unlock()
+		return fmt.Errorf("objmap: trimming run %d to %d chunks: keep at least 1 (or free it)", id, keep)
+	case keep >= e.info.Kept:
+		m.mu.Unlock()
+		return nil
+	}
+	lsn, since, overfull, err := m.j.append(&Record{Type: RecTrim, ID: id, Keep: keep})
+	if err != nil {
+		m.mu.Unlock()
+		return fmt.Errorf("objmap: trimming run %d: %w", id, err)
+	}
+	e.info.Kept = keep
+	m.trims++
+	m.mu.Unlock()
+	if overfull {
+		return m.j.waitDurable(lsn, since)
+	}
+	return nil
+}
+
+// Sync makes every journal record appended so far durable (frees and
+// trims; a commit's own Commit waits for it), which also releases their
+// quarantined space. After a group was undone for lack of space, Sync
+// writes the records queued again, with a probe record (an epoch record
+// repeating the current epoch, which replay ignores) so that it tells
+// whether space is back even when nothing else is queued.
 func (m *Map) Sync() error {
 	m.mu.Lock()
 	if err := m.usable(); err != nil {
@@ -308,11 +404,32 @@ func (m *Map) Sync() error {
 		}
 		return fmt.Errorf("objmap: sync: %w", err)
 	}
+	lsn, since := m.j.keepLSN(), m.j.failureCount()
+	if m.j.failing() != nil {
+		var err error
+		if lsn, since, _, err = m.j.append(&Record{Type: RecEpoch, Epoch: m.epoch}); err != nil {
+			m.mu.Unlock()
+			return fmt.Errorf("objmap: sync: %w", err)
+		}
+	}
 	m.mu.Unlock()
-	if lsn := m.j.lastLSN(); lsn > 0 {
-		return m.j.waitDurable(lsn)
+	if lsn == 0 {
+		return nil
+	}
+	if err := m.j.waitDurable(lsn, since); err != nil {
+		return fmt.Errorf("objmap: sync: %w", err)
 	}
 	return nil
+}
+
+// Failing is the error of the last journal group the file system had no
+// room for, while no group was written since (nil otherwise). Commits
+// fail with it meanwhile; Sync tells when space is back.
+func (m *Map) Failing() error {
+	if m.j == nil {
+		return nil
+	}
+	return m.j.failing()
 }
 
 // Lookup returns a committed, durable run. The returned Chain is shared:
@@ -373,6 +490,19 @@ type Stats struct {
 	PoolSyncs        int64  `json:"pool_syncs"`
 	Checkpoints      int64  `json:"checkpoints"`
 	Epoch            uint64 `json:"epoch"`
+	Trims            int64  `json:"trims"`
+	// JournalFailures counts journal groups the file system had no room
+	// for, undone (the segment truncated back); AbandonedCommits the commit
+	// records they took with them (those Commits failed); JournalError is
+	// the last one's error while no group was written since ("" then).
+	JournalFailures  int64  `json:"journal_failures"`
+	AbandonedCommits int64  `json:"abandoned_commits"`
+	JournalError     string `json:"journal_error,omitempty"`
+	// CheckpointFailures counts checkpoints (or the segments after them)
+	// not written for lack of space, each retried by a later group;
+	// CheckpointError is the last one's error.
+	CheckpointFailures int64  `json:"checkpoint_failures"`
+	CheckpointError    string `json:"checkpoint_error,omitempty"`
 }
 
 // Stats returns the current counters.
@@ -381,7 +511,7 @@ func (m *Map) Stats() Stats {
 	defer m.mu.Unlock()
 	s := Stats{CapacityBytes: m.fileSize * int64(len(m.files)), FreeBytes: m.alloc.freeBytes(),
 		QuarantinedBytes: m.alloc.quarantinedBytes(), Commits: m.commits, Frees: m.frees, Aborts: m.aborts,
-		Checkpoints: m.checkpoints, Epoch: m.epoch}
+		Checkpoints: m.checkpoints, Epoch: m.epoch, Trims: m.trims}
 	for _, r := range m.reserved {
 		s.ReservedBytes += r.Length
 	}
@@ -398,7 +528,16 @@ func (m *Map) Stats() Stats {
 	if m.j != nil {
 		m.j.mu.Lock()
 		s.JournalRecords, s.JournalSyncs, s.JournalBytes = m.j.records, m.j.syncs, m.j.bytes
+		s.JournalFailures, s.AbandonedCommits, s.CheckpointFailures = int64(m.j.failures), m.j.abandoned, m.j.cpFailures
+		s.JournalError, s.CheckpointError = errString(m.j.lastFail), errString(m.j.cpErr)
 		m.j.mu.Unlock()
 	}
 	return s
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

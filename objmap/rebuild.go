@@ -28,14 +28,16 @@ import (
 //     (generation, id): generations are store opens, ids increase within one)
 //     was freed before that run was allocated; it is superseded, whether or
 //     not the later run itself verifies.
-//   - A run freed by a record still readable in the journal stays freed.
+//   - A run freed by a record still readable in the journal stays freed,
+//     and one trimmed by such a record stays trimmed.
 //   - Every remaining run's payload is read and checked against its chunk
 //     table and per-layer CRCs: a header written by a Commit that crashed
 //     before its payload was durable never verifies, and is dropped.
 //
 // Without the lost journal, a run that was freed but whose extent nothing
-// reused since can come back: its bytes are intact and verified, so it
-// serves the KV of its own chain, never another run's bytes. Next ids and
+// reused since can come back, and a trimmed run whole: its bytes are intact
+// and verified, so it serves the KV of its own chain, never another run's
+// bytes. Next ids and
 // the epoch start past every header seen, so no id is ever reused.
 
 // scanPieceBytes is the piece the header scan reads a pool file in.
@@ -58,7 +60,7 @@ func (m *Map) rebuild(js *journalState) error {
 	rep.Rebuilt = true
 	cands, maxID, maxGen := m.scanHeaders()
 	rep.HeaderCandidates = len(cands)
-	winners := m.resolveHeaders(cands, js.freed)
+	winners := m.resolveHeaders(cands, js.freed, js.trims)
 	rep.Objects = len(winners)
 	slices.SortFunc(winners, func(a, b *RunInfo) int { return cmpID(a.ID, b.ID) })
 	res := m.verifyRuns(winners, true)
@@ -226,8 +228,9 @@ func (m *Map) headerHere(h *Header, fi int, off int64) bool {
 
 // resolveHeaders orders the candidates latest first and keeps those that
 // overlap no later candidate, repeat no later run id and were not freed by
-// a readable journal record (see the rules above).
-func (m *Map) resolveHeaders(cands []headerCand, freed map[RunID]bool) []*RunInfo {
+// a readable journal record (see the rules above); a readable trim record
+// still cuts its run.
+func (m *Map) resolveHeaders(cands []headerCand, freed map[RunID]bool, trims map[RunID]int) []*RunInfo {
 	slices.SortFunc(cands, func(a, b headerCand) int {
 		return cmp.Or(cmp.Compare(b.h.Generation, a.h.Generation), cmp.Compare(b.h.RunID, a.h.RunID),
 			cmp.Compare(a.file, b.file), cmp.Compare(a.off, b.off))
@@ -246,8 +249,12 @@ func (m *Map) resolveHeaders(cands []headerCand, freed map[RunID]bool) []*RunInf
 			continue
 		}
 		seen[c.h.RunID] = true
+		kept := len(c.h.Chain)
+		if k, ok := trims[c.h.RunID]; ok {
+			kept = min(kept, k)
+		}
 		out = append(out, &RunInfo{ID: c.h.RunID, Generation: c.h.Generation, File: c.file, Offset: c.off, Length: e.n,
-			Chain: c.h.Chain, Parent: c.h.Parent, HasParent: c.h.HasParent})
+			Chain: c.h.Chain, Parent: c.h.Parent, HasParent: c.h.HasParent, Kept: kept})
 	}
 	return out
 }

@@ -19,6 +19,11 @@ type RunInfo struct {
 	// from the runs alone; it is journaled with the commit, atomically.
 	Parent    uint64
 	HasParent bool
+	// Kept is how many leading chunks of Chain the run still serves:
+	// len(Chain) when committed, less once Map.Trim cut its tail (blocks
+	// its owner evicted or discarded). The chunks past Kept are not served
+	// again; their bytes stay on disk, unchanged, until the run is freed.
+	Kept int
 	// ChunkCRCs are the CRC32C of each (layer, chunk), layer-major
 	// (ChunkCRCs[l*Chunks()+c]; LayerChunkCRCs(l) is layer l's), from the
 	// run's verified chunk table: filled by Commit and by recovery (which
@@ -52,6 +57,11 @@ const (
 	RecCheckpoint
 	// RecCheckpointEnd closes a checkpoint: Count again, so a short file is caught.
 	RecCheckpointEnd
+	// RecTrim cuts a run to its first Keep chunks (ID, Keep): the rest is no
+	// longer served. In a checkpoint it follows its run's commit record.
+	// Stores whose journal may hold it have manifest version 2.
+	RecTrim
+	maxRecordType = RecTrim
 )
 
 func (t RecordType) String() string {
@@ -68,6 +78,8 @@ func (t RecordType) String() string {
 		return "checkpoint"
 	case RecCheckpointEnd:
 		return "checkpoint-end"
+	case RecTrim:
+		return "trim"
 	}
 	return fmt.Sprintf("RecordType(%d)", uint8(t))
 }
@@ -76,7 +88,8 @@ func (t RecordType) String() string {
 type Record struct {
 	Type   RecordType
 	Run    RunInfo // RecCommit
-	ID     RunID   // RecFree
+	ID     RunID   // RecFree, RecTrim
+	Keep   int     // RecTrim: the leading chunks the run keeps (at least 1)
 	Seq    uint64  // RecSegment, RecCheckpoint
 	Epoch  uint64  // RecEpoch, RecCheckpoint
 	NextID RunID   // RecCheckpoint
@@ -133,6 +146,12 @@ func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 		}
 	case RecFree:
 		dst = le.AppendUint64(dst, uint64(r.ID))
+	case RecTrim:
+		if r.Keep < 1 || r.Keep > maxRecordChain {
+			return dst[:start], fmt.Errorf("objmap: encoding trim of run %d to %d chunks, want 1..%d", r.ID, r.Keep, maxRecordChain)
+		}
+		dst = le.AppendUint64(dst, uint64(r.ID))
+		dst = le.AppendUint32(dst, uint32(r.Keep))
 	case RecSegment:
 		dst = le.AppendUint64(dst, r.Seq)
 	case RecEpoch:
@@ -206,7 +225,7 @@ func DecodeRecord(src []byte) (Record, int, error) {
 		}
 		r.Run = RunInfo{ID: RunID(le.Uint64(p)), Generation: le.Uint64(p[8:]), File: int(file),
 			Offset: int64(off), Length: int64(length), Chain: make([]uint64, chunks),
-			Parent: le.Uint64(p[40:]), HasParent: flags == 1}
+			Parent: le.Uint64(p[40:]), HasParent: flags == 1, Kept: chunks}
 		for i := range r.Run.Chain {
 			r.Run.Chain[i] = le.Uint64(p[52+8*i:])
 		}
@@ -215,6 +234,14 @@ func DecodeRecord(src []byte) (Record, int, error) {
 			return Record{}, 0, err
 		}
 		r.ID = RunID(le.Uint64(p))
+	case RecTrim:
+		if err := need(12); err != nil {
+			return Record{}, 0, err
+		}
+		r.ID, r.Keep = RunID(le.Uint64(p)), int(le.Uint32(p[8:]))
+		if r.Keep < 1 || r.Keep > maxRecordChain {
+			return Record{}, 0, fmt.Errorf("%w: trim of run %d to %d chunks, want 1..%d", ErrBadRecord, r.ID, r.Keep, maxRecordChain)
+		}
 	case RecSegment, RecEpoch, RecCheckpointEnd:
 		if err := need(8); err != nil {
 			return Record{}, 0, err

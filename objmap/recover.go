@@ -1,6 +1,7 @@
 package objmap
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -23,7 +24,7 @@ func (m *Map) recover() error {
 		return err
 	}
 	rep.CheckpointRuns, rep.JournalSegment, rep.JournalRecords = js.cpRuns, js.startSeq, js.records
-	rep.JournalTailBytes, rep.JournalTail, rep.UnknownFrees = js.tailBytes, js.tail, js.unknownFrees
+	rep.JournalTailBytes, rep.JournalTail, rep.UnknownFrees, rep.UnknownTrims = js.tailBytes, js.tail, js.unknownFrees, js.unknownTrims
 	if js.damage != "" {
 		rep.JournalDamage = js.damage
 		return m.rebuild(js)
@@ -129,18 +130,35 @@ func (m *Map) resumeJournal(js *journalState, dropped []RunID) error {
 func (m *Map) startEpoch(frees []RunID) error {
 	m.j.onDurable = m.released
 	m.j.checkpoint = m.writeCheckpoint
+	m.j.abandon, m.j.mapMu = m.abandonCommits, &m.mu
 	m.epoch++
 	m.report.Epoch = m.epoch
-	last, _, err := m.j.append(&Record{Type: RecEpoch, Epoch: m.epoch})
+	last, since, _, err := m.j.append(&Record{Type: RecEpoch, Epoch: m.epoch})
 	if err != nil {
 		return err
 	}
 	for _, id := range frees {
-		if last, _, err = m.j.append(&Record{Type: RecFree, ID: id}); err != nil {
+		if last, _, _, err = m.j.append(&Record{Type: RecFree, ID: id}); err != nil {
 			return err
 		}
 	}
-	return m.j.waitDurable(last)
+	return m.j.waitDurable(last, since)
+}
+
+// abandonCommits is the journal's abandon (m.mu held): the runs whose
+// commit records an undone group dropped are forgotten, and their space is
+// free at once (no durable record names them).
+func (m *Map) abandonCommits(runs []RunID) {
+	for _, id := range runs {
+		e, ok := m.runs[id]
+		if !ok || e.state != stateCommitting {
+			continue
+		}
+		delete(m.runs, id)
+		if err := m.alloc.free(e.info.File, extent{e.info.Offset, e.info.Length}); err != nil {
+			m.j.err = fmt.Errorf("objmap: returning the space of abandoned run %d: %w", id, err)
+		}
+	}
 }
 
 // runCheck is the verdict on one run: why it does not verify (empty when
@@ -259,13 +277,19 @@ func (m *Map) released(lsn uint64) {
 
 // writeCheckpoint is the journal's checkpoint hook, called by the group
 // commit leader when the segment outgrew SegmentBytes: it snapshots every
-// journaled run (and drops the queued records the snapshot covers), writes
-// the snapshot to a temp file, fsyncs, renames it over the checkpoint,
-// fsyncs the directory, then starts the next segment and deletes the old one.
+// journaled run (the records queued so far are covered by it, and leave
+// the queue once it is in place), writes the snapshot to a temp file,
+// fsyncs, renames it over the checkpoint, fsyncs the directory, then
+// starts the next segment and deletes the old one. A checkpoint the file
+// system has no room for is counted and left to a later group (nothing
+// changed: the temp file is removed); so is the next segment, which the
+// next group then creates before it writes. Other errors fail the journal.
 func (m *Map) writeCheckpoint() (uint64, error) {
 	j := m.j
 	m.mu.Lock()
-	covered := j.takeAllPending()
+	j.mu.Lock()
+	covered := j.nextLSN - 1
+	j.mu.Unlock()
 	seq := j.seq + 1
 	list := make([]RunInfo, 0, len(m.runs))
 	for _, e := range m.runs {
@@ -277,31 +301,70 @@ func (m *Map) writeCheckpoint() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := writeFileAtomic(j.dir, checkpointTmpName, checkpointName, b); err != nil {
-		return 0, err
+	if err := writeCheckpointFile(j.dir, b); err != nil {
+		return 0, j.checkpointFailed(err)
 	}
+	j.dropCovered(covered)
+	j.needSeg = seq
 	if testHookAfterCheckpointRename != nil {
 		if err := testHookAfterCheckpointRename(); err != nil {
-			return 0, err
+			return covered, err
 		}
 	}
-	fd, size, err := createSegment(j.dir, seq)
-	if err != nil {
-		return 0, err
-	}
-	oldFD, oldSeq := j.fd, j.seq
-	j.fd, j.seq, j.size = fd, seq, size
-	j.mu.Lock()
-	j.bytes = size
-	j.segments++
-	j.mu.Unlock()
-	unix.Close(oldFD)
-	// A segment left behind is deleted by the next Open.
-	_ = os.Remove(filepath.Join(j.dir, segmentName(oldSeq)))
 	m.mu.Lock()
 	m.checkpoints++
 	m.mu.Unlock()
+	if err := j.switchSegment(); err != nil {
+		return covered, j.checkpointFailed(err)
+	}
 	return covered, nil
+}
+
+// writeCheckpointFile writes b as the checkpoint: temp file, fsync,
+// rename, directory fsync. A failure before the rename leaves the old
+// checkpoint (and no temp file); after it, the new one is in place.
+func writeCheckpointFile(dir string, b []byte) error {
+	tmp := filepath.Join(dir, checkpointTmpName)
+	fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("objmap: writing %s: %w", tmp, err)
+	}
+	err = jwrite("checkpoint", fd, b, 0)
+	if err == nil {
+		err = jsync("checkpoint", fd)
+	}
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, checkpointName))
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("objmap: writing the checkpoint %s: %w", tmp, err)
+	}
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("%w: objmap: checkpoint renamed into place: %w", errCheckpointPlaced, err)
+	}
+	return nil
+}
+
+// errCheckpointPlaced marks a checkpoint failure after the rename, which
+// cannot be taken back.
+var errCheckpointPlaced = errors.New("objmap: checkpoint in place, not durable")
+
+// checkpointFailed decides what a failed checkpoint (or next segment)
+// does: for lack of space it is counted and nil is returned (a later group
+// retries it: a full disk stays usable); anything else fails the journal.
+func (j *journal) checkpointFailed(err error) error {
+	if !noSpace(err) || errors.Is(err, errCheckpointPlaced) {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.cpFailures++
+	j.cpErr = err
+	return nil
 }
 
 // testHookAfterCheckpointRename lets a test crash between the checkpoint's
@@ -309,12 +372,16 @@ func (m *Map) writeCheckpoint() (uint64, error) {
 var testHookAfterCheckpointRename func() error
 
 // encodeCheckpoint encodes a checkpoint of runs (sorted here by id): head,
-// one commit record per run, end.
+// one commit record per run (followed by a trim record when the run was
+// trimmed), end.
 func encodeCheckpoint(seq, epoch uint64, nextID RunID, runs []RunInfo) ([]byte, error) {
 	slices.SortFunc(runs, func(a, b RunInfo) int { return cmpID(a.ID, b.ID) })
 	b, err := AppendRecord(nil, &Record{Type: RecCheckpoint, Seq: seq, Epoch: epoch, NextID: nextID, Count: uint64(len(runs))})
 	for i := 0; err == nil && i < len(runs); i++ {
 		b, err = AppendRecord(b, &Record{Type: RecCommit, Run: runs[i]})
+		if err == nil && runs[i].Kept < len(runs[i].Chain) {
+			b, err = AppendRecord(b, &Record{Type: RecTrim, ID: runs[i].ID, Keep: runs[i].Kept})
+		}
 	}
 	if err == nil {
 		b, err = AppendRecord(b, &Record{Type: RecCheckpointEnd, Count: uint64(len(runs))})

@@ -45,6 +45,7 @@ type RecoveryReport struct {
 	JournalTailBytes int64  `json:"journal_tail_dropped_bytes"` // a torn tail: normal after a crash
 	JournalTail      string `json:"journal_tail_reason,omitempty"`
 	UnknownFrees     int    `json:"unknown_frees"`
+	UnknownTrims     int    `json:"unknown_trims"`
 	PayloadChecked   bool   `json:"payload_checked"`
 
 	// JournalDamage says what is wrong with the checkpoint or the journal

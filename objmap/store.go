@@ -154,6 +154,7 @@ type Map struct {
 	checkpoints int64
 	commits     int64
 	frees       int64
+	trims       int64
 	aborts      int64
 	// Commits of LayerCRCs-only requests and the payload bytes they read back.
 }
@@ -245,6 +246,11 @@ func Open(opts Options) (*Map, error) {
 	}
 	if err := m.adoptManifests(mans); err != nil {
 		return nil, err
+	}
+	if !opts.ReadOnly {
+		if err := upgradeManifests(opts.Dirs, mans); err != nil {
+			return nil, err
+		}
 	}
 	if err := m.openPool(); err != nil {
 		return nil, err

@@ -166,6 +166,11 @@ type Config struct {
 	// reprobeReads, every reprobeEvery (0: the default) at most.
 	reprobe      readProber
 	reprobeEvery time.Duration
+	// buffered (tests) opens the pool without O_DIRECT (objmap.Options.
+	// Buffered), so a store can live on tmpfs; segmentBytes (tests, 0: the
+	// default) bounds its journal segments (objmap.Options.SegmentBytes).
+	buffered     bool
+	segmentBytes int64
 }
 
 // GPUConfig is PathGPU's part of Config. Every zero field takes the value

@@ -13,8 +13,8 @@ import (
 // TestDiscard: discarding a block takes it and everything below it out of
 // service (Lookup, Load, ResidentBlocks), frees runs that have nothing left
 // indexed, leaves other chains alone, drains a block a load holds pinned,
-// and after a reopen a run whose tail was discarded serves its whole chain
-// again (it is correct data; runtime/tp re-checks it against the other ranks).
+// and after a reopen a run whose tail was discarded still serves only its
+// head (the discard was journaled as a trim of the run).
 func TestDiscard(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(5, 5))
@@ -93,14 +93,17 @@ func TestDiscard(t *testing.T) {
 	}
 	closeKV(t, s, kv)
 
-	// Reopen: run 1 is whole on disk, so a comes back whole; run 2 and
-	// other's run were freed.
+	// Reopen: what was served before Close, nothing more (run 1 keeps
+	// its head only; run 2 and other's run were freed).
 	s, kv = openKV(t, cfg)
 	defer closeKV(t, s, kv)
+	if rep := s.Recovery(); rep.TrimmedBlocks != 1 || rep.DroppedRuns != 0 {
+		t.Fatalf("recovery: %d blocks trimmed (want a[2]), %d runs dropped %v", rep.TrimmedBlocks, rep.DroppedRuns, rep.DroppedReasons)
+	}
 	for _, c := range []struct {
 		chain []uint64
 		want  int
-	}{{a, 3}, {ab, 3}, {ac, 4}, {other, 0}} {
+	}{{a, 2}, {ab, 2}, {ac, 4}, {other, 0}} {
 		if n := s.Resident(c.chain); n != c.want {
 			t.Fatalf("after reopen Resident(%x) = %d, want %d", c.chain, n, c.want)
 		}

@@ -105,16 +105,21 @@ func (s *Store) contents(emit func(kvevents.Event)) {
 	slices.SortFunc(runs, func(a, b *runEntry) int { return cmp.Compare(a.id, b.id) })
 	for _, r := range runs {
 		n := 0
-		for c, id := range r.chain {
-			e, ok := s.idx.Get(id)
+		for c := r.first; c < len(r.chain); c++ {
+			e, ok := s.idx.Get(r.chain[c])
 			if !ok || e.Draining || e.Loc != loc(r.id, c) || (e.State != prefix.StateResident && e.State != prefix.StatePinned) {
 				break
 			}
 			n++
 		}
-		if n > 0 {
-			emit(s.idx.stored(r.chain[:n], r.info.Parent, r.info.HasParent))
+		if n == 0 {
+			continue
 		}
+		parent, hasParent := r.info.Parent, r.info.HasParent
+		if r.first > 0 {
+			parent, hasParent = r.chain[r.first-1], true
+		}
+		emit(s.idx.stored(r.chain[r.first:r.first+n], parent, hasParent))
 	}
 }
 

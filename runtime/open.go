@@ -47,7 +47,8 @@ func Open(cfg Config) (*Store, error) {
 		gpuReads: gpuReads}
 	s.savesCond.L = &s.mu
 	var err error
-	s.m, err = objmap.Open(objmap.Options{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: cfg.Geometry, WritePool: cfg.WritePool})
+	s.m, err = objmap.Open(objmap.Options{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: cfg.Geometry, WritePool: cfg.WritePool,
+		Buffered: cfg.buffered, SegmentBytes: cfg.segmentBytes})
 	if err != nil {
 		return nil, fmt.Errorf("runtime: open: %w", err)
 	}
@@ -74,8 +75,10 @@ func Open(cfg Config) (*Store, error) {
 		}
 		return nil, fmt.Errorf("runtime: open: %w", err)
 	}
-	capBytes := int64(float64(s.m.Stats().CapacityBytes) * indexShare)
-	idx, err := prefix.New(prefix.Config{CapacityBytes: max(capBytes, 1)})
+	// Unbounded while recovery rebuilds it (so the rebuild evicts nothing
+	// by the order it happens to place runs in); recover then sets the
+	// store's capacity, evicting in the restored LRU order.
+	idx, err := prefix.New(prefix.Config{CapacityBytes: prefix.MaxCapacityBytes})
 	if err != nil {
 		return fail(err)
 	}
@@ -177,104 +180,4 @@ func OpenWithFallback(cfg Config) (*Store, error) {
 	s.stats.fallbacks.Add(1)
 	s.fallbackReason = err.Error()
 	return s, nil
-}
-
-// recover rebuilds the prefix index from the object map's recovered runs:
-// each run hangs under the block its RunInfo.Parent names (journaled with its
-// commit); runs whose parent is not stored are unreachable and freed.
-func (s *Store) recover() error {
-	var infos []objmap.RunInfo
-	s.m.Runs(func(r objmap.RunInfo) bool { infos = append(infos, r); return true })
-	rep := RecoveryReport{Map: s.m.Recovery()}
-	drop := func(info *objmap.RunInfo, why string) {
-		rep.DroppedRuns++
-		rep.DroppedReasons = append(rep.DroppedReasons, fmt.Sprintf("run %d: %s", info.ID, why))
-		_ = s.m.Free(info.ID)
-	}
-	// placed is a run in the rebuilt index; its chain from the root is its
-	// parent's chain through block upTo of the parent, then its own: kept as
-	// links, materialised per run, so memory stays O(runs + blocks).
-	type placed struct {
-		parent *placed
-		upTo   int // the parent block's chunk index in parent
-		chain  []uint64
-	}
-	fullChain := func(p *placed, upTo int, dst []uint64) []uint64 {
-		var segs [][]uint64
-		for ; p != nil; p, upTo = p.parent, p.upTo {
-			segs = append(segs, p.chain[:upTo+1])
-		}
-		dst = dst[:0]
-		for i := len(segs) - 1; i >= 0; i-- {
-			dst = append(dst, segs[i]...)
-		}
-		return dst
-	}
-	where := make(map[uint64]struct {
-		p     *placed
-		chunk int
-	})
-	bpb := s.bytesPerBlock()
-	var full []uint64
-	for i := range infos {
-		info := &infos[i]
-		// Runs are visited in id order and a parent is committed before any
-		// child is allocated, so a live parent is already placed.
-		var pp *placed
-		upTo := -1
-		if info.HasParent {
-			w, ok := where[info.Parent]
-			if !ok {
-				drop(info, fmt.Sprintf("parent block %#x is not stored", info.Parent))
-				continue
-			}
-			pp, upTo = w.p, w.chunk
-		}
-		if len(info.ChunkCRCs) != s.geo.Layers*len(info.Chain) {
-			drop(info, fmt.Sprintf("%d chunk CRCs for %d layers x %d chunks", len(info.ChunkCRCs), s.geo.Layers, len(info.Chain)))
-			continue
-		}
-		full = fullChain(pp, upTo, full)
-		base := len(full)
-		full = append(full, info.Chain...)
-		res, err := s.idx.Reserve(full, base, bpb, nil)
-		if err != nil || res.N != len(info.Chain) {
-			if res.N > 0 {
-				if _, aerr := s.idx.Abort(full[base : base+res.N]); aerr != nil {
-					return fmt.Errorf("rebuilding the index: %w", aerr)
-				}
-			}
-			s.release(res.Evicted)
-			drop(info, fmt.Sprintf("index refused it (%v, %v)", res.Stop, err))
-			continue
-		}
-		s.release(res.Evicted)
-		e := s.newRunEntry(*info)
-		s.mu.Lock()
-		s.runs[e.id] = e
-		s.mu.Unlock()
-		locs := make([]uint64, len(info.Chain))
-		for c := range locs {
-			locs[c] = loc(e.id, c)
-		}
-		dropped, err := s.idx.Commit(info.Chain, locs)
-		if err != nil {
-			return fmt.Errorf("rebuilding the index: %w", err)
-		}
-		s.release(dropped)
-		pl := &placed{parent: pp, upTo: upTo, chain: info.Chain}
-		for c, id := range info.Chain {
-			where[id] = struct {
-				p     *placed
-				chunk int
-			}{pl, c}
-		}
-		rep.IndexedRuns++
-		rep.IndexedBlocks += len(info.Chain)
-	}
-	if err := s.m.Sync(); err != nil {
-		return err
-	}
-	s.report = rep
-	return nil
 }

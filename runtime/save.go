@@ -148,6 +148,30 @@ func (sv *Save) skip(cause SkipCause, blocks int) {
 	sv.s.stats.skippedBlocks[cause].Add(int64(blocks))
 }
 
+// fail counts blocks lost to err (by its SkipCause) and, for a failed
+// write, sync or journal append, keeps err for WaitSaves and Stats.
+func (sv *Save) fail(err error, blocks int) {
+	if blocks <= 0 {
+		return
+	}
+	sv.skip(skipCauseOf(err), blocks)
+	sv.s.fails.note(err)
+}
+
+// journalReady is nil unless the object map's journal had no room for its
+// last group and still has none: then Sync retries it (its queued records,
+// or a probe), and its error says the disk is still full. Saves resume by
+// themselves once a retry succeeds.
+func (s *Store) journalReady() error {
+	if s.m.Failing() == nil {
+		return nil
+	}
+	if err := s.m.Sync(); err != nil {
+		return err
+	}
+	return s.m.Failing()
+}
+
 func (sv *Save) route(io sched.IO) { sv.ios <- io }
 
 func skipCauseOf(err error) SkipCause {
@@ -191,6 +215,13 @@ func (s *Store) save(chain []uint64, pages []int32, meta []blockMeta) (*Save, er
 
 	from := s.idx.Lookup(chain)
 	sv.skip(SkipCached, from)
+	if err := s.journalReady(); err != nil {
+		// Nothing can commit: skip before reserving (which would evict
+		// blocks for a save that cannot stay) or writing.
+		sv.fail(err, len(chain)-from)
+		sv.finish()
+		return sv, nil
+	}
 	res, err := s.idx.Reserve(chain, from, s.bytesPerBlock(), meta)
 	if err != nil { // only bad arguments, which checkRequest excludes
 		panic(fmt.Sprintf("runtime: reserving a save: %v", err))
@@ -227,11 +258,11 @@ func (sv *Save) admit(ids []uint64, from int) {
 	resv, err := sv.allocate(len(ids))
 	if err != nil {
 		sv.abortIDs(ids)
-		cause := skipCauseOf(err)
 		if errors.Is(err, objmap.ErrNoSpace) {
-			cause = SkipNoSpace // the pool is full: an admission shortfall, not a failed write
+			sv.skip(SkipNoSpace, len(ids)) // the pool is full: an admission shortfall, not a failed write
+		} else {
+			sv.fail(err, len(ids))
 		}
-		sv.skip(cause, len(ids))
 		return
 	}
 	total := reservedChunks(resv)

@@ -239,6 +239,7 @@ func (sv *Save) commitReady(next int, remaining, inflight []int) int {
 			next++
 		case r.failed != nil:
 			sv.abortRuns(next, skipCauseOf(r.failed), remaining, inflight)
+			sv.s.fails.note(r.failed)
 			next++
 		case r.skip:
 			next++
@@ -286,9 +287,11 @@ func (sv *Save) commit(i, j int, remaining, inflight []int) {
 			r.done = true
 			blocks = append(blocks, sv.chain[r.chainPos:r.chainPos+r.res.Chunks]...)
 		}
-		sv.abortIDs(blocks)
-		sv.skip(skipCauseOf(err), len(blocks))
+		// The later runs' blocks hang below these, and an index abort takes
+		// a block's pending descendants with it: abort them first.
 		sv.abortRuns(j, skipCauseOf(err), remaining, inflight)
+		sv.abortIDs(blocks)
+		sv.fail(err, len(blocks))
 		return
 	}
 	for k, r := range batch {

@@ -1,7 +1,9 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 )
 
@@ -32,6 +34,10 @@ type Stats struct {
 	CorruptDropped int64 // runs dropped from the index after a CRC mismatch
 	// SkippedBlocks counts blocks of saves not stored, by SkipCause.
 	SkippedBlocks [numSkipCauses]int64
+	// SaveFailure is the last error that cost a save blocks (a write, sync
+	// or journal append that failed: SkipENOSPC, SkipIOError); "" if none.
+	// MapStats says more of the journal (JournalFailures, JournalError).
+	SaveFailure string
 	// SaveCopyNs is the time save writes spent getting their bytes into
 	// staging (PathGPU: the HBM gathers, waiting for a free gather lane
 	// included; PathCPU: the copies of staged writes from host KV memory,
@@ -195,4 +201,52 @@ func (c *counters) snapshot() Stats {
 		s.SkippedBlocks[i] = c.skippedBlocks[i].Load()
 	}
 	return s
+}
+
+// saveFailures keeps what WaitSaves and Stats report of saves that lost
+// blocks to a failure: the last error, and the failed blocks counted when
+// WaitSaves last reported.
+type saveFailures struct {
+	mu       sync.Mutex
+	last     error
+	reported int64
+}
+
+// note keeps err as the last failure when it is one (a failed write, sync
+// or journal append; not a store closing).
+func (f *saveFailures) note(err error) {
+	if c := skipCauseOf(err); c != SkipENOSPC && c != SkipIOError {
+		return
+	}
+	f.mu.Lock()
+	f.last = err
+	f.mu.Unlock()
+}
+
+func (f *saveFailures) lastError() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.last == nil {
+		return ""
+	}
+	return f.last.Error()
+}
+
+// take reports the blocks lost to failures since the last take (nil when
+// none), with the last failure.
+func (f *saveFailures) take(c *counters) error {
+	enospc, ioerr := c.skippedBlocks[SkipENOSPC].Load(), c.skippedBlocks[SkipIOError].Load()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := enospc + ioerr - f.reported
+	if n == 0 {
+		return nil
+	}
+	f.reported = enospc + ioerr
+	last := f.last
+	if last == nil {
+		last = errors.New("no error kept")
+	}
+	return fmt.Errorf("%w: %d blocks lost to failures since the last WaitSaves (%d enospc, %d io-error in all); the last: %w",
+		ErrSavesFailed, n, enospc, ioerr, last)
 }

@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -22,6 +23,10 @@ var (
 	ErrBusy = errors.New("runtime: too many loads in flight")
 	// ErrBadRequest: a chain or block table that does not fit the store.
 	ErrBadRequest = errors.New("runtime: bad request")
+	// ErrSavesFailed: WaitSaves found saves that lost blocks to a failed
+	// write, sync or journal append (a full disk: unix.ENOSPC is in the
+	// chain); the store stays usable.
+	ErrSavesFailed = errors.New("runtime: saves failed")
 )
 
 // runEntry is a committed run as the runtime serves it: objmap's RunInfo
@@ -35,7 +40,12 @@ type runEntry struct {
 	offset int64
 	chunks int
 	chain  []uint64
-	live   int // blocks of the run still in the index (Store.mu)
+	// The run serves chain[first:first+live]: first is 0 but where a crash
+	// left an older run serving the blocks before (recover.go); blocks
+	// leave from the end (a block leaves the index only after the blocks
+	// below it), so live only shrinks (Store.mu).
+	first int
+	live  int
 	// corrupt is set by the first dropCorrupt: a run found bad by several
 	// reads (segments, layers or loads) is dropped and counted once.
 	corrupt atomic.Bool
@@ -58,10 +68,29 @@ type RecoveryReport struct {
 	// IndexedRuns and IndexedBlocks were rebuilt into the prefix index.
 	IndexedRuns, IndexedBlocks int
 	// DroppedRuns were recovered by the object map but not served: their
-	// parent is not stored, they carry no chunk CRCs, or the index had no
-	// room. Each is freed; DroppedReasons says why.
+	// parent is not stored, they carry no chunk CRCs, an earlier run serves
+	// all their blocks, or the index refused them. Each is freed;
+	// DroppedReasons says why.
 	DroppedRuns    int
 	DroppedReasons []string
+	// TrimmedBlocks are blocks of recovered runs that left the index before
+	// Close (evicted, discarded) and are not served again.
+	TrimmedBlocks int
+	// DuplicateBlocks are blocks a run holds that an earlier run serves:
+	// only after a crash lost the earlier run's trim (see recover.go); the
+	// run serves the blocks after them. RefusedBlocks are blocks the index
+	// refused in the middle of a run (a collision of ids); the run is
+	// trimmed before them.
+	DuplicateBlocks, RefusedBlocks int
+	// EvictedAtOpen are blocks evicted at Open because the recovered blocks
+	// exceeded the index's capacity (only after a crash brought back
+	// dropped blocks), least recently used first.
+	EvictedAtOpen int
+	// LRURestored is how many blocks took the eviction order saved by the
+	// last Close (lrufile.go); LRUNote says why none did, if the file was
+	// there but unusable.
+	LRURestored int
+	LRUNote     string
 }
 
 // Store is an open tutti store. All methods are safe for concurrent use.
@@ -101,6 +130,7 @@ type Store struct {
 
 	report           RecoveryReport
 	stats            counters
+	fails            saveFailures
 	maxWriteIOBytes  int64  // the scheduler's write size: at most one staging slot
 	fallbackReason   string // set by OpenWithFallback before the store is shared
 	gpuReads         string // Stats.GPUReads, set by Open
@@ -380,13 +410,16 @@ func (s *Store) loadFinished(l *Load, blocks int) {
 	l.mu.Unlock()
 }
 
-// release frees the storage of blocks that left the index: a run is freed
-// in the object map once none of its blocks is indexed.
+// release frees the storage of blocks that left the index and journals
+// that they left: a run is freed in the object map once none of its blocks
+// is indexed, and trimmed to the blocks it still serves before that, so a
+// reopened store serves exactly what this one does (recover.go).
 func (s *Store) release(dropped []prefix.Dropped) (freedBytes int64) {
 	if len(dropped) == 0 {
 		return 0
 	}
 	var free []objmap.RunID
+	var cut []*runEntry
 	s.mu.Lock()
 	for _, d := range dropped {
 		rid, _ := unloc(d.Loc)
@@ -399,12 +432,29 @@ func (s *Store) release(dropped []prefix.Dropped) (freedBytes int64) {
 			delete(s.runs, rid)
 			free = append(free, rid)
 			freedBytes += r.info.Length
+		} else if !slices.Contains(cut, r) {
+			cut = append(cut, r)
+		}
+	}
+	type trim struct {
+		id   objmap.RunID
+		keep int
+	}
+	trims := make([]trim, 0, len(cut))
+	for _, r := range cut {
+		if r.live > 0 {
+			trims = append(trims, trim{r.id, r.first + r.live})
 		}
 	}
 	s.mu.Unlock()
+	// A failed trim or free (the journal failed closed, or a concurrent
+	// release freed the run first) leaves the blocks on disk, unserved;
+	// only a restart may serve them again (see recover.go). Trims only
+	// shorten, so concurrent releases may journal them in any order.
+	for _, t := range trims {
+		_ = s.m.Trim(t.id, t.keep)
+	}
 	for _, id := range free {
-		// A failed free leaves the run on disk until the next recovery; the
-		// index no longer serves it either way.
 		_ = s.m.Free(id)
 	}
 	return freedBytes
@@ -430,7 +480,7 @@ func (s *Store) dropCorrupt(r *runEntry) {
 	if r.corrupt.Swap(true) {
 		return // dropped by an earlier read
 	}
-	dropped, err := s.idx.Remove(r.chain[0])
+	dropped, err := s.idx.Remove(r.chain[r.first])
 	if err != nil {
 		return // already removed by a concurrent load
 	}
@@ -438,20 +488,26 @@ func (s *Store) dropCorrupt(r *runEntry) {
 	s.release(dropped)
 }
 
-// WaitSaves blocks until every Save started so far ended.
+// WaitSaves blocks until every Save started so far ended. It returns an
+// error wrapping ErrSavesFailed, and the last failure, when saves lost
+// blocks to a failed write, sync or journal append (SkipENOSPC,
+// SkipIOError) since the previous WaitSaves; blocks not admitted (cached,
+// no room, budget, bound) are no error. Either way the store stays usable:
+// saves resume by themselves once the disk has room again.
 func (s *Store) WaitSaves() error {
 	s.mu.Lock()
 	for s.savesLive > 0 {
 		s.savesCond.Wait()
 	}
 	s.mu.Unlock()
-	return nil
+	return s.fails.take(&s.stats)
 }
 
 // Stats returns the counters.
 func (s *Store) Stats() Stats {
 	st := s.stats.snapshot()
 	st.FallbackReason = s.fallbackReason
+	st.SaveFailure = s.fails.lastError()
 	st.GPUReads = s.gpuReads
 	st.DeviceProbe, st.DeviceProbeFailures = s.devProbe, int64(s.devProbeFailures)
 	st.DeviceReprobes, st.DeviceReprobeFailures, st.DeviceReprobeSkips, st.DeviceReprobeError = s.reprobe.stats()
@@ -477,8 +533,13 @@ func (s *Store) MapStats() objmap.Stats { return s.m.Stats() }
 func (s *Store) Check() (objmap.RecoveryReport, error) { return s.m.Check() }
 
 // Close waits for loads and saves in flight, then stops the scheduler and
-// the I/O worker, frees staging and closes the object map (its journal is
-// made durable). Registered KV memory is no longer referenced after Close.
+// the I/O worker, frees staging, makes the journal durable, keeps the
+// eviction order for the next Open (lrufile.go) and closes the object map.
+// A Close that returns nil leaves a store whose next Open serves exactly
+// the blocks this one served (recover.go); an error says what may differ
+// (a journal the disk had no room for: blocks dropped since its last
+// durable write may come back). Registered KV memory is no longer
+// referenced after Close.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -498,7 +559,15 @@ func (s *Store) Close() error {
 		s.consumers.close()
 	}
 	s.stager.close()
-	errs = append(errs, s.worker.close(), s.staging.close(), s.m.Close())
+	errs = append(errs, s.worker.close(), s.staging.close())
+	// The order is kept only with a durable journal: it then names the
+	// blocks the next Open finds.
+	if s.m.Sync() == nil {
+		if err := writeLRU(s.m.Dirs()[0], s.idx.LRU()); err != nil {
+			errs = append(errs, fmt.Errorf("runtime: close: keeping the eviction order: %w", err))
+		}
+	}
+	errs = append(errs, s.m.Close())
 	if s.idx.ev != nil {
 		errs = append(errs, s.idx.ev.Close(), s.idx.file.close())
 	}

@@ -403,7 +403,10 @@ class Store:
                 return out
 
     def wait_saves(self):
-        """Blocks until every save so far is durable and found by lookup."""
+        """Blocks until every save so far ended (durable and found by lookup, or
+        skipped). Raises StoreIOError when saves since the last call lost blocks to
+        a failed write or journal append (a full disk: the message names it); the
+        store stays usable and saves resume once the disk has room."""
         _lib.check(self._lib.tutti_wait_saves(self._h()), "tutti_wait_saves")
 
     def recovery(self) -> dict:

@@ -337,7 +337,10 @@ int32_t tutti_save_wait_gathered(uint64_t save);
 int32_t tutti_save_release(uint64_t save);
 
 /* Blocks until every save started so far has ended: committed (durable, and
- * a hit for tutti_lookup) or skipped (counted in tutti_stats). */
+ * a hit for tutti_lookup) or skipped (counted in tutti_stats). Returns
+ * TUTTI_ERR_IO when saves since the last call lost blocks to a failed write
+ * or journal append (a full disk: the last-error text names it); the store
+ * stays usable, and saves resume once the disk has room. */
 int32_t tutti_wait_saves(uint64_t store);
 
 /* Fills the first out->struct_size bytes of *out. */

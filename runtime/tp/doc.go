@@ -75,8 +75,10 @@
 //   - Crash recovery: each rank's store recovers on its own (its journal
 //     and headers: only durable, CRC-checked runs come back). A crash can
 //     fall between the ranks' commits of one save, leaving blocks committed
-//     on some ranks only; and a discarded tail of a run that keeps its head
-//     comes back with the run. Open therefore rebuilds the group index as
+//     on some ranks only; and a block a rank discarded shortly before the
+//     crash can come back there (its trim record was not durable yet; after
+//     a clean Close a rank serves exactly what it did). Open therefore
+//     rebuilds the group index as
 //     the intersection of the ranks' resident blocks (the same id under the
 //     same parent on every rank, with all its ancestors), and discards every
 //     other block on the ranks that have it (Recovery().DiscardedBlocks).

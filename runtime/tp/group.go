@@ -365,11 +365,14 @@ func (g *Group) Stats() Stats {
 }
 
 // WaitSaves blocks until every group Save started so far ended (its group
-// commit or discard included).
+// commit or discard included). Its error joins the ranks' (each wrapping
+// runtime.ErrSavesFailed: saves that lost blocks to a failure since the
+// last WaitSaves); it waits for every rank either way.
 func (g *Group) WaitSaves() error {
-	for _, s := range g.ranks {
+	var errs []error
+	for r, s := range g.ranks {
 		if err := s.WaitSaves(); err != nil {
-			return err
+			errs = append(errs, fmt.Errorf("tp: rank %d: %w", r, err))
 		}
 	}
 	g.mu.Lock()
@@ -377,7 +380,7 @@ func (g *Group) WaitSaves() error {
 		g.savesCond.Wait()
 	}
 	g.mu.Unlock()
-	return nil
+	return errors.Join(errs...)
 }
 
 // Close waits for group loads and saves in flight, then closes every rank.
