@@ -28,7 +28,7 @@ import (
 //     journal had not made durable, or one of the save the crash cut;
 //   - whatever a load restores is bit-exact (nothing half-written served).
 //
-// TUTTI_RESTART_SEEDS=N runs N seeds (default 1000, 100 with -short);
+// TUTTI_RESTART_SEEDS=N runs N seeds (default 2000, 100 with -short);
 // TUTTI_RESTART_SEED=K reruns seed K alone, logging every step.
 
 // simGeometry has chunks large against the run headers, so both the
@@ -88,7 +88,7 @@ func restartSeeds(t *testing.T) (seeds []uint64, verbose bool) {
 		}
 		return []uint64{v}, true
 	}
-	n := 1000
+	n := 2000
 	if testing.Short() {
 		n = 100
 	}
