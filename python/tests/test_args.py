@@ -8,7 +8,7 @@ import tempfile
 import unittest
 
 import tutti
-from tutti import _lib, hfcache
+from tutti import _lib, hfcache, lookup_service
 
 from helpers import NUM_PAGES, SMALL, SMALL_IO, StoreFixture, small_geometry
 
@@ -136,6 +136,21 @@ class ArgsTest(unittest.TestCase):
              ValueError, "n_tokens"),
             ("pages_to_cache pages a str", lambda: hfcache.pages_to_cache(Bad(), "01", Bad(), Bad(), 1),
              TypeError, "pages"),
+            # the engine-driven connector and the lookup service
+            ("connector store not a Store", lambda: tutti.TuttiConnector("kvstore"), TypeError, "store"),
+            ("connector hash_seed negative", lambda: tutti.TuttiConnector(st, hash_seed=-1), ValueError, "hash_seed"),
+            ("connector layer_names a str", lambda: tutti.TuttiConnector(st, layer_names="abcd"), TypeError, "layer_names"),
+            ("connector device_sync not callable", lambda: tutti.TuttiConnector(st, device_sync=1), TypeError,
+             "device_sync"),
+            ("ReqMeta block_ids a str", lambda: tutti.ReqMeta("r", "012"), TypeError, "block_ids"),
+            ("ReqMeta a block id past int32", lambda: tutti.ReqMeta("r", [BIG]), ValueError, "block_ids[0]"),
+            ("ReqMeta token id negative", lambda: tutti.ReqMeta("r", [0], token_ids=[-1]), ValueError, "token_ids[0]"),
+            ("ReqMeta req_id an int", lambda: tutti.ReqMeta(7, [0]), TypeError, "req_id"),
+            ("RemoteMatcher paths one str", lambda: lookup_service.RemoteMatcher("/tmp/s.sock"), TypeError, "paths"),
+            ("RemoteMatcher timeout 0", lambda: lookup_service.RemoteMatcher(["/tmp/s.sock"], 0), ValueError,
+             "timeout_s"),
+            ("LookupServer matcher without match", lambda: lookup_service.LookupServer(os.path.join(self.tmp, "l.sock"),
+                                                                                        object()), TypeError, "matcher"),
             # the loader
             ("a library path with a NUL", lambda: tutti.load_library("lib\0tutti.so"), ValueError, "path"),
             ("a version a bool", lambda: _lib.check_version(True), TypeError, "packed"),

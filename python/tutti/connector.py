@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
+from . import _args
 from .store import Load, Save, Store, chain_from_tokens
 from .tensor import TensorMismatch, check_tensor, describe, shared_memory
 
@@ -52,6 +53,27 @@ class ReqMeta:
     token_ids: Optional[Sequence[int]] = None
     block_hashes: Optional[Sequence[int]] = None
     num_tokens: Optional[int] = None
+
+    def __post_init__(self):
+        _args.string("ReqMeta.req_id", self.req_id)
+        self.block_ids = _int_list("ReqMeta.block_ids", self.block_ids, _args.int32)
+        if self.token_ids is not None:
+            self.token_ids = _int_list("ReqMeta.token_ids", self.token_ids, _args.uint32)
+        if self.block_hashes is not None:
+            self.block_hashes = [_args.uint64(f"ReqMeta.block_hashes[{i}]", _hash64(h))
+                                 for i, h in enumerate(_seq("ReqMeta.block_hashes", self.block_hashes))]
+        if self.num_tokens is not None:
+            _args.integer("ReqMeta.num_tokens", self.num_tokens, 0)
+
+
+def _seq(name, v):
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise TypeError(f"{name} = {v!r}: want a sequence, got {type(v).__name__}")
+    return list(v)
+
+
+def _int_list(name, v, check):
+    return [check(f"{name}[{i}]", x) for i, x in enumerate(_seq(name, v))]
 
 
 @dataclass
@@ -92,8 +114,14 @@ class TuttiConnector:
 
     def __init__(self, store: Store, layer_names: Optional[Sequence[str]] = None, hash_seed: int = 0,
                  device_sync: Optional[Callable[[], None]] = None, stream_wait: Optional[bool] = None):
-        self.store = store
-        self.hash_seed = hash_seed
+        self.store = _args.instance("store", store, Store)
+        self.hash_seed = _args.uint64("hash_seed", hash_seed)
+        if device_sync is not None and not callable(device_sync):
+            raise TypeError(f"device_sync = {device_sync!r}: want a callable or None")
+        if stream_wait is not None:
+            _args.boolean("stream_wait", stream_wait)
+        if layer_names is not None:
+            layer_names = [_args.string(f"layer_names[{i}]", n) for i, n in enumerate(_seq("layer_names", layer_names))]
         # On the GPU path tutti's copies run on their own CUDA streams: the
         # engine's kernels that wrote the pages to save (or still use the
         # pages a load overwrites) must be finished first. Default: sync

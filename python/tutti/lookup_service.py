@@ -34,6 +34,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from . import _args
+
 MAX_LINE_BYTES = 16 << 20
 MAX_CONNECTIONS = 16
 MAX_QUEUED_CALLS = 4096  # per rank: calls waiting for the rank's connection (beyond: the call fails)
@@ -51,6 +53,9 @@ class LookupServer:
     socket, one thread per connection (at most MAX_CONNECTIONS)."""
 
     def __init__(self, path: str, matcher):
+        _args.string("path", path)
+        if not callable(getattr(matcher, "match", None)):
+            raise TypeError(f"matcher = {matcher!r}: want an object with match(req_id, chain, skip)")
         self.path, self.matcher = path, matcher
         try:
             os.unlink(path)  # a previous run's socket; the store lock already proved we own these dirs
@@ -238,6 +243,13 @@ class RemoteMatcher:
     lookup: the caller counts it and treats the request as a miss."""
 
     def __init__(self, paths: Sequence[str], timeout_s: float = 2.0, clock=time.monotonic):
+        if isinstance(paths, (str, bytes)) or not hasattr(paths, "__iter__"):
+            raise TypeError(f"paths = {paths!r}: want a list of socket paths")
+        paths = [_args.string(f"paths[{i}]", p) for i, p in enumerate(paths)]
+        if not paths:
+            raise ValueError("paths = []: want at least one rank's socket")
+        if _args.real("timeout_s", timeout_s) <= 0:
+            raise ValueError(f"timeout_s = {timeout_s!r}: want > 0")
         self.timeout_s, self._clock = timeout_s, clock
         self._ranks = [_Rank(p, timeout_s) for p in paths]
         self._lock = threading.Lock()
