@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 )
 
@@ -12,7 +12,7 @@ import (
 // defaults named.
 type Config struct {
 	Device   int
-	Geometry objmap.Geometry // ChunkPages is not used
+	Geometry kvshape.Geometry // ChunkPages is not used
 	Layout   Layout
 	NumPages int      // engine pages in each KV tensor
 	KV       []uint64 // device pointers: Geometry.Layers tensors (per-layer) or one (cross-layer)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kernels/testkit"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // TestGPUWaitsIgnoreTheEngineStream: an engine's work on the legacy default
@@ -17,7 +17,7 @@ import (
 // It runs first of the package's GPU tests, before any restore has launched.
 func TestGPUWaitsIgnoreTheEngineStream(t *testing.T) {
 	gpuOrSkip(t)
-	g := objmap.Geometry{Layers: 6, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}
+	g := kvshape.Geometry{Layers: 6, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}
 	const numPages, n = 64, 24
 	dst := func(i int) int32 { return int32((i*5 + 1) % numPages) }
 	f, stride := objectFile(t, g, n, 9)

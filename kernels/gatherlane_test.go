@@ -9,6 +9,7 @@ import (
 
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kernels/testkit"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -36,7 +37,7 @@ func registeredBuffer(t *testing.T, bytes int64) *uring.Buffer {
 
 // fillAllPages scatters testkit content into every engine page of every
 // layer: engine page p holds saved page p of seed (FillObject).
-func fillAllPages(t *testing.T, r *kernels.Restorer, g objmap.Geometry, numPages int, seed uint64) {
+func fillAllPages(t *testing.T, r *kernels.Restorer, g kvshape.Geometry, numPages int, seed uint64) {
 	t.Helper()
 	pb := g.PageBytesPerLayer()
 	obj := registeredBuffer(t, int64(numPages)*pb)
@@ -63,7 +64,7 @@ func fillAllPages(t *testing.T, r *kernels.Restorer, g objmap.Geometry, numPages
 // checkGathered compares got (layers [first, first+len(got)/stride) of
 // pages, stride apart) with the generator's bytes; it names the first
 // differing page.
-func checkGathered(g objmap.Geometry, seed uint64, pages []int32, first int, got []byte, stride int64) error {
+func checkGathered(g kvshape.Geometry, seed uint64, pages []int32, first int, got []byte, stride int64) error {
 	pb := g.PageBytesPerLayer()
 	want := make([]byte, pb)
 	for l := 0; int64(l)*stride < int64(len(got)); l++ {
@@ -87,7 +88,7 @@ func checkGathered(g objmap.Geometry, seed uint64, pages []int32, first int, got
 // unregistered or misaligned destination, after which the lanes still work.
 func TestGPUGatherLanes(t *testing.T) {
 	gpuOrSkip(t)
-	g := objmap.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}
+	g := kvshape.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}
 	const numPages, pages, rounds, seed = 96, 37, 4, 23
 	pb := g.PageBytesPerLayer()
 	stride := int64(pages) * pb
@@ -170,7 +171,7 @@ func TestGPUGatherLanes(t *testing.T) {
 }
 
 // gatherLaneRefusals: what GatherLane refuses before any copy (ErrInvalid).
-func gatherLaneRefusals(t *testing.T, r *kernels.Restorer, g objmap.Geometry, numPages int, buf *uring.Buffer, stride int64) {
+func gatherLaneRefusals(t *testing.T, r *kernels.Restorer, g kvshape.Geometry, numPages int, buf *uring.Buffer, stride int64) {
 	t.Helper()
 	few := []int32{0, 1, 2}
 	many := make([]int32, r.Limits().MaxPages+1)
@@ -209,7 +210,7 @@ func gatherLaneRefusals(t *testing.T, r *kernels.Restorer, g objmap.Geometry, nu
 // checkPlaneCRCs holds the GPU's plane CRCs of a gather of n pages of every
 // layer (layer l at l*stride in buf) to hash/crc32's CRC32C of the bytes
 // gathered.
-func checkPlaneCRCs(g objmap.Geometry, n int, buf []byte, stride int64, crcs []uint32) error {
+func checkPlaneCRCs(g kvshape.Geometry, n int, buf []byte, stride int64, crcs []uint32) error {
 	pb, ppb := g.PageBytesPerLayer(), g.PageBytesPerPlane()
 	bad := 0
 	for l := 0; l < g.Layers; l++ {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kernels/testkit"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
 )
@@ -33,7 +33,7 @@ func gpuOrSkip(t *testing.T) {
 
 // kvTensors allocates the KV memory of g (per-layer tensors or one
 // cross-layer tensor) and frees it at the end of the test.
-func kvTensors(t *testing.T, g objmap.Geometry, layout kernels.Layout, numPages int) []uint64 {
+func kvTensors(t *testing.T, g kvshape.Geometry, layout kernels.Layout, numPages int) []uint64 {
 	t.Helper()
 	per := g.PageBytesPerLayer() * int64(numPages)
 	var ptrs []uint64
@@ -65,7 +65,7 @@ func kvTensors(t *testing.T, g objmap.Geometry, layout kernels.Layout, numPages 
 
 // objectFile writes layers objects of pages pages each (object l at
 // l*stride) with GenWord content and opens it with O_DIRECT.
-func objectFile(t *testing.T, g objmap.Geometry, pages int, seed uint64) (*uring.File, int64) {
+func objectFile(t *testing.T, g kvshape.Geometry, pages int, seed uint64) (*uring.File, int64) {
 	t.Helper()
 	stride := roundUpTo(int64(pages)*g.PageBytesPerLayer(), kernels.StagingAlign)
 	path := filepath.Join(t.TempDir(), "objects")
@@ -116,7 +116,7 @@ func sqpollRingMem(t *testing.T, entries uint32, noMmap bool) *uring.Ring {
 }
 
 // wholeRequest restores pages [0,n) of every layer from f, split into runs.
-func wholeRequest(f *uring.File, g objmap.Geometry, stride int64, runs []int, dst func(i int) int32) kernels.Request {
+func wholeRequest(f *uring.File, g kvshape.Geometry, stride int64, runs []int, dst func(i int) int32) kernels.Request {
 	req := kernels.Request{}
 	n := 0
 	for _, r := range runs {
@@ -149,12 +149,12 @@ func verifyMap(n int, dst func(i int) int32) []kernels.PageMap {
 func TestGPUScatterGather(t *testing.T) {
 	gpuOrSkip(t)
 	for _, c := range []struct {
-		g      objmap.Geometry
+		g      kvshape.Geometry
 		layout kernels.Layout
 	}{
-		{objmap.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer},
-		{objmap.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutCrossLayer},
-		{objmap.Geometry{Layers: 3, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: objmap.BF16}, kernels.LayoutPerLayer},
+		{kvshape.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}, kernels.LayoutPerLayer},
+		{kvshape.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}, kernels.LayoutCrossLayer},
+		{kvshape.Geometry{Layers: 3, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16}, kernels.LayoutPerLayer},
 	} {
 		const pages, numPages = 37, 100
 		dst := func(i int) int32 { return int32((i*13 + 5) % numPages) }
@@ -236,7 +236,7 @@ func TestGPURestore(t *testing.T) {
 	gpuOrSkip(t)
 	cases := []struct {
 		name   string
-		g      objmap.Geometry
+		g      kvshape.Geometry
 		layout kernels.Layout
 		runs   []int
 		maxIO  int
@@ -247,16 +247,16 @@ func TestGPURestore(t *testing.T) {
 		zc     bool // BenchOptions.ZeroCopyScatter: the scatter reads host staging (the default copies it into HBM first)
 	}{
 		// a 16-entry ring far smaller than a layer: wrap-around and SQ-full back-pressure
-		{"gqa-per-layer-small-ring", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 0, false},
-		{"gqa-cross-layer", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false, 0, false},
-		{"mla-per-layer", objmap.Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false, 0, false},
+		{"gqa-per-layer-small-ring", kvshape.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 0, false},
+		{"gqa-cross-layer", kvshape.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}, kernels.LayoutCrossLayer, []int{40}, 256 << 10, 64, false, false, 0, false},
+		{"mla-per-layer", kvshape.Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16}, kernels.LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, false, false, 0, false},
 		// rings of several pages in process memory (NO_MMAP), as gpubench uses
-		{"gqa-nommap-256", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{40}, 64 << 10, 256, true, false, 0, false},
-		{"gqa-plain-reads", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true, 0, false},
+		{"gqa-nommap-256", kvshape.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}, kernels.LayoutPerLayer, []int{40}, 64 << 10, 256, true, false, 0, false},
+		{"gqa-plain-reads", kvshape.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 64, true, true, 0, false},
 		// the feeder enqueues layer by layer; the second request waits in its queue
-		{"gqa-fed-1-ahead", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 1, false},
-		{"gqa-zero-copy", objmap.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 2, true},
-		{"mla-fed-2-ahead", objmap.Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: objmap.BF16}, kernels.LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, true, false, 2, false},
+		{"gqa-fed-1-ahead", kvshape.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 1, false},
+		{"gqa-zero-copy", kvshape.Geometry{Layers: 10, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}, kernels.LayoutPerLayer, []int{20, 13, 7}, 64 << 10, 16, false, false, 2, true},
+		{"mla-fed-2-ahead", kvshape.Geometry{Layers: 7, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16}, kernels.LayoutPerLayer, []int{3, 30, 7}, 32 << 10, 32, true, false, 2, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -329,7 +329,7 @@ func TestGPURestore(t *testing.T) {
 // waited for in order, as the runtime does, and the KV is right.
 func TestGPURestoreManyLayers(t *testing.T) {
 	gpuOrSkip(t)
-	g := objmap.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}
+	g := kvshape.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}
 	const n, numPages = 8, 16
 	for _, ahead := range []int{80, 2, 0} {
 		t.Run(fmt.Sprintf("enqueue-layers=%d", ahead), func(t *testing.T) {
@@ -382,7 +382,7 @@ func TestGPURestoreManyLayers(t *testing.T) {
 // poison, every other page is right, and the ring serves the next request.
 func TestGPURestoreFaults(t *testing.T) {
 	gpuOrSkip(t)
-	g := objmap.Geometry{Layers: 6, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}
+	g := kvshape.Geometry{Layers: 6, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}
 	const n, numPages = 24, 64
 	dst := func(i int) int32 { return int32(numPages - 1 - i) }
 	f, stride := objectFile(t, g, n, 21)

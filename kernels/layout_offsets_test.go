@@ -6,24 +6,24 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
-// TestPlaneOffsetMatchesObjmap compiles tk_layout.h (the device's offset
+// TestPlaneOffsetMatchesKVShape compiles tk_layout.h (the device's offset
 // rule, which plane_ptr uses) into a gcc program that prints the offset of
 // every (layer, plane, page) of a table of shapes, and holds each to
-// objmap.PlaneOffset, the layout's one statement.
-func TestPlaneOffsetMatchesObjmap(t *testing.T) {
+// kvshape.Geometry.PlaneOffset, the layout's one statement.
+func TestPlaneOffsetMatchesKVShape(t *testing.T) {
 	type shape struct {
-		g        objmap.Geometry
+		g        kvshape.Geometry
 		numPages int
 	}
 	shapes := []shape{
-		{objmap.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, 5},
-		{objmap.Geometry{Layers: 3, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: objmap.BF16}, 7},
-		{objmap.Geometry{Layers: 2, Planes: 2, PageTokens: 1, KVHeads: 1, HeadDim: 16, DType: objmap.FP8}, 3},
-		{objmap.Geometry{Layers: 5, Planes: 2, PageTokens: 32, KVHeads: 4, HeadDim: 64, DType: objmap.FP32}, 1},
-		{objmap.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16}, 40000}, // offsets past 4 GiB
+		{kvshape.Geometry{Layers: 4, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}, 5},
+		{kvshape.Geometry{Layers: 3, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16}, 7},
+		{kvshape.Geometry{Layers: 2, Planes: 2, PageTokens: 1, KVHeads: 1, HeadDim: 16, DType: kvshape.FP8}, 3},
+		{kvshape.Geometry{Layers: 5, Planes: 2, PageTokens: 32, KVHeads: 4, HeadDim: 64, DType: kvshape.FP32}, 1},
+		{kvshape.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}, 40000}, // offsets past 4 GiB
 	}
 	var prog strings.Builder
 	hdr, err := filepath.Abs("tk_layout.h")
@@ -36,7 +36,7 @@ func TestPlaneOffsetMatchesObjmap(t *testing.T) {
 		g := s.g
 		// Every layer and plane; the first, a middle and the last page.
 		pages := []int{0, s.numPages / 2, s.numPages - 1}
-		for _, layout := range []objmap.Layout{objmap.LayoutPerLayer, objmap.LayoutCrossLayer} {
+		for _, layout := range []kvshape.Layout{kvshape.LayoutPerLayer, kvshape.LayoutCrossLayer} {
 			for l := 0; l < g.Layers; l++ {
 				for p := 0; p < g.Planes; p++ {
 					for _, pg := range pages {

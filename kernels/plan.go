@@ -3,25 +3,25 @@ package kernels
 import (
 	"fmt"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
-// Layout is how the engine's paged KV memory is arranged in HBM: objmap's
+// Layout is how the engine's paged KV memory is arranged in HBM: kvshape's
 // layouts, so one enum names them everywhere.
-type Layout = objmap.Layout
+type Layout = kvshape.Layout
 
 const (
 	// LayoutPerLayer: one tensor per layer, [planes, num_pages, page_tokens, kv_heads, head_dim] (vLLM).
-	LayoutPerLayer = objmap.LayoutPerLayer
+	LayoutPerLayer = kvshape.LayoutPerLayer
 	// LayoutCrossLayer: one tensor [num_pages, layers, planes, page_tokens, kv_heads, head_dim].
-	LayoutCrossLayer = objmap.LayoutCrossLayer
+	LayoutCrossLayer = kvshape.LayoutCrossLayer
 )
 
 // checkGeometry checks the shape is one the kernels can copy: the model's
-// KV shape is objmap.Geometry (its layout rules have their one home there;
+// KV shape is kvshape.Geometry (its layout rules have their one home there;
 // the chain block size does not matter to a kernel, which sees pages), held
 // to 16-byte vectors and the C side's tensor table.
-func checkGeometry(g objmap.Geometry) error {
+func checkGeometry(g kvshape.Geometry) error {
 	if g.Layers <= 0 || g.Layers > maxLayers || g.Planes < 1 || g.Planes > 2 || g.PageTokens <= 0 || g.KVHeads <= 0 ||
 		g.HeadDim <= 0 || g.DType.Bytes() <= 0 {
 		return fmt.Errorf("geometry %+v: %w", g, ErrInvalid)
@@ -142,7 +142,7 @@ type Limits struct {
 // that no kernel launched from the plan can touch memory outside the KV
 // tensors or the staging slot. It is pure CPU work and allocation-free once p
 // has grown to the largest request.
-func BuildPlan(g objmap.Geometry, lim Limits, req Request, p *Plan) error {
+func BuildPlan(g kvshape.Geometry, lim Limits, req Request, p *Plan) error {
 	if err := checkGeometry(g); err != nil {
 		return err
 	}

@@ -5,22 +5,22 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 var (
-	llama = objmap.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16} // 64 KiB pages
-	mla   = objmap.Geometry{Layers: 61, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: objmap.BF16} // 18 KiB pages
+	llama = kvshape.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16} // 64 KiB pages
+	mla   = kvshape.Geometry{Layers: 61, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16} // 18 KiB pages
 )
 
-func limitsFor(g objmap.Geometry, pages int) Limits {
+func limitsFor(g kvshape.Geometry, pages int) Limits {
 	return Limits{Layers: g.Layers, NumPages: 4096, MaxPages: pages, MaxEntries: 4096,
 		SlotBytes: roundUp(int64(pages)*g.PageBytesPerLayer(), StagingAlign) + 64*StagingAlign, MaxIOBytes: 1 << 20}
 }
 
 // request builds a request of runs (pages per extent) for layers
 // [first, first+layers), objects of layer l at base + l*stride.
-func request(g objmap.Geometry, first, layers int, runs []int, stride int64) Request {
+func request(g kvshape.Geometry, first, layers int, runs []int, stride int64) Request {
 	req := Request{FirstLayer: first}
 	n := 0
 	for _, r := range runs {
@@ -79,7 +79,7 @@ func TestBuildPlanRejects(t *testing.T) {
 			r, l, gg := good(), lim, g
 			c.mut(&r, &l)
 			if c.name == "bad geometry" {
-				gg.HeadDim, gg.DType, gg.KVHeads, gg.PageTokens = 3, objmap.FP8, 1, 1
+				gg.HeadDim, gg.DType, gg.KVHeads, gg.PageTokens = 3, kvshape.FP8, 1, 1
 			}
 			err := BuildPlan(gg, l, r, &p)
 			if !errors.Is(err, ErrInvalid) {
@@ -93,7 +93,7 @@ func TestBuildPlanRejects(t *testing.T) {
 // tile the layer's slot bytes without overlap, every page lies inside the
 // bytes its entry range covers and inside the slot, and engine pages are in
 // range.
-func checkPlan(t *testing.T, g objmap.Geometry, lim Limits, req Request, p *Plan) {
+func checkPlan(t *testing.T, g kvshape.Geometry, lim Limits, req Request, p *Plan) {
 	t.Helper()
 	pb := g.PageBytesPerLayer()
 	epl := p.EntriesPerLayer
@@ -164,7 +164,7 @@ func checkPlan(t *testing.T, g objmap.Geometry, lim Limits, req Request, p *Plan
 }
 
 func TestBuildPlanShapes(t *testing.T) {
-	for _, g := range []objmap.Geometry{llama, mla} {
+	for _, g := range []kvshape.Geometry{llama, mla} {
 		for _, runs := range [][]int{{1}, {2048}, {32, 32, 32}, {1, 3, 5, 7}, {17, 1}} {
 			n := 0
 			for _, r := range runs {
@@ -187,8 +187,8 @@ func TestBuildPlanRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var p Plan
 	for it := 0; it < 300; it++ {
-		g := objmap.Geometry{Layers: 1 + rng.IntN(100), Planes: 1 + rng.IntN(2), PageTokens: []int{1, 16, 32}[rng.IntN(3)],
-			KVHeads: 1 + rng.IntN(8), HeadDim: []int{64, 128, 576}[rng.IntN(3)], DType: []objmap.DType{objmap.FP8, objmap.BF16, objmap.FP32}[rng.IntN(3)]}
+		g := kvshape.Geometry{Layers: 1 + rng.IntN(100), Planes: 1 + rng.IntN(2), PageTokens: []int{1, 16, 32}[rng.IntN(3)],
+			KVHeads: 1 + rng.IntN(8), HeadDim: []int{64, 128, 576}[rng.IntN(3)], DType: []kvshape.DType{kvshape.FP8, kvshape.BF16, kvshape.FP32}[rng.IntN(3)]}
 		if checkGeometry(g) != nil {
 			continue
 		}
@@ -235,7 +235,7 @@ func FuzzBuildPlan(f *testing.F) {
 	f.Add(uint8(2), uint16(128), uint16(16), uint8(3), int64(0), uint16(5), uint16(0), int32(7), uint8(4))
 	f.Add(uint8(1), uint16(576), uint16(1), uint8(1), int64(4096), uint16(2048), uint16(1), int32(-3), uint8(1))
 	f.Fuzz(func(t *testing.T, planes uint8, headDim, pages uint16, runs uint8, off int64, firstRun, firstLayer uint16, page0 int32, maxIO uint8) {
-		g := objmap.Geometry{Layers: 8, Planes: int(planes%3) + 0, PageTokens: 16, KVHeads: 1, HeadDim: int(headDim), DType: objmap.BF16}
+		g := kvshape.Geometry{Layers: 8, Planes: int(planes%3) + 0, PageTokens: 16, KVHeads: 1, HeadDim: int(headDim), DType: kvshape.BF16}
 		n := int(pages%512) + 1
 		lim := Limits{Layers: 8, NumPages: 1024, MaxPages: 512, MaxEntries: 256, SlotBytes: 64 << 20, MaxIOBytes: int(maxIO) * 4096}
 		req := Request{FirstLayer: int(firstLayer % 10)}
@@ -293,7 +293,7 @@ func TestDevAllocOnErrors(t *testing.T) {
 // TestStagingSlotBytes: slots hold MaxPages pages plus an alignment block
 // per extent, and slots of 2 MiB or more start on a huge page.
 func TestStagingSlotBytes(t *testing.T) {
-	g := objmap.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: objmap.BF16} // 64 KiB pages
+	g := kvshape.Geometry{Layers: 80, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16} // 64 KiB pages
 	for _, c := range []struct {
 		cfg  Config
 		want int64

@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 )
 
@@ -190,7 +190,7 @@ func BindBench(cfg Config, opts BenchOptions) (*Restorer, error) {
 // that starts on a huge page is one segment per 2 MiB to the block layer; a
 // slot starting 4 KiB into one sends reads to io-wq workers on some block
 // devices (the kernel then splits them).
-func stagingSlotBytes(cfg Config, g objmap.Geometry) int64 {
+func stagingSlotBytes(cfg Config, g kvshape.Geometry) int64 {
 	n := cfg.SlotBytesHint
 	if n == 0 {
 		n = roundUp(int64(cfg.MaxPages)*g.PageBytesPerLayer(), StagingAlign) + int64(cfg.MaxExtents)*StagingAlign

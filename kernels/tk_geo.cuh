@@ -26,8 +26,8 @@ static inline Geo geo_of(const tk_kv &kv) {
   return g;
 }
 
-// plane_ptr: the offset rule is tk_layout.h's (held to objmap.PlaneOffset by
-// a host test); the tensor is layer's own (per-layer) or the one (cross-layer).
+// plane_ptr: the offset rule is tk_layout.h's (held to kvshape's PlaneOffset
+// by a host test); the tensor is layer's own (per-layer) or the one (cross-layer).
 __device__ __forceinline__ char *plane_ptr(const uint64_t *kvp, const Geo &g, uint32_t layer,
                                            uint32_t plane, uint32_t page) {
   const uint64_t off = tk_plane_offset(g.layout, g.layers, g.planes, g.num_pages, g.plane_bytes, layer, plane, page);

@@ -1,7 +1,7 @@
 /* tk_layout.h — the byte offset of plane p of page i of layer l in the
  * engine's KV tensors (tutti_kernels.h's tk_kv layouts). Plain C, so that a
- * host test can compile it with gcc and hold it to objmap.PlaneOffset, the
- * layout's one statement; under nvcc the same function also runs on the
+ * host test can compile it with gcc and hold it to kvshape's PlaneOffset,
+ * the layout's one statement; under nvcc the same function also runs on the
  * device (tk_geo.cuh's plane_ptr). */
 #ifndef TK_LAYOUT_H
 #define TK_LAYOUT_H

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/google/btree"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // extent is a byte range [off, off+n) of one pool file.
@@ -153,13 +154,13 @@ type quarantined struct {
 // old run would be served with someone else's bytes. Once the free record is
 // durable, replay forgets the old run before the new one can be seen.
 type allocator struct {
-	g          Geometry
+	g          kvshape.Geometry
 	files      []*fileSpace
 	cursor     int
 	quarantine []quarantined // ordered by lsn
 }
 
-func newAllocator(g Geometry, fileBytes []int64) *allocator {
+func newAllocator(g kvshape.Geometry, fileBytes []int64) *allocator {
 	a := &allocator{g: g}
 	for _, n := range fileBytes {
 		f := newFileSpace(n)
@@ -182,7 +183,7 @@ func (a *allocator) alloc(chunks, maxRun, maxRuns int) []span {
 	rem := chunks
 	for rem > 0 && len(out) < maxRuns {
 		n := min(rem, maxRun)
-		need := a.g.RunBytes(n)
+		need := RunBytes(a.g, n)
 		placed := false
 		for t := range a.files {
 			fi := (a.cursor + t) % len(a.files)
@@ -205,12 +206,12 @@ func (a *allocator) alloc(chunks, maxRun, maxRuns int) []span {
 		}
 		k := 0
 		if best >= 0 {
-			k = min(a.g.ChunksThatFit(bestN), n)
+			k = min(ChunksThatFit(a.g, bestN), n)
 		}
 		if k == 0 {
 			break
 		}
-		need = a.g.RunBytes(k)
+		need = RunBytes(a.g, k)
 		off, _ := a.files[best].take(need)
 		out = append(out, span{file: best, off: off, n: need, chunks: k})
 		a.cursor = (best + 1) % len(a.files)

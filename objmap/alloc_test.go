@@ -7,11 +7,12 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/datadriven"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // allocGeom makes the arithmetic readable: one layer, one 4 KiB chunk, so a
 // run of n chunks takes (n+1) blocks of 4096 bytes.
-var allocGeom = Geometry{Layers: 1, KVHeads: 1, HeadDim: 1024, DType: FP32, Planes: 1, PageTokens: 1, ChunkPages: 1}
+var allocGeom = kvshape.Geometry{Layers: 1, KVHeads: 1, HeadDim: 1024, DType: kvshape.FP32, Planes: 1, PageTokens: 1, ChunkPages: 1}
 
 func TestAllocatorDataDriven(t *testing.T) {
 	datadriven.RunTest(t, "testdata/alloc", func(t *testing.T, d *datadriven.TestData) string {

@@ -6,11 +6,13 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // llama70b is the Llama-3-70B KV shape with vLLM pages: 80 layers, 8 KV heads,
 // head dim 128, bf16, K and V, 16-token pages, one page per chain block.
-var llama70b = Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
+var llama70b = kvshape.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
 
 // BenchmarkAllocatorChurn: allocate runs of 1..64 chunks and free random
 // live ones, keeping the pool about 80% full (4 files of 64 GiB).

@@ -60,7 +60,7 @@ func (m *Map) verifyRun(r *RunInfo, buf []byte) runCheck {
 			return runCheck{why: (&ChunkCRCError{Layer: i / n, Chunk: i % n, Got: c, Want: table[i]}).Error()}
 		}
 	}
-	layers, err := m.g.LayerCRCsFromChunks(got, n)
+	layers, err := LayerCRCsFromChunks(m.g, got, n)
 	if err != nil {
 		return runCheck{why: err.Error()}
 	}
@@ -85,17 +85,17 @@ func (m *Map) readChunkCRCs(f *uring.File, off int64, chunks int, buf []byte) ([
 	}
 	out := make([]uint32, m.g.Layers*chunks)
 	for l := 0; l < m.g.Layers; l++ {
-		objOff, err := m.g.ObjectOffset(chunks, l)
+		objOff, err := ObjectOffset(m.g, chunks, l)
 		if err != nil {
 			return nil, err
 		}
 		layer := out[l*chunks : (l+1)*chunks]
-		for done := int64(0); done < m.g.ObjectBytes(chunks); {
-			n := min(m.g.ObjectBytes(chunks)-done, piece)
+		for done := int64(0); done < ObjectBytes(m.g, chunks); {
+			n := min(ObjectBytes(m.g, chunks)-done, piece)
 			if err := preadFull(int(f.FD), buf[:alignUp(n)], objOff+off+done); err != nil {
 				return nil, fmt.Errorf("%w: reading layer %d at %s offset %d: %v", errRead, l, f.Path, objOff+off+done, err)
 			}
-			if err := m.g.UpdateChunkCRCs(layer, done, buf[:n]); err != nil {
+			if err := UpdateChunkCRCs(m.g, layer, done, buf[:n]); err != nil {
 				return nil, err
 			}
 			done += n

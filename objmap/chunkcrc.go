@@ -4,12 +4,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // Per-chunk checksums.
 //
 // Every run stores one CRC32C per (layer, chunk) in a table right after its
-// header (see Geometry.HeaderRegionBytes), so a restore of the first k
+// header (see HeaderRegionBytes), so a restore of the first k
 // chunks reads exactly those chunks of each object and verifies each one;
 // with one CRC per object it had to read the whole object. The header
 // records the table's CRC (Header.TableCRC) and stays the commit record; it
@@ -52,10 +54,10 @@ func chunkTableBytes(layers, chunks int) int64 { return alignUp(4 * int64(layers
 
 // checkTableShape bounds a table's shape as the header bounds it.
 func checkTableShape(layers, chunks int) error {
-	if layers < 1 || layers > MaxLayers {
-		return fmt.Errorf("%d layers, want 1..%d", layers, MaxLayers)
+	if layers < 1 || layers > kvshape.MaxLayers {
+		return fmt.Errorf("%d layers, want 1..%d", layers, kvshape.MaxLayers)
 	}
-	if maxc := MaxRunChunks(Geometry{Layers: layers}); chunks < 1 || chunks > maxc {
+	if maxc := MaxRunChunks(kvshape.Geometry{Layers: layers}); chunks < 1 || chunks > maxc {
 		return fmt.Errorf("%d chunks, want 1..%d for %d layers", chunks, maxc, layers)
 	}
 	return nil
@@ -196,7 +198,7 @@ func (s *CRCShift) Combine(crcA, crcB uint32) uint32 {
 // LayerCRCsFromChunks derives each object's whole-payload CRC32C (what the
 // header stores) from the chunk CRCs of a run of chunks chunks (layer-major,
 // len Layers*chunks).
-func (g Geometry) LayerCRCsFromChunks(chunkCRCs []uint32, chunks int) ([]uint32, error) {
+func LayerCRCsFromChunks(g kvshape.Geometry, chunkCRCs []uint32, chunks int) ([]uint32, error) {
 	if chunks < 1 || len(chunkCRCs) != g.Layers*chunks {
 		return nil, fmt.Errorf("objmap: %d chunk CRCs for %d layers x %d chunks", len(chunkCRCs), g.Layers, chunks)
 	}
@@ -218,10 +220,10 @@ func (g Geometry) LayerCRCsFromChunks(chunkCRCs []uint32, chunks int) ([]uint32,
 // off of the object. Pieces may cut chunks anywhere; each chunk's bytes must
 // arrive in order (as for any running CRC; the caller tracks that). Bytes
 // past len(crcs) chunks are an error and change nothing.
-func (g Geometry) UpdateChunkCRCs(crcs []uint32, off int64, p []byte) error {
+func UpdateChunkCRCs(g kvshape.Geometry, crcs []uint32, off int64, p []byte) error {
 	cb := g.ChunkBytesPerLayer()
 	if off < 0 || cb < 1 || off+int64(len(p)) > int64(len(crcs))*cb {
-		return fmt.Errorf("objmap: payload [%d,+%d) outside %d chunks of %d bytes: %w", off, len(p), len(crcs), cb, ErrOutOfRange)
+		return fmt.Errorf("objmap: payload [%d,+%d) outside %d chunks of %d bytes: %w", off, len(p), len(crcs), cb, kvshape.ErrOutOfRange)
 	}
 	for len(p) > 0 {
 		c := off / cb
@@ -251,13 +253,13 @@ type Span struct {
 // ChunkSpan gives the one read that restores chunks [first, first+k) of
 // layer of a run of runChunks chunks: only those chunks' bytes rounded out
 // to BlockBytes, never the whole object.
-func (g Geometry) ChunkSpan(runChunks, layer, first, k int) (Span, error) {
-	objOff, err := g.ObjectOffset(runChunks, layer)
+func ChunkSpan(g kvshape.Geometry, runChunks, layer, first, k int) (Span, error) {
+	objOff, err := ObjectOffset(g, runChunks, layer)
 	if err != nil {
 		return Span{}, err
 	}
 	if first < 0 || k < 1 || first > runChunks-k {
-		return Span{}, fmt.Errorf("objmap: chunks [%d,+%d) of a run of %d: %w", first, k, runChunks, ErrOutOfRange)
+		return Span{}, fmt.Errorf("objmap: chunks [%d,+%d) of a run of %d: %w", first, k, runChunks, kvshape.ErrOutOfRange)
 	}
 	cb := g.ChunkBytesPerLayer()
 	start := int64(first) * cb
@@ -327,7 +329,7 @@ func (r *RunInfo) NewChunkVerifier(s Span) (ChunkVerifier, error) {
 func NewChunkVerifier(layerCRCs []uint32, s Span) (ChunkVerifier, error) {
 	if s.First < 0 || s.K < 1 || s.First+s.K > len(layerCRCs) || s.ChunkBytes < 1 {
 		return ChunkVerifier{}, fmt.Errorf("objmap: verifying layer %d chunks [%d,+%d) against %d chunk CRCs: %w",
-			s.Layer, s.First, s.K, len(layerCRCs), ErrOutOfRange)
+			s.Layer, s.First, s.K, len(layerCRCs), kvshape.ErrOutOfRange)
 	}
 	return ChunkVerifier{want: layerCRCs[s.First : s.First+s.K], layer: s.Layer, first: s.First, chunkBytes: s.ChunkBytes}, nil
 }
@@ -338,7 +340,7 @@ func NewChunkVerifier(layerCRCs []uint32, s Span) (ChunkVerifier, error) {
 func (v *ChunkVerifier) Update(p []byte) error {
 	for len(p) > 0 {
 		if v.i >= len(v.want) {
-			return fmt.Errorf("objmap: %d payload bytes past chunk %d of layer %d: %w", len(p), v.first+len(v.want)-1, v.layer, ErrOutOfRange)
+			return fmt.Errorf("objmap: %d payload bytes past chunk %d of layer %d: %w", len(p), v.first+len(v.want)-1, v.layer, kvshape.ErrOutOfRange)
 		}
 		n := min(int64(len(p)), v.chunkBytes-v.have)
 		v.crc = UpdateCRC32C(v.crc, p[:n])

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 )
 
@@ -33,12 +34,12 @@ func TestCombineCRC32C(t *testing.T) {
 }
 
 func TestLayerCRCsFromChunks(t *testing.T) {
-	g := Geometry{Layers: 3, KVHeads: 1, HeadDim: 576, DType: BF16, Planes: 1, PageTokens: 16, ChunkPages: 1} // 18432-byte chunks
+	g := kvshape.Geometry{Layers: 3, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 1} // 18432-byte chunks
 	const chunks = 4
 	rng := rand.New(rand.NewPCG(3, 4))
 	var chunkCRCs, want []uint32
 	for l := 0; l < g.Layers; l++ {
-		obj := make([]byte, g.ObjectBytes(chunks))
+		obj := make([]byte, ObjectBytes(g, chunks))
 		for i := range obj {
 			obj[i] = byte(rng.Uint32())
 		}
@@ -48,11 +49,11 @@ func TestLayerCRCsFromChunks(t *testing.T) {
 			chunkCRCs = append(chunkCRCs, CRC32C(obj[c*cb:(c+1)*cb]))
 		}
 	}
-	got, err := g.LayerCRCsFromChunks(chunkCRCs, chunks)
+	got, err := LayerCRCsFromChunks(g, chunkCRCs, chunks)
 	if err != nil || !bytes.Equal(u32bytes(got), u32bytes(want)) {
 		t.Fatalf("LayerCRCsFromChunks = %x %v, want %x", got, err, want)
 	}
-	if _, err := g.LayerCRCsFromChunks(chunkCRCs[1:], chunks); err == nil {
+	if _, err := LayerCRCsFromChunks(g, chunkCRCs[1:], chunks); err == nil {
 		t.Fatal("short chunk CRCs accepted")
 	}
 }
@@ -74,7 +75,7 @@ func sampleTable(layers, chunks int) []uint32 {
 }
 
 func TestChunkTableRoundTripAndRejects(t *testing.T) {
-	for _, lc := range [][2]int{{1, 1}, {2, 3}, {80, MaxRunChunks(Geometry{Layers: 80})}, {MaxLayers, MaxRunChunks(Geometry{Layers: MaxLayers})}} {
+	for _, lc := range [][2]int{{1, 1}, {2, 3}, {80, MaxRunChunks(kvshape.Geometry{Layers: 80})}, {kvshape.MaxLayers, MaxRunChunks(kvshape.Geometry{Layers: kvshape.MaxLayers})}} {
 		layers, chunks := lc[0], lc[1]
 		crcs := sampleTable(layers, chunks)
 		buf := make([]byte, chunkTableBytes(layers, chunks)+10)
@@ -90,7 +91,7 @@ func TestChunkTableRoundTripAndRejects(t *testing.T) {
 			t.Fatalf("%v: round trip: %v", lc, err)
 		}
 	}
-	if tb := chunkTableBytes(MaxLayers, MaxRunChunks(Geometry{Layers: MaxLayers})); tb+HeaderBytes > checkPieceBytes {
+	if tb := chunkTableBytes(kvshape.MaxLayers, MaxRunChunks(kvshape.Geometry{Layers: kvshape.MaxLayers})); tb+HeaderBytes > checkPieceBytes {
 		t.Fatalf("largest header region %d exceeds the check buffer", tb+HeaderBytes)
 	}
 	layers, chunks := 2, 3
@@ -147,14 +148,14 @@ func FuzzChunkTableDecode(f *testing.F) {
 
 func TestChunkSpan(t *testing.T) {
 	// 18432-byte chunks: most chunk boundaries are not block-aligned.
-	g := Geometry{Layers: 2, KVHeads: 1, HeadDim: 576, DType: BF16, Planes: 1, PageTokens: 16, ChunkPages: 1}
+	g := kvshape.Geometry{Layers: 2, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 1}
 	const run = 5
 	cb := g.ChunkBytesPerLayer()
 	for layer := 0; layer < g.Layers; layer++ {
-		objOff, _ := g.ObjectOffset(run, layer)
+		objOff, _ := ObjectOffset(g, run, layer)
 		for first := 0; first < run; first++ {
 			for k := 1; first+k <= run; k++ {
-				s, err := g.ChunkSpan(run, layer, first, k)
+				s, err := ChunkSpan(g, run, layer, first, k)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -162,7 +163,7 @@ func TestChunkSpan(t *testing.T) {
 				switch {
 				case s.Off%BlockBytes != 0 || s.IOBytes%BlockBytes != 0:
 					t.Fatalf("%d,%d,%d: unaligned %+v", layer, first, k, s)
-				case s.Off < objOff || s.Off+s.IOBytes > objOff+g.ObjectStride(run):
+				case s.Off < objOff || s.Off+s.IOBytes > objOff+ObjectStride(g, run):
 					t.Fatalf("%d,%d,%d: read outside the object %+v", layer, first, k, s)
 				case s.Off > start || start-s.Off >= BlockBytes || s.Off+s.IOBytes < end || s.Off+s.IOBytes-end >= BlockBytes:
 					t.Fatalf("%d,%d,%d: read is not the chunks rounded out to blocks %+v", layer, first, k, s)
@@ -175,7 +176,7 @@ func TestChunkSpan(t *testing.T) {
 					}
 				}
 				if first == 0 {
-					off, io, data, err := g.LayerSpan(run, layer, k)
+					off, io, data, err := LayerSpan(g, run, layer, k)
 					if err != nil || off != s.Off || io != s.IOBytes || data != s.DataBytes {
 						t.Fatalf("LayerSpan(%d,%d,%d) = %d %d %d %v, ChunkSpan %+v", run, layer, k, off, io, data, err, s)
 					}
@@ -184,14 +185,14 @@ func TestChunkSpan(t *testing.T) {
 		}
 	}
 	for _, a := range [][3]int{{0, -1, 1}, {0, 0, 0}, {0, 4, 2}, {2, 0, 1}, {0, 5, 1}} {
-		if _, err := g.ChunkSpan(run, a[0], a[1], a[2]); !errors.Is(err, ErrOutOfRange) {
+		if _, err := ChunkSpan(g, run, a[0], a[1], a[2]); !errors.Is(err, kvshape.ErrOutOfRange) {
 			t.Fatalf("ChunkSpan(%d, %v): %v", run, a, err)
 		}
 	}
 }
 
 func TestChunkVerifier(t *testing.T) {
-	g := Geometry{Layers: 2, KVHeads: 1, HeadDim: 576, DType: BF16, Planes: 1, PageTokens: 16, ChunkPages: 1}
+	g := kvshape.Geometry{Layers: 2, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 1}
 	const run = 4
 	seed := uint64(5)
 	rng := rand.New(rand.NewPCG(seed, 6))
@@ -199,7 +200,7 @@ func TestChunkVerifier(t *testing.T) {
 	objs := make([][]byte, g.Layers)
 	info := RunInfo{ID: 9, Chain: make([]uint64, run)}
 	for l := range objs {
-		objs[l] = make([]byte, g.ObjectBytes(run))
+		objs[l] = make([]byte, ObjectBytes(g, run))
 		for i := range objs[l] {
 			objs[l][i] = byte(rng.Uint32())
 		}
@@ -217,7 +218,7 @@ func TestChunkVerifier(t *testing.T) {
 		}
 		return nil
 	}
-	s, _ := g.ChunkSpan(run, 1, 1, 2)
+	s, _ := ChunkSpan(g, run, 1, 1, 2)
 	v, err := info.NewChunkVerifier(s)
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +226,7 @@ func TestChunkVerifier(t *testing.T) {
 	if err := feed(&v, objs[1][cb:3*cb]); err != nil || v.Done() != nil || v.Verified() != 2 {
 		t.Fatalf("seed %d: good chunks: %v %v %d", seed, err, v.Done(), v.Verified())
 	}
-	if err := v.Update([]byte{0}); !errors.Is(err, ErrOutOfRange) {
+	if err := v.Update([]byte{0}); !errors.Is(err, kvshape.ErrOutOfRange) {
 		t.Fatalf("bytes past the span: %v", err)
 	}
 	bad := bytes.Clone(objs[1])
@@ -242,7 +243,7 @@ func TestChunkVerifier(t *testing.T) {
 	}
 	// VerifySpan on a read buffer laid out as ChunkSpan says.
 	buf := make([]byte, s.IOBytes)
-	objOff, _ := g.ObjectOffset(run, 1)
+	objOff, _ := ObjectOffset(g, run, 1)
 	copy(buf[s.Skip:], objs[1][s.Off-objOff+s.Skip:][:s.DataBytes])
 	if err := info.VerifySpan(s, buf); err != nil {
 		t.Fatal(err)
@@ -253,7 +254,7 @@ func TestChunkVerifier(t *testing.T) {
 	if v, err := NewChunkVerifier(info.LayerChunkCRCs(1), s); err != nil || v.Update(objs[1][cb:3*cb]) != nil || v.Done() != nil {
 		t.Fatalf("package NewChunkVerifier: %v", err)
 	}
-	if _, err := (&RunInfo{Chain: make([]uint64, run)}).NewChunkVerifier(s); !errors.Is(err, ErrOutOfRange) {
+	if _, err := (&RunInfo{Chain: make([]uint64, run)}).NewChunkVerifier(s); !errors.Is(err, kvshape.ErrOutOfRange) {
 		t.Fatalf("run without CRCs: %v", err)
 	}
 }
@@ -281,13 +282,13 @@ func TestPartialSpanOnDisk(t *testing.T) {
 		return buf.Bytes()
 	}
 	for k := 1; k <= 5; k++ {
-		s, _ := g.ChunkSpan(5, 1, 0, k)
+		s, _ := ChunkSpan(g, 5, 1, 0, k)
 		if err := r.VerifySpan(s, read(s)); err != nil {
 			t.Fatalf("first %d chunks: %v", k, err)
 		}
 	}
 	m.Close()
-	objOff, _ := g.ObjectOffset(5, 1)
+	objOff, _ := ObjectOffset(g, 5, 1)
 	pf, err := os.OpenFile(filepath.Join(dir, poolFileName(r.File)), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -299,7 +300,7 @@ func TestPartialSpanOnDisk(t *testing.T) {
 	r, _ = m.Lookup(r.ID)
 	f = m.Files()[r.File]
 	for k := 1; k <= 5; k++ {
-		s, _ := g.ChunkSpan(5, 1, 0, k)
+		s, _ := ChunkSpan(g, 5, 1, 0, k)
 		err := r.VerifySpan(s, read(s))
 		var ce *ChunkCRCError
 		if (k <= 3) != (err == nil) || k > 3 && (!errors.As(err, &ce) || ce.Chunk != 3 || ce.Layer != 1) {
@@ -383,11 +384,11 @@ func TestCommitCRCChecks(t *testing.T) {
 }
 
 func TestUpdateChunkCRCs(t *testing.T) {
-	g := Geometry{Layers: 1, KVHeads: 1, HeadDim: 576, DType: BF16, Planes: 1, PageTokens: 16, ChunkPages: 1}
+	g := kvshape.Geometry{Layers: 1, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 1}
 	const chunks = 4
 	seed := uint64(11)
 	rng := rand.New(rand.NewPCG(seed, 12))
-	obj := make([]byte, g.ObjectBytes(chunks))
+	obj := make([]byte, ObjectBytes(g, chunks))
 	for i := range obj {
 		obj[i] = byte(rng.Uint32())
 	}
@@ -396,7 +397,7 @@ func TestUpdateChunkCRCs(t *testing.T) {
 		crcs := make([]uint32, chunks)
 		for off := 0; off < len(obj); {
 			n := min(len(obj)-off, 1+rng.IntN(2*cb))
-			if err := g.UpdateChunkCRCs(crcs, int64(off), obj[off:off+n]); err != nil {
+			if err := UpdateChunkCRCs(g, crcs, int64(off), obj[off:off+n]); err != nil {
 				t.Fatal(err)
 			}
 			off += n
@@ -408,10 +409,10 @@ func TestUpdateChunkCRCs(t *testing.T) {
 		}
 	}
 	crcs := make([]uint32, chunks)
-	if err := g.UpdateChunkCRCs(crcs, int64(len(obj)-1), obj[:2]); !errors.Is(err, ErrOutOfRange) || crcs[chunks-1] != 0 {
+	if err := UpdateChunkCRCs(g, crcs, int64(len(obj)-1), obj[:2]); !errors.Is(err, kvshape.ErrOutOfRange) || crcs[chunks-1] != 0 {
 		t.Fatalf("bytes past the last chunk: %v", err)
 	}
-	if err := g.UpdateChunkCRCs(crcs, -1, obj[:1]); !errors.Is(err, ErrOutOfRange) {
+	if err := UpdateChunkCRCs(g, crcs, -1, obj[:1]); !errors.Is(err, kvshape.ErrOutOfRange) {
 		t.Fatalf("negative offset: %v", err)
 	}
 }

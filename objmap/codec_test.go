@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 func sampleHeader(layers, chunks int) Header {
@@ -23,7 +25,7 @@ func sampleHeader(layers, chunks int) Header {
 
 func TestHeaderRoundTrip(t *testing.T) {
 	buf := make([]byte, HeaderBytes+100)
-	for _, lc := range [][2]int{{1, 1}, {80, MaxRunChunks(Geometry{Layers: 80})}, {MaxLayers, MaxRunChunks(Geometry{Layers: MaxLayers})}, {32, 17}} {
+	for _, lc := range [][2]int{{1, 1}, {80, MaxRunChunks(kvshape.Geometry{Layers: 80})}, {kvshape.MaxLayers, MaxRunChunks(kvshape.Geometry{Layers: kvshape.MaxLayers})}, {32, 17}} {
 		h := sampleHeader(lc[0], lc[1])
 		if err := EncodeHeader(buf, &h); err != nil {
 			t.Fatal(err)
@@ -36,7 +38,7 @@ func TestHeaderRoundTrip(t *testing.T) {
 			t.Fatalf("%v: round trip differs", lc)
 		}
 	}
-	h := sampleHeader(80, MaxRunChunks(Geometry{Layers: 80})+1)
+	h := sampleHeader(80, MaxRunChunks(kvshape.Geometry{Layers: 80})+1)
 	if err := EncodeHeader(buf, &h); err == nil {
 		t.Fatal("encoded a header with too many chain ids")
 	}
@@ -72,23 +74,23 @@ func TestHeaderDecodeRejects(t *testing.T) {
 }
 
 func TestHeaderMatches(t *testing.T) {
-	g := Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, DType: BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
+	g := kvshape.Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
 	h := sampleHeader(4, 3)
-	h.Fingerprint, h.ChunkBytesPerLayer = g.Fingerprint(), uint64(g.ChunkBytesPerLayer())
+	h.Fingerprint, h.ChunkBytesPerLayer = Fingerprint(g), uint64(g.ChunkBytesPerLayer())
 	run := RunInfo{ID: h.RunID, Generation: h.Generation, File: int(h.File), Offset: int64(h.Offset), Chain: h.Chain,
 		Parent: h.Parent, HasParent: h.HasParent}
 	if err := h.Matches(g, &run); err != nil {
 		t.Fatal(err)
 	}
-	for name, mut := range map[string]func(r *RunInfo, g *Geometry){
-		"id":     func(r *RunInfo, _ *Geometry) { r.ID++ },
-		"gen":    func(r *RunInfo, _ *Geometry) { r.Generation++ },
-		"offset": func(r *RunInfo, _ *Geometry) { r.Offset += 4096 },
-		"file":   func(r *RunInfo, _ *Geometry) { r.File++ },
-		"chain":  func(r *RunInfo, _ *Geometry) { r.Chain = []uint64{h.Chain[0], h.Chain[1], 5} },
-		"shape":  func(_ *RunInfo, g *Geometry) { g.HeadDim = 64 },
-		"parent": func(r *RunInfo, _ *Geometry) { r.Parent++ },
-		"root":   func(r *RunInfo, _ *Geometry) { r.HasParent = !r.HasParent },
+	for name, mut := range map[string]func(r *RunInfo, g *kvshape.Geometry){
+		"id":     func(r *RunInfo, _ *kvshape.Geometry) { r.ID++ },
+		"gen":    func(r *RunInfo, _ *kvshape.Geometry) { r.Generation++ },
+		"offset": func(r *RunInfo, _ *kvshape.Geometry) { r.Offset += 4096 },
+		"file":   func(r *RunInfo, _ *kvshape.Geometry) { r.File++ },
+		"chain":  func(r *RunInfo, _ *kvshape.Geometry) { r.Chain = []uint64{h.Chain[0], h.Chain[1], 5} },
+		"shape":  func(_ *RunInfo, g *kvshape.Geometry) { g.HeadDim = 64 },
+		"parent": func(r *RunInfo, _ *kvshape.Geometry) { r.Parent++ },
+		"root":   func(r *RunInfo, _ *kvshape.Geometry) { r.HasParent = !r.HasParent },
 	} {
 		r, gg := run, g
 		mut(&r, &gg)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
 )
@@ -19,7 +20,7 @@ import (
 // during creation leaves nothing that Open would trust).
 func createStore(opts Options) ([]*manifest, error) {
 	g := opts.Geometry
-	if err := g.Validate(); err != nil {
+	if err := checkGeometry(g); err != nil {
 		return nil, fmt.Errorf("objmap: creating store: %w", err)
 	}
 	nfiles := int64(len(opts.Dirs) * opts.FilesPerDir)
@@ -27,9 +28,9 @@ func createStore(opts Options) ([]*manifest, error) {
 		return nil, fmt.Errorf("objmap: creating store: CapacityBytes %d, want > 0", opts.CapacityBytes)
 	}
 	fileBytes := opts.CapacityBytes / nfiles &^ (BlockBytes - 1)
-	if fileBytes < g.RunBytes(1) {
+	if fileBytes < RunBytes(g, 1) {
 		return nil, fmt.Errorf("objmap: creating store: CapacityBytes %d gives %d-byte pool files, smaller than one run of one chunk (%d bytes)",
-			opts.CapacityBytes, fileBytes, g.RunBytes(1))
+			opts.CapacityBytes, fileBytes, RunBytes(g, 1))
 	}
 	id, err := newStoreID()
 	if err != nil {
@@ -56,7 +57,7 @@ func createStore(opts Options) ([]*manifest, error) {
 			return nil, fmt.Errorf("objmap: creating store: %w", err)
 		}
 		mans[i] = &manifest{Version: manifestVersion, StoreID: id, DirIndex: i, Dirs: len(opts.Dirs), Geometry: g,
-			Fingerprint: fmt.Sprintf("%016x", g.Fingerprint()), FilesPerDir: opts.FilesPerDir, FileBytes: fileBytes,
+			Fingerprint: fmt.Sprintf("%016x", Fingerprint(g)), FilesPerDir: opts.FilesPerDir, FileBytes: fileBytes,
 			CapacityBytes: opts.CapacityBytes}
 	}
 	fd, _, err := createSegment(opts.Dirs[0], 1)
@@ -176,7 +177,7 @@ func (m *Map) adoptManifests(mans []*manifest) error {
 		}
 		m.dirs[man.DirIndex] = m.opts.Dirs[i]
 	}
-	if m.opts.Geometry != (Geometry{}) && m.opts.Geometry != first.Geometry {
+	if m.opts.Geometry != (kvshape.Geometry{}) && m.opts.Geometry != first.Geometry {
 		return fmt.Errorf("%w: store %s has %v, asked for %v", ErrGeometryMismatch, m.dirs[0], first.Geometry, m.opts.Geometry)
 	}
 	if m.opts.CapacityBytes != 0 && m.opts.CapacityBytes != first.CapacityBytes {

@@ -1,7 +1,8 @@
-// Package objmap is tutti's object map: the KV geometry and layouts, where
-// each run of saved chain blocks lives on disk, the free space of a striped,
-// preallocated file pool, and the crash-safe metadata (run headers, a
-// journal with group commit and checkpoints, recovery, fsck).
+// Package objmap is tutti's object map: the on-disk layout of a run for a
+// KV shape (package kvshape's Geometry), where each run of saved chain
+// blocks lives on disk, the free space of a striped, preallocated file
+// pool, and the crash-safe metadata (run headers, a journal with group
+// commit and checkpoints, recovery, fsck).
 //
 // # Objects and runs
 //
@@ -24,16 +25,16 @@
 //
 // # API the runtime uses
 //
-//	m, err := objmap.Open(objmap.Options{Dirs, CapacityBytes, Geometry})  // locks, recovers
+//	m, err := objmap.Open(objmap.Options{Dirs, CapacityBytes, Geometry: g})  // g a kvshape.Geometry; locks, recovers
 //	m.Recovery()                          // RecoveryReport: objects, recovered, dropped (reasons)
 //	m.Files()                             // []*uring.File, index = RunInfo.File; register with the ring
 //	m.Runs(func(objmap.RunInfo) bool)     // durable runs, to rebuild the prefix index
 //	res, err := m.Allocate(chunks)        // []Reservation, partial when the pool is full; ErrNoSpace when empty
-//	  ... write object l at res.Offset + Geometry.ObjectOffset(res.Chunks, l) (uring, O_DIRECT) ...
+//	  ... write object l at res.Offset + objmap.ObjectOffset(g, res.Chunks, l) (uring, O_DIRECT) ...
 //	err = m.Commit([]objmap.CommitRequest{{Res, Chain, ChunkCRCs}})  // header+table, fdatasync, journal: durable
 //	m.Abort(res)                          // give an uncommitted reservation back
 //	info, ok := m.Lookup(id)              // extent of a durable run, its ChunkCRCs
-//	sp, err := g.ChunkSpan(info.Chunks(), layer, first, k) // one read per (layer, run): chunks [first, first+k)
+//	sp, err := objmap.ChunkSpan(g, info.Chunks(), layer, first, k) // one read per (layer, run): chunks [first, first+k)
 //	err = info.VerifySpan(sp, buf)        // or a ChunkVerifier fed piece by piece
 //	m.Trim(id, keep)                      // the run serves only its first keep chunks (its owner evicted the rest)
 //	m.Free(id); m.Sync()                  // forget a run; its space is reusable once the free is durable

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"slices"
 	"testing"
+
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // Fuzz targets for the files recovery reads besides headers and single
@@ -20,9 +22,9 @@ func sampleManifest() []byte {
 	return b
 }
 
-func fingerprintHex(g Geometry) string {
+func fingerprintHex(g kvshape.Geometry) string {
 	const hexd = "0123456789abcdef"
-	fp := g.Fingerprint()
+	fp := Fingerprint(g)
 	out := make([]byte, 16)
 	for i := 15; i >= 0; i-- {
 		out[i] = hexd[fp&15]
@@ -42,7 +44,7 @@ func FuzzManifest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if m.Dirs > maxDirs || m.FilesPerDir > maxFilesPerDir || m.FileBytes > maxFileBytes || m.Geometry.Validate() != nil {
+		if m.Dirs > maxDirs || m.FilesPerDir > maxFilesPerDir || m.FileBytes > maxFileBytes || checkGeometry(m.Geometry) != nil {
 			t.Fatalf("accepted out-of-bounds manifest %+v", m)
 		}
 		b, err := json.Marshal(m)
@@ -58,9 +60,9 @@ func FuzzManifest(f *testing.F) {
 
 func sampleCheckpoint() []byte {
 	runs := []RunInfo{
-		{ID: 3, Generation: 1, File: 0, Offset: 0, Length: tinyGeom.RunBytes(1), Chain: []uint64{7}, Kept: 1},
-		{ID: 9, Generation: 2, File: 1, Offset: 8192, Length: tinyGeom.RunBytes(3), Chain: []uint64{1, 2, 3}, Parent: 5, HasParent: true, Kept: 2},
-		{ID: 12, Generation: 2, File: 0, Offset: 1 << 20, Length: tinyGeom.RunBytes(2), Chain: []uint64{8, 9}, Kept: 1},
+		{ID: 3, Generation: 1, File: 0, Offset: 0, Length: RunBytes(tinyGeom, 1), Chain: []uint64{7}, Kept: 1},
+		{ID: 9, Generation: 2, File: 1, Offset: 8192, Length: RunBytes(tinyGeom, 3), Chain: []uint64{1, 2, 3}, Parent: 5, HasParent: true, Kept: 2},
+		{ID: 12, Generation: 2, File: 0, Offset: 1 << 20, Length: RunBytes(tinyGeom, 2), Chain: []uint64{8, 9}, Kept: 1},
 	}
 	b, _ := encodeCheckpoint(4, 2, 10, runs)
 	return b
@@ -96,7 +98,7 @@ func FuzzCheckpoint(f *testing.F) {
 func sampleSegment() []byte {
 	b, _ := AppendRecord(nil, &Record{Type: RecSegment, Seq: 1})
 	b, _ = AppendRecord(b, &Record{Type: RecEpoch, Epoch: 1})
-	b, _ = AppendRecord(b, &Record{Type: RecCommit, Run: RunInfo{ID: 1, Generation: 1, Length: tinyGeom.RunBytes(2), Chain: []uint64{4, 5}}})
+	b, _ = AppendRecord(b, &Record{Type: RecCommit, Run: RunInfo{ID: 1, Generation: 1, Length: RunBytes(tinyGeom, 2), Chain: []uint64{4, 5}}})
 	b, _ = AppendRecord(b, &Record{Type: RecTrim, ID: 1, Keep: 1})
 	b, _ = AppendRecord(b, &Record{Type: RecFree, ID: 1})
 	return b

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // HeaderBytes is the size of a run header: one O_DIRECT block.
@@ -36,7 +38,7 @@ var headerMagic = [8]byte{'T', 'U', 'T', 'T', 'I', 'R', 'U', 'N'}
 //	4092 CRC32C of bytes [0, 4092)
 //
 // The chunk CRC table (layers x chunks u32) follows at HeaderBytes, padded
-// to BlockBytes; header and table are one read (Geometry.HeaderRegionBytes).
+// to BlockBytes; header and table are one read (HeaderRegionBytes).
 const (
 	headerFixedBytes = 80
 	headerCRCOffset  = HeaderBytes - 4
@@ -48,7 +50,7 @@ const (
 // 4*Layers*MaxRunChunks bytes (372 KiB at MaxLayers, 144 KiB for 80 layers).
 // A longer save is split into several runs by the caller of Allocate
 // (Allocate never returns a longer one).
-func MaxRunChunks(g Geometry) int {
+func MaxRunChunks(g kvshape.Geometry) int {
 	return (headerCRCOffset - headerFixedBytes - 4*g.Layers) / 8
 }
 
@@ -68,7 +70,7 @@ type Header struct {
 	HasParent          bool
 	// LayerCRCs holds CRC32C (Castagnoli) of each object's payload
 	// (ObjectBytes, without padding); its length is the layer count. They
-	// are derived from the chunk CRCs (Geometry.LayerCRCsFromChunks).
+	// are derived from the chunk CRCs (LayerCRCsFromChunks).
 	LayerCRCs []uint32
 	// TableCRC is the CRC32C of the run's padded chunk CRC table, which
 	// follows the header (DecodeChunkTable verifies against it).
@@ -97,12 +99,12 @@ func EncodeHeader(dst []byte, h *Header) error {
 		return fmt.Errorf("objmap: encoding header into %d bytes, need %d", len(dst), HeaderBytes)
 	}
 	layers, chunks := len(h.LayerCRCs), len(h.Chain)
-	if layers < 1 || layers > MaxLayers {
-		return fmt.Errorf("objmap: encoding header of run %d: %d layer CRCs, want 1..%d", h.RunID, layers, MaxLayers)
+	if layers < 1 || layers > kvshape.MaxLayers {
+		return fmt.Errorf("objmap: encoding header of run %d: %d layer CRCs, want 1..%d", h.RunID, layers, kvshape.MaxLayers)
 	}
-	if chunks < 1 || chunks > MaxRunChunks(Geometry{Layers: layers}) {
+	if chunks < 1 || chunks > MaxRunChunks(kvshape.Geometry{Layers: layers}) {
 		return fmt.Errorf("objmap: encoding header of run %d: %d chain ids, want 1..%d for %d layers",
-			h.RunID, chunks, MaxRunChunks(Geometry{Layers: layers}), layers)
+			h.RunID, chunks, MaxRunChunks(kvshape.Geometry{Layers: layers}), layers)
 	}
 	b := dst[:HeaderBytes]
 	clear(b)
@@ -154,11 +156,11 @@ func DecodeHeader(src []byte) (Header, error) {
 		return Header{}, fmt.Errorf("%w: version %d, want %d", ErrBadHeader, v, HeaderVersion)
 	}
 	layers := int(le.Uint32(b[12:]))
-	if layers < 1 || layers > MaxLayers {
-		return Header{}, fmt.Errorf("%w: %d layers, want 1..%d", ErrBadHeader, layers, MaxLayers)
+	if layers < 1 || layers > kvshape.MaxLayers {
+		return Header{}, fmt.Errorf("%w: %d layers, want 1..%d", ErrBadHeader, layers, kvshape.MaxLayers)
 	}
 	chunks := int(le.Uint32(b[44:]))
-	if maxc := MaxRunChunks(Geometry{Layers: layers}); chunks < 1 || chunks > maxc {
+	if maxc := MaxRunChunks(kvshape.Geometry{Layers: layers}); chunks < 1 || chunks > maxc {
 		return Header{}, fmt.Errorf("%w: %d chunks, want 1..%d for %d layers", ErrBadHeader, chunks, maxc, layers)
 	}
 	flags := le.Uint32(b[72:])
@@ -198,10 +200,10 @@ func DecodeHeader(src []byte) (Header, error) {
 // Matches reports why a decoded header is not the one the journal committed
 // for run (nil if it is): fingerprint, generation, run id, location, shape
 // and chain ids must all agree.
-func (h *Header) Matches(g Geometry, run *RunInfo) error {
+func (h *Header) Matches(g kvshape.Geometry, run *RunInfo) error {
 	switch {
-	case h.Fingerprint != g.Fingerprint():
-		return fmt.Errorf("geometry fingerprint %016x, store %016x", h.Fingerprint, g.Fingerprint())
+	case h.Fingerprint != Fingerprint(g):
+		return fmt.Errorf("geometry fingerprint %016x, store %016x", h.Fingerprint, Fingerprint(g))
 	case h.RunID != run.ID:
 		return fmt.Errorf("run id %d, journal %d", h.RunID, run.ID)
 	case h.Generation != run.Generation:

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // A store directory holds:
@@ -56,15 +58,15 @@ var (
 
 // manifest describes the store; every directory has one naming its index.
 type manifest struct {
-	Version       int      `json:"version"`
-	StoreID       string   `json:"store_id"`
-	DirIndex      int      `json:"dir_index"`
-	Dirs          int      `json:"dirs"`
-	Geometry      Geometry `json:"geometry"`
-	Fingerprint   string   `json:"fingerprint"`
-	FilesPerDir   int      `json:"files_per_dir"`
-	FileBytes     int64    `json:"file_bytes"`
-	CapacityBytes int64    `json:"capacity_bytes"` // as requested at creation
+	Version       int              `json:"version"`
+	StoreID       string           `json:"store_id"`
+	DirIndex      int              `json:"dir_index"`
+	Dirs          int              `json:"dirs"`
+	Geometry      kvshape.Geometry `json:"geometry"`
+	Fingerprint   string           `json:"fingerprint"`
+	FilesPerDir   int              `json:"files_per_dir"`
+	FileBytes     int64            `json:"file_bytes"`
+	CapacityBytes int64            `json:"capacity_bytes"` // as requested at creation
 }
 
 // maxManifestBytes bounds a MANIFEST file (a few hundred bytes of JSON).
@@ -111,14 +113,14 @@ func parseManifest(b []byte) (*manifest, error) {
 	case m.CapacityBytes < 1:
 		return nil, fmt.Errorf("capacity %d bytes", m.CapacityBytes)
 	}
-	if err := m.Geometry.Validate(); err != nil {
+	if err := checkGeometry(m.Geometry); err != nil {
 		return nil, err
 	}
-	if fp := fmt.Sprintf("%016x", m.Geometry.Fingerprint()); fp != m.Fingerprint {
+	if fp := fmt.Sprintf("%016x", Fingerprint(m.Geometry)); fp != m.Fingerprint {
 		return nil, fmt.Errorf("fingerprint %s, geometry gives %s", m.Fingerprint, fp)
 	}
-	if m.FileBytes < m.Geometry.RunBytes(1) {
-		return nil, fmt.Errorf("pool files of %d bytes, smaller than one run (%d)", m.FileBytes, m.Geometry.RunBytes(1))
+	if m.FileBytes < RunBytes(m.Geometry, 1) {
+		return nil, fmt.Errorf("pool files of %d bytes, smaller than one run (%d)", m.FileBytes, RunBytes(m.Geometry, 1))
 	}
 	return &m, nil
 }

@@ -234,7 +234,7 @@ type runCRCs struct{ chunks, layers []uint32 }
 func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 	var need int64
 	for _, r := range reqs {
-		need = max(need, m.g.HeaderRegionBytes(r.Res.Chunks))
+		need = max(need, HeaderRegionBytes(m.g, r.Res.Chunks))
 	}
 	buf, err := uring.AllocBuffer(int(need))
 	if err != nil {
@@ -247,7 +247,7 @@ func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 	for i, r := range reqs {
 		f := m.files[r.Res.File]
 		chunks := slices.Clone(r.ChunkCRCs)
-		layers, err := m.g.LayerCRCsFromChunks(chunks, r.Res.Chunks)
+		layers, err := LayerCRCsFromChunks(m.g, chunks, r.Res.Chunks)
 		if err != nil {
 			return nil, fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
 		}
@@ -259,12 +259,12 @@ func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 				}
 			}
 		}
-		region := b[:m.g.HeaderRegionBytes(r.Res.Chunks)]
+		region := b[:HeaderRegionBytes(m.g, r.Res.Chunks)]
 		tableCRC, err := EncodeChunkTable(region[HeaderBytes:], m.g.Layers, r.Res.Chunks, chunks)
 		if err != nil {
 			return nil, fmt.Errorf("objmap: committing run %d: %w", r.Res.ID, err)
 		}
-		h := Header{Fingerprint: m.g.Fingerprint(), Generation: r.Res.Generation, RunID: r.Res.ID, File: uint32(r.Res.File),
+		h := Header{Fingerprint: Fingerprint(m.g), Generation: r.Res.Generation, RunID: r.Res.ID, File: uint32(r.Res.File),
 			Offset: uint64(r.Res.Offset), ChunkBytesPerLayer: uint64(m.g.ChunkBytesPerLayer()), Parent: r.Parent, HasParent: r.HasParent,
 			LayerCRCs: layers, TableCRC: tableCRC, Chain: r.Chain}
 		if err := EncodeHeader(region, &h); err != nil {

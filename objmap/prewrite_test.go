@@ -176,7 +176,7 @@ func TestPrewriteConcurrent(t *testing.T) {
 	}
 	var used int64
 	for _, r := range live {
-		used += m.Geometry().RunBytes(r.Chunks())
+		used += RunBytes(m.Geometry(), r.Chunks())
 	}
 	st := m.Stats()
 	if st.FreeBytes+used+st.QuarantinedBytes != st.CapacityBytes || st.ReservedBytes != 0 {
@@ -214,7 +214,7 @@ func TestAllocateWaitsForPrewrite(t *testing.T) {
 		m.prewriteDone.Broadcast()
 	}
 	defer release() // before Close (deferred earlier), which waits for it
-	chunks := m.Geometry().ChunksThatFit(free)
+	chunks := ChunksThatFit(m.Geometry(), free)
 	got := make(chan int, 1)
 	go func() {
 		res, err := m.Allocate(chunks)

@@ -221,9 +221,9 @@ func (m *Map) scanFile(fi int, buf []byte) (cands []headerCand, errs []string, s
 // describing a run that starts at off in file fi and fits in it.
 func (m *Map) headerHere(h *Header, fi int, off int64) bool {
 	n := len(h.Chain)
-	return h.Fingerprint == m.g.Fingerprint() && len(h.LayerCRCs) == m.g.Layers &&
+	return h.Fingerprint == Fingerprint(m.g) && len(h.LayerCRCs) == m.g.Layers &&
 		h.ChunkBytesPerLayer == uint64(m.g.ChunkBytesPerLayer()) && h.File == uint32(fi) && h.Offset == uint64(off) &&
-		n <= MaxRunChunks(m.g) && off+m.g.RunBytes(n) <= m.fileSize
+		n <= MaxRunChunks(m.g) && off+RunBytes(m.g, n) <= m.fileSize
 }
 
 // resolveHeaders orders the candidates latest first and keeps those that
@@ -242,7 +242,7 @@ func (m *Map) resolveHeaders(cands []headerCand, freed map[RunID]bool, trims map
 	seen := map[RunID]bool{}
 	var out []*RunInfo
 	for _, c := range cands {
-		e := extent{c.off, m.g.RunBytes(len(c.h.Chain))}
+		e := extent{c.off, RunBytes(m.g, len(c.h.Chain))}
 		overlaps := claimed[c.file].add(e)
 		if overlaps || seen[c.h.RunID] || freed[c.h.RunID] {
 			m.report.Superseded++

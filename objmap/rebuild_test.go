@@ -71,7 +71,7 @@ func rebuildStore(t *testing.T, dir string, runs int, segmentBytes int64) (live,
 	}
 	halfWritten = res[0]
 	reqH := writeRun(t, m, halfWritten)
-	dead := Reservation{ID: 0, Generation: 1, File: halfWritten.File, Offset: halfWritten.Offset + 16<<10, Length: tinyGeom.RunBytes(1), Chunks: 1}
+	dead := Reservation{ID: 0, Generation: 1, File: halfWritten.File, Offset: halfWritten.Offset + 16<<10, Length: RunBytes(tinyGeom, 1), Chunks: 1}
 	writeHeaderForTest(t, m, writeRun(t, m, dead))
 	writeHeaderForTest(t, m, reqH)
 	m.closeFiles() // crash
@@ -177,7 +177,7 @@ func TestRebuildFromHeaders(t *testing.T) {
 // checkRebuilt checks what a rebuilt store serves (see TestRebuildFromHeaders).
 func checkRebuilt(t *testing.T, m *Map, live, freed map[RunID]RunInfo, half Reservation) {
 	t.Helper()
-	buf, err := uring.AllocBuffer(int(tinyGeom.RunBytes(MaxRunChunks(tinyGeom))))
+	buf, err := uring.AllocBuffer(int(RunBytes(tinyGeom, MaxRunChunks(tinyGeom))))
 	must(t, err)
 	defer buf.Free()
 	for id, want := range live {
@@ -248,7 +248,7 @@ func comparePayload(t *testing.T, m *Map, r RunInfo, buf []byte) {
 	b := buf[:r.Length]
 	must(t, preadFull(int(m.Files()[r.File].FD), b, r.Offset))
 	for l := 0; l < tinyGeom.Layers; l++ {
-		off, _ := tinyGeom.ObjectOffset(r.Chunks(), l)
+		off, _ := ObjectOffset(tinyGeom, r.Chunks(), l)
 		want := payload(tinyGeom, r.ID, r.Chunks(), l)
 		if !bytes.Equal(b[off:off+int64(len(want))], want) {
 			t.Fatalf("run %d layer %d: payload differs from what was committed", r.ID, l)

@@ -12,7 +12,7 @@ type RunInfo struct {
 	Generation uint64 // epoch of the store open that wrote it
 	File       int    // pool file index (see Map.Files)
 	Offset     int64  // extent start in the file (BlockBytes-aligned); the header is here
-	Length     int64  // extent length: Geometry.RunBytes(len(Chain))
+	Length     int64  // extent length: RunBytes(geometry, len(Chain))
 	Chain      []uint64
 	// Parent is the chain id the run's first block follows (HasParent false
 	// for a run that starts a prefix), so the prefix index can be rebuilt

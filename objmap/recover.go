@@ -39,7 +39,7 @@ func (m *Map) recover() error {
 // maxRuns is the most runs the pool can hold (a bound on what a checkpoint
 // may list).
 func (m *Map) maxRuns() int {
-	return int(min(int64(len(m.files))*(m.fileSize/m.g.RunBytes(1)), 1<<30))
+	return int(min(int64(len(m.files))*(m.fileSize/RunBytes(m.g, 1)), 1<<30))
 }
 
 // replayRuns carves every run the journal names out of the free space and
@@ -66,8 +66,8 @@ func (m *Map) replayRuns(js *journalState) ([]RunID, error) {
 		switch {
 		case n > MaxRunChunks(m.g):
 			drop(r, fmt.Sprintf("%d chunks, more than a header holds (%d)", n, MaxRunChunks(m.g)))
-		case r.Length != m.g.RunBytes(n):
-			drop(r, fmt.Sprintf("extent of %d bytes, %d chunks need %d", r.Length, n, m.g.RunBytes(n)))
+		case r.Length != RunBytes(m.g, n):
+			drop(r, fmt.Sprintf("extent of %d bytes, %d chunks need %d", r.Length, n, RunBytes(m.g, n)))
 		default:
 			if err := m.alloc.carve(r.File, extent{r.Offset, r.Length}); err != nil {
 				drop(r, err.Error())
@@ -175,7 +175,7 @@ type runCheck struct {
 func (m *Map) verifyRuns(runs []*RunInfo, payload bool) []runCheck {
 	out := make([]runCheck, len(runs))
 	workers := min(m.opts.HeaderReaders, len(runs))
-	bufBytes := m.g.HeaderRegionBytes(MaxRunChunks(m.g))
+	bufBytes := HeaderRegionBytes(m.g, MaxRunChunks(m.g))
 	if payload {
 		bufBytes = max(bufBytes, checkPieceBytes)
 	}
@@ -220,7 +220,7 @@ func (m *Map) checkHeader(r *RunInfo, buf []byte) (h Header, table []uint32, why
 	if n < 1 || n > MaxRunChunks(m.g) {
 		return Header{}, nil, fmt.Sprintf("%d chunks, want 1..%d", n, MaxRunChunks(m.g)), false
 	}
-	region := m.g.HeaderRegionBytes(n)
+	region := HeaderRegionBytes(m.g, n)
 	if int64(len(buf)) < region {
 		return Header{}, nil, fmt.Sprintf("header buffer of %d bytes, need %d", len(buf), region), true
 	}

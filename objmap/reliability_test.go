@@ -23,7 +23,7 @@ func TestHeaderEIO(t *testing.T) {
 	must(t, m.Close())
 	bad := runs[1]
 	testHookPread = func(fd, n int, off int64) error {
-		if off == bad.Offset && n == int(tinyGeom.HeaderRegionBytes(bad.Chunks())) {
+		if off == bad.Offset && n == int(HeaderRegionBytes(tinyGeom, bad.Chunks())) {
 			return unix.EIO
 		}
 		return nil
@@ -158,7 +158,7 @@ func TestFailedOpenLeavesNothing(t *testing.T) {
 
 // TestJournalTailVerdicts: only a torn last group is a silent drop.
 func TestJournalTailVerdicts(t *testing.T) {
-	rec, _ := AppendRecord(nil, &Record{Type: RecCommit, Run: RunInfo{ID: 50, Generation: 1, Length: tinyGeom.RunBytes(1), Chain: []uint64{1}}})
+	rec, _ := AppendRecord(nil, &Record{Type: RecCommit, Run: RunInfo{ID: 50, Generation: 1, Length: RunBytes(tinyGeom, 1), Chain: []uint64{1}}})
 	free, _ := AppendRecord(nil, &Record{Type: RecFree, ID: 77})
 	cases := []struct {
 		name   string

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
 )
@@ -27,7 +28,7 @@ type Options struct {
 	FilesPerDir int
 	// Geometry is required at creation; on reopen the zero value means "as
 	// recorded in the manifest", anything else must equal it.
-	Geometry Geometry
+	Geometry kvshape.Geometry
 	// Buffered opens pool files without O_DIRECT (for file systems that
 	// refuse it, such as tmpfs). Files() reports DirectAlign 0 then.
 	Buffered bool
@@ -85,7 +86,7 @@ type Reservation struct {
 	Generation uint64
 	File       int
 	Offset     int64
-	Length     int64 // Geometry.RunBytes(Chunks)
+	Length     int64 // RunBytes(geometry, Chunks)
 	Chunks     int
 }
 
@@ -127,7 +128,7 @@ type runEntry struct {
 // Map is an open store: the pool files, their free space, the runs and the
 // journal. It is safe for concurrent use.
 type Map struct {
-	g        Geometry
+	g        kvshape.Geometry
 	opts     Options
 	dirs     []string // ordered by manifest index; journal in dirs[0]
 	locks    []*DirLock
@@ -305,7 +306,7 @@ func checkOptions(opts Options) (Options, error) {
 }
 
 // Geometry is the store's geometry (from its manifest).
-func (m *Map) Geometry() Geometry { return m.g }
+func (m *Map) Geometry() kvshape.Geometry { return m.g }
 
 // Dirs are the store directories in manifest order (file i lies in Dirs()[i % len]).
 func (m *Map) Dirs() []string { return slices.Clone(m.dirs) }

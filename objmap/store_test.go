@@ -11,13 +11,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 )
 
 // tinyGeom has objects smaller than a block (2 KiB per chunk per layer), so
 // padding is exercised: a run of n chunks is 4096 (header) + 4096 (chunk
 // table) + 2*alignUp(2048n) bytes.
-var tinyGeom = Geometry{Layers: 2, KVHeads: 1, HeadDim: 64, DType: FP16, Planes: 2, PageTokens: 4, ChunkPages: 2}
+var tinyGeom = kvshape.Geometry{Layers: 2, KVHeads: 1, HeadDim: 64, DType: kvshape.FP16, Planes: 2, PageTokens: 4, ChunkPages: 2}
 
 func testOpts(t *testing.T, dirs ...string) Options {
 	t.Helper()
@@ -38,8 +39,8 @@ func mustOpen(t *testing.T, o Options) *Map {
 
 // payload is the deterministic content of layer l of run id: what the test
 // writes and what it expects back.
-func payload(g Geometry, id RunID, chunks, layer int) []byte {
-	b := make([]byte, g.ObjectBytes(chunks))
+func payload(g kvshape.Geometry, id RunID, chunks, layer int) []byte {
+	b := make([]byte, ObjectBytes(g, chunks))
 	for i := 0; i+8 <= len(b); i += 8 {
 		binary.LittleEndian.PutUint64(b[i:], uint64(id)*1_000_003+uint64(layer)*7919+uint64(i))
 	}
@@ -59,7 +60,7 @@ func chainFor(id RunID, chunks int) []uint64 {
 func writeRun(t *testing.T, m *Map, r Reservation) CommitRequest {
 	t.Helper()
 	g := m.Geometry()
-	stride := g.ObjectStride(r.Chunks)
+	stride := ObjectStride(g, r.Chunks)
 	buf, err := uring.AllocBuffer(int(stride))
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func writeRun(t *testing.T, m *Map, r Reservation) CommitRequest {
 		p := payload(g, r.ID, r.Chunks, l)
 		clear(buf.Bytes())
 		copy(buf.Bytes(), p)
-		off, _ := g.ObjectOffset(r.Chunks, l)
+		off, _ := ObjectOffset(g, r.Chunks, l)
 		if err := pwriteAll(int(f.FD), buf.Bytes(), r.Offset+off); err != nil {
 			t.Fatalf("writing run %d layer %d: %v", r.ID, l, err)
 		}
@@ -113,7 +114,7 @@ func save(t *testing.T, m *Map, chunks int) []RunInfo {
 func readBack(t *testing.T, m *Map, r RunInfo, layer, k int) {
 	t.Helper()
 	g := m.Geometry()
-	off, ioBytes, data, err := g.LayerSpan(r.Chunks(), layer, k)
+	off, ioBytes, data, err := LayerSpan(g, r.Chunks(), layer, k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func readBack(t *testing.T, m *Map, r RunInfo, layer, k int) {
 	if ioBytes != alignUp(int64(k)*g.ChunkBytesPerLayer()) {
 		t.Fatalf("run %d layer %d first %d chunks: %d bytes read, more than the chunks", r.ID, layer, k, ioBytes)
 	}
-	sp, _ := g.ChunkSpan(r.Chunks(), layer, 0, k)
+	sp, _ := ChunkSpan(g, r.Chunks(), layer, 0, k)
 	if err := r.VerifySpan(sp, buf.Bytes()); err != nil {
 		t.Fatalf("run %d layer %d first %d chunks: %v", r.ID, layer, k, err)
 	}
@@ -270,7 +271,7 @@ func TestStoreOpenErrors(t *testing.T) {
 	}
 	o = testOpts(t)
 	o.Geometry.Planes = 3
-	if _, err := Open(o); !errors.Is(err, ErrGeometry) {
+	if _, err := Open(o); !errors.Is(err, kvshape.ErrGeometry) {
 		t.Fatalf("bad geometry: %v", err)
 	}
 }
@@ -431,7 +432,7 @@ func TestRecoveryDropsBadHeaders(t *testing.T) {
 	// run 2: a valid header naming another run.
 	corruptHeader(t, dir, runs[2].File, runs[2].Offset, func(h *Header) { h.RunID = 12345 })
 	// run 3: payload corrupted (header fine): only Check finds it.
-	layer1, _ := tinyGeom.ObjectOffset(runs[3].Chunks(), 1)
+	layer1, _ := ObjectOffset(tinyGeom, runs[3].Chunks(), 1)
 	f, _ = os.OpenFile(filepath.Join(dir, poolFileName(0)), os.O_RDWR, 0)
 	f.WriteAt([]byte{0xff, 0xfe}, runs[3].Offset+layer1+10)
 	f.Close()
@@ -476,7 +477,7 @@ func TestRecoveryTornJournalTail(t *testing.T) {
 	seg := filepath.Join(dir, segmentName(1))
 	st, _ := os.Stat(seg)
 	// Append half of a commit record of a run that never committed, plus garbage.
-	rec, _ := AppendRecord(nil, &Record{Type: RecCommit, Run: RunInfo{ID: 50, Generation: 2, File: 0, Offset: 0, Length: tinyGeom.RunBytes(1), Chain: []uint64{1}}})
+	rec, _ := AppendRecord(nil, &Record{Type: RecCommit, Run: RunInfo{ID: 50, Generation: 2, File: 0, Offset: 0, Length: RunBytes(tinyGeom, 1), Chain: []uint64{1}}})
 	f, _ := os.OpenFile(seg, os.O_WRONLY|os.O_APPEND, 0)
 	f.Write(rec[:len(rec)-5])
 	f.Close()

@@ -12,7 +12,7 @@ import (
 
 	"github.com/tutti-io/tutti/devbench"
 	"github.com/tutti-io/tutti/internal/benchenv"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // BenchmarkSaveStriped saves a 32K-token prefix in the Llama-3-8B KV shape
@@ -34,7 +34,7 @@ func BenchmarkSaveStriped(b *testing.B) {
 	blocks := tokens / (g.PageTokens * g.ChunkPages)
 	payload := int64(blocks) * g.ChunkBytes()
 	numPages := blocks*g.ChunkPages + 16
-	kv, err := AllocHostKV(g, objmap.LayoutPerLayer, numPages)
+	kv, err := AllocHostKV(g, kvshape.LayoutPerLayer, numPages)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func BenchmarkSaveStriped(b *testing.B) {
 		for _, r := range roots {
 			dirs = append(dirs, benchenv.Under(b, r, "tutti-bench-save-"))
 		}
-		cfg := Config{Dirs: dirs, Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: numPages,
+		cfg := Config{Dirs: dirs, Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: numPages,
 			CapacityBytes: CapacityForBlocks(g, blocks) + int64(len(dirs))*(64<<20),
 			SaveBoundMs:   600000, SaveBudgetBytes: payload}
 		s, err := Open(cfg)

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/internal/benchenv"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // BenchmarkRestoreStriped70B restores what the replay's first warm
@@ -120,9 +120,9 @@ func BenchmarkRestoreStripedDocQA(b *testing.B) {
 // benchStore opens a store over dirs with room for blocks chain blocks (and
 // a run per directory of slack) and host KV holding them on pages 0..,
 // filled; the caller closes it (closeKV).
-func benchStore(b *testing.B, dirs []string, g objmap.Geometry, blocks int) (Config, *Store, *HostKV, []uint64, []int32) {
+func benchStore(b *testing.B, dirs []string, g kvshape.Geometry, blocks int) (Config, *Store, *HostKV, []uint64, []int32) {
 	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, blocks+len(dirs)), Geometry: g,
-		Layout: objmap.LayoutPerLayer, NumPages: blocks * g.ChunkPages, SaveBoundMs: 600000}
+		Layout: kvshape.LayoutPerLayer, NumPages: blocks * g.ChunkPages, SaveBoundMs: 600000}
 	s, kv := openKV(b, cfg)
 	chain := chainOf(1<<40, blocks)
 	pages := make([]int32, blocks*g.ChunkPages)

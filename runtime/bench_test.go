@@ -8,7 +8,7 @@ import (
 
 	"github.com/tutti-io/tutti/devbench"
 	"github.com/tutti-io/tutti/internal/benchenv"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // BenchmarkRestore70B restores a 32K-token prefix in the Llama-3-70B KV shape
@@ -31,7 +31,7 @@ func BenchmarkRestore70B(b *testing.B) {
 	blocks := tokens / g.PageTokens
 	payload := int64(blocks) * g.ChunkBytes()
 	z := benchenv.Size(payload)
-	cfg := Config{Dirs: []string{dir}, Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: blocks,
+	cfg := Config{Dirs: []string{dir}, Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: blocks,
 		CapacityBytes: z.CapacityBytes, StagingBytes: z.StagingBytes, StagingSlotBytes: z.StagingSlotBytes,
 		QueueDepth: z.QueueDepth, SaveBoundMs: z.SaveBoundMs, SaveBudgetBytes: z.SaveBudgetBytes}
 	gpu := benchenv.GPU()

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // TestConcurrent runs loads and saves of overlapping chains from several
@@ -15,7 +15,7 @@ import (
 func TestConcurrent(t *testing.T) {
 	g := tinyGeometry()
 	const workers, ops, pagesPer = 4, 40, 32
-	cfg := testConfig(t, g, objmap.LayoutCrossLayer, workers*pagesPer)
+	cfg := testConfig(t, g, kvshape.LayoutCrossLayer, workers*pagesPer)
 	cfg.CapacityBytes = 512 << 10 // a few dozen runs: eviction is constant
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)

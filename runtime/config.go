@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/kvevents"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
@@ -83,10 +84,10 @@ type Config struct {
 
 	// Geometry is the model's KV shape; its fingerprint is in every header,
 	// so a store written for another shape is never served.
-	Geometry objmap.Geometry
+	Geometry kvshape.Geometry
 	// Layout is the engine's paged KV memory layout (per-layer tensors or
 	// one cross-layer tensor).
-	Layout objmap.Layout
+	Layout kvshape.Layout
 	// NumPages is the number of pages (blocks of Geometry.PageTokens tokens)
 	// in the engine's paged KV memory; every page index is checked against it.
 	NumPages int
@@ -241,7 +242,7 @@ func (c *Config) Validate() error {
 		return configErr("Geometry", "%v", err)
 	}
 	switch c.Layout {
-	case objmap.LayoutPerLayer, objmap.LayoutCrossLayer:
+	case kvshape.LayoutPerLayer, kvshape.LayoutCrossLayer:
 	default:
 		return configErr("Layout", "unknown layout %d", c.Layout)
 	}

@@ -5,13 +5,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 )
 
 func TestConfigValidate(t *testing.T) {
 	good := func() Config {
 		return Config{Dirs: []string{"/a", "/b"}, CapacityBytes: 1 << 30, Geometry: tinyGeometry(),
-			Layout: objmap.LayoutPerLayer, NumPages: 16}
+			Layout: kvshape.LayoutPerLayer, NumPages: 16}
 	}
 	if err := func() error { c := good(); return c.Validate() }(); err != nil {
 		t.Fatalf("good config: %v", err)
@@ -36,7 +37,7 @@ func TestConfigValidate(t *testing.T) {
 		{"StagingBytes", func(c *Config) { c.StagingBytes, c.StagingSlotBytes = 12288, 8192 }},
 		{"StagingBytes", func(c *Config) { c.StagingBytes, c.StagingSlotBytes = 8192, 8192 }},
 		{"StagingSlotBytes", func(c *Config) {
-			c.Geometry = objmap.Geometry{Layers: 1, KVHeads: 8, HeadDim: 128, DType: objmap.FP32, Planes: 2, PageTokens: 16, ChunkPages: 1}
+			c.Geometry = kvshape.Geometry{Layers: 1, KVHeads: 8, HeadDim: 128, DType: kvshape.FP32, Planes: 2, PageTokens: 16, ChunkPages: 1}
 			c.StagingBytes, c.StagingSlotBytes = 1<<20, 64<<10
 		}},
 		{"StagingBytes", func(c *Config) { c.StagingBytes = 4096 }},
@@ -62,7 +63,7 @@ func TestConfigValidate(t *testing.T) {
 // I/O; a second Open of the same directories is refused.
 func TestRequestChecks(t *testing.T) {
 	g := tinyGeometry()
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 8)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 8)
 	s, err := Open(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func TestRequestChecks(t *testing.T) {
 	if _, err := s.Load([]uint64{1}, []int32{0, 1}); !errors.Is(err, ErrNoKV) {
 		t.Fatalf("Load before RegisterKV: %v", err)
 	}
-	kv, err := AllocHostKV(g, objmap.LayoutPerLayer, 8)
+	kv, err := AllocHostKV(g, kvshape.LayoutPerLayer, 8)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func TestRequestChecks(t *testing.T) {
 	if l := s.Lookup([]uint64{1, 2, 3}); l != 0 {
 		t.Fatalf("Lookup on an empty store = %d", l)
 	}
-	if _, err := Open(Config{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: g, Layout: objmap.LayoutPerLayer,
+	if _, err := Open(Config{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: g, Layout: kvshape.LayoutPerLayer,
 		NumPages: 8, Path: PathGPU}); !errors.Is(err, ErrGPUUnavailable) {
 		t.Fatalf("Open with PathGPU here: %v, want ErrGPUUnavailable", err)
 	}
@@ -133,9 +134,9 @@ func FuzzConfigValidate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, numPages int, capacity int64, layers, heads, dim int, dtype uint8, planes, pageTokens, chunkPages int,
 		layout uint8, depth, path int, staging, slot int64, boundMs int, budget int64) {
 		c := Config{Dirs: []string{"/d"}, CapacityBytes: capacity, NumPages: numPages,
-			Geometry: objmap.Geometry{Layers: layers, KVHeads: heads, HeadDim: dim, DType: objmap.DType(dtype), Planes: planes,
+			Geometry: kvshape.Geometry{Layers: layers, KVHeads: heads, HeadDim: dim, DType: kvshape.DType(dtype), Planes: planes,
 				PageTokens: pageTokens, ChunkPages: chunkPages},
-			Layout: objmap.Layout(layout), QueueDepth: depth, Path: Path(path), StagingBytes: staging, StagingSlotBytes: slot,
+			Layout: kvshape.Layout(layout), QueueDepth: depth, Path: Path(path), StagingBytes: staging, StagingSlotBytes: slot,
 			SaveBoundMs: boundMs, SaveBudgetBytes: budget}
 		if c.Validate() != nil {
 			return
@@ -150,7 +151,7 @@ func FuzzConfigValidate(f *testing.F) {
 // TestOpenWithFallback: where the GPU path cannot run, OpenWithFallback opens
 // the CPU path and counts it with the reason; Open never does.
 func TestOpenWithFallback(t *testing.T) {
-	cfg := testConfig(t, tinyGeometry(), objmap.LayoutPerLayer, 8)
+	cfg := testConfig(t, tinyGeometry(), kvshape.LayoutPerLayer, 8)
 	cfg.Path = PathGPU
 	s, err := Open(cfg)
 	if err == nil {
@@ -176,7 +177,7 @@ func TestOpenWithFallback(t *testing.T) {
 func TestCapacityForBlocks(t *testing.T) {
 	g := tinyGeometry()
 	const n = 300 // 4.8 MB of one-block runs: the 1 MiB of slack does not carry it
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 8)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 8)
 	cfg.CapacityBytes = CapacityForBlocks(g, n)
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)

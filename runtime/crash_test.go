@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/internal/crashtest"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // The crash test: a child process (this test binary, re-executed) saves
@@ -23,7 +23,7 @@ var crashEnv = crashtest.Env{Parent: "TestCrash", Child: "TestCrashChild",
 	DirsVar: "TUTTI_CRASH_DIRS", GenVar: "TUTTI_CRASH_GEN"}
 
 func crashConfig(dirs []string) Config {
-	return Config{Dirs: dirs, CapacityBytes: 128 << 20, Geometry: tinyGeometry(), Layout: objmap.LayoutPerLayer,
+	return Config{Dirs: dirs, CapacityBytes: 128 << 20, Geometry: tinyGeometry(), Layout: kvshape.LayoutPerLayer,
 		NumPages: 64, StagingBytes: 64 << 10, StagingSlotBytes: 8 << 10, QueueDepth: 16}
 }
 

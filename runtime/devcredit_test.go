@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -21,7 +22,7 @@ func TestIOCreditsEachDevice(t *testing.T) {
 func testIOCreditsEachDevice(t *testing.T, path Path) {
 	g := tinyGeometry()
 	blocks := 2*objmap.MaxRunChunks(g) + 3 // at least three runs: both devices
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, blocks*g.ChunkPages+8)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, blocks*g.ChunkPages+8)
 	cfg.CapacityBytes = 256 << 20
 	cfg.SaveBoundMs, cfg.SaveBudgetBytes = 600000, 1<<30
 	var bound chan *cpuRestorer

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/sched"
 	"golang.org/x/sys/unix"
 )
@@ -108,7 +108,7 @@ func TestProbeDir(t *testing.T) {
 // with a profile or under a test engine it does not probe.
 func TestOpenProbesDevices(t *testing.T) {
 	g := tinyGeometry()
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 	cfg.probe = nil
 	s, kv := openKV(t, cfg)
 	st := s.Stats()
@@ -124,7 +124,7 @@ func TestOpenProbesDevices(t *testing.T) {
 		}
 	}
 
-	cfg = testConfig(t, g, objmap.LayoutPerLayer, 64)
+	cfg = testConfig(t, g, kvshape.LayoutPerLayer, 64)
 	cfg.probe, cfg.Device = nil, defaultDevice
 	s, kv = openKV(t, cfg)
 	if st := s.Stats(); st.DeviceProbeFailures != 0 || !strings.Contains(st.DeviceProbe, "Config.Device is set") {

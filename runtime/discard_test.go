@@ -6,7 +6,7 @@ import (
 	"sort"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/prefix"
 )
 
@@ -18,7 +18,7 @@ import (
 func TestDiscard(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(5, 5))
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 	s, kv := openKV(t, cfg)
 
 	a := chainOf(100, 3)                                              // run 1
@@ -115,7 +115,7 @@ func TestDiscard(t *testing.T) {
 
 // TestDiscardClosed: Discard after Close says so.
 func TestDiscardClosed(t *testing.T) {
-	cfg := testConfig(t, tinyGeometry(), objmap.LayoutPerLayer, 16)
+	cfg := testConfig(t, tinyGeometry(), kvshape.LayoutPerLayer, 16)
 	s, kv := openKV(t, cfg)
 	closeKV(t, s, kv)
 	if _, err := s.Discard(1); !errors.Is(err, ErrClosed) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/internal/faultfs"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -26,7 +27,7 @@ import (
 func eioStore(t *testing.T) (*faultfs.Device, Config) {
 	t.Helper()
 	d := faultfs.Setup(t, faultfs.Options{SizeBytes: 48 << 20, Timeout: 2 * time.Minute})
-	cfg := testConfig(t, tinyGeometry(), objmap.LayoutPerLayer, 64)
+	cfg := testConfig(t, tinyGeometry(), kvshape.LayoutPerLayer, 64)
 	cfg.Dirs = []string{filepath.Join(d.Dir, "store")}
 	cfg.CapacityBytes = 16 << 20
 	return d, cfg

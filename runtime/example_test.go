@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 )
 
 // exampleGeometry is a toy model: 2 layers, K and V, 4-token pages, one page
 // per chain block (vLLM-style block hashing).
-var exampleGeometry = objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 8, DType: objmap.BF16,
+var exampleGeometry = kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 8, DType: kvshape.BF16,
 	Planes: 2, PageTokens: 4, ChunkPages: 1}
 
 // Open a store, register host KV memory, save a prefix and restore it into
@@ -24,7 +24,7 @@ func Example() {
 		Dirs:          []string{dir},
 		CapacityBytes: 16 << 20,
 		Geometry:      exampleGeometry,
-		Layout:        objmap.LayoutPerLayer,
+		Layout:        kvshape.LayoutPerLayer,
 		NumPages:      8,
 		StagingBytes:  1 << 20, // two 512 KiB slots
 	})
@@ -33,7 +33,7 @@ func Example() {
 		return
 	}
 	defer s.Close()
-	kv, _ := runtime.AllocHostKV(exampleGeometry, objmap.LayoutPerLayer, 8)
+	kv, _ := runtime.AllocHostKV(exampleGeometry, kvshape.LayoutPerLayer, 8)
 	defer kv.Free()
 	if err := s.RegisterKV(kv.Memory()); err != nil {
 		fmt.Println(err)
@@ -76,7 +76,7 @@ func Example() {
 // Config.Validate names the field that is wrong.
 func ExampleConfig_Validate() {
 	cfg := runtime.Config{Dirs: []string{"/tmp/kv"}, CapacityBytes: 1 << 30, Geometry: exampleGeometry,
-		Layout: objmap.LayoutPerLayer, NumPages: 0}
+		Layout: kvshape.LayoutPerLayer, NumPages: 0}
 	fmt.Println(cfg.Validate())
 	// Output: runtime: invalid config: NumPages: must be in [1, 2^31), got 0
 }
@@ -87,9 +87,9 @@ func ExampleStore_Load_badPage() {
 	dir, _ := os.MkdirTemp("", "tutti-example-")
 	defer os.RemoveAll(dir)
 	s, _ := runtime.Open(runtime.Config{Dirs: []string{dir}, CapacityBytes: 16 << 20, Geometry: exampleGeometry,
-		Layout: objmap.LayoutCrossLayer, NumPages: 4, StagingBytes: 1 << 20})
+		Layout: kvshape.LayoutCrossLayer, NumPages: 4, StagingBytes: 1 << 20})
 	defer s.Close()
-	kv, _ := runtime.AllocHostKV(exampleGeometry, objmap.LayoutCrossLayer, 4)
+	kv, _ := runtime.AllocHostKV(exampleGeometry, kvshape.LayoutCrossLayer, 4)
 	defer kv.Free()
 	_ = s.RegisterKV(kv.Memory())
 	_, err := s.Load([]uint64{1, 2}, []int32{0, 9})

@@ -5,6 +5,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 	"github.com/tutti-io/tutti/uring/uringsim"
@@ -51,17 +52,17 @@ func TestLoadFaults(t *testing.T) {
 	// slots, chunks straddling them, consumed in any order).
 	for _, sh := range []struct {
 		name        string
-		g           objmap.Geometry
+		g           kvshape.Geometry
 		slot, total int64
 	}{
 		{"whole reads", tinyGeometry(), 0, 0},
-		{"split reads", objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 2}, 12 << 10, 96 << 10},
+		{"split reads", kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 2}, 12 << 10, 96 << 10},
 	} {
 		t.Run(sh.name, func(t *testing.T) { loadFaults(t, sh.g, sh.slot, sh.total) })
 	}
 }
 
-func loadFaults(t *testing.T, g objmap.Geometry, slotBytes, stagingBytes int64) {
+func loadFaults(t *testing.T, g kvshape.Geometry, slotBytes, stagingBytes int64) {
 	cases := []struct {
 		name string
 		inj  func() []uringsim.Injector
@@ -78,7 +79,7 @@ func loadFaults(t *testing.T, g objmap.Geometry, slotBytes, stagingBytes int64) 
 			injected := uint64(0)
 			for seed := uint64(1); seed <= 4; seed++ {
 				rng := rand.New(rand.NewPCG(seed, 7))
-				cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+				cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 				if slotBytes > 0 {
 					cfg.StagingBytes, cfg.StagingSlotBytes = stagingBytes, slotBytes
 				}
@@ -137,7 +138,7 @@ func loadFaults(t *testing.T, g objmap.Geometry, slotBytes, stagingBytes int64) 
 func TestLoadCorruptPayload(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(3, 3))
-	cfg := testConfig(t, g, objmap.LayoutCrossLayer, 64)
+	cfg := testConfig(t, g, kvshape.LayoutCrossLayer, 64)
 	chains := saveChains(t, cfg, rng, 1)
 	ch := chains[0]
 
@@ -154,7 +155,7 @@ func TestLoadCorruptPayload(t *testing.T) {
 	if victim == nil {
 		t.Fatal("second run not found")
 	}
-	off, _ := g.ObjectOffset(victim.chunks, 1)
+	off, _ := objmap.ObjectOffset(g, victim.chunks, 1)
 	f, err := os.OpenFile(victim.file.Path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +203,7 @@ func TestSaveFaults(t *testing.T) {
 			{"eio", &uringsim.EIO{P: 0.15, Ops: uringsim.WriteOps}, SkipIOError},
 		} {
 			rng := rand.New(rand.NewPCG(seed, 11))
-			cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+			cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 			var sim *uringsim.Sim
 			s, kv := openKV(t, simConfig(cfg, seed, &sim, tc.inj))
 			var saved [][]uint64

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/internal/faultfs"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,7 +24,7 @@ import (
 // creation (so saves write into allocated blocks: only the journal and
 // checkpoint need new ones), its journal segments are segmentBytes.
 func fullDiskCfg(t *testing.T, d *faultfs.Device, segmentBytes int64) Config {
-	cfg := testConfig(t, tinyGeometry(), objmap.LayoutPerLayer, 64)
+	cfg := testConfig(t, tinyGeometry(), kvshape.LayoutPerLayer, 64)
 	cfg.Dirs = []string{filepath.Join(d.Dir, "store")}
 	cfg.CapacityBytes = 8 << 20
 	cfg.WritePool = true

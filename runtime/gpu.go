@@ -12,6 +12,7 @@ import (
 	"fmt"
 
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
@@ -61,7 +62,7 @@ func (s *Store) bindGPU(kv KVMemory) (*gpuPath, error) {
 		return newGPUPath(r, s.geo)
 	}
 	var ptrs []uint64
-	if s.cfg.Layout == objmap.LayoutPerLayer {
+	if s.cfg.Layout == kvshape.LayoutPerLayer {
 		for _, r := range kv.Layers {
 			ptrs = append(ptrs, uint64(r.Addr))
 		}
@@ -118,7 +119,7 @@ func kernelsConfig(cfg Config, ptrs []uint64, ring *uring.Ring) kernels.Config {
 
 // newGPUPath is the path of bound restorer r with all its gather lanes
 // free. On an error it closes r.
-func newGPUPath(r gpuRestorer, g objmap.Geometry) (*gpuPath, error) {
+func newGPUPath(r gpuRestorer, g kvshape.Geometry) (*gpuPath, error) {
 	n := r.GatherLanes()
 	if n < 1 {
 		r.Close()
@@ -156,7 +157,7 @@ func (gp *gpuPath) gather(pages []int32, layer int, dst uintptr, bytes int64, pl
 
 // gpuWriteUnit is the size GPU save writes are cut at: whole pages (Gather
 // copies pages) and whole O_DIRECT blocks.
-func gpuWriteUnit(g objmap.Geometry) int64 {
+func gpuWriteUnit(g kvshape.Geometry) int64 {
 	return lcm(g.PageBytesPerLayer(), objmap.BlockBytes)
 }
 
@@ -214,7 +215,7 @@ func (l *Load) gpuRequest() kernels.Request {
 		req.Layers[layer] = make([]kernels.Extent, 0, len(l.gpuPieces))
 		for _, p := range l.gpuPieces {
 			r := l.runs[p.run]
-			off, _ := g.ObjectOffset(r.run.chunks, layer)
+			off, _ := objmap.ObjectOffset(g, r.run.chunks, layer)
 			req.Layers[layer] = append(req.Layers[layer], kernels.Extent{FD: r.run.file.FD, Align: r.run.file.DirectAlign,
 				Offset: r.run.offset + off + int64(r.first+p.first)*g.ChunkBytesPerLayer(), Pages: p.k * g.ChunkPages})
 		}

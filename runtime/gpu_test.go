@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kernels"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // deviceKV is KV memory in HBM plus a host mirror (HostKV) to fill and
@@ -17,7 +17,7 @@ type deviceKV struct {
 	mem    KVMemory
 }
 
-func newDeviceKV(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages int) *deviceKV {
+func newDeviceKV(t testing.TB, g kvshape.Geometry, layout kvshape.Layout, numPages int) *deviceKV {
 	t.Helper()
 	h, err := AllocHostKV(g, layout, numPages)
 	if err != nil {
@@ -26,7 +26,7 @@ func newDeviceKV(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages
 	d := &deviceKV{mirror: h}
 	hm := h.Memory()
 	regions := hm.Layers
-	if layout == objmap.LayoutCrossLayer {
+	if layout == kvshape.LayoutCrossLayer {
 		regions = []Region{hm.Cross}
 	}
 	for _, r := range regions {
@@ -35,7 +35,7 @@ func newDeviceKV(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages
 			t.Fatal(err)
 		}
 		d.dev = append(d.dev, p)
-		if layout == objmap.LayoutPerLayer {
+		if layout == kvshape.LayoutPerLayer {
 			d.mem.Layers = append(d.mem.Layers, Region{Addr: uintptr(p), LenBytes: r.LenBytes})
 		} else {
 			d.mem.Cross = Region{Addr: uintptr(p), LenBytes: r.LenBytes}
@@ -84,7 +84,7 @@ func (d *deviceKV) download(t testing.TB) {
 // GPU path cannot run (the reason is printed).
 func TestGPURoundTrip(t *testing.T) {
 	g := tinyGeometry()
-	for _, layout := range []objmap.Layout{objmap.LayoutPerLayer, objmap.LayoutCrossLayer} {
+	for _, layout := range []kvshape.Layout{kvshape.LayoutPerLayer, kvshape.LayoutCrossLayer} {
 		t.Run(layout.String(), func(t *testing.T) {
 			const numPages = 64
 			cfg := testConfig(t, g, layout, numPages)

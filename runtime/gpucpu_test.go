@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -27,7 +28,7 @@ import (
 // CI, too.
 type cpuRestorer struct {
 	v        *kvViews
-	g        objmap.Geometry
+	g        kvshape.Geometry
 	maxPages int
 	gate     chan struct{}
 	laneBusy []atomic.Bool // per gather lane: a GatherLane call holds it

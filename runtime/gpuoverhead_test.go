@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // BenchmarkGPULoadGoSide is what a PathGPU Load costs on the Go side alone:
@@ -17,13 +17,13 @@ import (
 // layers, the device models, finish. On the GPU machine a Load costs this
 // plus the restore itself.
 func BenchmarkGPULoadGoSide(b *testing.B) {
-	g := objmap.Geometry{Layers: 32, KVHeads: 1, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
+	g := kvshape.Geometry{Layers: 32, KVHeads: 1, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
 	const blocks = 64
 	pages := blocks * g.ChunkPages
 	numPages := pages + pages/8 + 16
 	dirs := []string{b.TempDir(), b.TempDir(), b.TempDir(), b.TempDir()}
 	bound := make(chan *cpuRestorer, 1)
-	cfg := Config{Dirs: dirs, Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: numPages,
+	cfg := Config{Dirs: dirs, Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: numPages,
 		CapacityBytes: CapacityForBlocks(g, blocks) + int64(len(dirs))*(64<<20), SaveBoundMs: 600000,
 		SaveBudgetBytes: int64(blocks) * g.ChunkBytes(), Path: PathGPU, gpuBind: cpuGPU(nil, bound)}
 	cfg.GPU.MaxPages = pages

@@ -1,6 +1,9 @@
 package runtime
 
-import "github.com/tutti-io/tutti/objmap"
+import (
+	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/objmap"
+)
 
 // gpuPiece is one extent of a GPU restore's layers: chunks [first, first+k)
 // of load run run (first relative to the run's own first loaded chunk).
@@ -38,7 +41,7 @@ func (c *Config) gpuMaxExtents() int {
 // maxIOBytes where the run is that long. There are at most maxExtents
 // pieces (at least len(runs) must be allowed); on one device the runs stay
 // whole. runs with k < 1 are not allowed.
-func gpuPieces(runs []loadRun, g objmap.Geometry, window, maxIOBytes, maxExtents int) []gpuPiece {
+func gpuPieces(runs []loadRun, g kvshape.Geometry, window, maxIOBytes, maxExtents int) []gpuPiece {
 	var dst []gpuPiece
 	pc := gpuPieceChunks(runs, g, window, maxIOBytes, maxExtents)
 	for j, more := 0, true; more; j++ {
@@ -56,7 +59,7 @@ func gpuPieces(runs []loadRun, g objmap.Geometry, window, maxIOBytes, maxExtents
 }
 
 // gpuPieceChunks is the chunks of a gpuPieces piece (gpuPieces' doc).
-func gpuPieceChunks(runs []loadRun, g objmap.Geometry, window, maxIOBytes, maxExtents int) int {
+func gpuPieceChunks(runs []loadRun, g kvshape.Geometry, window, maxIOBytes, maxExtents int) int {
 	longest := 0
 	devices := map[int]bool{}
 	for _, r := range runs {

@@ -4,13 +4,14 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 )
 
 // piecesGeometry is llama3-8b's KV shape with 512-token chunks (2 MiB per
 // chunk and layer).
-func piecesGeometry() objmap.Geometry {
-	return objmap.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
+func piecesGeometry() kvshape.Geometry {
+	return kvshape.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
 }
 
 // runsOn is one load run of k chunks per entry of ks, run i on device
@@ -30,12 +31,12 @@ func runsOn(ks, devs []int) []loadRun {
 // runs, within the extent limit; and every window of reads in flight holds
 // each device's share within one piece of even.
 func TestGPUPieces(t *testing.T) {
-	mla := objmap.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: objmap.BF16, Planes: 1, PageTokens: 16, ChunkPages: 32}
-	odd := objmap.Geometry{Layers: 4, KVHeads: 1, HeadDim: 48, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1} // 3 KiB chunks
+	mla := kvshape.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 32}
+	odd := kvshape.Geometry{Layers: 4, KVHeads: 1, HeadDim: 48, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1} // 3 KiB chunks
 	eight := []int{0, 1, 2, 3, 4, 5, 6, 7}
 	for _, tc := range []struct {
 		name       string
-		g          objmap.Geometry
+		g          kvshape.Geometry
 		ks, devs   []int
 		window     int
 		maxIO      int
@@ -98,7 +99,7 @@ func TestGPUPieces(t *testing.T) {
 // checkWindowSpread: in every span of window consecutive reads of a layer's
 // entries (kernels' submission order), each device's reads are within one
 // piece of its share of the whole layer.
-func checkWindowSpread(t *testing.T, runs []loadRun, ps []gpuPiece, g objmap.Geometry, window, maxIO, pieceChunks int) {
+func checkWindowSpread(t *testing.T, runs []loadRun, ps []gpuPiece, g kvshape.Geometry, window, maxIO, pieceChunks int) {
 	t.Helper()
 	var dev []int // device of each read of one layer, in submission order
 	for _, p := range ps {
@@ -141,9 +142,9 @@ func checkWindowSpread(t *testing.T, runs []loadRun, ps []gpuPiece, g objmap.Geo
 // run's later piece to that run: the runs before it are restored, it and
 // the rest are misses.
 func TestGPUPiecedRestore(t *testing.T) {
-	g := objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 8} // 64 KiB chunks
-	const blocks = 64                                                                                                      // 4 MiB per layer: two runs
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, blocks*g.ChunkPages)
+	g := kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 8} // 64 KiB chunks
+	const blocks = 64                                                                                                        // 4 MiB per layer: two runs
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, blocks*g.ChunkPages)
 	cfg.SaveBoundMs, cfg.SaveBudgetBytes = 600000, 1<<30
 	bound := make(chan *cpuRestorer, 1)
 	cfg.Path, cfg.gpuBind = PathGPU, cpuGPU(nil, bound)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring/blockdev"
 )
 
@@ -68,7 +68,7 @@ func TestDeviceSizedGPUReads(t *testing.T) {
 		if tc.unread > 0 && !strings.Contains(r.String(), "not read: ") {
 			t.Errorf("%s: String() = %q hides what was not read", tc.name, r)
 		}
-		c := Config{Dirs: []string{"/a"}, CapacityBytes: 1 << 30, Geometry: tinyGeometry(), Layout: objmap.LayoutPerLayer, NumPages: 16,
+		c := Config{Dirs: []string{"/a"}, CapacityBytes: 1 << 30, Geometry: tinyGeometry(), Layout: kvshape.LayoutPerLayer, NumPages: 16,
 			GPU: GPUConfig{IOWindow: r.Window, MaxIOBytes: r.MaxIOBytes, Lookahead: r.Lookahead}}
 		if err := c.Validate(); err != nil {
 			t.Errorf("%s: sized values refused: %v", tc.name, err)
@@ -119,7 +119,7 @@ func TestGPULookaheadToFill(t *testing.T) {
 // (the lookahead to fill the window), keeps the ones set, and says so, in
 // Stats.GPUReads too.
 func TestSizeGPUReads(t *testing.T) {
-	base := testConfig(t, tinyGeometry(), objmap.LayoutPerLayer, 64)
+	base := testConfig(t, tinyGeometry(), kvshape.LayoutPerLayer, 64)
 	base.Dirs = []string{t.TempDir(), t.TempDir()}
 	sized := DeviceSizedGPUReads(base.Dirs)
 	layer := int64(min(base.NumPages, 4096)) * base.Geometry.PageBytesPerLayer()

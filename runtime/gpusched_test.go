@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/sched"
 )
 
@@ -15,7 +15,7 @@ import (
 func gpuStoreOnCPU(t *testing.T, numPages int, gate chan struct{}, tune ...func(*Config)) (*Store, *HostKV, *cpuRestorer) {
 	t.Helper()
 	g := tinyGeometry()
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, numPages)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, numPages)
 	cfg.Dirs = cfg.Dirs[:1] // one device: the save is written where the restore reads
 	bound := make(chan *cpuRestorer, 1)
 	cfg.Path, cfg.gpuBind = PathGPU, cpuGPU(gate, bound)

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 	"github.com/tutti-io/tutti/uring/uringsim"
 )
@@ -77,8 +77,8 @@ func (h *holdRead) InFlight() int {
 // it is held than there are slots (handed on oldest first, the load stopped
 // once every slot waited behind it: at most slots-1 reads).
 func TestLoadHandsOnCompletedSlots(t *testing.T) {
-	g := objmap.Geometry{Layers: 24, KVHeads: 2, HeadDim: 16, DType: objmap.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+	g := kvshape.Geometry{Layers: 24, KVHeads: 2, HeadDim: 16, DType: kvshape.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 	slots := int(cfg.StagingBytes / cfg.StagingSlotBytes)
 	rng := rand.New(rand.NewPCG(3, 4))
 	chain := chainOf(1<<40, 6)

@@ -7,13 +7,13 @@ import (
 
 	"github.com/tutti-io/tutti/internal/crashtest"
 	"github.com/tutti-io/tutti/internal/kvdata"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // tinyGeometry is small enough for many runs per test yet exercises padding
 // (objects are not multiples of 4 KiB) and both planes.
-func tinyGeometry() objmap.Geometry {
-	return objmap.Geometry{Layers: 3, KVHeads: 2, HeadDim: 16, DType: objmap.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
+func tinyGeometry() kvshape.Geometry {
+	return kvshape.Geometry{Layers: 3, KVHeads: 2, HeadDim: 16, DType: kvshape.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
 }
 
 // testConfig is a store over fresh temporary directories with small staging
@@ -22,7 +22,7 @@ func tinyGeometry() objmap.Geometry {
 // the disk under the test (TestOpenProbesDevices runs the real probe), and
 // it does not prewrite (a test store's 64 MiB each, written in the
 // background of every test; prewrite_test.go turns it on).
-func testConfig(t testing.TB, g objmap.Geometry, layout objmap.Layout, numPages int) Config {
+func testConfig(t testing.TB, g kvshape.Geometry, layout kvshape.Layout, numPages int) Config {
 	t.Helper()
 	return Config{
 		probe:            fixedProbe(defaultDevice.WriteBytesPerSec, defaultDevice.ReadBytesPerSec),
@@ -66,7 +66,7 @@ func closeKV(t testing.TB, s *Store, kv *HostKV) {
 }
 
 // pageTable picks distinct random page ids for n chain blocks.
-func pageTable(rng *rand.Rand, g objmap.Geometry, numPages, blocks int) []int32 {
+func pageTable(rng *rand.Rand, g kvshape.Geometry, numPages, blocks int) []int32 {
 	perm := rng.Perm(numPages)
 	pages := make([]int32, blocks*g.ChunkPages)
 	for i := range pages {
@@ -82,7 +82,7 @@ type pageMem interface {
 }
 
 // fill writes the deterministic content of chain's blocks into their pages.
-func fill(kv pageMem, g objmap.Geometry, chain []uint64, pages []int32) {
+func fill(kv pageMem, g kvshape.Geometry, chain []uint64, pages []int32) {
 	for i, id := range chain {
 		for j := 0; j < g.ChunkPages; j++ {
 			for l := 0; l < g.Layers; l++ {
@@ -95,7 +95,7 @@ func fill(kv pageMem, g objmap.Geometry, chain []uint64, pages []int32) {
 }
 
 // scramble overwrites every page (so a restore that skips a page shows).
-func scramble(kv pageMem, g objmap.Geometry, numPages int) {
+func scramble(kv pageMem, g kvshape.Geometry, numPages int) {
 	for p := 0; p < numPages; p++ {
 		for l := 0; l < g.Layers; l++ {
 			for pl := 0; pl < g.Planes; pl++ {
@@ -110,7 +110,7 @@ func scramble(kv pageMem, g objmap.Geometry, numPages int) {
 
 // verify checks the first n blocks of chain in their pages; it returns the
 // first mismatch.
-func verify(kv pageMem, g objmap.Geometry, chain []uint64, pages []int32, n int) error {
+func verify(kv pageMem, g kvshape.Geometry, chain []uint64, pages []int32, n int) error {
 	for i, id := range chain[:n] {
 		for j := 0; j < g.ChunkPages; j++ {
 			for l := 0; l < g.Layers; l++ {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 )
 
@@ -18,9 +18,9 @@ type Region struct {
 }
 
 // KVMemory describes the engine's paged KV memory. Exactly one of Layers
-// (objmap.LayoutPerLayer: one tensor per layer, each
+// (kvshape.LayoutPerLayer: one tensor per layer, each
 // [planes, num_pages, page_tokens, kv_heads, head_dim]) or Cross
-// (objmap.LayoutCrossLayer: one tensor
+// (kvshape.LayoutCrossLayer: one tensor
 // [num_pages, layers, planes, page_tokens, kv_heads, head_dim]) is set,
 // matching Config.Layout. The caller keeps the memory valid and unmoved
 // from RegisterKV until Close.
@@ -36,10 +36,10 @@ var ErrKV = errors.New("runtime: bad KV memory")
 // kvViews are byte views over the registered host KV memory, built once at
 // RegisterKV so the hot path only slices.
 type kvViews struct {
-	layout     objmap.Layout
-	layers     [][]byte        // per-layer layout: one view per layer
-	cross      []byte          // cross-layer layout
-	g          objmap.Geometry // the layout rule: g.PlaneOffset
+	layout     kvshape.Layout
+	layers     [][]byte         // per-layer layout: one view per layer
+	cross      []byte           // cross-layer layout
+	g          kvshape.Geometry // the layout rule: g.PlaneOffset
 	planeBytes int64
 	planes     int64 // planes of a page in an object (copyPages)
 	numPages   int
@@ -55,15 +55,15 @@ func view(addr uintptr, n int64) []byte {
 
 // checkKV checks that kv describes memory of the right shape and size for
 // numPages pages of g in layout (host or device addresses alike).
-func checkKV(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemory) error {
+func checkKV(g kvshape.Geometry, layout kvshape.Layout, numPages int, kv KVMemory) error {
 	_, err := kvRegions(g, layout, numPages, kv)
 	return err
 }
 
 // kvRegions checks kv and returns the regions with their needed lengths.
-func kvRegions(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemory) ([]Region, error) {
+func kvRegions(g kvshape.Geometry, layout kvshape.Layout, numPages int, kv KVMemory) ([]Region, error) {
 	switch layout {
-	case objmap.LayoutPerLayer:
+	case kvshape.LayoutPerLayer:
 		if kv.Cross != (Region{}) {
 			return nil, fmt.Errorf("%w: Cross is set but the layout is per-layer (use Layers)", ErrKV)
 		}
@@ -85,7 +85,7 @@ func kvRegions(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemor
 			out[l] = Region{Addr: r.Addr, LenBytes: need}
 		}
 		return out, nil
-	case objmap.LayoutCrossLayer:
+	case kvshape.LayoutCrossLayer:
 		if len(kv.Layers) != 0 {
 			return nil, fmt.Errorf("%w: Layers is set but the layout is cross-layer (use Cross)", ErrKV)
 		}
@@ -104,7 +104,7 @@ func kvRegions(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemor
 	return nil, fmt.Errorf("%w: unknown layout %d", ErrKV, layout)
 }
 
-func newKVViews(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemory) (*kvViews, error) {
+func newKVViews(g kvshape.Geometry, layout kvshape.Layout, numPages int, kv KVMemory) (*kvViews, error) {
 	regions, err := kvRegions(g, layout, numPages, kv)
 	if err != nil {
 		return nil, err
@@ -116,7 +116,7 @@ func newKVViews(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemo
 		planes:     int64(g.Planes),
 		numPages:   numPages,
 	}
-	if layout == objmap.LayoutPerLayer {
+	if layout == kvshape.LayoutPerLayer {
 		for _, r := range regions {
 			v.layers = append(v.layers, view(r.Addr, r.LenBytes))
 		}
@@ -130,7 +130,7 @@ func newKVViews(g objmap.Geometry, layout objmap.Layout, numPages int, kv KVMemo
 // every index.
 func (v *kvViews) plane(layer, plane int, page int32) []byte {
 	off := v.g.PlaneOffset(v.layout, v.numPages, layer, plane, int(page))
-	if v.layout == objmap.LayoutPerLayer {
+	if v.layout == kvshape.LayoutPerLayer {
 		return v.layers[layer][off : off+v.planeBytes]
 	}
 	return v.cross[off : off+v.planeBytes]
@@ -188,7 +188,7 @@ type HostKV struct {
 }
 
 // AllocHostKV allocates host KV memory for numPages pages of g in layout.
-func AllocHostKV(g objmap.Geometry, layout objmap.Layout, numPages int) (*HostKV, error) {
+func AllocHostKV(g kvshape.Geometry, layout kvshape.Layout, numPages int) (*HostKV, error) {
 	if err := g.Validate(); err != nil {
 		return nil, fmt.Errorf("allocating host KV: %w", err)
 	}
@@ -209,7 +209,7 @@ func AllocHostKV(g objmap.Geometry, layout objmap.Layout, numPages int) (*HostKV
 		return nil, fmt.Errorf("allocating host KV: %w", err)
 	}
 	switch layout {
-	case objmap.LayoutPerLayer:
+	case kvshape.LayoutPerLayer:
 		for l := 0; l < g.Layers; l++ {
 			r, err := alloc(per)
 			if err != nil {
@@ -218,7 +218,7 @@ func AllocHostKV(g objmap.Geometry, layout objmap.Layout, numPages int) (*HostKV
 			}
 			h.mem.Layers = append(h.mem.Layers, r)
 		}
-	case objmap.LayoutCrossLayer:
+	case kvshape.LayoutCrossLayer:
 		r, err := alloc(per)
 		if err != nil {
 			return nil, err

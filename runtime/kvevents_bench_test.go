@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/kvevents"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // BenchmarkKVEventsCommitToSubscriber: per op, a one-block save waited for
@@ -14,7 +14,7 @@ import (
 // 127.0.0.1 holds the block. save-ns is the baseline of the same run.
 func BenchmarkKVEventsCommitToSubscriber(b *testing.B) {
 	g := tinyGeometry()
-	cfg := testConfig(b, g, objmap.LayoutPerLayer, 64)
+	cfg := testConfig(b, g, kvshape.LayoutPerLayer, 64)
 	cfg.KVEvents = evConfig()
 	s, kv := openKV(b, cfg)
 	defer closeKV(b, s, kv)

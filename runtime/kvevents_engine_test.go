@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kvevents"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // engineView applies what an engine takes from a store (TakeKVEvents):
@@ -83,7 +83,7 @@ func (v *engineView) match(t *testing.T, s *Store, step string) {
 func TestKVEventsEngineTake(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(26, 1))
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 256)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 256)
 	cfg.KVEvents = &kvevents.Config{Engine: true, MaxQueueEvents: 2}
 	s, kv := openKV(t, cfg)
 	limitBlocks(t, s, 20)
@@ -135,13 +135,13 @@ func TestKVEventsEngineTake(t *testing.T) {
 
 func TestKVEventsTakeNeedsEngine(t *testing.T) {
 	g := tinyGeometry()
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 16)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 16)
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
 	if _, _, _, err := s.TakeKVEvents(nil, 1<<20); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("no KVEvents: %v", err)
 	}
-	cfg2 := testConfig(t, g, objmap.LayoutPerLayer, 16)
+	cfg2 := testConfig(t, g, kvshape.LayoutPerLayer, 16)
 	cfg2.KVEvents = evConfig()
 	s2, kv2 := openKV(t, cfg2)
 	defer closeKV(t, s2, kv2)

@@ -14,6 +14,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/kvevents/kvindex"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring/uringsim"
 )
@@ -26,7 +27,7 @@ func evConfig() *kvevents.Config {
 
 // tokensOf are made-up token ids of block i of a chain (any function of the
 // id: an id names the whole prefix).
-func tokensOf(g objmap.Geometry, id uint64) []uint32 {
+func tokensOf(g kvshape.Geometry, id uint64) []uint32 {
 	t := make([]uint32, g.ChunkPages*g.PageTokens)
 	for i := range t {
 		t[i] = uint32(id>>uint(i%4*8)) + uint32(i)
@@ -34,7 +35,7 @@ func tokensOf(g objmap.Geometry, id uint64) []uint32 {
 	return t
 }
 
-func metaOf(g objmap.Geometry, chain []uint64) []BlockMeta {
+func metaOf(g kvshape.Geometry, chain []uint64) []BlockMeta {
 	m := make([]BlockMeta, len(chain))
 	for i, id := range chain {
 		m[i] = BlockMeta{Tokens: tokensOf(g, id)}
@@ -195,7 +196,7 @@ func newFollower(t testing.TB, st KVEventsStats) *kvindex.Index {
 func TestKVEventsMatchStore(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(25, 1))
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 256)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 256)
 	cfg.KVEvents = evConfig()
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
@@ -251,7 +252,7 @@ func TestKVEventsMatchStore(t *testing.T) {
 // in the stream, so the subscriber ends holding exactly what is served.
 func TestKVEventsConcurrentResave(t *testing.T) {
 	g := tinyGeometry()
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 512)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 512)
 	cfg.KVEvents = evConfig()
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
@@ -297,7 +298,7 @@ func TestKVEventsConcurrentResave(t *testing.T) {
 func TestKVEventsSkippedNeverStored(t *testing.T) {
 	g := tinyGeometry()
 	for _, inj := range []uringsim.Injector{&uringsim.ENOSPC{AfterBytes: 20000}, &uringsim.EIO{P: 0.15, Ops: uringsim.WriteOps}} {
-		cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+		cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 		cfg.KVEvents = evConfig()
 		var sim *uringsim.Sim
 		s, kv := openKV(t, simConfig(cfg, 5, &sim, inj))
@@ -330,7 +331,7 @@ func TestKVEventsSkippedNeverStored(t *testing.T) {
 func TestKVEventsCorruptRunRemoved(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(3, 3))
-	cfg := testConfig(t, g, objmap.LayoutCrossLayer, 64)
+	cfg := testConfig(t, g, kvshape.LayoutCrossLayer, 64)
 	chains := saveChains(t, cfg, rng, 1)
 	ch := chains[0]
 	cfg.KVEvents = evConfig()
@@ -346,7 +347,7 @@ func TestKVEventsCorruptRunRemoved(t *testing.T) {
 		}
 	}
 	s.mu.Unlock()
-	off, _ := g.ObjectOffset(victim.chunks, 1)
+	off, _ := objmap.ObjectOffset(g, victim.chunks, 1)
 	f, err := os.OpenFile(victim.file.Path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -371,7 +372,7 @@ func TestKVEventsCorruptRunRemoved(t *testing.T) {
 func TestKVEventsEngineHashes(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(4, 4))
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 	cfg.KVEvents = evConfig()
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kvevents"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // TestKVEventsRestart: a reopened store publishes AllBlocksCleared in a new
@@ -18,7 +18,7 @@ import (
 func TestKVEventsRestart(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(9, 9))
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 	cfg.KVEvents = evConfig()
 	s, kv := openKV(t, cfg)
 	head := chainOf(1<<40, 3)

@@ -220,7 +220,7 @@ func (l *Load) finishRead(io sched.IO) {
 // [first, first+k), rounded out to O_DIRECT blocks; each chunk is verified
 // against its own CRC32C from the run's chunk table.
 func (l *Load) span(r loadRun, layer int) objmap.Span {
-	sp, err := l.s.geo.ChunkSpan(r.run.chunks, layer, r.first, r.k)
+	sp, err := objmap.ChunkSpan(l.s.geo, r.run.chunks, layer, r.first, r.k)
 	if err != nil {
 		// resolve only builds runs inside their extent.
 		panic(fmt.Sprintf("runtime: span of run %d layer %d chunks [%d,+%d): %v", r.run.id, layer, r.first, r.k, err))

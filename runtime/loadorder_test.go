@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
@@ -104,7 +105,7 @@ func TestLoadSubmitsLayerMajor(t *testing.T) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			g := tinyGeometry()
 			g.Layers = 6
-			cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+			cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 			cfg.Dirs = append(cfg.Dirs, t.TempDir(), t.TempDir())
 			log := &submitLog{}
 			cfg.NewEngine = func() (uring.Engine, error) {
@@ -167,7 +168,7 @@ func layersOf(ios []sched.IO) []string {
 // KV bytes as copyPages for any cut of the payload into segments (planes cut
 // anywhere), and a corrupt chunk is reported as a *ChunkCRCError naming it.
 func TestRestorePages(t *testing.T) {
-	g := objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 16, DType: objmap.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
+	g := kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 16, DType: kvshape.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
 	const numPages, chunks, layer = 16, 3, 1
 	cb := g.ChunkBytesPerLayer()
 	payload := make([]byte, chunks*cb)
@@ -196,12 +197,12 @@ func TestRestorePages(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			want, err := AllocHostKV(g, objmap.LayoutPerLayer, numPages)
+			want, err := AllocHostKV(g, kvshape.LayoutPerLayer, numPages)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer want.Free()
-			got, err := AllocHostKV(g, objmap.LayoutPerLayer, numPages)
+			got, err := AllocHostKV(g, kvshape.LayoutPerLayer, numPages)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/sched"
 )
 
@@ -32,7 +32,7 @@ func loadWithWait(t *testing.T, s *Store, chain []uint64, pages []int32, opts Lo
 // pages are untouched, the others hold the saved bytes.
 func TestLoadWithSkip(t *testing.T) {
 	g := tinyGeometry()
-	for _, layout := range []objmap.Layout{objmap.LayoutPerLayer, objmap.LayoutCrossLayer} {
+	for _, layout := range []kvshape.Layout{kvshape.LayoutPerLayer, kvshape.LayoutCrossLayer} {
 		t.Run(layout.String(), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(7, 0))
 			numPages := 40 * g.ChunkPages
@@ -76,7 +76,7 @@ func TestMatchHoldsAgainstEviction(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(9, 0))
 	numPages := 64 * g.ChunkPages
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, numPages)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, numPages)
 	cfg.CapacityBytes = 512 << 10 // a few dozen runs: the fills below evict
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
@@ -164,7 +164,7 @@ func TestMatchLeavesOutPlannerRecompute(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(11, 0))
 	numPages := 16 * g.ChunkPages
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, numPages)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, numPages)
 	cfg.Compute = sched.ComputeModel{FixedNs: 1, PerTokenNs: 1}
 	cfg.Device = sched.DeviceProfile{ReadBytesPerSec: 1 << 20, WriteBytesPerSec: 1 << 30, ReadIOPS: 10, WriteIOPS: 1e5,
 		ReadLatencyNs: 50e6, ReadShareUnderWrites: 1, WriteShareUnderReads: 1}

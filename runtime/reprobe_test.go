@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
 	"golang.org/x/sys/unix"
@@ -56,7 +57,7 @@ func waitStats(t *testing.T, s *Store, ok func(Stats) bool) Stats {
 // measure bandwidth on is counted as a skip.
 func TestReprobeRecoversLowModel(t *testing.T) {
 	// 256 KiB per layer and block: a run of 8 blocks is 8 MiB, 1 MiB ops.
-	g := objmap.Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
+	g := kvshape.Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
 	for _, tc := range []struct {
 		name   string
 		blocks int
@@ -74,7 +75,7 @@ func TestReprobeRecoversLowModel(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := &fakeReprobe{rate: 5e9, err: tc.err}
-			cfg := testConfig(t, g, objmap.LayoutPerLayer, 2*tc.blocks*g.ChunkPages)
+			cfg := testConfig(t, g, kvshape.LayoutPerLayer, 2*tc.blocks*g.ChunkPages)
 			cfg.Dirs = cfg.Dirs[:1]
 			cfg.StagingBytes, cfg.StagingSlotBytes = 16<<20, 4<<20
 			cfg.probe = fixedProbe(1e9, 1e3) // reads at 1 kB/s: every load loses

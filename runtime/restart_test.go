@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // residentSet is ResidentBlocks as a set of (id, parent) pairs.
@@ -46,7 +46,7 @@ func TestReopenKeepsIndex(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			g := tinyGeometry()
 			rng := rand.New(rand.NewPCG(43, 1))
-			cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+			cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 			s, kv := openKV(t, cfg)
 			save := func(chain []uint64) *Save {
 				pages := pageTable(rng, g, cfg.NumPages, len(chain))
@@ -109,7 +109,7 @@ func TestReopenKeepsIndex(t *testing.T) {
 func TestReopenKeepsLRU(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(43, 2))
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 	s, kv := openKV(t, cfg)
 	var chains [][]uint64
 	for i := range 6 {
@@ -169,7 +169,7 @@ func TestRecoverDuplicateBlocks(t *testing.T) {
 	a, b, c, d := uint64(0xa), uint64(0xb), uint64(0xc), uint64(0xd)
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(43, 3))
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 	s, kv := openKV(t, cfg)
 	save := func(chain []uint64) {
 		pages := pageTable(rng, g, cfg.NumPages, len(chain))

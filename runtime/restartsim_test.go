@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring/uringsim"
 )
 
@@ -33,8 +33,8 @@ import (
 
 // simGeometry has chunks large against the run headers, so both the
 // index's capacity and the pool's space end saves.
-func simGeometry() objmap.Geometry {
-	return objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 32, DType: objmap.BF16, Planes: 2, PageTokens: 8, ChunkPages: 1}
+func simGeometry() kvshape.Geometry {
+	return kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 32, DType: kvshape.BF16, Planes: 2, PageTokens: 8, ChunkPages: 1}
 }
 
 // restartTotals sums what the seeds did, for the test log (and BENCHMARKS.md).
@@ -137,7 +137,7 @@ func restartOnce(t *testing.T, seed uint64, verbose bool, tot *restartTotals) {
 	g := simGeometry()
 	cfg := Config{probe: fixedProbe(defaultDevice.WriteBytesPerSec, defaultDevice.ReadBytesPerSec),
 		Dirs: []string{simDir(t)}, CapacityBytes: []int64{96 << 10, 160 << 10, 256 << 10}[rng.IntN(3)],
-		Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: 16, StagingBytes: 64 << 10, StagingSlotBytes: 8 << 10,
+		Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: 16, StagingBytes: 64 << 10, StagingSlotBytes: 8 << 10,
 		QueueDepth: 16, NoPrewrite: true, buffered: true}
 	var sim *uringsim.Sim
 	cfg = simConfig(cfg, seed, &sim)

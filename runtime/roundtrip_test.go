@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -38,14 +39,14 @@ func loadWait(t *testing.T, s *Store, chain []uint64, pages []int32) *Load {
 // after a reopen), extends a chain (a second run under the first), and loads
 // a chain that diverges inside a run (a partial run, still verified).
 func TestRoundTrip(t *testing.T) {
-	geos := map[string]objmap.Geometry{
+	geos := map[string]kvshape.Geometry{
 		"tiny":    tinyGeometry(),
-		"mla":     {Layers: 2, KVHeads: 1, HeadDim: 72, DType: objmap.FP16, Planes: 1, PageTokens: 16, ChunkPages: 1},
-		"aligned": {Layers: 4, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4},
-		"fp8":     {Layers: 2, KVHeads: 3, HeadDim: 8, DType: objmap.FP8, Planes: 2, PageTokens: 3, ChunkPages: 3},
+		"mla":     {Layers: 2, KVHeads: 1, HeadDim: 72, DType: kvshape.FP16, Planes: 1, PageTokens: 16, ChunkPages: 1},
+		"aligned": {Layers: 4, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4},
+		"fp8":     {Layers: 2, KVHeads: 3, HeadDim: 8, DType: kvshape.FP8, Planes: 2, PageTokens: 3, ChunkPages: 3},
 	}
 	for name, g := range geos {
-		for _, layout := range []objmap.Layout{objmap.LayoutPerLayer, objmap.LayoutCrossLayer} {
+		for _, layout := range []kvshape.Layout{kvshape.LayoutPerLayer, kvshape.LayoutCrossLayer} {
 			t.Run(name+"/"+layout.String(), func(t *testing.T) {
 				const seed = 1
 				rng := rand.New(rand.NewPCG(seed, 0))
@@ -123,7 +124,7 @@ func TestRoundTrip(t *testing.T) {
 func TestRecoveryTree(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(9, 9))
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 128)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 128)
 	s, kv := openKV(t, cfg)
 	chains := [][]uint64{chainOf(1<<32, 6)}
 	for i := 0; i < 12; i++ {

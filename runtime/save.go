@@ -269,7 +269,7 @@ func (sv *Save) admit(ids []uint64, from int) {
 	// Room for every write the scheduler can dispatch, so routing never blocks.
 	bound := 0
 	for _, r := range resv {
-		bound += s.geo.Layers * int((s.geo.ObjectBytes(r.Chunks)+s.maxWriteIOBytes-1)/s.maxWriteIOBytes)
+		bound += s.geo.Layers * int((objmap.ObjectBytes(s.geo, r.Chunks)+s.maxWriteIOBytes-1)/s.maxWriteIOBytes)
 	}
 	sv.ios = make(chan sched.IO, max(1, bound))
 	pos := from
@@ -389,7 +389,7 @@ func (sv *Save) allocate(n int) ([]objmap.Reservation, error) {
 			_ = s.m.Abort(r)
 		}
 		if try == 1 {
-			s.evictRuns(s.geo.RunBytes(n - got))
+			s.evictRuns(objmap.RunBytes(s.geo, n-got))
 		}
 		if serr := s.m.Sync(); serr != nil {
 			return nil, serr

@@ -4,7 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // TestSaveBudgetCut: a save larger than the scheduler's save budget is
@@ -14,7 +14,7 @@ import (
 func TestSaveBudgetCut(t *testing.T) {
 	g := tinyGeometry()
 	rng := rand.New(rand.NewPCG(4, 4))
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 	cfg.Dirs = cfg.Dirs[:1]                  // one device: one budget
 	cfg.SaveBudgetBytes = 3 * g.ChunkBytes() // three blocks pending at most
 	s, kv := openKV(t, cfg)
@@ -73,9 +73,9 @@ const saveBoundMs = 40
 // SkipBound. It returns the store's stats.
 func checkFreshSave(t *testing.T, frac float64, all bool, probe deviceProber) Stats {
 	t.Helper()
-	g := objmap.Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
+	g := kvshape.Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
 	n := int(frac * saveBoundMs / 1e3 * defaultDevice.WriteBytesPerSec / float64(g.ChunkBytes()))
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, n*g.ChunkPages)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, n*g.ChunkPages)
 	cfg.Dirs = cfg.Dirs[:1]
 	cfg.CapacityBytes = 4 * int64(n) * g.ChunkBytes()
 	cfg.StagingBytes, cfg.StagingSlotBytes = 16<<20, 4<<20
@@ -110,14 +110,14 @@ func checkFreshSave(t *testing.T, frac float64, all bool, probe deviceProber) St
 // quarantined until its free is durable, and the save makes it so instead
 // of skipping what the pool could not take at once (SkipNoSpace).
 func TestSaveReusesFreedSpace(t *testing.T) {
-	g := objmap.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
+	g := kvshape.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
 	const n = 12
 	for _, tc := range []struct {
 		name    string
 		discard bool
 	}{{"after Discard", true}, {"after eviction", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(t, g, objmap.LayoutPerLayer, 2*n*g.ChunkPages)
+			cfg := testConfig(t, g, kvshape.LayoutPerLayer, 2*n*g.ChunkPages)
 			cfg.CapacityBytes = CapacityForBlocks(g, n)
 			s, kv := openKV(t, cfg)
 			defer closeKV(t, s, kv)

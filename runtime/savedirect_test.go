@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 	"github.com/tutti-io/tutti/uring/uringsim"
 	"golang.org/x/sys/unix"
@@ -21,7 +21,7 @@ type shiftedKV struct {
 	views *kvViews
 }
 
-func allocShiftedKV(t *testing.T, g objmap.Geometry, layout objmap.Layout, numPages int, shiftBytes int64) *shiftedKV {
+func allocShiftedKV(t *testing.T, g kvshape.Geometry, layout kvshape.Layout, numPages int, shiftBytes int64) *shiftedKV {
 	t.Helper()
 	per, err := g.TensorBytes(layout, numPages)
 	if err != nil {
@@ -36,7 +36,7 @@ func allocShiftedKV(t *testing.T, g objmap.Geometry, layout objmap.Layout, numPa
 		k.bufs = append(k.bufs, b)
 		return Region{Addr: b.Addr() + uintptr(shiftBytes), LenBytes: per}
 	}
-	if layout == objmap.LayoutPerLayer {
+	if layout == kvshape.LayoutPerLayer {
 		for range g.Layers {
 			k.mem.Layers = append(k.mem.Layers, region())
 		}
@@ -64,22 +64,22 @@ func (k *shiftedKV) Page(layer, plane int, page int32) []byte {
 // the reason; either way the blocks restore bit-exact and fsck finds every
 // run whole.
 func TestSaveDirectWrites(t *testing.T) {
-	aligned := objmap.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
-	mla := objmap.Geometry{Layers: 2, KVHeads: 1, HeadDim: 72, DType: objmap.FP16, Planes: 1, PageTokens: 16, ChunkPages: 1}
+	aligned := kvshape.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
+	mla := kvshape.Geometry{Layers: 2, KVHeads: 1, HeadDim: 72, DType: kvshape.FP16, Planes: 1, PageTokens: 16, ChunkPages: 1}
 	for _, tc := range []struct {
 		name       string
-		g          objmap.Geometry
-		layout     objmap.Layout
+		g          kvshape.Geometry
+		layout     kvshape.Layout
 		shiftBytes int64
 		slotBytes  int64 // staging slot: the write size
 	}{
-		{"aligned/per-layer", aligned, objmap.LayoutPerLayer, 0, 0},
-		{"aligned/cross-layer", aligned, objmap.LayoutCrossLayer, 0, 0},
-		{"aligned/cut planes", aligned, objmap.LayoutPerLayer, 0, 12 << 10},
-		{"shifted 64 bytes", aligned, objmap.LayoutPerLayer, 64, 0},
-		{"mla planes of 2304 bytes", mla, objmap.LayoutPerLayer, 0, 0},
-		{"tiny planes", tinyGeometry(), objmap.LayoutPerLayer, 0, 0},
-		{"tiny planes, a page's two merged", tinyGeometry(), objmap.LayoutCrossLayer, 0, 0},
+		{"aligned/per-layer", aligned, kvshape.LayoutPerLayer, 0, 0},
+		{"aligned/cross-layer", aligned, kvshape.LayoutCrossLayer, 0, 0},
+		{"aligned/cut planes", aligned, kvshape.LayoutPerLayer, 0, 12 << 10},
+		{"shifted 64 bytes", aligned, kvshape.LayoutPerLayer, 64, 0},
+		{"mla planes of 2304 bytes", mla, kvshape.LayoutPerLayer, 0, 0},
+		{"tiny planes", tinyGeometry(), kvshape.LayoutPerLayer, 0, 0},
+		{"tiny planes, a page's two merged", tinyGeometry(), kvshape.LayoutCrossLayer, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := tc.g
@@ -100,7 +100,7 @@ func TestSaveDirectWrites(t *testing.T) {
 			// An entry is a page plane, or on the cross-layer layout a page's
 			// planes of one layer (adjacent in memory).
 			align, entry := int64(s.m.Files()[0].DirectAlign), g.PageBytesPerPlane()
-			if tc.layout == objmap.LayoutCrossLayer {
+			if tc.layout == kvshape.LayoutCrossLayer {
 				entry = g.PageBytesPerLayer()
 			}
 			direct := align == 0 || (tc.shiftBytes%align == 0 && entry%align == 0)
@@ -174,11 +174,11 @@ func (h *holdWrite) String() string { return "hold-first-write" }
 // until its writes complete, so Gathered stays open while one is held in
 // the device, and pages changed right after Gathered do not reach the disk.
 func TestSaveDirectGathered(t *testing.T) {
-	g := objmap.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
+	g := kvshape.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
 	numPages := 40 * g.ChunkPages
 	h := &holdWrite{held: make(chan struct{}), release: make(chan struct{})}
 	var sim *uringsim.Sim
-	cfg := simConfig(testConfig(t, g, objmap.LayoutPerLayer, numPages), 5, &sim, h)
+	cfg := simConfig(testConfig(t, g, kvshape.LayoutPerLayer, numPages), 5, &sim, h)
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
 	rng := rand.New(rand.NewPCG(9, 0))
@@ -218,23 +218,23 @@ func TestSaveDirectGathered(t *testing.T) {
 // (cut at the write's ends, neighbours in memory merged), then its zero
 // padding; a misaligned entry or one beyond the iovecs' capacity stages it.
 func TestDirectIovecs(t *testing.T) {
-	g := objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
+	g := kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
 	pb := g.PageBytesPerPlane() // 4 KiB
 	for _, tc := range []struct {
 		name        string
-		layout      objmap.Layout
+		layout      kvshape.Layout
 		shift       int64
 		align       uint32
 		capacity    int
 		wantKind    uint8
 		wantEntries int
 	}{
-		{"per-layer", objmap.LayoutPerLayer, 0, 512, 8, 0, 5},
-		{"cross-layer merges a page's planes", objmap.LayoutCrossLayer, 0, 512, 8, 0, 3},
-		{"capacity", objmap.LayoutPerLayer, 0, 512, 4, whyIovecCap, 0},
-		{"shifted", objmap.LayoutPerLayer, 64, 512, 8, whyUnaligned, 0},
-		{"shifted, buffered file", objmap.LayoutPerLayer, 64, 0, 8, 0, 5},
-		{"padding below the alignment", objmap.LayoutPerLayer, 0, 4096, 8, whyUnaligned, 0},
+		{"per-layer", kvshape.LayoutPerLayer, 0, 512, 8, 0, 5},
+		{"cross-layer merges a page's planes", kvshape.LayoutCrossLayer, 0, 512, 8, 0, 3},
+		{"capacity", kvshape.LayoutPerLayer, 0, 512, 4, whyIovecCap, 0},
+		{"shifted", kvshape.LayoutPerLayer, 64, 512, 8, whyUnaligned, 0},
+		{"shifted, buffered file", kvshape.LayoutPerLayer, 64, 0, 8, 0, 5},
+		{"padding below the alignment", kvshape.LayoutPerLayer, 0, 4096, 8, whyUnaligned, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			kv := allocShiftedKV(t, g, tc.layout, 8, tc.shift)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
@@ -64,7 +65,7 @@ type crcPart struct {
 // critical path; a chunk that does not divide the limit (MLA's) would be
 // cut in nearly every layer of every run. Whole chunks are whole pages, as
 // PathGPU's gathers need (gpuWriteUnit).
-func saveWriteBytes(g objmap.Geometry, limit int64, gpu bool) int64 {
+func saveWriteBytes(g kvshape.Geometry, limit int64, gpu bool) int64 {
 	if u := lcm(g.ChunkBytesPerLayer(), objmap.BlockBytes); u <= limit {
 		return limit / u * u
 	}
@@ -151,7 +152,7 @@ func (sv *Save) stageWrite(b *wbuf) {
 	b.parts = b.parts[:0]
 	b.gatherErr = nil
 	f := s.m.Files()[r.res.File]
-	objOff, _ := g.ObjectOffset(r.res.Chunks, io.Layer)
+	objOff, _ := objmap.ObjectOffset(g, r.res.Chunks, io.Layer)
 	fileOff := uint64(r.res.Offset + objOff + io.OffsetBytes)
 	if s.gpu != nil {
 		// Writes are cut at whole pages on this path (gpuWriteUnit). The
@@ -200,7 +201,7 @@ func (sv *Save) stageWrite(b *wbuf) {
 // copyAndChecksum copies b's object bytes from the pages into buf one page
 // plane at a time, each checksummed while it is still in the CPU's cache;
 // with buf nil it only checksums them (a write from the pages).
-func (b *wbuf) copyAndChecksum(v *kvViews, g objmap.Geometry, chunks int, pages []int32, buf []byte) {
+func (b *wbuf) copyAndChecksum(v *kvViews, g kvshape.Geometry, chunks int, pages []int32, buf []byte) {
 	start, end := b.io.OffsetBytes, b.io.OffsetBytes+b.io.Bytes
 	pb := v.planeBytes
 	for u := start / pb; u*pb < end; u++ {
@@ -220,7 +221,7 @@ func (b *wbuf) copyAndChecksum(v *kvViews, g objmap.Geometry, chunks int, pages 
 // write in object order (PathGPU's writes are whole pages), into the chunk
 // pieces; shift is the plane length's CRCShift (a new piece starts from 0,
 // and Combine(0, crc) is crc).
-func (b *wbuf) combinePlaneCRCs(g objmap.Geometry, chunks int, shift *objmap.CRCShift) {
+func (b *wbuf) combinePlaneCRCs(g kvshape.Geometry, chunks int, shift *objmap.CRCShift) {
 	ppb := g.PageBytesPerPlane()
 	off := b.io.OffsetBytes
 	for _, crc := range b.planeCRCs {
@@ -232,7 +233,7 @@ func (b *wbuf) combinePlaneCRCs(g objmap.Geometry, chunks int, shift *objmap.CRC
 
 // addCRC adds p, the object bytes at off (within one chunk), to the chunk
 // piece it continues or to a new one.
-func (b *wbuf) addCRC(g objmap.Geometry, chunks int, off int64, p []byte) {
+func (b *wbuf) addCRC(g kvshape.Geometry, chunks int, off int64, p []byte) {
 	part := b.part(g, chunks, off, int64(len(p)))
 	part.crc = objmap.UpdateCRC32C(part.crc, p)
 }
@@ -240,7 +241,7 @@ func (b *wbuf) addCRC(g objmap.Geometry, chunks int, off int64, p []byte) {
 // part is the chunk piece that n object bytes at off (within one chunk)
 // extend: the last piece when they continue it, else a new one with CRC 0.
 // The caller folds the bytes' CRC into it.
-func (b *wbuf) part(g objmap.Geometry, chunks int, off, n int64) *crcPart {
+func (b *wbuf) part(g kvshape.Geometry, chunks int, off, n int64) *crcPart {
 	cb := g.ChunkBytesPerLayer()
 	idx, in := b.io.Layer*chunks+int(off/cb), off%cb
 	if k := len(b.parts); k > 0 && b.parts[k-1].idx == idx && b.parts[k-1].off+b.parts[k-1].n == in {

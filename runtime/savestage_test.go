@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 	"github.com/tutti-io/tutti/uring/uringsim"
@@ -59,10 +60,10 @@ func TestChunkCRCsFromPieces(t *testing.T) {
 // the staging slots, and restores bit-exact.
 func TestSaveStripedOverDirs(t *testing.T) {
 	// 1 MiB per (layer, chunk): a run of one block per device is worth it.
-	g := objmap.Geometry{Layers: 2, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
+	g := kvshape.Geometry{Layers: 2, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
 	const blocks = 8
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()}
-	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, blocks) + 4<<20, Geometry: g, Layout: objmap.LayoutPerLayer,
+	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, blocks) + 4<<20, Geometry: g, Layout: kvshape.LayoutPerLayer,
 		NumPages: 2 * blocks * g.ChunkPages, StagingBytes: 32 << 20, StagingSlotBytes: 8 << 20}
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
@@ -108,14 +109,14 @@ func TestSaveStripedOverDirs(t *testing.T) {
 // shared ones, a third more than the others).
 func TestStripedPrefixBalanced(t *testing.T) {
 	// 1 MiB per (layer, chunk): every save below is cut one run per device.
-	g := objmap.Geometry{Layers: 2, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
+	g := kvshape.Geometry{Layers: 2, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
 	saves := []int{10, 13, 15, 17}
 	total := 0
 	for _, n := range saves {
 		total += n
 	}
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()}
-	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, total) + 16<<20, Geometry: g, Layout: objmap.LayoutPerLayer,
+	cfg := Config{Dirs: dirs, CapacityBytes: CapacityForBlocks(g, total) + 16<<20, Geometry: g, Layout: kvshape.LayoutPerLayer,
 		NumPages: 17 * g.ChunkPages, StagingBytes: 32 << 20, StagingSlotBytes: 8 << 20}
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
@@ -154,8 +155,8 @@ func TestStripedPrefixBalanced(t *testing.T) {
 // CRCs that the restore verifies.
 func TestSaveWritesCompleteOutOfOrder(t *testing.T) {
 	// 3 KiB per (layer, chunk) against 8 KiB writes: chunks straddle writes.
-	g := objmap.Geometry{Layers: 3, KVHeads: 3, HeadDim: 16, DType: objmap.BF16, Planes: 2, PageTokens: 4, ChunkPages: 4}
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 128)
+	g := kvshape.Geometry{Layers: 3, KVHeads: 3, HeadDim: 16, DType: kvshape.BF16, Planes: 2, PageTokens: 4, ChunkPages: 4}
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 128)
 	var sim *uringsim.Sim
 	cfg.NewEngine = func() (uring.Engine, error) {
 		sim = uringsim.New(uringsim.Config{Seed: 11, MinLatencyTicks: 1, MaxLatencyTicks: 40})
@@ -187,9 +188,9 @@ func TestSaveWritesCompleteOutOfOrder(t *testing.T) {
 // is one write's piece and the commit combines none; the save restores
 // intact.
 func TestSaveWritesWholeChunks(t *testing.T) {
-	g := objmap.Geometry{Layers: 3, KVHeads: 1, HeadDim: 768, DType: objmap.BF16, Planes: 1, PageTokens: 4, ChunkPages: 2}
+	g := kvshape.Geometry{Layers: 3, KVHeads: 1, HeadDim: 768, DType: kvshape.BF16, Planes: 1, PageTokens: 4, ChunkPages: 2}
 	const blocks = 16
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, 2*blocks*g.ChunkPages)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 2*blocks*g.ChunkPages)
 	cfg.Dirs = cfg.Dirs[:1]
 	cfg.StagingBytes, cfg.StagingSlotBytes = 512<<10, 64<<10
 	s, kv := openKV(t, cfg)
@@ -224,11 +225,11 @@ func TestSaveWritesWholeChunks(t *testing.T) {
 // whole pages; a chunk larger than the limit falls back to blocks (pages
 // on PathGPU).
 func TestSaveWriteBytes(t *testing.T) {
-	mla := objmap.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: objmap.BF16, Planes: 1, PageTokens: 16, ChunkPages: 32}
-	llama := objmap.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
+	mla := kvshape.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 32}
+	llama := kvshape.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
 	for _, tc := range []struct {
 		name  string
-		g     objmap.Geometry
+		g     kvshape.Geometry
 		limit int64
 		gpu   bool
 		want  int64

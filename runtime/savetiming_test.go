@@ -4,7 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // TestSaveTiming checks a save's phases are ordered, that each device that
@@ -13,7 +13,7 @@ import (
 func TestSaveTiming(t *testing.T) {
 	g := tinyGeometry()
 	numPages := 40 * g.ChunkPages
-	cfg := testConfig(t, g, objmap.LayoutPerLayer, numPages)
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, numPages)
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
 	rng := rand.New(rand.NewPCG(7, 0))

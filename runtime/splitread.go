@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -63,7 +64,7 @@ type splitRead struct {
 func newSplitRead(layerCRCs []uint32, sp objmap.Span, segs int) (*splitRead, error) {
 	if sp.First < 0 || sp.K < 1 || sp.First+sp.K > len(layerCRCs) || sp.ChunkBytes < 1 || segs < 1 {
 		return nil, fmt.Errorf("verifying layer %d chunks [%d,+%d) in %d segments against %d chunk CRCs: %w",
-			sp.Layer, sp.First, sp.K, segs, len(layerCRCs), objmap.ErrOutOfRange)
+			sp.Layer, sp.First, sp.K, segs, len(layerCRCs), kvshape.ErrOutOfRange)
 	}
 	return &splitRead{want: layerCRCs[sp.First : sp.First+sp.K], layer: sp.Layer, first: sp.First, chunkBytes: sp.ChunkBytes,
 		pieces: make([][]crcPart, sp.K), have: make([]int64, sp.K), segsLeft: segs}, nil
@@ -99,7 +100,7 @@ func (r *splitRead) addPieces(pieces []crcPart) error {
 	for _, p := range pieces {
 		c := p.idx
 		if c < 0 || c >= len(r.want) || r.have[c]+p.n > r.chunkBytes {
-			return fmt.Errorf("layer %d: piece [%d,+%d) of chunk %d outside the read: %w", r.layer, p.off, p.n, r.first+c, objmap.ErrOutOfRange)
+			return fmt.Errorf("layer %d: piece [%d,+%d) of chunk %d outside the read: %w", r.layer, p.off, p.n, r.first+c, kvshape.ErrOutOfRange)
 		}
 		r.pieces[c] = append(r.pieces[c], p)
 		if r.have[c] += p.n; r.have[c] < r.chunkBytes {

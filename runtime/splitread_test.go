@@ -6,6 +6,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -105,10 +106,10 @@ func TestSplitReadPieces(t *testing.T) {
 		})
 	}
 	sr, _ := newSplitRead(want, sp, 1)
-	if _, err := sr.add([]crcPart{{idx: 3, n: 1}}, false); !errors.Is(err, objmap.ErrOutOfRange) {
+	if _, err := sr.add([]crcPart{{idx: 3, n: 1}}, false); !errors.Is(err, kvshape.ErrOutOfRange) {
 		t.Fatalf("piece past the read: %v", err)
 	}
-	if _, err := newSplitRead(want[:2], sp, 1); !errors.Is(err, objmap.ErrOutOfRange) {
+	if _, err := newSplitRead(want[:2], sp, 1); !errors.Is(err, kvshape.ErrOutOfRange) {
 		t.Fatalf("span past the CRCs: %v", err)
 	}
 }
@@ -119,7 +120,7 @@ func TestSplitReadPieces(t *testing.T) {
 // last segment of a read, makes that run a miss counted as MissCRC, drops
 // it from the index, and the runs before it still restore.
 func TestSplitReadStore(t *testing.T) {
-	g := objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 2}
+	g := kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 2}
 	for _, tc := range []struct {
 		name string
 		pos  int64 // payload byte of layer 1 of the second run flipped; -1: none
@@ -139,7 +140,7 @@ func TestSplitReadStore(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(5, 5))
-				cfg := testConfig(t, g, objmap.LayoutPerLayer, 64)
+				cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
 				cfg.StagingBytes, cfg.StagingSlotBytes = 96<<10, 12<<10
 				ch := saveChains(t, cfg, rng, 1)[0]
 				s, err := Open(cfg)
@@ -181,7 +182,7 @@ func TestSplitReadStore(t *testing.T) {
 
 // flipRunByte flips payload byte pos of layer's object of the run whose
 // first block is first, on disk.
-func flipRunByte(t *testing.T, s *Store, g objmap.Geometry, first uint64, layer int, pos int64) {
+func flipRunByte(t *testing.T, s *Store, g kvshape.Geometry, first uint64, layer int, pos int64) {
 	t.Helper()
 	s.mu.Lock()
 	var victim *runEntry
@@ -194,7 +195,7 @@ func flipRunByte(t *testing.T, s *Store, g objmap.Geometry, first uint64, layer 
 	if victim == nil {
 		t.Fatalf("no run starts at block %#x", first)
 	}
-	off, err := g.ObjectOffset(victim.chunks, layer)
+	off, err := objmap.ObjectOffset(g, victim.chunks, layer)
 	if err != nil {
 		t.Fatal(err)
 	}

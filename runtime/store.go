@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
 	"github.com/tutti-io/tutti/sched"
@@ -96,7 +97,7 @@ type RecoveryReport struct {
 // Store is an open tutti store. All methods are safe for concurrent use.
 type Store struct {
 	cfg     Config
-	geo     objmap.Geometry
+	geo     kvshape.Geometry
 	m       *objmap.Map
 	idx     *servedIndex // the prefix index; publishes KV events with Config.KVEvents
 	worker  *ioWorker
@@ -152,9 +153,9 @@ const indexShare = 0.9
 // admits them (payload over the index's share of the pool) and the pool has
 // room for them as runs of one block (the worst case for headers and
 // padding), plus 1 MiB for rounding the pool files.
-func CapacityForBlocks(g objmap.Geometry, blocks int) int64 {
+func CapacityForBlocks(g kvshape.Geometry, blocks int) int64 {
 	index := int64(float64(blocks) * float64(g.ChunkBytes()) / indexShare)
-	pool := int64(blocks) * g.RunBytes(1)
+	pool := int64(blocks) * objmap.RunBytes(g, 1)
 	return max(index, pool) + 1<<20
 }
 
@@ -165,7 +166,7 @@ func (s *Store) Recovery() RecoveryReport { return s.report }
 func (s *Store) Config() Config { return s.cfg }
 
 // Geometry returns the store's KV shape.
-func (s *Store) Geometry() objmap.Geometry { return s.geo }
+func (s *Store) Geometry() kvshape.Geometry { return s.geo }
 
 // RegisterKV gives the store the engine's KV memory; it must be called once,
 // before the first Load or Save. The memory must stay valid until Close.

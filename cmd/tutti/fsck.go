@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -17,8 +18,8 @@ func init() {
 // fsckResult is what --json prints: the recovery report with payloads
 // checked (objects, recovered, dropped, corrupt and their reasons).
 type fsckResult struct {
-	Dirs     []string         `json:"dirs"`
-	Geometry *objmap.Geometry `json:"geometry,omitempty"`
+	Dirs     []string          `json:"dirs"`
+	Geometry *kvshape.Geometry `json:"geometry,omitempty"`
 	objmap.RecoveryReport
 	// Repaired: --repair opened the store for writing (a damaged journal
 	// rewritten from the run headers, a torn tail truncated, dropped runs

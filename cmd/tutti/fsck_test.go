@@ -10,10 +10,11 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 )
 
-var fsckGeom = objmap.Geometry{Layers: 3, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
+var fsckGeom = kvshape.Geometry{Layers: 3, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
 
 // makeStore creates a store with n committed runs of two chunks and returns them.
 func makeStore(t *testing.T, dir string, n int) []objmap.RunInfo {
@@ -38,12 +39,12 @@ func makeStore(t *testing.T, dir string, n int) []objmap.RunInfo {
 		req := objmap.CommitRequest{Res: r, Chain: []uint64{uint64(i), uint64(i) + 100},
 			ChunkCRCs: make([]uint32, g.Layers*r.Chunks)}
 		for l := 0; l < g.Layers; l++ {
-			p := bytes.Repeat([]byte{byte(i), byte(l)}, int(g.ObjectBytes(r.Chunks)/2))
-			off, _ := g.ObjectOffset(r.Chunks, l)
+			p := bytes.Repeat([]byte{byte(i), byte(l)}, int(objmap.ObjectBytes(g, r.Chunks)/2))
+			off, _ := objmap.ObjectOffset(g, r.Chunks, l)
 			if _, err := f.WriteAt(p, r.Offset+off); err != nil {
 				t.Fatal(err)
 			}
-			if err := g.UpdateChunkCRCs(req.ChunkCRCs[l*r.Chunks:(l+1)*r.Chunks], 0, p); err != nil {
+			if err := objmap.UpdateChunkCRCs(g, req.ChunkCRCs[l*r.Chunks:(l+1)*r.Chunks], 0, p); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -121,7 +122,7 @@ func TestFsckVerdicts(t *testing.T) {
 			patch(t, filepath.Join(dir, seg), st.Size(), []byte{40, 0, 0, 0, 1, 2})
 		}, 0, []string{"recovered 3", "torn tail of 6 bytes dropped", "clean"}},
 		{"payload byte flipped", func(t *testing.T, dir string, runs []objmap.RunInfo) {
-			off, _ := fsckGeom.ObjectOffset(2, 2)
+			off, _ := objmap.ObjectOffset(fsckGeom, 2, 2)
 			patch(t, filepath.Join(dir, "pool-0000.dat"), runs[0].Offset+off+5, []byte{0xee})
 		}, 1, []string{"corrupt 1", "corrupt run 1 (file 0 offset 0)", "layer 2 chunk 0"}},
 		{"run header bit flipped", func(t *testing.T, dir string, runs []objmap.RunInfo) {
@@ -206,7 +207,7 @@ func TestFsckVerdicts(t *testing.T) {
 }
 
 // runsOff is the offset of the i-th run makeStore commits (all of two chunks).
-func runsOff(i int) int64 { return int64(i) * fsckGeom.RunBytes(2) }
+func runsOff(i int) int64 { return int64(i) * objmap.RunBytes(fsckGeom, 2) }
 
 // TestFsckUsageAndLock: usage errors and a store a writer has open
 // (refused, naming the writer's pid).

@@ -24,8 +24,8 @@ import (
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/kvevents"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/membership"
-	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
 	"github.com/tutti-io/tutti/runtime"
 )
@@ -179,7 +179,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 			*pages, g.ChunkPages, nodeMaxPages, prof.Name, g.ChunkPages))
 	}
 	cfg := runtime.Config{Dirs: dirs.dirs, CapacityBytes: runtime.CapacityForBlocks(g, *capBlocks), Geometry: g,
-		Layout: objmap.LayoutPerLayer, NumPages: *pages, KVEvents: ev}
+		Layout: kvshape.LayoutPerLayer, NumPages: *pages, KVEvents: ev}
 	s, err := runtime.Open(cfg)
 	if err != nil {
 		return err
@@ -303,7 +303,7 @@ func readNodeLine(br *bufio.Reader, limit int) (nodeLine, error) {
 type node struct {
 	s  *runtime.Store
 	kv *runtime.HostKV
-	g  objmap.Geometry
+	g  kvshape.Geometry
 }
 
 func (n *node) do(line string) nodeReply {

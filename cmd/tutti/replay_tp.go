@@ -14,7 +14,7 @@ import (
 
 	"github.com/tutti-io/tutti/eval/harness"
 	"github.com/tutti-io/tutti/eval/model"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/runtime/tp"
 )
@@ -32,7 +32,7 @@ type tpBackend struct {
 	ranks   int
 	compute *harness.Compute
 	env     harness.Env
-	shard   objmap.Geometry
+	shard   kvshape.Geometry
 	grp     *tp.Group
 	kv      []*runtime.HostKV
 	label   string
@@ -56,7 +56,7 @@ func (t *tpBackend) Open(env harness.Env) error {
 	t.shard = shard
 	cfg := tp.Config{Ranks: t.ranks, Store: runtime.Config{
 		CapacityBytes: runtime.CapacityForBlocks(shard, env.CapacityBlocks),
-		Geometry:      env.Geometry, Layout: objmap.LayoutPerLayer, NumPages: env.KV.NumPages,
+		Geometry:      env.Geometry, Layout: kvshape.LayoutPerLayer, NumPages: env.KV.NumPages,
 		Path: runtime.PathCPU, QueueDepth: env.QueueDepth,
 	}}
 	if t.compute != nil {
@@ -82,7 +82,7 @@ func (t *tpBackend) Open(env harness.Env) error {
 		return fmt.Errorf("%s: %w", t.Name(), err)
 	}
 	for r := 0; r < t.ranks; r++ {
-		kv, err := runtime.AllocHostKV(shard, objmap.LayoutPerLayer, env.KV.NumPages)
+		kv, err := runtime.AllocHostKV(shard, kvshape.LayoutPerLayer, env.KV.NumPages)
 		if err != nil {
 			return fmt.Errorf("%s: rank %d: %w", t.Name(), r, err)
 		}

@@ -15,13 +15,13 @@ import (
 
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"
 )
 
 type gpuBench struct {
-	g        objmap.Geometry
+	g        kvshape.Geometry
 	model    string
 	label    string
 	pages    int

@@ -9,7 +9,7 @@ import (
 	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kernels/testkit"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 )
 
@@ -19,7 +19,7 @@ import (
 // internal/kvdata's content of Key{Block: seed + i, Layer, Plane, Page: 0},
 // the content testkit's GPU verify checks.
 type benchKV struct {
-	g        objmap.Geometry
+	g        kvshape.Geometry
 	numPages int
 	host     *runtime.HostKV // store-cpu: the KV; store-gpu: the mirror
 	dev      []uint64        // store-gpu: one tensor per layer
@@ -27,8 +27,8 @@ type benchKV struct {
 }
 
 // newBenchKV allocates per-layer KV memory; onGPU puts it in HBM on device.
-func newBenchKV(g objmap.Geometry, numPages int, onGPU bool, device int) (*benchKV, error) {
-	h, err := runtime.AllocHostKV(g, objmap.LayoutPerLayer, numPages)
+func newBenchKV(g kvshape.Geometry, numPages int, onGPU bool, device int) (*benchKV, error) {
+	h, err := runtime.AllocHostKV(g, kvshape.LayoutPerLayer, numPages)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 )
 
@@ -18,7 +19,7 @@ const (
 	// are cut into runs of consecutive pages, run r on device r%D at
 	// (r/D)*runStride, and object l of a run (layer l of the run's pages)
 	// at l*objStride inside it. The store puts a header region (header and
-	// chunk CRC table, objmap.Geometry.HeaderRegionBytes) before a run's
+	// chunk CRC table, kvshape.Geometry.HeaderRegionBytes) before a run's
 	// objects; gpubench does not read it, so it leaves it out.
 	StripeRuns = "runs"
 	// StripeLayers is gpubench's layout before the runs: layer l's whole
@@ -49,7 +50,7 @@ type layoutPiece struct {
 }
 
 // maxRunPages is the most pages one run of the store may hold.
-func maxRunPages(shape objmap.Geometry) int { return objmap.MaxRunChunks(shape) * shape.ChunkPages }
+func maxRunPages(shape kvshape.Geometry) int { return objmap.MaxRunChunks(shape) * shape.ChunkPages }
 
 // defaultRunPages is the run length of --run-pages 0: the fewest runs per
 // device (k) that keep every run within maxRun pages, runs of
@@ -69,7 +70,7 @@ func alignBlock(n int64) int64 {
 
 // newBenchLayout checks --stripe and --run-pages (0: defaultRunPages) for
 // pages pages of shape over devices devices; errors name the flag.
-func newBenchLayout(shape objmap.Geometry, pages, devices int, stripe string, runPages int) (benchLayout, error) {
+func newBenchLayout(shape kvshape.Geometry, pages, devices int, stripe string, runPages int) (benchLayout, error) {
 	if err := shape.Validate(); err != nil {
 		return benchLayout{}, err
 	}
@@ -105,7 +106,7 @@ func newBenchLayout(shape objmap.Geometry, pages, devices int, stripe string, ru
 func (p benchLayout) piecesPerLayer() int { return ceilDiv(p.pages, p.runPages) }
 
 // objStride is the device bytes of one object of n pages: its bytes padded
-// to 4 KiB (objmap.Geometry.ObjectStride for whole chunks).
+// to 4 KiB (kvshape.Geometry.ObjectStride for whole chunks).
 func (p benchLayout) objStride(n int) int64 { return alignBlock(int64(n) * p.pageBytes) }
 
 // runStride is the spacing of the runs on a device: Layers objects of a

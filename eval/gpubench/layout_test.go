@@ -13,6 +13,7 @@ import (
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kernels/testkit"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
@@ -20,12 +21,12 @@ import (
 
 // 70B-like (GQA, K and V) and MLA-like (one 576-dim latent plane) shapes,
 // with the model profiles' 32-page chain blocks and with vLLM's 1-page ones.
-func shape70B(chunkPages int) objmap.Geometry {
-	return objmap.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: chunkPages}
+func shape70B(chunkPages int) kvshape.Geometry {
+	return kvshape.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: chunkPages}
 }
 
-func shapeMLA(chunkPages int) objmap.Geometry {
-	return objmap.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: objmap.BF16, Planes: 1, PageTokens: 16, ChunkPages: chunkPages}
+func shapeMLA(chunkPages int) kvshape.Geometry {
+	return kvshape.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: chunkPages}
 }
 
 // TestPlacementTable: every (layer, page) lies in exactly one piece, pieces
@@ -36,7 +37,7 @@ func shapeMLA(chunkPages int) objmap.Geometry {
 func TestPlacementTable(t *testing.T) {
 	for _, tc := range []struct {
 		name                  string
-		shape                 objmap.Geometry
+		shape                 kvshape.Geometry
 		pages, devices        int
 		stripe                string
 		runPages              int // asked for
@@ -107,12 +108,12 @@ func TestPlacementTable(t *testing.T) {
 							break // a partial last chain block: the store keeps no such run
 						}
 						chunks, full := pc.pages/tc.shape.ChunkPages, lay.runPages/tc.shape.ChunkPages
-						obj, err := tc.shape.ObjectOffset(chunks, l)
+						obj, err := objmap.ObjectOffset(tc.shape, chunks, l)
 						if err != nil {
 							t.Fatal(err)
 						}
-						runStride := tc.shape.RunBytes(full) - tc.shape.HeaderRegionBytes(full)
-						if want := int64(r/tc.devices)*runStride + obj - tc.shape.HeaderRegionBytes(chunks); pc.off != want {
+						runStride := objmap.RunBytes(tc.shape, full) - objmap.HeaderRegionBytes(tc.shape, full)
+						if want := int64(r/tc.devices)*runStride + obj - objmap.HeaderRegionBytes(tc.shape, chunks); pc.off != want {
 							t.Fatalf("layer %d run %d at %d, the store's layout less its header region: %d", l, r, pc.off, want)
 						}
 					}
@@ -238,7 +239,7 @@ func TestGpubenchReadPathsCPU(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		name     string
-		shape    objmap.Geometry
+		shape    kvshape.Geometry
 		pages    int
 		stripe   string
 		runPages int
@@ -293,7 +294,7 @@ func TestGpubenchReadPathsCPU(t *testing.T) {
 
 // readBackBench is a gpuBench over 3 files in dir, set up as runGPUBench
 // sets it up (without a GPU).
-func readBackBench(t *testing.T, shape objmap.Geometry, pages int, stripe string, runPages, maxIO int, dir string, stderr *bytes.Buffer) *gpuBench {
+func readBackBench(t *testing.T, shape kvshape.Geometry, pages int, stripe string, runPages, maxIO int, dir string, stderr *bytes.Buffer) *gpuBench {
 	t.Helper()
 	g := shape
 	b := &gpuBench{g: g, model: "test", pages: pages, numPages: pages + 8, objBytes: int64(pages) * g.PageBytesPerLayer(), seed: 77, maxIO: maxIO, stderr: stderr, ctx: context.Background()}

@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/sched"
 )
@@ -272,7 +272,7 @@ func deviceProfile(c Ceilings, dirs int) sched.DeviceProfile {
 
 // storeCapacity is the store's capacity for a prefix of blocks over dirs
 // directories: every block with room to spare in each directory.
-func storeCapacity(g objmap.Geometry, blocks, dirs int) int64 {
+func storeCapacity(g kvshape.Geometry, blocks, dirs int) int64 {
 	return runtime.CapacityForBlocks(g, blocks) + int64(dirs)*(64<<20)
 }
 
@@ -281,7 +281,7 @@ func storeCapacity(g objmap.Geometry, blocks, dirs int) int64 {
 // restored twice, discarded and saved again, each operation bracketed by
 // samples of its ceiling (c; nil: none). It returns the rows measured so
 // far with any error.
-func runStorePath(ctx context.Context, cfg StoreConfig, path string, g objmap.Geometry, blocks int, ceil Ceilings, c *storeCeilings) ([]StoreRow, error) {
+func runStorePath(ctx context.Context, cfg StoreConfig, path string, g kvshape.Geometry, blocks int, ceil Ceilings, c *storeCeilings) ([]StoreRow, error) {
 	pages := blocks * g.ChunkPages
 	numPages := pages + pages/8 + 16
 	dirs, cleanup, err := storeDirs(cfg.Dirs, path)
@@ -299,7 +299,7 @@ func runStorePath(ctx context.Context, cfg StoreConfig, path string, g objmap.Ge
 	// The save is measured whole: its bound and budget hold all of it (what
 	// a default budget would cut is the replay's to count, not this row's).
 	payload := int64(blocks) * g.ChunkBytes()
-	sc := runtime.Config{Dirs: dirs, Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: numPages,
+	sc := runtime.Config{Dirs: dirs, Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: numPages,
 		CapacityBytes: storeCapacity(g, blocks, len(dirs)),
 		SaveBoundMs:   saveBoundMs, SaveBudgetBytes: payload, Device: deviceProfile(ceil, len(dirs)), WritePool: cfg.WritePool,
 		NoPrewrite: !cfg.Prewrite, StagingBytes: cfg.StagingBytes, SaveWritesPerDevice: cfg.SaveWritesPerDevice}
@@ -379,7 +379,7 @@ type storePathRun struct {
 	seed  uint64
 	chain []uint64
 	dst   []int32
-	g     objmap.Geometry
+	g     kvshape.Geometry
 }
 
 // save times a Save of the prefix to its commit (row op op) between two
@@ -515,7 +515,7 @@ func saveTiming(r *StoreRow, tm runtime.SaveTiming) {
 	}
 }
 
-func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g objmap.Geometry) (StoreRow, error) {
+func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g kvshape.Geometry) (StoreRow, error) {
 	r := StoreRow{Op: "restore"}
 	n := s.Lookup(chain)
 	if n == 0 {

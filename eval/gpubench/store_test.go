@@ -11,7 +11,7 @@ import (
 
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/kernels"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // TestRunStoreCPU saves and restores a prefix through runtime.Store on
@@ -120,7 +120,7 @@ func TestRunStoreRefuses(t *testing.T) {
 	}
 }
 
-func mustGeometry(t *testing.T, model string) objmap.Geometry {
+func mustGeometry(t *testing.T, model string) kvshape.Geometry {
 	t.Helper()
 	p, err := evalmodel.Lookup(model)
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 	"slices"
 
 	evalmodel "github.com/tutti-io/tutti/eval/model"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // Store rounds. The product rows run in rounds as the kernels-only rows do
@@ -81,7 +81,7 @@ func RunStore(ctx context.Context, cfg StoreConfig, log io.Writer) ([]StoreRow, 
 // directory's share of the prefix, where it fits beside the store), writes
 // them and takes the first sample of both ceilings; the caller removes the
 // files.
-func openStoreCeilings(ctx context.Context, dirs []string, g objmap.Geometry, blocks int, memBytes int64) (*storeCeilings, Ceilings, error) {
+func openStoreCeilings(ctx context.Context, dirs []string, g kvshape.Geometry, blocks int, memBytes int64) (*storeCeilings, Ceilings, error) {
 	payload := int64(blocks) * g.ChunkBytes()
 	n := int64(len(dirs))
 	size, err := ceilingFileBytes(dirs, payload/n, (storeCapacity(g, blocks, len(dirs))+n-1)/n)
@@ -108,7 +108,7 @@ func openStoreCeilings(ctx context.Context, dirs []string, g objmap.Geometry, bl
 
 // runStoreRound is round k: every path in roundOrder's order, its rows
 // logged as they come. It returns the rows in cfg.Paths' order.
-func runStoreRound(ctx context.Context, cfg StoreConfig, k int, g objmap.Geometry, blocks int, ceil Ceilings, c *storeCeilings, log io.Writer) ([]StoreRow, error) {
+func runStoreRound(ctx context.Context, cfg StoreConfig, k int, g kvshape.Geometry, blocks int, ceil Ceilings, c *storeCeilings, log io.Writer) ([]StoreRow, error) {
 	byPath := make([][]StoreRow, len(cfg.Paths))
 	for j, i := range roundOrder(len(cfg.Paths), k) {
 		if err := ctx.Err(); err != nil {

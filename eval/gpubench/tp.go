@@ -20,15 +20,15 @@ import (
 	evalmodel "github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/kernels"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/runtime/tp"
 )
 
 type groupBenchOptions struct {
 	model  string
-	g      objmap.Geometry
-	layout objmap.Layout
+	g      kvshape.Geometry
+	layout kvshape.Layout
 	tokens int
 	dirs   []string // split over the ranks by rankDirs
 	ranks  int
@@ -81,7 +81,7 @@ func runGroupBench(ctx context.Context, o groupBenchOptions, stderr io.Writer) [
 
 // rankSalt makes each rank's content its own (split heads) or the same
 // (a replicated latent).
-func rankSalt(g objmap.Geometry, r int) uint64 {
+func rankSalt(g kvshape.Geometry, r int) uint64 {
 	if tp.Replicated(g) {
 		return 0
 	}
@@ -162,7 +162,7 @@ func groupBenchOnce(ctx context.Context, o groupBenchOptions, n int, stderr io.W
 // reads sized to rank 0's devices (the sizes put in row), each rank's
 // stores in fresh directories under its share of o.dirs (rankDirs);
 // removeDirs removes those, also after an error.
-func groupConfig(o groupBenchOptions, n, blocks, numPages int, shard objmap.Geometry, row *groupBenchRow) (cfg tp.Config, removeDirs func(), err error) {
+func groupConfig(o groupBenchOptions, n, blocks, numPages int, shard kvshape.Geometry, row *groupBenchRow) (cfg tp.Config, removeDirs func(), err error) {
 	var made []string
 	removeDirs = func() {
 		for _, d := range made {
@@ -261,7 +261,7 @@ func timeLoads(ctx context.Context, grp *tp.Group, kv *groupKV, reps int, row *g
 // copied to and from. free releases both.
 type groupKV struct {
 	o        groupBenchOptions
-	shard    objmap.Geometry
+	shard    kvshape.Geometry
 	numPages int
 	mirrors  []*runtime.HostKV
 	dev      [][]uint64 // per rank, device tensors (PathGPU)
@@ -307,7 +307,7 @@ func (k *groupKV) register(grp *tp.Group, n int) error {
 					return fmt.Errorf("rank %d: %w", r, err)
 				}
 				ps = append(ps, p)
-				if k.o.layout == objmap.LayoutPerLayer {
+				if k.o.layout == kvshape.LayoutPerLayer {
 					out.Layers = append(out.Layers, runtime.Region{Addr: uintptr(p), LenBytes: reg.LenBytes})
 				} else {
 					out.Cross = runtime.Region{Addr: uintptr(p), LenBytes: reg.LenBytes}
@@ -406,7 +406,7 @@ func runGroupBenchCLI(ctx context.Context, f Config, stdout, stderr io.Writer) e
 		path: runtime.PathGPU, seed: f.Seed, reps: 3, stagingBytes: 256 << 20, slotBytes: 32 << 20,
 		window: f.Window, maxIO: f.MaxIO, lookahead: f.Lookahead}
 	if f.Layout == "cross-layer" {
-		o.layout = objmap.LayoutCrossLayer
+		o.layout = kvshape.LayoutCrossLayer
 	}
 	if _, err := tp.ShardGeometry(g, gpus); err != nil {
 		return fmt.Errorf("--gpus %d with %s: %w", gpus, model, err)

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 )
 
@@ -15,12 +15,12 @@ import (
 // the GPU path does there, minus the device copies): one rank and N ranks
 // restore the same shape, verified, with the aggregate next to one rank.
 func TestGroupBenchCPU(t *testing.T) {
-	for _, g := range []objmap.Geometry{
-		{Layers: 3, KVHeads: 4, HeadDim: 32, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1},
-		{Layers: 2, KVHeads: 1, HeadDim: 72, DType: objmap.BF16, Planes: 1, PageTokens: 16, ChunkPages: 1},
+	for _, g := range []kvshape.Geometry{
+		{Layers: 3, KVHeads: 4, HeadDim: 32, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1},
+		{Layers: 2, KVHeads: 1, HeadDim: 72, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 1},
 	} {
 		var stderr bytes.Buffer
-		rows := runGroupBench(context.Background(), groupBenchOptions{model: "test", g: g, layout: objmap.LayoutPerLayer, tokens: 1024,
+		rows := runGroupBench(context.Background(), groupBenchOptions{model: "test", g: g, layout: kvshape.LayoutPerLayer, tokens: 1024,
 			dirs: []string{t.TempDir()}, ranks: 4, path: runtime.PathCPU, seed: 9, reps: 2,
 			stagingBytes: 1 << 20, slotBytes: 256 << 10}, &stderr)
 		if len(rows) != 2 || rows[0].Ranks != 1 || rows[1].Ranks != 4 {

@@ -52,7 +52,7 @@ import (
 
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/internal/trace"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // ErrUnavailable is wrapped by Backend.Available when this machine cannot run
@@ -62,7 +62,7 @@ var ErrUnavailable = errors.New("backend unavailable on this machine")
 // Env is what a backend gets at Open: the shape, where to store, how much.
 type Env struct {
 	Profile  model.Profile
-	Geometry objmap.Geometry
+	Geometry kvshape.Geometry
 	// Dirs are this backend's own directories, one per store root
 	// (Config.Dirs: root/<backend>), empty at Open; the backend owns its
 	// files there and spreads them over every one, so each backend sees the

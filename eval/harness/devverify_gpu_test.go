@@ -6,7 +6,7 @@ import (
 
 	"github.com/tutti-io/tutti/internal/trace"
 	"github.com/tutti-io/tutti/kernels"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // On the GPU machine: tutti-gpu saves blocks from HBM, restores them into
@@ -55,7 +55,7 @@ func TestTuttiGPUVerifiesInHBM(t *testing.T) {
 	if bad, ok, err := tu.VerifyOnDevice(req, rr.Blocks); err != nil || !ok || bad != 0 {
 		t.Fatalf("restored blocks: %d mismatched words, ok %v, %v", bad, ok, err)
 	}
-	off, err := g.PageOffset(objmap.LayoutPerLayer, env.KV.NumPages, g.Layers-1, g.Planes-1, int(req.BlockPages(g.ChunkPages, 2)[1]))
+	off, err := g.PageOffset(kvshape.LayoutPerLayer, env.KV.NumPages, g.Layers-1, g.Planes-1, int(req.BlockPages(g.ChunkPages, 2)[1]))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tutti-io/tutti/internal/kvdata"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/uring"
 )
 
@@ -17,7 +17,7 @@ import (
 // kv_heads, head_dim]. Backends read into it and write from it directly
 // (it is mmap'd, so O_DIRECT I/O may target it). Free releases it once.
 type KVMemory struct {
-	Geometry objmap.Geometry
+	Geometry kvshape.Geometry
 	NumPages int
 	Layers   []*uring.Buffer // one per layer
 
@@ -28,8 +28,8 @@ type KVMemory struct {
 }
 
 // NewKVMemory allocates numPages pages of every layer.
-func NewKVMemory(g objmap.Geometry, numPages int) (*KVMemory, error) {
-	per, err := g.TensorBytes(objmap.LayoutPerLayer, numPages)
+func NewKVMemory(g kvshape.Geometry, numPages int) (*KVMemory, error) {
+	per, err := g.TensorBytes(kvshape.LayoutPerLayer, numPages)
 	if err != nil {
 		return nil, err
 	}
@@ -54,14 +54,14 @@ func NewKVMemory(g objmap.Geometry, numPages int) (*KVMemory, error) {
 
 // Bytes is the total size.
 func (m *KVMemory) Bytes() int64 {
-	per, _ := m.Geometry.TensorBytes(objmap.LayoutPerLayer, m.NumPages)
+	per, _ := m.Geometry.TensorBytes(kvshape.LayoutPerLayer, m.NumPages)
 	return per * int64(m.Geometry.Layers)
 }
 
 // Page returns the bytes of (layer, plane, page): a view into the layer's
 // buffer, valid until Free.
 func (m *KVMemory) Page(layer, plane int, page int32) []byte {
-	off, err := m.Geometry.PageOffset(objmap.LayoutPerLayer, m.NumPages, layer, plane, int(page))
+	off, err := m.Geometry.PageOffset(kvshape.LayoutPerLayer, m.NumPages, layer, plane, int(page))
 	if err != nil {
 		panic(err) // page ids come from Alloc; a bad one is a harness bug
 	}
@@ -71,7 +71,7 @@ func (m *KVMemory) Page(layer, plane int, page int32) []byte {
 
 // PageAddr is the address of Page(layer, plane, page).
 func (m *KVMemory) PageAddr(layer, plane int, page int32) uintptr {
-	off, err := m.Geometry.PageOffset(objmap.LayoutPerLayer, m.NumPages, layer, plane, int(page))
+	off, err := m.Geometry.PageOffset(kvshape.LayoutPerLayer, m.NumPages, layer, plane, int(page))
 	if err != nil {
 		panic(err)
 	}

@@ -3,7 +3,7 @@ package harness
 import (
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // TestAllocConsecutive: a request's pages are one run of consecutive ids
@@ -12,7 +12,7 @@ import (
 // and plane, not one per page (descending ids made every page its own run:
 // 322 s of tutti-gpu's 354 s replay went to per-page cudaMemset and copies).
 func TestAllocConsecutive(t *testing.T) {
-	g := objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
+	g := kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 4}
 	kv, err := NewKVMemory(g, 64)
 	if err != nil {
 		t.Fatal(err)

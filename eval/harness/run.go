@@ -12,7 +12,7 @@ import (
 	"github.com/tutti-io/tutti/eval/metrics"
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/internal/trace"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"golang.org/x/sys/unix"
 )
 
@@ -360,7 +360,7 @@ func settleSLO(cfg Config, res *Result) {
 
 // fitKV is reqs without those whose KV (geometry g) exceeds maxKV bytes,
 // how many were left out, and the most blocks a kept one has.
-func fitKV(reqs []trace.Request, g objmap.Geometry, maxKV int64) (kept []trace.Request, oversize, maxBlocks int) {
+func fitKV(reqs []trace.Request, g kvshape.Geometry, maxKV int64) (kept []trace.Request, oversize, maxBlocks int) {
 	perBlockKV := int64(g.ChunkPages) * g.PageBytesPerLayer() * int64(g.Layers)
 	kept = reqs[:0:0]
 	for _, r := range reqs {

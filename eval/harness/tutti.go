@@ -7,7 +7,7 @@ import (
 
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kvevents"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/sched"
 )
@@ -134,7 +134,7 @@ func (t *Tutti) Open(env Env) error {
 	// striped over every dir; the runtime splits the capacity evenly
 	cfg := runtime.Config{
 		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(env.Geometry, env.CapacityBlocks),
-		Geometry: env.Geometry, Layout: objmap.LayoutPerLayer, NumPages: env.KV.NumPages,
+		Geometry: env.Geometry, Layout: kvshape.LayoutPerLayer, NumPages: env.KV.NumPages,
 		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs, KVEvents: t.kvEvents,
 	}
 	if t.path == runtime.PathGPU {
@@ -332,7 +332,7 @@ func (t *Tutti) copyPages(pages []int32, toHost bool) error {
 		host := t.env.KV.Layers[l].Addr()
 		for p := 0; p < g.Planes; p++ {
 			err := pageRuns(pages, func(first int32, n int) error {
-				off, err := g.PageOffset(objmap.LayoutPerLayer, t.env.KV.NumPages, l, p, int(first))
+				off, err := g.PageOffset(kvshape.LayoutPerLayer, t.env.KV.NumPages, l, p, int(first))
 				if err != nil {
 					return err
 				}
@@ -363,7 +363,7 @@ func (t *Tutti) Invalidate(req *Request) error {
 	for l, dev := range t.devLayers {
 		for p := 0; p < g.Planes; p++ {
 			err := pageRuns(req.Pages[:req.Hit*g.ChunkPages], func(first int32, n int) error {
-				off, err := g.PageOffset(objmap.LayoutPerLayer, t.env.KV.NumPages, l, p, int(first))
+				off, err := g.PageOffset(kvshape.LayoutPerLayer, t.env.KV.NumPages, l, p, int(first))
 				if err != nil {
 					return err
 				}

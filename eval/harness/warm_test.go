@@ -12,7 +12,7 @@ import (
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/internal/trace"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 func req(line int, ts float64, ids ...uint64) trace.Request {
@@ -240,7 +240,7 @@ func TestSettleFiles(t *testing.T) {
 // TestFillVerifyParallel: blocks large enough to fill and verify one layer
 // per goroutine give the same bytes and the same count of bad pages.
 func TestFillVerifyParallel(t *testing.T) {
-	g := objmap.Geometry{Layers: 6, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
+	g := kvshape.Geometry{Layers: 6, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
 	kv, err := NewKVMemory(g, 2*g.ChunkPages)
 	if err != nil {
 		t.Fatal(err)

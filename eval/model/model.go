@@ -14,16 +14,16 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // Profile is one model.
 type Profile struct {
 	Name   string
 	Source string // where the numbers come from
-	// Shape is the KV-cache shape as an engine pages it (objmap's geometry:
+	// Shape is the KV-cache shape as an engine pages it (kvshape's geometry:
 	// KVHeads is 1 and HeadDim kv_lora_rank+qk_rope_head_dim for MLA's latent).
-	Shape objmap.Geometry
+	Shape kvshape.Geometry
 
 	HiddenSize int
 	QHeads     int // attention (query) heads
@@ -91,7 +91,7 @@ func (p Profile) PrefillFLOPsPerLayer(cachedTokens, newTokens int) float64 {
 	return p.PrefillFLOPs(cachedTokens, newTokens) / float64(p.Shape.Layers)
 }
 
-// Validate checks the profile is usable: its shape (objmap's rules) and its
+// Validate checks the profile is usable: its shape (kvshape's rules) and its
 // compute description.
 func (p Profile) Validate() error {
 	if err := p.Shape.Validate(); err != nil {
@@ -118,7 +118,7 @@ var profiles = map[string]Profile{
 	// torch_dtype bfloat16. 8.03B parameters (model card).
 	"llama3-8b": {
 		Name: "llama3-8b", Source: "huggingface.co/meta-llama/Meta-Llama-3-8B config.json",
-		Shape:      objmap.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Shape:      kvshape.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 4096, QHeads: 32, QKDim: 128, VDim: 128,
 		Params: 8.03e9, ActiveParams: 8.03e9,
 	},
@@ -127,7 +127,7 @@ var profiles = map[string]Profile{
 	// 70.6B parameters (model card).
 	"llama3-70b": {
 		Name: "llama3-70b", Source: "huggingface.co/meta-llama/Meta-Llama-3-70B config.json",
-		Shape:      objmap.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Shape:      kvshape.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 8192, QHeads: 64, QKDim: 128, VDim: 128,
 		Params: 70.6e9, ActiveParams: 70.6e9,
 	},
@@ -136,7 +136,7 @@ var profiles = map[string]Profile{
 	// 32.8B parameters (model card).
 	"qwen3-32b": {
 		Name: "qwen3-32b", Source: "huggingface.co/Qwen/Qwen3-32B config.json",
-		Shape:      objmap.Geometry{Layers: 64, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Shape:      kvshape.Geometry{Layers: 64, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 5120, QHeads: 64, QKDim: 128, VDim: 128,
 		Params: 32.8e9, ActiveParams: 32.8e9,
 	},
@@ -147,7 +147,7 @@ var profiles = map[string]Profile{
 	// activated per token (technical report, arXiv 2412.19437).
 	"deepseek-v3": {
 		Name: "deepseek-v3", Source: "huggingface.co/deepseek-ai/DeepSeek-V3 config.json; arXiv 2412.19437",
-		Shape:      objmap.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: objmap.BF16, Planes: 1, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Shape:      kvshape.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 7168, QHeads: 128, QKDim: 128 + 64, VDim: 128,
 		Params: 671e9, ActiveParams: 37e9,
 	},
@@ -161,7 +161,7 @@ var profiles = map[string]Profile{
 	// replay resembles a real long-context model's.
 	"tiny": {
 		Name: "tiny", Source: "test shape (not a real model); compute scaled to llama3-70b's FLOPs per KV byte",
-		Shape:      objmap.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: objmap.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
+		Shape:      kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: defaultPageTokens, ChunkPages: defaultChunkPages},
 		HiddenSize: 512, QHeads: 8, QKDim: 64, VDim: 64,
 		Params: 220e6, ActiveParams: 220e6,
 	},

@@ -135,9 +135,13 @@ func component(path string) (name string, layer int, ok bool) {
 	return name, layer, ok
 }
 
-func isTestSupport(path string) bool {
-	for _, t := range testSupport {
-		if under(path, t) {
+func isTestSupport(path string) bool { return underAny(path, testSupport) }
+
+func isLeaf(path string) bool { return underAny(path, leaves) }
+
+func underAny(path string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if under(path, p) {
 			return true
 		}
 	}
@@ -177,6 +181,9 @@ func Check(pkgs []Package) (violations map[string]string, errs []error) {
 			case toComp != fromComp && toLayer >= fromLayer && !p.Main:
 				violations[key] = fmt.Sprintf("%s: %s (layer %d) imports %s (layer %d): only its own component or lower layers",
 					im.File, p.Path, fromLayer, im.To, toLayer)
+			}
+			if !im.Test && isLeaf(p.Path) {
+				violations[key] = fmt.Sprintf("%s: %s is a leaf: its code imports nothing of the module, here %s", im.File, p.Path, im.To)
 			}
 			if !im.Test && isTestSupport(im.To) && !isTestSupport(p.Path) &&
 				!under(p.Path, "eval") && !under(p.Path, "cmd") {

@@ -3,6 +3,8 @@ package archtest
 import (
 	"bufio"
 	"errors"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -90,6 +92,8 @@ func TestCheck(t *testing.T) {
 			Imports: []Import{{From: "sched/internal/rwbench", To: "devbench"}}}, nil, true},
 		{"cmd imports eval", Package{Path: "cmd/tutti", Main: true,
 			Imports: []Import{{From: "cmd/tutti", To: "eval/harness"}}}, nil, true},
+		{"leaf imports the module", lib("kvshape", to("internal/trace")), []string{"kvshape -> internal/trace"}, true},
+		{"leaf's test imports test support", lib("kvshape", test("internal/abicheck")), nil, true},
 		{"unplaced package", lib("newthing", to("uring")), nil, false},
 		{"unplaced import", lib("runtime", to("newthing")), nil, false},
 	}
@@ -135,8 +139,8 @@ func TestScanSeesTestsAndMain(t *testing.T) {
 	}
 }
 
-// TestArchitectureDoc checks that docs/architecture.md's layer table and
-// test-support line say what rules.go says.
+// TestArchitectureDoc checks that docs/architecture.md's layer table,
+// test-support line and leaves line say what rules.go says.
 func TestArchitectureDoc(t *testing.T) {
 	f, err := os.Open(filepath.Join(root(t), "docs", "architecture.md"))
 	if err != nil {
@@ -144,12 +148,16 @@ func TestArchitectureDoc(t *testing.T) {
 	}
 	defer f.Close()
 	docLayers := map[int][]string{}
-	var docSupport []string
+	var docSupport, docLeaves []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := sc.Text()
 		if rest, ok := strings.CutPrefix(line, "Test support:"); ok {
 			docSupport = codeSpans(rest)
+			continue
+		}
+		if rest, ok := strings.CutPrefix(line, "Leaves:"); ok {
+			docLeaves = codeSpans(rest)
 			continue
 		}
 		cells := strings.Split(strings.Trim(line, "| "), "|")
@@ -175,6 +183,9 @@ func TestArchitectureDoc(t *testing.T) {
 	if !reflect.DeepEqual(docSupport, testSupport) {
 		t.Errorf("docs/architecture.md test support %v, rules.go %v", docSupport, testSupport)
 	}
+	if !reflect.DeepEqual(docLeaves, leaves) {
+		t.Errorf("docs/architecture.md leaves %v, rules.go %v", docLeaves, leaves)
+	}
 }
 
 // codeSpans returns the `quoted` words of a Markdown fragment, in order.
@@ -189,9 +200,20 @@ func codeSpans(s string) []string {
 
 // TestReadmeExample checks that the README's Go example is the runtime's
 // compiled Example: every line of the README's go block appears, in order,
-// in runtime/example_test.go.
+// in runtime/example_test.go; and that the Example needs no package of the
+// module but runtime and the KV shape (what an engine imports).
 func TestReadmeExample(t *testing.T) {
 	r := root(t)
+	ex, err := parser.ParseFile(token.NewFileSet(), filepath.Join(r, "runtime", "example_test.go"), nil, parser.ImportsOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, is := range ex.Imports {
+		p, _ := strconv.Unquote(is.Path.Value)
+		if to, ok := strings.CutPrefix(p, module+"/"); ok && to != "runtime" && to != "kvshape" {
+			t.Errorf("runtime/example_test.go imports %s: an engine's example needs only runtime and kvshape", p)
+		}
+	}
 	readme, err := os.ReadFile(filepath.Join(r, "README.md"))
 	if err != nil {
 		t.Fatal(err)

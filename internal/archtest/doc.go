@@ -1,5 +1,5 @@
 // Package archtest holds the repository's import rules and size limits and
-// the tests that enforce them. The rules have one home, layers and testSupport in
+// the tests that enforce them. The rules have one home, layers, testSupport and leaves in
 // rules.go; docs/architecture.md draws them, and a test checks that its
 // table says the same.
 //
@@ -11,6 +11,8 @@
 //   - Test-support packages are imported by non-test code only in eval/,
 //     cmd/ and other test-support packages, so they never ship in the
 //     product (bin/libtutti.so, the runtime an engine links).
+//   - A leaf (leaves in rules.go: the KV shape) imports nothing of the
+//     module in its non-test code, so engines and kernels take it alone.
 //   - Every package of the module belongs to a component: a new top-level
 //     package is placed in the table before it is used.
 //

@@ -7,7 +7,7 @@ const module = "github.com/tutti-io/tutti"
 // import its own component and any component of a lower layer.
 var layers = [][]string{
 	0: {"internal/kvdata", "internal/trace", "internal/crashtest", "internal/archtest", "internal/abicheck", "internal/faultfs"},
-	1: {"uring", "prefix", "sched", "kvevents"},
+	1: {"kvshape", "uring", "prefix", "sched", "kvevents"},
 	2: {"objmap", "devbench"},
 	3: {"kernels", "internal/benchenv"},
 	4: {"runtime", "membership"},
@@ -18,6 +18,11 @@ var layers = [][]string{
 // testSupport are the packages (and their subpackages) that only tests, the
 // harness (eval/) and the CLI (cmd/) may import from non-test code.
 var testSupport = []string{"internal/kvdata", "internal/crashtest", "internal/benchenv", "internal/abicheck", "uring/uringsim", "membership/etcdtest", "internal/faultfs", "kvevents/kvindex", "kernels/testkit"}
+
+// leaves are the packages (and their subpackages) whose non-test code
+// imports nothing of the module, so that whoever needs only them (an engine
+// for the KV shape, the kernels) gets nothing else with them.
+var leaves = []string{"kvshape"}
 
 // pending are the known violations that work in progress removes, each
 // "importer -> imported" with why; the test fails once one is gone, so the

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // Int returns the positive integer in the environment variable name, or def
@@ -40,8 +40,8 @@ func Layers() int { return Int("TUTTI_BENCH_LAYERS", 80) }
 // Llama70B is the Llama-3-70B KV shape (8 KV heads, head dim 128, bf16,
 // 16-token pages, K and V planes) with the given layers and pages per chain
 // block (1: vLLM's per-page hashing; 32: 512-token blocks).
-func Llama70B(layers, chunkPages int) objmap.Geometry {
-	return objmap.Geometry{Layers: layers, KVHeads: 8, HeadDim: 128, DType: objmap.BF16,
+func Llama70B(layers, chunkPages int) kvshape.Geometry {
+	return kvshape.Geometry{Layers: layers, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16,
 		Planes: 2, PageTokens: 16, ChunkPages: chunkPages}
 }
 

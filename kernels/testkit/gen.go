@@ -5,7 +5,7 @@ import (
 
 	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/kernels"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // FillObject writes layer's object bytes for saved pages [firstPage,
@@ -13,7 +13,7 @@ import (
 // with internal/kvdata's content for one page per chain block: page i is
 // kvdata.Key{Block: base + i, Layer: layer, Plane: p, Page: 0}. VerifyKV checks
 // the same content on the GPU. dst must hold pages*g.PageBytesPerLayer() bytes.
-func FillObject(dst []byte, g objmap.Geometry, base uint64, layer, firstPage, pages int) error {
+func FillObject(dst []byte, g kvshape.Geometry, base uint64, layer, firstPage, pages int) error {
 	pb := g.PageBytesPerLayer()
 	if pb%8 != 0 || int64(len(dst)) < int64(pages)*pb {
 		return fmt.Errorf("fill object: %d bytes for %d pages of %d: %w", len(dst), pages, pb, kernels.ErrInvalid)

@@ -6,11 +6,11 @@ import (
 
 	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/kernels"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 func TestFillObjectIsKVData(t *testing.T) {
-	g := objmap.Geometry{Layers: 61, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: objmap.BF16}
+	g := kvshape.Geometry{Layers: 61, Planes: 1, PageTokens: 16, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16}
 	buf := make([]byte, 3*g.PageBytesPerLayer())
 	if err := FillObject(buf, g, 9, 4, 10, 3); err != nil {
 		t.Fatal(err)

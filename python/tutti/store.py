@@ -26,7 +26,7 @@ _MEMORY = {"host": _lib.MEMORY_HOST, "cuda": _lib.MEMORY_CUDA}
 
 @dataclass(frozen=True)
 class Geometry:
-    """The engine's KV shape (objmap.Geometry in Go)."""
+    """The engine's KV shape (kvshape.Geometry in Go)."""
 
     layers: int
     kv_heads: int

@@ -3,7 +3,7 @@ package main
 import (
 	"math"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/sched"
 )
@@ -110,9 +110,9 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	}
 	switch c.layout {
 	case layoutPerLayer:
-		rc.Layout = objmap.LayoutPerLayer
+		rc.Layout = kvshape.LayoutPerLayer
 	case layoutCrossLayer:
-		rc.Layout = objmap.LayoutCrossLayer
+		rc.Layout = kvshape.LayoutCrossLayer
 	default:
 		return rc, errorf(errInvalidArgument, "tutti_config.layout = %d, want TUTTI_LAYOUT_PER_LAYER (1) or TUTTI_LAYOUT_CROSS_LAYER (2)", c.layout)
 	}
@@ -121,7 +121,7 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	}
 	rc.Dirs = c.dirs
 	rc.CapacityBytes = c.capacityBytes
-	rc.Geometry = objmap.Geometry{
+	rc.Geometry = kvshape.Geometry{
 		Layers: int(c.layers), KVHeads: int(c.kvHeads), HeadDim: int(c.headDim), DType: dt,
 		Planes: int(c.planes), PageTokens: int(c.pageTokens), ChunkPages: int(c.chunkPages),
 	}
@@ -156,18 +156,18 @@ func (c config) runtimeConfig() (runtime.Config, error) {
 	return rc, nil
 }
 
-func dtypeFromABI(d uint32) (objmap.DType, error) {
+func dtypeFromABI(d uint32) (kvshape.DType, error) {
 	switch d {
 	case dtypeBF16:
-		return objmap.BF16, nil
+		return kvshape.BF16, nil
 	case dtypeFP16:
-		return objmap.FP16, nil
+		return kvshape.FP16, nil
 	case dtypeFP8:
-		return objmap.FP8, nil
+		return kvshape.FP8, nil
 	case dtypeFP32:
-		return objmap.FP32, nil
+		return kvshape.FP32, nil
 	}
-	return objmap.DTypeInvalid, errorf(errInvalidArgument, "tutti_config.dtype = %d, want TUTTI_DTYPE_BF16 (1), FP16 (2), FP8 (3) or FP32 (4)", d)
+	return kvshape.DTypeInvalid, errorf(errInvalidArgument, "tutti_config.dtype = %d, want TUTTI_DTYPE_BF16 (1), FP16 (2), FP8 (3) or FP32 (4)", d)
 }
 
 // region is tutti_kv_region.
@@ -194,7 +194,7 @@ func kvMemory(cfg runtime.Config, memory uint32, regions []region) (runtime.KVMe
 	g := cfg.Geometry
 	want := g.Layers
 	what := "one per layer (TUTTI_LAYOUT_PER_LAYER)"
-	if cfg.Layout == objmap.LayoutCrossLayer {
+	if cfg.Layout == kvshape.LayoutCrossLayer {
 		want, what = 1, "one for the cross-layer cache (TUTTI_LAYOUT_CROSS_LAYER)"
 	}
 	if len(regions) != want {
@@ -219,7 +219,7 @@ func kvMemory(cfg runtime.Config, memory uint32, regions []region) (runtime.KVMe
 			return kv, errorf(errInvalidArgument, "regions[%d]: %#x + %d bytes overflows the address space", i, r.addr, r.lenBytes)
 		}
 		rg := runtime.Region{Addr: uintptr(r.addr), LenBytes: int64(r.lenBytes)}
-		if cfg.Layout == objmap.LayoutCrossLayer {
+		if cfg.Layout == kvshape.LayoutCrossLayer {
 			kv.Cross = rg
 		} else {
 			kv.Layers = append(kv.Layers, rg)

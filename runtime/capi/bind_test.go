@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 )
 
@@ -22,7 +22,7 @@ func TestRuntimeConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rc.Path != runtime.PathCPU || rc.Layout != objmap.LayoutPerLayer || rc.Geometry.DType != objmap.FP16 || rc.NumPages != 64 {
+	if rc.Path != runtime.PathCPU || rc.Layout != kvshape.LayoutPerLayer || rc.Geometry.DType != kvshape.FP16 || rc.NumPages != 64 {
 		t.Fatalf("converted config %+v", rc)
 	}
 	g := goodConfig()

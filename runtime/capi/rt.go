@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/tutti-io/tutti/kernels"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
 	"github.com/tutti-io/tutti/runtime"
@@ -26,8 +27,8 @@ var sentinelStatus = []struct {
 	{objmap.ErrBadHeader, errCorrupt},
 	{objmap.ErrChunkCRC, errCorrupt}, // a restored chunk failed its CRC32C: the load lost blocks
 	{objmap.ErrClosed, errClosed},
-	{objmap.ErrGeometry, errGeometry},
-	{objmap.ErrOutOfRange, errOutOfRange},
+	{kvshape.ErrGeometry, errGeometry},
+	{kvshape.ErrOutOfRange, errOutOfRange},
 	{runtime.ErrGPUUnavailable, errNoGPU},
 	{runtime.ErrNotGPU, errNotSupported},
 	{runtime.ErrClosed, errClosed},

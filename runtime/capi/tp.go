@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime/tp"
 )
 
@@ -31,7 +31,7 @@ func (c config) checkTP() error {
 
 // shardGeometry is the geometry rank tp_rank stores: runtime/tp's rule (the
 // one home of how heads are split).
-func (c config) shardGeometry(g objmap.Geometry) (objmap.Geometry, error) {
+func (c config) shardGeometry(g kvshape.Geometry) (kvshape.Geometry, error) {
 	if c.tpSize <= 1 {
 		return g, nil
 	}

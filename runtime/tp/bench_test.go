@@ -11,7 +11,7 @@ import (
 
 	"github.com/tutti-io/tutti/internal/benchenv"
 	"github.com/tutti-io/tutti/kernels"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 )
 
@@ -59,7 +59,7 @@ func benchGroup(b *testing.B, n int) float64 {
 	blocks := tokens / g.PageTokens
 	payload := int64(blocks) * g.ChunkBytes() // whole model, all ranks
 	z := benchenv.Size(payload / int64(n))
-	cfg := Config{Ranks: n, Store: runtime.Config{Geometry: g, Layout: objmap.LayoutPerLayer, NumPages: blocks,
+	cfg := Config{Ranks: n, Store: runtime.Config{Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: blocks,
 		CapacityBytes: z.CapacityBytes, StagingBytes: z.StagingBytes, StagingSlotBytes: z.StagingSlotBytes,
 		QueueDepth: z.QueueDepth, SaveBoundMs: z.SaveBoundMs, SaveBudgetBytes: z.SaveBudgetBytes}}
 	// Rank r's store in the r-th root mod their count.

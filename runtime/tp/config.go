@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -50,18 +50,18 @@ func configErr(field, format string, args ...any) error {
 // supported). A single latent plane (MLA) is not split by heads: every rank
 // holds the whole latent cache, as vLLM keeps it, so the shard geometry is
 // the model's.
-func ShardGeometry(g objmap.Geometry, ranks int) (objmap.Geometry, error) {
+func ShardGeometry(g kvshape.Geometry, ranks int) (kvshape.Geometry, error) {
 	if ranks < 1 || ranks > MaxRanks {
-		return objmap.Geometry{}, configErr("Ranks", "must be in [1, %d], got %d", MaxRanks, ranks)
+		return kvshape.Geometry{}, configErr("Ranks", "must be in [1, %d], got %d", MaxRanks, ranks)
 	}
 	if err := g.Validate(); err != nil {
-		return objmap.Geometry{}, configErr("Store.Geometry", "%v", err)
+		return kvshape.Geometry{}, configErr("Store.Geometry", "%v", err)
 	}
 	if g.Planes == 1 {
 		return g, nil
 	}
 	if g.KVHeads%ranks != 0 {
-		return objmap.Geometry{}, configErr("Store.Geometry.KVHeads", "%d KV heads cannot be split evenly over %d ranks (KVHeads %% Ranks = %d)",
+		return kvshape.Geometry{}, configErr("Store.Geometry.KVHeads", "%d KV heads cannot be split evenly over %d ranks (KVHeads %% Ranks = %d)",
 			g.KVHeads, ranks, g.KVHeads%ranks)
 	}
 	g.KVHeads /= ranks
@@ -70,7 +70,7 @@ func ShardGeometry(g objmap.Geometry, ranks int) (objmap.Geometry, error) {
 
 // Replicated reports whether every rank holds the whole cache (a latent
 // plane, MLA) rather than a slice of the heads.
-func Replicated(g objmap.Geometry) bool { return g.Planes == 1 }
+func Replicated(g kvshape.Geometry) bool { return g.Planes == 1 }
 
 // Validate reports the first field that is wrong, by name. Each rank's
 // store config is validated as well (runtime.Config.Validate), so an error
@@ -115,7 +115,7 @@ func (c *Config) Validate() error {
 }
 
 // rankConfig is rank r's store config.
-func (c *Config) rankConfig(r int, shard objmap.Geometry, device int) runtime.Config {
+func (c *Config) rankConfig(r int, shard kvshape.Geometry, device int) runtime.Config {
 	rc := c.Store
 	rc.Dirs = append([]string(nil), c.Dirs[r]...)
 	rc.Geometry = shard

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/internal/crashtest"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 )
 
@@ -25,7 +25,7 @@ var tpCrashEnv = crashtest.Env{Parent: "TestGroupCrash", Child: "TestGroupCrashC
 
 func crashGroupConfig(dirs [][]string) Config {
 	return Config{Ranks: len(dirs), Dirs: dirs, Store: runtime.Config{
-		CapacityBytes: 64 << 20, Geometry: gqaGeometry(), Layout: objmap.LayoutPerLayer, NumPages: 64,
+		CapacityBytes: 64 << 20, Geometry: gqaGeometry(), Layout: kvshape.LayoutPerLayer, NumPages: 64,
 		StagingBytes: 64 << 10, StagingSlotBytes: 8 << 10, QueueDepth: 16,
 	}}
 }

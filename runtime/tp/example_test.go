@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/runtime/tp"
 )
@@ -12,11 +12,11 @@ import (
 // Two tensor-parallel ranks: each gets half the KV heads, its own store and
 // its own KV memory; a prefix is a hit only once both committed it.
 func Example() {
-	model := objmap.Geometry{Layers: 2, KVHeads: 4, HeadDim: 8, DType: objmap.BF16, Planes: 2, PageTokens: 4, ChunkPages: 1}
+	model := kvshape.Geometry{Layers: 2, KVHeads: 4, HeadDim: 8, DType: kvshape.BF16, Planes: 2, PageTokens: 4, ChunkPages: 1}
 	root, _ := os.MkdirTemp("", "tutti-tp-example-")
 	defer os.RemoveAll(root)
 	cfg := tp.Config{Ranks: 2, Store: runtime.Config{CapacityBytes: 16 << 20, Geometry: model,
-		Layout: objmap.LayoutPerLayer, NumPages: 8, StagingBytes: 1 << 20}}
+		Layout: kvshape.LayoutPerLayer, NumPages: 8, StagingBytes: 1 << 20}}
 	for r := 0; r < 2; r++ {
 		d, _ := os.MkdirTemp(root, "rank")
 		cfg.Dirs = append(cfg.Dirs, []string{d})
@@ -29,7 +29,7 @@ func Example() {
 	defer g.Close()
 	fmt.Println("KV heads per rank:", g.ShardGeometry().KVHeads)
 	for r := 0; r < 2; r++ {
-		kv, _ := runtime.AllocHostKV(g.ShardGeometry(), objmap.LayoutPerLayer, 8)
+		kv, _ := runtime.AllocHostKV(g.ShardGeometry(), kvshape.LayoutPerLayer, 8)
 		defer kv.Free()
 		if err := g.RegisterKV(r, kv.Memory()); err != nil {
 			fmt.Println(err)

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/internal/kvdata"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 	"github.com/tutti-io/tutti/uring"
 	"github.com/tutti-io/tutti/uring/uringsim"
@@ -64,7 +64,7 @@ func TestSaveFailsOnOneRank(t *testing.T) {
 			for seed := uint64(1); seed <= 3; seed++ {
 				t.Run(fmt.Sprintf("%s/ranks=%d/seed=%d", tc.name, n, seed), func(t *testing.T) {
 					rng := rand.New(rand.NewPCG(seed, 9))
-					cfg := groupConfig(t, n, g, objmap.LayoutPerLayer, 64)
+					cfg := groupConfig(t, n, g, kvshape.LayoutPerLayer, 64)
 					victim := int(seed) % n
 					sims := make([]*uringsim.Sim, n)
 					fcfg := cfg
@@ -162,7 +162,7 @@ func TestRecoveryIntersection(t *testing.T) {
 	for _, n := range []int{2, 4} {
 		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(4, uint64(n)))
-			cfg := groupConfig(t, n, g, objmap.LayoutCrossLayer, 64)
+			cfg := groupConfig(t, n, g, kvshape.LayoutCrossLayer, 64)
 			tg := openGroup(t, cfg)
 			a := chainOf(100, 3)
 			pa := pageTable(rng, g, cfg.Store.NumPages, len(a))
@@ -254,7 +254,7 @@ func TestRecoveryIntersection(t *testing.T) {
 // is discarded.
 func TestSaveRefusedByOneRank(t *testing.T) {
 	g := gqaGeometry()
-	cfg := groupConfig(t, 2, g, objmap.LayoutPerLayer, 32)
+	cfg := groupConfig(t, 2, g, kvshape.LayoutPerLayer, 32)
 	grp, err := Open(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -300,7 +300,7 @@ func TestLoadFailsOnOneRank(t *testing.T) {
 	for _, n := range []int{2, 4} {
 		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(12, uint64(n)))
-			cfg := groupConfig(t, n, g, objmap.LayoutPerLayer, 64)
+			cfg := groupConfig(t, n, g, kvshape.LayoutPerLayer, 64)
 			tg := openGroup(t, cfg)
 			// Two runs: blocks 0-1, then 2-3.
 			ch := chainOf(700, 4)

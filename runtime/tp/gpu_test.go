@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kernels"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 )
 
@@ -27,7 +27,7 @@ func hostRegions(m runtime.KVMemory) []runtime.Region {
 }
 
 // newRankDeviceKV allocates a rank's shard in the HBM of its GPU (device).
-func newRankDeviceKV(t testing.TB, device int, g objmap.Geometry, layout objmap.Layout, numPages int) *rankDeviceKV {
+func newRankDeviceKV(t testing.TB, device int, g kvshape.Geometry, layout kvshape.Layout, numPages int) *rankDeviceKV {
 	t.Helper()
 	h, err := runtime.AllocHostKV(g, layout, numPages)
 	if err != nil {
@@ -41,7 +41,7 @@ func newRankDeviceKV(t testing.TB, device int, g objmap.Geometry, layout objmap.
 		}
 		d.dev = append(d.dev, p)
 		reg := runtime.Region{Addr: uintptr(p), LenBytes: r.LenBytes}
-		if layout == objmap.LayoutPerLayer {
+		if layout == kvshape.LayoutPerLayer {
 			d.mem.Layers = append(d.mem.Layers, reg)
 		} else {
 			d.mem.Cross = reg
@@ -86,7 +86,7 @@ func TestGPUGroup(t *testing.T) {
 		for _, n := range []int{1, 2, 4} {
 			t.Run(fmt.Sprintf("%s/ranks=%d", mode, n), func(t *testing.T) {
 				const numPages = 64
-				cfg := groupConfig(t, n, g, objmap.LayoutPerLayer, numPages)
+				cfg := groupConfig(t, n, g, kvshape.LayoutPerLayer, numPages)
 				cfg.Store.Path = runtime.PathGPU
 				if mode == "one-device" {
 					cfg.Devices = make([]int, n)

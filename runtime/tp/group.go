@@ -7,7 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/prefix"
 	"github.com/tutti-io/tutti/runtime"
 )
@@ -16,7 +16,7 @@ import (
 // safe for concurrent use.
 type Group struct {
 	cfg     Config
-	shard   objmap.Geometry
+	shard   kvshape.Geometry
 	ranks   []*runtime.Store
 	devices []int
 
@@ -280,7 +280,7 @@ func (g *Group) Ranks() int { return len(g.ranks) }
 func (g *Group) Rank(r int) *runtime.Store { return g.ranks[r] }
 
 // ShardGeometry is the geometry every rank's store holds.
-func (g *Group) ShardGeometry() objmap.Geometry { return g.shard }
+func (g *Group) ShardGeometry() kvshape.Geometry { return g.shard }
 
 // Device returns rank r's CUDA device (PathGPU; 0 on PathCPU).
 func (g *Group) Device(r int) int { return g.devices[r] }

@@ -8,18 +8,18 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 )
 
 // TestShardGeometry: heads split evenly, MLA replicated, bad degrees refused
 // with the reason.
 func TestShardGeometry(t *testing.T) {
-	llama := objmap.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: objmap.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
-	mla := objmap.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: objmap.BF16, Planes: 1, PageTokens: 16, ChunkPages: 32}
+	llama := kvshape.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
+	mla := kvshape.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 32}
 	for _, tc := range []struct {
 		name  string
-		g     objmap.Geometry
+		g     kvshape.Geometry
 		ranks int
 		heads int    // KV heads per rank
 		err   string // substring of the error, "" for none
@@ -34,7 +34,7 @@ func TestShardGeometry(t *testing.T) {
 		{"llama/65", llama, 65, 0, "Ranks"},
 		{"mla/4", mla, 4, 1, ""},
 		{"mla/3", mla, 3, 1, ""},
-		{"bad geometry", objmap.Geometry{Layers: 1}, 2, 0, "Store.Geometry"},
+		{"bad geometry", kvshape.Geometry{Layers: 1}, 2, 0, "Store.Geometry"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := ShardGeometry(tc.g, tc.ranks)
@@ -65,7 +65,7 @@ func TestShardGeometry(t *testing.T) {
 // TestConfigErrors: every bad config is refused by Open with the field (and
 // rank) named, before anything is created.
 func TestConfigErrors(t *testing.T) {
-	base := func() Config { return groupConfig(t, 2, gqaGeometry(), objmap.LayoutPerLayer, 32) }
+	base := func() Config { return groupConfig(t, 2, gqaGeometry(), kvshape.LayoutPerLayer, 32) }
 	for _, tc := range []struct {
 		name string
 		mod  func(*Config)
@@ -104,10 +104,10 @@ func TestConfigErrors(t *testing.T) {
 func TestRoundTrip(t *testing.T) {
 	for _, geo := range []struct {
 		name string
-		g    objmap.Geometry
+		g    kvshape.Geometry
 	}{{"gqa", gqaGeometry()}, {"mla", mlaGeometry()}} {
 		for _, n := range []int{1, 2, 4} {
-			for _, layout := range []objmap.Layout{objmap.LayoutPerLayer, objmap.LayoutCrossLayer} {
+			for _, layout := range []kvshape.Layout{kvshape.LayoutPerLayer, kvshape.LayoutCrossLayer} {
 				t.Run(fmt.Sprintf("%s/ranks=%d/%v", geo.name, n, layout), func(t *testing.T) {
 					g := geo.g
 					const seed = 1
@@ -214,7 +214,7 @@ func TestRoundTrip(t *testing.T) {
 func TestLookupClips(t *testing.T) {
 	g := gqaGeometry()
 	rng := rand.New(rand.NewPCG(6, 6))
-	cfg := groupConfig(t, 2, g, objmap.LayoutPerLayer, 64)
+	cfg := groupConfig(t, 2, g, kvshape.LayoutPerLayer, 64)
 	tg := openGroup(t, cfg)
 	defer tg.close(t)
 	ch := chainOf(500, 5)
@@ -246,7 +246,7 @@ func TestLookupClips(t *testing.T) {
 
 // TestClosed: calls after Close say so.
 func TestClosed(t *testing.T) {
-	cfg := groupConfig(t, 2, gqaGeometry(), objmap.LayoutPerLayer, 16)
+	cfg := groupConfig(t, 2, gqaGeometry(), kvshape.LayoutPerLayer, 16)
 	tg := openGroup(t, cfg)
 	tg.close(t)
 	if _, err := tg.Load(chainOf(1, 1), []int32{0, 1}); !errors.Is(err, runtime.ErrClosed) {
@@ -267,7 +267,7 @@ func TestClosed(t *testing.T) {
 func TestConcurrent(t *testing.T) {
 	g := gqaGeometry()
 	const workers, ops, pagesPer = 3, 25, 24
-	cfg := groupConfig(t, 2, g, objmap.LayoutCrossLayer, workers*pagesPer)
+	cfg := groupConfig(t, 2, g, kvshape.LayoutCrossLayer, workers*pagesPer)
 	cfg.Store.CapacityBytes = 256 << 10
 	tg := openGroup(t, cfg)
 	defer tg.close(t)

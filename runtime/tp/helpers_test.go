@@ -8,24 +8,24 @@ import (
 
 	"github.com/tutti-io/tutti/internal/crashtest"
 	"github.com/tutti-io/tutti/internal/kvdata"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 )
 
 // gqaGeometry has 4 KV heads (split over 1, 2 or 4 ranks) and objects that
 // are not multiples of 4 KiB.
-func gqaGeometry() objmap.Geometry {
-	return objmap.Geometry{Layers: 3, KVHeads: 4, HeadDim: 16, DType: objmap.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
+func gqaGeometry() kvshape.Geometry {
+	return kvshape.Geometry{Layers: 3, KVHeads: 4, HeadDim: 16, DType: kvshape.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
 }
 
 // mlaGeometry is one latent plane of one head (replicated on every rank).
-func mlaGeometry() objmap.Geometry {
-	return objmap.Geometry{Layers: 2, KVHeads: 1, HeadDim: 72, DType: objmap.FP16, Planes: 1, PageTokens: 16, ChunkPages: 1}
+func mlaGeometry() kvshape.Geometry {
+	return kvshape.Geometry{Layers: 2, KVHeads: 1, HeadDim: 72, DType: kvshape.FP16, Planes: 1, PageTokens: 16, ChunkPages: 1}
 }
 
 // groupConfig is a group of n ranks over fresh temporary directories (two
 // per rank) with small staging, as runtime's own tests use.
-func groupConfig(t testing.TB, n int, g objmap.Geometry, layout objmap.Layout, numPages int) Config {
+func groupConfig(t testing.TB, n int, g kvshape.Geometry, layout kvshape.Layout, numPages int) Config {
 	t.Helper()
 	cfg := Config{Ranks: n, Store: runtime.Config{
 		CapacityBytes: 32 << 20, Geometry: g, Layout: layout, NumPages: numPages,
@@ -40,7 +40,7 @@ func groupConfig(t testing.TB, n int, g objmap.Geometry, layout objmap.Layout, n
 // group is an open Group with each rank's host KV memory.
 type group struct {
 	*Group
-	full     objmap.Geometry
+	full     kvshape.Geometry
 	numPages int
 	kv       []*runtime.HostKV
 }
@@ -80,7 +80,7 @@ func (tg *group) close(t testing.TB) {
 // shardOf (the tests' own reference, independent of CopyShard) returns rank r's part of a whole-model page plane
 // [page_tokens, kv_heads, head_dim]: for each token, the rank's heads. A
 // replicated (MLA) page is the whole page.
-func shardOf(full []byte, g objmap.Geometry, ranks, r int) []byte {
+func shardOf(full []byte, g kvshape.Geometry, ranks, r int) []byte {
 	if Replicated(g) {
 		return full
 	}
@@ -95,7 +95,7 @@ func shardOf(full []byte, g objmap.Geometry, ranks, r int) []byte {
 }
 
 // wholePage is the content of one page plane of the whole model.
-func wholePage(g objmap.Geometry, key kvdata.Key) []byte {
+func wholePage(g kvshape.Geometry, key kvdata.Key) []byte {
 	b := make([]byte, g.PageBytesPerPlane())
 	kvdata.Fill(b, key)
 	return b
@@ -167,7 +167,7 @@ func (tg *group) scramble() {
 	}
 }
 
-func pageTable(rng *rand.Rand, g objmap.Geometry, numPages, blocks int) []int32 {
+func pageTable(rng *rand.Rand, g kvshape.Geometry, numPages, blocks int) []int32 {
 	perm := rng.Perm(numPages)
 	pages := make([]int32, blocks*g.ChunkPages)
 	for i := range pages {

@@ -3,7 +3,7 @@ package tp
 import (
 	"fmt"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // CopyShard copies rank r's part of one page plane between the whole
@@ -14,7 +14,7 @@ import (
 // page is copied whole. For tools that hold a whole-model KV memory and
 // emulate the ranks' (the replay harness, benchmarks); an engine's ranks
 // hold only their own shards and never call it.
-func CopyShard(g objmap.Geometry, ranks, r int, full, shard []byte, toShard bool) error {
+func CopyShard(g kvshape.Geometry, ranks, r int, full, shard []byte, toShard bool) error {
 	sg, err := ShardGeometry(g, ranks)
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package objmap_test
+package kvshape_test
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/internal/abicheck"
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // Geometry and Layout here are the one home of the KV layout math. The
@@ -109,7 +109,7 @@ func contiguousOffset(shape, idx []int64, elem int64) int64 {
 }
 
 // TestPythonGeometryMatches holds python/tutti's Geometry (sizes, tensor
-// shape and bytes, page offsets) against objmap's for a table of shapes,
+// shape and bytes, page offsets) against kvshape's for a table of shapes,
 // both layouts, and pages at the edges and inside.
 func TestPythonGeometryMatches(t *testing.T) {
 	cases := layoutCases()
@@ -119,18 +119,18 @@ func TestPythonGeometryMatches(t *testing.T) {
 		t.Fatalf("python answered %d cases of %d", len(py), len(cases))
 	}
 	for i, c := range cases {
-		dt, err := objmap.ParseDType(c.DType)
+		dt, err := kvshape.ParseDType(c.DType)
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := objmap.Geometry{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: dt,
+		g := kvshape.Geometry{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: dt,
 			Planes: c.Planes, PageTokens: c.PageTokens, ChunkPages: c.ChunkPages}
 		if err := g.Validate(); err != nil {
 			t.Fatalf("%s: %v", c.Name, err)
 		}
-		layout := objmap.LayoutPerLayer
+		layout := kvshape.LayoutPerLayer
 		if c.Layout == "cross_layer" {
-			layout = objmap.LayoutCrossLayer
+			layout = kvshape.LayoutCrossLayer
 		}
 		p := py[i]
 		tb, err := g.TensorBytes(layout, c.NumPages)
@@ -139,7 +139,7 @@ func TestPythonGeometryMatches(t *testing.T) {
 		}
 		if p.PagePlane != g.PageBytesPerPlane() || p.PageLayer != g.PageBytesPerLayer() ||
 			p.BlockTokens != g.PageTokens*g.ChunkPages || p.TensorBytes != tb {
-			t.Errorf("%s: python plane %d layer %d block tokens %d tensor %d; objmap %d %d %d %d", c.Name,
+			t.Errorf("%s: python plane %d layer %d block tokens %d tensor %d; kvshape %d %d %d %d", c.Name,
 				p.PagePlane, p.PageLayer, p.BlockTokens, p.TensorBytes,
 				g.PageBytesPerPlane(), g.PageBytesPerLayer(), g.PageTokens*g.ChunkPages, tb)
 		}
@@ -148,7 +148,7 @@ func TestPythonGeometryMatches(t *testing.T) {
 			elems *= d
 		}
 		if elems*int64(dt.Bytes()) != tb {
-			t.Errorf("%s: python shape %v holds %d bytes, objmap's tensor %d", c.Name, p.Shape, elems*int64(dt.Bytes()), tb)
+			t.Errorf("%s: python shape %v holds %d bytes, kvshape's tensor %d", c.Name, p.Shape, elems*int64(dt.Bytes()), tb)
 		}
 		for j, pt := range c.Points {
 			want, err := g.PageOffset(layout, c.NumPages, pt[0], pt[1], pt[2])
@@ -156,17 +156,17 @@ func TestPythonGeometryMatches(t *testing.T) {
 				t.Fatal(err)
 			}
 			if p.Offsets[j] != want {
-				t.Errorf("%s: (layer %d, plane %d, page %d): python offset %d, objmap %d", c.Name, pt[0], pt[1], pt[2], p.Offsets[j], want)
+				t.Errorf("%s: (layer %d, plane %d, page %d): python offset %d, kvshape %d", c.Name, pt[0], pt[1], pt[2], p.Offsets[j], want)
 			}
 			idx := []int64{int64(pt[1]), int64(pt[2]), 0, 0, 0} // planes, pages, ...
-			if layout == objmap.LayoutCrossLayer {
+			if layout == kvshape.LayoutCrossLayer {
 				idx = []int64{int64(pt[2]), int64(pt[0]), int64(pt[1]), 0, 0, 0} // pages, layers, planes, ...
 			}
 			if len(p.Shape) != len(idx) {
 				t.Fatalf("%s: python shape %v, want %d dims", c.Name, p.Shape, len(idx))
 			}
 			if got := contiguousOffset(p.Shape, idx, int64(dt.Bytes())); got != want {
-				t.Errorf("%s: (layer %d, plane %d, page %d) in python's shape %v is at %d, objmap's offset %d",
+				t.Errorf("%s: (layer %d, plane %d, page %d) in python's shape %v is at %d, kvshape's offset %d",
 					c.Name, pt[0], pt[1], pt[2], p.Shape, got, want)
 			}
 		}
@@ -175,24 +175,24 @@ func TestPythonGeometryMatches(t *testing.T) {
 
 // TestCHeaderEnumsMatch holds the dtype and layout codes of the C ABI
 // (runtime/capi/tutti.h) and of the kernels (kernels/tutti_kernels.h) against
-// objmap's: the C ABI's dtype codes are objmap.DType's, its layout codes are
-// objmap.Layout + 1 (0 is "unset" there), the kernels' are objmap.Layout's.
+// kvshape's: the C ABI's dtype codes are kvshape.DType's, its layout codes are
+// kvshape.Layout + 1 (0 is "unset" there), the kernels' are kvshape.Layout's.
 func TestCHeaderEnumsMatch(t *testing.T) {
 	r := repoRoot(t)
 	hdr, err := abicheck.CHeader(t.TempDir(), filepath.Join(r, "runtime", "capi", "tutti.h"), filepath.Join(r, "kernels", "tutti_kernels.h"))
 	skipNoTool(t, err)
 	want := map[string]int64{
-		"TUTTI_DTYPE_BF16": int64(objmap.BF16), "TUTTI_DTYPE_FP16": int64(objmap.FP16),
-		"TUTTI_DTYPE_FP8": int64(objmap.FP8), "TUTTI_DTYPE_FP32": int64(objmap.FP32),
-		"TUTTI_LAYOUT_PER_LAYER": int64(objmap.LayoutPerLayer) + 1, "TUTTI_LAYOUT_CROSS_LAYER": int64(objmap.LayoutCrossLayer) + 1,
-		"TK_LAYOUT_PER_LAYER": int64(objmap.LayoutPerLayer), "TK_LAYOUT_CROSS_LAYER": int64(objmap.LayoutCrossLayer),
+		"TUTTI_DTYPE_BF16": int64(kvshape.BF16), "TUTTI_DTYPE_FP16": int64(kvshape.FP16),
+		"TUTTI_DTYPE_FP8": int64(kvshape.FP8), "TUTTI_DTYPE_FP32": int64(kvshape.FP32),
+		"TUTTI_LAYOUT_PER_LAYER": int64(kvshape.LayoutPerLayer) + 1, "TUTTI_LAYOUT_CROSS_LAYER": int64(kvshape.LayoutCrossLayer) + 1,
+		"TK_LAYOUT_PER_LAYER": int64(kvshape.LayoutPerLayer), "TK_LAYOUT_CROSS_LAYER": int64(kvshape.LayoutCrossLayer),
 	}
 	for name, v := range want {
 		got, ok := hdr.Consts[name]
 		if !ok {
 			t.Errorf("%s is in neither header", name)
 		} else if got != v {
-			t.Errorf("%s = %d in the header, objmap's value is %d", name, got, v)
+			t.Errorf("%s = %d in the header, kvshape's value is %d", name, got, v)
 		}
 	}
 }

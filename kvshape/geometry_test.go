@@ -1,4 +1,4 @@
-package objmap
+package kvshape
 
 import (
 	"errors"
@@ -49,56 +49,8 @@ func TestGeometrySizes(t *testing.T) {
 	if got := g.PageBytesPerLayer(); got != 2*16*8*128*2 {
 		t.Fatalf("PageBytesPerLayer = %d", got)
 	}
-	if got := g.ChunkTableBytes(3); got != BlockBytes {
-		t.Fatalf("ChunkTableBytes(3) = %d", got)
-	}
-	if got := g.RunBytes(3); got != HeaderBytes+BlockBytes+32*3*65536 {
-		t.Fatalf("RunBytes(3) = %d", got)
-	}
-	// MLA page of 18432 bytes is not block-aligned: objects are padded.
-	mla := Geometry{Layers: 2, KVHeads: 1, HeadDim: 576, DType: BF16, Planes: 1, PageTokens: 16, ChunkPages: 1}
-	if got, want := mla.ObjectStride(1), int64(20480); got != want {
-		t.Fatalf("ObjectStride(1) = %d, want %d", got, want)
-	}
-	off, io, data, err := mla.LayerSpan(3, 1, 1)
-	if err != nil || off != HeaderBytes+BlockBytes+mla.ObjectStride(3) || io != 20480 || data != 18432 {
-		t.Fatalf("LayerSpan = %d %d %d %v", off, io, data, err)
-	}
-	if _, _, _, err := mla.LayerSpan(3, 1, 4); !errors.Is(err, ErrOutOfRange) {
-		t.Fatalf("LayerSpan k>run: %v", err)
-	}
-	if _, _, _, err := mla.LayerSpan(3, 2, 1); !errors.Is(err, ErrOutOfRange) {
-		t.Fatalf("LayerSpan layer out of range: %v", err)
-	}
-	for n := 1; n <= 50; n++ {
-		if k := mla.ChunksThatFit(mla.RunBytes(n)); k != n {
-			t.Fatalf("ChunksThatFit(RunBytes(%d)) = %d", n, k)
-		}
-		if k := mla.ChunksThatFit(mla.RunBytes(n) - 1); k != n-1 {
-			t.Fatalf("ChunksThatFit(RunBytes(%d)-1) = %d", n, k)
-		}
-	}
-}
-
-func TestFingerprintCoversEveryField(t *testing.T) {
-	base := llama3_8b
-	seen := map[uint64]string{base.Fingerprint(): "base"}
-	for name, mut := range map[string]func(*Geometry){
-		"Layers": func(g *Geometry) { g.Layers++ }, "KVHeads": func(g *Geometry) { g.KVHeads++ },
-		"HeadDim": func(g *Geometry) { g.HeadDim++ }, "DType": func(g *Geometry) { g.DType = FP16 },
-		"Planes": func(g *Geometry) { g.Planes = 1 }, "PageTokens": func(g *Geometry) { g.PageTokens++ },
-		"ChunkPages": func(g *Geometry) { g.ChunkPages++ },
-	} {
-		g := base
-		mut(&g)
-		fp := g.Fingerprint()
-		if prev, dup := seen[fp]; dup {
-			t.Errorf("changing %s gives the fingerprint of %s", name, prev)
-		}
-		seen[fp] = name
-	}
-	if base.Fingerprint() != llama3_8b.Fingerprint() {
-		t.Fatal("fingerprint not stable")
+	if got := g.ChunkBytes(); got != 32*2*16*8*128*2 {
+		t.Fatalf("ChunkBytes = %d", got)
 	}
 }
 
@@ -151,26 +103,6 @@ func TestPageOffset(t *testing.T) {
 	}
 	if _, err := g.PageOffset(LayoutPerLayer, pages, 0, 2, 0); !errors.Is(err, ErrOutOfRange) {
 		t.Fatalf("plane out of range: %v", err)
-	}
-}
-
-func TestChunkPageOffset(t *testing.T) {
-	g := Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, DType: FP8, Planes: 2, PageTokens: 1, ChunkPages: 2}
-	// chunk0: p0q0 p0q1 p1q0 p1q1, chunk1: ...
-	want := int64(0)
-	for c := range 2 {
-		for p := range 2 {
-			for q := range 2 {
-				off, err := g.ChunkPageOffset(c, p, q)
-				if err != nil || off != want {
-					t.Fatalf("(%d,%d,%d) = %d %v, want %d", c, p, q, off, err, want)
-				}
-				want += g.PageBytesPerPlane()
-			}
-		}
-	}
-	if want != g.ObjectBytes(2) {
-		t.Fatalf("object of 2 chunks is %d bytes, slots cover %d", g.ObjectBytes(2), want)
 	}
 }
 

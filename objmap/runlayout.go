@@ -1,0 +1,138 @@
+package objmap
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc64"
+
+	"github.com/tutti-io/tutti/kvshape"
+)
+
+// checkGeometry is the geometry's own rules (kvshape) and the one a store
+// adds: a run header holds at least one chain id beside one CRC per layer.
+func checkGeometry(g kvshape.Geometry) error {
+	if err := g.Validate(); err != nil {
+		return err
+	}
+	if MaxRunChunks(g) < 1 {
+		return fmt.Errorf("%w: Layers = %d leaves no room for a chain id in the %d-byte header", kvshape.ErrGeometry, g.Layers, HeaderBytes)
+	}
+	return nil
+}
+
+// fingerprintVersion is mixed into the fingerprint so that a change of the
+// on-disk object layout (not only of the shape) invalidates old stores.
+const fingerprintVersion = 1
+
+var crc64Table = crc64.MakeTable(crc64.ECMA)
+
+// Fingerprint is a stable hash over every field of g (and the object
+// layout version). It is stored in each run header and in the manifest: a store
+// written for another shape, dtype or block size is never served.
+func Fingerprint(g kvshape.Geometry) uint64 {
+	var b [8 * 8]byte
+	for i, v := range []uint64{fingerprintVersion, uint64(g.Layers), uint64(g.KVHeads), uint64(g.HeadDim),
+		uint64(g.DType), uint64(g.Planes), uint64(g.PageTokens), uint64(g.ChunkPages)} {
+		binary.LittleEndian.PutUint64(b[i*8:], v)
+	}
+	return crc64.Checksum(b[:], crc64Table)
+}
+
+// Object layout on disk. A run of n chunks (consecutive chain blocks saved
+// together) is one extent in one pool file:
+//
+//	[header: HeaderBytes][chunk CRC table: ChunkTableBytes(n)][object 0]...[object Layers-1]
+//
+// Object l holds layer l for the whole run, chunk-major, then page, then
+// plane: [chunk0: page0 plane0, page0 plane1, page1 plane0, ...][chunk1 ...].
+// K and V of a page are stored together so that one read per (layer, run)
+// restores both, and the first k chunks of a run are one contiguous read per
+// layer. Each object starts on a BlockBytes boundary (padded), so every read
+// satisfies O_DIRECT alignment whatever the shape.
+
+// BlockBytes is the alignment of every extent, object and I/O length (O_DIRECT).
+const BlockBytes = 4096
+
+func alignUp(n int64) int64 { return (n + BlockBytes - 1) &^ (BlockBytes - 1) }
+
+// ObjectBytes is the payload of one layer of a run of chunks chunks (no padding).
+func ObjectBytes(g kvshape.Geometry, chunks int) int64 { return int64(chunks) * g.ChunkBytesPerLayer() }
+
+// ObjectStride is the on-disk size of one object of a run of chunks chunks:
+// ObjectBytes rounded up to BlockBytes.
+func ObjectStride(g kvshape.Geometry, chunks int) int64 { return alignUp(ObjectBytes(g, chunks)) }
+
+// ChunkTableBytes is the on-disk size of the chunk CRC table of a run of
+// chunks chunks: 4 bytes per (layer, chunk), padded to BlockBytes.
+func ChunkTableBytes(g kvshape.Geometry, chunks int) int64 { return chunkTableBytes(g.Layers, chunks) }
+
+// HeaderRegionBytes is the header plus the chunk CRC table of a run of
+// chunks chunks: what recovery reads, in one read, per run; the first
+// object starts right after it.
+func HeaderRegionBytes(g kvshape.Geometry, chunks int) int64 {
+	return HeaderBytes + ChunkTableBytes(g, chunks)
+}
+
+// RunBytes is the extent a run of chunks chunks occupies: header, chunk
+// table and objects.
+func RunBytes(g kvshape.Geometry, chunks int) int64 {
+	return HeaderRegionBytes(g, chunks) + int64(g.Layers)*ObjectStride(g, chunks)
+}
+
+// ChunksThatFit is the largest chunk count whose run fits in extentBytes
+// (capped at MaxRunChunks), 0 if not even one chunk fits.
+func ChunksThatFit(g kvshape.Geometry, extentBytes int64) int {
+	// RunBytes grows with the count; binary search for the last that fits.
+	lo, hi := 0, MaxRunChunks(g)
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if RunBytes(g, mid) <= extentBytes {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
+}
+
+// ObjectOffset is where object (layer) of a run of runChunks chunks starts,
+// relative to the start of the run's extent.
+func ObjectOffset(g kvshape.Geometry, runChunks, layer int) (int64, error) {
+	if layer < 0 || layer >= g.Layers {
+		return 0, fmt.Errorf("objmap: layer %d of %d: %w", layer, g.Layers, kvshape.ErrOutOfRange)
+	}
+	if runChunks < 1 || runChunks > MaxRunChunks(g) {
+		return 0, fmt.Errorf("objmap: run of %d chunks (max %d): %w", runChunks, MaxRunChunks(g), kvshape.ErrOutOfRange)
+	}
+	return HeaderRegionBytes(g, runChunks) + int64(layer)*ObjectStride(g, runChunks), nil
+}
+
+// LayerSpan gives the one read that restores layer of the first k chunks of
+// a run of runChunks chunks: off is relative to the run's extent start,
+// ioBytes is the read length rounded up to BlockBytes (it stays inside the
+// object's padding), dataBytes = k*ChunkBytesPerLayer is the payload within
+// it, starting at the buffer's first byte. Only the first k chunks are read
+// (each has its own CRC: RunInfo.VerifySpan, ChunkVerifier); ChunkSpan is
+// the general form (chunks [first, first+k)).
+func LayerSpan(g kvshape.Geometry, runChunks, layer, k int) (off, ioBytes, dataBytes int64, err error) {
+	s, err := ChunkSpan(g, runChunks, layer, 0, k)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return s.Off, s.IOBytes, s.DataBytes, nil
+}
+
+// ChunkPageOffset is where (chunk, page within the chunk, plane) lies inside
+// an object (relative to the object's start); the span is PageBytesPerPlane.
+func ChunkPageOffset(g kvshape.Geometry, chunk, page, plane int) (int64, error) {
+	if chunk < 0 {
+		return 0, fmt.Errorf("objmap: chunk %d: %w", chunk, kvshape.ErrOutOfRange)
+	}
+	if page < 0 || page >= g.ChunkPages {
+		return 0, fmt.Errorf("objmap: page %d of a %d-page chunk: %w", page, g.ChunkPages, kvshape.ErrOutOfRange)
+	}
+	if plane < 0 || plane >= g.Planes {
+		return 0, fmt.Errorf("objmap: plane %d of %d: %w", plane, g.Planes, kvshape.ErrOutOfRange)
+	}
+	return ((int64(chunk)*int64(g.ChunkPages)+int64(page))*int64(g.Planes) + int64(plane)) * g.PageBytesPerPlane(), nil
+}
