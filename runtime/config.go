@@ -63,6 +63,22 @@ const (
 	maxSaveWriteBytes = 4 << 20
 )
 
+// The scheduler's and the event publisher's settings as Config takes them,
+// named here so that an engine fills a Config with this package and kvshape
+// alone. They are aliases: the packages that define them keep their
+// constructors and advanced knobs (sched.FitCompute, sched.ComputeFromFLOPs,
+// kvevents.ParseSpec, kvevents.Format), whose values fit these fields as
+// they are.
+type (
+	// ComputeModel predicts the prefill time of one layer (Config.Compute).
+	ComputeModel = sched.ComputeModel
+	// DeviceProfile is one device's measured rates (Config.Device).
+	DeviceProfile = sched.DeviceProfile
+	// KVEventsConfig is where and how the store publishes KV events
+	// (Config.KVEvents).
+	KVEventsConfig = kvevents.Config
+)
+
 // Config is what Open needs. The zero value of the tuning fields (QueueDepth,
 // StagingBytes, StagingSlotBytes, SaveBoundMs, MaxLoads) means the default.
 type Config struct {
@@ -136,7 +152,7 @@ type Config struct {
 	// sched.ComputeFromFLOPs from the model profile); the scheduler loads a
 	// cached block only where that beats recomputing it. Zero: no profile,
 	// every cached block is loaded.
-	Compute sched.ComputeModel
+	Compute ComputeModel
 	// Device is each directory's device profile (devbench); corrected online
 	// from completions. Zero: Open probes each directory's device (a
 	// time-limited burst of O_DIRECT writes and reads of a scratch file,
@@ -144,12 +160,12 @@ type Config struct {
 	// device it cannot probe, or any device under NewEngine, gets a
 	// conservative SSD (defaultDevice), counted in
 	// Stats.DeviceProbeFailures.
-	Device sched.DeviceProfile
+	Device DeviceProfile
 
 	// KVEvents, if set, publishes what the store serves as vLLM KV events
 	// on a ZeroMQ PUB endpoint for cache-aware routers (see runtime/kvevents.go
 	// and docs/routers.md). Open fails when its endpoints cannot be bound.
-	KVEvents *kvevents.Config
+	KVEvents *KVEventsConfig
 
 	// NewEngine, if set, makes the I/O engine instead of a real io_uring
 	// ring: tests pass a *uringsim.Sim here (seeded latency, fault injection).
@@ -354,10 +370,10 @@ func (c Config) withDefaults() Config {
 	if c.GPU.MaxRuns == 0 {
 		c.GPU.MaxRuns = 64
 	}
-	if c.Compute == (sched.ComputeModel{}) {
+	if c.Compute == (ComputeModel{}) {
 		c.Compute = defaultCompute
 	}
-	if c.Device == (sched.DeviceProfile{}) {
+	if c.Device == (DeviceProfile{}) {
 		c.Device = defaultDevice
 	}
 	return c

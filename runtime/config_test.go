@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kvshape"
-	"github.com/tutti-io/tutti/objmap"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -114,8 +113,8 @@ func TestRequestChecks(t *testing.T) {
 			t.Errorf("Save %s: %v", name, err)
 		}
 	}
-	if _, err := Open(cfg); !errors.Is(err, objmap.ErrLocked) {
-		t.Fatalf("second Open of the same dirs: %v, want objmap.ErrLocked", err)
+	if _, err := Open(cfg); !errors.Is(err, ErrLocked) {
+		t.Fatalf("second Open of the same dirs: %v, want ErrLocked", err)
 	}
 	if l := s.Lookup([]uint64{1, 2, 3}); l != 0 {
 		t.Fatalf("Lookup on an empty store = %d", l)

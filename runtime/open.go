@@ -21,9 +21,24 @@ var (
 		ReadLatencyNs: 1e5, ReadShareUnderWrites: 0.5, WriteShareUnderReads: 0.5}
 )
 
+// Open's errors about the store on disk are the object map's, named here
+// too so that an engine tells them apart (errors.Is) without importing
+// objmap.
+var (
+	// ErrLocked: another Open holds a directory of the store.
+	ErrLocked = objmap.ErrLocked
+	// ErrGeometryMismatch: the store was written for another Geometry.
+	ErrGeometryMismatch = objmap.ErrGeometryMismatch
+	// ErrSettingsMismatch: the store was created with another capacity.
+	ErrSettingsMismatch = objmap.ErrSettingsMismatch
+	// ErrMissingDir: one of Dirs does not exist or holds no part of the
+	// store, or the store spans more directories than Dirs lists.
+	ErrMissingDir = objmap.ErrMissingDir
+)
+
 // Open opens (or creates) the store in cfg.Dirs: it validates cfg, locks
 // every directory (a second Open of the same store fails with an error
-// wrapping objmap.ErrLocked), recovers the object map, rebuilds the prefix
+// wrapping ErrLocked), recovers the object map, rebuilds the prefix
 // index from the recovered runs (Recovery reports both), allocates staging and
 // starts the scheduler and the I/O worker. PathGPU fails with an error
 // wrapping ErrGPUUnavailable when the kernels cannot run (see
@@ -32,7 +47,7 @@ func Open(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	userDevice := cfg.Device != (sched.DeviceProfile{})
+	userDevice := cfg.Device != (DeviceProfile{})
 	cfg = cfg.withDefaults()
 	// Sized on either path, so that Stats.GPUReads says what PathGPU uses
 	// on these devices; sized values are within Validate's ranges
