@@ -77,7 +77,7 @@ func tutti_get_gpu_reads(store C.uint64_t, buf *C.char, n C.uint64_t, outLen *C.
 		if err != nil {
 			return err
 		}
-		text := e.s.Stats().GPUReads
+		text := e.s.Stats().GPU.Reads.String()
 		*outLen = C.uint64_t(len(text))
 		if uint64(n) <= uint64(len(text)) {
 			return errorf(errBufferTooSmall, "len = %d, the text needs %d bytes with its NUL", n, len(text)+1)
@@ -91,20 +91,14 @@ func tutti_get_gpu_reads(store C.uint64_t, buf *C.char, n C.uint64_t, outLen *C.
 
 func fillStats(out *C.tutti_stats, e *storeEntry) {
 	s := e.s.Stats()
-	var miss, skipped int64
-	for _, m := range s.MissBlocks {
-		miss += m
-	}
-	for _, k := range s.SkippedBlocks {
-		skipped += k
-	}
 	u := func(v int64) C.uint64_t { return C.uint64_t(max(v, 0)) }
-	out.lookups, out.lookup_blocks, out.hit_blocks = u(s.Lookups), u(s.LookupBlocks), u(s.HitBlocks)
-	out.loads, out.cached_blocks, out.planned_blocks = u(s.Loads), u(s.CachedBlocks), u(s.PlannedBlocks)
-	out.restored_blocks, out.restored_bytes = u(s.RestoredBlocks), u(s.RestoredBytes)
-	out.read_ios, out.split_ios, out.overread_bytes = u(s.ReadIOs), u(s.SplitIOs), u(s.OverreadBytes)
-	out.miss_blocks = u(miss)
-	out.saves, out.save_blocks, out.saved_blocks, out.saved_bytes = u(s.Saves), u(s.SaveBlocks), u(s.SavedBlocks), u(s.SavedBytes)
-	out.write_ios, out.committed_runs, out.corrupt_dropped = u(s.WriteIOs), u(s.CommittedRuns), u(s.CorruptDropped)
-	out.skipped_blocks, out.fallbacks = u(skipped), u(s.Fallbacks)
+	lk, ld, sv := s.Lookups, s.Loads, s.Saves
+	out.lookups, out.lookup_blocks, out.hit_blocks = u(lk.Calls), u(lk.AskedBlocks), u(lk.HitBlocks)
+	out.loads, out.cached_blocks, out.planned_blocks = u(ld.Calls), u(ld.CachedBlocks), u(ld.PlannedBlocks)
+	out.restored_blocks, out.restored_bytes = u(ld.RestoredBlocks), u(ld.RestoredBytes)
+	out.read_ios, out.split_ios, out.overread_bytes = u(ld.ReadIOs), u(ld.SplitIOs), u(ld.OverreadBytes)
+	out.miss_blocks = u(ld.MissBlocks.Total())
+	out.saves, out.save_blocks, out.saved_blocks, out.saved_bytes = u(sv.Calls), u(sv.AskedBlocks), u(sv.SavedBlocks), u(sv.SavedBytes)
+	out.write_ios, out.committed_runs, out.corrupt_dropped = u(sv.WriteIOs), u(sv.CommittedRuns), u(ld.CorruptDroppedRuns)
+	out.skipped_blocks, out.fallbacks = u(sv.SkippedBlocks.Total()), u(s.Path.Fallbacks)
 }
