@@ -99,7 +99,7 @@
 // The staging slots are registered with the ring as fixed buffers (index =
 // slot) and the GPU writes READ_FIXED SQEs, so the kernel does not pin the
 // pages of every read; a refused registration falls back to plain reads and
-// is reported (Restorer.FixedBuffers, runtime Stats.GPUPlainReads). The I/O
+// is reported (Restorer.FixedBuffers, runtime Stats.GPU.ReadMode). The I/O
 // and scatter streams run at the device's highest priority, so the one-block
 // I/O kernel is not starved by the engine's GEMMs.
 //

@@ -169,18 +169,19 @@ type Contents func(emit func(Event))
 // Takes that took events, and Gaps the contents listings that replaced
 // dropped events.
 type Stats struct {
-	Epoch            uint64
-	LastSeq          int64 // -1 before the first batch
-	Batches, Events  int64
-	DroppedEvents    int64 // past MaxQueueEvents
-	Gaps             int64 // sequence numbers skipped for dropped events
-	SendErrors       int64
-	ReplaysBuffered  int64 // replay requests answered from the ring
-	ReplaysContents  int64 // replay requests answered with the current contents
-	ReplayErrors     int64 // malformed requests or failed replies
-	QueuedEvents     int   // emitted, not yet published
-	ReplayRingBytes  int64
-	ReplayRingLength int
+	Epoch            uint64 `json:"epoch"`
+	LastSeq          int64  `json:"last_seq"` // -1 before the first batch
+	Batches          int64  `json:"batches"`
+	Events           int64  `json:"events"`
+	DroppedEvents    int64  `json:"dropped_events"` // past MaxQueueEvents
+	Gaps             int64  `json:"gaps"`           // sequence numbers skipped for dropped events
+	SendErrors       int64  `json:"send_errors"`
+	ReplaysBuffered  int64  `json:"replays_buffered"` // replay requests answered from the ring
+	ReplaysContents  int64  `json:"replays_contents"` // replay requests answered with the current contents
+	ReplayErrors     int64  `json:"replay_errors"`    // malformed requests or failed replies
+	QueuedEvents     int    `json:"queued_events"`    // emitted, not yet published
+	ReplayRingBytes  int64  `json:"replay_ring_bytes"`
+	ReplayRingLength int    `json:"replay_ring_length"`
 }
 
 // Publisher publishes a store's KV events. Do is safe for concurrent use

@@ -67,6 +67,9 @@ func TestGroupCommitConcurrent(t *testing.T) {
 	}
 	s := m.Stats()
 	t.Logf("%d commits, %d frees, %d journal syncs, %d checkpoints", s.Commits, s.Frees, s.JournalSyncs, s.Checkpoints)
+	if s.LiveRuns != len(live) {
+		t.Fatalf("%d live runs counted, %d committed and not freed", s.LiveRuns, len(live))
+	}
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -210,6 +210,7 @@ func (m *Map) settleCommits(reqs []CommitRequest, werr error) error {
 			continue
 		}
 		e.state = stateLive
+		m.live++
 		if lost > 0 {
 			_, _, _, _ = m.freeLocked(r.Res.ID, e)
 		}
@@ -344,6 +345,7 @@ func (m *Map) freeLocked(id RunID, e *runEntry) (lsn, since uint64, overfull boo
 		return 0, 0, false, err
 	}
 	delete(m.runs, id)
+	m.live--
 	m.alloc.quarantineFree(e.info.File, extent{e.info.Offset, e.info.Length}, lsn)
 	m.frees++
 	return lsn, since, overfull, nil
@@ -497,12 +499,12 @@ type Stats struct {
 	// the last one's error while no group was written since ("" then).
 	JournalFailures  int64  `json:"journal_failures"`
 	AbandonedCommits int64  `json:"abandoned_commits"`
-	JournalError     string `json:"journal_error,omitempty"`
+	JournalError     string `json:"journal_error"`
 	// CheckpointFailures counts checkpoints (or the segments after them)
 	// not written for lack of space, each retried by a later group;
 	// CheckpointError is the last one's error.
 	CheckpointFailures int64  `json:"checkpoint_failures"`
-	CheckpointError    string `json:"checkpoint_error,omitempty"`
+	CheckpointError    string `json:"checkpoint_error"`
 }
 
 // Stats returns the current counters.
@@ -520,11 +522,7 @@ func (m *Map) Stats() Stats {
 		s.PoolSyncs += fs.syncs
 		fs.mu.Unlock()
 	}
-	for _, e := range m.runs {
-		if e.state == stateLive {
-			s.LiveRuns++
-		}
-	}
+	s.LiveRuns = m.live
 	if m.j != nil {
 		m.j.mu.Lock()
 		s.JournalRecords, s.JournalSyncs, s.JournalBytes = m.j.records, m.j.syncs, m.j.bytes

@@ -75,6 +75,7 @@ func (m *Map) rebuild(js *journalState) error {
 		case why == "":
 			r.ChunkCRCs, r.LayerCRCs = res[i].crcs.chunks, res[i].crcs.layers
 			m.runs[r.ID] = &runEntry{info: *r, state: stateLive}
+			m.live++
 			rep.Recovered++
 		case res[i].io:
 			rep.UnreadableRuns = append(rep.UnreadableRuns, Problem{Run: r.ID, File: r.File, Offset: r.Offset, Reason: why})

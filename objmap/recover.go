@@ -82,6 +82,7 @@ func (m *Map) replayRuns(js *journalState) ([]RunID, error) {
 		case res[i].why == "":
 			r.ChunkCRCs, r.LayerCRCs = res[i].crcs.chunks, res[i].crcs.layers
 			m.runs[r.ID] = &runEntry{info: *r, state: stateLive}
+			m.live++
 			rep.Recovered++
 		case res[i].io:
 			m.runs[r.ID] = &runEntry{info: *r, state: stateUnreadable}

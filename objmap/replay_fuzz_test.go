@@ -85,9 +85,10 @@ func FuzzReplay(f *testing.F) {
 			t.Fatalf("report does not add up: %v", rep)
 		}
 		var live int64
-		m.Runs(func(r RunInfo) bool { live += r.Length; return true })
-		if s := m.Stats(); s.FreeBytes+live != s.CapacityBytes {
-			t.Fatalf("free %d + live %d != capacity %d", s.FreeBytes, live, s.CapacityBytes)
+		runs := 0
+		m.Runs(func(r RunInfo) bool { live += r.Length; runs++; return true })
+		if s := m.Stats(); s.FreeBytes+live != s.CapacityBytes || s.LiveRuns != runs {
+			t.Fatalf("free %d + live %d != capacity %d, or %d live runs counted, %d listed", s.FreeBytes, live, s.CapacityBytes, s.LiveRuns, runs)
 		}
 		if c, err := m.Check(); err != nil || c.Corrupt != 0 {
 			t.Fatalf("a served run is corrupt: %v %v", c, err)

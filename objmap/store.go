@@ -140,6 +140,7 @@ type Map struct {
 	mu       sync.Mutex
 	alloc    *allocator
 	runs     map[RunID]*runEntry
+	live     int // runs in stateLive: Stats stays O(1), cheap enough to call per request
 	reserved map[RunID]Reservation
 	nextID   RunID
 	epoch    uint64

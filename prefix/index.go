@@ -112,26 +112,26 @@ type Entry struct {
 
 // Stats counts blocks and bytes by state, and what left the index.
 type Stats struct {
-	Blocks          int   // all entries
-	Pending         int   // pending (including draining ones)
-	Resident        int   // committed and unpinned (including draining ones)
-	Pinned          int   // committed and pinned (including draining ones)
-	Draining        int   // removed, waiting for pins or pending saves to finish
-	Evictable       int   // on the LRU list
-	Bytes           int64 // all entries
-	PendingBytes    int64
-	PinnedBytes     int64
-	EvictableBytes  int64
-	CapacityBytes   int64
-	MaxBlocks       int
-	Reserved        int64 // blocks ever reserved
-	Committed       int64
-	Aborted         int64 // blocks dropped by Abort (listed or cascaded)
-	Evictions       int64
-	EvictedBytes    int64
-	Removed         int64 // blocks dropped because of Remove (when they finally leave)
-	RefusedCapacity int64 // Reserve calls stopped by StopCapacity
-	RefusedBlocks   int64 // Reserve calls stopped by StopMaxBlocks
+	Blocks          int   `json:"blocks"`    // all entries
+	Pending         int   `json:"pending"`   // pending (including draining ones)
+	Resident        int   `json:"resident"`  // committed and unpinned (including draining ones)
+	Pinned          int   `json:"pinned"`    // committed and pinned (including draining ones)
+	Draining        int   `json:"draining"`  // removed, waiting for pins or pending saves to finish
+	Evictable       int   `json:"evictable"` // on the LRU list
+	Bytes           int64 `json:"bytes"`     // all entries
+	PendingBytes    int64 `json:"pending_bytes"`
+	PinnedBytes     int64 `json:"pinned_bytes"`
+	EvictableBytes  int64 `json:"evictable_bytes"`
+	CapacityBytes   int64 `json:"capacity_bytes"`
+	MaxBlocks       int   `json:"max_blocks"`
+	Reserved        int64 `json:"reserved"` // blocks ever reserved
+	Committed       int64 `json:"committed"`
+	Aborted         int64 `json:"aborted"` // blocks dropped by Abort (listed or cascaded)
+	Evictions       int64 `json:"evictions"`
+	EvictedBytes    int64 `json:"evicted_bytes"`
+	Removed         int64 `json:"removed"`          // blocks dropped because of Remove (when they finally leave)
+	RefusedCapacity int64 `json:"refused_capacity"` // Reserve calls stopped by StopCapacity
+	RefusedBlocks   int64 `json:"refused_blocks"`   // Reserve calls stopped by StopMaxBlocks
 }
 
 // Index is the prefix index. Safe for concurrent use (one mutex; see the package doc).

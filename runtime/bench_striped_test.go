@@ -68,7 +68,7 @@ func BenchmarkRestoreStriped70B(b *testing.B) {
 	}
 	b.ReportMetric(float64(layer0.Microseconds())/1e3/float64(b.N), "layer0-ms")
 	b.ReportMetric(float64(total.Microseconds())/1e3/float64(b.N), "load-ms")
-	b.ReportMetric(float64(s.Stats().ReadIOs)/float64(s.Stats().Loads), "reads/load")
+	b.ReportMetric(float64(s.Stats().Loads.ReadIOs)/float64(s.Stats().Loads.Calls), "reads/load")
 }
 
 // BenchmarkRestoreStripedDocQA restores what a docqa question restores

@@ -101,5 +101,5 @@ func BenchmarkRestore70B(b *testing.B) {
 	b.ReportMetric(bw/1e9, "GB/s")
 	b.ReportMetric(ceiling/1e9, "ceiling-GB/s")
 	b.ReportMetric(bw/ceiling, "of-ceiling")
-	b.ReportMetric(float64(st.ReadIOs)/float64(st.Loads)/float64(g.Layers), "reads/layer")
+	b.ReportMetric(float64(st.Loads.ReadIOs)/float64(st.Loads.Calls)/float64(g.Layers), "reads/layer")
 }

@@ -89,10 +89,10 @@ func TestConcurrent(t *testing.T) {
 		t.Fatalf("fsck after the concurrent run: %v %v", err, rep)
 	}
 	st := s.Stats()
-	if st.SavedBlocks == 0 || st.RestoredBlocks == 0 || s.idx.Stats().Evictions == 0 {
+	if st.Saves.SavedBlocks == 0 || st.Loads.RestoredBlocks == 0 || s.idx.Stats().Evictions == 0 {
 		t.Fatalf("nothing saved, restored or evicted: %v %+v", st, s.idx.Stats())
 	}
-	if n := st.SkippedBlocks[SkipENOSPC] + st.SkippedBlocks[SkipIOError]; n != 0 {
+	if n := st.Saves.SkippedBlocks[SkipENOSPC] + st.Saves.SkippedBlocks[SkipIOError]; n != 0 {
 		t.Fatalf("%d blocks skipped for I/O errors on a healthy engine: %v", n, st)
 	}
 	t.Logf("%v; index %+v", st, s.idx.Stats())

@@ -125,7 +125,7 @@ type Config struct {
 	StagingBytes int64
 	// StagingSlotBytes is the unit of staging: one read or write is at most
 	// one slot, so a (layer, run) larger than a slot takes several I/Os
-	// (counted in Stats.SplitIOs), verified and scattered in parallel like
+	// (counted in Stats.Loads.SplitIOs), verified and scattered in parallel like
 	// whole ones; smaller slots keep more reads in flight per device for the
 	// same StagingBytes. Must divide StagingBytes.
 	StagingSlotBytes int64
@@ -156,10 +156,10 @@ type Config struct {
 	// Device is each directory's device profile (devbench); corrected online
 	// from completions. Zero: Open probes each directory's device (a
 	// time-limited burst of O_DIRECT writes and reads of a scratch file,
-	// reported in Stats.DeviceProbe) and seeds its bandwidths from that; a
-	// device it cannot probe, or any device under NewEngine, gets a
+	// reported in Stats.Devices.Probes) and seeds its bandwidths from that;
+	// a device it cannot probe, or any device under NewEngine, gets a
 	// conservative SSD (defaultDevice), counted in
-	// Stats.DeviceProbeFailures.
+	// Stats.Devices.ProbeFailures.
 	Device DeviceProfile
 
 	// KVEvents, if set, publishes what the store serves as vLLM KV events
@@ -196,7 +196,7 @@ type Config struct {
 // (DeviceSizedGPUReads: the window is GPUReadWindow of their request queues,
 // the largest read the largest they take unsplit), enough layers of
 // lookahead to fill that window (GPULookaheadToFill), and the ring's helper
-// in kick mode (no SQPOLL thread). Stats.GPUReads says what Open chose and
+// in kick mode (no SQPOLL thread). Stats.GPU.Reads says what Open chose and
 // what it could not read. A field set here wins over the sized value.
 type GPUConfig struct {
 	// Device is the CUDA device of the KV tensors.
@@ -381,7 +381,7 @@ func (c Config) withDefaults() Config {
 
 // sizeGPUReads fills the GPU read settings left 0 from the disks under Dirs
 // (GPUConfig's doc) and says what it chose. c has its defaults.
-func (c *Config) sizeGPUReads() string {
+func (c *Config) sizeGPUReads() GPUReads {
 	g := c.GPU
 	r := DeviceSizedGPUReads(c.Dirs).Explicit(g.IOWindow, g.MaxIOBytes, 0)
 	c.GPU.IOWindow, c.GPU.MaxIOBytes = r.Window, r.MaxIOBytes
@@ -390,5 +390,5 @@ func (c *Config) sizeGPUReads() string {
 		c.GPU.Lookahead = GPULookaheadToFill(r.Window, r.MaxIOBytes, len(c.Dirs), layerBytes)
 	}
 	r.Lookahead = c.GPU.Lookahead
-	return r.String()
+	return r
 }

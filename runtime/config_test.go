@@ -166,8 +166,8 @@ func TestOpenWithFallback(t *testing.T) {
 	}
 	defer s.Close()
 	st := s.Stats()
-	if s.Config().Path != PathCPU || st.Fallbacks != 1 || !strings.Contains(st.FallbackReason, "GPU path unavailable") {
-		t.Fatalf("after fallback: path %v, %d fallbacks, reason %q", s.Config().Path, st.Fallbacks, st.FallbackReason)
+	if s.Config().Path != PathCPU || st.Path.Used != PathCPU || st.Path.Fallbacks != 1 || !strings.Contains(st.Path.FallbackReason, "GPU path unavailable") {
+		t.Fatalf("after fallback: path %v, stats %+v", s.Config().Path, st.Path)
 	}
 }
 

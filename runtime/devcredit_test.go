@@ -85,7 +85,7 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 	if err := verify(kv, g, chain, pages, blocks); err != nil {
 		t.Errorf("GPU path restore: %v", err)
 	}
-	st := s.SchedStats()
+	st := s.Stats().Sched
 	if c := <-bound; c.calls() != 1 || st.RestoresDispatched != 1 || st.Cancelled != 0 {
 		t.Errorf("%d GPU restores, scheduler %+v: want one restore dispatched, nothing cancelled", c.calls(), st)
 	}

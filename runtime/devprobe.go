@@ -8,7 +8,7 @@ package runtime
 // at once from the model, so a seed far below the device would cut every
 // large save on a fresh store although the device writes it within the
 // bound. A device the probe cannot measure falls back to the seed, counted
-// (Stats.DeviceProbeFailures) and said why (Stats.DeviceProbe).
+// (Stats.Devices.ProbeFailures) and said why (Stats.Devices.Probes).
 
 import (
 	"cmp"
@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,12 +56,12 @@ type probeRates struct {
 // deviceProber measures the device under dir within budget.
 type deviceProber func(dir string, budget time.Duration) (probeRates, error)
 
-// probeDevices returns each directory's device profile: seed with the
-// probed bandwidths, or seed itself where the probe failed (counted in
-// failures). report says what was measured and what was assumed. The
-// directories are probed at once, as a striped save writes them: those on
-// one device share its rate, as their saves do.
-func probeDevices(dirs []string, seed sched.DeviceProfile, probe deviceProber) (profiles []sched.DeviceProfile, report string, failures int) {
+// probeDevices returns each directory's device profile (seed with the
+// probed bandwidths, or seed itself where the probe failed) and what was
+// measured or why it was not. The directories are probed at once, as a
+// striped save writes them: those on one device share its rate, as their
+// saves do.
+func probeDevices(dirs []string, seed sched.DeviceProfile, probe deviceProber) (profiles []sched.DeviceProfile, report []DeviceProbe) {
 	profiles = make([]sched.DeviceProfile, len(dirs))
 	rates := make([]probeRates, len(dirs))
 	errs := make([]error, len(dirs))
@@ -75,7 +74,7 @@ func probeDevices(dirs []string, seed sched.DeviceProfile, probe deviceProber) (
 		}()
 	}
 	wg.Wait()
-	parts := make([]string, len(dirs))
+	report = make([]DeviceProbe, len(dirs))
 	for i := range dirs {
 		p := seed
 		p.WriteBytesPerSec, p.ReadBytesPerSec = rates[i].WriteBytesPerSec, rates[i].ReadBytesPerSec
@@ -83,17 +82,19 @@ func probeDevices(dirs []string, seed sched.DeviceProfile, probe deviceProber) (
 			errs[i] = p.Validate()
 		}
 		if errs[i] != nil {
-			failures++
-			profiles[i] = seed
-			parts[i] = fmt.Sprintf("dir %d: not probed (%v): seed write %.2g B/s, read %.2g B/s",
-				i, errs[i], seed.WriteBytesPerSec, seed.ReadBytesPerSec)
+			profiles[i], report[i] = seed, seededProbe(seed, errs[i].Error())
 			continue
 		}
 		profiles[i] = p
-		parts[i] = fmt.Sprintf("dir %d: probed write %.2g B/s, read %.2g B/s (%d MiB in %v)",
-			i, p.WriteBytesPerSec, p.ReadBytesPerSec, rates[i].Bytes>>20, rates[i].Took.Round(time.Millisecond))
+		report[i] = DeviceProbe{State: ProbeMeasured, WriteBytesPerSec: p.WriteBytesPerSec, ReadBytesPerSec: p.ReadBytesPerSec,
+			ProbeBytes: rates[i].Bytes, ProbeNs: rates[i].Took.Nanoseconds()}
 	}
-	return profiles, strings.Join(parts, "; "), failures
+	return profiles, report
+}
+
+// seededProbe is a directory left on seed, and why.
+func seededProbe(seed sched.DeviceProfile, why string) DeviceProbe {
+	return DeviceProbe{State: ProbeSeeded, Reason: why, WriteBytesPerSec: seed.WriteBytesPerSec, ReadBytesPerSec: seed.ReadBytesPerSec}
 }
 
 // probeDir is the default prober: a scratch file in dir, written and read

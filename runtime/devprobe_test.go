@@ -26,8 +26,9 @@ func fixedProbe(writeBps, readBps float64) deviceProber {
 // is admitted whole instead of cut at its first Save.
 func TestProbedFastDeviceAdmitsWholeSave(t *testing.T) {
 	st := checkFreshSave(t, 2, true, fixedProbe(16*defaultDevice.WriteBytesPerSec, 16*defaultDevice.ReadBytesPerSec))
-	if st.DeviceProbeFailures != 0 || !strings.Contains(st.DeviceProbe, "dir 0: probed write") {
-		t.Fatalf("DeviceProbe %q, %d failures: want dir 0 probed", st.DeviceProbe, st.DeviceProbeFailures)
+	if p := st.Devices.Probes; st.Devices.ProbeFailures != 0 || len(p) != 1 || p[0].State != ProbeMeasured ||
+		p[0].WriteBytesPerSec != 16*defaultDevice.WriteBytesPerSec || p[0].ProbeBytes != probeMaxBytes || p[0].ProbeNs != time.Millisecond.Nanoseconds() {
+		t.Fatalf("%+v: want dir 0 measured", st.Devices)
 	}
 }
 
@@ -46,27 +47,28 @@ func TestProbeFailureKeepsSeed(t *testing.T) {
 		return probeRates{}, errors.New("probe refused by the test")
 	}
 	st := checkFreshSave(t, 2, false, failing)
-	if st.DeviceProbeFailures != 1 || !strings.Contains(st.DeviceProbe, "probe refused by the test") || !strings.Contains(st.DeviceProbe, "seed write") {
-		t.Fatalf("DeviceProbe %q, %d failures: want one failure naming the error and the seed", st.DeviceProbe, st.DeviceProbeFailures)
+	if p := st.Devices.Probes; st.Devices.ProbeFailures != 1 || len(p) != 1 || p[0].State != ProbeSeeded ||
+		p[0].Reason != "probe refused by the test" || p[0].WriteBytesPerSec != defaultDevice.WriteBytesPerSec {
+		t.Fatalf("%+v: want one failure naming the error, on the seed", st.Devices)
 	}
 }
 
 // TestProbeDevicesRejectsNonsense: rates that cannot predict times (zero,
 // NaN) are a failure, not a seed.
 func TestProbeDevicesRejectsNonsense(t *testing.T) {
-	profiles, report, failures := probeDevices([]string{"a", "b"}, defaultDevice, func(dir string, _ time.Duration) (probeRates, error) {
+	profiles, report := probeDevices([]string{"a", "b"}, defaultDevice, func(dir string, _ time.Duration) (probeRates, error) {
 		if dir == "a" {
 			return probeRates{WriteBytesPerSec: 0, ReadBytesPerSec: 1e9}, nil
 		}
 		return probeRates{WriteBytesPerSec: 3e9, ReadBytesPerSec: 6e9}, nil
 	})
-	if failures != 1 || profiles[0] != defaultDevice || !strings.Contains(report, "dir 0: not probed") {
-		t.Fatalf("failures %d, profile 0 %+v, report %q: want dir 0 on the seed", failures, profiles[0], report)
+	if profiles[0] != defaultDevice || report[0].State != ProbeSeeded || !strings.Contains(report[0].Reason, "rates must be finite") {
+		t.Fatalf("profile 0 %+v, report %+v: want dir 0 on the seed", profiles[0], report[0])
 	}
 	want := defaultDevice
 	want.WriteBytesPerSec, want.ReadBytesPerSec = 3e9, 6e9
-	if profiles[1] != want {
-		t.Fatalf("profile 1 %+v: want %+v", profiles[1], want)
+	if profiles[1] != want || report[1].State != ProbeMeasured || report[1].Reason != "" {
+		t.Fatalf("profile 1 %+v, report %+v: want %+v measured", profiles[1], report[1], want)
 	}
 	if err := profiles[1].Validate(); err != nil {
 		t.Fatal(err)
@@ -113,10 +115,18 @@ func TestOpenProbesDevices(t *testing.T) {
 	s, kv := openKV(t, cfg)
 	st := s.Stats()
 	closeKV(t, s, kv)
-	t.Logf("%s (%d failures)", st.DeviceProbe, st.DeviceProbeFailures)
-	probed := strings.Count(st.DeviceProbe, ": probed write")
-	if probed+int(st.DeviceProbeFailures) != len(cfg.Dirs) || strings.Count(st.DeviceProbe, ": not probed (") != int(st.DeviceProbeFailures) {
-		t.Fatalf("DeviceProbe %q, %d failures: want each of %d dirs probed or counted", st.DeviceProbe, st.DeviceProbeFailures, len(cfg.Dirs))
+	t.Logf("%+v", st.Devices)
+	measured, seeded := 0, 0
+	for _, p := range st.Devices.Probes {
+		switch {
+		case p.State == ProbeMeasured && p.Reason == "" && p.ProbeBytes > 0:
+			measured++
+		case p.State == ProbeSeeded && p.Reason != "":
+			seeded++
+		}
+	}
+	if len(st.Devices.Probes) != len(cfg.Dirs) || measured+seeded != len(cfg.Dirs) || int64(seeded) != st.Devices.ProbeFailures {
+		t.Fatalf("%+v: want each of %d dirs measured or seeded (counted, with why)", st.Devices, len(cfg.Dirs))
 	}
 	for _, dir := range cfg.Dirs {
 		if _, err := os.Stat(filepath.Join(dir, probeFile)); !os.IsNotExist(err) {
@@ -127,8 +137,8 @@ func TestOpenProbesDevices(t *testing.T) {
 	cfg = testConfig(t, g, kvshape.LayoutPerLayer, 64)
 	cfg.probe, cfg.Device = nil, defaultDevice
 	s, kv = openKV(t, cfg)
-	if st := s.Stats(); st.DeviceProbeFailures != 0 || !strings.Contains(st.DeviceProbe, "Config.Device is set") {
-		t.Errorf("with Config.Device: DeviceProbe %q, %d failures", st.DeviceProbe, st.DeviceProbeFailures)
+	if st := s.Stats(); st.Devices.ProbeFailures != 0 || len(st.Devices.Probes) != len(cfg.Dirs) || st.Devices.Probes[0].State != ProbeConfigured {
+		t.Errorf("with Config.Device: %+v", st.Devices)
 	}
 	closeKV(t, s, kv)
 }

@@ -30,34 +30,28 @@ func directIovecCap(ioBytes, planeBytes int64) int {
 // error) so that a store whose every I/O is staged allocates nothing per
 // I/O.
 type stageWhy struct {
-	kind        uint8 // 0: direct; whyNoIovecs, whyUnaligned, whyIovecCap
+	kind        StageCause // StageNone: direct
 	layer, page int
 	plane       int
 	addr        uintptr
 	n           int64
 	align       uint32
 	cap         int
-	err         error // whyNoIovecs: the allocation's
+	err         error // StageNoIovecs: the allocation's
 }
-
-const (
-	whyNoIovecs = iota + 1
-	whyUnaligned
-	whyIovecCap
-)
 
 func (w stageWhy) String() string {
 	switch w.kind {
-	case whyNoIovecs:
+	case StageNoIovecs:
 		return fmt.Sprintf("no iovecs for direct I/O: %v", w.err)
-	case whyUnaligned:
+	case StageUnaligned:
 		if w.page < 0 {
 			return fmt.Sprintf("layer %d: %d staging bytes at %#x beside the pages, but the pool file's O_DIRECT needs address and length in multiples of %d",
 				w.layer, w.n, w.addr, w.align)
 		}
 		return fmt.Sprintf("layer %d page %d plane %d: %d bytes at %#x, but the pool file's O_DIRECT needs address and length in multiples of %d",
 			w.layer, w.page, w.plane, w.n, w.addr, w.align)
-	case whyIovecCap:
+	case StageIovecCap:
 		return fmt.Sprintf("an I/O of layer %d needs more than %d iovecs (page planes too small for one I/O's size)", w.layer, w.cap)
 	}
 	return ""
@@ -92,7 +86,7 @@ func (d *directIO) add(addr uintptr, n int64, page, plane int) stageWhy {
 		d.pendN += n
 		return stageWhy{}
 	}
-	if w := d.flush(); w.kind != 0 {
+	if w := d.flush(); w.kind != StageNone {
 		return w
 	}
 	d.pend, d.pendN, d.pendAt = addr, n, [2]int{page, plane}
@@ -107,10 +101,10 @@ func (d *directIO) flush() stageWhy {
 	n := d.pendN
 	d.pendN = 0
 	if d.pend%d.align != 0 || uintptr(n)%d.align != 0 {
-		return stageWhy{kind: whyUnaligned, layer: d.layer, page: d.pendAt[0], plane: d.pendAt[1], addr: d.pend, n: n, align: d.align0}
+		return stageWhy{kind: StageUnaligned, layer: d.layer, page: d.pendAt[0], plane: d.pendAt[1], addr: d.pend, n: n, align: d.align0}
 	}
 	if d.iov.Append(d.pend, int(n)) != nil {
-		return stageWhy{kind: whyIovecCap, layer: d.layer, cap: d.iov.Len()}
+		return stageWhy{kind: StageIovecCap, layer: d.layer, cap: d.iov.Len()}
 	}
 	return stageWhy{}
 }
@@ -125,7 +119,7 @@ func (d *directIO) planes(v *kvViews, pages []int32, start, end int64) stageWhy 
 		lo, hi := max(us, start), min(us+pb, end)
 		page, plane := pages[u/v.planes], int(u%v.planes)
 		kv := v.plane(d.layer, plane, page)[lo-us : hi-us]
-		if w := d.add(uintptr(unsafe.Pointer(&kv[0])), hi-lo, int(page), plane); w.kind != 0 {
+		if w := d.add(uintptr(unsafe.Pointer(&kv[0])), hi-lo, int(page), plane); w.kind != StageNone {
 			return w
 		}
 	}

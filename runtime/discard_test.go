@@ -35,7 +35,7 @@ func TestDiscard(t *testing.T) {
 	if got := len(s.ResidentBlocks()); got != 3+2+2+2 {
 		t.Fatalf("ResidentBlocks lists %d, want 9", got)
 	}
-	live := s.MapStats().LiveRuns
+	live := s.Stats().Map.LiveRuns
 	statsBefore := s.Stats()
 
 	// Discard a[2]: a's tail and all of run 2 go; run 3 (under a[1]) stays.
@@ -53,7 +53,7 @@ func TestDiscard(t *testing.T) {
 	if st := s.Stats(); st.Lookups != statsBefore.Lookups {
 		t.Fatalf("Resident counted as a lookup: %d -> %d", statsBefore.Lookups, st.Lookups)
 	}
-	if got := s.MapStats().LiveRuns; got != live-1 {
+	if got := s.Stats().Map.LiveRuns; got != live-1 {
 		t.Fatalf("live runs %d -> %d, want run 2 freed (run 1 keeps its head)", live, got)
 	}
 	rb := s.ResidentBlocks()

@@ -4,7 +4,7 @@
 // # API
 //
 //	Open(Config) (*Store, error)          validate, lock the dirs, recover, start the I/O goroutines
-//	OpenWithFallback(Config)              PathGPU, else PathCPU — counted in Stats.Fallbacks
+//	OpenWithFallback(Config)              PathGPU, else PathCPU — counted in Stats.Path.Fallbacks
 //	(*Store).RegisterKV(KVMemory)         the engine's paged KV memory, once (host: PathCPU; HBM: PathGPU)
 //	AllocHostKV(g, layout, pages)         off-heap host KV memory for tests and tools
 //	(*Store).Lookup(chain) int            cached leading chain blocks; no I/O
@@ -12,7 +12,7 @@
 //	    (*Load).WaitLayer(l) / StreamWaitLayer(l, stream) / Wait() / Blocks() / Planned() / Cached() / Failure()
 //	(*Store).Save(chain, pages) (*Save, error)
 //	    (*Save).Gathered() / Done() / Wait() / Saved() / Skipped(cause)
-//	(*Store).WaitSaves() / Stats() / SchedStats() / MapStats() / Check() / Recovery() / Close()
+//	(*Store).WaitSaves() / Stats() / Check() / Recovery() / Close()
 //	CapacityForBlocks(g, n)               a CapacityBytes that holds n blocks in any run grouping
 //	DeviceSizedGPUReads(dirs) GPUReads    the GPU path's reads sized to the dirs' disks (the zero GPUConfig)
 //

@@ -179,8 +179,8 @@ func TestEIOPayloadRead(t *testing.T) {
 
 	loadExact(t, s, kv, rng, chains[0], 3)
 	mustFire(t, "payload read", faults)
-	if st := s.Stats(); st.MissBlocks[MissIOError] != 3 || st.CorruptDropped != 0 {
-		t.Fatalf("stats: I/O-error misses %d, dropped %d; want 3 and 0 (%v)", st.MissBlocks[MissIOError], st.CorruptDropped, st)
+	if st := s.Stats(); st.Loads.MissBlocks[MissIOError] != 3 || st.Loads.CorruptDroppedRuns != 0 {
+		t.Fatalf("stats: I/O-error misses %d, dropped %d; want 3 and 0 (%v)", st.Loads.MissBlocks[MissIOError], st.Loads.CorruptDroppedRuns, st)
 	}
 	loadExact(t, s, kv, rng, chains[1], 6)
 
@@ -276,8 +276,8 @@ func TestEIOWrite(t *testing.T) {
 	if sv := saveFresh(t, s, kv, rng, c); sv.Saved() != 3 {
 		t.Fatalf("save after the device recovered: saved %d of 3", sv.Saved())
 	}
-	if st := s.Stats(); st.SkippedBlocks[SkipIOError] != 3 || st.SavedBlocks != 6 {
-		t.Fatalf("stats: skipped for I/O errors %d, saved %d; want 3 and 6 (%v)", st.SkippedBlocks[SkipIOError], st.SavedBlocks, st)
+	if st := s.Stats(); st.Saves.SkippedBlocks[SkipIOError] != 3 || st.Saves.SavedBlocks != 6 {
+		t.Fatalf("stats: skipped for I/O errors %d, saved %d; want 3 and 6 (%v)", st.Saves.SkippedBlocks[SkipIOError], st.Saves.SavedBlocks, st)
 	}
 	if n := s.Lookup(b); n != 0 {
 		t.Fatalf("Lookup of the failed save = %d blocks, want 0", n)
@@ -316,8 +316,8 @@ func failedCommit(t *testing.T, stage string, fail func(d *faultfs.Device, s *St
 	mustFire(t, stage, faults)
 	d.Inj.DisarmAll()
 	skippedIO(t, "save after the device recovered (fail closed)", saveFresh(t, s, kv, rng, c), c)
-	if st := s.Stats(); st.SkippedBlocks[SkipIOError] != 6 || st.SavedBlocks != 3 {
-		t.Fatalf("stats: skipped for I/O errors %d, saved %d; want 6 and 3 (%v)", st.SkippedBlocks[SkipIOError], st.SavedBlocks, st)
+	if st := s.Stats(); st.Saves.SkippedBlocks[SkipIOError] != 6 || st.Saves.SavedBlocks != 3 {
+		t.Fatalf("stats: skipped for I/O errors %d, saved %d; want 6 and 3 (%v)", st.Saves.SkippedBlocks[SkipIOError], st.Saves.SavedBlocks, st)
 	}
 	loadExact(t, s, kv, rng, a, 3)
 	if err := s.Close(); err != nil {

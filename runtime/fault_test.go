@@ -106,19 +106,19 @@ func loadFaults(t *testing.T, g kvshape.Geometry, slotBytes, stagingBytes int64)
 					missed += int64(len(ch) - l.Blocks())
 				}
 				st := s.Stats()
-				if slotBytes > 0 && st.SplitIOs == 0 {
+				if slotBytes > 0 && st.Loads.SplitIOs == 0 {
 					t.Fatalf("seed %d: no read was split", seed)
 				}
 				var counted int64
-				for _, n := range st.MissBlocks {
+				for _, n := range st.Loads.MissBlocks {
 					counted += n
 				}
 				if counted != missed {
-					t.Fatalf("seed %d recipe %s: %d blocks missed, %d counted (%v)", seed, sim.Recipe(), missed, counted, st.MissBlocks)
+					t.Fatalf("seed %d recipe %s: %d blocks missed, %d counted (%v)", seed, sim.Recipe(), missed, counted, st.Loads.MissBlocks)
 				}
-				if got, want := st.MissBlocks[MissIOError] > 0, inj.Errnos() > 0; got != want {
+				if got, want := st.Loads.MissBlocks[MissIOError] > 0, inj.Errnos() > 0; got != want {
 					t.Fatalf("seed %d recipe %s: %d EIOs injected, %d blocks counted missed for an I/O error",
-						seed, sim.Recipe(), inj.Errnos(), st.MissBlocks[MissIOError])
+						seed, sim.Recipe(), inj.Errnos(), st.Loads.MissBlocks[MissIOError])
 				}
 				injected += inj.Errnos()
 				if !tc.miss && missed != 0 {
@@ -180,8 +180,8 @@ func TestLoadCorruptPayload(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := s.Stats()
-	if st.MissBlocks[MissCRC] != 3 || st.CorruptDropped != 1 {
-		t.Fatalf("stats: crc misses %d dropped %d, want 3 and 1", st.MissBlocks[MissCRC], st.CorruptDropped)
+	if st.Loads.MissBlocks[MissCRC] != 3 || st.Loads.CorruptDroppedRuns != 1 {
+		t.Fatalf("stats: crc misses %d dropped %d, want 3 and 1", st.Loads.MissBlocks[MissCRC], st.Loads.CorruptDroppedRuns)
 	}
 	if n := s.Lookup(ch); n != 3 {
 		t.Fatalf("Lookup after the CRC miss = %d, want 3 (the damaged run left the index)", n)
@@ -227,8 +227,8 @@ func TestSaveFaults(t *testing.T) {
 			if skipped == 0 {
 				t.Fatalf("%s seed %d recipe %s: no save was skipped; the fault did not bite", tc.name, seed, sim.Recipe())
 			}
-			if st := s.Stats(); st.SkippedBlocks[tc.cause] != int64(skipped) {
-				t.Fatalf("%s seed %d: counted %d skipped, saw %d", tc.name, seed, st.SkippedBlocks[tc.cause], skipped)
+			if st := s.Stats(); st.Saves.SkippedBlocks[tc.cause] != int64(skipped) {
+				t.Fatalf("%s seed %d: counted %d skipped, saw %d", tc.name, seed, st.Saves.SkippedBlocks[tc.cause], skipped)
 			}
 			closeKV(t, s, kv)
 			// What was saved restores bit-exact with a healthy engine.

@@ -107,12 +107,12 @@ func fullDisk(t *testing.T, stage string, segment int64) {
 		saveOne()
 	}
 	if stage == "checkpoint" { // up to just below the segment bound
-		for s.MapStats().JournalBytes < segment-150 {
+		for s.Stats().Map.JournalBytes < segment-150 {
 			if sv, _ := saveOne(); sv.Saved() != 2 {
 				t.Fatalf("save before the disk filled: %d of 2", sv.Saved())
 			}
 		}
-		if b := s.MapStats().JournalBytes; b > segment || b/4096 != segment/4096 {
+		if b := s.Stats().Map.JournalBytes; b > segment || b/4096 != segment/4096 {
 			t.Fatalf("journal at %d bytes, want just below %d in the same block", b, segment)
 		}
 	}
@@ -130,11 +130,11 @@ func fullDisk(t *testing.T, stage string, segment int64) {
 		}
 	}
 	if skipped == nil {
-		t.Fatalf("no save was skipped on a full disk (%+v)", s.MapStats())
+		t.Fatalf("no save was skipped on a full disk (%+v)", s.Stats().Map)
 	}
-	ms := s.MapStats()
-	if ms.JournalFailures == 0 || ms.JournalError == "" || s.Stats().SaveFailure == "" {
-		t.Fatalf("full disk not reported: map %+v, save failure %q", ms, s.Stats().SaveFailure)
+	ms := s.Stats().Map
+	if ms.JournalFailures == 0 || ms.JournalError == "" || s.Stats().Saves.LastFailure == "" {
+		t.Fatalf("full disk not reported: map %+v, save failure %q", ms, s.Stats().Saves.LastFailure)
 	}
 	if stage == "checkpoint" && (ms.CheckpointFailures == 0 || ms.Checkpoints != 0) {
 		t.Fatalf("the checkpoint did not meet the full disk: %+v", ms)
@@ -162,16 +162,16 @@ func fullDisk(t *testing.T, stage string, segment int64) {
 	empty()
 	for i := range 30 {
 		if sv, _ := saveOne(); sv.Saved() != 2 {
-			t.Fatalf("save %d after the disk emptied: saved %d, skipped %v (%+v)", i, sv.Saved(), sv.skipped, s.MapStats())
+			t.Fatalf("save %d after the disk emptied: saved %d, skipped %v (%+v)", i, sv.Saved(), sv.skipped, s.Stats().Map)
 		}
 	}
 	if err := s.WaitSaves(); err != nil {
 		t.Fatalf("WaitSaves after saves resumed: %v", err)
 	}
-	ms = s.MapStats()
+	ms = s.Stats().Map
 	t.Logf("%s: %d saves committed before the disk filled, %d on the full disk (into the journal's last block), then %d blocks skipped as enospc (%d journal groups undone, %d commits abandoned, %d checkpoints retried), 0 evicted; %d saves committed after it emptied; WaitSaves on the full disk: %v",
-		stage, atFill, before-atFill, full.SkippedBlocks[SkipENOSPC], ms.JournalFailures, ms.AbandonedCommits, ms.CheckpointFailures, len(acked)-before, err)
-	if ms := s.MapStats(); ms.JournalError != "" || (stage == "checkpoint" && ms.Checkpoints == 0) {
+		stage, atFill, before-atFill, full.Saves.SkippedBlocks[SkipENOSPC], ms.JournalFailures, ms.AbandonedCommits, ms.CheckpointFailures, len(acked)-before, err)
+	if ms := s.Stats().Map; ms.JournalError != "" || (stage == "checkpoint" && ms.Checkpoints == 0) {
 		t.Fatalf("journal after the disk emptied: %+v", ms)
 	}
 	for _, c := range acked {

@@ -67,7 +67,7 @@ func TestGPUSaveGathersConcurrently(t *testing.T) {
 	if err := s.WaitSaves(); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := s.Check(); err != nil || rep.Corrupt != 0 || s.MapStats().LiveRuns == 0 {
+	if rep, err := s.Check(); err != nil || rep.Corrupt != 0 || s.Stats().Map.LiveRuns == 0 {
 		t.Fatalf("fsck of the GPU path's save: %v %+v", err, rep)
 	}
 	scramble(kv, g, numPages)

@@ -177,7 +177,7 @@ func TestGPUPiecedRestore(t *testing.T) {
 	} {
 		gpu.failEntry = func(layer, extent int) bool { return layer == 1 && extent == tc.failExtent }
 		scramble(kv, g, cfg.NumPages)
-		before := s.Stats().MissBlocks[MissIOError]
+		before := s.Stats().Loads.MissBlocks[MissIOError]
 		l, err := s.Load(chain, pages)
 		if err != nil {
 			t.Fatal(err)
@@ -194,9 +194,9 @@ func TestGPUPiecedRestore(t *testing.T) {
 				t.Fatalf("extents %d and %d both read fd %d: not alternating over the devices", i-1, i, xs[i].FD)
 			}
 		}
-		if l.Blocks() != tc.wantBlocks || s.Stats().MissBlocks[MissIOError]-before != int64(blocks-tc.wantBlocks) {
+		if l.Blocks() != tc.wantBlocks || s.Stats().Loads.MissBlocks[MissIOError]-before != int64(blocks-tc.wantBlocks) {
 			t.Fatalf("failing extent %d: restored %d blocks (want %d), IO-error misses %d",
-				tc.failExtent, l.Blocks(), tc.wantBlocks, s.Stats().MissBlocks[MissIOError]-before)
+				tc.failExtent, l.Blocks(), tc.wantBlocks, s.Stats().Loads.MissBlocks[MissIOError]-before)
 		}
 		if err := verify(kv, g, chain, pages, tc.wantBlocks); err != nil {
 			t.Fatalf("failing extent %d: %v", tc.failExtent, err)

@@ -14,21 +14,21 @@ import (
 type GPUReads struct {
 	// Window is the reads in flight over all directories: GPUReadWindow of
 	// their disks' request queue depths.
-	Window int
+	Window int `json:"window"`
 	// MaxIOBytes is the largest read every directory's disk takes unsplit
 	// (blockdev.MaxReadBytes), at most 4 MiB: a split read goes to an io-wq
 	// worker.
-	MaxIOBytes int
+	MaxIOBytes int `json:"max_io_bytes"`
 	// Lookahead is one layer in flight per directory, at least 2, at most 8
 	// (GPULookaheadToFill also fills the window from the layer size).
-	Lookahead int
+	Lookahead int `json:"lookahead"`
 	// Dirs is the number of directories asked about.
-	Dirs int
+	Dirs int `json:"dirs"`
 	// Unread has one line per fact that could not be read and what was
 	// assumed instead (128 reads with no queue to stay within, 1 MiB
 	// reads); empty when every
 	// device answered.
-	Unread []string
+	Unread []string `json:"unread"`
 }
 
 // Sizing limits of DeviceSizedGPUReads.

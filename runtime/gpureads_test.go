@@ -117,7 +117,7 @@ func TestGPULookaheadToFill(t *testing.T) {
 
 // TestSizeGPUReads: the GPU path sizes the fields left 0 from the devices
 // (the lookahead to fill the window), keeps the ones set, and says so, in
-// Stats.GPUReads too.
+// Stats.GPU.Reads too.
 func TestSizeGPUReads(t *testing.T) {
 	base := testConfig(t, tinyGeometry(), kvshape.LayoutPerLayer, 64)
 	base.Dirs = []string{t.TempDir(), t.TempDir()}
@@ -137,7 +137,7 @@ func TestSizeGPUReads(t *testing.T) {
 		cfg := base
 		tc.edit(&cfg)
 		cfg = cfg.withDefaults()
-		note := cfg.sizeGPUReads()
+		note := cfg.sizeGPUReads().String()
 		if cfg.GPU.IOWindow != tc.w || cfg.GPU.MaxIOBytes != tc.m || cfg.GPU.Lookahead != tc.l {
 			t.Errorf("%s: window %d, largest read %d, lookahead %d; want %d, %d, %d", tc.name,
 				cfg.GPU.IOWindow, cfg.GPU.MaxIOBytes, cfg.GPU.Lookahead, tc.w, tc.m, tc.l)
@@ -154,8 +154,8 @@ func TestSizeGPUReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got, want := s.Stats().GPUReads, sized.Explicit(0, 0, fill).String(); got != want {
-		t.Errorf("Stats.GPUReads = %q, want %q", got, want)
+	if got, want := s.Stats().GPU.Reads.String(), sized.Explicit(0, 0, fill).String(); got != want {
+		t.Errorf("Stats.GPU.Reads = %q, want %q", got, want)
 	}
 }
 

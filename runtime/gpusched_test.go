@@ -66,7 +66,7 @@ func TestGPUSavesWaitBehindRestore(t *testing.T) {
 	if sv := saveWait(t, s, a, pa); sv.Saved() != len(a) {
 		t.Fatalf("saved %d of %d: %+v", sv.Saved(), len(a), s.Stats())
 	}
-	written := s.SchedStats().WritesDispatched
+	written := s.Stats().Sched.WritesDispatched
 	scramble(kv, g, numPages)
 	pl := pageTable(rng, g, numPages, len(a))
 	l, err := s.Load(a, pl) // held in flight at its first layer by the gate
@@ -84,7 +84,7 @@ func TestGPUSavesWaitBehindRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	dispatchRound(s)
-	if st := s.SchedStats(); st.WritesDispatched != written || st.RestoresDispatched != 1 {
+	if st := s.Stats().Sched; st.WritesDispatched != written || st.RestoresDispatched != 1 {
 		t.Fatalf("with the restore in flight: %d writes dispatched (%d before), %d restores: want the save deferred behind the restore",
 			st.WritesDispatched, written, st.RestoresDispatched)
 	}
@@ -104,7 +104,7 @@ func TestGPUSavesWaitBehindRestore(t *testing.T) {
 	if err := verify(kv, g, a, pl, len(a)); err != nil {
 		t.Fatalf("GPU path restore: %v", err)
 	}
-	st := s.SchedStats()
+	st := s.Stats().Sched
 	if st.WritesDispatched == written || st.WritesPromoted != 0 || st.Cancelled != 0 || gpu.calls() != 1 {
 		t.Errorf("after the restore: %+v, %d GPU restores: want the save's writes dispatched, none promoted, nothing cancelled, one restore", st, gpu.calls())
 	}
@@ -134,8 +134,8 @@ func TestGPUFailedEntryMapsToRun(t *testing.T) {
 	if err := l.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	if l.Blocks() != len(a) || s.Stats().MissBlocks[MissIOError] != int64(len(b)-len(a)) {
-		t.Fatalf("restored %d blocks (want the first run's %d), misses %v", l.Blocks(), len(a), s.Stats().MissBlocks)
+	if l.Blocks() != len(a) || s.Stats().Loads.MissBlocks[MissIOError] != int64(len(b)-len(a)) {
+		t.Fatalf("restored %d blocks (want the first run's %d), misses %v", l.Blocks(), len(a), s.Stats().Loads.MissBlocks)
 	}
 	if err := verify(kv, g, b, pb, len(a)); err != nil {
 		t.Fatal(err)

@@ -107,7 +107,7 @@ func TestLoadHandsOnCompletedSlots(t *testing.T) {
 	if err := verify(kv, g, chain, pages, l.Blocks()); err != nil {
 		t.Fatal(err)
 	}
-	reads := int(s.Stats().ReadIOs)
+	reads := int(s.Stats().Loads.ReadIOs)
 	if reads <= slots {
 		t.Fatalf("%d reads for %d slots: the test needs more reads than slots", reads, slots)
 	}

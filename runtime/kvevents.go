@@ -145,33 +145,36 @@ func (s *Store) TakeKVEvents(dst []byte, maxBytes int) (out []byte, n int, more 
 	return out, n, more, err
 }
 
-// KVEventsStats is what the store published (Config.KVEvents).
+// KVEventsStats is what the store published (Config.KVEvents); all zero
+// with Enabled false without it.
 type KVEventsStats struct {
+	Enabled bool `json:"enabled"`
 	kvevents.Stats
-	Endpoint, ReplayEndpoint string
+	Endpoint       string `json:"endpoint"`
+	ReplayEndpoint string `json:"replay_endpoint"`
 	// HashOnlyBlocks were published without token ids (the engine gave none,
 	// or they did not fit MaxTokenBytes: MetaDropped).
-	HashOnlyBlocks int64
-	MetaBlocks     int
-	MetaBytes      int64
-	MetaDropped    int64
+	HashOnlyBlocks int64 `json:"hash_only_blocks"`
+	MetaBlocks     int   `json:"meta_blocks"`
+	MetaBytes      int64 `json:"meta_bytes"`
+	MetaDropped    int64 `json:"meta_dropped"`
 	// MetaUnpersisted blocks' metadata is not in the sidecar (past its size
 	// bound, or a write failed): after a restart they are hashes only.
-	MetaUnpersisted int64
+	MetaUnpersisted int64 `json:"meta_unpersisted"`
 	// MetaLoadNote says what Open found wrong with the sidecar, if anything.
-	MetaLoadNote string
+	MetaLoadNote string `json:"meta_load_note"`
 }
 
-// KVEvents returns the publisher's counters; ok false without Config.KVEvents.
-func (s *Store) KVEvents() (st KVEventsStats, ok bool) {
+// kvEventsStats is Stats.Events.
+func (s *Store) kvEventsStats() (st KVEventsStats) {
 	p := s.idx.ev
 	if p == nil {
-		return st, false
+		return st
 	}
-	st.Stats = p.Stats()
+	st.Enabled, st.Stats = true, p.Stats()
 	st.Endpoint, st.ReplayEndpoint = p.Endpoint(), p.ReplayEndpoint()
 	st.HashOnlyBlocks = s.idx.meta.hashOnly.Load()
 	st.MetaBlocks, st.MetaBytes, st.MetaDropped = s.idx.meta.stats()
 	st.MetaUnpersisted, st.MetaLoadNote = s.idx.file.stats()
-	return st, true
+	return st
 }

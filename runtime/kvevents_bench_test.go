@@ -18,7 +18,7 @@ func BenchmarkKVEventsCommitToSubscriber(b *testing.B) {
 	cfg.KVEvents = evConfig()
 	s, kv := openKV(b, cfg)
 	defer closeKV(b, s, kv)
-	st, _ := s.KVEvents()
+	st := s.Stats().Events
 	x := newFollower(b, st)
 	rng := rand.New(rand.NewPCG(1, 1))
 	pages := pageTable(rng, g, cfg.NumPages, 1)

@@ -117,7 +117,7 @@ func TestKVEventsEngineTake(t *testing.T) {
 			v.match(t, s, name)
 		}
 	}
-	st, _ := s.KVEvents()
+	st := s.Stats().Events
 	if st.Gaps == 0 || st.DroppedEvents == 0 {
 		t.Fatalf("the queue of 2 never overflowed: %+v", st.Stats)
 	}

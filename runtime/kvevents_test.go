@@ -51,7 +51,7 @@ type seqBatch struct {
 // replayAll asks the store's replay endpoint for every batch from seq 0.
 func replayAll(t *testing.T, s *Store) []seqBatch {
 	t.Helper()
-	st, _ := s.KVEvents()
+	st := s.Stats().Events
 	ctx, cancel := context.WithTimeout(context.Background(), evWait)
 	defer cancel()
 	d := zmq4.NewDealer(ctx)
@@ -145,7 +145,7 @@ func history(t *testing.T, batches []seqBatch) map[uint64]bool {
 func matchStore(t *testing.T, s *Store, x *kvindex.Index, step string, hashOnly bool) {
 	t.Helper()
 	s.idx.ev.Flush()
-	st, _ := s.KVEvents()
+	st := s.Stats().Events
 	if err := x.WaitSeq("n", st.LastSeq, evWait); err != nil {
 		t.Fatalf("%s: %v", step, err)
 	}
@@ -176,7 +176,7 @@ func limitBlocks(t *testing.T, s *Store, n int) {
 
 func follow(t *testing.T, s *Store) *kvindex.Index {
 	t.Helper()
-	st, _ := s.KVEvents()
+	st := s.Stats().Events
 	return newFollower(t, st)
 }
 
@@ -413,7 +413,7 @@ func TestKVEventsEngineHashes(t *testing.T) {
 	if rm.Kind != kvevents.BlockRemoved || len(rm.Hashes) != 2 || !bytes.Equal(rm.Hashes[0].Bytes(), meta[2].Hash) || !bytes.Equal(rm.Hashes[1].Bytes(), meta[1].Hash) {
 		t.Fatalf("discard published as %+v (want leaf first, by the engine's hashes)", rm)
 	}
-	if st, _ := s.KVEvents(); st.MetaBlocks != 1 {
+	if st := s.Stats().Events; st.MetaBlocks != 1 {
 		t.Fatalf("%d blocks' metadata kept, want 1 (the one still served)", st.MetaBlocks)
 	}
 	// A save the store cannot take leaves no metadata behind.
@@ -425,7 +425,7 @@ func TestKVEventsEngineHashes(t *testing.T) {
 		t.Fatal(err)
 	}
 	sv.Wait()
-	if st, _ := s.KVEvents(); st.MetaBlocks > 1 {
+	if st := s.Stats().Events; st.MetaBlocks > 1 {
 		t.Fatalf("%d blocks' metadata kept after a save admitted in part", st.MetaBlocks)
 	}
 }

@@ -32,7 +32,7 @@ func TestKVEventsRestart(t *testing.T) {
 		}
 		sv.Wait()
 	}
-	st0, _ := s.KVEvents()
+	st0 := s.Stats().Events
 	closeKV(t, s, kv)
 
 	for _, tc := range []struct {
@@ -60,7 +60,7 @@ func TestKVEventsRestart(t *testing.T) {
 	} {
 		tc.prepare()
 		s, kv := openKV(t, cfg)
-		st, _ := s.KVEvents()
+		st := s.Stats().Events
 		if st.Epoch == st0.Epoch {
 			t.Fatalf("%s: epoch %d unchanged across the restart", tc.name, st.Epoch)
 		}
@@ -81,7 +81,7 @@ func TestKVEventsRestart(t *testing.T) {
 		if wantTokens := len(full) * 8; (tokens == wantTokens) == tc.hashOnly || (tc.hashOnly && tokens != 0) {
 			t.Fatalf("%s: %d token ids published, want %d", tc.name, tokens, wantTokens)
 		}
-		if st, _ := s.KVEvents(); (st.HashOnlyBlocks > 0) != tc.hashOnly {
+		if st := s.Stats().Events; (st.HashOnlyBlocks > 0) != tc.hashOnly {
 			t.Fatalf("%s: %d blocks counted hashes only", tc.name, st.HashOnlyBlocks)
 		} else if tc.name == "torn sidecar tail" && st.MetaLoadNote == "" {
 			t.Fatalf("%s: the torn tail was not noted", tc.name)

@@ -8,7 +8,7 @@ package runtime
 // pages; nothing is copied. A segment whose pages do not meet the pool
 // file's O_DIRECT alignment, or would need more entries than the slot's
 // iovecs hold, is read into its slot and copied as before, counted
-// (Stats.LoadStagedReads, LoadStagedReason). Either way a run that fails
+// (Stats.Loads.StagedReads, StagedReason). Either way a run that fails
 // leaves its pages holding unspecified bytes (Load's contract).
 
 import (
@@ -37,25 +37,25 @@ func (l *Load) directRead(sl *slot, seg *segment, r loadRun, align uint32) (why 
 		return stageWhy{}, false
 	}
 	if sl.iov == nil {
-		return stageWhy{kind: whyNoIovecs, err: sl.iovErr}, true
+		return stageWhy{kind: StageNoIovecs, err: sl.iovErr}, true
 	}
 	d := newDirectIO(sl.iov, align, seg.io.Layer)
 	if lo > start {
-		if w := d.add(sl.buf.Addr(), lo-start, -1, -1); w.kind != 0 {
+		if w := d.add(sl.buf.Addr(), lo-start, -1, -1); w.kind != StageNone {
 			return w, true
 		}
-		if w := d.flush(); w.kind != 0 {
+		if w := d.flush(); w.kind != StageNone {
 			return w, true
 		}
 	}
-	if w := d.planes(l.s.kv, l.pages[r.chainPos*l.s.geo.ChunkPages:], lo-sp.Skip, hi-sp.Skip); w.kind != 0 {
+	if w := d.planes(l.s.kv, l.pages[r.chainPos*l.s.geo.ChunkPages:], lo-sp.Skip, hi-sp.Skip); w.kind != StageNone {
 		return w, true
 	}
-	if w := d.flush(); w.kind != 0 {
+	if w := d.flush(); w.kind != StageNone {
 		return w, true
 	}
 	if hi < end {
-		if w := d.add(sl.buf.Addr()+uintptr(hi-start), end-hi, -1, -1); w.kind != 0 {
+		if w := d.add(sl.buf.Addr()+uintptr(hi-start), end-hi, -1, -1); w.kind != StageNone {
 			return w, true
 		}
 	}
@@ -67,7 +67,7 @@ func (l *Load) directRead(sl *slot, seg *segment, r loadRun, align uint32) (why 
 func (l *Load) prepRead(sl *slot, seg *segment, r loadRun, f *uring.File, off uint64) {
 	why, payload := l.directRead(sl, seg, r, f.DirectAlign)
 	switch {
-	case payload && why.kind == 0:
+	case payload && why.kind == StageNone:
 		seg.direct = true
 		l.s.stats.loadDirectReads.Add(1)
 		sl.req.c.PrepReadv(f, sl.iov, off)

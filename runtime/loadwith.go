@@ -162,11 +162,3 @@ func (h *Hold) release(expired bool) {
 		s.release(dropped)
 	})
 }
-
-// HoldStats returns the holds live now and those ended by their time to live
-// (a worker that never loaded or released what the scheduler was promised).
-func (s *Store) HoldStats() (live int, expired int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.holds, s.holdsExpired.Load()
-}

@@ -117,8 +117,8 @@ func TestMatchHoldsAgainstEviction(t *testing.T) {
 	if err := verify(kv, g, held, local, 4); err != nil {
 		t.Fatal(err)
 	}
-	if live, exp := s.HoldStats(); live != 0 || exp != 0 {
-		t.Fatalf("holds live %d expired %d after release", live, exp)
+	if h := s.Stats().Holds; h.Live != 0 || h.Expired != 0 {
+		t.Fatalf("holds live %d expired %d after release", h.Live, h.Expired)
 	}
 
 	// A hold that is never released ends by its time to live.
@@ -128,7 +128,7 @@ func TestMatchHoldsAgainstEviction(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if live, exp := s.HoldStats(); live == 0 && exp == 1 {
+		if h := s.Stats().Holds; h.Live == 0 && h.Expired == 1 {
 			break
 		}
 		if time.Now().After(deadline) {

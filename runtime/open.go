@@ -49,7 +49,7 @@ func Open(cfg Config) (*Store, error) {
 	}
 	userDevice := cfg.Device != (DeviceProfile{})
 	cfg = cfg.withDefaults()
-	// Sized on either path, so that Stats.GPUReads says what PathGPU uses
+	// Sized on either path, so that Stats.GPU.Reads says what PathGPU uses
 	// on these devices; sized values are within Validate's ranges
 	// (TestDeviceSizedGPUReads).
 	gpuReads := cfg.sizeGPUReads()
@@ -161,11 +161,16 @@ func (s *Store) deviceProfiles(configured bool) []sched.DeviceProfile {
 	probe := cfg.probe
 	switch {
 	case configured:
-		s.devProbe = "not probed: Config.Device is set"
+		s.devProbes = make([]DeviceProbe, len(cfg.Dirs))
+		for i := range s.devProbes {
+			s.devProbes[i] = DeviceProbe{State: ProbeConfigured, WriteBytesPerSec: cfg.Device.WriteBytesPerSec, ReadBytesPerSec: cfg.Device.ReadBytesPerSec}
+		}
 		return same()
 	case probe == nil && cfg.NewEngine != nil:
-		s.devProbe = "not probed: Config.NewEngine serves the I/O; seed profile"
-		s.devProbeFailures = len(cfg.Dirs)
+		s.devProbes = make([]DeviceProbe, len(cfg.Dirs))
+		for i := range s.devProbes {
+			s.devProbes[i] = seededProbe(cfg.Device, "Config.NewEngine serves the I/O, not these directories' devices")
+		}
 		return same()
 	case probe == nil:
 		probe, s.reprobe.probe = probeDir, reprobeReads
@@ -173,14 +178,14 @@ func (s *Store) deviceProfiles(configured bool) []sched.DeviceProfile {
 		s.reprobe.probe = cfg.reprobe
 	}
 	s.reprobe.every = cmp.Or(cfg.reprobeEvery, reprobeEvery)
-	profiles, report, failures := probeDevices(cfg.Dirs, cfg.Device, probe)
-	s.devProbe, s.devProbeFailures = report, failures
+	profiles, report := probeDevices(cfg.Dirs, cfg.Device, probe)
+	s.devProbes = report
 	return profiles
 }
 
 // OpenWithFallback opens cfg; when cfg.Path is PathGPU and the GPU path
 // cannot run (ErrGPUUnavailable), it opens the same store on PathCPU instead
-// and counts that in Stats.Fallbacks with the reason. It never falls back for
+// and counts that in Stats.Path.Fallbacks with the reason. It never falls back for
 // any other error.
 func OpenWithFallback(cfg Config) (*Store, error) {
 	s, err := Open(cfg)

@@ -43,7 +43,8 @@ type prewriter struct {
 	mu      sync.Mutex
 	errs    int64
 	lastErr string
-	state   string // "off: ...", "running", "done", "stopped: ..."
+	state   PrewriteState
+	reason  string // Stats.Prewrite.Reason
 }
 
 // startPrewrite starts the background prewrite unless cfg turns it off or
@@ -52,16 +53,16 @@ func (s *Store) startPrewrite() {
 	p := &s.pre
 	switch {
 	case s.cfg.NoPrewrite:
-		p.state = "off (Config.NoPrewrite)"
+		p.state, p.reason = PrewriteOff, "Config.NoPrewrite"
 		return
 	case s.m.PrewriteLeftBytes() == 0:
-		p.state = "done: nothing unwritten"
+		p.state, p.reason = PrewriteDone, "nothing unwritten"
 		if note := s.m.PrewriteNote(); note != "" {
-			p.state = "off: " + note
+			p.state, p.reason = PrewriteOff, note
 		}
 		return
 	}
-	p.state = "running"
+	p.state = PrewriteRunning
 	p.quit, p.done = make(chan struct{}), make(chan struct{})
 	go s.prewriteLoop()
 }
@@ -105,7 +106,7 @@ func (s *Store) prewriteLoop() {
 			p.lastErr = err.Error()
 			stop := p.errs >= prewriteMaxErrors
 			if stop {
-				p.state = fmt.Sprintf("stopped after %d failed writes", p.errs)
+				p.state, p.reason = PrewriteStopped, fmt.Sprintf("%d failed writes", p.errs)
 			}
 			p.mu.Unlock()
 			if stop {
@@ -113,7 +114,7 @@ func (s *Store) prewriteLoop() {
 			}
 		case n == 0:
 			p.mu.Lock()
-			p.state = "done"
+			p.state = PrewriteDone
 			p.mu.Unlock()
 			return
 		}
@@ -127,13 +128,14 @@ func (s *Store) endOp() {
 	s.ops.Done()
 }
 
-// prewriteStats fills the prewrite fields of st.
-func (s *Store) prewriteStats(st *Stats) {
-	st.PrewrittenBytes, st.PrewriteLeftBytes = s.m.PrewrittenBytes(), s.m.PrewriteLeftBytes()
+// prewriteStats is Stats.Prewrite.
+func (s *Store) prewriteStats() PrewriteStats {
+	st := PrewriteStats{WrittenBytes: s.m.PrewrittenBytes(), LeftBytes: s.m.PrewriteLeftBytes()}
 	p := &s.pre
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st.Prewrite, st.PrewriteErrors, st.PrewriteError = p.state, p.errs, p.lastErr
+	st.State, st.Reason, st.Errors, st.LastError = p.state, p.reason, p.errs, p.lastErr
+	return st
 }
 
 // WaitPrewrite blocks until the background prewrite has ended (done,

@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 )
@@ -19,10 +18,10 @@ func TestPrewriteBackground(t *testing.T) {
 	cfg.CapacityBytes, cfg.NoPrewrite = 16<<20, false
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
-	if st := s.Stats(); strings.HasPrefix(st.Prewrite, "off") {
-		t.Skipf("prewrite %s", st.Prewrite)
-	} else if st.PrewriteLeftBytes == 0 {
-		t.Fatalf("a fresh fallocated store: prewrite %q with nothing left", st.Prewrite)
+	if st := s.Stats().Prewrite; st.State == PrewriteOff {
+		t.Skipf("prewrite %v: %s", st.State, st.Reason)
+	} else if st.State != PrewriteRunning || st.LeftBytes == 0 {
+		t.Fatalf("a fresh fallocated store: prewrite %+v with nothing left", st)
 	}
 	rng := rand.New(rand.NewPCG(7, 0))
 	for i := 0; i < 20; i++ {
@@ -42,21 +41,21 @@ func TestPrewriteBackground(t *testing.T) {
 		}
 	}
 	if !s.WaitPrewrite(30 * time.Second) {
-		t.Fatalf("prewrite still %q after 30 s: %+v", s.Stats().Prewrite, s.Stats())
+		t.Fatalf("prewrite still %+v after 30 s: %+v", s.Stats().Prewrite, s.Stats())
 	}
 	st := s.Stats()
-	if st.Prewrite != "done" || st.PrewriteLeftBytes != 0 || st.PrewrittenBytes <= 0 || st.PrewriteErrors != 0 {
-		t.Errorf("after the prewrite: %q, %d written, %d left, %d errors (%s)", st.Prewrite, st.PrewrittenBytes, st.PrewriteLeftBytes, st.PrewriteErrors, st.PrewriteError)
+	if p := st.Prewrite; p.State != PrewriteDone || p.Reason != "" || p.LeftBytes != 0 || p.WrittenBytes <= 0 || p.Errors != 0 {
+		t.Errorf("after the prewrite: %+v", p)
 	}
-	if free := s.MapStats().FreeBytes; st.PrewrittenBytes > cfg.CapacityBytes || st.PrewrittenBytes < free/2 {
-		t.Errorf("prewrote %d bytes of a %d-byte pool with %d free", st.PrewrittenBytes, cfg.CapacityBytes, free)
+	if free := s.Stats().Map.FreeBytes; st.Prewrite.WrittenBytes > cfg.CapacityBytes || st.Prewrite.WrittenBytes < free/2 {
+		t.Errorf("prewrote %d bytes of a %d-byte pool with %d free", st.Prewrite.WrittenBytes, cfg.CapacityBytes, free)
 	}
 
 	off := testConfig(t, g, 0, numPages)
 	s2, kv2 := openKV(t, off)
 	defer closeKV(t, s2, kv2)
 	time.Sleep(3 * prewriteIdle)
-	if st := s2.Stats(); st.Prewrite != "off (Config.NoPrewrite)" || st.PrewrittenBytes != 0 {
-		t.Errorf("NoPrewrite: %q, %d bytes written", st.Prewrite, st.PrewrittenBytes)
+	if p := s2.Stats().Prewrite; p.State != PrewriteOff || p.Reason != "Config.NoPrewrite" || p.WrittenBytes != 0 {
+		t.Errorf("NoPrewrite: %+v", p)
 	}
 }

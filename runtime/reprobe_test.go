@@ -95,14 +95,14 @@ func TestReprobeRecoversLowModel(t *testing.T) {
 				t.Fatalf("first load planned %d blocks at 1 kB/s", l.Planned())
 			}
 			st := waitStats(t, s, func(st Stats) bool {
-				return st.DeviceReprobes+st.DeviceReprobeFailures+st.DeviceReprobeSkips > 0 || tc.every == time.Hour
+				return st.Devices.Reprobes+st.Devices.ReprobeFailures+st.Devices.ReprobeSkips > 0 || tc.every == time.Hour
 			})
-			if st.DeviceReprobes != tc.done || st.DeviceReprobeFailures != tc.failed || st.DeviceReprobeSkips != tc.skips {
-				t.Fatalf("re-probes %d, failed %d, skipped %d; want %d, %d, %d", st.DeviceReprobes, st.DeviceReprobeFailures,
-					st.DeviceReprobeSkips, tc.done, tc.failed, tc.skips)
+			if st.Devices.Reprobes != tc.done || st.Devices.ReprobeFailures != tc.failed || st.Devices.ReprobeSkips != tc.skips {
+				t.Fatalf("re-probes %d, failed %d, skipped %d; want %d, %d, %d", st.Devices.Reprobes, st.Devices.ReprobeFailures,
+					st.Devices.ReprobeSkips, tc.done, tc.failed, tc.skips)
 			}
-			if tc.failed > 0 && !strings.Contains(st.DeviceReprobeError, "device 0") {
-				t.Fatalf("re-probe error %q does not name the device", st.DeviceReprobeError)
+			if tc.failed > 0 && !strings.Contains(st.Devices.ReprobeError, "device 0") {
+				t.Fatalf("re-probe error %q does not name the device", st.Devices.ReprobeError)
 			}
 			fake.mu.Lock()
 			calls := fake.calls

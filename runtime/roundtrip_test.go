@@ -58,7 +58,7 @@ func TestRoundTrip(t *testing.T) {
 				pa := pageTable(rng, g, numPages, len(a))
 				fill(kv, g, a, pa)
 				if sv := saveWait(t, s, a, pa); sv.Saved() != 5 {
-					t.Fatalf("saved %d of 5 blocks (skipped %v)", sv.Saved(), s.Stats().SkippedBlocks)
+					t.Fatalf("saved %d of 5 blocks (skipped %v)", sv.Saved(), s.Stats().Saves.SkippedBlocks)
 				}
 				if n := s.Lookup(a); n != 5 {
 					t.Fatalf("Lookup = %d, want 5", n)
@@ -110,8 +110,8 @@ func TestRoundTrip(t *testing.T) {
 				// A partial run reads only its loaded chunks (verified one by
 				// one): at most the O_DIRECT rounding on each side is extra.
 				st := s.Stats()
-				if st.ReadIOs == 0 || st.OverreadBytes >= st.ReadIOs*2*objmap.BlockBytes {
-					t.Fatalf("stats: %v: %d bytes over-read in %d reads", st, st.OverreadBytes, st.ReadIOs)
+				if st.Loads.ReadIOs == 0 || st.Loads.OverreadBytes >= st.Loads.ReadIOs*2*objmap.BlockBytes {
+					t.Fatalf("stats: %v: %d bytes over-read in %d reads", st, st.Loads.OverreadBytes, st.Loads.ReadIOs)
 				}
 			})
 		}
@@ -140,7 +140,7 @@ func TestRecoveryTree(t *testing.T) {
 			t.Fatalf("chain of %d: saved %d, cached %d", len(c), sv.Saved(), sv.Skipped(SkipCached))
 		}
 	}
-	runs := s.MapStats().LiveRuns
+	runs := s.Stats().Map.LiveRuns
 	closeKV(t, s, kv)
 
 	s, kv = openKV(t, cfg)

@@ -88,7 +88,7 @@ func checkFreshSave(t *testing.T, frac float64, all bool, probe deviceProber) St
 	fill(kv, g, c, pages)
 	sv := saveWait(t, s, c, pages)
 	st := s.Stats()
-	t.Logf("%d blocks of %d MiB: saved %d, skipped bound %d budget %d; %s", n, g.ChunkBytes()>>20, sv.Saved(), sv.Skipped(SkipBound), sv.Skipped(SkipBudget), st.DeviceProbe)
+	t.Logf("%d blocks of %d MiB: saved %d, skipped bound %d budget %d; %+v", n, g.ChunkBytes()>>20, sv.Saved(), sv.Skipped(SkipBound), sv.Skipped(SkipBudget), st.Devices.Probes)
 	if all {
 		if sv.Saved() != n {
 			t.Fatalf("saved %d of %d blocks (%v): the device writes them within the bound", sv.Saved(), n, st)
@@ -98,8 +98,8 @@ func checkFreshSave(t *testing.T, frac float64, all bool, probe deviceProber) St
 	if sv.Saved() == 0 || sv.Saved() >= n || sv.Skipped(SkipBound) != n-sv.Saved() {
 		t.Fatalf("saved %d of %d, %d skipped as %v: want a cut counted as bound (%v)", sv.Saved(), n, sv.Skipped(SkipBound), SkipBound, st)
 	}
-	if st.SkippedBlocks[SkipBound] != int64(n-sv.Saved()) {
-		t.Fatalf("Stats.SkippedBlocks %v: want %d as %v", st.SkippedBlocks, n-sv.Saved(), SkipBound)
+	if st.Saves.SkippedBlocks[SkipBound] != int64(n-sv.Saved()) {
+		t.Fatalf("Stats.Saves.SkippedBlocks %v: want %d as %v", st.Saves.SkippedBlocks, n-sv.Saved(), SkipBound)
 	}
 	return st
 }

@@ -7,7 +7,7 @@ package runtime
 // read until the write completes (Gathered closes then). A write whose pages
 // do not meet the pool file's O_DIRECT alignment, or that would need more
 // entries than its iovecs hold, is copied into its staging as before and
-// counted (Stats.SaveStagedWrites, SaveStagedReason): the bytes on disk are
+// counted (Stats.Saves.StagedWrites, StagedReason): the bytes on disk are
 // the same.
 
 import "github.com/tutti-io/tutti/uring"
@@ -22,18 +22,18 @@ func saveIovecCap(wbufBytes, planeBytes int64) int { return directIovecCap(wbufB
 // write must be staged. pages[p] is the p-th page from the run's first chunk.
 func (b *wbuf) directIovecs(v *kvViews, pages []int32, align uint32) stageWhy {
 	if b.iov == nil {
-		return stageWhy{kind: whyNoIovecs, err: b.iovErr}
+		return stageWhy{kind: StageNoIovecs, err: b.iovErr}
 	}
 	d := newDirectIO(b.iov, align, b.io.Layer)
-	if w := d.planes(v, pages, b.io.OffsetBytes, b.io.OffsetBytes+b.io.Bytes); w.kind != 0 {
+	if w := d.planes(v, pages, b.io.OffsetBytes, b.io.OffsetBytes+b.io.Bytes); w.kind != StageNone {
 		return w
 	}
-	if w := d.flush(); w.kind != 0 {
+	if w := d.flush(); w.kind != StageNone {
 		return w
 	}
 	if pad := b.ioBytes - b.io.Bytes; pad > 0 {
 		clear(b.data[:pad]) // deterministic bytes on disk
-		if w := d.add(b.sl.buf.Addr()+uintptr(b.off), pad, -1, -1); w.kind != 0 {
+		if w := d.add(b.sl.buf.Addr()+uintptr(b.off), pad, -1, -1); w.kind != StageNone {
 			return w
 		}
 	}

@@ -110,18 +110,18 @@ func TestSaveDirectWrites(t *testing.T) {
 			pages := pageTable(rng, g, numPages, len(chain))
 			fill(kv, g, chain, pages)
 			if sv := saveWait(t, s, chain, pages); sv.Saved() != len(chain) {
-				t.Fatalf("saved %d of %d (skipped %v)", sv.Saved(), len(chain), s.Stats().SkippedBlocks)
+				t.Fatalf("saved %d of %d (skipped %v)", sv.Saved(), len(chain), s.Stats().Saves.SkippedBlocks)
 			}
 			st := s.Stats()
-			if st.SaveDirectWrites+st.SaveStagedWrites != st.WriteIOs || st.WriteIOs == 0 {
-				t.Fatalf("%d direct + %d staged writes of %d", st.SaveDirectWrites, st.SaveStagedWrites, st.WriteIOs)
+			if st.Saves.DirectWrites+st.Saves.StagedWrites != st.Saves.WriteIOs || st.Saves.WriteIOs == 0 {
+				t.Fatalf("%d direct + %d staged writes of %d", st.Saves.DirectWrites, st.Saves.StagedWrites, st.Saves.WriteIOs)
 			}
 			if direct {
-				if st.SaveStagedWrites != 0 || st.SaveStagedReason != "" || st.SaveCopyNs != 0 {
-					t.Errorf("aligned pages (file alignment %d): %d writes staged (%q), copies %d ns", align, st.SaveStagedWrites, st.SaveStagedReason, st.SaveCopyNs)
+				if st.Saves.StagedWrites != 0 || st.Saves.StagedCause != StageNone || st.Saves.StagedReason != "" || st.Saves.CopyNs != 0 {
+					t.Errorf("aligned pages (file alignment %d): %d writes staged (%q), copies %d ns", align, st.Saves.StagedWrites, st.Saves.StagedReason, st.Saves.CopyNs)
 				}
-			} else if st.SaveDirectWrites != 0 || !strings.Contains(st.SaveStagedReason, "O_DIRECT needs address and length in multiples of") {
-				t.Errorf("misaligned pages (file alignment %d): %d writes direct, reason %q", align, st.SaveDirectWrites, st.SaveStagedReason)
+			} else if st.Saves.DirectWrites != 0 || st.Saves.StagedCause != StageUnaligned || !strings.Contains(st.Saves.StagedReason, "O_DIRECT needs address and length in multiples of") {
+				t.Errorf("misaligned pages (file alignment %d): %d writes direct, %v: %q", align, st.Saves.DirectWrites, st.Saves.StagedCause, st.Saves.StagedReason)
 			}
 
 			scramble(kv, g, numPages)
@@ -133,15 +133,15 @@ func TestSaveDirectWrites(t *testing.T) {
 				t.Fatal(err)
 			}
 			st = s.Stats()
-			if st.LoadDirectReads+st.LoadStagedReads == 0 || st.LoadDirectReads+st.LoadStagedReads > st.ReadIOs {
-				t.Fatalf("%d direct + %d staged reads of %d", st.LoadDirectReads, st.LoadStagedReads, st.ReadIOs)
+			if st.Loads.DirectReads+st.Loads.StagedReads == 0 || st.Loads.DirectReads+st.Loads.StagedReads > st.Loads.ReadIOs {
+				t.Fatalf("%d direct + %d staged reads of %d", st.Loads.DirectReads, st.Loads.StagedReads, st.Loads.ReadIOs)
 			}
 			if direct {
-				if st.LoadStagedReads != 0 || st.LoadStagedReason != "" {
-					t.Errorf("aligned pages (file alignment %d): %d reads staged (%q)", align, st.LoadStagedReads, st.LoadStagedReason)
+				if st.Loads.StagedReads != 0 || st.Loads.StagedCause != StageNone || st.Loads.StagedReason != "" {
+					t.Errorf("aligned pages (file alignment %d): %d reads staged (%q)", align, st.Loads.StagedReads, st.Loads.StagedReason)
 				}
-			} else if st.LoadDirectReads != 0 || !strings.Contains(st.LoadStagedReason, "O_DIRECT needs address and length in multiples of") {
-				t.Errorf("misaligned pages (file alignment %d): %d reads direct, reason %q", align, st.LoadDirectReads, st.LoadStagedReason)
+			} else if st.Loads.DirectReads != 0 || st.Loads.StagedCause != StageUnaligned || !strings.Contains(st.Loads.StagedReason, "O_DIRECT needs address and length in multiples of") {
+				t.Errorf("misaligned pages (file alignment %d): %d reads direct, %v: %q", align, st.Loads.DirectReads, st.Loads.StagedCause, st.Loads.StagedReason)
 			}
 			if rep, err := s.Check(); err != nil || rep.Corrupt != 0 || !rep.PayloadChecked {
 				t.Fatalf("fsck: %v %+v", err, rep)
@@ -200,10 +200,10 @@ func TestSaveDirectGathered(t *testing.T) {
 	scramble(kv, g, numPages) // the engine reuses the pages
 	sv.Wait()
 	if sv.Saved() != len(chain) {
-		t.Fatalf("saved %d of %d (skipped %v)", sv.Saved(), len(chain), s.Stats().SkippedBlocks)
+		t.Fatalf("saved %d of %d (skipped %v)", sv.Saved(), len(chain), s.Stats().Saves.SkippedBlocks)
 	}
-	if st := s.Stats(); st.SaveDirectWrites != st.WriteIOs {
-		t.Fatalf("%d of %d writes direct (%q): the test needs writes from the pages", st.SaveDirectWrites, st.WriteIOs, st.SaveStagedReason)
+	if st := s.Stats(); st.Saves.DirectWrites != st.Saves.WriteIOs {
+		t.Fatalf("%d of %d writes direct (%q): the test needs writes from the pages", st.Saves.DirectWrites, st.Saves.WriteIOs, st.Saves.StagedReason)
 	}
 	other := pageTable(rng, g, numPages, len(chain))
 	if l := loadWait(t, s, chain, other); l.Blocks() != len(chain) {
@@ -226,15 +226,15 @@ func TestDirectIovecs(t *testing.T) {
 		shift       int64
 		align       uint32
 		capacity    int
-		wantKind    uint8
+		wantKind    StageCause
 		wantEntries int
 	}{
 		{"per-layer", kvshape.LayoutPerLayer, 0, 512, 8, 0, 5},
 		{"cross-layer merges a page's planes", kvshape.LayoutCrossLayer, 0, 512, 8, 0, 3},
-		{"capacity", kvshape.LayoutPerLayer, 0, 512, 4, whyIovecCap, 0},
-		{"shifted", kvshape.LayoutPerLayer, 64, 512, 8, whyUnaligned, 0},
+		{"capacity", kvshape.LayoutPerLayer, 0, 512, 4, StageIovecCap, 0},
+		{"shifted", kvshape.LayoutPerLayer, 64, 512, 8, StageUnaligned, 0},
 		{"shifted, buffered file", kvshape.LayoutPerLayer, 64, 0, 8, 0, 5},
-		{"padding below the alignment", kvshape.LayoutPerLayer, 0, 4096, 8, whyUnaligned, 0},
+		{"padding below the alignment", kvshape.LayoutPerLayer, 0, 4096, 8, StageUnaligned, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			kv := allocShiftedKV(t, g, tc.layout, 8, tc.shift)
@@ -284,7 +284,7 @@ func TestDirectIovecs(t *testing.T) {
 	if why.String() != "" {
 		t.Errorf("zero stageWhy says %q", why.String())
 	}
-	why = stageWhy{kind: whyNoIovecs, err: unix.ENOMEM}
+	why = stageWhy{kind: StageNoIovecs, err: unix.ENOMEM}
 	if !strings.Contains(why.String(), "cannot allocate memory") {
 		t.Errorf("stageWhy %q does not name the allocation error", why.String())
 	}

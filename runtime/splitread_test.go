@@ -166,14 +166,14 @@ func TestSplitReadStore(t *testing.T) {
 					t.Fatal(err)
 				}
 				st := s.Stats()
-				if st.SplitIOs == 0 {
+				if st.Loads.SplitIOs == 0 {
 					t.Fatalf("no read was split: %v", st)
 				}
-				if direct := st.LoadDirectReads > 0 && st.LoadStagedReads == 0; direct == staged {
-					t.Fatalf("reads %d direct, %d staged (%s); want staged %v", st.LoadDirectReads, st.LoadStagedReads, st.LoadStagedReason, staged)
+				if direct := st.Loads.DirectReads > 0 && st.Loads.StagedReads == 0; direct == staged {
+					t.Fatalf("reads %d direct, %d staged (%s); want staged %v", st.Loads.DirectReads, st.Loads.StagedReads, st.Loads.StagedReason, staged)
 				}
-				if miss := int64(6 - want); st.MissBlocks[MissCRC] != miss || st.CorruptDropped != min(miss, 1) || s.Lookup(ch) != want {
-					t.Fatalf("crc misses %d, dropped %d, lookup %d; want %d, %d, %d", st.MissBlocks[MissCRC], st.CorruptDropped, s.Lookup(ch), miss, min(miss, 1), want)
+				if miss := int64(6 - want); st.Loads.MissBlocks[MissCRC] != miss || st.Loads.CorruptDroppedRuns != min(miss, 1) || s.Lookup(ch) != want {
+					t.Fatalf("crc misses %d, dropped %d, lookup %d; want %d, %d, %d", st.Loads.MissBlocks[MissCRC], st.Loads.CorruptDroppedRuns, s.Lookup(ch), miss, min(miss, 1), want)
 				}
 			})
 		}

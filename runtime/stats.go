@@ -5,118 +5,270 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/sched"
 )
 
-// Stats are the store's counters since Open. Misses and skips are counted in
-// blocks, by cause; every fallback is counted.
+// Stats is what Store.Stats returns: the store's counters since Open and
+// its states, nested by subsystem. Blocks are chain blocks; misses and
+// skips are counted by cause; every fallback is counted. A state is an
+// enum (statsenum.go) with its reason in a field beside it, never a
+// sentence to parse.
+//
+// The json tags are the one naming of every field outside Go: the C ABI's
+// tutti_get_stats_json and the Python binding carry this struct as JSON,
+// so a field added here (with its tag, snake_case) reaches both with no
+// other change. Enums are their String, cause counts objects keyed by
+// cause, lists never null.
 type Stats struct {
-	Lookups      int64 // Lookup calls
-	LookupBlocks int64 // blocks asked for by Lookup
-	HitBlocks    int64 // blocks Lookup found cached
-
-	Loads          int64 // Load calls that started a restore
-	CachedBlocks   int64 // blocks cached at Load (pinned)
-	PlannedBlocks  int64 // blocks the scheduler chose to load (the rest: recompute)
-	RestoredBlocks int64 // blocks restored and verified
-	RestoredBytes  int64 // payload bytes scattered into KV memory (restored blocks only)
-	ReadIOs        int64 // reads submitted
-	SplitIOs       int64 // reads beyond the first of a (layer, run) (staging slot smaller than the object)
-	OverreadBytes  int64 // bytes read beyond the loaded chunks (O_DIRECT rounding of each read)
-	// MissBlocks counts cached and planned blocks not restored, by MissCause.
-	MissBlocks [numMissCauses]int64
-
-	Saves          int64 // Save calls
-	SaveBlocks     int64 // blocks asked to be saved
-	SavedBlocks    int64 // blocks committed
-	SavedBytes     int64 // payload bytes written for committed blocks
-	WriteIOs       int64 // payload writes submitted
-	CommittedRuns  int64
-	CorruptDropped int64 // runs dropped from the index after a CRC mismatch
-	// SkippedBlocks counts blocks of saves not stored, by SkipCause.
-	SkippedBlocks [numSkipCauses]int64
-	// SaveFailure is the last error that cost a save blocks (a write, sync
-	// or journal append that failed: SkipENOSPC, SkipIOError); "" if none.
-	// MapStats says more of the journal (JournalFailures, JournalError).
-	SaveFailure string
-	// SaveCopyNs is the time save writes spent getting their bytes into
-	// staging (PathGPU: the HBM gathers, waiting for a free gather lane
-	// included; PathCPU: the copies of staged writes from host KV memory,
-	// checksummed in the same pass), SaveChecksumNs the checksums of
-	// writes not copied (PathGPU: folding the plane CRCs its gathers
-	// computed on the GPU into chunk CRCs, the CPU reads none of the
-	// gathered bytes; PathCPU: the CRC32C of writes sent from the engine's
-	// pages), both summed over the stage workers (so they can exceed the
-	// wall time): where a save's time goes.
-	SaveCopyNs, SaveChecksumNs int64
-	// SaveDirectWrites counts PathCPU's payload writes sent from the
-	// engine's pages (O_DIRECT vectored writes, no staging copy);
-	// SaveStagedWrites those copied into staging first because the pages
-	// did not allow it, SaveStagedReason why the first of them was
-	// (alignment of a page plane against the pool file's O_DIRECT needs,
-	// too many page planes for one write's iovecs). PathGPU's writes are
-	// always gathered into staging and counted in neither.
-	SaveDirectWrites, SaveStagedWrites int64
-	SaveStagedReason                   string
-	// LoadDirectReads counts PathCPU's reads with payload that went straight
-	// into the engine's pages (O_DIRECT vectored reads, no copy);
-	// LoadStagedReads those read into staging and copied because the pages
-	// did not allow it, LoadStagedReason why the first of them was (as for
-	// saves). PathGPU's reads are counted in neither.
-	LoadDirectReads, LoadStagedReads int64
-	LoadStagedReason                 string
-
-	// Fallbacks counts stores opened on PathCPU after PathGPU failed
-	// (OpenWithFallback); FallbackReason is the last such error.
-	Fallbacks      int64
-	FallbackReason string
-
-	// GPUPlainReads says why the GPU path issues plain READ SQEs instead of
-	// READ_FIXED into its registered staging (kernels.Restorer.FixedBuffers:
-	// the ring refused the registration); empty when READ_FIXED is used or
-	// the store is on PathCPU. The bytes are the same; the CPU cost is higher.
-	GPUPlainReads string
-	// GPUKickFallback says why the GPU ring's helper is woken by every
-	// completion instead of once per batch (kernels.NewKickRing: the kernel
-	// refused DEFER_TASKRUN); empty otherwise. Same bytes, more CPU.
-	GPUKickFallback string
-	// GPUHelperWakeups and GPUHelperBatchTimeouts are the GPU ring helper's
-	// kernel entries and the waits of them that ran the whole batch wait
-	// with reads in flight (kernels.Restorer.Wakeups, BatchTimeouts): many
-	// of the latter per restore mean layers waited for the timeout.
-	GPUHelperWakeups       int64
-	GPUHelperBatchTimeouts int64
-	// GPUReads is what Open sized for PathGPU (GPUConfig, on either path): the
-	// window, largest read and lookahead used (explicit values included)
-	// and, after "not read:", each device fact that could not be read and
-	// what was assumed; empty when the option is off.
-	GPUReads string
-	// DeviceProbe says, per directory, what Open measured to seed the device
-	// model (Config.Device's doc) or why it kept the seed profile;
-	// DeviceProbeFailures counts the directories seeded without a
-	// measurement (their first large saves may be cut below what the device
-	// can write within the bound, until the model learns).
-	DeviceProbe         string
-	DeviceProbeFailures int64
-	// DeviceReprobes counts the read re-measurements of probed devices
-	// whose model had seen no reads while plans recomputed their cached
-	// blocks (reprobe.go); DeviceReprobeFailures those that failed
-	// (DeviceReprobeError: the last failure), DeviceReprobeSkips the plans
-	// that would have re-probed a run too short to measure bandwidth on.
-	DeviceReprobes, DeviceReprobeFailures, DeviceReprobeSkips int64
-	DeviceReprobeError                                        string
-
-	// Prewrite is the background prewrite's state (prewrite.go: "running",
-	// "done", "off: why", "stopped after N failed writes");
-	// PrewrittenBytes what it wrote, PrewriteLeftBytes the pool's unwritten
-	// bytes still known (those under runs included until it reaches them),
-	// PrewriteErrors its failed writes (PrewriteError: the last one's).
-	Prewrite                           string
-	PrewrittenBytes, PrewriteLeftBytes int64
-	PrewriteErrors                     int64
-	PrewriteError                      string
+	Path     PathStats     `json:"path"`
+	Lookups  LookupStats   `json:"lookups"`
+	Holds    HoldStats     `json:"holds"`
+	Loads    LoadStats     `json:"loads"`
+	Saves    SaveStats     `json:"saves"`
+	Index    prefix.Stats  `json:"index"` // the prefix index: what is stored, pinned, evicted
+	Map      objmap.Stats  `json:"map"`   // the pool's space and runs, its journal and that journal's failures
+	Sched    sched.Stats   `json:"sched"` // the scheduler's plans, dispatches and cuts
+	Events   KVEventsStats `json:"events"`
+	GPU      GPUStats      `json:"gpu"`
+	Devices  DeviceStats   `json:"devices"`
+	Prewrite PrewriteStats `json:"prewrite"`
 }
 
-// MissCauses lists the causes indexing Stats.MissBlocks.
+// PathStats is the data path the store runs on.
+type PathStats struct {
+	Used Path `json:"used"`
+	// Fallbacks counts opens on PathCPU after PathGPU could not run
+	// (OpenWithFallback); FallbackReason is why (the GPU path's error).
+	Fallbacks      int64  `json:"fallbacks"`
+	FallbackReason string `json:"fallback_reason"`
+}
+
+// LookupStats counts Lookup and Match calls.
+type LookupStats struct {
+	Calls       int64 `json:"calls"`
+	AskedBlocks int64 `json:"asked_blocks"`
+	HitBlocks   int64 `json:"hit_blocks"` // found stored
+}
+
+// HoldStats counts the holds of Match.
+type HoldStats struct {
+	Live int `json:"live"`
+	// Expired counts holds ended by their time to live (a worker that
+	// never loaded or released what the scheduler was promised).
+	Expired int64 `json:"expired"`
+}
+
+// LoadStats counts restores.
+type LoadStats struct {
+	Calls          int64 `json:"calls"`           // Load calls that started a restore
+	CachedBlocks   int64 `json:"cached_blocks"`   // stored at Load (pinned)
+	PlannedBlocks  int64 `json:"planned_blocks"`  // the scheduler chose to load (the rest: recompute)
+	RestoredBlocks int64 `json:"restored_blocks"` // restored and verified
+	RestoredBytes  int64 `json:"restored_bytes"`  // payload scattered into KV memory (restored blocks only)
+	ReadIOs        int64 `json:"read_ios"`        // reads submitted
+	SplitIOs       int64 `json:"split_ios"`       // reads beyond the first of a (layer, run): a staging slot smaller than the object
+	OverreadBytes  int64 `json:"overread_bytes"`  // read beyond the loaded chunks (O_DIRECT rounding of each read)
+	// MissBlocks counts cached and planned blocks not restored, by cause.
+	MissBlocks MissCounts `json:"miss_blocks"`
+	// CorruptDroppedRuns counts runs dropped from the index after a CRC
+	// mismatch.
+	CorruptDroppedRuns int64 `json:"corrupt_dropped_runs"`
+	// DirectReads counts PathCPU's reads with payload that went straight
+	// into the engine's pages (O_DIRECT vectored reads, no copy);
+	// StagedReads those read into staging and copied because the pages did
+	// not allow it, StagedCause and StagedReason why the first of them was.
+	// PathGPU's reads are counted in neither.
+	DirectReads  int64      `json:"direct_reads"`
+	StagedReads  int64      `json:"staged_reads"`
+	StagedCause  StageCause `json:"staged_cause"`
+	StagedReason string     `json:"staged_reason"`
+}
+
+// SaveStats counts saves.
+type SaveStats struct {
+	Calls         int64 `json:"calls"`
+	AskedBlocks   int64 `json:"asked_blocks"`
+	SavedBlocks   int64 `json:"saved_blocks"` // committed
+	SavedBytes    int64 `json:"saved_bytes"`  // payload written for committed blocks
+	WriteIOs      int64 `json:"write_ios"`    // payload writes submitted
+	CommittedRuns int64 `json:"committed_runs"`
+	// SkippedBlocks counts blocks asked for and not stored, by cause.
+	SkippedBlocks SkipCounts `json:"skipped_blocks"`
+	// LastFailure is the last error that cost a save blocks (a write, sync
+	// or journal append that failed: SkipENOSPC, SkipIOError); "" if none.
+	// Map says more of the journal (JournalFailures, JournalError).
+	LastFailure string `json:"last_failure"`
+	// CopyNs is the time save writes spent getting their bytes into
+	// staging (PathGPU: the HBM gathers, waiting for a free gather lane
+	// included; PathCPU: the copies of staged writes from host KV memory,
+	// checksummed in the same pass), ChecksumNs the checksums of writes not
+	// copied (PathGPU: folding the plane CRCs its gathers computed on the
+	// GPU into chunk CRCs; PathCPU: the CRC32C of writes sent from the
+	// engine's pages), both summed over the stage workers (so they can
+	// exceed the wall time): where a save's time goes.
+	CopyNs     int64 `json:"copy_ns"`
+	ChecksumNs int64 `json:"checksum_ns"`
+	// DirectWrites counts PathCPU's payload writes sent from the engine's
+	// pages (O_DIRECT vectored writes, no staging copy); StagedWrites those
+	// copied into staging first because the pages did not allow it,
+	// StagedCause and StagedReason why the first of them was. PathGPU's
+	// writes are always gathered into staging and counted in neither.
+	DirectWrites int64      `json:"direct_writes"`
+	StagedWrites int64      `json:"staged_writes"`
+	StagedCause  StageCause `json:"staged_cause"`
+	StagedReason string     `json:"staged_reason"`
+}
+
+// GPUStats is the GPU path's reads and its ring.
+type GPUStats struct {
+	// Reads is what Open sized for PathGPU (on either path): the window,
+	// largest read and lookahead used, explicit values included, and each
+	// device fact that could not be read.
+	Reads GPUReads `json:"reads"`
+	// ReadMode is whether reads go to registered staging (READ_FIXED) or
+	// not; ReadModeReason why not where they were asked to
+	// (kernels.Restorer.FixedBuffers: the ring refused the registration).
+	// The bytes are the same; the CPU cost is higher.
+	ReadMode       GPUReadMode `json:"read_mode"`
+	ReadModeReason string      `json:"read_mode_reason"`
+	// Ring is how the ring's helper is woken; RingReason why it is woken
+	// by every completion (kernels.NewKickRing: the kernel refused
+	// DEFER_TASKRUN). Same bytes, more CPU.
+	Ring       GPURing `json:"ring"`
+	RingReason string  `json:"ring_reason"`
+	// HelperWakeups and HelperBatchTimeouts are the ring helper's kernel
+	// entries and the waits of them that ran the whole batch wait with
+	// reads in flight (kernels.Restorer.Wakeups, BatchTimeouts): many of the
+	// latter per restore mean layers waited for the timeout.
+	HelperWakeups       int64 `json:"helper_wakeups"`
+	HelperBatchTimeouts int64 `json:"helper_batch_timeouts"`
+}
+
+// DeviceStats is what seeds and corrects the scheduler's device models.
+type DeviceStats struct {
+	// Probes is what Open did for each directory, in Config.Dirs order.
+	Probes []DeviceProbe `json:"probes"`
+	// ProbeFailures counts the directories seeded without a measurement
+	// (their first large saves may be cut below what the device can write
+	// within the bound, until the model learns).
+	ProbeFailures int64 `json:"probe_failures"`
+	// Reprobes counts the read re-measurements of probed devices whose
+	// model had seen no reads while plans recomputed their cached blocks
+	// (reprobe.go); ReprobeFailures those that failed (ReprobeError: the
+	// last failure), ReprobeSkips the plans that would have re-probed a run
+	// too short to measure bandwidth on.
+	Reprobes        int64  `json:"reprobes"`
+	ReprobeFailures int64  `json:"reprobe_failures"`
+	ReprobeSkips    int64  `json:"reprobe_skips"`
+	ReprobeError    string `json:"reprobe_error"`
+}
+
+// DeviceProbe is one directory's device model seed (Config.Device's doc).
+type DeviceProbe struct {
+	State  ProbeState `json:"state"`
+	Reason string     `json:"reason"` // ProbeSeeded: why there is no measurement
+	// The bandwidths the model starts from: measured, the seed's, or
+	// Config.Device's.
+	WriteBytesPerSec float64 `json:"write_bytes_per_sec"`
+	ReadBytesPerSec  float64 `json:"read_bytes_per_sec"`
+	// ProbeBytes were written and read back in ProbeNs (ProbeMeasured).
+	ProbeBytes int64 `json:"probe_bytes"`
+	ProbeNs    int64 `json:"probe_ns"`
+}
+
+func (p DeviceProbe) String() string {
+	s := p.State.String()
+	if p.Reason != "" {
+		s += " (" + p.Reason + ")"
+	}
+	s += fmt.Sprintf(": write %.2g B/s, read %.2g B/s", p.WriteBytesPerSec, p.ReadBytesPerSec)
+	if p.State == ProbeMeasured {
+		s += fmt.Sprintf(" (%d MiB in %v)", p.ProbeBytes>>20, time.Duration(p.ProbeNs).Round(time.Millisecond))
+	}
+	return s
+}
+
+// PrewriteStats is the background prewrite (prewrite.go).
+type PrewriteStats struct {
+	State  PrewriteState `json:"state"`
+	Reason string        `json:"reason"` // why off, done or stopped
+	// WrittenBytes is what it wrote; LeftBytes the pool's unwritten bytes
+	// still known (those under runs included until it reaches them).
+	WrittenBytes int64 `json:"written_bytes"`
+	LeftBytes    int64 `json:"left_bytes"`
+	// Errors counts its failed writes; LastError is the last one's.
+	Errors    int64  `json:"errors"`
+	LastError string `json:"last_error"`
+}
+
+// Stats returns the counters and states.
+func (s *Store) Stats() Stats {
+	st := s.stats.snapshot()
+	st.Path = PathStats{Used: s.cfg.Path, Fallbacks: s.stats.fallbacks.Load(), FallbackReason: s.fallbackReason}
+	st.Saves.LastFailure = s.fails.lastError()
+	s.mu.Lock()
+	st.Holds.Live = s.holds
+	s.mu.Unlock()
+	st.Holds.Expired = s.holdsExpired.Load()
+	st.Index, st.Map, st.Sched = s.idx.Stats(), s.m.Stats(), s.sched.stats()
+	st.Events = s.kvEventsStats()
+	st.GPU.Reads = s.gpuReads
+	st.GPU.Reads.Unread = append([]string{}, s.gpuReads.Unread...)
+	if gp := s.gpuPath(); gp != nil {
+		st.GPU.ReadMode = GPUReadsPlain
+		if fixed, err := gp.r.FixedBuffers(); fixed {
+			st.GPU.ReadMode = GPUReadsFixed
+		} else if err != nil {
+			st.GPU.ReadModeReason = err.Error()
+		}
+		switch {
+		case s.cfg.GPU.SQPoll:
+			st.GPU.Ring = GPURingSQPoll
+		case gp.kickFallback != "":
+			st.GPU.Ring, st.GPU.RingReason = GPURingKickEach, gp.kickFallback
+		default:
+			st.GPU.Ring = GPURingKickBatched
+		}
+		st.GPU.HelperWakeups, st.GPU.HelperBatchTimeouts = gp.r.Wakeups(), gp.r.BatchTimeouts()
+	}
+	st.Devices.Probes = append([]DeviceProbe{}, s.devProbes...)
+	for _, p := range s.devProbes {
+		if p.State == ProbeSeeded {
+			st.Devices.ProbeFailures++
+		}
+	}
+	st.Devices.Reprobes, st.Devices.ReprobeFailures, st.Devices.ReprobeSkips, st.Devices.ReprobeError = s.reprobe.stats()
+	st.Prewrite = s.prewriteStats()
+	return st
+}
+
+// MissCounts counts blocks by MissCause, indexed by it. In JSON it is an
+// object keyed by each cause's String with '-' as '_' (io_error, crc, ...).
+type MissCounts [numMissCauses]int64
+
+// SkipCounts counts blocks by SkipCause, indexed by it; in JSON as
+// MissCounts.
+type SkipCounts [numSkipCauses]int64
+
+// Total is the blocks of every cause.
+func (c MissCounts) Total() int64 { return sum(c[:]) }
+
+// Total is the blocks of every cause.
+func (c SkipCounts) Total() int64 { return sum(c[:]) }
+
+func sum(v []int64) int64 {
+	var n int64
+	for _, x := range v {
+		n += x
+	}
+	return n
+}
+
+// MissCauses lists the causes indexing MissCounts.
 func MissCauses() []MissCause {
 	out := make([]MissCause, numMissCauses)
 	for i := range out {
@@ -125,7 +277,7 @@ func MissCauses() []MissCause {
 	return out
 }
 
-// SkipCauses lists the causes indexing Stats.SkippedBlocks.
+// SkipCauses lists the causes indexing SkipCounts.
 func SkipCauses() []SkipCause {
 	out := make([]SkipCause, numSkipCauses)
 	for i := range out {
@@ -136,8 +288,8 @@ func SkipCauses() []SkipCause {
 
 func (s Stats) String() string {
 	return fmt.Sprintf("lookups=%d hit=%d/%d loads=%d restored=%d blocks/%d bytes reads=%d split=%d misses=%v saves=%d saved=%d skipped=%v fallbacks=%d",
-		s.Lookups, s.HitBlocks, s.LookupBlocks, s.Loads, s.RestoredBlocks, s.RestoredBytes, s.ReadIOs, s.SplitIOs,
-		s.MissBlocks, s.Saves, s.SavedBlocks, s.SkippedBlocks, s.Fallbacks)
+		s.Lookups.Calls, s.Lookups.HitBlocks, s.Lookups.AskedBlocks, s.Loads.Calls, s.Loads.RestoredBlocks, s.Loads.RestoredBytes,
+		s.Loads.ReadIOs, s.Loads.SplitIOs, s.Loads.MissBlocks, s.Saves.Calls, s.Saves.SavedBlocks, s.Saves.SkippedBlocks, s.Path.Fallbacks)
 }
 
 // counters are the live atomics behind Stats.
@@ -151,54 +303,56 @@ type counters struct {
 	skippedBlocks                                            [numSkipCauses]atomic.Int64
 	saveCopyNs, saveChecksumNs                               atomic.Int64
 	saveDirectWrites, saveStagedWrites                       atomic.Int64
-	saveStagedReason                                         atomic.Pointer[string]
+	saveStaged                                               atomic.Pointer[firstStaged]
 	loadDirectReads, loadStagedReads                         atomic.Int64
-	loadStagedReason                                         atomic.Pointer[string]
+	loadStaged                                               atomic.Pointer[firstStaged]
 	fallbacks                                                atomic.Int64
+}
+
+// firstStaged is why the first staged I/O of a kind was.
+type firstStaged struct {
+	cause  StageCause
+	reason string
 }
 
 // staged counts a PathCPU save write staged through a copy, keeping the
 // first one's reason.
-func (c *counters) staged(why stageWhy) { countStaged(&c.saveStagedWrites, &c.saveStagedReason, why) }
+func (c *counters) staged(why stageWhy) { countStaged(&c.saveStagedWrites, &c.saveStaged, why) }
 
 // stagedRead counts a PathCPU load read staged through a copy, keeping the
 // first one's reason.
-func (c *counters) stagedRead(why stageWhy) {
-	countStaged(&c.loadStagedReads, &c.loadStagedReason, why)
-}
+func (c *counters) stagedRead(why stageWhy) { countStaged(&c.loadStagedReads, &c.loadStaged, why) }
 
-func countStaged(n *atomic.Int64, reason *atomic.Pointer[string], why stageWhy) {
-	if reason.Load() == nil {
-		r := why.String()
-		reason.CompareAndSwap(nil, &r)
+func countStaged(n *atomic.Int64, first *atomic.Pointer[firstStaged], why stageWhy) {
+	if first.Load() == nil {
+		first.CompareAndSwap(nil, &firstStaged{cause: why.kind, reason: why.String()})
 	}
 	n.Add(1) // after the reason: a reader that sees the count sees why
 }
 
 func (c *counters) snapshot() Stats {
-	s := Stats{
-		Lookups: c.lookups.Load(), LookupBlocks: c.lookupBlocks.Load(), HitBlocks: c.hitBlocks.Load(),
-		Loads: c.loads.Load(), CachedBlocks: c.cachedBlocks.Load(), PlannedBlocks: c.plannedBlocks.Load(),
+	var s Stats
+	s.Lookups = LookupStats{Calls: c.lookups.Load(), AskedBlocks: c.lookupBlocks.Load(), HitBlocks: c.hitBlocks.Load()}
+	s.Loads = LoadStats{Calls: c.loads.Load(), CachedBlocks: c.cachedBlocks.Load(), PlannedBlocks: c.plannedBlocks.Load(),
 		RestoredBlocks: c.restoredBlocks.Load(), RestoredBytes: c.restoredBytes.Load(),
 		ReadIOs: c.readIOs.Load(), SplitIOs: c.splitIOs.Load(), OverreadBytes: c.overrd.Load(),
-		Saves: c.saves.Load(), SaveBlocks: c.saveBlocks.Load(), SavedBlocks: c.savedBlocks.Load(),
-		SavedBytes: c.savedBytes.Load(), WriteIOs: c.writeIOs.Load(),
-		CommittedRuns: c.committedRuns.Load(), CorruptDropped: c.corruptDropped.Load(),
-		Fallbacks: c.fallbacks.Load(), SaveCopyNs: c.saveCopyNs.Load(), SaveChecksumNs: c.saveChecksumNs.Load(),
-		SaveDirectWrites: c.saveDirectWrites.Load(), SaveStagedWrites: c.saveStagedWrites.Load(),
+		CorruptDroppedRuns: c.corruptDropped.Load(),
+		DirectReads:        c.loadDirectReads.Load(), StagedReads: c.loadStagedReads.Load()}
+	s.Saves = SaveStats{Calls: c.saves.Load(), AskedBlocks: c.saveBlocks.Load(), SavedBlocks: c.savedBlocks.Load(),
+		SavedBytes: c.savedBytes.Load(), WriteIOs: c.writeIOs.Load(), CommittedRuns: c.committedRuns.Load(),
+		CopyNs: c.saveCopyNs.Load(), ChecksumNs: c.saveChecksumNs.Load(),
+		DirectWrites: c.saveDirectWrites.Load(), StagedWrites: c.saveStagedWrites.Load()}
+	if f := c.saveStaged.Load(); f != nil {
+		s.Saves.StagedCause, s.Saves.StagedReason = f.cause, f.reason
 	}
-	s.LoadDirectReads, s.LoadStagedReads = c.loadDirectReads.Load(), c.loadStagedReads.Load()
-	if r := c.saveStagedReason.Load(); r != nil {
-		s.SaveStagedReason = *r
+	if f := c.loadStaged.Load(); f != nil {
+		s.Loads.StagedCause, s.Loads.StagedReason = f.cause, f.reason
 	}
-	if r := c.loadStagedReason.Load(); r != nil {
-		s.LoadStagedReason = *r
+	for i := range s.Loads.MissBlocks {
+		s.Loads.MissBlocks[i] = c.missBlocks[i].Load()
 	}
-	for i := range s.MissBlocks {
-		s.MissBlocks[i] = c.missBlocks[i].Load()
-	}
-	for i := range s.SkippedBlocks {
-		s.SkippedBlocks[i] = c.skippedBlocks[i].Load()
+	for i := range s.Saves.SkippedBlocks {
+		s.Saves.SkippedBlocks[i] = c.skippedBlocks[i].Load()
 	}
 	return s
 }

@@ -129,16 +129,15 @@ type Store struct {
 	holds        int
 	holdsExpired atomic.Int64
 
-	report           RecoveryReport
-	stats            counters
-	fails            saveFailures
-	maxWriteIOBytes  int64  // the scheduler's write size: at most one staging slot
-	fallbackReason   string // set by OpenWithFallback before the store is shared
-	gpuReads         string // Stats.GPUReads, set by Open
-	devProbe         string // Stats.DeviceProbe, set by Open
-	devProbeFailures int    // Stats.DeviceProbeFailures, set by Open
-	reprobe          reprobes
-	pre              prewriter
+	report          RecoveryReport
+	stats           counters
+	fails           saveFailures
+	maxWriteIOBytes int64         // the scheduler's write size: at most one staging slot
+	fallbackReason  string        // set by OpenWithFallback before the store is shared
+	gpuReads        GPUReads      // Stats.GPU.Reads, set by Open
+	devProbes       []DeviceProbe // Stats.Devices.Probes, set by Open
+	reprobe         reprobes
+	pre             prewriter
 }
 
 // bytesPerBlock is what one chain block costs in the index's capacity: its
@@ -503,31 +502,6 @@ func (s *Store) WaitSaves() error {
 	s.mu.Unlock()
 	return s.fails.take(&s.stats)
 }
-
-// Stats returns the counters.
-func (s *Store) Stats() Stats {
-	st := s.stats.snapshot()
-	st.FallbackReason = s.fallbackReason
-	st.SaveFailure = s.fails.lastError()
-	st.GPUReads = s.gpuReads
-	st.DeviceProbe, st.DeviceProbeFailures = s.devProbe, int64(s.devProbeFailures)
-	st.DeviceReprobes, st.DeviceReprobeFailures, st.DeviceReprobeSkips, st.DeviceReprobeError = s.reprobe.stats()
-	s.prewriteStats(&st)
-	if gp := s.gpuPath(); gp != nil {
-		if _, err := gp.r.FixedBuffers(); err != nil {
-			st.GPUPlainReads = err.Error()
-		}
-		st.GPUKickFallback = gp.kickFallback
-		st.GPUHelperWakeups, st.GPUHelperBatchTimeouts = gp.r.Wakeups(), gp.r.BatchTimeouts()
-	}
-	return st
-}
-
-// SchedStats returns the scheduler's counters.
-func (s *Store) SchedStats() sched.Stats { return s.sched.stats() }
-
-// MapStats returns the object map's counters.
-func (s *Store) MapStats() objmap.Stats { return s.m.Stats() }
 
 // Check verifies every stored run's header and payload (objmap's fsck) while
 // the store is open.

@@ -190,15 +190,22 @@ type SaveTicket struct {
 
 // Stats are counters since NewPlanner.
 type Stats struct {
-	Plans, CachedBlocks, LoadedBlocks, BudgetCutBlocks int64
-	ReadsDispatched, WritesDispatched, WritesPromoted  int64
+	Plans            int64 `json:"plans"`
+	CachedBlocks     int64 `json:"cached_blocks"`
+	LoadedBlocks     int64 `json:"loaded_blocks"`
+	BudgetCutBlocks  int64 `json:"budget_cut_blocks"`
+	ReadsDispatched  int64 `json:"reads_dispatched"`
+	WritesDispatched int64 `json:"writes_dispatched"`
+	WritesPromoted   int64 `json:"writes_promoted"`
 	// ReadHolds counts Dispatch rounds in which a device's next read waited
 	// so that its queued saves keep their bound (their writes then run
 	// promoted).
-	ReadHolds                        int64
-	RestoresDispatched               int64 // IORestore handed out (their reads count in ReadsDispatched)
-	Saves, SaveBlocks, SaveCutBlocks int64
-	Cancelled                        int64
+	ReadHolds          int64 `json:"read_holds"`
+	RestoresDispatched int64 `json:"restores_dispatched"` // IORestore handed out (their reads count in ReadsDispatched)
+	Saves              int64 `json:"saves"`
+	SaveBlocks         int64 `json:"save_blocks"`
+	SaveCutBlocks      int64 `json:"save_cut_blocks"`
+	Cancelled          int64 `json:"cancelled"`
 }
 
 // ErrUnknownIO is returned by Complete for an ID that is not in flight.

@@ -135,14 +135,15 @@ type nodeReply struct {
 	Cached   int    `json:"cached,omitempty"`   // load: blocks found
 	Loaded   int    `json:"loaded,omitempty"`   // load: blocks restored
 	Verified *bool  `json:"verified,omitempty"` // load: every restored byte is the block's own
-	// ready and stats
-	ID        string                 `json:"id,omitempty"`
-	Events    string                 `json:"events,omitempty"`
-	Replay    string                 `json:"replay,omitempty"`
-	Epoch     uint64                 `json:"epoch,omitempty"`
-	Recovered int                    `json:"recovered_blocks,omitempty"`
-	KV        *runtime.KVEventsStats `json:"kv_events,omitempty"`
-	Lease     int64                  `json:"lease,omitempty"`
+	// ready
+	ID        string `json:"id,omitempty"`
+	Events    string `json:"events,omitempty"`
+	Replay    string `json:"replay,omitempty"`
+	Epoch     uint64 `json:"epoch,omitempty"`
+	Recovered int    `json:"recovered_blocks,omitempty"`
+	Lease     int64  `json:"lease,omitempty"`
+	// stats: the store's, nested as runtime.Stats's json tags name them
+	Stats *runtime.Stats `json:"stats,omitempty"`
 }
 
 func runNode(args []string, stdout, stderr io.Writer) error {
@@ -200,8 +201,8 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	defer unregister()
 	out := json.NewEncoder(stdout)
 	ready := nodeReply{Op: "ready", Recovered: s.Recovery().IndexedBlocks}
-	if st, ok := s.KVEvents(); ok {
-		ready.Events, ready.Replay, ready.Epoch = st.Endpoint, st.ReplayEndpoint, st.Epoch
+	if ev := s.Stats().Events; ev.Enabled {
+		ready.Events, ready.Replay, ready.Epoch = ev.Endpoint, ev.ReplayEndpoint, ev.Epoch
 	}
 	if reg != nil {
 		ready.Lease = int64(reg.Lease())
@@ -311,9 +312,8 @@ func (n *node) do(line string) nodeReply {
 	r := nodeReply{Op: f[0]}
 	switch f[0] {
 	case "stats":
-		if st, ok := n.s.KVEvents(); ok {
-			r.KV = &st
-		}
+		st := n.s.Stats()
+		r.Stats = &st
 		return r
 	case "save", "load":
 	default:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tutti-io/tutti/runtime"
 )
 
 // runNodeProc runs `tutti node` in a subprocess on stdin and returns its
@@ -106,6 +109,30 @@ func TestNodeAnswersEveryLine(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNodeStats: the stats reply is the store's runtime.Stats, nested by
+// subsystem, after a save and a load of two blocks.
+func TestNodeStats(t *testing.T) {
+	bt := tinyBlockTokens(t)
+	var in strings.Builder
+	for _, op := range []string{"save", "load"} {
+		in.WriteString(op)
+		for _, tok := range tokensFor(1, 2, bt) {
+			fmt.Fprintf(&in, " %d", tok)
+		}
+		in.WriteByte('\n')
+	}
+	in.WriteString("stats\n")
+	replies, stderr, code := runNodeProc(t, nil, []byte(in.String()))
+	if code != 0 || len(replies) != 3 {
+		t.Fatalf("exit %d, replies %+v; stderr:\n%s", code, replies, stderr)
+	}
+	st := replies[2].Stats
+	if replies[0].Stats != nil || st == nil || st.Saves.SavedBlocks != 2 || st.Loads.RestoredBlocks != 2 ||
+		st.Map.LiveRuns != 1 || st.Index.Blocks != 2 || st.Events.Enabled || st.Path.Used != runtime.PathCPU {
+		t.Fatalf("stats reply %+v", replies[2])
 	}
 }
 

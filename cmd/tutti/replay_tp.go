@@ -158,9 +158,9 @@ func (t *tpBackend) Restore(req *harness.Request) (harness.RestoreResult, error)
 	var splits int64
 	for r := range after.Rank {
 		a, b := after.Rank[r], before.Rank[r]
-		res.ReadBytes += a.RestoredBytes - b.RestoredBytes + a.OverreadBytes - b.OverreadBytes
-		res.IOs += a.ReadIOs - b.ReadIOs
-		splits += a.SplitIOs - b.SplitIOs
+		res.ReadBytes += a.Loads.RestoredBytes - b.Loads.RestoredBytes + a.Loads.OverreadBytes - b.Loads.OverreadBytes
+		res.IOs += a.Loads.ReadIOs - b.Loads.ReadIOs
+		splits += a.Loads.SplitIOs - b.Loads.SplitIOs
 	}
 	res.Runs = int((res.IOs - splits) / int64(g.Layers))
 	res.Fallbacks = l.Planned() - l.Blocks()
@@ -180,8 +180,8 @@ func (t *tpBackend) Save(req *harness.Request) (harness.SaveResult, error) {
 	after := t.grp.Stats()
 	res := harness.SaveResult{Blocks: sv.Saved()}
 	for r := range after.Rank {
-		res.Bytes += after.Rank[r].SavedBytes - before.Rank[r].SavedBytes
-		res.IOs += after.Rank[r].WriteIOs - before.Rank[r].WriteIOs
+		res.Bytes += after.Rank[r].Saves.SavedBytes - before.Rank[r].Saves.SavedBytes
+		res.IOs += after.Rank[r].Saves.WriteIOs - before.Rank[r].Saves.WriteIOs
 	}
 	if sv.Failed() != nil {
 		// Blocks some rank could not store are stored on none: counted.

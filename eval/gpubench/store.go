@@ -135,7 +135,7 @@ type StoreRow struct {
 	SubmittedS  float64 `json:"submitted_s,omitempty"`
 	FirstLayerS float64 `json:"first_layer_s,omitempty"`
 	LastLayerS  float64 `json:"last_layer_s,omitempty"`
-	// A save's stage work (runtime.Stats.SaveCopyNs, SaveChecksumNs),
+	// A save's stage work (runtime.Stats.Saves.CopyNs, ChecksumNs),
 	// summed over the stage workers: bytes into staging (store-gpu: the
 	// HBM gathers) and their checksums.
 	CopyS     float64 `json:"copy_s,omitempty"`
@@ -151,13 +151,13 @@ type StoreRow struct {
 	DeviceWritesMin float64 `json:"device_writes_min_s,omitempty"`
 	DeviceWritesMax float64 `json:"device_writes_max_s,omitempty"`
 	// store-cpu saves: writes sent from the engine's pages and those
-	// staged through a copy, with why (runtime.Stats.SaveDirectWrites,
-	// SaveStagedWrites, SaveStagedReason).
+	// staged through a copy, with why (runtime.Stats.Saves.DirectWrites,
+	// StagedWrites, StagedReason).
 	DirectWrites int64  `json:"direct_writes,omitempty"`
 	StagedWrites int64  `json:"staged_writes,omitempty"`
 	StagedReason string `json:"staged_reason,omitempty"`
 	// store-cpu restores: reads into the engine's pages and those staged
-	// through a copy (runtime.Stats.LoadDirectReads, LoadStagedReads;
+	// through a copy (runtime.Stats.Loads.DirectReads, StagedReads;
 	// StagedReason says why).
 	DirectReads int64 `json:"direct_reads,omitempty"`
 	StagedReads int64 `json:"staged_reads,omitempty"`
@@ -327,13 +327,13 @@ func runStorePath(ctx context.Context, cfg StoreConfig, path string, g kvshape.G
 			return nil, fmt.Errorf("the store's prewrite did not end within %v: %+v", prewriteWait, s.Stats())
 		}
 		preS = time.Since(opened).Seconds() // it started in Open, and ran beside the KV fill
-		if st := s.Stats(); st.PrewriteErrors > 0 || st.Prewrite != "done" {
-			return nil, fmt.Errorf("the store's prewrite: %s, %d failed writes (%s)", st.Prewrite, st.PrewriteErrors, st.PrewriteError)
+		if p := s.Stats().Prewrite; p.Errors > 0 || p.State != runtime.PrewriteDone {
+			return nil, fmt.Errorf("the store's prewrite: %v (%s), %d failed writes (%s)", p.State, p.Reason, p.Errors, p.LastError)
 		}
 	}
 	save, err := p.save("save")
 	if cfg.Prewrite {
-		save.PrewrittenBytes, save.PrewriteS = s.Stats().PrewrittenBytes, preS
+		save.PrewrittenBytes, save.PrewriteS = s.Stats().Prewrite.WrittenBytes, preS
 	}
 	add(save)
 	if err != nil {
@@ -473,12 +473,12 @@ func timeSave(s *runtime.Store, chain []uint64, dst []int32) (StoreRow, error) {
 	}
 	sv.Wait()
 	after := s.Stats()
-	r.CopyS = float64(after.SaveCopyNs-before.SaveCopyNs) / 1e9
-	r.ChecksumS = float64(after.SaveChecksumNs-before.SaveChecksumNs) / 1e9
-	r.DirectWrites = after.SaveDirectWrites - before.SaveDirectWrites
-	r.StagedWrites = after.SaveStagedWrites - before.SaveStagedWrites
+	r.CopyS = float64(after.Saves.CopyNs-before.Saves.CopyNs) / 1e9
+	r.ChecksumS = float64(after.Saves.ChecksumNs-before.Saves.ChecksumNs) / 1e9
+	r.DirectWrites = after.Saves.DirectWrites - before.Saves.DirectWrites
+	r.StagedWrites = after.Saves.StagedWrites - before.Saves.StagedWrites
 	if r.StagedWrites > 0 {
-		r.StagedReason = after.SaveStagedReason
+		r.StagedReason = after.Saves.StagedReason
 	}
 	r.Blocks = sv.Saved()
 	r.Bytes = int64(r.Blocks) * s.Geometry().ChunkBytes()
@@ -541,9 +541,9 @@ func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g kvshape.Geometry)
 	r.Bytes = int64(r.Blocks) * g.ChunkBytes()
 	rate(&r, t0, c0, h0)
 	after := s.Stats()
-	r.DirectReads = after.LoadDirectReads - before.LoadDirectReads
-	if r.StagedReads = after.LoadStagedReads - before.LoadStagedReads; r.StagedReads > 0 {
-		r.StagedReason = after.LoadStagedReason
+	r.DirectReads = after.Loads.DirectReads - before.Loads.DirectReads
+	if r.StagedReads = after.Loads.StagedReads - before.Loads.StagedReads; r.StagedReads > 0 {
+		r.StagedReason = after.Loads.StagedReason
 	}
 	if werr != nil {
 		return r, fmt.Errorf("load: %w (first failure: %v)", werr, l.Failure())

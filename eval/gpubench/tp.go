@@ -249,7 +249,7 @@ func timeLoads(ctx context.Context, grp *tp.Group, kv *groupKV, reps int, row *g
 	}
 	after := grp.Stats()
 	for r := range after.Rank {
-		row.IOs += after.Rank[r].ReadIOs - before.Rank[r].ReadIOs
+		row.IOs += after.Rank[r].Loads.ReadIOs - before.Rank[r].Loads.ReadIOs
 	}
 	row.Seconds = elapsed.Seconds() / float64(reps)
 	row.BytesPerS = float64(row.Bytes) / row.Seconds

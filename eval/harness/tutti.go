@@ -3,6 +3,7 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/tutti-io/tutti/kernels"
@@ -41,9 +42,9 @@ type Tutti struct {
 	pinned []uintptr
 	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
 	saveBoundMs int
-	// saveNote: where the saves' time went (Stats.SaveCopyNs, ...) and
-	// which I/Os went through a copy (Stats.SaveStagedWrites,
-	// LoadStagedReads), set at Close.
+	// saveNote: where the saves' time went (Stats.Saves.CopyNs, ...) and
+	// which I/Os went through a copy (Stats.Saves.StagedWrites,
+	// Stats.Loads.StagedReads), set at Close.
 	saveNote string
 	// gpuWindow, gpuMaxIO, gpuLookahead: runtime.GPUConfig IOWindow,
 	// MaxIOBytes, Lookahead (PathGPU only; 0: the runtime's default).
@@ -51,7 +52,7 @@ type Tutti struct {
 	// helper: the GPU ring helper's counters, read at Close.
 	helperWakeups, helperBatchTimeouts int64
 	sched                              sched.Stats // the store's scheduler, as of Close
-	// devProbe: what Open measured to seed the device model (Stats.DeviceProbe), as of Close.
+	// devProbe: what Open measured to seed the device model (Stats.Devices.Probes), as of Close.
 	devProbe string
 	// kvEvents: runtime.Config.KVEvents; kvStats its counters, read at Close.
 	kvEvents *kvevents.Config
@@ -215,12 +216,12 @@ func (t *Tutti) Restore(req *Request) (RestoreResult, error) {
 	}
 	after := t.store.Stats()
 	res.Blocks = l.Blocks()
-	res.Bytes = after.RestoredBytes - before.RestoredBytes
-	res.ReadBytes = res.Bytes + after.OverreadBytes - before.OverreadBytes
-	res.IOs = after.ReadIOs - before.ReadIOs
-	res.Runs = int((res.IOs - (after.SplitIOs - before.SplitIOs)) / int64(g.Layers))
-	for i := range after.MissBlocks {
-		res.Fallbacks += int(after.MissBlocks[i] - before.MissBlocks[i])
+	res.Bytes = after.Loads.RestoredBytes - before.Loads.RestoredBytes
+	res.ReadBytes = res.Bytes + after.Loads.OverreadBytes - before.Loads.OverreadBytes
+	res.IOs = after.Loads.ReadIOs - before.Loads.ReadIOs
+	res.Runs = int((res.IOs - (after.Loads.SplitIOs - before.Loads.SplitIOs)) / int64(g.Layers))
+	for i := range after.Loads.MissBlocks {
+		res.Fallbacks += int(after.Loads.MissBlocks[i] - before.Loads.MissBlocks[i])
 	}
 	t.plannedRecompute += int64(l.Cached() - l.Planned())
 	return res, nil
@@ -234,7 +235,7 @@ func (t *Tutti) Save(req *Request) (SaveResult, error) {
 	}
 	sv.Wait()
 	after := t.store.Stats()
-	res := SaveResult{Blocks: sv.Saved(), Bytes: after.SavedBytes - before.SavedBytes, IOs: after.WriteIOs - before.WriteIOs}
+	res := SaveResult{Blocks: sv.Saved(), Bytes: after.Saves.SavedBytes - before.Saves.SavedBytes, IOs: after.Saves.WriteIOs - before.Saves.WriteIOs}
 	// Write errors and the scheduler's cuts (the save budget, what the
 	// device cannot write within the save bound) are fallbacks; no room is
 	// the capacity its own index manages, as evictions are for the others.
@@ -247,7 +248,7 @@ func (t *Tutti) Save(req *Request) (SaveResult, error) {
 func (t *Tutti) Evict([]uint64) error { return nil } // its own index evicts
 
 // DeviceProbe says what the store's Open measured to seed its device model
-// (runtime Stats.DeviceProbe) and how often its reads were re-probed, as of
+// (runtime Stats.Devices) and how often its reads were re-probed, as of
 // Close; the planner's load-or-recompute choices start from it.
 func (t *Tutti) DeviceProbe() string { return t.devProbe }
 
@@ -258,37 +259,41 @@ func (t *Tutti) Close() error {
 	var errs []error
 	if t.store != nil {
 		st := t.store.Stats()
-		t.helperWakeups, t.helperBatchTimeouts = st.GPUHelperWakeups, st.GPUHelperBatchTimeouts
-		t.sched = t.store.SchedStats()
-		t.devProbe = st.DeviceProbe
-		if st.WriteIOs > 0 {
+		t.helperWakeups, t.helperBatchTimeouts = st.GPU.HelperWakeups, st.GPU.HelperBatchTimeouts
+		t.sched = st.Sched
+		probes := make([]string, len(st.Devices.Probes))
+		for i, p := range st.Devices.Probes {
+			probes[i] = fmt.Sprintf("dir %d: %v", i, p)
+		}
+		t.devProbe = strings.Join(probes, "; ")
+		if st.Saves.WriteIOs > 0 {
 			t.saveNote = fmt.Sprintf("%d save writes (%.1f GiB); getting their bytes into staging took %.2f s and checksumming them %.2f s, summed over the stage workers",
-				st.WriteIOs, float64(st.SavedBytes)/(1<<30), float64(st.SaveCopyNs)/1e9, float64(st.SaveChecksumNs)/1e9)
-			if st.SaveDirectWrites+st.SaveStagedWrites > 0 {
-				t.saveNote += fmt.Sprintf("; %d written from the engine's pages, %d staged through a copy", st.SaveDirectWrites, st.SaveStagedWrites)
-				if st.SaveStagedReason != "" {
-					t.saveNote += " (" + st.SaveStagedReason + ")"
+				st.Saves.WriteIOs, float64(st.Saves.SavedBytes)/(1<<30), float64(st.Saves.CopyNs)/1e9, float64(st.Saves.ChecksumNs)/1e9)
+			if st.Saves.DirectWrites+st.Saves.StagedWrites > 0 {
+				t.saveNote += fmt.Sprintf("; %d written from the engine's pages, %d staged through a copy", st.Saves.DirectWrites, st.Saves.StagedWrites)
+				if st.Saves.StagedReason != "" {
+					t.saveNote += " (" + st.Saves.StagedReason + ")"
 				}
 			}
 		}
-		if st.LoadDirectReads+st.LoadStagedReads > 0 {
+		if st.Loads.DirectReads+st.Loads.StagedReads > 0 {
 			if t.saveNote != "" {
 				t.saveNote += "; "
 			}
-			t.saveNote += fmt.Sprintf("%d load reads into the engine's pages, %d staged through a copy", st.LoadDirectReads, st.LoadStagedReads)
-			if st.LoadStagedReason != "" {
-				t.saveNote += " (" + st.LoadStagedReason + ")"
+			t.saveNote += fmt.Sprintf("%d load reads into the engine's pages, %d staged through a copy", st.Loads.DirectReads, st.Loads.StagedReads)
+			if st.Loads.StagedReason != "" {
+				t.saveNote += " (" + st.Loads.StagedReason + ")"
 			}
 		}
-		if n := st.DeviceReprobes + st.DeviceReprobeFailures + st.DeviceReprobeSkips; n > 0 {
-			t.devProbe += fmt.Sprintf("; reads re-probed %d times, %d failed, %d runs too short", st.DeviceReprobes, st.DeviceReprobeFailures, st.DeviceReprobeSkips)
-			if st.DeviceReprobeError != "" {
-				t.devProbe += " (last failure: " + st.DeviceReprobeError + ")"
+		if n := st.Devices.Reprobes + st.Devices.ReprobeFailures + st.Devices.ReprobeSkips; n > 0 {
+			t.devProbe += fmt.Sprintf("; reads re-probed %d times, %d failed, %d runs too short", st.Devices.Reprobes, st.Devices.ReprobeFailures, st.Devices.ReprobeSkips)
+			if st.Devices.ReprobeError != "" {
+				t.devProbe += " (last failure: " + st.Devices.ReprobeError + ")"
 			}
 		}
 		if t.kvEvents != nil {
 			// Published while open: the counters before Close's final flush.
-			if ks, ok := t.store.KVEvents(); ok {
+			if ks := st.Events; ks.Enabled {
 				t.kvStats = &ks
 			}
 		}

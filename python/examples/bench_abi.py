@@ -138,7 +138,7 @@ def main():
         same = all(mm[(pl * num_pages + s) * pp:(pl * num_pages + s + 1) * pp] == mm[(pl * num_pages + t) * pp:(pl * num_pages + t + 1) * pp]
                    for mm, _ in bufs for pl in range(2) for s, t in zip(src[:blocks], dst[:blocks]))
         out["bit_exact"] = same
-        out["stats"] = st.stats()
+        out["stats"] = st.stats().as_dict()
         out["baseline_direct_read_gbps"] = direct_read_gbps(d, total, 8, a.reps)
     finally:
         st.close()

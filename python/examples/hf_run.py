@@ -319,7 +319,7 @@ def _run_prefix(name, args, cfg, model, layers, gen, P, storages, paths, hfcache
                 del cache_b
                 rec.update(base, kind="ttft", storage=storage, path=path, recompute_ms=recompute_ms,
                            speedup=recompute_ms / rec["ttft_ms"], kv_equal=kv_equal, logits_equal=logits_equal,
-                           ok=ok, why=why.strip(), stats=kv.store.stats(), staging=kv.take_stats())
+                           ok=ok, why=why.strip(), stats=kv.store.stats().as_dict(), staging=kv.take_stats())
                 yield rec
             finally:
                 kv.close()

@@ -278,10 +278,11 @@ class Loop:
         t0 = time.perf_counter()
         store.wait_saves()  # durable, and nothing written from here on
         durable_ms = (time.perf_counter() - t0) * 1e3
-        st = store.stats()
-        if st["skipped_blocks"] or st["saved_blocks"] < n_prefixes * chain_len:
-            raise SystemExit(f"saves incomplete: {st['saved_blocks']} of {n_prefixes * chain_len} blocks saved, "
-                             f"{st['skipped_blocks']} skipped (stats: {st})")
+        st = store.stats().saves
+        skipped = sum(vars(st.skipped_blocks).values())
+        if skipped or st.saved_blocks < n_prefixes * chain_len:
+            raise SystemExit(f"saves incomplete: {st.saved_blocks} of {n_prefixes * chain_len} blocks saved, "
+                             f"{skipped} skipped (saves: {st.as_dict()})")
         report["saves"] = dict(request1_prefill_ms=rounded(req1_ms), gather_wait_ms=rounded(gather_ms),
                                wait_saves_ms=round(durable_ms, 3), warmup_prefixes=a.warmup)
         report["request1_prefill_ms"] = median(req1_ms[a.warmup:])
@@ -469,7 +470,7 @@ class Loop:
             tutti_per_layer=sorted(tutti_runs, key=lambda r: r["ttft_ms"])[len(tutti_runs) // 2]["breakdown"]["per_layer"],
             recompute_per_layer_ms=sorted(recompute_runs, key=lambda r: r["ttft_ms"])[len(recompute_runs) // 2]
             ["breakdown"]["per_layer_compute_ms"],
-            stats=store.stats(),
+            stats=store.stats().as_dict(),
             wall_s=round(time.perf_counter() - t_start, 1),
         )
         self.compute_per_layer, self.kv_equal_saved, self.kv_exact = compute_per_layer, kv_equal_saved, kv_exact

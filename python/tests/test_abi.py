@@ -26,9 +26,19 @@ def header_struct_fields(name):
     return fields
 
 
+def header_abi_version():
+    with open(HEADER) as f:
+        src = f.read()
+    return tuple(int(re.search(r"#define TUTTI_ABI_%s (\d+)" % k, src).group(1)) for k in ("MAJOR", "MINOR"))
+
+
 class VersionTest(unittest.TestCase):
     def test_library_version(self):
-        self.assertEqual(tutti.abi_version(), (1, 5))
+        # The library built from this tree is tutti.h's version (the Go side
+        # checks its own against tutti.h), and this binding needs no later one.
+        self.assertEqual(tutti.abi_version(), header_abi_version())
+        self.assertEqual(_lib.ABI_MAJOR, header_abi_version()[0])
+        self.assertLessEqual(_lib.ABI_MINOR_NEEDED, header_abi_version()[1])
 
     def test_check_version_refuses_other_major(self):
         with self.assertRaises(tutti.VersionMismatch) as cm:
@@ -66,6 +76,16 @@ class VersionTest(unittest.TestCase):
         lib = _lib.lib()
         s = _lib.tutti_stats(struct_size=8)
         self.assertEqual(lib.tutti_get_stats(1, ctypes.byref(s)), tutti.VersionMismatch.code)
+
+    def test_stats_json_arguments(self):
+        lib = _lib.lib()
+        n = ctypes.c_uint64(7)
+        buf = ctypes.create_string_buffer(16)
+        self.assertEqual(lib.tutti_get_stats_json(1, buf, 16, None), tutti.InvalidArgument.code)
+        self.assertIn("out_len is NULL", tutti.last_error())
+        self.assertEqual(lib.tutti_get_stats_json(1, None, 16, ctypes.byref(n)), tutti.InvalidArgument.code)
+        self.assertEqual(n.value, 0)
+        self.assertEqual(lib.tutti_get_stats_json(1, buf, 16, ctypes.byref(n)), tutti.BadHandle.code)
 
 
 class LayoutTest(unittest.TestCase):

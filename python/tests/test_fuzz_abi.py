@@ -83,6 +83,8 @@ class FuzzABITest(unittest.TestCase):
             lambda: lib.tutti_take_kv_events(handle(), ctypes.cast(toks, ctypes.POINTER(ctypes.c_uint8)),
                                              rnd.choice((0, 8, 4 * BUF)), ctypes.byref(out64), ctypes.byref(out32a),
                                              ctypes.byref(out32b)),
+            lambda: lib.tutti_get_stats_json(handle(), rnd.choice((None, ctypes.cast(toks, ctypes.c_char_p))),
+                                             rnd.choice((0, 8, 4 * BUF)), ctypes.byref(out64)),
         ]
         for i in range(3000):
             fill()

@@ -58,8 +58,8 @@ class RoundTripTest(unittest.TestCase):
             got = fx.page_bytes(l, pl, dst[i])
             self.assertEqual(got, w, f"layer {l} plane {pl} block {i}: restored bytes differ")
         s = st.stats()
-        self.assertGreaterEqual(s["restored_blocks"], blocks)
-        self.assertGreaterEqual(s["saved_blocks"], blocks)
+        self.assertGreaterEqual(s.loads.restored_blocks, blocks)
+        self.assertGreaterEqual(s.saves.saved_blocks, blocks)
         return fx
 
     def test_per_layer(self):
@@ -99,8 +99,8 @@ class RoundTripTest(unittest.TestCase):
         st.wait_saves()
         self.assertEqual(st.lookup(chain), 4)
         s = st.stats()
-        self.assertEqual(s["saves"], 3)
-        self.assertGreaterEqual(s["skipped_blocks"], 2)
+        self.assertEqual(s.saves.calls, 3)
+        self.assertGreaterEqual(s.saves.skipped_blocks.cached, 2)
 
     def test_save_beyond_capacity_is_partial(self):
         # A save the store cannot hold is stored in part and counted, not an error.
@@ -114,8 +114,8 @@ class RoundTripTest(unittest.TestCase):
         st.wait_saves()
         s = st.stats()
         self.assertLess(st.lookup(chain), 40)
-        self.assertEqual(s["saved_blocks"] + s["skipped_blocks"], 40)
-        self.assertEqual(st.lookup(chain), s["saved_blocks"])
+        self.assertEqual(s.saves.saved_blocks + sum(vars(s.saves.skipped_blocks).values()), 40)
+        self.assertEqual(st.lookup(chain), s.saves.saved_blocks)
 
     def test_corruption_is_a_miss_with_a_reason(self):
         # Flip a byte of a stored page in the pool file: the load restores
@@ -155,7 +155,9 @@ class RoundTripTest(unittest.TestCase):
             self.assertEqual(fx.page_bytes(1, 0, 10 + b), fx.page_bytes(1, 0, b))
         self.assertIsInstance(failure, tutti.Corrupt)
         self.assertIn("CRC", str(failure))
-        self.assertGreaterEqual(st.stats()["miss_blocks"], 3 - n)
+        s = st.stats()
+        self.assertGreaterEqual(s.loads.miss_blocks.crc, 3 - n)
+        self.assertEqual(s.loads.corrupt_dropped_runs, 1)
 
     def test_reopen_recovers(self):
         d = tempfile.mkdtemp(prefix="tutti-pytest-")

@@ -230,8 +230,8 @@ class LlamaLoopSmokeTest(unittest.TestCase):
         self.assertEqual(len(rep["tutti_ttft_ms"]), 2)
         self.assertEqual(len(rep["recompute_ttft_ms"]), 2)
         self.assertEqual(len(rep["warmup_runs"]), 1)
-        self.assertEqual(rep["stats"]["saved_blocks"], 3 * 8)
-        self.assertEqual(rep["stats"]["restored_blocks"], 3 * 8)
+        self.assertEqual(rep["stats"]["saves"]["saved_blocks"], 3 * 8)
+        self.assertEqual(rep["stats"]["loads"]["restored_blocks"], 3 * 8)
         self.assertEqual(len(rep["tutti_per_layer"]["stream_wait_ms"]), 2)
         self.assertEqual(rep["model"]["distinct_layers"], 1)
         # The pool files were opened O_DIRECT by the library.

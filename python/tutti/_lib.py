@@ -24,8 +24,9 @@ ABI_MAJOR = 1
 # 1.2: tp_rank/tp_size, tutti_load_with (skip, TUTTI_LOAD_PROMISED), tutti_match/tutti_hold_release;
 # 1.3: save_writes_per_device (a 1.2 library would not see it: refused, not ignored);
 # 1.4: TUTTI_ERR_SETTINGS_MISMATCH (a 1.3 library reports a reopen with other settings as Internal);
-# 1.5: tutti_take_kv_events (kv_events="engine").
-ABI_MINOR_NEEDED = 5
+# 1.5: tutti_take_kv_events (kv_events="engine");
+# 1.6: tutti_get_stats_json (Store.stats).
+ABI_MINOR_NEEDED = 6
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
@@ -219,6 +220,7 @@ def _prototype(lib):
         "tutti_get_stats": (i32, [u64, p(tutti_stats)]),
         "tutti_get_recovery": (i32, [u64, p(tutti_recovery)]),
         "tutti_get_gpu_reads": (i32, [u64, ctypes.c_char_p, u64, p(u64)]),
+        "tutti_get_stats_json": (i32, [u64, ctypes.c_char_p, u64, p(u64)]),
         "tutti_chain_from_tokens": (i32, [p(u32), u64, u32, u64, p(u64), u32, p(u32)]),
         "tutti_open_kv_events": (i32, [p(tutti_config), ctypes.c_char_p, p(u64)]),
         "tutti_save_tokens": (i32, [u64, p(u64), u32, p(i32), u32, p(u32), u64, p(u64)]),

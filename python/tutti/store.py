@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable, List, Sequence
 
 from . import _args, _lib, options
+from . import stats as _stats
 from .options import GPUOptions, IOOptions, SchedOptions
 from .tensor import DTYPE_BYTES, dtype_code
 
@@ -419,18 +420,24 @@ class Store:
         """The GPU path's read settings open chose (:class:`GPUOptions`): the
         window, largest read and lookahead and, after "not read:", each
         device fact that could not be read and what was assumed."""
-        n = ctypes.c_uint64()
-        rc = self._lib.tutti_get_gpu_reads(self._h(), None, 0, ctypes.byref(n))
-        if rc != _lib.BufferTooSmall.code:
-            _lib.check(rc, "tutti_get_gpu_reads")
-        buf = ctypes.create_string_buffer(n.value + 1)
-        _lib.check(self._lib.tutti_get_gpu_reads(self._h(), buf, len(buf), ctypes.byref(n)), "tutti_get_gpu_reads")
-        return buf.value.decode()
+        return self._text("tutti_get_gpu_reads").decode()
 
-    def stats(self) -> dict:
-        s = _lib.tutti_stats(struct_size=ctypes.sizeof(_lib.tutti_stats))
-        _lib.check(self._lib.tutti_get_stats(self._h(), ctypes.byref(s)), "tutti_get_stats")
-        return {name: getattr(s, name) for name in _lib.STATS_FIELDS}
+    def stats(self) -> _stats.StatsGroup:
+        """runtime.Stats, nested by subsystem (:mod:`tutti.stats`): the counters
+        since open and the states, each state's reason beside it."""
+        return _stats.parse(self._text("tutti_get_stats_json"))
+
+    def _text(self, fn) -> bytes:
+        """What the text function ``fn`` (tutti_get_gpu_reads, ...) returns: its
+        length asked first, and again when the text grew meanwhile."""
+        f = getattr(self._lib, fn)
+        n = ctypes.c_uint64()
+        rc = f(self._h(), None, 0, ctypes.byref(n))
+        while rc == _lib.BufferTooSmall.code:
+            buf = ctypes.create_string_buffer(n.value + 1)
+            rc = f(self._h(), buf, len(buf), ctypes.byref(n))
+        _lib.check(rc, fn)
+        return buf.raw[:n.value]
 
 
 class _Handle:

@@ -47,7 +47,7 @@ extern "C" {
  * and minor >= the minor it needs. tutti_abi_version() returns
  * (major << 16) | minor. */
 #define TUTTI_ABI_MAJOR 1
-#define TUTTI_ABI_MINOR 5
+#define TUTTI_ABI_MINOR 6
 
 typedef enum tutti_status {
 	TUTTI_OK = 0,
@@ -180,7 +180,9 @@ typedef struct tutti_kv_region {
 	uint64_t len_bytes; /* exactly the bytes the layout gives this region */
 } tutti_kv_region;
 
-/* Counters since open (runtime.Stats). Blocks are chain blocks. */
+/* The first counters since open (runtime.Stats), flat, as ABI 1.0 defined
+ * them; blocks are chain blocks. This struct does not grow: every counter
+ * and state, these included, is in tutti_get_stats_json. */
 typedef struct tutti_stats {
 	uint32_t struct_size; /* sizeof(tutti_stats), set by the caller */
 	uint32_t reserved;
@@ -345,6 +347,25 @@ int32_t tutti_wait_saves(uint64_t store);
 
 /* Fills the first out->struct_size bytes of *out. */
 int32_t tutti_get_stats(uint64_t store, tutti_stats *out);
+
+/* ABI 1.6: all of runtime.Stats as one JSON object, nested by subsystem
+ * (path, lookups, holds, loads, saves, index, map, sched, events, gpu,
+ * devices, prewrite; docs/integration.md lists them), each key the Go
+ * field's json tag: snake_case, never renamed within a major. Counts are
+ * integers, states strings (an enum's name) with their reasons in fields
+ * beside them, counts by cause objects keyed by cause; a minor may add
+ * keys, which a reader ignores. Copies it NUL-terminated into buf (len
+ * bytes) and sets *out_len to its length without the NUL;
+ * TUTTI_ERR_BUFFER_TOO_SMALL (nothing copied) when len <= that length. buf
+ * may be NULL when len is 0, to ask for the length; the counters may grow
+ * between two calls, so ask again on TUTTI_ERR_BUFFER_TOO_SMALL.
+ *
+ * Why text and not a struct: a struct needs a field, a header line and a
+ * binding line per counter and version, for ever; the stats are read at
+ * monitoring rates, where encoding them costs nothing that matters, and a
+ * self-describing object lets a counter added in Go reach C and Python
+ * with no change on either side. */
+int32_t tutti_get_stats_json(uint64_t store, char *buf, uint64_t len, uint64_t *out_len);
 
 /* Fills the first out->struct_size bytes of *out with what tutti_open recovered. */
 int32_t tutti_get_recovery(uint64_t store, tutti_recovery *out);

@@ -119,7 +119,7 @@ func TestSaveFailsOnOneRank(t *testing.T) {
 					if st.FailedSaves != int64(failed) || st.FailedRankSaves[tc.cause] != int64(failed) || st.DiscardedBlocks != int64(discarded) {
 						t.Fatalf("%s: stats failed %d (by cause %v) discarded %d, want %d and %d", recipe(), st.FailedSaves, st.FailedRankSaves, st.DiscardedBlocks, failed, discarded)
 					}
-					if vskip := st.Rank[victim].SkippedBlocks[tc.cause]; vskip == 0 {
+					if vskip := st.Rank[victim].Saves.SkippedBlocks[tc.cause]; vskip == 0 {
 						t.Fatalf("%s: the victim's own store counted no %v skip", recipe(), tc.cause)
 					}
 					tg.close(t)
@@ -280,8 +280,8 @@ func TestSaveRefusedByOneRank(t *testing.T) {
 		t.Fatalf("rank 0 kept %d blocks of a save rank 1 refused", n)
 	}
 	st := grp.Stats()
-	if st.FailedSaves != 1 || st.DiscardedBlocks != 3 || st.Rank[0].SavedBlocks != 3 {
-		t.Fatalf("stats: failed %d discarded %d rank 0 saved %d", st.FailedSaves, st.DiscardedBlocks, st.Rank[0].SavedBlocks)
+	if st.FailedSaves != 1 || st.DiscardedBlocks != 3 || st.Rank[0].Saves.SavedBlocks != 3 {
+		t.Fatalf("stats: failed %d discarded %d rank 0 saved %d", st.FailedSaves, st.DiscardedBlocks, st.Rank[0].Saves.SavedBlocks)
 	}
 	if n := grp.Lookup(ch); n != 0 {
 		t.Fatalf("Lookup = %d", n)
@@ -334,8 +334,8 @@ func TestLoadFailsOnOneRank(t *testing.T) {
 			if got := tg.Lookup(ch); got != 4 {
 				t.Fatalf("Lookup after read errors = %d, want 4 (an I/O error is not a removal)", got)
 			}
-			if st := tg.Stats(); st.RestoredBlocks != 0 || st.Rank[victim].MissBlocks[runtime.MissIOError] != 4 {
-				t.Fatalf("stats: restored %d, victim io-error misses %d", st.RestoredBlocks, st.Rank[victim].MissBlocks[runtime.MissIOError])
+			if st := tg.Stats(); st.RestoredBlocks != 0 || st.Rank[victim].Loads.MissBlocks[runtime.MissIOError] != 4 {
+				t.Fatalf("stats: restored %d, victim io-error misses %d", st.RestoredBlocks, st.Rank[victim].Loads.MissBlocks[runtime.MissIOError])
 			}
 			tg.close(t)
 
@@ -363,8 +363,8 @@ func TestLoadFailsOnOneRank(t *testing.T) {
 			if got := tg.Lookup(ch); got != 2 {
 				t.Fatalf("Lookup after the CRC miss = %d, want 2", got)
 			}
-			if st := tg.Stats(); st.Rank[victim].MissBlocks[runtime.MissCRC] == 0 || st.ClippedBlocks != 2 {
-				t.Fatalf("stats: victim crc misses %d, clipped %d", st.Rank[victim].MissBlocks[runtime.MissCRC], st.ClippedBlocks)
+			if st := tg.Stats(); st.Rank[victim].Loads.MissBlocks[runtime.MissCRC] == 0 || st.ClippedBlocks != 2 {
+				t.Fatalf("stats: victim crc misses %d, clipped %d", st.Rank[victim].Loads.MissBlocks[runtime.MissCRC], st.ClippedBlocks)
 			}
 		})
 	}

@@ -123,9 +123,9 @@ func Open(cfg Config) (*Group, error) {
 		g.closeRanks()
 		return nil, err
 	}
-	capBytes := g.ranks[0].MapStats().CapacityBytes
+	capBytes := g.ranks[0].Stats().Map.CapacityBytes
 	for _, s := range g.ranks[1:] {
-		capBytes = min(capBytes, s.MapStats().CapacityBytes)
+		capBytes = min(capBytes, s.Stats().Map.CapacityBytes)
 	}
 	// The ranks index at most their pool's capacity (in the same bytes per
 	// block), so this group index holds every block all of them can hold:

@@ -155,8 +155,8 @@ func TestRoundTrip(t *testing.T) {
 						t.Fatalf("stats %+v", st)
 					}
 					for r, rs := range st.Rank {
-						if rs.SavedBlocks != 7 || rs.SavedBytes != 7*tg.ShardGeometry().ChunkBytes() {
-							t.Fatalf("rank %d saved %d blocks / %d bytes", r, rs.SavedBlocks, rs.SavedBytes)
+						if rs.Saves.SavedBlocks != 7 || rs.Saves.SavedBytes != 7*tg.ShardGeometry().ChunkBytes() {
+							t.Fatalf("rank %d saved %d blocks / %d bytes", r, rs.Saves.SavedBlocks, rs.Saves.SavedBytes)
 						}
 					}
 					tg.close(t)
@@ -196,7 +196,7 @@ func TestRoundTrip(t *testing.T) {
 						t.Fatalf("miss: blocks %d", l.Blocks())
 					}
 					for r, rs := range tg.Stats().Rank {
-						if rs.ReadIOs != before.Rank[r].ReadIOs {
+						if rs.Loads.ReadIOs != before.Rank[r].Loads.ReadIOs {
 							t.Fatalf("rank %d read on a group miss", r)
 						}
 					}
@@ -341,7 +341,7 @@ func TestConcurrent(t *testing.T) {
 	}
 	st := tg.Stats()
 	t.Logf("stats: saves %d committed %d failed %d discarded %d loads %d hits %d restored %d clipped %d; rank skips %v",
-		st.Saves, st.CommittedBlocks, st.FailedSaves, st.DiscardedBlocks, st.Loads, st.LoadHitBlocks, st.RestoredBlocks, st.ClippedBlocks, st.Rank[0].SkippedBlocks)
+		st.Saves, st.CommittedBlocks, st.FailedSaves, st.DiscardedBlocks, st.Loads, st.LoadHitBlocks, st.RestoredBlocks, st.ClippedBlocks, st.Rank[0].Saves.SkippedBlocks)
 	if st.Saves == 0 || st.Loads == 0 || st.IndexBlocks == 0 {
 		t.Fatalf("stats: %+v", st)
 	}

@@ -121,6 +121,16 @@ int main(int argc, char **argv) {
 	memset(&st, 0, sizeof st);
 	st.struct_size = sizeof st;
 	CHECK(tutti_get_stats(store, &st) == TUTTI_OK && st.restored_blocks == 3 && st.saved_blocks == 3);
+	// ABI 1.6: all the stats as JSON, asked for by length first.
+	uint64_t json_len = 0;
+	CHECK(tutti_get_stats_json(store, NULL, 0, &json_len) == TUTTI_ERR_BUFFER_TOO_SMALL && json_len > 0);
+	char *json = malloc(json_len + 1);
+	CHECK(json != NULL && tutti_get_stats_json(store, json, json_len, &json_len) == TUTTI_ERR_BUFFER_TOO_SMALL);
+	CHECK(tutti_get_stats_json(store, json, json_len + 1, &json_len) == TUTTI_OK && strlen(json) == json_len);
+	CHECK(strstr(json, "{\"path\":{\"used\":\"cpu\",") == json && json[json_len - 1] == '}');
+	CHECK(strstr(json, "\"restored_blocks\":3,") != NULL && strstr(json, "\"saved_blocks\":3,") != NULL);
+	CHECK(tutti_get_stats_json(store, json, json_len + 1, NULL) == TUTTI_ERR_INVALID_ARGUMENT);
+	free(json);
 	tutti_recovery rec;
 	memset(&rec, 0, sizeof rec);
 	rec.struct_size = sizeof rec;
@@ -136,6 +146,7 @@ int main(int argc, char **argv) {
 	CHECK(tutti_close(store) == TUTTI_OK);
 	CHECK(tutti_lookup(store, chain, 3, &hit) == TUTTI_ERR_BAD_HANDLE);
 	CHECK(tutti_get_gpu_reads(store, text, sizeof text, &text_len) == TUTTI_ERR_BAD_HANDLE);
+	CHECK(tutti_get_stats_json(store, text, sizeof text, &text_len) == TUTTI_ERR_BAD_HANDLE);
 
 	// ABI 1.3's save writes per device: checked; a 1.2 caller's shorter
 	// struct does not reach it (what lies past struct_size is not read).
