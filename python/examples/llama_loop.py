@@ -142,8 +142,8 @@ class Loop:
         n_pages_prefix = P // PT
         chain_len = P // block_tokens
         prefix_kv_bytes = n_pages_prefix * geom.page_bytes_per_layer * a.layers
-        # The index admits payload up to 90% of the capacity (runtime.CapacityForBlocks),
-        # so 1.1x left the first prefix a few blocks short (evicted): 1.25x plus headers.
+        # The index admits payload up to a fraction of the capacity (runtime.CapacityForBlocks):
+        # a quarter more than the prefixes' KV, plus headers, keeps every prefix whole.
         capacity = int(a.capacity_gib * (1 << 30)) or max(int(n_prefixes * prefix_kv_bytes * 1.25) + (64 << 20), 64 << 20)
 
         model = Llama(a, dev, dtype)
@@ -181,9 +181,9 @@ class Loop:
                 p = os.path.join(d, e)
                 shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
         # The GPU path sizes its pinned staging slots for gpu_max_pages: the prefix, no more.
-        # Saves: the scheduler admits what its device model (by default 1 GB/s
-        # of writes, half of it next to reads) writes within the save bound
-        # (default 2 s) and 2 GiB pending; the rest of a save is cut (an
+        # Saves: the scheduler admits what its device model (a conservative
+        # default until it has measured the device) writes within the save
+        # bound and the pending budget; the rest of a save is cut (an
         # engine's right trade). This example needs every prefix whole before
         # the timed loads, which wait for nothing else: bound and budget are
         # sized for all of them (4x the modelled write time).
