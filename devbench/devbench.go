@@ -67,8 +67,8 @@ type Config struct {
 	// large last-level cache, and on RAM-backed loop devices (where a read
 	// is a memcpy by the loop's kernel thread) a cache-resident destination
 	// can read faster than a restore's would, so a ceiling for a restore
-	// reads into a destination of the restore's size (BENCHMARKS.md has the
-	// figures). When it
+	// reads into a destination of the restore's size (BENCHMARKS.md, What
+	// the defaults rest on). When it
 	// is not larger than the depth, two I/Os in flight may share a block of
 	// it (a read benchmark never looks at the data). At most 1 GiB; the
 	// pread engine ignores it.
@@ -288,8 +288,7 @@ func ceilingOn(ctx context.Context, path string, sizeBytes int64, dur time.Durat
 // ceiling is taken over data a benchmark wrote, and a device larger than
 // that data holds unwritten blocks whose reads cost another amount: on a
 // loop device over a sparse file in /dev/shm a read of a hole is a memset,
-// several times faster than a read of data (BENCHMARKS.md has the figures),
-// and a benchmark's loop devices need not be full of its data.
+// several times faster than a read of data, and a benchmark's loop devices need not be full of its data.
 func openCeilingTarget(ctx context.Context, path string, sizeBytes int64, writes bool) (*target, error) {
 	t, err := openTarget(ctx, path, sizeBytes, writes, false, 1)
 	if err != nil {

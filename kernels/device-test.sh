@@ -16,10 +16,10 @@
 #                    mode, (a); per-block and cuFile compat on 8 loops) for
 #                    llama3-8b, llama3-70b and deepseek-v3 on 4 and 8 loops
 #                    and the real disk, one round each, within TK_BENCH_S;
-#              pool  the set that decides issue 4: 70B and MLA on
+#              pool  the set a choice between GPU and (a) rests on: 70B and MLA on
 #                    the loops (GPU, (a), per-block), 70B on the disk (GPU,
 #                    (a)), TK_ROUNDS rounds each, then gpubench-pool;
-#              paths every path of the issue (GPU, (a), per-block, cuFile,
+#              paths every path (GPU, (a), per-block, cuFile,
 #                    cuFile compat, page cache, DRAM), both models, both
 #                    storages, one round each;
 #              none
@@ -92,7 +92,7 @@ if step build; then
 fi
 [ -f "$LIB" ] && [ -f "$TESTKIT" ] || { note "no $LIB or $TESTKIT: run the build step"; exit 1; }
 export TUTTI_KERNELS_LIB=$LIB TUTTI_TESTKIT_LIB=$TESTKIT
-# The product's library must hold no test or baseline symbol (issue 20).
+# The product's library must hold no test or baseline symbol.
 if nm -D --defined-only "$LIB" | grep -E ' (tkt_|tk_kv_|tk_cufile|tk_prefill|tk_fail_msg)' >"$W/lib-leaks.txt"; then
 	note "product library exports test symbols: $(tr '\n' ' ' <"$W/lib-leaks.txt")"
 else note "product library: no test or baseline symbols"; fi
@@ -239,8 +239,8 @@ if step bench && [ "$BENCH" != none ]; then
 		files=("$W/g1.json" "$W/g2.json" "$W/d1.json")
 		;;
 	paths)
-		# cuFile refuses the virtio disk (5027) and ran at 0.13 GB/s on the loops: the real cuFile path
-		# runs on the disk (its refusal is the result), the compat path on both.
+		# cuFile refuses the virtio disk (error 5027) and is not worth its time on the loops: the real
+		# cuFile path runs on the disk (its refusal is the result), the compat path on both.
 		files=()
 		for m in llama3-70b deepseek-v3; do
 			gb "emu-$m" --model $m --devices "$devs" --label "$EMU" --rounds "$ROUNDS" \

@@ -5,7 +5,7 @@ package objmap
 // first write that lands in each: ext4 does it at every O_DIRECT write's
 // completion, under the inode's extent lock, so a fresh store's saves write
 // at a fraction of what they write over blocks written before
-// (BENCHMARKS.md, product path). Options.WritePool pays for the whole pool
+// (BENCHMARKS.md, What the defaults rest on). Options.WritePool pays for the whole pool
 // at creation; Prewrite instead writes zeros over the free, unwritten parts
 // of the pool piece by piece, when its caller finds the devices idle, and
 // what the saves write meanwhile converts the rest.

@@ -54,7 +54,7 @@
 // Entries are 64-byte slots (one cache line, no pointers, so the GC never scans them) in 64 Ki-slot
 // pages, linked by int32 slot numbers (parent, children, LRU). Ids map to slots through an
 // open-addressing table of int32 slot numbers (linear probing, Fibonacci hashing, load ≤ 3/4).
-// About 71 bytes per block at 10 million blocks (see BENCHMARKS.md).
+// The bytes per block at 10 million blocks: BENCHMARKS.md, prefix, objmap, uring / devbench.
 //
 // # Concurrency
 //

@@ -10,7 +10,7 @@ import (
 )
 
 // BenchmarkRestoreStriped70B restores what the replay's first warm
-// Llama-3-70B request restores (BENCHMARKS.md, runtime CPU path): 17
+// Llama-3-70B request restores (BENCHMARKS.md, Save and restore through the store): 17
 // chain blocks of 512 tokens (2.85 GB) saved as runs of 1, 5, 5, 4, 1 and 1
 // blocks, striped over several directories, on the CPU path with the
 // default staging and queue depth. It reports when layer 0 was ready and

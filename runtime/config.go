@@ -48,7 +48,7 @@ const (
 	DefaultStagingBytesPerDir = DefaultSaveWritesPerDevice * maxSaveWriteBytes
 	// DefaultSaveWritesPerDevice: a write counts from its dispatch, so this
 	// keeps a device's queue fed while its next writes are gathered and
-	// checksummed (BENCHMARKS.md, product path: save write depth).
+	// checksummed (BENCHMARKS.md, What the defaults rest on).
 	DefaultSaveWritesPerDevice = 16
 )
 
@@ -191,8 +191,8 @@ type Config struct {
 }
 
 // GPUConfig is PathGPU's part of Config. Every zero field takes the value
-// measured best, so an engine that sets nothing gets the figures of
-// BENCHMARKS.md: reads sized to the disks under Config.Dirs at Open
+// measured best, so an engine that sets nothing gets what BENCHMARKS.md
+// measured (Restore into GPU memory): reads sized to the disks under Config.Dirs at Open
 // (DeviceSizedGPUReads: the window is GPUReadWindow of their request queues,
 // the largest read the largest they take unsplit), enough layers of
 // lookahead to fill that window (GPULookaheadToFill), and the ring's helper

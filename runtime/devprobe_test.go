@@ -20,7 +20,7 @@ func fixedProbe(writeBps, readBps float64) deviceProber {
 	}
 }
 
-// TestProbedFastDeviceAdmitsWholeSave is issue 21's case: on a fresh store
+// TestProbedFastDeviceAdmitsWholeSave is the fast device's case: on a fresh store
 // whose device writes far faster than the seed profile, a save that the
 // seed says takes two bounds, but the device writes in a fraction of one,
 // is admitted whole instead of cut at its first Save.

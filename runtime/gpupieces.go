@@ -31,9 +31,9 @@ func (c *Config) gpuMaxExtents() int {
 // (window reads in flight over all devices) frees, and a run lies on one
 // device. With one extent per run, a layer whose runs are longer than
 // window/devices reads keeps the window on a few devices at a time and the
-// others idle (8b at 80K tokens: 40 reads per run, 128 in the window, three
-// devices busy of eight). Pieces of at most window/(2*devices) reads put
-// every device's share of any window near 1/devices.
+// others idle (BENCHMARKS.md, What the defaults rest on). Pieces of at most
+// window/(2*devices) reads put every device's share of any window near
+// 1/devices.
 //
 // A piece is a whole number of chunks whose per-layer bytes are a multiple
 // of objmap.BlockBytes (so every extent starts on an O_DIRECT boundary, as

@@ -91,8 +91,7 @@ func DeviceSizedGPUReads(dirs []string) GPUReads {
 // io-wq worker (CPU, and slower); three quarters still started such workers
 // when one submission batch spanned several devices. Why the smallest queue:
 // the GPU issues in layer order, so the window does not spread evenly and
-// one device may hold most of it for a while. The measurements are in
-// BENCHMARKS.md (kernels).
+// one device may hold most of it for a while.
 func GPUReadWindow(nrRequests []int) int {
 	sum, smallest := 0, gpuWindowTotal
 	for _, n := range nrRequests {

@@ -5,7 +5,7 @@
 # written now. A tmpfs page costs at its first write what no SSD does: a
 # sparse file allocates and zeroes it then, and a fallocated one is still
 # not up to date until written, so whichever backend or store wrote first
-# would pay it (the figures are in BENCHMARKS.md, product path). fallocate
+# would pay it (BENCHMARKS.md, What the defaults rest on). fallocate
 # first fails at once where /dev/shm lacks the room.
 emu_backing() {
 	local bytes

@@ -51,7 +51,7 @@ func numericFlags(t *testing.T) map[string]map[string]string {
 // before the command does anything. The walk covers flags added later too.
 func TestNegativeNumericFlags(t *testing.T) {
 	all := numericFlags(t)
-	// The cases the reliability issue reproduced must be among those walked.
+	// The cases first reproduced by hand must be among those walked.
 	for _, f := range []string{"capacity-blocks", "slo-ms", "requests", "tutti-save-bound-ms"} {
 		if _, ok := all["replay"][f]; !ok {
 			t.Fatalf("replay has no numeric flag --%s", f)

@@ -16,18 +16,16 @@ import (
 	"github.com/tutti-io/tutti/eval/harness"
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/eval/report"
+	"github.com/tutti-io/tutti/eval/workload"
 	"github.com/tutti-io/tutti/internal/trace"
 )
 
 func init() {
-	register("replay", "replay a Mooncake-format trace through every KV-cache backend; TTFT, SLO, bandwidth report", runReplay)
+	register("replay", "replay a workload (docqa, or a Mooncake-format trace) through every KV-cache backend; what tutti gained, TTFT, SLO, bandwidth report", runReplay)
 }
 
-// defaultCPUBackends are what the no-flag run uses: every backend that needs
-// no GPU.
-var defaultCPUBackends = []string{"tutti-cpu", "tutti-cpu-load-all", "lmcache-gds", "lmcache-disk", "vllm-fs", "dram", "recompute"}
-
-// defaultWindowRequests is how much of the embedded window the no-flag run replays.
+// defaultWindowRequests is how much of the embedded conversation window
+// --workload conversation replays unless --requests says.
 const defaultWindowRequests = 100
 
 // replayFlags are replay's flags, parsed into by its FlagSet.
@@ -41,20 +39,20 @@ type replayFlags struct {
 	wl                                                                                         *workloadFlags
 	dir                                                                                        *dirsFlag
 	kf                                                                                         kvFlags
+	kind                                                                                       string // the workload (workloadFlags.kind)
 }
 
 // newReplayFlags defines replay's flags.
 func newReplayFlags(stderr io.Writer) *replayFlags {
 	f := &replayFlags{fs: newFlagSet("replay", stderr)}
 	fs := f.fs
-	f.tracePath = fs.String("trace", "", "Mooncake-format JSONL trace (default: the embedded 200-request window)")
+	f.tracePath = fs.String("trace", "", "Mooncake-format JSONL trace to replay instead of a --workload")
 	f.dir = &dirsFlag{}
 	fs.Var(f.dir, "dir", "store directory, or several comma-separated (one file system each, e.g. one per device) that every backend stripes over; each backend uses D/<backend> in each (default: a temporary directory, removed afterwards)")
 	f.storageLabel = fs.String("storage-label", "", "what the storage under --dir is, for the report and every JSON row (e.g. \"emulated storage (4 RAM-backed loop devices, ext4)\")")
-	f.backends = fs.String("backends", "", "comma-separated backends: "+strings.Join(harness.BackendNames, ",")+" (or, named only: "+strings.Join(harness.ExtraBackendNames, ",")+")"+
-		" (default: every backend this machine can run)")
+	f.backends = fs.String("backends", "", "comma-separated backends, listed above (default: the default ones this machine can run)")
 	f.modelName = fs.String("model", "tiny", "model profile: "+strings.Join(model.Names(), ", "))
-	f.requests = fs.Int("requests", -1, "replay only the first N requests (0 = all; default: all of --trace, or the first 100 of the embedded window)")
+	f.requests = fs.Int("requests", -1, "replay only the first N requests (0 = all; default: all, but the first 100 of --workload conversation)")
 	f.fromMs = fs.Float64("from-ms", 0, "window start on the trace's timestamps (ms)")
 	f.toMs = fs.Float64("to-ms", 0, "window end on the trace's timestamps (ms, 0 = no end)")
 	f.jsonOut = fs.Bool("json", false, "print one JSON object per backend (an array) on stdout")
@@ -87,8 +85,10 @@ func newReplayFlags(stderr io.Writer) *replayFlags {
 	f.planner = fs.Bool("tutti-planner", true, "give tutti's scheduler the compute model, so it recomputes cached blocks where that beats loading them (false: load every cached block, as the baselines do)")
 	f.kf.add(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: tutti replay [--trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--skip-bad] [--out DIR] [--time-scale X]")
-		fmt.Fprintln(stderr, "\nWith no flags: the embedded trace window, the tiny model, the CPU backends, a temporary store; prints where the report is.")
+		fmt.Fprintln(stderr, "usage: tutti replay [--workload docqa|conversation | --trace FILE] [--dir D] [--backends a,b] [--model NAME] [--requests N] [--json] [--out DIR] [--time-scale X]")
+		fmt.Fprintf(stderr, "\nWith no flags: the docqa workload (%s), the tiny model,\nthe default backends this machine can run, a temporary store; prints what tutti gained against\nrecompute and the storage designs, the table, and where the report is.\n", workload.DefaultDocQA.Brief())
+		fmt.Fprint(stderr, backendsHelp())
+		fmt.Fprintln(stderr, "\nFlags:")
 		fs.PrintDefaults()
 	}
 	return f
@@ -135,6 +135,9 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 		return err
 	}
 	if *f.wl.pick {
+		if f.kind == workloadDocQA {
+			return usageErr(fs.Usage, needsTrace("--pick-window picks windows of a trace"))
+		}
 		var maxKV int64
 		if *f.kvMem != "" {
 			if maxKV, err = devbench.ParseBytes(*f.kvMem); err != nil {
@@ -143,9 +146,9 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 		}
 		return f.wl.pickWindow(stdout, *f.tracePath, trace.Options{BlockTokens: *f.blockTokens, SkipBad: *f.skipBad}, prof, *f.warmMs, *f.gpuTFLOPs*1e12, *f.capBlocks, maxKV)
 	}
-	// The requests: a generated workload (--workload, replay_workload.go)
-	// or a window of the trace.
-	reqs, st, warm, traceDesc, err := replayRequests(fs, f.wl, *f.tracePath, trace.Options{BlockTokens: *f.blockTokens, SkipBad: *f.skipBad},
+	// The requests: a generated workload (replay_workload.go) or a window of
+	// a trace.
+	reqs, st, warm, traceDesc, err := replayRequests(fs, f.wl, f.kind, *f.tracePath, trace.Options{BlockTokens: *f.blockTokens, SkipBad: *f.skipBad},
 		trace.Window{First: *f.requests, FromMs: *f.fromMs, ToMs: *f.toMs}, *f.warmMs, prof.BlockTokens(), stderr)
 	if err != nil {
 		return err
@@ -178,20 +181,17 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	}
 	cfg := harness.Config{
 		Requests: reqs, Profile: prof, Dirs: storeDirs, StorageLabel: *f.storageLabel, Backends: bs, CapacityBlocks: *f.capBlocks,
-		QueueDepth: *f.qd, Compute: comp, GPU: gpuCompute, SLOms: *f.sloMs, EBPF: !*f.noEBPF,
-		Warm: warm, Rounds: *f.wl.rounds,
+		QueueDepth: *f.qd, Compute: comp, GPU: gpuCompute, SLOms: *f.sloMs, EBPF: !*f.noEBPF, KeepStores: *f.keep,
+		Warm: warm, Rounds: *f.wl.rounds, Workload: workloadName(f.kind, *f.tracePath),
 	}
-	cfg.Progress, cfg.PhaseProgress = replayProgress(stderr, len(reqs), bs)
+	cfg.Progress, cfg.PhaseProgress, cfg.Stage = replayProgress(stderr, len(reqs), bs)
 	if *f.noCeiling {
 		cfg.CeilingBytes = -1
 	}
-	cfg.KeepStores = *f.keep
 	if *f.kvMem != "" {
-		v, err := devbench.ParseBytes(*f.kvMem)
-		if err != nil {
+		if cfg.MaxKVBytes, err = devbench.ParseBytes(*f.kvMem); err != nil {
 			return usageErr(fs.Usage, fmt.Errorf("--kv-mem: %w", err))
 		}
-		cfg.MaxKVBytes = v
 	}
 	res, runErr := harness.Run(ctx, cfg)
 	if runErr != nil && (res == nil || len(res.Backends) == 0 || ctx.Err() == nil) {
@@ -216,10 +216,13 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	return replayReport(outDir, res, meta, *f.jsonOut, explicit, runErr, stdout, stderr)
 }
 
-// check checks the flags that need no work done (the model, its block
-// size, --qd, --dir, --warm-ms) and fills in --requests' default.
+// check checks the flags that need no work done (the workload, the model,
+// its block size, --qd, --dir, --warm-ms) and fills in --requests' default.
 func (f *replayFlags) check() (prof model.Profile, storeDirs []string, err error) {
 	fs := f.fs
+	if f.kind, err = f.wl.kind(fs, *f.tracePath); err != nil {
+		return prof, nil, err
+	}
 	prof, err = model.Lookup(*f.modelName)
 	if err != nil {
 		return prof, nil, usageErr(fs.Usage, err)
@@ -236,9 +239,7 @@ func (f *replayFlags) check() (prof model.Profile, storeDirs []string, err error
 	}
 	if *f.requests < 0 {
 		*f.requests = 0
-		if *f.tracePath == "" {
-			// Keeps the no-flag run well under a minute on two shared cores:
-			// the saves of the window's distinct blocks per backend dominate.
+		if f.kind == workloadConversation {
 			*f.requests = defaultWindowRequests
 		}
 	}
@@ -285,9 +286,6 @@ func (f *replayFlags) selectBackends(prof model.Profile, comp harness.Compute, s
 	explicit = len(names) > 0
 	if !explicit {
 		names = harness.BackendNames
-		if *f.tracePath == "" && *f.modelName == "tiny" {
-			names = defaultCPUBackends
-		}
 	}
 	bs, notes, err = harness.SelectBackends(harness.BackendChoice{Names: names, Explicit: explicit, Planner: plannerModel, Dirs: storeDirs,
 		GPUWindow: *f.gpuWindow, GPUMaxIO: *f.gpuMaxIO, GPULookahead: *f.gpuLookahead, SaveBoundMs: *f.saveBoundMs})
@@ -308,16 +306,18 @@ func (f *replayFlags) selectBackends(prof model.Profile, comp harness.Compute, s
 	return bs, notes, explicit, nil
 }
 
-// replayProgress is the run's progress: a bar on a terminal, whole lines
-// (a few per backend, each with where the backend's wall time went so far:
+// replayProgress is the run's progress (requests, and the stages between
+// them: harness.Config.Stage): a bar on a terminal, whole lines (a few per
+// backend, each with where the backend's wall time went so far:
 // harness.Phases) on a pipe or a CI log.
-func replayProgress(stderr io.Writer, requests int, bs []harness.Backend) (func(string, int, int), func(string, int, int, harness.Phases)) {
+func replayProgress(stderr io.Writer, requests int, bs []harness.Backend) (func(string, int, int), func(string, int, int, harness.Phases), func(string, int, int)) {
 	if isTerminal(stderr) {
-		return report.NewProgress(stderr).Update, nil
+		bar := report.NewProgress(stderr)
+		return bar.Update, nil, bar.Update
 	}
 	lp := newLineProgress(stderr)
 	fmt.Fprintf(stderr, "replaying %d requests through %d backends (%s)\n", requests, len(bs), strings.Join(backendNames(bs), ", "))
-	return nil, func(b string, done, total int, p harness.Phases) { lp.Note(b, done, total, p.String()) }
+	return nil, func(b string, done, total int, p harness.Phases) { lp.Note(b, done, total, p.String()) }, lp.Update
 }
 
 // replayReport writes the report under outDir, prints the summary (or the
@@ -372,7 +372,15 @@ func ceilingText(res *harness.Result) string {
 	}
 }
 
+// printSummary prints what tutti gained first (harness.Gains), then the
+// run's setup, the table, and why and the paper's figures.
 func printSummary(w io.Writer, res *harness.Result) {
+	if heading, gains := harness.Gains(res); heading != "" {
+		fmt.Fprintf(w, "%s:\n", heading)
+		for _, g := range gains {
+			fmt.Fprintf(w, "  %-13s %s\n", g.Against, g.Text)
+		}
+	}
 	fmt.Fprintf(w, "model %s, %d requests, capacity %d blocks (%d MiB), SLO p90 ≤ %.2f ms, ceiling %s\n",
 		res.Model, res.Trace.Requests, res.CapacityBlocks, res.CapacityBytes>>20, res.SLOms, ceilingText(res))
 	if res.Warm != nil {
@@ -467,4 +475,30 @@ func backendNames(bs []harness.Backend) []string {
 		names[i] = b.Name()
 	}
 	return names
+}
+
+// workloadName is harness.Config.Workload for workload kind.
+func workloadName(kind, tracePath string) string {
+	switch kind {
+	case workloadDocQA:
+		return harness.WorkloadDocQA
+	case workloadConversation:
+		return "the Mooncake conversation trace's embedded window"
+	}
+	return "trace " + tracePath
+}
+
+// backendsHelp lists the backends for -h: the default ones, then those that
+// run only when named, each with what it is (harness.BackendSummary).
+func backendsHelp() string {
+	var b strings.Builder
+	b.WriteString("\nBackends (--backends); the default runs these where this machine can:\n")
+	for _, n := range harness.BackendNames {
+		fmt.Fprintf(&b, "  %-18s %s\n", n, harness.BackendSummary(n))
+	}
+	b.WriteString("and these only when named:\n")
+	for _, n := range harness.ExtraBackendNames {
+		fmt.Fprintf(&b, "  %-18s %s\n", n, harness.BackendSummary(n))
+	}
+	return b.String()
 }

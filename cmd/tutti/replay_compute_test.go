@@ -15,7 +15,7 @@ import (
 func replayCompute(t *testing.T, mode string) (int, string, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"replay", "--requests", "5", "--json", "--no-ceiling", "--no-ebpf", "--dir", t.TempDir(),
+	code := run([]string{"replay", "--workload", "conversation", "--requests", "5", "--json", "--no-ceiling", "--no-ebpf", "--dir", t.TempDir(),
 		"--out", t.TempDir(), "--backends", "dram,recompute", "--compute", mode}, &stdout, &stderr)
 	if code != 0 {
 		return code, "", stderr.String()

@@ -18,7 +18,7 @@ func TestReplayStripedDirs(t *testing.T) {
 	out := t.TempDir()
 	const label = "three temp dirs (test)"
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"replay", "--requests", "20", "--json", "--no-ceiling", "--keep",
+	code := run([]string{"replay", "--workload", "conversation", "--requests", "20", "--json", "--no-ceiling", "--keep",
 		"--dir", strings.Join(roots, ","), "--storage-label", label, "--out", out,
 		"--backends", "tutti-cpu,per-block,cufile,pagecache,dram,recompute"}, &stdout, &stderr)
 	if code != 0 {

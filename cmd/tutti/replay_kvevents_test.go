@@ -54,7 +54,7 @@ func TestReplayKVEvents(t *testing.T) {
 	spec := fmt.Sprintf("tcp://127.0.0.1:%d?replay=tcp://127.0.0.1:%d&topic=kv@replay@tiny", etcdtest.FreePort(t), etcdtest.FreePort(t))
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"replay", "--requests", "40", "--capacity-blocks", "60", "--backends", "tutti-cpu", "--no-ceiling", "--no-ebpf", "--dir", t.TempDir(),
+	code := run([]string{"replay", "--workload", "conversation", "--requests", "40", "--capacity-blocks", "60", "--backends", "tutti-cpu", "--no-ceiling", "--no-ebpf", "--dir", t.TempDir(),
 		"--out", out, "--kv-events", spec, "--etcd", etcd, "--node-id", "replay"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("replay exit %d: %s", code, stderr.String())
@@ -100,7 +100,7 @@ func TestReplayKVEventsFlags(t *testing.T) {
 		{"--kv-events", "tcp://127.0.0.1:1", "--backends", "tutti-cpu,tutti-gpu"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := run(append([]string{"replay", "--requests", "1", "--no-ceiling"}, args...), &stdout, &stderr)
+		code := run(append([]string{"replay", "--workload", "conversation", "--requests", "1", "--no-ceiling"}, args...), &stdout, &stderr)
 		if last := lastLine(stderr.String()); code == 0 || !strings.Contains(last, "--kv-events") && !strings.Contains(last, "--etcd") {
 			t.Errorf("%v: exit %d, last line %q: want an error naming the flag", args, code, last)
 		}

@@ -11,7 +11,7 @@ import (
 // --gpu-prefill-every below 1 is a usage error.
 func TestReplayTimeLines(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"replay", "--requests", "12", "--no-ceiling", "--compute", "sim", "--gpu-prefill-every", "4",
+	code := run([]string{"replay", "--workload", "conversation", "--requests", "12", "--no-ceiling", "--compute", "sim", "--gpu-prefill-every", "4",
 		"--dir", t.TempDir(), "--out", t.TempDir(), "--backends", "tutti-cpu,dram,recompute"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())

@@ -18,7 +18,7 @@ import (
 func TestReplayInvariants(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	out := t.TempDir()
-	code := run([]string{"replay", "--requests", "30", "--json", "--no-ceiling", "--dir", t.TempDir(), "--out", out,
+	code := run([]string{"replay", "--workload", "conversation", "--requests", "30", "--json", "--no-ceiling", "--dir", t.TempDir(), "--out", out,
 		"--backends", "tutti-cpu,lmcache-gds,lmcache-disk,vllm-fs,dram,recompute"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
@@ -153,7 +153,7 @@ func TestReplayUnavailableBackend(t *testing.T) {
 	}
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"replay", "--requests", "5", "--backends", "tutti-gpu,dram", "--no-ceiling", "--json", "--out", out},
+	code := run([]string{"replay", "--workload", "conversation", "--requests", "5", "--backends", "tutti-gpu,dram", "--no-ceiling", "--json", "--out", out},
 		&stdout, &stderr)
 	if code != 4 || !strings.Contains(stderr.String(), "tutti-gpu could not run") {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())

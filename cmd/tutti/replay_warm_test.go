@@ -34,7 +34,7 @@ func replayRows(t *testing.T, args ...string) ([]warmRow, string, *harness.WarmS
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	out := t.TempDir()
-	args = append([]string{"replay", "--json", "--no-ceiling", "--dir", t.TempDir(), "--out", out}, args...)
+	args = append([]string{"replay", "--workload", "conversation", "--json", "--no-ceiling", "--dir", t.TempDir(), "--out", out}, args...)
 	if code := run(args, &stdout, &stderr); code != 0 {
 		t.Fatalf("%v: exit %d: %s", args, code, stderr.String())
 	}

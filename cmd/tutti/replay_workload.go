@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/tutti-io/tutti/eval"
 	"github.com/tutti-io/tutti/eval/harness"
@@ -21,14 +22,23 @@ type workloadFlags struct {
 	rounds *int
 }
 
-// Workloads names what --workload takes.
-var workloads = []string{"docqa"}
+// The workloads --workload names: a generated docqa workload (the default
+// without --trace), or the embedded window of the Mooncake conversation
+// trace (a trace: what --warm-ms, --from-ms, --to-ms and --pick-window cut).
+const (
+	workloadDocQA        = "docqa"
+	workloadConversation = "conversation"
+)
+
+var workloads = []string{workloadDocQA, workloadConversation}
 
 func registerWorkloadFlags(fs *flag.FlagSet) *workloadFlags {
 	w := &workloadFlags{docqa: workload.DefaultDocQA}
 	d := &w.docqa
-	w.name = fs.String("workload", "", "generate the requests instead of reading a trace: docqa (long-document QA in the shape of LEval/LooGLE: "+
-		"long documents, several short questions after each whole document, Poisson arrivals; the --docqa-* flags)")
+	w.name = fs.String("workload", "", "the requests: docqa (generated long-document QA in the shape of LEval/LooGLE: "+
+		"long documents, several short questions after each whole document, Poisson arrivals; the --docqa-* flags), "+
+		"or conversation (the embedded 200-request window of the Mooncake conversation trace; --requests defaults to its first 100) "+
+		"(default: docqa, or the --trace file)")
 	fs.IntVar(&d.Documents, "docqa-docs", d.Documents, "docqa: documents")
 	fs.IntVar(&d.MinDocTokens, "docqa-min-doc-tokens", d.MinDocTokens, "docqa: shortest document (tokens; lengths are log-uniform)")
 	fs.IntVar(&d.MaxDocTokens, "docqa-max-doc-tokens", d.MaxDocTokens, "docqa: longest document (tokens)")
@@ -78,7 +88,21 @@ func (w *workloadFlags) pickWindow(stdout io.Writer, tracePath string, opts trac
 	return nil
 }
 
-func (w *workloadFlags) enabled() bool { return *w.name != "" }
+// kind is the workload to replay: --workload, else the --trace file
+// ("trace"), else docqa.
+func (w *workloadFlags) kind(fs *flag.FlagSet, tracePath string) (string, error) {
+	switch {
+	case *w.name != "" && !slices.Contains(workloads, *w.name):
+		return "", usageErr(fs.Usage, fmt.Errorf("--workload %q: want one of %v", *w.name, workloads))
+	case *w.name != "" && tracePath != "":
+		return "", usageErr(fs.Usage, fmt.Errorf("--workload and --trace: give one"))
+	case *w.name != "":
+		return *w.name, nil
+	case tracePath != "":
+		return "trace", nil
+	}
+	return workloadDocQA, nil
+}
 
 // flagSet reports whether the flag called name was given.
 func flagSet(fs *flag.FlagSet, name string) bool {
@@ -87,35 +111,37 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	return set
 }
 
-// replayRequests returns the replay's requests, arrival times rebased to 0
-// (time scale not applied): the generated workload when --workload is
-// given (its first win.First requests when --requests is), else the trace
-// window with its warm-up history and the trace's arrival spread.
-func replayRequests(fs *flag.FlagSet, w *workloadFlags, tracePath string, opts trace.Options, win trace.Window, warmMs float64,
+// replayRequests returns the replay's requests of workload kind,
+// arrival times rebased to 0 (time scale not applied): docqa generated
+// (its first win.First requests when --requests is given), else the trace
+// window (the embedded one for conversation) with its warm-up history and
+// the trace's arrival spread.
+func replayRequests(fs *flag.FlagSet, w *workloadFlags, kind, tracePath string, opts trace.Options, win trace.Window, warmMs float64,
 	blockTokens int, stderr io.Writer) ([]trace.Request, trace.Stats, *harness.Warm, string, error) {
 	if *w.rounds < 1 || *w.rounds > 20 {
 		return nil, trace.Stats{}, nil, "", usageErr(fs.Usage, fmt.Errorf("--rounds %d: want 1..20", *w.rounds))
 	}
-	if w.enabled() {
-		return w.requests(fs, tracePath, win, warmMs, blockTokens)
+	if kind == workloadDocQA {
+		return w.requests(fs, win, warmMs, blockTokens)
 	}
 	return traceRequests(tracePath, opts, win, warmMs, stderr)
 }
 
-func (w *workloadFlags) requests(fs *flag.FlagSet, tracePath string, win trace.Window, warmMs float64, blockTokens int) ([]trace.Request, trace.Stats, *harness.Warm, string, error) {
+// needsTrace is the error of a flag that cuts a trace, given with docqa.
+func needsTrace(what string) error {
+	return fmt.Errorf("%s: docqa is generated; give a trace (--trace FILE, or --workload conversation for the embedded one)", what)
+}
+
+func (w *workloadFlags) requests(fs *flag.FlagSet, win trace.Window, warmMs float64, blockTokens int) ([]trace.Request, trace.Stats, *harness.Warm, string, error) {
 	var st trace.Stats
 	fail := func(err error) ([]trace.Request, trace.Stats, *harness.Warm, string, error) {
 		return nil, st, nil, "", usageErr(fs.Usage, err)
 	}
 	switch {
-	case *w.name != "docqa":
-		return fail(fmt.Errorf("--workload %q: want one of %v", *w.name, workloads))
-	case tracePath != "":
-		return fail(fmt.Errorf("--workload and --trace: give one"))
 	case warmMs > 0:
-		return fail(fmt.Errorf("--warm-ms needs a trace's history; a generated workload starts cold"))
+		return fail(needsTrace("--warm-ms needs a trace's history (a generated workload starts cold)"))
 	case win.FromMs != 0 || win.ToMs != 0:
-		return fail(fmt.Errorf("--from-ms/--to-ms cut a trace; use --requests with --workload"))
+		return fail(needsTrace("--from-ms/--to-ms cut a trace (--requests cuts docqa)"))
 	}
 	w.docqa.BlockTokens = blockTokens
 	reqs, err := w.docqa.Generate()

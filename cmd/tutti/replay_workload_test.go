@@ -68,7 +68,7 @@ func TestReplayWorkloadFlagErrors(t *testing.T) {
 // --pick-window on the embedded window prints windows with their reuse.
 func TestReplayPickWindow(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"replay", "--pick-window", "--model", "llama3-70b", "--warm-ms", "30000", "--pick-top", "2"}, &stdout, &stderr); code != 0 {
+	if code := run([]string{"replay", "--workload", "conversation", "--pick-window", "--model", "llama3-70b", "--warm-ms", "30000", "--pick-top", "2"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	if lines := strings.Count(stdout.String(), "--from-ms "); lines != 2 || !strings.Contains(stdout.String(), "from the warm set") {

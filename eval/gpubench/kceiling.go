@@ -97,8 +97,8 @@ func bracketFraction(bps, before, after float64) (ceiling, fraction float64) {
 // of the staging pool the restore paths read into, in whole MiBs, 32 MiB to
 // 1 GiB, so that the ceiling reads into memory as a restore does: devbench's
 // own 32 MiB per device can fit in a large last-level cache, which makes
-// that ceiling read high on RAM-backed devices (BENCHMARKS.md has the
-// figures); both are reported.
+// that ceiling read high on RAM-backed devices (BENCHMARKS.md, What the
+// defaults rest on); both are reported.
 func (b *gpuBench) ceilingDestBytes() int64 {
 	per := int64(b.r.Staging().Len()) / int64(len(b.paths)) / (1 << 20) * (1 << 20)
 	return min(max(per, 32<<20), 1<<30)

@@ -7,8 +7,8 @@ import (
 )
 
 // Rounds. A host's device ceiling can drift a lot between two samples a
-// minute apart (RAM-backed loop devices above all; BENCHMARKS.md has the
-// figures), so a single ceiling sample taken before every path ran would
+// minute apart (RAM-backed loop devices above all; BENCHMARKS.md, Save and
+// restore through the store), so a single ceiling sample taken before every path ran would
 // make a path's fraction depend on when it ran. gpubench therefore runs --rounds rounds,
 // each a fresh sample of the sum ceiling followed by every path (in the
 // order roundOrder gives) with a striped ceiling sample between any two,
@@ -36,8 +36,7 @@ type RoundStats struct {
 // path runs before every other in exactly half of them, and over 2n rounds
 // every path runs in every position twice. (A plain rotation by one per
 // round runs some pairs in one order more often than the other, and the
-// path that runs second in a round can come out a few per cent ahead on a
-// GPU host: BENCHMARKS.md.)
+// path that runs second in a round can come out ahead on a GPU host.)
 func roundOrder(n, k int) []int {
 	o := make([]int, n)
 	for j := range o {

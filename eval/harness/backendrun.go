@@ -34,7 +34,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 	dirs := make([]string, len(res.Dirs))
 	for i, root := range res.Dirs {
 		dirs[i] = filepath.Join(root, b.Name())
-		if err := emptyStoreDir(dirs[i]); err != nil {
+		if err := emptyStoreDir(dirs[i], cfg.removalProgress(b.Name())); err != nil {
 			return br, err
 		}
 	}
@@ -51,7 +51,7 @@ func runBackend(ctx context.Context, cfg Config, res *Result, layers int, kv *KV
 		b.Close()
 		if !cfg.KeepStores {
 			for _, d := range dirs {
-				removeStoreDir(d)
+				removeStoreDir(d, cfg.removalProgress(b.Name()))
 			}
 		}
 	}()

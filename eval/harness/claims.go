@@ -47,16 +47,8 @@ func (c Claim) String() string {
 // where it never meets it), the highest rates at the SLO, and p50 TTFT at
 // the window's rate. Nil when no tutti backend ran.
 func Claims(res *Result) []Claim {
-	ran := map[string]*BackendResult{}
-	for i := range res.Backends {
-		if b := &res.Backends[i]; b.Skipped == "" && len(b.Services) > 0 {
-			ran[b.Backend] = b
-		}
-	}
-	t := ran["tutti-gpu"]
-	if t == nil {
-		t = ran["tutti-cpu"]
-	}
+	ran := ranBackends(res)
+	t := tuttiOf(ran)
 	if t == nil {
 		return nil
 	}
@@ -93,6 +85,34 @@ func Claims(res *Result) []Claim {
 	return out
 }
 
+// ranBackends are the backends of res that ran, by name.
+func ranBackends(res *Result) map[string]*BackendResult {
+	ran := map[string]*BackendResult{}
+	for i := range res.Backends {
+		if b := &res.Backends[i]; b.Skipped == "" && len(b.Services) > 0 {
+			ran[b.Backend] = b
+		}
+	}
+	return ran
+}
+
+// tuttiOf is the tutti backend the claims and gains are about: tutti-gpu
+// where it ran, else tutti-cpu; nil when neither ran.
+func tuttiOf(ran map[string]*BackendResult) *BackendResult {
+	if t := ran["tutti-gpu"]; t != nil {
+		return t
+	}
+	return ran["tutti-cpu"]
+}
+
+// coldRequests says which requests of res's workload hit nothing.
+func coldRequests(res *Result) string {
+	if res.Workload == WorkloadDocQA {
+		return "in docqa, each document's first question"
+	}
+	return "in this window, each request whose prefix no earlier one brought"
+}
+
 // p99Claim: b's p99 TTFT over t's at b's highest rate meeting the SLO.
 func p99Claim(res *Result, t, b *BackendResult) Claim {
 	rate, at := b.MaxRateAtSLO, "its highest rate at the SLO"
@@ -112,7 +132,7 @@ func p99Claim(res *Result, t, b *BackendResult) Claim {
 	if !c.Met {
 		var why []string
 		if noHit := 1 - float64(t.RequestsWithHitsRestore)/float64(max(1, t.Requests)); noHit > 0.01 {
-			why = append(why, fmt.Sprintf("%.1f%% of requests hit nothing and prefill whole (in docqa, each document's first question), so p99 is a full prefill for every backend", 100*noHit))
+			why = append(why, fmt.Sprintf("%.1f%% of requests hit nothing and prefill whole (%s), so p99 is a full prefill for every backend", 100*noHit, coldRequests(res)))
 		}
 		why = append(why, restoresCompared(b, t))
 		c.Detail += "; " + strings.Join(why, "; ")

@@ -74,8 +74,8 @@ func (d *DRAM) Restore(req *Request) (RestoreResult, error) {
 	threads := min(req.Hit, dramCopyThreads)
 	for l := 0; l < g.Layers; l++ {
 		// A layer's blocks are copied by up to dramCopyThreads goroutines at
-		// once: one core's memcpy (~5 GB/s) put the DRAM tier below the
-		// storage tiers it bounds.
+		// once: one core's memcpy put the DRAM tier below the storage tiers
+		// it bounds.
 		var wg sync.WaitGroup
 		for w := 0; w < threads; w++ {
 			wg.Add(1)

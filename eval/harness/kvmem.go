@@ -145,7 +145,7 @@ func (m *KVMemory) VerifyBlock(id uint64, pages []int32) int {
 // replay fills and verifies tens of GiB per backend. The whole block counts,
 // not one layer: deepseek-v3's 256-token block is 288 KiB per layer but 17
 // MiB in all, and checked on one goroutine its host verify was the slowest
-// phase of a replay (BENCHMARKS.md). Smaller blocks (the tiny test shape)
+// phase of a replay. Smaller blocks (the tiny test shape)
 // stay on the caller's goroutine.
 const parallelBlockBytes = 4 << 20
 

@@ -60,6 +60,13 @@ type Config struct {
 	// PhaseProgress, if set, is called after each request of each backend
 	// with where its wall time went so far (a run cut short still says it).
 	PhaseProgress func(backend string, done, total int, p Phases)
+	// Stage, if set, is told of the work between the backends' requests
+	// that can take seconds: the device ceiling's measurement (0 of 1, then
+	// 1 of 1) and a store's removal that lasts (files removed of all).
+	Stage func(what string, done, total int)
+	// Workload names what the requests are (WorkloadDocQA, or a trace),
+	// for the claims and the summary's first lines.
+	Workload string
 	// Warm, when set, starts every caching backend's window from the store
 	// the history's requests would have left (warm.go): the blocks of the
 	// history the window references are saved first, untimed, through the
@@ -175,6 +182,29 @@ type Result struct {
 	Reuse   WindowReuse
 	Started time.Time
 	Host    string
+	// Workload is Config.Workload.
+	Workload string
+	// Disks names the disks under Dirs (for the summary's first line).
+	Disks string
+}
+
+// WorkloadDocQA is Config.Workload of a generated docqa workload
+// (eval/workload): a document's first question prefills it whole.
+const WorkloadDocQA = "docqa"
+
+// stage calls cfg.Stage if set.
+func (cfg Config) stage(what string, done, total int) {
+	if cfg.Stage != nil {
+		cfg.Stage(what, done, total)
+	}
+}
+
+// removalProgress is what removeTree reports for backend's store, or nil.
+func (cfg Config) removalProgress(backend string) func(done, total int) {
+	if cfg.Stage == nil {
+		return nil
+	}
+	return func(done, total int) { cfg.Stage(backend+": removing its store (files)", done, total) }
 }
 
 // memAvailable is /proc/meminfo's MemAvailable in bytes (8 GiB if unknown).
@@ -247,7 +277,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		CapacityBlocks: capBlocks, CapacityBytes: int64(capBlocks) * g.ChunkBytes(), CapacityNote: capNote,
 		Oversize: oversize, MaxKVBytes: maxKV, Dirs: roots, Storage: cfg.StorageLabel,
 		DistinctBlocks: sum.DistinctBlocks, ComputeModel: cfg.Compute.Label,
-		Started: time.Now().UTC(), Host: host,
+		Started: time.Now().UTC(), Host: host, Workload: cfg.Workload, Disks: disksOf(roots),
 	}
 	// The warm-up's steps: the history cut to what the window looks up
 	// (prefixes of the window's chains, so the KV memory below fits them).
@@ -278,22 +308,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	if cfg.CeilingBytes >= 0 {
-		size := cfg.CeilingBytes
-		if size == 0 {
-			// Over a working set like the replay's (its distinct blocks,
-			// spread over the roots as the backends spread them), at least
-			// 256 MiB and at most 4 GiB per root: a small file reads faster
-			// than the working set a backend restores from.
-			size = min(max(sum.DistinctBlocks*g.ChunkBytes()/int64(len(roots)), 256<<20), 4<<30)
-		}
-		t0 := time.Now()
-		c, err := ceilingAcross(ctx, roots, size)
-		if err != nil {
-			res.CeilingNote = "not measured: " + err.Error()
-		} else {
-			res.CeilingBytesPS, res.CeilingSumBytesPS, res.CeilingNote = c.stripedBPS, c.sumBPS, c.note
-			res.CeilingNote += fmt.Sprintf(" (%.1f s to write the files and measure, before the first backend)", time.Since(t0).Seconds())
-		}
+		measureCeiling(ctx, cfg, res, sum.DistinctBlocks*g.ChunkBytes())
 	}
 
 	// The backends that finished are swept at the settled SLO also when a
@@ -321,6 +336,30 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// measureCeiling fills res's device ceiling (ceilingAcross over res.Dirs),
+// or says why there is none, for a working set of workingBytes.
+func measureCeiling(ctx context.Context, cfg Config, res *Result, workingBytes int64) {
+	size := cfg.CeilingBytes
+	if size == 0 {
+		// Over a working set like the replay's (its distinct blocks,
+		// spread over the roots as the backends spread them), at least
+		// 256 MiB and at most 4 GiB per root: a small file reads faster
+		// than the working set a backend restores from.
+		size = min(max(workingBytes/int64(len(res.Dirs)), 256<<20), 4<<30)
+	}
+	t0 := time.Now()
+	what := fmt.Sprintf("device ceiling: a %d MiB file per store dir, written and read", size>>20)
+	cfg.stage(what, 0, 1)
+	c, err := ceilingAcross(ctx, res.Dirs, size)
+	cfg.stage(what, 1, 1)
+	if err != nil {
+		res.CeilingNote = "not measured: " + err.Error()
+		return
+	}
+	res.CeilingBytesPS, res.CeilingSumBytesPS, res.CeilingNote = c.stripedBPS, c.sumBPS, c.note
+	res.CeilingNote += fmt.Sprintf(" (%.1f s to write the files and measure, before the first backend)", time.Since(t0).Seconds())
 }
 
 // RecomputeSLOSource names the SLO RecomputeSLO derives.

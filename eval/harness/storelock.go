@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/tutti-io/tutti/objmap"
 )
@@ -53,9 +52,10 @@ func unlockAll(locks []*objmap.DirLock) {
 }
 
 // emptyStoreDir creates dir or empties it under its lock (all but the
-// LOCK file), then releases the lock for the backend's Open. A directory
-// another process holds is an error wrapping objmap.ErrLocked.
-func emptyStoreDir(dir string) error {
+// LOCK file: removeTree, progress as there), then releases the lock for the
+// backend's Open. A directory another process holds is an error wrapping
+// objmap.ErrLocked.
+func emptyStoreDir(dir string, progress func(done, total int)) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -64,24 +64,13 @@ func emptyStoreDir(dir string) error {
 		return err
 	}
 	defer l.Unlock()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if e.Name() == lockFileName {
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
+	return removeTree(dir, lockFileName, progress)
 }
 
-// removeStoreDir removes dir under its lock; a directory someone else holds
-// is left (the error says who holds it).
-func removeStoreDir(dir string) error {
+// removeStoreDir removes dir under its lock (removeTree, progress as
+// there); a directory someone else holds is left (the error says who holds
+// it).
+func removeStoreDir(dir string, progress func(done, total int)) error {
 	l, err := objmap.LockDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -90,5 +79,5 @@ func removeStoreDir(dir string) error {
 		return err
 	}
 	defer l.Unlock()
-	return os.RemoveAll(dir)
+	return removeTree(dir, "", progress)
 }

@@ -39,8 +39,8 @@ func BelowNotes(res *Result) []string {
 		if t.HitRatio < b.HitRatio-1e-9 {
 			add("the planner recomputed cached blocks (hit ratio %.3f against %.3f)", t.HitRatio, b.HitRatio)
 		}
-		if b.Backend != "dram" && b.RestoredBytes > 0 && !b.DirectIO && b.DeviceReadBytes < uint64(b.RestoredBytes) {
-			add("%s restored from the page cache (device reads %d MiB of %d MiB restored)", b.Backend, b.DeviceReadBytes>>20, b.RestoredBytes>>20)
+		if pc := fromPageCache(&b); pc != "" {
+			add("%s", pc)
 		}
 		if b.BytesPerS > t.BytesPerS && t.BytesPerS > 0 {
 			add("its restores measured %.2f GB/s against tutti-cpu's %.2f", b.BytesPerS/1e9, t.BytesPerS/1e9)
@@ -58,4 +58,13 @@ func BelowNotes(res *Result) []string {
 		notes = append(notes, fmt.Sprintf("%s's rate at SLO %.3f is above tutti-cpu's %.3f: %s", b.Backend, b.MaxRateAtSLO, t.MaxRateAtSLO, why))
 	}
 	return notes
+}
+
+// fromPageCache says that b restored from the page cache rather than from
+// its device (buffered reads, fewer device bytes than restored), or "".
+func fromPageCache(b *BackendResult) string {
+	if b.Backend == "dram" || b.RestoredBytes <= 0 || b.DirectIO || b.DeviceReadBytes >= uint64(b.RestoredBytes) {
+		return ""
+	}
+	return fmt.Sprintf("%s restored from the page cache (device reads %d MiB of %d MiB restored)", b.Backend, b.DeviceReadBytes>>20, b.RestoredBytes>>20)
 }

@@ -29,7 +29,7 @@ import (
 // Meta is how the replay was invoked, for the report's header.
 type Meta struct {
 	Command   string // the command line that reproduces the run
-	TracePath string // or "embedded window (eval/testdata/window.jsonl)"
+	TracePath string // the workload in words: a trace's path, the embedded window, or a generated workload's Describe
 	Skipped   int    // invalid trace lines skipped (--skip-bad)
 	TimeScale float64
 	Notes     []string
@@ -162,11 +162,11 @@ func WriteMarkdown(w io.Writer, res *harness.Result, meta Meta, plotErrs []strin
 	}
 }
 
-// writeSetup is the setup table: trace, model, storage, start, SLO, ceiling.
+// writeSetup is the setup table: workload (a trace or a generated one), model, storage, start, SLO, ceiling.
 func writeSetup(p func(string, ...any), res *harness.Result, meta Meta) {
 	p("## Setup\n\n")
 	p("| | |\n| --- | --- |\n")
-	p("| trace | %s |\n", meta.TracePath)
+	p("| workload | %s |\n", meta.TracePath)
 	p("| requests | %d (%d block references, %d distinct blocks, %.1f s of arrivals, %.2f req/s) |\n",
 		res.Trace.Requests, res.Trace.BlockRefs, res.Trace.DistinctBlocks, res.Trace.DurationMs/1000, res.Trace.RatePerS)
 	if meta.Skipped > 0 {
@@ -214,6 +214,13 @@ func writeResults(p func(string, ...any), res *harness.Result) {
 		"times at scaled arrival rates (max rate: highest rate whose p90 TTFT meets the SLO). Restore GB/s is restored " +
 		"bytes over the summed restore times; CPU s/GiB is process CPU time during restores per GiB restored.\n\n")
 	p("## Results\n\n")
+	if heading, gains := harness.Gains(res); heading != "" {
+		p("**%s%s**:\n\n", strings.ToUpper(heading[:1]), heading[1:])
+		for _, g := range gains {
+			p("- against `%s`: %s\n", g.Against, g.Text)
+		}
+		p("\n")
+	}
 	if rounds := roundsOf(res); rounds > 1 {
 		p("Every backend replayed the window %d times, interleaved (each round's order rotated by one); each row is the backend's median round by rate at SLO, with the range over the rounds: compare two backends by their ranges, not by one round's ratio.\n\n", rounds)
 	} else {
@@ -277,20 +284,23 @@ func writeDataPath(p func(string, ...any), res *harness.Result) {
 		"The page-cache backend may restore from memory (device reads below restored bytes).\n\n")
 }
 
-// writePerBackend lists the backends not run and labels, then the table
-// per backend (requests, hits, runs, I/Os, times).
+// writePerBackend says what each backend is (harness.BackendSummary, its
+// label) or why it did not run, then the table per backend (requests,
+// hits, runs, I/Os, times).
 func writePerBackend(p func(string, ...any), res *harness.Result) {
-	var skipped []string
+	var lines []string
 	for _, b := range res.Backends {
+		what := harness.BackendSummary(b.Backend)
 		switch {
 		case b.Skipped != "":
-			skipped = append(skipped, fmt.Sprintf("- `%s` not run: %s", b.Backend, b.Skipped))
+			what += "; not run: " + b.Skipped
 		case b.Label != "":
-			skipped = append(skipped, fmt.Sprintf("- `%s`: %s", b.Backend, b.Label))
+			what += "; " + b.Label
 		}
+		lines = append(lines, fmt.Sprintf("- `%s`: %s", b.Backend, strings.TrimPrefix(what, "; ")))
 	}
-	if len(skipped) > 0 {
-		p("### Backends not run, and labels\n\n%s\n\n", strings.Join(skipped, "\n"))
+	if len(lines) > 0 {
+		p("### Backends\n\n%s\n\n", strings.Join(lines, "\n"))
 	}
 	p("### Per backend\n\n")
 	p("| backend | requests | with hits | hit blocks | blocks/request | runs/request | I/Os per layer and request | wall s | load s | save s | save CPU s/GiB |\n")

@@ -34,7 +34,7 @@ func TestWriteReportAndPlots(t *testing.T) {
 	trace.Spread(reqs, 0)
 	res, err := harness.Run(context.Background(), harness.Config{
 		Requests: reqs, Profile: p, Dir: t.TempDir(), Compute: comp, CeilingBytes: -1,
-		Backends: []harness.Backend{harness.NewDRAM(), harness.Recompute{}},
+		Backends: []harness.Backend{harness.NewTuttiCPU(&comp), harness.NewDRAM(), harness.Recompute{}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +48,10 @@ func TestWriteReportAndPlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# tutti replay report", "| dram |", "| recompute |", "simulated", TTFTPlot} {
+	for _, want := range []string{"# tutti replay report", "| dram |", "| recompute |", "simulated", TTFTPlot,
+		// What tutti gained comes first in the results; each backend is said.
+		"## Results\n\n**What tutti-cpu gained on this machine", "- against `recompute`: p50 TTFT", "- against `dram`:",
+		"### Backends\n\n- `tutti-cpu`: " + harness.BackendSummary("tutti-cpu"), "- `dram`: " + harness.BackendSummary("dram")} {
 		if !strings.Contains(string(md), want) {
 			t.Fatalf("report lacks %q", want)
 		}
@@ -68,7 +71,7 @@ func TestWriteReportAndPlots(t *testing.T) {
 	}
 	var rows []map[string]any
 	b, _ := os.ReadFile(filepath.Join(out, JSONFile))
-	if err := json.Unmarshal(b, &rows); err != nil || len(rows) != 2 {
+	if err := json.Unmarshal(b, &rows); err != nil || len(rows) != 3 {
 		t.Fatalf("json: %v (%d rows)", err, len(rows))
 	}
 	for _, k := range []string{"backend", "ttft_ms_p50", "ttft_ms_p99", "max_rate_at_slo", "bytes_per_s", "ceiling_fraction", "ceiling_sum_fraction",

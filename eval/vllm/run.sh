@@ -31,11 +31,10 @@
 #   baseline's (where they part: the first position and both top logits),
 #   the second process restored from tutti.
 #
-# Time on one H200: about 40 s per vLLM process (import, engine start with
-# dummy weights and no graph capture, the waves); a case is two processes and
-# a model's baseline one: about 5 minutes for llama3-8b on both storages and
-# both paths, so split the cases over calls (each call stops starting phases
-# once BUDGET_S, default 540, is spent). Results: $OUT/vllm-<case>.json,
+# Time: most of a phase is its vLLM process starting (import, engine start
+# with dummy weights and no graph capture) before the waves; a case is two
+# processes and a model's baseline one, so split the cases over calls (each
+# call stops starting phases once BUDGET_S, default 540, is spent). Results: $OUT/vllm-<case>.json,
 # $OUT/vllm.log, $OUT/summary.txt.
 #
 # Knobs (environment): NLOOPS (8), LOOP_GIB (4), CAPACITY_GIB (24, per store),

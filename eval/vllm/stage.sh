@@ -23,7 +23,7 @@
 # and a summary on stdout: bytes downloaded, site size, tarball size, pieces,
 # and the device calls that move them (eval/vllm/run.sh's header).
 #
-#   bash eval/vllm/stage.sh            # stage (about 3 minutes on 2 cores, most of it xz)
+#   bash eval/vllm/stage.sh            # stage (most of the time is xz)
 #   bash eval/vllm/stage.sh --check    # also import vLLM's LLM path here, in .venv-vllm
 #                                      # (scripts/vllm-venv.sh: the same pins beside torch 2.11)
 set -euo pipefail

@@ -13,7 +13,7 @@ import (
 	"strings"
 )
 
-// The size limits of issue 20: no source file of the product, the CLI or the
+// The size limits: no source file of the product, the CLI or the
 // harness over MaxFileLines lines, no Go function over MaxFuncLines (from its
 // func line to its closing brace). Tests and generated files are exempt.
 const (

@@ -1,5 +1,5 @@
 // contention.cu — which part of a GPU-driven restore slows a prefill's GEMMs
-// running beside it (BENCHMARKS.md, the live check, has its figures).
+// running beside it (its figures: BENCHMARKS.md, What a serving workload gains, the live check).
 //
 // The prefill is the harness's stand-in for one docqa question (llama3-8b,
 // tokens in cuBLAS's n): per layer the linear GEMM and the attention GEMM.

@@ -9,7 +9,7 @@
 # (`make python-test` does) and carry bin:
 #   OUT=$OUT bash python/examples/device-run.sh
 # Every output (logs, JSON, summary) is packed into ONE file, $OUT/py.tgz;
-# the summary is printed last. About 2.5 minutes on one H200.
+# the summary is printed last; the step timeouts below bound the call.
 #
 # Default shape of llama_loop (LLAMA_ARGS): full-width Llama-3-70B layers
 # (hidden 8192, 64 heads, 8 KV heads, MLP 28672, bf16), 32 layers sharing
@@ -25,10 +25,10 @@
 #     of 80 within a few percent; 80 layers would take 2.5x the time. The
 #     weight sharing keeps weights at 15 GB (80 distinct layers: 140 GB,
 #     more than the H200's HBM); the KV cache for 7 page sets is 14 GiB;
-#   - 16K tokens: 2 GiB of KV per request, ~1 s of reads on this 2 GB/s
-#     disk against ~2 s of recomputation; 4 prefixes = 8 GiB written and
-#     read, 9 full 16K forwards per run: ~40 s per run. For 32K tokens (4 GiB
-#     per request, attention's quadratic share grows) set
+#   - 16K tokens: 2 GiB of KV per request, enough that reading it from the
+#     disk and recomputing it both dwarf a call's fixed costs; 4 prefixes =
+#     8 GiB written and read, 9 full 16K forwards per run. For 32K tokens (4
+#     GiB per request, attention's quadratic share grows) set
 #     LLAMA_ARGS="--layers 32 --distinct-layers 8 --prefix-tokens 32768"
 #     (about twice as long; LOOP_GIB=24).
 #

@@ -14,15 +14,19 @@ and never read (tutti's pool files are O_DIRECT: nothing is served from the
 page cache; the report checks the open flags and the pages cached).
 
 1. Saves: each prefix is prefilled (request 1) and its KV saved through
-   tutti (TuttiConnector: save_kv_layer per layer, wait_for_save), then
-   the store's wait_saves makes them durable. No write is in flight after.
+   tutti's engine-neutral connector, the one vLLM's runs on (the scheduler
+   side decides the save, the worker side's save_layer per layer and
+   wait_for_save run it), then the store's wait_saves makes them durable. No
+   write is in flight after.
 2. Warm-up (untimed): a request 2 through tutti and a one-pass recompute on
    the warm-up prefix: CUDA's lazy module loading, cuBLAS handles and
    heuristics for these GEMM shapes, tutti's kernels, ring and SQPOLL
    thread are all started before anything is timed.
 3. Timed repetitions, each on its own prefix: request 2 (same prefix plus a
-   new suffix) through tutti (start_load_kv, then wait_for_layer_load(l)
-   before layer l's attention; the model prefills only the suffix), then
+   new suffix) through tutti (the scheduler side's lookup, which holds what
+   it promises, and allocation; the worker side's start_load, then
+   wait_for_layer(l) before layer l's attention; the model prefills only
+   the suffix), then
    one-pass recomputation of the whole prompt (the TTFT baseline). Each
    TTFT runs from an idle, synchronized device to the logits on the host
    side of a synchronize. CUDA events on the compute stream give the
@@ -60,12 +64,15 @@ import shutil
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)  # llama_model.py and llama_report.py, beside this file
 
 import tutti  # noqa: E402
+from tutti import worker_side  # noqa: E402
+from tutti.scheduler_side import LocalMatcher, SchedulerSide  # noqa: E402
 from llama_report import (Marks, breakdown_text, drop_page_cache, median, open_flags_direct,  # noqa: E402
                           page_cache_bytes, pool_files, recompute_breakdown, rounded, sync, tutti_breakdown)
 
@@ -73,6 +80,8 @@ try:
     import torch
 except ImportError:
     torch = None
+
+HASH_SEED = 0x11A3A  # the chain seed of this example's model (one seed per model)
 
 
 def parse_args(argv=None):
@@ -108,7 +117,8 @@ def parse_args(argv=None):
 
 class Loop:
     """One run of the example, phase by phase: its sizes, the model and its paged
-    KV cache, the store and connector, the prompts, the requests and the report."""
+    KV cache, the store and the connector's two halves, the prompts, the
+    requests and the report."""
 
     def __init__(self, a, dev, dtype, Llama):
         """The sizes (the prefix rounded down to whole blocks), the model, its paged KV cache
@@ -132,8 +142,8 @@ class Loop:
         n_pages_prefix = P // PT
         chain_len = P // block_tokens
         prefix_kv_bytes = n_pages_prefix * geom.page_bytes_per_layer * a.layers
-        # The index admits payload up to 90% of the capacity (runtime.CapacityForBlocks),
-        # so 1.1x left the first prefix a few blocks short (evicted): 1.25x plus headers.
+        # The index admits payload up to a fraction of the capacity (runtime.CapacityForBlocks):
+        # a quarter more than the prefixes' KV, plus headers, keeps every prefix whole.
         capacity = int(a.capacity_gib * (1 << 30)) or max(int(n_prefixes * prefix_kv_bytes * 1.25) + (64 << 20), 64 << 20)
 
         model = Llama(a, dev, dtype)
@@ -171,9 +181,9 @@ class Loop:
                 p = os.path.join(d, e)
                 shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
         # The GPU path sizes its pinned staging slots for gpu_max_pages: the prefix, no more.
-        # Saves: the scheduler admits what its device model (by default 1 GB/s
-        # of writes, half of it next to reads) writes within the save bound
-        # (default 2 s) and 2 GiB pending; the rest of a save is cut (an
+        # Saves: the scheduler admits what its device model (a conservative
+        # default until it has measured the device) writes within the save
+        # bound and the pending budget; the rest of a save is cut (an
         # engine's right trade). This example needs every prefix whole before
         # the timed loads, which wait for nothing else: bound and budget are
         # sized for all of them (4x the modelled write time).
@@ -185,22 +195,23 @@ class Loop:
                                save_budget_bytes=int(1.25 * save_bytes) + (64 << 20)))
 
     def connect(self, path):
-        """Opens a store on `path` and registers the KV memory with a
-        connector: the CUDA cache on the GPU path, a pinned host mirror of it
-        on the CPU path (tutti's CPU path reads and writes host memory)."""
+        """Opens a store on `path`, the connector's worker side registers the
+        KV memory (the CUDA cache on the GPU path, a pinned host mirror of it
+        on the CPU path: tutti's CPU path reads and writes host memory) and
+        its scheduler side looks up through the same store."""
         names, a, shape, kv, dtype, dev = self.names, self.a, self.shape, self.kv, self.dtype, self.dev
-        open_store = self.open_store
-        store = open_store(path)
+        store = self.open_store(path)
         try:
             stream_wait = None if a.wait == "auto" else (a.wait == "stream" and path == "gpu")
-            conn = tutti.TuttiConnector(store, layer_names=names, hash_seed=0x11A3A, stream_wait=stream_wait)
+            matcher = LocalMatcher(store)
+            worker = worker_side.WorkerSide(lambda lay: store, stream_wait=stream_wait, holds=matcher)
             host = None
-            if path == "gpu":
-                conn.register_kv_caches(dict(zip(names, kv)))
-            else:
+            if path != "gpu":
                 host = [torch.zeros(shape, dtype=dtype, pin_memory=dev.type == "cuda") for _ in range(a.layers)]
-                conn.register_kv_caches(dict(zip(names, host)))
-            return store, conn, host
+            worker.register(dict(zip(names, kv if host is None else host)), a.page_tokens, layer_names=names,
+                            chunk_pages=a.chunk_pages)
+            sched = SchedulerSide(matcher, self.block_tokens, a.chunk_pages)
+            return store, worker, sched, host
         except BaseException:
             store.close()
             raise
@@ -214,19 +225,25 @@ class Loop:
         if path == "auto":
             path = "gpu" if dev.type == "cuda" else "cpu"
         try:
-            store, conn, host = connect(path)
+            store, worker, sched, host = connect(path)
         except (tutti.NoGPU, tutti.NotSupported) as e:
             if a.path != "auto":
                 raise
             report["fallback"] = f"GPU path unavailable ({type(e).__name__}: {e}); using the CPU path"
             print("fallback:", report["fallback"])
             path = "cpu"
-            store, conn, host = connect(path)
+            store, worker, sched, host = connect(path)
         report["path"] = path
-        report["layer_wait"] = "stream" if conn.stream_wait else "host"
+        report["layer_wait"] = "stream" if worker.stream_wait else "host"
         report["gpu_reads"] = store.gpu_reads()
         print("GPU reads:", report["gpu_reads"], flush=True)
-        self.conn, self.host, self.path, self.store = conn, host, path, store
+        self.worker, self.sched, self.host, self.path, self.store = worker, sched, host, path, store
+        self.load_errors = set()
+
+    def close(self):
+        """Releases the scheduler side's holds; the worker side closes the store."""
+        self.sched.matcher.close()
+        self.worker.close()
 
     def make_prompts(self):
         """One random prefix per warm-up and timed request and one shared suffix."""
@@ -248,33 +265,39 @@ class Loop:
         """1. Request 1 per prefix: prefill, save its KV through the connector; then
         every save durable."""
         n_prefixes, report, save_tables, dev, kv = self.n_prefixes, self.report, self.save_tables, self.dev, self.kv
-        store, conn, host, model, prefixes_d = self.store, self.conn, self.host, self.model, self.prefixes_d
+        store, worker, sched, host, model = self.store, self.worker, self.sched, self.host, self.model
         chain_len, a, names, n_pages_prefix = self.chain_len, self.a, self.names, self.n_pages_prefix
-        prefix_lists = self.prefix_lists
+        prefix_lists, prefixes_d, P = self.prefix_lists, self.prefixes_d, self.P
         req1_ms, gather_ms = [], []
         for i in range(n_prefixes):
             t1 = save_tables[i]
             page_ids_1 = t1[:n_pages_prefix].tolist()
-            conn.bind_connector_metadata(tutti.ConnectorMetadata(saves=[
-                tutti.ReqMeta(f"r1-{i}", page_ids_1, token_ids=prefix_lists[i])]))
-            conn.start_load_kv()
+            # The scheduler side saves the prompt's full blocks as the step computes them.
+            rid = f"r1-{i}"
+            sched.track(rid, tutti.chain_from_tokens(prefix_lists[i], self.block_tokens, HASH_SEED))
+            meta = sched.build_meta(SimpleNamespace(
+                scheduled_new_reqs=[SimpleNamespace(req_id=rid, block_ids=page_ids_1, num_computed_tokens=0)],
+                num_scheduled_tokens={rid: P}))
+            worker.bind(meta.loads, meta.saves, ended=meta.ended, dropped=meta.dropped)
+            worker.start_load()
 
             def save_hook(l, t1=t1, page_ids_1=page_ids_1):
                 if host is not None:  # CPU path: the host mirror is what tutti saves
                     host[l][:, page_ids_1] = kv[l][:, t1[:n_pages_prefix]].cpu()
-                # GPU path: the connector syncs torch's stream before tutti gathers.
-                conn.save_kv_layer(names[l], kv[l], None)
+                # GPU path: the worker side syncs torch's stream before tutti gathers.
+                worker.save_layer(names[l])
 
             sync(dev)
             t0 = time.perf_counter()
             model.forward(prefixes_d[i], 0, kv, t1, after_attn=save_hook)
             sync(dev)
             t_fwd = time.perf_counter()
-            conn.wait_for_save()  # the pages are gathered (may be reused from here)
+            worker.wait_for_save()  # the pages are gathered (may be reused from here)
             req1_ms.append((t_fwd - t0) * 1e3)
             gather_ms.append((time.perf_counter() - t_fwd) * 1e3)
-            conn.get_finished({f"r1-{i}"})
-            conn.clear_connector_metadata()
+            self.load_errors |= worker.finish_step([rid]).error_block_ids
+            worker.unbind()
+            sched.request_finished(rid)
         t0 = time.perf_counter()
         store.wait_saves()  # durable, and nothing written from here on
         durable_ms = (time.perf_counter() - t0) * 1e3
@@ -288,20 +311,17 @@ class Loop:
         report["request1_prefill_ms"] = median(req1_ms[a.warmup:])
 
     def check_lookups(self):
-        """The scheduler side: each request 2 finds its whole prefix; what a lookup
-        costs on the host (start_load_kv does the same again)."""
+        """Each request 2 finds its whole prefix stored; what keying a prompt and a
+        lookup cost on the host (each timed request 2 does both again)."""
         n_prefixes, report, block_tokens, P = self.n_prefixes, self.report, self.block_tokens, self.P
-        prompt_lists, store, conn = self.prompt_lists, self.store, self.conn
+        prompt_lists, store = self.prompt_lists, self.store
         for i in range(n_prefixes):
-            class Req:
-                prompt_token_ids = prompt_lists[i]
-            matched, _ = conn.get_num_new_matched_tokens(Req, 0)
+            matched = store.lookup(tutti.chain_from_tokens(prompt_lists[i], block_tokens, HASH_SEED)) * block_tokens
             if matched < P:
                 raise SystemExit(f"lookup found {matched} tokens of the {P}-token prefix {i}: the save did not land")
         report["matched_tokens"] = matched
-        # What a lookup costs on the host (start_load_kv does the same again).
         t0 = time.perf_counter()
-        chain = tutti.chain_from_tokens(prompt_lists[-1], block_tokens, 0x11A3A)
+        chain = tutti.chain_from_tokens(prompt_lists[-1], block_tokens, HASH_SEED)
         t1_ = time.perf_counter()
         store.lookup(chain)
         report["host_hash_ms"] = round((t1_ - t0) * 1e3, 3)
@@ -320,32 +340,36 @@ class Loop:
         self.files = files
 
     def tutti_request(self, i, marks):
-        kv, host, dev, block_tokens, t_load = self.kv, self.host, self.dev, self.block_tokens, self.t_load
-        conn, a, model, names, prompts_d = self.conn, self.a, self.model, self.names, self.prompts_d
-        n_pages_prefix, P, prompt_lists = self.n_pages_prefix, self.P, self.prompt_lists
-        page_ids_2 = t_load[:n_pages_prefix].tolist()
         """Request 2 on prefix i: load through tutti, prefill the suffix."""
+        kv, host, dev, block_tokens, t_load = self.kv, self.host, self.dev, self.block_tokens, self.t_load
+        worker, sched, a, model, names, prompts_d = self.worker, self.sched, self.a, self.model, self.names, self.prompts_d
+        n_pages_prefix, prompt_lists = self.n_pages_prefix, self.prompt_lists
+        page_ids_2 = t_load[:n_pages_prefix].tolist()
         for t in kv:
             t[:, t_load] = 0  # every rep starts from zeroed destination pages
         for t in host or ():
             t[:, page_ids_2] = 0  # and so does the CPU path's host mirror
-        meta = tutti.ConnectorMetadata(loads=[
-            tutti.ReqMeta(f"r2-{i}", page_ids_2, token_ids=prompt_lists[i], num_tokens=P)])
+        rid, prompt = f"r2-{i}", prompt_lists[i]
         sync(dev)
         t0 = time.perf_counter()
         marks.mark("t0")
-        conn.bind_connector_metadata(meta)
-        conn.start_load_kv()
+        # The scheduler side keys the prompt, looks it up (holding what it
+        # promises) and queues the load into the request's pages; it may
+        # leave a stored tail to recompute when that is faster: the model
+        # computes every token past the promised blocks.
+        hit = sched.get_num_new_matched_tokens(rid, tutti.chain_from_tokens(prompt, block_tokens, HASH_SEED), len(prompt), 0)
+        sched.update_state_after_alloc(rid, t_load.tolist(), hit)
+        meta = sched.build_meta(SimpleNamespace(num_scheduled_tokens={}))
+        worker.bind(meta.loads, meta.saves)
+        worker.start_load()
         t_started = time.perf_counter()
-        # The scheduler may leave a stored tail to recompute when that is
-        # faster: the model computes every token past the planned blocks.
-        planned = conn.planned_blocks[f"r2-{i}"]
+        planned = hit // block_tokens
         start = planned * block_tokens
         n_loaded_pages = planned * a.chunk_pages
 
         def wait_hook(l):
             marks.mark(("wait0", l))
-            conn.wait_for_layer_load(names[l])
+            worker.wait_for_layer(names[l])
             marks.mark(("wait1", l))
             if host is not None and n_loaded_pages:
                 kv[l][:, t_load[:n_loaded_pages]] = host[l][:, page_ids_2[:n_loaded_pages]].to(dev, non_blocking=True)
@@ -355,9 +379,11 @@ class Loop:
         t_launched = time.perf_counter()
         sync(dev)
         ttft = (time.perf_counter() - t0) * 1e3
-        conn.get_finished(set())
-        conn.clear_connector_metadata()
-        return dict(logits=logits, ttft_ms=ttft, planned=planned, loaded=conn.loaded_blocks.get(f"r2-{i}"),
+        res = worker.finish_step([rid])
+        worker.unbind()
+        sched.request_finished(rid)
+        self.load_errors |= res.error_block_ids
+        return dict(logits=logits, ttft_ms=ttft, planned=planned, loaded=res.restored_blocks.get(rid, 0),
                     start_load_ms=(t_started - t0) * 1e3, host_launch_ms=(t_launched - t_started) * 1e3)
 
     def recompute_request(self, i, marks):
@@ -406,7 +432,7 @@ class Loop:
         chain_len, tutti_runs, report, n_prefixes = self.chain_len, self.tutti_runs, self.report, self.n_prefixes
         kv, t_ref, suffix_d, P, dev = self.kv, self.t_ref, self.suffix_d, self.P, self.dev
         exact_saved, a, model, prefixes_d = self.exact_saved, self.a, self.model, self.prefixes_d
-        recompute_runs, conn, geom, store = self.recompute_runs, self.conn, self.geom, self.store
+        recompute_runs, geom, store = self.recompute_runs, self.geom, self.store
         t_start, t_load = self.t_start, self.t_load
         last = tutti_runs[-1]
         planned = last["planned"]
@@ -416,7 +442,7 @@ class Loop:
         report["chain_blocks"] = chain_len
         if planned < chain_len:
             print(f"note: the scheduler loaded {planned} of {chain_len} stored blocks and left the rest to recompute")
-        report["load_errors"] = sorted(conn.get_block_ids_with_load_errors())
+        report["load_errors"] = sorted(self.load_errors)
 
         # -- 4. reference on the last prefix: recompute the prefix into other
         # pages, then the same suffix step.
@@ -518,7 +544,7 @@ def main(argv=None):
         run.run_requests()
         run.finish()
     finally:
-        run.store.close()
+        run.close()
         if run.own_dirs:
             for d in run.dirs:
                 shutil.rmtree(d, ignore_errors=True)

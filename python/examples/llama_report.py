@@ -160,7 +160,7 @@ def breakdown_text(rep):
            f"{rep['prefix_tokens']}-token prefix, {L} layers, {rep['prefix_kv_bytes'] / 2**20:.0f} MiB of KV per request)"]
     for k, r in enumerate(rep["tutti_runs"]):
         pl = r["load_ms_per_layer"]
-        out.append(f"  tutti rep {k}: TTFT {r['ttft_ms']:.1f} ms = start_load_kv (hash+lookup+plan+enqueue) "
+        out.append(f"  tutti rep {k}: TTFT {r['ttft_ms']:.1f} ms = start of the load (keys+lookup+plan+enqueue) "
                    f"{r['start_load_ms']:.1f} ms, then on the stream: waited for KV {r['stream_wait_ms']:.1f} ms "
                    f"({r['layers_waited']}/{L} layers), computed {r['compute_ms']:.1f} ms"
                    + (f", copied from the host mirror {r['h2d_ms']:.1f} ms" if r["h2d_ms"] else "")
@@ -170,7 +170,7 @@ def breakdown_text(rep):
     for k, r in enumerate(rep["recompute_runs"]):
         out.append(f"  recompute rep {k}: TTFT {r['ttft_ms']:.1f} ms = {r['compute_ms']:.1f} ms over {L} layers "
                    f"({r['compute_ms_per_layer']:.2f} ms/layer), LM head {r['head_ms']:.1f} ms")
-    out.append(f"  host: hash {rep['host_hash_ms']:.2f} ms, lookup {rep['host_lookup_ms']:.2f} ms (of start_load_kv)")
+    out.append(f"  host: hash {rep['host_hash_ms']:.2f} ms, lookup {rep['host_lookup_ms']:.2f} ms (of the start of the load)")
     odir = [all(v["o_direct_fds"]) and bool(v["o_direct_fds"]) for v in rep["pool_files"].values()]
     cached = [v["page_cache_bytes_before_loads"] for v in rep["pool_files"].values()]
     out.append(f"  pool files: {len(odir)}, opened O_DIRECT: {all(odir) if odir else None}; "

@@ -8,7 +8,8 @@ import tempfile
 import unittest
 
 import tutti
-from tutti import _lib, hfcache, lookup_service
+from tutti import _lib, hfcache, lookup_service, worker_side
+from tutti.scheduler_side import LocalMatcher, SchedulerSide
 
 from helpers import NUM_PAGES, SMALL, SMALL_IO, StoreFixture, small_geometry
 
@@ -42,8 +43,19 @@ class ArgsTest(unittest.TestCase):
         self.addCleanup(st.close)
         return st
 
+    def worker_save(self, **spec):
+        """One step of a worker over a store of its own that saves ``spec``."""
+        fx = StoreFixture()
+        self.addCleanup(fx.close)
+        w = worker_side.WorkerSide(lambda lay: fx.store)
+        self.addCleanup(w.close, False)
+        w.register(fx.tensors(), SMALL.page_tokens)
+        w.bind(saves=[worker_side.SaveSpec("r", **spec)])
+        w.wait_for_save()
+
     def cases(self):
         st, chain, pages = self.st, self.chain, [0, 1]
+        bt = SMALL.block_tokens
         return [
             # (what, call, exception, substring of its message)
             ("dirs as one string", lambda: self.open(dirs="kvstore"), TypeError, "dirs"),
@@ -136,16 +148,22 @@ class ArgsTest(unittest.TestCase):
              ValueError, "n_tokens"),
             ("pages_to_cache pages a str", lambda: hfcache.pages_to_cache(Bad(), "01", Bad(), Bad(), 1),
              TypeError, "pages"),
-            # the engine-driven connector and the lookup service
-            ("connector store not a Store", lambda: tutti.TuttiConnector("kvstore"), TypeError, "store"),
-            ("connector hash_seed negative", lambda: tutti.TuttiConnector(st, hash_seed=-1), ValueError, "hash_seed"),
-            ("connector layer_names a str", lambda: tutti.TuttiConnector(st, layer_names="abcd"), TypeError, "layer_names"),
-            ("connector device_sync not callable", lambda: tutti.TuttiConnector(st, device_sync=1), TypeError,
+            # the connector's halves (a spec's ids are checked where they reach the store) and the lookup service
+            ("worker store_opener not callable", lambda: worker_side.WorkerSide("kvstore"), TypeError, "store_opener"),
+            ("worker device_sync not callable", lambda: worker_side.WorkerSide(lambda lay: st, device_sync=1), TypeError,
              "device_sync"),
-            ("ReqMeta block_ids a str", lambda: tutti.ReqMeta("r", "012"), TypeError, "block_ids"),
-            ("ReqMeta a block id past int32", lambda: tutti.ReqMeta("r", [BIG]), ValueError, "block_ids[0]"),
-            ("ReqMeta token id negative", lambda: tutti.ReqMeta("r", [0], token_ids=[-1]), ValueError, "token_ids[0]"),
-            ("ReqMeta req_id an int", lambda: tutti.ReqMeta(7, [0]), TypeError, "req_id"),
+            ("worker stream_wait an int", lambda: worker_side.WorkerSide(lambda lay: st, stream_wait=1), TypeError,
+             "stream_wait"),
+            ("register layer_names a str", lambda: worker_side.WorkerSide(lambda lay: st).register(
+                self.fx.tensors(), SMALL.page_tokens, layer_names="abcd"), TypeError, "layer_names"),
+            ("a layer name not a str", lambda: worker_side.describe_kv_caches(
+                self.fx.tensors(), SMALL.page_tokens, layer_names=[0, 1, 2, 3]), TypeError, "layer_names[0]"),
+            ("scheduler matcher without release", lambda: SchedulerSide(object(), bt), TypeError, "matcher"),
+            ("scheduler block_tokens 0", lambda: SchedulerSide(LocalMatcher(st), 0), ValueError, "block_tokens"),
+            ("scheduler chunk_pages a float", lambda: SchedulerSide(LocalMatcher(st), bt, 1.0), TypeError, "chunk_pages"),
+            ("a saved block id past int32", lambda: self.worker_save(chain=chain[:1], block_ids=[BIG]), ValueError, "pages"),
+            ("a saved token id negative", lambda: self.worker_save(chain=chain[:1], block_ids=[0], tokens=[-1] * bt),
+             ValueError, "tokens"),
             ("RemoteMatcher paths one str", lambda: lookup_service.RemoteMatcher("/tmp/s.sock"), TypeError, "paths"),
             ("RemoteMatcher timeout 0", lambda: lookup_service.RemoteMatcher(["/tmp/s.sock"], 0), ValueError,
              "timeout_s"),

@@ -1,12 +1,15 @@
-"""PyTorch tensors through the binding. Needs torch (the GPU machine has it;
-CI does not): every test here skips with a message where torch, CUDA, or the
-GPU path is missing. The CPU-tensor tests run wherever torch is installed."""
+"""PyTorch tensors through the binding (registered by the engine-neutral
+worker side, tutti.worker_side, as vLLM's connector registers them). Needs
+torch (the GPU machine has it; CI does not): every test here skips with a
+message where torch, CUDA, or the GPU path is missing. The CPU-tensor tests
+run wherever torch is installed."""
 
 import shutil
 import tempfile
 import unittest
 
 import tutti
+from tutti import worker_side as ws
 
 try:
     import torch
@@ -45,9 +48,16 @@ def per_layer_cache(device, dtype=None):
     return {f"model.layers.{l}.self_attn.attn": torch.zeros(shape, dtype=dtype, device=device) for l in range(GEOM.layers)}
 
 
+def register(test, st, kv, block_size=GEOM.page_tokens):
+    """kv registered with ``st`` through a worker side (the test closes the store)."""
+    w = ws.WorkerSide(lambda lay: st)
+    test.addCleanup(w.close, False)
+    w.register(kv, block_size)
+    return w
+
+
 def round_trip(test, st, kv, sync):
-    conn = tutti.TuttiConnector(st)
-    conn.register_kv_caches(kv)
+    register(test, st, kv)
     names = list(kv)
     g = torch.Generator(device="cpu").manual_seed(1234)
     for t in kv.values():
@@ -84,14 +94,14 @@ class TorchCPUTest(unittest.TestCase):
     def test_wrong_dtype(self):
         kv = per_layer_cache("cpu", torch.float16)
         with self.assertRaises(tutti.DTypeMismatch) as cm:
-            tutti.TuttiConnector(self.st).register_kv_caches(kv)
+            register(self, self.st, kv)
         self.assertIn("torch.float16", str(cm.exception))
 
     def test_wrong_shape(self):
         kv = per_layer_cache("cpu")
         kv["model.layers.1.self_attn.attn"] = torch.zeros(2, PAGES, 16, 8, 64, dtype=torch.bfloat16)
         with self.assertRaises(tutti.ShapeMismatch) as cm:
-            tutti.TuttiConnector(self.st).register_kv_caches(kv)
+            register(self, self.st, kv)
         self.assertIn("model.layers.1", str(cm.exception))
 
     def test_non_contiguous(self):
@@ -100,7 +110,7 @@ class TorchCPUTest(unittest.TestCase):
         # [pages, planes, ...] storage seen as [planes, pages, ...]: right shape, wrong strides.
         kv["model.layers.2.self_attn.attn"] = torch.zeros(shape[1], shape[0], *shape[2:], dtype=torch.bfloat16).transpose(0, 1)
         with self.assertRaises(tutti.StrideMismatch):
-            tutti.TuttiConnector(self.st).register_kv_caches(kv)
+            register(self, self.st, kv)
 
     def test_misaligned(self):
         kv = per_layer_cache("cpu")
@@ -110,13 +120,13 @@ class TorchCPUTest(unittest.TestCase):
             n *= d
         kv["model.layers.3.self_attn.attn"] = torch.zeros(n + 1, dtype=torch.bfloat16)[1:].view(shape)
         with self.assertRaises(tutti.AlignmentError):
-            tutti.TuttiConnector(self.st).register_kv_caches(kv)
+            register(self, self.st, kv)
 
     def test_cuda_tensor_on_cpu_path(self):
         if not torch.cuda.is_available():
             self.skipTest("no CUDA device visible to torch")
         with self.assertRaises(tutti.DeviceMismatch):
-            tutti.TuttiConnector(self.st).register_kv_caches(per_layer_cache("cuda"))
+            register(self, self.st, per_layer_cache("cuda"))
 
 
 @unittest.skipIf(torch is None, NO_TORCH)
@@ -128,15 +138,20 @@ class TorchGPUTest(unittest.TestCase):
     def test_cross_layer_round_trip(self):
         if not torch.cuda.is_available():
             self.skipTest("no CUDA device visible to torch")
+        # Per-layer views of one buffer with the blocks outermost: the worker
+        # side reads them as tutti's cross-layer layout (K and V of a page
+        # side by side: one plane of twice the head size).
+        t = torch.zeros(GEOM.tensor_shape("cross_layer", PAGES), dtype=torch.bfloat16, device="cuda")
+        views = {f"l{i}": t[:, i] for i in range(GEOM.layers)}
+        lay = ws.describe_kv_caches(views, GEOM.page_tokens)
+        self.assertEqual(lay.layout, "cross_layer")
         try:
-            st, d = open_store("gpu", layout="cross_layer")
+            st, d = open_store("gpu", layout="cross_layer", geometry=lay.geometry)
         except (tutti.NoGPU, tutti.NotSupported) as e:
             self.skipTest(f"tutti GPU path unavailable here: {e}")
         self.addCleanup(shutil.rmtree, d, True)
         self.addCleanup(st.close)
-        t = torch.zeros(GEOM.tensor_shape("cross_layer", PAGES), dtype=torch.bfloat16, device="cuda")
-        conn = tutti.TuttiConnector(st)
-        conn.register_kv_caches({f"l{i}": t for i in range(GEOM.layers)})
+        register(self, st, views)
         t.copy_(torch.randn(t.shape, device="cuda").to(torch.bfloat16))
         torch.cuda.synchronize()
         chain = [101, 202, 303]
@@ -150,46 +165,47 @@ class TorchGPUTest(unittest.TestCase):
         torch.cuda.synchronize()
         self.assertTrue(torch.equal(t[5:8], t[0:3]))
 
-    def test_connector_stream_wait(self):
-        """wait_for_layer_load makes torch's stream wait (no host wait): kernels
-        enqueued after it see the layer; get_finished ends the loads."""
+    def test_worker_stream_wait(self):
+        """wait_for_layer makes torch's stream wait (no host wait): kernels
+        enqueued after it see the layer; finish_step ends the loads."""
         st = gpu_store_or_skip(self)
         kv = per_layer_cache("cuda")
         names = list(kv)
-        conn = tutti.TuttiConnector(st)
-        self.assertTrue(conn.stream_wait)
-        conn.register_kv_caches(kv)
+        w = register(self, st, kv)
+        self.assertTrue(w.stream_wait)
         for t in kv.values():
             t.copy_(torch.randn(t.shape, device="cuda").to(t.dtype))
-        prompt = list(range(4 * GEOM.block_tokens + 3))
-        conn.bind_connector_metadata(tutti.ConnectorMetadata(saves=[tutti.ReqMeta("a", [0, 1, 2, 3], token_ids=prompt)]))
+        chain = tutti.chain_from_tokens(list(range(4 * GEOM.block_tokens + 3)), GEOM.block_tokens)
+        w.bind(saves=[ws.SaveSpec("a", chain, [0, 1, 2, 3])])
         for n in names:
-            conn.save_kv_layer(n, kv[n], None)
-        conn.wait_for_save()
-        self.assertEqual(conn.get_finished(set()), ({"a"}, None))
+            w.save_layer(n)
+        w.wait_for_save()
+        self.assertEqual(w.finish_step().error_block_ids, set())
         st.wait_saves()
-        conn.bind_connector_metadata(tutti.ConnectorMetadata(loads=[tutti.ReqMeta("b", [10, 11, 12, 13], token_ids=prompt)]))
+        self.assertEqual(st.lookup(chain), 4)
+        w.bind(loads=[ws.LoadSpec("b", chain, 0, [10, 11, 12, 13])])
         for t in kv.values():
             t[:, 10:14] = 0
-        conn.start_load_kv()
+        w.start_load()
         same = []
         for n in names:
-            conn.wait_for_layer_load(n)
+            w.wait_for_layer(n)
             same.append(torch.equal(kv[n][:, 10:14], kv[n][:, 0:4]))  # ordered after the stream wait
-        self.assertEqual(conn.get_finished(set()), (None, {"b"}))
-        self.assertEqual(conn.loaded_blocks["b"], 4)
+        res = w.finish_step()
+        self.assertEqual(res.restored_blocks, {"b": 4})
+        self.assertEqual(res.error_block_ids, set())
         self.assertEqual(same, [True] * len(names))
 
     def test_cpu_tensor_on_gpu_path(self):
         st = gpu_store_or_skip(self)
         with self.assertRaises(tutti.DeviceMismatch) as cm:
-            tutti.TuttiConnector(st).register_kv_caches(per_layer_cache("cpu"))
+            register(self, st, per_layer_cache("cpu"))
         self.assertIn("cuda", str(cm.exception))
 
     def test_wrong_dtype_on_gpu(self):
         st = gpu_store_or_skip(self)
         with self.assertRaises(tutti.DTypeMismatch):
-            tutti.TuttiConnector(st).register_kv_caches(per_layer_cache("cuda", torch.float32))
+            register(self, st, per_layer_cache("cuda", torch.float32))
 
 
 if __name__ == "__main__":

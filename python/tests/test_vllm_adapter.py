@@ -372,8 +372,10 @@ class VLLMAdapterTest(unittest.TestCase):
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         import tutti.vllm as tv
         self.assertTrue(issubclass(tv.TuttiConnector, sys.modules["vllm.distributed.kv_transfer.kv_connector.v1.base"].KVConnectorBase_V1))
+        # One TuttiConnector, vLLM's: the older engine-driven class and its module are gone.
+        self.assertFalse(hasattr(tutti, "TuttiConnector"))
         old = VllmConfig(kv_transfer_config=KVTransferConfig("TuttiConnector", "tutti.connector", "kv_both", {}))
-        with self.assertRaises(ValueError):  # the engine-neutral class is no vLLM connector
+        with self.assertRaises(ImportError):
             KVConnectorFactory.create_connector(old, KVConnectorRole.SCHEDULER, None)
         for bad, frag in (({"dirs": "/x"}, "list"), ({"path": "tpu"}, "path"), ({"nope": 1}, "unknown"),
                           ({"store_options": {"x": 1}}, "store_options"), ({"host_staging_bytes": 0}, "host_staging_bytes"),

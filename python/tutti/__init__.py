@@ -5,9 +5,8 @@ Low level: :mod:`tutti._lib` mirrors the C ABI (runtime/capi/tutti.h).
 tuning grouped in :class:`IOOptions`, :class:`SchedOptions`, :class:`GPUOptions`);
 :mod:`tutti.worker_side` and :mod:`tutti.scheduler_side` are the
 engine-neutral halves of a KV connector (:mod:`tutti.keys`: what a stored
-block is keyed by); :mod:`tutti.vllm` (needs vLLM) is vLLM's connector over
-them. :class:`TuttiConnector` here is the older,
-engine-driven connector (method names of vLLM's, not a vLLM connector).
+block is keyed by); :mod:`tutti.vllm` (needs vLLM) is vLLM's connector,
+``tutti.vllm.TuttiConnector``, over them.
 """
 
 from ._lib import (  # noqa: F401
@@ -16,12 +15,11 @@ from ._lib import (  # noqa: F401
     Closed, NoSpace, StoreIOError, Corrupt, Busy, Internal, SettingsMismatch, load_library, last_error,
 )
 from .tensor import (  # noqa: F401
-    RawTensor, TensorMismatch, DTypeMismatch, ShapeMismatch, StrideMismatch, AlignmentError,
+    RawTensor, LayoutError, TensorMismatch, DTypeMismatch, ShapeMismatch, StrideMismatch, AlignmentError,
     DeviceMismatch, AddressError, NotATensor, describe, contiguous_strides,
 )
 from .options import IOOptions, SchedOptions, GPUOptions  # noqa: F401
 from .store import Geometry, Store, Load, Save, Hold, chain_from_tokens  # noqa: F401
-from .connector import TuttiConnector, ReqMeta, ConnectorMetadata  # noqa: F401
 
 
 def abi_version():

@@ -109,3 +109,10 @@ def instance(name: str, v, cls, optional: bool = False):
     if (v is None and optional) or isinstance(v, cls):
         return v
     raise TypeError(f"{name} = {v!r}: want a {cls.__name__}{' or None' if optional else ''}, got {type(v).__name__}")
+
+
+def function(name: str, v, optional: bool = False):
+    """``v`` is callable (or None when optional)."""
+    if (v is None and optional) or callable(v):
+        return v
+    raise TypeError(f"{name} = {v!r}: want a callable{' or None' if optional else ''}, got {type(v).__name__}")

@@ -2,7 +2,7 @@
 
 Everything here maps one-to-one onto the header: the structs, the enums, the
 function prototypes, and the status codes (as exception classes). The
-friendlier layers (:mod:`tutti.store`, :mod:`tutti.connector`) are built on it.
+friendlier layers (:mod:`tutti.store`, :mod:`tutti.worker_side`) are built on it.
 
 The library is found, in order, at ``$TUTTI_LIB``, inside this package (where
 ``pip install ./python`` puts it), at ``bin/libtutti.so`` of the repository

@@ -46,7 +46,7 @@ DIGEST_BYTES = 16
 
 
 def _block_dim(name: str, t, block_size: int) -> int:
-    from .worker_side import _dim_names
+    from .kv_layout import _dim_names
     return list(_dim_names(name, tuple(t.shape), block_size)).index("block")
 
 

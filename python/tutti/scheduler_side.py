@@ -49,6 +49,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from . import _args
 from .store import Hold, Store
 from .worker_side import LoadSpec, SaveSpec
 
@@ -122,9 +123,12 @@ class _Pending:
 
 class SchedulerSide:
     def __init__(self, matcher, block_tokens: int, chunk_pages: int = 1):
+        if not callable(getattr(matcher, "release", None)) or not (callable(getattr(matcher, "match", None))
+                                                                   or callable(getattr(matcher, "query", None))):
+            raise TypeError(f"matcher = {matcher!r}: want an object with match (or query) and release")
         self.matcher = matcher
-        self.block_tokens = block_tokens
-        self.chunk_pages = chunk_pages
+        self.block_tokens = _args.integer("block_tokens", block_tokens, 1)
+        self.chunk_pages = _args.integer("chunk_pages", chunk_pages, 1)
         self._pending: Dict[str, _Pending] = {}
         self._loads: List[LoadSpec] = []
         self._trackers: Dict[str, _Tracker] = {}

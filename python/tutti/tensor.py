@@ -1,4 +1,4 @@
-"""Tensor descriptions and their validation against a store's geometry.
+"""Tensor descriptions, and the errors that say what is wrong with one.
 
 A KV tensor is accepted either as a PyTorch tensor (duck-typed: anything with
 ``data_ptr()``, ``shape``, ``stride()``, ``dtype``, ``device`` and
@@ -7,9 +7,12 @@ A KV tensor is accepted either as a PyTorch tensor (duck-typed: anything with
 dtype name, device) for memory that torch does not own: a ctypes buffer, an
 ``mmap``, or a device pointer from another framework.
 
-Every check raises a :class:`TensorMismatch` subclass whose message names the
-tensor (its layer name), the property that is wrong, what was found and what
-was expected.
+A KV tensor tutti cannot serve raises :class:`LayoutError`; where one
+property is wrong (its dtype, shape, strides, alignment, device, address or
+type), the :class:`TensorMismatch` subclass for that property, whose message
+names the tensor (its layer name), the property, what was found and what was
+expected. :func:`tutti.worker_side.describe_kv_caches` and
+:meth:`tutti.worker_side.WorkerSide.register` raise them.
 """
 
 from __future__ import annotations
@@ -23,8 +26,13 @@ from . import _args, _lib
 REGION_ALIGN = 16
 
 
-class TensorMismatch(ValueError):
-    """A KV tensor does not fit the store. ``field`` is the property that is
+class LayoutError(ValueError):
+    """KV tensors whose layout tutti cannot serve (the message names the layer
+    and why)."""
+
+
+class TensorMismatch(LayoutError):
+    """One property of a KV tensor is wrong. ``field`` is the property that is
     wrong: 'dtype', 'shape', 'stride', 'alignment', 'device', 'address' or
     'type'; ``name`` is the tensor's name (the layer name)."""
 
@@ -100,8 +108,8 @@ class RawTensor:
     device: str = "cpu"
 
     def __post_init__(self):
-        # Types and widths only: what fits a store is check_tensor's to say,
-        # naming the tensor.
+        # Types and widths only: what fits a store is describe_kv_caches's to
+        # say, naming the tensor.
         object.__setattr__(self, "data_ptr", _args.uint64("RawTensor.data_ptr", self.data_ptr))
         object.__setattr__(self, "shape", _int_tuple("RawTensor.shape", self.shape, 0))
         object.__setattr__(self, "strides", _int_tuple("RawTensor.strides", self.strides, _args.INT64[0]))
@@ -148,44 +156,6 @@ def describe(t, name="tensor") -> RawTensor:
         dtype=str(t.dtype),
         device=str(t.device),
     )
-
-
-def _device_kind(dev: str) -> str:
-    return dev.split(":", 1)[0]
-
-
-def check_tensor(t: RawTensor, name, want_shape, want_dtype, want_device, alt_shapes=()):
-    """Checks one KV tensor; returns its byte length. ``want_device`` is
-    'cpu' or 'cuda' (any ordinal), or 'cuda:N'."""
-    try:
-        code = dtype_code(t.dtype)
-    except ValueError as e:
-        raise DTypeMismatch(name, str(e)) from None
-    if code != want_dtype:
-        raise DTypeMismatch(name, f"got {t.dtype}, the store's geometry is {DTYPE_NAMES[want_dtype]}")
-    dev = str(t.device)
-    if (":" in want_device and dev != want_device) or _device_kind(dev) != _device_kind(want_device):
-        raise DeviceMismatch(name, f"tensor is on {dev}, the store's path needs {want_device} memory")
-    shapes = (tuple(want_shape),) + tuple(tuple(s) for s in alt_shapes)
-    if tuple(t.shape) not in shapes:
-        alts = " or ".join(str(list(s)) for s in shapes)
-        raise ShapeMismatch(name, f"got {list(t.shape)}, want {alts}")
-    if len(t.strides) != len(t.shape):
-        raise StrideMismatch(name, f"{len(t.strides)} strides for {len(t.shape)} dimensions")
-    want_strides = contiguous_strides(t.shape)
-    for i, (got, want, dim) in enumerate(zip(t.strides, want_strides, t.shape)):
-        if dim != 1 and got != want:
-            raise StrideMismatch(
-                name, f"dimension {i} has stride {got}, a contiguous {list(t.shape)} tensor has {want} "
-                      f"(strides {list(t.strides)} vs {list(want_strides)}; call .contiguous() or allocate the cache contiguously)")
-    if t.data_ptr == 0:
-        raise AddressError(name, "data pointer is NULL")
-    if t.data_ptr % REGION_ALIGN != 0:
-        raise AlignmentError(name, f"data pointer {t.data_ptr:#x} is not {REGION_ALIGN}-byte aligned")
-    n = 1
-    for d in t.shape:
-        n *= d
-    return n * DTYPE_BYTES[code]
 
 
 def shared_memory(regions):

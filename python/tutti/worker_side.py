@@ -4,27 +4,20 @@ that owns the paged KV tensors (one per GPU / tensor-parallel rank).
 API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
 
 ``describe_kv_caches(kv_caches, block_size) -> KVLayout``
-    Reads what the engine's KV tensors are from their shapes AND strides
-    (never from what an engine version promised): per layer, FlashAttention's
-    ``(2, num_blocks, block_size, kv_heads, head_size)`` in NHD or HND stride
-    order, FlashInfer's ``(num_blocks, 2, block_size, kv_heads, head_size)``,
-    MLA's ``(num_blocks, block_size, head_size)``, 4-dim per-layer views
-    ``(num_blocks, kv_heads, block_size, C)`` or ``(num_blocks, block_size,
-    kv_heads, C)`` (K then V in C), each dense per layer or all cut from one
-    buffer with the blocks outermost (then tutti's cross-layer layout). The
-    result is the geometry, layout, regions and a ``tag`` naming the physical
-    order; tensors tutti cannot serve raise :class:`LayoutError`, naming the
-    layer and why.
+    What the engine's KV tensors are, from their shapes and strides
+    (:mod:`tutti.kv_layout`, re-exported here).
 
 ``WorkerSide(store_opener, ..., ends_requests=False)``
     ``ends_requests``: the engine calls ``end_requests`` for every request
     whose pages may be reused, before they are (vLLM's adapter does); then a
     request's save waits on the worker for the chunk before it to commit and
     is retried while not committed.
-    ``register(kv_caches, block_size, host_staging_bytes=None)`` once:
-    describes the tensors, opens the store through ``store_opener(layout)``
-    (so directories and geometry come from the layout) and registers the
-    memory; returns the KVLayout. With ``host_staging_bytes`` the tensors
+    ``register(kv_caches, block_size, host_staging_bytes=None, chunk_pages=1)``
+    once: describes the tensors, opens the store through
+    ``store_opener(layout)`` (so directories and geometry come from the
+    layout), checks the tensors' device against the store's path
+    (:class:`tutti.DeviceMismatch`) and registers the memory; returns the
+    KVLayout. With ``host_staging_bytes`` the tensors
     (any torch device, a GPU's in practice) are served by the CPU path
     through a pool of that many bytes of pinned host pages
     (:mod:`tutti.hoststage`): the opener gets the pool's layout (device
@@ -73,156 +66,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from . import _args
 from .save_queue import FLUSH_WAIT_MS, SaveQueue
-from .store import Geometry, Load, Save, Store
-from .tensor import DTYPE_BYTES, DTYPE_NAMES, REGION_ALIGN, describe, dtype_code, shared_memory
-
-
-class LayoutError(ValueError):
-    """A KV tensor whose layout tutti cannot serve (message names the layer)."""
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """What a set of KV tensors is, as the store needs it."""
-
-    geometry: Geometry
-    layout: str  # "per_layer" or "cross_layer"
-    num_pages: int
-    regions: Tuple[Tuple[int, int], ...]  # (address, bytes) per layer, or one
-    layer_names: Tuple[str, ...]  # index = layer number
-    device: str  # "cpu" or "cuda:N"
-    tag: str  # physical order, e.g. "kv.block.token.head.dim": stores of different tags never mix
-
-
-_FA_NAMES = ("kv", "block", "token", "head", "dim")
-_FI_NAMES = ("block", "kv", "token", "head", "dim")
-
-
-def _dim_names(name, shape, block_size):
-    """Names of the dimensions of one layer's tensor (block_size tells the
-    token dimension from the heads in the 4-dim views)."""
-    n = len(shape)
-    if n == 5 and shape[0] == 2 and shape[2] == block_size:
-        return _FA_NAMES
-    if n == 5 and shape[1] == 2 and shape[2] == block_size:
-        return _FI_NAMES
-    if n == 3 and shape[1] == block_size:
-        return ("block", "token", "dim")
-    if n == 4 and shape[2] == block_size:
-        return ("block", "head", "token", "dim")
-    if n == 4 and shape[1] == block_size:
-        return ("block", "token", "head", "dim")
-    raise LayoutError(f"KV tensor {name!r}: shape {list(shape)} is none of (2, blocks, {block_size}, heads, head_size), "
-                      f"(blocks, 2, {block_size}, heads, head_size), (blocks, {block_size}, head_size), "
-                      f"(blocks, heads, {block_size}, C), (blocks, {block_size}, heads, C)")
-
-
-def _dense_unit(name, dims):
-    """dims: (size, stride) of the dimensions inside one page unit. Checks
-    they tile a dense range (any order) and returns its length in elements."""
-    acc = 1
-    for size, stride in sorted((d for d in dims if d[0] != 1), key=lambda d: d[1]):
-        if stride != acc:
-            raise LayoutError(f"KV tensor {name!r}: a page is not one dense range (a dimension of size {size} has "
-                              f"stride {stride}, a dense page needs {acc}); tutti moves whole pages")
-        acc *= size
-    return acc
-
-
-@dataclass(frozen=True)
-class _Layer:
-    ptr: int
-    planes: int
-    unit: int  # elements of one page of one plane
-    block_stride: int
-    plane_stride: int
-    num_blocks: int
-    heads: int
-    order: str
-
-
-def _read_layer(name, t, block_size) -> _Layer:
-    names = _dim_names(name, t.shape, block_size)
-    dims = dict(zip(names, zip(t.shape, t.strides)))
-    nb, sb = dims["block"]
-    heads = dims["head"][0] if "head" in dims else 1
-    # Physical order, outermost first (size-1 dimensions have no order).
-    order = ".".join(n for n, (size, _) in sorted(dims.items(), key=lambda kv: -kv[1][1]) if size != 1 or n == "block")
-    if "kv" in dims:
-        _, sk = dims["kv"]
-        inner = [d for n, d in dims.items() if n not in ("block", "kv")]
-        unit = _dense_unit(name, inner)
-        if sk == nb * sb and sb == unit:  # K planes, then V planes: tutti's two planes
-            return _Layer(t.data_ptr, 2, unit, sb, sk, nb, heads, order)
-        if sk == unit and sb >= 2 * unit:  # K and V of a block side by side: one opaque page
-            return _Layer(t.data_ptr, 1, 2 * unit, sb, 0, nb, heads, order)
-        raise LayoutError(f"KV tensor {name!r}: strides {list(t.strides)} for shape {list(t.shape)}: K/V stride {sk} is "
-                          f"neither num_blocks * block stride ({nb * sb}) nor one page ({unit})")
-    unit = _dense_unit(name, [d for n, d in dims.items() if n != "block"])
-    if sb < unit:
-        raise LayoutError(f"KV tensor {name!r}: block stride {sb} is less than a page ({unit} elements)")
-    return _Layer(t.data_ptr, 1, unit, sb, 0, nb, heads, order)
-
-
-def describe_kv_caches(kv_caches: Dict[str, object], block_size: int, layer_names: Optional[Sequence[str]] = None,
-                       chunk_pages: int = 1) -> KVLayout:
-    """The KVLayout of ``kv_caches`` (layer name → torch tensor or
-    :class:`tutti.RawTensor`; the order of ``layer_names``, default the dict's,
-    is the layer order). Raises :class:`LayoutError`."""
-    if block_size <= 0:
-        raise LayoutError(f"block_size = {block_size}, want > 0")
-    names = list(layer_names) if layer_names is not None else list(kv_caches)
-    if not names or set(names) != set(kv_caches) or len(set(names)) != len(names):
-        raise LayoutError(f"layer names {names[:4]}... do not match the {len(kv_caches)} tensors")
-    descs = [describe(kv_caches[n], n) for n in names]
-    d0 = descs[0]
-    code = dtype_code(d0.dtype)
-    esize = DTYPE_BYTES[code]
-    layers = [_read_layer(n, d, block_size) for n, d in zip(names, descs)]
-    same = shared_memory([(n, ly.ptr, 1) for n, ly in zip(names, layers)])
-    if same:  # the same tensor twice: before any layout rule reads it as something else
-        raise LayoutError(f"KV tensors: {same}")
-    first = layers[0]
-    for n, d, ly in zip(names, descs, layers):
-        if (dtype_code(d.dtype), str(d.device), d.shape) != (code, str(d0.device), d0.shape) or \
-                (ly.planes, ly.unit, ly.block_stride, ly.order) != (first.planes, first.unit, first.block_stride, first.order):
-            raise LayoutError(f"KV tensor {n!r}: {d.dtype} {list(d.shape)} strides {list(d.strides)} on {d.device} differs from "
-                              f"{names[0]!r}: every layer must have one layout (hybrid models: one KV cache group)")
-        if ly.ptr == 0 or ly.ptr % REGION_ALIGN:
-            raise LayoutError(f"KV tensor {n!r}: data pointer {ly.ptr:#x} is NULL or not {REGION_ALIGN}-byte aligned")
-    L = len(layers)
-    per_plane_tokens = block_size * first.heads
-    if first.unit % per_plane_tokens:
-        raise LayoutError(f"KV tensor {names[0]!r}: a page of {first.unit} elements is not {block_size} tokens × {first.heads} heads")
-    geo = Geometry(layers=L, kv_heads=first.heads, head_dim=first.unit // per_plane_tokens, dtype=DTYPE_NAMES[code],
-                   planes=first.planes, page_tokens=block_size, chunk_pages=chunk_pages)
-    plane_unit = first.planes * first.unit
-    if first.block_stride == plane_unit or first.planes == 2:
-        if first.planes == 2 and first.block_stride != first.unit:
-            raise LayoutError(f"KV tensor {names[0]!r}: separate K and V planes with gaps between blocks")
-        nbytes = first.num_blocks * plane_unit * esize
-        regions = tuple((ly.ptr, nbytes) for ly in layers)
-        shared = shared_memory([(n, ly.ptr, nbytes) for n, ly in zip(names, layers)])
-        if shared:
-            raise LayoutError(f"KV tensors: {shared}")
-        kind = "per_layer"
-    else:
-        # Blocks outermost over every layer: views cut from one buffer. Layer
-        # i's pages must sit at i pages into each block, as tutti's
-        # cross-layer layout places them.
-        if first.block_stride != L * plane_unit:
-            raise LayoutError(f"KV tensor {names[0]!r}: block stride {first.block_stride} elements, a page is {plane_unit}: "
-                              f"not {L} layers' pages side by side (views of one buffer)")
-        base = first.ptr
-        for i, (n, ly) in enumerate(zip(names, layers)):
-            if ly.ptr != base + i * plane_unit * esize:
-                raise LayoutError(f"KV tensor {n!r}: layer {i} starts {ly.ptr - base} bytes into the buffer, "
-                                  f"want {i * plane_unit * esize} (layers in order within each block)")
-        regions = ((base, first.num_blocks * first.block_stride * esize),)
-        kind = "cross_layer"
-    return KVLayout(geometry=geo, layout=kind, num_pages=first.num_blocks, regions=regions, layer_names=tuple(names),
-                    device=str(d0.device), tag=f"{kind}.{first.order}.{DTYPE_NAMES[code]}")
+from .store import Load, Save, Store
+from .kv_layout import KVLayout, LayoutError, check_fits, describe_kv_caches  # noqa: F401 (the worker side's API)
+from .tensor import DeviceMismatch, describe
 
 
 # --------------------------------------------------------------- step specs
@@ -322,7 +170,11 @@ class WorkerSide:
         (:meth:`end_requests`) before they are: then a request's saves wait
         for the chunk before them and are retried while not committed
         (tutti.save_queue); otherwise each is handed over in its step only."""
-        self._opener = store_opener
+        self._opener = _args.function("store_opener", store_opener)
+        _args.function("device_sync", device_sync, optional=True)
+        if stream_wait is not None:
+            _args.boolean("stream_wait", stream_wait)
+        _args.boolean("ends_requests", ends_requests)
         self.holds = holds
         self.check = check
         self._device_sync = device_sync
@@ -345,12 +197,14 @@ class WorkerSide:
 
     # -- registration
     def register(self, kv_caches: Dict[str, object], block_size: int, layer_names: Optional[Sequence[str]] = None,
-                 host_staging_bytes: Optional[int] = None) -> KVLayout:
-        """``host_staging_bytes``: serve the tensors through host staging of
+                 host_staging_bytes: Optional[int] = None, chunk_pages: int = 1) -> KVLayout:
+        """``block_size``: tokens per page; ``chunk_pages``: pages per chain
+        block (one key per ``block_size * chunk_pages`` tokens).
+        ``host_staging_bytes``: serve the tensors through host staging of
         that size (module doc); the store then holds the pool's pages."""
         if self.store is not None:
             raise RuntimeError("register called twice")
-        lay = describe_kv_caches(kv_caches, block_size, layer_names)
+        lay = describe_kv_caches(kv_caches, block_size, layer_names, chunk_pages)
         # -- host staging: the store moves the pool's pages, not the tensors'
         mem, staging = lay, None
         if host_staging_bytes is not None:
@@ -359,9 +213,12 @@ class WorkerSide:
             mem = staging.layout
         try:
             st = self._opener(mem)
-            if (st.shard_geometry, st.num_pages, st.layout) != (mem.geometry, mem.num_pages, mem.layout):
-                raise LayoutError(f"the store opened for {mem.tag} holds {st.shard_geometry}, {st.num_pages} pages, {st.layout}; "
-                                  f"the KV memory is {mem.geometry}, {mem.num_pages} pages, {mem.layout}")
+            check_fits(st, mem, describe(kv_caches[lay.layer_names[0]], lay.layer_names[0]))
+            want = "cpu" if st.path == "cpu" else "cuda"
+            if mem.device.split(":", 1)[0] != want:
+                hint = " (host_staging_bytes serves GPU tensors on the CPU path)" if want == "cpu" else ""
+                raise DeviceMismatch(mem.layer_names[0], f"the tensors are on {mem.device}, the store's {st.path} path "
+                                                         f"needs {want} memory{hint}")
             if staging is not None:
                 staging.bind(st)
             st.register_kv(list(mem.regions), memory="host" if mem.device == "cpu" else "cuda")
@@ -380,6 +237,12 @@ class WorkerSide:
         if self.check is not None:
             self.check.register(kv_caches, lay, block_size)
         return lay
+
+    @property
+    def stream_wait(self) -> bool:
+        """Whether :meth:`wait_for_layer` makes torch's current CUDA stream
+        wait instead of the host (known once registered)."""
+        return bool(self._stream_wait)
 
     def layer_index(self, name: str) -> int:
         try:

@@ -247,8 +247,8 @@ func TestCommittedWindow(t *testing.T) {
 // window. Without the queue it cannot do what the queue-known planner does
 // (TestCommittedWindow); what it must do is stay with loading everything,
 // the rule it replaces for an engine that cannot tell: p50, p90 and p99
-// within 5% of load-all's (measured: p50 0-10% under, p90 0.4-2.3% over,
-// p99 equal or better), and a tail well under recompute-all's.
+// within 5% of load-all's (what it measured: BENCHMARKS.md "## sched"), and
+// a tail well under recompute-all's.
 func TestQueueUnknownWindow(t *testing.T) {
 	history, reqs := window(t, filepath.Join("testdata", "conversation_8500_800.jsonl"), 500, 300, 500, winScale)
 	for seed := uint64(1); seed <= 4; seed++ {

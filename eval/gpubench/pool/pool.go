@@ -1,7 +1,7 @@
 // Package pool is `tutti gpubench-pool`: the rounds of several gpubench
 // calls, pooled. A call may land on a fresh host, and which of two paths
 // that both run near the ceiling comes out ahead can change from host to
-// host (BENCHMARKS.md has the calls). One call's median then says more
+// host (BENCHMARKS.md, Restore into GPU memory). One call's median then says more
 // about its host than about the paths; the pool of every call's rounds,
 // and the ratio of two paths within each round (same host, same minute),
 // is what a decision between them rests on.
