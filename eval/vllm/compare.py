@@ -10,8 +10,8 @@ A case passes when:
   - the connector's check mode compared restored blocks with the KV vLLM
     computed for them and found none different and none without a digest
     (tutti.kvcheck's summary files under --check-dir),
-  - the second process, a new one, restored from tutti: vLLM's own
-    external-prefix-cache hits counter is above zero there.
+  - the second process, a new one, restored from tutti (tutti's hit tokens
+    above zero there) and no promised block failed.
 Prints one line per finding and a verdict; --json writes them all.
 """
 
@@ -90,16 +90,22 @@ def main(argv=None):
             "pythonhashseed": run.get("pythonhashseed"),
             "tutti": {k: v for k, v in run.get("metrics", {}).items() if "tutti" in k},
         }
+        tm = rep["phases"][name]["tutti"]
         print(f"{a.case} {name}: {same} outputs equal the baseline's, {len(parted)} part, {len(failed)} failed; "
-              f"tokens from tutti {ext}, from the GPU cache {rep['phases'][name]['local_hit_tokens']}, "
-              f"preemptions {rep['phases'][name]['preemptions']}")
+              f"tutti promised {metric(run, 'vllm:tutti_hit_tokens')} tokens and restored "
+              f"{metric(run, 'vllm:tutti_load_bytes') / 2**30:.2f} GiB "
+              f"({metric(run, 'vllm:tutti_load_error_blocks')} blocks in error); vLLM counted {ext} external and "
+              f"{rep['phases'][name]['local_hit_tokens']} GPU-cache hit tokens; preemptions "
+              f"{rep['phases'][name]['preemptions']}; staged through host memory "
+              f"{metric(run, 'vllm:tutti_staging_h2d_bytes') / 2**30:.2f} GiB" if tm else
+              f"{a.case} {name}: {same} outputs equal the baseline's, {len(parted)} part, {len(failed)} failed")
         for d in parted[:4]:
             print(f"  {d['request']} parts at token {d['position']}: {d['tokens']} vs {d['baseline_tokens']}; "
                   f"top there {d['top']} vs {d['baseline_top']}")
         for d in failed:
             print(f"  {d['request']} did not finish: {d['finish_reason']}")
         ok &= not failed
-    ok &= rep["phases"]["second"]["external_hit_tokens"] > 0
+    ok &= metric(second, "vllm:tutti_hit_tokens") > 0 and metric(second, "vllm:tutti_load_error_blocks") == 0
     if a.check_dir:
         c = check_summaries(a.check_dir)
         rep["check"] = c

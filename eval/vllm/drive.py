@@ -179,6 +179,9 @@ def main(argv=None):
     a = parse_args(argv)
     if a.init == "normal":
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # FlashInfer is not staged (it fetches kernels at run time): without this,
+    # vLLM 0.26's sampler imports it to ask whether it may sample with it.
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t_import = time.monotonic()
