@@ -31,10 +31,12 @@
 #   baseline's (where they part: the first position and both top logits),
 #   the second process restored from tutti.
 #
-# Time: most of a phase is its vLLM process starting (import, engine start
-# with dummy weights and no graph capture) before the waves; a case is two
-# processes and a model's baseline one, so split the cases over calls (each
-# call stops starting phases once BUDGET_S, default 540, is spent). Results: $OUT/vllm-<case>.json,
+# Time on the GPU machine: the two recv calls about a minute each with the
+# machine's start; a vLLM process under a minute (import, engine start with dummy
+# weights and no graph capture, the waves), so a model's baseline and first case
+# about 2 minutes and each further case about 1; every model, storage and path
+# about 12 minutes, over two or three check calls (each stops starting cases once
+# BUDGET_S, default 540, is spent). Results: $OUT/vllm-<case>.json,
 # $OUT/vllm.log, $OUT/summary.txt.
 #
 # Knobs (environment): NLOOPS (8), LOOP_GIB (4), CAPACITY_GIB (24, per store),
