@@ -144,7 +144,7 @@ func history(t *testing.T, batches []seqBatch) map[uint64]bool {
 // checks that it holds exactly the store's served blocks.
 func matchStore(t *testing.T, s *Store, x *kvindex.Index, step string, hashOnly bool) {
 	t.Helper()
-	s.idx.ev.Flush()
+	s.idx.Publisher().Flush()
 	st := s.Stats().Events
 	if err := x.WaitSeq("n", st.LastSeq, evWait); err != nil {
 		t.Fatalf("%s: %v", step, err)

@@ -84,9 +84,8 @@ func Open(cfg Config) (*Store, error) {
 			_ = s.staging.close()
 		}
 		_ = s.m.Close()
-		if s.idx != nil && s.idx.ev != nil {
-			_ = s.idx.ev.Close()
-			_ = s.idx.file.close()
+		if s.idx != nil {
+			_ = s.idx.Close()
 		}
 		return nil, fmt.Errorf("runtime: open: %w", err)
 	}
@@ -103,7 +102,7 @@ func Open(cfg Config) (*Store, error) {
 	if err := s.recover(); err != nil {
 		return fail(err)
 	}
-	if err := s.idx.finishRecovery(); err != nil {
+	if err := s.idx.FinishRecovery(); err != nil {
 		return fail(err)
 	}
 	if s.staging, err = newStagingPool(cfg.StagingBytes, cfg.StagingSlotBytes); err != nil {

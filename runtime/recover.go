@@ -5,6 +5,7 @@ import (
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/lrufile"
 )
 
 // Rebuilding the prefix index at Open.
@@ -16,7 +17,7 @@ import (
 // makes those records durable. So each run is rebuilt with exactly the
 // blocks it served (RunInfo.Kept), and a newer run that saved some of
 // those blocks again is served whole. Nothing else comes back, and the
-// eviction order comes back too (lrufile.go).
+// eviction order comes back too (package lrufile).
 //
 // After a crash the journal may lack the last trims and frees (they are
 // not waited for): a block dropped shortly before can come back. Its bytes
@@ -128,7 +129,7 @@ func (s *Store) recover() error {
 		rep.IndexedRuns++
 		rep.IndexedBlocks += n
 	}
-	ids, note := readLRU(s.m.Dirs()[0], int(min(s.indexCapacity()/s.bytesPerBlock()+1, prefix.MaxBlocksLimit)))
+	ids, note := lrufile.Read(s.m.Dirs()[0], int(min(s.indexCapacity()/s.bytesPerBlock()+1, prefix.MaxBlocksLimit)))
 	rep.LRURestored, rep.LRUNote = s.idx.RestoreLRU(ids), note
 	dropped, err := s.idx.SetCapacity(s.indexCapacity())
 	if err != nil {

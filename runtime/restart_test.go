@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/runtime/internal/lrufile"
 )
 
 // residentSet is ResidentBlocks as a set of (id, parent) pairs.
@@ -145,7 +146,7 @@ func TestReopenKeepsLRU(t *testing.T) {
 	}
 	closeKV(t, s, kv)
 
-	path := filepath.Join(cfg.Dirs[0], lruName)
+	path := filepath.Join(cfg.Dirs[0], lrufile.Name)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

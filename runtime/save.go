@@ -8,6 +8,7 @@ import (
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
 	"github.com/tutti-io/tutti/sched"
 	"golang.org/x/sys/unix"
 )
@@ -198,7 +199,7 @@ func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
 
 // save is Save with the blocks' KV-event metadata (SaveWithMeta; nil:
 // none), kept from their reservation on.
-func (s *Store) save(chain []uint64, pages []int32, meta []blockMeta) (*Save, error) {
+func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta) (*Save, error) {
 	if err := s.checkRequest("save", chain, pages); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,8 @@ import (
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
+	"github.com/tutti-io/tutti/runtime/internal/lrufile"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -88,7 +90,7 @@ type RecoveryReport struct {
 	// dropped blocks), least recently used first.
 	EvictedAtOpen int
 	// LRURestored is how many blocks took the eviction order saved by the
-	// last Close (lrufile.go); LRUNote says why none did, if the file was
+	// last Close (package lrufile); LRUNote says why none did, if the file was
 	// there but unusable.
 	LRURestored int
 	LRUNote     string
@@ -99,7 +101,7 @@ type Store struct {
 	cfg     Config
 	geo     kvshape.Geometry
 	m       *objmap.Map
-	idx     *servedIndex // the prefix index; publishes KV events with Config.KVEvents
+	idx     *kvmeta.Index // the prefix index; publishes KV events with Config.KVEvents
 	worker  *ioWorker
 	staging *stagingPool
 	// stager gathers, checksums and submits save writes; saveSlotTokens
@@ -509,7 +511,7 @@ func (s *Store) Check() (objmap.RecoveryReport, error) { return s.m.Check() }
 
 // Close waits for loads and saves in flight, then stops the scheduler and
 // the I/O worker, frees staging, makes the journal durable, keeps the
-// eviction order for the next Open (lrufile.go) and closes the object map.
+// eviction order for the next Open (package lrufile) and closes the object map.
 // A Close that returns nil leaves a store whose next Open serves exactly
 // the blocks this one served (recover.go); an error says what may differ
 // (a journal the disk had no room for: blocks dropped since its last
@@ -538,13 +540,11 @@ func (s *Store) Close() error {
 	// The order is kept only with a durable journal: it then names the
 	// blocks the next Open finds.
 	if s.m.Sync() == nil {
-		if err := writeLRU(s.m.Dirs()[0], s.idx.LRU()); err != nil {
+		if err := lrufile.Write(s.m.Dirs()[0], s.idx.LRU()); err != nil {
 			errs = append(errs, fmt.Errorf("runtime: close: keeping the eviction order: %w", err))
 		}
 	}
 	errs = append(errs, s.m.Close())
-	if s.idx.ev != nil {
-		errs = append(errs, s.idx.ev.Close(), s.idx.file.close())
-	}
+	errs = append(errs, s.idx.Close())
 	return errors.Join(errs...)
 }

@@ -1,6 +1,6 @@
-package runtime
+package kvmeta
 
-// The kvmeta sidecar keeps the engine's metadata of saved blocks (token ids,
+// The sidecar keeps the engine's metadata of saved blocks (token ids,
 // its own hash; SaveWithMeta) across restarts, so a restarted store publishes
 // the same token-derived keys. It is a file next to the object map, not part
 // of it: the store serves the same bytes with or without it, and losing it
@@ -33,8 +33,10 @@ import (
 	"github.com/tutti-io/tutti/kvevents"
 )
 
+// FileName is the sidecar's name in the store's first directory.
+const FileName = "kvmeta"
+
 const (
-	kvmetaName    = "kvmeta"
 	kvmetaMagic   = "TUTTIKVM"
 	kvmetaVersion = 1
 	kvmetaHeader  = 16
@@ -46,25 +48,25 @@ const (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // errKVMeta is wrapped by every sidecar parse error.
-var errKVMeta = errors.New("runtime: kvmeta")
+var errKVMeta = errors.New("kvmeta")
 
 // metaRecord is one parsed sidecar record.
 type metaRecord struct {
 	ids   []uint64
-	metas []blockMeta
+	metas []Meta
 }
 
 // appendMetaRecord encodes the blocks ids with their metadata.
-func appendMetaRecord(dst []byte, ids []uint64, metas []blockMeta) []byte {
+func appendMetaRecord(dst []byte, ids []uint64, metas []Meta) []byte {
 	var body []byte
 	body = binary.LittleEndian.AppendUint16(body, uint16(len(ids)))
 	for i, id := range ids {
 		m := metas[i]
 		body = binary.LittleEndian.AppendUint64(body, id)
-		body = append(body, byte(len(m.hash)))
-		body = append(body, m.hash...)
-		body = binary.LittleEndian.AppendUint16(body, uint16(len(m.tokens)))
-		for _, t := range m.tokens {
+		body = append(body, byte(len(m.Hash)))
+		body = append(body, m.Hash...)
+		body = binary.LittleEndian.AppendUint16(body, uint16(len(m.Tokens)))
+		for _, t := range m.Tokens {
 			body = binary.LittleEndian.AppendUint32(body, t)
 		}
 	}
@@ -123,17 +125,17 @@ func parseMetaBody(b []byte, blockTokens int) (metaRecord, error) {
 	if err := binary.Read(r, binary.LittleEndian, &n); err != nil || n == 0 || n > kvmetaMaxRecordBlocks {
 		return metaRecord{}, fmt.Errorf("%w: record of %d blocks", errKVMeta, n)
 	}
-	rec := metaRecord{ids: make([]uint64, n), metas: make([]blockMeta, n)}
+	rec := metaRecord{ids: make([]uint64, n), metas: make([]Meta, n)}
 	for i := range int(n) {
 		var id uint64
 		var hl uint8
 		if binary.Read(r, binary.LittleEndian, &id) != nil || binary.Read(r, binary.LittleEndian, &hl) != nil || hl > kvevents.MaxHashBytes {
 			return metaRecord{}, fmt.Errorf("%w: block %d: bad id or hash length", errKVMeta, i)
 		}
-		var m blockMeta
+		var m Meta
 		if hl > 0 {
-			m.hash = make([]byte, hl)
-			if _, err := io.ReadFull(r, m.hash); err != nil {
+			m.Hash = make([]byte, hl)
+			if _, err := io.ReadFull(r, m.Hash); err != nil {
 				return metaRecord{}, fmt.Errorf("%w: block %d: short hash", errKVMeta, i)
 			}
 		}
@@ -142,8 +144,8 @@ func parseMetaBody(b []byte, blockTokens int) (metaRecord, error) {
 			return metaRecord{}, fmt.Errorf("%w: block %d: %d token ids, blocks have %d", errKVMeta, i, nt, blockTokens)
 		}
 		if nt > 0 {
-			m.tokens = make([]uint32, nt)
-			if err := binary.Read(r, binary.LittleEndian, m.tokens); err != nil {
+			m.Tokens = make([]uint32, nt)
+			if err := binary.Read(r, binary.LittleEndian, m.Tokens); err != nil {
 				return metaRecord{}, fmt.Errorf("%w: block %d: short token ids", errKVMeta, i)
 			}
 		}
@@ -172,18 +174,18 @@ type metaFile struct {
 // metas' own bound). A missing file is empty; a file of another version or
 // block size is ignored (noted) and replaced at rewrite.
 func loadMetaFile(dir string, blockTokens int, maxSize int64, metas *blockMetas) (*metaFile, error) {
-	mf := &metaFile{path: filepath.Join(dir, kvmetaName), maxSize: maxSize, blockTokens: blockTokens}
+	mf := &metaFile{path: filepath.Join(dir, FileName), maxSize: maxSize, blockTokens: blockTokens}
 	f, err := os.Open(mf.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return mf, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("runtime: opening %s: %w", mf.path, err)
+		return nil, fmt.Errorf("kvmeta: opening %s: %w", mf.path, err)
 	}
 	defer f.Close()
 	p, err := io.ReadAll(io.LimitReader(f, maxSize))
 	if err != nil {
-		return nil, fmt.Errorf("runtime: reading %s: %w", mf.path, err)
+		return nil, fmt.Errorf("kvmeta: reading %s: %w", mf.path, err)
 	}
 	_, stop, perr := parseKVMeta(p, blockTokens, func(r metaRecord) {
 		for i, id := range r.ids {
@@ -204,7 +206,7 @@ func loadMetaFile(dir string, blockTokens int, maxSize int64, metas *blockMetas)
 func (mf *metaFile) rewrite(metas *blockMetas, keep func(id uint64) bool) error {
 	buf := kvmetaHeaderBytes(mf.blockTokens)
 	var ids []uint64
-	var ms []blockMeta
+	var ms []Meta
 	flush := func() {
 		if len(ids) > 0 {
 			buf = appendMetaRecord(buf, ids, ms)
@@ -227,14 +229,14 @@ func (mf *metaFile) rewrite(metas *blockMetas, keep func(id uint64) bool) error 
 	flush()
 	tmp := mf.path + ".tmp"
 	if err := os.WriteFile(tmp, buf, 0o644); err != nil {
-		return fmt.Errorf("runtime: writing %s: %w", tmp, err)
+		return fmt.Errorf("kvmeta: writing %s: %w", tmp, err)
 	}
 	if err := os.Rename(tmp, mf.path); err != nil {
-		return fmt.Errorf("runtime: replacing %s: %w", mf.path, err)
+		return fmt.Errorf("kvmeta: replacing %s: %w", mf.path, err)
 	}
 	f, err := os.OpenFile(mf.path, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
-		return fmt.Errorf("runtime: opening %s: %w", mf.path, err)
+		return fmt.Errorf("kvmeta: opening %s: %w", mf.path, err)
 	}
 	mf.f, mf.size, mf.opened = f, int64(len(buf)), true
 	return nil
@@ -245,7 +247,7 @@ func (mf *metaFile) rewrite(metas *blockMetas, keep func(id uint64) bool) error 
 // counted, never waited for or retried.
 func (mf *metaFile) appendRecord(ids []uint64, metas *blockMetas) {
 	var keep []uint64
-	var ms []blockMeta
+	var ms []Meta
 	for _, id := range ids {
 		if m, ok := metas.get(id); ok {
 			keep, ms = append(keep, id), append(ms, m)

@@ -1,20 +1,23 @@
-package runtime
-
-// servedIndex is the store's prefix index with one addition: every change of
-// what the store serves is published as KV events (package kvevents) in the
-// same step as the change. Without a publisher it is the plain index. The
-// rest of the package calls it as it would call *prefix.Index; the methods
-// that change what is served are wrapped here, the others are the index's.
+// Package kvmeta is what a store serves, as routers see it: the prefix
+// index with every change of what is served published as vLLM KV events
+// (package kvevents) in the same step as the change (Index), the engine's
+// metadata of the blocks it saved (token ids, its own hash) kept while they
+// are served, and the sidecar file that keeps that metadata across restarts
+// (sidecar.go). Without a publisher Index is the plain prefix index.
+package kvmeta
 
 import (
-	"sync"
-	"sync/atomic"
+	"errors"
 
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/prefix"
 )
 
-type servedIndex struct {
+// Index is the store's prefix index: the rest of the store calls it as it
+// would call *prefix.Index; the methods that change what is served are
+// wrapped here, the others are the index's. It is safe for concurrent use
+// as prefix.Index is.
+type Index struct {
 	*prefix.Index
 	ev        *kvevents.Publisher // nil: no events
 	meta      *blockMetas
@@ -30,8 +33,39 @@ type servedIndex struct {
 	unserved map[uint64]struct{}
 }
 
-func newServedIndex(x *prefix.Index, ev *kvevents.Publisher, meta *blockMetas, blockSize int) *servedIndex {
-	s := &servedIndex{Index: x, ev: ev, meta: meta, blockSize: blockSize, unserved: map[uint64]struct{}{}}
+// Open wraps idx for a store of blocks of blockTokens tokens. With cfg it
+// binds the publisher first (AllBlocksCleared is batch 0, so the recovery
+// that follows publishes the recovered runs parents first) and reads the
+// sidecar in dir; contents lists what the store serves for the
+// publisher's replays (kvevents.Publisher.SetContents), Stored making its
+// events. Without cfg nothing is published and contents is not used. The
+// Index owns the publisher and the sidecar: Close them with Close.
+func Open(idx *prefix.Index, cfg *kvevents.Config, dir string, blockTokens int, contents func(emit func(kvevents.Event))) (*Index, error) {
+	if cfg == nil {
+		return newIndex(idx, nil, nil, blockTokens), nil
+	}
+	p, err := kvevents.New(*cfg)
+	if err != nil {
+		return nil, err
+	}
+	metas := newBlockMetas(p.Config().MaxTokenBytes)
+	mf, err := loadMetaFile(dir, blockTokens, maxFileBytes(p.Config().MaxTokenBytes), metas)
+	if err != nil {
+		_ = p.Close()
+		return nil, err
+	}
+	p.SetContents(contents)
+	x := newIndex(idx, p, metas, blockTokens)
+	x.file = mf
+	return x, nil
+}
+
+// maxFileBytes bounds the sidecar: twice what the store keeps in memory,
+// so appends of blocks evicted since the last Open fit a while.
+func maxFileBytes(maxTokenBytes int64) int64 { return 2*maxTokenBytes + 1<<20 }
+
+func newIndex(x *prefix.Index, ev *kvevents.Publisher, meta *blockMetas, blockSize int) *Index {
+	s := &Index{Index: x, ev: ev, meta: meta, blockSize: blockSize, unserved: map[uint64]struct{}{}}
 	if ev != nil {
 		c := ev.Config()
 		s.medium, s.locality = c.Medium, c.Locality
@@ -39,14 +73,53 @@ func newServedIndex(x *prefix.Index, ev *kvevents.Publisher, meta *blockMetas, b
 	return s
 }
 
+// Publisher is the event publisher; nil when the store publishes none.
+func (x *Index) Publisher() *kvevents.Publisher { return x.ev }
+
+// MetaStats is what the index kept of the engine's block metadata.
+type MetaStats struct {
+	// HashOnlyBlocks were published without token ids.
+	HashOnlyBlocks int64
+	// Blocks and Bytes are kept now; Dropped did not fit the bound.
+	Blocks  int
+	Bytes   int64
+	Dropped int64
+	// Unpersisted blocks' metadata is not in the sidecar (past its size
+	// bound, or a write failed); LoadNote says what Open found wrong with
+	// the sidecar, if anything.
+	Unpersisted int64
+	LoadNote    string
+}
+
+// MetaStats is what the index kept; all zero without a publisher.
+func (x *Index) MetaStats() MetaStats {
+	if x.ev == nil {
+		return MetaStats{}
+	}
+	var st MetaStats
+	st.HashOnlyBlocks = x.meta.hashOnly.Load()
+	st.Blocks, st.Bytes, st.Dropped = x.meta.stats()
+	st.Unpersisted, st.LoadNote = x.file.stats()
+	return st
+}
+
+// Close closes the publisher and the sidecar (the index itself has nothing
+// to close).
+func (x *Index) Close() error {
+	if x.ev == nil {
+		return nil
+	}
+	return errors.Join(x.ev.Close(), x.file.close())
+}
+
 // event is an empty event of kind k as this store publishes it. group_idx
 // is 0: a store serves one KV cache group, which vLLM numbers 0.
-func (x *servedIndex) event(k kvevents.Kind) kvevents.Event {
+func (x *Index) event(k kvevents.Kind) kvevents.Event {
 	return kvevents.Event{Kind: k, Medium: x.medium, Locality: x.locality, HasGroupIdx: true}
 }
 
 // do runs fn as one step of the event order (just fn without a publisher).
-func (x *servedIndex) do(fn func(emit func(kvevents.Event))) {
+func (x *Index) do(fn func(emit func(kvevents.Event))) {
 	if x.ev == nil {
 		fn(func(kvevents.Event) {})
 		return
@@ -55,7 +128,7 @@ func (x *servedIndex) do(fn func(emit func(kvevents.Event))) {
 }
 
 // hash is block id as published: the engine's own hash when it gave one.
-func (x *servedIndex) hash(id uint64) kvevents.Hash {
+func (x *Index) hash(id uint64) kvevents.Hash {
 	if h := x.meta.hash(id); h != nil {
 		return kvevents.BytesHash(h)
 	}
@@ -64,7 +137,7 @@ func (x *servedIndex) hash(id uint64) kvevents.Hash {
 
 // removed reports dropped blocks that were served, in the order the index
 // dropped them (leaves first), and forgets their metadata.
-func (x *servedIndex) removed(emit func(kvevents.Event), dropped []prefix.Dropped) {
+func (x *Index) removed(emit func(kvevents.Event), dropped []prefix.Dropped) {
 	if len(dropped) == 0 || x.ev == nil {
 		return
 	}
@@ -82,9 +155,9 @@ func (x *servedIndex) removed(emit func(kvevents.Event), dropped []prefix.Droppe
 	}
 }
 
-// stored is the BlockStored event of committed blocks ids (in chain order)
+// Stored is the BlockStored event of committed blocks ids (in chain order)
 // under parent; token ids only when every block has them.
-func (x *servedIndex) stored(ids []uint64, parent uint64, hasParent bool) kvevents.Event {
+func (x *Index) Stored(ids []uint64, parent uint64, hasParent bool) kvevents.Event {
 	e := x.event(kvevents.BlockStored)
 	e.BlockSize, e.HasParent = x.blockSize, hasParent
 	if hasParent {
@@ -115,13 +188,13 @@ func (x *servedIndex) stored(ids []uint64, parent uint64, hasParent bool) kveven
 // reservation until it stops being served, so an eviction of the same id
 // racing the save (which forgets that id's metadata) can never take what
 // the save will publish.
-func (x *servedIndex) Reserve(chain []uint64, from int, bytesPerBlock int64, meta []blockMeta) (res prefix.Reservation, err error) {
+func (x *Index) Reserve(chain []uint64, from int, bytesPerBlock int64, meta []Meta) (res prefix.Reservation, err error) {
 	x.do(func(emit func(kvevents.Event)) {
 		res, err = x.Index.Reserve(chain, from, bytesPerBlock)
 		x.removed(emit, res.Evicted)
 		if err == nil && x.ev != nil && meta != nil {
 			for i := from; i < from+res.N; i++ {
-				if m := meta[i]; len(m.tokens) != 0 || len(m.hash) != 0 {
+				if m := meta[i]; len(m.Tokens) != 0 || len(m.Hash) != 0 {
 					x.meta.put(chain[i], m)
 				}
 			}
@@ -133,7 +206,7 @@ func (x *servedIndex) Reserve(chain []uint64, from int, bytesPerBlock int64, met
 // Commit publishes the committed blocks as one BlockStored (those a Remove
 // doomed while pending leave at once and are not published), then what the
 // commit dropped.
-func (x *servedIndex) Commit(ids, locs []uint64) (dropped []prefix.Dropped, err error) {
+func (x *Index) Commit(ids, locs []uint64) (dropped []prefix.Dropped, err error) {
 	x.do(func(emit func(kvevents.Event)) {
 		var first prefix.Entry
 		if x.ev != nil && len(ids) > 0 {
@@ -159,7 +232,7 @@ func (x *servedIndex) Commit(ids, locs []uint64) (dropped []prefix.Dropped, err 
 			served = append(served, id)
 		}
 		if len(served) > 0 {
-			emit(x.stored(served, first.Parent, first.HasParent))
+			emit(x.Stored(served, first.Parent, first.HasParent))
 			x.file.appendRecord(served, x.meta)
 		}
 		var rest []prefix.Dropped
@@ -173,7 +246,7 @@ func (x *servedIndex) Commit(ids, locs []uint64) (dropped []prefix.Dropped, err 
 	return dropped, err
 }
 
-func (x *servedIndex) Abort(ids []uint64) (dropped []prefix.Dropped, err error) {
+func (x *Index) Abort(ids []uint64) (dropped []prefix.Dropped, err error) {
 	x.do(func(emit func(kvevents.Event)) {
 		dropped, err = x.Index.Abort(ids)
 		if err == nil {
@@ -188,7 +261,7 @@ func (x *servedIndex) Abort(ids []uint64) (dropped []prefix.Dropped, err error) 
 
 // Remove publishes every block it takes out of service, leaves first, at
 // once, including those that stay in the index draining until released.
-func (x *servedIndex) Remove(id uint64) (dropped []prefix.Dropped, err error) {
+func (x *Index) Remove(id uint64) (dropped []prefix.Dropped, err error) {
 	x.do(func(emit func(kvevents.Event)) {
 		var sub []prefix.Entry
 		if x.ev != nil {
@@ -242,7 +315,7 @@ func inSubtree(sub []prefix.Entry, id uint64) bool {
 	return false
 }
 
-func (x *servedIndex) Unpin(chain []uint64) (dropped []prefix.Dropped, err error) {
+func (x *Index) Unpin(chain []uint64) (dropped []prefix.Dropped, err error) {
 	x.do(func(emit func(kvevents.Event)) {
 		dropped, err = x.Index.Unpin(chain)
 		x.removed(emit, dropped)
@@ -250,7 +323,7 @@ func (x *servedIndex) Unpin(chain []uint64) (dropped []prefix.Dropped, err error
 	return dropped, err
 }
 
-func (x *servedIndex) Evict(minBytes int64) (dropped []prefix.Dropped) {
+func (x *Index) Evict(minBytes int64) (dropped []prefix.Dropped) {
 	x.do(func(emit func(kvevents.Event)) {
 		dropped = x.Index.Evict(minBytes)
 		x.removed(emit, dropped)
@@ -258,7 +331,7 @@ func (x *servedIndex) Evict(minBytes int64) (dropped []prefix.Dropped) {
 	return dropped
 }
 
-func (x *servedIndex) SetCapacity(capacityBytes int64) (dropped []prefix.Dropped, err error) {
+func (x *Index) SetCapacity(capacityBytes int64) (dropped []prefix.Dropped, err error) {
 	x.do(func(emit func(kvevents.Event)) {
 		dropped, err = x.Index.SetCapacity(capacityBytes)
 		x.removed(emit, dropped)
@@ -266,9 +339,10 @@ func (x *servedIndex) SetCapacity(capacityBytes int64) (dropped []prefix.Dropped
 	return dropped, err
 }
 
-// finishRecovery keeps the sidecar's metadata of the blocks the recovery
+// FinishRecovery keeps the sidecar's metadata of the blocks the recovery
 // served, forgets the rest, and rewrites the sidecar with what it kept.
-func (x *servedIndex) finishRecovery() error {
+// Open calls it once, after the recovery's commits and before any save.
+func (x *Index) FinishRecovery() error {
 	if x.file == nil {
 		return nil
 	}
@@ -276,83 +350,4 @@ func (x *servedIndex) finishRecovery() error {
 		e, ok := x.Index.Get(id)
 		return ok && !e.Draining && e.State != prefix.StatePending
 	})
-}
-
-// blockMetas keeps what engines gave of blocks beyond their chain ids
-// (token ids, their own hash), from SaveWithMeta until the block stops
-// being served, bounded by maxBytes; past it blocks are published with
-// hashes only (counted).
-type blockMetas struct {
-	mu       sync.Mutex
-	m        map[uint64]blockMeta
-	bytes    int64
-	maxBytes int64
-	dropped  int64 // blocks whose metadata did not fit
-	hashOnly atomic.Int64
-}
-
-type blockMeta struct {
-	tokens []uint32
-	hash   []byte
-}
-
-func (b blockMeta) size() int64 { return int64(4*len(b.tokens)+len(b.hash)) + 48 }
-
-func newBlockMetas(maxBytes int64) *blockMetas {
-	return &blockMetas{m: map[uint64]blockMeta{}, maxBytes: maxBytes}
-}
-
-// put keeps m for block id unless the bound is reached (counted); an id
-// already known keeps what it has (an id names the whole prefix, so its
-// tokens are the same).
-func (b *blockMetas) put(id uint64, m blockMeta) {
-	if b == nil {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, ok := b.m[id]; ok {
-		return
-	}
-	if b.bytes+m.size() > b.maxBytes {
-		b.dropped++
-		return
-	}
-	b.m[id] = m
-	b.bytes += m.size()
-}
-
-func (b *blockMetas) get(id uint64) (blockMeta, bool) {
-	if b == nil {
-		return blockMeta{}, false
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	m, ok := b.m[id]
-	return m, ok
-}
-
-func (b *blockMetas) tokens(id uint64) []uint32 { m, _ := b.get(id); return m.tokens }
-
-func (b *blockMetas) hash(id uint64) []byte { m, _ := b.get(id); return m.hash }
-
-func (b *blockMetas) forget(id uint64) {
-	if b == nil {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if m, ok := b.m[id]; ok {
-		b.bytes -= m.size()
-		delete(b.m, id)
-	}
-}
-
-func (b *blockMetas) stats() (blocks int, bytes, dropped int64) {
-	if b == nil {
-		return 0, 0, 0
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.m), b.bytes, b.dropped
 }

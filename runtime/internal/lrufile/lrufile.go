@@ -1,8 +1,6 @@
-package runtime
-
-// The lru sidecar keeps the prefix index's eviction order across a Close,
-// so that a reopened store evicts what was least recently used before it
-// closed, not what it happens to rebuild first. It lies in the store's
+// Package lrufile is the lru sidecar: it keeps the prefix index's eviction
+// order across a Close, so that a reopened store evicts what was least
+// recently used before it closed, not what it happens to rebuild first. It lies in the store's
 // first directory in the object map's order (whatever order Config.Dirs
 // lists them in). It is a hint next to the object map, not part of it: the
 // store serves the same blocks with or without it. Close writes it (once
@@ -15,6 +13,7 @@ package runtime
 // Format, version 1 (little-endian):
 //
 //	"TUTTILRU" | u32 version | u32 0 | u64 ids | ids × u64 (next victim first) | u32 CRC32C of all before
+package lrufile
 
 import (
 	"encoding/binary"
@@ -26,17 +25,21 @@ import (
 	"path/filepath"
 )
 
+// Name is the sidecar's file name in the store's first directory.
+const Name = "lru"
+
 const (
-	lruName       = "lru"
 	lruTmpName    = "lru.tmp"
 	lruMagic      = "TUTTILRU"
 	lruVersion    = 1
 	lruHeaderSize = 24
 )
 
-// writeLRU replaces dir's lru sidecar with ids. Not synced: a file the
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Write replaces dir's lru sidecar with ids. Not synced: a file the
 // crash cut short fails its CRC and only costs the order.
-func writeLRU(dir string, ids []uint64) error {
+func Write(dir string, ids []uint64) error {
 	b := make([]byte, 0, lruHeaderSize+8*len(ids)+4)
 	b = append(b, lruMagic...)
 	b = binary.LittleEndian.AppendUint32(b, lruVersion)
@@ -49,19 +52,19 @@ func writeLRU(dir string, ids []uint64) error {
 	tmp := filepath.Join(dir, lruTmpName)
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("runtime: writing %s: %w", tmp, err)
+		return fmt.Errorf("lrufile: writing %s: %w", tmp, err)
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, lruName)); err != nil {
+	if err := os.Rename(tmp, filepath.Join(dir, Name)); err != nil {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("runtime: writing %s: %w", filepath.Join(dir, lruName), err)
+		return fmt.Errorf("lrufile: writing %s: %w", filepath.Join(dir, Name), err)
 	}
 	return nil
 }
 
-// readLRU reads dir's lru sidecar, at most maxIDs ids. ids is nil and note
+// Read reads dir's lru sidecar, at most maxIDs ids. ids is nil and note
 // says why when there is none to use (note is empty for a missing file).
-func readLRU(dir string, maxIDs int) (ids []uint64, note string) {
-	path := filepath.Join(dir, lruName)
+func Read(dir string, maxIDs int) (ids []uint64, note string) {
+	path := filepath.Join(dir, Name)
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, ""
