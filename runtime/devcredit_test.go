@@ -33,8 +33,8 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 	}
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
-	seed := s.sched.device(0).Profile()
-	if s.sched.device(1).Profile() != seed {
+	seed := s.sched.Device(0).Profile()
+	if s.sched.Device(1).Profile() != seed {
 		t.Fatal("the two devices start from different profiles")
 	}
 	chain := chainOf(77, blocks)
@@ -59,7 +59,7 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 	for d := 0; d < 2; d++ {
 		// Small writes correct the IOPS, large ones the bandwidth: either way
 		// the model moves off its seed once it is fed.
-		if got := s.sched.device(d).Profile(); got == seed {
+		if got := s.sched.Device(d).Profile(); got == seed {
 			t.Errorf("device %d: model still the seed %+v: its writes were credited elsewhere", d, got)
 		}
 	}
@@ -74,7 +74,7 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 		t.Fatalf("loaded %d of %d blocks: %v", l.Blocks(), blocks, err)
 	}
 	for d := 0; d < 2; d++ {
-		got := s.sched.device(d).Profile()
+		got := s.sched.Device(d).Profile()
 		if got.ReadBytesPerSec == seed.ReadBytesPerSec && got.ReadIOPS == seed.ReadIOPS && got.ReadLatencyNs == seed.ReadLatencyNs {
 			t.Errorf("device %d: read model still the seed's %+v: its reads were credited elsewhere", d, got)
 		}

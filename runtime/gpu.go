@@ -227,7 +227,7 @@ func (l *Load) gpuRequest() kernels.Request {
 // whole load (MissGPU); driveGPU still retires io.
 func (l *Load) submitGPU(io sched.IO, req kernels.Request) {
 	l.gpuIO = io
-	l.firstNs = l.s.sched.nowNs()
+	l.firstNs = l.s.sched.NowNs()
 	x, err := l.s.gpu.r.Restore(req)
 	if err != nil {
 		l.failRuns(0, MissGPU, err)
@@ -249,7 +249,7 @@ func (l *Load) submitGPU(io sched.IO, req kernels.Request) {
 func (l *Load) observeGPUReads() {
 	s := l.s
 	g := s.geo
-	now := s.sched.nowNs()
+	now := s.sched.NowNs()
 	l.mu.Lock()
 	valid := l.validRuns
 	l.mu.Unlock()
@@ -266,7 +266,7 @@ func (l *Load) observeGPUReads() {
 	}
 	for dev, b := range bs {
 		if b.ops > 0 {
-			s.sched.observeReads(dev, b.bytes, int(b.ops), now-l.firstNs)
+			s.sched.ObserveReads(dev, b.bytes, int(b.ops), now-l.firstNs)
 		}
 	}
 }
@@ -283,7 +283,7 @@ func (l *Load) driveGPU() {
 	if x != nil {
 		l.waitGPU(x)
 	}
-	l.s.sched.complete(l.gpuIO, true)
+	l.s.sched.Complete(l.gpuIO, true)
 	l.mu.Lock()
 	l.err = l.gpuErr
 	l.mu.Unlock()
@@ -301,7 +301,7 @@ func (l *Load) waitGPU(x gpuRestore) {
 		l.ready = layer + 1
 		l.mu.Unlock()
 		l.cond.Broadcast()
-		l.s.sched.completeLayers(l.gpuIO, layer+1)
+		l.s.sched.CompleteLayers(l.gpuIO, layer+1)
 	}
 	res, err := x.Wait()
 	if res != nil {

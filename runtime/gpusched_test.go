@@ -37,12 +37,7 @@ func gpuStoreOnCPU(t *testing.T, numPages int, gate chan struct{}, tune ...func(
 
 // dispatchRound runs one round of the scheduler now, as its goroutine does
 // after every request and completion.
-func dispatchRound(s *Store) {
-	sc := s.sched
-	sc.mu.Lock()
-	sc.dispatchLocked(sc.nowNs())
-	sc.mu.Unlock()
-}
+func dispatchRound(s *Store) { s.sched.DispatchNow() }
 
 // TestGPUSavesWaitBehindRestore: on PathGPU a restore is a job of the
 // scheduler from dispatch until the GPU reports its layers, so a save

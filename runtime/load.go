@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -174,8 +175,6 @@ func (l *Load) Wait() error {
 	return l.err
 }
 
-func (l *Load) route(io sched.IO) { l.ios <- io }
-
 // failRuns turns run index r and everything after it into a miss; why is
 // kept for Failure.
 func (l *Load) failRuns(r int, cause MissCause, why error) {
@@ -203,7 +202,7 @@ func (l *Load) runValid(r int) bool {
 func (l *Load) finishRead(io sched.IO) {
 	l.remaining[io.Layer]--
 	l.readsLeft--
-	l.s.sched.complete(io, l.readsLeft == 0)
+	l.s.sched.Complete(io, l.readsLeft == 0)
 	l.mu.Lock()
 	advanced := false
 	for l.ready < len(l.remaining) && l.remaining[l.ready] == 0 {
@@ -281,11 +280,11 @@ func (l *Load) drive() {
 			sl.tag = seg
 			ring = append(ring, sl)
 			l.ioCount++
-			batchOf(&l.batches, l.runs[io.Run].run.device).start(s.sched.nowNs(), seg.ioBytes)
+			batchOf(&l.batches, l.runs[io.Run].run.device).start(s.sched.NowNs(), seg.ioBytes)
 			if seg.objOff > 0 {
 				l.splits++
 			}
-			s.worker.submit(&sl.req)
+			s.worker.Submit(&sl.req)
 		}
 		if len(ring) == 0 && len(queue) == 0 && inPool == 0 {
 			if l.readsLeft == 0 {
@@ -322,7 +321,7 @@ func (l *Load) drive() {
 	// latencies, which include queueing behind each other).
 	for dev, b := range l.batches {
 		if b.ops > 0 {
-			l.s.sched.observeReads(dev, b.bytes, int(b.ops), s.sched.nowNs()-b.firstNs)
+			l.s.sched.ObserveReads(dev, b.bytes, int(b.ops), s.sched.NowNs()-b.firstNs)
 		}
 	}
 	l.finish()
@@ -343,7 +342,7 @@ func (l *Load) newSplit(r *runEntry, sp objmap.Span, segs int) *splitRead {
 // queue, so the order among them is decided before any is submitted.
 func (l *Load) takeReads(queue []sched.IO, keepHead bool, io sched.IO) []sched.IO {
 	queue = insertRead(queue, keepHead, io)
-	l.burst = l.s.sched.takeRouted(l.ios, l.burst[:0])
+	l.burst = l.s.sched.TakeRouted(l.ios, l.burst[:0])
 	for _, io := range l.burst {
 		queue = insertRead(queue, keepHead, io)
 	}
@@ -466,11 +465,11 @@ func (l *Load) scatter(sl *slot, ck chunkChecker) bool {
 	}
 	req := &sl.req
 	switch {
-	case req.err != nil:
-		l.failRuns(run, missCauseOf(req.err), req.err)
+	case req.Err != nil:
+		l.failRuns(run, missCauseOf(req.Err), req.Err)
 		return false
-	case req.result != seg.ioBytes:
-		l.failRuns(run, MissShortRead, fmt.Errorf("read %d of %d bytes at span offset %d", req.result, seg.ioBytes, seg.objOff))
+	case req.Result != seg.ioBytes:
+		l.failRuns(run, MissShortRead, fmt.Errorf("read %d of %d bytes at span offset %d", req.Result, seg.ioBytes, seg.objOff))
 		return false
 	}
 	// The payload inside this segment: [lo, hi) of the read.
@@ -494,7 +493,7 @@ func (l *Load) scatter(sl *slot, ck chunkChecker) bool {
 }
 
 func missCauseOf(err error) MissCause {
-	if errors.Is(err, errWorkerClosed) || errors.Is(err, uring.ErrClosed) {
+	if errors.Is(err, ring.ErrClosed) || errors.Is(err, uring.ErrClosed) {
 		return MissClosed
 	}
 	return MissIOError

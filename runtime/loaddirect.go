@@ -70,12 +70,12 @@ func (l *Load) prepRead(sl *slot, seg *segment, r loadRun, f *uring.File, off ui
 	case payload && why.kind == StageNone:
 		seg.direct = true
 		l.s.stats.loadDirectReads.Add(1)
-		sl.req.c.PrepReadv(f, sl.iov, off)
+		sl.req.C.PrepReadv(f, sl.iov, off)
 		return
 	case payload:
 		l.s.stats.stagedRead(why)
 	}
-	sl.req.c.PrepRead(f, sl.buf.Addr(), uint32(seg.ioBytes), off)
+	sl.req.C.PrepRead(f, sl.buf.Addr(), uint32(seg.ioBytes), off)
 }
 
 // checkPages is restorePages for a read that went to the pages: ver sees

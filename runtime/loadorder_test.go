@@ -11,6 +11,7 @@ import (
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 	"github.com/tutti-io/tutti/uring/uringsim"
@@ -85,8 +86,8 @@ type submitLog struct {
 }
 
 func (e *submitLog) Submit(c *uring.Completion) error {
-	if r, ok := c.Context.(*ioReq); ok {
-		if sl, ok := r.owner.(*slot); ok && sl.tag.io.Kind == sched.IORead {
+	if r, ok := c.Context.(*ring.Req); ok {
+		if sl, ok := r.Owner.(*slot); ok && sl.tag.io.Kind == sched.IORead {
 			e.mu.Lock()
 			e.reads = append(e.reads, sl.tag.io)
 			e.mu.Unlock()

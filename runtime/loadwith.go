@@ -119,15 +119,7 @@ func (s *Store) matchBlocks(runs []loadRun, blocks int) int {
 	}
 	req := s.loadRequest(runs, blocks)
 	req.SegmentsOnly, req.QueueUnknown = true, true // as LoadWith plans an unpromised load
-	sc := s.sched
-	sc.mu.Lock()
-	sc.nextID++
-	req.ID, req.NowNs = sc.nextID, sc.nowNs()
-	plan, err := sc.p.PlanLoad(req)
-	if err == nil {
-		sc.p.Cancel(plan.ID)
-	}
-	sc.mu.Unlock()
+	plan, err := s.sched.AskLoad(req)
 	if err != nil {
 		return 0 // a request the planner refuses is one LoadWith would refuse: no hit
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/iosched"
+	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -69,10 +71,10 @@ func Open(cfg Config) (*Store, error) {
 	}
 	fail := func(err error) (*Store, error) {
 		if s.worker != nil {
-			_ = s.worker.close()
+			_ = s.worker.Close()
 		}
 		if s.sched != nil {
-			s.sched.close()
+			s.sched.Close()
 		}
 		if s.consumers != nil {
 			s.consumers.close()
@@ -124,7 +126,7 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return fail(fmt.Errorf("starting the I/O engine: %w", err))
 	}
-	s.worker = newIOWorker("runtime io", eng, cfg.QueueDepth)
+	s.worker = ring.New("runtime io", eng, cfg.QueueDepth)
 	s.maxWriteIOBytes = saveWriteBytes(s.geo, min(cfg.StagingSlotBytes, maxSaveWriteBytes), cfg.Path == PathGPU)
 	s.saveSlots = saveSlotLimit(len(s.staging.all), cfg.Path)
 	s.saveSlotTokens = make(chan struct{}, s.saveSlots)
@@ -135,7 +137,7 @@ func Open(cfg Config) (*Store, error) {
 		devs[i] = sched.DeviceConfig{Profile: profiles[i], MaxReadsInFlight: cfg.QueueDepth, MaxWritesInFlight: cfg.SaveWritesPerDevice,
 			MaxReadBytesInFlight: cfg.StagingBytes, MaxWriteBytesInFlight: max(cfg.StagingBytes/4, s.maxWriteIOBytes), MaxPendingSaveBytes: cfg.SaveBudgetBytes}
 	}
-	if s.sched, err = newScheduler(sched.Config{Layers: s.geo.Layers, BlockTokens: s.geo.ChunkPages * s.geo.PageTokens,
+	if s.sched, err = iosched.New(sched.Config{Layers: s.geo.Layers, BlockTokens: s.geo.ChunkPages * s.geo.PageTokens,
 		Compute: cfg.Compute, Devices: devs, SaveBoundNs: int64(cfg.SaveBoundMs) * 1e6, MaxWriteIOBytes: s.maxWriteIOBytes}); err != nil {
 		return fail(err)
 	}

@@ -70,14 +70,14 @@ func (s *Store) maybeReprobe(runs []loadRun, plan sched.Plan) {
 		}
 		loaded -= lr.k
 	}
-	if r == nil || !s.sched.readsStale(r.device, rp.every) {
+	if r == nil || !s.sched.ReadsStale(r.device, rp.every) {
 		return
 	}
 	n := min(r.info.Length, reprobeMaxBytes)
 	op := min(probeIOBytes, n/probeMinOps) &^ (reprobeMinOpBytes - 1)
 	if op < reprobeMinOpBytes {
 		rp.skipped.Add(1)
-		s.sched.readsSeen(r.device) // not again before the next interval
+		s.sched.ReadsSeen(r.device) // not again before the next interval
 		return
 	}
 	if !rp.busy.CompareAndSwap(false, true) {
@@ -92,9 +92,9 @@ func (s *Store) maybeReprobe(runs []loadRun, plan sched.Plan) {
 		defer rp.busy.Store(false)
 		rate, err := rp.probe(int(r.file.FD), r.offset, n/op*op, op, reprobeBudget)
 		if err == nil {
-			err = s.sched.remeasureReads(r.device, rate)
+			err = s.sched.RemeasureReads(r.device, rate)
 		}
-		s.sched.readsSeen(r.device)
+		s.sched.ReadsSeen(r.device)
 		if err != nil {
 			// The message first: a reader that sees the count sees why.
 			msg := fmt.Sprintf("device %d (%s): %v", r.device, r.file.Path, err)

@@ -118,7 +118,7 @@ func TestReprobeRecoversLowModel(t *testing.T) {
 			scramble(kv, g, cfg.NumPages)
 			l := loadWait(t, s, c, pages)
 			if loaded := l.Planned() == tc.blocks; loaded != tc.loads {
-				t.Fatalf("second load planned %d of %d blocks (read model %.3g B/s)", l.Planned(), tc.blocks, s.sched.device(0).Profile().ReadBytesPerSec)
+				t.Fatalf("second load planned %d of %d blocks (read model %.3g B/s)", l.Planned(), tc.blocks, s.sched.Device(0).Profile().ReadBytesPerSec)
 			}
 			if tc.loads {
 				if err := verify(kv, g, c, pages, tc.blocks); err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
 	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
+	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
 	"golang.org/x/sys/unix"
 )
@@ -173,13 +174,11 @@ func (s *Store) journalReady() error {
 	return s.m.Failing()
 }
 
-func (sv *Save) route(io sched.IO) { sv.ios <- io }
-
 func skipCauseOf(err error) SkipCause {
 	switch {
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, objmap.ErrNoSpace):
 		return SkipENOSPC
-	case errors.Is(err, errWorkerClosed), errors.Is(err, objmap.ErrClosed):
+	case errors.Is(err, ring.ErrClosed), errors.Is(err, objmap.ErrClosed):
 		return SkipClosed
 	}
 	return SkipIOError
@@ -209,7 +208,7 @@ func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta) (*Save, 
 	s.mu.Lock()
 	s.savesLive++
 	s.mu.Unlock()
-	startNs := s.sched.nowNs()
+	startNs := s.sched.NowNs()
 	sv := &Save{s: s, chain: chain, pages: pages, gathered: make(chan struct{}), done: make(chan struct{}), startNs: startNs}
 	s.stats.saves.Add(1)
 	s.stats.saveBlocks.Add(int64(len(chain)))
@@ -242,7 +241,7 @@ func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta) (*Save, 
 	for _, r := range sv.runs {
 		total += r.writes
 	}
-	sv.timing.AdmittedNs = s.sched.nowNs() - startNs
+	sv.timing.AdmittedNs = s.sched.NowNs() - startNs
 	if total == 0 {
 		sv.finish()
 		return sv, nil
@@ -286,8 +285,8 @@ func (sv *Save) admit(ids []uint64, from int) {
 			sr.skip = true
 			continue
 		}
-		id, t, err := s.sched.enqueueSave(sched.SaveRequest{Device: s.deviceOf(r.File), Blocks: r.Chunks,
-			BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()}, sv)
+		id, t, err := s.sched.EnqueueSave(sched.SaveRequest{Device: s.deviceOf(r.File), Blocks: r.Chunks,
+			BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()}, sv.ios)
 		if err != nil {
 			panic(fmt.Sprintf("runtime: enqueueing a save: %v", err)) // only bad arguments
 		}

@@ -44,13 +44,13 @@ func (sv *Save) drive() {
 			d.completed(b)
 		}
 	}
-	sv.timing.WritesNs = s.sched.nowNs() - sv.startNs
+	sv.timing.WritesNs = s.sched.NowNs() - sv.startNs
 	d.releaseSlots()
 	sv.commitReady(d.nextCommit, d.remaining, d.inflight)
 	sv.timing.DeviceWritesNs = make([]int64, len(s.cfg.Dirs))
 	for dev, b := range sv.batches {
 		if b.ops > 0 {
-			s.sched.observeWrites(dev, b.bytes, int(b.ops), b.lastNs-b.firstNs, sv.withReads)
+			s.sched.ObserveWrites(dev, b.bytes, int(b.ops), b.lastNs-b.firstNs, sv.withReads)
 			sv.timing.DeviceWritesNs[dev] = b.lastNs - b.firstNs
 		}
 	}
@@ -93,7 +93,7 @@ func (d *saveDriver) stageQueued() {
 		d.queue = d.queue[1:]
 		b.io, b.run, b.sink = io, ri, sv.sink
 		b.ioBytes = (io.Bytes + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
-		now := s.sched.nowNs()
+		now := s.sched.NowNs()
 		if sv.timing.FirstWriteNs == 0 {
 			sv.timing.FirstWriteNs = max(1, now-sv.startNs)
 		}
@@ -161,15 +161,15 @@ func (d *saveDriver) completed(b *wbuf) {
 		b.direct = false
 		sv.gathered1()
 	}
-	sv.batch(s.deviceOf(r.res.File)).lastNs = s.sched.nowNs()
+	sv.batch(s.deviceOf(r.res.File)).lastNs = s.sched.NowNs()
 	if r.failed == nil {
 		switch {
 		case b.gatherErr != nil:
 			r.failed = b.gatherErr
-		case b.req.err != nil:
-			r.failed = fmt.Errorf("writing run %d layer %d: %w", r.res.ID, b.io.Layer, b.req.err)
-		case b.req.result != b.ioBytes:
-			r.failed = fmt.Errorf("writing run %d layer %d: %d of %d bytes: %w", r.res.ID, b.io.Layer, b.req.result, b.ioBytes, unix.EIO)
+		case b.req.Err != nil:
+			r.failed = fmt.Errorf("writing run %d layer %d: %w", r.res.ID, b.io.Layer, b.req.Err)
+		case b.req.Result != b.ioBytes:
+			r.failed = fmt.Errorf("writing run %d layer %d: %d of %d bytes: %w", r.res.ID, b.io.Layer, b.req.Result, b.ioBytes, unix.EIO)
 		default:
 			r.parts = append(r.parts, b.parts...)
 		}
@@ -182,7 +182,7 @@ func (d *saveDriver) completed(b *wbuf) {
 func (d *saveDriver) retire(io sched.IO, ri int) {
 	d.remaining[ri]--
 	d.sv.writesLeft--
-	d.sv.s.sched.complete(io, d.remaining[ri] == 0)
+	d.sv.s.sched.Complete(io, d.remaining[ri] == 0)
 }
 
 // ioBatch is one device's share of a save's writes or a load's reads: bytes
@@ -324,7 +324,7 @@ func (sv *Save) commit(i, j int, remaining, inflight []int) {
 }
 
 func (sv *Save) finish() {
-	sv.timing.DoneNs = sv.s.sched.nowNs() - sv.startNs
+	sv.timing.DoneNs = sv.s.sched.NowNs() - sv.startNs
 	select {
 	case <-sv.gathered:
 	default:

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -24,7 +25,7 @@ type wbuf struct {
 	sl   *slot
 	off  int64 // offset in sl
 	data []byte
-	req  ioReq
+	req  ring.Req
 	sink chan *wbuf // the holding save's; room for every wbuf it can hold
 
 	// Per write, set by the driver: what it stages.
@@ -48,7 +49,7 @@ type wbuf struct {
 
 // ioDone runs on the I/O worker goroutine (or a stage worker for a write
 // that failed before submission): it never blocks.
-func (b *wbuf) ioDone(*ioReq) { b.sink <- b }
+func (b *wbuf) IODone(*ring.Req) { b.sink <- b }
 
 // crcPart is the CRC32C of bytes [off, off+n) of chunk entry idx of a run
 // (layer*chunks + chunk, objmap's chunk table order).
@@ -108,7 +109,7 @@ func (s *Store) saveWbufs(sl *slot) []*wbuf {
 		} else {
 			b.newSaveIovecs(saveIovecCap(wb, s.geo.PageBytesPerPlane()))
 		}
-		b.req.owner = b
+		b.req.Owner = b
 		sl.wbufs = append(sl.wbufs, b)
 	}
 	return sl.wbufs
@@ -179,8 +180,8 @@ func (sv *Save) stageWrite(b *wbuf) {
 			s.stats.saveChecksumNs.Add(int64(time.Since(t0)))
 			s.stats.saveDirectWrites.Add(1)
 			b.direct = true // gathered at its completion (saveDriver.completed)
-			b.req.c.PrepWritev(f, b.iov, fileOff)
-			s.worker.submit(&b.req)
+			b.req.C.PrepWritev(f, b.iov, fileOff)
+			s.worker.Submit(&b.req)
 			return
 		}
 		s.stats.staged(why)
@@ -190,12 +191,12 @@ func (sv *Save) stageWrite(b *wbuf) {
 	clear(buf[io.Bytes:]) // padding: deterministic bytes on disk
 	sv.gathered1()
 	if b.gatherErr != nil {
-		b.req.result, b.req.err = 0, b.gatherErr
-		b.ioDone(&b.req)
+		b.req.Result, b.req.Err = 0, b.gatherErr
+		b.IODone(&b.req)
 		return
 	}
-	b.req.c.PrepWrite(f, b.sl.buf.Addr()+uintptr(b.off), uint32(b.ioBytes), fileOff)
-	s.worker.submit(&b.req)
+	b.req.C.PrepWrite(f, b.sl.buf.Addr()+uintptr(b.off), uint32(b.ioBytes), fileOff)
+	s.worker.Submit(&b.req)
 }
 
 // copyAndChecksum copies b's object bytes from the pages into buf one page

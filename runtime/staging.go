@@ -3,6 +3,7 @@ package runtime
 import (
 	"fmt"
 
+	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/uring"
 )
 
@@ -11,7 +12,7 @@ import (
 type slot struct {
 	buf  *uring.Buffer
 	data []byte // buf.Bytes(), cached
-	req  ioReq
+	req  ring.Req
 
 	// Per use, set by the user of the slot: what the staged bytes are, where
 	// to report the completion (a channel with room for every slot, so the
@@ -31,7 +32,7 @@ type slot struct {
 }
 
 // ioDone runs on the I/O worker goroutine.
-func (s *slot) ioDone(*ioReq) { s.sink <- s }
+func (s *slot) IODone(*ring.Req) { s.sink <- s }
 
 // stagingPool is a fixed set of slots allocated at Open. acquire blocks
 // while all are in use; nothing is allocated after Open.
@@ -51,7 +52,7 @@ func newStagingPool(totalBytes, slotBytes int64) (*stagingPool, error) {
 			return nil, fmt.Errorf("allocating staging slot %d of %d (%d bytes): %w", i, n, slotBytes, err)
 		}
 		s := &slot{buf: b, data: b.Bytes()}
-		s.req.owner = s
+		s.req.Owner = s
 		p.all = append(p.all, s)
 		p.free <- s
 	}

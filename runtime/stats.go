@@ -214,7 +214,7 @@ func (s *Store) Stats() Stats {
 	st.Holds.Live = s.holds
 	s.mu.Unlock()
 	st.Holds.Expired = s.holdsExpired.Load()
-	st.Index, st.Map, st.Sched = s.idx.Stats(), s.m.Stats(), s.sched.stats()
+	st.Index, st.Map, st.Sched = s.idx.Stats(), s.m.Stats(), s.sched.Stats()
 	st.Events = s.kvEventsStats()
 	st.GPU.Reads = s.gpuReads
 	st.GPU.Reads.Unread = append([]string{}, s.gpuReads.Unread...)

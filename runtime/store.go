@@ -10,8 +10,10 @@ import (
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/iosched"
 	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
 	"github.com/tutti-io/tutti/runtime/internal/lrufile"
+	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -102,7 +104,7 @@ type Store struct {
 	geo     kvshape.Geometry
 	m       *objmap.Map
 	idx     *kvmeta.Index // the prefix index; publishes KV events with Config.KVEvents
-	worker  *ioWorker
+	worker  *ring.Worker
 	staging *stagingPool
 	// stager gathers, checksums and submits save writes; saveSlotTokens
 	// holds one token per staging slot the saves hold (at most saveSlots).
@@ -112,7 +114,7 @@ type Store struct {
 	// consumers verify and scatter completed load reads (PathCPU; nil on
 	// PathGPU, which does not stage its reads here).
 	consumers *workerPool[consumeJob]
-	sched     *scheduler
+	sched     *iosched.Scheduler
 	kv        *kvViews // set once by RegisterKV (PathCPU)
 	gpu       *gpuPath // set once by RegisterKV (PathGPU)
 	kvSet     atomic.Bool
@@ -320,7 +322,7 @@ func (l *Load) planReads(cached int, opts LoadOptions) error {
 	req.QueueUnknown = req.ComputeReadyNs == 0 // the store never sees the engine's GPU queue
 	req.Whole, req.SegmentsOnly = s.gpu != nil, s.gpu != nil
 	l.ios = make(chan sched.IO, max(1, s.geo.Layers*len(runs)))
-	plan, err := s.sched.planLoad(req, l)
+	plan, err := s.sched.PlanLoad(req, l.ios)
 	if err != nil {
 		return err
 	}
@@ -527,7 +529,7 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.ops.Wait()
 	s.stopPrewrite()
-	s.sched.close()
+	s.sched.Close()
 	var errs []error
 	if s.gpu != nil {
 		errs = append(errs, s.gpu.close())
@@ -536,7 +538,7 @@ func (s *Store) Close() error {
 		s.consumers.close()
 	}
 	s.stager.close()
-	errs = append(errs, s.worker.close(), s.staging.close())
+	errs = append(errs, s.worker.Close(), s.staging.close())
 	// The order is kept only with a durable journal: it then names the
 	// blocks the next Open finds.
 	if s.m.Sync() == nil {
