@@ -8,6 +8,7 @@ import (
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/devprobe"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -176,12 +177,12 @@ type Config struct {
 	// kernels: Open then needs no GPU, and RegisterKV binds no ring and
 	// registers no staging with CUDA.
 	gpuBind gpuBinder
-	// probe, if set (tests), measures the devices instead of probeDir, also
-	// under NewEngine.
-	probe deviceProber
+	// probe, if set (tests), measures the devices instead of devprobe.Dir,
+	// also under NewEngine.
+	probe devprobe.Prober
 	// reprobe, if set with probe (tests), re-measures reads instead of
-	// reprobeReads, every reprobeEvery (0: the default) at most.
-	reprobe      readProber
+	// devprobe.Reads, every reprobeEvery (0: devprobe.Every) at most.
+	reprobe      devprobe.ReadProber
 	reprobeEvery time.Duration
 	// buffered (tests) opens the pool without O_DIRECT (objmap.Options.
 	// Buffered), so a store can live on tmpfs; segmentBytes (tests, 0: the

@@ -1,12 +1,12 @@
 package runtime
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/devprobe"
 	"github.com/tutti-io/tutti/runtime/internal/iosched"
 	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
@@ -131,7 +131,7 @@ func Open(cfg Config) (*Store, error) {
 	s.saveSlots = saveSlotLimit(len(s.staging.all), cfg.Path)
 	s.saveSlotTokens = make(chan struct{}, s.saveSlots)
 	s.stager = newStagePool(s.saveSlots * s.wbufsPerSlot())
-	profiles := s.deviceProfiles(userDevice)
+	profiles, reprobe := s.deviceProfiles(userDevice)
 	devs := make([]sched.DeviceConfig, len(cfg.Dirs))
 	for i := range devs {
 		devs[i] = sched.DeviceConfig{Profile: profiles[i], MaxReadsInFlight: cfg.QueueDepth, MaxWritesInFlight: cfg.SaveWritesPerDevice,
@@ -141,47 +141,77 @@ func Open(cfg Config) (*Store, error) {
 		Compute: cfg.Compute, Devices: devs, SaveBoundNs: int64(cfg.SaveBoundMs) * 1e6, MaxWriteIOBytes: s.maxWriteIOBytes}); err != nil {
 		return fail(err)
 	}
+	if reprobe != nil {
+		s.reprobe = devprobe.NewReprober(reprobe, cfg.reprobeEvery, s.sched)
+	}
 	s.startPrewrite()
 	return s, nil
 }
 
 // deviceProfiles is each directory's device model seed: the configured
 // profile, or defaultDevice with the bandwidths probed on its device (Stats
-// reports which); probed devices are re-probed later where plans need it
-// (reprobe.go). Under a test engine (NewEngine) the directories' devices
-// are not what serves the I/O, so they are not probed.
-func (s *Store) deviceProfiles(configured bool) []sched.DeviceProfile {
+// reports which), and the prober that re-measures the probed devices later
+// where plans need it (nil: none). Under a test engine (NewEngine) the
+// directories' devices are not what serves the I/O, so they are not probed.
+func (s *Store) deviceProfiles(configured bool) (profiles []sched.DeviceProfile, reprobe devprobe.ReadProber) {
 	cfg := s.cfg
-	same := func() []sched.DeviceProfile {
-		out := make([]sched.DeviceProfile, len(cfg.Dirs))
-		for i := range out {
-			out[i] = cfg.Device
-		}
-		return out
+	s.devProbes = make([]DeviceProbe, len(cfg.Dirs))
+	profiles = make([]sched.DeviceProfile, len(cfg.Dirs))
+	for i := range profiles {
+		profiles[i] = cfg.Device
 	}
 	probe := cfg.probe
 	switch {
 	case configured:
-		s.devProbes = make([]DeviceProbe, len(cfg.Dirs))
 		for i := range s.devProbes {
 			s.devProbes[i] = DeviceProbe{State: ProbeConfigured, WriteBytesPerSec: cfg.Device.WriteBytesPerSec, ReadBytesPerSec: cfg.Device.ReadBytesPerSec}
 		}
-		return same()
+		return profiles, nil
 	case probe == nil && cfg.NewEngine != nil:
-		s.devProbes = make([]DeviceProbe, len(cfg.Dirs))
 		for i := range s.devProbes {
 			s.devProbes[i] = seededProbe(cfg.Device, "Config.NewEngine serves the I/O, not these directories' devices")
 		}
-		return same()
+		return profiles, nil
 	case probe == nil:
-		probe, s.reprobe.probe = probeDir, reprobeReads
+		probe, reprobe = devprobe.Dir, devprobe.Reads
 	default: // a test's probe: re-probes only where the test asks
-		s.reprobe.probe = cfg.reprobe
+		reprobe = cfg.reprobe
 	}
-	s.reprobe.every = cmp.Or(cfg.reprobeEvery, reprobeEvery)
-	profiles, report := probeDevices(cfg.Dirs, cfg.Device, probe)
-	s.devProbes = report
-	return profiles
+	for i, o := range devprobe.Devices(cfg.Dirs, cfg.Device, probe) {
+		profiles[i] = o.Profile
+		if o.Err != nil {
+			s.devProbes[i] = seededProbe(cfg.Device, o.Err.Error())
+			continue
+		}
+		s.devProbes[i] = DeviceProbe{State: ProbeMeasured, WriteBytesPerSec: o.Profile.WriteBytesPerSec, ReadBytesPerSec: o.Profile.ReadBytesPerSec,
+			ProbeBytes: o.Rates.Bytes, ProbeNs: o.Rates.Took.Nanoseconds()}
+	}
+	return profiles, reprobe
+}
+
+// seededProbe is a directory left on seed, and why.
+func seededProbe(seed sched.DeviceProfile, why string) DeviceProbe {
+	return DeviceProbe{State: ProbeSeeded, Reason: why, WriteBytesPerSec: seed.WriteBytesPerSec, ReadBytesPerSec: seed.ReadBytesPerSec}
+}
+
+// maybeReprobe is called after every plan of runs: when the plan
+// recomputes cached blocks because loading would not be faster, it asks
+// for a re-probe of the device of the first block left out (devprobe's
+// Reprober decides whether that device's model is stale). It never blocks.
+func (s *Store) maybeReprobe(runs []loadRun, plan sched.Plan) {
+	if s.reprobe == nil || !devprobe.Wanted(plan) {
+		return
+	}
+	loaded := plan.LoadBlocks
+	for _, lr := range runs {
+		if loaded < lr.k {
+			r := lr.run
+			s.reprobe.Maybe(devprobe.Target{Device: r.device, FD: int(r.file.FD), Path: r.file.Path, Offset: r.offset, Length: r.info.Length},
+				s.begin, s.endOp)
+			return
+		}
+		loaded -= lr.k
+	}
 }
 
 // OpenWithFallback opens cfg; when cfg.Path is PathGPU and the GPU path

@@ -241,7 +241,7 @@ func (s *Store) Stats() Stats {
 			st.Devices.ProbeFailures++
 		}
 	}
-	st.Devices.Reprobes, st.Devices.ReprobeFailures, st.Devices.ReprobeSkips, st.Devices.ReprobeError = s.reprobe.stats()
+	st.Devices.Reprobes, st.Devices.ReprobeFailures, st.Devices.ReprobeSkips, st.Devices.ReprobeError = s.reprobe.Stats()
 	st.Prewrite = s.prewriteStats()
 	return st
 }

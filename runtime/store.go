@@ -10,6 +10,7 @@ import (
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/devprobe"
 	"github.com/tutti-io/tutti/runtime/internal/iosched"
 	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
 	"github.com/tutti-io/tutti/runtime/internal/lrufile"
@@ -136,11 +137,11 @@ type Store struct {
 	report          RecoveryReport
 	stats           counters
 	fails           saveFailures
-	maxWriteIOBytes int64         // the scheduler's write size: at most one staging slot
-	fallbackReason  string        // set by OpenWithFallback before the store is shared
-	gpuReads        GPUReads      // Stats.GPU.Reads, set by Open
-	devProbes       []DeviceProbe // Stats.Devices.Probes, set by Open
-	reprobe         reprobes
+	maxWriteIOBytes int64              // the scheduler's write size: at most one staging slot
+	fallbackReason  string             // set by OpenWithFallback before the store is shared
+	gpuReads        GPUReads           // Stats.GPU.Reads, set by Open
+	devProbes       []DeviceProbe      // Stats.Devices.Probes, set by Open
+	reprobe         *devprobe.Reprober // re-measures probed devices (nil: Open did not probe them)
 	pre             prewriter
 }
 

@@ -1,14 +1,16 @@
-package runtime
-
-// The device probe: Open measures each directory's device with a short,
-// time-limited burst of O_DIRECT writes and reads, so that a store whose
-// Config.Device is left zero seeds its device model with what its devices
-// do rather than with defaultDevice. The model corrects itself only slowly
-// (a bounded step per completed save), and EnqueueSave admits a whole save
-// at once from the model, so a seed far below the device would cut every
-// large save on a fresh store although the device writes it within the
-// bound. A device the probe cannot measure falls back to the seed, counted
-// (Stats.Devices.ProbeFailures) and said why (Stats.Devices.Probes).
+// Package devprobe measures a store's devices. At Open each directory's
+// device is measured with a short, time-limited burst of O_DIRECT writes
+// and reads (Devices), so that a store whose Config.Device is left zero
+// seeds its device model with what its devices do rather than with the
+// default profile. The model corrects itself only slowly (a bounded step
+// per completed save), and the scheduler admits a whole save at once from
+// the model, so a seed far below the device would cut every large save on
+// a fresh store although the device writes it within the bound. A device
+// the probe cannot measure falls back to the seed, and the Outcome says
+// why. Later a device whose model went stale while plans recompute its
+// cached blocks is re-measured by reading committed data (Reprober,
+// reprobe.go).
+package devprobe
 
 import (
 	"cmp"
@@ -28,42 +30,51 @@ const (
 	// probeBudget bounds the whole probe (all devices run at once): half
 	// for the writes, half for the reads of what was written.
 	probeBudget = 50 * time.Millisecond
-	// probeIOBytes is one probe op: large enough to be bandwidth bound,
-	// like the save writes and the restore reads the model predicts.
-	probeIOBytes = 1 << 20
+	// IOBytes is one probe op: large enough to be bandwidth bound, like
+	// the save writes and the restore reads the model predicts.
+	IOBytes = 1 << 20
 	// probeDepth ops in flight per device: deep enough to be bandwidth
-	// bound, shallow enough that probeMinOps complete within the budget.
+	// bound, shallow enough that MinOps complete within the budget.
 	probeDepth = 8
 	// probeMaxBytes bounds the scratch file's size.
 	probeMaxBytes = 64 << 20
-	// probeMinOps: fewer completions measure latency, not bandwidth, so
+	// MinOps: fewer completions measure latency, not bandwidth, so
 	// they are not taken as a rate. Every worker completes its first op
 	// whatever the deadline, so a slow device is measured (a phase then
 	// runs past its deadline by at most one op per worker) rather than
 	// left on a seed that would admit more than it writes in the bound.
-	probeMinOps = probeDepth
-	// probeFile is the scratch file, removed when the probe ends.
-	probeFile = ".tutti-probe"
+	MinOps = probeDepth
+	// ScratchFile is the probe's file in each directory, removed when the
+	// probe ends.
+	ScratchFile = ".tutti-probe"
 )
 
-// probeRates is what the probe measured on one device.
-type probeRates struct {
+// Rates is what the probe measured on one device.
+type Rates struct {
 	WriteBytesPerSec, ReadBytesPerSec float64
 	Bytes                             int64 // written (and read back)
 	Took                              time.Duration
 }
 
-// deviceProber measures the device under dir within budget.
-type deviceProber func(dir string, budget time.Duration) (probeRates, error)
+// Prober measures the device under dir within budget (Dir; tests pass
+// their own).
+type Prober func(dir string, budget time.Duration) (Rates, error)
 
-// probeDevices returns each directory's device profile (seed with the
-// probed bandwidths, or seed itself where the probe failed) and what was
-// measured or why it was not. The directories are probed at once, as a
-// striped save writes them: those on one device share its rate, as their
-// saves do.
-func probeDevices(dirs []string, seed sched.DeviceProfile, probe deviceProber) (profiles []sched.DeviceProfile, report []DeviceProbe) {
-	profiles = make([]sched.DeviceProfile, len(dirs))
-	rates := make([]probeRates, len(dirs))
+// Outcome is one directory's probe: the profile its model starts from (the
+// seed with the probed bandwidths, or the seed itself where Err says why
+// there is no measurement) and what was measured.
+type Outcome struct {
+	Profile sched.DeviceProfile
+	Rates   Rates
+	Err     error // nil: measured
+}
+
+// Devices probes every directory with probe and returns their outcomes in
+// dirs' order. The directories are probed at once, as a striped save
+// writes them: those on one device share its rate, as their saves do. The
+// whole probe takes about probeBudget.
+func Devices(dirs []string, seed sched.DeviceProfile, probe Prober) []Outcome {
+	rates := make([]Rates, len(dirs))
 	errs := make([]error, len(dirs))
 	var wg sync.WaitGroup
 	for i, dir := range dirs {
@@ -74,7 +85,7 @@ func probeDevices(dirs []string, seed sched.DeviceProfile, probe deviceProber) (
 		}()
 	}
 	wg.Wait()
-	report = make([]DeviceProbe, len(dirs))
+	out := make([]Outcome, len(dirs))
 	for i := range dirs {
 		p := seed
 		p.WriteBytesPerSec, p.ReadBytesPerSec = rates[i].WriteBytesPerSec, rates[i].ReadBytesPerSec
@@ -82,29 +93,22 @@ func probeDevices(dirs []string, seed sched.DeviceProfile, probe deviceProber) (
 			errs[i] = p.Validate()
 		}
 		if errs[i] != nil {
-			profiles[i], report[i] = seed, seededProbe(seed, errs[i].Error())
+			out[i] = Outcome{Profile: seed, Err: errs[i]}
 			continue
 		}
-		profiles[i] = p
-		report[i] = DeviceProbe{State: ProbeMeasured, WriteBytesPerSec: p.WriteBytesPerSec, ReadBytesPerSec: p.ReadBytesPerSec,
-			ProbeBytes: rates[i].Bytes, ProbeNs: rates[i].Took.Nanoseconds()}
+		out[i] = Outcome{Profile: p, Rates: rates[i]}
 	}
-	return profiles, report
+	return out
 }
 
-// seededProbe is a directory left on seed, and why.
-func seededProbe(seed sched.DeviceProfile, why string) DeviceProbe {
-	return DeviceProbe{State: ProbeSeeded, Reason: why, WriteBytesPerSec: seed.WriteBytesPerSec, ReadBytesPerSec: seed.ReadBytesPerSec}
-}
-
-// probeDir is the default prober: a scratch file in dir, written and read
-// back with O_DIRECT at probeDepth ops in flight, each phase stopped at
-// half the budget or probeMaxBytes.
-func probeDir(dir string, budget time.Duration) (probeRates, error) {
-	path := filepath.Join(dir, probeFile)
+// Dir is the default prober: a scratch file in dir, written and read back
+// with O_DIRECT at probeDepth ops in flight, each phase stopped at half
+// the budget or probeMaxBytes. The file is removed before it returns.
+func Dir(dir string, budget time.Duration) (Rates, error) {
+	path := filepath.Join(dir, ScratchFile)
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return probeRates{}, fmt.Errorf("opening %s with O_DIRECT: %w", path, err)
+		return Rates{}, fmt.Errorf("opening %s with O_DIRECT: %w", path, err)
 	}
 	defer func() {
 		_ = unix.Close(fd)
@@ -115,9 +119,9 @@ func probeDir(dir string, budget time.Duration) (probeRates, error) {
 	_ = unix.Fallocate(fd, 0, 0, probeMaxBytes)
 	bufs := make([][]byte, probeDepth)
 	for i := range bufs {
-		b, err := unix.Mmap(-1, 0, probeIOBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		b, err := unix.Mmap(-1, 0, IOBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 		if err != nil {
-			return probeRates{}, fmt.Errorf("probe buffer: %w", err)
+			return Rates{}, fmt.Errorf("probe buffer: %w", err)
 		}
 		defer func() { _ = unix.Munmap(b) }()
 		// Not zeros, which some devices write for free.
@@ -131,13 +135,13 @@ func probeDir(dir string, budget time.Duration) (probeRates, error) {
 	begin := time.Now() // the budget is the I/O's, not the setup's
 	written, wNs, err := probePhase(fd, bufs, 0, probeMaxBytes, begin.Add(budget/2), true)
 	if err != nil {
-		return probeRates{}, fmt.Errorf("writing %s: %w", path, err)
+		return Rates{}, fmt.Errorf("writing %s: %w", path, err)
 	}
 	read, rNs, err := probePhase(fd, bufs, 0, written, begin.Add(budget), false)
 	if err != nil {
-		return probeRates{}, fmt.Errorf("reading %s: %w", path, err)
+		return Rates{}, fmt.Errorf("reading %s: %w", path, err)
 	}
-	return probeRates{WriteBytesPerSec: float64(written) * 1e9 / float64(wNs), ReadBytesPerSec: float64(read) * 1e9 / float64(rNs),
+	return Rates{WriteBytesPerSec: float64(written) * 1e9 / float64(wNs), ReadBytesPerSec: float64(read) * 1e9 / float64(rNs),
 		Bytes: written, Took: time.Since(begin)}, nil
 }
 
@@ -194,7 +198,7 @@ func probePhase(fd int, bufs [][]byte, base, limit int64, deadline time.Time, wr
 	if firstErr != nil {
 		return 0, 0, firstErr
 	}
-	if ops.Load() < probeMinOps || took <= 0 {
+	if ops.Load() < MinOps || took <= 0 {
 		return 0, 0, fmt.Errorf("%d ops: %w", ops.Load(), errProbeShort)
 	}
 	return done.Load(), took, nil
