@@ -94,7 +94,7 @@ type Config struct {
 	WritePool bool
 	// NoPrewrite turns off the background prewrite: by default a store
 	// whose pool has unwritten (fallocated) extents writes zeros over their
-	// free parts while no load or save runs (prewrite.go), so that its
+	// free parts while no load or save runs (package prewrite), so that its
 	// saves overwrite written blocks, as with WritePool, without paying for
 	// the whole pool at creation.
 	NoPrewrite bool

@@ -8,6 +8,7 @@ import (
 	"github.com/tutti-io/tutti/prefix"
 	"github.com/tutti-io/tutti/runtime/internal/devprobe"
 	"github.com/tutti-io/tutti/runtime/internal/iosched"
+	"github.com/tutti-io/tutti/runtime/internal/prewrite"
 	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
@@ -144,7 +145,7 @@ func Open(cfg Config) (*Store, error) {
 	if reprobe != nil {
 		s.reprobe = devprobe.NewReprober(reprobe, cfg.reprobeEvery, s.sched)
 	}
-	s.startPrewrite()
+	s.pre = prewrite.Start(s.m, cfg.NoPrewrite, "Config.NoPrewrite")
 	return s, nil
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/prewrite"
 	"github.com/tutti-io/tutti/sched"
 )
 
@@ -192,7 +193,7 @@ func (p DeviceProbe) String() string {
 	return s
 }
 
-// PrewriteStats is the background prewrite (prewrite.go).
+// PrewriteStats is the background prewrite (package prewrite).
 type PrewriteStats struct {
 	State  PrewriteState `json:"state"`
 	Reason string        `json:"reason"` // why off, done or stopped
@@ -245,6 +246,17 @@ func (s *Store) Stats() Stats {
 	st.Prewrite = s.prewriteStats()
 	return st
 }
+
+// prewriteStats is Stats.Prewrite.
+func (s *Store) prewriteStats() PrewriteStats {
+	p := s.pre.Stats()
+	return PrewriteStats{State: prewriteStates[p.State], Reason: p.Reason, WrittenBytes: p.WrittenBytes, LeftBytes: p.LeftBytes,
+		Errors: p.Errors, LastError: p.LastError}
+}
+
+// prewriteStates names package prewrite's states as Stats does.
+var prewriteStates = [...]PrewriteState{prewrite.Off: PrewriteOff, prewrite.Running: PrewriteRunning,
+	prewrite.Done: PrewriteDone, prewrite.Stopped: PrewriteStopped}
 
 // MissCounts counts blocks by MissCause, indexed by it. In JSON it is an
 // object keyed by each cause's String with '-' as '_' (io_error, crc, ...).

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
@@ -14,6 +15,7 @@ import (
 	"github.com/tutti-io/tutti/runtime/internal/iosched"
 	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
 	"github.com/tutti-io/tutti/runtime/internal/lrufile"
+	"github.com/tutti-io/tutti/runtime/internal/prewrite"
 	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
@@ -142,7 +144,7 @@ type Store struct {
 	gpuReads        GPUReads           // Stats.GPU.Reads, set by Open
 	devProbes       []DeviceProbe      // Stats.Devices.Probes, set by Open
 	reprobe         *devprobe.Reprober // re-measures probed devices (nil: Open did not probe them)
-	pre             prewriter
+	pre             *prewrite.Prewriter
 }
 
 // bytesPerBlock is what one chain block costs in the index's capacity: its
@@ -228,9 +230,19 @@ func (s *Store) begin() error {
 		return ErrClosed
 	}
 	s.ops.Add(1)
-	s.pre.active.Add(1)
+	s.pre.Begin()
 	return nil
 }
+
+// endOp ends an operation begin registered.
+func (s *Store) endOp() {
+	s.pre.End()
+	s.ops.Done()
+}
+
+// WaitPrewrite blocks until the background prewrite has ended (done,
+// stopped, or never started) or timeout passed, and says whether it ended.
+func (s *Store) WaitPrewrite(timeout time.Duration) bool { return s.pre.Wait(timeout) }
 
 // Lookup returns how many leading blocks of chain are cached (resident). It
 // does no I/O and pins nothing: a later Load may find fewer.
@@ -529,7 +541,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.ops.Wait()
-	s.stopPrewrite()
+	s.pre.Stop()
 	s.sched.Close()
 	var errs []error
 	if s.gpu != nil {
