@@ -7,8 +7,6 @@ package runtime
 
 import (
 	"fmt"
-
-	"github.com/tutti-io/tutti/prefix"
 )
 
 // Resident returns how many leading blocks of chain are hits, like Lookup,
@@ -34,7 +32,7 @@ func (s *Store) Discard(id uint64) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("runtime: discarding block %#x: %w", id, err)
 	}
-	s.release(dropped)
+	s.cat.Release(dropped)
 	return len(dropped), nil
 }
 
@@ -49,26 +47,10 @@ type ResidentBlock struct {
 // draining), each once, in no particular order. O(blocks); meant for
 // recovery-time reconciliation, not for the request path.
 func (s *Store) ResidentBlocks() []ResidentBlock {
-	type cand struct {
-		id, loc uint64
-	}
-	s.mu.Lock()
-	var cands []cand
-	for _, r := range s.runs {
-		for c, id := range r.chain {
-			cands = append(cands, cand{id: id, loc: loc(r.id, c)})
-		}
-	}
-	s.mu.Unlock()
-	out := make([]ResidentBlock, 0, len(cands))
-	for _, c := range cands {
-		e, ok := s.idx.Get(c.id)
-		// A run whose block left the index may share the id with a newer
-		// run: only the block the index points at counts.
-		if !ok || e.Draining || e.Loc != c.loc || (e.State != prefix.StateResident && e.State != prefix.StatePinned) {
-			continue
-		}
-		out = append(out, ResidentBlock{ID: c.id, Parent: e.Parent, HasParent: e.HasParent})
+	blocks := s.cat.Resident()
+	out := make([]ResidentBlock, len(blocks))
+	for i, b := range blocks {
+		out[i] = ResidentBlock(b)
 	}
 	return out
 }

@@ -215,9 +215,9 @@ func (l *Load) gpuRequest() kernels.Request {
 		req.Layers[layer] = make([]kernels.Extent, 0, len(l.gpuPieces))
 		for _, p := range l.gpuPieces {
 			r := l.runs[p.run]
-			off, _ := objmap.ObjectOffset(g, r.run.chunks, layer)
-			req.Layers[layer] = append(req.Layers[layer], kernels.Extent{FD: r.run.file.FD, Align: r.run.file.DirectAlign,
-				Offset: r.run.offset + off + int64(r.first+p.first)*g.ChunkBytesPerLayer(), Pages: p.k * g.ChunkPages})
+			off, _ := objmap.ObjectOffset(g, r.run.Chunks, layer)
+			req.Layers[layer] = append(req.Layers[layer], kernels.Extent{FD: r.run.File.FD, Align: r.run.File.DirectAlign,
+				Offset: r.run.Offset + off + int64(r.first+p.first)*g.ChunkBytesPerLayer(), Pages: p.k * g.ChunkPages})
 		}
 	}
 	return req
@@ -260,7 +260,7 @@ func (l *Load) observeGPUReads() {
 		}
 		perLayer := (int64(p.k)*g.ChunkBytesPerLayer() + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
 		reads := (perLayer + int64(s.cfg.GPU.MaxIOBytes) - 1) / int64(s.cfg.GPU.MaxIOBytes)
-		b := batchOf(&bs, l.runs[p.run].run.device)
+		b := batchOf(&bs, l.runs[p.run].run.Device)
 		b.bytes += perLayer * int64(g.Layers)
 		b.ops += reads * int64(g.Layers)
 	}

@@ -64,7 +64,7 @@ func gpuPieceChunks(runs []loadRun, g kvshape.Geometry, window, maxIOBytes, maxE
 	devices := map[int]bool{}
 	for _, r := range runs {
 		longest = max(longest, r.k)
-		devices[r.run.device] = true
+		devices[r.run.Device] = true
 	}
 	if len(devices) < 2 {
 		return max(longest, 1)

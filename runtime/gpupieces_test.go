@@ -6,6 +6,7 @@ import (
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/catalog"
 )
 
 // piecesGeometry is llama3-8b's KV shape with 512-token chunks (2 MiB per
@@ -20,7 +21,7 @@ func runsOn(ks, devs []int) []loadRun {
 	var rs []loadRun
 	pos := 0
 	for i, k := range ks {
-		rs = append(rs, loadRun{run: &runEntry{device: devs[i], chunks: k}, k: k, chainPos: pos})
+		rs = append(rs, loadRun{run: &catalog.Run{Device: devs[i], Chunks: k}, k: k, chainPos: pos})
 		pos += k
 	}
 	return rs
@@ -105,7 +106,7 @@ func checkWindowSpread(t *testing.T, runs []loadRun, ps []gpuPiece, g kvshape.Ge
 	for _, p := range ps {
 		bytes := int64(p.k) * g.ChunkBytesPerLayer()
 		for n := (bytes + int64(maxIO) - 1) / int64(maxIO); n > 0; n-- {
-			dev = append(dev, runs[p.run].run.device)
+			dev = append(dev, runs[p.run].run.Device)
 		}
 	}
 	total := map[int]int{}

@@ -6,7 +6,6 @@ package runtime
 // index (kvmeta.Index), in the same step as each change of it.
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -67,39 +66,10 @@ func (s *Store) copyMeta(chain []uint64, meta []BlockMeta) ([]kvmeta.Meta, error
 // openServed wraps the index (kvmeta.Open: with Config.KVEvents, the
 // publisher and the sidecar in the first directory).
 func (s *Store) openServed(idx *prefix.Index) (*kvmeta.Index, error) {
-	return kvmeta.Open(idx, s.cfg.KVEvents, s.cfg.Dirs[0], s.geo.ChunkPages*s.geo.PageTokens, s.contents)
-}
-
-// contents lists the served blocks for a replay answer (called in the
-// publisher's order): per run, in run id order (a parent run is committed
-// before any child run is allocated, so parents come first), its leading
-// blocks still served.
-func (s *Store) contents(emit func(kvevents.Event)) {
-	s.mu.Lock()
-	runs := make([]*runEntry, 0, len(s.runs))
-	for _, r := range s.runs {
-		runs = append(runs, r)
-	}
-	s.mu.Unlock()
-	slices.SortFunc(runs, func(a, b *runEntry) int { return cmp.Compare(a.id, b.id) })
-	for _, r := range runs {
-		n := 0
-		for c := r.first; c < len(r.chain); c++ {
-			e, ok := s.idx.Get(r.chain[c])
-			if !ok || e.Draining || e.Loc != loc(r.id, c) || (e.State != prefix.StateResident && e.State != prefix.StatePinned) {
-				break
-			}
-			n++
-		}
-		if n == 0 {
-			continue
-		}
-		parent, hasParent := r.info.Parent, r.info.HasParent
-		if r.first > 0 {
-			parent, hasParent = r.chain[r.first-1], true
-		}
-		emit(s.idx.Stored(r.chain[r.first:r.first+n], parent, hasParent))
-	}
+	// The catalog is made after the index: the publisher asks for the
+	// contents only once Open returned.
+	return kvmeta.Open(idx, s.cfg.KVEvents, s.cfg.Dirs[0], s.geo.ChunkPages*s.geo.PageTokens,
+		func(emit func(kvevents.Event)) { s.cat.Contents(emit) })
 }
 
 // TakeKVEvents hands the events of a store opened with KVEvents.Engine to

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/catalog"
 	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
@@ -47,7 +48,7 @@ func (c MissCause) String() string {
 // loadRun is one run of the loaded prefix: its chunks [first, first+k) are
 // restored into the pages of chain positions [chainPos, chainPos+k).
 type loadRun struct {
-	run      *runEntry
+	run      *catalog.Run
 	first, k int
 	chainPos int
 }
@@ -219,10 +220,10 @@ func (l *Load) finishRead(io sched.IO) {
 // [first, first+k), rounded out to O_DIRECT blocks; each chunk is verified
 // against its own CRC32C from the run's chunk table.
 func (l *Load) span(r loadRun, layer int) objmap.Span {
-	sp, err := objmap.ChunkSpan(l.s.geo, r.run.chunks, layer, r.first, r.k)
+	sp, err := objmap.ChunkSpan(l.s.geo, r.run.Chunks, layer, r.first, r.k)
 	if err != nil {
 		// resolve only builds runs inside their extent.
-		panic(fmt.Sprintf("runtime: span of run %d layer %d chunks [%d,+%d): %v", r.run.id, layer, r.first, r.k, err))
+		panic(fmt.Sprintf("runtime: span of run %d layer %d chunks [%d,+%d): %v", r.run.ID, layer, r.first, r.k, err))
 	}
 	return sp
 }
@@ -276,11 +277,11 @@ func (l *Load) drive() {
 				queue, off, split = queue[1:], 0, nil
 			}
 			sl.sink, sl.completed = l.done, false
-			l.prepRead(sl, &seg, l.runs[io.Run], r.file, uint64(r.offset+sp.Off+seg.objOff))
+			l.prepRead(sl, &seg, l.runs[io.Run], r.File, uint64(r.Offset+sp.Off+seg.objOff))
 			sl.tag = seg
 			ring = append(ring, sl)
 			l.ioCount++
-			batchOf(&l.batches, l.runs[io.Run].run.device).start(s.sched.NowNs(), seg.ioBytes)
+			batchOf(&l.batches, l.runs[io.Run].run.Device).start(s.sched.NowNs(), seg.ioBytes)
 			if seg.objOff > 0 {
 				l.splits++
 			}
@@ -329,10 +330,10 @@ func (l *Load) drive() {
 
 // newSplit starts the check of a split read of span sp of run r in segs
 // segments.
-func (l *Load) newSplit(r *runEntry, sp objmap.Span, segs int) *splitRead {
-	sr, err := newSplitRead(r.info.LayerChunkCRCs(sp.Layer), sp, segs)
+func (l *Load) newSplit(r *catalog.Run, sp objmap.Span, segs int) *splitRead {
+	sr, err := newSplitRead(r.Info.LayerChunkCRCs(sp.Layer), sp, segs)
 	if err != nil {
-		panic(fmt.Sprintf("runtime: run %d: %v", r.id, err)) // recovery and commit keep every run's chunk CRCs
+		panic(fmt.Sprintf("runtime: run %d: %v", r.ID, err)) // recovery and commit keep every run's chunk CRCs
 	}
 	return sr
 }
@@ -403,7 +404,7 @@ func (l *Load) consumeWhole(sl *slot) (overreadBytes int64) {
 	seg := &sl.tag
 	sp := &seg.span
 	r := l.runs[seg.io.Run]
-	ver, err := r.run.info.NewChunkVerifier(*sp)
+	ver, err := r.run.Info.NewChunkVerifier(*sp)
 	if err != nil {
 		panic(fmt.Sprintf("runtime: %v", err)) // recovery and commit keep every run's chunk CRCs
 	}
@@ -411,7 +412,7 @@ func (l *Load) consumeWhole(sl *slot) (overreadBytes int64) {
 		return 0
 	}
 	if err := ver.Done(); err != nil {
-		l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
+		l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.ID, err))
 		return 0
 	}
 	return sp.IOBytes - sp.DataBytes
@@ -431,7 +432,7 @@ func (l *Load) consumeSplit(sl *slot) (overreadBytes int64, done bool) {
 	done, err := seg.split.add(crcs.pieces, !ok)
 	if err != nil {
 		if ok {
-			l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
+			l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.ID, err))
 			ok = false
 		}
 		// Whether or not this segment's run had failed already: the read
@@ -484,7 +485,7 @@ func (l *Load) scatter(sl *slot, ck chunkChecker) bool {
 			err = l.s.kv.restorePages(seg.io.Layer, pages, lo-sp.Skip, hi-sp.Skip, sl.data[lo-seg.objOff:hi-seg.objOff], ck)
 		}
 		if err != nil {
-			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
+			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.ID, err))
 			l.s.dropCorrupt(r.run)
 			return false
 		}

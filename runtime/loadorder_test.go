@@ -137,7 +137,7 @@ func TestLoadSubmitsLayerMajor(t *testing.T) {
 			}
 			devs := map[int]bool{}
 			for _, r := range l.runs {
-				devs[r.run.device] = true
+				devs[r.run.Device] = true
 			}
 			if len(devs) < 2 {
 				t.Fatalf("the runs lie on %d device(s); the test needs several", len(devs))

@@ -151,6 +151,6 @@ func (h *Hold) release(expired bool) {
 		if err != nil {
 			panic(fmt.Sprintf("runtime: unpinning a hold: %v", err)) // pins are taken and released in pairs
 		}
-		s.release(dropped)
+		s.cat.Release(dropped)
 	})
 }

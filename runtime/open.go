@@ -6,6 +6,7 @@ import (
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/catalog"
 	"github.com/tutti-io/tutti/runtime/internal/devprobe"
 	"github.com/tutti-io/tutti/runtime/internal/iosched"
 	"github.com/tutti-io/tutti/runtime/internal/prewrite"
@@ -61,7 +62,7 @@ func Open(cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("runtime: open with path gpu: %w", err)
 		}
 	}
-	s := &Store{cfg: cfg, geo: cfg.Geometry, runs: make(map[objmap.RunID]*runEntry), loadN: make(chan struct{}, cfg.MaxLoads),
+	s := &Store{cfg: cfg, geo: cfg.Geometry, loadN: make(chan struct{}, cfg.MaxLoads),
 		gpuReads: gpuReads}
 	s.savesCond.L = &s.mu
 	var err error
@@ -102,9 +103,18 @@ func Open(cfg Config) (*Store, error) {
 	if s.idx, err = s.openServed(idx); err != nil {
 		return fail(err)
 	}
-	if err := s.recover(); err != nil {
+	// A block costs its payload in the index's capacity: headers and
+	// padding are covered by indexing only catalog.IndexShare of the pool.
+	s.cat = catalog.New(s.m, s.idx, len(cfg.Dirs), s.geo.ChunkBytes())
+	mapReport := s.m.Recovery()
+	rep, err := s.cat.Recover(s.geo.Layers)
+	if err != nil {
 		return fail(err)
 	}
+	s.report = RecoveryReport{Map: mapReport, IndexedRuns: rep.IndexedRuns, IndexedBlocks: rep.IndexedBlocks,
+		DroppedRuns: rep.DroppedRuns, DroppedReasons: rep.DroppedReasons, TrimmedBlocks: rep.TrimmedBlocks,
+		DuplicateBlocks: rep.DuplicateBlocks, RefusedBlocks: rep.RefusedBlocks, EvictedAtOpen: rep.EvictedAtOpen,
+		LRURestored: rep.LRURestored, LRUNote: rep.LRUNote}
 	if err := s.idx.FinishRecovery(); err != nil {
 		return fail(err)
 	}
@@ -207,7 +217,7 @@ func (s *Store) maybeReprobe(runs []loadRun, plan sched.Plan) {
 	for _, lr := range runs {
 		if loaded < lr.k {
 			r := lr.run
-			s.reprobe.Maybe(devprobe.Target{Device: r.device, FD: int(r.file.FD), Path: r.file.Path, Offset: r.offset, Length: r.info.Length},
+			s.reprobe.Maybe(devprobe.Target{Device: r.Device, FD: int(r.File.FD), Path: r.File.Path, Offset: r.Offset, Length: r.Info.Length},
 				s.begin, s.endOp)
 			return
 		}

@@ -41,7 +41,7 @@ func TestReopenKeepsIndex(t *testing.T) {
 			if len(got) != 1 || got[0].ID != c {
 				t.Fatalf("evicted %+v, want block c", got)
 			}
-			s.release(got)
+			s.cat.Release(got)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,7 +142,7 @@ func TestReopenKeepsLRU(t *testing.T) {
 	if d := s.idx.Evict(1); len(d) != 1 || d[0].ID != chains[3][1] {
 		t.Fatalf("first eviction after reopen %+v, want the leaf of the least recently used chain", d)
 	} else {
-		s.release(d)
+		s.cat.Release(d)
 	}
 	closeKV(t, s, kv)
 

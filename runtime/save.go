@@ -222,11 +222,11 @@ func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta) (*Save, 
 		sv.finish()
 		return sv, nil
 	}
-	res, err := s.idx.Reserve(chain, from, s.bytesPerBlock(), meta)
+	res, err := s.idx.Reserve(chain, from, s.cat.BytesPerBlock(), meta)
 	if err != nil { // only bad arguments, which checkRequest excludes
 		panic(fmt.Sprintf("runtime: reserving a save: %v", err))
 	}
-	s.release(res.Evicted)
+	s.cat.Release(res.Evicted)
 	rest := len(chain) - from - res.N
 	switch res.Stop {
 	case prefix.StopCapacity, prefix.StopMaxBlocks:
@@ -285,7 +285,7 @@ func (sv *Save) admit(ids []uint64, from int) {
 			sr.skip = true
 			continue
 		}
-		id, t, err := s.sched.EnqueueSave(sched.SaveRequest{Device: s.deviceOf(r.File), Blocks: r.Chunks,
+		id, t, err := s.sched.EnqueueSave(sched.SaveRequest{Device: s.cat.DeviceOf(r.File), Blocks: r.Chunks,
 			BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()}, sv.ios)
 		if err != nil {
 			panic(fmt.Sprintf("runtime: enqueueing a save: %v", err)) // only bad arguments
@@ -389,7 +389,7 @@ func (sv *Save) allocate(n int) ([]objmap.Reservation, error) {
 			_ = s.m.Abort(r)
 		}
 		if try == 1 {
-			s.evictRuns(objmap.RunBytes(s.geo, n-got))
+			s.cat.EvictRuns(objmap.RunBytes(s.geo, n-got))
 		}
 		if serr := s.m.Sync(); serr != nil {
 			return nil, serr
@@ -433,7 +433,7 @@ func (sv *Save) abortIDs(ids []uint64) {
 	if err != nil {
 		panic(fmt.Sprintf("runtime: aborting a save's reservation: %v", err))
 	}
-	sv.s.release(dropped)
+	sv.s.cat.Release(dropped)
 }
 
 // abortRuns gives up runs[i:] that are not done: their index reservations

@@ -97,7 +97,7 @@ func (d *saveDriver) stageQueued() {
 		if sv.timing.FirstWriteNs == 0 {
 			sv.timing.FirstWriteNs = max(1, now-sv.startNs)
 		}
-		sv.batch(s.deviceOf(r.res.File)).start(now, b.ioBytes)
+		sv.batch(s.cat.DeviceOf(r.res.File)).start(now, b.ioBytes)
 		sv.withReads = sv.withReads || len(s.loadN) > 0
 		d.inflight[ri]++
 		d.busy++
@@ -161,7 +161,7 @@ func (d *saveDriver) completed(b *wbuf) {
 		b.direct = false
 		sv.gathered1()
 	}
-	sv.batch(s.deviceOf(r.res.File)).lastNs = s.sched.NowNs()
+	sv.batch(s.cat.DeviceOf(r.res.File)).lastNs = s.sched.NowNs()
 	if r.failed == nil {
 		switch {
 		case b.gatherErr != nil:
@@ -296,23 +296,7 @@ func (sv *Save) commit(i, j int, remaining, inflight []int) {
 	}
 	for k, r := range batch {
 		chain := reqs[k].Chain
-		info, ok := s.m.Lookup(r.res.ID)
-		if !ok {
-			panic(fmt.Sprintf("runtime: run %d committed but unknown to objmap", r.res.ID))
-		}
-		e := s.newRunEntry(info)
-		s.mu.Lock()
-		s.runs[e.id] = e
-		s.mu.Unlock()
-		locs := make([]uint64, len(chain))
-		for c := range locs {
-			locs[c] = loc(e.id, c)
-		}
-		dropped, cerr := s.idx.Commit(chain, locs)
-		if cerr != nil {
-			panic(fmt.Sprintf("runtime: committing run %d in the index: %v", e.id, cerr))
-		}
-		s.release(dropped)
+		s.cat.Commit(r.res.ID, chain)
 		r.done = true
 		sv.mu.Lock()
 		sv.saved += len(chain)

@@ -78,11 +78,9 @@ func TestSaveStripedOverDirs(t *testing.T) {
 		t.Fatalf("saved %d of %d blocks: %+v", sv.Saved(), blocks, s.Stats())
 	}
 	devs := map[int]int{}
-	s.mu.Lock()
-	for _, r := range s.runs {
-		devs[r.device] += r.chunks
+	for _, r := range s.cat.Runs() {
+		devs[r.Device] += r.Chunks
 	}
-	s.mu.Unlock()
 	if len(devs) != len(dirs) {
 		t.Fatalf("blocks per device %v: want %d blocks on each of %d devices", devs, blocks/len(dirs), len(dirs))
 	}
@@ -136,7 +134,7 @@ func TestStripedPrefixBalanced(t *testing.T) {
 		}
 		perDev := map[int]int{}
 		for _, r := range l.runs {
-			perDev[r.run.device] += r.k
+			perDev[r.run.Device] += r.k
 		}
 		want := (shared + len(dirs) - 1) / len(dirs)
 		for d, k := range perDev {

@@ -184,28 +184,21 @@ func TestSplitReadStore(t *testing.T) {
 // first block is first, on disk.
 func flipRunByte(t *testing.T, s *Store, g kvshape.Geometry, first uint64, layer int, pos int64) {
 	t.Helper()
-	s.mu.Lock()
-	var victim *runEntry
-	for _, r := range s.runs {
-		if r.chain[0] == first {
-			victim = r
-		}
-	}
-	s.mu.Unlock()
+	victim := runStartingAt(s, first)
 	if victim == nil {
 		t.Fatalf("no run starts at block %#x", first)
 	}
-	off, err := objmap.ObjectOffset(g, victim.chunks, layer)
+	off, err := objmap.ObjectOffset(g, victim.Chunks, layer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.OpenFile(victim.file.Path, os.O_RDWR, 0)
+	f, err := os.OpenFile(victim.File.Path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	b := []byte{0}
-	at := victim.offset + off + pos
+	at := victim.Offset + off + pos
 	if _, err := f.ReadAt(b, at); err != nil {
 		t.Fatal(err)
 	}

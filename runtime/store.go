@@ -3,14 +3,13 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
-	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/catalog"
 	"github.com/tutti-io/tutti/runtime/internal/devprobe"
 	"github.com/tutti-io/tutti/runtime/internal/iosched"
 	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
@@ -18,7 +17,6 @@ import (
 	"github.com/tutti-io/tutti/runtime/internal/prewrite"
 	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
-	"github.com/tutti-io/tutti/uring"
 )
 
 // Sentinel errors callers branch on.
@@ -36,38 +34,6 @@ var (
 	// chain); the store stays usable.
 	ErrSavesFailed = errors.New("runtime: saves failed")
 )
-
-// runEntry is a committed run as the runtime serves it: objmap's RunInfo
-// (extent, chain, per-(layer, chunk) CRC32C) plus what loads need at hand.
-// Everything but live is immutable after registration.
-type runEntry struct {
-	info   objmap.RunInfo
-	id     objmap.RunID
-	file   *uring.File
-	device int
-	offset int64
-	chunks int
-	chain  []uint64
-	// The run serves chain[first:first+live]: first is 0 but where a crash
-	// left an older run serving the blocks before (recover.go); blocks
-	// leave from the end (a block leaves the index only after the blocks
-	// below it), so live only shrinks (Store.mu).
-	first int
-	live  int
-	// corrupt is set by the first dropCorrupt: a run found bad by several
-	// reads (segments, layers or loads) is dropped and counted once.
-	corrupt atomic.Bool
-}
-
-func (s *Store) newRunEntry(info objmap.RunInfo) *runEntry {
-	return &runEntry{info: info, id: info.ID, file: s.m.Files()[info.File], device: s.deviceOf(info.File),
-		offset: info.Offset, chunks: len(info.Chain), chain: info.Chain, live: len(info.Chain)}
-}
-
-// loc packs a run id and a chunk index into the prefix index's location.
-func loc(id objmap.RunID, chunk int) uint64 { return uint64(id)<<16 | uint64(chunk) }
-
-func unloc(l uint64) (objmap.RunID, int) { return objmap.RunID(l >> 16), int(l & 0xffff) }
 
 // RecoveryReport is what Open found: objmap's report (runs recovered and
 // dropped by the object map) plus what the runtime rebuilt into its index.
@@ -122,8 +88,9 @@ type Store struct {
 	gpu       *gpuPath // set once by RegisterKV (PathGPU)
 	kvSet     atomic.Bool
 
+	cat *catalog.Catalog // the runs the index serves, kept consistent with the map
+
 	mu     sync.Mutex
-	runs   map[objmap.RunID]*runEntry
 	closed bool
 	ops    sync.WaitGroup // loads and saves in flight
 	// savesLive counts saves not ended; savesCond (on mu) wakes WaitSaves.
@@ -147,20 +114,13 @@ type Store struct {
 	pre             *prewrite.Prewriter
 }
 
-// bytesPerBlock is what one chain block costs in the index's capacity: its
-// payload. Headers and padding are covered by indexing only indexShare of
-// the pool.
-func (s *Store) bytesPerBlock() int64 { return s.geo.ChunkBytes() }
-
-const indexShare = 0.9
-
 // CapacityForBlocks is a CapacityBytes with which the store holds at least
 // blocks chain blocks of g however they are grouped into runs: the index
 // admits them (payload over the index's share of the pool) and the pool has
 // room for them as runs of one block (the worst case for headers and
 // padding), plus 1 MiB for rounding the pool files.
 func CapacityForBlocks(g kvshape.Geometry, blocks int) int64 {
-	index := int64(float64(blocks) * float64(g.ChunkBytes()) / indexShare)
+	index := int64(float64(blocks) * float64(g.ChunkBytes()) / catalog.IndexShare)
 	pool := int64(blocks) * objmap.RunBytes(g, 1)
 	return max(index, pool) + 1<<20
 }
@@ -359,7 +319,7 @@ func (s *Store) loadRequest(runs []loadRun, blocks int) sched.LoadRequest {
 	req := sched.LoadRequest{}
 	for _, r := range runs {
 		blocks -= r.k
-		req.Runs = append(req.Runs, sched.Run{Device: r.run.device, Blocks: r.k, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()})
+		req.Runs = append(req.Runs, sched.Run{Device: r.run.Device, Blocks: r.k, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()})
 	}
 	req.UncachedTokens = blocks * s.geo.ChunkPages * s.geo.PageTokens
 	return req
@@ -380,26 +340,14 @@ func keepBlocks(runs []loadRun, n int) []loadRun {
 	return kept
 }
 
-// resolve maps the pinned blocks to runs: consecutive blocks stored
-// consecutively in one run form one loadRun. A block whose run is unknown
-// ends the prefix (counted as MissNotFound).
+// resolve maps the pinned blocks to runs (catalog.Resolve); a block whose
+// run is unknown ends the prefix (counted as MissNotFound).
 func (s *Store) resolve(chain, locs []uint64, miss *[numMissCauses]int64) []loadRun {
+	spans, notFound := s.cat.Resolve(chain, locs)
+	miss[MissNotFound] += int64(notFound)
 	var runs []loadRun
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, id := range chain {
-		rid, chunk := unloc(locs[i])
-		r := s.runs[rid]
-		if r != nil && chunk < r.chunks && r.chain[chunk] == id {
-			if n := len(runs); n > 0 && runs[n-1].run == r && runs[n-1].first+runs[n-1].k == chunk {
-				runs[n-1].k++
-			} else {
-				runs = append(runs, loadRun{run: r, first: chunk, k: 1, chainPos: i})
-			}
-			continue
-		}
-		miss[MissNotFound] += int64(len(chain) - i)
-		break
+	for _, sp := range spans {
+		runs = append(runs, loadRun{run: sp.Run, first: sp.First, k: sp.K, chainPos: sp.ChainPos})
 	}
 	return runs
 }
@@ -412,7 +360,7 @@ func (s *Store) loadFinished(l *Load, blocks int) {
 			// Only a runtime bug gets here: pins are taken and released in pairs.
 			panic(fmt.Sprintf("runtime: unpinning a finished load: %v", err))
 		}
-		s.release(dropped)
+		s.cat.Release(dropped)
 	}
 	st := &s.stats
 	st.restoredBlocks.Add(int64(blocks))
@@ -427,82 +375,12 @@ func (s *Store) loadFinished(l *Load, blocks int) {
 	l.mu.Unlock()
 }
 
-// release frees the storage of blocks that left the index and journals
-// that they left: a run is freed in the object map once none of its blocks
-// is indexed, and trimmed to the blocks it still serves before that, so a
-// reopened store serves exactly what this one does (recover.go).
-func (s *Store) release(dropped []prefix.Dropped) (freedBytes int64) {
-	if len(dropped) == 0 {
-		return 0
-	}
-	var free []objmap.RunID
-	var cut []*runEntry
-	s.mu.Lock()
-	for _, d := range dropped {
-		rid, _ := unloc(d.Loc)
-		r := s.runs[rid]
-		if r == nil {
-			continue
-		}
-		r.live--
-		if r.live == 0 {
-			delete(s.runs, rid)
-			free = append(free, rid)
-			freedBytes += r.info.Length
-		} else if !slices.Contains(cut, r) {
-			cut = append(cut, r)
-		}
-	}
-	type trim struct {
-		id   objmap.RunID
-		keep int
-	}
-	trims := make([]trim, 0, len(cut))
-	for _, r := range cut {
-		if r.live > 0 {
-			trims = append(trims, trim{r.id, r.first + r.live})
-		}
-	}
-	s.mu.Unlock()
-	// A failed trim or free (the journal failed closed, or a concurrent
-	// release freed the run first) leaves the blocks on disk, unserved;
-	// only a restart may serve them again (see recover.go). Trims only
-	// shorten, so concurrent releases may journal them in any order.
-	for _, t := range trims {
-		_ = s.m.Trim(t.id, t.keep)
-	}
-	for _, id := range free {
-		_ = s.m.Free(id)
-	}
-	return freedBytes
-}
-
-// evictRuns evicts least recently used blocks until the runs they free hold
-// needBytes of pool space, or nothing more can be evicted. The index evicts
-// blocks, the pool frees whole runs (a run stays while any block of it is
-// indexed), so the index can have room where the pool has none.
-func (s *Store) evictRuns(needBytes int64) {
-	for freed := int64(0); freed < needBytes; {
-		dropped := s.idx.Evict(1) // one block
-		if len(dropped) == 0 {
-			return
-		}
-		freed += s.release(dropped)
-	}
-}
-
 // dropCorrupt takes a run whose payload failed its CRC out of service with
-// everything cached below it (unreachable without it).
-func (s *Store) dropCorrupt(r *runEntry) {
-	if r.corrupt.Swap(true) {
-		return // dropped by an earlier read
+// everything cached below it (catalog.DropCorrupt), counted once.
+func (s *Store) dropCorrupt(r *catalog.Run) {
+	if s.cat.DropCorrupt(r) {
+		s.stats.corruptDropped.Add(1)
 	}
-	dropped, err := s.idx.Remove(r.chain[r.first])
-	if err != nil {
-		return // already removed by a concurrent load
-	}
-	s.stats.corruptDropped.Add(1)
-	s.release(dropped)
 }
 
 // WaitSaves blocks until every Save started so far ended. It returns an

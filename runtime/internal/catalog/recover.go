@@ -1,4 +1,4 @@
-package runtime
+package catalog
 
 import (
 	"fmt"
@@ -59,26 +59,41 @@ func fullChain(p *placed, upTo int, dst []uint64) []uint64 {
 	return dst
 }
 
-// recover rebuilds the prefix index from the object map's recovered runs
-// (see the rule above), restores the eviction order, then bounds the index
-// to the store's capacity. Runs are visited in id order: a parent is
-// committed before any child is allocated, so a live parent is placed
-// first; a run whose parent is not stored is unreachable and freed.
-func (s *Store) recover() error {
+// Report is what Recover rebuilt; runtime.RecoveryReport says what each
+// count means.
+type Report struct {
+	IndexedRuns, IndexedBlocks     int
+	DroppedRuns                    int
+	DroppedReasons                 []string
+	TrimmedBlocks                  int
+	DuplicateBlocks, RefusedBlocks int
+	EvictedAtOpen                  int
+	LRURestored                    int
+	LRUNote                        string
+}
+
+// Recover rebuilds the prefix index from the object map's recovered runs
+// of a store of layers layers (see the rule above), restores the eviction
+// order, then bounds the index to the store's capacity. Runs are visited in
+// id order: a parent is committed before any child is allocated, so a live
+// parent is placed first; a run whose parent is not stored is unreachable
+// and freed. Open calls it once, on an unbounded index, before any load or
+// save.
+func (c *Catalog) Recover(layers int) (Report, error) {
 	var infos []objmap.RunInfo
-	s.m.Runs(func(r objmap.RunInfo) bool { infos = append(infos, r); return true })
-	rep := RecoveryReport{Map: s.m.Recovery()}
+	c.m.Runs(func(r objmap.RunInfo) bool { infos = append(infos, r); return true })
+	var rep Report
 	drop := func(info *objmap.RunInfo, why string) {
 		rep.DroppedRuns++
 		rep.DroppedReasons = append(rep.DroppedReasons, fmt.Sprintf("run %d: %s", info.ID, why))
-		_ = s.m.Free(info.ID)
+		_ = c.m.Free(info.ID)
 	}
 	where := make(map[uint64]blockAt)
 	var full []uint64
 	for i := range infos {
 		info := &infos[i]
-		if len(info.ChunkCRCs) != s.geo.Layers*len(info.Chain) {
-			drop(info, fmt.Sprintf("%d chunk CRCs for %d layers x %d chunks", len(info.ChunkCRCs), s.geo.Layers, len(info.Chain)))
+		if len(info.ChunkCRCs) != layers*len(info.Chain) {
+			drop(info, fmt.Sprintf("%d chunk CRCs for %d layers x %d chunks", len(info.ChunkCRCs), layers, len(info.Chain)))
 			continue
 		}
 		chain := info.Chain[:info.Kept]
@@ -110,9 +125,9 @@ func (s *Store) recover() error {
 			at = w
 		}
 		full = fullChain(at.p, at.chunk, full)
-		n, err := s.placeRun(info, full, chain[lo:], lo)
+		n, err := c.placeRun(info, full, chain[lo:], lo)
 		if err != nil {
-			return err
+			return rep, err
 		}
 		if n == 0 {
 			drop(info, "the index refused its first block")
@@ -120,7 +135,7 @@ func (s *Store) recover() error {
 		}
 		if rest := len(chain) - lo - n; rest > 0 {
 			rep.RefusedBlocks += rest
-			_ = s.m.Trim(info.ID, lo+n)
+			_ = c.m.Trim(info.ID, lo+n)
 		}
 		pl := &placed{parent: at.p, upTo: at.chunk, chain: chain[lo : lo+n]}
 		for c, id := range pl.chain {
@@ -129,19 +144,18 @@ func (s *Store) recover() error {
 		rep.IndexedRuns++
 		rep.IndexedBlocks += n
 	}
-	ids, note := lrufile.Read(s.m.Dirs()[0], int(min(s.indexCapacity()/s.bytesPerBlock()+1, prefix.MaxBlocksLimit)))
-	rep.LRURestored, rep.LRUNote = s.idx.RestoreLRU(ids), note
-	dropped, err := s.idx.SetCapacity(s.indexCapacity())
+	ids, note := lrufile.Read(c.m.Dirs()[0], int(min(c.indexCapacity()/c.bytesPerBlock+1, prefix.MaxBlocksLimit)))
+	rep.LRURestored, rep.LRUNote = c.idx.RestoreLRU(ids), note
+	dropped, err := c.idx.SetCapacity(c.indexCapacity())
 	if err != nil {
-		return fmt.Errorf("rebuilding the index: %w", err)
+		return rep, fmt.Errorf("rebuilding the index: %w", err)
 	}
 	rep.EvictedAtOpen = len(dropped)
-	s.release(dropped)
-	if err := s.m.Sync(); err != nil {
-		return err
+	c.Release(dropped)
+	if err := c.m.Sync(); err != nil {
+		return rep, err
 	}
-	s.report = rep
-	return nil
+	return rep, nil
 }
 
 // placeRun puts the blocks of run info that it serves from chain position
@@ -149,35 +163,35 @@ func (s *Store) recover() error {
 // the index and the run table, and returns how many it placed: all of them
 // unless the index holds one already (a collision of ids), which ends the
 // run there.
-func (s *Store) placeRun(info *objmap.RunInfo, full, blocks []uint64, lo int) (int, error) {
+func (c *Catalog) placeRun(info *objmap.RunInfo, full, blocks []uint64, lo int) (int, error) {
 	base := len(full)
 	full = append(full, blocks...)
-	res, err := s.idx.Reserve(full, base, s.bytesPerBlock(), nil)
+	res, err := c.idx.Reserve(full, base, c.bytesPerBlock, nil)
 	if err != nil {
 		return 0, fmt.Errorf("rebuilding the index: run %d: %w", info.ID, err)
 	}
-	s.release(res.Evicted) // none: the index is unbounded while it is rebuilt
+	c.Release(res.Evicted) // none: the index is unbounded while it is rebuilt
 	if res.N == 0 {
 		return 0, nil
 	}
-	e := s.newRunEntry(*info)
-	e.first, e.live = lo, res.N
-	s.mu.Lock()
-	s.runs[e.id] = e
-	s.mu.Unlock()
+	r := c.newRun(*info)
+	r.first, r.live = lo, res.N
+	c.mu.Lock()
+	c.runs[r.ID] = r
+	c.mu.Unlock()
 	locs := make([]uint64, res.N)
-	for c := range locs {
-		locs[c] = loc(e.id, lo+c)
+	for i := range locs {
+		locs[i] = loc(r.ID, lo+i)
 	}
-	dropped, err := s.idx.Commit(blocks[:res.N], locs)
+	dropped, err := c.idx.Commit(blocks[:res.N], locs)
 	if err != nil {
 		return 0, fmt.Errorf("rebuilding the index: run %d: %w", info.ID, err)
 	}
-	s.release(dropped)
+	c.Release(dropped)
 	return res.N, nil
 }
 
-// indexCapacity is the prefix index's byte capacity: indexShare of the pool.
-func (s *Store) indexCapacity() int64 {
-	return max(int64(float64(s.m.Stats().CapacityBytes)*indexShare), 1)
+// indexCapacity is the prefix index's byte capacity: IndexShare of the pool.
+func (c *Catalog) indexCapacity() int64 {
+	return max(int64(float64(c.m.Stats().CapacityBytes)*IndexShare), 1)
 }
