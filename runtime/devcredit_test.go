@@ -6,6 +6,7 @@ import (
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/mover/gpu/gputest"
 )
 
 // TestIOCreditsEachDevice: a save whose runs lie on both directories, and
@@ -25,9 +26,9 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 	cfg := testConfig(t, g, kvshape.LayoutPerLayer, blocks*g.ChunkPages+8)
 	cfg.CapacityBytes = 256 << 20
 	cfg.SaveBoundMs, cfg.SaveBudgetBytes = 600000, 1<<30
-	var bound chan *cpuRestorer
+	var bound chan *gputest.Restorer
 	if path == PathGPU {
-		bound = make(chan *cpuRestorer, 1)
+		bound = make(chan *gputest.Restorer, 1)
 		cfg.Path, cfg.gpuBind = PathGPU, cpuGPU(nil, bound)
 		cfg.GPU.MaxPages = blocks * g.ChunkPages
 	}
@@ -50,7 +51,7 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 	}
 	devs := map[int]bool{}
 	s.m.Runs(func(r objmap.RunInfo) bool {
-		devs[s.deviceOf(r.File)] = true
+		devs[s.cat.DeviceOf(r.File)] = true
 		return true
 	})
 	if len(devs) != 2 {
@@ -86,7 +87,7 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 		t.Errorf("GPU path restore: %v", err)
 	}
 	st := s.Stats().Sched
-	if c := <-bound; c.calls() != 1 || st.RestoresDispatched != 1 || st.Cancelled != 0 {
-		t.Errorf("%d GPU restores, scheduler %+v: want one restore dispatched, nothing cancelled", c.calls(), st)
+	if c := <-bound; c.Calls() != 1 || st.RestoresDispatched != 1 || st.Cancelled != 0 {
+		t.Errorf("%d GPU restores, scheduler %+v: want one restore dispatched, nothing cancelled", c.Calls(), st)
 	}
 }

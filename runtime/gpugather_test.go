@@ -35,7 +35,7 @@ func TestGPUSaveGathersConcurrently(t *testing.T) {
 	)
 	timer := time.AfterFunc(10*time.Second, func() { close(gaveUp) })
 	defer timer.Stop()
-	gpu.onGather = func(int) {
+	gpu.OnGather = func(int) {
 		n := inFlight.Add(1)
 		defer inFlight.Add(-1)
 		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {

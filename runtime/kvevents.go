@@ -6,7 +6,6 @@ package runtime
 // index (kvmeta.Index), in the same step as each change of it.
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 
@@ -25,17 +24,6 @@ type BlockMeta struct {
 	// at most kvevents.MaxHashBytes), published instead of the chain id; nil:
 	// the chain id is published as an int.
 	Hash []byte
-}
-
-// SaveWithMeta is Save with meta[i] for chain block i, kept (bounded by
-// KVEvents.MaxTokenBytes) while the block is served and published with it.
-// Without Config.KVEvents it is Save. The store copies meta.
-func (s *Store) SaveWithMeta(chain []uint64, pages []int32, meta []BlockMeta) (*Save, error) {
-	kept, err := s.copyMeta(chain, meta)
-	if err != nil {
-		return nil, err
-	}
-	return s.save(chain, pages, kept)
 }
 
 // copyMeta checks meta against chain and copies it for the index (nil
@@ -70,28 +58,6 @@ func (s *Store) openServed(idx *prefix.Index) (*kvmeta.Index, error) {
 	// contents only once Open returned.
 	return kvmeta.Open(idx, s.cfg.KVEvents, s.cfg.Dirs[0], s.geo.ChunkPages*s.geo.PageTokens,
 		func(emit func(kvevents.Event)) { s.cat.Contents(emit) })
-}
-
-// TakeKVEvents hands the events of a store opened with KVEvents.Engine to
-// the engine that publishes them (kvevents.Publisher.Take): appended to dst
-// as one msgpack array of events in the configured format, as many as fit
-// maxBytes (a *kvevents.TooSmallError when the next one alone does not),
-// with how many it took and whether more wait. The first take lists what
-// the store serves, after an AllBlocksCleared that speaks for this store
-// only (see Publisher.Take).
-func (s *Store) TakeKVEvents(dst []byte, maxBytes int) (out []byte, n int, more bool, err error) {
-	p := s.idx.Publisher()
-	if p == nil {
-		return dst, 0, false, fmt.Errorf("runtime: take KV events: the store publishes none (Config.KVEvents): %w", ErrBadRequest)
-	}
-	out, n, more, err = p.Take(dst, maxBytes)
-	switch {
-	case errors.Is(err, kvevents.ErrNotEngine):
-		err = fmt.Errorf("runtime: take KV events: %w (%w)", ErrBadRequest, err)
-	case err != nil:
-		err = fmt.Errorf("runtime: take KV events: %w", err)
-	}
-	return out, n, more, err
 }
 
 // KVEventsStats is what the store published (Config.KVEvents); all zero

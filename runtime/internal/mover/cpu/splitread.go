@@ -1,4 +1,4 @@
-package runtime
+package cpu
 
 // Verifying a split read. A (layer, run) read larger than one staging slot
 // is read in segments, one slot each, and its segments are verified and
@@ -16,6 +16,7 @@ import (
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
 )
 
 // segCRCs checksums the payload of one segment as it arrives in order:
@@ -25,7 +26,7 @@ import (
 type segCRCs struct {
 	next       int64 // payload offset of the next byte
 	chunkBytes int64
-	pieces     []crcPart
+	pieces     []mover.Piece
 }
 
 func (s *segCRCs) Update(p []byte) error {
@@ -33,12 +34,12 @@ func (s *segCRCs) Update(p []byte) error {
 		c := int(s.next / s.chunkBytes)
 		in := s.next % s.chunkBytes
 		n := min(int64(len(p)), s.chunkBytes-in)
-		if k := len(s.pieces); k == 0 || s.pieces[k-1].idx != c {
-			s.pieces = append(s.pieces, crcPart{idx: c, off: in})
+		if k := len(s.pieces); k == 0 || s.pieces[k-1].Idx != c {
+			s.pieces = append(s.pieces, mover.Piece{Idx: c, Off: in})
 		}
 		last := &s.pieces[len(s.pieces)-1]
-		last.crc = objmap.UpdateCRC32C(last.crc, p[:n])
-		last.n += n
+		last.CRC = objmap.UpdateCRC32C(last.CRC, p[:n])
+		last.N += n
 		p, s.next = p[n:], s.next+n
 	}
 	return nil
@@ -52,7 +53,7 @@ type splitRead struct {
 	layer      int
 	first      int   // the span's first chunk in its run
 	chunkBytes int64 // bytes per chunk
-	pieces     [][]crcPart
+	pieces     [][]mover.Piece
 	have       []int64 // per chunk: bytes seen
 	verified   int
 	segsLeft   int   // segments not consumed yet
@@ -67,7 +68,7 @@ func newSplitRead(layerCRCs []uint32, sp objmap.Span, segs int) (*splitRead, err
 			sp.Layer, sp.First, sp.K, segs, len(layerCRCs), kvshape.ErrOutOfRange)
 	}
 	return &splitRead{want: layerCRCs[sp.First : sp.First+sp.K], layer: sp.Layer, first: sp.First, chunkBytes: sp.ChunkBytes,
-		pieces: make([][]crcPart, sp.K), have: make([]int64, sp.K), segsLeft: segs}, nil
+		pieces: make([][]mover.Piece, sp.K), have: make([]int64, sp.K), segsLeft: segs}, nil
 }
 
 // add takes one segment's pieces (nil for a segment whose run already
@@ -77,7 +78,7 @@ func newSplitRead(layerCRCs []uint32, sp objmap.Span, segs int) (*splitRead, err
 // stays the read's verdict: every later segment, the last included, gets it
 // too, so whichever consumer ends the read has acted on it (dropped the
 // run) before the read counts as done.
-func (r *splitRead) add(pieces []crcPart, failed bool) (last bool, err error) {
+func (r *splitRead) add(pieces []mover.Piece, failed bool) (last bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.segsLeft--
@@ -96,18 +97,18 @@ func (r *splitRead) add(pieces []crcPart, failed bool) (last bool, err error) {
 
 // addPieces files pieces and checks each chunk they complete; the first
 // error ends it (the read has failed, the rest need no check).
-func (r *splitRead) addPieces(pieces []crcPart) error {
+func (r *splitRead) addPieces(pieces []mover.Piece) error {
 	for _, p := range pieces {
-		c := p.idx
-		if c < 0 || c >= len(r.want) || r.have[c]+p.n > r.chunkBytes {
-			return fmt.Errorf("layer %d: piece [%d,+%d) of chunk %d outside the read: %w", r.layer, p.off, p.n, r.first+c, kvshape.ErrOutOfRange)
+		c := p.Idx
+		if c < 0 || c >= len(r.want) || r.have[c]+p.N > r.chunkBytes {
+			return fmt.Errorf("layer %d: piece [%d,+%d) of chunk %d outside the read: %w", r.layer, p.Off, p.N, r.first+c, kvshape.ErrOutOfRange)
 		}
 		r.pieces[c] = append(r.pieces[c], p)
-		if r.have[c] += p.n; r.have[c] < r.chunkBytes {
+		if r.have[c] += p.N; r.have[c] < r.chunkBytes {
 			continue
 		}
-		sortPieces(r.pieces[c])
-		crc, err := foldPieces(r.pieces[c], r.chunkBytes)
+		mover.SortPieces(r.pieces[c])
+		crc, err := mover.FoldPieces(r.pieces[c], r.chunkBytes)
 		if err != nil {
 			return fmt.Errorf("layer %d chunk %d: %w", r.layer, r.first+c, err)
 		}

@@ -1,4 +1,14 @@
-package runtime
+// Package gputest is PathGPU's restorer without a GPU, for tests (test
+// support: no product package imports it). The "device" KV memory is host
+// memory; a restore reads each layer's extents with pread and scatters them
+// into the pages as the scatter kernel does, layer after layer on its own
+// goroutine, and GatherLane copies pages out in object layout. Its gather
+// lanes are checked as the library checks them (range, one call per lane
+// at a time, MaxPages, 16-byte alignment), and its requests by
+// kernels.BuildPlan under the store's kernels limits, so a mover that
+// shares a lane, misaligns a gather or builds a request the kernels refuse
+// fails in CI too.
+package gputest
 
 import (
 	"errors"
@@ -12,32 +22,28 @@ import (
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
+	"github.com/tutti-io/tutti/runtime/internal/mover/cpu"
+	"github.com/tutti-io/tutti/runtime/internal/mover/gpu"
 	"github.com/tutti-io/tutti/uring"
 )
 
-// cpuRestorer is PathGPU's restorer without a GPU, for tests: the "device"
-// KV memory is host memory (AllocHostKV), a restore reads each layer's
-// extents with pread and scatters them into the pages as the scatter kernel
-// does, layer after layer on its own goroutine, and GatherLane copies pages out
-// in object layout. With a gate, each layer waits for a token first, so a
-// test holds a restore in flight for as long as it likes. Its gather lanes
-// are checked as the library checks them (range, one call per lane at a
-// time, MaxPages, 16-byte alignment), and its requests by kernels.BuildPlan
-// under the store's kernels limits, so a runtime that shares a lane,
-// misaligns a gather or builds a request the kernels refuse fails here, in
-// CI, too.
-type cpuRestorer struct {
-	v        *kvViews
+// Restorer is the CPU's gpu.Restorer. With a gate, each layer of a restore
+// waits for a token first, so a test holds a restore in flight for as long
+// as it likes.
+type Restorer struct {
+	v        *cpu.Views
 	g        kvshape.Geometry
 	maxPages int
 	gate     chan struct{}
 	laneBusy []atomic.Bool // per gather lane: a GatherLane call holds it
-	// onGather, if set, runs in every GatherLane call before it copies (on
+	// OnGather, if set, runs in every GatherLane call before it copies (on
 	// the caller's goroutine, with the lane held).
-	onGather func(lane int)
-	noIO     bool // layers complete at once, nothing read (the Go side's own cost)
-	// failEntry, if set, fails the entry of (layer, extent) with EIO.
-	failEntry func(layer, extent int) bool
+	OnGather func(lane int)
+	// NoIO: layers complete at once, nothing read (the Go side's own cost).
+	NoIO bool
+	// FailEntry, if set, fails the entry of (layer, extent) with EIO.
+	FailEntry func(layer, extent int) bool
 
 	lim kernels.Limits // what the store binds the kernels for
 
@@ -47,24 +53,30 @@ type cpuRestorer struct {
 	plan     kernels.Plan
 }
 
-// cpuGPU binds a cpuRestorer (Config.gpuBind); each bound one is sent on
-// bound when it is not nil.
-func cpuGPU(gate chan struct{}, bound chan<- *cpuRestorer) gpuBinder {
-	return func(cfg Config, kv KVMemory) (gpuRestorer, error) {
-		v, err := newKVViews(cfg.Geometry, cfg.Layout, cfg.NumPages, kv)
-		if err != nil {
-			return nil, err
-		}
-		c := &cpuRestorer{v: v, g: cfg.Geometry, maxPages: cfg.GPU.MaxPages, gate: gate, laneBusy: make([]atomic.Bool, cpuGatherLanes),
-			lim: kernels.PlanLimits(kernelsConfig(cfg, nil, nil))}
-		if bound != nil {
-			bound <- c
-		}
-		return c, nil
-	}
+// New is the restorer of kv (host memory of numPages pages of cfg's
+// geometry in its layout, checked by the caller) for a mover bound with
+// cfg; gate, if not nil, holds each layer of a restore until a token.
+func New(cfg gpu.Config, kv []mover.Region, gate chan struct{}) *Restorer {
+	return &Restorer{v: cpu.NewViews(cfg.Geometry, cfg.Layout, cfg.NumPages, kv), g: cfg.Geometry, maxPages: cfg.MaxPages,
+		gate: gate, laneBusy: make([]atomic.Bool, gatherLanes), lim: kernels.PlanLimits(gpu.KernelsConfig(cfg, nil, nil))}
 }
 
-func (c *cpuRestorer) Restore(req kernels.Request) (gpuRestore, error) {
+// Calls is how many restores the kernels' plan accepted.
+func (c *Restorer) Calls() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.restores
+}
+
+// Last is the last request the kernels' plan accepted.
+func (c *Restorer) Last() kernels.Request {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
+}
+
+// Restore checks req as the kernels would and starts reading it.
+func (c *Restorer) Restore(req kernels.Request) (gpu.Restoration, error) {
 	if req.FirstLayer != 0 || len(req.Layers) != c.g.Layers {
 		return nil, fmt.Errorf("cpu restorer: layers [%d, +%d) of %d: %w", req.FirstLayer, len(req.Layers), c.g.Layers, kernels.ErrInvalid)
 	}
@@ -87,12 +99,15 @@ func (c *cpuRestorer) Restore(req kernels.Request) (gpuRestore, error) {
 	return x, nil
 }
 
-// cpuGatherLanes is the CPU restorer's gather lanes: the kernels' default.
-const cpuGatherLanes = 8
+// gatherLanes is the restorer's gather lanes: the kernels' default.
+const gatherLanes = 8
 
-func (c *cpuRestorer) GatherLanes() int { return len(c.laneBusy) }
+// GatherLanes is the restorer's lanes.
+func (c *Restorer) GatherLanes() int { return len(c.laneBusy) }
 
-func (c *cpuRestorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32) error {
+// GatherLane copies pages of one layer out in object layout, with their
+// planes' CRC32C, as the kernels do.
+func (c *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32) error {
 	n := int64(len(pages)) * c.g.PageBytesPerLayer()
 	switch {
 	case lane < 0 || lane >= len(c.laneBusy):
@@ -108,14 +123,14 @@ func (c *cpuRestorer) GatherLane(lane int, pages []int32, firstLayer, layers int
 		return fmt.Errorf("cpu restorer: gather lane %d is in another call: %w", lane, kernels.ErrBusy)
 	}
 	defer c.laneBusy[lane].Store(false)
-	if c.onGather != nil {
-		c.onGather(lane)
+	if c.OnGather != nil {
+		c.OnGather(lane)
 	}
 	if planeCRCs != nil && len(planeCRCs) != len(pages)*c.g.Planes {
 		return fmt.Errorf("cpu restorer: %d plane CRCs for %d pages: %w", len(planeCRCs), len(pages), kernels.ErrInvalid)
 	}
-	out := view(dst, n)
-	c.v.copyPages(firstLayer, pages, 0, n, out, false)
+	out := cpu.View(dst, n)
+	c.v.CopyPages(firstLayer, pages, 0, n, out, false)
 	// The kernels' contract: each plane's CRC32C, as the GPU computes it
 	// from the KV (here from the bytes just gathered, which are the same).
 	ppb := c.g.PageBytesPerPlane()
@@ -125,19 +140,15 @@ func (c *cpuRestorer) GatherLane(lane int, pages []int32, firstLayer, layers int
 	return nil
 }
 
-func (c *cpuRestorer) FixedBuffers() (bool, error) { return true, nil }
-func (c *cpuRestorer) Wakeups() int64              { return 0 }
-func (c *cpuRestorer) BatchTimeouts() int64        { return 0 }
-func (c *cpuRestorer) Close() error                { return nil }
-
-func (c *cpuRestorer) calls() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.restores
-}
+// FixedBuffers, Wakeups, BatchTimeouts and Close: a restorer with nothing
+// to report or release.
+func (c *Restorer) FixedBuffers() (bool, error) { return true, nil }
+func (c *Restorer) Wakeups() int64              { return 0 }
+func (c *Restorer) BatchTimeouts() int64        { return 0 }
+func (c *Restorer) Close() error                { return nil }
 
 type cpuRestore struct {
-	c      *cpuRestorer
+	c      *Restorer
 	req    kernels.Request
 	done   []chan struct{}         // closed once the layer is scattered
 	failed [][]*kernels.EntryError // per layer, written before done closes
@@ -157,7 +168,7 @@ func (x *cpuRestore) run() {
 		}
 		page := 0
 		for e, ext := range x.req.Layers[l] {
-			if x.c.noIO {
+			if x.c.NoIO {
 				break
 			}
 			n := int64(ext.Pages) * g.PageBytesPerLayer()
@@ -175,7 +186,7 @@ func (x *cpuRestore) run() {
 			}
 			b := buf.Bytes()[:hi-lo]
 			got, err := unix.Pread(int(ext.FD), b, lo)
-			if x.c.failEntry != nil && x.c.failEntry(l, e) {
+			if x.c.FailEntry != nil && x.c.FailEntry(l, e) {
 				err = syscall.EIO
 			}
 			switch {
@@ -190,7 +201,7 @@ func (x *cpuRestore) run() {
 				x.failed[l] = append(x.failed[l], &kernels.EntryError{Layer: l, Entry: e, Extent: e, Offset: lo,
 					Result: kernels.EntryResult{Status: kernels.EntryShort, Res: int32(got)}})
 			default:
-				x.c.v.copyPages(l, x.req.Pages[page:], 0, n, b[ext.Offset-lo:ext.Offset-lo+n], true)
+				x.c.v.CopyPages(l, x.req.Pages[page:], 0, n, b[ext.Offset-lo:ext.Offset-lo+n], true)
 			}
 			page += ext.Pages
 		}
