@@ -164,8 +164,9 @@ type Config struct {
 	Device DeviceProfile
 
 	// KVEvents, if set, publishes what the store serves as vLLM KV events
-	// on a ZeroMQ PUB endpoint for cache-aware routers (see runtime/kvevents.go
-	// and docs/routers.md). Open fails when its endpoints cannot be bound.
+	// on a ZeroMQ PUB endpoint for cache-aware routers (see
+	// runtime/internal/kvmeta and docs/routers.md). Open fails when its
+	// endpoints cannot be bound.
 	KVEvents *KVEventsConfig
 
 	// NewEngine, if set, makes the I/O engine instead of a real io_uring

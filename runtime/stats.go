@@ -160,7 +160,7 @@ type DeviceStats struct {
 	ProbeFailures int64 `json:"probe_failures"`
 	// Reprobes counts the read re-measurements of probed devices whose
 	// model had seen no reads while plans recomputed their cached blocks
-	// (reprobe.go); ReprobeFailures those that failed (ReprobeError: the
+	// (runtime/internal/devprobe); ReprobeFailures those that failed (ReprobeError: the
 	// last failure), ReprobeSkips the plans that would have re-probed a run
 	// too short to measure bandwidth on.
 	Reprobes        int64  `json:"reprobes"`
