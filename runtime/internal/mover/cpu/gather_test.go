@@ -3,12 +3,25 @@ package cpu
 import (
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime/internal/mover"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
 )
+
+// regions are the views' memory, as Bind takes it.
+func (v *Views) regions() []mover.Region {
+	var out []mover.Region
+	for _, b := range v.layers {
+		out = append(out, mover.Region{Addr: uintptr(unsafe.Pointer(&b[0])), LenBytes: int64(len(b))})
+	}
+	if v.cross != nil {
+		out = append(out, mover.Region{Addr: uintptr(unsafe.Pointer(&v.cross[0])), LenBytes: int64(len(v.cross))})
+	}
+	return out
+}
 
 // shiftedViews views fresh host KV memory of numPages pages of g in layout
 // whose tensors start shiftBytes past a page boundary (a CPU allocator's
