@@ -64,6 +64,7 @@ type Mover struct {
 	// kickFallback: why the kick-mode ring has no DEFER_TASKRUN (empty: it
 	// has, or the ring is SQPOLL), reported in Status.
 	kickFallback string
+	closed       bool // Close ran since the last Bind
 }
 
 // New is the mover of cfg; nothing is bound until Bind.
@@ -139,7 +140,7 @@ func (m *Mover) bound(r Restorer) error {
 		r.Close()
 		return fmt.Errorf("binding the GPU: the restorer has %d gather lanes", n)
 	}
-	m.r, m.lanes = r, make(chan int, n)
+	m.r, m.lanes, m.closed = r, make(chan int, n), false
 	m.planeShift = objmap.NewCRCShift(m.cfg.Geometry.PageBytesPerPlane())
 	for i := range n {
 		m.lanes <- i
@@ -149,11 +150,12 @@ func (m *Mover) bound(r Restorer) error {
 
 // Close unregisters the staging and closes the restorer and its ring
 // (every restore released, every gather done). A second Close, or one
-// before Bind, does nothing.
+// before Bind, does nothing; Status still answers after it.
 func (m *Mover) Close() error {
-	if m.r == nil {
+	if m.r == nil || m.closed {
 		return nil
 	}
+	m.closed = true
 	var errs []error
 	for _, a := range m.slots {
 		errs = append(errs, kernels.HostUnregister(a))
@@ -162,7 +164,7 @@ func (m *Mover) Close() error {
 	if m.ring != nil {
 		errs = append(errs, m.ring.Close())
 	}
-	m.r, m.ring, m.slots = nil, nil, nil
+	m.ring, m.slots = nil, nil
 	return errors.Join(errs...)
 }
 
