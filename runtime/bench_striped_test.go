@@ -104,8 +104,8 @@ func BenchmarkRestoreStripedDocQA(b *testing.B) {
 		if err == nil { // the load's runs are resolved when Load returns
 			perDev := map[int]int{}
 			for _, r := range l.runs {
-				perDev[r.run.device] += r.k
-				busiest = max(busiest, perDev[r.run.device])
+				perDev[r.Device] += r.K
+				busiest = max(busiest, perDev[r.Device])
 			}
 		}
 		return l, err

@@ -8,6 +8,10 @@ import (
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/devprobe"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
+	"github.com/tutti-io/tutti/runtime/internal/mover/gpu"
+	"github.com/tutti-io/tutti/runtime/internal/savewrite"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -44,8 +48,8 @@ const (
 	DefaultMaxLoads         = 64
 	// DefaultStagingBytesPerDir: StagingBytes' default grows with the
 	// directories beyond DefaultStagingBytes' four, by one device's
-	// DefaultSaveWritesPerDevice writes of maxSaveWriteBytes.
-	DefaultStagingBytesPerDir = DefaultSaveWritesPerDevice * maxSaveWriteBytes
+	// DefaultSaveWritesPerDevice writes of the largest save write.
+	DefaultStagingBytesPerDir = DefaultSaveWritesPerDevice * savewrite.MaxWriteBytes
 	// DefaultSaveWritesPerDevice: a write counts from its dispatch, so this
 	// keeps a device's queue fed while its next writes are gathered and
 	// checksummed (BENCHMARKS.md, What the defaults rest on).
@@ -58,9 +62,6 @@ const (
 	maxStagingSlot = 1 << 30 // one read is one uring op: its length is a uint32
 	maxSaveBoundMs = 10 * 60 * 1000
 	maxSaveWrites  = 256
-	// maxSaveWriteBytes bounds one save write (a smaller StagingSlotBytes
-	// bounds it more).
-	maxSaveWriteBytes = 4 << 20
 )
 
 // The scheduler's and the event publisher's settings as Config takes them,
@@ -93,7 +94,7 @@ type Config struct {
 	WritePool bool
 	// NoPrewrite turns off the background prewrite: by default a store
 	// whose pool has unwritten (fallocated) extents writes zeros over their
-	// free parts while no load or save runs (prewrite.go), so that its
+	// free parts while no load or save runs (package prewrite), so that its
 	// saves overwrite written blocks, as with WritePool, without paying for
 	// the whole pool at creation.
 	NoPrewrite bool
@@ -163,8 +164,9 @@ type Config struct {
 	Device DeviceProfile
 
 	// KVEvents, if set, publishes what the store serves as vLLM KV events
-	// on a ZeroMQ PUB endpoint for cache-aware routers (see runtime/kvevents.go
-	// and docs/routers.md). Open fails when its endpoints cannot be bound.
+	// on a ZeroMQ PUB endpoint for cache-aware routers (see
+	// runtime/internal/kvmeta and docs/routers.md). Open fails when its
+	// endpoints cannot be bound.
 	KVEvents *KVEventsConfig
 
 	// NewEngine, if set, makes the I/O engine instead of a real io_uring
@@ -175,13 +177,13 @@ type Config struct {
 	// gpuBind, if set (tests), binds PathGPU's restorer instead of package
 	// kernels: Open then needs no GPU, and RegisterKV binds no ring and
 	// registers no staging with CUDA.
-	gpuBind gpuBinder
-	// probe, if set (tests), measures the devices instead of probeDir, also
-	// under NewEngine.
-	probe deviceProber
+	gpuBind func(cfg Config, kv []mover.Region) (gpu.Restorer, error)
+	// probe, if set (tests), measures the devices instead of devprobe.Dir,
+	// also under NewEngine.
+	probe devprobe.Prober
 	// reprobe, if set with probe (tests), re-measures reads instead of
-	// reprobeReads, every reprobeEvery (0: the default) at most.
-	reprobe      readProber
+	// devprobe.Reads, every reprobeEvery (0: devprobe.Every) at most.
+	reprobe      devprobe.ReadProber
 	reprobeEvery time.Duration
 	// buffered (tests) opens the pool without O_DIRECT (objmap.Options.
 	// Buffered), so a store can live on tmpfs; segmentBytes (tests, 0: the
@@ -325,7 +327,7 @@ func (c *Config) Validate() error {
 	if pb := c.Geometry.PageBytesPerLayer(); w.StagingSlotBytes < pb {
 		return configErr("StagingSlotBytes", "%d is smaller than one page of one layer (%d bytes)", w.StagingSlotBytes, pb)
 	}
-	if u := gpuWriteUnit(c.Geometry); c.Path == PathGPU && w.StagingSlotBytes < u {
+	if u := c.saveWriteUnit(); u > 0 && w.StagingSlotBytes < u {
 		return configErr("StagingSlotBytes", "%d is smaller than the GPU save unit (%d bytes: whole pages and 4 KiB blocks)", w.StagingSlotBytes, u)
 	}
 	if c.KVEvents != nil {
@@ -334,6 +336,15 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// saveWriteUnit is the size save writes must be whole multiples of on
+// c.Path (0: any): PathGPU's gathers copy whole pages.
+func (c *Config) saveWriteUnit() int64 {
+	if c.Path == PathGPU {
+		return gpu.WriteUnit(c.Geometry)
+	}
+	return 0
 }
 
 // withDefaults returns c with zero tuning fields replaced by their defaults

@@ -6,6 +6,7 @@ import (
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/mover/gpu/gputest"
 )
 
 // TestIOCreditsEachDevice: a save whose runs lie on both directories, and
@@ -25,16 +26,16 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 	cfg := testConfig(t, g, kvshape.LayoutPerLayer, blocks*g.ChunkPages+8)
 	cfg.CapacityBytes = 256 << 20
 	cfg.SaveBoundMs, cfg.SaveBudgetBytes = 600000, 1<<30
-	var bound chan *cpuRestorer
+	var bound chan *gputest.Restorer
 	if path == PathGPU {
-		bound = make(chan *cpuRestorer, 1)
+		bound = make(chan *gputest.Restorer, 1)
 		cfg.Path, cfg.gpuBind = PathGPU, cpuGPU(nil, bound)
 		cfg.GPU.MaxPages = blocks * g.ChunkPages
 	}
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
-	seed := s.sched.device(0).Profile()
-	if s.sched.device(1).Profile() != seed {
+	seed := s.sched.Device(0).Profile()
+	if s.sched.Device(1).Profile() != seed {
 		t.Fatal("the two devices start from different profiles")
 	}
 	chain := chainOf(77, blocks)
@@ -50,7 +51,7 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 	}
 	devs := map[int]bool{}
 	s.m.Runs(func(r objmap.RunInfo) bool {
-		devs[s.deviceOf(r.File)] = true
+		devs[s.cat.DeviceOf(r.File)] = true
 		return true
 	})
 	if len(devs) != 2 {
@@ -59,7 +60,7 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 	for d := 0; d < 2; d++ {
 		// Small writes correct the IOPS, large ones the bandwidth: either way
 		// the model moves off its seed once it is fed.
-		if got := s.sched.device(d).Profile(); got == seed {
+		if got := s.sched.Device(d).Profile(); got == seed {
 			t.Errorf("device %d: model still the seed %+v: its writes were credited elsewhere", d, got)
 		}
 	}
@@ -74,7 +75,7 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 		t.Fatalf("loaded %d of %d blocks: %v", l.Blocks(), blocks, err)
 	}
 	for d := 0; d < 2; d++ {
-		got := s.sched.device(d).Profile()
+		got := s.sched.Device(d).Profile()
 		if got.ReadBytesPerSec == seed.ReadBytesPerSec && got.ReadIOPS == seed.ReadIOPS && got.ReadLatencyNs == seed.ReadLatencyNs {
 			t.Errorf("device %d: read model still the seed's %+v: its reads were credited elsewhere", d, got)
 		}
@@ -86,7 +87,7 @@ func testIOCreditsEachDevice(t *testing.T, path Path) {
 		t.Errorf("GPU path restore: %v", err)
 	}
 	st := s.Stats().Sched
-	if c := <-bound; c.calls() != 1 || st.RestoresDispatched != 1 || st.Cancelled != 0 {
-		t.Errorf("%d GPU restores, scheduler %+v: want one restore dispatched, nothing cancelled", c.calls(), st)
+	if c := <-bound; c.Calls() != 1 || st.RestoresDispatched != 1 || st.Cancelled != 0 {
+		t.Errorf("%d GPU restores, scheduler %+v: want one restore dispatched, nothing cancelled", c.Calls(), st)
 	}
 }

@@ -34,8 +34,8 @@
 //   - Save returns at once; the scheduler defers its writes into the slack of
 //     loads within Config.SaveBoundMs, on PathGPU too: a GPU restore is one
 //     job of the scheduler (sched.LoadRequest.Whole) whose reads hold their
-//     devices from dispatch until the GPU reports each layer done. The pages must stay unchanged until
-//     Gathered is closed. A run is served only after its payload, header and
+//     devices from dispatch until the GPU reports each layer done. The pages
+//     must stay unchanged until Gathered is closed. A run is served only after its payload, header and
 //     journal record are durable; what the index, the pool or the save budget
 //     cannot take, and any write error, skips blocks (counted by SkipCause),
 //     never blocks.
@@ -51,11 +51,25 @@
 //
 // One goroutine owns the io_uring engine (single issuer) and runs
 // completions; one runs the scheduler's dispatch loop; each Load and Save has
-// one that stages, verifies and copies, ending with it. On PathCPU,
-// min(GOMAXPROCS, 8) consume goroutines shared by the loads verify and
+// one that drives its I/O, ending with it. min(GOMAXPROCS, 8) stage
+// goroutines shared by the saves gather and checksum their writes. On
+// PathCPU, as many consume goroutines shared by the loads verify and
 // scatter every completed staging slot (the CRC32C and copy are a restore's
-// CPU work; a read split over several slots is checked in pieces,
-// splitread.go), so a load's restore is not bound by one core.
+// CPU work; a read split over several slots is checked in pieces), so a
+// load's restore is not bound by one core.
+//
+// # Inside
+//
+// This package is the API and the orchestration: what a Load, a Save, a
+// Hold and Open do, in which order, and what they count. The mechanisms
+// are packages under runtime/internal, one job each: catalog (the served
+// runs beside the prefix index, and its rebuild at Open), admission (a
+// save's reservations as one transaction), mover (the seam to whoever moves
+// the bytes) with mover/cpu and mover/gpu, savewrite (the save write
+// pipeline), staging, ring (the io_uring goroutine), iosched (the
+// scheduler wiring), workpool, devprobe, prewrite, kvmeta (the
+// event-publishing index and its sidecar) and lrufile. docs/architecture.md
+// draws them.
 //
 // See docs/integration.md for what each call costs and how an engine drives it.
 package runtime

@@ -13,6 +13,7 @@ import (
 	"github.com/tutti-io/tutti/internal/faultfs"
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/catalog"
 )
 
 // The EIO tests put a store on a file system whose device fails on command
@@ -150,14 +151,10 @@ func openAgain(t *testing.T, cfg Config, kv *HostKV) (*Store, *HostKV) {
 }
 
 // runOf returns the stored run that starts at chain block id first.
-func runOf(t *testing.T, s *Store, first uint64) *runEntry {
+func runOf(t *testing.T, s *Store, first uint64) *catalog.Run {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, r := range s.runs {
-		if r.chain[0] == first {
-			return r
-		}
+	if r := runStartingAt(s, first); r != nil {
+		return r
 	}
 	t.Fatalf("no run starts at block %#x", first)
 	return nil
@@ -175,7 +172,7 @@ func TestEIOPayloadRead(t *testing.T) {
 	s, kv := openKV(t, cfg)
 	defer func() { closeKV(t, s, kv) }()
 	r := runOf(t, s, chains[0][3])
-	faults := armFile(t, d, faultfs.Read, r.file.Path, r.offset, r.info.Length)
+	faults := armFile(t, d, faultfs.Read, r.File.Path, r.Offset, r.Info.Length)
 
 	loadExact(t, s, kv, rng, chains[0], 3)
 	mustFire(t, "payload read", faults)
@@ -188,9 +185,9 @@ func TestEIOPayloadRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Corrupt != 1 || len(rep.CorruptRuns) != 1 || rep.CorruptRuns[0].Run != r.id ||
+	if rep.Corrupt != 1 || len(rep.CorruptRuns) != 1 || rep.CorruptRuns[0].Run != r.ID ||
 		!strings.Contains(rep.CorruptRuns[0].Reason, "input/output error") {
-		t.Fatalf("fsck while reads of run %d fail: %v, want that run named with its I/O error", r.id, rep)
+		t.Fatalf("fsck while reads of run %d fail: %v, want that run named with its I/O error", r.ID, rep)
 	}
 
 	d.Inj.DisarmAll()
@@ -214,7 +211,7 @@ func TestEIOHeaderAtOpen(t *testing.T) {
 	chains := saveChains(t, cfg, rng, 2)
 	s, kv := openKV(t, cfg)
 	r := runOf(t, s, chains[0][3])
-	path, off, id := r.file.Path, r.offset, r.id
+	path, off, id := r.File.Path, r.Offset, r.ID
 	closeKV(t, s, kv)
 	faults := armFile(t, d, faultfs.Read, path, off, objmap.BlockBytes)
 

@@ -144,24 +144,17 @@ func TestLoadCorruptPayload(t *testing.T) {
 
 	s, kv := openKV(t, cfg)
 	// Find the second run (chain positions 3..5) and damage layer 1 of it.
-	s.mu.Lock()
-	var victim *runEntry
-	for _, r := range s.runs {
-		if r.chain[0] == ch[3] {
-			victim = r
-		}
-	}
-	s.mu.Unlock()
+	victim := runStartingAt(s, ch[3])
 	if victim == nil {
 		t.Fatal("second run not found")
 	}
-	off, _ := objmap.ObjectOffset(g, victim.chunks, 1)
-	f, err := os.OpenFile(victim.file.Path, os.O_RDWR, 0)
+	off, _ := objmap.ObjectOffset(g, victim.Chunks, 1)
+	f, err := os.OpenFile(victim.File.Path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := []byte{0}
-	pos := victim.offset + off + 5
+	pos := victim.Offset + off + 5
 	if _, err := f.ReadAt(b, pos); err != nil {
 		t.Fatal(err)
 	}

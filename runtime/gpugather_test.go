@@ -17,7 +17,7 @@ import (
 // fails. The saved bytes then restore bit-exact into other pages.
 func TestGPUSaveGathersConcurrently(t *testing.T) {
 	const want, numPages = 4, 128
-	// The stage pool has min(GOMAXPROCS, maxPoolWorkers) workers, made at Open.
+	// The stage pool has min(GOMAXPROCS, workpool.MaxWorkers) workers, made at Open.
 	if goruntime.GOMAXPROCS(0) < want {
 		defer goruntime.GOMAXPROCS(goruntime.GOMAXPROCS(want))
 	}
@@ -35,7 +35,7 @@ func TestGPUSaveGathersConcurrently(t *testing.T) {
 	)
 	timer := time.AfterFunc(10*time.Second, func() { close(gaveUp) })
 	defer timer.Stop()
-	gpu.onGather = func(int) {
+	gpu.OnGather = func(int) {
 		n := inFlight.Add(1)
 		defer inFlight.Add(-1)
 		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
@@ -63,7 +63,7 @@ func TestGPUSaveGathersConcurrently(t *testing.T) {
 		t.Fatalf("saved %d of %d blocks: %+v", sv.Saved(), len(a), s.Stats())
 	}
 	// The chunk CRCs committed come from the restorer's plane CRCs
-	// (combinePlaneCRCs): fsck reads every payload back against them.
+	// (the GPU mover folds them): fsck reads every payload back against them.
 	if err := s.WaitSaves(); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/runtime/internal/mover/gpu/gputest"
 )
 
 // BenchmarkGPULoadGoSide is what a PathGPU Load costs on the Go side alone:
@@ -22,7 +23,7 @@ func BenchmarkGPULoadGoSide(b *testing.B) {
 	pages := blocks * g.ChunkPages
 	numPages := pages + pages/8 + 16
 	dirs := []string{b.TempDir(), b.TempDir(), b.TempDir(), b.TempDir()}
-	bound := make(chan *cpuRestorer, 1)
+	bound := make(chan *gputest.Restorer, 1)
 	cfg := Config{Dirs: dirs, Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: numPages,
 		CapacityBytes: CapacityForBlocks(g, blocks) + int64(len(dirs))*(64<<20), SaveBoundMs: 600000,
 		SaveBudgetBytes: int64(blocks) * g.ChunkBytes(), Path: PathGPU, gpuBind: cpuGPU(nil, bound)}
@@ -42,7 +43,7 @@ func BenchmarkGPULoadGoSide(b *testing.B) {
 	if sv.Saved() != blocks {
 		b.Fatalf("saved %d of %d", sv.Saved(), blocks)
 	}
-	gpu.noIO = true
+	gpu.NoIO = true
 	var submitNs int64
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {

@@ -6,18 +6,33 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
+	"github.com/tutti-io/tutti/runtime/internal/mover/gpu"
+	"github.com/tutti-io/tutti/runtime/internal/mover/gpu/gputest"
 	"github.com/tutti-io/tutti/sched"
 )
 
+// cpuGPU binds a gputest.Restorer (Config.gpuBind); each bound one is
+// sent on bound when it is not nil.
+func cpuGPU(gate chan struct{}, bound chan<- *gputest.Restorer) func(Config, []mover.Region) (gpu.Restorer, error) {
+	return func(cfg Config, kv []mover.Region) (gpu.Restorer, error) {
+		c := gputest.New(gpuConfig(cfg, nil, nil, nil), kv, gate)
+		if bound != nil {
+			bound <- c
+		}
+		return c, nil
+	}
+}
+
 // gpuStoreOnCPU opens a PathGPU store whose restorer is the CPU one (gate:
-// see cpuRestorer) and registers host KV memory with it; tune, if given,
+// see gputest.Restorer) and registers host KV memory with it; tune, if given,
 // changes the config last.
-func gpuStoreOnCPU(t *testing.T, numPages int, gate chan struct{}, tune ...func(*Config)) (*Store, *HostKV, *cpuRestorer) {
+func gpuStoreOnCPU(t *testing.T, numPages int, gate chan struct{}, tune ...func(*Config)) (*Store, *HostKV, *gputest.Restorer) {
 	t.Helper()
 	g := tinyGeometry()
 	cfg := testConfig(t, g, kvshape.LayoutPerLayer, numPages)
 	cfg.Dirs = cfg.Dirs[:1] // one device: the save is written where the restore reads
-	bound := make(chan *cpuRestorer, 1)
+	bound := make(chan *gputest.Restorer, 1)
 	cfg.Path, cfg.gpuBind = PathGPU, cpuGPU(gate, bound)
 	cfg.SaveBoundMs = 600000 // no write is promoted while the test holds a restore
 	// Recomputing costs far more than reading, so every cached block is
@@ -37,12 +52,7 @@ func gpuStoreOnCPU(t *testing.T, numPages int, gate chan struct{}, tune ...func(
 
 // dispatchRound runs one round of the scheduler now, as its goroutine does
 // after every request and completion.
-func dispatchRound(s *Store) {
-	sc := s.sched
-	sc.mu.Lock()
-	sc.dispatchLocked(sc.nowNs())
-	sc.mu.Unlock()
-}
+func dispatchRound(s *Store) { s.sched.DispatchNow() }
 
 // TestGPUSavesWaitBehindRestore: on PathGPU a restore is a job of the
 // scheduler from dispatch until the GPU reports its layers, so a save
@@ -105,8 +115,8 @@ func TestGPUSavesWaitBehindRestore(t *testing.T) {
 		t.Fatalf("GPU path restore: %v", err)
 	}
 	st := s.Stats().Sched
-	if st.WritesDispatched == written || st.WritesPromoted != 0 || st.Cancelled != 0 || gpu.calls() != 1 {
-		t.Errorf("after the restore: %+v, %d GPU restores: want the save's writes dispatched, none promoted, nothing cancelled, one restore", st, gpu.calls())
+	if st.WritesDispatched == written || st.WritesPromoted != 0 || st.Cancelled != 0 || gpu.Calls() != 1 {
+		t.Errorf("after the restore: %+v, %d GPU restores: want the save's writes dispatched, none promoted, nothing cancelled, one restore", st, gpu.Calls())
 	}
 }
 
@@ -125,7 +135,7 @@ func TestGPUFailedEntryMapsToRun(t *testing.T) {
 	fill(kv, g, b, pb)
 	saveWait(t, s, a, pb[:len(a)*g.ChunkPages])
 	saveWait(t, s, b, pb)
-	gpu.failEntry = func(layer, extent int) bool { return layer == 1 && extent == 1 }
+	gpu.FailEntry = func(layer, extent int) bool { return layer == 1 && extent == 1 }
 	scramble(kv, g, numPages)
 	l, err := s.Load(b, pb)
 	if err != nil {

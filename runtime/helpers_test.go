@@ -8,6 +8,7 @@ import (
 	"github.com/tutti-io/tutti/internal/crashtest"
 	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/runtime/internal/catalog"
 )
 
 // tinyGeometry is small enough for many runs per test yet exercises padding
@@ -121,6 +122,16 @@ func verify(kv pageMem, g kvshape.Geometry, chain []uint64, pages []int32, n int
 					}
 				}
 			}
+		}
+	}
+	return nil
+}
+
+// runStartingAt is the stored run whose first block is first, or nil.
+func runStartingAt(s *Store, first uint64) *catalog.Run {
+	for _, r := range s.cat.Runs() {
+		if r.Chain[0] == first {
+			return r
 		}
 	}
 	return nil

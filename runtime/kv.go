@@ -3,9 +3,10 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"unsafe"
 
 	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
+	"github.com/tutti-io/tutti/runtime/internal/mover/cpu"
 	"github.com/tutti-io/tutti/uring"
 )
 
@@ -33,34 +34,9 @@ type KVMemory struct {
 // index (block table entry) that does not fit it.
 var ErrKV = errors.New("runtime: bad KV memory")
 
-// kvViews are byte views over the registered host KV memory, built once at
-// RegisterKV so the hot path only slices.
-type kvViews struct {
-	layout     kvshape.Layout
-	layers     [][]byte         // per-layer layout: one view per layer
-	cross      []byte           // cross-layer layout
-	g          kvshape.Geometry // the layout rule: g.PlaneOffset
-	planeBytes int64
-	planes     int64 // planes of a page in an object (copyPages)
-	numPages   int
-}
-
-// view makes a []byte over caller-owned memory that the GC does not manage.
-func view(addr uintptr, n int64) []byte {
-	// Converting through a pointer to the uintptr keeps vet's unsafeptr check
-	// quiet: the memory is off-heap, so there is nothing for the GC to move.
-	p := *(*unsafe.Pointer)(unsafe.Pointer(&addr))
-	return unsafe.Slice((*byte)(p), n)
-}
-
-// checkKV checks that kv describes memory of the right shape and size for
-// numPages pages of g in layout (host or device addresses alike).
-func checkKV(g kvshape.Geometry, layout kvshape.Layout, numPages int, kv KVMemory) error {
-	_, err := kvRegions(g, layout, numPages, kv)
-	return err
-}
-
-// kvRegions checks kv and returns the regions with their needed lengths.
+// kvRegions checks that kv describes memory of the right shape and size for
+// numPages pages of g in layout (host or device addresses alike) and
+// returns the regions with their needed lengths.
 func kvRegions(g kvshape.Geometry, layout kvshape.Layout, numPages int, kv KVMemory) ([]Region, error) {
 	switch layout {
 	case kvshape.LayoutPerLayer:
@@ -104,87 +80,24 @@ func kvRegions(g kvshape.Geometry, layout kvshape.Layout, numPages int, kv KVMem
 	return nil, fmt.Errorf("%w: unknown layout %d", ErrKV, layout)
 }
 
-func newKVViews(g kvshape.Geometry, layout kvshape.Layout, numPages int, kv KVMemory) (*kvViews, error) {
-	regions, err := kvRegions(g, layout, numPages, kv)
-	if err != nil {
-		return nil, err
+// moverRegions is regions as the mover takes them.
+func moverRegions(regions []Region) []mover.Region {
+	out := make([]mover.Region, len(regions))
+	for i, r := range regions {
+		out[i] = mover.Region(r)
 	}
-	v := &kvViews{
-		layout:     layout,
-		g:          g,
-		planeBytes: g.PageBytesPerPlane(),
-		planes:     int64(g.Planes),
-		numPages:   numPages,
-	}
-	if layout == kvshape.LayoutPerLayer {
-		for _, r := range regions {
-			v.layers = append(v.layers, view(r.Addr, r.LenBytes))
-		}
-	} else {
-		v.cross = view(regions[0].Addr, regions[0].LenBytes)
-	}
-	return v, nil
-}
-
-// plane returns the bytes of (layer, plane, page). The caller has checked
-// every index.
-func (v *kvViews) plane(layer, plane int, page int32) []byte {
-	off := v.g.PlaneOffset(v.layout, v.numPages, layer, plane, int(page))
-	if v.layout == kvshape.LayoutPerLayer {
-		return v.layers[layer][off : off+v.planeBytes]
-	}
-	return v.cross[off : off+v.planeBytes]
-}
-
-// copyPages moves the bytes [start, end) of one layer of consecutive chunks,
-// laid out as objmap stores them (page-major, then plane), between buf
-// (which holds exactly those bytes) and the engine's pages: pages[p] is the
-// page id of the p-th page from the first chunk. toKV chooses the direction
-// (restore: staging → KV; save: KV → staging). Planes may be cut at start and
-// end; each part goes where it belongs.
-func (v *kvViews) copyPages(layer int, pages []int32, start, end int64, buf []byte, toKV bool) {
-	pb := v.planeBytes
-	for u := start / pb; u*pb < end; u++ {
-		plane := int(u % v.planes)
-		kv := v.plane(layer, plane, pages[u/v.planes])
-		us := u * pb
-		lo, hi := max(us, start), min(us+pb, end)
-		if toKV {
-			copy(kv[lo-us:hi-us], buf[lo-start:hi-start])
-		} else {
-			copy(buf[lo-start:hi-start], kv[lo-us:hi-us])
-		}
-	}
-}
-
-// restorePages is copyPages toward the KV memory with each piece verified
-// first: ver.Update sees the bytes [start, end) in order, one page plane at
-// a time, and the piece is copied while it is still in the CPU's cache
-// (verifying a whole segment, then copying it, reads it from memory twice).
-// It stops at the first CRC error; the pieces before it were copied (a run
-// that fails is a miss: its pages hold unspecified bytes).
-func (v *kvViews) restorePages(layer int, pages []int32, start, end int64, buf []byte, ver chunkChecker) error {
-	pb := v.planeBytes
-	for u := start / pb; u*pb < end; u++ {
-		us := u * pb
-		lo, hi := max(us, start), min(us+pb, end)
-		src := buf[lo-start : hi-start]
-		if err := ver.Update(src); err != nil {
-			return err
-		}
-		kv := v.plane(layer, int(u%v.planes), pages[u/v.planes])
-		copy(kv[lo-us:hi-us], src)
-	}
-	return nil
+	return out
 }
 
 // HostKV is paged KV memory allocated off-heap (anonymous mmap) in a
 // store's layout, for tests, benchmarks and the eval harness. Free it once
 // after the store that registered it is closed.
 type HostKV struct {
+	g     kvshape.Geometry
+	pages int
 	bufs  []*uring.Buffer
 	mem   KVMemory
-	views *kvViews
+	views *cpu.Views
 }
 
 // AllocHostKV allocates host KV memory for numPages pages of g in layout.
@@ -195,7 +108,7 @@ func AllocHostKV(g kvshape.Geometry, layout kvshape.Layout, numPages int) (*Host
 	if numPages <= 0 {
 		return nil, fmt.Errorf("allocating host KV: numPages %d", numPages)
 	}
-	h := &HostKV{}
+	h := &HostKV{g: g, pages: numPages}
 	alloc := func(n int64) (Region, error) {
 		b, err := uring.AllocBuffer(int(n))
 		if err != nil {
@@ -227,12 +140,12 @@ func AllocHostKV(g kvshape.Geometry, layout kvshape.Layout, numPages int) (*Host
 	default:
 		return nil, fmt.Errorf("allocating host KV: unknown layout %d", layout)
 	}
-	v, err := newKVViews(g, layout, numPages, h.mem)
+	regions, err := kvRegions(g, layout, numPages, h.mem)
 	if err != nil {
 		h.Free()
 		return nil, err
 	}
-	h.views = v
+	h.views = cpu.NewViews(g, layout, numPages, moverRegions(regions))
 	return h, nil
 }
 
@@ -242,11 +155,11 @@ func (h *HostKV) Memory() KVMemory { return h.mem }
 // Page returns the bytes of (layer, plane, page): a view valid until Free.
 // It panics on an index out of range, like a slice.
 func (h *HostKV) Page(layer, plane int, page int32) []byte {
-	if layer < 0 || layer >= h.views.g.Layers || plane < 0 || plane >= h.views.g.Planes ||
-		page < 0 || int(page) >= h.views.numPages {
+	if layer < 0 || layer >= h.g.Layers || plane < 0 || plane >= h.g.Planes ||
+		page < 0 || int(page) >= h.pages {
 		panic(fmt.Sprintf("runtime: HostKV.Page(%d, %d, %d) out of range", layer, plane, page))
 	}
-	return h.views.plane(layer, plane, page)
+	return h.views.Plane(layer, plane, page)
 }
 
 // Free unmaps the memory. Calling it twice is a no-op.

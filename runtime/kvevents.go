@@ -2,17 +2,16 @@ package runtime
 
 // KV events for cache-aware routers (Config.KVEvents): what the engine
 // gives of a block beyond its chain id, the store's contents for a replay,
-// and the publisher's counters. The events themselves are emitted by
-// servedIndex, in the same step as each change of the index.
+// and the publisher's counters. The events themselves are emitted by the
+// index (kvmeta.Index), in the same step as each change of it.
 
 import (
-	"cmp"
-	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
 )
 
 // BlockMeta is what an engine knows of a block it saves beyond its chain id,
@@ -27,20 +26,9 @@ type BlockMeta struct {
 	Hash []byte
 }
 
-// SaveWithMeta is Save with meta[i] for chain block i, kept (bounded by
-// KVEvents.MaxTokenBytes) while the block is served and published with it.
-// Without Config.KVEvents it is Save. The store copies meta.
-func (s *Store) SaveWithMeta(chain []uint64, pages []int32, meta []BlockMeta) (*Save, error) {
-	kept, err := s.copyMeta(chain, meta)
-	if err != nil {
-		return nil, err
-	}
-	return s.save(chain, pages, kept)
-}
-
 // copyMeta checks meta against chain and copies it for the index (nil
 // without Config.KVEvents: nothing is published).
-func (s *Store) copyMeta(chain []uint64, meta []BlockMeta) ([]blockMeta, error) {
+func (s *Store) copyMeta(chain []uint64, meta []BlockMeta) ([]kvmeta.Meta, error) {
 	if len(meta) != len(chain) {
 		return nil, fmt.Errorf("runtime: save: %d metadata for %d chain blocks: %w", len(meta), len(chain), ErrBadRequest)
 	}
@@ -53,96 +41,23 @@ func (s *Store) copyMeta(chain []uint64, meta []BlockMeta) ([]blockMeta, error) 
 			return nil, fmt.Errorf("runtime: save: meta[%d]: %d hash bytes, at most %d: %w", i, len(m.Hash), kvevents.MaxHashBytes, ErrBadRequest)
 		}
 	}
-	if s.idx.ev == nil {
+	if s.idx.Publisher() == nil {
 		return nil, nil
 	}
-	kept := make([]blockMeta, len(meta))
+	kept := make([]kvmeta.Meta, len(meta))
 	for i, m := range meta {
-		kept[i] = blockMeta{tokens: slices.Clone(m.Tokens), hash: slices.Clone(m.Hash)}
+		kept[i] = kvmeta.Meta{Tokens: slices.Clone(m.Tokens), Hash: slices.Clone(m.Hash)}
 	}
 	return kept, nil
 }
 
-// openServed wraps the index; with Config.KVEvents it binds the publisher
-// first (AllBlocksCleared is batch 0), so the recovery that follows
-// publishes the recovered runs parents first.
-func (s *Store) openServed(idx *prefix.Index) (*servedIndex, error) {
-	bt := s.geo.ChunkPages * s.geo.PageTokens
-	if s.cfg.KVEvents == nil {
-		return newServedIndex(idx, nil, nil, bt), nil
-	}
-	p, err := kvevents.New(*s.cfg.KVEvents)
-	if err != nil {
-		return nil, err
-	}
-	metas := newBlockMetas(p.Config().MaxTokenBytes)
-	mf, err := loadMetaFile(s.cfg.Dirs[0], bt, kvmetaMaxFileBytes(p.Config().MaxTokenBytes), metas)
-	if err != nil {
-		_ = p.Close()
-		return nil, err
-	}
-	p.SetContents(s.contents)
-	x := newServedIndex(idx, p, metas, bt)
-	x.file = mf
-	return x, nil
-}
-
-// kvmetaMaxFileBytes bounds the sidecar: twice what the store keeps in
-// memory, so appends of blocks evicted since the last Open fit a while.
-func kvmetaMaxFileBytes(maxTokenBytes int64) int64 { return 2*maxTokenBytes + 1<<20 }
-
-// contents lists the served blocks for a replay answer (called in the
-// publisher's order): per run, in run id order (a parent run is committed
-// before any child run is allocated, so parents come first), its leading
-// blocks still served.
-func (s *Store) contents(emit func(kvevents.Event)) {
-	s.mu.Lock()
-	runs := make([]*runEntry, 0, len(s.runs))
-	for _, r := range s.runs {
-		runs = append(runs, r)
-	}
-	s.mu.Unlock()
-	slices.SortFunc(runs, func(a, b *runEntry) int { return cmp.Compare(a.id, b.id) })
-	for _, r := range runs {
-		n := 0
-		for c := r.first; c < len(r.chain); c++ {
-			e, ok := s.idx.Get(r.chain[c])
-			if !ok || e.Draining || e.Loc != loc(r.id, c) || (e.State != prefix.StateResident && e.State != prefix.StatePinned) {
-				break
-			}
-			n++
-		}
-		if n == 0 {
-			continue
-		}
-		parent, hasParent := r.info.Parent, r.info.HasParent
-		if r.first > 0 {
-			parent, hasParent = r.chain[r.first-1], true
-		}
-		emit(s.idx.stored(r.chain[r.first:r.first+n], parent, hasParent))
-	}
-}
-
-// TakeKVEvents hands the events of a store opened with KVEvents.Engine to
-// the engine that publishes them (kvevents.Publisher.Take): appended to dst
-// as one msgpack array of events in the configured format, as many as fit
-// maxBytes (a *kvevents.TooSmallError when the next one alone does not),
-// with how many it took and whether more wait. The first take lists what
-// the store serves, after an AllBlocksCleared that speaks for this store
-// only (see Publisher.Take).
-func (s *Store) TakeKVEvents(dst []byte, maxBytes int) (out []byte, n int, more bool, err error) {
-	p := s.idx.ev
-	if p == nil {
-		return dst, 0, false, fmt.Errorf("runtime: take KV events: the store publishes none (Config.KVEvents): %w", ErrBadRequest)
-	}
-	out, n, more, err = p.Take(dst, maxBytes)
-	switch {
-	case errors.Is(err, kvevents.ErrNotEngine):
-		err = fmt.Errorf("runtime: take KV events: %w (%w)", ErrBadRequest, err)
-	case err != nil:
-		err = fmt.Errorf("runtime: take KV events: %w", err)
-	}
-	return out, n, more, err
+// openServed wraps the index (kvmeta.Open: with Config.KVEvents, the
+// publisher and the sidecar in the first directory).
+func (s *Store) openServed(idx *prefix.Index) (*kvmeta.Index, error) {
+	// The catalog is made after the index: the publisher asks for the
+	// contents only once Open returned.
+	return kvmeta.Open(idx, s.cfg.KVEvents, s.cfg.Dirs[0], s.geo.ChunkPages*s.geo.PageTokens,
+		func(emit func(kvevents.Event)) { s.cat.Contents(emit) })
 }
 
 // KVEventsStats is what the store published (Config.KVEvents); all zero
@@ -167,14 +82,15 @@ type KVEventsStats struct {
 
 // kvEventsStats is Stats.Events.
 func (s *Store) kvEventsStats() (st KVEventsStats) {
-	p := s.idx.ev
+	p := s.idx.Publisher()
 	if p == nil {
 		return st
 	}
 	st.Enabled, st.Stats = true, p.Stats()
 	st.Endpoint, st.ReplayEndpoint = p.Endpoint(), p.ReplayEndpoint()
-	st.HashOnlyBlocks = s.idx.meta.hashOnly.Load()
-	st.MetaBlocks, st.MetaBytes, st.MetaDropped = s.idx.meta.stats()
-	st.MetaUnpersisted, st.MetaLoadNote = s.idx.file.stats()
+	m := s.idx.MetaStats()
+	st.HashOnlyBlocks = m.HashOnlyBlocks
+	st.MetaBlocks, st.MetaBytes, st.MetaDropped = m.Blocks, m.Bytes, m.Dropped
+	st.MetaUnpersisted, st.MetaLoadNote = m.Unpersisted, m.LoadNote
 	return st
 }

@@ -144,7 +144,7 @@ func history(t *testing.T, batches []seqBatch) map[uint64]bool {
 // checks that it holds exactly the store's served blocks.
 func matchStore(t *testing.T, s *Store, x *kvindex.Index, step string, hashOnly bool) {
 	t.Helper()
-	s.idx.ev.Flush()
+	s.idx.Publisher().Flush()
 	st := s.Stats().Events
 	if err := x.WaitSeq("n", st.LastSeq, evWait); err != nil {
 		t.Fatalf("%s: %v", step, err)
@@ -167,11 +167,11 @@ func matchStore(t *testing.T, s *Store, x *kvindex.Index, step string, hashOnly 
 // limitBlocks lowers the index's capacity to n blocks, so saves evict.
 func limitBlocks(t *testing.T, s *Store, n int) {
 	t.Helper()
-	dropped, err := s.idx.SetCapacity(int64(n) * s.bytesPerBlock())
+	dropped, err := s.idx.SetCapacity(int64(n) * s.cat.BytesPerBlock())
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.release(dropped)
+	s.cat.Release(dropped)
 }
 
 func follow(t *testing.T, s *Store) *kvindex.Index {
@@ -339,20 +339,13 @@ func TestKVEventsCorruptRunRemoved(t *testing.T) {
 	defer closeKV(t, s, kv)
 	x := follow(t, s)
 	matchStore(t, s, x, "recovered", true)
-	s.mu.Lock()
-	var victim *runEntry
-	for _, r := range s.runs {
-		if r.chain[0] == ch[3] {
-			victim = r
-		}
-	}
-	s.mu.Unlock()
-	off, _ := objmap.ObjectOffset(g, victim.chunks, 1)
-	f, err := os.OpenFile(victim.file.Path, os.O_RDWR, 0)
+	victim := runStartingAt(s, ch[3])
+	off, _ := objmap.ObjectOffset(g, victim.Chunks, 1)
+	f, err := os.OpenFile(victim.File.Path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteAt([]byte{0x5A, 0xA5}, victim.offset+off+5); err != nil {
+	if _, err := f.WriteAt([]byte{0x5A, 0xA5}, victim.Offset+off+5); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
 )
 
 // TestKVEventsRestart: a reopened store publishes AllBlocksCleared in a new
@@ -42,7 +43,7 @@ func TestKVEventsRestart(t *testing.T) {
 	}{
 		{"sidecar", func() {}, false},
 		{"torn sidecar tail", func() {
-			p := filepath.Join(cfg.Dirs[0], kvmetaName)
+			p := filepath.Join(cfg.Dirs[0], kvmeta.FileName)
 			b, err := os.ReadFile(p)
 			if err != nil {
 				t.Fatal(err)
@@ -53,7 +54,7 @@ func TestKVEventsRestart(t *testing.T) {
 			}
 		}, false},
 		{"no sidecar", func() {
-			if err := os.Remove(filepath.Join(cfg.Dirs[0], kvmetaName)); err != nil {
+			if err := os.Remove(filepath.Join(cfg.Dirs[0], kvmeta.FileName)); err != nil {
 				t.Fatal(err)
 			}
 		}, true},
@@ -88,49 +89,4 @@ func TestKVEventsRestart(t *testing.T) {
 		}
 		closeKV(t, s, kv)
 	}
-}
-
-func TestKVMetaRecordRoundTrip(t *testing.T) {
-	ids := []uint64{1, 2, 3}
-	ms := []blockMeta{{tokens: []uint32{1, 2, 3, 4}}, {hash: []byte{9, 9}}, {tokens: []uint32{5, 6, 7, 8}, hash: []byte{1}}}
-	p := appendMetaRecord(kvmetaHeaderBytes(4), ids, ms)
-	var got []metaRecord
-	good, stop, err := parseKVMeta(p, 4, func(r metaRecord) { got = append(got, r) })
-	if err != nil || stop != nil || good != len(p) || len(got) != 1 {
-		t.Fatalf("parse: good %d of %d, stop %v, err %v, %d records", good, len(p), stop, err, len(got))
-	}
-	for i := range ids {
-		if got[0].ids[i] != ids[i] || !slices.Equal(got[0].metas[i].tokens, ms[i].tokens) || !slices.Equal(got[0].metas[i].hash, ms[i].hash) {
-			t.Fatalf("block %d: %+v", i, got[0].metas[i])
-		}
-	}
-	if _, _, err := parseKVMeta(p, 8, func(metaRecord) {}); err == nil {
-		t.Fatal("a sidecar of another block size was read")
-	}
-	for cut := kvmetaHeader + 1; cut < len(p); cut++ {
-		n := 0
-		if _, stop, _ := parseKVMeta(p[:cut], 4, func(metaRecord) { n++ }); stop == nil || n != 0 {
-			t.Fatalf("cut at %d: stop %v, %d records", cut, stop, n)
-		}
-	}
-}
-
-func FuzzParseKVMeta(f *testing.F) {
-	f.Add(appendMetaRecord(kvmetaHeaderBytes(4), []uint64{1}, []blockMeta{{tokens: []uint32{1, 2, 3, 4}, hash: []byte{7}}}))
-	f.Add(kvmetaHeaderBytes(4))
-	f.Fuzz(func(t *testing.T, p []byte) {
-		good, _, err := parseKVMeta(p, 4, func(r metaRecord) {
-			if len(r.ids) != len(r.metas) || len(r.ids) == 0 || len(r.ids) > kvmetaMaxRecordBlocks {
-				t.Fatalf("record of %d ids, %d metas", len(r.ids), len(r.metas))
-			}
-			for _, m := range r.metas {
-				if len(m.tokens) != 0 && len(m.tokens) != 4 || len(m.hash) > kvevents.MaxHashBytes {
-					t.Fatalf("meta %+v out of bounds", m)
-				}
-			}
-		})
-		if err == nil && (good < kvmetaHeader || good > len(p)) {
-			t.Fatalf("good %d of %d", good, len(p))
-		}
-	})
 }

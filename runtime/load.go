@@ -3,14 +3,16 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"slices"
-	"sort"
 	"sync"
 
-	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/catalog"
+	"github.com/tutti-io/tutti/runtime/internal/devprobe"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
 	"github.com/tutti-io/tutti/sched"
-	"github.com/tutti-io/tutti/uring"
 )
+
+// ErrNotGPU is returned by GPU-only calls (Load.StreamWaitLayer) on PathCPU.
+var ErrNotGPU = errors.New("runtime: not on the GPU path")
 
 // MissCause says why a cached block was not restored.
 type MissCause uint8
@@ -43,29 +45,34 @@ func (c MissCause) String() string {
 	return fmt.Sprintf("MissCause(%d)", uint8(c))
 }
 
-// loadRun is one run of the loaded prefix: its chunks [first, first+k) are
-// restored into the pages of chain positions [chainPos, chainPos+k).
-type loadRun struct {
-	run      *runEntry
-	first, k int
-	chainPos int
+// missCauses names the movers' misses as the store counts them.
+var missCauses = [...]MissCause{mover.MissIOError: MissIOError, mover.MissShortRead: MissShortRead,
+	mover.MissCRC: MissCRC, mover.MissClosed: MissClosed, mover.MissGPU: MissGPU}
+
+// LoadOptions are what an engine that schedules ahead of its loads (vLLM)
+// tells a Load beyond the chain and its block table.
+type LoadOptions struct {
+	// Skip is how many leading blocks of the chain the engine already has
+	// (its local prefix-cache hits): they are not restored, their pages are
+	// not touched, and the block table covers chain[Skip:] only.
+	Skip int
+	// Promised: the engine already counted these blocks as computed (Match
+	// said so), so the planner does not trade any of them for recompute: it
+	// loads every cached block it can admit. A promised block not restored
+	// is a load error for the engine, where an unpromised one is a recompute.
+	Promised bool
 }
 
-// segment is what one staging slot holds: part of one (layer, run) read
-// (a dispatched sched.IO). Saves stage in write buffers (wbuf) instead.
-type segment struct {
-	io   sched.IO
-	span objmap.Span // the (layer, run) read this segment is part of
-	// objOff is where the staged bytes start, relative to the span's read;
-	// ioBytes are transferred (BlockBytes-aligned).
-	objOff, ioBytes int64
-	last            bool // last segment of its sched.IO
-	// direct: the payload was read into the pages, not the slot
-	// (loaddirect.go).
-	direct bool
-	// split is the read's verification state when it takes several
-	// segments (nil when one slot holds it whole).
-	split *splitRead
+// promisedReadyNs is a compute start far enough ahead that every finish time
+// the planner compares is dominated by compute: it then loads every block it
+// admits (each loaded block shortens the compute that follows).
+const promisedReadyNs = int64(1) << 40
+
+func (o LoadOptions) computeReadyNs() int64 {
+	if o.Promised {
+		return promisedReadyNs
+	}
+	return 0
 }
 
 // Load is one restore in progress. WaitLayer(l) returns once layer l of the
@@ -78,44 +85,27 @@ type Load struct {
 	s     *Store
 	chain []uint64
 	pages []int32
-	runs  []loadRun
+	// runs are the runs of the loaded prefix, as the mover reads them;
+	// entries[i] is runs[i]'s in the catalog (to drop it when corrupt).
+	runs    []mover.Run
+	entries []*catalog.Run
 
 	pinned  int // chain[:pinned] is pinned in the index until the load ends
 	skip    int // chain[:skip] are the engine's own blocks (LoadOptions.Skip)
 	planned int // blocks the plan chose to load (≤ cached)
 	plan    sched.Plan
+	ios     chan sched.IO      // where the scheduler routes the plan's I/O
+	stream  mover.StreamWaiter // the restore's, where the mover has one
 
-	ios      chan sched.IO // reads dispatched by the scheduler
-	burst    []sched.IO    // scratch of takeReads (driver goroutine)
-	consumed chan consumed // reads the consume pool finished; room for every read
-	done     chan *slot    // completed reads; room for every slot
-
-	mu        sync.Mutex
-	cond      sync.Cond
-	ready     int // layers complete
-	finished  bool
-	validRuns int // runs[:validRuns] are good so far
-	err       error
-
-	// Touched by the driver goroutine only.
-	remaining                      []int // per layer: reads not finished
-	readsLeft                      int
-	overreadBytes, ioCount, splits int64
-	firstNs                        int64     // GPU path: when the restore was submitted
-	batches                        []ioBatch // CPU path: the reads per device, for the device models
-
-	missBlocks [numMissCauses]int64 // mu (resolve fills it before the driver starts)
-
-	// PathGPU: the scheduler's IORestore of the load (driver), the
-	// restore on the GPU (mu; nil until submitted and after release),
-	// gpuEnded once it will not be (mu), and the load's error (driver);
-	// gpuPieces are the request's extents (gpuRequest).
-	gpuIO     sched.IO
-	gpuPieces []gpuPiece
-	gpuX      gpuRestore
-	gpuEnded  bool
-	gpuErr    error
-	failure   error // the first cause of a miss (mu)
+	mu         sync.Mutex
+	cond       sync.Cond
+	ready      int // layers complete
+	finished   bool
+	validRuns  int // runs[:validRuns] are good so far
+	err        error
+	failure    error                // the first cause of a miss
+	missBlocks [numMissCauses]int64 // resolve fills it before the restore starts
+	result     mover.Result         // the restore's, set at its end
 }
 
 // Blocks is the number of leading chain blocks restored (final after Wait).
@@ -128,7 +118,7 @@ func (l *Load) Blocks() int {
 func (l *Load) blocksLocked() int {
 	n := 0
 	for _, r := range l.runs[:l.validRuns] {
-		n += r.k
+		n += r.K
 	}
 	return n
 }
@@ -174,7 +164,150 @@ func (l *Load) Wait() error {
 	return l.err
 }
 
-func (l *Load) route(io sched.IO) { l.ios <- io }
+// StreamWaitLayer makes a CUDA stream wait until layer is in the KV tensors,
+// with no host round trip (PathGPU only; ErrNotGPU otherwise). A failed
+// entry leaves its pages unwritten; Blocks after Wait says how far the load
+// really got. For a layer far ahead it first blocks the host until the
+// layer is on the GPU's streams (kernels enqueues layer l once layer
+// l-EnqueueLayers, 16 to 48 layers back, is scattered), so call it layer by
+// layer, as the engine computes. A restore the scheduler still holds back
+// (queued saves would otherwise miss their bound) blocks the host until it
+// is on the GPU.
+func (l *Load) StreamWaitLayer(layer int, stream uintptr) error {
+	if l.s.cfg.Path != PathGPU {
+		return ErrNotGPU
+	}
+	if l.stream == nil {
+		return nil // nothing to restore: the layer is as done as it gets
+	}
+	return l.stream.StreamWaitLayer(layer, stream)
+}
+
+// startLoad pins what the index has of chain, plans the load of it and
+// hands the plan to the mover (begin was called).
+func (s *Store) startLoad(chain []uint64, pages []int32, opts LoadOptions) (*Load, error) {
+	l := &Load{s: s, chain: chain, pages: pages, skip: opts.Skip}
+	l.cond.L = &l.mu
+	var locs []uint64
+	l.pinned, locs = s.idx.Pin(chain, nil)
+	l.runs, l.entries = s.resolveAfter(chain, locs, l.pinned, opts.Skip, &l.missBlocks)
+	cached := 0
+	for _, r := range l.runs {
+		cached += r.K
+	}
+	s.stats.loads.Add(1)
+	s.stats.cachedBlocks.Add(int64(l.Cached()))
+	if cached > 0 {
+		if err := l.planReads(cached, opts); err != nil {
+			l.runs = nil
+			l.finish()
+			return nil, err
+		}
+	}
+	s.stats.plannedBlocks.Add(int64(l.planned))
+	l.validRuns = len(l.runs)
+	if len(l.runs) == 0 {
+		l.mu.Lock()
+		l.ready = s.geo.Layers
+		l.mu.Unlock()
+		l.finish()
+		return l, nil
+	}
+	l.stream = s.mv.Restore(&mover.Restore{Runs: l.runs, Pages: l.pages, Plan: l.plan, IOs: l.ios, Load: (*loader)(l)})
+	return l, nil
+}
+
+// planReads has the scheduler plan the load of its cached blocks and keeps
+// the runs the plan loads. The request is cut first to what one restore of
+// the mover takes (the rest is computed like an uncached suffix); a mover
+// whose restore is one job (Whole) has it planned so: the scheduler
+// dispatches it as one IORestore that holds its devices' reads until the
+// mover reports the layers done.
+func (l *Load) planReads(cached int, opts LoadOptions) error {
+	s := l.s
+	n := s.mv.Cut(l.runs, cached)
+	runs := keepBlocks(l.runs, n)
+	req := s.loadRequest(runs, len(l.chain)-opts.Skip)
+	req.ComputeReadyNs = opts.computeReadyNs()
+	req.QueueUnknown = req.ComputeReadyNs == 0 // the store never sees the engine's GPU queue
+	req.Whole, req.SegmentsOnly = s.mv.Whole(), s.mv.Whole()
+	l.ios = make(chan sched.IO, max(1, s.geo.Layers*len(runs)))
+	plan, err := s.sched.PlanLoad(req, l.ios)
+	if err != nil {
+		return err
+	}
+	l.plan, l.planned = plan, plan.LoadBlocks
+	s.maybeReprobe(runs, plan)
+	l.runs = keepBlocks(runs, plan.LoadBlocks)
+	l.entries = l.entries[:len(l.runs)]
+	return nil
+}
+
+// loadRequest is the scheduler's request for runs of a chain of blocks
+// blocks (those after the runs are computed).
+func (s *Store) loadRequest(runs []mover.Run, blocks int) sched.LoadRequest {
+	req := sched.LoadRequest{}
+	for _, r := range runs {
+		blocks -= r.K
+		req.Runs = append(req.Runs, sched.Run{Device: r.Device, Blocks: r.K, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()})
+	}
+	req.UncachedTokens = blocks * s.geo.ChunkPages * s.geo.PageTokens
+	return req
+}
+
+// keepBlocks is the leading runs that hold n blocks, the last one cut to
+// them (in place).
+func keepBlocks(runs []mover.Run, n int) []mover.Run {
+	kept, k := runs[:0], 0
+	for _, r := range runs {
+		if k >= n {
+			break
+		}
+		r.K = min(r.K, n-k)
+		k += r.K
+		kept = append(kept, r)
+	}
+	return kept
+}
+
+// resolveAfter maps the pinned blocks after the skipped ones to runs
+// (catalog.Resolve), their chain positions counted from skip (the block
+// table's first block); a block whose run is unknown ends the prefix
+// (counted as MissNotFound).
+func (s *Store) resolveAfter(chain, locs []uint64, pinned, skip int, miss *[numMissCauses]int64) ([]mover.Run, []*catalog.Run) {
+	if pinned <= skip {
+		return nil, nil
+	}
+	spans, notFound := s.cat.Resolve(chain[skip:pinned], locs[skip:pinned])
+	miss[MissNotFound] += int64(notFound)
+	var runs []mover.Run
+	var entries []*catalog.Run
+	for _, sp := range spans {
+		r := sp.Run
+		runs = append(runs, mover.Run{Info: &r.Info, File: r.File, Device: r.Device, First: sp.First, K: sp.K, ChainPos: sp.ChainPos})
+		entries = append(entries, r)
+	}
+	return runs, entries
+}
+
+// maybeReprobe is called after every plan of runs: when the plan
+// recomputes cached blocks because loading would not be faster, it asks
+// for a re-probe of the device of the first block left out (devprobe's
+// Reprober decides whether that device's model is stale). It never blocks.
+func (s *Store) maybeReprobe(runs []mover.Run, plan sched.Plan) {
+	if s.reprobe == nil || !devprobe.Wanted(plan) {
+		return
+	}
+	loaded := plan.LoadBlocks
+	for _, r := range runs {
+		if loaded < r.K {
+			s.reprobe.Maybe(devprobe.Target{Device: r.Device, FD: int(r.File.FD), Path: r.File.Path, Offset: r.Info.Offset, Length: r.Info.Length},
+				s.begin, s.endOp)
+			return
+		}
+		loaded -= r.K
+	}
+}
 
 // failRuns turns run index r and everything after it into a miss; why is
 // kept for Failure.
@@ -185,332 +318,84 @@ func (l *Load) failRuns(r int, cause MissCause, why error) {
 		return
 	}
 	if l.failure == nil {
-		l.failure = fmt.Errorf("run %d of the load (chain block %d): %s: %w", r, l.runs[r].chainPos, cause, why)
+		l.failure = fmt.Errorf("run %d of the load (chain block %d): %s: %w", r, l.runs[r].ChainPos, cause, why)
 	}
 	for _, x := range l.runs[r:l.validRuns] {
-		l.missBlocks[cause] += int64(x.k)
+		l.missBlocks[cause] += int64(x.K)
 	}
 	l.validRuns = r
 }
 
-func (l *Load) runValid(r int) bool {
+// finish accounts the load, unpins its blocks and wakes its waiters.
+func (l *Load) finish() {
+	s := l.s
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return r < l.validRuns
+	blocks := l.blocksLocked()
+	l.mu.Unlock()
+	// Account and unpin before Wait returns, so the caller's next Stats or
+	// Lookup sees this load whole.
+	if l.pinned > 0 {
+		dropped, err := s.idx.Unpin(l.chain[:l.pinned])
+		if err != nil {
+			// Only a runtime bug gets here: pins are taken and released in pairs.
+			panic(fmt.Sprintf("runtime: unpinning a finished load: %v", err))
+		}
+		s.cat.Release(dropped)
+	}
+	st := &s.stats
+	st.restoredBlocks.Add(int64(blocks))
+	st.restoredBytes.Add(int64(blocks) * s.geo.ChunkBytes())
+	st.readIOs.Add(l.result.IOs)
+	st.splitIOs.Add(l.result.SplitIOs)
+	st.overrd.Add(l.result.OverreadBytes)
+	l.mu.Lock()
+	for i, n := range l.missBlocks {
+		st.missBlocks[i].Add(n)
+	}
+	l.finished = true
+	l.mu.Unlock()
+	l.cond.Broadcast()
+	<-s.loadN
+	s.endOp()
 }
 
-// finishRead retires one (layer, run) read and marks layers ready in order.
-func (l *Load) finishRead(io sched.IO) {
-	l.remaining[io.Layer]--
-	l.readsLeft--
-	l.s.sched.complete(io, l.readsLeft == 0)
+// loader is a Load as its restore sees it (mover.Loader): its methods are
+// the load's, kept off Load's API.
+type loader Load
+
+func (x *loader) LayersDone(n int) {
+	l := (*Load)(x)
 	l.mu.Lock()
-	advanced := false
-	for l.ready < len(l.remaining) && l.remaining[l.ready] == 0 {
-		l.ready++
-		advanced = true
-	}
+	advanced := n > l.ready
+	l.ready = max(l.ready, n)
 	l.mu.Unlock()
 	if advanced {
 		l.cond.Broadcast()
 	}
 }
 
-// span is the one read of (layer, run): exactly the loaded chunks
-// [first, first+k), rounded out to O_DIRECT blocks; each chunk is verified
-// against its own CRC32C from the run's chunk table.
-func (l *Load) span(r loadRun, layer int) objmap.Span {
-	sp, err := objmap.ChunkSpan(l.s.geo, r.run.chunks, layer, r.first, r.k)
-	if err != nil {
-		// resolve only builds runs inside their extent.
-		panic(fmt.Sprintf("runtime: span of run %d layer %d chunks [%d,+%d): %v", r.run.id, layer, r.first, r.k, err))
-	}
-	return sp
+func (x *loader) Fail(i int, cause mover.Miss, why error) {
+	(*Load)(x).failRuns(i, missCauses[cause], why)
 }
 
-// drive is the load's goroutine: it stages and submits the reads the
-// scheduler dispatches (as many as staging slots allow) by deadline and
-// layer across devices (insertRead), hands completed segments to the
-// store's consume pool (verified and scattered there, a split read's
-// segments in any order: splitread.go), and marks layers ready. It holds at
-// least one slot whenever it waits for one, and its oldest segment always
-// completes, so loads never deadlock on staging.
-func (l *Load) drive() {
-	s := l.s
-	slotBytes := s.staging.slotBytes
-	queue := make([]sched.IO, 0, len(l.plan.Reads)) // dispatched, not yet fully submitted
-	ring := make([]*slot, 0, len(s.staging.all))    // submitted, not yet handed to the pool
-	var off int64                                   // progress within queue[0]
-	var split *splitRead                            // queue[0]'s, when it is split
-	segs := 0
-	for _, io := range l.plan.Reads {
-		segs += int((l.span(l.runs[io.Run], io.Layer).IOBytes + slotBytes - 1) / slotBytes)
+func (x *loader) Valid(i int) bool {
+	l := (*Load)(x)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return i < l.validRuns
+}
+
+func (x *loader) Corrupt(i int) {
+	l := (*Load)(x)
+	if l.s.cat.DropCorrupt(l.entries[i]) {
+		l.s.stats.corruptDropped.Add(1)
 	}
-	l.consumed = make(chan consumed, segs) // room for every segment: workers never block
-	inPool := 0                            // segments handed to the pool and not yet back
-	for l.readsLeft > 0 {
-		for len(queue) > 0 {
-			io := queue[0]
-			r := l.runs[io.Run].run
-			if off == 0 && !l.runValid(io.Run) {
-				queue = queue[1:]
-				l.finishRead(io)
-				continue
-			}
-			var sl *slot
-			if len(ring) == 0 {
-				sl = s.staging.acquire()
-			} else if sl = s.staging.tryAcquire(); sl == nil {
-				break
-			}
-			sp := l.span(l.runs[io.Run], io.Layer)
-			seg := segment{io: io, span: sp, objOff: off, ioBytes: min(slotBytes, sp.IOBytes-off)}
-			if sp.IOBytes > slotBytes {
-				if off == 0 {
-					split = l.newSplit(r, sp, int((sp.IOBytes+slotBytes-1)/slotBytes))
-				}
-				seg.split = split
-			}
-			off += seg.ioBytes
-			if off == sp.IOBytes {
-				seg.last = true
-				queue, off, split = queue[1:], 0, nil
-			}
-			sl.sink, sl.completed = l.done, false
-			l.prepRead(sl, &seg, l.runs[io.Run], r.file, uint64(r.offset+sp.Off+seg.objOff))
-			sl.tag = seg
-			ring = append(ring, sl)
-			l.ioCount++
-			batchOf(&l.batches, l.runs[io.Run].run.device).start(s.sched.nowNs(), seg.ioBytes)
-			if seg.objOff > 0 {
-				l.splits++
-			}
-			s.worker.submit(&sl.req)
-		}
-		if len(ring) == 0 && len(queue) == 0 && inPool == 0 {
-			if l.readsLeft == 0 {
-				break
-			}
-			queue = l.takeReads(queue, false, <-l.ios)
-			continue
-		}
-		if i := slices.IndexFunc(ring, func(sl *slot) bool { return sl.completed }); i >= 0 {
-			// Any completed segment goes on at once (the pool verifies and
-			// scatters in any order): waiting for the oldest left finished
-			// slots idle behind a read still in flight on a slower device.
-			sl := ring[i]
-			ring = slices.Delete(ring, i, i+1)
-			inPool++
-			s.consumers.submit(consumeJob{l: l, sl: sl})
-			continue
-		}
-		select {
-		case io := <-l.ios:
-			queue = l.takeReads(queue, off > 0, io)
-		case sl := <-l.done:
-			sl.completed = true
-		case c := <-l.consumed:
-			inPool--
-			l.overreadBytes += c.overreadBytes
-			if c.readDone {
-				l.finishRead(c.io)
-			}
-		}
-	}
-	// One batch per device: busy time is the span in which its reads were
-	// in flight, which is what the device model wants (not per-read
-	// latencies, which include queueing behind each other).
-	for dev, b := range l.batches {
-		if b.ops > 0 {
-			l.s.sched.observeReads(dev, b.bytes, int(b.ops), s.sched.nowNs()-b.firstNs)
-		}
-	}
+}
+
+func (x *loader) Done(res mover.Result) {
+	l := (*Load)(x)
+	l.mu.Lock()
+	l.result, l.err = res, res.Err
+	l.mu.Unlock()
 	l.finish()
-}
-
-// newSplit starts the check of a split read of span sp of run r in segs
-// segments.
-func (l *Load) newSplit(r *runEntry, sp objmap.Span, segs int) *splitRead {
-	sr, err := newSplitRead(r.info.LayerChunkCRCs(sp.Layer), sp, segs)
-	if err != nil {
-		panic(fmt.Sprintf("runtime: run %d: %v", r.id, err)) // recovery and commit keep every run's chunk CRCs
-	}
-	return sr
-}
-
-// takeReads adds io and every other read dispatched to the load so far (a
-// dispatch round whole: the scheduler routes a round's reads one by one) to
-// queue, so the order among them is decided before any is submitted.
-func (l *Load) takeReads(queue []sched.IO, keepHead bool, io sched.IO) []sched.IO {
-	queue = insertRead(queue, keepHead, io)
-	l.burst = l.s.sched.takeRouted(l.ios, l.burst[:0])
-	for _, io := range l.burst {
-		queue = insertRead(queue, keepHead, io)
-	}
-	return queue
-}
-
-// insertRead adds a dispatched read to the reads waiting for staging, in
-// submission order: by deadline (the scheduler's least slack first), then
-// layer, then run. The scheduler dispatches per device, each device's reads
-// in deadline order but one device after another; submitted as they came,
-// a load striped over several devices would read one device's share of many
-// layers before the next device's first layer (layer 0 ready only after
-// most of the load was read, the devices taking turns instead of reading
-// together). keepHead holds queue[0] in place (it is partly submitted).
-func insertRead(queue []sched.IO, keepHead bool, io sched.IO) []sched.IO {
-	lo := 0
-	if keepHead && len(queue) > 0 {
-		lo = 1
-	}
-	i := lo + sort.Search(len(queue)-lo, func(j int) bool { return readBefore(io, queue[lo+j]) })
-	queue = append(queue, sched.IO{})
-	copy(queue[i+1:], queue[i:])
-	queue[i] = io
-	return queue
-}
-
-// readBefore orders reads for submission: deadline, layer, run.
-func readBefore(a, b sched.IO) bool {
-	if a.DeadlineNs != b.DeadlineNs {
-		return a.DeadlineNs < b.DeadlineNs
-	}
-	if a.Layer != b.Layer {
-		return a.Layer < b.Layer
-	}
-	return a.Run < b.Run
-}
-
-// consumeSegment verifies and scatters a completed segment on a consume
-// pool worker, releases its slot and tells the driver, with readDone once
-// the segment was its read's last to be consumed.
-func (l *Load) consumeSegment(sl *slot) {
-	var over int64
-	done := true
-	if sl.tag.split == nil {
-		over = l.consumeWhole(sl)
-	} else {
-		over, done = l.consumeSplit(sl)
-	}
-	io := sl.tag.io // the slot is another request's once released
-	l.s.staging.release(sl)
-	l.consumed <- consumed{io: io, overreadBytes: over, readDone: done}
-}
-
-// consumeWhole checks a segment that holds its whole read, verifies its
-// chunks and scatters its payload. It returns the read's overread bytes
-// (alignment slack).
-func (l *Load) consumeWhole(sl *slot) (overreadBytes int64) {
-	seg := &sl.tag
-	sp := &seg.span
-	r := l.runs[seg.io.Run]
-	ver, err := r.run.info.NewChunkVerifier(*sp)
-	if err != nil {
-		panic(fmt.Sprintf("runtime: %v", err)) // recovery and commit keep every run's chunk CRCs
-	}
-	if !l.scatter(sl, &ver) {
-		return 0
-	}
-	if err := ver.Done(); err != nil {
-		l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
-		return 0
-	}
-	return sp.IOBytes - sp.DataBytes
-}
-
-// consumeSplit checks one segment of a split read, scatters its payload and
-// hands the CRCs of its chunk pieces to the read's check. done reports that
-// it was the read's last segment to be consumed; the overread bytes are
-// the read's, returned with done.
-func (l *Load) consumeSplit(sl *slot) (overreadBytes int64, done bool) {
-	seg := &sl.tag
-	sp := &seg.span
-	r := l.runs[seg.io.Run]
-	lo := max(seg.objOff, sp.Skip)
-	crcs := segCRCs{next: lo - sp.Skip, chunkBytes: sp.ChunkBytes}
-	ok := l.scatter(sl, &crcs)
-	done, err := seg.split.add(crcs.pieces, !ok)
-	if err != nil {
-		if ok {
-			l.failRuns(seg.io.Run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
-			ok = false
-		}
-		// Whether or not this segment's run had failed already: the read
-		// must not count as done before its bad run left the index.
-		if errors.Is(err, objmap.ErrChunkCRC) {
-			l.s.dropCorrupt(r.run)
-		}
-	}
-	if done && ok && l.runValid(seg.io.Run) {
-		return sp.IOBytes - sp.DataBytes, true
-	}
-	return 0, done
-}
-
-// chunkChecker takes a segment's payload bytes in order (a chunk verifier
-// of a whole read, the piece CRCs of a split one).
-type chunkChecker interface {
-	Update(p []byte) error
-}
-
-// scatter checks that sl's read completed whole and copies its payload into
-// the KV pages through ck. false: the run failed (now or before) and the
-// segment's bytes were not used.
-func (l *Load) scatter(sl *slot, ck chunkChecker) bool {
-	seg := &sl.tag
-	sp := &seg.span
-	run := seg.io.Run
-	r := l.runs[run]
-	if !l.runValid(run) {
-		return false
-	}
-	req := &sl.req
-	switch {
-	case req.err != nil:
-		l.failRuns(run, missCauseOf(req.err), req.err)
-		return false
-	case req.result != seg.ioBytes:
-		l.failRuns(run, MissShortRead, fmt.Errorf("read %d of %d bytes at span offset %d", req.result, seg.ioBytes, seg.objOff))
-		return false
-	}
-	// The payload inside this segment: [lo, hi) of the read.
-	lo := max(seg.objOff, sp.Skip)
-	hi := min(seg.objOff+seg.ioBytes, sp.Skip+sp.DataBytes)
-	if lo < hi {
-		pages := l.pages[r.chainPos*l.s.geo.ChunkPages:]
-		var err error
-		if seg.direct {
-			err = l.s.kv.checkPages(seg.io.Layer, pages, lo-sp.Skip, hi-sp.Skip, ck)
-		} else {
-			err = l.s.kv.restorePages(seg.io.Layer, pages, lo-sp.Skip, hi-sp.Skip, sl.data[lo-seg.objOff:hi-seg.objOff], ck)
-		}
-		if err != nil {
-			l.failRuns(run, MissCRC, fmt.Errorf("run %d: %w", r.run.id, err))
-			l.s.dropCorrupt(r.run)
-			return false
-		}
-	}
-	return true
-}
-
-func missCauseOf(err error) MissCause {
-	if errors.Is(err, errWorkerClosed) || errors.Is(err, uring.ErrClosed) {
-		return MissClosed
-	}
-	return MissIOError
-}
-
-func (l *Load) finish() {
-	l.mu.Lock()
-	blocks := l.blocksLocked()
-	l.mu.Unlock()
-	// Account and unpin before Wait returns, so the caller's next Stats or
-	// Lookup sees this load whole.
-	l.s.loadFinished(l, blocks)
-	l.mu.Lock()
-	l.finished = true
-	l.mu.Unlock()
-	l.cond.Broadcast()
-	<-l.s.loadN
-	l.s.endOp()
 }

@@ -1,10 +1,7 @@
 package runtime
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"hash/crc32"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -16,83 +13,57 @@ import (
 	"github.com/tutti-io/tutti/uring/uringsim"
 )
 
-func TestInsertRead(t *testing.T) {
-	rd := func(deadline int64, layer, run int) sched.IO {
-		return sched.IO{Kind: sched.IORead, DeadlineNs: deadline, Layer: layer, Run: run}
-	}
-	cases := []struct {
-		name     string
-		queue    []sched.IO // already ordered
-		keepHead bool
-		in       []sched.IO // inserted in this order
-		want     []sched.IO
-	}{
-		{
-			name: "device-major burst becomes layer-major",
-			// one device's layers 0-2 (runs 0 and 2), then the other's (run 1)
-			in:   []sched.IO{rd(10, 0, 0), rd(10, 0, 2), rd(20, 1, 0), rd(20, 1, 2), rd(30, 2, 0), rd(30, 2, 2), rd(10, 0, 1), rd(20, 1, 1), rd(30, 2, 1)},
-			want: []sched.IO{rd(10, 0, 0), rd(10, 0, 1), rd(10, 0, 2), rd(20, 1, 0), rd(20, 1, 1), rd(20, 1, 2), rd(30, 2, 0), rd(30, 2, 1), rd(30, 2, 2)},
-		},
-		{
-			name: "deadline first",
-			in:   []sched.IO{rd(30, 0, 0), rd(10, 3, 0), rd(20, 1, 1)},
-			want: []sched.IO{rd(10, 3, 0), rd(20, 1, 1), rd(30, 0, 0)},
-		},
-		{
-			name:     "a partly submitted head stays first",
-			queue:    []sched.IO{rd(20, 1, 0), rd(30, 2, 0)},
-			keepHead: true,
-			in:       []sched.IO{rd(10, 0, 1), rd(25, 1, 1)},
-			want:     []sched.IO{rd(20, 1, 0), rd(10, 0, 1), rd(25, 1, 1), rd(30, 2, 0)},
-		},
-		{
-			name:  "a free head is passed",
-			queue: []sched.IO{rd(20, 1, 0)},
-			in:    []sched.IO{rd(10, 0, 1)},
-			want:  []sched.IO{rd(10, 0, 1), rd(20, 1, 0)},
-		},
-		{
-			name:     "keepHead on an empty queue",
-			keepHead: true,
-			in:       []sched.IO{rd(10, 0, 0)},
-			want:     []sched.IO{rd(10, 0, 0)},
-		},
-		{
-			name: "equal reads keep arrival order",
-			in:   []sched.IO{{ID: 1, DeadlineNs: 5}, {ID: 2, DeadlineNs: 5}},
-			want: []sched.IO{{ID: 1, DeadlineNs: 5}, {ID: 2, DeadlineNs: 5}},
-		},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			q := append([]sched.IO(nil), tc.queue...)
-			for _, io := range tc.in {
-				q = insertRead(q, tc.keepHead, io)
-			}
-			if fmt.Sprint(q) != fmt.Sprint(tc.want) {
-				t.Errorf("queue\n got %v\nwant %v", q, tc.want)
-			}
-		})
-	}
-}
-
-// submitLog is an engine that records the load reads submitted to it, in
-// order, and runs them on a Sim.
+// submitLog is an engine that records where the reads submitted to it
+// read, in order, and runs them on a Sim.
 type submitLog struct {
 	uring.Engine
 	mu    sync.Mutex
-	reads []sched.IO
+	reads []readAt
+}
+
+// readAt is where one read read.
+type readAt struct {
+	path string
+	off  int64
 }
 
 func (e *submitLog) Submit(c *uring.Completion) error {
-	if r, ok := c.Context.(*ioReq); ok {
-		if sl, ok := r.owner.(*slot); ok && sl.tag.io.Kind == sched.IORead {
-			e.mu.Lock()
-			e.reads = append(e.reads, sl.tag.io)
-			e.mu.Unlock()
-		}
+	if c.Op().IsRead() {
+		e.mu.Lock()
+		e.reads = append(e.reads, readAt{c.File().Path, int64(c.Offset())})
+		e.mu.Unlock()
 	}
 	return e.Engine.Submit(c)
+}
+
+// readsOf names each read by the (layer, run) it reads: the layer of the
+// object of one of the store's runs that its offset lies in.
+func readsOf(t *testing.T, s *Store, reads []readAt) []sched.IO {
+	t.Helper()
+	g := s.Geometry()
+	runs := s.cat.Runs()
+	out := make([]sched.IO, len(reads))
+	for i, rd := range reads {
+		found := false
+		for ri, r := range runs {
+			if r.File.Path != rd.path || rd.off < r.Offset || rd.off >= r.Offset+r.Info.Length {
+				continue
+			}
+			for l := g.Layers - 1; l >= 0 && !found; l-- {
+				off, err := objmap.ObjectOffset(g, r.Chunks, l)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rd.off >= r.Offset+off {
+					out[i], found = sched.IO{Kind: sched.IORead, Layer: l, Run: ri}, true
+				}
+			}
+		}
+		if !found {
+			t.Fatalf("read %d at %s+%d is in no run's object", i, rd.path, rd.off)
+		}
+	}
+	return out
 }
 
 // TestLoadSubmitsLayerMajor: a load whose runs lie on several devices
@@ -136,20 +107,21 @@ func TestLoadSubmitsLayerMajor(t *testing.T) {
 			}
 			devs := map[int]bool{}
 			for _, r := range l.runs {
-				devs[r.run.device] = true
+				devs[r.Device] = true
 			}
 			if len(devs) < 2 {
 				t.Fatalf("the runs lie on %d device(s); the test needs several", len(devs))
 			}
 			log.mu.Lock()
-			defer log.mu.Unlock()
-			if want := g.Layers * len(l.runs); len(log.reads) < want {
-				t.Fatalf("%d reads submitted, want at least %d", len(log.reads), want)
+			reads := readsOf(t, s, log.reads)
+			log.mu.Unlock()
+			if want := g.Layers * len(l.runs); len(reads) < want {
+				t.Fatalf("%d reads submitted, want at least %d", len(reads), want)
 			}
-			for i := 1; i < len(log.reads); i++ {
-				if log.reads[i].Layer < log.reads[i-1].Layer {
+			for i := 1; i < len(reads); i++ {
+				if reads[i].Layer < reads[i-1].Layer {
 					t.Fatalf("read %d (layer %d, run %d) submitted after read %d (layer %d, run %d): submission order %v",
-						i, log.reads[i].Layer, log.reads[i].Run, i-1, log.reads[i-1].Layer, log.reads[i-1].Run, layersOf(log.reads))
+						i, reads[i].Layer, reads[i].Run, i-1, reads[i-1].Layer, reads[i-1].Run, layersOf(reads))
 				}
 			}
 		})
@@ -162,88 +134,4 @@ func layersOf(ios []sched.IO) []string {
 		out[i] = fmt.Sprintf("L%d/r%d", io.Layer, io.Run)
 	}
 	return out
-}
-
-// TestRestorePages: verifying and scattering piece by piece gives the same
-// KV bytes as copyPages for any cut of the payload into segments (planes cut
-// anywhere), and a corrupt chunk is reported as a *ChunkCRCError naming it.
-func TestRestorePages(t *testing.T) {
-	g := kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 16, DType: kvshape.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
-	const numPages, chunks, layer = 16, 3, 1
-	cb := g.ChunkBytesPerLayer()
-	payload := make([]byte, chunks*cb)
-	rng := rand.New(rand.NewPCG(9, 9))
-	for i := range payload {
-		payload[i] = byte(rng.Uint32())
-	}
-	crcs := make([]uint32, chunks)
-	for c := range crcs {
-		crcs[c] = crc32.Checksum(payload[int64(c)*cb:int64(c+1)*cb], crc32.MakeTable(crc32.Castagnoli))
-	}
-	pages := []int32{7, 3, 12, 0, 9, 5}
-	span := objmap.Span{Layer: layer, First: 0, K: chunks, DataBytes: chunks * cb, ChunkBytes: cb}
-	pb := g.PageBytesPerPlane()
-	cases := []struct {
-		name    string
-		cuts    []int64 // segment boundaries inside the payload
-		corrupt int64   // byte flipped, -1 none
-		wantBad int     // chunk reported corrupt, -1 none
-	}{
-		{"one segment", nil, -1, -1},
-		{"cut at chunks", []int64{cb, 2 * cb}, -1, -1},
-		{"cut inside planes", []int64{pb / 3, pb + 5, cb + 1, 2*cb + pb - 1}, -1, -1},
-		{"corrupt chunk 1", []int64{cb / 2}, cb + 10, 1},
-		{"corrupt last byte", []int64{pb}, chunks*cb - 1, 2},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			want, err := AllocHostKV(g, kvshape.LayoutPerLayer, numPages)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer want.Free()
-			got, err := AllocHostKV(g, kvshape.LayoutPerLayer, numPages)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer got.Free()
-			data := append([]byte(nil), payload...)
-			if tc.corrupt >= 0 {
-				data[tc.corrupt] ^= 0x40
-			}
-			want.views.copyPages(layer, pages, 0, int64(len(data)), data, true)
-			ver, err := objmap.NewChunkVerifier(crcs, span)
-			if err != nil {
-				t.Fatal(err)
-			}
-			bounds := append(append([]int64{0}, tc.cuts...), int64(len(data)))
-			var verr error
-			for i := 0; i+1 < len(bounds) && verr == nil; i++ {
-				lo, hi := bounds[i], bounds[i+1]
-				verr = got.views.restorePages(layer, pages, lo, hi, data[lo:hi], &ver)
-			}
-			if verr == nil {
-				verr = ver.Done()
-			}
-			var ce *objmap.ChunkCRCError
-			switch {
-			case tc.wantBad < 0 && verr != nil:
-				t.Fatalf("restorePages: %v", verr)
-			case tc.wantBad >= 0 && (!errors.As(verr, &ce) || ce.Chunk != tc.wantBad):
-				t.Fatalf("error %v, want a CRC error on chunk %d", verr, tc.wantBad)
-			}
-			// Everything up to the corrupt chunk's last piece is in place;
-			// without corruption, everything.
-			upTo := int64(len(data))
-			if tc.wantBad >= 0 {
-				upTo = int64(tc.wantBad) * cb
-			}
-			for u := int64(0); u*pb < upTo; u++ {
-				pl, pg := int(u%int64(g.Planes)), pages[u/int64(g.Planes)]
-				if !bytes.Equal(got.Page(layer, pl, pg), want.Page(layer, pl, pg)) {
-					t.Fatalf("page %d plane %d differs from copyPages", pg, pl)
-				}
-			}
-		})
-	}
 }

@@ -1,12 +1,21 @@
 package runtime
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/catalog"
+	"github.com/tutti-io/tutti/runtime/internal/devprobe"
+	"github.com/tutti-io/tutti/runtime/internal/iosched"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
+	"github.com/tutti-io/tutti/runtime/internal/mover/cpu"
+	"github.com/tutti-io/tutti/runtime/internal/mover/gpu"
+	"github.com/tutti-io/tutti/runtime/internal/prewrite"
+	"github.com/tutti-io/tutti/runtime/internal/ring"
+	"github.com/tutti-io/tutti/runtime/internal/savewrite"
+	"github.com/tutti-io/tutti/runtime/internal/staging"
 	"github.com/tutti-io/tutti/sched"
 	"github.com/tutti-io/tutti/uring"
 )
@@ -36,6 +45,11 @@ var (
 	ErrMissingDir = objmap.ErrMissingDir
 )
 
+// ErrGPUUnavailable is wrapped by Open with PathGPU when the GPU path cannot
+// run here; the kernels' cause (kernels.ErrNoGPU, kernels.ErrNotLoaded, ...)
+// is wrapped too. Open never falls back to PathCPU by itself.
+var ErrGPUUnavailable = errors.New("runtime: GPU path unavailable")
+
 // Open opens (or creates) the store in cfg.Dirs: it validates cfg, locks
 // every directory (a second Open of the same store fails with an error
 // wrapping ErrLocked), recovers the object map, rebuilds the prefix
@@ -54,12 +68,11 @@ func Open(cfg Config) (*Store, error) {
 	// (TestDeviceSizedGPUReads).
 	gpuReads := cfg.sizeGPUReads()
 	if cfg.Path == PathGPU && cfg.gpuBind == nil {
-		if err := gpuAvailable(cfg.GPU.Device); err != nil {
-			return nil, fmt.Errorf("runtime: open with path gpu: %w", err)
+		if err := gpu.Available(cfg.GPU.Device); err != nil {
+			return nil, fmt.Errorf("runtime: open with path gpu: %w: %w", ErrGPUUnavailable, err)
 		}
 	}
-	s := &Store{cfg: cfg, geo: cfg.Geometry, runs: make(map[objmap.RunID]*runEntry), loadN: make(chan struct{}, cfg.MaxLoads),
-		gpuReads: gpuReads}
+	s := &Store{cfg: cfg, geo: cfg.Geometry, loadN: make(chan struct{}, cfg.MaxLoads), gpuReads: gpuReads}
 	s.savesCond.L = &s.mu
 	var err error
 	s.m, err = objmap.Open(objmap.Options{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: cfg.Geometry, WritePool: cfg.WritePool,
@@ -67,51 +80,55 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runtime: open: %w", err)
 	}
-	fail := func(err error) (*Store, error) {
-		if s.worker != nil {
-			_ = s.worker.close()
-		}
-		if s.sched != nil {
-			s.sched.close()
-		}
-		if s.consumers != nil {
-			s.consumers.close()
-		}
-		if s.stager != nil {
-			s.stager.close()
-		}
-		if s.staging != nil {
-			_ = s.staging.close()
-		}
-		_ = s.m.Close()
-		if s.idx != nil && s.idx.ev != nil {
-			_ = s.idx.ev.Close()
-			_ = s.idx.file.close()
-		}
-		return nil, fmt.Errorf("runtime: open: %w", err)
+	if err := s.openIndex(); err != nil {
+		return s.failOpen(err)
 	}
+	if err := s.openIO(userDevice); err != nil {
+		return s.failOpen(err)
+	}
+	s.pre = prewrite.Start(s.m, cfg.NoPrewrite, "Config.NoPrewrite")
+	return s, nil
+}
+
+// openIndex opens the prefix index (with its KV events publisher) and
+// rebuilds it from the object map's runs.
+func (s *Store) openIndex() error {
+	cfg := s.cfg
 	// Unbounded while recovery rebuilds it (so the rebuild evicts nothing
-	// by the order it happens to place runs in); recover then sets the
+	// by the order it happens to place runs in); Recover then sets the
 	// store's capacity, evicting in the restored LRU order.
 	idx, err := prefix.New(prefix.Config{CapacityBytes: prefix.MaxCapacityBytes})
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	if s.idx, err = s.openServed(idx); err != nil {
-		return fail(err)
+	// The catalog is made after the index: the publisher asks for the
+	// contents only once Open returned.
+	s.idx, err = s.openServed(idx)
+	if err != nil {
+		return err
 	}
-	if err := s.recover(); err != nil {
-		return fail(err)
+	// A block costs its payload in the index's capacity: headers and
+	// padding are covered by indexing only catalog.IndexShare of the pool.
+	s.cat = catalog.New(s.m, s.idx, len(cfg.Dirs), s.geo.ChunkBytes())
+	mapReport := s.m.Recovery()
+	rep, err := s.cat.Recover(s.geo.Layers)
+	if err != nil {
+		return err
 	}
-	if err := s.idx.finishRecovery(); err != nil {
-		return fail(err)
-	}
-	if s.staging, err = newStagingPool(cfg.StagingBytes, cfg.StagingSlotBytes); err != nil {
-		return fail(err)
-	}
-	if cfg.Path == PathCPU {
-		s.consumers = newConsumePool(len(s.staging.all))
-		s.staging.newReadIovecs(s.geo.PageBytesPerPlane())
+	s.report = RecoveryReport{Map: mapReport, IndexedRuns: rep.IndexedRuns, IndexedBlocks: rep.IndexedBlocks,
+		DroppedRuns: rep.DroppedRuns, DroppedReasons: rep.DroppedReasons, TrimmedBlocks: rep.TrimmedBlocks,
+		DuplicateBlocks: rep.DuplicateBlocks, RefusedBlocks: rep.RefusedBlocks, EvictedAtOpen: rep.EvictedAtOpen,
+		LRURestored: rep.LRURestored, LRUNote: rep.LRUNote}
+	return s.idx.FinishRecovery()
+}
+
+// openIO allocates staging and starts the I/O worker, the scheduler, the
+// mover of cfg.Path and the save write pipeline.
+func (s *Store) openIO(userDevice bool) error {
+	cfg := s.cfg
+	var err error
+	if s.staging, err = staging.New(cfg.StagingBytes, cfg.StagingSlotBytes); err != nil {
+		return err
 	}
 	var eng uring.Engine
 	if cfg.NewEngine != nil {
@@ -123,64 +140,131 @@ func Open(cfg Config) (*Store, error) {
 		eng, err = uring.New(rc)
 	}
 	if err != nil {
-		return fail(fmt.Errorf("starting the I/O engine: %w", err))
+		return fmt.Errorf("starting the I/O engine: %w", err)
 	}
-	s.worker = newIOWorker("runtime io", eng, cfg.QueueDepth)
-	s.maxWriteIOBytes = saveWriteBytes(s.geo, min(cfg.StagingSlotBytes, maxSaveWriteBytes), cfg.Path == PathGPU)
-	s.saveSlots = saveSlotLimit(len(s.staging.all), cfg.Path)
-	s.saveSlotTokens = make(chan struct{}, s.saveSlots)
-	s.stager = newStagePool(s.saveSlots * s.wbufsPerSlot())
-	profiles := s.deviceProfiles(userDevice)
+	s.worker = ring.New("runtime io", eng, cfg.QueueDepth)
+	s.maxWriteIOBytes = savewrite.WriteBytes(s.geo, min(cfg.StagingSlotBytes, savewrite.MaxWriteBytes), cfg.saveWriteUnit())
+	profiles, reprobe := s.deviceProfiles(userDevice)
 	devs := make([]sched.DeviceConfig, len(cfg.Dirs))
 	for i := range devs {
 		devs[i] = sched.DeviceConfig{Profile: profiles[i], MaxReadsInFlight: cfg.QueueDepth, MaxWritesInFlight: cfg.SaveWritesPerDevice,
 			MaxReadBytesInFlight: cfg.StagingBytes, MaxWriteBytesInFlight: max(cfg.StagingBytes/4, s.maxWriteIOBytes), MaxPendingSaveBytes: cfg.SaveBudgetBytes}
 	}
-	if s.sched, err = newScheduler(sched.Config{Layers: s.geo.Layers, BlockTokens: s.geo.ChunkPages * s.geo.PageTokens,
+	if s.sched, err = iosched.New(sched.Config{Layers: s.geo.Layers, BlockTokens: s.geo.ChunkPages * s.geo.PageTokens,
 		Compute: cfg.Compute, Devices: devs, SaveBoundNs: int64(cfg.SaveBoundMs) * 1e6, MaxWriteIOBytes: s.maxWriteIOBytes}); err != nil {
-		return fail(err)
+		return err
 	}
-	s.startPrewrite()
-	return s, nil
+	if reprobe != nil {
+		s.reprobe = devprobe.NewReprober(reprobe, cfg.reprobeEvery, s.sched)
+	}
+	s.mv = s.newMover()
+	s.writes = savewrite.New(savewrite.Config{Geometry: s.geo, Files: s.m.Files(), Devices: len(cfg.Dirs), DeviceOf: s.cat.DeviceOf,
+		Staging: s.staging, Worker: s.worker, Sched: s.sched, Mover: s.mv, MaxWriteIOBytes: s.maxWriteIOBytes,
+		WriteIOs: &s.stats.writeIOs, LoadsInFlight: func() bool { return len(s.loadN) > 0 }})
+	return nil
+}
+
+// newMover is the mover of cfg.Path: the one place the two paths part.
+func (s *Store) newMover() mover.Mover {
+	cfg := s.cfg
+	if cfg.Path == PathCPU {
+		return cpu.New(cpu.Config{Geometry: s.geo, Layout: cfg.Layout, NumPages: cfg.NumPages, Staging: s.staging,
+			Worker: s.worker, Sched: s.sched, Counters: &s.moved})
+	}
+	s.gpu = gpu.New(gpuConfig(cfg, s.staging, s.sched, &s.moved))
+	return s.gpu
+}
+
+// gpuConfig is the GPU mover's config of cfg (defaults filled in), with the
+// store's parts (nil in tests that only ask for the kernels' limits).
+func gpuConfig(cfg Config, st *staging.Pool, sc *iosched.Scheduler, c *mover.Counters) gpu.Config {
+	g := cfg.GPU
+	gc := gpu.Config{Geometry: cfg.Geometry, Layout: cfg.Layout, NumPages: cfg.NumPages, Device: g.Device, MaxPages: g.MaxPages,
+		MaxRuns: g.MaxRuns, IOWindow: g.IOWindow, MaxIOBytes: g.MaxIOBytes, Lookahead: g.Lookahead, SQPoll: g.SQPoll,
+		QueueDepth: cfg.QueueDepth, Staging: st, Sched: sc, Counters: c}
+	if cfg.gpuBind != nil {
+		gc.Bind = func(kv []mover.Region) (gpu.Restorer, error) { return cfg.gpuBind(cfg, kv) }
+	}
+	return gc
+}
+
+// failOpen closes what Open made before err and returns it.
+func (s *Store) failOpen(err error) (*Store, error) {
+	_ = errors.Join(s.closeParts()...)
+	_ = s.m.Close()
+	if s.idx != nil {
+		_ = s.idx.Close()
+	}
+	return nil, fmt.Errorf("runtime: open: %w", err)
+}
+
+// closeParts stops what moves bytes, in the order that leaves nothing in
+// flight: the scheduler, the mover (its restores ended), the save pipeline
+// (its gatherers), the ring, the staging. Any may be nil (a failed Open).
+func (s *Store) closeParts() []error {
+	var errs []error
+	if s.sched != nil {
+		s.sched.Close()
+	}
+	if s.mv != nil {
+		errs = append(errs, s.mv.Close())
+	}
+	if s.writes != nil {
+		errs = append(errs, s.writes.Close())
+	}
+	if s.worker != nil {
+		errs = append(errs, s.worker.Close())
+	}
+	if s.staging != nil {
+		errs = append(errs, s.staging.Close())
+	}
+	return errs
 }
 
 // deviceProfiles is each directory's device model seed: the configured
 // profile, or defaultDevice with the bandwidths probed on its device (Stats
-// reports which); probed devices are re-probed later where plans need it
-// (reprobe.go). Under a test engine (NewEngine) the directories' devices
-// are not what serves the I/O, so they are not probed.
-func (s *Store) deviceProfiles(configured bool) []sched.DeviceProfile {
+// reports which), and the prober that re-measures the probed devices later
+// where plans need it (nil: none). Under a test engine (NewEngine) the
+// directories' devices are not what serves the I/O, so they are not probed.
+func (s *Store) deviceProfiles(configured bool) (profiles []sched.DeviceProfile, reprobe devprobe.ReadProber) {
 	cfg := s.cfg
-	same := func() []sched.DeviceProfile {
-		out := make([]sched.DeviceProfile, len(cfg.Dirs))
-		for i := range out {
-			out[i] = cfg.Device
-		}
-		return out
+	s.devProbes = make([]DeviceProbe, len(cfg.Dirs))
+	profiles = make([]sched.DeviceProfile, len(cfg.Dirs))
+	for i := range profiles {
+		profiles[i] = cfg.Device
 	}
 	probe := cfg.probe
 	switch {
 	case configured:
-		s.devProbes = make([]DeviceProbe, len(cfg.Dirs))
 		for i := range s.devProbes {
 			s.devProbes[i] = DeviceProbe{State: ProbeConfigured, WriteBytesPerSec: cfg.Device.WriteBytesPerSec, ReadBytesPerSec: cfg.Device.ReadBytesPerSec}
 		}
-		return same()
+		return profiles, nil
 	case probe == nil && cfg.NewEngine != nil:
-		s.devProbes = make([]DeviceProbe, len(cfg.Dirs))
 		for i := range s.devProbes {
 			s.devProbes[i] = seededProbe(cfg.Device, "Config.NewEngine serves the I/O, not these directories' devices")
 		}
-		return same()
+		return profiles, nil
 	case probe == nil:
-		probe, s.reprobe.probe = probeDir, reprobeReads
+		probe, reprobe = devprobe.Dir, devprobe.Reads
 	default: // a test's probe: re-probes only where the test asks
-		s.reprobe.probe = cfg.reprobe
+		reprobe = cfg.reprobe
 	}
-	s.reprobe.every = cmp.Or(cfg.reprobeEvery, reprobeEvery)
-	profiles, report := probeDevices(cfg.Dirs, cfg.Device, probe)
-	s.devProbes = report
-	return profiles
+	for i, o := range devprobe.Devices(cfg.Dirs, cfg.Device, probe) {
+		profiles[i] = o.Profile
+		if o.Err != nil {
+			s.devProbes[i] = seededProbe(cfg.Device, o.Err.Error())
+			continue
+		}
+		s.devProbes[i] = DeviceProbe{State: ProbeMeasured, WriteBytesPerSec: o.Profile.WriteBytesPerSec, ReadBytesPerSec: o.Profile.ReadBytesPerSec,
+			ProbeBytes: o.Rates.Bytes, ProbeNs: o.Rates.Took.Nanoseconds()}
+	}
+	return profiles, reprobe
+}
+
+// seededProbe is a directory left on seed, and why.
+func seededProbe(seed sched.DeviceProfile, why string) DeviceProbe {
+	return DeviceProbe{State: ProbeSeeded, Reason: why, WriteBytesPerSec: seed.WriteBytesPerSec, ReadBytesPerSec: seed.ReadBytesPerSec}
 }
 
 // OpenWithFallback opens cfg; when cfg.Path is PathGPU and the GPU path

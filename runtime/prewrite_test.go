@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/tutti-io/tutti/runtime/internal/prewrite"
 )
 
 // By default a fresh (fallocated) store prewrites its pool in the
@@ -54,7 +56,7 @@ func TestPrewriteBackground(t *testing.T) {
 	off := testConfig(t, g, 0, numPages)
 	s2, kv2 := openKV(t, off)
 	defer closeKV(t, s2, kv2)
-	time.Sleep(3 * prewriteIdle)
+	time.Sleep(3 * prewrite.Idle)
 	if p := s2.Stats().Prewrite; p.State != PrewriteOff || p.Reason != "Config.NoPrewrite" || p.WrittenBytes != 0 {
 		t.Errorf("NoPrewrite: %+v", p)
 	}

@@ -3,8 +3,6 @@ package runtime
 import (
 	"errors"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -12,8 +10,8 @@ import (
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/devprobe"
 	"github.com/tutti-io/tutti/sched"
-	"golang.org/x/sys/unix"
 )
 
 // reprobeCall is what a re-probe was asked to read.
@@ -111,14 +109,14 @@ func TestReprobeRecoversLowModel(t *testing.T) {
 				t.Fatalf("%d re-probe reads, want %d", len(calls), want)
 			}
 			for _, c := range calls {
-				if c.opBps != probeIOBytes || c.n%c.opBps != 0 || c.n < probeMinOps*c.opBps || c.off%objmap.BlockBytes != 0 {
-					t.Fatalf("re-probe read %+v: want whole 1 MiB ops, at least %d, block-aligned", c, probeMinOps)
+				if c.opBps != devprobe.IOBytes || c.n%c.opBps != 0 || c.n < devprobe.MinOps*c.opBps || c.off%objmap.BlockBytes != 0 {
+					t.Fatalf("re-probe read %+v: want whole 1 MiB ops, at least %d, block-aligned", c, devprobe.MinOps)
 				}
 			}
 			scramble(kv, g, cfg.NumPages)
 			l := loadWait(t, s, c, pages)
 			if loaded := l.Planned() == tc.blocks; loaded != tc.loads {
-				t.Fatalf("second load planned %d of %d blocks (read model %.3g B/s)", l.Planned(), tc.blocks, s.sched.device(0).Profile().ReadBytesPerSec)
+				t.Fatalf("second load planned %d of %d blocks (read model %.3g B/s)", l.Planned(), tc.blocks, s.sched.Device(0).Profile().ReadBytesPerSec)
 			}
 			if tc.loads {
 				if err := verify(kv, g, c, pages, tc.blocks); err != nil {
@@ -126,30 +124,5 @@ func TestReprobeRecoversLowModel(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestReprobeReads: the default re-probe reads committed bytes of a real
-// file with O_DIRECT and returns a rate; a file it cannot read is an error.
-func TestReprobeReads(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "pool")
-	b := make([]byte, 8<<20)
-	for i := range b {
-		b[i] = byte(i * 7)
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT, 0)
-	if err != nil {
-		t.Skipf("O_DIRECT: %v", err)
-	}
-	defer unix.Close(fd)
-	rate, err := reprobeReads(fd, 1<<20, 4<<20, 512<<10, reprobeBudget)
-	if err != nil || !(rate > 0) {
-		t.Fatalf("rate %g, err %v", rate, err)
-	}
-	if _, err := reprobeReads(-1, 0, 4<<20, 512<<10, reprobeBudget); err == nil {
-		t.Fatal("bad fd: no error")
 	}
 }

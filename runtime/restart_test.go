@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/runtime/internal/lrufile"
 )
 
 // residentSet is ResidentBlocks as a set of (id, parent) pairs.
@@ -40,7 +41,7 @@ func TestReopenKeepsIndex(t *testing.T) {
 			if len(got) != 1 || got[0].ID != c {
 				t.Fatalf("evicted %+v, want block c", got)
 			}
-			s.release(got)
+			s.cat.Release(got)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -141,11 +142,11 @@ func TestReopenKeepsLRU(t *testing.T) {
 	if d := s.idx.Evict(1); len(d) != 1 || d[0].ID != chains[3][1] {
 		t.Fatalf("first eviction after reopen %+v, want the leaf of the least recently used chain", d)
 	} else {
-		s.release(d)
+		s.cat.Release(d)
 	}
 	closeKV(t, s, kv)
 
-	path := filepath.Join(cfg.Dirs[0], lruName)
+	path := filepath.Join(cfg.Dirs[0], lrufile.Name)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

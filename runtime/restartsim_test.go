@@ -19,7 +19,7 @@ import (
 // clean Close-and-reopens and crashes at chosen journal writes
 // (objmap.Map.SimulateCrash: before the next group, inside it, or with it
 // whole on disk but not acknowledged) followed by a reopen. It checks the
-// rule of recover.go:
+// rule of runtime/internal/catalog (recover.go):
 //
 //   - after a clean Close the reopened index is the index before Close (the
 //     same blocks under the same parents) in the same eviction order;

@@ -4,11 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 
 	"github.com/tutti-io/tutti/objmap"
-	"github.com/tutti-io/tutti/prefix"
-	"github.com/tutti-io/tutti/sched"
+	"github.com/tutti-io/tutti/runtime/internal/admission"
+	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
+	"github.com/tutti-io/tutti/runtime/internal/ring"
+	"github.com/tutti-io/tutti/runtime/internal/savewrite"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,45 +47,32 @@ func (c SkipCause) String() string {
 	return fmt.Sprintf("SkipCause(%d)", uint8(c))
 }
 
-// saveRun is one run of a save: chain positions [chainPos, chainPos+chunks)
-// written into one objmap reservation.
-type saveRun struct {
-	res      objmap.Reservation
-	reqID    uint64 // scheduler request
-	chainPos int
-	writes   int  // writes the scheduler will dispatch for it
-	admitted bool // false: cut at admission, nothing is ever written
-	skip     bool // its dispatched writes are retired without I/O
-	mapAbort bool // its objmap reservation is aborted once no write is in flight
-	resGone  bool // it holds no objmap reservation (a failed shrink)
-	failed   error
-	crcs     []uint32  // CRC32C per (layer, chunk), layer-major: objmap's chunk table
-	parts    []crcPart // the completed writes' chunk pieces, folded into crcs at commit (driver only)
-	done     bool      // committed or aborted
+// skipCauses names admission's causes as the store counts them (a
+// Failure by its error: skipCauseOf).
+var skipCauses = [...]SkipCause{admission.Cached: SkipCached, admission.NoSpace: SkipNoSpace,
+	admission.Budget: SkipBudget, admission.Bound: SkipBound}
+
+// skipCauseOf is the cause of blocks lost to err.
+func skipCauseOf(err error) SkipCause {
+	switch {
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, objmap.ErrNoSpace):
+		return SkipENOSPC
+	case errors.Is(err, ring.ErrClosed), errors.Is(err, objmap.ErrClosed):
+		return SkipClosed
+	}
+	return SkipIOError
 }
 
 // Save is one asynchronous save. The pages it names must stay unchanged until
 // Gathered is closed (their bytes are then in staging or on disk); Done is
 // closed when the save ended, after which Saved and Skipped are final.
 type Save struct {
-	s     *Store
-	chain []uint64
-	pages []int32
-	runs  []*saveRun
-
-	ios      chan sched.IO
-	sink     chan *wbuf // completions of the save's writes; room for every wbuf it can hold
+	s        *Store
+	txn      *admission.Txn // its reservations; the driver's until done
 	gathered chan struct{}
 	done     chan struct{}
-
-	writesLeft int          // dispatched writes not yet retired (driver only)
-	gatherLeft atomic.Int64 // writes not yet gathered (driver and stage workers)
-	// The save's writes, one batch per device for the device models
-	// (driver only): each device is credited with the writes it served.
-	batches   []ioBatch
-	withReads bool
-	startNs   int64      // the scheduler's clock at Save's call
-	timing    SaveTiming // written by save and the driver, read after done
+	startNs  int64      // the scheduler's clock at Save's call
+	timing   SaveTiming // written by save and its driver, read after done
 
 	mu      sync.Mutex
 	saved   int
@@ -138,24 +126,38 @@ func (sv *Save) Skipped(cause SkipCause) int {
 	return sv.skipped[cause]
 }
 
-func (sv *Save) skip(cause SkipCause, blocks int) {
-	if blocks <= 0 {
-		return
+// save is Save with the blocks' KV-event metadata (SaveWithMeta; nil:
+// none), kept from their reservation on: it admits the save
+// (admission.Admit) and hands its writes to the pipeline's driver, on a
+// goroutine of the save's own.
+func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta) (*Save, error) {
+	if err := s.checkRequest("save", chain, pages); err != nil {
+		return nil, err
 	}
-	sv.mu.Lock()
-	sv.skipped[cause] += blocks
-	sv.mu.Unlock()
-	sv.s.stats.skippedBlocks[cause].Add(int64(blocks))
-}
-
-// fail counts blocks lost to err (by its SkipCause) and, for a failed
-// write, sync or journal append, keeps err for WaitSaves and Stats.
-func (sv *Save) fail(err error, blocks int) {
-	if blocks <= 0 {
-		return
+	if err := s.begin(); err != nil {
+		return nil, err
 	}
-	sv.skip(skipCauseOf(err), blocks)
-	sv.s.fails.note(err)
+	s.mu.Lock()
+	s.savesLive++
+	s.mu.Unlock()
+	sv := &Save{s: s, gathered: make(chan struct{}), done: make(chan struct{}), startNs: s.sched.NowNs()}
+	s.stats.saves.Add(1)
+	s.stats.saveBlocks.Add(int64(len(chain)))
+	txn := admission.Admit(&admission.Store{Index: s.idx, Catalog: s.cat, Map: s.m, Sched: s.sched, Geo: s.geo,
+		Dirs: len(s.cfg.Dirs), MaxWriteIOBytes: s.maxWriteIOBytes}, chain, meta, s.journalReady,
+		admission.Events{Skip: sv.skip, Saved: sv.commit})
+	sv.txn = txn
+	sv.timing.AdmittedNs = s.sched.NowNs() - sv.startNs
+	if txn.Writes() == 0 {
+		sv.finish()
+		return sv, nil
+	}
+	go func() {
+		t := s.writes.Drive(savewrite.Save{Txn: txn, Pages: pages, Gathered: sv.gathered, StartNs: sv.startNs})
+		sv.timing.FirstWriteNs, sv.timing.WritesNs, sv.timing.DeviceWritesNs = t.FirstWriteNs, t.WritesNs, t.DeviceWritesNs
+		sv.finish()
+	}()
+	return sv, nil
 }
 
 // journalReady is nil unless the object map's journal had no room for its
@@ -172,302 +174,48 @@ func (s *Store) journalReady() error {
 	return s.m.Failing()
 }
 
-func (sv *Save) route(io sched.IO) { sv.ios <- io }
-
-func skipCauseOf(err error) SkipCause {
-	switch {
-	case errors.Is(err, unix.ENOSPC), errors.Is(err, objmap.ErrNoSpace):
-		return SkipENOSPC
-	case errors.Is(err, errWorkerClosed), errors.Is(err, objmap.ErrClosed):
-		return SkipClosed
+// skip counts blocks not stored for cause (admission's); a failure's error
+// is kept for WaitSaves and Stats.
+func (sv *Save) skip(cause admission.Cause, blocks int, err error) {
+	if blocks <= 0 {
+		return
 	}
-	return SkipIOError
+	c := SkipCause(0)
+	if cause == admission.Failure {
+		c = skipCauseOf(err)
+		sv.s.fails.note(err)
+	} else {
+		c = skipCauses[cause]
+	}
+	sv.mu.Lock()
+	sv.skipped[c] += blocks
+	sv.mu.Unlock()
+	sv.s.stats.skippedBlocks[c].Add(int64(blocks))
 }
 
-// Save stores the blocks of chain that are not cached yet, reading their KV
-// from the pages of the block table (pages[i*ChunkPages+j] is page j of chain
-// block i). It returns at once: the scheduler defers the writes into the
-// slack of loads, within Config.SaveBoundMs. What does not fit (pool, index,
-// scheduler budget, what the device can write within the bound) is not
-// admitted and counted by cause, never waited for; a write
-// error skips the run and everything after it, counted. The pages must stay
-// unchanged until Gathered.
-func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
-	return s.save(chain, pages, nil)
+// commit counts blocks committed and served.
+func (sv *Save) commit(blocks int) {
+	s := sv.s
+	sv.mu.Lock()
+	sv.saved += blocks
+	sv.mu.Unlock()
+	s.stats.savedBlocks.Add(int64(blocks))
+	s.stats.savedBytes.Add(int64(blocks) * s.geo.ChunkBytes())
+	s.stats.committedRuns.Add(1)
 }
 
-// save is Save with the blocks' KV-event metadata (SaveWithMeta; nil:
-// none), kept from their reservation on.
-func (s *Store) save(chain []uint64, pages []int32, meta []blockMeta) (*Save, error) {
-	if err := s.checkRequest("save", chain, pages); err != nil {
-		return nil, err
-	}
-	if err := s.begin(); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	s.savesLive++
-	s.mu.Unlock()
-	startNs := s.sched.nowNs()
-	sv := &Save{s: s, chain: chain, pages: pages, gathered: make(chan struct{}), done: make(chan struct{}), startNs: startNs}
-	s.stats.saves.Add(1)
-	s.stats.saveBlocks.Add(int64(len(chain)))
-
-	from := s.idx.Lookup(chain)
-	sv.skip(SkipCached, from)
-	if err := s.journalReady(); err != nil {
-		// Nothing can commit: skip before reserving (which would evict
-		// blocks for a save that cannot stay) or writing.
-		sv.fail(err, len(chain)-from)
-		sv.finish()
-		return sv, nil
-	}
-	res, err := s.idx.Reserve(chain, from, s.bytesPerBlock(), meta)
-	if err != nil { // only bad arguments, which checkRequest excludes
-		panic(fmt.Sprintf("runtime: reserving a save: %v", err))
-	}
-	s.release(res.Evicted)
-	rest := len(chain) - from - res.N
-	switch res.Stop {
-	case prefix.StopCapacity, prefix.StopMaxBlocks:
-		sv.skip(SkipNoSpace, rest)
+func (sv *Save) finish() {
+	s := sv.s
+	sv.timing.DoneNs = s.sched.NowNs() - sv.startNs
+	select {
+	case <-sv.gathered:
 	default:
-		sv.skip(SkipCached, rest)
+		close(sv.gathered)
 	}
-	if res.N > 0 {
-		sv.admit(chain[from:from+res.N], from)
-	}
-	total := 0
-	for _, r := range sv.runs {
-		total += r.writes
-	}
-	sv.timing.AdmittedNs = s.sched.nowNs() - startNs
-	if total == 0 {
-		sv.finish()
-		return sv, nil
-	}
-	go sv.drive()
-	return sv, nil
-}
-
-// admit allocates runs for the reserved blocks ids (chain positions
-// [from, from+len(ids))) and enqueues their writes. Whatever it cannot admit
-// it aborts in the index and counts.
-func (sv *Save) admit(ids []uint64, from int) {
-	s := sv.s
-	resv, err := sv.allocate(len(ids))
-	if err != nil {
-		sv.abortIDs(ids)
-		if errors.Is(err, objmap.ErrNoSpace) {
-			sv.skip(SkipNoSpace, len(ids)) // the pool is full: an admission shortfall, not a failed write
-		} else {
-			sv.fail(err, len(ids))
-		}
-		return
-	}
-	total := reservedChunks(resv)
-	// Room for every write the scheduler can dispatch, so routing never blocks.
-	bound := 0
-	for _, r := range resv {
-		bound += s.geo.Layers * int((objmap.ObjectBytes(s.geo, r.Chunks)+s.maxWriteIOBytes-1)/s.maxWriteIOBytes)
-	}
-	sv.ios = make(chan sched.IO, max(1, bound))
-	pos := from
-	cut := false
-	cutCause := SkipBudget // why the scheduler cut the save (when cut)
-	shrunkAt := -1         // chain position where a run cut by the scheduler was shrunk
-	nwrites := 0
-	for _, r := range resv {
-		sr := &saveRun{res: r, chainPos: pos, crcs: make([]uint32, s.geo.Layers*r.Chunks)}
-		pos += r.Chunks
-		sv.runs = append(sv.runs, sr)
-		if cut {
-			sr.skip = true
-			continue
-		}
-		id, t, err := s.sched.enqueueSave(sched.SaveRequest{Device: s.deviceOf(r.File), Blocks: r.Chunks,
-			BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()}, sv)
-		if err != nil {
-			panic(fmt.Sprintf("runtime: enqueueing a save: %v", err)) // only bad arguments
-		}
-		sr.reqID, sr.writes = id, t.Writes
-		nwrites += t.Writes
-		if t.Blocks < r.Chunks {
-			// A run's layout depends on its chunk count: a run the scheduler
-			// cut is reallocated for the blocks it admitted (its writes are
-			// cut for that many), or not written at all; nothing after it is.
-			cut = true
-			if t.Reason == sched.ReasonSaveBound {
-				cutCause = SkipBound
-			}
-			if t.Blocks > 0 && sv.shrink(sr, t.Blocks) {
-				sr.admitted = true
-				shrunkAt = sr.chainPos + t.Blocks
-			} else {
-				sr.skip = true
-			}
-			continue
-		}
-		sr.admitted = true
-	}
-	sv.sink = make(chan *wbuf, s.saveSlots*s.wbufsPerSlot())
-	sv.writesLeft = nwrites
-	for _, r := range sv.runs {
-		if r.admitted {
-			sv.gatherLeft.Add(int64(r.writes))
-		}
-	}
-	// Abort the reserved blocks past the allocation and the runs cut.
-	if total < len(ids) {
-		sv.abortIDs(ids[total:])
-		sv.skip(SkipNoSpace, len(ids)-total)
-	}
-	if shrunkAt >= 0 {
-		// The shrunk run's tail and every run after it (none admitted).
-		for _, r := range sv.runs {
-			if !r.admitted && !r.done {
-				_ = s.m.Abort(r.res)
-				r.done = true
-			}
-		}
-		tail := sv.chain[shrunkAt : from+total]
-		sv.abortIDs(tail)
-		sv.skip(cutCause, len(tail))
-		return
-	}
-	for i, r := range sv.runs {
-		if !r.admitted {
-			sv.abortRuns(i, cutCause, nil, nil)
-			break
-		}
-	}
-}
-
-// shrink replaces sr's reservation by one of k chunks (k < its chunks),
-// for a run the scheduler admitted in part. On false sr holds no
-// reservation any more and must not be written.
-func (sv *Save) shrink(sr *saveRun, k int) bool {
-	s := sv.s
-	if err := s.m.Abort(sr.res); err != nil {
-		return false
-	}
-	got, err := s.m.Allocate(k)
-	if err != nil || len(got) != 1 || got[0].Chunks != k {
-		for _, r := range got {
-			_ = s.m.Abort(r)
-		}
-		sr.resGone = true
-		return false
-	}
-	// The index reservation keeps the run's original blocks; the caller
-	// aborts the ones past k.
-	sr.res = got[0]
-	sr.crcs = sr.crcs[:s.geo.Layers*k]
-	return true
-}
-
-// allocate reserves pool space for n blocks (objmap cuts it into runs of at
-// most MaxRunChunks); a shortfall returns what fit (partial admission). When
-// the pool has less room than the index had (quarantined frees, headers,
-// padding, fragmentation), it gives back what fit and tries again, at most
-// twice: first after making the frees durable (which releases their
-// quarantine: a save right after an eviction or a Discard finds the space
-// those freed), then after evicting runs that hold the shortfall too.
-func (sv *Save) allocate(n int) ([]objmap.Reservation, error) {
-	s := sv.s
-	ways := s.saveWays(n)
-	resv, err := s.m.AllocateStriped(n, ways)
-	for try := 0; try < 2; try++ {
-		got := reservedChunks(resv)
-		if got == n || (err != nil && !errors.Is(err, objmap.ErrNoSpace)) {
-			break
-		}
-		if try == 0 && s.m.Stats().QuarantinedBytes == 0 {
-			continue // nothing to release: go on to evicting
-		}
-		for _, r := range resv {
-			_ = s.m.Abort(r)
-		}
-		if try == 1 {
-			s.evictRuns(objmap.RunBytes(s.geo, n-got))
-		}
-		if serr := s.m.Sync(); serr != nil {
-			return nil, serr
-		}
-		resv, err = s.m.AllocateStriped(n, ways)
-	}
-	return resv, err
-}
-
-// reservedChunks is the blocks a set of reservations holds.
-func reservedChunks(resv []objmap.Reservation) int {
-	n := 0
-	for _, r := range resv {
-		n += r.Chunks
-	}
-	return n
-}
-
-// minStripeLayerBytes is the smallest per-layer object a save is cut into
-// runs for: a restore reads each (layer, run) with one read, which must stay
-// large for the devices to run at their rate.
-const minStripeLayerBytes = 1 << 20
-
-// saveWays is how many runs a save of chunks blocks is cut into: one per
-// directory (a run is written and read on one device, so a save in one run
-// moves at one device's rate however many there are), fewer when the runs'
-// per-layer objects would fall below minStripeLayerBytes.
-func (s *Store) saveWays(chunks int) int {
-	byBytes := int64(chunks) * s.geo.ChunkBytesPerLayer() / minStripeLayerBytes
-	return int(max(1, min(int64(len(s.cfg.Dirs)), int64(chunks), byBytes)))
-}
-
-// deviceOf maps a pool file to its device: file i lies in directory i%dirs.
-func (s *Store) deviceOf(file int) int { return file % len(s.cfg.Dirs) }
-
-func (sv *Save) abortIDs(ids []uint64) {
-	if len(ids) == 0 {
-		return
-	}
-	dropped, err := sv.s.idx.Abort(ids)
-	if err != nil {
-		panic(fmt.Sprintf("runtime: aborting a save's reservation: %v", err))
-	}
-	sv.s.release(dropped)
-}
-
-// abortRuns gives up runs[i:] that are not done: their index reservations
-// are aborted at once (nothing of them is ever served), their objmap
-// reservations once no write of theirs is left (remaining and inflight per
-// run; nil when none was ever dispatched).
-func (sv *Save) abortRuns(i int, cause SkipCause, remaining, inflight []int) {
-	var ids []uint64
-	blocks := 0
-	for j, r := range sv.runs[i:] {
-		if r.done || r.mapAbort {
-			continue
-		}
-		r.skip = true
-		ids = append(ids, sv.chain[r.chainPos:r.chainPos+r.res.Chunks]...)
-		blocks += r.res.Chunks
-		if r.resGone {
-			r.done = true
-		} else if remaining == nil || (remaining[i+j] == 0 && inflight[i+j] == 0) {
-			_ = sv.s.m.Abort(r.res)
-			r.done = true
-		} else {
-			r.mapAbort = true
-		}
-	}
-	sv.abortIDs(ids)
-	sv.skip(cause, blocks)
-}
-
-func (sv *Save) runOf(reqID uint64) int {
-	for i, r := range sv.runs {
-		if r.reqID == reqID {
-			return i
-		}
-	}
-	panic(fmt.Sprintf("runtime: write for unknown save request %d", reqID))
+	close(sv.done)
+	s.endOp()
+	s.mu.Lock()
+	s.savesLive--
+	s.mu.Unlock()
+	s.savesCond.Broadcast()
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/runtime/internal/devprobe"
 )
 
 // TestSaveBudgetCut: a save larger than the scheduler's save budget is
@@ -71,7 +72,7 @@ const saveBoundMs = 40
 // writes take frac of the save bound at defaultDevice's write rate, and
 // checks that all of it is saved (all) or that it is cut, counted as
 // SkipBound. It returns the store's stats.
-func checkFreshSave(t *testing.T, frac float64, all bool, probe deviceProber) Stats {
+func checkFreshSave(t *testing.T, frac float64, all bool, probe devprobe.Prober) Stats {
 	t.Helper()
 	g := kvshape.Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
 	n := int(frac * saveBoundMs / 1e3 * defaultDevice.WriteBytesPerSec / float64(g.ChunkBytes()))

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/runtime/internal/mover/cpu"
 	"github.com/tutti-io/tutti/uring"
 	"github.com/tutti-io/tutti/uring/uringsim"
-	"golang.org/x/sys/unix"
 )
 
 // shiftedKV is host KV memory whose tensors start shiftBytes past a page
@@ -18,7 +18,7 @@ import (
 type shiftedKV struct {
 	bufs  []*uring.Buffer
 	mem   KVMemory
-	views *kvViews
+	views *cpu.Views
 }
 
 func allocShiftedKV(t *testing.T, g kvshape.Geometry, layout kvshape.Layout, numPages int, shiftBytes int64) *shiftedKV {
@@ -43,9 +43,11 @@ func allocShiftedKV(t *testing.T, g kvshape.Geometry, layout kvshape.Layout, num
 	} else {
 		k.mem.Cross = region()
 	}
-	if k.views, err = newKVViews(g, layout, numPages, k.mem); err != nil {
+	regions, err := kvRegions(g, layout, numPages, k.mem)
+	if err != nil {
 		t.Fatal(err)
 	}
+	k.views = cpu.NewViews(g, layout, numPages, moverRegions(regions))
 	t.Cleanup(func() {
 		for _, b := range k.bufs {
 			_ = b.Free()
@@ -55,7 +57,7 @@ func allocShiftedKV(t *testing.T, g kvshape.Geometry, layout kvshape.Layout, num
 }
 
 func (k *shiftedKV) Page(layer, plane int, page int32) []byte {
-	return k.views.plane(layer, plane, page)
+	return k.views.Plane(layer, plane, page)
 }
 
 // TestSaveDirectWrites: PathCPU's save writes go from the engine's pages,
@@ -211,84 +213,5 @@ func TestSaveDirectGathered(t *testing.T) {
 	}
 	if err := verify(kv, g, chain, other, len(chain)); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestDirectIovecs: a write's entries are its page planes in object order
-// (cut at the write's ends, neighbours in memory merged), then its zero
-// padding; a misaligned entry or one beyond the iovecs' capacity stages it.
-func TestDirectIovecs(t *testing.T) {
-	g := kvshape.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1}
-	pb := g.PageBytesPerPlane() // 4 KiB
-	for _, tc := range []struct {
-		name        string
-		layout      kvshape.Layout
-		shift       int64
-		align       uint32
-		capacity    int
-		wantKind    StageCause
-		wantEntries int
-	}{
-		{"per-layer", kvshape.LayoutPerLayer, 0, 512, 8, 0, 5},
-		{"cross-layer merges a page's planes", kvshape.LayoutCrossLayer, 0, 512, 8, 0, 3},
-		{"capacity", kvshape.LayoutPerLayer, 0, 512, 4, StageIovecCap, 0},
-		{"shifted", kvshape.LayoutPerLayer, 64, 512, 8, StageUnaligned, 0},
-		{"shifted, buffered file", kvshape.LayoutPerLayer, 64, 0, 8, 0, 5},
-		{"padding below the alignment", kvshape.LayoutPerLayer, 0, 4096, 8, StageUnaligned, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			kv := allocShiftedKV(t, g, tc.layout, 8, tc.shift)
-			buf, err := uring.AllocBuffer(int(4 * pb))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer buf.Free()
-			b := &wbuf{sl: &slot{buf: buf}, data: buf.Bytes()}
-			b.newSaveIovecs(tc.capacity)
-			defer b.freeIovecs()
-			// Two pages of layer 1, the last plane cut 1 KiB short: 16 KiB
-			// with 1 KiB of padding.
-			b.io.Layer, b.io.Bytes = 1, 4*pb-1024
-			b.ioBytes = 4 * pb
-			pages := []int32{5, 2}
-			why := b.directIovecs(kv.views, pages, tc.align)
-			if why.kind != tc.wantKind {
-				t.Fatalf("kind %d (%s), want %d", why.kind, why, tc.wantKind)
-			}
-			if tc.wantKind != 0 {
-				return
-			}
-			if b.iov.Len() != tc.wantEntries || b.iov.TotalBytes() != b.ioBytes {
-				t.Fatalf("%d entries of %d bytes, want %d of %d", b.iov.Len(), b.iov.TotalBytes(), tc.wantEntries, b.ioBytes)
-			}
-			// The entries cover exactly the planes in object order, then
-			// the padding, which is zeros.
-			var want []byte
-			for _, p := range pages {
-				for pl := 0; pl < g.Planes; pl++ {
-					want = append(want, kv.Page(1, pl, p)...)
-				}
-			}
-			want = append(want[:b.io.Bytes], make([]byte, 1024)...)
-			var got []byte
-			for i := range b.iov.Len() {
-				addr, n := b.iov.At(i)
-				got = append(got, view(addr, int64(n))...)
-			}
-			if string(got) != string(want) {
-				t.Fatal("the entries do not list the write's bytes in object order")
-			}
-		})
-	}
-	var why stageWhy
-	if why.String() != "" {
-		t.Errorf("zero stageWhy says %q", why.String())
-	}
-	why = stageWhy{kind: StageNoIovecs, err: unix.ENOMEM}
-	if !strings.Contains(why.String(), "cannot allocate memory") {
-		t.Errorf("stageWhy %q does not name the allocation error", why.String())
-	}
-	if got := saveIovecCap(4<<20, 2<<10); got != maxDirectIovecs {
-		t.Errorf("saveIovecCap(4 MiB, 2 KiB) = %d, want the kernel's %d", got, maxDirectIovecs)
 	}
 }

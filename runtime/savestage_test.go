@@ -1,59 +1,13 @@
 package runtime
 
 import (
-	"errors"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/tutti-io/tutti/kvshape"
-	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 	"github.com/tutti-io/tutti/uring/uringsim"
 )
-
-// TestChunkCRCsFromPieces: chunk pieces from writes completed in any order
-// fold into the CRC32C of each whole chunk; a missing or overlapping piece
-// is errCRCCoverage, never a CRC.
-func TestChunkCRCsFromPieces(t *testing.T) {
-	const layers, chunks, chunkBytes = 2, 3, 1000
-	rng := rand.New(rand.NewPCG(9, 9))
-	data := make([]byte, layers*chunks*chunkBytes)
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	r := &saveRun{res: objmap.Reservation{ID: 7, Chunks: chunks}, crcs: make([]uint32, layers*chunks)}
-	want := make([]uint32, layers*chunks)
-	for idx := range want {
-		chunk := data[idx*chunkBytes : (idx+1)*chunkBytes]
-		want[idx] = objmap.UpdateCRC32C(0, chunk)
-		// Cut each chunk at random points, as writes of any size cut it.
-		for off := 0; off < chunkBytes; {
-			n := min(chunkBytes-off, 1+rng.IntN(400))
-			r.parts = append(r.parts, crcPart{idx: idx, off: int64(off), n: int64(n), crc: objmap.UpdateCRC32C(0, chunk[off:off+n])})
-			off += n
-		}
-	}
-	rng.Shuffle(len(r.parts), func(i, j int) { r.parts[i], r.parts[j] = r.parts[j], r.parts[i] })
-	if err := r.chunkCRCs(chunkBytes); err != nil {
-		t.Fatal(err)
-	}
-	for i := range want {
-		if r.crcs[i] != want[i] {
-			t.Fatalf("chunk entry %d: CRC %08x, want %08x", i, r.crcs[i], want[i])
-		}
-	}
-	full := r.parts
-	for name, parts := range map[string][]crcPart{
-		"missing piece":  full[1:],
-		"repeated piece": append(append([]crcPart(nil), full...), full[0]),
-		"beyond the run": append(append([]crcPart(nil), full...), crcPart{idx: layers * chunks, n: chunkBytes}),
-	} {
-		r.parts = append([]crcPart(nil), parts...)
-		if err := r.chunkCRCs(chunkBytes); !errors.Is(err, errCRCCoverage) {
-			t.Errorf("%s: %v, want errCRCCoverage", name, err)
-		}
-	}
-}
 
 // TestSaveStripedOverDirs: a save large enough is cut into one run per
 // directory, each on its own device, written through write buffers cut from
@@ -67,8 +21,8 @@ func TestSaveStripedOverDirs(t *testing.T) {
 		NumPages: 2 * blocks * g.ChunkPages, StagingBytes: 32 << 20, StagingSlotBytes: 8 << 20}
 	s, kv := openKV(t, cfg)
 	defer closeKV(t, s, kv)
-	if s.wbufsPerSlot() != 2 {
-		t.Fatalf("%d write buffers per 8 MiB slot, want 2 of 4 MiB", s.wbufsPerSlot())
+	if s.writes.BufsPerSlot() != 2 {
+		t.Fatalf("%d write buffers per 8 MiB slot, want 2 of 4 MiB", s.writes.BufsPerSlot())
 	}
 	rng := rand.New(rand.NewPCG(3, 3))
 	c := chainOf(9<<32, blocks)
@@ -78,11 +32,9 @@ func TestSaveStripedOverDirs(t *testing.T) {
 		t.Fatalf("saved %d of %d blocks: %+v", sv.Saved(), blocks, s.Stats())
 	}
 	devs := map[int]int{}
-	s.mu.Lock()
-	for _, r := range s.runs {
-		devs[r.device] += r.chunks
+	for _, r := range s.cat.Runs() {
+		devs[r.Device] += r.Chunks
 	}
-	s.mu.Unlock()
 	if len(devs) != len(dirs) {
 		t.Fatalf("blocks per device %v: want %d blocks on each of %d devices", devs, blocks/len(dirs), len(dirs))
 	}
@@ -136,7 +88,7 @@ func TestStripedPrefixBalanced(t *testing.T) {
 		}
 		perDev := map[int]int{}
 		for _, r := range l.runs {
-			perDev[r.run.device] += r.k
+			perDev[r.Device] += r.K
 		}
 		want := (shared + len(dirs) - 1) / len(dirs)
 		for d, k := range perDev {
@@ -206,10 +158,8 @@ func TestSaveWritesWholeChunks(t *testing.T) {
 	if sv.Saved() != blocks {
 		t.Fatalf("saved %d of %d blocks: %+v", sv.Saved(), blocks, s.Stats())
 	}
-	for _, r := range sv.runs {
-		if len(r.parts) != len(r.crcs) {
-			t.Errorf("run of %d chunks: %d CRC pieces for %d (layer, chunk) entries: writes cut chunks", r.res.Chunks, len(r.parts), len(r.crcs))
-		}
+	if pieces, entries := sv.txn.Pieces(); pieces != entries {
+		t.Errorf("%d CRC pieces for %d (layer, chunk) entries: writes cut chunks", pieces, entries)
 	}
 	scramble(kv, g, cfg.NumPages)
 	if l := loadWait(t, s, c, pages); l.Blocks() != blocks {
@@ -217,32 +167,5 @@ func TestSaveWritesWholeChunks(t *testing.T) {
 	}
 	if err := verify(kv, g, c, pages, blocks); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestSaveWriteBytes: the write size is within the limit and a multiple of
-// O_DIRECT blocks, of whole chunks where one fits and, on PathGPU, of
-// whole pages; a chunk larger than the limit falls back to blocks (pages
-// on PathGPU).
-func TestSaveWriteBytes(t *testing.T) {
-	mla := kvshape.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 32}
-	llama := kvshape.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
-	for _, tc := range []struct {
-		name  string
-		g     kvshape.Geometry
-		limit int64
-		gpu   bool
-		want  int64
-	}{
-		{"mla cpu", mla, 4 << 20, false, 7 * 576 << 10},
-		{"mla gpu", mla, 4 << 20, true, 7 * 576 << 10},
-		{"llama cpu", llama, 4 << 20, false, 4 << 20},
-		{"chunk over limit cpu", llama, 1 << 20, false, 1 << 20},
-		{"chunk over limit gpu", mla, 256 << 10, true, 7 * 36 << 10}, // whole 36 KiB page-and-block units
-	} {
-		got := saveWriteBytes(tc.g, tc.limit, tc.gpu)
-		if got != tc.want || got%objmap.BlockBytes != 0 || (tc.gpu && got%tc.g.PageBytesPerLayer() != 0) {
-			t.Errorf("%s: %d bytes, want %d", tc.name, got, tc.want)
-		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
+	"github.com/tutti-io/tutti/runtime/internal/prewrite"
 	"github.com/tutti-io/tutti/sched"
 )
 
@@ -158,7 +160,7 @@ type DeviceStats struct {
 	ProbeFailures int64 `json:"probe_failures"`
 	// Reprobes counts the read re-measurements of probed devices whose
 	// model had seen no reads while plans recomputed their cached blocks
-	// (reprobe.go); ReprobeFailures those that failed (ReprobeError: the
+	// (runtime/internal/devprobe); ReprobeFailures those that failed (ReprobeError: the
 	// last failure), ReprobeSkips the plans that would have re-probed a run
 	// too short to measure bandwidth on.
 	Reprobes        int64  `json:"reprobes"`
@@ -192,7 +194,7 @@ func (p DeviceProbe) String() string {
 	return s
 }
 
-// PrewriteStats is the background prewrite (prewrite.go).
+// PrewriteStats is the background prewrite (package prewrite).
 type PrewriteStats struct {
 	State  PrewriteState `json:"state"`
 	Reason string        `json:"reason"` // why off, done or stopped
@@ -205,46 +207,69 @@ type PrewriteStats struct {
 	LastError string `json:"last_error"`
 }
 
-// Stats returns the counters and states.
-func (s *Store) Stats() Stats {
-	st := s.stats.snapshot()
+// snapshot is Store.Stats.
+func (s *Store) snapshot() Stats {
+	st := s.stats.snapshot(&s.moved)
 	st.Path = PathStats{Used: s.cfg.Path, Fallbacks: s.stats.fallbacks.Load(), FallbackReason: s.fallbackReason}
 	st.Saves.LastFailure = s.fails.lastError()
 	s.mu.Lock()
 	st.Holds.Live = s.holds
 	s.mu.Unlock()
 	st.Holds.Expired = s.holdsExpired.Load()
-	st.Index, st.Map, st.Sched = s.idx.Stats(), s.m.Stats(), s.sched.stats()
+	st.Index, st.Map, st.Sched = s.idx.Stats(), s.m.Stats(), s.sched.Stats()
 	st.Events = s.kvEventsStats()
-	st.GPU.Reads = s.gpuReads
-	st.GPU.Reads.Unread = append([]string{}, s.gpuReads.Unread...)
-	if gp := s.gpuPath(); gp != nil {
-		st.GPU.ReadMode = GPUReadsPlain
-		if fixed, err := gp.r.FixedBuffers(); fixed {
-			st.GPU.ReadMode = GPUReadsFixed
-		} else if err != nil {
-			st.GPU.ReadModeReason = err.Error()
-		}
-		switch {
-		case s.cfg.GPU.SQPoll:
-			st.GPU.Ring = GPURingSQPoll
-		case gp.kickFallback != "":
-			st.GPU.Ring, st.GPU.RingReason = GPURingKickEach, gp.kickFallback
-		default:
-			st.GPU.Ring = GPURingKickBatched
-		}
-		st.GPU.HelperWakeups, st.GPU.HelperBatchTimeouts = gp.r.Wakeups(), gp.r.BatchTimeouts()
-	}
+	st.GPU = s.gpuStats()
 	st.Devices.Probes = append([]DeviceProbe{}, s.devProbes...)
 	for _, p := range s.devProbes {
 		if p.State == ProbeSeeded {
 			st.Devices.ProbeFailures++
 		}
 	}
-	st.Devices.Reprobes, st.Devices.ReprobeFailures, st.Devices.ReprobeSkips, st.Devices.ReprobeError = s.reprobe.stats()
+	st.Devices.Reprobes, st.Devices.ReprobeFailures, st.Devices.ReprobeSkips, st.Devices.ReprobeError = s.reprobe.Stats()
 	st.Prewrite = s.prewriteStats()
 	return st
 }
+
+// gpuStats is Stats.GPU: the sized reads on either path, the bound GPU's
+// state on PathGPU once RegisterKV bound it.
+func (s *Store) gpuStats() GPUStats {
+	st := GPUStats{Reads: s.gpuReads}
+	st.Reads.Unread = append([]string{}, s.gpuReads.Unread...)
+	if s.gpu == nil || !s.kvSet.Load() {
+		return st
+	}
+	g, ok := s.gpu.Status()
+	if !ok {
+		return st
+	}
+	st.ReadMode = GPUReadsPlain
+	if g.Fixed {
+		st.ReadMode = GPUReadsFixed
+	} else if g.FixedErr != nil {
+		st.ReadModeReason = g.FixedErr.Error()
+	}
+	switch {
+	case s.cfg.GPU.SQPoll:
+		st.Ring = GPURingSQPoll
+	case g.KickFallback != "":
+		st.Ring, st.RingReason = GPURingKickEach, g.KickFallback
+	default:
+		st.Ring = GPURingKickBatched
+	}
+	st.HelperWakeups, st.HelperBatchTimeouts = g.Wakeups, g.BatchTimeouts
+	return st
+}
+
+// prewriteStats is Stats.Prewrite.
+func (s *Store) prewriteStats() PrewriteStats {
+	p := s.pre.Stats()
+	return PrewriteStats{State: prewriteStates[p.State], Reason: p.Reason, WrittenBytes: p.WrittenBytes, LeftBytes: p.LeftBytes,
+		Errors: p.Errors, LastError: p.LastError}
+}
+
+// prewriteStates names package prewrite's states as Stats does.
+var prewriteStates = [...]PrewriteState{prewrite.Off: PrewriteOff, prewrite.Running: PrewriteRunning,
+	prewrite.Done: PrewriteDone, prewrite.Stopped: PrewriteStopped}
 
 // MissCounts counts blocks by MissCause, indexed by it. In JSON it is an
 // object keyed by each cause's String with '-' as '_' (io_error, crc, ...).
@@ -301,52 +326,30 @@ type counters struct {
 	saves, saveBlocks, savedBlocks, savedBytes, writeIOs     atomic.Int64
 	committedRuns, corruptDropped                            atomic.Int64
 	skippedBlocks                                            [numSkipCauses]atomic.Int64
-	saveCopyNs, saveChecksumNs                               atomic.Int64
-	saveDirectWrites, saveStagedWrites                       atomic.Int64
-	saveStaged                                               atomic.Pointer[firstStaged]
-	loadDirectReads, loadStagedReads                         atomic.Int64
-	loadStaged                                               atomic.Pointer[firstStaged]
 	fallbacks                                                atomic.Int64
 }
 
-// firstStaged is why the first staged I/O of a kind was.
-type firstStaged struct {
-	cause  StageCause
-	reason string
-}
+// stageCauses names the movers' stage causes as Stats does.
+var stageCauses = [...]StageCause{mover.StageNone: StageNone, mover.StageNoIovecs: StageNoIovecs,
+	mover.StageUnaligned: StageUnaligned, mover.StageIovecCap: StageIovecCap}
 
-// staged counts a PathCPU save write staged through a copy, keeping the
-// first one's reason.
-func (c *counters) staged(why stageWhy) { countStaged(&c.saveStagedWrites, &c.saveStaged, why) }
-
-// stagedRead counts a PathCPU load read staged through a copy, keeping the
-// first one's reason.
-func (c *counters) stagedRead(why stageWhy) { countStaged(&c.loadStagedReads, &c.loadStaged, why) }
-
-func countStaged(n *atomic.Int64, first *atomic.Pointer[firstStaged], why stageWhy) {
-	if first.Load() == nil {
-		first.CompareAndSwap(nil, &firstStaged{cause: why.kind, reason: why.String()})
-	}
-	n.Add(1) // after the reason: a reader that sees the count sees why
-}
-
-func (c *counters) snapshot() Stats {
+func (c *counters) snapshot(m *mover.Counters) Stats {
 	var s Stats
 	s.Lookups = LookupStats{Calls: c.lookups.Load(), AskedBlocks: c.lookupBlocks.Load(), HitBlocks: c.hitBlocks.Load()}
 	s.Loads = LoadStats{Calls: c.loads.Load(), CachedBlocks: c.cachedBlocks.Load(), PlannedBlocks: c.plannedBlocks.Load(),
 		RestoredBlocks: c.restoredBlocks.Load(), RestoredBytes: c.restoredBytes.Load(),
 		ReadIOs: c.readIOs.Load(), SplitIOs: c.splitIOs.Load(), OverreadBytes: c.overrd.Load(),
 		CorruptDroppedRuns: c.corruptDropped.Load(),
-		DirectReads:        c.loadDirectReads.Load(), StagedReads: c.loadStagedReads.Load()}
+		DirectReads:        m.DirectReads.Load(), StagedReads: m.StagedReads.Load()}
 	s.Saves = SaveStats{Calls: c.saves.Load(), AskedBlocks: c.saveBlocks.Load(), SavedBlocks: c.savedBlocks.Load(),
 		SavedBytes: c.savedBytes.Load(), WriteIOs: c.writeIOs.Load(), CommittedRuns: c.committedRuns.Load(),
-		CopyNs: c.saveCopyNs.Load(), ChecksumNs: c.saveChecksumNs.Load(),
-		DirectWrites: c.saveDirectWrites.Load(), StagedWrites: c.saveStagedWrites.Load()}
-	if f := c.saveStaged.Load(); f != nil {
-		s.Saves.StagedCause, s.Saves.StagedReason = f.cause, f.reason
+		CopyNs: m.CopyNs.Load(), ChecksumNs: m.ChecksumNs.Load(),
+		DirectWrites: m.DirectWrites.Load(), StagedWrites: m.StagedWrites.Load()}
+	if f := m.FirstStagedWrite.Load(); f != nil {
+		s.Saves.StagedCause, s.Saves.StagedReason = stageCauses[f.Cause], f.Reason
 	}
-	if f := c.loadStaged.Load(); f != nil {
-		s.Loads.StagedCause, s.Loads.StagedReason = f.cause, f.reason
+	if f := m.FirstStagedRead.Load(); f != nil {
+		s.Loads.StagedCause, s.Loads.StagedReason = stageCauses[f.Cause], f.Reason
 	}
 	for i := range s.Loads.MissBlocks {
 		s.Loads.MissBlocks[i] = c.missBlocks[i].Load()

@@ -11,7 +11,7 @@ import (
 )
 
 // StageCause says why a PathCPU I/O went through staging with a copy
-// instead of the engine's pages (directio.go's rule).
+// instead of the engine's pages (the CPU mover's direct I/O rule, runtime/internal/mover/cpu).
 type StageCause uint8
 
 const (

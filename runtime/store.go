@@ -3,15 +3,24 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
-	"github.com/tutti-io/tutti/prefix"
-	"github.com/tutti-io/tutti/sched"
-	"github.com/tutti-io/tutti/uring"
+	"github.com/tutti-io/tutti/runtime/internal/catalog"
+	"github.com/tutti-io/tutti/runtime/internal/devprobe"
+	"github.com/tutti-io/tutti/runtime/internal/iosched"
+	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
+	"github.com/tutti-io/tutti/runtime/internal/lrufile"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
+	"github.com/tutti-io/tutti/runtime/internal/mover/gpu"
+	"github.com/tutti-io/tutti/runtime/internal/prewrite"
+	"github.com/tutti-io/tutti/runtime/internal/ring"
+	"github.com/tutti-io/tutti/runtime/internal/savewrite"
+	"github.com/tutti-io/tutti/runtime/internal/staging"
 )
 
 // Sentinel errors callers branch on.
@@ -30,37 +39,46 @@ var (
 	ErrSavesFailed = errors.New("runtime: saves failed")
 )
 
-// runEntry is a committed run as the runtime serves it: objmap's RunInfo
-// (extent, chain, per-(layer, chunk) CRC32C) plus what loads need at hand.
-// Everything but live is immutable after registration.
-type runEntry struct {
-	info   objmap.RunInfo
-	id     objmap.RunID
-	file   *uring.File
-	device int
-	offset int64
-	chunks int
-	chain  []uint64
-	// The run serves chain[first:first+live]: first is 0 but where a crash
-	// left an older run serving the blocks before (recover.go); blocks
-	// leave from the end (a block leaves the index only after the blocks
-	// below it), so live only shrinks (Store.mu).
-	first int
-	live  int
-	// corrupt is set by the first dropCorrupt: a run found bad by several
-	// reads (segments, layers or loads) is dropped and counted once.
-	corrupt atomic.Bool
+// Store is an open tutti store. All methods are safe for concurrent use.
+type Store struct {
+	cfg Config
+	geo kvshape.Geometry
+	// The store's parts, made by Open (open.go), each owning one job.
+	m       *objmap.Map
+	idx     *kvmeta.Index    // the prefix index; publishes KV events with Config.KVEvents
+	cat     *catalog.Catalog // the runs the index serves, kept consistent with the map
+	worker  *ring.Worker
+	staging *staging.Pool
+	sched   *iosched.Scheduler
+	mv      mover.Mover // PathCPU's or PathGPU's
+	gpu     *gpu.Mover  // mv on PathGPU (for Stats.GPU), else nil
+	writes  *savewrite.Pipeline
+	reprobe *devprobe.Reprober // re-measures probed devices (nil: Open did not probe them)
+	pre     *prewrite.Prewriter
+	kvSet   atomic.Bool
+
+	mu     sync.Mutex
+	closed bool
+	ops    sync.WaitGroup // loads, saves and holds' calls in flight
+	// savesLive counts saves not ended; savesCond (on mu) wakes WaitSaves.
+	// (A WaitGroup would forbid a Save racing with WaitSaves.)
+	savesLive int
+	savesCond sync.Cond
+	loadN     chan struct{} // MaxLoads tokens
+	// holds counts live Holds (Match); holdsExpired those ended by their
+	// time to live.
+	holds        int
+	holdsExpired atomic.Int64
+
+	report          RecoveryReport
+	stats           counters
+	moved           mover.Counters
+	fails           saveFailures
+	maxWriteIOBytes int64         // the scheduler's write size: at most one staging slot
+	fallbackReason  string        // set by OpenWithFallback before the store is shared
+	gpuReads        GPUReads      // Stats.GPU.Reads, set by Open
+	devProbes       []DeviceProbe // Stats.Devices.Probes, set by Open
 }
-
-func (s *Store) newRunEntry(info objmap.RunInfo) *runEntry {
-	return &runEntry{info: info, id: info.ID, file: s.m.Files()[info.File], device: s.deviceOf(info.File),
-		offset: info.Offset, chunks: len(info.Chain), chain: info.Chain, live: len(info.Chain)}
-}
-
-// loc packs a run id and a chunk index into the prefix index's location.
-func loc(id objmap.RunID, chunk int) uint64 { return uint64(id)<<16 | uint64(chunk) }
-
-func unloc(l uint64) (objmap.RunID, int) { return objmap.RunID(l >> 16), int(l & 0xffff) }
 
 // RecoveryReport is what Open found: objmap's report (runs recovered and
 // dropped by the object map) plus what the runtime rebuilt into its index.
@@ -78,74 +96,28 @@ type RecoveryReport struct {
 	// Close (evicted, discarded) and are not served again.
 	TrimmedBlocks int
 	// DuplicateBlocks are blocks a run holds that an earlier run serves:
-	// only after a crash lost the earlier run's trim (see recover.go); the
-	// run serves the blocks after them. RefusedBlocks are blocks the index
-	// refused in the middle of a run (a collision of ids); the run is
-	// trimmed before them.
+	// only after a crash lost the earlier run's trim (see
+	// runtime/internal/catalog); the run serves the blocks after them.
+	// RefusedBlocks are blocks the index refused in the middle of a run (a
+	// collision of ids); the run is trimmed before them.
 	DuplicateBlocks, RefusedBlocks int
 	// EvictedAtOpen are blocks evicted at Open because the recovered blocks
 	// exceeded the index's capacity (only after a crash brought back
 	// dropped blocks), least recently used first.
 	EvictedAtOpen int
 	// LRURestored is how many blocks took the eviction order saved by the
-	// last Close (lrufile.go); LRUNote says why none did, if the file was
-	// there but unusable.
+	// last Close (runtime/internal/lrufile); LRUNote says why none did, if
+	// the file was there but unusable.
 	LRURestored int
 	LRUNote     string
 }
 
-// Store is an open tutti store. All methods are safe for concurrent use.
-type Store struct {
-	cfg     Config
-	geo     kvshape.Geometry
-	m       *objmap.Map
-	idx     *servedIndex // the prefix index; publishes KV events with Config.KVEvents
-	worker  *ioWorker
-	staging *stagingPool
-	// stager gathers, checksums and submits save writes; saveSlotTokens
-	// holds one token per staging slot the saves hold (at most saveSlots).
-	stager         *workerPool[stageJob]
-	saveSlots      int
-	saveSlotTokens chan struct{}
-	// consumers verify and scatter completed load reads (PathCPU; nil on
-	// PathGPU, which does not stage its reads here).
-	consumers *workerPool[consumeJob]
-	sched     *scheduler
-	kv        *kvViews // set once by RegisterKV (PathCPU)
-	gpu       *gpuPath // set once by RegisterKV (PathGPU)
-	kvSet     atomic.Bool
-
-	mu     sync.Mutex
-	runs   map[objmap.RunID]*runEntry
-	closed bool
-	ops    sync.WaitGroup // loads and saves in flight
-	// savesLive counts saves not ended; savesCond (on mu) wakes WaitSaves.
-	// (A WaitGroup would forbid a Save racing with WaitSaves.)
-	savesLive int
-	savesCond sync.Cond
-	loadN     chan struct{} // MaxLoads tokens
-	// holds counts live Holds (Match); holdsExpired those ended by their
-	// time to live.
-	holds        int
-	holdsExpired atomic.Int64
-
-	report          RecoveryReport
-	stats           counters
-	fails           saveFailures
-	maxWriteIOBytes int64         // the scheduler's write size: at most one staging slot
-	fallbackReason  string        // set by OpenWithFallback before the store is shared
-	gpuReads        GPUReads      // Stats.GPU.Reads, set by Open
-	devProbes       []DeviceProbe // Stats.Devices.Probes, set by Open
-	reprobe         reprobes
-	pre             prewriter
+// ResidentBlock is one block that is a hit, with its parent in the chain.
+type ResidentBlock struct {
+	ID        uint64
+	Parent    uint64 // valid when HasParent
+	HasParent bool
 }
-
-// bytesPerBlock is what one chain block costs in the index's capacity: its
-// payload. Headers and padding are covered by indexing only indexShare of
-// the pool.
-func (s *Store) bytesPerBlock() int64 { return s.geo.ChunkBytes() }
-
-const indexShare = 0.9
 
 // CapacityForBlocks is a CapacityBytes with which the store holds at least
 // blocks chain blocks of g however they are grouped into runs: the index
@@ -153,7 +125,7 @@ const indexShare = 0.9
 // room for them as runs of one block (the worst case for headers and
 // padding), plus 1 MiB for rounding the pool files.
 func CapacityForBlocks(g kvshape.Geometry, blocks int) int64 {
-	index := int64(float64(blocks) * float64(g.ChunkBytes()) / indexShare)
+	index := int64(float64(blocks) * float64(g.ChunkBytes()) / catalog.IndexShare)
 	pool := int64(blocks) * objmap.RunBytes(g, 1)
 	return max(index, pool) + 1<<20
 }
@@ -178,52 +150,14 @@ func (s *Store) RegisterKV(kv KVMemory) error {
 	if s.kvSet.Load() {
 		return fmt.Errorf("%w: RegisterKV called twice", ErrKV)
 	}
-	if s.cfg.Path == PathGPU {
-		gp, err := s.bindGPU(kv)
-		if err != nil {
-			return err
-		}
-		s.gpu = gp
-	} else {
-		v, err := newKVViews(s.geo, s.cfg.Layout, s.cfg.NumPages, kv)
-		if err != nil {
-			return err
-		}
-		s.kv = v
+	regions, err := kvRegions(s.geo, s.cfg.Layout, s.cfg.NumPages, kv)
+	if err != nil {
+		return err
+	}
+	if err := s.mv.Bind(moverRegions(regions)); err != nil {
+		return fmt.Errorf("runtime: %w", err)
 	}
 	s.kvSet.Store(true)
-	return nil
-}
-
-// checkRequest validates a chain and its block table: pages holds the
-// engine's page ids of the chain's blocks, ChunkPages per block in order.
-func (s *Store) checkRequest(op string, chain []uint64, pages []int32) error {
-	if !s.kvSet.Load() {
-		return fmt.Errorf("runtime: %s: %w", op, ErrNoKV)
-	}
-	if len(chain) == 0 {
-		return fmt.Errorf("runtime: %s: empty chain: %w", op, ErrBadRequest)
-	}
-	if want := len(chain) * s.geo.ChunkPages; len(pages) != want {
-		return fmt.Errorf("runtime: %s: %d chain blocks need %d page ids, got %d: %w", op, len(chain), want, len(pages), ErrBadRequest)
-	}
-	for i, p := range pages {
-		if p < 0 || int(p) >= s.cfg.NumPages {
-			return fmt.Errorf("runtime: %s: pages[%d] = %d out of range [0, %d): %w", op, i, p, s.cfg.NumPages, ErrKV)
-		}
-	}
-	return nil
-}
-
-// begin registers an operation unless the store is closing.
-func (s *Store) begin() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return ErrClosed
-	}
-	s.ops.Add(1)
-	s.pre.active.Add(1)
 	return nil
 }
 
@@ -236,6 +170,11 @@ func (s *Store) Lookup(chain []uint64) int {
 	s.stats.hitBlocks.Add(int64(n))
 	return n
 }
+
+// Resident returns how many leading blocks of chain are hits, like Lookup,
+// but does not count the call in Stats (a group's bookkeeping, runtime/tp's,
+// is not an engine lookup). It marks the hit blocks used, as Lookup does.
+func (s *Store) Resident(chain []uint64) int { return s.idx.Lookup(chain) }
 
 // Load restores the cached prefix of chain into the pages of its block table
 // (pages[i*ChunkPages+j] is page j of chain block i) and returns at once; the
@@ -267,225 +206,115 @@ func (s *Store) LoadWith(chain []uint64, pages []int32, opts LoadOptions) (*Load
 		<-s.loadN
 		return nil, err
 	}
-	l := &Load{s: s, chain: chain, pages: pages, skip: opts.Skip, done: make(chan *slot, len(s.staging.all))}
-	l.cond.L = &l.mu
-	var locs []uint64
-	l.pinned, locs = s.idx.Pin(chain, nil)
-	l.runs = s.resolveAfter(chain, locs, l.pinned, opts.Skip, &l.missBlocks)
-	cached := 0
-	for _, r := range l.runs {
-		cached += r.k
-	}
-	s.stats.loads.Add(1)
-	s.stats.cachedBlocks.Add(int64(l.Cached()))
-	if cached > 0 {
-		if err := l.planReads(cached, opts); err != nil {
-			l.runs = nil
-			l.finish()
-			return nil, err
-		}
-	}
-	s.stats.plannedBlocks.Add(int64(l.planned))
-	l.validRuns = len(l.runs)
-	if s.gpu != nil && len(l.runs) > 0 {
-		l.startGPU()
-		return l, nil
-	}
-	if l.readsLeft == 0 {
-		l.mu.Lock()
-		l.ready = s.geo.Layers
-		l.mu.Unlock()
-		l.finish()
-		return l, nil
-	}
-	go l.drive()
-	return l, nil
+	return s.startLoad(chain, pages, opts)
 }
 
-// planReads has the scheduler plan the load of its cached blocks and keeps the
-// runs the plan loads. On PathGPU the request is cut first to what one GPU
-// restore takes (gpuCut; the rest is computed like an uncached suffix) and
-// planned Whole: the scheduler dispatches the restore as one job that holds
-// its devices' reads until the GPU reports the layers done.
-func (l *Load) planReads(cached int, opts LoadOptions) error {
-	s := l.s
-	runs := l.runs
-	if s.gpu != nil {
-		runs = keepBlocks(runs, s.gpuCut(runs, cached))
-	}
-	req := s.loadRequest(runs, len(l.chain)-opts.Skip)
-	req.ComputeReadyNs = opts.computeReadyNs()
-	req.QueueUnknown = req.ComputeReadyNs == 0 // the store never sees the engine's GPU queue
-	req.Whole, req.SegmentsOnly = s.gpu != nil, s.gpu != nil
-	l.ios = make(chan sched.IO, max(1, s.geo.Layers*len(runs)))
-	plan, err := s.sched.planLoad(req, l)
+// Save stores the blocks of chain that are not cached yet, reading their KV
+// from the pages of the block table (pages[i*ChunkPages+j] is page j of chain
+// block i). It returns at once: the scheduler defers the writes into the
+// slack of loads, within Config.SaveBoundMs. What does not fit (pool, index,
+// scheduler budget, what the device can write within the bound) is not
+// admitted and counted by cause, never waited for; a write
+// error skips the run and everything after it, counted. The pages must stay
+// unchanged until Gathered.
+func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
+	return s.save(chain, pages, nil)
+}
+
+// SaveWithMeta is Save with meta[i] for chain block i, kept (bounded by
+// KVEvents.MaxTokenBytes) while the block is served and published with it.
+// Without Config.KVEvents it is Save. The store copies meta.
+func (s *Store) SaveWithMeta(chain []uint64, pages []int32, meta []BlockMeta) (*Save, error) {
+	kept, err := s.copyMeta(chain, meta)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	l.plan, l.planned = plan, plan.LoadBlocks
-	s.maybeReprobe(runs, plan)
-	l.runs = keepBlocks(runs, plan.LoadBlocks)
-	if s.gpu != nil {
-		return nil
-	}
-	l.remaining = make([]int, s.geo.Layers)
-	for _, io := range plan.Reads {
-		l.remaining[io.Layer]++
-	}
-	l.readsLeft = len(plan.Reads)
-	return nil
+	return s.save(chain, pages, kept)
 }
 
-// loadRequest is the scheduler's request for runs of a chain of blocks
-// blocks (those after the runs are computed).
-func (s *Store) loadRequest(runs []loadRun, blocks int) sched.LoadRequest {
-	req := sched.LoadRequest{}
-	for _, r := range runs {
-		blocks -= r.k
-		req.Runs = append(req.Runs, sched.Run{Device: r.run.device, Blocks: r.k, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()})
+// Match is the lookup of an engine that commits to a hit before it loads
+// (vLLM's get_num_new_matched_tokens): it returns how many blocks after the
+// first skip a promised load of chain restores, and holds them for ttl.
+// Left out of the count, as blocks to compute rather than errors: blocks not
+// cached, blocks the planner would rather recompute (it is asked as for a
+// load now, nothing is read), and on PathGPU blocks past what one GPU
+// restore takes (GPUMaxPages, GPUMaxRuns). The caller must Release the hold
+// once the load started (the load pins for itself) or was dropped.
+func (s *Store) Match(chain []uint64, skip int, ttl time.Duration) (*Hold, error) {
+	if skip < 0 || skip > len(chain) {
+		return nil, fmt.Errorf("runtime: match: skip %d of a %d-block chain: %w", skip, len(chain), ErrBadRequest)
 	}
-	req.UncachedTokens = blocks * s.geo.ChunkPages * s.geo.PageTokens
-	return req
-}
-
-// keepBlocks is the leading runs that hold n blocks, the last one cut to
-// them (in place).
-func keepBlocks(runs []loadRun, n int) []loadRun {
-	kept, k := runs[:0], 0
-	for _, r := range runs {
-		if k >= n {
-			break
-		}
-		r.k = min(r.k, n-k)
-		k += r.k
-		kept = append(kept, r)
+	if ttl <= 0 {
+		return nil, fmt.Errorf("runtime: match: ttl %v, want > 0: %w", ttl, ErrBadRequest)
 	}
-	return kept
-}
-
-// resolve maps the pinned blocks to runs: consecutive blocks stored
-// consecutively in one run form one loadRun. A block whose run is unknown
-// ends the prefix (counted as MissNotFound).
-func (s *Store) resolve(chain, locs []uint64, miss *[numMissCauses]int64) []loadRun {
-	var runs []loadRun
+	if err := s.begin(); err != nil {
+		return nil, err
+	}
+	defer s.endOp()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, id := range chain {
-		rid, chunk := unloc(locs[i])
-		r := s.runs[rid]
-		if r != nil && chunk < r.chunks && r.chain[chunk] == id {
-			if n := len(runs); n > 0 && runs[n-1].run == r && runs[n-1].first+runs[n-1].k == chunk {
-				runs[n-1].k++
-			} else {
-				runs = append(runs, loadRun{run: r, first: chunk, k: 1, chainPos: i})
-			}
-			continue
-		}
-		miss[MissNotFound] += int64(len(chain) - i)
-		break
+	if s.holds >= MaxHolds {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("runtime: match: %d holds live: %w", MaxHolds, ErrBusy)
 	}
-	return runs
-}
-
-// loadFinished accounts a finished load and releases its pins.
-func (s *Store) loadFinished(l *Load, blocks int) {
-	if l.pinned > 0 {
-		dropped, err := s.idx.Unpin(l.chain[:l.pinned])
-		if err != nil {
-			// Only a runtime bug gets here: pins are taken and released in pairs.
-			panic(fmt.Sprintf("runtime: unpinning a finished load: %v", err))
-		}
-		s.release(dropped)
-	}
-	st := &s.stats
-	st.restoredBlocks.Add(int64(blocks))
-	st.restoredBytes.Add(int64(blocks) * s.geo.ChunkBytes())
-	st.readIOs.Add(l.ioCount)
-	st.splitIOs.Add(l.splits)
-	st.overrd.Add(l.overreadBytes)
-	l.mu.Lock()
-	for i, n := range l.missBlocks {
-		st.missBlocks[i].Add(n)
-	}
-	l.mu.Unlock()
-}
-
-// release frees the storage of blocks that left the index and journals
-// that they left: a run is freed in the object map once none of its blocks
-// is indexed, and trimmed to the blocks it still serves before that, so a
-// reopened store serves exactly what this one does (recover.go).
-func (s *Store) release(dropped []prefix.Dropped) (freedBytes int64) {
-	if len(dropped) == 0 {
-		return 0
-	}
-	var free []objmap.RunID
-	var cut []*runEntry
-	s.mu.Lock()
-	for _, d := range dropped {
-		rid, _ := unloc(d.Loc)
-		r := s.runs[rid]
-		if r == nil {
-			continue
-		}
-		r.live--
-		if r.live == 0 {
-			delete(s.runs, rid)
-			free = append(free, rid)
-			freedBytes += r.info.Length
-		} else if !slices.Contains(cut, r) {
-			cut = append(cut, r)
-		}
-	}
-	type trim struct {
-		id   objmap.RunID
-		keep int
-	}
-	trims := make([]trim, 0, len(cut))
-	for _, r := range cut {
-		if r.live > 0 {
-			trims = append(trims, trim{r.id, r.first + r.live})
-		}
-	}
+	s.holds++
 	s.mu.Unlock()
-	// A failed trim or free (the journal failed closed, or a concurrent
-	// release freed the run first) leaves the blocks on disk, unserved;
-	// only a restart may serve them again (see recover.go). Trims only
-	// shorten, so concurrent releases may journal them in any order.
-	for _, t := range trims {
-		_ = s.m.Trim(t.id, t.keep)
-	}
-	for _, id := range free {
-		_ = s.m.Free(id)
-	}
-	return freedBytes
+	return s.hold(chain, skip, ttl), nil
 }
 
-// evictRuns evicts least recently used blocks until the runs they free hold
-// needBytes of pool space, or nothing more can be evicted. The index evicts
-// blocks, the pool frees whole runs (a run stays while any block of it is
-// indexed), so the index can have room where the pool has none.
-func (s *Store) evictRuns(needBytes int64) {
-	for freed := int64(0); freed < needBytes; {
-		dropped := s.idx.Evict(1) // one block
-		if len(dropped) == 0 {
-			return
-		}
-		freed += s.release(dropped)
+// Discard takes block id and every block cached below it (unreachable
+// without it) out of service: from the return on, no Lookup or Load finds
+// them. Blocks no load pins leave at once and their runs are freed once no
+// block of theirs is indexed (a run of which only a tail was discarded stays
+// on disk, serving its head; after a restart its tail is indexed again, which
+// is correct data, so a group must re-check it: see runtime/tp). Pinned or
+// pending blocks drain and are freed by the Unpin or Commit that releases
+// them last. It returns the blocks that left at once; an error wrapping
+// prefix.ErrNotFound when id is not in the index, ErrClosed after Close.
+func (s *Store) Discard(id uint64) (int, error) {
+	if err := s.begin(); err != nil {
+		return 0, err
 	}
-}
-
-// dropCorrupt takes a run whose payload failed its CRC out of service with
-// everything cached below it (unreachable without it).
-func (s *Store) dropCorrupt(r *runEntry) {
-	if r.corrupt.Swap(true) {
-		return // dropped by an earlier read
-	}
-	dropped, err := s.idx.Remove(r.chain[r.first])
+	defer s.endOp()
+	dropped, err := s.idx.Remove(id)
 	if err != nil {
-		return // already removed by a concurrent load
+		return 0, fmt.Errorf("runtime: discarding block %#x: %w", id, err)
 	}
-	s.stats.corruptDropped.Add(1)
-	s.release(dropped)
+	s.cat.Release(dropped)
+	return len(dropped), nil
+}
+
+// ResidentBlocks lists every block that is a hit now (committed, not
+// draining), each once, in no particular order. O(blocks); meant for
+// recovery-time reconciliation (runtime/tp), not for the request path.
+func (s *Store) ResidentBlocks() []ResidentBlock {
+	blocks := s.cat.Resident()
+	out := make([]ResidentBlock, len(blocks))
+	for i, b := range blocks {
+		out[i] = ResidentBlock(b)
+	}
+	return out
+}
+
+// TakeKVEvents hands the events of a store opened with KVEvents.Engine to
+// the engine that publishes them (kvevents.Publisher.Take): appended to dst
+// as one msgpack array of events in the configured format, as many as fit
+// maxBytes (a *kvevents.TooSmallError when the next one alone does not),
+// with how many it took and whether more wait. The first take lists what
+// the store serves, after an AllBlocksCleared that speaks for this store
+// only (see Publisher.Take).
+func (s *Store) TakeKVEvents(dst []byte, maxBytes int) (out []byte, n int, more bool, err error) {
+	p := s.idx.Publisher()
+	if p == nil {
+		return dst, 0, false, fmt.Errorf("runtime: take KV events: the store publishes none (Config.KVEvents): %w", ErrBadRequest)
+	}
+	out, n, more, err = p.Take(dst, maxBytes)
+	switch {
+	case errors.Is(err, kvevents.ErrNotEngine):
+		err = fmt.Errorf("runtime: take KV events: %w (%w)", ErrBadRequest, err)
+	case err != nil:
+		err = fmt.Errorf("runtime: take KV events: %w", err)
+	}
+	return out, n, more, err
 }
 
 // WaitSaves blocks until every Save started so far ended. It returns an
@@ -503,18 +332,25 @@ func (s *Store) WaitSaves() error {
 	return s.fails.take(&s.stats)
 }
 
+// WaitPrewrite blocks until the background prewrite has ended (done,
+// stopped, or never started) or timeout passed, and says whether it ended.
+func (s *Store) WaitPrewrite(timeout time.Duration) bool { return s.pre.Wait(timeout) }
+
 // Check verifies every stored run's header and payload (objmap's fsck) while
 // the store is open.
 func (s *Store) Check() (objmap.RecoveryReport, error) { return s.m.Check() }
 
+// Stats returns the counters and states.
+func (s *Store) Stats() Stats { return s.snapshot() }
+
 // Close waits for loads and saves in flight, then stops the scheduler and
 // the I/O worker, frees staging, makes the journal durable, keeps the
-// eviction order for the next Open (lrufile.go) and closes the object map.
-// A Close that returns nil leaves a store whose next Open serves exactly
-// the blocks this one served (recover.go); an error says what may differ
-// (a journal the disk had no room for: blocks dropped since its last
-// durable write may come back). Registered KV memory is no longer
-// referenced after Close.
+// eviction order for the next Open (runtime/internal/lrufile) and closes
+// the object map. A Close that returns nil leaves a store whose next Open
+// serves exactly the blocks this one served (runtime/internal/catalog); an
+// error says what may differ (a journal the disk had no room for: blocks
+// dropped since its last durable write may come back). Registered KV memory
+// is no longer referenced after Close.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -524,27 +360,53 @@ func (s *Store) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.ops.Wait()
-	s.stopPrewrite()
-	s.sched.close()
-	var errs []error
-	if s.gpu != nil {
-		errs = append(errs, s.gpu.close())
-	}
-	if s.consumers != nil {
-		s.consumers.close()
-	}
-	s.stager.close()
-	errs = append(errs, s.worker.close(), s.staging.close())
+	s.pre.Stop()
+	errs := s.closeParts()
 	// The order is kept only with a durable journal: it then names the
 	// blocks the next Open finds.
 	if s.m.Sync() == nil {
-		if err := writeLRU(s.m.Dirs()[0], s.idx.LRU()); err != nil {
+		if err := lrufile.Write(s.m.Dirs()[0], s.idx.LRU()); err != nil {
 			errs = append(errs, fmt.Errorf("runtime: close: keeping the eviction order: %w", err))
 		}
 	}
-	errs = append(errs, s.m.Close())
-	if s.idx.ev != nil {
-		errs = append(errs, s.idx.ev.Close(), s.idx.file.close())
-	}
+	errs = append(errs, s.m.Close(), s.idx.Close())
 	return errors.Join(errs...)
+}
+
+// checkRequest validates a chain and its block table: pages holds the
+// engine's page ids of the chain's blocks, ChunkPages per block in order.
+func (s *Store) checkRequest(op string, chain []uint64, pages []int32) error {
+	if !s.kvSet.Load() {
+		return fmt.Errorf("runtime: %s: %w", op, ErrNoKV)
+	}
+	if len(chain) == 0 {
+		return fmt.Errorf("runtime: %s: empty chain: %w", op, ErrBadRequest)
+	}
+	if want := len(chain) * s.geo.ChunkPages; len(pages) != want {
+		return fmt.Errorf("runtime: %s: %d chain blocks need %d page ids, got %d: %w", op, len(chain), want, len(pages), ErrBadRequest)
+	}
+	for i, p := range pages {
+		if p < 0 || int(p) >= s.cfg.NumPages {
+			return fmt.Errorf("runtime: %s: pages[%d] = %d out of range [0, %d): %w", op, i, p, s.cfg.NumPages, ErrKV)
+		}
+	}
+	return nil
+}
+
+// begin registers an operation unless the store is closing.
+func (s *Store) begin() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.ops.Add(1)
+	s.pre.Begin()
+	return nil
+}
+
+// endOp ends an operation begin registered.
+func (s *Store) endOp() {
+	s.pre.End()
+	s.ops.Done()
 }

@@ -4,7 +4,8 @@
 // table says the same.
 //
 // A package belongs to the component whose path is the longest prefix of its
-// own (runtime/tp belongs to runtime). Rules:
+// own (runtime/tp belongs to runtime; runtime's internal packages are listed
+// as components of their own, below runtime). Rules:
 //   - A library package imports, inside the module, only packages of its own
 //     component or of a lower layer; its tests follow the same rule.
 //   - A command (package main) outside cmd/ may import any layer but eval.

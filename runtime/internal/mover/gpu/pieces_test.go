@@ -1,0 +1,137 @@
+package gpu
+
+import (
+	"testing"
+
+	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
+)
+
+// piecesGeometry is llama3-8b's KV shape with 512-token chunks (2 MiB per
+// chunk and layer).
+func piecesGeometry() kvshape.Geometry {
+	return kvshape.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 32}
+}
+
+// runsOn is one load run of k chunks per entry of ks, run i on device
+// devs[i].
+func runsOn(ks, devs []int) []mover.Run {
+	var rs []mover.Run
+	pos := 0
+	for i, k := range ks {
+		rs = append(rs, mover.Run{Info: &objmap.RunInfo{Chain: make([]uint64, k)}, Device: devs[i], K: k, ChainPos: pos})
+		pos += k
+	}
+	return rs
+}
+
+// TestGPUPieces: the GPU request's pieces cover every run once, in order
+// within the run, whole O_DIRECT blocks at a time, round-robin over the
+// runs, within the extent limit; and every window of reads in flight holds
+// each device's share within one piece of even.
+func TestGPUPieces(t *testing.T) {
+	mla := kvshape.Geometry{Layers: 61, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 32}
+	odd := kvshape.Geometry{Layers: 4, KVHeads: 1, HeadDim: 48, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 1} // 3 KiB chunks
+	eight := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	for _, tc := range []struct {
+		name       string
+		g          kvshape.Geometry
+		ks, devs   []int
+		window     int
+		maxIO      int
+		maxExtents int
+		wantChunks int // chunks of a full piece
+	}{
+		// 80K tokens on 8 devices: 40 reads per run and layer, 128 in the window.
+		{"8b-80K-8dev", piecesGeometry(), []int{20, 20, 20, 20, 20, 20, 20, 20}, eight, 128, 1 << 20, 256, 4},
+		{"8b-32K-4dev", piecesGeometry(), []int{16, 16, 16, 16}, eight[:4], 128, 1 << 20, 256, 8},
+		// Pieces no smaller than one read, even when the window is small.
+		{"8b-small-window", piecesGeometry(), []int{8, 8}, eight[:2], 2, 4 << 20, 256, 2},
+		// MLA's 576 KiB chunks: a layer of 8 runs fits the window whole.
+		{"mla-32K-8dev", mla, []int{8, 8, 8, 8, 8, 8, 8, 8}, eight, 128, 1 << 20, 256, 8},
+		// 3 KiB chunks: pieces of 4 chunks, the smallest whole-block count.
+		{"odd-chunks", odd, []int{64, 64}, eight[:2], 2, 4096, 256, 4},
+		// The extent limit makes pieces longer.
+		{"extent-limit", piecesGeometry(), []int{20, 20, 20, 20, 20, 20, 20, 20}, eight, 128, 1 << 20, 16, 10},
+		// One device: the runs stay whole.
+		{"one-device", piecesGeometry(), []int{20, 20, 3}, []int{2, 2, 2}, 128, 1 << 20, 256, 20},
+		// Uneven runs: the longer ones' last pieces come last.
+		{"uneven", piecesGeometry(), []int{4, 13, 9}, []int{0, 1, 0}, 4, 1 << 20, 256, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runs := runsOn(tc.ks, tc.devs)
+			ps := pieces(runs, tc.g, tc.window, tc.maxIO, tc.maxExtents)
+			if len(ps) > tc.maxExtents {
+				t.Fatalf("%d pieces, limit %d", len(ps), tc.maxExtents)
+			}
+			cb := tc.g.ChunkBytesPerLayer()
+			next := make([]int, len(runs))
+			full := 0
+			for i, p := range ps {
+				if p.first != next[p.run] || p.k < 1 || p.first+p.k > runs[p.run].K {
+					t.Fatalf("piece %d %+v: run %d continues at chunk %d of %d", i, p, p.run, next[p.run], runs[p.run].K)
+				}
+				if (int64(p.first)*cb)%objmap.BlockBytes != 0 {
+					t.Fatalf("piece %d %+v starts %d bytes into its run's layer: not on an O_DIRECT block", i, p, int64(p.first)*cb)
+				}
+				next[p.run] += p.k
+				full = max(full, p.k)
+				// Round-robin: a run's next piece comes only after every run
+				// with chunks left had its piece of this round.
+				if i > 0 && p.run <= ps[i-1].run && p.first == ps[i-1].first {
+					t.Fatalf("pieces %d and %d of the same round out of run order: %+v %+v", i-1, i, ps[i-1], p)
+				}
+			}
+			for r := range runs {
+				if next[r] != runs[r].K {
+					t.Fatalf("run %d: pieces cover %d of %d chunks", r, next[r], runs[r].K)
+				}
+			}
+			if full != tc.wantChunks {
+				t.Fatalf("pieces of %d chunks, want %d", full, tc.wantChunks)
+			}
+			checkWindowSpread(t, runs, ps, tc.g, tc.window, tc.maxIO, full)
+		})
+	}
+}
+
+// checkWindowSpread: in every span of window consecutive reads of a layer's
+// entries (kernels' submission order), each device's reads are within one
+// piece of its share of the whole layer.
+func checkWindowSpread(t *testing.T, runs []mover.Run, ps []piece, g kvshape.Geometry, window, maxIO, pieceChunks int) {
+	t.Helper()
+	var dev []int // device of each read of one layer, in submission order
+	for _, p := range ps {
+		bytes := int64(p.k) * g.ChunkBytesPerLayer()
+		for n := (bytes + int64(maxIO) - 1) / int64(maxIO); n > 0; n-- {
+			dev = append(dev, runs[p.run].Device)
+		}
+	}
+	total := map[int]int{}
+	for _, d := range dev {
+		total[d]++
+	}
+	if len(total) < 2 || window >= len(dev) {
+		return
+	}
+	pieceReads := int((int64(pieceChunks)*g.ChunkBytesPerLayer() + int64(maxIO) - 1) / int64(maxIO))
+	// Only the spans before any run is used up: after that the rest is uneven by design.
+	shortest := len(dev)
+	for _, r := range runs {
+		shortest = min(shortest, r.K)
+	}
+	evenReads := int(int64(shortest)*g.ChunkBytesPerLayer()/int64(maxIO)) * len(runs)
+	for start := 0; start+window <= min(evenReads, len(dev)); start++ {
+		in := map[int]int{}
+		for _, d := range dev[start : start+window] {
+			in[d]++
+		}
+		for d, n := range total {
+			share := float64(window) * float64(n) / float64(len(dev))
+			if diff := float64(in[d]) - share; diff > float64(pieceReads) || diff < -float64(pieceReads) {
+				t.Fatalf("reads [%d, %d): device %d has %d of them, its share is %.1f (pieces of %d reads)", start, start+window, d, in[d], share, pieceReads)
+			}
+		}
+	}
+}
