@@ -42,7 +42,9 @@ def state_page_view(name: str, states, block_size: int):
     """One recurrent layer's state tensors (views of one page per block,
     vLLM's ``MambaSpec`` layout: state i at the page's start plus the sizes
     before it) as one tensor of the whole page per block:
-    ``(blocks, block_size, 1, C)`` of a 2-byte (else 1-byte) type."""
+    ``(blocks, block_size, 1, C)`` of a 2-byte (else 1-byte) type, a
+    :class:`tutti.RawTensor` over the first state's address (the caller keeps
+    the tensors alive)."""
     if isinstance(states, RawTensor) or hasattr(states, "data_ptr") and not isinstance(states, (list, tuple)):
         return states  # a page view already
     if not isinstance(states, (list, tuple)) or not states:
@@ -57,19 +59,16 @@ def state_page_view(name: str, states, block_size: int):
         if s.shape[0] != nb or s.stride(0) * s.element_size() != page_bytes:
             raise ValueError(f"kv_caches[{name!r}]: state tensors of different pages ({list(s.shape)}, stride "
                              f"{s.stride()}): want views of one page per block")
-    for dt, es in ((torch.float16, 2), (getattr(torch, "float8_e4m3fn", None), 1)):
-        if dt is not None and page_bytes % (block_size * es) == 0:
+    for dt, es in (("fp16", 2), ("fp8", 1)):
+        if page_bytes % (block_size * es) == 0:
             break
     else:
         raise ValueError(f"kv_caches[{name!r}]: a state page of {page_bytes} bytes is not {block_size} tokens' worth "
                          f"of whole 2-byte or 1-byte elements")
     c = page_bytes // (block_size * es)
-    off = t0.storage_offset() * t0.element_size()
-    if off % es:
-        raise ValueError(f"kv_caches[{name!r}]: state page starts {off} bytes into its storage")
-    v = torch.empty(0, dtype=dt, device=t0.device)
-    v.set_(t0.untyped_storage(), off // es, (nb, block_size, 1, c), (page_bytes // es, c, c, 1))
-    return v
+    # By address (the bytes of the page, whatever the states' types): tutti
+    # moves pages and never reads them as numbers.
+    return RawTensor(t0.data_ptr(), (nb, block_size, 1, c), (page_bytes // es, c, c, 1), dt, str(t0.device))
 
 
 class GroupWorkers:
