@@ -27,6 +27,7 @@ process). ``--groups`` picks the groups, e.g. ``full,sliding:48,state``
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import random
@@ -291,7 +292,7 @@ def main(argv=None):
     p.add_argument("--max-model-len", type=int, default=4096)
     a = p.parse_args(argv)
     kinds = parse_groups(a.groups)
-    extra = {"dirs": [a.dir], "capacity_bytes": 1 << 30, "path": "cpu"}
+    extra = {"dirs": [a.dir], "capacity_bytes": 1 << 30, "path": "cpu", "check": {"dir": a.dir + "-check"}}
     rng = random.Random(11)
     doc, q1, q2 = toks(rng, 600), toks(rng, 40), toks(rng, 40)
     longs = [toks(rng, 600) for _ in range(3)]
@@ -329,7 +330,17 @@ def main(argv=None):
         want = 512 if has_state else 592
         print(f"restart: a new process matched {got} tokens from tutti (doc-restart: want {want})")
         ok &= got["doc-restart"] == want and all(v > 0 for v in got.values())
-    R.worker.shutdown()
+    R.worker.shutdown()  # the check mode's summary is written at close
+    chk = {"match": 0, "mismatch": 0, "unknown": 0}
+    for f in glob.glob(f"{a.dir}-check/**/summary-*.json", recursive=True):
+        with open(f) as fh:
+            t = json.load(fh)["totals"]
+        for k in chk:
+            chk[k] += int(t.get(k, 0))
+    res["check"] = chk
+    print(f"{a.phase}: check mode: {chk['match']} restored block-layers equal to what was saved, "
+          f"{chk['mismatch']} differ, {chk['unknown']} unknown")
+    ok &= chk["mismatch"] == 0 and chk["unknown"] == 0 and chk["match"] > 0
     res["verified"], res["bad"] = R.verified, R.bad
     ok &= not R.bad
     print(f"{a.phase}: verified {R.verified} (full/sliding tokens before first compute, states read), {len(R.bad)} wrong")

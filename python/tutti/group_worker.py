@@ -66,24 +66,47 @@ def state_page_view(name: str, states, block_size: int):
         raise ValueError(f"kv_caches[{name!r}]: a state page of {page_bytes} bytes is not {block_size} tokens' worth "
                          f"of whole 2-byte or 1-byte elements")
     c = page_bytes // (block_size * es)
+    tdt = {"fp16": torch.float16, "fp8": getattr(torch, "float8_e4m3fn", None)}[dt]
+    if hasattr(t0, "untyped_storage") and tdt is not None:  # a torch view (check mode and host staging read it)
+        v = torch.empty(0, dtype=tdt, device=t0.device)
+        v.set_(t0.untyped_storage(), t0.storage_offset() * t0.element_size() // es, (nb, block_size, 1, c),
+               (page_bytes // es, c, c, 1))
+        if v.data_ptr() == t0.data_ptr():
+            return v
     # By address (the bytes of the page, whatever the states' types): tutti
     # moves pages and never reads them as numbers.
     return RawTensor(t0.data_ptr(), (nb, block_size, 1, c), (page_bytes // es, c, c, 1), dt, str(t0.device))
+
+
+class _Checks:
+    """The groups' check modes, as the connector reads one."""
+
+    def __init__(self, checks):
+        self.checks = checks
+
+    def take_counts(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for c in self.checks:
+            for k, v in c.take_counts().items():
+                out[k] = out.get(k, 0) + v
+        return out
 
 
 class GroupWorkers:
     """A WorkerSide per KV cache group (see the module doc)."""
 
     def __init__(self, open_group: Callable, rules: Sequence[GroupRule], store: HybridStore, holds=None,
-                 save_flush_wait_ms: int = FLUSH_WAIT_MS):
+                 save_flush_wait_ms: int = FLUSH_WAIT_MS, checks: Optional[Sequence[object]] = None):
+        """``checks[i]``: group i's :class:`tutti.kvcheck.KVCheck` (check
+        mode), or None."""
         self.rules = list(rules)
         self.store = store
         self.holds = holds
-        self.check = None
+        self.check = _Checks([c for c in checks or () if c is not None]) if checks and any(checks) else None
         self.workers: List[WorkerSide] = []
         for i, r in enumerate(self.rules):
             self.workers.append(WorkerSide(lambda lay, i=i: open_group(i, lay), save_flush_wait_ms=save_flush_wait_ms,
-                                           ends_requests=r.kind == "full"))
+                                           ends_requests=r.kind == "full", check=checks[i] if checks else None))
         self._group_of: Dict[str, int] = {}
         self._pins: list = []
         self._load_reqs: List[str] = []

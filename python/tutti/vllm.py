@@ -324,6 +324,9 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         self._keys = RequestKeys(self.block_size, seed_of(key_identity(vllm_config)), _extra_keys_fn)
         self.rules = group_rules(kv_cache_config, self.block_size)
         self._group_layers = [list(g.layer_names) for g in kv_cache_config.kv_cache_groups] if self.rules else None
+        if self.rules is not None:  # the hybrid store's directory names every group's rule
+            rules = "|".join(f"{r.kind}:{r.window_tokens}" for r in self.rules)
+            self._hybrid_tag = hashlib.sha256(f"{model}|{rules}|{self.block_size}".encode()).hexdigest()[:12]
         self._server: Optional[LookupServer] = None
         self._errors: set = set()
         self._load_started_at = None
@@ -335,11 +338,13 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
                 check = KVCheck(self.settings.check["dir"], self._store_subdir,
                                 self.settings.check.get("max_records", MAX_RECORDS))
             if self.rules is not None:
-                if check is not None:
-                    raise ValueError("kv_connector_extra_config.check: not supported for hybrid models yet")
+                checks = None
+                if self.settings.check is not None:  # one per group, in the group's folder of the hybrid store's
+                    checks = [KVCheck(self.settings.check["dir"], lambda lay, i=i: self._group_subdir(i),
+                                      self.settings.check.get("max_records", MAX_RECORDS)) for i in range(len(self.rules))]
                 self._hybrid = groups.HybridStore(self.rules)
                 self._worker = GroupWorkers(self._open_group, self.rules, self._hybrid, holds=_HoldsProxy(self),
-                                            save_flush_wait_ms=self.settings.save_flush_wait_ms)
+                                            save_flush_wait_ms=self.settings.save_flush_wait_ms, checks=checks)
             else:
                 self._worker = WorkerSide(self._open_store, holds=_HoldsProxy(self), ends_requests=True,
                                           save_flush_wait_ms=self.settings.save_flush_wait_ms, check=check)
@@ -372,6 +377,12 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
             out.append(p)
         return out
 
+    def _hybrid_subdir(self) -> str:
+        return os.path.join(f"{_slug(self._model)}-hybrid-{self._hybrid_tag}", f"tp{self.tp_size}-rank{self.rank}")
+
+    def _group_subdir(self, i: int) -> str:
+        return groups.group_dir(self._hybrid_subdir(), i)
+
     def _open_group(self, i: int, lay: KVLayout) -> Store:
         """Group i's store (tutti.groups) in the hybrid store's directory:
         its manifest is written (or checked) with the first group, which
@@ -380,10 +391,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         if i == 0:
             self._group_tags = []
         self._group_tags.append(f"{lay.tag}|{lay.geometry}")
-        if i == 0:  # the directory is named once the first group is known; every group's rule is in its name
-            rules = "|".join(f"{r.kind}:{r.window_tokens}" for r in self.rules)
-            self._hybrid_tag = hashlib.sha256(f"{self._model}|{rules}|{self.block_size}".encode()).hexdigest()[:12]
-        sub = os.path.join(f"{_slug(self._model)}-hybrid-{self._hybrid_tag}", f"tp{self.tp_size}-rank{self.rank}")
+        sub = self._hybrid_subdir()
         dirs = [groups.group_dir(os.path.join(d, sub), i) for d in self.settings.dirs]
         for d in dirs:
             os.makedirs(d, exist_ok=True)
