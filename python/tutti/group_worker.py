@@ -223,6 +223,10 @@ class GroupWorkers:
             res = w.finish_step(finished_req_ids)
             if r.kind == "full" and not out.restored_blocks:
                 out.restored_blocks = dict(res.restored_blocks)
+            if res.restored_blocks and w.store is not None:  # every group's bytes (tutti_load_bytes)
+                g = w.store.shard_geometry
+                n = sum(res.restored_blocks.values())
+                out.counters["load_bytes"] += n * g.layers * g.page_bytes_per_layer * g.chunk_pages
             out.error_block_ids |= res.error_block_ids
             out.sending |= res.sending
             for k, e in res.failures.items():

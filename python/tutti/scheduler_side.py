@@ -148,6 +148,13 @@ class SchedulerSide:
                                    num_computed_tokens: int) -> Optional[int]:
         bt = self.block_tokens
         skip = num_computed_tokens // bt
+        if self.rules is not None:
+            # Whole blocks short of the last token, as vLLM's own hits of
+            # hybrid models: a recurrent state is kept at block ends only, so
+            # a hit that left part of its last block to compute would resume
+            # from the state after the whole block; the groups' parts are
+            # matched at the hit's end.
+            chain = chain[:max(0, num_tokens - 1) // bt]
         if num_computed_tokens % bt or skip >= len(chain):
             self._forget(req_id)
             self._count_lookup(num_tokens, num_computed_tokens)

@@ -505,11 +505,12 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         waiting for)."""
         res = self._worker.finish_step(finished_req_ids)
         st = self._worker.store
-        if res.restored_blocks and st is not None and self.rules is None:
+        if res.restored_blocks and st is not None:
             n = sum(res.restored_blocks.values())
             self._stats.add("load_blocks", n)
-            g = st.shard_geometry
-            self._stats.add("load_bytes", n * g.layers * g.page_bytes_per_layer * g.chunk_pages)
+            if self.rules is None:  # a hybrid model's bytes come per group in res.counters (tutti.group_worker)
+                g = st.shard_geometry
+                self._stats.add("load_bytes", n * g.layers * g.page_bytes_per_layer * g.chunk_pages)
             if self._load_started_at is not None:
                 self._stats.add("load_time_s", time.monotonic() - self._load_started_at)
         if res.error_block_ids:
