@@ -75,6 +75,43 @@ class RulesTest(unittest.TestCase):
             HybridStore([GroupRule("full", 16), GroupRule("state", 32)])
 
 
+def _spec(kind, **kw):
+    return type(kind, (), dict(block_size=16, **kw))()
+
+
+class VLLMGroupsTest(unittest.TestCase):
+    """tutti.vllm.group_rules: vLLM's KV cache specs as tutti's rules (the
+    double of vLLM stands in for it; specs are told apart by class name)."""
+
+    def rules(self, *specs, block_size=16):
+        import sys
+        double = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_double")
+        sys.path.insert(0, double)
+        try:
+            from tutti.vllm import group_rules
+            cfg = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=s, layer_names=["x"]) for s in specs])
+            return group_rules(cfg, block_size)
+        finally:
+            sys.path.remove(double)
+
+    def test_kinds(self):
+        self.assertIsNone(self.rules(_spec("FullAttentionSpec")))  # one group: a plain store
+        got = self.rules(_spec("FullAttentionSpec"), _spec("SlidingWindowSpec", sliding_window=512),
+                         _spec("MambaSpec", mamba_cache_mode="align"), _spec("MLAAttentionSpec"))
+        self.assertEqual([(r.kind, r.window_tokens) for r in got], [("full", 0), ("sliding", 512), ("state", 0), ("full", 0)])
+
+    def test_refused(self):
+        full = _spec("FullAttentionSpec")
+        for bad, why in ((_spec("MambaSpec", mamba_cache_mode="all"), "align"),
+                         (_spec("MambaSpec", mamba_cache_mode="align", num_speculative_blocks=1), "speculative"),
+                         (_spec("ChunkedLocalAttentionSpec"), "not a kind"),
+                         (_spec("RSWASpec"), "not a kind")):
+            with self.assertRaisesRegex(ValueError, why):
+                self.rules(full, bad)
+        with self.assertRaisesRegex(ValueError, "tokens per block"):
+            self.rules(full, _spec("SlidingWindowSpec", sliding_window=64), block_size=32)
+
+
 class ManifestTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="tutti-groups-")

@@ -365,6 +365,7 @@ def _group0(block_ids):
     serves one group."""
     if block_ids and isinstance(block_ids[0], (list, tuple)):
         if len(block_ids) != 1:
-            raise ValueError(f"{len(block_ids)} KV cache groups: tutti serves one (hybrid models: --disable-hybrid-kv-cache-manager)")
+            raise ValueError(f"{len(block_ids)} KV cache groups and no group rules: a hybrid model's SchedulerSide "
+                             f"needs rules (tutti.groups)")
         return block_ids[0]
     return block_ids

@@ -295,6 +295,9 @@ def group_rules(kv_cache_config, block_size: int) -> Optional[List[groups.GroupR
                 raise ValueError(f"KV cache group {i} (MambaSpec) has mamba_cache_mode {mode!r}: tutti keeps recurrent "
                                  f"state at block boundaries, as vLLM's 'align' mode holds it (enable prefix caching, "
                                  f"--mamba-cache-mode align)")
+            if int(getattr(spec, "num_speculative_blocks", 0) or 0):
+                raise ValueError(f"KV cache group {i} (MambaSpec) keeps {spec.num_speculative_blocks} speculative "
+                                 f"state blocks: tutti does not serve speculative decoding's states")
             rules.append(groups.GroupRule("state", bs))
         elif "FullAttention" in kind or kind == "MLAAttentionSpec":
             rules.append(groups.GroupRule("full", bs))
