@@ -50,7 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--phase", required=True, choices=("baseline", "first", "second", "ttft"))
     p.add_argument("--out", required=True, help="JSON file this run writes")
     p.add_argument("--connector", default="none", choices=("none", "tutti", "offloading"))
-    p.add_argument("--offload-gib", type=float, default=16, help="--connector offloading: its CPU tier's size")
+    p.add_argument("--offload-gib", type=float, default=8, help="--connector offloading: its CPU tier's size")
     p.add_argument("--settle-s", type=float, default=3, help="ttft: wait after the prefill wave (saves commit)")
     p.add_argument("--extra-config", default="{}", help="tutti's kv_connector_extra_config, JSON")
     p.add_argument("--init", default="normal", choices=("normal", "dummy"))
