@@ -140,6 +140,37 @@ class ManifestTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "unreadable"):
             groups.ensure_manifest(self.dir, self.want)
 
+    def test_fuzz_manifest(self):
+        """Whatever groups.json holds, it is this format's exact groups or a
+        ValueError naming it: never accepted, never rewritten."""
+        import random
+        seed = int(os.environ.get("TUTTI_FUZZ_SEED", "5"))
+        rng = random.Random(seed)
+        good = json.dumps(self.want).encode()
+        p = os.path.join(self.dir, groups.MANIFEST)
+        for i in range(300):
+            b = bytearray(good)
+            for _ in range(rng.randrange(1, 6)):
+                op = rng.randrange(3)
+                j = rng.randrange(len(b))
+                if op == 0:
+                    b[j] = rng.randrange(256)
+                elif op == 1:
+                    del b[j:j + rng.randrange(1, 8)]
+                else:
+                    b[j:j] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 8)))
+            with open(p, "wb") as f:
+                f.write(b)
+            try:
+                groups.ensure_manifest(self.dir, self.want)
+            except ValueError:
+                pass
+            else:
+                with open(p, "rb") as f:
+                    self.assertEqual(json.loads(f.read()), self.want, f"seed {seed} case {i}")
+            with open(p, "rb") as f:
+                self.assertEqual(f.read(), bytes(b), f"seed {seed} case {i}: groups.json rewritten")
+
     def test_a_plain_store_is_not_taken_over(self):
         open(os.path.join(self.dir, "MANIFEST"), "w").close()  # a store of one group lives here
         with self.assertRaisesRegex(ValueError, "no groups.json"):
