@@ -88,7 +88,7 @@ class VLLMGroupsTest(unittest.TestCase):
         double = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_double")
         sys.path.insert(0, double)
         try:
-            from tutti.vllm import group_rules
+            from tutti.vllm_groups import group_rules
             cfg = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=s, layer_names=["x"]) for s in specs])
             return group_rules(cfg, block_size)
         finally:
@@ -305,6 +305,15 @@ class HybridEngine:
             computed, first = end, False
             self._null(tables, computed)
         self.sched.request_finished(rid)
+        # vLLM's next step names the finished request: its queued saves are handed over before its pages go.
+        empty = SimpleNamespace(req_ids=[], new_block_ids=[], num_computed_tokens=[], resumed_req_ids=set())
+        meta = self.sched.build_meta(SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=empty,
+                                                     num_scheduled_tokens={}, finished_req_ids={rid}))
+        assert meta.ended == [rid], meta
+        self.workers.end_requests(meta.ended, meta.dropped)
+        self.workers.bind(meta.loads, meta.saves)
+        self.workers.finish_step([rid])
+        self.workers.unbind()
         for t in tables:
             self.free.extend(b for b in t if b)
         self.hybrid.wait_saves()

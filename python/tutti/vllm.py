@@ -51,6 +51,7 @@ except ImportError:  # a vLLM without it: requests with extras are not keyed (mi
 
 from . import _lib, groups, hoststage, options
 from .group_worker import GroupWorkers
+from .vllm_groups import group_rules
 from .keys import Unkeyable, seed_of
 from .kvcheck import MAX_RECORDS, KVCheck
 from .lookup_service import LookupServer, RemoteMatcher, socket_path
@@ -269,42 +270,6 @@ if KVConnectorStats is not None:
                     self._counters[k][engine_idx].inc(v)
             if transfer_stats_data.get("load_time_s"):
                 self._load_time[engine_idx].observe(transfer_stats_data["load_time_s"])
-
-
-def group_rules(kv_cache_config, block_size: int) -> Optional[List[groups.GroupRule]]:
-    """The KV cache groups of a hybrid model (vLLM's hybrid manager on) as
-    tutti's rules (tutti.groups), with each group's layer names; None for a
-    model of one group (a plain store, as before). Raises ValueError for a
-    group tutti cannot keep, naming it."""
-    gs = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
-    if len(gs) <= 1:
-        return None
-    rules = []
-    for i, g in enumerate(gs):
-        spec = g.kv_cache_spec
-        kind = type(spec).__name__
-        bs = int(getattr(spec, "block_size", block_size))
-        if bs != block_size:
-            raise ValueError(f"KV cache group {i} ({kind}) has {bs} tokens per block, the engine's block_size is "
-                             f"{block_size}: tutti keys every group by one chain")
-        if hasattr(spec, "sliding_window") and "SlidingWindow" in kind:
-            rules.append(groups.GroupRule("sliding", bs, int(spec.sliding_window)))
-        elif kind == "MambaSpec":
-            mode = getattr(spec, "mamba_cache_mode", "none")
-            if mode != "align":
-                raise ValueError(f"KV cache group {i} (MambaSpec) has mamba_cache_mode {mode!r}: tutti keeps recurrent "
-                                 f"state at block boundaries, as vLLM's 'align' mode holds it (enable prefix caching, "
-                                 f"--mamba-cache-mode align)")
-            if int(getattr(spec, "num_speculative_blocks", 0) or 0):
-                raise ValueError(f"KV cache group {i} (MambaSpec) keeps {spec.num_speculative_blocks} speculative "
-                                 f"state blocks: tutti does not serve speculative decoding's states")
-            rules.append(groups.GroupRule("state", bs))
-        elif "FullAttention" in kind or kind == "MLAAttentionSpec":
-            rules.append(groups.GroupRule("full", bs))
-        else:
-            raise ValueError(f"KV cache group {i}: {kind} is not a kind tutti keeps (full attention, sliding window, "
-                             f"Mamba/linear-attention state)")
-    return rules
 
 
 class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
