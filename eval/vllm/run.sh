@@ -47,6 +47,12 @@
 #
 #   run carry=[.vllm-stage/MANIFEST, bin/libtutti.so]       'bash eval/vllm/run.sh ttft CASE...'
 #
+# Hybrid models in one command (the checks, then the TTFTs, of gemma3-1b:loops:gpu and
+# qwen3-next-tiny:loops:gpu, or the cases named; about 15 minutes, so call it again
+# when BUDGET_S runs out: what was done on this warm machine is skipped):
+#
+#   run carry=[.vllm-stage/MANIFEST, bin/libtutti.so]       'bash eval/vllm/run.sh hybrid'
+#
 # A model's own drive.py flags: eval/vllm/models/MODEL/drive.args (every phase).
 #
 # Knobs (environment): NLOOPS (8), LOOP_GIB (4), CAPACITY_GIB (24, per store),
@@ -204,19 +210,35 @@ start_checks() {
 	log "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader), $(python3 -c 'import torch; print("torch", torch.__version__)')"
 }
 
+HYBRID_CASES="gemma3-1b:loops:gpu qwen3-next-tiny:loops:gpu"
+
 case ${1:-} in
-ttft)
+ttft | hybrid)
+	what=$1
 	shift
 	t0=$SECONDS
 	start_checks
 	rc=0
-	for c in "$@"; do
+	jobs=()
+	if [ "$what" = hybrid ]; then # every hybrid check, then every TTFT; a job done on this warm machine is skipped
+		for c in ${*:-$HYBRID_CASES}; do jobs+=("check_case $c"); done
+		for c in ${*:-$HYBRID_CASES}; do jobs+=("ttft_case $c"); done
+	else
+		for c in "$@"; do jobs+=("ttft_case $c"); done
+	fi
+	for j in "${jobs[@]}"; do
+		mark="$RES/done-${j// /-}"
+		mark=${mark//:/-}
+		if [ "$what" = hybrid ] && [ -f "$mark" ]; then
+			log "$j: done already on this machine (rm $RES/done-* to run it again)"
+			continue
+		fi
 		if [ $((SECONDS - t0)) -ge "$BUDGET_S" ]; then
-			log "$c: not run, the call's budget of $BUDGET_S s is spent"
+			log "$j: not run, the call's budget of $BUDGET_S s is spent (call again: done ones are skipped)"
 			rc=1
 			continue
 		fi
-		ttft_case "$c" || rc=1
+		if $j; then touch "$mark"; else rc=1; fi
 	done
 	exit $rc
 	;;
@@ -244,7 +266,7 @@ check)
 	exit $rc
 	;;
 *)
-	echo "usage: $0 recv | check MODEL:STORAGE:PATH... | ttft MODEL:STORAGE:PATH..." >&2
+	echo "usage: $0 recv | check MODEL:STORAGE:PATH... | ttft MODEL:STORAGE:PATH... | hybrid [MODEL:STORAGE:PATH...]" >&2
 	exit 2
 	;;
 esac

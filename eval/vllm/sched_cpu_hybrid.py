@@ -299,6 +299,9 @@ def main(argv=None):
     R = Runner(a, extra, kinds)
     has_state = any(k == "state" for k, _ in kinds)
     res, ok = {"phase": a.phase, "groups": a.groups, "checks": {}}, True
+    # vLLM keeps its hybrid manager on (on a GPU platform) only for a connector it says supports it.
+    res["supports_hma"] = bool(KVConnectorFactory.supports_hma_config(R.vc.kv_transfer_config))
+    ok &= res["supports_hma"]
     if a.phase == "first":
         R.add("doc", doc + q1)
         R.run()

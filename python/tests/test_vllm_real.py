@@ -65,6 +65,7 @@ class RealSchedulerTest(unittest.TestCase):
         args = ("--groups", "full,sliding:48,state")
         first, p = self.phase("first", "1", "sched_cpu_hybrid.py", args)
         self.assertEqual(first["bad"], [], p.stdout)
+        self.assertTrue(first["supports_hma"], p.stdout)  # vLLM's own test of SupportsHMA
         # The states kept (step ends at 256, 512, 640 tokens) bound the hit of 480 shared tokens to 256.
         self.assertEqual(first["checks"]["chunked"]["matched"], 256, p.stdout)
         self.assertGreater(first["checks"]["preempt"]["preemptions"], 0, p.stdout)
