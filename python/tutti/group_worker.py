@@ -110,6 +110,7 @@ class GroupWorkers:
         self._group_of: Dict[str, int] = {}
         self._pins: list = []
         self._load_reqs: List[str] = []
+        self._started = False  # the bound step's loads started
         self.counters: Dict[str, int] = {}
         self.kv_layouts = []
 
@@ -167,6 +168,7 @@ class GroupWorkers:
         for w, (ls, ss) in zip(self.workers, by):
             w.bind(ls, ss, ended=ended, dropped=dropped)
         self._load_reqs = sorted({base_request(ld.req_id) for ld in loads})
+        self._started = False
 
     def _safe_save(self, spec: SaveSpec) -> Optional[SaveSpec]:
         """A non-full group's save never reads the null block (module doc)."""
@@ -192,6 +194,11 @@ class GroupWorkers:
         self.counters[k] = self.counters.get(k, 0) + v
 
     def start_load(self):
+        """Starts every group's loads (once a step, as WorkerSide.start_load),
+        waits for a state group's, then releases the requests' holds."""
+        if self._started:
+            return
+        self._started = True
         for w in self.workers:
             w.start_load()
         for w, r in zip(self.workers, self.rules):
@@ -218,6 +225,7 @@ class GroupWorkers:
             p.release()
 
     def finish_step(self, finished_req_ids: Sequence[str] = ()) -> StepResult:
+        self.start_load()  # as WorkerSide's: a step nobody started loads for still ends them (and the holds)
         out = StepResult()
         for w, r in zip(self.workers, self.rules):
             res = w.finish_step(finished_req_ids)
