@@ -40,7 +40,8 @@
 # $OUT/vllm.log, $OUT/summary.txt.
 #
 # Knobs (environment): NLOOPS (8), LOOP_GIB (4), CAPACITY_GIB (24, per store),
-# BUDGET_S (540), DRIVE_ARGS (extra flags for drive.py, every phase), CHECK (1: the
+# BUDGET_S (540), DRIVE_ARGS (extra flags for drive.py, every phase; a load that preempts:
+# "--gpu-blocks 400 --max-model-len 4608 --doc-tokens 4096 --reserve-full-isl off"), CHECK (1: the
 # connector's check mode on), TUTTI_EXTRA (more kv_connector_extra_config keys, JSON members).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
