@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# eval/vllm/headline.sh: the headline in real vLLM 0.26 on the GPU machine —
+# docqa served through no connector, vLLM's own offloading (CPU tier; CPU tier
+# + file tier), tutti (GPU and CPU paths) and LMCache (local disk, GDS), Poisson
+# arrivals at several rates, TTFT from vLLM's request metrics, the highest rate
+# meeting the SLO (eval/vllm/headline.py's doc says how each number is taken).
+#
+# Stage here first: `bash eval/vllm/stage.sh` (vLLM, .vllm-stage/piece-NN) and
+# `make gpu-bins` (bin/libtutti.so); optionally `bash eval/vllm/stage.sh
+# --lmcache` (.vllm-stage/lmcache.tar.xz, ~7 MiB). Then, back to back on one
+# warm machine (eval/vllm/run.sh's header: pieces and builds live in /tmp there):
+#
+#   1. carry [.vllm-stage/piece-00, .vllm-stage/MANIFEST]
+#        bash eval/vllm/run.sh recv                          (~1 min with the start; kernels build)
+#   2. carry [.vllm-stage/piece-01, .vllm-stage/MANIFEST, bin/libtutti.so]
+#        bash eval/vllm/run.sh recv && bash eval/vllm/headline.sh run
+#                                                            (~8.5 min of a 9.5 min limit)
+#   with LMCache: add .vllm-stage/lmcache.tar.xz to call 2's carry and
+#        `bash eval/vllm/headline.sh lmcache &&` before `run` (it starts the build of
+#        LMCache's CUDA ops in the background, ~3 min, while the other backends run;
+#        the LMCache backends run last and wait for it), and BACKENDS naming them.
+#
+# Default (one call, ~8.5 min): BACKENDS="none offload-cpu tutti-gpu", STORAGES=loops,
+# RATES=3,6,12 req/s, ROUNDS=2, REQUESTS=64 (the first 64 of the replay's docqa plan:
+# 12 documents of 4K-8K tokens, 17 questions each; the 64 touch all 12), each backend
+# one vLLM process (~45 s start, eager, dummy weights) + 2 x ~42 s of runs; `none`
+# first with an unloaded pass of UNLOADED=24 requests that fixes the SLO (2 x its p90).
+# FULL=1: all seven backends on loops and the real disk, RATES=2,3,4,6,8,12,16,
+# REQUESTS=204 (the whole plan): about 7 min per backend and storage, 13 of them
+# (~90 min): far beyond one session's 30 min of device time, so run it as groups
+# over calls (BACKENDS="..." STORAGES=... per call; SLO_MS from the first call's
+# none result, printed in its summary), then `python3 eval/vllm/headline.py report
+# --out-dir DIR <every call's headline-*.json>` here.
+#
+# Sizes, stated in every result: vLLM's GPU KV cache GPU_BLOCKS=2048 blocks of 16
+# tokens (32,768 tokens = 4 GiB of Llama-3-8B KV; the first 64 requests' 12
+# documents hold ~71K tokens, so about 5 of them fit, less what running requests
+# hold), 8,192 tokens a step; offload-cpu's CPU tier CPU_GIB=16 (pinned host
+# memory: one run's documents and questions, ~10 GiB, all fit: the DRAM tier);
+# offload-fs: a 2 GiB CPU tier in front of its file tier; tutti CAPACITY_GIB=24,
+# LMCache's disk the same. Storage: loops = NLOOPS=8 RAM-backed loop devices of
+# LOOP_GIB=4 (emulated storage, ext4, O_DIRECT loops; run.sh's), tutti striped
+# over all 8, vLLM's file tier and LMCache on the first (each takes one path
+# per GPU); disk = /var/tmp on the machine's disk.
+#
+# Budget: BUDGET_S (540) for the whole call; a backend is not started with under
+# 100 s left, and each gets --deadline-s so it stops starting runs in time.
+# Results under $OUT: headline-<backend>-<storage>.json (every request), the
+# engine logs, headline.json and headline.md (report), summary.txt; with
+# lmcache-gds, cufile.txt (which cuFile mode ran: LMCache's own log line, and
+# gdscheck -p where the machine has it).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+. "$ROOT/eval/vllm/run.sh" # install_site, kernels_wait, loops_up, log; $SITE, $OUT, $NLOOPS, $LOOP_GIB
+FULL=${FULL:-0}
+if [ "$FULL" = 1 ]; then
+	BACKENDS=${BACKENDS:-none offload-cpu offload-fs tutti-gpu tutti-cpu lmcache-disk lmcache-gds}
+	STORAGES=${STORAGES:-loops disk}
+	RATES=${RATES:-2,3,4,6,8,12,16}
+	REQUESTS=${REQUESTS:-0}
+else
+	BACKENDS=${BACKENDS:-none offload-cpu tutti-gpu}
+	STORAGES=${STORAGES:-loops}
+	RATES=${RATES:-3,6,12}
+	REQUESTS=${REQUESTS:-64}
+fi
+ROUNDS=${ROUNDS:-2}
+UNLOADED=${UNLOADED:-24}
+GPU_BLOCKS=${GPU_BLOCKS:-2048}
+CPU_GIB=${CPU_GIB:-16}
+SLO_MS=${SLO_MS:-0}
+HEADLINE_ARGS=${HEADLINE_ARGS:-}
+LMC_STAGE=/tmp/lmcache-stage
+LMC_SITE=/tmp/lmcache-site
+LMC_SRC=$LMC_STAGE/lmcache-0.5.3
+START_MIN_S=100 # a backend needs its engine start and at least one run
+
+lmcache_build_bg() { # unpack .vllm-stage/lmcache.tar.xz, build LMCache's ops in the background
+	[ -f "$LMC_SITE/.built" ] && return 0
+	[ -f "$ROOT/.vllm-stage/lmcache.tar.xz" ] || { log "no .vllm-stage/lmcache.tar.xz (stage.sh --lmcache here, carry it)"; return 1; }
+	pgrep -f "lmcache-build.sh" >/dev/null && return 0
+	rm -rf "$LMC_STAGE" "$LMC_SITE" /tmp/lmcache-build && mkdir -p "$LMC_STAGE" "$LMC_SITE" /tmp/lmcache-build
+	xz -dc "$ROOT/.vllm-stage/lmcache.tar.xz" | tar -x -C "$LMC_STAGE" || { log "lmcache: unpacking failed"; return 1; }
+	# Wheels are zips: unpacked onto their own paths (no pip needed there). The
+	# build tools go to /tmp/lmcache-build, never onto vLLM's path.
+	cat >/tmp/lmcache-build.sh <<-EOF
+		set -x
+		python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' /tmp/lmcache-build $LMC_STAGE/wheels/build/*.whl
+		python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' $LMC_SITE $LMC_STAGE/wheels/run/*.whl
+		chmod +x /tmp/lmcache-build/ninja/data/bin/ninja 2>/dev/null
+		cd $LMC_SRC && PYTHONPATH=/tmp/lmcache-build PATH=/tmp/lmcache-build/ninja/data/bin:\$PATH \
+			BUILD_WITH_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=\$(nproc) SETUPTOOLS_SCM_PRETEND_VERSION=0.5.3 \
+			python3 setup.py build_ext --inplace || exit 1
+		# The check that matters: the compiled ops load beside this torch (else LMCache runs pure-PyTorch ops).
+		PYTHONPATH=$LMC_SRC:$LMC_SITE python3 -c 'import torch, lmcache.c_ops as c, lmcache.native_storage_ops as n; print("lmcache ops:", c.__file__, n.__file__, "torch", torch.__version__)' || exit 1
+		touch $LMC_SITE/.built
+	EOF
+	setsid nohup bash /tmp/lmcache-build.sh >/tmp/lmcache-build.log 2>&1 </dev/null &
+	log "lmcache: building 0.5.3's CUDA ops against $(python3 -c 'import torch; print(torch.__version__)') in the background (/tmp/lmcache-build.log)"
+}
+
+lmcache_ready() { # waits up to $1 s for the build; true when its ops loaded
+	local i
+	for ((i = 0; i < ${1:-0}; i++)); do
+		[ -f "$LMC_SITE/.built" ] && break
+		pgrep -f "lmcache-build.sh" >/dev/null || break
+		sleep 1
+	done
+	[ -f "$LMC_SITE/.built" ] && return 0
+	log "lmcache: not ready (build $(pgrep -f lmcache-build.sh >/dev/null && echo 'still running' || echo 'failed or not started')); tail of /tmp/lmcache-build.log:"
+	tail -5 /tmp/lmcache-build.log 2>/dev/null | tee -a "$OUT/summary.txt"
+	return 1
+}
+
+storage_dirs() { # STORAGE -> JSON list of directories
+	case $1 in
+	loops) loops_up >/dev/null || return 1; echo "[${LOOPDIRS//\/tutti/\/headline}]" ;;
+	disk) echo '["/var/tmp/headline"]' ;;
+	*) return 1 ;;
+	esac
+}
+
+storage_label() {
+	case $1 in
+	loops) echo "$NLOOPS RAM-backed loop devices of $LOOP_GIB GiB (emulated storage, ext4)" ;;
+	disk) echo "the machine's disk (/var/tmp, ext4)" ;;
+	esac
+}
+
+run_backend() { # BACKEND STORAGE
+	local b=$1 st=$2 dirs left out extra=() pp="$SITE:$ROOT/python" rc pid
+	left=$((BUDGET_S - (SECONDS - T0)))
+	if [ "$left" -lt "$START_MIN_S" ]; then
+		log "$b on $st: not run, ${left} s of the call's $BUDGET_S s left"
+		return 1
+	fi
+	dirs=$(storage_dirs "$st") || { log "$b on $st: storage failed"; return 1; }
+	out=$OUT/headline-$b-$st.json
+	case $b in
+	none) extra+=(--unloaded "$UNLOADED") ;;
+	lmcache-*)
+		lmcache_ready $((left - START_MIN_S)) || { log "$b on $st: not run (LMCache not built)"; return 1; }
+		pp="$LMC_SRC:$LMC_SITE:$pp"
+		;;
+	esac
+	[ "$b" != none ] && [ "$SLO_MS" != 0 ] && extra+=(--slo-ms "$SLO_MS")
+	for d in $(echo "$dirs" | tr -d '[]"' | tr , ' '); do rm -rf "${d:?}/$b"; done
+	sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null # every backend starts with a cold page cache
+	log "$b on $st: starting, ${left} s left"
+	# Its own process group (setsid): vLLM's engine core, a child, goes with it whatever way it ends.
+	PYTHONPATH=$pp TUTTI_LIB="$ROOT/bin/libtutti.so" TUTTI_KERNELS_LIB="$ROOT/kernels/build/libtutti_kernels.so" \
+		PYTHONUNBUFFERED=1 setsid timeout $((left - 5)) python3 eval/vllm/headline.py run --backend "$b" --out "$out" \
+		--storage "$(storage_label "$st")" --dirs "$dirs" --rates "$RATES" --rounds "$ROUNDS" --requests "$REQUESTS" \
+		--gpu-blocks "$GPU_BLOCKS" --cpu-gib "$CPU_GIB" --capacity-gib "$CAPACITY_GIB" --work-dir /tmp/headline \
+		--deadline-s $((left - 15)) "${extra[@]}" $HEADLINE_ARGS >"$OUT/headline-$b-$st.log" 2>&1 &
+	pid=$!
+	wait $pid
+	rc=$?
+	kill -- -$pid 2>/dev/null
+	grep -E '^\[' "$OUT/headline-$b-$st.log" | tee -a "$OUT/summary.txt"
+	[ $rc = 0 ] || { log "$b on $st: rc $rc; last lines:"; tail -15 "$OUT/headline-$b-$st.log" | tee -a "$OUT/summary.txt"; }
+	if [ "$b" = none ] && [ "$SLO_MS" = 0 ] && [ -f "$out" ]; then
+		SLO_MS=$(python3 -c "import json,sys; u=json.load(open(sys.argv[1]))['unloaded']; print(round(u['slo_s']*1e3, 3))" "$out" 2>/dev/null || echo 0)
+		log "SLO from none's unloaded pass: p90 TTFT <= $SLO_MS ms (give SLO_MS=$SLO_MS to later calls)"
+	fi
+	if [ "$b" = lmcache-gds ]; then
+		{ echo "LMCache's own words:"; grep -hE "GDS backend|GDS disabled|POSIX fallback|fstype|cufile|cuFile" "$OUT/headline-$b-$st.log" | head -20
+			for g in /usr/local/cuda/gds/tools/gdscheck /usr/local/cuda-*/gds/tools/gdscheck; do
+				[ -x "$g" ] && { echo "$g -p:"; "$g" -p 2>&1 | head -40; break; }
+			done; } >>"$OUT/cufile.txt"
+		log "cuFile mode: $(grep -m1 -oE 'Using GDS backend[^(]*|GDS disabled, using POSIX fallback' "$OUT/headline-$b-$st.log" || echo 'not stated in the log'); see cufile.txt"
+	fi
+	for d in $(echo "$dirs" | tr -d '[]"' | tr , ' '); do rm -rf "${d:?}/$b"; done
+	return $rc
+}
+
+case ${1:-} in
+lmcache)
+	lmcache_build_bg
+	;;
+run)
+	T0=$SECONDS
+	install_site || { log "vLLM is not staged: see eval/vllm/run.sh's header"; exit 1; }
+	[ -f bin/libtutti.so ] || { log "no bin/libtutti.so: make gpu-bins here, carry bin/libtutti.so"; exit 1; }
+	kernels_wait || exit 1
+	log "headline: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader), $(python3 -c 'import torch; print("torch", torch.__version__)'); backends: $BACKENDS; storages: $STORAGES; rates $RATES; $ROUNDS rounds; requests $REQUESTS"
+	rc=0
+	none_done=0
+	for st in $STORAGES; do
+		for b in $BACKENDS; do
+			if [ "$b" = none ]; then
+				[ $none_done = 1 ] && continue # it touches no storage: once per call
+				none_done=1
+			fi
+			run_backend "$b" "$st" || rc=1
+		done
+	done
+	slo=() # the report takes the SLO from none's unloaded pass when this call ran it
+	[ $none_done = 0 ] && [ "$SLO_MS" != 0 ] && slo=(--slo-ms "$SLO_MS")
+	python3 eval/vllm/headline.py report --out-dir "$OUT" "${slo[@]}" "$OUT"/headline-*-*.json \
+		>>"$OUT/summary.txt" 2>&1 || rc=1
+	log "headline: $((SECONDS - T0)) s"
+	exit $rc
+	;;
+*)
+	echo "usage: $0 lmcache | run   (knobs and device calls: this script's header)" >&2
+	exit 2
+	;;
+esac
