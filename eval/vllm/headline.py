@@ -73,6 +73,7 @@ def backend_config(name: str, a) -> dict:
         raise ValueError(f"backend {name}: --dirs is empty")
     sub = [os.path.join(d, name) for d in dirs]
     where = f"{len(dirs)} dirs" if len(dirs) > 1 else "1 dir"
+    one = a.one_path_label or f"the first of the {where}"
     out = {"kv_transfer_config": None, "env": {}, "files": {}, "dirs": sub}
     if name == "none":
         out["note"] = f"no connector: vLLM's GPU prefix cache alone ({a.gpu_blocks} blocks of {a.block_size} tokens)"
@@ -88,7 +89,7 @@ def backend_config(name: str, a) -> dict:
                                          "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": a.fs_cpu_gib * GIB,
                                          "secondary_tiers": [{"type": "fs", "root_dir": sub[0]}]}}
         out["note"] = (f"vLLM's OffloadingConnector, TieringOffloadingSpec: CPU tier of {a.fs_cpu_gib} GiB, then its "
-                       f"file tier (one root_dir: the first of the {where})")
+                       f"file tier (one root_dir: {one}; no eviction: earlier runs' files deleted between runs)")
         out["dirs"] = sub[:1]
     elif name in ("tutti-gpu", "tutti-cpu"):
         path = name.split("-")[1]
@@ -109,9 +110,24 @@ def backend_config(name: str, a) -> dict:
         out["env"] = {"LMCACHE_CONFIG_FILE": path, "LMCACHE_TRACK_USAGE": "false"}
         out["kv_transfer_config"] = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
         out["note"] = (f"LMCache (in-process LMCacheConnectorV1), {what}, {LMCACHE_CHUNK_TOKENS}-token chunks, no CPU "
-                       f"hot cache; one path: the first of the {where}")
+                       f"hot cache; one path: {one}")
         out["dirs"] = sub[:1]
     return out
+
+
+def drop_fs_tier_files(root_dir: str) -> int:
+    """Deletes the block files of vLLM's file tier under root_dir (it keeps
+    them in <root_dir>/<model>_<digest>_r<rank>/...): the tier never evicts,
+    and earlier runs' blocks (other salts) are never hit again. Between runs
+    only, with no request in flight: a lookup then finds no file, a miss.
+    Returns the files deleted."""
+    n = 0
+    for dirpath, _, files in os.walk(root_dir):
+        for f in files:
+            if f.endswith(".bin") or f.endswith(".tmp"):
+                os.unlink(os.path.join(dirpath, f))
+                n += 1
+    return n
 
 
 def engine_kwargs(a, kv_transfer_config) -> dict:
@@ -302,6 +318,8 @@ async def amain(a, make_engine=make_vllm_engine) -> int:
                 print(f"[{a.backend}] round {rnd} rate {rate:g}: skipped ({why})", flush=True)
                 continue
             toks = docqa.prompts(plan, vocab, salt)
+            if a.backend == "offload-fs":
+                drop_fs_tier_files(cfg["dirs"][0])
             await engine.reset_prefix_cache()
             before = metrics()
             recs, wall = await run_once(engine, plan, toks, arr, sp, salt, a.backend)
@@ -398,6 +416,7 @@ def add_engine_flags(p):
     p.add_argument("--requests", type=int, default=64, help="the plan's first N requests (0: all)")
     p.add_argument("--dirs", default="[]", help="JSON list of storage directories")
     p.add_argument("--storage", default="", help="what --dirs are, for the report")
+    p.add_argument("--one-path-label", default="", help="what the one directory of a one-path backend is")
     p.add_argument("--work-dir", default="/tmp/headline")
     p.add_argument("--gpu-blocks", type=int, default=2048, help="num_gpu_blocks_override: vLLM's GPU KV cache")
     p.add_argument("--block-size", type=int, default=16)

@@ -40,8 +40,12 @@
 # offload-fs: a 2 GiB CPU tier in front of its file tier; tutti CAPACITY_GIB=24,
 # LMCache's disk the same. Storage: loops = NLOOPS=8 RAM-backed loop devices of
 # LOOP_GIB=4 (emulated storage, ext4, O_DIRECT loops; run.sh's), tutti striped
-# over all 8, vLLM's file tier and LMCache on the first (each takes one path
-# per GPU); disk = /var/tmp on the machine's disk.
+# over all 8; vLLM's file tier and LMCache take one path per GPU, so on loops
+# they get one ext4 over a dm-stripe of 8 more such loops (as mdadm would give
+# a one-path system 8 drives; the first loop alone where dmsetup is missing,
+# said in their row); vLLM's file tier has no eviction, so its files of
+# earlier runs (other salts: never hit again) are deleted between runs; disk =
+# /var/tmp on the machine's disk. RAM: with the stripe, 2 x 32 GiB in /dev/shm.
 #
 # Budget: BUDGET_S (540) for the whole call; a backend is not started with under
 # 100 s left, and each gets --deadline-s so it stops starting runs in time.
@@ -71,6 +75,7 @@ GPU_BLOCKS=${GPU_BLOCKS:-2048}
 CPU_GIB=${CPU_GIB:-16}
 SLO_MS=${SLO_MS:-0}
 HEADLINE_ARGS=${HEADLINE_ARGS:-}
+DROP_CACHES=${DROP_CACHES:-1}
 LMC_STAGE=/tmp/lmcache-stage
 LMC_SITE=/tmp/lmcache-site
 LMC_SRC=$LMC_STAGE/lmcache-0.5.3
@@ -79,7 +84,7 @@ START_MIN_S=100 # a backend needs its engine start and at least one run
 lmcache_build_bg() { # unpack .vllm-stage/lmcache.tar.xz, build LMCache's ops in the background
 	[ -f "$LMC_SITE/.built" ] && return 0
 	[ -f "$ROOT/.vllm-stage/lmcache.tar.xz" ] || { log "no .vllm-stage/lmcache.tar.xz (stage.sh --lmcache here, carry it)"; return 1; }
-	pgrep -f "lmcache-build.sh" >/dev/null && return 0
+	lmcache_building && return 0
 	rm -rf "$LMC_STAGE" "$LMC_SITE" /tmp/lmcache-build && mkdir -p "$LMC_STAGE" "$LMC_SITE" /tmp/lmcache-build
 	xz -dc "$ROOT/.vllm-stage/lmcache.tar.xz" | tar -x -C "$LMC_STAGE" || { log "lmcache: unpacking failed"; return 1; }
 	# Wheels are zips: unpacked onto their own paths (no pip needed there). The
@@ -88,8 +93,9 @@ lmcache_build_bg() { # unpack .vllm-stage/lmcache.tar.xz, build LMCache's ops in
 		set -x
 		python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' /tmp/lmcache-build $LMC_STAGE/wheels/build/*.whl
 		python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' $LMC_SITE $LMC_STAGE/wheels/run/*.whl
-		chmod +x /tmp/lmcache-build/ninja/data/bin/ninja 2>/dev/null
-		cd $LMC_SRC && PYTHONPATH=/tmp/lmcache-build PATH=/tmp/lmcache-build/ninja/data/bin:\$PATH \
+		nb=\$(echo /tmp/lmcache-build/ninja-*.data/scripts) # the wheel's binary (zip extraction drops its mode)
+		chmod +x \$nb/ninja
+		cd $LMC_SRC && PYTHONPATH=/tmp/lmcache-build PATH=\$nb:\$PATH \
 			BUILD_WITH_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=\$(nproc) SETUPTOOLS_SCM_PRETEND_VERSION=0.5.3 \
 			python3 setup.py build_ext --inplace || exit 1
 		# The check that matters: the compiled ops load beside this torch (else LMCache runs pure-PyTorch ops).
@@ -97,18 +103,21 @@ lmcache_build_bg() { # unpack .vllm-stage/lmcache.tar.xz, build LMCache's ops in
 		touch $LMC_SITE/.built
 	EOF
 	setsid nohup bash /tmp/lmcache-build.sh >/tmp/lmcache-build.log 2>&1 </dev/null &
+	echo $! >/tmp/lmcache-build.pid
 	log "lmcache: building 0.5.3's CUDA ops against $(python3 -c 'import torch; print(torch.__version__)') in the background (/tmp/lmcache-build.log)"
 }
+
+lmcache_building() { [ -f /tmp/lmcache-build.pid ] && kill -0 "$(cat /tmp/lmcache-build.pid)" 2>/dev/null; }
 
 lmcache_ready() { # waits up to $1 s for the build; true when its ops loaded
 	local i
 	for ((i = 0; i < ${1:-0}; i++)); do
 		[ -f "$LMC_SITE/.built" ] && break
-		pgrep -f "lmcache-build.sh" >/dev/null || break
+		lmcache_building || break
 		sleep 1
 	done
 	[ -f "$LMC_SITE/.built" ] && return 0
-	log "lmcache: not ready (build $(pgrep -f lmcache-build.sh >/dev/null && echo 'still running' || echo 'failed or not started')); tail of /tmp/lmcache-build.log:"
+	log "lmcache: not ready (build $(lmcache_building && echo 'still running' || echo 'failed or not started')); tail of /tmp/lmcache-build.log:"
 	tail -5 /tmp/lmcache-build.log 2>/dev/null | tee -a "$OUT/summary.txt"
 	return 1
 }
@@ -119,6 +128,36 @@ storage_dirs() { # STORAGE -> JSON list of directories
 	disk) echo '["/var/tmp/headline"]' ;;
 	*) return 1 ;;
 	esac
+}
+
+ONE_PATH_LABEL=""
+stripe_up() { # a dm-stripe over NLOOPS more RAM-backed loops, ext4: the one path of a one-path backend
+	if [ -f /tmp/vl-stripe ]; then
+		ONE_PATH_LABEL="one dm-stripe (128 KiB chunks) over $NLOOPS more such loop devices, ext4"
+		return 0
+	fi
+	command -v dmsetup >/dev/null || { log "stripe: no dmsetup here; one-path backends get the first loop device alone"; return 1; }
+	local i d f devs=() files=() sectors table
+	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/vl-sloop$i"); done
+	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || return 1
+	for f in "${files[@]}"; do
+		d=$(losetup --find --show --direct-io=on "$f") || return 1
+		devs+=("$d")
+	done
+	sectors=$(($(blockdev --getsz "${devs[0]}") / 256 * 256))
+	table="0 $((sectors * NLOOPS)) striped $NLOOPS 256"
+	for d in "${devs[@]}"; do table+=" $d 0"; done
+	echo "$table" | dmsetup create vl-stripe || return 1
+	mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/mapper/vl-stripe && mkdir -p /mnt/vl-stripe &&
+		mount /dev/mapper/vl-stripe /mnt/vl-stripe || return 1
+	echo /mnt/vl-stripe >/tmp/vl-stripe
+	ONE_PATH_LABEL="one dm-stripe (128 KiB chunks) over $NLOOPS more such loop devices, ext4"
+	log "stripe: $NLOOPS more RAM-backed loop devices of $LOOP_GIB GiB as one dm-stripe, ext4: the one path of vLLM's file tier and LMCache"
+}
+
+one_path() { # BACKEND: true for a backend that takes one directory per GPU
+	case $1 in offload-fs | lmcache-*) return 0 ;; esac
+	return 1
 }
 
 storage_label() {
@@ -136,6 +175,18 @@ run_backend() { # BACKEND STORAGE
 		return 1
 	fi
 	dirs=$(storage_dirs "$st") || { log "$b on $st: storage failed"; return 1; }
+	ONE_PATH_LABEL=""
+	if one_path "$b" && [ "$st" = loops ]; then
+		# A one-path system given 8 devices gets them as one striped device (what
+		# mdadm/dm would make), with their bandwidth and capacity; else loop 0 alone.
+		if stripe_up >/dev/null; then
+			dirs='["/mnt/vl-stripe/headline"]'
+		else
+			ONE_PATH_LABEL="the first loop device alone ($LOOP_GIB GiB; no dmsetup for a stripe)"
+			extra+=(--capacity-gib $((LOOP_GIB - 1))) # what fits one loop device
+		fi
+	fi
+	[ -n "$ONE_PATH_LABEL" ] && extra+=(--one-path-label "$ONE_PATH_LABEL")
 	out=$OUT/headline-$b-$st.json
 	case $b in
 	none) extra+=(--unloaded "$UNLOADED") ;;
@@ -146,7 +197,7 @@ run_backend() { # BACKEND STORAGE
 	esac
 	[ "$b" != none ] && [ "$SLO_MS" != 0 ] && extra+=(--slo-ms "$SLO_MS")
 	for d in $(echo "$dirs" | tr -d '[]"' | tr , ' '); do rm -rf "${d:?}/$b"; done
-	sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null # every backend starts with a cold page cache
+	[ "$DROP_CACHES" = 1 ] && sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null # every backend starts with a cold page cache
 	log "$b on $st: starting, ${left} s left"
 	# Its own process group (setsid): vLLM's engine core, a child, goes with it whatever way it ends.
 	PYTHONPATH=$pp TUTTI_LIB="$ROOT/bin/libtutti.so" TUTTI_KERNELS_LIB="$ROOT/kernels/build/libtutti_kernels.so" \

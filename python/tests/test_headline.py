@@ -203,6 +203,26 @@ class ConfigTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "--dirs is empty"):
             headline.backend_config("tutti-gpu", headline.parse_args(["configs"]))
 
+    def test_one_path_backends_say_which_path(self):
+        a = self.args("--one-path-label", "one dm-stripe over 8 loops")
+        for b in ("offload-fs", "lmcache-disk", "lmcache-gds"):
+            cfg = headline.backend_config(b, a)
+            self.assertEqual(cfg["dirs"], [f"/mnt/l0/{b}"])
+            self.assertIn("one dm-stripe over 8 loops", cfg["note"])
+        self.assertIn("the first of the 8 dirs", headline.backend_config("offload-fs", self.args())["note"])
+
+    def test_fs_tier_files_dropped_between_runs(self):
+        d = tempfile.mkdtemp(prefix="headline-fs-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
+        base = os.path.join(d, "_model_ab12_r0", "abc", "de_g0")
+        os.makedirs(base)
+        for name in ("1.bin", "2.bin", "3.tmp"):
+            open(os.path.join(base, name), "w").close()
+        open(os.path.join(d, "config.json"), "w").close()
+        self.assertEqual(headline.drop_fs_tier_files(d), 3)
+        self.assertEqual(os.listdir(base), [])
+        self.assertTrue(os.path.exists(os.path.join(d, "config.json")))
+
     def test_engine_is_the_same_but_the_connector(self):
         a = self.args()
         none, tutti = headline.engine_kwargs(a, None), headline.engine_kwargs(a, {"kv_connector": "x"})
