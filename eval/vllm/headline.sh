@@ -7,35 +7,41 @@
 #
 # Stage here first: `bash eval/vllm/stage.sh` (vLLM, .vllm-stage/piece-NN) and
 # `make gpu-bins` (bin/libtutti.so); optionally `bash eval/vllm/stage.sh
-# --lmcache` (.vllm-stage/lmcache.tar.xz, ~7 MiB). Then, back to back on one
-# warm machine (eval/vllm/run.sh's header: pieces and builds live in /tmp there):
+# --lmcache` (.vllm-stage/lmcache.tar.xz, ~7 MiB). Then two device calls, back
+# to back on one warm machine (what they leave in /tmp lives only while it is
+# held; eval/vllm/run.sh's header):
 #
 #   1. carry [.vllm-stage/piece-00, .vllm-stage/MANIFEST]
-#        bash eval/vllm/run.sh recv                          (~1 min with the start; kernels build)
+#        bash eval/vllm/run.sh recv                     (~1 min with the machine's start;
+#                                                        tutti's kernels build in the background)
 #   2. carry [.vllm-stage/piece-01, .vllm-stage/MANIFEST, bin/libtutti.so]
-#        bash eval/vllm/run.sh recv && bash eval/vllm/headline.sh run
-#                                                            (~8.5 min of a 9.5 min limit)
-#   with LMCache: add .vllm-stage/lmcache.tar.xz to call 2's carry and
-#        `bash eval/vllm/headline.sh lmcache &&` before `run` (it starts the build of
-#        LMCache's CUDA ops in the background, ~3 min, while the other backends run;
-#        the LMCache backends run last and wait for it), and BACKENDS naming them.
+#        bash eval/vllm/headline.sh run                 (~8.5 min: it unpacks vLLM, ~40 s, then
+#                                                        runs within BUDGET_S=540 of the call's 600)
+#   With LMCache: call 1 also carries .vllm-stage/lmcache.tar.xz and runs
+#        `bash eval/vllm/run.sh recv && bash eval/vllm/headline.sh lmcache`, which starts
+#        building LMCache's CUDA ops in the background (nvcc on every core, a few minutes);
+#        `run` waits for that build before timing anything (a compile beside a run would
+#        skew it), checks the compiled ops load, and runs the LMCache backends last (if
+#        the ops did not build or load, they are not run: never on pure-PyTorch ops).
 #
-# Default (one call, ~8.5 min): BACKENDS="none offload-cpu tutti-gpu", STORAGES=loops,
+# Default (one call, ~8.5 min): BACKENDS="none tutti-gpu offload-cpu", STORAGES=loops,
 # RATES=3,6,12 req/s, ROUNDS=2, REQUESTS=64 (the first 64 of the replay's docqa plan:
 # 12 documents of 4K-8K tokens, 17 questions each; the 64 touch all 12), each backend
-# one vLLM process (~45 s start, eager, dummy weights) + 2 x ~42 s of runs; `none`
+# one vLLM process (~45 s start, eager, dummy weights) + 2 x ~40 s of runs; `none`
 # first with an unloaded pass of UNLOADED=24 requests that fixes the SLO (2 x its p90).
 # FULL=1: all seven backends on loops and the real disk, RATES=2,3,4,6,8,12,16,
-# REQUESTS=204 (the whole plan): about 7 min per backend and storage, 13 of them
-# (~90 min): far beyond one session's 30 min of device time, so run it as groups
-# over calls (BACKENDS="..." STORAGES=... per call; SLO_MS from the first call's
-# none result, printed in its summary), then `python3 eval/vllm/headline.py report
-# --out-dir DIR <every call's headline-*.json>` here.
+# REQUESTS=102 (the first half of the plan; `tutti replay --requests 102` gives the
+# harness's figure for the same requests): about 6 min per backend and storage
+# (2 x ~150 s of runs at most: a round stops at its first missed rate), 13 pairs,
+# ~75 min over ~13 calls: far beyond one session's 30 min of device time. Run it
+# as groups over calls (BACKENDS="..." STORAGES=... per call, SLO_MS from the first
+# call's none result, printed in its summary.txt), then here `python3
+# eval/vllm/headline.py report --out-dir DIR <every call's headline-*.json>`.
 #
 # Sizes, stated in every result: vLLM's GPU KV cache GPU_BLOCKS=2048 blocks of 16
-# tokens (32,768 tokens = 4 GiB of Llama-3-8B KV; the first 64 requests' 12
-# documents hold ~71K tokens, so about 5 of them fit, less what running requests
-# hold), 8,192 tokens a step; offload-cpu's CPU tier CPU_GIB=16 (pinned host
+# tokens (32,768 tokens = 4 GiB of Llama-3-8B KV; the 12 documents hold 69,749
+# tokens, 8.5 GiB, so about 5 of them fit, less what running requests hold),
+# 8,192 tokens a step; offload-cpu's CPU tier CPU_GIB=16 (pinned host
 # memory: one run's documents and questions, ~10 GiB, all fit: the DRAM tier);
 # offload-fs: a 2 GiB CPU tier in front of its file tier; tutti CAPACITY_GIB=24,
 # LMCache's disk the same. Storage: loops = NLOOPS=8 RAM-backed loop devices of
@@ -59,12 +65,12 @@ cd "$ROOT"
 . "$ROOT/eval/vllm/run.sh" # install_site, kernels_wait, loops_up, log; $SITE, $OUT, $NLOOPS, $LOOP_GIB
 FULL=${FULL:-0}
 if [ "$FULL" = 1 ]; then
-	BACKENDS=${BACKENDS:-none offload-cpu offload-fs tutti-gpu tutti-cpu lmcache-disk lmcache-gds}
+	BACKENDS=${BACKENDS:-none tutti-gpu tutti-cpu offload-cpu offload-fs lmcache-disk lmcache-gds}
 	STORAGES=${STORAGES:-loops disk}
 	RATES=${RATES:-2,3,4,6,8,12,16}
-	REQUESTS=${REQUESTS:-0}
+	REQUESTS=${REQUESTS:-102}
 else
-	BACKENDS=${BACKENDS:-none offload-cpu tutti-gpu}
+	BACKENDS=${BACKENDS:-none tutti-gpu offload-cpu}
 	STORAGES=${STORAGES:-loops}
 	RATES=${RATES:-3,6,12}
 	REQUESTS=${REQUESTS:-64}
@@ -235,6 +241,10 @@ run)
 	install_site || { log "vLLM is not staged: see eval/vllm/run.sh's header"; exit 1; }
 	[ -f bin/libtutti.so ] || { log "no bin/libtutti.so: make gpu-bins here, carry bin/libtutti.so"; exit 1; }
 	kernels_wait || exit 1
+	if lmcache_building; then # a compile on every core beside a run would skew it
+		log "lmcache: its build is still running; waiting for it (up to 300 s) before timing anything"
+		for ((i = 0; i < 300; i++)); do lmcache_building || break; sleep 1; done
+	fi
 	log "headline: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader), $(python3 -c 'import torch; print("torch", torch.__version__)'); backends: $BACKENDS; storages: $STORAGES; rates $RATES; $ROUNDS rounds; requests $REQUESTS"
 	rc=0
 	none_done=0
