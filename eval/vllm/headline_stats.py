@@ -118,6 +118,7 @@ def backend_summary(runs: List[dict], slo: float) -> dict:
                      "restored_bytes": b if any(r.get("restored_bytes") is not None for r in at) else None,
                      "restore_gbps": (b / s / 1e9) if s > 0 else None,
                      "external_hit_tokens": sum(r.get("external_hit_tokens") or 0 for r in at),
+                     "implied_restored_bytes": sum(r.get("implied_restored_bytes") or 0 for r in at) or None,
                      "meets": [meets(r, slo) for r in by]})
     got = [v[0] for v in per_round.values()]
     # A round that met the SLO at every rate tried gives a lower bound, and
@@ -195,7 +196,8 @@ def _ms(x) -> str:
 def markdown(summ: Dict[str, dict], slo: float, order: Sequence[str], notes: Dict[str, str]) -> str:
     """Two tables: per backend its rate at SLO (median and round spread);
     per backend and rate, TTFT p50/p90/p99 ms (rounds pooled; p90 per
-    round), restored GiB and GB/s where the backend reports them."""
+    round), restored GiB and GB/s where the backend reports them (where it
+    does not, the KV that vLLM's external-hit count implies, labelled so)."""
     lines = [f"SLO: p90 TTFT <= {slo * 1e3:.1f} ms ({SLO_SOURCE}).", "",
              "| backend | rate at SLO (req/s), median | each round | what it is |", "|---|---|---|---|"]
     for b in order:
@@ -215,6 +217,8 @@ def markdown(summ: Dict[str, dict], slo: float, order: Sequence[str], notes: Dic
             continue
         for r in summ[b]["rates"]:
             gib = "—" if r["restored_bytes"] is None else f"{r['restored_bytes'] / 2**30:.2f}"
+            if r["restored_bytes"] is None and r.get("implied_restored_bytes"):
+                gib = f"{r['implied_restored_bytes'] / 2**30:.2f} (vLLM's external hits x KV bytes/token)"
             bw = "—" if r["restore_gbps"] is None else f"{r['restore_gbps']:.2f}"
             lines.append(f"| {b} | {r['rate']:g} | {r['n']} | {_ms(r['p50'])} | {_ms(r['p90'])} "
                          f"({', '.join(_ms(x) for x in r['p90_rounds'])}) | {_ms(r['p99'])} | {r['failed']} | "
