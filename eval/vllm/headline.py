@@ -107,7 +107,8 @@ def backend_config(name: str, a) -> dict:
             what = f"GDS backend (cuFile, {a.gds_buffer_mib} MiB registered buffer)"
         path = os.path.join(a.work_dir, f"lmcache-{name}.yaml")
         out["files"][path] = "".join(f"{k}: {json.dumps(v)}\n" for k, v in cfg.items())  # JSON values are YAML
-        out["env"] = {"LMCACHE_CONFIG_FILE": path, "LMCACHE_TRACK_USAGE": "false"}
+        # PYTHONHASHSEED: LMCache keys chunks with Python's hash() here (vLLM 0.26 gives it no other) and asks for it.
+        out["env"] = {"LMCACHE_CONFIG_FILE": path, "LMCACHE_TRACK_USAGE": "false", "PYTHONHASHSEED": "0"}
         out["kv_transfer_config"] = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
         out["note"] = (f"LMCache (in-process LMCacheConnectorV1), {what}, {LMCACHE_CHUNK_TOKENS}-token chunks, no CPU "
                        f"hot cache; one path: {one}")

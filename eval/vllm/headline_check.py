@@ -4,8 +4,12 @@ vLLM builds the whole engine config from headline.engine_kwargs (its CPU
 platform standing in for CUDA), then the connector's scheduler role is
 created by vLLM's KVConnectorFactory on the Llama-3-8B KV cache shape, which
 parses the backend's kv_connector_extra_config for real (the offloading spec
-and its file tier, tutti's settings). LMCache is checked only where it is
-importable. Prints one line per backend and exits non-zero on any failure.
+and its file tier, tutti's settings; LMCache's config file, read by LMCache
+itself). LMCache is checked only where it is importable: its Python tree
+needs no build for this, e.g. PYTHONPATH with the unpacked sdist of
+.vllm-stage/lmcache/ and the wheels of requirements-lmcache.txt installed
+into a directory (pip install --no-deps --target DIR). Prints one line per
+backend and exits non-zero on any failure.
 
   PYTHONPATH=python .venv-vllm/bin/python eval/vllm/headline_check.py [--dirs JSON]
 """
@@ -26,13 +30,6 @@ import headline  # noqa: E402
 
 
 def check(backend: str, a) -> str:
-    import torch
-    from vllm.config import KVTransferConfig, set_current_vllm_config
-    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
-
     cfg = headline.backend_config(backend, a)
     for path, text in cfg["files"].items():
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -40,6 +37,26 @@ def check(backend: str, a) -> str:
             f.write(text)
     for d in cfg["dirs"]:
         os.makedirs(d, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in cfg["env"]}
+    os.environ.update(cfg["env"])  # LMCache reads its config file's name from the environment
+    try:
+        return _check(backend, a, cfg)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _check(backend: str, a, cfg: dict) -> str:
+    import torch
+    from vllm.config import KVTransferConfig, set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+
     ktc = KVTransferConfig(**cfg["kv_transfer_config"]) if cfg["kv_transfer_config"] else None
     vc = AsyncEngineArgs(**headline.engine_kwargs(a, ktc)).create_engine_config()
     got = (f"max_model_len {vc.model_config.max_model_len}, {vc.cache_config.num_gpu_blocks_override} GPU blocks "
@@ -56,9 +73,17 @@ def check(backend: str, a) -> str:
                         kv_cache_tensors=[KVCacheTensor(size=a.gpu_blocks * spec.page_size_bytes, shared_by=[n])
                                           for n in names])
     vc.cache_config.num_gpu_blocks = a.gpu_blocks
+    if backend.startswith("lmcache"):
+        import lmcache.integration.vllm.utils as lmc_utils
+
+        lmc_utils._config_instance = None  # a per-process singleton: each backend here reads its own file
     with set_current_vllm_config(vc):
         conn = KVConnectorFactory.create_connector(vc, KVConnectorRole.SCHEDULER, kcc)
     what = type(conn).__name__
+    if backend.startswith("lmcache"):
+        c = lmc_utils.lmcache_get_or_create_config()
+        what += (f" (LMCache config: chunk {c.chunk_size}, local_cpu {c.local_cpu}, local_disk {c.local_disk}, "
+                 f"gds_path {c.gds_path})")
     mgr = getattr(getattr(conn, "connector_scheduler", None), "manager", None)
     if mgr is not None:
         what += f" ({type(mgr).__name__}" + "".join(
