@@ -288,6 +288,12 @@ async def amain(a, make_engine=make_vllm_engine) -> int:
     for i, toks in enumerate(warm):
         rec = {}
         await one(engine, f"warmup-{i}", toks, 0.0, sp, rec)
+        if "ttft_s" not in rec:  # nothing to measure with: stop before the runs, not after them
+            print(f"[{a.backend}] warm-up request {i} gave no TTFT from vLLM's request metrics: {rec}", flush=True)
+            res["error"] = f"warm-up: {rec.get('error', rec)}"
+            save()
+            engine.shutdown()
+            return 1
     if a.unloaded:
         uplan = docqa.Plan(plan.workload, plan.params, plan.requests[:a.unloaded])
         toks = docqa.prompts(uplan, vocab, "unloaded")

@@ -327,6 +327,26 @@ class DriverTest(unittest.TestCase):
         self.assertEqual([(x["round"], x["rate"]) for x in r["runs"]], [(0, 40), (1, 40)])
         self.assertEqual([(x["round"], x["rate"]) for x in r["skipped"]], [(0, 80), (1, 80)])
 
+    def test_no_request_metrics_stops_at_warm_up(self):
+        class NoMetrics(FakeEngine):
+            class Out(FakeEngine.Out):
+                def __init__(self, ttft, cached):
+                    super().__init__(ttft, cached)
+                    self.metrics = None  # an engine without log_stats
+
+        d = tempfile.mkdtemp(prefix="headline-driver-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
+        out = os.path.join(d, "r.json")
+        a = headline.parse_args(["run", "--backend", "none", "--out", out, "--requests", "4", "--rates", "40"])
+        eng = NoMetrics()
+        import asyncio
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(asyncio.run(headline.amain(a, lambda a, cfg: (eng, None, VOCAB, eng.metrics))), 1)
+        with open(out) as f:
+            r = json.load(f)
+        self.assertIn("no first token in vLLM's request metrics", r["error"])
+        self.assertEqual((r["runs"], len(eng.requests)), ([], 1))
+
     def test_deadline(self):
         r, _ = self.drive("--deadline-s", "0.01")
         self.assertEqual(r["runs"], [])
