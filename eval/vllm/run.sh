@@ -156,6 +156,9 @@ check_case() { # MODEL:STORAGE:PATH
 		--json "$OUT/vllm-${1//:/-}.json" | tee -a "$OUT/summary.txt"
 }
 
+# Sourced (eval/vllm/headline.sh): the functions above, nothing run.
+[[ "${BASH_SOURCE[0]}" != "$0" ]] && return 0
+
 case ${1:-} in
 recv)
 	kernels_bg
