@@ -1,6 +1,8 @@
 """Imports every module of vLLM's offline LLM path that eval/vllm uses (the
 dense and MLA models, FlashAttention/Triton/MLA backends, the KV connector
-factory): exits non-zero naming the first that fails (scripts/vllm-venv.sh)."""
+factory), and what eval/vllm/headline.py adds (AsyncLLM, the metrics reader,
+the offloading connector's CPU and tiering specs with the file tier): exits
+non-zero naming the first that fails (scripts/vllm-venv.sh)."""
 import importlib, sys
 mods = """vllm
 vllm.entrypoints.llm
@@ -23,7 +25,13 @@ vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector
 vllm.distributed.kv_transfer.kv_connector.v1.multi_connector
 vllm.v1.structured_output
 vllm.v1.sample.sampler
-vllm.v1.metrics.loggers""".split()
+vllm.v1.metrics.loggers
+vllm.v1.engine.async_llm
+vllm.engine.arg_utils
+vllm.v1.metrics.reader
+vllm.v1.kv_offload.cpu.spec
+vllm.v1.kv_offload.tiering.spec
+vllm.v1.kv_offload.tiering.fs.manager""".split()
 for m in mods:
     try:
         importlib.import_module(m)

@@ -56,7 +56,8 @@
 # A model's own drive.py flags: eval/vllm/models/MODEL/drive.args (every phase).
 #
 # Knobs (environment): NLOOPS (8), LOOP_GIB (4), CAPACITY_GIB (24, per store),
-# BUDGET_S (540), DRIVE_ARGS (extra flags for drive.py, every phase), CHECK (1: the
+# BUDGET_S (540), DRIVE_ARGS (extra flags for drive.py, every phase; a load that preempts:
+# "--gpu-blocks 400 --max-model-len 4608 --doc-tokens 4096 --reserve-full-isl off"), CHECK (1: the
 # connector's check mode on), TUTTI_EXTRA (more kv_connector_extra_config keys, JSON members).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -211,6 +212,9 @@ start_checks() {
 }
 
 HYBRID_CASES="gemma3-1b:loops:gpu qwen3-next-tiny:loops:gpu"
+
+# Sourced (eval/vllm/headline.sh): the functions above, nothing run.
+[[ "${BASH_SOURCE[0]}" != "$0" ]] && return 0
 
 case ${1:-} in
 ttft | hybrid)

@@ -27,6 +27,14 @@
 #   bash eval/vllm/stage.sh            # stage (most of the time is xz)
 #   bash eval/vllm/stage.sh --check    # also import vLLM's LLM path here, in .venv-vllm
 #                                      # (scripts/vllm-venv.sh: the same pins beside torch 2.11)
+#   bash eval/vllm/stage.sh --lmcache  # only LMCache, for eval/vllm/headline.sh (opt-in):
+#       .vllm-stage/lmcache.tar.xz (about 7 MiB): LMCache 0.5.3's sdist, less its docs,
+#       tests and examples, and the wheels of requirements-lmcache.txt (cp312) and
+#       requirements-lmcache-build.txt. Nothing is built here: `headline.sh lmcache`
+#       builds its CUDA ops on the GPU machine against torch 2.11+cu130 and checks
+#       they load. pip prepares an sdist's metadata by running its setup.py, which
+#       imports torch and needs setuptools >= 77: a throwaway venv over the system
+#       Python (it has torch) with those setuptools does the download.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -36,13 +44,38 @@ REQ=$ROOT/eval/vllm/requirements-0.26.0.txt
 PY=${PYTHON:-python3}
 t0=$SECONDS
 mkdir -p "$ST/cache"
-rm -f "$ST"/piece-* "$ST/MANIFEST"
 
 # 1. Download (the cache is kept between runs: a re-stage downloads nothing).
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
 	--platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_24_x86_64
 	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64
 	--platform manylinux_2_5_x86_64 --platform manylinux1_x86_64)
+if [ "${1:-}" = "--lmcache" ]; then
+	L=$ST/lmcache
+	LV=$(grep '^lmcache==' "$ROOT/eval/vllm/requirements-lmcache.txt" | cut -d= -f3)
+	rm -rf "$L" "$ST/lmcache.tar.xz" && mkdir -p "$L/wheels/run" "$L/wheels/build" "$ST/cache-lmcache"
+	for kind in run build; do
+		f=$ROOT/eval/vllm/requirements-lmcache.txt
+		[ $kind = build ] && f=$ROOT/eval/vllm/requirements-lmcache-build.txt
+		grep -v '^#' "$f" | grep -v '^lmcache==' | grep . >"$L/req-$kind.txt"
+		$PY -m pip download -q --no-deps "${plat[@]}" -d "$L/wheels/$kind" -r "$L/req-$kind.txt"
+	done
+	if [ ! -x "$ST/lmcache-venv/bin/pip" ]; then
+		/usr/bin/python3 -c 'import torch' || { echo "stage.sh --lmcache: /usr/bin/python3 has no torch (pip needs it to read LMCache's sdist)" >&2; exit 1; }
+		/usr/bin/python3 -m venv --system-site-packages "$ST/lmcache-venv"
+		"$ST/lmcache-venv/bin/pip" install -q "setuptools>=77.0.3,<81" "setuptools_scm>=8"
+	fi
+	[ -f "$ST/cache-lmcache/lmcache-$LV.tar.gz" ] || "$ST/lmcache-venv/bin/pip" download -q --no-deps \
+		--no-build-isolation --no-binary :all: "lmcache==$LV" -d "$ST/cache-lmcache"
+	tar -xzf "$ST/cache-lmcache/lmcache-$LV.tar.gz" -C "$L"
+	rm -rf "$L/lmcache-$LV"/{docs,tests,examples,asset,operator,benchmarks}
+	tar -C "$L" -cf - . | xz -T0 -6 >"$ST/lmcache.tar.xz"
+	echo "staged LMCache $LV (sdist, less docs/tests/examples) + $(cat "$L"/req-*.txt | grep -c .) wheels:" \
+		".vllm-stage/lmcache.tar.xz, $(($(stat -c %s "$ST/lmcache.tar.xz") >> 20)) MiB, in $((SECONDS - t0)) s"
+	echo "device: carry .vllm-stage/lmcache.tar.xz in a call before the run: 'bash eval/vllm/headline.sh lmcache' (eval/vllm/headline.sh's header)"
+	exit 0
+fi
+rm -f "$ST"/piece-* "$ST/MANIFEST"
 grep -v '^#' "$REQ" | grep . >"$ST/req.txt"
 $PY -m pip download -q --no-deps "${plat[@]}" -d "$ST/cache" -r "$ST/req.txt"
 dl_bytes=$(du -cb "$ST"/cache/*.whl | tail -1 | cut -f1)

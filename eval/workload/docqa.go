@@ -85,13 +85,26 @@ func mix(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// Generate returns Documents × QuestionsPerDoc requests in arrival order:
+// QA is one docqa request in the workload's own terms: which document and
+// which of its questions, both lengths, and the arrival time. It is what an
+// engine that takes token ids needs to rebuild the same prompts (the
+// document's tokens, then the question's), so the replay and a real engine
+// serve the same requests in the same order (eval/vllm/headline.py).
+type QA struct {
+	Doc            int     `json:"doc"`      // 0-based document
+	Question       int     `json:"question"` // 0-based question of that document
+	DocTokens      int     `json:"doc_tokens"`
+	QuestionTokens int     `json:"question_tokens"`
+	ArrivalMs      float64 `json:"arrival_ms"` // from the first request's arrival (0)
+}
+
+// Plan returns the Documents × QuestionsPerDoc requests in arrival order:
 // the questions of all documents in a seeded random order (a document's
 // first question brings its whole prefix, the later ones find it cached
 // unless it was evicted in between), arriving as a Poisson process at
-// RatePerS. Line is the 1-based position; TimestampMs and ArrivalMs are
-// the arrival time. Deterministic in the parameters.
-func (w DocQA) Generate() ([]trace.Request, error) {
+// RatePerS. Deterministic in the parameters; RatePerS scales the arrival
+// times and changes nothing else (every draw is taken at any rate).
+func (w DocQA) Plan() ([]QA, error) {
 	if err := w.Validate(); err != nil {
 		return nil, err
 	}
@@ -101,34 +114,49 @@ func (w DocQA) Generate() ([]trace.Request, error) {
 	for d := range docTokens {
 		docTokens[d] = min(w.MaxDocTokens, max(w.MinDocTokens, int(math.Round(math.Exp(lo+(hi-lo)*rng.Float64())))))
 	}
-	type q struct{ doc, n int }
-	qs := make([]q, 0, w.Documents*w.QuestionsPerDoc)
+	qs := make([]QA, 0, w.Documents*w.QuestionsPerDoc)
 	for d := 0; d < w.Documents; d++ {
 		for n := 0; n < w.QuestionsPerDoc; n++ {
-			qs = append(qs, q{d, n})
+			qs = append(qs, QA{Doc: d, Question: n, DocTokens: docTokens[d]})
 		}
 	}
 	rng.Shuffle(len(qs), func(i, j int) { qs[i], qs[j] = qs[j], qs[i] })
-	seed := mix(w.Seed ^ 0x9e3779b97f4a7c15)
-	reqs := make([]trace.Request, len(qs))
 	t := 0.0
-	B := w.BlockTokens
-	for i, x := range qs {
+	for i := range qs {
 		if i > 0 {
 			t += rng.ExpFloat64() / w.RatePerS * 1000
 		}
-		qTokens := w.MinQuestionTokens + rng.IntN(w.MaxQuestionTokens-w.MinQuestionTokens+1)
-		input := docTokens[x.doc] + qTokens
+		qs[i].QuestionTokens = w.MinQuestionTokens + rng.IntN(w.MaxQuestionTokens-w.MinQuestionTokens+1)
+		qs[i].ArrivalMs = t
+	}
+	return qs, nil
+}
+
+// Generate returns Plan's requests as a trace: Line is the 1-based
+// position, TimestampMs and ArrivalMs the arrival time, and the chain ids
+// are the document's full blocks (the same for every question of that
+// document) followed by the request's own (the document's partial last
+// block, then the question).
+func (w DocQA) Generate() ([]trace.Request, error) {
+	qs, err := w.Plan()
+	if err != nil {
+		return nil, err
+	}
+	seed := mix(w.Seed ^ 0x9e3779b97f4a7c15)
+	reqs := make([]trace.Request, len(qs))
+	B := w.BlockTokens
+	for i, x := range qs {
+		input := x.DocTokens + x.QuestionTokens
 		ids := make([]uint64, (input+B-1)/B)
-		shared := docTokens[x.doc] / B // the document's full blocks
+		shared := x.DocTokens / B // the document's full blocks
 		for b := range ids {
 			own := uint64(0) // the document's blocks: the same for every question
 			if b >= shared {
-				own = 1 + uint64(x.n)
+				own = 1 + uint64(x.Question)
 			}
-			ids[b] = mix(seed ^ mix(uint64(b)^mix(own^mix(uint64(x.doc)))))
+			ids[b] = mix(seed ^ mix(uint64(b)^mix(own^mix(uint64(x.Doc)))))
 		}
-		reqs[i] = trace.Request{Line: i + 1, TimestampMs: t, ArrivalMs: t, InputTokens: input, OutputTokens: w.OutputTokens, HashIDs: ids}
+		reqs[i] = trace.Request{Line: i + 1, TimestampMs: x.ArrivalMs, ArrivalMs: x.ArrivalMs, InputTokens: input, OutputTokens: w.OutputTokens, HashIDs: ids}
 	}
 	return reqs, nil
 }
