@@ -13,6 +13,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import time
 import unittest
 from types import SimpleNamespace
 
@@ -187,7 +188,7 @@ class HybridEngine:
     before the window of the next token and the state group's blocks but the
     one holding the running state are vLLM's null block (0)."""
 
-    def __init__(self, root):
+    def __init__(self, root, remote=False):
         self.rules = [GroupRule(k, B, w) for k, w in KINDS]
         self.hybrid = HybridStore(self.rules)
         self.root = root
@@ -207,7 +208,14 @@ class HybridEngine:
         self.names = names
         self.workers = GroupWorkers(self._open, self.rules, self.hybrid)
         self.workers.register(self.kv, B, names)
-        self.sched = SchedulerSide(LocalMatcher(self.hybrid), B, rules=self.rules)
+        self.server = None
+        if remote:  # the scheduler in another process than the worker (TP > 1): lookups over the socket
+            from tutti.lookup_service import LookupServer, RemoteMatcher
+            path = os.path.join(root, "lookup.sock")
+            self.server = LookupServer(path, LocalMatcher(self.hybrid))
+            self.sched = SchedulerSide(RemoteMatcher([path], 5.0), B, rules=self.rules)
+        else:
+            self.sched = SchedulerSide(LocalMatcher(self.hybrid), B, rules=self.rules)
         self.free = list(range(1, NB))
 
     def _open(self, i, lay):
@@ -218,6 +226,9 @@ class HybridEngine:
         return st
 
     def close(self):
+        if self.server is not None:
+            self.sched.matcher.close()
+            self.server.close()
         self.workers.close(close_store=False)
         self.hybrid.close()
 
@@ -244,7 +255,12 @@ class HybridEngine:
         chain = chain_keys(tokens, B, 7)
         n_tok = len(tokens)
         nc = local_blocks * B
-        got = self.sched.get_num_new_matched_tokens(rid, chain, n_tok, nc)
+        got = None
+        for _ in range(5000):  # a remote matcher answers "ask again" until the worker did
+            got = self.sched.get_num_new_matched_tokens(rid, chain, n_tok, nc)
+            if got is not None:
+                break
+            time.sleep(0.001)
         self.sched.track(rid, chain)
         if expect_hit is not None:
             assert got == expect_hit, (rid, got, expect_hit)
@@ -374,6 +390,17 @@ class HybridEngineTest(unittest.TestCase):
         self.assertTrue(ok)
         # A prompt of whole blocks: the hit stops a whole block short of its end (no state mid-block).
         got, _, ok = e.run("e", doc, expect_hit=128)
+        self.assertTrue(ok)
+
+    def test_lookups_from_another_process(self):
+        """The scheduler asks the worker's hybrid store over the lookup socket (TP > 1)."""
+        self.e.close()
+        e = self.e = HybridEngine(self.dir, remote=True)
+        doc = self.toks(160, 1)
+        e.run("a", doc + self.toks(8, 2), expect_hit=0)
+        _, _, ok = e.run("b", doc + self.toks(8, 3), expect_hit=160)
+        self.assertTrue(ok)
+        _, _, ok = e.run("c", doc[:144] + self.toks(30, 4), expect_hit=128)
         self.assertTrue(ok)
 
     def test_restart_and_every_group_needed(self):
