@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/tutti-io/tutti/kvshape"
@@ -27,6 +29,10 @@ type fsckResult struct {
 	Repaired     bool   `json:"repaired,omitempty"`
 	FreedCorrupt int    `json:"freed_corrupt,omitempty"`
 	Error        string `json:"error,omitempty"`
+	// StoresBelow: with no store in the one directory given, its
+	// subdirectories that hold one (a hybrid model's KV cache groups,
+	// python/tutti/groups.py: a store per group), to check one by one.
+	StoresBelow []string `json:"stores_below,omitempty"`
 	// Verdict is one of the fsckVerdict* values.
 	Verdict string `json:"verdict"`
 }
@@ -85,6 +91,9 @@ func runFsck(args []string, stdout, stderr io.Writer) error {
 			return err // locked, unreadable: say so, exit 1
 		}
 		res.Error = err.Error()
+		if res.Verdict == fsckNoStore && len(dirs.dirs) == 1 {
+			res.StoresBelow = storesBelow(dirs.dirs[0], *buffered)
+		}
 		return printFsck(stdout, *asJSON, &res)
 	}
 	res.Repaired = *repair
@@ -107,6 +116,38 @@ func runFsck(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return printFsck(stdout, *asJSON, &res)
+}
+
+// maxStoresBelow bounds the subdirectories storesBelow opens.
+const maxStoresBelow = 64
+
+// storesBelow lists dir's subdirectories that hold a store, as read-only
+// opens find them (nothing is created or written): a store another process
+// holds, or a corrupt one, is a store too. At most maxStoresBelow are
+// tried, in name order.
+func storesBelow(dir string, buffered bool) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	tried := 0
+	for _, e := range ents {
+		if !e.IsDir() || tried >= maxStoresBelow {
+			continue
+		}
+		tried++
+		sub := filepath.Join(dir, e.Name())
+		m, err := objmap.Open(objmap.Options{Dirs: []string{sub}, ReadOnly: true, MustExist: true, Buffered: buffered})
+		switch {
+		case err == nil:
+			_ = m.Close() // read-only: nothing to flush
+		case errors.Is(err, objmap.ErrNoStore), errors.Is(err, objmap.ErrMissingDir):
+			continue
+		}
+		out = append(out, sub)
+	}
+	return out
 }
 
 // printFsck prints the verdict and returns its exit status unless the
@@ -147,6 +188,10 @@ func printFsck(w io.Writer, asJSON bool, res *fsckResult) error {
 			fmt.Fprintf(w, "corrupt: %s\nnothing was changed\n", res.Error)
 		case fsckNoStore:
 			fmt.Fprintf(w, "no store here: %s\nnothing was changed (fsck never creates a store)\n", res.Error)
+			if len(res.StoresBelow) > 0 {
+				fmt.Fprintf(w, "stores below it (a hybrid model's KV cache groups hold one each); check each: fsck --dir %s\n",
+					strings.Join(res.StoresBelow, ", fsck --dir "))
+			}
 		case fsckMissing:
 			fmt.Fprintf(w, "missing: %s\nnothing was changed (fsck checks and repairs only a store whose directories are all there)\n", res.Error)
 		}

@@ -128,3 +128,40 @@ func rmAll(t *testing.T, d string) {
 		t.Fatal(err)
 	}
 }
+
+// TestFsckStoresBelow: a directory holding no store but stores in its
+// subdirectories (a hybrid model's groups, one store each) is no store, and
+// fsck names the stores below it to check, changing nothing.
+func TestFsckStoresBelow(t *testing.T) {
+	root := t.TempDir()
+	for _, g := range []string{"g0", "g1"} {
+		m, err := objmap.Open(objmap.Options{Dirs: []string{filepath.Join(root, g)}, CapacityBytes: 4 << 20, Geometry: fsckGeom})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(root, "empty"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshotOrGone(t, root)
+	var out, errOut bytes.Buffer
+	if code := run([]string{"fsck", "--dir", root}, &out, &errOut); code != fsckExitNoStore {
+		t.Fatalf("exit %d, want %d:\n%s%s", code, fsckExitNoStore, out.String(), errOut.String())
+	}
+	want := "fsck --dir " + filepath.Join(root, "g0") + ", fsck --dir " + filepath.Join(root, "g1") + "\n"
+	if !strings.Contains(out.String(), want) || strings.Contains(out.String(), "empty") {
+		t.Errorf("output does not name g0 and g1 alone:\n%s", out.String())
+	}
+	if after := snapshotOrGone(t, root); after != before {
+		t.Errorf("fsck changed %s:\n%s\nafter:\n%s", root, before, after)
+	}
+	out.Reset()
+	run([]string{"fsck", "--json", "--dir", root}, &out, &errOut)
+	var res fsckResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil || len(res.StoresBelow) != 2 || res.Verdict != fsckNoStore {
+		t.Errorf("--json: %+v (%v):\n%s", res, err, out.String())
+	}
+}

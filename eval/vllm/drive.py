@@ -12,6 +12,11 @@ One process is one vLLM engine. eval/vllm/run.sh starts one per phase:
             cache has dropped them (tutti restores them)
   second    a new process after the first exited, no extra environment: more
             questions on the same documents, which only tutti still holds
+  ttft      time to first token of a restored prefix: the documents are
+            prefilled, the GPU's prefix cache is reset (a connector keeps
+            its copy), then one question per document, one request at a
+            time; run with no connector (recompute), tutti, and vLLM's
+            OffloadingConnector (``--connector offloading``: its CPU tier)
 
 The workload is seeded token ids (no tokenizer): ``--docs`` documents of
 ``--doc-tokens`` tokens, each asked ``--questions`` questions of
@@ -42,9 +47,11 @@ import zlib
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="directory with a config.json (dummy weights)")
-    p.add_argument("--phase", required=True, choices=("baseline", "first", "second"))
+    p.add_argument("--phase", required=True, choices=("baseline", "first", "second", "ttft"))
     p.add_argument("--out", required=True, help="JSON file this run writes")
-    p.add_argument("--connector", default="none", choices=("none", "tutti"))
+    p.add_argument("--connector", default="none", choices=("none", "tutti", "offloading"))
+    p.add_argument("--offload-gib", type=float, default=8, help="--connector offloading: its CPU tier's size")
+    p.add_argument("--settle-s", type=float, default=3, help="ttft: wait after the prefill wave (saves commit)")
     p.add_argument("--extra-config", default="{}", help="tutti's kv_connector_extra_config, JSON")
     p.add_argument("--init", default="normal", choices=("normal", "dummy"))
     p.add_argument("--seed", type=int, default=7)
@@ -179,6 +186,50 @@ def run_wave(engine, wave, sp, max_steps):
     return recs, steps, time.monotonic() - t0
 
 
+def kv_groups_of(llm) -> list:
+    """The engine's KV cache groups (the hybrid manager's), as names."""
+    try:
+        cfg = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config  # the engine in this process
+    except AttributeError:
+        return []
+    return [{"spec": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names),
+             "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None),
+             "block_size": g.kv_cache_spec.block_size} for g in cfg.kv_cache_groups]
+
+
+def ttft_phase(a, llm, vocab, res) -> int:
+    """See the module doc: TTFT of each document's question, one at a time,
+    after the documents were prefilled and the GPU's prefix cache reset."""
+    from vllm import SamplingParams
+
+    rng = random.Random(a.seed)
+    lo, hi = 1000, vocab - 1000
+    docs = [[rng.randrange(lo, hi) for _ in range(a.doc_tokens)] for _ in range(a.docs)]
+    qs = [[rng.randrange(lo, hi) for _ in range(a.question_tokens)] for _ in range(2 * a.docs)]
+    sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    engine = llm.llm_engine
+    recs, steps, secs = run_wave(engine, [(f"d{d}-prefill", docs[d] + qs[d], "run") for d in range(a.docs)], sp,
+                                 a.max_steps)
+    res["requests"].update(recs)
+    time.sleep(a.settle_s)
+    llm.reset_prefix_cache()
+    ttft = []
+    for d in range(a.docs):
+        r, _, _ = run_wave(engine, [(f"d{d}-ttft", docs[d] + qs[a.docs + d], "run")], sp, a.max_steps)
+        res["requests"].update(r)
+        rec = r[f"d{d}-ttft"]
+        ttft.append({"request": f"d{d}-ttft", "ttft_s": rec.get("first_token_s"), "cached": rec.get("num_cached_tokens")})
+    res["ttft"] = ttft
+    res["metrics"] = metrics_of(llm)
+    with open(a.out, "w") as f:
+        json.dump(res, f)
+    vals = sorted(t["ttft_s"] for t in ttft if t["ttft_s"] is not None)
+    print(f"[ttft] {a.connector}: TTFT per document {[round(v * 1000, 1) for v in vals]} ms, "
+          f"cached tokens {[t['cached'] for t in ttft]}", flush=True)
+    del llm
+    return 0
+
+
 def main(argv=None):
     a = parse_args(argv)
     if a.init == "normal":
@@ -197,6 +248,10 @@ def main(argv=None):
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm", kv_role="kv_both",
             kv_connector_extra_config=json.loads(a.extra_config))
+    elif a.connector == "offloading":
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="OffloadingConnector", kv_role="kv_both",
+            kv_connector_extra_config={"cpu_bytes_to_use": int(a.offload_gib * (1 << 30))})
     t_start = time.monotonic()
     llm = LLM(model=a.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
               compilation_config={"mode": 0}, max_model_len=a.max_model_len,
@@ -210,6 +265,10 @@ def main(argv=None):
     if a.init == "normal":
         res["params"] = llm.apply_model(reinit_weights)[0]
     vocab = llm.llm_engine.model_config.get_vocab_size()
+    res["block_size"] = llm.llm_engine.vllm_config.cache_config.block_size
+    res["kv_cache_groups"] = kv_groups_of(llm)
+    if a.phase == "ttft":
+        return ttft_phase(a, llm, vocab, res)
     first, second = workload(a, vocab)
     waves = {"baseline": first + second, "first": first, "second": second}[a.phase]
     sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, logprobs=a.logprobs, ignore_eos=True)

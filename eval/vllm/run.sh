@@ -17,7 +17,9 @@
 # (PYTHONPATH) and the checks run, one vLLM process per phase (eval/vllm/drive.py):
 #
 #   CASE = MODEL:STORAGE:PATH, e.g. llama3-8b:loops:gpu, llama3-8b:disk:cpu,
-#          deepseek-v2-lite:loops:gpu
+#          deepseek-v2-lite:loops:gpu; hybrid models (vLLM's hybrid KV cache
+#          manager, tutti.groups): gemma3-1b:loops:gpu (sliding window),
+#          qwen3-next-tiny:loops:gpu (gated delta net, Mamba "align" state)
 #     MODEL    a directory under eval/vllm/models (dummy weights from its config.json)
 #     STORAGE  loops: NLOOPS RAM-backed loop devices (files in /dev/shm, O_DIRECT,
 #              ext4 each; emulated storage), disk: /var/tmp on the machine's disk
@@ -38,6 +40,20 @@
 # about 12 minutes, over two or three check calls (each stops starting cases once
 # BUDGET_S, default 540, is spent). Results: $OUT/vllm-<case>.json,
 # $OUT/vllm.log, $OUT/summary.txt.
+#
+# TTFT of restored prefixes against recompute and vLLM's OffloadingConnector (CPU
+# tier), one process each on the same model (drive.py's ttft phase; a table from
+# eval/vllm/ttft_table.py, $OUT/ttft-<case>.json):
+#
+#   run carry=[.vllm-stage/MANIFEST, bin/libtutti.so]       'bash eval/vllm/run.sh ttft CASE...'
+#
+# Hybrid models in one command (the checks, then the TTFTs, of gemma3-1b:loops:gpu and
+# qwen3-next-tiny:loops:gpu, or the cases named; about 15 minutes, so call it again
+# when BUDGET_S runs out: what was done on this warm machine is skipped):
+#
+#   run carry=[.vllm-stage/MANIFEST, bin/libtutti.so]       'bash eval/vllm/run.sh hybrid'
+#
+# A model's own drive.py flags: eval/vllm/models/MODEL/drive.args (every phase).
 #
 # Knobs (environment): NLOOPS (8), LOOP_GIB (4), CAPACITY_GIB (24, per store),
 # BUDGET_S (540), DRIVE_ARGS (extra flags for drive.py, every phase; a load that preempts:
@@ -122,13 +138,19 @@ loops_up() { # NLOOPS loop devices with ext4, mounted under /mnt/vl-loopN (kept 
 phase() { # model phase out [extra-config]
 	local model=$1 ph=$2 out=$3 extra=${4:-}
 	local args=(--model "eval/vllm/models/$model" --phase "$ph" --out "$out")
-	[ -n "$extra" ] && args+=(--connector tutti --extra-config "$extra")
+	case $extra in
+	"") ;;
+	offloading) args+=(--connector offloading) ;;
+	*) args+=(--connector tutti --extra-config "$extra") ;;
+	esac
+	# A model's own drive flags (a hybrid model's GPU cache size in its blocks, say).
+	[ -f "eval/vllm/models/$model/drive.args" ] && args+=($(cat "eval/vllm/models/$model/drive.args"))
 	# env -u: the second process must need nothing of the environment.
 	env -u PYTHONHASHSEED PYTHONPATH="$SITE:$ROOT/python" TUTTI_LIB="$ROOT/bin/libtutti.so" \
 		TUTTI_KERNELS_LIB="$ROOT/kernels/build/libtutti_kernels.so" PYTHONUNBUFFERED=1 \
 		timeout 300 python3 eval/vllm/drive.py "${args[@]}" $DRIVE_ARGS >>"$OUT/vllm.log" 2>&1
 	local rc=$?
-	log "$model $ph ${extra:+(tutti)}: rc $rc, $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"engine start {r['engine_start_s']:.0f} s\")" "$out" 2>/dev/null)"
+	log "$model $ph ${extra:+(${extra:0:10})}: rc $rc, $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"engine start {r['engine_start_s']:.0f} s\")" "$out" 2>/dev/null)"
 	return $rc
 }
 
@@ -156,10 +178,74 @@ check_case() { # MODEL:STORAGE:PATH
 		--json "$OUT/vllm-${1//:/-}.json" | tee -a "$OUT/summary.txt"
 }
 
+tutti_extra() { # storage path check-dir -> kv_connector_extra_config (dirs emptied: a new store)
+	local storage=$1 path=$2 chk=$3 dirs extra
+	case $storage in
+	loops) loops_up || return 1; dirs=$LOOPDIRS ;;
+	disk) dirs="\"/var/tmp/tutti-vllm\"" ;;
+	*) return 1 ;;
+	esac
+	for d in $(echo "$dirs" | tr -d '"' | tr , ' '); do rm -rf "$d"; done
+	extra="{\"dirs\":[$dirs],\"capacity_bytes\":$((CAPACITY_GIB << 30)),\"path\":\"$path\""
+	[ -n "$chk" ] && extra+=",\"check\":{\"dir\":\"$chk\"}"
+	echo "$extra${TUTTI_EXTRA:+,$TUTTI_EXTRA}}"
+}
+
+ttft_case() { # MODEL:STORAGE:PATH: TTFT of restored prefixes, recompute vs tutti vs OffloadingConnector
+	local model storage path extra
+	IFS=: read -r model storage path <<<"$1"
+	if [ "$storage" = loops ]; then loops_up || { log "$1: loop devices failed"; return 1; }; fi
+	extra=$(tutti_extra "$storage" "$path" "") || { log "$1: storage $storage failed"; return 1; }
+	phase "$model" ttft "$RES/ttft-none-$model.json" || return 1
+	phase "$model" ttft "$RES/ttft-tutti-${1//:/-}.json" "$extra" || return 1
+	phase "$model" ttft "$RES/ttft-offloading-$model.json" offloading || return 1
+	python3 eval/vllm/ttft_table.py --case "$1" --recompute "$RES/ttft-none-$model.json" \
+		--tutti "$RES/ttft-tutti-${1//:/-}.json" --offloading "$RES/ttft-offloading-$model.json" \
+		--json "$OUT/ttft-${1//:/-}.json" | tee -a "$OUT/summary.txt"
+}
+
+start_checks() {
+	install_site || { log "vLLM is not staged: see this script's header"; exit 1; }
+	[ -f bin/libtutti.so ] || { log "no bin/libtutti.so: make gpu-bins here, carry bin/libtutti.so"; exit 1; }
+	kernels_wait || exit 1
+	log "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader), $(python3 -c 'import torch; print("torch", torch.__version__)')"
+}
+
+HYBRID_CASES="gemma3-1b:loops:gpu qwen3-next-tiny:loops:gpu"
+
 # Sourced (eval/vllm/headline.sh): the functions above, nothing run.
 [[ "${BASH_SOURCE[0]}" != "$0" ]] && return 0
 
 case ${1:-} in
+ttft | hybrid)
+	what=$1
+	shift
+	t0=$SECONDS
+	start_checks
+	rc=0
+	jobs=()
+	if [ "$what" = hybrid ]; then # every hybrid check, then every TTFT; a job done on this warm machine is skipped
+		for c in ${*:-$HYBRID_CASES}; do jobs+=("check_case $c"); done
+		for c in ${*:-$HYBRID_CASES}; do jobs+=("ttft_case $c"); done
+	else
+		for c in "$@"; do jobs+=("ttft_case $c"); done
+	fi
+	for j in "${jobs[@]}"; do
+		mark="$RES/done-${j// /-}"
+		mark=${mark//:/-}
+		if [ "$what" = hybrid ] && [ -f "$mark" ]; then
+			log "$j: done already on this machine (rm $RES/done-* to run it again)"
+			continue
+		fi
+		if [ $((SECONDS - t0)) -ge "$BUDGET_S" ]; then
+			log "$j: not run, the call's budget of $BUDGET_S s is spent (call again: done ones are skipped)"
+			rc=1
+			continue
+		fi
+		if $j; then touch "$mark"; else rc=1; fi
+	done
+	exit $rc
+	;;
 recv)
 	kernels_bg
 	if pieces_ok; then install_site; else log "pieces still to come (above)"; fi
@@ -184,7 +270,7 @@ check)
 	exit $rc
 	;;
 *)
-	echo "usage: $0 recv | check MODEL:STORAGE:PATH..." >&2
+	echo "usage: $0 recv | check MODEL:STORAGE:PATH... | ttft MODEL:STORAGE:PATH... | hybrid [MODEL:STORAGE:PATH...]" >&2
 	exit 2
 	;;
 esac

@@ -11,7 +11,8 @@
 # pieces that fit a device call beside the tree:
 #
 #   dropped: vllm_flash_attn/_vllm_fa2_C (305 MB; Hopper runs FlashAttention 3,
-#            which stays), _moe_C (MoE kernels; the MLA model here is dense),
+#            which stays), (_moe_C, the MoE kernels, stays: the Qwen3-Next-shaped
+#            hybrid, eval/vllm/models/qwen3-next-tiny, has MoE layers),
 #            vllm-rs (the Rust front end), third_party/fmha_sm100 and
 #            deep_gemm's headers and other Pythons' builds (JIT for FP8 / SM100),
 #            the OpenAPI UI's static files.
@@ -84,7 +85,7 @@ rm -rf "$ST/site"
 $PY -m pip install -q --no-deps --no-compile --no-index --find-links "$ST/cache" "${plat[@]}" \
 	--target "$ST/site" -r "$ST/req.txt"
 V=$ST/site/vllm
-rm -rf "$V/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$V"/_moe_C*.so "$V/vllm-rs" \
+rm -rf "$V/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$V/vllm-rs" \
 	"$V/third_party/fmha_sm100" "$V/third_party/deep_gemm/include" \
 	"$V/entrypoints/serve/instrumentator/static"
 find "$V/third_party/deep_gemm" -name '_C.cpython-3*' ! -name '_C.cpython-312-*' -delete

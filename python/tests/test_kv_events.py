@@ -225,7 +225,7 @@ class VLLMPathTest(unittest.TestCase):
             # import it afresh under their own.
             sys.path.remove(DOUBLE)
             for m in set(sys.modules) - mods:
-                if m == "vllm" or m.startswith("vllm.") or m in ("tutti.vllm", "tutti.vllm_events"):
+                if m == "vllm" or m.startswith("vllm.") or m == "tutti.vllm" or m.startswith("tutti.vllm_"):
                     del sys.modules[m]
             if env is None:
                 os.environ.pop("PYTHONHASHSEED", None)

@@ -24,14 +24,14 @@ class RealSchedulerTest(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="tutti-vllm-real-")
         self.addCleanup(shutil.rmtree, self.dir, True)
 
-    def phase(self, name, hashseed):
+    def phase(self, name, hashseed, script="sched_cpu.py", args=()):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
         if hashseed is not None:
             env["PYTHONHASHSEED"] = hashseed
         env["PYTHONPATH"] = os.path.join(ROOT, "python")
         env.setdefault("TUTTI_LIB", os.path.join(ROOT, "bin", "libtutti.so"))
         out = os.path.join(self.dir, f"{name}.json")
-        p = subprocess.run([PY, os.path.join(ROOT, "eval", "vllm", "sched_cpu.py"), "--model",
+        p = subprocess.run([PY, os.path.join(ROOT, "eval", "vllm", script), *args, "--model",
                             os.path.join(ROOT, "eval", "vllm", "models", "llama3-8b"), "--dir",
                             os.path.join(self.dir, "store"), "--phase", name, "--json", out],
                            env=env, cwd=self.dir, capture_output=True, text=True, timeout=600)
@@ -56,6 +56,34 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertGreater(second["check"]["match"], 0, p.stdout)
         self.assertEqual((second["check"]["mismatch"], second["check"]["unknown"]), (0, 0), p.stdout)
         self.assertTrue(second["ok"], p.stdout)
+
+
+    def test_hybrid_first_then_restart(self):
+        """vLLM's hybrid KV cache manager on (tutti.groups): full attention, a
+        48-token sliding window and Mamba state in "align" mode; every
+        restored block and state checked (eval/vllm/sched_cpu_hybrid.py)."""
+        args = ("--groups", "full,sliding:48,state")
+        first, p = self.phase("first", "1", "sched_cpu_hybrid.py", args)
+        self.assertEqual(first["bad"], [], p.stdout)
+        self.assertTrue(first["supports_hma"], p.stdout)  # vLLM's own test of SupportsHMA
+        # The states kept (step ends at 256, 512, 640 tokens) bound the hit of 480 shared tokens to 256.
+        self.assertEqual(first["checks"]["chunked"]["matched"], 256, p.stdout)
+        self.assertGreater(first["checks"]["preempt"]["preemptions"], 0, p.stdout)
+        self.assertGreater(first["verified"]["state"], 0, p.stdout)
+        self.assertTrue(first["ok"], p.stdout)
+        second, p = self.phase("restart", None, "sched_cpu_hybrid.py", args)
+        self.assertEqual(second["bad"], [], p.stdout)
+        self.assertEqual(second["checks"]["restart"]["doc-restart"], 512, p.stdout)
+        self.assertGreater(second["verified"]["sliding"], 0, p.stdout)
+        self.assertTrue(second["ok"], p.stdout)
+
+    def test_sliding_window_first(self):
+        """A gpt-oss/Gemma-3-shaped model (full attention and a sliding
+        window): the hit is every shared block, the window restored only."""
+        first, p = self.phase("first", "1", "sched_cpu_hybrid.py", ("--groups", "full,sliding:48"))
+        self.assertEqual(first["bad"], [], p.stdout)
+        self.assertEqual(first["checks"]["chunked"]["matched"], 480, p.stdout)
+        self.assertTrue(first["ok"], p.stdout)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,11 @@ engine decides, per step, what each request computes (vLLM's EngineCore).
 
 API:
 
-``SchedulerSide(matcher, block_tokens, chunk_pages=1)``
+``SchedulerSide(matcher, block_tokens, chunk_pages=1, rules=None)``
+    ``rules``: the KV cache groups' :class:`tutti.groups.GroupRule` (a
+    hybrid model: block ids then come per group, a tuple of lists, and each
+    load and save is per group and run, ``LoadSpec.group``; the matcher is
+    a :class:`tutti.groups.HybridStore`'s). None: one group.
     * ``get_num_new_matched_tokens(req_id, chain, num_tokens, num_computed_tokens) -> int | None``:
       tokens beyond the engine's local hits (``num_computed_tokens``, whole
       blocks) that tutti promises to restore; ``chain`` keys the prompt's
@@ -50,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from . import _args
+from .groups import NULL_BLOCK, GroupRule
 from .store import Hold, Store
 from .worker_side import LoadSpec, SaveSpec
 
@@ -109,7 +114,7 @@ class _Tracker:
     request: object = None  # the engine's request (for tokens_of / hashes_of)
     tokens_of: object = None  # callable(request) -> token ids, for KV events (None: not published)
     hashes_of: object = None  # callable(request) -> the engine's hash bytes per block, or None
-    block_ids: List[int] = field(default_factory=list)
+    block_ids: List[int] = field(default_factory=list)  # per group (a list of lists) with rules
     computed: int = 0  # tokens computed once the step runs
     saved: int = 0  # chain blocks handed to a save so far
 
@@ -122,13 +127,17 @@ class _Pending:
 
 
 class SchedulerSide:
-    def __init__(self, matcher, block_tokens: int, chunk_pages: int = 1):
+    def __init__(self, matcher, block_tokens: int, chunk_pages: int = 1, rules: Optional[Sequence[GroupRule]] = None):
         if not callable(getattr(matcher, "release", None)) or not (callable(getattr(matcher, "match", None))
                                                                    or callable(getattr(matcher, "query", None))):
             raise TypeError(f"matcher = {matcher!r}: want an object with match (or query) and release")
         self.matcher = matcher
         self.block_tokens = _args.integer("block_tokens", block_tokens, 1)
         self.chunk_pages = _args.integer("chunk_pages", chunk_pages, 1)
+        self.rules = list(rules) if rules is not None and len(rules) > 1 else None
+        if self.rules is not None and (self.chunk_pages != 1 or any(r.block_tokens != self.block_tokens for r in self.rules)):
+            raise ValueError(f"KV cache groups {self.rules}: every group must have {self.block_tokens} tokens per block, "
+                             f"one page per chain block")
         self._pending: Dict[str, _Pending] = {}
         self._loads: List[LoadSpec] = []
         self._trackers: Dict[str, _Tracker] = {}
@@ -139,6 +148,13 @@ class SchedulerSide:
                                    num_computed_tokens: int) -> Optional[int]:
         bt = self.block_tokens
         skip = num_computed_tokens // bt
+        if self.rules is not None:
+            # Whole blocks short of the last token, as vLLM's own hits of
+            # hybrid models: a recurrent state is kept at block ends only, so
+            # a hit that left part of its last block to compute would resume
+            # from the state after the whole block; the groups' parts are
+            # matched at the hit's end.
+            chain = chain[:max(0, num_tokens - 1) // bt]
         if num_computed_tokens % bt or skip >= len(chain):
             self._forget(req_id)
             self._count_lookup(num_tokens, num_computed_tokens)
@@ -182,6 +198,10 @@ class SchedulerSide:
             if p is not None:
                 self.matcher.release(req_id)
             return
+        if self.rules is not None:
+            self._loads.extend(self._group_loads(req_id, p, block_ids))
+            self.counters["promised_blocks"] += p.blocks
+            return
         cp = self.chunk_pages
         ids = [int(b) for b in block_ids[p.skip * cp:(p.skip + p.blocks) * cp]]
         if len(ids) != p.blocks * cp:
@@ -189,6 +209,21 @@ class SchedulerSide:
                              f"[{p.skip * cp}, {(p.skip + p.blocks) * cp})")
         self._loads.append(LoadSpec(req_id, p.chain, p.skip, ids))
         self.counters["promised_blocks"] += p.blocks
+
+    def _group_loads(self, req_id: str, p: "_Pending", block_ids) -> List[LoadSpec]:
+        """A hybrid request's load: per group, the runs its rule reads for a
+        hit at skip + blocks (tutti.groups)."""
+        groups = _groups(block_ids, len(self.rules))
+        n, out = p.skip + p.blocks, []
+        for g, rule in enumerate(self.rules):
+            ids = groups[g]
+            for root, first, end in rule.hit_ranges(n, p.skip):
+                b = [int(x) for x in ids[first:end]]
+                if len(b) != end - first or NULL_BLOCK in b:
+                    raise ValueError(f"request {req_id!r}: KV cache group {g} ({rule.kind}) has block ids {b} for "
+                                     f"chain blocks [{first}, {end}): the load needs a page for each")
+                out.append(LoadSpec(_run_id(req_id, rule, g, root), list(p.chain[root:end]), first - root, b, group=g))
+        return out
 
     # -- saves
     def track(self, req_id: str, chain: Sequence[int], request=None, tokens_of=None, hashes_of=None):
@@ -210,7 +245,7 @@ class SchedulerSide:
         for nr in getattr(step, "scheduled_new_reqs", ()) or ():
             tr = self._trackers.get(nr.req_id)
             if tr is not None:
-                tr.block_ids, tr.saved = list(_group0(nr.block_ids)), 0
+                tr.block_ids, tr.saved = self._ids(nr.block_ids), 0
                 tr.computed = nr.num_computed_tokens + sched.get(nr.req_id, 0)
         cached = getattr(step, "scheduled_cached_reqs", None)
         if cached is not None:
@@ -222,11 +257,15 @@ class SchedulerSide:
                     meta.dropped.append(rid)  # anything queued from its pages before the preemption is stale
                     tr = self._trackers.get(rid)
                     if tr is not None:
-                        tr.block_ids, tr.saved = (list(_group0(new)) if new is not None else []), 0
+                        tr.block_ids, tr.saved = self._ids(new), 0
                 else:
                     tr = self._trackers.get(rid)
                     if tr is not None and new is not None:
-                        tr.block_ids.extend(_group0(new))
+                        if self.rules is None:
+                            tr.block_ids.extend(_group0(new))
+                        else:
+                            for have, more in zip(tr.block_ids, _groups(new, len(self.rules))):
+                                have.extend(more)
                 if tr is not None:
                     tr.computed = cached.num_computed_tokens[i] + sched.get(rid, 0)
         finished = set(getattr(step, "finished_req_ids", ()) or ())
@@ -234,6 +273,9 @@ class SchedulerSide:
         for rid in sched:
             tr = self._trackers.get(rid)
             if tr is not None:
+                if self.rules is not None:
+                    meta.saves.extend(self._group_saves(rid, tr))
+                    continue
                 spec = self._save_of(rid, tr)
                 if spec is not None:
                     meta.saves.append(spec)
@@ -259,6 +301,39 @@ class SchedulerSide:
                         hashes=list(hashes[:full]) if hashes is not None and len(hashes) >= full else None,
                         start=start)
 
+    def _ids(self, block_ids):
+        if self.rules is None:
+            return list(_group0(block_ids)) if block_ids is not None else []
+        if block_ids is None:
+            return [[] for _ in self.rules]
+        return [list(g) for g in _groups(block_ids, len(self.rules))]
+
+    def _group_saves(self, rid: str, tr: _Tracker) -> List[SaveSpec]:
+        """A hybrid request's saves of the step: per group, what its rule
+        saves of the blocks the step completed (tutti.groups); full groups'
+        as one request's growing chain (tutti.save_queue), the others' in the
+        step (their pages may be freed while the request runs)."""
+        bt = self.block_tokens
+        full = min([len(tr.chain), tr.computed // bt] + [len(ids) for ids in tr.block_ids])
+        if full <= tr.saved:
+            return []
+        start, tr.saved = tr.saved, full
+        self.counters["save_blocks"] += full - start
+        out, first_full = [], True
+        for g, rule in enumerate(self.rules):
+            for root, end in rule.save_ranges(start, full, len(tr.chain), tr.computed):
+                tokens = hashes = None
+                if rule.kind == "full" and first_full:  # KV events: the first full group's store publishes
+                    tokens = [int(t) for t in tr.tokens_of(tr.request)[:end * bt]] if tr.tokens_of else None
+                    h = tr.hashes_of(tr.request) if tr.hashes_of else None
+                    hashes = list(h[:end]) if h is not None and len(h) >= end else None
+                    tokens = tokens if tokens is not None and len(tokens) == end * bt else None
+                out.append(SaveSpec(_run_id(rid, rule, g, root), list(tr.chain[root:end]),
+                                    [int(b) for b in tr.block_ids[g][root:end]], tokens=tokens, hashes=hashes,
+                                    start=start if rule.kind == "full" else 0, group=g))
+            first_full = first_full and rule.kind != "full"
+        return out
+
     def request_finished(self, req_id: str) -> bool:
         self._trackers.pop(req_id, None)
         self._pending.pop(req_id, None)
@@ -266,11 +341,31 @@ class SchedulerSide:
         return False
 
 
+def _run_id(req_id: str, rule: GroupRule, group: int, root: int) -> str:
+    """The id of one group's run of a request in the worker (a full group's
+    is the request's: its saves queue per request)."""
+    return req_id if rule.kind == "full" and root == 0 else f"{req_id}\x00g{group}.{root}"
+
+
+def base_request(run_id: str) -> str:
+    """The request of a run id (:func:`_run_id`)."""
+    return run_id.split("\x00", 1)[0]
+
+
+def _groups(block_ids, n: int):
+    """vLLM's block ids per KV cache group: a tuple of ``n`` lists."""
+    if not (isinstance(block_ids, (list, tuple)) and len(block_ids) == n
+            and all(isinstance(g, (list, tuple)) for g in block_ids)):
+        raise ValueError(f"block ids {str(block_ids)[:80]}: want one list per KV cache group ({n})")
+    return block_ids
+
+
 def _group0(block_ids):
     """vLLM passes block ids per KV cache group (a tuple of lists); tutti
     serves one group."""
     if block_ids and isinstance(block_ids[0], (list, tuple)):
         if len(block_ids) != 1:
-            raise ValueError(f"{len(block_ids)} KV cache groups: tutti serves one (hybrid models: --disable-hybrid-kv-cache-manager)")
+            raise ValueError(f"{len(block_ids)} KV cache groups and no group rules: a hybrid model's SchedulerSide "
+                             f"needs rules (tutti.groups)")
         return block_ids[0]
     return block_ids

@@ -33,17 +33,22 @@ except ImportError as e:  # pragma: no cover - exercised by test_vllm_adapter wi
         "tutti.vllm is tutti's vLLM connector and needs vLLM installed (pip install vllm); "
         f"the rest of tutti works without it ({e})") from e
 
-try:
-    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
-except ImportError:  # vLLM before connector stats: stats and metrics are off
-    KVConnectorPromMetrics = KVConnectorStats = None
+try:  # hybrid models: vLLM keeps its hybrid KV cache manager on only for a connector that subclasses it
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+except ImportError:  # a vLLM before the hybrid manager took connectors
+    class SupportsHMA:  # type: ignore[no-redef]
+        pass
 
 try:  # vLLM's own block extras (LoRA, cache salt, multimodal inputs, prompt embeddings)
     from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys as _extra_keys_fn
 except ImportError:  # a vLLM without it: requests with extras are not keyed (misses, counted)
     _extra_keys_fn = None
 
-from . import _lib, hoststage, options
+from . import _lib, groups, hoststage, options
+from .group_worker import GroupWorkers
+from .vllm_groups import group_rules
+from .vllm_metrics import KVConnectorStats, _Stats
+from .vllm_metrics import TuttiConnectorStats, TuttiPromMetrics  # noqa: F401 (None without vLLM's stats)
 from .keys import Unkeyable, seed_of
 from .kvcheck import MAX_RECORDS, KVCheck
 from .lookup_service import LookupServer, RemoteMatcher, socket_path
@@ -181,91 +186,10 @@ def _tp_rank() -> int:
         raise RuntimeError(f"tutti.vllm: cannot get this worker's tensor-parallel rank: {e}") from e
 
 
-class _Stats:
-    """Counters of one connector role since the last report."""
-
-    def __init__(self):
-        self.data: Dict[str, float] = {}
-
-    def add(self, key: str, v: float = 1):
-        self.data[key] = self.data.get(key, 0) + v
-
-    def take(self) -> Dict[str, float]:
-        d, self.data = self.data, {}
-        return d
-
-
-if KVConnectorStats is not None:
-    @dataclass
-    class TuttiConnectorStats(KVConnectorStats):
-        """Sums of tutti's counters (data: name → number), per interval."""
-
-        def reset(self):
-            self.data = {}
-
-        def aggregate(self, other):
-            for k, v in (other.data or {}).items():
-                self.data[k] = self.data.get(k, 0) + v
-            return self
-
-        def reduce(self):
-            return dict(self.data)
-
-        def is_empty(self):
-            return not any(self.data.values())
-
-    class TuttiPromMetrics(KVConnectorPromMetrics):
-        """tutti's own names (vllm:tutti_*): they never collide with another
-        connector's in one process (vLLM's OffloadingConnector registers
-        vllm:kv_offload_*, and under MultiConnector both register)."""
-
-        COUNTERS = {
-            "load_bytes": ("vllm:tutti_load_bytes", "Bytes tutti restored into the KV cache"),
-            "load_blocks": ("vllm:tutti_load_blocks", "Blocks tutti restored"),
-            "save_blocks": ("vllm:tutti_store_blocks", "Blocks tutti was asked to store"),
-            "lookups": ("vllm:tutti_lookups", "Lookups answered (get_num_new_matched_tokens)"),
-            "lookups_deferred": ("vllm:tutti_lookups_deferred", "Lookups answered 'ask again' (a rank's answer not in yet)"),
-            "lookup_tokens": ("vllm:tutti_lookup_tokens", "Tokens looked up beyond local hits"),
-            "hit_tokens": ("vllm:tutti_hit_tokens", "Tokens tutti promised to restore"),
-            "load_error_blocks": ("vllm:tutti_load_error_blocks", "Promised blocks not restored"),
-            "fallbacks": ("vllm:tutti_lookup_fallbacks", "Lookups answered as misses because a rank failed or was late"),
-            "unkeyable": ("vllm:tutti_unkeyable_lookups", "Lookups of requests whose extra keys tutti cannot represent (misses, never saved)"),
-            "save_gave_up_blocks": ("vllm:tutti_save_gave_up_blocks", "Blocks of a save never committed after its retries"),
-            "save_dropped_blocks": ("vllm:tutti_save_dropped_blocks", "Queued blocks not saved: their pages were reused"),
-            "save_flush_timeouts": ("vllm:tutti_save_flush_timeouts", "A finishing request's last save handed over before the one before it committed"),
-            "check_match": ("vllm:tutti_check_match", "Check mode: restored block-layers equal to what the engine computed"),
-            "check_mismatch": ("vllm:tutti_check_mismatch", "Check mode: restored block-layers unlike what the engine computed"),
-            "check_unknown": ("vllm:tutti_check_unknown", "Check mode: restored block-layers with no digest recorded"),
-            # host staging (path "cpu" on a GPU KV cache; tutti.hoststage.COUNTERS)
-            "staging_h2d_bytes": ("vllm:tutti_staging_h2d_bytes", "Bytes copied from host staging into the KV cache"),
-            "staging_d2h_bytes": ("vllm:tutti_staging_d2h_bytes", "Bytes copied from the KV cache into host staging"),
-            "staging_short_blocks": ("vllm:tutti_staging_short_blocks",
-                                     "Promised blocks not restored: no host staging page was free"),
-            "staging_skipped_saves": ("vllm:tutti_staging_skipped_saves", "Saves skipped: too few host staging pages free"),
-        }
-
-        def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-            super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-            self._counters = {k: self.make_per_engine(self._counter_cls(name=n, documentation=d, labelnames=labelnames))
-                              for k, (n, d) in self.COUNTERS.items()}
-            self._load_time = self.make_per_engine(self._histogram_cls(
-                name="vllm:tutti_load_time_seconds", documentation="Seconds from start_load_kv to the step's loads done",
-                labelnames=labelnames, buckets=[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5]))
-
-        def make_per_engine(self, metric):
-            # KVConnectorPromMetrics has no such helper in vLLM 0.26
-            return {idx: metric.labels(*lv) for idx, lv in self.per_engine_labelvalues.items()}
-
-        def observe(self, transfer_stats_data, engine_idx: int = 0):
-            for k, v in transfer_stats_data.items():
-                if k in self._counters and v:
-                    self._counters[k][engine_idx].inc(v)
-            if transfer_stats_data.get("load_time_s"):
-                self._load_time[engine_idx].observe(transfer_stats_data["load_time_s"])
-
-
-class TuttiConnector(KVConnectorBase_V1):
-    """vLLM's KV connector over tutti stores; one per role and process."""
+class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
+    """vLLM's KV connector over tutti stores; one per role and process. A
+    hybrid model's KV cache groups (vLLM's hybrid manager) are served as
+    tutti.groups says."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -280,6 +204,11 @@ class TuttiConnector(KVConnectorBase_V1):
         self._worker: Optional[WorkerSide] = None
         self._sched: Optional[SchedulerSide] = None
         self._keys = RequestKeys(self.block_size, seed_of(key_identity(vllm_config)), _extra_keys_fn)
+        self.rules = group_rules(kv_cache_config, self.block_size)
+        self._group_layers = [list(g.layer_names) for g in kv_cache_config.kv_cache_groups] if self.rules else None
+        if self.rules is not None:  # the hybrid store's directory names every group's rule
+            rules = "|".join(f"{r.kind}:{r.window_tokens}" for r in self.rules)
+            self._hybrid_tag = hashlib.sha256(f"{model}|{rules}|{self.block_size}".encode()).hexdigest()[:12]
         self._server: Optional[LookupServer] = None
         self._errors: set = set()
         self._load_started_at = None
@@ -290,8 +219,17 @@ class TuttiConnector(KVConnectorBase_V1):
             if self.settings.check is not None:
                 check = KVCheck(self.settings.check["dir"], self._store_subdir,
                                 self.settings.check.get("max_records", MAX_RECORDS))
-            self._worker = WorkerSide(self._open_store, holds=_HoldsProxy(self), ends_requests=True,
-                                      save_flush_wait_ms=self.settings.save_flush_wait_ms, check=check)
+            if self.rules is not None:
+                checks = None
+                if self.settings.check is not None:  # one per group, in the group's folder of the hybrid store's
+                    checks = [KVCheck(self.settings.check["dir"], lambda lay, i=i: self._group_subdir(i),
+                                      self.settings.check.get("max_records", MAX_RECORDS)) for i in range(len(self.rules))]
+                self._hybrid = groups.HybridStore(self.rules)
+                self._worker = GroupWorkers(self._open_group, self.rules, self._hybrid, holds=_HoldsProxy(self),
+                                            save_flush_wait_ms=self.settings.save_flush_wait_ms, checks=checks)
+            else:
+                self._worker = WorkerSide(self._open_store, holds=_HoldsProxy(self), ends_requests=True,
+                                          save_flush_wait_ms=self.settings.save_flush_wait_ms, check=check)
         else:
             self.rank = None
         self._events = None  # kv_events "vllm": the scheduler's side (tutti.vllm_events)
@@ -321,7 +259,39 @@ class TuttiConnector(KVConnectorBase_V1):
             out.append(p)
         return out
 
-    def _open_store(self, lay: KVLayout) -> Store:
+    def _hybrid_subdir(self) -> str:
+        return os.path.join(f"{_slug(self._model)}-hybrid-{self._hybrid_tag}", f"tp{self.tp_size}-rank{self.rank}")
+
+    def _group_subdir(self, i: int) -> str:
+        return groups.group_dir(self._hybrid_subdir(), i)
+
+    def _open_group(self, i: int, lay: KVLayout) -> Store:
+        """Group i's store (tutti.groups) in the hybrid store's directory:
+        its manifest is written (or checked) with the first group, which
+        also names the directory by every group's rule; the hybrid store is
+        this process's store once every group is attached."""
+        if i == 0:
+            self._group_tags = []
+        self._group_tags.append(f"{lay.tag}|{lay.geometry}")
+        sub = self._hybrid_subdir()
+        dirs = [groups.group_dir(os.path.join(d, sub), i) for d in self.settings.dirs]
+        for d in dirs:
+            os.makedirs(d, exist_ok=True)
+        first_full = next(j for j, r in enumerate(self.rules) if r.kind == "full") if any(
+            r.kind == "full" for r in self.rules) else 0
+        st = self._open_store(lay, dirs=dirs, kv_events=i == first_full, shared=False)
+        self._hybrid.attach(i, st)
+        if i == len(self.rules) - 1:
+            want = groups.manifest(self.rules, self._group_tags)
+            for d in self.settings.dirs:
+                groups.ensure_manifest(os.path.join(d, sub), want)
+            process_store(self._key, lambda: self._hybrid)
+            self._holds = _process_matcher(self._key, self._hybrid, self.settings.hold_ttl_ms)
+            self._server = LookupServer(socket_path(self.settings.lookup_socket_dir, self._key, self.rank), self._holds)
+        return st
+
+    def _open_store(self, lay: KVLayout, dirs: Optional[List[str]] = None, kv_events: bool = True,
+                    shared: bool = True) -> Store:
         g = lay.geometry
         if self.tp_size > 1 and g.planes == 2:  # the store takes the whole model's heads and keeps its rank's share
             g = Geometry(g.layers, g.kv_heads * self.tp_size, g.head_dim, g.dtype, g.planes, g.page_tokens, g.chunk_pages)
@@ -333,19 +303,22 @@ class TuttiConnector(KVConnectorBase_V1):
         elif (path == "cpu") != (lay.device == "cpu"):
             raise ValueError(f"kv_connector_extra_config.path = {path!r} but the KV cache is on {lay.device}")
         opts = dict(self.settings.store_options)
-        kv_events = "engine" if self.settings.kv_events == "vllm" else self.settings.kv_events
+        kv_events = ("engine" if self.settings.kv_events == "vllm" else self.settings.kv_events) if kv_events else None
         if kv_events and kv_events != "engine" and self.tp_size > 1:
             raise ValueError("kv_connector_extra_config.kv_events: a tutti publisher with tensor parallelism (each "
                              "rank's store holds a shard; a router must see a block only when every rank holds it): "
                              "use 'vllm', which publishes the blocks every rank holds (docs/routers.md)")
         if path == "gpu" and lay.device.startswith("cuda:"):
             opts.setdefault("gpu_device", int(lay.device.split(":")[1]))
-        groups = options.from_flat(opts)
+        opt_groups = options.from_flat(opts)
 
         def opener():
-            return Store(self._store_dirs(lay), self.settings.capacity_bytes, g, lay.num_pages, layout=lay.layout,
-                         path=path, tp_rank=self.rank, tp_size=self.tp_size, kv_events=kv_events, **groups)
+            return Store(dirs or self._store_dirs(lay), self.settings.capacity_bytes, g, lay.num_pages,
+                         layout=lay.layout, path=path, tp_rank=self.rank, tp_size=self.tp_size, kv_events=kv_events,
+                         **opt_groups)
         try:
+            if not shared:  # a group of a hybrid store: the hybrid store is the process's
+                return opener()
             st = process_store(self._key, opener)
         except (_lib.NoGPU, _lib.NotSupported) as e:
             raise _gpu_path_error(e) from e
@@ -358,11 +331,17 @@ class TuttiConnector(KVConnectorBase_V1):
         """Path "cpu" on a KV cache outside host memory: the CPU path through
         host staging of host_staging_bytes (None: the tensors themselves)."""
         first = next(iter(kv_caches.values()), None)
+        if isinstance(first, (list, tuple)) and first:  # a recurrent layer's state tensors
+            first = first[0]
         on_host = str(getattr(first, "device", "cpu")) == "cpu"
         return self.settings.host_staging_bytes if self.settings.path == "cpu" and not on_host else None
 
     def _register(self, kv_caches):
         try:
+            if self.rules is not None:
+                self._worker.register(kv_caches, self.block_size, self._group_layers,
+                                      host_staging_bytes=self._host_staging_bytes(kv_caches))
+                return
             self._worker.register(kv_caches, self.block_size, host_staging_bytes=self._host_staging_bytes(kv_caches))
         except (_lib.NoGPU, _lib.NotSupported) as e:  # the GPU path binds its kernels at registration
             raise _gpu_path_error(e) from e
@@ -411,8 +390,9 @@ class TuttiConnector(KVConnectorBase_V1):
         if res.restored_blocks and st is not None:
             n = sum(res.restored_blocks.values())
             self._stats.add("load_blocks", n)
-            g = st.shard_geometry
-            self._stats.add("load_bytes", n * g.layers * g.page_bytes_per_layer * g.chunk_pages)
+            if self.rules is None:  # a hybrid model's bytes come per group in res.counters (tutti.group_worker)
+                g = st.shard_geometry
+                self._stats.add("load_bytes", n * g.layers * g.page_bytes_per_layer * g.chunk_pages)
             if self._load_started_at is not None:
                 self._stats.add("load_time_s", time.monotonic() - self._load_started_at)
         if res.error_block_ids:
@@ -429,6 +409,8 @@ class TuttiConnector(KVConnectorBase_V1):
 
     def get_kv_connector_kv_cache_events(self):
         st = self._worker.store if self._worker is not None else None
+        if isinstance(st, groups.HybridStore):  # the first full group's store publishes (tutti.groups)
+            st = next((s for s, r in zip(st.stores, st.rules) if r.kind == "full" and s is not None), None)
         if self.settings.kv_events != "vllm" or st is None:
             return None
         from .vllm_events import worker_events
@@ -488,7 +470,7 @@ class TuttiConnector(KVConnectorBase_V1):
             else:
                 paths = [socket_path(self.settings.lookup_socket_dir, self._key, r) for r in range(self.tp_size)]
                 matcher = RemoteMatcher(paths, self.settings.lookup_timeout_ms / 1000)
-            self._sched = SchedulerSide(matcher, self.block_size)
+            self._sched = SchedulerSide(matcher, self.block_size, rules=self.rules)
         return self._sched
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
@@ -514,6 +496,9 @@ class TuttiConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         ids = blocks.get_block_ids()
+        if self.rules is not None:
+            self._scheduler().update_state_after_alloc(request.request_id, [list(g) for g in ids], num_external_tokens)
+            return
         ids = ids[0] if ids and isinstance(ids[0], (list, tuple)) else ids
         self._scheduler().update_state_after_alloc(request.request_id, list(ids), num_external_tokens)
 
@@ -524,6 +509,12 @@ class TuttiConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids):
         self._keys.forget(request.request_id)
         return self._scheduler().request_finished(request.request_id), None
+
+    def request_finished_all_groups(self, request, block_ids):
+        """vLLM's hybrid manager's request_finished (SupportsHMA): block ids per
+        KV cache group. False: the blocks are freed at once (saves are handed
+        over before they can be reused, as for one group)."""
+        return self.request_finished(request, block_ids)
 
     def update_connector_output(self, connector_output):
         if self._events is not None:
@@ -575,4 +566,4 @@ def _register_by_name():
 
 _register_by_name()
 
-__all__ = ["TuttiConnector", "TuttiConnectorMetadata", "Settings", "key_identity", "VLLM_VERSIONS", "VLLM_COMMITS", "_lib"]
+__all__ = ["TuttiConnector", "group_rules", "TuttiConnectorMetadata", "Settings", "key_identity", "VLLM_VERSIONS", "VLLM_COMMITS", "_lib"]

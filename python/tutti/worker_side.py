@@ -86,6 +86,7 @@ class LoadSpec:
     chain: List[int]
     skip: int
     block_ids: List[int]
+    group: int = 0  # the KV cache group (tutti.groups; 0 for a model of one group)
 
 
 @dataclass
@@ -105,6 +106,7 @@ class SaveSpec:
     tokens: Optional[List[int]] = None
     hashes: Optional[List[bytes]] = None
     start: int = 0  # chain blocks an earlier save of the request already covers
+    group: int = 0  # the KV cache group (tutti.groups; 0 for a model of one group)
 
 
 @dataclass

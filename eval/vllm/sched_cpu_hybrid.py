@@ -1,0 +1,361 @@
+"""tutti's connector under vLLM's own scheduler with its hybrid KV cache
+manager on (several KV cache groups), on a machine without a GPU.
+
+As eval/vllm/sched_cpu.py does for one group: vLLM 0.26's real Scheduler,
+hybrid KV cache coordinator (full attention, sliding window, Mamba in
+"align" mode) and block hashing run the connector's scheduler role; this
+script plays the model runner on the CPU in vLLM's order, with vLLM's hybrid
+layouts (attention blocks-first, a Mamba layer's states as views of one page
+per block).
+
+The stand-in model: an attention layer's K and V at a position are a
+function of the prefix up to it and of the layer (exact in float16); a Mamba
+layer's state after c tokens is a function of the prefix of c tokens. Each
+step reads a request's running state from the block vLLM's align mode keeps
+it in (block ceil(c/B) - 1 of the group's table) and checks it, then writes
+the state after the step into block ceil((c+n)/B) - 1. Before a request first
+computes, every full-attention token and every sliding-window token inside
+the window of the next token must hold its prefix's values. So every block
+and state restored from tutti is checked.
+
+Scenarios: chunked (a prompt computed over several steps, then one sharing
+most of it after the GPU prefix cache is reset), preempt, restart (a new
+process). ``--groups`` picks the groups, e.g. ``full,sliding:48,state``
+(every kind) or ``full,sliding:48`` (a gpt-oss/Gemma-3-shaped model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import sys
+import tempfile
+
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import vllm.platforms as _platforms  # noqa: E402
+from vllm.platforms.cpu import CpuPlatform  # noqa: E402
+
+_platforms._current_platform = CpuPlatform()
+
+from vllm import SamplingParams  # noqa: E402
+from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig,  # noqa: E402
+                         VllmConfig, set_current_vllm_config)
+from vllm.distributed import init_distributed_environment, initialize_model_parallel  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.forward_context import get_forward_context, set_forward_context  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,  # noqa: E402
+                                        MambaSpec, SlidingWindowSpec)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+PER_GROUP, HEADS, HEAD = 2, 2, 64
+MOD = 2039  # values < 2048 are exact in float16
+CONV, SSM = (4, 128), (2, 32, 16)  # a Mamba layer's states: float16 conv, float32 ssm (5120 bytes, padded)
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+class Runner:
+    def __init__(self, a, extra, kinds):
+        self.a, self.kinds = a, kinds
+        bs = a.block_size
+        mc = ModelConfig(model=a.model, skip_tokenizer_init=True, max_model_len=a.max_model_len, dtype="float16")
+        sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=a.budget_tokens, max_model_len=a.max_model_len,
+                             enable_chunked_prefill=True, is_encoder_decoder=False, async_scheduling=False)
+        has_state = any(k == "state" for k, _ in kinds)
+        cc = CacheConfig(block_size=bs, enable_prefix_caching=True,
+                         mamba_cache_mode="align" if has_state else "none")
+        kt = KVTransferConfig(kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm",
+                              kv_role="kv_both", kv_connector_extra_config=extra)
+        self.vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kt)
+        page = bs * HEADS * HEAD * 2 * 2
+        groups, self.layers = [], []  # layers: (name, group, kind, index in kind)
+        for g, (kind, w) in enumerate(kinds):
+            names = [f"model.layers.{g * PER_GROUP + i}.{kind}" for i in range(PER_GROUP)]
+            if kind == "full":
+                spec = FullAttentionSpec(block_size=bs, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16)
+            elif kind == "sliding":
+                spec = SlidingWindowSpec(block_size=bs, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16,
+                                         sliding_window=w)
+            else:
+                spec = MambaSpec(block_size=bs, shapes=(CONV, SSM), dtypes=(torch.float16, torch.float32),
+                                 page_size_padded=page, mamba_cache_mode="align")
+            groups.append(KVCacheGroupSpec(names, spec))
+            self.layers += [(n, g, kind, i) for i, n in enumerate(names)]
+        self.kcc = KVCacheConfig(num_blocks=a.blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+        cc.num_gpu_blocks = a.blocks
+        self.kv, self.raw = {}, {}
+        for n, g, kind, _ in self.layers:
+            raw = torch.zeros(a.blocks * page, dtype=torch.uint8)
+            self.raw[n] = raw
+            if kind == "state":  # vLLM's MambaSpec views: state i after the ones before it, one page per block
+                conv = torch.as_strided(raw.view(torch.float16), (a.blocks, *CONV), (page // 2, CONV[1], 1), 0)
+                ssm = torch.as_strided(raw.view(torch.float32), (a.blocks, *SSM), (page // 4, SSM[1] * SSM[2], SSM[2], 1),
+                                       CONV[0] * CONV[1] * 2 // 4)
+                self.kv[n] = [conv, ssm]
+            else:  # blocks-first, as vLLM lays attention out next to Mamba layers
+                self.kv[n] = raw.view(torch.float16).view(a.blocks, 2, bs, HEADS, HEAD)
+        with set_current_vllm_config(self.vc):
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"file://{tempfile.mkdtemp()}/dist")
+            initialize_model_parallel(1, 1)
+            self.worker = KVConnectorFactory.create_connector(self.vc, KVConnectorRole.WORKER, self.kcc)
+            self.worker.register_kv_caches(self.kv)
+            self.sched = Scheduler(vllm_config=self.vc, kv_cache_config=self.kcc,
+                                   structured_output_manager=StructuredOutputManager(self.vc),
+                                   block_size=bs, log_stats=True)
+        hash_fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(bs, hash_fn)
+        self.tables: dict[str, list[list[int]]] = {}
+        self.first_computed: dict[str, int] = {}
+        self.verified = {"full": 0, "sliding": 0, "state": 0}
+        self.bad: list[str] = []
+        self.preempted: dict[str, int] = {}
+        self.finished: dict[str, str] = {}
+
+    @staticmethod
+    def prefix_hashes(tokens):
+        h, out = 17, []
+        for t in tokens:
+            h = (h * 1000003 + t) % (1 << 31)
+            out.append(h)
+        return out
+
+    @staticmethod
+    def expect_kv(hashes, layer, p0, p1):
+        h = torch.tensor(hashes[p0:p1], dtype=torch.int64).view(-1, 1, 1)
+        j = torch.arange(HEADS * HEAD, dtype=torch.int64).view(1, HEADS, HEAD)
+        return ((h + 7 * layer + j) % MOD).to(torch.float16), ((h + 7 * layer + j + 1000) % MOD).to(torch.float16)
+
+    @staticmethod
+    def expect_state(h, layer):
+        conv = ((h + 13 * layer + torch.arange(CONV[0] * CONV[1])) % MOD).to(torch.float16).view(CONV)
+        ssm = ((h * 3 + layer + torch.arange(SSM[0] * SSM[1] * SSM[2])) % 1000003).to(torch.float32).view(SSM)
+        return conv, ssm
+
+    def _bad(self, msg):
+        if len(self.bad) < 64:
+            self.bad.append(msg)
+
+    def verify_first(self, rid, hashes, nc):
+        """Before rid first computes: its computed prefix (vLLM's and tutti's)
+        in every full layer, the window of the next token in every sliding
+        layer (the state is checked by every step)."""
+        if nc == 0:
+            return
+        bs = self.a.block_size
+        for n, g, kind, i in self.layers:
+            if kind == "state":
+                continue
+            lo = 0 if kind == "full" else max(0, nc - self.kinds[g][1] + 1)
+            t = self.tables[rid][g]
+            pos = list(range(lo, nc))
+            if any(t[p // bs] == 0 for p in pos):
+                self._bad(f"{rid}: {kind} layer {n}: a null block inside what it attends to at {nc}")
+                continue
+            blk, off = torch.tensor([t[p // bs] for p in pos]), torch.tensor(pos) % bs
+            k, v = self.expect_kv(hashes, g * PER_GROUP + i, lo, nc)
+            if not (torch.equal(self.kv[n][blk, 0, off], k) and torch.equal(self.kv[n][blk, 1, off], v)):
+                self._bad(f"{rid}: {kind} layer {n}: tokens [{lo}, {nc}) hold the wrong KV")
+                continue
+            self.verified[kind] += nc - lo
+
+    def compute(self, rid, hashes, nc, n_new):
+        bs = self.a.block_size
+        for n, g, kind, i in self.layers:
+            t = self.tables[rid][g]
+            li = g * PER_GROUP + i
+            if kind == "state":
+                conv, ssm = self.kv[n]
+                if nc > 0:
+                    b = t[cdiv(nc, bs) - 1]
+                    ec, es = self.expect_state(hashes[nc - 1], li)
+                    if b == 0 or not (torch.equal(conv[b], ec) and torch.equal(ssm[b], es)):
+                        self._bad(f"{rid}: state layer {n}: the state after {nc} tokens (block {b}) is wrong")
+                    else:
+                        self.verified["state"] += 1
+                b = t[cdiv(nc + n_new, bs) - 1]
+                conv[b], ssm[b] = self.expect_state(hashes[nc + n_new - 1], li)
+                continue
+            k, v = self.expect_kv(hashes, li, nc, nc + n_new)
+            pos = torch.arange(nc, nc + n_new)
+            blk = torch.tensor([t[p // bs] for p in range(nc, nc + n_new)])
+            self.kv[n][blk, 0, pos % bs] = k
+            self.kv[n][blk, 1, pos % bs] = v
+
+    def step(self):
+        so = self.sched.schedule()
+        w, reqs = self.worker, self.sched.requests
+        for rid, r in reqs.items():
+            self.preempted[rid] = max(self.preempted.get(rid, 0), r.num_preemptions)
+        work = []
+        for nr in so.scheduled_new_reqs:
+            self.tables[nr.req_id] = [list(g) for g in nr.block_ids]
+            work.append((nr.req_id, nr.num_computed_tokens, True))
+        cr = so.scheduled_cached_reqs
+        for i, rid in enumerate(cr.req_ids):
+            nb = cr.new_block_ids[i]
+            if rid in cr.resumed_req_ids:
+                self.tables[rid] = [list(g) for g in nb] if nb is not None else [[] for _ in self.kinds]
+            elif nb is not None:
+                for have, more in zip(self.tables[rid], nb):
+                    have.extend(more)
+            work.append((rid, cr.num_computed_tokens[i], rid in cr.resumed_req_ids))
+        hashes = {rid: self.prefix_hashes(reqs[rid].all_token_ids[:nc + so.num_scheduled_tokens[rid]])
+                  for rid, nc, _ in work}
+        with set_current_vllm_config(self.vc), set_forward_context(None, self.vc):
+            w.bind_connector_metadata(so.kv_connector_metadata)
+            w.start_load_kv(get_forward_context())
+            for n, _, kind, _ in self.layers:
+                if kind != "state":
+                    w.wait_for_layer_load(n)
+            for rid, nc, first in work:
+                if first:
+                    self.first_computed.setdefault(rid, nc)
+                    self.verify_first(rid, hashes[rid], nc)
+                self.compute(rid, hashes[rid], nc, so.num_scheduled_tokens[rid])
+            for n, _, kind, _ in self.layers:
+                if kind != "state":
+                    w.save_kv_layer(n, self.kv[n], None)
+            w.wait_for_save()
+            sending, recving = w.get_finished(so.finished_req_ids)
+            invalid = w.get_block_ids_with_load_errors()
+            w.clear_connector_metadata()
+        if invalid:
+            self._bad(f"load errors: blocks {sorted(invalid)[:8]}")
+        sampled, ids = [], []
+        for rid, nc, _ in work:
+            r = reqs[rid]
+            ids.append(rid)
+            sampled.append([hashes[rid][-1] % 30000 + 1000] if nc + so.num_scheduled_tokens[rid] >= r.num_tokens else [])
+        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled,
+                                kv_connector_output=KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                                                                      invalid_block_ids=invalid))
+        eco = self.sched.update_from_output(so, out)
+        for o in (eco.get(0).outputs if eco.get(0) is not None else []):
+            if o.finish_reason is not None:
+                self.finished[o.request_id] = str(o.finish_reason)
+
+    def add(self, rid, tokens, max_tokens=4):
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        self.sched.add_request(Request(rid, tokens, sp, None, block_hasher=self.hasher))
+
+    def run(self, max_steps=5000):
+        for s in range(max_steps):
+            if not self.sched.has_requests():
+                return s
+            self.step()
+        raise RuntimeError(f"requests left after {max_steps} steps")
+
+    def settle(self):
+        self.worker._worker.store.wait_saves()
+
+
+def toks(rng, n, vocab=120000):
+    return [rng.randrange(1000, vocab) for _ in range(n)]
+
+
+def parse_groups(s):
+    out = []
+    for part in s.split(","):
+        kind, _, w = part.partition(":")
+        if kind not in ("full", "sliding", "state") or (kind == "sliding") != bool(w):
+            raise SystemExit(f"--groups {s!r}: want full, sliding:WINDOW or state, comma-separated")
+        out.append((kind, int(w) if w else 0))
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--phase", choices=("first", "restart"), required=True)
+    p.add_argument("--groups", default="full,sliding:48,state")
+    p.add_argument("--json", default="")
+    p.add_argument("--budget-tokens", type=int, default=256)
+    p.add_argument("--blocks", type=int, default=200)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    a = p.parse_args(argv)
+    kinds = parse_groups(a.groups)
+    extra = {"dirs": [a.dir], "capacity_bytes": 1 << 30, "path": "cpu", "check": {"dir": a.dir + "-check"}}
+    rng = random.Random(11)
+    doc, q1, q2 = toks(rng, 600), toks(rng, 40), toks(rng, 40)
+    longs = [toks(rng, 600) for _ in range(3)]
+    R = Runner(a, extra, kinds)
+    has_state = any(k == "state" for k, _ in kinds)
+    res, ok = {"phase": a.phase, "groups": a.groups, "checks": {}}, True
+    # vLLM keeps its hybrid manager on (on a GPU platform) only for a connector it says supports it.
+    res["supports_hma"] = bool(KVConnectorFactory.supports_hma_config(R.vc.kv_transfer_config))
+    ok &= res["supports_hma"]
+    if a.phase == "first":
+        R.add("doc", doc + q1)
+        R.run()
+        R.settle()
+        R.sched.reset_prefix_cache()
+        R.add("doc-again", doc[:480] + q2)
+        R.run()
+        got = R.external_tokens = R.first_computed.get("doc-again", 0)
+        # 256 tokens a step: the states kept are at 256, 512 and 640 tokens; of the 480 shared, a hit can end at 256
+        want = 256 if has_state else 480
+        res["checks"]["chunked"] = {"matched": got, "want": want}
+        ok &= got == want
+        print(f"chunked: a request sharing 480 tokens of a prompt computed 256 a step matched {got} from tutti (want {want})")
+        for i, t in enumerate(longs):
+            R.add(f"long{i}", t, max_tokens=700)
+        R.run()
+        pre = sum(R.preempted.values())
+        fin = sum(f"long{i}" in R.finished for i in range(3))
+        res["checks"]["preempt"] = {"preemptions": pre, "finished": fin}
+        print(f"preempt: {pre} preemptions, {fin} of 3 long requests finished")
+        ok &= pre > 0 and fin == 3
+    else:
+        R.add("doc-restart", doc + q2)
+        for i, t in enumerate(longs):
+            R.add(f"long{i}-restart", t[:560] + toks(rng, 30))
+        R.run()
+        got = {r: R.first_computed.get(r, 0) for r in ["doc-restart"] + [f"long{i}-restart" for i in range(3)]}
+        res["checks"]["restart"] = got
+        want = 512 if has_state else 592
+        print(f"restart: a new process matched {got} tokens from tutti (doc-restart: want {want})")
+        ok &= got["doc-restart"] == want and all(v > 0 for v in got.values())
+    R.worker.shutdown()  # the check mode's summary is written at close
+    chk = {"match": 0, "mismatch": 0, "unknown": 0}
+    for f in glob.glob(f"{a.dir}-check/**/summary-*.json", recursive=True):
+        with open(f) as fh:
+            t = json.load(fh)["totals"]
+        for k in chk:
+            chk[k] += int(t.get(k, 0))
+    res["check"] = chk
+    print(f"{a.phase}: check mode: {chk['match']} restored block-layers equal to what was saved, "
+          f"{chk['mismatch']} differ, {chk['unknown']} unknown")
+    ok &= chk["mismatch"] == 0 and chk["unknown"] == 0 and chk["match"] > 0
+    res["verified"], res["bad"] = R.verified, R.bad
+    ok &= not R.bad
+    print(f"{a.phase}: verified {R.verified} (full/sliding tokens before first compute, states read), {len(R.bad)} wrong")
+    for b in R.bad[:8]:
+        print("  " + b)
+    res["ok"] = bool(ok)
+    print(f"{a.phase}: {'PASS' if ok else 'FAIL'}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

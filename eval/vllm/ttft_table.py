@@ -1,0 +1,56 @@
+"""TTFT of restored prefixes in real vLLM: recompute (no connector) against
+tutti and vLLM's OffloadingConnector on the same model (eval/vllm/drive.py's
+``ttft`` phase, one process each, run by ``eval/vllm/run.sh ttft``).
+
+Each run: every document prefilled, the GPU's prefix cache reset, then one
+question per document, one request at a time. Prints the median TTFT of
+each backend, the ratios against recompute and against the
+OffloadingConnector, and the tokens each backend served from its cache
+(vLLM's ``num_cached_tokens``); --json writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+
+def summary(path):
+    with open(path) as f:
+        r = json.load(f)
+    t = [x["ttft_s"] for x in r.get("ttft", []) if x.get("ttft_s") is not None]
+    return {"median_s": statistics.median(t) if t else None, "ttft_s": t,
+            "cached_tokens": [x.get("cached") for x in r.get("ttft", [])],
+            "block_size": r.get("block_size"), "kv_cache_groups": r.get("kv_cache_groups")}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", required=True)
+    p.add_argument("--recompute", required=True)
+    p.add_argument("--tutti", required=True)
+    p.add_argument("--offloading", required=True)
+    p.add_argument("--json", default="")
+    a = p.parse_args(argv)
+    rows = {k: summary(getattr(a, k)) for k in ("recompute", "tutti", "offloading")}
+    rec, tut, off = (rows[k]["median_s"] for k in ("recompute", "tutti", "offloading"))
+    groups = rows["tutti"]["kv_cache_groups"] or []
+    print(f"{a.case} TTFT (median of {len(rows['tutti']['ttft_s'])} restored prefixes, block_size "
+          f"{rows['tutti']['block_size']}, KV cache groups {[g['spec'] for g in groups]}):")
+    for k, r in rows.items():
+        m = r["median_s"]
+        print(f"  {k:<11} {m * 1000 if m else float('nan'):8.1f} ms   cached tokens {r['cached_tokens']}")
+    ok = None not in (rec, tut, off)
+    if ok:
+        print(f"  tutti: {rec / tut:.2f}x lower than recompute, {off / tut:.2f}x lower than OffloadingConnector (CPU tier)")
+    rows["ok"] = ok
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
