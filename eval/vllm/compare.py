@@ -18,9 +18,12 @@ Prints one line per finding and a verdict; --json writes them all.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+from tutti.kvcheck import read_summaries  # noqa: E402
 
 
 def load(p):
@@ -53,19 +56,6 @@ def compare_outputs(base, run):
                        "top": (r.get("top") or [])[pos:pos + 1], "baseline_top": (b.get("top") or [])[pos:pos + 1],
                        "cached_tokens": r.get("num_cached_tokens"), "baseline_cached_tokens": b.get("num_cached_tokens")})
     return same, parted, failed
-
-
-def check_summaries(d):
-    """The connector's check-mode summaries (tutti.kvcheck: one JSON per
-    process and rank, under the check dir's per-store folders)."""
-    tot = {"match": 0, "mismatch": 0, "unknown": 0, "recorded": 0, "files": 0, "mismatches": []}
-    for p in sorted(glob.glob(f"{d}/**/summary-*.json", recursive=True)):
-        s = load(p)
-        tot["files"] += 1
-        for k in ("match", "mismatch", "unknown", "recorded"):
-            tot[k] += int(s.get("totals", {}).get(k, 0))
-        tot["mismatches"] += s.get("mismatches", [])[:8]
-    return tot
 
 
 def main(argv=None):
@@ -107,7 +97,7 @@ def main(argv=None):
         ok &= not failed
     ok &= metric(second, "vllm:tutti_hit_tokens") > 0 and metric(second, "vllm:tutti_load_error_blocks") == 0
     if a.check_dir:
-        c = check_summaries(a.check_dir)
+        c = read_summaries(a.check_dir)
         rep["check"] = c
         print(f"{a.case} check mode: {c['match']} restored block-layers equal the KV vLLM computed, "
               f"{c['mismatch']} differ, {c['unknown']} had no digest; {c['recorded']} saved block-layers "

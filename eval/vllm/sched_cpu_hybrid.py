@@ -27,7 +27,6 @@ process). ``--groups`` picks the groups, e.g. ``full,sliding:48,state``
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import random
@@ -58,6 +57,8 @@ from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCach
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from tutti.kvcheck import read_summaries  # noqa: E402
 
 PER_GROUP, HEADS, HEAD = 2, 2, 64
 MOD = 2039  # values < 2048 are exact in float16
@@ -334,12 +335,7 @@ def main(argv=None):
         print(f"restart: a new process matched {got} tokens from tutti (doc-restart: want {want})")
         ok &= got["doc-restart"] == want and all(v > 0 for v in got.values())
     R.worker.shutdown()  # the check mode's summary is written at close
-    chk = {"match": 0, "mismatch": 0, "unknown": 0}
-    for f in glob.glob(f"{a.dir}-check/**/summary-*.json", recursive=True):
-        with open(f) as fh:
-            t = json.load(fh)["totals"]
-        for k in chk:
-            chk[k] += int(t.get(k, 0))
+    chk = read_summaries(f"{a.dir}-check")
     res["check"] = chk
     print(f"{a.phase}: check mode: {chk['match']} restored block-layers equal to what was saved, "
           f"{chk['mismatch']} differ, {chk['unknown']} unknown")

@@ -197,3 +197,19 @@ class KVCheck:
             json.dump(self.summary(), f, indent=1, sort_keys=True)
         os.replace(path + ".tmp", path)
         log.warning("tutti check mode: %s (%s)", path, dict(self.counts))
+
+
+def read_summaries(root: str) -> dict:
+    """Adds up the check-mode summaries under ``root`` (those :meth:`close`
+    writes, one per process and rank, in per-store folders below it): the
+    totals of ``match``, ``mismatch``, ``unknown`` and ``recorded``, the
+    number of ``files`` read and the first mismatches of each file."""
+    tot = {"match": 0, "mismatch": 0, "unknown": 0, "recorded": 0, "files": 0, "mismatches": []}
+    for path in sorted(glob.glob(os.path.join(root, "**", "summary-*.json"), recursive=True)):
+        with open(path) as f:
+            s = json.load(f)
+        tot["files"] += 1
+        for k in ("match", "mismatch", "unknown", "recorded"):
+            tot[k] += int(s.get("totals", {}).get(k, 0))
+        tot["mismatches"] += s.get("mismatches", [])[:8]
+    return tot
