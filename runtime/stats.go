@@ -216,7 +216,10 @@ func (s *Store) snapshot() Stats {
 	st.Holds.Live = s.holds
 	s.mu.Unlock()
 	st.Holds.Expired = s.holdsExpired.Load()
-	st.Index, st.Map, st.Sched = s.idx.Stats(), s.m.Stats(), s.sched.Stats()
+	if s.remote == nil {
+		st.Index, st.Map = s.idx.Stats(), s.m.Stats()
+	}
+	st.Sched = s.sched.Stats()
 	st.Events = s.kvEventsStats()
 	st.GPU = s.gpuStats()
 	st.Devices.Probes = append([]DeviceProbe{}, s.devProbes...)

@@ -1,0 +1,283 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tutti-io/tutti/eval/model"
+	"github.com/tutti-io/tutti/internal/crashtest"
+	"github.com/tutti-io/tutti/internal/kvdata"
+	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/runtime"
+)
+
+func init() {
+	register("serve-bench", "engine processes saving and loading overlapping prefixes through a tutti serve socket, every byte verified", runServeBench)
+}
+
+// Limits of serve-bench.
+const (
+	serveBenchMaxEngines = 64
+	serveBenchMaxBlocks  = 1 << 12
+)
+
+// engineResult is one engine process's line (and the total's).
+type engineResult struct {
+	Engine        int     `json:"engine"` // -1: the total
+	Seconds       float64 `json:"seconds"`
+	Loads         int64   `json:"loads"`
+	LoadedBlocks  int64   `json:"loaded_blocks"`
+	LoadedBytes   int64   `json:"loaded_bytes"`
+	Saves         int64   `json:"saves"`
+	SavedBlocks   int64   `json:"saved_blocks"`
+	SavedBytes    int64   `json:"saved_bytes"`
+	SkippedBlocks int64   `json:"skipped_blocks"` // saves not admitted (no space, budget, cached by another engine meanwhile)
+	VerifiedBytes int64   `json:"verified_bytes"` // restored bytes compared with the block's own content
+	Mismatches    int64   `json:"mismatches"`     // blocks restored with wrong bytes: must be 0
+	Errors        int64   `json:"errors"`         // calls that failed
+	LoadGBps      float64 `json:"load_gb_per_s"`  // restored bytes / seconds
+	SaveGBps      float64 `json:"save_gb_per_s"`  // committed bytes / seconds
+	LastError     string  `json:"last_error,omitempty"`
+}
+
+type serveBenchFlags struct {
+	socket              string
+	engines, child      int
+	duration            time.Duration
+	modelName           string
+	prefixes, maxBlocks int
+	seed                uint64
+	path                string
+}
+
+func runServeBench(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("serve-bench", stderr)
+	var f serveBenchFlags
+	fs.StringVar(&f.socket, "socket", "", "the socket of a running tutti serve")
+	fs.IntVar(&f.engines, "engines", 4, "engine processes")
+	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long each engine runs")
+	fs.StringVar(&f.modelName, "model", "tiny", "model profile: the service's (--model of tutti serve)")
+	fs.IntVar(&f.prefixes, "prefixes", 32, "distinct prefixes the engines share (requests pick one and a length)")
+	fs.IntVar(&f.maxBlocks, "max-blocks", 16, "longest request in chain blocks")
+	fs.Uint64Var(&f.seed, "seed", 1, "request seed (engine i uses seed+i)")
+	fs.StringVar(&f.path, "path", "cpu", "the engines' data path: cpu (host memory) or gpu (HBM; GPU machine)")
+	fs.IntVar(&f.child, "engine-child", -1, "internal: run as engine N and print its result line")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case f.socket == "":
+		return usageErr(fs.Usage, errors.New("--socket: required"))
+	case f.engines < 1 || f.engines > serveBenchMaxEngines:
+		return usageErr(fs.Usage, fmt.Errorf("--engines %d: want 1..%d", f.engines, serveBenchMaxEngines))
+	case f.prefixes < 1 || f.maxBlocks < 1 || f.maxBlocks > serveBenchMaxBlocks:
+		return usageErr(fs.Usage, fmt.Errorf("--prefixes %d, --max-blocks %d: want >= 1 and 1..%d", f.prefixes, f.maxBlocks, serveBenchMaxBlocks))
+	case f.duration <= 0:
+		return usageErr(fs.Usage, fmt.Errorf("--duration %v: want > 0", f.duration))
+	case f.path != "cpu" && f.path != "gpu":
+		return usageErr(fs.Usage, fmt.Errorf("--path %q: want cpu or gpu", f.path))
+	}
+	if f.child >= 0 {
+		r := benchEngine(f)
+		return json.NewEncoder(stdout).Encode(r)
+	}
+	return benchEngines(f, args, stdout)
+}
+
+// benchEngines runs the engine processes at once and reports each line and
+// their total; any mismatch fails the command.
+func benchEngines(f serveBenchFlags, args []string, stdout io.Writer) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	results := make([]engineResult, f.engines)
+	errs := make([]error, f.engines)
+	var wg sync.WaitGroup
+	for i := range f.engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = benchChild(exe, append(append([]string{"serve-bench"}, args...), fmt.Sprintf("--engine-child=%d", i)))
+		}()
+	}
+	wg.Wait()
+	out := json.NewEncoder(stdout)
+	total := engineResult{Engine: -1}
+	for i, r := range results {
+		if errs[i] != nil {
+			return fmt.Errorf("engine %d: %w", i, errs[i])
+		}
+		if err := out.Encode(r); err != nil {
+			return err
+		}
+		total.Seconds = max(total.Seconds, r.Seconds)
+		total.Loads += r.Loads
+		total.LoadedBlocks += r.LoadedBlocks
+		total.LoadedBytes += r.LoadedBytes
+		total.Saves += r.Saves
+		total.SavedBlocks += r.SavedBlocks
+		total.SavedBytes += r.SavedBytes
+		total.SkippedBlocks += r.SkippedBlocks
+		total.VerifiedBytes += r.VerifiedBytes
+		total.Mismatches += r.Mismatches
+		total.Errors += r.Errors
+	}
+	total.LoadGBps, total.SaveGBps = gbps(total.LoadedBytes, total.Seconds), gbps(total.SavedBytes, total.Seconds)
+	if err := out.Encode(total); err != nil {
+		return err
+	}
+	if total.Mismatches > 0 || total.Errors > 0 {
+		return exitError{1} // every line is out: they say which engine failed and why
+	}
+	return nil
+}
+
+// benchChild runs one engine process and parses its result line.
+func benchChild(exe string, args []string) (engineResult, error) {
+	cmd := exec.Command(exe, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	cmd.Env = os.Environ()
+	outp, err := cmd.Output()
+	if err != nil {
+		return engineResult{}, fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	var r engineResult
+	sc := bufio.NewScanner(strings.NewReader(string(outp)))
+	for sc.Scan() {
+		if err := json.Unmarshal(sc.Bytes(), &r); err == nil {
+			return r, nil
+		}
+	}
+	return engineResult{}, fmt.Errorf("no result line in %q", outp)
+}
+
+func gbps(bytes int64, s float64) float64 {
+	if s <= 0 {
+		return 0
+	}
+	return float64(bytes) / s / 1e9
+}
+
+// benchEngine is one engine: until the duration ran out, it picks a shared
+// prefix and a length, loads what the service has of it into its own
+// memory (verifying every restored byte) and saves the rest.
+func benchEngine(f serveBenchFlags) engineResult {
+	r := engineResult{Engine: f.child}
+	fail := func(err error) {
+		r.Errors++
+		r.LastError = err.Error()
+	}
+	prof, err := model.Lookup(f.modelName)
+	if err != nil {
+		fail(err)
+		return r
+	}
+	g := prof.Shape
+	cfg := runtime.Config{Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: f.maxBlocks * g.ChunkPages, Path: runtime.PathCPU}
+	if f.path == "gpu" {
+		cfg.Path = runtime.PathGPU
+	}
+	s, err := runtime.Connect(f.socket, cfg)
+	if err != nil {
+		fail(err)
+		return r
+	}
+	defer s.Close()
+	kv, err := runtime.AllocHostKV(g, cfg.Layout, cfg.NumPages)
+	if err != nil {
+		fail(err)
+		return r
+	}
+	defer kv.Free()
+	if err := s.RegisterKV(kv.Memory()); err != nil {
+		fail(err)
+		return r
+	}
+	pages := make([]int32, cfg.NumPages)
+	for i := range pages {
+		pages[i] = int32(i)
+	}
+	rng := rand.New(rand.NewPCG(f.seed+uint64(f.child), 7))
+	block := g.ChunkBytes()
+	start := time.Now()
+	for time.Since(start) < f.duration {
+		p, n := rng.IntN(f.prefixes), 1+rng.IntN(f.maxBlocks)
+		chain := crashtest.Chain(uint64(p+1)<<32, n)
+		pg := pages[:n*g.ChunkPages]
+		hit := s.Lookup(chain)
+		if hit > 0 {
+			benchLoad(s, kv, g, chain[:hit], pg[:hit*g.ChunkPages], &r, fail)
+		}
+		if hit < n {
+			benchFill(kv, g, chain, pg)
+			sv, err := s.Save(chain, pg)
+			if err != nil {
+				fail(err)
+				continue
+			}
+			sv.Wait()
+			r.Saves++
+			r.SavedBlocks += int64(sv.Saved())
+			r.SavedBytes += int64(sv.Saved()) * block
+			r.SkippedBlocks += int64(len(chain) - sv.Saved() - sv.Skipped(runtime.SkipCached))
+		}
+	}
+	if err := s.WaitSaves(); err != nil {
+		fail(err)
+	}
+	r.Seconds = time.Since(start).Seconds()
+	r.LoadGBps, r.SaveGBps = gbps(r.LoadedBytes, r.Seconds), gbps(r.SavedBytes, r.Seconds)
+	return r
+}
+
+func benchLoad(s *runtime.Store, kv *runtime.HostKV, g kvshape.Geometry, chain []uint64, pg []int32, r *engineResult, fail func(error)) {
+	l, err := s.Load(chain, pg)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if err := l.Wait(); err != nil {
+		fail(err)
+	}
+	got := l.Blocks()
+	r.Loads++
+	r.LoadedBlocks += int64(got)
+	r.LoadedBytes += int64(got) * g.ChunkBytes()
+	for i, id := range chain[:got] {
+		for j := range g.ChunkPages {
+			for ly := range g.Layers {
+				for pl := range g.Planes {
+					b := kv.Page(ly, pl, pg[i*g.ChunkPages+j])
+					r.VerifiedBytes += int64(len(b))
+					if kvdata.Verify(b, kvdata.Key{Block: id, Layer: ly, Plane: pl, Page: j}) >= 0 {
+						r.Mismatches++
+						fail(fmt.Errorf("block %#x page %d layer %d plane %d restored with wrong bytes", id, j, ly, pl))
+					}
+				}
+			}
+		}
+	}
+}
+
+func benchFill(kv *runtime.HostKV, g kvshape.Geometry, chain []uint64, pg []int32) {
+	for i, id := range chain {
+		for j := range g.ChunkPages {
+			for ly := range g.Layers {
+				for pl := range g.Planes {
+					kvdata.Fill(kv.Page(ly, pl, pg[i*g.ChunkPages+j]), kvdata.Key{Block: id, Layer: ly, Plane: pl, Page: j})
+				}
+			}
+		}
+	}
+}
