@@ -262,10 +262,14 @@ func DecodeRequest(f Frame) (Msg, error) {
 
 // DecodeResponse decodes the payload of op's response into its error (nil:
 // none; it wraps the sentinel of its Code) and its message, which some ops
-// carry beside an error (Allocate: what fit).
+// carry beside an error (Allocate: what fit); an error's message is nil
+// when the service sent none.
 func DecodeResponse(op Op, payload []byte) (Msg, error, error) {
 	d := &Dec{B: payload}
 	code, text := Code(d.U8()), d.Str()
+	if d.Err() == nil && code != CodeOK && len(d.B) == 0 {
+		return nil, code.Err(text), nil // an error with no payload
+	}
 	var m Msg
 	switch op {
 	case OpHello:
