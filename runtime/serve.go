@@ -265,7 +265,8 @@ func (v *Service) hello(h *nodewire.Hello) (nodewire.Msg, error) {
 		return nil, fmt.Errorf("%w: protocol version %d, the service speaks %d", nodewire.ErrProtocol, h.Version, nodewire.Version)
 	}
 	if want := fingerprint(v.s.geo); h.Fingerprint != want {
-		return nil, fmt.Errorf("%w: the engine's geometry (fingerprint %s) is not the store's (%s)", ErrGeometryMismatch, h.Fingerprint, want)
+		return nil, fmt.Errorf("%w: the engine's geometry (fingerprint %s) is not the store's (%s, fingerprint %s)", ErrGeometryMismatch,
+			h.Fingerprint, v.s.geo, want)
 	}
 	r := &nodewire.HelloResp{Dirs: v.s.m.Dirs(), Buffered: v.s.cfg.buffered, KeepsMeta: v.ctl.keepsMeta(),
 		CapacityBytes: v.s.cfg.CapacityBytes}

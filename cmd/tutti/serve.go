@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -43,6 +44,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&dirs, "dir", "store directory, or several comma-separated or repeated (one per device); a directory another process holds is refused")
 	socket := fs.String("socket", "", "the unix socket engines connect to (runtime.Connect, tutti_connect, tutti.Store(connect=...)); a stale one is replaced")
 	modelName := fs.String("model", "tiny", "model profile (the engines' KV shape): "+strings.Join(model.Names(), ", "))
+	geoSpec := fs.String("geometry", "", "the engines' KV shape instead of --model's: layers=L,kv_heads=H,head_dim=D,dtype=bf16|fp16|fp8|fp32,planes=2|1,page_tokens=T,chunk_pages=P (a vLLM engine's, as its connector logs it)")
 	capBlocks := fs.Int("capacity-blocks", 1024, "store capacity in chain blocks")
 	var kf kvFlags
 	kf.add(fs)
@@ -64,6 +66,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return usageErr(fs.Usage, err)
 	}
 	g := prof.Shape
+	if *geoSpec != "" {
+		if g, err = parseGeometry(*geoSpec); err != nil {
+			return usageErr(fs.Usage, fmt.Errorf("--geometry: %w", err))
+		}
+	}
 	cfg := serveConfig(dirs.dirs, g, *capBlocks)
 	cfg.KVEvents = ev
 	// Signals first: a TERM between the ready line and Notify would kill
@@ -99,4 +106,40 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	st, vs := v.Store().Stats(), v.Stats()
 	cerr := v.Close()
 	return errors.Join(cerr, out.Encode(serveReply{Op: "stats", Service: &vs, Stats: &st}))
+}
+
+// parseGeometry reads --geometry's key=value list; every key is required.
+func parseGeometry(spec string) (kvshape.Geometry, error) {
+	var g kvshape.Geometry
+	ints := map[string]*int{"layers": &g.Layers, "kv_heads": &g.KVHeads, "head_dim": &g.HeadDim, "planes": &g.Planes,
+		"page_tokens": &g.PageTokens, "chunk_pages": &g.ChunkPages}
+	seen := map[string]bool{}
+	for _, kv := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok || seen[k] {
+			return g, fmt.Errorf("%q: want key=value, each key once", kv)
+		}
+		seen[k] = true
+		if k == "dtype" {
+			d, err := kvshape.ParseDType(v)
+			if err != nil {
+				return g, err
+			}
+			g.DType = d
+			continue
+		}
+		p := ints[k]
+		if p == nil {
+			return g, fmt.Errorf("unknown key %q (want layers, kv_heads, head_dim, dtype, planes, page_tokens, chunk_pages)", k)
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return g, fmt.Errorf("%s=%q: %w", k, v, err)
+		}
+		*p = n
+	}
+	if len(seen) != len(ints)+1 {
+		return g, fmt.Errorf("%q: want all of layers, kv_heads, head_dim, dtype, planes, page_tokens, chunk_pages", spec)
+	}
+	return g, g.Validate()
 }

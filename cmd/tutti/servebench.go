@@ -53,7 +53,7 @@ type serveBenchFlags struct {
 	socket              string
 	engines, child      int
 	duration            time.Duration
-	modelName           string
+	modelName, geometry string
 	prefixes, maxBlocks int
 	seed                uint64
 	path                string
@@ -66,6 +66,7 @@ func runServeBench(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&f.engines, "engines", 4, "engine processes")
 	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long each engine runs")
 	fs.StringVar(&f.modelName, "model", "tiny", "model profile: the service's (--model of tutti serve)")
+	fs.StringVar(&f.geometry, "geometry", "", "the KV shape instead of --model's (tutti serve --geometry)")
 	fs.IntVar(&f.prefixes, "prefixes", 32, "distinct prefixes the engines share (requests pick one and a length)")
 	fs.IntVar(&f.maxBlocks, "max-blocks", 16, "longest request in chain blocks")
 	fs.Uint64Var(&f.seed, "seed", 1, "request seed (engine i uses seed+i)")
@@ -184,6 +185,12 @@ func benchEngine(f serveBenchFlags) engineResult {
 		return r
 	}
 	g := prof.Shape
+	if f.geometry != "" {
+		if g, err = parseGeometry(f.geometry); err != nil {
+			fail(err)
+			return r
+		}
+	}
 	cfg := runtime.Config{Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: f.maxBlocks * g.ChunkPages, Path: runtime.PathCPU}
 	if f.path == "gpu" {
 		cfg.Path = runtime.PathGPU
