@@ -3,11 +3,14 @@ package runtime
 import (
 	"errors"
 	"math/rand/v2"
+	"net"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/tutti-io/tutti/kvshape"
+	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/nodewire"
 )
 
 // startService serves a test store on a socket in a temporary directory.
@@ -115,5 +118,139 @@ func waitLive(t *testing.T, v *Service, live int) {
 			t.Fatalf("service has %d connections, want %d", v.Stats().Live, live)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// rawPeer is a connection that speaks the wire itself, to die at a chosen
+// step.
+type rawPeer struct {
+	t  *testing.T
+	c  net.Conn
+	id uint64
+}
+
+func dialRaw(t *testing.T, v *Service, g kvshape.Geometry) *rawPeer {
+	t.Helper()
+	c, err := net.Dial("unix", v.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &rawPeer{t: t, c: c}
+	p.call(nodewire.OpHello, &nodewire.Hello{Version: nodewire.Version, Fingerprint: fingerprint(g)})
+	return p
+}
+
+func (p *rawPeer) call(op nodewire.Op, req nodewire.Msg) nodewire.Msg {
+	p.t.Helper()
+	p.id++
+	e := nodewire.Enc{}
+	req.Encode(&e)
+	if _, err := p.c.Write(nodewire.AppendFrame(nil, op, p.id, e.B)); err != nil {
+		p.t.Fatal(err)
+	}
+	f, _, err := nodewire.ReadFrame(p.c, nil)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	m, rerr, err := nodewire.DecodeResponse(f.Op, f.Payload)
+	if err != nil || rerr != nil {
+		p.t.Fatalf("op %d: %v, %v", op, rerr, err)
+	}
+	return m
+}
+
+// TestServiceReleasesADeadPeer: a connection that reserved blocks, held a
+// pool reservation and a pin, then closed mid-save (as a killed engine's
+// does) leaves nothing reserved, nothing pending and nothing pinned; its
+// blocks were never served.
+func TestServiceReleasesADeadPeer(t *testing.T) {
+	g := tinyGeometry()
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
+	v := startService(t, cfg)
+	defer v.Close()
+	a, kva := connectKV(t, v, cfg)
+	defer closeKV(t, a, kva)
+	rng := rand.New(rand.NewPCG(3, 4))
+	saved := chainOf(0x1, 4)
+	pa := pageTable(rng, g, cfg.NumPages, len(saved))
+	fill(kva, g, saved, pa)
+	sv, err := a.Save(saved, pa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv.Wait()
+
+	p := dialRaw(t, v, g)
+	half := chainOf(0x100, 3)
+	if r := p.call(nodewire.OpReserve, &nodewire.Reserve{Chain: half}).(*nodewire.ReserveResp); r.N != len(half) {
+		t.Fatalf("reserved %d", r.N)
+	}
+	if r := p.call(nodewire.OpAllocate, &nodewire.Allocate{N: len(half), Ways: 1}).(*nodewire.Reservations); len(r.Res) == 0 {
+		t.Fatal("nothing allocated")
+	}
+	if r := p.call(nodewire.OpPin, &nodewire.Pin{Chain: saved}).(*nodewire.PinResp); r.N != len(saved) {
+		t.Fatalf("pinned %d", r.N)
+	}
+	st := v.Store().Stats()
+	if st.Index.Pending == 0 || st.Map.ReservedBytes == 0 {
+		t.Fatalf("before the close: %d pending, %d bytes reserved", st.Index.Pending, st.Map.ReservedBytes)
+	}
+	p.c.Close()
+	waitLive(t, v, 1)
+	st = v.Store().Stats()
+	if st.Index.Pending != 0 || st.Map.ReservedBytes != 0 {
+		t.Errorf("after the close: %d pending, %d bytes reserved", st.Index.Pending, st.Map.ReservedBytes)
+	}
+	if vs := v.Stats(); vs.ReleasedPins != 1 || vs.AbortedRuns == 0 || vs.AbortedBlocks == 0 {
+		t.Errorf("service stats %+v", vs)
+	}
+	if n := a.Lookup(half); n != 0 {
+		t.Errorf("the dead peer's save serves %d blocks", n)
+	}
+	// Its pin is gone: the prefix leaves at once when discarded.
+	if n, err := a.Discard(saved[0]); err != nil || n != len(saved) {
+		t.Errorf("discard: %d, %v", n, err)
+	}
+}
+
+// TestServiceRefusesOutOfTurn: requests before hello, a commit of another
+// connection's reservation, and a malformed frame are refused and close
+// the connection.
+func TestServiceRefusesOutOfTurn(t *testing.T) {
+	g := tinyGeometry()
+	v := startService(t, testConfig(t, g, kvshape.LayoutPerLayer, 64))
+	defer v.Close()
+	c, err := net.Dial("unix", v.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := nodewire.Enc{}
+	(&nodewire.Lookup{Chain: []uint64{1}}).Encode(&e)
+	if _, err := c.Write(nodewire.AppendFrame(nil, nodewire.OpLookup, 1, e.B)); err != nil {
+		t.Fatal(err)
+	}
+	f, _, err := nodewire.ReadFrame(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, rerr, _ := nodewire.DecodeResponse(f.Op, f.Payload); !errors.Is(rerr, nodewire.ErrProtocol) {
+		t.Errorf("lookup before hello: %v", rerr)
+	}
+	c.Close()
+	p := dialRaw(t, v, g)
+	e = nodewire.Enc{}
+	(&nodewire.Commit{Reqs: []objmap.CommitRequest{{Res: objmap.Reservation{ID: 1, Chunks: 1}, Chain: []uint64{1}}}}).Encode(&e)
+	p.c.Write(nodewire.AppendFrame(nil, nodewire.OpCommit, 9, e.B))
+	f, _, err = nodewire.ReadFrame(p.c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, rerr, _ := nodewire.DecodeResponse(f.Op, f.Payload); !errors.Is(rerr, nodewire.ErrProtocol) {
+		t.Errorf("commit of a reservation not held: %v", rerr)
+	}
+	p.c.Write([]byte{0xff, 0xff, 0xff, 0xff})
+	waitLive(t, v, 0)
+	if v.Stats().Refused < 2 {
+		t.Errorf("refused %d", v.Stats().Refused)
 	}
 }
