@@ -66,7 +66,7 @@ func Connect(socket string, cfg Config) (*Store, error) {
 		_ = rc.close()
 		return nil, fmt.Errorf("runtime: connect: %w", err)
 	}
-	s.pre = prewrite.Start(nil, true, "the node's service prewrites the pool")
+	s.pre = prewrite.Start(servicePool{}, true, "the node's service prewrites the pool")
 	return s, nil
 }
 
@@ -74,6 +74,7 @@ func Connect(socket string, cfg Config) (*Store, error) {
 // request to the service, answered on the connection's reader goroutine.
 type remoteControl struct {
 	conn    *net.UnixConn
+	socket  string
 	dirs    int
 	keeps   bool
 	files   []*uring.File
@@ -100,7 +101,7 @@ func dialService(socket string, cfg Config) (*remoteControl, *nodewire.HelloResp
 	if err != nil {
 		return nil, nil, fmt.Errorf("runtime: connect to %s: %w", socket, err)
 	}
-	rc := &remoteControl{conn: c, waiting: make(map[uint64]chan reply), done: make(chan struct{})}
+	rc := &remoteControl{conn: c, socket: socket, waiting: make(map[uint64]chan reply), done: make(chan struct{})}
 	go rc.read()
 	m, err := rc.call(nodewire.OpHello, &nodewire.Hello{Version: nodewire.Version, Fingerprint: fingerprint(cfg.Geometry)})
 	if err != nil {
@@ -339,3 +340,12 @@ func (rc *remoteControl) resident() []ResidentBlock {
 func (rc *remoteControl) journalReady() error { return nil }
 
 func (rc *remoteControl) keepsMeta() bool { return rc.keeps }
+
+// servicePool is a connected store's prewrite pool: the service's store
+// prewrites, so this one is off and reports nothing written here.
+type servicePool struct{}
+
+func (servicePool) Prewrite(int64) (int64, error) { return 0, nil }
+func (servicePool) PrewriteLeftBytes() int64      { return 0 }
+func (servicePool) PrewrittenBytes() int64        { return 0 }
+func (servicePool) PrewriteNote() string          { return "" }

@@ -103,10 +103,29 @@ func TestServiceSharesPrefixes(t *testing.T) {
 	if n, err := a.Discard(chain[0]); err != nil || n != len(chain) {
 		t.Errorf("discard after b closed: %d blocks, %v", n, err)
 	}
-	closeKV(t, a, kva)
+	if st := a.Stats().Service; st.Socket != v.Socket() || st.ControlErrors != 0 {
+		t.Errorf("a's link: %+v", st)
+	}
+	// The service gone, a's calls fail: misses and skipped saves, counted.
 	if err := v.Close(); err != nil {
 		t.Fatal(err)
 	}
+	if n := a.Lookup(chain); n != 0 {
+		t.Errorf("lookup without a service: %d", n)
+	}
+	sv3, err := a.Save(chainOf(0x77, 2), pa[:2*g.ChunkPages])
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv3.Wait()
+	if sv3.Saved() != 0 || sv3.Skipped(SkipIOError) != 2 {
+		t.Errorf("save without a service: saved %d, io-error %d", sv3.Saved(), sv3.Skipped(SkipIOError))
+	}
+	if st := a.Stats().Service; st.ControlErrors == 0 || st.LastError == "" {
+		t.Errorf("a's link after the service closed: %+v", st)
+	}
+	_ = a.WaitSaves()
+	closeKV(t, a, kva)
 }
 
 // waitLive waits until the service has released closed connections down

@@ -38,6 +38,18 @@ type Stats struct {
 	GPU      GPUStats      `json:"gpu"`
 	Devices  DeviceStats   `json:"devices"`
 	Prewrite PrewriteStats `json:"prewrite"`
+	Service  ServiceLink   `json:"service"` // a connected store's link to its node's service (Connect)
+}
+
+// ServiceLink is a connected store's link to the node's service; all zero
+// on an opened store.
+type ServiceLink struct {
+	Socket string `json:"socket"`
+	// ControlErrors counts control calls that failed: their lookups and
+	// loads were misses, their saves skipped (SkipIOError), never waited
+	// for; LastError is the last one's.
+	ControlErrors int64  `json:"control_errors"`
+	LastError     string `json:"last_error"`
 }
 
 // PathStats is the data path the store runs on.
@@ -230,6 +242,10 @@ func (s *Store) snapshot() Stats {
 	}
 	st.Devices.Reprobes, st.Devices.ReprobeFailures, st.Devices.ReprobeSkips, st.Devices.ReprobeError = s.reprobe.Stats()
 	st.Prewrite = s.prewriteStats()
+	if rc := s.remote; rc != nil {
+		st.Service.Socket, st.Service.ControlErrors = rc.socket, rc.errs.Load()
+		st.Service.LastError, _ = rc.lastErr.Load().(string)
+	}
 	return st
 }
 
