@@ -15,7 +15,6 @@ import (
 
 	"github.com/tutti-io/tutti/eval/model"
 	"github.com/tutti-io/tutti/internal/crashtest"
-	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime"
 )
@@ -42,21 +41,28 @@ type engineResult struct {
 	SavedBytes    int64   `json:"saved_bytes"`
 	SkippedBlocks int64   `json:"skipped_blocks"` // saves not admitted (no space, budget, cached by another engine meanwhile)
 	VerifiedBytes int64   `json:"verified_bytes"` // restored bytes compared with the block's own content
-	Mismatches    int64   `json:"mismatches"`     // blocks restored with wrong bytes: must be 0
+	Mismatches    int64   `json:"mismatches"`     // pages restored with wrong bytes (per layer and plane on the CPU path): must be 0
 	Errors        int64   `json:"errors"`         // calls that failed
 	LoadGBps      float64 `json:"load_gb_per_s"`  // restored bytes / seconds
 	SaveGBps      float64 `json:"save_gb_per_s"`  // committed bytes / seconds
-	LastError     string  `json:"last_error,omitempty"`
+	// LoadBusyS is the time spent in loads (Load to Wait; the total's: the
+	// longest engine's); RestoreGBps is restored bytes over it: an engine's
+	// restore rate, whatever else it does.
+	LoadBusyS   float64 `json:"load_busy_s"`
+	RestoreGBps float64 `json:"restore_gb_per_s"`
+	LastError   string  `json:"last_error,omitempty"`
 }
 
 type serveBenchFlags struct {
-	socket              string
-	engines, child      int
-	duration            time.Duration
-	modelName, geometry string
-	prefixes, maxBlocks int
-	seed                uint64
-	path                string
+	socket                         string
+	engines, child                 int
+	duration                       time.Duration
+	modelName, geometry            string
+	prefixes, minBlocks, maxBlocks int
+	seed                           uint64
+	path                           string
+	gpuDevice                      int
+	populate, loadOnly             bool
 }
 
 func runServeBench(args []string, stdout, stderr io.Writer) error {
@@ -68,7 +74,11 @@ func runServeBench(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.modelName, "model", "tiny", "model profile: the service's (--model of tutti serve)")
 	fs.StringVar(&f.geometry, "geometry", "", "the KV shape instead of --model's (tutti serve --geometry)")
 	fs.IntVar(&f.prefixes, "prefixes", 32, "distinct prefixes the engines share (requests pick one and a length)")
+	fs.IntVar(&f.minBlocks, "min-blocks", 1, "shortest request in chain blocks")
 	fs.IntVar(&f.maxBlocks, "max-blocks", 16, "longest request in chain blocks")
+	fs.IntVar(&f.gpuDevice, "gpu-device", 0, "--path gpu: the CUDA device of every engine")
+	fs.BoolVar(&f.populate, "populate", false, "first save every prefix at --max-blocks (one engine), then run the engines")
+	fs.BoolVar(&f.loadOnly, "load-only", false, "the engines only load (with --populate: restore rates of engines sharing the devices)")
 	fs.Uint64Var(&f.seed, "seed", 1, "request seed (engine i uses seed+i)")
 	fs.StringVar(&f.path, "path", "cpu", "the engines' data path: cpu (host memory) or gpu (HBM; GPU machine)")
 	fs.IntVar(&f.child, "engine-child", -1, "internal: run as engine N and print its result line")
@@ -80,8 +90,9 @@ func runServeBench(args []string, stdout, stderr io.Writer) error {
 		return usageErr(fs.Usage, errors.New("--socket: required"))
 	case f.engines < 1 || f.engines > serveBenchMaxEngines:
 		return usageErr(fs.Usage, fmt.Errorf("--engines %d: want 1..%d", f.engines, serveBenchMaxEngines))
-	case f.prefixes < 1 || f.maxBlocks < 1 || f.maxBlocks > serveBenchMaxBlocks:
-		return usageErr(fs.Usage, fmt.Errorf("--prefixes %d, --max-blocks %d: want >= 1 and 1..%d", f.prefixes, f.maxBlocks, serveBenchMaxBlocks))
+	case f.prefixes < 1 || f.minBlocks < 1 || f.maxBlocks < f.minBlocks || f.maxBlocks > serveBenchMaxBlocks:
+		return usageErr(fs.Usage, fmt.Errorf("--prefixes %d, --min-blocks %d, --max-blocks %d: want >= 1 and 1 <= min <= max <= %d",
+			f.prefixes, f.minBlocks, f.maxBlocks, serveBenchMaxBlocks))
 	case f.duration <= 0:
 		return usageErr(fs.Usage, fmt.Errorf("--duration %v: want > 0", f.duration))
 	case f.path != "cpu" && f.path != "gpu":
@@ -90,6 +101,21 @@ func runServeBench(args []string, stdout, stderr io.Writer) error {
 	if f.child >= 0 {
 		r := benchEngine(f)
 		return json.NewEncoder(stdout).Encode(r)
+	}
+	if f.populate {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		r, err := benchChild(exe, append(append([]string{"serve-bench"}, args...), "--engine-child=0"))
+		if err == nil && (r.Errors > 0 || r.Mismatches > 0 || r.Saves == 0) {
+			err = fmt.Errorf("%d saves, %d errors (last: %s)", r.Saves, r.Errors, r.LastError)
+		}
+		if err != nil {
+			return fmt.Errorf("populating: %w", err)
+		}
+		args = append(args, "--populate=false")
+		f.populate = false
 	}
 	return benchEngines(f, args, stdout)
 }
@@ -132,10 +158,15 @@ func benchEngines(f serveBenchFlags, args []string, stdout io.Writer) error {
 		total.VerifiedBytes += r.VerifiedBytes
 		total.Mismatches += r.Mismatches
 		total.Errors += r.Errors
+		total.LoadBusyS = max(total.LoadBusyS, r.LoadBusyS)
 	}
 	total.LoadGBps, total.SaveGBps = gbps(total.LoadedBytes, total.Seconds), gbps(total.SavedBytes, total.Seconds)
+	total.RestoreGBps = gbps(total.LoadedBytes, total.LoadBusyS)
 	if err := out.Encode(total); err != nil {
 		return err
+	}
+	if f.loadOnly && total.LoadedBlocks == 0 {
+		return errors.New("--load-only: nothing was loaded (no --populate, or another store's socket?)")
 	}
 	if total.Mismatches > 0 || total.Errors > 0 {
 		return exitError{1} // every line is out: they say which engine failed and why
@@ -172,7 +203,9 @@ func gbps(bytes int64, s float64) float64 {
 
 // benchEngine is one engine: until the duration ran out, it picks a shared
 // prefix and a length, loads what the service has of it into its own
-// memory (verifying every restored byte) and saves the rest.
+// memory (verifying every restored page) and saves the rest. With
+// --populate it saves every prefix at --max-blocks once and ends; with
+// --load-only it never saves.
 func benchEngine(f serveBenchFlags) engineResult {
 	r := engineResult{Engine: f.child}
 	fail := func(err error) {
@@ -193,7 +226,7 @@ func benchEngine(f serveBenchFlags) engineResult {
 	}
 	cfg := runtime.Config{Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: f.maxBlocks * g.ChunkPages, Path: runtime.PathCPU}
 	if f.path == "gpu" {
-		cfg.Path = runtime.PathGPU
+		cfg.Path, cfg.GPU.Device, cfg.GPU.MaxPages = runtime.PathGPU, f.gpuDevice, cfg.NumPages
 	}
 	s, err := runtime.Connect(f.socket, cfg)
 	if err != nil {
@@ -201,13 +234,13 @@ func benchEngine(f serveBenchFlags) engineResult {
 		return r
 	}
 	defer s.Close()
-	kv, err := runtime.AllocHostKV(g, cfg.Layout, cfg.NumPages)
+	kv, err := newServeBenchKV(g, cfg.NumPages, f.path == "gpu", f.gpuDevice)
 	if err != nil {
 		fail(err)
 		return r
 	}
-	defer kv.Free()
-	if err := s.RegisterKV(kv.Memory()); err != nil {
+	defer kv.free()
+	if err := s.RegisterKV(kv.memory()); err != nil {
 		fail(err)
 		return r
 	}
@@ -216,28 +249,28 @@ func benchEngine(f serveBenchFlags) engineResult {
 		pages[i] = int32(i)
 	}
 	rng := rand.New(rand.NewPCG(f.seed+uint64(f.child), 7))
-	block := g.ChunkBytes()
 	start := time.Now()
-	for time.Since(start) < f.duration {
-		p, n := rng.IntN(f.prefixes), 1+rng.IntN(f.maxBlocks)
+	for req := 0; ; req++ {
+		p, n := rng.IntN(f.prefixes), f.minBlocks+rng.IntN(f.maxBlocks-f.minBlocks+1)
+		if f.populate {
+			if req == f.prefixes {
+				break
+			}
+			p, n = req, f.maxBlocks
+		} else if time.Since(start) >= f.duration {
+			break
+		}
 		chain := crashtest.Chain(uint64(p+1)<<32, n)
 		pg := pages[:n*g.ChunkPages]
-		hit := s.Lookup(chain)
+		hit := 0
+		if !f.populate {
+			hit = s.Lookup(chain)
+		}
 		if hit > 0 {
 			benchLoad(s, kv, g, chain[:hit], pg[:hit*g.ChunkPages], &r, fail)
 		}
-		if hit < n {
-			benchFill(kv, g, chain, pg)
-			sv, err := s.Save(chain, pg)
-			if err != nil {
-				fail(err)
-				continue
-			}
-			sv.Wait()
-			r.Saves++
-			r.SavedBlocks += int64(sv.Saved())
-			r.SavedBytes += int64(sv.Saved()) * block
-			r.SkippedBlocks += int64(len(chain) - sv.Saved() - sv.Skipped(runtime.SkipCached))
+		if hit < n && (f.populate || !f.loadOnly) {
+			benchSave(s, kv, g, chain, pg, &r, fail)
 		}
 	}
 	if err := s.WaitSaves(); err != nil {
@@ -245,10 +278,29 @@ func benchEngine(f serveBenchFlags) engineResult {
 	}
 	r.Seconds = time.Since(start).Seconds()
 	r.LoadGBps, r.SaveGBps = gbps(r.LoadedBytes, r.Seconds), gbps(r.SavedBytes, r.Seconds)
+	r.RestoreGBps = gbps(r.LoadedBytes, r.LoadBusyS)
 	return r
 }
 
-func benchLoad(s *runtime.Store, kv *runtime.HostKV, g kvshape.Geometry, chain []uint64, pg []int32, r *engineResult, fail func(error)) {
+func benchSave(s *runtime.Store, kv *benchKV, g kvshape.Geometry, chain []uint64, pg []int32, r *engineResult, fail func(error)) {
+	if err := kv.fill(chain, pg); err != nil {
+		fail(err)
+		return
+	}
+	sv, err := s.Save(chain, pg)
+	if err != nil {
+		fail(err)
+		return
+	}
+	sv.Wait()
+	r.Saves++
+	r.SavedBlocks += int64(sv.Saved())
+	r.SavedBytes += int64(sv.Saved()) * g.ChunkBytes()
+	r.SkippedBlocks += int64(len(chain) - sv.Saved() - sv.Skipped(runtime.SkipCached))
+}
+
+func benchLoad(s *runtime.Store, kv *benchKV, g kvshape.Geometry, chain []uint64, pg []int32, r *engineResult, fail func(error)) {
+	t0 := time.Now()
 	l, err := s.Load(chain, pg)
 	if err != nil {
 		fail(err)
@@ -257,34 +309,17 @@ func benchLoad(s *runtime.Store, kv *runtime.HostKV, g kvshape.Geometry, chain [
 	if err := l.Wait(); err != nil {
 		fail(err)
 	}
+	r.LoadBusyS += time.Since(t0).Seconds()
 	got := l.Blocks()
 	r.Loads++
 	r.LoadedBlocks += int64(got)
 	r.LoadedBytes += int64(got) * g.ChunkBytes()
-	for i, id := range chain[:got] {
-		for j := range g.ChunkPages {
-			for ly := range g.Layers {
-				for pl := range g.Planes {
-					b := kv.Page(ly, pl, pg[i*g.ChunkPages+j])
-					r.VerifiedBytes += int64(len(b))
-					if kvdata.Verify(b, kvdata.Key{Block: id, Layer: ly, Plane: pl, Page: j}) >= 0 {
-						r.Mismatches++
-						fail(fmt.Errorf("block %#x page %d layer %d plane %d restored with wrong bytes", id, j, ly, pl))
-					}
-				}
-			}
-		}
-	}
-}
-
-func benchFill(kv *runtime.HostKV, g kvshape.Geometry, chain []uint64, pg []int32) {
-	for i, id := range chain {
-		for j := range g.ChunkPages {
-			for ly := range g.Layers {
-				for pl := range g.Planes {
-					kvdata.Fill(kv.Page(ly, pl, pg[i*g.ChunkPages+j]), kvdata.Key{Block: id, Layer: ly, Plane: pl, Page: j})
-				}
-			}
-		}
+	bad, verified, err := kv.verify(chain[:got], pg[:got*g.ChunkPages])
+	r.VerifiedBytes += verified
+	r.Mismatches += bad
+	if err != nil {
+		fail(err)
+	} else if bad > 0 {
+		fail(fmt.Errorf("%d pages of the %d blocks restored from %#x hold wrong bytes", bad, got, chain[0]))
 	}
 }
