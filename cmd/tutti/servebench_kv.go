@@ -23,7 +23,9 @@ type benchKV struct {
 	device   int
 }
 
-func pageSeed(id uint64, j int, g kvshape.Geometry) uint64 { return id*uint64(g.ChunkPages) + uint64(j) }
+func pageSeed(id uint64, j int, g kvshape.Geometry) uint64 {
+	return id*uint64(g.ChunkPages) + uint64(j)
+}
 
 func newServeBenchKV(g kvshape.Geometry, numPages int, onGPU bool, device int) (*benchKV, error) {
 	h, err := runtime.AllocHostKV(g, kvshape.LayoutPerLayer, numPages)
