@@ -10,6 +10,7 @@ import (
 
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
+	"github.com/tutti-io/tutti/runtime/internal/mover/gpu/gputest"
 	"github.com/tutti-io/tutti/runtime/internal/nodewire"
 )
 
@@ -271,5 +272,53 @@ func TestServiceRefusesOutOfTurn(t *testing.T) {
 	waitLive(t, v, 0)
 	if v.Stats().Refused < 2 {
 		t.Errorf("refused %d", v.Stats().Refused)
+	}
+}
+
+// TestServiceGPUPath: an engine on PathGPU (the GPU's restorer bound on the
+// CPU, gputest) saves through the service what an engine on PathCPU
+// restores, and restores what the other saved.
+func TestServiceGPUPath(t *testing.T) {
+	g := tinyGeometry()
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
+	v := startService(t, cfg)
+	defer v.Close()
+	gcfg := cfg
+	bound := make(chan *gputest.Restorer, 1)
+	gcfg.Path, gcfg.gpuBind = PathGPU, cpuGPU(nil, bound)
+	gcfg.GPU.MaxPages = cfg.NumPages
+	gs, gkv := connectKV(t, v, gcfg)
+	defer closeKV(t, gs, gkv)
+	cs, ckv := connectKV(t, v, cfg)
+	defer closeKV(t, cs, ckv)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, c := range []struct {
+		name     string
+		from, to *Store
+		fkv, tkv *HostKV
+	}{{"gpu to cpu", gs, cs, gkv, ckv}, {"cpu to gpu", cs, gs, ckv, gkv}} {
+		chain := chainOf(uint64(c.name[0])<<32, 8)
+		src := pageTable(rng, g, cfg.NumPages, len(chain))
+		fill(c.fkv, g, chain, src)
+		sv, err := c.from.Save(chain, src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sv.Wait()
+		if sv.Saved() != len(chain) {
+			t.Fatalf("%s: saved %d", c.name, sv.Saved())
+		}
+		dst := pageTable(rng, g, cfg.NumPages, len(chain))
+		scramble(c.tkv, g, cfg.NumPages)
+		l, err := c.to.Load(chain, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Wait(); err != nil || l.Blocks() != len(chain) {
+			t.Fatalf("%s: loaded %d: %v (%v)", c.name, l.Blocks(), err, l.Failure())
+		}
+		if err := verify(c.tkv, g, chain, dst, len(chain)); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
 	}
 }
