@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -68,6 +69,17 @@ func Serve(cfg Config, socket string) (*Service, error) {
 	if socket == "" {
 		return nil, fmt.Errorf("runtime: serve: empty socket path: %w", ErrBadRequest)
 	}
+	// Engines open the pool files by the paths the service names, from
+	// their own working directories.
+	dirs := make([]string, len(cfg.Dirs))
+	for i, d := range cfg.Dirs {
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return nil, fmt.Errorf("runtime: serve: directory %q: %w", d, err)
+		}
+		dirs[i] = abs
+	}
+	cfg.Dirs = dirs
 	s, err := Open(cfg)
 	if err != nil {
 		return nil, err
@@ -97,13 +109,17 @@ func listenUnix(path string) (*net.UnixListener, error) {
 			return nil, err
 		}
 	}
-	old := unix.Umask(0o177)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	unix.Umask(old)
 	if err != nil {
 		return nil, err
 	}
 	ln.SetUnlinkOnClose(true)
+	// Engines of the same user only (the process's umask is left alone:
+	// other goroutines may be creating files).
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
 	return ln, nil
 }
 
@@ -181,6 +197,10 @@ func peerPID(c *net.UnixConn) int32 {
 	return pid
 }
 
+// maxPeerRequests bounds a connection's requests in flight: past it the
+// service reads no more of its requests until one is answered.
+const maxPeerRequests = 1024
+
 // peer is one engine's connection and what it holds.
 type peer struct {
 	v   *Service
@@ -202,6 +222,7 @@ type peer struct {
 func (p *peer) serve() {
 	defer p.v.wg.Done()
 	var buf []byte
+	slots := make(chan struct{}, maxPeerRequests)
 	for {
 		var f nodewire.Frame
 		var err error
@@ -237,8 +258,9 @@ func (p *peer) serve() {
 			continue
 		}
 		p.ops.Add(1)
+		slots <- struct{}{}
 		go func(op nodewire.Op, id uint64, req nodewire.Msg) {
-			defer p.ops.Done()
+			defer func() { <-slots; p.ops.Done() }()
 			resp, err := p.handle(req)
 			p.respond(op, id, resp, err)
 		}(f.Op, f.ID, req)
