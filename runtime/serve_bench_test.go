@@ -121,8 +121,8 @@ func BenchmarkServiceSave(b *testing.B) {
 	}
 }
 
-// BenchmarkServiceControl is the control calls alone: a pin and unpin of
-// 16 blocks, and a lookup, over the socket.
+// BenchmarkServiceControl is the control calls alone, over the socket: a
+// load's (pin and unpin of 16 blocks), a save's but its commit, a lookup.
 func BenchmarkServiceControl(b *testing.B) {
 	const blocks = 16
 	_, connected, _, kvc := benchStores(b, blocks)
@@ -143,6 +143,34 @@ func BenchmarkServiceControl(b *testing.B) {
 				b.Fatalf("pinned %d", p.n)
 			}
 			connected.ctl.unpin(p)
+		}
+	})
+	// A save's control steps but its commit (whose syncs and journal write
+	// are the store's, wherever it runs): lookup, reserve, allocate, and
+	// giving both back.
+	b.Run("save-steps", func(b *testing.B) {
+		ctl := connected.ctl
+		i := uint64(0)
+		for b.Loop() {
+			i++
+			c := chainOf(i<<24, 4)
+			if ctl.Lookup(c) != 0 {
+				b.Fatal("hit")
+			}
+			n, _, err := ctl.Reserve(c, 0, nil)
+			if err != nil || n != len(c) {
+				b.Fatalf("reserved %d: %v", n, err)
+			}
+			res, err := ctl.Allocate(n, 1)
+			if err != nil || len(res) != 1 {
+				b.Fatalf("allocated %d runs: %v", len(res), err)
+			}
+			if err := ctl.Abort(res[0]); err != nil {
+				b.Fatal(err)
+			}
+			if err := ctl.Unreserve(c); err != nil {
+				b.Fatal(err)
+			}
 		}
 	})
 	b.Run("lookup", func(b *testing.B) {
