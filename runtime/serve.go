@@ -263,6 +263,12 @@ func (p *peer) serve() {
 			defer func() { <-slots; p.ops.Done() }()
 			resp, err := p.handle(req)
 			p.respond(op, id, resp, err)
+			if errors.Is(err, nodewire.ErrProtocol) {
+				// A request naming what the connection does not hold: the
+				// engine's view of its saves is wrong, so end them all.
+				p.v.stats.refused.Add(1)
+				_ = p.c.Close()
+			}
 		}(f.Op, f.ID, req)
 	}
 	_ = p.c.Close()

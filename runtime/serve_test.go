@@ -322,3 +322,18 @@ func TestServiceGPUPath(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectRefusesOtherGeometry: a connect with another KV shape fails
+// with ErrGeometryMismatch, across the wire.
+func TestConnectRefusesOtherGeometry(t *testing.T) {
+	g := tinyGeometry()
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
+	v := startService(t, cfg)
+	defer v.Close()
+	other := cfg
+	other.Geometry.Layers++
+	other.Dirs, other.CapacityBytes = nil, 0
+	if _, err := Connect(v.Socket(), other); !errors.Is(err, ErrGeometryMismatch) {
+		t.Fatalf("connect with another geometry: %v", err)
+	}
+}

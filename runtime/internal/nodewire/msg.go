@@ -342,6 +342,7 @@ const (
 	CodeClosed   // objmap.ErrClosed: the service is closing
 	CodeNotFound // prefix.ErrNotFound
 	CodeProtocol // ErrProtocol: the service refused the request
+	CodeGeometry // objmap.ErrGeometryMismatch: the engine's KV shape is not the store's
 )
 
 // ErrService is wrapped by every error a service returned.
@@ -362,6 +363,8 @@ func CodeOf(err error) Code {
 		return CodeNotFound
 	case errors.Is(err, ErrProtocol):
 		return CodeProtocol
+	case errors.Is(err, objmap.ErrGeometryMismatch):
+		return CodeGeometry
 	}
 	return CodeOther
 }
@@ -382,6 +385,8 @@ func (c Code) Err(text string) error {
 		s = prefix.ErrNotFound
 	case CodeProtocol:
 		s = ErrProtocol
+	case CodeGeometry:
+		s = objmap.ErrGeometryMismatch
 	default:
 		return fmt.Errorf("%w: %s", ErrService, text)
 	}
