@@ -69,7 +69,12 @@ func TestRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		m, rerr, err := DecodeResponse(op, f.Payload)
-		if err != nil || !reflect.DeepEqual(m, resp) || !errors.Is(rerr, objmap.ErrNoSpace) || !errors.Is(rerr, ErrService) {
+		want := resp
+		var payload Enc
+		if resp.Encode(&payload); len(payload.B) == 0 {
+			want = nil // an error with an empty payload comes back alone
+		}
+		if err != nil || !reflect.DeepEqual(m, want) || !errors.Is(rerr, objmap.ErrNoSpace) || !errors.Is(rerr, ErrService) {
 			t.Errorf("op %d: response %+v, %v, %v; want %+v", op, m, rerr, err, resp)
 		}
 	}
