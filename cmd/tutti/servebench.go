@@ -61,7 +61,7 @@ type serveBenchFlags struct {
 	prefixes, minBlocks, maxBlocks int
 	seed                           uint64
 	path                           string
-	gpuDevice                      int
+	gpuDevice, gpus                int
 	populate, loadOnly             bool
 }
 
@@ -76,7 +76,8 @@ func runServeBench(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&f.prefixes, "prefixes", 32, "distinct prefixes the engines share (requests pick one and a length)")
 	fs.IntVar(&f.minBlocks, "min-blocks", 1, "shortest request in chain blocks")
 	fs.IntVar(&f.maxBlocks, "max-blocks", 16, "longest request in chain blocks")
-	fs.IntVar(&f.gpuDevice, "gpu-device", 0, "--path gpu: the CUDA device of every engine")
+	fs.IntVar(&f.gpuDevice, "gpu-device", 0, "--path gpu: the first engine's CUDA device")
+	fs.IntVar(&f.gpus, "gpus", 1, "--path gpu: engine i uses device gpu-device + i mod gpus")
 	fs.BoolVar(&f.populate, "populate", false, "first save every prefix at --max-blocks (one engine), then run the engines")
 	fs.BoolVar(&f.loadOnly, "load-only", false, "the engines only load (with --populate: restore rates of engines sharing the devices)")
 	fs.Uint64Var(&f.seed, "seed", 1, "request seed (engine i uses seed+i)")
@@ -93,6 +94,8 @@ func runServeBench(args []string, stdout, stderr io.Writer) error {
 	case f.prefixes < 1 || f.minBlocks < 1 || f.maxBlocks < f.minBlocks || f.maxBlocks > serveBenchMaxBlocks:
 		return usageErr(fs.Usage, fmt.Errorf("--prefixes %d, --min-blocks %d, --max-blocks %d: want >= 1 and 1 <= min <= max <= %d",
 			f.prefixes, f.minBlocks, f.maxBlocks, serveBenchMaxBlocks))
+	case f.gpus < 1 || f.gpuDevice < 0:
+		return usageErr(fs.Usage, fmt.Errorf("--gpus %d, --gpu-device %d: want >= 1 and >= 0", f.gpus, f.gpuDevice))
 	case f.duration <= 0:
 		return usageErr(fs.Usage, fmt.Errorf("--duration %v: want > 0", f.duration))
 	case f.path != "cpu" && f.path != "gpu":
@@ -225,8 +228,9 @@ func benchEngine(f serveBenchFlags) engineResult {
 		}
 	}
 	cfg := runtime.Config{Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: f.maxBlocks * g.ChunkPages, Path: runtime.PathCPU}
+	device := f.gpuDevice + f.child%f.gpus
 	if f.path == "gpu" {
-		cfg.Path, cfg.GPU.Device, cfg.GPU.MaxPages = runtime.PathGPU, f.gpuDevice, cfg.NumPages
+		cfg.Path, cfg.GPU.Device, cfg.GPU.MaxPages = runtime.PathGPU, device, cfg.NumPages
 	}
 	s, err := runtime.Connect(f.socket, cfg)
 	if err != nil {
@@ -234,7 +238,7 @@ func benchEngine(f serveBenchFlags) engineResult {
 		return r
 	}
 	defer s.Close()
-	kv, err := newServeBenchKV(g, cfg.NumPages, f.path == "gpu", f.gpuDevice)
+	kv, err := newServeBenchKV(g, cfg.NumPages, f.path == "gpu", device)
 	if err != nil {
 		fail(err)
 		return r
