@@ -4,8 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -15,11 +18,41 @@ import (
 	"github.com/tutti-io/tutti/runtime"
 )
 
+// syncBuffer is a subprocess's output, read while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // startServe runs tutti serve over dirs in a subprocess and waits for its
 // ready line.
-func startServe(t *testing.T, tmp, socket string, dirs string) (kill func(syscall.Signal), out *bytes.Buffer) {
+func startServe(t *testing.T, tmp, socket string, dirs string) (kill func(syscall.Signal), out *syncBuffer) {
 	t.Helper()
-	cmd, out := tutti(t, tmp, "serve", "--dir", dirs, "--socket", socket, "--capacity-blocks", "256")
+	cmd := exec.Command(os.Args[0], "serve", "--dir", dirs, "--socket", socket, "--capacity-blocks", "256")
+	out = &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Env = append(os.Environ(), mainEnv+"=1", "TMPDIR="+tmp)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
 	waitFor(t, "the ready line", func() string {
 		if strings.Contains(out.String(), `"op":"ready"`) {
 			return "ready"
