@@ -84,9 +84,7 @@ class Settings:
 
     dirs: Optional[List[str]] = None  # required unless connect
     capacity_bytes: Optional[int] = None  # required unless connect
-    # the socket of the node's `tutti serve`: one store shared by every engine of the node (dirs and
-    # capacity_bytes are the service's; KV events and etcd membership too)
-    connect: Optional[str] = None
+    connect: Optional[str] = None  # the socket of the node's `tutti serve` (docs/serve.md)
     path: str = "auto"
     hold_ttl_ms: int = 30000
     lookup_socket_dir: str = field(default_factory=tempfile.gettempdir)
@@ -106,28 +104,19 @@ class Settings:
         unknown = set(extra) - _KEYS
         if unknown:
             raise ValueError(f"kv_connector_extra_config: unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}")
-        if "connect" in extra:
-            c = extra["connect"]
-            if not isinstance(c, str) or not c:
-                raise ValueError(f"kv_connector_extra_config.connect = {c!r}: want the socket path of `tutti serve`")
-            given = sorted({"dirs", "capacity_bytes", "kv_events"} & set(extra))
-            if given:
-                raise ValueError(f"kv_connector_extra_config.connect: {given} are the service's (tutti serve); "
-                                 "leave them out")
-            return Settings._check(Settings(**extra))
+        conn = extra.get("connect")
+        service_keys = {"dirs", "capacity_bytes", "kv_events"} & set(extra)
+        if "connect" in extra and (not isinstance(conn, str) or not conn or service_keys):
+            raise ValueError(f"kv_connector_extra_config.connect = {conn!r}: want the socket of `tutti serve`, and no dirs, "
+                             "capacity_bytes or kv_events (the service's)")
         for k in ("dirs", "capacity_bytes"):
-            if k not in extra:
+            if k not in extra and conn is None:
                 raise ValueError(f"kv_connector_extra_config: {k!r} is required unless 'connect' (see docs/vllm.md)")
         s = Settings(**extra)
-        if isinstance(s.dirs, str) or not s.dirs or not all(isinstance(d, str) and d for d in s.dirs):
+        if conn is None and (isinstance(s.dirs, str) or not s.dirs or not all(isinstance(d, str) and d for d in s.dirs)):
             raise ValueError(f"kv_connector_extra_config.dirs = {s.dirs!r}: want a non-empty list of directories")
-        if not isinstance(s.capacity_bytes, int) or s.capacity_bytes <= 0:
+        if conn is None and (not isinstance(s.capacity_bytes, int) or s.capacity_bytes <= 0):
             raise ValueError(f"kv_connector_extra_config.capacity_bytes = {s.capacity_bytes!r}: want bytes > 0 (per rank)")
-        return Settings._check(s)
-
-    @staticmethod
-    def _check(s: "Settings") -> "Settings":
-        """The checks of the keys a connected store and an opened one share."""
         if s.path not in ("gpu", "cpu", "auto"):
             raise ValueError(f"kv_connector_extra_config.path = {s.path!r}: want 'gpu', 'cpu' or 'auto'")
         hoststage.check_host_staging_bytes(s.host_staging_bytes, "kv_connector_extra_config.host_staging_bytes")
@@ -360,12 +349,9 @@ class TuttiConnector(KVConnectorBase_V1):
         groups = options.from_flat(opts)
 
         def opener():
-            if self.settings.connect is not None:
-                if self.tp_size > 1:
-                    raise ValueError("kv_connector_extra_config.connect: one service holds one shard; tensor "
-                                     "parallelism through a service is not supported yet")
+            if self.settings.connect is not None:  # the node's store (TP > 1 is refused: one service per shard)
                 return Store(connect=self.settings.connect, geometry=g, num_pages=lay.num_pages, layout=lay.layout,
-                             path=path, **groups)
+                             path=path, tp_rank=self.rank, tp_size=self.tp_size, **groups)
             return Store(self._store_dirs(lay), self.settings.capacity_bytes, g, lay.num_pages, layout=lay.layout,
                          path=path, tp_rank=self.rank, tp_size=self.tp_size, kv_events=kv_events, **groups)
         try:
