@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -17,6 +18,7 @@ from helpers import HostBuffer
 TINY = tutti.Geometry(layers=2, kv_heads=2, head_dim=64, dtype="bf16", planes=2, page_tokens=16, chunk_pages=32)
 PAGES = 4 * TINY.chunk_pages
 IO = tutti.IOOptions(staging_bytes=4 << 20, staging_slot_bytes=1 << 20)
+DOUBLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_double")
 
 
 @unittest.skipUnless(os.environ.get("TUTTI_BIN"), "TUTTI_BIN (the tutti command) not set: make python-test sets it")
@@ -79,13 +81,20 @@ if __name__ == "__main__":
 
 
 class ConnectSettingsTest(unittest.TestCase):
-    """kv_connector_extra_config.connect (needs vLLM for tutti.vllm)."""
+    """kv_connector_extra_config.connect, parsed against vLLM's double
+    (tests/vllm_double), whose modules leave with the test."""
 
     def setUp(self):
-        try:
-            from tutti.vllm import Settings
-        except ImportError as e:
-            self.skipTest(str(e))
+        sys.path.insert(0, DOUBLE)
+        mods = set(sys.modules)
+
+        def restore():
+            sys.path.remove(DOUBLE)
+            for m in set(sys.modules) - mods:
+                if m == "vllm" or m.startswith("vllm.") or m in ("tutti.vllm", "tutti.vllm_events"):
+                    del sys.modules[m]
+        self.addCleanup(restore)
+        from tutti.vllm import Settings
         self.parse = Settings.parse
 
     def test_connect_replaces_dirs_and_capacity(self):
