@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime/internal/mover/gpu/gputest"
@@ -335,5 +336,48 @@ func TestConnectRefusesOtherGeometry(t *testing.T) {
 	other.Dirs, other.CapacityBytes = nil, 0
 	if _, err := Connect(v.Socket(), other); !errors.Is(err, ErrGeometryMismatch) {
 		t.Fatalf("connect with another geometry: %v", err)
+	}
+}
+
+// TestServicePublishesOnce: the service's store publishes what every
+// engine saved through it, once, with the tokens an engine gave; a
+// connected store publishes nothing itself.
+func TestServicePublishesOnce(t *testing.T) {
+	g := tinyGeometry()
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
+	scfg := cfg
+	scfg.KVEvents = &kvevents.Config{Engine: true}
+	v := startService(t, scfg)
+	defer v.Close()
+	a, kva := connectKV(t, v, cfg)
+	defer closeKV(t, a, kva)
+	b, kvb := connectKV(t, v, cfg)
+	defer closeKV(t, b, kvb)
+	rng := rand.New(rand.NewPCG(7, 8))
+	bt := g.ChunkPages * g.PageTokens
+	for i, s := range []*Store{a, b} {
+		chain := chainOf(uint64(i+1)<<40, 3)
+		pages := pageTable(rng, g, cfg.NumPages, len(chain))
+		meta := make([]BlockMeta, len(chain))
+		for j := range meta {
+			meta[j].Tokens = make([]uint32, bt)
+			meta[j].Tokens[0] = uint32(i*100 + j)
+		}
+		sv, err := s.SaveWithMeta(chain, pages, meta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sv.Wait()
+		if sv.Saved() != len(chain) {
+			t.Fatalf("engine %d saved %d", i, sv.Saved())
+		}
+	}
+	view := &engineView{held: map[uint64]bool{}}
+	view.take(t, v.Store())
+	if len(view.held) != 6 {
+		t.Fatalf("the service published %d blocks, want the 6 both engines saved", len(view.held))
+	}
+	if st := v.Store().Stats().Events; st.HashOnlyBlocks != 0 {
+		t.Errorf("%d blocks published without their tokens", st.HashOnlyBlocks)
 	}
 }
