@@ -46,6 +46,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	modelName := fs.String("model", "tiny", "model profile (the engines' KV shape): "+strings.Join(model.Names(), ", "))
 	geoSpec := fs.String("geometry", "", "the engines' KV shape instead of --model's: layers=L,kv_heads=H,head_dim=D,dtype=bf16|fp16|fp8|fp32,planes=2|1,page_tokens=T,chunk_pages=P (a vLLM engine's, as its connector logs it)")
 	capBlocks := fs.Int("capacity-blocks", 1024, "store capacity in chain blocks")
+	noPrewrite := fs.Bool("no-prewrite", false, "do not prewrite the pool in the background (runtime.Config.NoPrewrite): for benchmarks that must not share the devices with it")
 	var kf kvFlags
 	kf.add(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -72,7 +73,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	cfg := serveConfig(dirs.dirs, g, *capBlocks)
-	cfg.KVEvents = ev
+	cfg.KVEvents, cfg.NoPrewrite = ev, *noPrewrite
 	// Signals first: a TERM between the ready line and Notify would kill
 	// the service without its Close.
 	sig := make(chan os.Signal, 1)
