@@ -219,20 +219,21 @@ func (rc *remoteControl) Lookup(chain []uint64) int {
 	return min(m.(*nodewire.Count).N, len(chain))
 }
 
-func (rc *remoteControl) Reserve(chain []uint64, from int, meta []kvmeta.Meta) (int, prefix.StopReason, error) {
-	req := &nodewire.Reserve{Chain: chain, From: from}
+// Reserve leaves ready to the service, which checks its own journal.
+func (rc *remoteControl) Reserve(chain []uint64, meta []kvmeta.Meta, _ func() error) (int, int, prefix.StopReason, error) {
+	req := &nodewire.Reserve{Chain: chain}
 	for _, x := range meta {
 		req.Meta = append(req.Meta, nodewire.Meta(x))
 	}
 	m, err := rc.call(nodewire.OpReserve, req)
-	if err != nil {
-		return 0, 0, err
+	r, _ := m.(*nodewire.ReserveResp)
+	if r == nil {
+		return 0, 0, 0, err
 	}
-	r := m.(*nodewire.ReserveResp)
-	if r.N > len(chain)-from {
-		return 0, 0, rc.failed(fmt.Errorf("%w: reserved %d of %d blocks", nodewire.ErrProtocol, r.N, len(chain)-from))
+	if r.From > len(chain) || r.N > len(chain)-r.From {
+		return 0, 0, 0, rc.failed(fmt.Errorf("%w: reserved %d blocks after %d of %d", nodewire.ErrProtocol, r.N, r.From, len(chain)))
 	}
-	return r.N, r.Stop, nil
+	return r.From, r.N, r.Stop, err
 }
 
 func (rc *remoteControl) Allocate(n, ways int) ([]objmap.Reservation, error) {

@@ -432,8 +432,8 @@ func (p *peer) handleSave(req nodewire.Msg) (nodewire.Msg, error) {
 
 func (p *peer) reserve(r *nodewire.Reserve) (nodewire.Msg, error) {
 	ctl := p.v.ctl
-	if r.From > len(r.Chain) || len(r.Chain) > maxServeBlocks || (len(r.Meta) != 0 && len(r.Meta) != len(r.Chain)) {
-		return nil, fmt.Errorf("%w: reserve from %d of %d blocks with %d metadata", nodewire.ErrProtocol, r.From, len(r.Chain), len(r.Meta))
+	if len(r.Chain) > maxServeBlocks || (len(r.Meta) != 0 && len(r.Meta) != len(r.Chain)) {
+		return nil, fmt.Errorf("%w: reserve of %d blocks with %d metadata", nodewire.ErrProtocol, len(r.Chain), len(r.Meta))
 	}
 	var meta []kvmeta.Meta
 	if len(r.Meta) > 0 && ctl.keepsMeta() {
@@ -446,21 +446,16 @@ func (p *peer) reserve(r *nodewire.Reserve) (nodewire.Msg, error) {
 			return nil, err
 		}
 	}
-	// Nothing can commit while the journal has no room: refuse before
-	// reserving (which would evict blocks for a save that cannot stay).
-	if err := ctl.journalReady(); err != nil {
-		return nil, err
-	}
-	n, stop, err := ctl.Reserve(r.Chain, r.From, meta)
+	from, n, stop, err := ctl.Reserve(r.Chain, meta, ctl.journalReady)
 	if err != nil {
-		return nil, err
+		return &nodewire.ReserveResp{From: from}, err
 	}
 	p.mu.Lock()
-	for _, id := range r.Chain[r.From : r.From+n] {
+	for _, id := range r.Chain[from : from+n] {
 		p.blocks[id] = struct{}{}
 	}
 	p.mu.Unlock()
-	return &nodewire.ReserveResp{N: n, Stop: stop}, nil
+	return &nodewire.ReserveResp{From: from, N: n, Stop: stop}, nil
 }
 
 func (p *peer) commit(r *nodewire.Commit) (nodewire.Msg, error) {

@@ -146,19 +146,16 @@ func BenchmarkServiceControl(b *testing.B) {
 		}
 	})
 	// A save's control steps but its commit (whose syncs and journal write
-	// are the store's, wherever it runs): lookup, reserve, allocate, and
-	// giving both back.
+	// are the store's, wherever it runs): reserve (with its lookup),
+	// allocate, and giving both back.
 	b.Run("save-steps", func(b *testing.B) {
 		ctl := connected.ctl
 		i := uint64(0)
 		for b.Loop() {
 			i++
 			c := chainOf(i<<24, 4)
-			if ctl.Lookup(c) != 0 {
-				b.Fatal("hit")
-			}
-			n, _, err := ctl.Reserve(c, 0, nil)
-			if err != nil || n != len(c) {
+			from, n, _, err := ctl.Reserve(c, nil, nil)
+			if err != nil || from != 0 || n != len(c) {
 				b.Fatalf("reserved %d: %v", n, err)
 			}
 			res, err := ctl.Allocate(n, 1)

@@ -116,16 +116,9 @@ type Txn struct {
 func Admit(st *Store, chain []uint64, meta []kvmeta.Meta, journal func() error, ev Events) *Txn {
 	t := &Txn{st: st, ev: ev, chain: chain}
 	defer func() { t.writing = true }()
-	from := st.Ctl.Lookup(chain)
+	from, n, stop, err := st.Ctl.Reserve(chain, meta, journal)
 	ev.Skip(Cached, from, nil)
-	if err := journal(); err != nil {
-		// Nothing can commit: skip before reserving (which would evict
-		// blocks for a save that cannot stay) or writing.
-		ev.Skip(Failure, len(chain)-from, err)
-		return t
-	}
-	n, stop, err := st.Ctl.Reserve(chain, from, meta)
-	if err != nil { // locally only bad arguments, which the store's checks exclude; remotely a lost service
+	if err != nil { // the journal's state, a lost service (or bad arguments, which the store's checks exclude)
 		ev.Skip(Failure, len(chain)-from, err)
 		return t
 	}

@@ -20,9 +20,13 @@ import (
 type Control interface {
 	// Lookup is how many leading blocks of chain are cached.
 	Lookup(chain []uint64) int
-	// Reserve reserves chain[from:] in the index (partial admission: N and
-	// Stop), freeing what it evicted for room.
-	Reserve(chain []uint64, from int, meta []kvmeta.Meta) (n int, stop prefix.StopReason, err error)
+	// Reserve reserves the blocks of chain after its cached prefix
+	// chain[:from] in the index (partial admission: n and stop), freeing
+	// what it evicted for room; one step, so that a save's admission is one
+	// request to a service. ready is the journal's state (journalReady): an
+	// error reserves nothing (which would evict blocks for a save that
+	// cannot stay) and is returned with from; a service checks its own.
+	Reserve(chain []uint64, meta []kvmeta.Meta, ready func() error) (from, n int, stop prefix.StopReason, err error)
 	// Allocate reserves pool space for n blocks in runs striped ways ways,
 	// making frees durable and evicting runs where the pool is short (a
 	// shortfall returns what fit, with objmap.ErrNoSpace or not).
@@ -52,13 +56,17 @@ type Local struct {
 
 func (l *Local) Lookup(chain []uint64) int { return l.Index.Lookup(chain) }
 
-func (l *Local) Reserve(chain []uint64, from int, meta []kvmeta.Meta) (int, prefix.StopReason, error) {
+func (l *Local) Reserve(chain []uint64, meta []kvmeta.Meta, ready func() error) (int, int, prefix.StopReason, error) {
+	from := l.Index.Lookup(chain)
+	if err := ready(); err != nil {
+		return from, 0, 0, err
+	}
 	res, err := l.Index.Reserve(chain, from, l.Catalog.BytesPerBlock(), meta)
 	if err != nil {
-		return 0, 0, err
+		return from, 0, 0, err
 	}
 	l.Catalog.Release(res.Evicted)
-	return res.N, res.Stop, nil
+	return from, res.N, res.Stop, nil
 }
 
 // Allocate tries again, at most twice, when the pool has less room than

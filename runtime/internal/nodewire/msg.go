@@ -31,9 +31,9 @@ type (
 	}
 	Discard  struct{ Block uint64 }
 	Resident struct{}
-	Reserve  struct {
+	// Reserve reserves the blocks of Chain after its cached prefix.
+	Reserve struct {
 		Chain []uint64
-		From  int
 		Meta  []Meta // empty, or one per chain block
 	}
 	Allocate struct{ N, Ways int }
@@ -76,9 +76,11 @@ type (
 		ID, Parent uint64
 		HasParent  bool
 	}
+	// ReserveResp: Chain[From:From+N] are reserved (From: the cached
+	// prefix, sent with an error too).
 	ReserveResp struct {
-		N    int
-		Stop prefix.StopReason
+		From, N int
+		Stop    prefix.StopReason
 	}
 	Reservations struct{ Res []objmap.Reservation }
 )
@@ -105,7 +107,6 @@ func (m *Unreserve) Encode(e *Enc)  { e.U64s(m.IDs) }
 func (m *JournalReady) Encode(*Enc) {}
 func (m *Reserve) Encode(e *Enc) {
 	e.U64s(m.Chain)
-	e.Int(m.From)
 	e.U32(uint32(len(m.Meta)))
 	for _, x := range m.Meta {
 		e.U32s(x.Tokens)
@@ -160,7 +161,7 @@ func (m *ResidentResp) Encode(e *Enc) {
 		e.Bool(b.HasParent)
 	}
 }
-func (m *ReserveResp) Encode(e *Enc) { e.Int(m.N); e.U8(uint8(m.Stop)) }
+func (m *ReserveResp) Encode(e *Enc) { e.Int(m.From); e.Int(m.N); e.U8(uint8(m.Stop)) }
 func (m *Reservations) Encode(e *Enc) {
 	e.U32(uint32(len(m.Res)))
 	for _, r := range m.Res {
@@ -229,7 +230,7 @@ func DecodeRequest(f Frame) (Msg, error) {
 	case OpResident:
 		m = &Resident{}
 	case OpReserve:
-		r := &Reserve{Chain: d.U64s(), From: d.Int(maxInt)}
+		r := &Reserve{Chain: d.U64s()}
 		r.Meta = make([]Meta, d.Count(8))
 		for i := range r.Meta {
 			r.Meta[i] = Meta{Tokens: d.U32s(), Hash: d.Bytes()}
@@ -295,7 +296,7 @@ func DecodeResponse(op Op, payload []byte) (Msg, error, error) {
 		}
 		m = r
 	case OpReserve:
-		m = &ReserveResp{N: d.Int(maxInt), Stop: prefix.StopReason(d.U8())}
+		m = &ReserveResp{From: d.Int(maxInt), N: d.Int(maxInt), Stop: prefix.StopReason(d.U8())}
 	case OpAllocate, OpAllocateOne:
 		r := &Reservations{Res: make([]objmap.Reservation, d.Count(48))}
 		for i := range r.Res {
