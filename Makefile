@@ -50,7 +50,8 @@ bench:
 # libtutti.so + tutti.h (C ABI), then the stdlib-only Python tests against the CPU path.
 python-test:
 	$(GO) build -buildmode=c-shared -o $(BIN)/libtutti.so ./runtime/capi
-	TUTTI_LIB=$(CURDIR)/$(BIN)/libtutti.so PYTHONPATH=$(CURDIR)/python $(PY) -m unittest discover -s python/tests -v
+	$(GO) build -o $(BIN)/tutti ./cmd/tutti
+	TUTTI_LIB=$(CURDIR)/$(BIN)/libtutti.so TUTTI_BIN=$(CURDIR)/$(BIN)/tutti PYTHONPATH=$(CURDIR)/python $(PY) -m unittest discover -s python/tests -v
 
 # CUDA kernels → the product library (package kernels) and the test kit
 # (package kernels/testkit), loaded at run time (GPU machine).

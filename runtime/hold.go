@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"fmt"
 	"sync"
 	"time"
 
@@ -21,6 +20,7 @@ type Hold struct {
 	s      *Store
 	chain  []uint64 // chain[:pinned] is pinned while the hold lives
 	pinned int
+	pin    *pinned
 	blocks int // blocks after skip that a promised load restores
 	once   sync.Once
 	timer  *time.Timer
@@ -36,11 +36,10 @@ func (h *Hold) Release() { h.release(false) }
 // hold pins chain for Match (a hold was counted) and counts the lookup.
 func (s *Store) hold(chain []uint64, skip int, ttl time.Duration) *Hold {
 	h := &Hold{s: s, chain: append([]uint64(nil), chain...)}
-	var locs []uint64
 	var miss [numMissCauses]int64
-	h.pinned, locs = s.idx.Pin(h.chain, nil)
-	runs, _ := s.resolveAfter(h.chain, locs, h.pinned, skip, &miss)
-	h.blocks = s.matchBlocks(runs, len(chain)-skip)
+	h.pin = s.ctl.pin(h.chain, skip, &miss)
+	h.pinned = h.pin.n
+	h.blocks = s.matchBlocks(h.pin.runs, len(chain)-skip)
 	s.stats.lookups.Add(1)
 	s.stats.lookupBlocks.Add(int64(len(chain) - skip))
 	s.stats.hitBlocks.Add(int64(h.blocks))
@@ -88,10 +87,6 @@ func (h *Hold) release(expired bool) {
 			return // closing: the index goes with the store
 		}
 		defer s.endOp()
-		dropped, err := s.idx.Unpin(h.chain[:h.pinned])
-		if err != nil {
-			panic(fmt.Sprintf("runtime: unpinning a hold: %v", err)) // pins are taken and released in pairs
-		}
-		s.cat.Release(dropped)
+		s.ctl.unpin(h.pin)
 	})
 }

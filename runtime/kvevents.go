@@ -41,7 +41,7 @@ func (s *Store) copyMeta(chain []uint64, meta []BlockMeta) ([]kvmeta.Meta, error
 			return nil, fmt.Errorf("runtime: save: meta[%d]: %d hash bytes, at most %d: %w", i, len(m.Hash), kvevents.MaxHashBytes, ErrBadRequest)
 		}
 	}
-	if s.idx.Publisher() == nil {
+	if !s.ctl.keepsMeta() {
 		return nil, nil
 	}
 	kept := make([]kvmeta.Meta, len(meta))
@@ -82,6 +82,9 @@ type KVEventsStats struct {
 
 // kvEventsStats is Stats.Events.
 func (s *Store) kvEventsStats() (st KVEventsStats) {
+	if s.idx == nil {
+		return st // a connected store: the service publishes
+	}
 	p := s.idx.Publisher()
 	if p == nil {
 		return st

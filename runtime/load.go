@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/tutti-io/tutti/runtime/internal/catalog"
 	"github.com/tutti-io/tutti/runtime/internal/devprobe"
 	"github.com/tutti-io/tutti/runtime/internal/mover"
 	"github.com/tutti-io/tutti/sched"
@@ -86,9 +85,9 @@ type Load struct {
 	chain []uint64
 	pages []int32
 	// runs are the runs of the loaded prefix, as the mover reads them;
-	// entries[i] is runs[i]'s in the catalog (to drop it when corrupt).
-	runs    []mover.Run
-	entries []*catalog.Run
+	// pin is the control path's pin of them (to drop a run when corrupt).
+	runs []mover.Run
+	pin  *pinned
 
 	pinned  int // chain[:pinned] is pinned in the index until the load ends
 	skip    int // chain[:skip] are the engine's own blocks (LoadOptions.Skip)
@@ -188,9 +187,8 @@ func (l *Load) StreamWaitLayer(layer int, stream uintptr) error {
 func (s *Store) startLoad(chain []uint64, pages []int32, opts LoadOptions) (*Load, error) {
 	l := &Load{s: s, chain: chain, pages: pages, skip: opts.Skip}
 	l.cond.L = &l.mu
-	var locs []uint64
-	l.pinned, locs = s.idx.Pin(chain, nil)
-	l.runs, l.entries = s.resolveAfter(chain, locs, l.pinned, opts.Skip, &l.missBlocks)
+	l.pin = s.ctl.pin(chain, opts.Skip, &l.missBlocks)
+	l.pinned, l.runs = l.pin.n, l.pin.runs
 	cached := 0
 	for _, r := range l.runs {
 		cached += r.K
@@ -239,7 +237,6 @@ func (l *Load) planReads(cached int, opts LoadOptions) error {
 	l.plan, l.planned = plan, plan.LoadBlocks
 	s.maybeReprobe(runs, plan)
 	l.runs = keepBlocks(runs, plan.LoadBlocks)
-	l.entries = l.entries[:len(l.runs)]
 	return nil
 }
 
@@ -268,26 +265,6 @@ func keepBlocks(runs []mover.Run, n int) []mover.Run {
 		kept = append(kept, r)
 	}
 	return kept
-}
-
-// resolveAfter maps the pinned blocks after the skipped ones to runs
-// (catalog.Resolve), their chain positions counted from skip (the block
-// table's first block); a block whose run is unknown ends the prefix
-// (counted as MissNotFound).
-func (s *Store) resolveAfter(chain, locs []uint64, pinned, skip int, miss *[numMissCauses]int64) ([]mover.Run, []*catalog.Run) {
-	if pinned <= skip {
-		return nil, nil
-	}
-	spans, notFound := s.cat.Resolve(chain[skip:pinned], locs[skip:pinned])
-	miss[MissNotFound] += int64(notFound)
-	var runs []mover.Run
-	var entries []*catalog.Run
-	for _, sp := range spans {
-		r := sp.Run
-		runs = append(runs, mover.Run{Info: &r.Info, File: r.File, Device: r.Device, First: sp.First, K: sp.K, ChainPos: sp.ChainPos})
-		entries = append(entries, r)
-	}
-	return runs, entries
 }
 
 // maybeReprobe is called after every plan of runs: when the plan
@@ -334,13 +311,8 @@ func (l *Load) finish() {
 	l.mu.Unlock()
 	// Account and unpin before Wait returns, so the caller's next Stats or
 	// Lookup sees this load whole.
-	if l.pinned > 0 {
-		dropped, err := s.idx.Unpin(l.chain[:l.pinned])
-		if err != nil {
-			// Only a runtime bug gets here: pins are taken and released in pairs.
-			panic(fmt.Sprintf("runtime: unpinning a finished load: %v", err))
-		}
-		s.cat.Release(dropped)
+	if l.pin != nil {
+		s.ctl.unpin(l.pin)
 	}
 	st := &s.stats
 	st.restoredBlocks.Add(int64(blocks))
@@ -387,7 +359,7 @@ func (x *loader) Valid(i int) bool {
 
 func (x *loader) Corrupt(i int) {
 	l := (*Load)(x)
-	if l.s.cat.DropCorrupt(l.entries[i]) {
+	if l.s.ctl.corrupt(l.pin, i) {
 		l.s.stats.corruptDropped.Add(1)
 	}
 }

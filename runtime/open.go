@@ -6,6 +6,7 @@ import (
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
+	"github.com/tutti-io/tutti/runtime/internal/admission"
 	"github.com/tutti-io/tutti/runtime/internal/catalog"
 	"github.com/tutti-io/tutti/runtime/internal/devprobe"
 	"github.com/tutti-io/tutti/runtime/internal/iosched"
@@ -110,6 +111,8 @@ func (s *Store) openIndex() error {
 	// A block costs its payload in the index's capacity: headers and
 	// padding are covered by indexing only catalog.IndexShare of the pool.
 	s.cat = catalog.New(s.m, s.idx, len(cfg.Dirs), s.geo.ChunkBytes())
+	s.ctl = &localControl{Local: admission.Local{Index: s.idx, Catalog: s.cat, Map: s.m, Geo: s.geo}, s: s}
+	s.files = s.m.Files()
 	mapReport := s.m.Recovery()
 	rep, err := s.cat.Recover(s.geo.Layers)
 	if err != nil {
@@ -158,7 +161,7 @@ func (s *Store) openIO(userDevice bool) error {
 		s.reprobe = devprobe.NewReprober(reprobe, cfg.reprobeEvery, s.sched)
 	}
 	s.mv = s.newMover()
-	s.writes = savewrite.New(savewrite.Config{Geometry: s.geo, Files: s.m.Files(), Devices: len(cfg.Dirs), DeviceOf: s.cat.DeviceOf,
+	s.writes = savewrite.New(savewrite.Config{Geometry: s.geo, Files: s.files, Devices: len(cfg.Dirs), DeviceOf: s.ctl.DeviceOf,
 		Staging: s.staging, Worker: s.worker, Sched: s.sched, Mover: s.mv, MaxWriteIOBytes: s.maxWriteIOBytes,
 		WriteIOs: &s.stats.writeIOs, LoadsInFlight: func() bool { return len(s.loadN) > 0 }})
 	return nil

@@ -143,7 +143,7 @@ func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta) (*Save, 
 	sv := &Save{s: s, gathered: make(chan struct{}), done: make(chan struct{}), startNs: s.sched.NowNs()}
 	s.stats.saves.Add(1)
 	s.stats.saveBlocks.Add(int64(len(chain)))
-	txn := admission.Admit(&admission.Store{Index: s.idx, Catalog: s.cat, Map: s.m, Sched: s.sched, Geo: s.geo,
+	txn := admission.Admit(&admission.Store{Ctl: s.ctl, Sched: s.sched, Geo: s.geo,
 		Dirs: len(s.cfg.Dirs), MaxWriteIOBytes: s.maxWriteIOBytes}, chain, meta, s.journalReady,
 		admission.Events{Skip: sv.skip, Saved: sv.commit})
 	sv.txn = txn
@@ -165,13 +165,7 @@ func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta) (*Save, 
 // or a probe), and its error says the disk is still full. Saves resume by
 // themselves once a retry succeeds.
 func (s *Store) journalReady() error {
-	if s.m.Failing() == nil {
-		return nil
-	}
-	if err := s.m.Sync(); err != nil {
-		return err
-	}
-	return s.m.Failing()
+	return s.ctl.journalReady()
 }
 
 // skip counts blocks not stored for cause (admission's); a failure's error

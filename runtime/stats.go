@@ -38,6 +38,18 @@ type Stats struct {
 	GPU      GPUStats      `json:"gpu"`
 	Devices  DeviceStats   `json:"devices"`
 	Prewrite PrewriteStats `json:"prewrite"`
+	Service  ServiceLink   `json:"service"` // a connected store's link to its node's service (Connect)
+}
+
+// ServiceLink is a connected store's link to the node's service; all zero
+// on an opened store.
+type ServiceLink struct {
+	Socket string `json:"socket"`
+	// ControlErrors counts control calls that failed: their lookups and
+	// loads were misses, their saves skipped (SkipIOError), never waited
+	// for; LastError is the last one's.
+	ControlErrors int64  `json:"control_errors"`
+	LastError     string `json:"last_error"`
 }
 
 // PathStats is the data path the store runs on.
@@ -216,7 +228,10 @@ func (s *Store) snapshot() Stats {
 	st.Holds.Live = s.holds
 	s.mu.Unlock()
 	st.Holds.Expired = s.holdsExpired.Load()
-	st.Index, st.Map, st.Sched = s.idx.Stats(), s.m.Stats(), s.sched.Stats()
+	if s.remote == nil {
+		st.Index, st.Map = s.idx.Stats(), s.m.Stats()
+	}
+	st.Sched = s.sched.Stats()
 	st.Events = s.kvEventsStats()
 	st.GPU = s.gpuStats()
 	st.Devices.Probes = append([]DeviceProbe{}, s.devProbes...)
@@ -227,6 +242,10 @@ func (s *Store) snapshot() Stats {
 	}
 	st.Devices.Reprobes, st.Devices.ReprobeFailures, st.Devices.ReprobeSkips, st.Devices.ReprobeError = s.reprobe.Stats()
 	st.Prewrite = s.prewriteStats()
+	if rc := s.remote; rc != nil {
+		st.Service.Socket, st.Service.ControlErrors = rc.socket, rc.errs.Load()
+		st.Service.LastError, _ = rc.lastErr.Load().(string)
+	}
 	return st
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/runtime/internal/savewrite"
 	"github.com/tutti-io/tutti/runtime/internal/staging"
+	"github.com/tutti-io/tutti/uring"
 )
 
 // Sentinel errors callers branch on.
@@ -44,9 +45,14 @@ type Store struct {
 	cfg Config
 	geo kvshape.Geometry
 	// The store's parts, made by Open (open.go), each owning one job.
-	m       *objmap.Map
-	idx     *kvmeta.Index    // the prefix index; publishes KV events with Config.KVEvents
-	cat     *catalog.Catalog // the runs the index serves, kept consistent with the map
+	m   *objmap.Map
+	idx *kvmeta.Index    // the prefix index; publishes KV events with Config.KVEvents
+	cat *catalog.Catalog // the runs the index serves, kept consistent with the map
+	// ctl is the control path: m, idx and cat (localControl), or, with
+	// m, idx and cat nil, a node service's (Connect: remoteControl).
+	ctl     control
+	remote  *remoteControl
+	files   []*uring.File // the pool files this process reads and writes
 	worker  *ring.Worker
 	staging *staging.Pool
 	sched   *iosched.Scheduler
@@ -164,7 +170,7 @@ func (s *Store) RegisterKV(kv KVMemory) error {
 // Lookup returns how many leading blocks of chain are cached (resident). It
 // does no I/O and pins nothing: a later Load may find fewer.
 func (s *Store) Lookup(chain []uint64) int {
-	n := s.idx.Lookup(chain)
+	n := s.ctl.Lookup(chain)
 	s.stats.lookups.Add(1)
 	s.stats.lookupBlocks.Add(int64(len(chain)))
 	s.stats.hitBlocks.Add(int64(n))
@@ -174,7 +180,7 @@ func (s *Store) Lookup(chain []uint64) int {
 // Resident returns how many leading blocks of chain are hits, like Lookup,
 // but does not count the call in Stats (a group's bookkeeping, runtime/tp's,
 // is not an engine lookup). It marks the hit blocks used, as Lookup does.
-func (s *Store) Resident(chain []uint64) int { return s.idx.Lookup(chain) }
+func (s *Store) Resident(chain []uint64) int { return s.ctl.Lookup(chain) }
 
 // Load restores the cached prefix of chain into the pages of its block table
 // (pages[i*ChunkPages+j] is page j of chain block i) and returns at once; the
@@ -275,24 +281,18 @@ func (s *Store) Discard(id uint64) (int, error) {
 		return 0, err
 	}
 	defer s.endOp()
-	dropped, err := s.idx.Remove(id)
+	n, err := s.ctl.discard(id)
 	if err != nil {
 		return 0, fmt.Errorf("runtime: discarding block %#x: %w", id, err)
 	}
-	s.cat.Release(dropped)
-	return len(dropped), nil
+	return n, nil
 }
 
 // ResidentBlocks lists every block that is a hit now (committed, not
 // draining), each once, in no particular order. O(blocks); meant for
 // recovery-time reconciliation (runtime/tp), not for the request path.
 func (s *Store) ResidentBlocks() []ResidentBlock {
-	blocks := s.cat.Resident()
-	out := make([]ResidentBlock, len(blocks))
-	for i, b := range blocks {
-		out[i] = ResidentBlock(b)
-	}
-	return out
+	return s.ctl.resident()
 }
 
 // TakeKVEvents hands the events of a store opened with KVEvents.Engine to
@@ -303,6 +303,9 @@ func (s *Store) ResidentBlocks() []ResidentBlock {
 // the store serves, after an AllBlocksCleared that speaks for this store
 // only (see Publisher.Take).
 func (s *Store) TakeKVEvents(dst []byte, maxBytes int) (out []byte, n int, more bool, err error) {
+	if s.remote != nil {
+		return dst, 0, false, fmt.Errorf("runtime: take KV events: %w: %w", errRemote, ErrBadRequest)
+	}
 	p := s.idx.Publisher()
 	if p == nil {
 		return dst, 0, false, fmt.Errorf("runtime: take KV events: the store publishes none (Config.KVEvents): %w", ErrBadRequest)
@@ -338,7 +341,14 @@ func (s *Store) WaitPrewrite(timeout time.Duration) bool { return s.pre.Wait(tim
 
 // Check verifies every stored run's header and payload (objmap's fsck) while
 // the store is open.
-func (s *Store) Check() (objmap.RecoveryReport, error) { return s.m.Check() }
+// A connected store's is the service's (tutti fsck of its directories once
+// it stopped).
+func (s *Store) Check() (objmap.RecoveryReport, error) {
+	if s.remote != nil {
+		return objmap.RecoveryReport{}, fmt.Errorf("runtime: check: %w", errRemote)
+	}
+	return s.m.Check()
+}
 
 // Stats returns the counters and states.
 func (s *Store) Stats() Stats { return s.snapshot() }
@@ -362,6 +372,11 @@ func (s *Store) Close() error {
 	s.ops.Wait()
 	s.pre.Stop()
 	errs := s.closeParts()
+	if s.remote != nil {
+		// The service keeps what the store committed; closing the
+		// connection releases whatever it still held.
+		return errors.Join(append(errs, s.remote.close())...)
+	}
 	// The order is kept only with a durable journal: it then names the
 	// blocks the next Open finds.
 	if s.m.Sync() == nil {

@@ -14,7 +14,7 @@ var layers = [][]string{
 	1:  {"kvshape", "uring", "prefix", "sched", "kvevents"},
 	2:  {"objmap", "devbench"},
 	3:  {"kernels", "internal/benchenv"},
-	4:  {"runtime/internal/ring", "runtime/internal/iosched", "runtime/internal/workpool", "runtime/internal/devprobe", "runtime/internal/prewrite", "runtime/internal/kvmeta", "runtime/internal/lrufile"},
+	4:  {"runtime/internal/ring", "runtime/internal/iosched", "runtime/internal/workpool", "runtime/internal/devprobe", "runtime/internal/prewrite", "runtime/internal/kvmeta", "runtime/internal/lrufile", "runtime/internal/nodewire"},
 	5:  {"runtime/internal/staging", "runtime/internal/catalog", "runtime/internal/mover"},
 	6:  {"runtime/internal/mover/cpu", "runtime/internal/mover/gpu", "runtime/internal/admission"},
 	7:  {"runtime/internal/savewrite", "runtime/internal/mover/gpu/gputest"},

@@ -12,7 +12,7 @@ from tutti.stats import StatsGroup, parse
 
 from helpers import SMALL, StoreFixture
 
-GROUPS = ["path", "lookups", "holds", "loads", "saves", "index", "map", "sched", "events", "gpu", "devices", "prewrite"]
+GROUPS = ["path", "lookups", "holds", "loads", "saves", "index", "map", "sched", "events", "gpu", "devices", "prewrite", "service"]
 
 # Each field of the flat tutti_stats: its group and key in the nested stats
 # (a cause count: the sum over its causes).

@@ -25,8 +25,9 @@ ABI_MAJOR = 1
 # 1.3: save_writes_per_device (a 1.2 library would not see it: refused, not ignored);
 # 1.4: TUTTI_ERR_SETTINGS_MISMATCH (a 1.3 library reports a reopen with other settings as Internal);
 # 1.5: tutti_take_kv_events (kv_events="engine");
-# 1.6: tutti_get_stats_json (Store.stats).
-ABI_MINOR_NEEDED = 6
+# 1.6: tutti_get_stats_json (Store.stats);
+# 1.7: tutti_connect (Store(connect=...): a node's shared store, tutti serve).
+ABI_MINOR_NEEDED = 7
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
@@ -200,6 +201,7 @@ def _prototype(lib):
         "tutti_abi_version": (u32, []),
         "tutti_last_error": (i64, [ctypes.c_char_p, u64]),
         "tutti_open": (i32, [p(tutti_config), p(u64)]),
+        "tutti_connect": (i32, [ctypes.c_char_p, p(tutti_config), p(u64)]),
         "tutti_close": (i32, [u64]),
         "tutti_register_kv": (i32, [u64, u32, p(tutti_kv_region), u32]),
         "tutti_lookup": (i32, [u64, p(u64), u32, p(u32)]),

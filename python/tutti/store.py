@@ -170,9 +170,10 @@ def _warn_flat(flat):
 class Store:
     """An open tutti store. Use as a context manager or call :meth:`close`."""
 
-    def __init__(self, dirs: Iterable[str], capacity_bytes: int, geometry: Geometry, num_pages: int,
-                 layout: str = "per_layer", path: str = "cpu", *, io: IOOptions = None, sched: SchedOptions = None,
-                 gpu: GPUOptions = None, tp_rank: int = 0, tp_size: int = 1, kv_events: str = None, **flat):
+    def __init__(self, dirs: Iterable[str] = None, capacity_bytes: int = None, geometry: Geometry = None,
+                 num_pages: int = None, layout: str = "per_layer", path: str = "cpu", *, connect: str = None,
+                 io: IOOptions = None, sched: SchedOptions = None, gpu: GPUOptions = None, tp_rank: int = 0,
+                 tp_size: int = 1, kv_events: str = None, **flat):
         """``io``, ``sched`` and ``gpu`` group the tuning as runtime.Config
         does (:mod:`tutti.options`; each field's 0 is the library default).
         The GPU path's reads are sized to the disks under ``dirs`` unless
@@ -195,11 +196,29 @@ class Store:
         whole model's, the store holds rank ``tp_rank``'s shard of the KV heads
         (MLA's latent plane whole), ``dirs`` are this rank's own and a
         directory another rank or degree stored into is refused
-        (:class:`GeometryMismatch`)."""
+        (:class:`GeometryMismatch`).
+
+        ``connect`` (the socket of ``tutti serve --dir D1,D2 --socket PATH``)
+        connects to the node's shared store instead of opening one: ``dirs``
+        and ``capacity_bytes`` are the service's (leave them out), a prefix
+        any engine of the node saved is a hit here, and this process still
+        moves its own bytes (``path``: host memory or the GPU's HBM). KV events
+        and etcd membership are the service's (``kv_events`` is refused), and
+        ``tp_size`` must be 1 (one service per rank)."""
         _args.choice("layout", layout, _LAYOUTS)
         _args.choice("path", path, _PATHS)
-        dirs = _args.paths("dirs", dirs)
-        capacity_bytes = _args.int64("capacity_bytes", capacity_bytes)
+        if geometry is None or num_pages is None:
+            raise TypeError("Store: geometry and num_pages are required")
+        if connect is not None:
+            connect = _args.string("connect", connect)
+            if dirs is not None or capacity_bytes is not None or kv_events is not None:
+                raise ValueError("Store(connect=...): dirs, capacity_bytes and kv_events are the service's; leave them out")
+            dirs, capacity_bytes = [], 0
+        else:
+            if dirs is None or capacity_bytes is None:
+                raise TypeError("Store: dirs and capacity_bytes are required (or connect=, a tutti serve socket)")
+            dirs = _args.paths("dirs", dirs)
+            capacity_bytes = _args.int64("capacity_bytes", capacity_bytes)
         _args.instance("geometry", geometry, Geometry)
         num_pages = _args.int64("num_pages", num_pages)
         tp_rank, tp_size = _args.uint32("tp_rank", tp_rank), _args.uint32("tp_size", tp_size)
@@ -231,7 +250,9 @@ class Store:
             for k, v in (given or {}).items():  # keys and values checked by SchedOptions
                 setattr(cfg, prefix + k, v)
         h = ctypes.c_uint64()
-        if kv_events is None:
+        if connect is not None:
+            _lib.check(self._lib.tutti_connect(os.fsencode(connect), ctypes.byref(cfg), ctypes.byref(h)), "tutti_connect")
+        elif kv_events is None:
             _lib.check(self._lib.tutti_open(ctypes.byref(cfg), ctypes.byref(h)), "tutti_open")
         else:
             _lib.check(self._lib.tutti_open_kv_events(ctypes.byref(cfg), os.fsencode(kv_events), ctypes.byref(h)),

@@ -65,7 +65,7 @@ log = logging.getLogger("tutti.vllm")
 VLLM_VERSIONS = ("0.26.0",)
 VLLM_COMMITS = ("003df29", "00f4240")
 
-_KEYS = {"dirs", "capacity_bytes", "path", "hold_ttl_ms", "lookup_socket_dir", "lookup_timeout_ms",
+_KEYS = {"dirs", "capacity_bytes", "connect", "path", "hold_ttl_ms", "lookup_socket_dir", "lookup_timeout_ms",
          "pythonhashseed", "store_options", "kv_events", "host_staging_bytes", "save_flush_wait_ms", "check"}
 _CHECK_KEYS = {"dir", "max_records"}
 # store_options take the flat names of tutti.options.FLAT (a JSON object has
@@ -87,8 +87,9 @@ def _hash_bytes(request):
 class Settings:
     """kv_connector_extra_config, checked (every key is in docs/vllm.md)."""
 
-    dirs: List[str]
-    capacity_bytes: int
+    dirs: Optional[List[str]] = None  # required unless connect
+    capacity_bytes: Optional[int] = None  # required unless connect
+    connect: Optional[str] = None  # the socket of the node's `tutti serve` (docs/serve.md)
     path: str = "auto"
     hold_ttl_ms: int = 30000
     lookup_socket_dir: str = field(default_factory=tempfile.gettempdir)
@@ -108,13 +109,18 @@ class Settings:
         unknown = set(extra) - _KEYS
         if unknown:
             raise ValueError(f"kv_connector_extra_config: unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}")
+        conn = extra.get("connect")
+        service_keys = {"dirs", "capacity_bytes", "kv_events"} & set(extra)
+        if "connect" in extra and (not isinstance(conn, str) or not conn or service_keys):
+            raise ValueError(f"kv_connector_extra_config.connect = {conn!r}: want the socket of `tutti serve`, and no dirs, "
+                             "capacity_bytes or kv_events (the service's)")
         for k in ("dirs", "capacity_bytes"):
-            if k not in extra:
-                raise ValueError(f"kv_connector_extra_config: {k!r} is required (see docs/vllm.md)")
+            if k not in extra and conn is None:
+                raise ValueError(f"kv_connector_extra_config: {k!r} is required unless 'connect' (see docs/vllm.md)")
         s = Settings(**extra)
-        if isinstance(s.dirs, str) or not s.dirs or not all(isinstance(d, str) and d for d in s.dirs):
+        if conn is None and (isinstance(s.dirs, str) or not s.dirs or not all(isinstance(d, str) and d for d in s.dirs)):
             raise ValueError(f"kv_connector_extra_config.dirs = {s.dirs!r}: want a non-empty list of directories")
-        if not isinstance(s.capacity_bytes, int) or s.capacity_bytes <= 0:
+        if conn is None and (not isinstance(s.capacity_bytes, int) or s.capacity_bytes <= 0):
             raise ValueError(f"kv_connector_extra_config.capacity_bytes = {s.capacity_bytes!r}: want bytes > 0 (per rank)")
         if s.path not in ("gpu", "cpu", "auto"):
             raise ValueError(f"kv_connector_extra_config.path = {s.path!r}: want 'gpu', 'cpu' or 'auto'")
@@ -313,6 +319,12 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         opt_groups = options.from_flat(opts)
 
         def opener():
+            if self.settings.connect is not None:  # the node's store (TP > 1 is refused: one service per shard)
+                if dirs is not None:
+                    raise ValueError("kv_connector_extra_config.connect: a hybrid model's KV groups need a store "
+                                     "each; a node service serves one (leave 'connect' out for this model)")
+                return Store(connect=self.settings.connect, geometry=g, num_pages=lay.num_pages, layout=lay.layout,
+                             path=path, tp_rank=self.rank, tp_size=self.tp_size, **opt_groups)
             return Store(dirs or self._store_dirs(lay), self.settings.capacity_bytes, g, lay.num_pages,
                          layout=lay.layout, path=path, tp_rank=self.rank, tp_size=self.tp_size, kv_events=kv_events,
                          **opt_groups)

@@ -189,7 +189,12 @@ func tutti_last_error(buf *C.char, n C.uint64_t) C.int64_t {
 }
 
 // readConfig copies the caller's tutti_config (only struct_size bytes of it).
-func readConfig(p *C.tutti_config) (config, error) {
+func readConfig(p *C.tutti_config) (config, error) { return readConfigFor(p, false) }
+
+// readConfigFor is readConfig; for a connected store (connect) dirs and
+// capacity_bytes are not read (the service's: runtime.Connect sets them)
+// and stand as a placeholder while the rest is checked.
+func readConfigFor(p *C.tutti_config, connect bool) (config, error) {
 	var c config
 	if p == nil {
 		return c, errorf(errInvalidArgument, "cfg is NULL")
@@ -206,10 +211,13 @@ func readConfig(p *C.tutti_config) (config, error) {
 	if c.abiMajor != abiMajor {
 		return c, errorf(errVersion, "cfg->abi_major = %d, this library is ABI %d.%d", c.abiMajor, abiMajor, abiMinor)
 	}
-	if err := countArg("cfg->num_dirs", uint64(local.num_dirs), maxDirs); err != nil {
+	if connect {
+		local.num_dirs, local.dirs = 0, nil
+		c.dirs = []string{serviceDirPlaceholder}
+	} else if err := countArg("cfg->num_dirs", uint64(local.num_dirs), maxDirs); err != nil {
 		return c, err
 	}
-	if local.dirs == nil {
+	if local.dirs == nil && !connect {
 		return c, errorf(errInvalidArgument, "cfg->dirs is NULL with num_dirs = %d", local.num_dirs)
 	}
 	for i, d := range unsafe.Slice(local.dirs, local.num_dirs) {
@@ -224,6 +232,9 @@ func readConfig(p *C.tutti_config) (config, error) {
 	}
 	c.path = uint32(local.path)
 	c.capacityBytes = int64(local.capacity_bytes)
+	if connect {
+		c.capacityBytes = 1
+	}
 	c.layers, c.kvHeads, c.headDim = int32(local.layers), int32(local.kv_heads), int32(local.head_dim)
 	c.dtype = uint32(local.dtype)
 	c.planes, c.pageTokens, c.chunkPages = int32(local.planes), int32(local.page_tokens), int32(local.chunk_pages)

@@ -47,7 +47,7 @@ extern "C" {
  * and minor >= the minor it needs. tutti_abi_version() returns
  * (major << 16) | minor. */
 #define TUTTI_ABI_MAJOR 1
-#define TUTTI_ABI_MINOR 6
+#define TUTTI_ABI_MINOR 7
 
 typedef enum tutti_status {
 	TUTTI_OK = 0,
@@ -239,6 +239,20 @@ int32_t tutti_open(tutti_config *cfg, uint64_t *out_store);
  * takes the events (ABI 1.5, tutti_take_kv_events). A bad spec is
  * TUTTI_ERR_INVALID_ARGUMENT; an endpoint that cannot be bound fails the open. */
 int32_t tutti_open_kv_events(tutti_config *cfg, char *kv_events, uint64_t *out_store);
+
+/* ABI 1.7: tutti_open for an engine on a node whose store is served by
+ * `tutti serve --dir D1,D2 --socket PATH` (one store shared by the node's
+ * engines). socket (NUL-terminated) is PATH; cfg is checked as tutti_open
+ * checks it, but cfg->dirs, num_dirs and capacity_bytes are ignored (the
+ * service's; dirs may be NULL). The engine moves its own bytes (cfg->path:
+ * host memory or HBM) through the pool files, which it opens; the service
+ * keeps the index, allocation, commits, KV events and etcd membership, so
+ * tutti_take_kv_events fails. Saves and loads work as on an opened store and
+ * see every engine's saves; tutti_close closes the connection, and the
+ * service releases whatever the store held. tp_size > 1 is
+ * TUTTI_ERR_INVALID_ARGUMENT. No service at socket, or one serving another
+ * geometry, fails the call. */
+int32_t tutti_connect(char *socket, tutti_config *cfg, uint64_t *out_store);
 
 /* Waits for deferred saves, releases the store's loads and saves, unlocks the
  * directories. The handle and its load/save handles are invalid afterwards. */

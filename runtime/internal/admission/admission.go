@@ -24,7 +24,6 @@ import (
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
-	"github.com/tutti-io/tutti/runtime/internal/catalog"
 	"github.com/tutti-io/tutti/runtime/internal/iosched"
 	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
 	"github.com/tutti-io/tutti/runtime/internal/mover"
@@ -45,12 +44,12 @@ const (
 
 // Store is what a transaction works with: the store's parts, shared.
 type Store struct {
-	Index   *kvmeta.Index
-	Catalog *catalog.Catalog
-	Map     *objmap.Map
-	Sched   *iosched.Scheduler
-	Geo     kvshape.Geometry
-	Dirs    int
+	// Ctl is the control path (index, catalog, pool): Local, or a node
+	// service's over its socket.
+	Ctl   Control
+	Sched *iosched.Scheduler
+	Geo   kvshape.Geometry
+	Dirs  int
 	// MaxWriteIOBytes is the scheduler's largest save write.
 	MaxWriteIOBytes int64
 }
@@ -117,28 +116,21 @@ type Txn struct {
 func Admit(st *Store, chain []uint64, meta []kvmeta.Meta, journal func() error, ev Events) *Txn {
 	t := &Txn{st: st, ev: ev, chain: chain}
 	defer func() { t.writing = true }()
-	from := st.Index.Lookup(chain)
+	from, n, stop, err := st.Ctl.Reserve(chain, meta, journal)
 	ev.Skip(Cached, from, nil)
-	if err := journal(); err != nil {
-		// Nothing can commit: skip before reserving (which would evict
-		// blocks for a save that cannot stay) or writing.
+	if err != nil { // the journal's state, a lost service (or bad arguments, which the store's checks exclude)
 		ev.Skip(Failure, len(chain)-from, err)
 		return t
 	}
-	res, err := st.Index.Reserve(chain, from, st.Catalog.BytesPerBlock(), meta)
-	if err != nil { // only bad arguments, which the store's checks exclude
-		panic(fmt.Sprintf("admission: reserving a save: %v", err))
-	}
-	st.Catalog.Release(res.Evicted)
-	rest := len(chain) - from - res.N
-	switch res.Stop {
+	rest := len(chain) - from - n
+	switch stop {
 	case prefix.StopCapacity, prefix.StopMaxBlocks:
 		ev.Skip(NoSpace, rest, nil)
 	default:
 		ev.Skip(Cached, rest, nil)
 	}
-	if res.N > 0 {
-		t.admit(from, res.N)
+	if n > 0 {
+		t.admit(from, n)
 	}
 	return t
 }
@@ -176,7 +168,7 @@ func (t *Txn) admit(from, n int) {
 		if cut >= 0 {
 			continue
 		}
-		id, tk, err := st.Sched.EnqueueSave(sched.SaveRequest{Device: st.Catalog.DeviceOf(r.File), Blocks: r.Chunks,
+		id, tk, err := st.Sched.EnqueueSave(sched.SaveRequest{Device: st.Ctl.DeviceOf(r.File), Blocks: r.Chunks,
 			BytesPerLayerPerBlock: st.Geo.ChunkBytesPerLayer()}, t.ios)
 		if err != nil {
 			panic(fmt.Sprintf("admission: enqueueing a save: %v", err)) // only bad arguments
@@ -215,54 +207,26 @@ func (t *Txn) admit(from, n int) {
 // for a run the scheduler admitted in part. On false sr is not to be
 // written; it may hold no reservation any more.
 func (t *Txn) shrink(sr *Run, k int) bool {
-	m := t.st.Map
-	if err := m.Abort(sr.Res); err != nil {
+	ctl := t.st.Ctl
+	if err := ctl.Abort(sr.Res); err != nil {
 		return false
 	}
 	sr.held = false
-	got, err := m.Allocate(k)
-	if err != nil || len(got) != 1 || got[0].Chunks != k {
-		for _, r := range got {
-			_ = m.Abort(r)
-		}
+	got, err := ctl.AllocateOne(k)
+	if err != nil {
 		return false
 	}
-	sr.Res, sr.held, sr.blocks = got[0], true, k
+	sr.Res, sr.held, sr.blocks = got, true, k
 	sr.crcs = sr.crcs[:t.st.Geo.Layers*k]
 	return true
 }
 
 // allocate reserves pool space for n blocks (objmap cuts it into runs of at
-// most MaxRunChunks); a shortfall returns what fit (partial admission). When
-// the pool has less room than the index had (quarantined frees, headers,
-// padding, fragmentation), it gives back what fit and tries again, at most
-// twice: first after making the frees durable (which releases their
-// quarantine: a save right after an eviction or a Discard finds the space
-// those freed), then after evicting runs that hold the shortfall too.
+// most MaxRunChunks); a shortfall returns what fit (partial admission).
+// Where the pool has less room than the index had, the control path makes
+// frees durable and evicts first (Local.Allocate).
 func (t *Txn) allocate(n int) ([]objmap.Reservation, error) {
-	st := t.st
-	ways := st.saveWays(n)
-	resv, err := st.Map.AllocateStriped(n, ways)
-	for try := 0; try < 2; try++ {
-		got := reservedChunks(resv)
-		if got == n || (err != nil && !errors.Is(err, objmap.ErrNoSpace)) {
-			break
-		}
-		if try == 0 && st.Map.Stats().QuarantinedBytes == 0 {
-			continue // nothing to release: go on to evicting
-		}
-		for _, r := range resv {
-			_ = st.Map.Abort(r)
-		}
-		if try == 1 {
-			st.Catalog.EvictRuns(objmap.RunBytes(st.Geo, n-got))
-		}
-		if serr := st.Map.Sync(); serr != nil {
-			return nil, serr
-		}
-		resv, err = st.Map.AllocateStriped(n, ways)
-	}
-	return resv, err
+	return t.st.Ctl.Allocate(n, t.st.saveWays(n))
 }
 
 // reservedChunks is the blocks a set of reservations holds.
@@ -314,18 +278,20 @@ func (t *Txn) giveUp(i int, cause Cause, err error) {
 		case !r.held:
 			r.state = Aborted
 		case t.ready(j):
-			_ = t.st.Map.Abort(r.Res)
+			_ = t.st.Ctl.Abort(r.Res)
 			r.held, r.state = false, Aborted
 		default:
 			r.state = Draining
 		}
 	}
 	if len(ids) > 0 {
-		dropped, aerr := t.st.Index.Abort(ids)
-		if aerr != nil {
+		// Locally only a bug fails it; a lost service released the
+		// connection's reservations itself.
+		if aerr := t.st.Ctl.Unreserve(ids); aerr != nil && isLocal(t.st.Ctl) {
 			panic(fmt.Sprintf("admission: aborting a save's reservation: %v", aerr))
 		}
-		t.st.Catalog.Release(dropped)
 	}
 	t.ev.Skip(cause, blocks, err)
 }
+
+func isLocal(c Control) bool { _, ok := c.(*Local); return ok }

@@ -57,7 +57,7 @@ func newStore(t *testing.T, dirs int, capacity, budget int64) *Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(sc.Close)
-	return &Store{Index: idx, Catalog: cat, Map: m, Sched: sc, Geo: geo, Dirs: dirs, MaxWriteIOBytes: maxWrite}
+	return &Store{Ctl: &Local{Index: idx, Catalog: cat, Map: m, Geo: geo}, Sched: sc, Geo: geo, Dirs: dirs, MaxWriteIOBytes: maxWrite}
 }
 
 // tally is what a transaction reported.
@@ -138,10 +138,10 @@ func driveSettling(t *testing.T, st *Store, txn *Txn, failWrite func(run int, io
 // or reserved in the pool.
 func settledClean(t *testing.T, st *Store) {
 	t.Helper()
-	if p := st.Index.Stats().Pending; p != 0 {
+	if p := local(st).Index.Stats().Pending; p != 0 {
 		t.Errorf("%d blocks left pending in the index", p)
 	}
-	if r := st.Map.Stats().ReservedBytes; r != 0 {
+	if r := local(st).Map.Stats().ReservedBytes; r != 0 {
 		t.Errorf("%d bytes left reserved in the pool", r)
 	}
 }
@@ -163,8 +163,8 @@ func TestAdmitCommit(t *testing.T) {
 	if pieces, entries := txn.Pieces(); pieces != entries {
 		t.Errorf("%d pieces for %d chunk entries: 1 MiB writes of 256 KiB chunks cut none", pieces, entries)
 	}
-	if n := st.Index.Lookup(c); n != len(c) || len(st.Catalog.Runs()) != 2 {
-		t.Fatalf("%d blocks served in %d runs", n, len(st.Catalog.Runs()))
+	if n := local(st).Index.Lookup(c); n != len(c) || len(local(st).Catalog.Runs()) != 2 {
+		t.Fatalf("%d blocks served in %d runs", n, len(local(st).Catalog.Runs()))
 	}
 	settledClean(t, st)
 
@@ -205,7 +205,7 @@ func TestWriteFailureGivesUpTheRest(t *testing.T) {
 	if got.saved != 4 || got.skipped[Failure] != 4 || len(got.errs) != 1 || !errors.Is(got.errs[0], eio) {
 		t.Fatalf("saved %d, skipped %v, errors %v", got.saved, got.skipped, got.errs)
 	}
-	if n := st.Index.Lookup(c); n != 4 {
+	if n := local(st).Index.Lookup(c); n != 4 {
 		t.Fatalf("%d blocks served, want run 0's 4", n)
 	}
 	settledClean(t, st)
@@ -239,7 +239,7 @@ func TestBudgetCut(t *testing.T) {
 	if got.saved == 0 || got.saved >= len(c) || got.saved+got.skipped[Budget] != len(c) {
 		t.Fatalf("saved %d, skipped %v (budget of %d blocks)", got.saved, got.skipped, budget/geo.ChunkBytes())
 	}
-	if n := st.Index.Lookup(c); n != got.saved {
+	if n := local(st).Index.Lookup(c); n != got.saved {
 		t.Fatalf("%d blocks served, %d saved", n, got.saved)
 	}
 	settledClean(t, st)
@@ -252,14 +252,14 @@ func TestCommitFailure(t *testing.T) {
 	c := chain(500, 4)
 	var got tally
 	txn := Admit(st, c, nil, noJournalError, got.events())
-	if err := st.Map.Close(); err != nil {
+	if err := local(st).Map.Close(); err != nil {
 		t.Fatal(err)
 	}
 	drive(t, st, txn, nil)
 	if got.saved != 0 || got.skipped[Failure] != len(c) || len(got.errs) != 1 || !errors.Is(got.errs[0], objmap.ErrClosed) {
 		t.Fatalf("saved %d, skipped %v, errors %v", got.saved, got.skipped, got.errs)
 	}
-	if p := st.Index.Stats().Pending; p != 0 {
+	if p := local(st).Index.Stats().Pending; p != 0 {
 		t.Errorf("%d blocks left pending in the index", p)
 	}
 }
@@ -290,3 +290,6 @@ func TestDrainingRun(t *testing.T) {
 	}
 	settledClean(t, st)
 }
+
+// local is st's control path, the store's own parts.
+func local(st *Store) *Local { return st.Ctl.(*Local) }

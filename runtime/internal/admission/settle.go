@@ -98,7 +98,7 @@ func (t *Txn) Settle() {
 		case !t.ready(t.next):
 			return
 		case r.state == Draining:
-			_ = t.st.Map.Abort(r.Res)
+			_ = t.st.Ctl.Abort(r.Res)
 			r.held, r.state = false, Aborted
 			t.next++
 		case r.state == Failed:
@@ -148,7 +148,7 @@ func (t *Txn) commit(i, j int) {
 			reqs[k].Parent, reqs[k].HasParent = t.chain[r.ChainPos-1], true
 		}
 	}
-	if err := t.st.Map.Commit(reqs); err != nil {
+	if err := t.st.Ctl.Commit(reqs); err != nil {
 		// objmap aborted the reservations unless the journal failed; either
 		// way nothing of them is served, and the pool holds none of them.
 		for _, r := range batch {
@@ -158,7 +158,6 @@ func (t *Txn) commit(i, j int) {
 		return
 	}
 	for k, r := range batch {
-		t.st.Catalog.Commit(r.Res.ID, reqs[k].Chain)
 		r.held, r.state = false, Committed
 		t.ev.Saved(len(reqs[k].Chain))
 	}
