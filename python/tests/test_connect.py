@@ -76,9 +76,6 @@ class ConnectTest(unittest.TestCase):
             tutti.Store(connect=os.path.join(self.dir, "nobody.sock"), geometry=TINY, num_pages=PAGES, io=IO)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class ConnectSettingsTest(unittest.TestCase):
     """kv_connector_extra_config.connect, parsed against vLLM's double
@@ -91,7 +88,7 @@ class ConnectSettingsTest(unittest.TestCase):
         def restore():
             sys.path.remove(DOUBLE)
             for m in set(sys.modules) - mods:
-                if m == "vllm" or m.startswith("vllm.") or m in ("tutti.vllm", "tutti.vllm_events"):
+                if m == "vllm" or m.startswith("vllm.") or m == "tutti.vllm" or m.startswith("tutti.vllm_"):
                     del sys.modules[m]
         self.addCleanup(restore)
         from tutti.vllm import Settings
@@ -107,3 +104,7 @@ class ConnectSettingsTest(unittest.TestCase):
                 self.parse(bad)
         with self.assertRaisesRegex(ValueError, "unless 'connect'"):
             self.parse({"dirs": ["/x"]})
+
+
+if __name__ == "__main__":
+    unittest.main()
