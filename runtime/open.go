@@ -76,7 +76,7 @@ func Open(cfg Config) (*Store, error) {
 	s.savesCond.L = &s.mu
 	var err error
 	s.m, err = objmap.Open(objmap.Options{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: cfg.Geometry, WritePool: cfg.WritePool,
-		Buffered: cfg.buffered, SegmentBytes: cfg.segmentBytes})
+		Buffered: cfg.buffered, SegmentBytes: cfg.segmentBytes, RunWidth: cfg.RunWidth})
 	if err != nil {
 		return nil, fmt.Errorf("runtime: open: %w", err)
 	}
@@ -158,8 +158,7 @@ func (s *Store) openIO(userDevice bool) error {
 		s.reprobe = devprobe.NewReprober(reprobe, cfg.reprobeEvery, s.sched)
 	}
 	s.mv = s.newMover()
-	s.writes = savewrite.New(savewrite.Config{Geometry: s.geo, Files: s.m.Files(), Devices: len(cfg.Dirs), DeviceOf: s.cat.DeviceOf,
-		Staging: s.staging, Worker: s.worker, Sched: s.sched, Mover: s.mv, MaxWriteIOBytes: s.maxWriteIOBytes,
+	s.writes = savewrite.New(savewrite.Config{Geometry: s.geo, Pool: s.pool(), Staging: s.staging, Worker: s.worker, Sched: s.sched, Mover: s.mv, MaxWriteIOBytes: s.maxWriteIOBytes,
 		WriteIOs: &s.stats.writeIOs, LoadsInFlight: func() bool { return len(s.loadN) > 0 }})
 	return nil
 }
@@ -168,12 +167,18 @@ func (s *Store) openIO(userDevice bool) error {
 func (s *Store) newMover() mover.Mover {
 	cfg := s.cfg
 	if cfg.Path == PathCPU {
-		return cpu.New(cpu.Config{Geometry: s.geo, Layout: cfg.Layout, NumPages: cfg.NumPages, Staging: s.staging,
+		return cpu.New(cpu.Config{Geometry: s.geo, Layout: cfg.Layout, Pool: s.pool(), NumPages: cfg.NumPages, Staging: s.staging,
 			Worker: s.worker, Sched: s.sched, Counters: &s.moved})
 	}
-	s.gpu = gpu.New(gpuConfig(cfg, s.staging, s.sched, &s.moved))
+	gc := gpuConfig(cfg, s.staging, s.sched, &s.moved)
+	gc.Pool = s.pool()
+	s.gpu = gpu.New(gc)
 	return s.gpu
 }
+
+// pool is where the store's runs lie: the object map's layout and pool
+// files, for the movers and the save pipeline.
+func (s *Store) pool() mover.Pool { return mover.Pool{Layout: s.m.Layout(), Files: s.m.Files()} }
 
 // gpuConfig is the GPU mover's config of cfg (defaults filled in), with the
 // store's parts (nil in tests that only ask for the kernels' limits).

@@ -120,13 +120,14 @@ type ResidentBlock struct {
 }
 
 // CapacityForBlocks is a CapacityBytes with which the store holds at least
-// blocks chain blocks of g however they are grouped into runs: the index
-// admits them (payload over the index's share of the pool) and the pool has
-// room for them as runs of one block (the worst case for headers and
-// padding), plus 1 MiB for rounding the pool files.
+// blocks chain blocks of g however they are grouped into runs and however
+// many directories it spreads them over: the index admits them (payload
+// over the index's share of the pool) and the pool has room for them as
+// runs of one block (the worst case for headers and padding:
+// objmap.MaxFootprint), plus 1 MiB for rounding the pool files.
 func CapacityForBlocks(g kvshape.Geometry, blocks int) int64 {
 	index := int64(float64(blocks) * float64(g.ChunkBytes()) / catalog.IndexShare)
-	pool := int64(blocks) * objmap.RunBytes(g, 1)
+	pool := int64(blocks) * objmap.MaxFootprint(g, 1)
 	return max(index, pool) + 1<<20
 }
 
