@@ -183,7 +183,7 @@ func TestPlanProperties(t *testing.T) {
 			case op < 5:
 				tk, err := p.EnqueueSave(SaveRequest{ID: uint64(step), NowNs: now, Device: rng.IntN(len(cfg.Devices)),
 					LayerDevices: randomLayerDevices(rng, cfg.Layers, len(cfg.Devices)),
-					Blocks: 1 + rng.IntN(30), BytesPerLayerPerBlock: int64(cfg.BlockTokens) * int64(1+rng.IntN(4096))})
+					Blocks:       1 + rng.IntN(30), BytesPerLayerPerBlock: int64(cfg.BlockTokens) * int64(1+rng.IntN(4096))})
 				if err != nil {
 					t.Fatalf("seed %d step %d: %v", seed, step, err)
 				}

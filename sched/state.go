@@ -49,8 +49,8 @@ type devState struct {
 	// of every layer (total), of its first layer read here (first, the
 	// layer firstL) and the last layer read here (lastL); its reads (n).
 	t0, total, first float64
-	firstL, lastL      int
-	n                  int
+	firstL, lastL    int
+	n                int
 }
 
 // cursor is the queued reads of one plan on one device: its reads of layer

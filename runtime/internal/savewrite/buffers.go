@@ -52,9 +52,9 @@ type Config struct {
 	// (a write's device is the scheduler's, sched.IO.Device).
 	Pool    mover.Pool
 	Staging *staging.Pool
-	Worker   *ring.Worker
-	Sched    *iosched.Scheduler
-	Mover    mover.Mover
+	Worker  *ring.Worker
+	Sched   *iosched.Scheduler
+	Mover   mover.Mover
 	// MaxWriteIOBytes is the scheduler's largest save write (WriteBytes).
 	MaxWriteIOBytes int64
 	// WriteIOs counts payload writes submitted (Stats); LoadsInFlight
