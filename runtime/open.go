@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
@@ -144,6 +145,7 @@ func (s *Store) openIO(userDevice bool) error {
 	}
 	s.worker = ring.New("runtime io", eng, cfg.QueueDepth)
 	s.maxWriteIOBytes = savewrite.WriteBytes(s.geo, min(cfg.StagingSlotBytes, savewrite.MaxWriteBytes), cfg.saveWriteUnit())
+	s.moved.ReadBytes, s.moved.WriteBytes = make([]atomic.Int64, len(cfg.Dirs)), make([]atomic.Int64, len(cfg.Dirs))
 	profiles, reprobe := s.deviceProfiles(userDevice)
 	devs := make([]sched.DeviceConfig, len(cfg.Dirs))
 	for i := range devs {
@@ -159,7 +161,7 @@ func (s *Store) openIO(userDevice bool) error {
 	}
 	s.mv = s.newMover()
 	s.writes = savewrite.New(savewrite.Config{Geometry: s.geo, Pool: s.pool(), Staging: s.staging, Worker: s.worker, Sched: s.sched, Mover: s.mv, MaxWriteIOBytes: s.maxWriteIOBytes,
-		WriteIOs: &s.stats.writeIOs, LoadsInFlight: func() bool { return len(s.loadN) > 0 }})
+		WriteIOs: &s.stats.writeIOs, LoadsInFlight: func() bool { return len(s.loadN) > 0 }, WriteBytes: s.moved.WriteBytes})
 	return nil
 }
 
@@ -231,6 +233,9 @@ func (s *Store) closeParts() []error {
 // reports which), and the prober that re-measures the probed devices later
 // where plans need it (nil: none). Under a test engine (NewEngine) the
 // directories' devices are not what serves the I/O, so they are not probed.
+// Devices are the store's directories in its own order (objmap.Map.Dirs,
+// the order it was created with: objmap.Layout's device index), whatever
+// order a reopen lists them in.
 func (s *Store) deviceProfiles(configured bool) (profiles []sched.DeviceProfile, reprobe devprobe.ReadProber) {
 	cfg := s.cfg
 	s.devProbes = make([]DeviceProbe, len(cfg.Dirs))
@@ -255,7 +260,7 @@ func (s *Store) deviceProfiles(configured bool) (profiles []sched.DeviceProfile,
 	default: // a test's probe: re-probes only where the test asks
 		reprobe = cfg.reprobe
 	}
-	for i, o := range devprobe.Devices(cfg.Dirs, cfg.Device, probe) {
+	for i, o := range devprobe.Devices(s.m.Dirs(), cfg.Device, probe) {
 		profiles[i] = o.Profile
 		if o.Err != nil {
 			s.devProbes[i] = seededProbe(cfg.Device, o.Err.Error())

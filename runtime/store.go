@@ -126,9 +126,23 @@ type ResidentBlock struct {
 // runs of one block (the worst case for headers and padding:
 // objmap.MaxFootprint), plus 1 MiB for rounding the pool files.
 func CapacityForBlocks(g kvshape.Geometry, blocks int) int64 {
+	return capacityFor(g, blocks, objmap.MaxFootprint(g, 1))
+}
+
+// CapacityForBlocksOn is CapacityForBlocks for a new store of g over dirs
+// directories (of the default run width there: objmap.RunWidth), whose
+// runs of one block take exactly what that layout gives them.
+func CapacityForBlocksOn(g kvshape.Geometry, blocks, dirs int) int64 {
+	lay, err := objmap.NewLayout(g, dirs, 1, 0)
+	if err != nil {
+		return CapacityForBlocks(g, blocks) // Open will say what is wrong
+	}
+	return capacityFor(g, blocks, lay.Footprint(1))
+}
+
+func capacityFor(g kvshape.Geometry, blocks int, perBlock int64) int64 {
 	index := int64(float64(blocks) * float64(g.ChunkBytes()) / catalog.IndexShare)
-	pool := int64(blocks) * objmap.MaxFootprint(g, 1)
-	return max(index, pool) + 1<<20
+	return max(index, int64(blocks)*perBlock) + 1<<20
 }
 
 // Recovery returns the report of the recovery done by Open.

@@ -3,6 +3,7 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -134,7 +135,7 @@ func (t *Tutti) Open(env Env) error {
 	}
 	// striped over every dir; the runtime splits the capacity evenly
 	cfg := runtime.Config{
-		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(env.Geometry, env.CapacityBlocks),
+		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocksOn(env.Geometry, env.CapacityBlocks, len(dirs)),
 		Geometry: env.Geometry, Layout: kvshape.LayoutPerLayer, NumPages: env.KV.NumPages,
 		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs, KVEvents: t.kvEvents,
 	}
@@ -169,7 +170,7 @@ func (t *Tutti) Open(env Env) error {
 	if err := s.RegisterKV(runtime.KVMemory{Layers: regions}); err != nil {
 		return fmt.Errorf("%s: %w", t.Name(), err)
 	}
-	t.label = fmt.Sprintf("store capacity %d MiB on disk (runtime.CapacityForBlocks: its index holds at least the %d blocks the others hold); planner compute model: %v",
+	t.label = fmt.Sprintf("store capacity %d MiB on disk (runtime.CapacityForBlocksOn: its index holds at least the %d blocks the others hold); planner compute model: %v",
 		cfg.CapacityBytes>>20, env.CapacityBlocks, t.compute != nil)
 	if t.path == runtime.PathGPU {
 		var how string
@@ -218,6 +219,7 @@ func (t *Tutti) Restore(req *Request) (RestoreResult, error) {
 	res.Blocks = l.Blocks()
 	res.Bytes = after.Loads.RestoredBytes - before.Loads.RestoredBytes
 	res.ReadBytes = res.Bytes + after.Loads.OverreadBytes - before.Loads.OverreadBytes
+	res.ReadBytesPerDir = t.perDir(before.Devices, after.Devices)
 	res.IOs = after.Loads.ReadIOs - before.Loads.ReadIOs
 	res.Runs = int((res.IOs - (after.Loads.SplitIOs - before.Loads.SplitIOs)) / int64(g.Layers))
 	for i := range after.Loads.MissBlocks {
@@ -225,6 +227,24 @@ func (t *Tutti) Restore(req *Request) (RestoreResult, error) {
 	}
 	t.plannedRecompute += int64(l.Cached() - l.Planned())
 	return res, nil
+}
+
+// perDir is the bytes the store read from each of Env.Dirs between two
+// Stats (the store orders its directories its own way: matched by path).
+func (t *Tutti) perDir(before, after runtime.DeviceStats) []int64 {
+	dirs := t.env.Dirs
+	if len(dirs) == 0 {
+		dirs = []string{t.env.Dir}
+	}
+	out := make([]int64, len(dirs))
+	for i, d := range after.Dirs {
+		for j, e := range dirs {
+			if filepath.Clean(e) == filepath.Clean(d) && i < len(before.ReadBytes) {
+				out[j] += after.ReadBytes[i] - before.ReadBytes[i]
+			}
+		}
+	}
+	return out
 }
 
 func (t *Tutti) Save(req *Request) (SaveResult, error) {

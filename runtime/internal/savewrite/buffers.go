@@ -62,6 +62,8 @@ type Config struct {
 	// save's writes ran beside reads).
 	WriteIOs      *atomic.Int64
 	LoadsInFlight func() bool
+	// WriteBytes counts the bytes written on each device (mover.Counters').
+	WriteBytes []atomic.Int64
 }
 
 // Pipeline is the store's save write machinery, shared by its saves.

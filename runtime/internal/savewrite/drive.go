@@ -7,6 +7,7 @@ import (
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime/internal/admission"
 	"github.com/tutti-io/tutti/runtime/internal/iosched"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
 	"github.com/tutti-io/tutti/runtime/internal/staging"
 	"github.com/tutti-io/tutti/sched"
 	"golang.org/x/sys/unix"
@@ -133,6 +134,7 @@ func (d *driver) stageQueued() {
 			d.timing.FirstWriteNs = max(1, now-d.startNs)
 		}
 		iosched.BatchOf(&d.batches, io.Device).Start(now, b.ioBytes)
+		mover.Count(p.cfg.WriteBytes, io.Device, b.ioBytes)
 		d.withReads = d.withReads || p.cfg.LoadsInFlight()
 		d.txn.Started(ri)
 		d.busy++

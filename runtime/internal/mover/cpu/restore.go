@@ -125,6 +125,7 @@ func (rs *restore) drive() {
 			ring = append(ring, sl)
 			rs.res.IOs++
 			iosched.BatchOf(&rs.batches, sp.Device).Start(m.sched.NowNs(), seg.ioBytes)
+			mover.Count(m.counters.ReadBytes, sp.Device, seg.ioBytes)
 			if seg.objOff > 0 {
 				rs.res.SplitIOs++
 			}

@@ -19,6 +19,7 @@ type restore struct {
 	// pieces are the request's extents: extent i of every layer is piece i
 	// (drive maps failed entries back to runs by it).
 	pieces  []piece
+	devRead []int64  // the request's bytes on each device
 	io      sched.IO // the scheduler's IORestore of it
 	firstNs int64    // when it was submitted
 	ios     int64
@@ -78,6 +79,10 @@ func (rs *restore) request() kernels.Request {
 			loc, f := cfg.Pool.Object(r, layer, r.First+p.first)
 			req.Layers[layer] = append(req.Layers[layer], kernels.Extent{FD: f.FD, Align: f.DirectAlign,
 				Offset: loc.Offset, Pages: p.k * g.ChunkPages})
+			for len(rs.devRead) <= loc.Device {
+				rs.devRead = append(rs.devRead, 0)
+			}
+			rs.devRead[loc.Device] += (int64(p.k)*g.ChunkBytesPerLayer() + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
 		}
 	}
 	return req
@@ -98,6 +103,9 @@ func (rs *restore) submit(io sched.IO, req kernels.Request) {
 	} else {
 		rs.x = x
 		rs.ios = int64(rs.m.cfg.Geometry.Layers * len(rs.r.Runs))
+		for dev, n := range rs.devRead {
+			mover.Count(rs.m.cfg.Counters.ReadBytes, dev, n)
+		}
 	}
 	rs.mu.Unlock()
 	rs.cond.Broadcast()
