@@ -17,8 +17,9 @@ import (
 
 // Options configure Open.
 type Options struct {
-	// Dirs are the store directories (one per device); runs are striped
-	// round-robin over them. On reopen they may be listed in any order.
+	// Dirs are the store directories (one per device); every run spreads
+	// its layers over them (RunWidth, layout.go). On reopen they may be
+	// listed in any order.
 	Dirs []string
 	// CapacityBytes is the pool size, preallocated at creation and split
 	// evenly over Dirs*FilesPerDir files. On reopen 0 means "as created";

@@ -43,6 +43,8 @@ type Tutti struct {
 	pinned []uintptr
 	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
 	saveBoundMs int
+	// runWidth: runtime.Config.RunWidth (0: the runtime's default).
+	runWidth int
 	// saveNote: where the saves' time went (Stats.Saves.CopyNs, ...) and
 	// which I/Os went through a copy (Stats.Saves.StagedWrites,
 	// Stats.Loads.StagedReads), set at Close.
@@ -92,6 +94,11 @@ func (t *Tutti) SetGPUReads(window, maxIOBytes, lookahead int) {
 // where the other backends keep all of them.
 func (t *Tutti) SetSaveBoundMs(ms int) { t.saveBoundMs = ms }
 
+// SetRunWidth sets the store's run width (runtime.Config.RunWidth) for the
+// next Open: 1 puts each run on one device (the layout before objmap's
+// manifest version 3), 0 keeps the runtime's default (every device).
+func (t *Tutti) SetRunWidth(w int) { t.runWidth = w }
+
 // NewTuttiCPU is tutti's CPU path (io_uring from Go into host KV memory).
 // compute, when non-nil, is given to the scheduler so it loads only where
 // loading beats recomputing.
@@ -137,7 +144,10 @@ func (t *Tutti) Open(env Env) error {
 	cfg := runtime.Config{
 		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocksOn(env.Geometry, env.CapacityBlocks, len(dirs)),
 		Geometry: env.Geometry, Layout: kvshape.LayoutPerLayer, NumPages: env.KV.NumPages,
-		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs, KVEvents: t.kvEvents,
+		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs, KVEvents: t.kvEvents, RunWidth: t.runWidth,
+	}
+	if t.runWidth == 1 { // each run in one file: a one-directory store's footprint
+		cfg.CapacityBytes = runtime.CapacityForBlocksOn(env.Geometry, env.CapacityBlocks, 1)
 	}
 	if t.path == runtime.PathGPU {
 		cfg.GPU.IOWindow, cfg.GPU.MaxIOBytes, cfg.GPU.Lookahead = t.gpuWindow, t.gpuMaxIO, t.gpuLookahead
