@@ -30,16 +30,16 @@ const defaultWindowRequests = 100
 
 // replayFlags are replay's flags, parsed into by its FlagSet.
 type replayFlags struct {
-	fs                                                                                         *flag.FlagSet
-	tracePath, storageLabel, backends, modelName, out, capBytes, computeMode, kvMem            *string
+	fs                                                                                                   *flag.FlagSet
+	tracePath, storageLabel, backends, modelName, out, capBytes, computeMode, kvMem                      *string
 	requests, blockTokens, capBlocks, qd, gpus, saveBoundMs, gpuWindow, gpuMaxIO, gpuLookahead, runWidth *int
-	prefillEvery                                                                               *int
-	fromMs, toMs, timeScale, sloMs, gpuTFLOPs, warmMs                                          *float64
-	jsonOut, skipBad, noEBPF, noCeiling, keep, planner, aloneCheck                             *bool
-	wl                                                                                         *workloadFlags
-	dir                                                                                        *dirsFlag
-	kf                                                                                         kvFlags
-	kind                                                                                       string // the workload (workloadFlags.kind)
+	prefillEvery                                                                                         *int
+	fromMs, toMs, timeScale, sloMs, gpuTFLOPs, warmMs                                                    *float64
+	jsonOut, skipBad, noEBPF, noCeiling, keep, planner, aloneCheck                                       *bool
+	wl                                                                                                   *workloadFlags
+	dir                                                                                                  *dirsFlag
+	kf                                                                                                   kvFlags
+	kind                                                                                                 string // the workload (workloadFlags.kind)
 }
 
 // newReplayFlags defines replay's flags.
