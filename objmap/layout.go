@@ -130,6 +130,13 @@ func (lay Layout) RunBytes(chunks int) int64 {
 	return HeaderRegionBytes(lay.g, chunks) + int64(lay.Slots())*ObjectStride(lay.g, chunks)
 }
 
+// SlotFill is the share of a run's object slots its layers fill:
+// Layers / (Width × Slots), 1 where Width divides Layers. The rest of the
+// slots are pool space a run holds and never writes.
+func (lay Layout) SlotFill() float64 {
+	return float64(lay.g.Layers) / float64(lay.width*lay.Slots())
+}
+
 // Footprint is the pool bytes a run of chunks chunks takes in all:
 // Width × RunBytes.
 func (lay Layout) Footprint(chunks int) int64 { return int64(lay.width) * lay.RunBytes(chunks) }

@@ -86,6 +86,12 @@ func MaxFootprint(g kvshape.Geometry, chunks int) int64 {
 	return w*HeaderRegionBytes(g, chunks) + int64(g.Layers+g.Layers/maxSlotWaste)*ObjectStride(g, chunks)
 }
 
+// MinSlotFill is the least share of a run's object slots its layers fill
+// in any store of g (Layout.SlotFill; RunWidth's bound).
+func MinSlotFill(g kvshape.Geometry) float64 {
+	return float64(g.Layers) / float64(g.Layers+g.Layers/maxSlotWaste)
+}
+
 // ChunkPageOffset is where (chunk, page within the chunk, plane) lies inside
 // an object (relative to the object's start); the span is PageBytesPerPlane.
 func ChunkPageOffset(g kvshape.Geometry, chunk, page, plane int) (int64, error) {
