@@ -287,6 +287,9 @@ func (c *Config) Validate() error {
 	if c.QueueDepth < 0 || c.QueueDepth > maxQueueDepth {
 		return configErr("QueueDepth", "must be in [0, %d], got %d", maxQueueDepth, c.QueueDepth)
 	}
+	if c.RunWidth < 0 || c.RunWidth > len(c.Dirs) {
+		return configErr("RunWidth", "must be in [0, %d] (the directories), got %d", len(c.Dirs), c.RunWidth)
+	}
 	if c.StagingBytes < 0 {
 		return configErr("StagingBytes", "must be >= 0, got %d", c.StagingBytes)
 	}
