@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/google/btree"
-	"github.com/tutti-io/tutti/kvshape"
 )
 
 // extent is a byte range [off, off+n) of one pool file.
@@ -127,24 +126,32 @@ func (f *fileSpace) largest() int64 {
 	return n
 }
 
-// span is one allocated extent sized for a run of chunks chunks.
+// span is one allocated extent sized for a run of chunks chunks: in space
+// (stripe group) space, with its header in the group's file at position
+// home.
 type span struct {
-	file   int
-	off, n int64
-	chunks int
+	space, home int
+	off, n      int64
+	chunks      int
 }
 
 // quarantined is freed space that may not be reused until the journal record
 // that frees it (lsn) is durable.
 type quarantined struct {
-	file int
-	ext  extent
-	lsn  uint64
+	space int
+	ext   extent
+	lsn   uint64
 }
 
-// allocator hands out run extents from the pool files, striped round-robin:
-// file i lies in directory i % dirs, so consecutive runs go to different
-// directories (devices). It is not safe for concurrent use (Map locks it).
+// allocator hands out run extents from the pool's spaces, the stripe groups
+// of the Layout (one per pool file when runs lie on one device): an extent
+// of a space is the same byte range of each of the group's files. A run's
+// home file (which holds its header, and where its layer 0 lies) is sought
+// round-robin over the pool files, which lie in directory f % Dirs: so
+// consecutive runs start on consecutive devices, and where a run spreads
+// over fewer devices than the store has, consecutive runs take different
+// groups. It is not safe for
+// concurrent use (Map locks it).
 //
 // Freed space goes through quarantine: Free journals a "free run" record and
 // the space returns to the free lists only once that record is durable. If it
@@ -154,42 +161,54 @@ type quarantined struct {
 // old run would be served with someone else's bytes. Once the free record is
 // durable, replay forgets the old run before the new one can be seen.
 type allocator struct {
-	g          kvshape.Geometry
-	files      []*fileSpace
-	cursor     int
+	lay        Layout
+	spaces     []*fileSpace
+	cursor     int           // the pool file the next run's home is sought from
 	quarantine []quarantined // ordered by lsn
 }
 
-func newAllocator(g kvshape.Geometry, fileBytes []int64) *allocator {
-	a := &allocator{g: g}
-	for _, n := range fileBytes {
-		f := newFileSpace(n)
-		if n >= BlockBytes {
-			f.add(extent{0, n &^ (BlockBytes - 1)})
+// newAllocator is the free space of lay's pool of files of fileBytes each.
+func newAllocator(lay Layout, fileBytes int64) *allocator {
+	a := &allocator{lay: lay}
+	for range lay.spaces() {
+		f := newFileSpace(fileBytes)
+		if fileBytes >= BlockBytes {
+			f.add(extent{0, fileBytes &^ (BlockBytes - 1)})
 		}
-		a.files = append(a.files, f)
+		a.spaces = append(a.spaces, f)
 	}
 	return a
 }
+
+// place makes a span of the space of pool file f, f its home, and moves
+// the cursor past f.
+func (a *allocator) place(f int, off, n int64, chunks int) span {
+	s := a.lay.space(f)
+	a.cursor = (f + 1) % a.lay.Files()
+	return span{space: s, home: f - a.lay.homeFile(s, 0), off: off, n: n, chunks: chunks}
+}
+
+// file is the home pool file of sp.
+func (sp span) file(lay Layout) int { return lay.homeFile(sp.space, sp.home) }
 
 // alloc reserves room for up to chunks chunks as runs of at most maxRun
 // chunks and at most maxRuns runs. It never blocks and never fails: when the
 // pool cannot hold everything it returns what fit (possibly nothing); the
 // caller compares the chunk total. Each run takes the best-fitting extent of
-// the next file in stripe order that can hold it; when no file can hold a
-// whole run, the largest extent anywhere takes as many chunks as fit.
+// the space of the next pool file in turn that can hold it, that file its
+// home; when no space can hold a whole run, the largest extent anywhere
+// takes as many chunks as fit.
 func (a *allocator) alloc(chunks, maxRun, maxRuns int) []span {
 	var out []span
 	rem := chunks
 	for rem > 0 && len(out) < maxRuns {
 		n := min(rem, maxRun)
-		need := RunBytes(a.g, n)
+		need := a.lay.RunBytes(n)
 		placed := false
-		for t := range a.files {
-			fi := (a.cursor + t) % len(a.files)
-			if off, ok := a.files[fi].take(need); ok {
-				out = append(out, span{file: fi, off: off, n: need, chunks: n})
-				a.cursor = (fi + 1) % len(a.files)
+		for t := range a.lay.Files() {
+			f := (a.cursor + t) % a.lay.Files()
+			if off, ok := a.spaces[a.lay.space(f)].take(need); ok {
+				out = append(out, a.place(f, off, need, n))
 				rem -= n
 				placed = true
 				break
@@ -199,39 +218,39 @@ func (a *allocator) alloc(chunks, maxRun, maxRuns int) []span {
 			continue
 		}
 		best, bestN := -1, int64(0)
-		for fi, f := range a.files {
+		for si, f := range a.spaces {
 			if l := f.largest(); l > bestN {
-				best, bestN = fi, l
+				best, bestN = si, l
 			}
 		}
 		k := 0
 		if best >= 0 {
-			k = min(ChunksThatFit(a.g, bestN), n)
+			k = min(a.lay.ChunksThatFit(bestN), n)
 		}
 		if k == 0 {
 			break
 		}
-		need = RunBytes(a.g, k)
-		off, _ := a.files[best].take(need)
-		out = append(out, span{file: best, off: off, n: need, chunks: k})
-		a.cursor = (best + 1) % len(a.files)
+		need = a.lay.RunBytes(k)
+		off, _ := a.spaces[best].take(need)
+		out = append(out, a.place(a.lay.homeFile(best, a.cursor%a.lay.Width()), off, need, k))
 		rem -= k
 	}
 	return out
 }
 
-// free returns space at once; only for space no durable record refers to
-// (an aborted reservation, or recovery).
+// free returns the extent e of the run whose home is file at once; only for
+// space no durable record refers to (an aborted reservation, or recovery).
 func (a *allocator) free(file int, e extent) error {
-	if file < 0 || file >= len(a.files) {
-		return fmt.Errorf("objmap: freeing extent in file %d of %d", file, len(a.files))
+	if file < 0 || file >= a.lay.Files() {
+		return fmt.Errorf("objmap: freeing extent in file %d of %d", file, a.lay.Files())
 	}
-	return a.files[file].insert(e)
+	return a.spaces[a.lay.space(file)].insert(e)
 }
 
-// quarantineFree holds e until lsn is durable (see allocator).
+// quarantineFree holds the extent e of the run whose home is file until
+// lsn is durable (see allocator).
 func (a *allocator) quarantineFree(file int, e extent, lsn uint64) {
-	a.quarantine = append(a.quarantine, quarantined{file: file, ext: e, lsn: lsn})
+	a.quarantine = append(a.quarantine, quarantined{space: a.lay.space(file), ext: e, lsn: lsn})
 }
 
 // release returns quarantined space whose free record is durable.
@@ -240,7 +259,7 @@ func (a *allocator) release(durableLSN uint64) error {
 	var firstErr error
 	for ; i < len(a.quarantine) && a.quarantine[i].lsn <= durableLSN; i++ {
 		q := a.quarantine[i]
-		if err := a.free(q.file, q.ext); err != nil && firstErr == nil {
+		if err := a.spaces[q.space].insert(q.ext); err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}
@@ -248,41 +267,49 @@ func (a *allocator) release(durableLSN uint64) error {
 	return firstErr
 }
 
+// carve marks the extent e of the run whose home is file used.
 func (a *allocator) carve(file int, e extent) error {
-	if file < 0 || file >= len(a.files) {
-		return fmt.Errorf("file index %d, the pool has %d files", file, len(a.files))
+	if file < 0 || file >= a.lay.Files() {
+		return fmt.Errorf("file index %d, the pool has %d files", file, a.lay.Files())
 	}
-	return a.files[file].carve(e)
+	return a.spaces[a.lay.space(file)].carve(e)
 }
 
+// freeBytes is the free bytes of the pool (every file of a space counted).
 func (a *allocator) freeBytes() int64 {
 	var n int64
-	for _, f := range a.files {
+	for _, f := range a.spaces {
 		n += f.freeBytes
 	}
-	return n
+	return n * int64(a.lay.Width())
 }
 
+// quarantinedBytes is the pool bytes in quarantine (every file counted).
 func (a *allocator) quarantinedBytes() int64 {
 	var n int64
 	for _, q := range a.quarantine {
 		n += q.ext.n
 	}
-	return n
+	return n * int64(a.lay.Width())
 }
 
-// String prints the free lists (offset order) and the quarantine, for tests.
+// String prints the free lists (offset order) and the quarantine, for tests;
+// a space is named "file" when it is one (run width 1).
 func (a *allocator) String() string {
 	var sb strings.Builder
-	for fi, f := range a.files {
-		fmt.Fprintf(&sb, "file %d: free %d:", fi, f.freeBytes)
+	name := "file"
+	if a.lay.Width() > 1 {
+		name = "space"
+	}
+	for si, f := range a.spaces {
+		fmt.Fprintf(&sb, "%s %d: free %d:", name, si, f.freeBytes)
 		f.byOff.Ascend(func(e extent) bool { fmt.Fprintf(&sb, " [%d,+%d)", e.off, e.n); return true })
 		sb.WriteByte('\n')
 	}
 	if len(a.quarantine) > 0 {
 		sb.WriteString("quarantine:")
 		for _, q := range a.quarantine {
-			fmt.Fprintf(&sb, " f%d[%d,+%d)@%d", q.file, q.ext.off, q.ext.n, q.lsn)
+			fmt.Fprintf(&sb, " f%d[%d,+%d)@%d", q.space, q.ext.off, q.ext.n, q.lsn)
 		}
 		sb.WriteByte('\n')
 	}

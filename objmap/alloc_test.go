@@ -39,23 +39,31 @@ func allocCmd(t *testing.T, d *datadriven.TestData) string {
 	var out strings.Builder
 	switch d.Cmd {
 	case "init":
+		// files pool files, one per directory; with width > 1 (and layers
+		// >= width) the runs spread over stripe groups of width files.
 		files, bytes := intArg("files", 1), intArg("bytes", 40960)
-		sizes := make([]int64, files)
-		for i := range sizes {
-			sizes[i] = int64(bytes)
+		g := allocGeom
+		g.Layers = intArg("layers", 1)
+		lay, err := NewLayout(g, files, 1, intArg("width", 1))
+		if err != nil {
+			return "error: " + err.Error()
 		}
-		s.a = newAllocator(allocGeom, sizes)
+		s.a = newAllocator(lay, int64(bytes))
 		s.runs = map[string]span{}
 		s.next = 1
 	case "alloc":
-		spans := s.a.alloc(intArg("chunks", 1), intArg("maxrun", MaxRunChunks(allocGeom)), intArg("maxruns", 64))
+		spans := s.a.alloc(intArg("chunks", 1), intArg("maxrun", MaxRunChunks(s.a.lay.Geometry())), intArg("maxruns", 64))
 		total := 0
 		for _, sp := range spans {
 			name := fmt.Sprintf("r%d", s.next)
 			s.next++
 			s.runs[name] = sp
 			total += sp.chunks
-			fmt.Fprintf(&out, "%s: file %d [%d,+%d) chunks %d\n", name, sp.file, sp.off, sp.n, sp.chunks)
+			if s.a.lay.Width() > 1 {
+				fmt.Fprintf(&out, "%s: space %d home file %d [%d,+%d) chunks %d\n", name, sp.space, sp.file(s.a.lay), sp.off, sp.n, sp.chunks)
+				continue
+			}
+			fmt.Fprintf(&out, "%s: file %d [%d,+%d) chunks %d\n", name, sp.file(s.a.lay), sp.off, sp.n, sp.chunks)
 		}
 		fmt.Fprintf(&out, "allocated %d of %d chunks\n", total, intArg("chunks", 1))
 	case "free", "qfree":
@@ -66,12 +74,12 @@ func allocCmd(t *testing.T, d *datadriven.TestData) string {
 			return "no run " + name
 		}
 		if d.Cmd == "free" {
-			if err := s.a.free(sp.file, extent{sp.off, sp.n}); err != nil {
+			if err := s.a.free(sp.file(s.a.lay), extent{sp.off, sp.n}); err != nil {
 				return "error: " + err.Error()
 			}
 			delete(s.runs, name)
 		} else {
-			s.a.quarantineFree(sp.file, extent{sp.off, sp.n}, uint64(intArg("lsn", 0)))
+			s.a.quarantineFree(sp.file(s.a.lay), extent{sp.off, sp.n}, uint64(intArg("lsn", 0)))
 			delete(s.runs, name)
 		}
 	case "freeext":

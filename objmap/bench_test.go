@@ -17,7 +17,11 @@ var llama70b = kvshape.Geometry{Layers: 80, KVHeads: 8, HeadDim: 128, DType: kvs
 // BenchmarkAllocatorChurn: allocate runs of 1..64 chunks and free random
 // live ones, keeping the pool about 80% full (4 files of 64 GiB).
 func BenchmarkAllocatorChurn(b *testing.B) {
-	a := newAllocator(llama70b, []int64{64 << 30, 64 << 30, 64 << 30, 64 << 30})
+	lay, err := NewLayout(llama70b, 4, 1, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := newAllocator(lay, 64<<30)
 	rng := rand.New(rand.NewPCG(1, 1))
 	var live []span
 	total := int64(4 * 64 << 30)
@@ -35,7 +39,7 @@ func BenchmarkAllocatorChurn(b *testing.B) {
 		sp := live[k]
 		live[k] = live[len(live)-1]
 		live = live[:len(live)-1]
-		if err := a.free(sp.file, extent{sp.off, sp.n}); err != nil {
+		if err := a.free(sp.file(lay), extent{sp.off, sp.n}); err != nil {
 			b.Fatal(err)
 		}
 		used -= sp.n

@@ -51,7 +51,7 @@ func (m *Map) verifyRun(r *RunInfo, buf []byte) runCheck {
 		return runCheck{why: why, io: io}
 	}
 	n := r.Chunks()
-	got, err := m.readChunkCRCs(m.files[r.File], r.Offset, n, buf)
+	got, err := m.readChunkCRCs(r.Place(), buf)
 	if err != nil {
 		return runCheck{why: err.Error(), io: errors.Is(err, errRead)}
 	}
@@ -75,25 +75,27 @@ func (m *Map) verifyRun(r *RunInfo, buf []byte) runCheck {
 // errRead marks a payload read that failed (not a mismatch).
 var errRead = errors.New("read failed")
 
-// readChunkCRCs reads every object of the run of chunks chunks at off in f
-// through buf (BlockBytes-aligned pieces) and returns the CRC32C of each
-// (layer, chunk), layer-major.
-func (m *Map) readChunkCRCs(f *uring.File, off int64, chunks int, buf []byte) ([]uint32, error) {
+// readChunkCRCs reads every object of the run at p, each where the Layout
+// puts it, through buf (BlockBytes-aligned pieces) and returns the CRC32C
+// of each (layer, chunk), layer-major.
+func (m *Map) readChunkCRCs(p Place, buf []byte) ([]uint32, error) {
 	piece := int64(len(buf)) &^ (BlockBytes - 1)
 	if piece == 0 {
 		return nil, fmt.Errorf("objmap: read buffer of %d bytes", len(buf))
 	}
+	chunks := p.Chunks
 	out := make([]uint32, m.g.Layers*chunks)
 	for l := 0; l < m.g.Layers; l++ {
-		objOff, err := ObjectOffset(m.g, chunks, l)
+		obj, err := m.lay.Where(p, l, 0)
 		if err != nil {
 			return nil, err
 		}
+		f := m.files[obj.File]
 		layer := out[l*chunks : (l+1)*chunks]
 		for done := int64(0); done < ObjectBytes(m.g, chunks); {
 			n := min(ObjectBytes(m.g, chunks)-done, piece)
-			if err := preadFull(int(f.FD), buf[:alignUp(n)], objOff+off+done); err != nil {
-				return nil, fmt.Errorf("%w: reading layer %d at %s offset %d: %v", errRead, l, f.Path, objOff+off+done, err)
+			if err := preadFull(int(f.FD), buf[:alignUp(n)], obj.Offset+done); err != nil {
+				return nil, fmt.Errorf("%w: reading layer %d at %s offset %d: %v", errRead, l, f.Path, obj.Offset+done, err)
 			}
 			if err := UpdateChunkCRCs(m.g, layer, done, buf[:n]); err != nil {
 				return nil, err

@@ -20,8 +20,8 @@ import (
 // disagree and a whole-object read can still be verified with one CRC.
 //
 // Table layout: u32 little endian, layer-major: entry l*chunks+c is CRC32C of
-// chunk c of object l (ChunkBytesPerLayer bytes at ObjectOffset(chunks, l) +
-// c*ChunkBytesPerLayer), zero-padded to BlockBytes. The table CRC is CRC32C of
+// chunk c of object l (the ChunkBytesPerLayer bytes at Layout.Where(run, l,
+// c)), zero-padded to BlockBytes. The table CRC is CRC32C of
 // the whole padded region.
 //
 // Memory: a caller that keeps a run's chunk CRCs in RAM (RunInfo.ChunkCRCs)
@@ -234,13 +234,16 @@ func UpdateChunkCRCs(g kvshape.Geometry, crcs []uint32, off int64, p []byte) err
 	return nil
 }
 
-// Span is one read of chunks [First, First+K) of one layer's object.
+// Span is one read of chunks [First, First+K) of one layer's object
+// (Layout.Span).
 type Span struct {
 	Layer, First, K int
-	// Off is the read offset relative to the run's extent start and IOBytes
-	// its length, both BlockBytes-aligned; the read stays inside the object
-	// (its padding included) and holds chunks [First, First+K) plus less
-	// than BlockBytes of alignment slack on each side.
+	// Device and File are where the layer's object lies (Layout.Where);
+	// Off is the read's offset in the file and IOBytes its length, both
+	// BlockBytes-aligned: the read stays inside the object (its padding
+	// included) and holds chunks [First, First+K) plus less than
+	// BlockBytes of alignment slack on each side.
+	Device, File int
 	Off, IOBytes int64
 	// Skip is where chunk First starts inside the read buffer (0 unless
 	// First*ChunkBytesPerLayer is unaligned); DataBytes = K*ChunkBytesPerLayer
@@ -248,25 +251,6 @@ type Span struct {
 	Skip, DataBytes int64
 	// ChunkBytes is ChunkBytesPerLayer.
 	ChunkBytes int64
-}
-
-// ChunkSpan gives the one read that restores chunks [first, first+k) of
-// layer of a run of runChunks chunks: only those chunks' bytes rounded out
-// to BlockBytes, never the whole object.
-func ChunkSpan(g kvshape.Geometry, runChunks, layer, first, k int) (Span, error) {
-	objOff, err := ObjectOffset(g, runChunks, layer)
-	if err != nil {
-		return Span{}, err
-	}
-	if first < 0 || k < 1 || first > runChunks-k {
-		return Span{}, fmt.Errorf("objmap: chunks [%d,+%d) of a run of %d: %w", first, k, runChunks, kvshape.ErrOutOfRange)
-	}
-	cb := g.ChunkBytesPerLayer()
-	start := int64(first) * cb
-	end := start + int64(k)*cb
-	aStart := start &^ (BlockBytes - 1)
-	return Span{Layer: layer, First: first, K: k, Off: objOff + aStart, IOBytes: alignUp(end) - aStart,
-		Skip: start - aStart, DataBytes: end - start, ChunkBytes: cb}, nil
 }
 
 // Chunk is where chunk First+i lies inside the read buffer: [off, off+n).

@@ -152,10 +152,10 @@ func TestChunkSpan(t *testing.T) {
 	const run = 5
 	cb := g.ChunkBytesPerLayer()
 	for layer := 0; layer < g.Layers; layer++ {
-		objOff, _ := ObjectOffset(g, run, layer)
+		objOff, _ := objectOffset1(g, run, layer)
 		for first := 0; first < run; first++ {
 			for k := 1; first+k <= run; k++ {
-				s, err := ChunkSpan(g, run, layer, first, k)
+				s, err := chunkSpan1(g, run, layer, first, k)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -176,17 +176,17 @@ func TestChunkSpan(t *testing.T) {
 					}
 				}
 				if first == 0 {
-					off, io, data, err := LayerSpan(g, run, layer, k)
+					off, io, data, err := layerSpan1(g, run, layer, k)
 					if err != nil || off != s.Off || io != s.IOBytes || data != s.DataBytes {
-						t.Fatalf("LayerSpan(%d,%d,%d) = %d %d %d %v, ChunkSpan %+v", run, layer, k, off, io, data, err, s)
+						t.Fatalf("layerSpan1(%d,%d,%d) = %d %d %d %v, ChunkSpan %+v", run, layer, k, off, io, data, err, s)
 					}
 				}
 			}
 		}
 	}
 	for _, a := range [][3]int{{0, -1, 1}, {0, 0, 0}, {0, 4, 2}, {2, 0, 1}, {0, 5, 1}} {
-		if _, err := ChunkSpan(g, run, a[0], a[1], a[2]); !errors.Is(err, kvshape.ErrOutOfRange) {
-			t.Fatalf("ChunkSpan(%d, %v): %v", run, a, err)
+		if _, err := chunkSpan1(g, run, a[0], a[1], a[2]); !errors.Is(err, kvshape.ErrOutOfRange) {
+			t.Fatalf("chunkSpan1(%d, %v): %v", run, a, err)
 		}
 	}
 }
@@ -218,7 +218,7 @@ func TestChunkVerifier(t *testing.T) {
 		}
 		return nil
 	}
-	s, _ := ChunkSpan(g, run, 1, 1, 2)
+	s, _ := chunkSpan1(g, run, 1, 1, 2)
 	v, err := info.NewChunkVerifier(s)
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +243,7 @@ func TestChunkVerifier(t *testing.T) {
 	}
 	// VerifySpan on a read buffer laid out as ChunkSpan says.
 	buf := make([]byte, s.IOBytes)
-	objOff, _ := ObjectOffset(g, run, 1)
+	objOff, _ := objectOffset1(g, run, 1)
 	copy(buf[s.Skip:], objs[1][s.Off-objOff+s.Skip:][:s.DataBytes])
 	if err := info.VerifySpan(s, buf); err != nil {
 		t.Fatal(err)
@@ -282,13 +282,13 @@ func TestPartialSpanOnDisk(t *testing.T) {
 		return buf.Bytes()
 	}
 	for k := 1; k <= 5; k++ {
-		s, _ := ChunkSpan(g, 5, 1, 0, k)
+		s, _ := chunkSpan1(g, 5, 1, 0, k)
 		if err := r.VerifySpan(s, read(s)); err != nil {
 			t.Fatalf("first %d chunks: %v", k, err)
 		}
 	}
 	m.Close()
-	objOff, _ := ObjectOffset(g, 5, 1)
+	objOff, _ := objectOffset1(g, 5, 1)
 	pf, err := os.OpenFile(filepath.Join(dir, poolFileName(r.File)), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -300,7 +300,7 @@ func TestPartialSpanOnDisk(t *testing.T) {
 	r, _ = m.Lookup(r.ID)
 	f = m.Files()[r.File]
 	for k := 1; k <= 5; k++ {
-		s, _ := ChunkSpan(g, 5, 1, 0, k)
+		s, _ := chunkSpan1(g, 5, 1, 0, k)
 		err := r.VerifySpan(s, read(s))
 		var ce *ChunkCRCError
 		if (k <= 3) != (err == nil) || k > 3 && (!errors.As(err, &ce) || ce.Chunk != 3 || ce.Layer != 1) {

@@ -27,10 +27,14 @@ func createStore(opts Options) ([]*manifest, error) {
 	if opts.CapacityBytes <= 0 {
 		return nil, fmt.Errorf("objmap: creating store: CapacityBytes %d, want > 0", opts.CapacityBytes)
 	}
+	lay, err := NewLayout(g, len(opts.Dirs), opts.FilesPerDir, opts.RunWidth)
+	if err != nil {
+		return nil, fmt.Errorf("objmap: creating store: %w", err)
+	}
 	fileBytes := opts.CapacityBytes / nfiles &^ (BlockBytes - 1)
-	if fileBytes < RunBytes(g, 1) {
+	if fileBytes < lay.RunBytes(1) {
 		return nil, fmt.Errorf("objmap: creating store: CapacityBytes %d gives %d-byte pool files, smaller than one run of one chunk (%d bytes)",
-			opts.CapacityBytes, fileBytes, RunBytes(g, 1))
+			opts.CapacityBytes, fileBytes, lay.RunBytes(1))
 	}
 	id, err := newStoreID()
 	if err != nil {
@@ -56,9 +60,12 @@ func createStore(opts Options) ([]*manifest, error) {
 		if err := syncDir(d); err != nil {
 			return nil, fmt.Errorf("objmap: creating store: %w", err)
 		}
-		mans[i] = &manifest{Version: manifestVersion, StoreID: id, DirIndex: i, Dirs: len(opts.Dirs), Geometry: g,
+		mans[i] = &manifest{Version: manifestVersionFor(lay.Width()), StoreID: id, DirIndex: i, Dirs: len(opts.Dirs), Geometry: g,
 			Fingerprint: fmt.Sprintf("%016x", Fingerprint(g)), FilesPerDir: opts.FilesPerDir, FileBytes: fileBytes,
 			CapacityBytes: opts.CapacityBytes}
+		if lay.Width() > 1 {
+			mans[i].RunWidth = lay.Width()
+		}
 	}
 	fd, _, err := createSegment(opts.Dirs[0], 1)
 	if err != nil {
@@ -168,7 +175,7 @@ func (m *Map) adoptManifests(mans []*manifest) error {
 	m.dirs = make([]string, len(mans))
 	for i, man := range mans {
 		if man.StoreID != first.StoreID || man.Dirs != first.Dirs || man.FilesPerDir != first.FilesPerDir ||
-			man.FileBytes != first.FileBytes || man.Geometry != first.Geometry {
+			man.FileBytes != first.FileBytes || man.Geometry != first.Geometry || man.width() != first.width() {
 			return fmt.Errorf("%w: %s belongs to store %s, %s to store %s (or their pool shapes differ)",
 				ErrCorruptStore, m.opts.Dirs[i], man.StoreID, m.opts.Dirs[0], first.StoreID)
 		}
@@ -184,14 +191,22 @@ func (m *Map) adoptManifests(mans []*manifest) error {
 		return fmt.Errorf("%w: store %s was created with CapacityBytes %d, asked for %d (resizing is not supported)",
 			ErrSettingsMismatch, m.dirs[0], first.CapacityBytes, m.opts.CapacityBytes)
 	}
-	m.g = first.Geometry
+	if m.opts.RunWidth != 0 && m.opts.RunWidth != first.width() {
+		return fmt.Errorf("%w: store %s spreads each run over %d devices, asked for %d (the width is fixed at creation)",
+			ErrSettingsMismatch, m.dirs[0], first.width(), m.opts.RunWidth)
+	}
+	lay, err := NewLayout(first.Geometry, first.Dirs, first.FilesPerDir, first.width())
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrCorruptStore, err)
+	}
+	m.g, m.lay = first.Geometry, lay
 	m.fileSize = first.FileBytes
 	m.opts.FilesPerDir = first.FilesPerDir
 	return nil
 }
 
 func (m *Map) openPool() error {
-	n := len(m.dirs) * m.opts.FilesPerDir
+	n := m.lay.Files() // adoptManifests set the layout
 	flags := unix.O_RDWR
 	if m.readOnly {
 		flags = unix.O_RDONLY
@@ -199,9 +214,8 @@ func (m *Map) openPool() error {
 	if !m.opts.Buffered {
 		flags |= unix.O_DIRECT
 	}
-	sizes := make([]int64, n)
 	for i := 0; i < n; i++ {
-		path := filepath.Join(m.dirs[i%len(m.dirs)], poolFileName(i))
+		path := filepath.Join(m.dirs[m.lay.Device(i)], poolFileName(i))
 		f, err := uring.OpenFile(path, flags, 0o600)
 		if err != nil {
 			if errors.Is(err, unix.EINVAL) && !m.opts.Buffered {
@@ -221,9 +235,8 @@ func (m *Map) openPool() error {
 		if f.DirectAlign > BlockBytes {
 			return fmt.Errorf("objmap: pool file %s needs O_DIRECT alignment %d, objects are aligned to %d", path, f.DirectAlign, BlockBytes)
 		}
-		sizes[i] = m.fileSize
 	}
-	m.alloc = newAllocator(m.g, sizes)
+	m.alloc = newAllocator(m.lay, m.fileSize)
 	return nil
 }
 

@@ -7,14 +7,18 @@
 // # Objects and runs
 //
 // A run is a span of consecutive chain blocks (chunks) of one prefix saved
-// together; it is one extent in one pool file: a 4 KiB header, a table of
-// one CRC32C per (layer, chunk) padded to 4 KiB, then one object per layer.
-// Object l holds layer l of the whole run, chunk-major, then page, then
-// plane (K and V of a page side by side). Restoring the first k chunks of a
-// run is therefore one read per layer (LayerSpan, ChunkSpan) of exactly
-// those chunks (rounded out to 4 KiB), K and V included, and each chunk read
-// is verified on its own (RunInfo.VerifySpan, ChunkVerifier): a short shared
-// prefix of a long run never reads the rest of the run. Keeping the chunk
+// together: a 4 KiB header, a table of one CRC32C per (layer, chunk) padded
+// to 4 KiB, and one object per layer. Object l holds layer l of the whole
+// run, chunk-major, then page, then plane (K and V of a page side by side).
+// Where each lies is the store's Layout (layout.go), the one home of
+// placement: a run spreads its objects over the devices, layer l on device
+// (home + l) mod Width, in one extent of the same offset in each pool file
+// of a stripe group, the header in its home file. Restoring the first k
+// chunks of a run is therefore one read per layer (Layout.Span) of exactly
+// those chunks (rounded out to 4 KiB), K and V included, on that layer's
+// device, the same bytes from each device to within one object; each chunk
+// read is verified on its own (RunInfo.VerifySpan, ChunkVerifier): a short
+// shared prefix of a long run never reads the rest of the run. Keeping the chunk
 // CRCs in RAM costs 4 bytes per (layer, chunk): 4 B per 2 MiB for
 // Llama-3-70B at 512-token chunks. K and V are kept together, not in separate objects,
 // because the engine always needs both for a layer before it can compute
@@ -27,14 +31,15 @@
 //
 //	m, err := objmap.Open(objmap.Options{Dirs, CapacityBytes, Geometry: g})  // g a kvshape.Geometry; locks, recovers
 //	m.Recovery()                          // RecoveryReport: objects, recovered, dropped (reasons)
-//	m.Files()                             // []*uring.File, index = RunInfo.File; register with the ring
+//	m.Files()                             // []*uring.File, index = Location.File; register with the ring
+//	lay := m.Layout()                     // where runs lie: lay.Where(place, layer, chunk) (device, file, offset)
 //	m.Runs(func(objmap.RunInfo) bool)     // durable runs, to rebuild the prefix index
 //	res, err := m.Allocate(chunks)        // []Reservation, partial when the pool is full; ErrNoSpace when empty
-//	  ... write object l at res.Offset + objmap.ObjectOffset(g, res.Chunks, l) (uring, O_DIRECT) ...
+//	  ... write object l at lay.Where(res.Place(), l, 0) (uring, O_DIRECT) ...
 //	err = m.Commit([]objmap.CommitRequest{{Res, Chain, ChunkCRCs}})  // header+table, fdatasync, journal: durable
 //	m.Abort(res)                          // give an uncommitted reservation back
 //	info, ok := m.Lookup(id)              // extent of a durable run, its ChunkCRCs
-//	sp, err := objmap.ChunkSpan(g, info.Chunks(), layer, first, k) // one read per (layer, run): chunks [first, first+k)
+//	sp, err := lay.Span(info.Place(), layer, first, k) // one read per (layer, run): chunks [first, first+k), in m.Files()[sp.File] at sp.Off
 //	err = info.VerifySpan(sp, buf)        // or a ChunkVerifier fed piece by piece
 //	m.Trim(id, keep)                      // the run serves only its first keep chunks (its owner evicted the rest)
 //	m.Free(id); m.Sync()                  // forget a run; its space is reusable once the free is durable
@@ -50,9 +55,10 @@
 //
 // The caller writes a run's objects into its reservation and reaps the
 // writes; Commit then writes the run's header (magic, version, geometry
-// fingerprint, generation, run id, file and offset, chain ids, per-layer
-// CRC32C derived from the chunk CRCs, the chunk table's CRC, header CRC) and
-// chunk table in one write, fdatasyncs the pool file, and appends a commit record
+// fingerprint, generation, run id, home file and offset, chain ids,
+// per-layer CRC32C derived from the chunk CRCs, the chunk table's CRC,
+// header CRC) and chunk table in one write to the home file, fdatasyncs
+// every pool file the run spans, and appends a commit record
 // to the journal, returning once a group commit made it durable. The
 // journal record is the point of no return; the header lets recovery prove
 // that the extent still holds that run. Open loads the checkpoint, replays
@@ -113,6 +119,24 @@
 //     them has MANIFEST version 2, so an older build refuses it by name
 //     instead of taking the records for damage; a writable Open upgrades a
 //     version 1 store.
+//   - Placement (layout.go): a run spreads its layers over Width devices
+//     (manifest version 3 records run_width; RunWidth chooses it: every
+//     directory for a real model) rather than lying whole on one, so a
+//     restore of a few blocks, one run or less, reads every device and not
+//     one (a short restore's time was one device reading the whole block).
+//     The extent is the same in every file of the run's stripe group, so a
+//     run is still one (file, offset, length) in the journal, the
+//     checkpoint and its header, recovery and rebuild carve and resolve
+//     runs per group, and the allocator keeps one free space per group.
+//     The cost: each file of the group keeps ceil(Layers/Width) object
+//     slots and the header region, so Layers mod Width slots stay empty
+//     (RunWidth keeps them within a third of the layers; none for 32 or 80
+//     layers over 2, 4 or 8 devices, 3 of 64 for DeepSeek-V3's 61 over 8).
+//     A store made before version 3 (width 1: each run whole in its home
+//     file, byte for byte the same rule) is read as it is, and says so
+//     (RecoveryReport.LayoutNote); its manifest stays at version 2, as does
+//     any store of width 1, so older builds read it too, and a version 2
+//     reader refuses a spread store by its version.
 //   - Files are created 0600 and directories 0700; each directory is
 //     flock'ed (LOCK holds the owner's pid for the error of a second open),
 //     exclusively by a writer, shared by a read-only checker. A failed Open

@@ -60,9 +60,9 @@ func FuzzManifest(f *testing.F) {
 
 func sampleCheckpoint() []byte {
 	runs := []RunInfo{
-		{ID: 3, Generation: 1, File: 0, Offset: 0, Length: RunBytes(tinyGeom, 1), Chain: []uint64{7}, Kept: 1},
-		{ID: 9, Generation: 2, File: 1, Offset: 8192, Length: RunBytes(tinyGeom, 3), Chain: []uint64{1, 2, 3}, Parent: 5, HasParent: true, Kept: 2},
-		{ID: 12, Generation: 2, File: 0, Offset: 1 << 20, Length: RunBytes(tinyGeom, 2), Chain: []uint64{8, 9}, Kept: 1},
+		{ID: 3, Generation: 1, File: 0, Offset: 0, Length: runBytes1(tinyGeom, 1), Chain: []uint64{7}, Kept: 1},
+		{ID: 9, Generation: 2, File: 1, Offset: 8192, Length: runBytes1(tinyGeom, 3), Chain: []uint64{1, 2, 3}, Parent: 5, HasParent: true, Kept: 2},
+		{ID: 12, Generation: 2, File: 0, Offset: 1 << 20, Length: runBytes1(tinyGeom, 2), Chain: []uint64{8, 9}, Kept: 1},
 	}
 	b, _ := encodeCheckpoint(4, 2, 10, runs)
 	return b
@@ -98,7 +98,7 @@ func FuzzCheckpoint(f *testing.F) {
 func sampleSegment() []byte {
 	b, _ := AppendRecord(nil, &Record{Type: RecSegment, Seq: 1})
 	b, _ = AppendRecord(b, &Record{Type: RecEpoch, Epoch: 1})
-	b, _ = AppendRecord(b, &Record{Type: RecCommit, Run: RunInfo{ID: 1, Generation: 1, Length: RunBytes(tinyGeom, 2), Chain: []uint64{4, 5}}})
+	b, _ = AppendRecord(b, &Record{Type: RecCommit, Run: RunInfo{ID: 1, Generation: 1, Length: runBytes1(tinyGeom, 2), Chain: []uint64{4, 5}}})
 	b, _ = AppendRecord(b, &Record{Type: RecTrim, ID: 1, Keep: 1})
 	b, _ = AppendRecord(b, &Record{Type: RecFree, ID: 1})
 	return b

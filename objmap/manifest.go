@@ -32,7 +32,14 @@ const (
 	// reader refuses the store by its manifest instead of taking the
 	// records for damage. A writable Open upgrades a version 1 store
 	// (whose journal holds none) before it writes anything.
-	manifestVersion = 2
+	//
+	// Version 3: the store's runs spread over run_width devices
+	// (layout.go). A version 2 reader would take each run to lie whole in
+	// its home file and serve other runs' bytes: it refuses the store by
+	// its version instead. A store whose runs lie on one device (run width
+	// 1: one directory, or a store made before version 3) is still written
+	// as version 2 (manifestVersionFor), so that older builds read it.
+	manifestVersion = 3
 	// minManifestVersion is the oldest version this build reads.
 	minManifestVersion = 1
 )
@@ -67,6 +74,22 @@ type manifest struct {
 	FilesPerDir   int              `json:"files_per_dir"`
 	FileBytes     int64            `json:"file_bytes"`
 	CapacityBytes int64            `json:"capacity_bytes"` // as requested at creation
+	// RunWidth is the devices each run spreads over (layout.go); absent
+	// (0) before version 3, which means 1: each run on one device.
+	RunWidth int `json:"run_width,omitempty"`
+}
+
+// width is the manifest's run width (1 when it names none).
+func (m *manifest) width() int { return max(m.RunWidth, 1) }
+
+// manifestVersionFor is the version a store of run width w is written as:
+// 3 where its runs spread (older builds must refuse it), 2 where each lies
+// on one device (their layout).
+func manifestVersionFor(w int) int {
+	if w > 1 {
+		return manifestVersion
+	}
+	return 2
 }
 
 // maxManifestBytes bounds a MANIFEST file (a few hundred bytes of JSON).
@@ -112,6 +135,10 @@ func parseManifest(b []byte) (*manifest, error) {
 			m.FilesPerDir, m.FileBytes, maxFilesPerDir, BlockBytes, int64(maxFileBytes))
 	case m.CapacityBytes < 1:
 		return nil, fmt.Errorf("capacity %d bytes", m.CapacityBytes)
+	case m.Version < 3 && m.RunWidth != 0:
+		return nil, fmt.Errorf("run width %d in a version %d manifest (run widths came with version 3)", m.RunWidth, m.Version)
+	case m.Version >= 3 && m.RunWidth < 1:
+		return nil, fmt.Errorf("version %d manifest without a run width", m.Version)
 	}
 	if err := checkGeometry(m.Geometry); err != nil {
 		return nil, err
@@ -119,22 +146,28 @@ func parseManifest(b []byte) (*manifest, error) {
 	if fp := fmt.Sprintf("%016x", Fingerprint(m.Geometry)); fp != m.Fingerprint {
 		return nil, fmt.Errorf("fingerprint %s, geometry gives %s", m.Fingerprint, fp)
 	}
-	if m.FileBytes < RunBytes(m.Geometry, 1) {
-		return nil, fmt.Errorf("pool files of %d bytes, smaller than one run (%d)", m.FileBytes, RunBytes(m.Geometry, 1))
+	lay, err := NewLayout(m.Geometry, m.Dirs, m.FilesPerDir, m.width())
+	if err != nil {
+		return nil, err
+	}
+	if m.FileBytes < lay.RunBytes(1) {
+		return nil, fmt.Errorf("pool files of %d bytes, smaller than one run (%d)", m.FileBytes, lay.RunBytes(1))
 	}
 	return &m, nil
 }
 
-// upgradeManifests rewrites the manifests older than manifestVersion at the
-// current version (each atomically; a crash between two directories leaves
+// upgradeManifests rewrites the manifests older than their layout's
+// version (manifestVersionFor: a version 1 store becomes version 2) at that
+// version (each atomically; a crash between two directories leaves
 // versions a reader of either takes).
 func upgradeManifests(dirs []string, mans []*manifest) error {
 	for i, man := range mans {
-		if man.Version == manifestVersion {
+		v := manifestVersionFor(man.width())
+		if man.Version >= v {
 			continue
 		}
 		up := *man
-		up.Version = manifestVersion
+		up.Version = v
 		if err := writeManifest(dirs[i], &up); err != nil {
 			return fmt.Errorf("objmap: open: upgrading the manifest of %s from version %d: %w", dirs[i], man.Version, err)
 		}

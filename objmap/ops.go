@@ -10,7 +10,8 @@ import (
 )
 
 // Allocate reserves space for up to chunks chain blocks as one or more runs
-// of at most MaxRunChunks chunks, striped round-robin over the pool files.
+// of at most MaxRunChunks chunks, each spread over Layout.Width devices, the
+// runs round-robin over the pool's stripe groups.
 // It does no I/O; it waits for a Prewrite write in progress (one write),
 // whose piece of the free space it may need. A partial result (fewer chunks in total than
 // asked, nil error) means the pool had no room for the rest: the caller
@@ -23,10 +24,11 @@ func (m *Map) Allocate(chunks int) ([]Reservation, error) {
 
 // AllocateStriped is Allocate with the chunks cut into at least ways runs
 // (fewer when there are fewer chunks) of near-equal length, the longer ones
-// last: consecutive runs go to consecutive pool files, which lie in
-// different directories, so the runs of one save are written (and later
-// read) on min(ways, Dirs) devices at once instead of one. ways is bounded
-// by the runs one call returns.
+// last: consecutive runs go to consecutive stripe groups and start their
+// layers on consecutive devices of their group (Layout), so where runs
+// spread over fewer devices than the store has (Layout.Width < Dirs) the
+// runs of one save are written (and later read) on min(ways·Width, Dirs)
+// devices at once. ways is bounded by the runs one call returns.
 func (m *Map) AllocateStriped(chunks, ways int) ([]Reservation, error) {
 	if chunks < 1 || ways < 1 || ways > maxRunsPerAllocate {
 		return nil, fmt.Errorf("objmap: allocating %d chunks in %d runs (want chunks >= 1, ways in 1..%d)", chunks, ways, maxRunsPerAllocate)
@@ -67,7 +69,7 @@ func (m *Map) AllocateStriped(chunks, ways int) ([]Reservation, error) {
 	}
 	out := make([]Reservation, len(spans))
 	for i, sp := range spans {
-		r := Reservation{ID: m.nextID, Generation: m.epoch, File: sp.file, Offset: sp.off, Length: sp.n, Chunks: sp.chunks}
+		r := Reservation{ID: m.nextID, Generation: m.epoch, File: sp.file(m.lay), Offset: sp.off, Length: sp.n, Chunks: sp.chunks}
 		m.nextID++
 		m.reserved[r.ID] = r
 		out[i] = r
@@ -90,8 +92,9 @@ func (m *Map) Abort(r Reservation) error {
 
 // Commit makes runs durable, all or nothing up to the journal append. The
 // caller must have completed (reaped) every payload write of each run. For
-// each run Commit writes the header (the commit record) at its offset, then
-// fdatasyncs each pool file involved once (payload and header durable), then
+// each run Commit writes the header (the commit record) at its offset in its
+// home file, then fdatasyncs each pool file involved once (every file the
+// runs span: payload and header durable), then
 // appends one journal record per run and waits for the group commit that
 // makes them durable. When Commit returns nil the runs survive any crash and
 // are served by Lookup. On an error before the journal append the
@@ -230,8 +233,8 @@ func (m *Map) settleCommits(reqs []CommitRequest, werr error) error {
 type runCRCs struct{ chunks, layers []uint32 }
 
 // writeHeaders writes each run's header and chunk table (one write at the
-// run's offset, from off-heap memory) and fdatasyncs every pool file
-// involved. It returns the CRCs it stored, per request.
+// run's offset in its home file, from off-heap memory) and fdatasyncs every
+// pool file the runs span. It returns the CRCs it stored, per request.
 func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 	var need int64
 	for _, r := range reqs {
@@ -275,8 +278,10 @@ func (m *Map) writeHeaders(reqs []CommitRequest) ([]runCRCs, error) {
 			return nil, fmt.Errorf("objmap: committing run %d: writing header at %s offset %d: %w", r.Res.ID, f.Path, r.Res.Offset, err)
 		}
 		out[i] = runCRCs{chunks: chunks, layers: layers}
-		if !slices.Contains(touched, r.Res.File) {
-			touched = append(touched, r.Res.File)
+		for _, fi := range m.lay.RunFiles(r.Res.File, nil) {
+			if !slices.Contains(touched, fi) {
+				touched = append(touched, fi)
+			}
 		}
 	}
 	if err := m.syncFiles(touched); err != nil {
@@ -515,7 +520,7 @@ func (m *Map) Stats() Stats {
 		QuarantinedBytes: m.alloc.quarantinedBytes(), Commits: m.commits, Frees: m.frees, Aborts: m.aborts,
 		Checkpoints: m.checkpoints, Epoch: m.epoch, Trims: m.trims}
 	for _, r := range m.reserved {
-		s.ReservedBytes += r.Length
+		s.ReservedBytes += m.lay.Footprint(r.Chunks)
 	}
 	for _, fs := range m.syncers {
 		fs.mu.Lock()

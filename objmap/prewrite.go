@@ -174,7 +174,9 @@ func (m *Map) nextPrewrite(maxBytes int64) (int, extent, bool) {
 	p := &m.pre
 	for t := range p.unwritten {
 		fi := (p.cursor + t) % len(p.unwritten)
-		fs := m.alloc.files[fi]
+		// The file's free space is its stripe group's: the piece is taken
+		// out of every file of the group while it is written in this one.
+		fs := m.alloc.spaces[m.lay.space(fi)]
 		us := p.unwritten[fi]
 		for len(us) > 0 {
 			u := us[0]

@@ -9,9 +9,11 @@ import (
 
 // Prewrite writes the free, unwritten pool space and nothing else: committed
 // runs and an open reservation's written objects keep their bytes, the free
-// space is what it was, FIEMAP finds no unwritten extent left where no run
-// is, and a store reopened over the prewritten pool has nothing left to do.
-// Skipped where the file system does not report extents.
+// space is what it was, FIEMAP finds no unwritten bytes left but those of
+// the runs' extents that no write of theirs covers (a spread run's header
+// region in the files other than its home), and a store reopened over the
+// prewritten pool has nothing else left to do. Skipped where the file
+// system does not report extents.
 func TestPrewrite(t *testing.T) {
 	dirs := []string{filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")}
 	o := testOpts(t, dirs...)
@@ -81,18 +83,27 @@ func TestPrewrite(t *testing.T) {
 			readBack(t, m, info, l, info.Chunks())
 		}
 	}
-	pools := 0
-	for _, d := range dirs {
-		entries, _ := filepath.Glob(filepath.Join(d, "pool-*.dat"))
-		for _, p := range entries {
-			pools++
-			if n, ok := unwrittenExtents(t, p); !ok || n != 0 {
-				t.Errorf("%s: %d unwritten extents left (extents reported: %v)", p, n, ok)
-			}
-		}
+	var all []Place
+	for _, r := range runs {
+		all = append(all, r.Place())
 	}
-	if pools != len(dirs) {
-		t.Errorf("%d pool files found in %d directories", pools, len(dirs))
+	for _, r := range open {
+		all = append(all, r.Place())
+	}
+	if m.Layout().Width() < 2 {
+		t.Fatalf("width %d: the test wants runs spread over its 2 directories", m.Layout().Width())
+	}
+	want := unwrittenUnderRuns(m.Layout(), all)
+	var wantTotal int64
+	for i, f := range m.Files() {
+		n, ok := unwrittenBytes(t, f.Path)
+		if !ok || n != want[i] {
+			t.Errorf("%s: %d unwritten bytes left, want %d, those of runs no write covers (extents reported: %v)", f.Path, n, want[i], ok)
+		}
+		wantTotal += want[i]
+	}
+	if len(m.Files()) != len(dirs) {
+		t.Errorf("%d pool files in %d directories", len(m.Files()), len(dirs))
 	}
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
@@ -102,9 +113,31 @@ func TestPrewrite(t *testing.T) {
 	}
 	m = mustOpen(t, o)
 	defer m.Close()
-	if n := m.PrewriteLeftBytes(); n != 0 {
-		t.Errorf("reopened over the prewritten pool: %d bytes left", n)
+	if n := m.PrewriteLeftBytes(); n != wantTotal {
+		t.Errorf("reopened over the prewritten pool: %d bytes left, want %d (under runs)", n, wantTotal)
 	}
+}
+
+// unwrittenUnderRuns is, per pool file, the bytes of the runs' extents no
+// write of theirs covers: a run's header region outside its home file and
+// its empty object slots (Layout).
+func unwrittenUnderRuns(lay Layout, runs []Place) map[int]int64 {
+	out := map[int]int64{}
+	for _, p := range runs {
+		objs := map[int]int64{}
+		for l := range lay.Geometry().Layers {
+			loc, _ := lay.Where(p, l, 0)
+			objs[loc.File]++
+		}
+		for _, f := range lay.RunFiles(p.File, nil) {
+			n := lay.RunBytes(p.Chunks) - objs[f]*ObjectStride(lay.Geometry(), p.Chunks)
+			if f == p.File {
+				n -= HeaderRegionBytes(lay.Geometry(), p.Chunks)
+			}
+			out[f] += n
+		}
+	}
+	return out
 }
 
 // A write-pool store and a read-only one have nothing to prewrite.
@@ -176,7 +209,7 @@ func TestPrewriteConcurrent(t *testing.T) {
 	}
 	var used int64
 	for _, r := range live {
-		used += RunBytes(m.Geometry(), r.Chunks())
+		used += m.Layout().Footprint(r.Chunks())
 	}
 	st := m.Stats()
 	if st.FreeBytes+used+st.QuarantinedBytes != st.CapacityBytes || st.ReservedBytes != 0 {
@@ -214,7 +247,7 @@ func TestAllocateWaitsForPrewrite(t *testing.T) {
 		m.prewriteDone.Broadcast()
 	}
 	defer release() // before Close (deferred earlier), which waits for it
-	chunks := ChunksThatFit(m.Geometry(), free)
+	chunks := chunksThatFit1(m.Geometry(), free)
 	got := make(chan int, 1)
 	go func() {
 		res, err := m.Allocate(chunks)

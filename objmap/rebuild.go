@@ -224,7 +224,7 @@ func (m *Map) headerHere(h *Header, fi int, off int64) bool {
 	n := len(h.Chain)
 	return h.Fingerprint == Fingerprint(m.g) && len(h.LayerCRCs) == m.g.Layers &&
 		h.ChunkBytesPerLayer == uint64(m.g.ChunkBytesPerLayer()) && h.File == uint32(fi) && h.Offset == uint64(off) &&
-		n <= MaxRunChunks(m.g) && off+RunBytes(m.g, n) <= m.fileSize
+		n >= 1 && n <= MaxRunChunks(m.g) && off+m.lay.RunBytes(n) <= m.fileSize
 }
 
 // resolveHeaders orders the candidates latest first and keeps those that
@@ -236,15 +236,18 @@ func (m *Map) resolveHeaders(cands []headerCand, freed map[RunID]bool, trims map
 		return cmp.Or(cmp.Compare(b.h.Generation, a.h.Generation), cmp.Compare(b.h.RunID, a.h.RunID),
 			cmp.Compare(a.file, b.file), cmp.Compare(a.off, b.off))
 	})
-	claimed := make([]*extentUnion, len(m.files))
+	// Runs claim extents of their stripe groups: a run overlaps any run
+	// whose extent shares bytes in any file of its group (the extent is the
+	// same range in each), whichever file holds either header.
+	claimed := make([]*extentUnion, m.lay.spaces())
 	for i := range claimed {
 		claimed[i] = newExtentUnion()
 	}
 	seen := map[RunID]bool{}
 	var out []*RunInfo
 	for _, c := range cands {
-		e := extent{c.off, RunBytes(m.g, len(c.h.Chain))}
-		overlaps := claimed[c.file].add(e)
+		e := extent{c.off, m.lay.RunBytes(len(c.h.Chain))}
+		overlaps := claimed[m.lay.space(c.file)].add(e)
 		if overlaps || seen[c.h.RunID] || freed[c.h.RunID] {
 			m.report.Superseded++
 			continue

@@ -17,11 +17,12 @@ import (
 // rebuildStore builds a store of a few thousand runs with frees and reuse
 // (so dead headers lie under live runs), plus one run killed mid-write:
 // header durable, one layer of its payload never written. It returns the
-// live runs (committed, not freed) and the freed ones, then crashes.
-func rebuildStore(t *testing.T, dir string, runs int, segmentBytes int64) (live, freed map[RunID]RunInfo, halfWritten Reservation) {
+// live runs (committed, not freed) and the freed ones, then crashes. Over
+// several directories the runs spread over them (Layout).
+func rebuildStore(t *testing.T, dirs []string, runs int, segmentBytes int64) (live, freed map[RunID]RunInfo, halfWritten Reservation) {
 	t.Helper()
 	// Buffered: the page cache keeps this test fast; the scan is the same.
-	o := Options{Dirs: []string{dir}, CapacityBytes: 64 << 20, Geometry: tinyGeom, SegmentBytes: segmentBytes, Buffered: true}
+	o := Options{Dirs: dirs, CapacityBytes: 64 << 20 * int64(len(dirs)), Geometry: tinyGeom, SegmentBytes: segmentBytes, Buffered: true}
 	m := mustOpen(t, o)
 	rng := rand.New(rand.NewPCG(5, 6))
 	live, freed = map[RunID]RunInfo{}, map[RunID]RunInfo{}
@@ -66,12 +67,15 @@ func rebuildStore(t *testing.T, dir string, runs int, segmentBytes int64) (live,
 	// (where they should be lie the bytes of a dead run whose header still
 	// verifies, with its payload): neither may be served.
 	res, err := m.Allocate(6)
-	if err != nil || res[0].Length != 32<<10 {
+	if err != nil || len(res) != 1 || res[0].Chunks != 6 {
 		t.Fatalf("%v %v", res, err)
 	}
 	halfWritten = res[0]
 	reqH := writeRun(t, m, halfWritten)
-	dead := Reservation{ID: 0, Generation: 1, File: halfWritten.File, Offset: halfWritten.Offset + 16<<10, Length: RunBytes(tinyGeom, 1), Chunks: 1}
+	// The dead run lies at the end of H's extent: its header in H's home
+	// file over part of an object of H.
+	lay := m.Layout()
+	dead := Reservation{ID: 0, Generation: 1, File: halfWritten.File, Offset: halfWritten.Offset + halfWritten.Length - lay.RunBytes(1), Length: lay.RunBytes(1), Chunks: 1}
 	writeHeaderForTest(t, m, writeRun(t, m, dead))
 	writeHeaderForTest(t, m, reqH)
 	m.closeFiles() // crash
@@ -91,49 +95,68 @@ func TestRebuildFromHeaders(t *testing.T) {
 		segment int64
 		damage  func(t *testing.T, dir string)
 		want    string // in JournalDamage
+		dirs    int
 	}{
+		{"journal deleted, runs spread over two directories", 0, func(t *testing.T, dir string) {
+			must(t, os.Remove(filepath.Join(dir, segmentName(1))))
+		}, "missing", 2},
 		{"journal deleted", 0, func(t *testing.T, dir string) {
 			must(t, os.Remove(filepath.Join(dir, segmentName(1))))
-		}, "missing"},
+		}, "missing", 1},
 		{"journal zeroed", 0, func(t *testing.T, dir string) {
 			p := filepath.Join(dir, segmentName(1))
 			st, err := os.Stat(p)
 			must(t, err)
 			must(t, os.WriteFile(p, make([]byte, st.Size()), 0o600))
-		}, "segment marker"},
+		}, "segment marker", 1},
 		{"journal byte flipped in the middle", 0, func(t *testing.T, dir string) {
 			p := filepath.Join(dir, segmentName(1))
 			b, err := os.ReadFile(p)
 			must(t, err)
 			b[len(b)/2] ^= 0x10
 			must(t, os.WriteFile(p, b, 0o600))
-		}, "a valid"},
+		}, "a valid", 1},
 		{"checkpoint byte flipped", 64 << 10, func(t *testing.T, dir string) {
 			p := filepath.Join(dir, checkpointName)
 			b, err := os.ReadFile(p)
 			must(t, err)
 			b[len(b)/3] ^= 1
 			must(t, os.WriteFile(p, b, 0o600))
-		}, "checkpoint"},
+		}, "checkpoint", 1},
 	}
-	built := map[int64]string{} // segment bound -> a built store, copied per case
-	var live, freed map[RunID]RunInfo
-	var half Reservation
+	type store struct {
+		dirs        []string
+		live, freed map[RunID]RunInfo
+		half        Reservation
+	}
+	built := map[[2]int64]*store{} // (segment bound, directories) -> a built store, copied per case
 	for _, tc := range cases {
-		if built[tc.segment] == "" {
-			built[tc.segment] = filepath.Join(t.TempDir(), "s")
-			live, freed, half = rebuildStore(t, built[tc.segment], runs, tc.segment)
+		key := [2]int64{tc.segment, int64(tc.dirs)}
+		if built[key] == nil {
+			st := &store{}
+			root := t.TempDir()
+			for i := range key[1] {
+				st.dirs = append(st.dirs, filepath.Join(root, fmt.Sprintf("s%d", i)))
+			}
+			st.live, st.freed, st.half = rebuildStore(t, st.dirs, runs, tc.segment)
+			built[key] = st
 		}
-		src := built[tc.segment]
+		src := built[key]
+		freed, half := src.freed, src.half
 		t.Run(tc.name, func(t *testing.T) {
-			live := maps.Clone(live)
-			dir := filepath.Join(t.TempDir(), "s")
-			must(t, os.CopyFS(dir, os.DirFS(src)))
+			live := maps.Clone(src.live)
+			root := t.TempDir()
+			var dirs []string
+			for i, d := range src.dirs {
+				dirs = append(dirs, filepath.Join(root, fmt.Sprintf("s%d", i)))
+				must(t, os.CopyFS(dirs[i], os.DirFS(d)))
+			}
+			dir := dirs[0] // the journal's
 			tc.damage(t, dir)
 
 			// fsck's view first: read-only, nothing written.
 			before := dirState(t, dir)
-			ro := mustOpen(t, Options{Dirs: []string{dir}, ReadOnly: true, Buffered: true})
+			ro := mustOpen(t, Options{Dirs: dirs, ReadOnly: true, Buffered: true})
 			rrep := ro.Recovery()
 			checkRebuilt(t, ro, live, freed, half)
 			ro.Close()
@@ -144,7 +167,10 @@ func TestRebuildFromHeaders(t *testing.T) {
 				t.Fatalf("read-only report: %v", rrep)
 			}
 
-			m := mustOpen(t, Options{Dirs: []string{dir}, Buffered: true})
+			m := mustOpen(t, Options{Dirs: dirs, Buffered: true})
+			if m.Layout().Width() != len(dirs) {
+				t.Fatalf("width %d over %d directories", m.Layout().Width(), len(dirs))
+			}
 			rep := m.Recovery()
 			t.Log(rep.String()[:min(len(rep.String()), 600)])
 			if !rep.Rebuilt || !strings.Contains(rep.JournalDamage, tc.want) || rep.HeaderRuns < len(live) ||
@@ -164,7 +190,7 @@ func TestRebuildFromHeaders(t *testing.T) {
 			}
 			must(t, m.Close())
 
-			m = mustOpen(t, Options{Dirs: []string{dir}, Buffered: true})
+			m = mustOpen(t, Options{Dirs: dirs, Buffered: true})
 			defer m.Close()
 			if rep := m.Recovery(); rep.Rebuilt || rep.JournalDamage != "" || rep.Recovered != served+1 || !rep.Clean() {
 				t.Fatalf("the open after the rebuild is not a normal one: %v", rep)
@@ -177,7 +203,7 @@ func TestRebuildFromHeaders(t *testing.T) {
 // checkRebuilt checks what a rebuilt store serves (see TestRebuildFromHeaders).
 func checkRebuilt(t *testing.T, m *Map, live, freed map[RunID]RunInfo, half Reservation) {
 	t.Helper()
-	buf, err := uring.AllocBuffer(int(RunBytes(tinyGeom, MaxRunChunks(tinyGeom))))
+	buf, err := uring.AllocBuffer(int(ObjectStride(tinyGeom, MaxRunChunks(tinyGeom))))
 	must(t, err)
 	defer buf.Free()
 	for id, want := range live {
@@ -207,8 +233,9 @@ func checkRebuilt(t *testing.T, m *Map, live, freed map[RunID]RunInfo, half Rese
 		}
 		// A freed run may come back only if nothing reused its space; its
 		// bytes are then its own.
+		lay := m.Layout()
 		for _, l := range live {
-			if l.File == old.File && l.Offset < old.Offset+old.Length && old.Offset < l.Offset+l.Length {
+			if lay.space(l.File) == lay.space(old.File) && l.Offset < old.Offset+old.Length && old.Offset < l.Offset+l.Length {
 				t.Errorf("freed run %d served although live run %d reuses its space", r.ID, l.ID)
 			}
 		}
@@ -241,16 +268,17 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// comparePayload reads every object of r (one read of the extent) and
-// compares it byte for byte with what writeRun wrote.
+// comparePayload reads every object of r (one read each, where the
+// Layout puts it) and compares it byte for byte with what writeRun wrote.
 func comparePayload(t *testing.T, m *Map, r RunInfo, buf []byte) {
 	t.Helper()
-	b := buf[:r.Length]
-	must(t, preadFull(int(m.Files()[r.File].FD), b, r.Offset))
 	for l := 0; l < tinyGeom.Layers; l++ {
-		off, _ := ObjectOffset(tinyGeom, r.Chunks(), l)
+		obj, err := m.Layout().Where(r.Place(), l, 0)
+		must(t, err)
+		b := buf[:ObjectStride(tinyGeom, r.Chunks())]
+		must(t, preadFull(int(m.Files()[obj.File].FD), b, obj.Offset))
 		want := payload(tinyGeom, r.ID, r.Chunks(), l)
-		if !bytes.Equal(b[off:off+int64(len(want))], want) {
+		if !bytes.Equal(b[:len(want)], want) {
 			t.Fatalf("run %d layer %d: payload differs from what was committed", r.ID, l)
 		}
 	}

@@ -10,9 +10,9 @@ import (
 type RunInfo struct {
 	ID         RunID
 	Generation uint64 // epoch of the store open that wrote it
-	File       int    // pool file index (see Map.Files)
-	Offset     int64  // extent start in the file (BlockBytes-aligned); the header is here
-	Length     int64  // extent length: RunBytes(geometry, len(Chain))
+	File       int    // home pool file index (see Map.Files): its header is here; the run spans File's stripe group (Layout)
+	Offset     int64  // extent start (BlockBytes-aligned), the same in every file the run spans; the header is here in File
+	Length     int64  // extent length in each of those files: Layout.RunBytes(len(Chain))
 	Chain      []uint64
 	// Parent is the chain id the run's first block follows (HasParent false
 	// for a run that starts a prefix), so the prefix index can be rebuilt

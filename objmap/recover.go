@@ -17,7 +17,7 @@ import (
 // the pool when they are damaged (rebuild.go).
 func (m *Map) recover() error {
 	rep := &m.report
-	rep.Layers = m.g.Layers
+	rep.Layers, rep.Dirs, rep.RunWidth = m.g.Layers, len(m.dirs), m.lay.Width()
 	tornLimit := int64(max(m.opts.MaxGroupBytes, DefaultMaxGroupBytes))
 	js, err := readJournal(m.dirs[0], m.maxRuns(), tornLimit)
 	if err != nil {
@@ -39,7 +39,7 @@ func (m *Map) recover() error {
 // maxRuns is the most runs the pool can hold (a bound on what a checkpoint
 // may list).
 func (m *Map) maxRuns() int {
-	return int(min(int64(len(m.files))*(m.fileSize/RunBytes(m.g, 1)), 1<<30))
+	return int(min(int64(m.lay.spaces())*(m.fileSize/m.lay.RunBytes(1)), 1<<30))
 }
 
 // replayRuns carves every run the journal names out of the free space and
@@ -66,8 +66,10 @@ func (m *Map) replayRuns(js *journalState) ([]RunID, error) {
 		switch {
 		case n > MaxRunChunks(m.g):
 			drop(r, fmt.Sprintf("%d chunks, more than a header holds (%d)", n, MaxRunChunks(m.g)))
-		case r.Length != RunBytes(m.g, n):
-			drop(r, fmt.Sprintf("extent of %d bytes, %d chunks need %d", r.Length, n, RunBytes(m.g, n)))
+		case r.File < 0 || r.File >= len(m.files):
+			drop(r, fmt.Sprintf("pool file %d, the pool has %d", r.File, len(m.files)))
+		case r.Length != m.lay.RunBytes(n):
+			drop(r, fmt.Sprintf("extent of %d bytes, %d chunks need %d", r.Length, n, m.lay.RunBytes(n)))
 		default:
 			if err := m.alloc.carve(r.File, extent{r.Offset, r.Length}); err != nil {
 				drop(r, err.Error())

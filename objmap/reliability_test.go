@@ -158,7 +158,7 @@ func TestFailedOpenLeavesNothing(t *testing.T) {
 
 // TestJournalTailVerdicts: only a torn last group is a silent drop.
 func TestJournalTailVerdicts(t *testing.T) {
-	rec, _ := AppendRecord(nil, &Record{Type: RecCommit, Run: RunInfo{ID: 50, Generation: 1, Length: RunBytes(tinyGeom, 1), Chain: []uint64{1}}})
+	rec, _ := AppendRecord(nil, &Record{Type: RecCommit, Run: RunInfo{ID: 50, Generation: 1, Length: runBytes1(tinyGeom, 1), Chain: []uint64{1}}})
 	free, _ := AppendRecord(nil, &Record{Type: RecFree, ID: 77})
 	cases := []struct {
 		name   string

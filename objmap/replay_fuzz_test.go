@@ -50,7 +50,7 @@ func FuzzReplay(f *testing.F) {
 					chunks := 1 + int(c%8)
 					run = RunInfo{ID: RunID(a % 8), Generation: uint64(d % 3), File: int(b % 3),
 						Offset: int64(binary.LittleEndian.Uint16([]byte{c, d})) * 512,
-						Length: RunBytes(tinyGeom, chunks) + int64(a%2)*4096, Chain: make([]uint64, chunks)}
+						Length: runBytes1(tinyGeom, chunks) + int64(a%2)*4096, Chain: make([]uint64, chunks)}
 				}
 				r = Record{Type: RecCommit, Run: run}
 			case 2:

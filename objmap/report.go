@@ -37,7 +37,13 @@ type RecoveryReport struct {
 	UnreadableRuns []Problem `json:"unreadable_runs,omitempty"`
 	CorruptRuns    []Problem `json:"corrupt_runs,omitempty"`
 
-	Layers           int    `json:"layers"`
+	Layers int `json:"layers"`
+	// Dirs is the store's directories and RunWidth the devices each run
+	// spreads over (layout.go): RunWidth 1 with several directories is a
+	// store made before manifest version 3, whose runs each lie on one
+	// device (read as such; LayoutNote says what that costs).
+	Dirs             int    `json:"dirs"`
+	RunWidth         int    `json:"run_width"`
 	Epoch            uint64 `json:"epoch"`
 	CheckpointRuns   int    `json:"checkpoint_runs"`
 	JournalSegment   uint64 `json:"journal_segment"`
@@ -84,6 +90,20 @@ func (r RecoveryReport) Clean() bool {
 	return r.JournalDamage == "" && r.Dropped == 0 && r.Unreadable == 0 && r.Corrupt == 0 && len(r.ScanErrors) == 0
 }
 
+// LayoutNote says, for a store whose runs spread over fewer devices than
+// it has, what that costs and what to do; empty otherwise.
+func (r RecoveryReport) LayoutNote() string {
+	switch {
+	case r.RunWidth >= r.Dirs || r.RunWidth < 1:
+		return ""
+	case r.RunWidth == 1:
+		return fmt.Sprintf("each run lies on one of the %d devices (a store made before manifest version 3): a restore of a few blocks reads them unevenly; "+
+			"the store is a cache: remove its files (MANIFEST, pool-*.dat, journal-*.log, checkpoint in each directory) and reopen it to spread every run over all %d",
+			r.Dirs, r.Dirs)
+	}
+	return fmt.Sprintf("each run spreads over %d of the %d devices (its %d layers cannot fill more)", r.RunWidth, r.Dirs, r.Layers)
+}
+
 func (r RecoveryReport) String() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "objects %d recovered %d dropped %d unreadable %d corrupt %d (runs of %d layer objects; epoch %d, checkpoint %d runs, journal segment %d: %d records",
@@ -92,6 +112,9 @@ func (r RecoveryReport) String() string {
 		fmt.Fprintf(&sb, ", torn tail of %d bytes dropped", r.JournalTailBytes)
 	}
 	sb.WriteString(")")
+	if n := r.LayoutNote(); n != "" {
+		fmt.Fprintf(&sb, "\n  layout: %s", n)
+	}
 	if r.JournalDamage != "" {
 		fmt.Fprintf(&sb, "\n  journal damaged: %s", r.JournalDamage)
 	}

@@ -39,9 +39,12 @@ func Fingerprint(g kvshape.Geometry) uint64 {
 }
 
 // Object layout on disk. A run of n chunks (consecutive chain blocks saved
-// together) is one extent in one pool file:
+// together) has a header region (header and chunk CRC table) and one object
+// per layer; where each lies is the store's Layout (layout.go), the one home
+// of placement:
 //
-//	[header: HeaderBytes][chunk CRC table: ChunkTableBytes(n)][object 0]...[object Layers-1]
+//	home file:   [header: HeaderBytes][chunk CRC table: ChunkTableBytes(n)][objects...]
+//	other files: [unused: HeaderRegionBytes(n)][objects...]
 //
 // Object l holds layer l for the whole run, chunk-major, then page, then
 // plane: [chunk0: page0 plane0, page0 plane1, page1 plane0, ...][chunk1 ...].
@@ -67,59 +70,26 @@ func ObjectStride(g kvshape.Geometry, chunks int) int64 { return alignUp(ObjectB
 func ChunkTableBytes(g kvshape.Geometry, chunks int) int64 { return chunkTableBytes(g.Layers, chunks) }
 
 // HeaderRegionBytes is the header plus the chunk CRC table of a run of
-// chunks chunks: what recovery reads, in one read, per run; the first
-// object starts right after it.
+// chunks chunks: what recovery reads, in one read, per run; the objects
+// start right after it (in every file the run spans).
 func HeaderRegionBytes(g kvshape.Geometry, chunks int) int64 {
 	return HeaderBytes + ChunkTableBytes(g, chunks)
 }
 
-// RunBytes is the extent a run of chunks chunks occupies: header, chunk
-// table and objects.
-func RunBytes(g kvshape.Geometry, chunks int) int64 {
-	return HeaderRegionBytes(g, chunks) + int64(g.Layers)*ObjectStride(g, chunks)
+// MaxFootprint is the most pool bytes a run of chunks chunks of g takes in
+// any store (whatever its directories and run width: each of the Width
+// files a run spans holds a header region and ceil(Layers/Width) object
+// slots; RunWidth keeps the empty slots within a third of the layers):
+// what sizing a pool for runs of that length may count on.
+func MaxFootprint(g kvshape.Geometry, chunks int) int64 {
+	w := int64(min(g.Layers, maxDirs))
+	return w*HeaderRegionBytes(g, chunks) + int64(g.Layers+g.Layers/maxSlotWaste)*ObjectStride(g, chunks)
 }
 
-// ChunksThatFit is the largest chunk count whose run fits in extentBytes
-// (capped at MaxRunChunks), 0 if not even one chunk fits.
-func ChunksThatFit(g kvshape.Geometry, extentBytes int64) int {
-	// RunBytes grows with the count; binary search for the last that fits.
-	lo, hi := 0, MaxRunChunks(g)
-	for lo < hi {
-		mid := (lo + hi + 1) / 2
-		if RunBytes(g, mid) <= extentBytes {
-			lo = mid
-		} else {
-			hi = mid - 1
-		}
-	}
-	return lo
-}
-
-// ObjectOffset is where object (layer) of a run of runChunks chunks starts,
-// relative to the start of the run's extent.
-func ObjectOffset(g kvshape.Geometry, runChunks, layer int) (int64, error) {
-	if layer < 0 || layer >= g.Layers {
-		return 0, fmt.Errorf("objmap: layer %d of %d: %w", layer, g.Layers, kvshape.ErrOutOfRange)
-	}
-	if runChunks < 1 || runChunks > MaxRunChunks(g) {
-		return 0, fmt.Errorf("objmap: run of %d chunks (max %d): %w", runChunks, MaxRunChunks(g), kvshape.ErrOutOfRange)
-	}
-	return HeaderRegionBytes(g, runChunks) + int64(layer)*ObjectStride(g, runChunks), nil
-}
-
-// LayerSpan gives the one read that restores layer of the first k chunks of
-// a run of runChunks chunks: off is relative to the run's extent start,
-// ioBytes is the read length rounded up to BlockBytes (it stays inside the
-// object's padding), dataBytes = k*ChunkBytesPerLayer is the payload within
-// it, starting at the buffer's first byte. Only the first k chunks are read
-// (each has its own CRC: RunInfo.VerifySpan, ChunkVerifier); ChunkSpan is
-// the general form (chunks [first, first+k)).
-func LayerSpan(g kvshape.Geometry, runChunks, layer, k int) (off, ioBytes, dataBytes int64, err error) {
-	s, err := ChunkSpan(g, runChunks, layer, 0, k)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	return s.Off, s.IOBytes, s.DataBytes, nil
+// MinSlotFill is the least share of a run's object slots its layers fill
+// in any store of g (Layout.SlotFill; RunWidth's bound).
+func MinSlotFill(g kvshape.Geometry) float64 {
+	return float64(g.Layers) / float64(g.Layers+g.Layers/maxSlotWaste)
 }
 
 // ChunkPageOffset is where (chunk, page within the chunk, plane) lies inside

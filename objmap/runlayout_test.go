@@ -16,30 +16,30 @@ func TestRunLayoutSizes(t *testing.T) {
 	if got := ChunkTableBytes(g, 3); got != BlockBytes {
 		t.Fatalf("ChunkTableBytes(3) = %d", got)
 	}
-	if got := RunBytes(g, 3); got != HeaderBytes+BlockBytes+32*3*65536 {
-		t.Fatalf("RunBytes(3) = %d", got)
+	if got := runBytes1(g, 3); got != HeaderBytes+BlockBytes+32*3*65536 {
+		t.Fatalf("runBytes1(3) = %d", got)
 	}
 	// MLA page of 18432 bytes is not block-aligned: objects are padded.
 	mla := kvshape.Geometry{Layers: 2, KVHeads: 1, HeadDim: 576, DType: kvshape.BF16, Planes: 1, PageTokens: 16, ChunkPages: 1}
 	if got, want := ObjectStride(mla, 1), int64(20480); got != want {
 		t.Fatalf("ObjectStride(1) = %d, want %d", got, want)
 	}
-	off, io, data, err := LayerSpan(mla, 3, 1, 1)
+	off, io, data, err := layerSpan1(mla, 3, 1, 1)
 	if err != nil || off != HeaderBytes+BlockBytes+ObjectStride(mla, 3) || io != 20480 || data != 18432 {
 		t.Fatalf("LayerSpan = %d %d %d %v", off, io, data, err)
 	}
-	if _, _, _, err := LayerSpan(mla, 3, 1, 4); !errors.Is(err, kvshape.ErrOutOfRange) {
+	if _, _, _, err := layerSpan1(mla, 3, 1, 4); !errors.Is(err, kvshape.ErrOutOfRange) {
 		t.Fatalf("LayerSpan k>run: %v", err)
 	}
-	if _, _, _, err := LayerSpan(mla, 3, 2, 1); !errors.Is(err, kvshape.ErrOutOfRange) {
+	if _, _, _, err := layerSpan1(mla, 3, 2, 1); !errors.Is(err, kvshape.ErrOutOfRange) {
 		t.Fatalf("LayerSpan layer out of range: %v", err)
 	}
 	for n := 1; n <= 50; n++ {
-		if k := ChunksThatFit(mla, RunBytes(mla, n)); k != n {
-			t.Fatalf("ChunksThatFit(RunBytes(%d)) = %d", n, k)
+		if k := chunksThatFit1(mla, runBytes1(mla, n)); k != n {
+			t.Fatalf("chunksThatFit1(runBytes1(%d)) = %d", n, k)
 		}
-		if k := ChunksThatFit(mla, RunBytes(mla, n)-1); k != n-1 {
-			t.Fatalf("ChunksThatFit(RunBytes(%d)-1) = %d", n, k)
+		if k := chunksThatFit1(mla, runBytes1(mla, n)-1); k != n-1 {
+			t.Fatalf("chunksThatFit1(runBytes1(%d)-1) = %d", n, k)
 		}
 	}
 }

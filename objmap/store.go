@@ -17,8 +17,9 @@ import (
 
 // Options configure Open.
 type Options struct {
-	// Dirs are the store directories (one per device); runs are striped
-	// round-robin over them. On reopen they may be listed in any order.
+	// Dirs are the store directories (one per device); every run spreads
+	// its layers over them (RunWidth, layout.go). On reopen they may be
+	// listed in any order.
 	Dirs []string
 	// CapacityBytes is the pool size, preallocated at creation and split
 	// evenly over Dirs*FilesPerDir files. On reopen 0 means "as created";
@@ -56,6 +57,12 @@ type Options struct {
 	MaxGroupBytes int
 	// HeaderReaders bounds the concurrent header reads of recovery (default 32).
 	HeaderReaders int
+	// RunWidth is the devices each run spreads over (layout.go), fixed at
+	// creation: 0 is RunWidth(Geometry.Layers, len(Dirs)), every directory
+	// for a real model; 1 puts each run whole on one device (the layout of
+	// stores made before manifest version 3). On reopen 0 means "as
+	// created"; another value must equal it.
+	RunWidth int
 }
 
 // Limits.
@@ -78,15 +85,16 @@ const (
 
 // Reservation is space for one run, returned by Allocate and owned by the
 // caller until it passes it to Commit or Abort. The caller writes the run's
-// objects at Offset+ObjectOffset(Chunks, l) in Files()[File] (the header
-// block at Offset is written by Commit). A reservation not committed before
-// a crash or Close is simply free space again.
+// objects where the store's Layout puts them (Layout.Where(res.Place(), l,
+// 0)); Commit writes the header region at Offset of Files()[File], the
+// run's home file. A reservation not committed before a crash or Close is
+// simply free space again.
 type Reservation struct {
 	ID         RunID
 	Generation uint64
-	File       int
-	Offset     int64
-	Length     int64 // RunBytes(geometry, Chunks)
+	File       int   // the home pool file (Layout: the run spans its stripe group)
+	Offset     int64 // the extent's start, the same in every file the run spans
+	Length     int64 // the extent in each of those files: Layout.RunBytes(Chunks)
 	Chunks     int
 }
 
@@ -97,7 +105,7 @@ type CommitRequest struct {
 	Chain []uint64
 	// ChunkCRCs holds CRC32C of each chunk of each object, layer-major:
 	// ChunkCRCs[l*Res.Chunks+c] covers the ChunkBytesPerLayer bytes of chunk
-	// c at ObjectOffset(Res.Chunks, l)+c*ChunkBytesPerLayer (len ==
+	// c of layer l, at Layout.Where(Res.Place(), l, c) (len ==
 	// Layers*Res.Chunks). Commit writes them as the run's chunk table and
 	// derives the header's per-layer CRCs from them.
 	ChunkCRCs []uint32
@@ -129,6 +137,7 @@ type runEntry struct {
 // journal. It is safe for concurrent use.
 type Map struct {
 	g        kvshape.Geometry
+	lay      Layout
 	opts     Options
 	dirs     []string // ordered by manifest index; journal in dirs[0]
 	locks    []*DirLock
@@ -288,6 +297,9 @@ func checkOptions(opts Options) (Options, error) {
 	if opts.MaxGroupBytes < MaxRecordBytes+recordFrameBytes || opts.MaxGroupBytes > MaxGroupBytesLimit {
 		return opts, fmt.Errorf("objmap: open: MaxGroupBytes %d, want %d..%d", opts.MaxGroupBytes, MaxRecordBytes+recordFrameBytes, MaxGroupBytesLimit)
 	}
+	if opts.RunWidth < 0 || opts.RunWidth > maxDirs {
+		return opts, fmt.Errorf("objmap: open: RunWidth %d, want 0..%d", opts.RunWidth, maxDirs)
+	}
 	if opts.HeaderReaders == 0 {
 		opts.HeaderReaders = 32
 	}
@@ -309,8 +321,13 @@ func checkOptions(opts Options) (Options, error) {
 // Geometry is the store's geometry (from its manifest).
 func (m *Map) Geometry() kvshape.Geometry { return m.g }
 
-// Dirs are the store directories in manifest order (file i lies in Dirs()[i % len]).
+// Dirs are the store directories in manifest order (pool file i lies in
+// Dirs()[Layout().Device(i)]).
 func (m *Map) Dirs() []string { return slices.Clone(m.dirs) }
+
+// Layout is where the store's runs lie (layout.go): every read or write of
+// a run's objects asks it.
+func (m *Map) Layout() Layout { return m.lay }
 
 // Files are the open pool files, indexed by RunInfo.File / Reservation.File.
 // The Map owns them and closes them in Close; the runtime may register them

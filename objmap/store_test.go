@@ -67,13 +67,15 @@ func writeRun(t *testing.T, m *Map, r Reservation) CommitRequest {
 	}
 	defer buf.Free()
 	req := CommitRequest{Res: r, Chain: chainFor(r.ID, r.Chunks), Parent: uint64(r.ID) * 3, HasParent: r.ID%2 == 0}
-	f := m.Files()[r.File]
 	for l := 0; l < g.Layers; l++ {
 		p := payload(g, r.ID, r.Chunks, l)
 		clear(buf.Bytes())
 		copy(buf.Bytes(), p)
-		off, _ := ObjectOffset(g, r.Chunks, l)
-		if err := pwriteAll(int(f.FD), buf.Bytes(), r.Offset+off); err != nil {
+		obj, err := m.Layout().Where(r.Place(), l, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pwriteAll(int(m.Files()[obj.File].FD), buf.Bytes(), obj.Offset); err != nil {
 			t.Fatalf("writing run %d layer %d: %v", r.ID, l, err)
 		}
 		cb := int(g.ChunkBytesPerLayer())
@@ -114,16 +116,17 @@ func save(t *testing.T, m *Map, chunks int) []RunInfo {
 func readBack(t *testing.T, m *Map, r RunInfo, layer, k int) {
 	t.Helper()
 	g := m.Geometry()
-	off, ioBytes, data, err := LayerSpan(g, r.Chunks(), layer, k)
+	sp, err := m.Layout().Span(r.Place(), layer, 0, k)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ioBytes, data := sp.IOBytes, sp.DataBytes
 	buf, err := uring.AllocBuffer(int(ioBytes))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer buf.Free()
-	if err := preadFull(int(m.Files()[r.File].FD), buf.Bytes(), r.Offset+off); err != nil {
+	if err := preadFull(int(m.Files()[sp.File].FD), buf.Bytes(), sp.Off); err != nil {
 		t.Fatal(err)
 	}
 	want := payload(g, r.ID, r.Chunks(), layer)[:data]
@@ -133,7 +136,6 @@ func readBack(t *testing.T, m *Map, r RunInfo, layer, k int) {
 	if ioBytes != alignUp(int64(k)*g.ChunkBytesPerLayer()) {
 		t.Fatalf("run %d layer %d first %d chunks: %d bytes read, more than the chunks", r.ID, layer, k, ioBytes)
 	}
-	sp, _ := ChunkSpan(g, r.Chunks(), layer, 0, k)
 	if err := r.VerifySpan(sp, buf.Bytes()); err != nil {
 		t.Fatalf("run %d layer %d first %d chunks: %v", r.ID, layer, k, err)
 	}
@@ -432,7 +434,7 @@ func TestRecoveryDropsBadHeaders(t *testing.T) {
 	// run 2: a valid header naming another run.
 	corruptHeader(t, dir, runs[2].File, runs[2].Offset, func(h *Header) { h.RunID = 12345 })
 	// run 3: payload corrupted (header fine): only Check finds it.
-	layer1, _ := ObjectOffset(tinyGeom, runs[3].Chunks(), 1)
+	layer1, _ := objectOffset1(tinyGeom, runs[3].Chunks(), 1)
 	f, _ = os.OpenFile(filepath.Join(dir, poolFileName(0)), os.O_RDWR, 0)
 	f.WriteAt([]byte{0xff, 0xfe}, runs[3].Offset+layer1+10)
 	f.Close()
@@ -477,7 +479,7 @@ func TestRecoveryTornJournalTail(t *testing.T) {
 	seg := filepath.Join(dir, segmentName(1))
 	st, _ := os.Stat(seg)
 	// Append half of a commit record of a run that never committed, plus garbage.
-	rec, _ := AppendRecord(nil, &Record{Type: RecCommit, Run: RunInfo{ID: 50, Generation: 2, File: 0, Offset: 0, Length: RunBytes(tinyGeom, 1), Chain: []uint64{1}}})
+	rec, _ := AppendRecord(nil, &Record{Type: RecCommit, Run: RunInfo{ID: 50, Generation: 2, File: 0, Offset: 0, Length: runBytes1(tinyGeom, 1), Chain: []uint64{1}}})
 	f, _ := os.OpenFile(seg, os.O_WRONLY|os.O_APPEND, 0)
 	f.Write(rec[:len(rec)-5])
 	f.Close()

@@ -33,6 +33,32 @@ func unwrittenExtents(t *testing.T, path string) (n int, ok bool) {
 	return len(u), true
 }
 
+// unwrittenBytes is the bytes of path's unwritten extents (FIEMAP); ok is
+// false where the file system does not report them.
+func unwrittenBytes(t *testing.T, path string) (n int64, ok bool) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := fiemapUnwritten(int(f.Fd()), st.Size())
+	if errors.Is(err, ErrPrewriteUnsupported) {
+		return 0, false
+	}
+	if err != nil {
+		t.Fatalf("FIEMAP %s: %v", path, err)
+	}
+	for _, e := range u {
+		n += e.n
+	}
+	return n, true
+}
+
 // WritePool leaves no unwritten extent in the pool files (a fresh store's
 // first saves overwrite written blocks); without it, fallocate leaves them
 // unwritten, which is what the option is for. Buffered (tmpfs's way) writes

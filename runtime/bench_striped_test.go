@@ -102,10 +102,8 @@ func BenchmarkRestoreStripedDocQA(b *testing.B) {
 	bw := benchenv.TimeLoads(b, blocks, payload, func() (*Load, error) {
 		l, err := s.Load(chain[:blocks], pages[:blocks*g.ChunkPages])
 		if err == nil { // the load's runs are resolved when Load returns
-			perDev := map[int]int{}
-			for _, r := range l.runs {
-				perDev[r.Device] += r.K
-				busiest = max(busiest, perDev[r.Device])
+			for _, n := range layerBlocks(s, l.runs) {
+				busiest = max(busiest, (n+g.Layers-1)/g.Layers)
 			}
 		}
 		return l, err

@@ -83,9 +83,18 @@ type (
 // Config is what Open needs. The zero value of the tuning fields (QueueDepth,
 // StagingBytes, StagingSlotBytes, SaveBoundMs, MaxLoads) means the default.
 type Config struct {
-	// Dirs are the store directories; runs are striped over them. Each is
-	// locked by Open against a second process.
+	// Dirs are the store directories, one per device: every run spreads its
+	// layers over them (objmap.Layout). Each is locked by Open against a
+	// second process.
 	Dirs []string
+	// RunWidth is how many of the Dirs' devices each run of a new store
+	// spreads over (objmap.Options.RunWidth): 0, the default, is every
+	// directory (fewer only for a shape with fewer layers than
+	// directories); 1 puts each run whole on one device, the layout of
+	// stores made before objmap's manifest version 3 (kept to compare
+	// against). An existing store keeps the width it was made with: 0 opens
+	// it as made, another value must match it.
+	RunWidth int
 	// CapacityBytes is the on-disk capacity of the store (preallocated,
 	// split evenly over Dirs).
 	CapacityBytes int64
@@ -277,6 +286,9 @@ func (c *Config) Validate() error {
 	}
 	if c.QueueDepth < 0 || c.QueueDepth > maxQueueDepth {
 		return configErr("QueueDepth", "must be in [0, %d], got %d", maxQueueDepth, c.QueueDepth)
+	}
+	if c.RunWidth < 0 || c.RunWidth > len(c.Dirs) {
+		return configErr("RunWidth", "must be in [0, %d] (the directories), got %d", len(c.Dirs), c.RunWidth)
 	}
 	if c.StagingBytes < 0 {
 		return configErr("StagingBytes", "must be >= 0, got %d", c.StagingBytes)

@@ -29,6 +29,8 @@ func TestConfigValidate(t *testing.T) {
 		{"NumPages", func(c *Config) { c.NumPages = -1 }},
 		{"Path", func(c *Config) { c.Path = 9 }},
 		{"QueueDepth", func(c *Config) { c.QueueDepth = 1 << 20 }},
+		{"RunWidth", func(c *Config) { c.RunWidth = -1 }},
+		{"RunWidth", func(c *Config) { c.RunWidth = len(c.Dirs) + 1 }},
 		{"SaveWritesPerDevice", func(c *Config) { c.SaveWritesPerDevice = maxSaveWrites + 1 }},
 		{"SaveWritesPerDevice", func(c *Config) { c.SaveWritesPerDevice = -1 }},
 		{"StagingBytes", func(c *Config) { c.StagingBytes = -1 }},

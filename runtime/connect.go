@@ -26,21 +26,28 @@ var ErrServiceLost = errors.New("runtime: node service connection lost")
 // Connect is Open for an engine on a node whose store is served by a
 // Service (tutti serve) at socket: the store's directories, capacity and
 // recovery are the service's (cfg.Dirs and cfg.CapacityBytes are taken
-// from it and may be left empty), its Geometry must be cfg's. The engine
-// keeps its data path: it opens the pool files itself and moves the bytes
-// with its own mover (cfg.Path: its host memory, or its GPU's HBM), its
-// own staging, ring and scheduler. Lookup, Load, Save, Match and Discard
-// work as on an opened store and see every engine's saves; what the
-// service owns is not here: TakeKVEvents and Check return errors (the
-// service publishes KV events and registers the node once), Stats has no
-// Index or Map. Close closes the connection: the service releases
+// from it and may be left empty), its Geometry must be cfg's, and so is
+// its layout (objmap.Layout, sent in the service's hello: the engine
+// places every read and write by it; cfg.RunWidth, if set, must match).
+// The engine keeps its data path: it opens the pool files itself and
+// moves the bytes with its own mover (cfg.Path: its host memory, or its
+// GPU's HBM), its own staging, ring and scheduler. Lookup, Load, Save,
+// Match and Discard work as on an opened store and see every engine's
+// saves; what the service owns is not here: TakeKVEvents and Check return
+// errors (the service publishes KV events and registers the node once),
+// Stats has no Index or Map. Close closes the connection: the service releases
 // whatever the store still held.
 func Connect(socket string, cfg Config) (*Store, error) {
 	rc, hello, err := dialService(socket, cfg)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Dirs, cfg.CapacityBytes, cfg.buffered = hello.Dirs, hello.CapacityBytes, hello.Buffered
+	if cfg.RunWidth != 0 && cfg.RunWidth != rc.lay.Width() {
+		_ = rc.close()
+		return nil, fmt.Errorf("%w: the service's store at %s spreads each run over %d devices, Config.RunWidth asks for %d",
+			ErrSettingsMismatch, socket, rc.lay.Width(), cfg.RunWidth)
+	}
+	cfg.Dirs, cfg.CapacityBytes, cfg.RunWidth, cfg.buffered = hello.Dirs, hello.CapacityBytes, rc.lay.Width(), hello.Buffered
 	if err := cfg.Validate(); err != nil {
 		_ = rc.close()
 		return nil, err
@@ -73,9 +80,11 @@ func Connect(socket string, cfg Config) (*Store, error) {
 // remoteControl is the control path of a connected store: each call is a
 // request to the service, answered on the connection's reader goroutine.
 type remoteControl struct {
-	conn    *net.UnixConn
-	socket  string
-	dirs    int
+	conn   *net.UnixConn
+	socket string
+	// lay is the service's layout (from its hello): where every run's
+	// bytes lie, for this store's own reads and writes.
+	lay     objmap.Layout
 	keeps   bool
 	files   []*uring.File
 	wmu     sync.Mutex
@@ -109,12 +118,31 @@ func dialService(socket string, cfg Config) (*remoteControl, *nodewire.HelloResp
 		return nil, nil, fmt.Errorf("runtime: connect to %s: %w", socket, err)
 	}
 	h := m.(*nodewire.HelloResp)
-	if len(h.Dirs) == 0 || len(h.Files) == 0 {
+	if rc.lay, err = helloLayout(cfg, h); err != nil {
 		_ = rc.close()
-		return nil, nil, fmt.Errorf("runtime: connect to %s: the service names %d directories and %d files: %w", socket, len(h.Dirs), len(h.Files), nodewire.ErrProtocol)
+		return nil, nil, fmt.Errorf("runtime: connect to %s: %w", socket, err)
 	}
-	rc.dirs, rc.keeps = len(h.Dirs), h.KeepsMeta
+	rc.keeps = h.KeepsMeta
 	return rc, h, nil
+}
+
+// helloLayout is the store's layout as the service's hello gives it: the
+// service's own, never one the engine derives (a run width of 0, which
+// objmap.NewLayout would choose, is refused), naming exactly the files
+// the service sent.
+func helloLayout(cfg Config, h *nodewire.HelloResp) (objmap.Layout, error) {
+	if len(h.Dirs) == 0 || h.FilesPerDir < 1 || h.RunWidth < 1 {
+		return objmap.Layout{}, fmt.Errorf("the service names %d directories of %d files, run width %d: %w",
+			len(h.Dirs), h.FilesPerDir, h.RunWidth, nodewire.ErrProtocol)
+	}
+	lay, err := objmap.NewLayout(cfg.Geometry, len(h.Dirs), h.FilesPerDir, h.RunWidth)
+	if err != nil {
+		return objmap.Layout{}, fmt.Errorf("the service's layout: %w: %w", nodewire.ErrProtocol, err)
+	}
+	if lay.Files() != len(h.Files) {
+		return objmap.Layout{}, fmt.Errorf("the service names %d pool files, its layout %d: %w", len(h.Files), lay.Files(), nodewire.ErrProtocol)
+	}
+	return lay, nil
 }
 
 // openFiles opens the store's pool files for this process's own I/O.
@@ -256,12 +284,12 @@ func (rc *remoteControl) AllocateOne(k int) (objmap.Reservation, error) {
 	return res[0], nil
 }
 
-// checkRes fails closed on a reservation in a file this store does not
-// have.
+// checkRes fails closed on a reservation the layout cannot place (a file
+// this store does not have, a misaligned offset, a bad chunk count).
 func (rc *remoteControl) checkRes(res []objmap.Reservation, err error) ([]objmap.Reservation, error) {
 	for _, r := range res {
-		if r.File < 0 || r.File >= len(rc.files) {
-			return nil, rc.failed(fmt.Errorf("%w: reservation in file %d of %d", nodewire.ErrProtocol, r.File, len(rc.files)))
+		if _, perr := rc.lay.Where(r.Place(), 0, 0); perr != nil {
+			return nil, rc.failed(fmt.Errorf("%w: reservation %d: %w", nodewire.ErrProtocol, r.ID, perr))
 		}
 	}
 	return res, err
@@ -282,7 +310,7 @@ func (rc *remoteControl) Commit(reqs []objmap.CommitRequest) error {
 	return err
 }
 
-func (rc *remoteControl) DeviceOf(file int) int { return file % rc.dirs }
+func (rc *remoteControl) Layout() objmap.Layout { return rc.lay }
 
 func (rc *remoteControl) pin(chain []uint64, skip int, miss *[numMissCauses]int64) *pinned {
 	p := &pinned{chain: chain}
@@ -295,12 +323,11 @@ func (rc *remoteControl) pin(chain []uint64, skip int, miss *[numMissCauses]int6
 	miss[MissNotFound] += int64(r.NotFound)
 	for i := range r.Spans {
 		sp := &r.Spans[i]
-		if sp.Info.File < 0 || sp.Info.File >= len(rc.files) {
-			rc.failed(fmt.Errorf("%w: run in file %d of %d", nodewire.ErrProtocol, sp.Info.File, len(rc.files)))
+		if _, err := rc.lay.Span(sp.Info.Place(), 0, sp.First, sp.K); err != nil {
+			rc.failed(fmt.Errorf("%w: run %d: %w", nodewire.ErrProtocol, sp.Info.ID, err))
 			break // the prefix ends before a run this store cannot read
 		}
-		p.runs = append(p.runs, mover.Run{Info: &sp.Info, File: rc.files[sp.Info.File], Device: rc.DeviceOf(sp.Info.File),
-			First: sp.First, K: sp.K, ChainPos: sp.ChainPos})
+		p.runs = append(p.runs, mover.Run{Info: &sp.Info, First: sp.First, K: sp.K, ChainPos: sp.ChainPos})
 	}
 	return p
 }

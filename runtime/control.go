@@ -65,7 +65,7 @@ func (c *localControl) pin(chain []uint64, skip int, miss *[numMissCauses]int64)
 	miss[MissNotFound] += int64(notFound)
 	for _, sp := range spans {
 		r := sp.Run
-		p.runs = append(p.runs, mover.Run{Info: &r.Info, File: r.File, Device: r.Device, First: sp.First, K: sp.K, ChainPos: sp.ChainPos})
+		p.runs = append(p.runs, mover.Run{Info: &r.Info, First: sp.First, K: sp.K, ChainPos: sp.ChainPos})
 		p.entries = append(p.entries, r)
 	}
 	return p

@@ -14,6 +14,7 @@
 //	    (*Save).Gathered() / Done() / Wait() / Saved() / Skipped(cause)
 //	(*Store).WaitSaves() / Stats() / Check() / Recovery() / Close()
 //	CapacityForBlocks(g, n)               a CapacityBytes that holds n blocks in any run grouping
+//	CapacityForBlocksOn(g, n, dirs)       the same for a new store over dirs directories
 //	DeviceSizedGPUReads(dirs) GPUReads    the GPU path's reads sized to the dirs' disks (the zero GPUConfig)
 //
 // A chain is a request's prefix as chained block ids (id i names the whole

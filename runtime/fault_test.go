@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kvshape"
-	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 	"github.com/tutti-io/tutti/uring/uringsim"
 )
@@ -148,13 +147,13 @@ func TestLoadCorruptPayload(t *testing.T) {
 	if victim == nil {
 		t.Fatal("second run not found")
 	}
-	off, _ := objmap.ObjectOffset(g, victim.Chunks, 1)
-	f, err := os.OpenFile(victim.File.Path, os.O_RDWR, 0)
+	path, off := objectAt(t, s, victim, 1)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := []byte{0}
-	pos := victim.Offset + off + 5
+	pos := off + 5
 	if _, err := f.ReadAt(b, pos); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/tutti-io/tutti/internal/kvdata"
 	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/runtime/internal/catalog"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
 )
 
 // tinyGeometry is small enough for many runs per test yet exercises padding
@@ -139,3 +140,27 @@ func runStartingAt(s *Store, first uint64) *catalog.Run {
 
 // chainOf makes a chain of n ids starting at base (ids are opaque).
 var chainOf = crashtest.Chain
+
+// objectAt is where chunk 0 of layer layer of r lies (the store's Layout):
+// its pool file's path and the offset there.
+func objectAt(t testing.TB, s *Store, r *catalog.Run, layer int) (string, int64) {
+	t.Helper()
+	loc, err := s.m.Layout().Where(r.Info.Place(), layer, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.m.Files()[loc.File].Path, loc.Offset
+}
+
+// layerBlocks is, per device, the blocks of every (layer, run) of runs that
+// the device reads: a device reading a whole block of every layer counts
+// Layers for it.
+func layerBlocks(s *Store, runs []mover.Run) map[int]int {
+	out := map[int]int{}
+	for _, r := range runs {
+		for _, dev := range s.m.Layout().LayerDevices(r.Info.File) {
+			out[dev] += r.K
+		}
+	}
+	return out
+}

@@ -15,7 +15,6 @@ import (
 	"github.com/tutti-io/tutti/kvevents"
 	"github.com/tutti-io/tutti/kvevents/kvindex"
 	"github.com/tutti-io/tutti/kvshape"
-	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring/uringsim"
 )
 
@@ -340,12 +339,12 @@ func TestKVEventsCorruptRunRemoved(t *testing.T) {
 	x := follow(t, s)
 	matchStore(t, s, x, "recovered", true)
 	victim := runStartingAt(s, ch[3])
-	off, _ := objmap.ObjectOffset(g, victim.Chunks, 1)
-	f, err := os.OpenFile(victim.File.Path, os.O_RDWR, 0)
+	path, off := objectAt(t, s, victim, 1)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteAt([]byte{0x5A, 0xA5}, victim.Offset+off+5); err != nil {
+	if _, err := f.WriteAt([]byte{0x5A, 0xA5}, off+5); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()

@@ -246,7 +246,7 @@ func (s *Store) loadRequest(runs []mover.Run, blocks int) sched.LoadRequest {
 	req := sched.LoadRequest{}
 	for _, r := range runs {
 		blocks -= r.K
-		req.Runs = append(req.Runs, sched.Run{Device: r.Device, Blocks: r.K, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()})
+		req.Runs = append(req.Runs, s.schedRun(r.Info.File, r.K))
 	}
 	req.UncachedTokens = blocks * s.geo.ChunkPages * s.geo.PageTokens
 	return req
@@ -267,10 +267,23 @@ func keepBlocks(runs []mover.Run, n int) []mover.Run {
 	return kept
 }
 
+// schedRun is the scheduler's view of k blocks of the run whose home is
+// pool file file: where the store's layout puts each layer (nil where a
+// run lies on one device: every layer on the home file's).
+func (s *Store) schedRun(file, k int) sched.Run {
+	lay := s.layout()
+	r := sched.Run{Device: lay.Device(file), Blocks: k, BytesPerLayerPerBlock: s.geo.ChunkBytesPerLayer()}
+	if lay.Width() > 1 {
+		r.LayerDevices = lay.LayerDevices(file)
+	}
+	return r
+}
+
 // maybeReprobe is called after every plan of runs: when the plan
 // recomputes cached blocks because loading would not be faster, it asks
-// for a re-probe of the device of the first block left out (devprobe's
-// Reprober decides whether that device's model is stale). It never blocks.
+// for a re-probe of the device of the first block left out (its layer 0's;
+// devprobe's Reprober decides whether that device's model is stale),
+// reading the run's extent there. It never blocks.
 func (s *Store) maybeReprobe(runs []mover.Run, plan sched.Plan) {
 	if s.reprobe == nil || !devprobe.Wanted(plan) {
 		return
@@ -278,7 +291,8 @@ func (s *Store) maybeReprobe(runs []mover.Run, plan sched.Plan) {
 	loaded := plan.LoadBlocks
 	for _, r := range runs {
 		if loaded < r.K {
-			s.reprobe.Maybe(devprobe.Target{Device: r.Device, FD: int(r.File.FD), Path: r.File.Path, Offset: r.Info.Offset, Length: r.Info.Length},
+			loc, f := s.pool().Object(r, 0, 0)
+			s.reprobe.Maybe(devprobe.Target{Device: loc.Device, FD: int(f.FD), Path: f.Path, Offset: r.Info.Offset, Length: r.Info.Length},
 				s.begin, s.endOp)
 			return
 		}

@@ -46,15 +46,9 @@ func readsOf(t *testing.T, s *Store, reads []readAt) []sched.IO {
 	for i, rd := range reads {
 		found := false
 		for ri, r := range runs {
-			if r.File.Path != rd.path || rd.off < r.Offset || rd.off >= r.Offset+r.Info.Length {
-				continue
-			}
-			for l := g.Layers - 1; l >= 0 && !found; l-- {
-				off, err := objmap.ObjectOffset(g, r.Chunks, l)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if rd.off >= r.Offset+off {
+			for l := 0; l < g.Layers && !found; l++ {
+				path, off := objectAt(t, s, r, l)
+				if path == rd.path && rd.off >= off && rd.off < off+objmap.ObjectStride(g, r.Chunks) {
 					out[i], found = sched.IO{Kind: sched.IORead, Layer: l, Run: ri}, true
 				}
 			}
@@ -105,11 +99,7 @@ func TestLoadSubmitsLayerMajor(t *testing.T) {
 			if err := verify(kv, g, chain, pages, len(chain)); err != nil {
 				t.Fatal(err)
 			}
-			devs := map[int]bool{}
-			for _, r := range l.runs {
-				devs[r.Device] = true
-			}
-			if len(devs) < 2 {
+			if devs := layerBlocks(s, l.runs); len(devs) < 2 {
 				t.Fatalf("the runs lie on %d device(s); the test needs several", len(devs))
 			}
 			log.mu.Lock()

@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
@@ -77,7 +78,7 @@ func Open(cfg Config) (*Store, error) {
 	s.savesCond.L = &s.mu
 	var err error
 	s.m, err = objmap.Open(objmap.Options{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: cfg.Geometry, WritePool: cfg.WritePool,
-		Buffered: cfg.buffered, SegmentBytes: cfg.segmentBytes})
+		Buffered: cfg.buffered, SegmentBytes: cfg.segmentBytes, RunWidth: cfg.RunWidth})
 	if err != nil {
 		return nil, fmt.Errorf("runtime: open: %w", err)
 	}
@@ -111,7 +112,7 @@ func (s *Store) openIndex() error {
 	// A block costs its payload in the index's capacity: headers and
 	// padding are covered by indexing only catalog.IndexShare of the pool.
 	s.cat = catalog.New(s.m, s.idx, len(cfg.Dirs), s.geo.ChunkBytes())
-	s.ctl = &localControl{Local: admission.Local{Index: s.idx, Catalog: s.cat, Map: s.m, Geo: s.geo}, s: s}
+	s.ctl = &localControl{Local: admission.Local{Index: s.idx, Catalog: s.cat, Map: s.m}, s: s}
 	s.files = s.m.Files()
 	mapReport := s.m.Recovery()
 	rep, err := s.cat.Recover(s.geo.Layers)
@@ -147,6 +148,7 @@ func (s *Store) openIO(userDevice bool) error {
 	}
 	s.worker = ring.New("runtime io", eng, cfg.QueueDepth)
 	s.maxWriteIOBytes = savewrite.WriteBytes(s.geo, min(cfg.StagingSlotBytes, savewrite.MaxWriteBytes), cfg.saveWriteUnit())
+	s.moved.ReadBytes, s.moved.WriteBytes = make([]atomic.Int64, len(cfg.Dirs)), make([]atomic.Int64, len(cfg.Dirs))
 	profiles, reprobe := s.deviceProfiles(userDevice)
 	devs := make([]sched.DeviceConfig, len(cfg.Dirs))
 	for i := range devs {
@@ -161,9 +163,8 @@ func (s *Store) openIO(userDevice bool) error {
 		s.reprobe = devprobe.NewReprober(reprobe, cfg.reprobeEvery, s.sched)
 	}
 	s.mv = s.newMover()
-	s.writes = savewrite.New(savewrite.Config{Geometry: s.geo, Files: s.files, Devices: len(cfg.Dirs), DeviceOf: s.ctl.DeviceOf,
-		Staging: s.staging, Worker: s.worker, Sched: s.sched, Mover: s.mv, MaxWriteIOBytes: s.maxWriteIOBytes,
-		WriteIOs: &s.stats.writeIOs, LoadsInFlight: func() bool { return len(s.loadN) > 0 }})
+	s.writes = savewrite.New(savewrite.Config{Geometry: s.geo, Pool: s.pool(), Staging: s.staging, Worker: s.worker, Sched: s.sched, Mover: s.mv, MaxWriteIOBytes: s.maxWriteIOBytes,
+		WriteIOs: &s.stats.writeIOs, LoadsInFlight: func() bool { return len(s.loadN) > 0 }, WriteBytes: s.moved.WriteBytes})
 	return nil
 }
 
@@ -171,11 +172,31 @@ func (s *Store) openIO(userDevice bool) error {
 func (s *Store) newMover() mover.Mover {
 	cfg := s.cfg
 	if cfg.Path == PathCPU {
-		return cpu.New(cpu.Config{Geometry: s.geo, Layout: cfg.Layout, NumPages: cfg.NumPages, Staging: s.staging,
+		return cpu.New(cpu.Config{Geometry: s.geo, Layout: cfg.Layout, Pool: s.pool(), NumPages: cfg.NumPages, Staging: s.staging,
 			Worker: s.worker, Sched: s.sched, Counters: &s.moved})
 	}
-	s.gpu = gpu.New(gpuConfig(cfg, s.staging, s.sched, &s.moved))
+	gc := gpuConfig(cfg, s.staging, s.sched, &s.moved)
+	gc.Pool = s.pool()
+	s.gpu = gpu.New(gc)
 	return s.gpu
+}
+
+// pool is where the store's runs lie: the layout and the pool files, for
+// the movers and the save pipeline.
+func (s *Store) pool() mover.Pool { return mover.Pool{Layout: s.layout(), Files: s.files} }
+
+// layout is the store's placement: its object map's, or a connected
+// store's service's (sent in the hello; an engine never derives it).
+func (s *Store) layout() objmap.Layout { return s.ctl.Layout() }
+
+// storeDirs are the store's directories in its own order (objmap.Map.Dirs:
+// the order it was created with, objmap.Layout's device index); a
+// connected store's are the service's, in that order.
+func (s *Store) storeDirs() []string {
+	if s.remote != nil {
+		return s.cfg.Dirs
+	}
+	return s.m.Dirs()
 }
 
 // gpuConfig is the GPU mover's config of cfg (defaults filled in), with the
@@ -229,6 +250,9 @@ func (s *Store) closeParts() []error {
 // reports which), and the prober that re-measures the probed devices later
 // where plans need it (nil: none). Under a test engine (NewEngine) the
 // directories' devices are not what serves the I/O, so they are not probed.
+// Devices are the store's directories in its own order (objmap.Map.Dirs,
+// the order it was created with: objmap.Layout's device index), whatever
+// order a reopen lists them in.
 func (s *Store) deviceProfiles(configured bool) (profiles []sched.DeviceProfile, reprobe devprobe.ReadProber) {
 	cfg := s.cfg
 	s.devProbes = make([]DeviceProbe, len(cfg.Dirs))
@@ -253,7 +277,7 @@ func (s *Store) deviceProfiles(configured bool) (profiles []sched.DeviceProfile,
 	default: // a test's probe: re-probes only where the test asks
 		reprobe = cfg.reprobe
 	}
-	for i, o := range devprobe.Devices(cfg.Dirs, cfg.Device, probe) {
+	for i, o := range devprobe.Devices(s.storeDirs(), cfg.Device, probe) {
 		profiles[i] = o.Profile
 		if o.Err != nil {
 			s.devProbes[i] = seededProbe(cfg.Device, o.Err.Error())

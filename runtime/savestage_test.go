@@ -56,9 +56,10 @@ func TestSaveStripedOverDirs(t *testing.T) {
 // striped save (all of it but its last block, the one that held the end of
 // the shared part and the start of what followed) is spread over the
 // devices as evenly as whole blocks allow, so its restore is not held up by
-// one device reading more than its share: ceil(blocks/dirs) per device at
-// most (a save of 13 blocks cut 4,3,3,3 had one device read 4 of the 12
-// shared ones, a third more than the others).
+// one device reading more than its share: ceil(blocks/dirs) blocks of every
+// layer per device at most (a save of 13 blocks cut 4,3,3,3 into runs on
+// one device each had one device read 4 of the 12 shared ones, a third more
+// than the others; runs spread over the devices do better still).
 func TestStripedPrefixBalanced(t *testing.T) {
 	// 1 MiB per (layer, chunk): every save below is cut one run per device.
 	g := kvshape.Geometry{Layers: 2, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16, Planes: 2, PageTokens: 16, ChunkPages: 16}
@@ -86,11 +87,8 @@ func TestStripedPrefixBalanced(t *testing.T) {
 		if l.Blocks() != shared {
 			t.Fatalf("save of %d: restored %d of %d blocks (first failure: %v)", n, l.Blocks(), shared, l.Failure())
 		}
-		perDev := map[int]int{}
-		for _, r := range l.runs {
-			perDev[r.Device] += r.K
-		}
-		want := (shared + len(dirs) - 1) / len(dirs)
+		perDev := layerBlocks(s, l.runs)
+		want := (shared + len(dirs) - 1) / len(dirs) * g.Layers
 		for d, k := range perDev {
 			if k > want {
 				t.Errorf("save of %d, restore of %d: device %d reads %d blocks (%v), want at most %d", n, shared, d, k, perDev, want)

@@ -287,7 +287,7 @@ func (p *peer) respond(op nodewire.Op, id uint64, m nodewire.Msg, err error) {
 }
 
 // hello checks an engine's protocol version and geometry and tells it the
-// store's files.
+// store's files and layout (the engine places every byte by it).
 func (v *Service) hello(h *nodewire.Hello) (nodewire.Msg, error) {
 	if h.Version != nodewire.Version {
 		return nil, fmt.Errorf("%w: protocol version %d, the service speaks %d", nodewire.ErrProtocol, h.Version, nodewire.Version)
@@ -296,8 +296,9 @@ func (v *Service) hello(h *nodewire.Hello) (nodewire.Msg, error) {
 		return nil, fmt.Errorf("%w: the engine's geometry (fingerprint %s) is not the store's (%s, fingerprint %s)", ErrGeometryMismatch,
 			h.Fingerprint, v.s.geo, want)
 	}
-	r := &nodewire.HelloResp{Dirs: v.s.m.Dirs(), Buffered: v.s.cfg.buffered, KeepsMeta: v.ctl.keepsMeta(),
-		CapacityBytes: v.s.cfg.CapacityBytes}
+	lay := v.s.m.Layout()
+	r := &nodewire.HelloResp{Dirs: v.s.m.Dirs(), FilesPerDir: lay.FilesPerDir(), RunWidth: lay.Width(), Buffered: v.s.cfg.buffered,
+		KeepsMeta: v.ctl.keepsMeta(), CapacityBytes: v.s.cfg.CapacityBytes}
 	for _, f := range v.s.m.Files() {
 		r.Files = append(r.Files, f.Path)
 	}

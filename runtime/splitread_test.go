@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/tutti-io/tutti/kvshape"
-	"github.com/tutti-io/tutti/objmap"
 )
 
 // TestSplitReadStore: reads four times a slot's size, whose chunks straddle
@@ -83,17 +82,14 @@ func flipRunByte(t *testing.T, s *Store, g kvshape.Geometry, first uint64, layer
 	if victim == nil {
 		t.Fatalf("no run starts at block %#x", first)
 	}
-	off, err := objmap.ObjectOffset(g, victim.Chunks, layer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(victim.File.Path, os.O_RDWR, 0)
+	path, off := objectAt(t, s, victim, layer)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	b := []byte{0}
-	at := victim.Offset + off + pos
+	at := off + pos
 	if _, err := f.ReadAt(b, at); err != nil {
 		t.Fatal(err)
 	}

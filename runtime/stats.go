@@ -164,7 +164,16 @@ type GPUStats struct {
 
 // DeviceStats is what seeds and corrects the scheduler's device models.
 type DeviceStats struct {
-	// Probes is what Open did for each directory, in Config.Dirs order.
+	// Dirs are the store's directories in its own order (the order of the
+	// Config.Dirs that created it; a reopen may list them in any order):
+	// the order of every per-device list here.
+	Dirs []string `json:"dirs"`
+	// ReadBytes and WriteBytes are the bytes loads read and saves wrote on
+	// each device since Open (as submitted, O_DIRECT rounding included):
+	// how evenly the store's layout spreads them (objmap.Layout).
+	ReadBytes  []int64 `json:"read_bytes"`
+	WriteBytes []int64 `json:"write_bytes"`
+	// Probes is what Open did for each directory.
 	Probes []DeviceProbe `json:"probes"`
 	// ProbeFailures counts the directories seeded without a measurement
 	// (their first large saves may be cut below what the device can write
@@ -235,6 +244,11 @@ func (s *Store) snapshot() Stats {
 	st.Events = s.kvEventsStats()
 	st.GPU = s.gpuStats()
 	st.Devices.Probes = append([]DeviceProbe{}, s.devProbes...)
+	st.Devices.Dirs = s.storeDirs()
+	st.Devices.ReadBytes, st.Devices.WriteBytes = make([]int64, len(s.moved.ReadBytes)), make([]int64, len(s.moved.WriteBytes))
+	for i := range st.Devices.ReadBytes {
+		st.Devices.ReadBytes[i], st.Devices.WriteBytes[i] = s.moved.ReadBytes[i].Load(), s.moved.WriteBytes[i].Load()
+	}
 	for _, p := range s.devProbes {
 		if p.State == ProbeSeeded {
 			st.Devices.ProbeFailures++

@@ -126,14 +126,34 @@ type ResidentBlock struct {
 }
 
 // CapacityForBlocks is a CapacityBytes with which the store holds at least
-// blocks chain blocks of g however they are grouped into runs: the index
-// admits them (payload over the index's share of the pool) and the pool has
-// room for them as runs of one block (the worst case for headers and
-// padding), plus 1 MiB for rounding the pool files.
+// blocks chain blocks of g however they are grouped into runs and however
+// many directories it spreads them over: the index admits them (payload
+// over the index's share of the pool's filled object slots) and the pool
+// has room for them as runs of one block (the worst case for headers and
+// padding: objmap.MaxFootprint), plus 1 MiB for rounding the pool files.
+// CapacityForBlocksOn, for the directories a store is made over, is
+// tighter.
 func CapacityForBlocks(g kvshape.Geometry, blocks int) int64 {
-	index := int64(float64(blocks) * float64(g.ChunkBytes()) / catalog.IndexShare)
-	pool := int64(blocks) * objmap.RunBytes(g, 1)
-	return max(index, pool) + 1<<20
+	return capacityFor(g, blocks, objmap.MaxFootprint(g, 1), objmap.MinSlotFill(g))
+}
+
+// CapacityForBlocksOn is CapacityForBlocks for a new store of g over dirs
+// directories (of the default run width there: objmap.RunWidth), whose
+// runs take exactly what that layout gives them.
+func CapacityForBlocksOn(g kvshape.Geometry, blocks, dirs int) int64 {
+	lay, err := objmap.NewLayout(g, dirs, 1, 0)
+	if err != nil {
+		return CapacityForBlocks(g, blocks) // Open will say what is wrong
+	}
+	return capacityFor(g, blocks, lay.Footprint(1), lay.SlotFill())
+}
+
+// capacityFor is a capacity that holds blocks blocks whose runs of one take
+// perBlock of the pool and whose layers fill the share fill of its object
+// slots (catalog's index capacity).
+func capacityFor(g kvshape.Geometry, blocks int, perBlock int64, fill float64) int64 {
+	index := int64(float64(blocks) * float64(g.ChunkBytes()) / (catalog.IndexShare * fill))
+	return max(index, int64(blocks)*perBlock) + 1<<20
 }
 
 // Recovery returns the report of the recovery done by Open.

@@ -10,14 +10,24 @@ import (
 	"github.com/cockroachdb/datadriven"
 )
 
-// TestDispatchScript replays testdata/dispatch: plans, saves, dispatches and
-// completions on a device of round numbers (1 GB/s both ways, so 1 MB takes
-// 1 ms; shares 0.5; no latency, no IOPS floor) and a GPU doing 1 µs per token
-// per layer, and logs what the planner decides. Times print in ms.
+// TestDispatchScript replays testdata/dispatch and testdata/spread: plans,
+// saves, dispatches and completions on devices of round numbers (1 GB/s both
+// ways, so 1 MB takes 1 ms; shares 0.5; no latency, no IOPS floor; one
+// unless init says devices=N) and a GPU doing 1 µs per token per layer, and
+// logs what the planner decides. Times print in ms. spread=1 on a load or a
+// save puts layer l of run i (of the save) on device (i + l) % devices, as
+// the store's placement does.
 func TestDispatchScript(t *testing.T) {
+	for _, f := range []string{"testdata/dispatch", "testdata/spread"} {
+		t.Run(f, func(t *testing.T) { dispatchScript(t, f) })
+	}
+}
+
+func dispatchScript(t *testing.T, path string) {
 	var (
 		p        *Planner
 		inflight []IO
+		devices  int
 	)
 	ms := func(ns int64) string {
 		if ns == math.MaxInt64 {
@@ -25,7 +35,17 @@ func TestDispatchScript(t *testing.T) {
 		}
 		return strconv.FormatFloat(float64(ns)/1e6, 'f', 3, 64)
 	}
-	datadriven.RunTest(t, "testdata/dispatch", func(t *testing.T, d *datadriven.TestData) string {
+	spread := func(on bool, layers, i int) []int {
+		if !on {
+			return nil
+		}
+		out := make([]int, layers)
+		for l := range out {
+			out[l] = (i + l) % devices
+		}
+		return out
+	}
+	datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 		arg := func(key string, def int64) int64 {
 			if !d.HasArg(key) {
 				return def
@@ -54,11 +74,15 @@ func TestDispatchScript(t *testing.T) {
 			}
 			prof := DeviceProfile{ReadBytesPerSec: 1e9, WriteBytesPerSec: 1e9, ReadIOPS: 1e12, WriteIOPS: 1e12,
 				ReadShareUnderWrites: 0.5, WriteShareUnderReads: 0.5}
-			p, err = NewPlanner(Config{Layers: int(arg("layers", 4)), BlockTokens: int(arg("block", 1000)), Compute: m,
+			devices = int(arg("devices", 1))
+			cfg := Config{Layers: int(arg("layers", 4)), BlockTokens: int(arg("block", 1000)), Compute: m,
 				SaveBoundNs: arg("bound", 100e6), SlackMarginNs: arg("margin", 1e6), MaxWriteIOBytes: arg("writeio", 1e6),
-				SlackFrac: -1, // no horizon discount: keeps the arithmetic readable
-				Devices: []DeviceConfig{{Profile: prof, MaxReadsInFlight: int(arg("readqd", 2)), MaxWritesInFlight: int(arg("writeqd", 1)),
-					MaxPendingReadBytes: arg("readbudget", 1e12)}}})
+				SlackFrac: -1} // no horizon discount: keeps the arithmetic readable
+			for range devices {
+				cfg.Devices = append(cfg.Devices, DeviceConfig{Profile: prof, MaxReadsInFlight: int(arg("readqd", 2)), MaxWritesInFlight: int(arg("writeqd", 1)),
+					MaxPendingReadBytes: arg("readbudget", 1e12)})
+			}
+			p, err = NewPlanner(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,12 +91,13 @@ func TestDispatchScript(t *testing.T) {
 			var runs []Run
 			var spec string
 			d.ScanArgs(t, "runs", &spec)
-			for _, f := range strings.Split(spec, ",") {
+			for i, f := range strings.Split(spec, ",") {
 				n, err := strconv.Atoi(f)
 				if err != nil {
 					t.Fatal(err)
 				}
-				runs = append(runs, Run{Blocks: n, BytesPerLayerPerBlock: arg("bpb", 1e6)})
+				runs = append(runs, Run{Device: i % devices, LayerDevices: spread(arg("spread", 0) == 1, p.cfg.Layers, i), Blocks: n,
+					BytesPerLayerPerBlock: arg("bpb", 1e6)})
 			}
 			plan, err := p.PlanLoad(LoadRequest{ID: uint64(arg("id", 1)), NowNs: arg("now", 0), ComputeReadyNs: arg("ready", 0),
 				Runs: runs, UncachedTokens: int(arg("uncached", 1000)), SegmentsOnly: true})
@@ -90,6 +115,7 @@ func TestDispatchScript(t *testing.T) {
 			}
 		case "save":
 			tk, err := p.EnqueueSave(SaveRequest{ID: uint64(arg("id", 1)), NowNs: arg("now", 0), Blocks: int(arg("blocks", 1)),
+				Device: int(arg("dev", 0)), LayerDevices: spread(arg("spread", 0) == 1, p.cfg.Layers, int(arg("dev", 0))),
 				BytesPerLayerPerBlock: arg("bpb", 1e6)})
 			if err != nil {
 				return err.Error()
@@ -103,10 +129,14 @@ func TestDispatchScript(t *testing.T) {
 			before := len(inflight)
 			inflight = p.Dispatch(arg("now", 0), inflight)
 			for _, io := range inflight[before:] {
+				dev := ""
+				if devices > 1 {
+					dev = fmt.Sprintf(" dev %d", io.Device)
+				}
 				if io.Kind == IORead {
-					fmt.Fprintf(&out, "read  req %d layer %d run %d: %d blocks %s MB, deadline %s\n", io.ReqID, io.Layer, io.Run, io.Blocks, ms(io.Bytes), ms(io.DeadlineNs))
+					fmt.Fprintf(&out, "read  req %d layer %d run %d%s: %d blocks %s MB, deadline %s\n", io.ReqID, io.Layer, io.Run, dev, io.Blocks, ms(io.Bytes), ms(io.DeadlineNs))
 				} else {
-					fmt.Fprintf(&out, "write save %d layer %d at %s MB: %s MB, due %s", io.ReqID, io.Layer, ms(io.OffsetBytes), ms(io.Bytes), ms(io.DeadlineNs))
+					fmt.Fprintf(&out, "write save %d layer %d%s at %s MB: %s MB, due %s", io.ReqID, io.Layer, dev, ms(io.OffsetBytes), ms(io.Bytes), ms(io.DeadlineNs))
 					if io.Promoted {
 						out.WriteString(" (promoted)")
 					}

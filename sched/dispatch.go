@@ -30,7 +30,7 @@ func (p *Planner) cursorSlackNs(curs []int32, nowNs int64) float64 {
 	f := p.cfg.SlackFrac
 	for _, ci := range curs {
 		c := &p.cursors[ci]
-		m = min(m, c.slackMin[c.layer], c.slackMinH[c.layer]+f*float64(nowNs))
+		m = min(m, c.slackMin[c.pos], c.slackMinH[c.pos]+f*float64(nowNs))
 	}
 	return m
 }
@@ -73,11 +73,12 @@ func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
 		for len(d.readQ) > 0 && d.readsInFlight < d.cfg.MaxReadsInFlight {
 			ci := d.readQ[0]
 			c := &p.cursors[ci]
-			sg := c.segs[c.si]
+			rd := c.reads[c.pos]
+			sg := c.segs[rd.seg]
 			if d.readsInFlight > 0 && d.readBytesInFlight+sg.Bytes > d.cfg.MaxReadBytesInFlight {
 				break
 			}
-			if d.inflightReadNs+d.jobReadNs+c.segNs[c.si] > maxReadNs {
+			if d.inflightReadNs+d.jobReadNs+rd.ns > maxReadNs {
 				held = true
 				break
 			}
@@ -86,17 +87,13 @@ func (p *Planner) Dispatch(nowNs int64, dst []IO) []IO {
 				break // record table full: the rest waits for completions
 			}
 			e := &p.entries[i]
-			done := c.t0 + float64(c.layer)*c.dNs + c.segCumNs[c.si+1]
+			done := c.t0 + c.cumNs[c.pos+1]
 			p.seq++
-			*e = entry{gen: e.gen, state: stateInFlight, svcNs: c.segNs[c.si], plannedDoneNs: ceilNs(done), seq: p.seq}
-			e.io = IO{ID: p.id(i), Kind: IORead, ReqID: c.reqID, Device: di, Layer: c.layer, Run: sg.Run,
-				Blocks: sg.Blocks, Bytes: sg.Bytes, DeadlineNs: c.deadline[c.layer]}
+			*e = entry{gen: e.gen, state: stateInFlight, svcNs: rd.ns, plannedDoneNs: ceilNs(done), seq: p.seq}
+			e.io = IO{ID: p.id(i), Kind: IORead, ReqID: c.reqID, Device: di, Layer: int(rd.layer), Run: sg.Run,
+				Blocks: sg.Blocks, Bytes: sg.Bytes, DeadlineNs: c.deadline[rd.layer]}
 			e.slackNs = float64(e.io.DeadlineNs) - done
-			if c.si++; c.si == len(c.segs) {
-				c.si = 0
-				c.layer++
-			}
-			if c.layer == p.cfg.Layers {
+			if c.pos++; c.pos == len(c.reads) {
 				p.heapPop(d)
 				p.releaseCursor(ci)
 			} else {

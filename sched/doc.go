@@ -23,15 +23,26 @@
 //
 // # The split
 //
-// A request has P cached blocks (in runs) and U uncached tokens. Loading
-// blocks [0,k) and recomputing [k,P) plus the suffix, the layer pipeline ends
-// at F(k) = max(cR + L·C, max_d(t0_d + D_d) + L·C, max_d(t0_d + L·D_d) + C),
-// where C = C(k) is one layer's compute of the tokens from k·B, D_d = D_d(k)
-// the per-layer read time of device d's share of [0,k), t0_d when device d can
-// start (after what it has admitted, slowed by writes in flight) and cR when
-// the GPU can start this request. D_d only grows with k, so both inner maxima
-// are running maxima: F(k) costs O(1) per candidate and PlanLoad scans every k
-// (O(runs + blocks)) and takes the least F(k) + w·C(k): the first token plus
+// A request has P cached blocks (in runs) and U uncached tokens. A run's
+// layers lie on one device (Run.Device) or spread over several
+// (Run.LayerDevices, the caller's placement: objmap.Layout puts layer l of a
+// run on device (home + l) mod W); each device reads its share in layer
+// order. Loading blocks [0,k) and recomputing [k,P) plus the suffix, the
+// layer pipeline ends at F(k) = max(cR + L·C, max_d(t0_d + first_d + (L −
+// firstL_d)·C), max_d(t0_d + total_d + (L − lastL_d)·C)), where C = C(k) is
+// one layer's compute of the tokens from k·B, first_d the read time of
+// device d's first layer of [0,k) (layer firstL_d), total_d that of all its
+// reads (the last of layer lastL_d), t0_d when device d can start (after
+// what it has admitted, slowed by writes in flight) and cR when the GPU can
+// start this request. For runs on one device each that is max(cR + L·C,
+// max_d(t0_d + D_d) + L·C, max_d(t0_d + L·D_d) + C), D_d the per-layer read
+// time of device d's share; a run spread over W devices reads W layers at
+// once and its last W complete together. The two reads per device bound
+// every layer's where each device's share is spread evenly over the layers
+// (the plan's deadlines follow the exact pipeline where it is not). The
+// per-device sums only grow with k, so F(k) costs O(devices touched) per
+// candidate and PlanLoad scans every k (O(runs·layers + blocks·devices))
+// and takes the least F(k) + w·C(k): the first token plus
 // w layers' compute of what the split leaves to the GPU, so a cached block
 // is recomputed only where that makes the first token earlier by more than
 // the compute it adds to w layers (a slightly earlier first token is not
@@ -39,8 +50,9 @@
 // to less loading. w = 1 when the caller gives the GPU's queue
 // (ComputeReadyNs), w = L, the whole recompute, when it cannot
 // (LoadRequest.QueueUnknown: the runtime's case).
-// Reads are then queued as one cursor per (plan, device): O(layers + runs)
-// per plan, not one record per read.
+// Reads are then queued as one cursor per (plan, device), each holding the
+// device's reads in layer order with their planned completions: one planner
+// record per (plan, device), not per read.
 //
 // # Deadlines and slack
 //

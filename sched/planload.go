@@ -8,8 +8,8 @@ import (
 // PlanLoad chooses how much of req's cached prefix to load, admits those reads
 // into the device queues (Dispatch hands them out) and returns the plan. It is
 // partial and never blocks: what does not fit the budgets, or is faster to
-// recompute, is listed in Plan.NotAdmitted. Cost: O(layers × runs + blocks),
-// the split itself O(blocks + runs) with O(1) per candidate.
+// recompute, is listed in Plan.NotAdmitted. Cost: O(layers × runs + blocks ×
+// devices touched), the split itself O(blocks × devices touched).
 //
 // After PlanLoad the caller drives Dispatch/Complete until the plan's reads
 // completed (or calls Cancel), and may feed ObserveLayer as layers finish.
@@ -26,8 +26,8 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 	for i := range p.devs {
 		d := &p.devs[i]
 		d.t0 = float64(now) + d.model.LatencyNs() + d.pendingReadNs + (1-d.model.ReadShare())*d.inflightWriteNs
-		d.d = 0
 	}
+	p.runShares(req.Runs)
 	kmax, capReason := p.admissionCap(req.Runs, P)
 	lc := p.newLayerCost(P*p.cfg.BlockTokens + req.UncachedTokens)
 	sp := p.chooseSplit(req.Runs, kmax, cR, lc, req.QueueUnknown)
@@ -60,8 +60,9 @@ func (p *Planner) PlanLoad(req LoadRequest) (Plan, error) {
 		return plan, nil
 	}
 	p.planSegments(&plan, req)
-	p.planLayers(&plan, req, cR, sp.bestF, c)
-	curs := p.admitCursors(&plan, req.Whole)
+	curs := p.planCursors(&plan)
+	p.planLayers(&plan, req, curs, cR, sp.bestF, c)
+	p.admitCursors(curs, req.Whole)
 	if req.Whole {
 		p.queueJob(plan.ID, curs)
 	}
@@ -73,7 +74,7 @@ func (p *Planner) checkLoad(req LoadRequest) (int, error) {
 	B := p.cfg.BlockTokens
 	P := 0
 	for i, r := range req.Runs {
-		if r.Device < 0 || r.Device >= len(p.devs) || r.Blocks <= 0 || r.BytesPerLayerPerBlock <= 0 {
+		if r.Device < 0 || r.Device >= len(p.devs) || r.Blocks <= 0 || r.BytesPerLayerPerBlock <= 0 || !p.validLayerDevices(r.LayerDevices) {
 			return 0, fmt.Errorf("plan load %d: run %d %+v: %w", req.ID, i, r, ErrBadRequest)
 		}
 		P += r.Blocks
@@ -84,34 +85,102 @@ func (p *Planner) checkLoad(req LoadRequest) (int, error) {
 	return P, nil
 }
 
+// validLayerDevices says whether devs is nil or names a device for each
+// layer.
+func (p *Planner) validLayerDevices(devs []int) bool {
+	if devs == nil {
+		return true
+	}
+	if len(devs) != p.cfg.Layers {
+		return false
+	}
+	for _, d := range devs {
+		if d < 0 || d >= len(p.devs) {
+			return false
+		}
+	}
+	return true
+}
+
+// share is one run's reads on one device: how many layers' objects lie
+// there, and the first and last of those layers.
+type share struct {
+	dev, layers, first, last int32
+}
+
+// runShares fills the planner's shares of runs: run i's are
+// p.shares[p.shareIdx[i]:p.shareIdx[i+1]], in the order of their first
+// layers. O(layers) per run spread over devices, O(1) per run on one.
+func (p *Planner) runShares(runs []Run) {
+	L := int32(p.cfg.Layers)
+	p.shares, p.shareIdx = p.shares[:0], append(p.shareIdx[:0], 0)
+	if len(p.devLayer) < len(p.devs) {
+		p.devLayer = make([]int32, len(p.devs))
+	}
+	for _, r := range runs {
+		start := len(p.shares)
+		if r.LayerDevices == nil {
+			p.shares = append(p.shares, share{dev: int32(r.Device), layers: L, first: 0, last: L - 1})
+		} else {
+			for l, d := range r.LayerDevices {
+				k := p.devLayer[d] // 1 + d's share in p.shares, 0 when none yet
+				if k == 0 {
+					p.shares = append(p.shares, share{dev: int32(d), first: int32(l)})
+					k = int32(len(p.shares))
+					p.devLayer[d] = k
+				}
+				sh := &p.shares[k-1]
+				sh.layers++
+				sh.last = int32(l)
+			}
+			for _, sh := range p.shares[start:] {
+				p.devLayer[sh.dev] = 0
+			}
+		}
+		p.shareIdx = append(p.shareIdx, int32(len(p.shares)))
+	}
+}
+
+// sharesOf is run i's shares (runShares).
+func (p *Planner) sharesOf(i int) []share { return p.shares[p.shareIdx[i]:p.shareIdx[i+1]] }
+
 // admissionCap returns how many of the P leading blocks the budgets admit and,
 // when fewer than P, why: blocks whose reads fit each device's pending read
 // bytes, and a cursor per device touched in the planner's record table. It
-// uses the devices' nseg and d as scratch and leaves them zero.
+// uses the devices' n and total as scratch and leaves them zero.
 func (p *Planner) admissionCap(runs []Run, P int) (int, Reason) {
-	L := p.cfg.Layers
 	kmax, capReason := P, ReasonNone
 	freeRecs := p.cfg.MaxPendingIOs - p.Pending()
 	pos := 0
 	for i := range p.devs {
-		p.devs[i].nseg = 0
-		p.devs[i].d = 0 // bytes admitted so far, as float scratch
+		p.devs[i].n, p.devs[i].total = 0, 0 // touched; bytes admitted so far
 	}
-	for _, r := range runs {
-		d := &p.devs[r.Device]
-		if d.nseg == 0 && freeRecs == 0 {
+	for ri, r := range runs {
+		shares := p.sharesOf(ri)
+		need := 0 // cursor records this run adds
+		fit := r.Blocks
+		for _, sh := range shares {
+			d := &p.devs[sh.dev]
+			if d.n == 0 {
+				need++
+			}
+			room := d.cfg.MaxPendingReadBytes - d.pendingReadBytes - int64(d.total)
+			perBlock := int64(sh.layers) * r.BytesPerLayerPerBlock
+			fit = int(min(int64(fit), max(room, 0)/perBlock))
+		}
+		if need > freeRecs {
 			kmax, capReason = pos, ReasonQueueFull
 			break
 		}
-		room := d.cfg.MaxPendingReadBytes - d.pendingReadBytes - int64(d.d)
-		perBlock := int64(L) * r.BytesPerLayerPerBlock
-		fit := int(min(int64(r.Blocks), max(room, 0)/perBlock))
 		if fit > 0 {
-			if d.nseg == 0 {
-				freeRecs--
+			for _, sh := range shares {
+				d := &p.devs[sh.dev]
+				if d.n == 0 {
+					freeRecs--
+				}
+				d.n++
+				d.total += float64(int64(fit) * int64(sh.layers) * r.BytesPerLayerPerBlock)
 			}
-			d.nseg++
-			d.d += float64(int64(fit) * perBlock)
 		}
 		if fit < r.Blocks {
 			kmax, capReason = pos+fit, ReasonReadBudget
@@ -120,8 +189,7 @@ func (p *Planner) admissionCap(runs []Run, P int) (int, Reason) {
 		pos += r.Blocks
 	}
 	for i := range p.devs {
-		p.devs[i].nseg = 0
-		p.devs[i].d = 0
+		p.devs[i].n, p.devs[i].total = 0, 0
 	}
 	return kmax, capReason
 }
@@ -154,13 +222,22 @@ type split struct {
 	bestF, recomputeAll, lastF float64
 }
 
-// chooseSplit scans k = 0..kmax. F(k) = max(cR + L·C(k), A(k) + L·C(k),
-// Bv(k) + C(k)) where C(k) is one layer's compute of the suffix from block k,
-// and per device with reads A = t0 + D (first layer read), Bv = t0 + L·D
-// (last layer read); D grows with k, so A and Bv are running maxima, O(1) per
-// candidate. It accumulates each device's D in d.d (zeroed by admissionCap).
+// chooseSplit scans k = 0..kmax. Each device reads its share of every layer
+// in layer order, so F(k) = max(cR + L·C(k), max_d A_d(k), max_d Bv_d(k))
+// where C(k) is one layer's compute of the suffix from block k and, per
+// device with reads, A_d = t0 + first + (L − firstL)·C (its first layer
+// read, then the compute of that layer and every later one) and Bv_d = t0
+// + total + (L − lastL)·C (its last layer read, then the rest). For runs
+// on one device each (firstL = 0, lastL = L−1, total = L·first) that is
+// max(cR + L·C, t0 + D + L·C, t0 + L·D + C); a run spread over W devices
+// reads W layers at once, one per device, and its last W layers complete
+// together. Those two reads per device bound every layer's when each
+// device's share is spread evenly over the layers, as the placement
+// spreads it. It accumulates the devices' total and first (zeroed here),
+// O(devices touched) per candidate.
 func (p *Planner) chooseSplit(runs []Run, kmax int, cR float64, lc layerCost, queueUnknown bool) split {
-	fL := float64(p.cfg.Layers)
+	L := p.cfg.Layers
+	fL := float64(L)
 	// The decision rule: the split minimises F(k) + w·C(k), the first token
 	// plus w layers' compute of what it leaves to the GPU, not F(k) alone. F
 	// assumes the GPU waits for nobody but this request; a caller that does
@@ -177,54 +254,73 @@ func (p *Planner) chooseSplit(runs []Run, kmax int, cR float64, lc layerCost, qu
 	if queueUnknown {
 		w = fL
 	}
-	A, Bv := math.Inf(-1), math.Inf(-1)
+	for i := range p.devs {
+		d := &p.devs[i]
+		d.total, d.first, d.firstL, d.lastL, d.n = 0, 0, L, -1, 0
+	}
+	active := p.activeDevs[:0]
 	c0 := lc.at(0)
-	f0 := max(cR+fL*c0, A+fL*c0, Bv+c0)
+	f0 := cR + fL*c0
 	s := split{bestK: 0, bestF: f0, recomputeAll: f0, lastF: f0}
 	bestS := f0 + w*lc.at(0) // the rule's score of the best k so far
 	k := 0
-	for _, r := range runs {
+	for ri, r := range runs {
 		if k >= kmax {
 			break
 		}
-		d := &p.devs[r.Device]
-		prof := d.model.Profile()
-		nsPerByte, floorNs := 1e9/prof.ReadBytesPerSec, 1e9/prof.ReadIOPS // ReadNs, inlined
+		shares := p.sharesOf(ri)
+		prev := p.prevNs[:0]
+		for _, sh := range shares {
+			d := &p.devs[sh.dev]
+			if d.lastL < 0 {
+				active = append(active, int(sh.dev))
+			}
+			if int(sh.first) < d.firstL {
+				d.firstL, d.first = int(sh.first), 0
+			}
+			d.lastL = max(d.lastL, int(sh.last))
+			prev = append(prev, 0)
+		}
 		bpb := float64(r.BytesPerLayerPerBlock)
-		prev := 0.0
 		for j := 1; j <= r.Blocks && k < kmax; j++ {
-			ns := float64(j) * bpb * nsPerByte
-			if ns < floorNs {
-				ns = floorNs
-			}
-			d.d += ns - prev
-			prev = ns
-			if v := d.t0 + d.d; v > A {
-				A = v
-			}
-			if v := d.t0 + fL*d.d; v > Bv {
-				Bv = v
+			for si, sh := range shares {
+				d := &p.devs[sh.dev]
+				prof := d.model.Profile()
+				ns := float64(j) * bpb * 1e9 / prof.ReadBytesPerSec // ReadNs, inlined
+				if floorNs := 1e9 / prof.ReadIOPS; ns < floorNs {
+					ns = floorNs
+				}
+				delta := ns - prev[si]
+				prev[si] = ns
+				d.total += float64(sh.layers) * delta
+				if int(sh.first) == d.firstL {
+					d.first += delta
+				}
 			}
 			k++
 			c := lc.at(k)
 			f := cR + fL*c
-			if v := A + fL*c; v > f {
-				f = v
-			}
-			if v := Bv + c; v > f {
-				f = v
+			for _, di := range active {
+				d := &p.devs[di]
+				if v := d.t0 + d.first + float64(L-d.firstL)*c; v > f {
+					f = v
+				}
+				if v := d.t0 + d.total + float64(L-d.lastL)*c; v > f {
+					f = v
+				}
 			}
 			s.lastF = f
 			if sc := f + w*c; sc < bestS {
 				s.bestK, s.bestF, bestS = k, f, sc
 			}
 		}
+		p.prevNs = prev
 	}
+	p.activeDevs = active
 	return s
 }
 
-// planSegments fills plan.Segments, the reads of [0, LoadBlocks), and leaves
-// in each device's d its per-layer read time and in nseg its segment count.
+// planSegments fills plan.Segments, the reads of [0, LoadBlocks).
 func (p *Planner) planSegments(plan *Plan, req LoadRequest) {
 	plan.Segments = make([]Segment, 0, len(req.Runs))
 	k := 0
@@ -234,41 +330,106 @@ func (p *Planner) planSegments(plan *Plan, req LoadRequest) {
 		}
 		n := min(r.Blocks, plan.LoadBlocks-k)
 		k += n
-		plan.Segments = append(plan.Segments, Segment{Run: ri, Device: r.Device, Blocks: n, Bytes: int64(n) * r.BytesPerLayerPerBlock})
-	}
-	for i := range p.devs {
-		p.devs[i].d, p.devs[i].nseg = 0, 0
-	}
-	for _, sg := range plan.Segments {
-		d := &p.devs[sg.Device]
-		d.d += d.model.ReadNs(sg.Bytes)
-		d.nseg++
+		plan.Segments = append(plan.Segments, Segment{Run: ri, Device: r.Device, LayerDevices: r.LayerDevices, Blocks: n,
+			Bytes: int64(n) * r.BytesPerLayerPerBlock})
 	}
 }
 
-// planLayers fills the plan's compute start, per-layer deadlines and read
-// completions and (unless SegmentsOnly) its Reads, from the devices' t0, d and
-// nseg; bestF is the predicted first token and c one layer's compute.
-func (p *Planner) planLayers(plan *Plan, req LoadRequest, cR, bestF, c float64) {
+// planCursors makes the plan's cursors, one per device with reads (not yet
+// admitted): each holds the device's reads of the plan's segments, layer by
+// layer, with their predicted busy time (the deadlines come with
+// planLayers).
+func (p *Planner) planCursors(plan *Plan) []int32 {
 	L := p.cfg.Layers
-	if !req.SegmentsOnly {
-		plan.Reads = make([]IO, 0, L*len(plan.Segments))
+	for i := range p.devs {
+		p.devs[i].n = 0
+	}
+	for l := 0; l < L; l++ {
+		for _, sg := range plan.Segments {
+			p.devs[sg.DeviceOf(l)].n++
+		}
+	}
+	var curs []int32
+	for di := range p.devs {
+		d := &p.devs[di]
+		if d.n == 0 {
+			continue
+		}
+		ci := p.allocCursor()
+		p.seq++
+		p.cursors[ci] = cursor{reqID: plan.ID, dev: di, t0: d.t0, seq: p.seq, live: true,
+			reads: make([]cread, 0, d.n), layerAt: make([]int32, L+1)}
+		d.n = int(ci) + 1 // the device's cursor, while the reads are placed
+		curs = append(curs, ci)
+	}
+	for l := 0; l < L; l++ {
+		for _, ci := range curs {
+			c := &p.cursors[ci]
+			c.layerAt[l] = int32(len(c.reads))
+		}
+		for si, sg := range plan.Segments {
+			c := &p.cursors[p.devs[sg.DeviceOf(l)].n-1]
+			c.reads = append(c.reads, cread{layer: int32(l), seg: int32(si), ns: p.devs[c.dev].model.ReadNs(sg.Bytes)})
+		}
+	}
+	for _, ci := range curs {
+		c := &p.cursors[ci]
+		n := len(c.reads)
+		c.layerAt[L] = int32(n)
+		c.segs = plan.Segments
+		c.cumNs, c.cumB = make([]float64, n+1), make([]int64, n+1)
+		for i, r := range c.reads {
+			c.cumNs[i+1] = c.cumNs[i] + r.ns
+			c.cumB[i+1] = c.cumB[i] + plan.Segments[r.seg].Bytes
+		}
+		p.devs[c.dev].n = 0
+	}
+	return curs
+}
+
+// planLayers fills the plan's compute start, per-layer deadlines and read
+// completions and (unless SegmentsOnly) its Reads, from its cursors; bestF
+// is the predicted first token and c one layer's compute. A layer is read
+// when the last of its reads is, on whichever device, and every earlier
+// layer is (the engine computes the layers in order): so both lists only
+// grow, and each device's reads come in deadline order.
+func (p *Planner) planLayers(plan *Plan, req LoadRequest, curs []int32, cR, bestF, c float64) {
+	L := p.cfg.Layers
+	doneAt := make([]float64, L) // the last read of each layer, planned
+	for l := range doneAt {
+		doneAt[l] = math.Inf(-1)
+	}
+	for _, ci := range curs {
+		cu := &p.cursors[ci]
+		for l := 0; l < L; l++ {
+			if end := cu.layerAt[l+1]; end > cu.layerAt[l] {
+				doneAt[l] = max(doneAt[l], cu.t0+cu.cumNs[end])
+			}
+		}
+	}
+	plan.ComputeStartNs = ceilNs(max(cR, doneAt[0]))
+	// The pipeline of these reads: chooseSplit's F bounds it where each
+	// device's share is spread evenly over the layers; where it is not (an
+	// uneven placement), the layer that binds may be another, and the
+	// plan's first token and deadlines follow the pipeline.
+	s, done := max(cR, doneAt[0]), doneAt[0]
+	for l := 1; l < L; l++ {
+		done = max(done, doneAt[l])
+		s = max(s+c, done)
+	}
+	if f := s + c; f > bestF+1 {
+		bestF = f
+		plan.FirstTokenNs = ceilNs(f)
 	}
 	plan.LayerDeadlineNs = make([]int64, L)
 	plan.LayerReadDoneNs = make([]int64, L)
-	r0 := math.Inf(-1)
-	for i := range p.devs {
-		if d := &p.devs[i]; d.nseg > 0 {
-			r0 = max(r0, d.t0+d.d)
-		}
+	if !req.SegmentsOnly {
+		plan.Reads = make([]IO, 0, L*len(plan.Segments))
 	}
-	plan.ComputeStartNs = ceilNs(max(cR, r0))
 	for l := 0; l < L; l++ {
-		var done int64
-		for i := range p.devs {
-			if d := &p.devs[i]; d.nseg > 0 {
-				done = max(done, ceilNs(d.t0+float64(l+1)*d.d))
-			}
+		done := ceilNs(doneAt[l])
+		if l > 0 {
+			done = max(done, plan.LayerReadDoneNs[l-1])
 		}
 		// Rounding can put the read a nanosecond past the float deadline.
 		plan.LayerDeadlineNs[l] = max(ceilNs(bestF-float64(L-l)*c), done)
@@ -277,65 +438,48 @@ func (p *Planner) planLayers(plan *Plan, req LoadRequest, cR, bestF, c float64) 
 			if req.SegmentsOnly {
 				break
 			}
-			plan.Reads = append(plan.Reads, IO{Kind: IORead, ReqID: req.ID, Device: sg.Device, Layer: l, Run: sg.Run,
+			plan.Reads = append(plan.Reads, IO{Kind: IORead, ReqID: req.ID, Device: sg.DeviceOf(l), Layer: l, Run: sg.Run,
 				Blocks: sg.Blocks, Bytes: sg.Bytes, DeadlineNs: plan.LayerDeadlineNs[l]})
 		}
 	}
+	for _, ci := range curs {
+		p.cursors[ci].deadline = plan.LayerDeadlineNs
+	}
 }
 
-// admitCursors queues the plan's reads: one cursor per device with segments,
-// pushed on the device's heap (whole: kept on the device's job list
-// instead, and returned), and charges them to the device's budgets.
-func (p *Planner) admitCursors(plan *Plan, whole bool) []int32 {
-	var curs []int32
-	L := p.cfg.Layers
+// admitCursors queues the plan's cursors (planCursors; their deadlines set
+// by planLayers): each pushed on its device's heap (whole: kept on the
+// device's job list instead), its reads charged to the device's budgets.
+func (p *Planner) admitCursors(curs []int32, whole bool) {
 	f := p.cfg.SlackFrac
-	for di := range p.devs {
-		d := &p.devs[di]
-		if d.nseg == 0 {
-			continue
-		}
-		ci := p.allocCursor()
+	for _, ci := range curs {
 		cu := &p.cursors[ci]
-		p.seq++
-		*cu = cursor{reqID: plan.ID, dev: di, deadline: plan.LayerDeadlineNs, t0: d.t0, dNs: d.d, seq: p.seq, live: true,
-			segs: make([]Segment, 0, d.nseg), segNs: make([]float64, 0, d.nseg),
-			segCumNs: make([]float64, 1, d.nseg+1), segCumB: make([]int64, 1, d.nseg+1),
-			slackMin: make([]float64, L+1), slackMinH: make([]float64, L+1)}
-		for _, sg := range plan.Segments {
-			if sg.Device == di {
-				ns := d.model.ReadNs(sg.Bytes)
-				cu.segs = append(cu.segs, sg)
-				cu.segNs = append(cu.segNs, ns)
-				cu.segCumNs = append(cu.segCumNs, cu.segCumNs[len(cu.segCumNs)-1]+ns)
-				cu.segCumB = append(cu.segCumB, cu.segCumB[len(cu.segCumB)-1]+sg.Bytes)
-			}
-		}
-		cu.slackMin[L], cu.slackMinH[L] = math.Inf(1), math.Inf(1)
-		for l := L - 1; l >= 0; l-- {
-			done := d.t0 + float64(l+1)*d.d
-			dl := float64(plan.LayerDeadlineNs[l])
-			cu.slackMin[l] = min(cu.slackMin[l+1], dl-done)
-			cu.slackMinH[l] = min(cu.slackMinH[l+1], dl-(1+f)*done)
+		d := &p.devs[cu.dev]
+		n := len(cu.reads)
+		cu.slackMin, cu.slackMinH = make([]float64, n+1), make([]float64, n+1)
+		cu.slackMin[n], cu.slackMinH[n] = math.Inf(1), math.Inf(1)
+		for i := n - 1; i >= 0; i-- {
+			done := cu.t0 + cu.cumNs[i+1]
+			dl := float64(cu.deadline[cu.reads[i].layer])
+			cu.slackMin[i] = min(cu.slackMin[i+1], dl-done)
+			cu.slackMinH[i] = min(cu.slackMinH[i+1], dl-(1+f)*done)
 		}
 		if whole {
 			d.jobCurs = append(d.jobCurs, ci)
-			curs = append(curs, ci)
 		} else {
 			p.heapPush(d, ci)
 		}
-		d.pendingReadBytes += int64(L) * cu.segCumB[len(cu.segs)]
-		d.pendingReadNs += float64(L) * d.d
-		d.pendingReads += L * len(cu.segs)
-		d.plannedTailNs = max(d.plannedTailNs, ceilNs(d.t0+float64(L)*d.d))
+		d.pendingReadBytes += cu.cumB[n]
+		d.pendingReadNs += cu.totalNs()
+		d.pendingReads += n
+		d.plannedTailNs = max(d.plannedTailNs, ceilNs(cu.t0+cu.totalNs()))
 	}
-	return curs
 }
 
 // dropCursor takes c's reads not yet retired off device d's budgets and
 // returns how many there were.
 func (p *Planner) dropCursor(d *devState, c *cursor) int {
-	reads, bytes, ns := c.remaining(p.cfg.Layers)
+	reads, bytes, ns := c.remaining()
 	d.retirePending(reads, bytes, ns)
 	return reads
 }

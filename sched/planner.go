@@ -86,12 +86,31 @@ type Rejection struct {
 	Reason             Reason
 }
 
-// Run is a stretch of the cached prefix stored as one extent: its blocks are
-// consecutive in the prefix and a leading part of it is one read per layer.
+// Run is a stretch of the cached prefix stored as one run: its blocks are
+// consecutive in the prefix and a leading part of it is one read per layer,
+// each on the device its layer's object lies on.
 type Run struct {
-	Device                int   // index into Config.Devices
+	// Device is the device of every layer's object (index into
+	// Config.Devices) when LayerDevices is nil.
+	Device int
+	// LayerDevices, when not nil, is the device of each layer's object (len
+	// Config.Layers): a run spread over several devices. The caller's
+	// placement rule fills it (objmap.Layout.LayerDevices); the planner
+	// only reads it, and keeps it no longer than the plan.
+	LayerDevices          []int
 	Blocks                int   // chain blocks in the run (≥ 1)
 	BytesPerLayerPerBlock int64 // bytes of one block of one layer (K and V together)
+}
+
+// DeviceOf is the device of layer l's object of r.
+func (r Run) DeviceOf(l int) int { return layerDevice(r.LayerDevices, r.Device, l) }
+
+// layerDevice is layer l's device: devs[l], or dev when devs is nil.
+func layerDevice(devs []int, dev, l int) int {
+	if devs != nil {
+		return devs[l]
+	}
+	return dev
 }
 
 // LoadRequest describes one prefill that may restore a cached prefix.
@@ -151,7 +170,8 @@ type Plan struct {
 	// planner assigns IDs at Dispatch). len(Reads) == Layers × len(Segments).
 	Reads []IO
 	// Per layer (nil when LoadBlocks == 0): the reads' deadline and their
-	// predicted completion; LayerReadDoneNs[l] ≤ LayerDeadlineNs[l].
+	// predicted completion (of the layer's reads and every earlier
+	// layer's); LayerReadDoneNs[l] ≤ LayerDeadlineNs[l], both non-decreasing.
 	LayerDeadlineNs []int64
 	LayerReadDoneNs []int64
 
@@ -159,21 +179,28 @@ type Plan struct {
 	NotAdmitted []Rejection
 }
 
-// Segment is the part of one run that a plan loads, read once per layer.
+// Segment is the part of one run that a plan loads, read once per layer, on
+// the device of the run's layer (Device and LayerDevices as in Run).
 type Segment struct {
-	Run    int // index into LoadRequest.Runs
-	Device int
-	Blocks int   // the run's first Blocks blocks
-	Bytes  int64 // per layer
+	Run          int // index into LoadRequest.Runs
+	Device       int
+	LayerDevices []int
+	Blocks       int   // the run's first Blocks blocks
+	Bytes        int64 // per layer
 }
 
-// SaveRequest asks to save a new run of Blocks chain blocks to Device. Every
-// layer's object (Blocks × BytesPerLayerPerBlock bytes) is written; the writes
-// are cut at Config.MaxWriteIOBytes.
+// DeviceOf is the device of the segment's read of layer l.
+func (s Segment) DeviceOf(l int) int { return layerDevice(s.LayerDevices, s.Device, l) }
+
+// SaveRequest asks to save a new run of Blocks chain blocks: every layer's
+// object (Blocks × BytesPerLayerPerBlock bytes) is written, on Device, or
+// on LayerDevices[l] for layer l when that is not nil (as in Run); the
+// writes are cut at Config.MaxWriteIOBytes.
 type SaveRequest struct {
 	ID                    uint64
 	NowNs                 int64
 	Device                int
+	LayerDevices          []int
 	Blocks                int
 	BytesPerLayerPerBlock int64
 }
@@ -232,6 +259,15 @@ type Planner struct {
 	jobQ    []int32 // jobs not dispatched yet, in admission order
 	seq     uint64
 	stats   Stats
+
+	// PlanLoad's scratch: each run's share of each device (runShares),
+	// the devices a split touches and a run's reads' busy time so far
+	// (chooseSplit).
+	shares     []share
+	shareIdx   []int32
+	devLayer   []int32
+	activeDevs []int
+	prevNs     []float64
 }
 
 // NewPlanner validates cfg and fills defaults.

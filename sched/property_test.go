@@ -47,7 +47,7 @@ func checkPlan(t *testing.T, p *Planner, plan Plan, req LoadRequest) {
 	blocks := 0
 	for i, sg := range plan.Segments {
 		r := req.Runs[sg.Run]
-		if sg.Run != i || sg.Device != r.Device || sg.Blocks > r.Blocks || (sg.Blocks < r.Blocks && i != len(plan.Segments)-1) ||
+		if sg.Run != i || sg.Device != r.Device || len(sg.LayerDevices) != len(r.LayerDevices) || sg.Blocks > r.Blocks || (sg.Blocks < r.Blocks && i != len(plan.Segments)-1) ||
 			sg.Bytes != int64(sg.Blocks)*r.BytesPerLayerPerBlock {
 			t.Fatalf("segment %d %+v does not match run %+v", i, sg, r)
 		}
@@ -62,7 +62,7 @@ func checkPlan(t *testing.T, p *Planner, plan Plan, req LoadRequest) {
 	for i, io := range plan.Reads {
 		sg := plan.Segments[i%len(plan.Segments)]
 		if io.Kind != IORead || io.Layer != i/len(plan.Segments) || io.Run != sg.Run || io.Bytes != sg.Bytes ||
-			io.DeadlineNs != plan.LayerDeadlineNs[io.Layer] {
+			io.DeadlineNs != plan.LayerDeadlineNs[io.Layer] || io.Device != sg.DeviceOf(io.Layer) {
 			t.Fatalf("read %d %+v does not match segment %+v", i, io, sg)
 		}
 	}
@@ -74,6 +74,9 @@ func checkPlan(t *testing.T, p *Planner, plan Plan, req LoadRequest) {
 	for l := 0; l < L; l++ {
 		if plan.LayerReadDoneNs[l] > plan.LayerDeadlineNs[l] {
 			t.Fatalf("layer %d: read completes at %d after its deadline %d", l, plan.LayerReadDoneNs[l], plan.LayerDeadlineNs[l])
+		}
+		if l > 0 && (plan.LayerReadDoneNs[l] < plan.LayerReadDoneNs[l-1] || plan.LayerDeadlineNs[l] < plan.LayerDeadlineNs[l-1]) {
+			t.Fatalf("layer %d: reads done %d, deadline %d, before layer %d's", l, plan.LayerReadDoneNs[l], plan.LayerDeadlineNs[l], l-1)
 		}
 		if l == 0 {
 			s = max(start, plan.LayerReadDoneNs[0])
@@ -115,9 +118,27 @@ func checkLimits(t *testing.T, p *Planner, seed uint64) {
 	}
 }
 
+// randomLayerDevices is nil (a run on one device) half the time, else each
+// layer's device: rotated over the devices from a random one (the store's
+// placement) or, a third of those times, any device per layer.
+func randomLayerDevices(rng *rand.Rand, layers, devices int) []int {
+	if devices < 2 || rng.IntN(2) == 0 {
+		return nil
+	}
+	out := make([]int, layers)
+	start, anyDev := rng.IntN(devices), rng.IntN(3) == 0
+	for l := range out {
+		out[l] = (start + l) % devices
+		if anyDev {
+			out[l] = rng.IntN(devices)
+		}
+	}
+	return out
+}
+
 // TestPlanProperties drives one planner with random loads, saves, dispatches
-// and completions under tight budgets and checks every plan and the limits
-// after every step.
+// and completions under tight budgets, with runs on one device and spread
+// over several, and checks every plan and the limits after every step.
 func TestPlanProperties(t *testing.T) {
 	for seed := uint64(1); seed <= 30; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 11))
@@ -144,8 +165,8 @@ func TestPlanProperties(t *testing.T) {
 			case op < 3:
 				var runs []Run
 				for n := rng.IntN(5); n > 0; n-- {
-					runs = append(runs, Run{Device: rng.IntN(len(cfg.Devices)), Blocks: 1 + rng.IntN(60),
-						BytesPerLayerPerBlock: int64(cfg.BlockTokens) * int64(1+rng.IntN(4096))})
+					runs = append(runs, Run{Device: rng.IntN(len(cfg.Devices)), LayerDevices: randomLayerDevices(rng, cfg.Layers, len(cfg.Devices)),
+						Blocks: 1 + rng.IntN(60), BytesPerLayerPerBlock: int64(cfg.BlockTokens) * int64(1+rng.IntN(4096))})
 				}
 				req := LoadRequest{ID: uint64(step), NowNs: now, ComputeReadyNs: now + int64(rng.IntN(300))*1e6,
 					Runs: runs, UncachedTokens: rng.IntN(3000), SegmentsOnly: rng.IntN(4) == 0}
@@ -161,7 +182,8 @@ func TestPlanProperties(t *testing.T) {
 				}
 			case op < 5:
 				tk, err := p.EnqueueSave(SaveRequest{ID: uint64(step), NowNs: now, Device: rng.IntN(len(cfg.Devices)),
-					Blocks: 1 + rng.IntN(30), BytesPerLayerPerBlock: int64(cfg.BlockTokens) * int64(1+rng.IntN(4096))})
+					LayerDevices: randomLayerDevices(rng, cfg.Layers, len(cfg.Devices)),
+					Blocks:       1 + rng.IntN(30), BytesPerLayerPerBlock: int64(cfg.BlockTokens) * int64(1+rng.IntN(4096))})
 				if err != nil {
 					t.Fatalf("seed %d step %d: %v", seed, step, err)
 				}
@@ -176,7 +198,7 @@ func TestPlanProperties(t *testing.T) {
 					if io.Kind == IORead {
 						pl := plans[io.ReqID]
 						if io.DeadlineNs != pl.LayerDeadlineNs[io.Layer] || io.Run >= len(pl.Segments) ||
-							io.Bytes != pl.Segments[io.Run].Bytes || io.Device != pl.Segments[io.Run].Device {
+							io.Bytes != pl.Segments[io.Run].Bytes || io.Device != pl.Segments[io.Run].DeviceOf(io.Layer) {
 							t.Fatalf("seed %d step %d: read %+v not in its plan %+v", seed, step, io, pl.Segments)
 						}
 						reads[io.ReqID]++
@@ -240,8 +262,20 @@ func TestBadInput(t *testing.T) {
 			t.Fatalf("%+v: no error", req)
 		}
 	}
+	for _, req := range []LoadRequest{
+		{Runs: []Run{{Device: 0, LayerDevices: []int{0}, Blocks: 1, BytesPerLayerPerBlock: 1}}},
+		{Runs: []Run{{Device: 0, LayerDevices: make([]int, testLayers), Blocks: 1, BytesPerLayerPerBlock: 1}}},
+	} {
+		req.Runs[0].LayerDevices[len(req.Runs[0].LayerDevices)-1] = 2
+		if _, err := p.PlanLoad(req); err == nil {
+			t.Fatalf("layer devices %v: no error", req.Runs[0].LayerDevices)
+		}
+	}
 	if _, err := p.EnqueueSave(SaveRequest{Device: -1, Blocks: 1, BytesPerLayerPerBlock: 1}); err == nil {
 		t.Fatal("bad save: no error")
+	}
+	if _, err := p.EnqueueSave(SaveRequest{Device: 0, LayerDevices: []int{1}, Blocks: 1, BytesPerLayerPerBlock: 1}); err == nil {
+		t.Fatal("save with one layer device for 32 layers: no error")
 	}
 	if err := p.Complete(12345, 0); err == nil {
 		t.Fatal("unknown io: no error")

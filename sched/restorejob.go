@@ -18,7 +18,7 @@ import "fmt"
 // restoreJob is one Whole plan.
 type restoreJob struct {
 	reqID uint64
-	curs  []int32 // one cursor per device with reads; cursor.layer = next layer not retired
+	curs  []int32 // one cursor per device with reads; cursor.layer = next layer not retired, cursor.pos its first read
 	done  int     // layers retired
 	entry int32   // its IORestore entry once dispatched, -1 before
 }
@@ -45,14 +45,13 @@ func (p *Planner) queueJob(reqID uint64, curs []int32) {
 // marked jobHeld, so its writes are promoted this round.
 func (p *Planner) jobFits(j *restoreJob, nowNs int64) bool {
 	fits := true
-	L := float64(p.cfg.Layers)
 	for _, ci := range j.curs {
 		c := &p.cursors[ci]
 		d := &p.devs[c.dev]
 		if d.saveHead == len(d.saveQ) && d.writesInFlight == 0 {
 			continue
 		}
-		if _, maxReadNs := p.saveTimes(d, nowNs); d.inflightReadNs+d.jobReadNs+L*c.dNs > maxReadNs {
+		if _, maxReadNs := p.saveTimes(d, nowNs); d.inflightReadNs+d.jobReadNs+c.totalNs() > maxReadNs {
 			d.jobHeld = true
 			fits = false
 		}
@@ -85,9 +84,10 @@ func (p *Planner) dispatchJobs(nowNs int64, dst []IO) []IO {
 		for _, ci := range j.curs {
 			c := &p.cursors[ci]
 			d := &p.devs[c.dev]
-			d.jobReadNs += float64(p.cfg.Layers-c.layer) * c.dNs
+			_, _, ns := c.remaining()
+			d.jobReadNs += ns
 			d.jobsInFlight++
-			p.stats.ReadsDispatched += int64(p.cfg.Layers * len(c.segs))
+			p.stats.ReadsDispatched += int64(len(c.reads))
 		}
 		p.stats.RestoresDispatched++
 		dst = append(dst, e.io)
@@ -134,9 +134,11 @@ func (p *Planner) retireJobLayers(j *restoreJob, layers int) {
 		for _, ci := range j.curs {
 			c := &p.cursors[ci]
 			d := &p.devs[c.dev]
-			n := len(c.segs)
-			d.retirePending(n, c.segCumB[n], c.segCumNs[n])
-			d.jobReadNs -= c.segCumNs[n]
+			end := int(c.layerAt[j.done+1])
+			ns := c.cumNs[end] - c.cumNs[c.pos]
+			d.retirePending(end-c.pos, c.cumB[end]-c.cumB[c.pos], ns)
+			d.jobReadNs -= ns
+			c.pos = end
 			c.layer++
 		}
 	}

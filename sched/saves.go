@@ -5,28 +5,31 @@ import (
 	"math"
 )
 
-// EnqueueSave admits the leading blocks of a save that fit the device's
-// pending save bytes and that the device can write within the save bound,
-// cuts them into writes and queues them. It never blocks; SaveTicket.Blocks
-// == 0 means nothing was admitted. The writes come out of Dispatch: into read
-// slack when they can, promoted when their bound comes near (and then reads
-// wait where the writes would otherwise miss it; see Dispatch).
+// EnqueueSave admits the leading blocks of a save that fit the pending save
+// bytes of each device it writes to and that each such device can write
+// within the save bound, cuts them into writes and queues them. It never
+// blocks; SaveTicket.Blocks == 0 means nothing was admitted. The writes come
+// out of Dispatch: into read slack when they can, promoted when their bound
+// comes near (and then reads wait where the writes would otherwise miss it;
+// see Dispatch).
 //
-// A save fits when all queued and in-flight write work, this save's last,
-// can finish within the bound less two margins beside the reads already
-// admitted on the device (saveNeedNs): on an idle device that is the full
-// write rate, next to a long read backlog the write share.
+// A save fits a device when all queued and in-flight write work, this
+// save's last, can finish within the bound less two margins beside the
+// reads already admitted on the device (saveNeedNs): on an idle device that
+// is the full write rate, next to a long read backlog the write share. A
+// save spread over several devices (LayerDevices) writes each device's
+// layers there, and must fit every one of them.
 func (p *Planner) EnqueueSave(req SaveRequest) (SaveTicket, error) {
-	if req.Device < 0 || req.Device >= len(p.devs) || req.Blocks <= 0 || req.BytesPerLayerPerBlock <= 0 {
+	if req.Device < 0 || req.Device >= len(p.devs) || req.Blocks <= 0 || req.BytesPerLayerPerBlock <= 0 || !p.validLayerDevices(req.LayerDevices) {
 		return SaveTicket{}, fmt.Errorf("enqueue save %d: %+v: %w", req.ID, req, ErrBadRequest)
 	}
-	d := &p.devs[req.Device]
-	L := int64(p.cfg.Layers)
-	perBlock := L * req.BytesPerLayerPerBlock
-	gap := p.writeGapNs(d)
-	aheadNs := d.queuedSaveNs + d.inflightWriteNs + float64(d.queuedWrites()+d.writesInFlight)*gap
+	p.runShares([]Run{{Device: req.Device, LayerDevices: req.LayerDevices}})
+	shares := p.sharesOf(0)
 	budgetNs := float64(p.cfg.SaveBoundNs - 2*p.cfg.SlackMarginNs)
-	writeNs := func(blocks int) (float64, int) {
+	// writeNs is one device's write time of blocks blocks of layers layers
+	// (its writes counted), with the write work ahead of it on the device.
+	writeNs := func(d *devState, layers int, blocks int) (float64, int) {
+		gap := p.writeGapNs(d)
 		per := int64(blocks) * req.BytesPerLayerPerBlock
 		full := per / p.cfg.MaxWriteIOBytes
 		rest := per % p.cfg.MaxWriteIOBytes
@@ -36,16 +39,31 @@ func (p *Planner) EnqueueSave(req SaveRequest) (SaveTicket, error) {
 			ns += d.model.WriteNs(rest) + gap
 			n++
 		}
-		return float64(L) * ns, int(L * n)
+		return float64(layers) * ns, layers * int(n)
 	}
 	blocks, reason := req.Blocks, ReasonNone
-	if room := d.cfg.MaxPendingSaveBytes - d.pendingSaveBytes; int64(blocks)*perBlock > room {
-		blocks, reason = int(max(room, 0)/perBlock), ReasonSaveBudget
+	for _, sh := range shares {
+		d := &p.devs[sh.dev]
+		perBlock := int64(sh.layers) * req.BytesPerLayerPerBlock
+		if room := d.cfg.MaxPendingSaveBytes - d.pendingSaveBytes; int64(blocks)*perBlock > room {
+			blocks, reason = int(max(room, 0)/perBlock), ReasonSaveBudget
+		}
 	}
 	// The write time is monotone in blocks: binary search the largest that fits.
+	writes := func(b int) (n int, fit bool) {
+		fit = true
+		for _, sh := range shares {
+			d := &p.devs[sh.dev]
+			aheadNs := d.queuedSaveNs + d.inflightWriteNs + float64(d.queuedWrites()+d.writesInFlight)*p.writeGapNs(d)
+			ns, k := writeNs(d, int(sh.layers), b)
+			n += k
+			fit = fit && saveNeedNs(d.model, aheadNs+ns, d.pendingReadNs) <= budgetNs
+		}
+		return n, fit
+	}
 	fits := func(b int) bool {
-		ns, n := writeNs(b)
-		return saveNeedNs(d.model, aheadNs+ns, d.pendingReadNs) <= budgetNs && n <= p.cfg.MaxPendingIOs-p.Pending()
+		n, fit := writes(b)
+		return fit && n <= p.cfg.MaxPendingIOs-p.Pending()
 	}
 	if blocks > 0 && !fits(blocks) {
 		lo, hi := 0, blocks // fits(lo), !fits(hi)
@@ -57,7 +75,7 @@ func (p *Planner) EnqueueSave(req SaveRequest) (SaveTicket, error) {
 			}
 		}
 		blocks = lo
-		if _, n := writeNs(req.Blocks); n > p.cfg.MaxPendingIOs-p.Pending() {
+		if n, _ := writes(req.Blocks); n > p.cfg.MaxPendingIOs-p.Pending() {
 			reason = ReasonQueueFull
 		} else {
 			reason = ReasonSaveBound
@@ -72,13 +90,15 @@ func (p *Planner) EnqueueSave(req SaveRequest) (SaveTicket, error) {
 	}
 	per := int64(blocks) * req.BytesPerLayerPerBlock
 	for l := 0; l < p.cfg.Layers; l++ {
+		dev := layerDevice(req.LayerDevices, req.Device, l)
+		d := &p.devs[dev]
 		for off := int64(0); off < per; off += p.cfg.MaxWriteIOBytes {
 			n := min(p.cfg.MaxWriteIOBytes, per-off)
 			idx, _ := p.alloc() // checked by fits
 			e := &p.entries[idx]
 			p.seq++
 			*e = entry{gen: e.gen, state: stateQueued, svcNs: d.model.WriteNs(n), seq: p.seq}
-			e.io = IO{ID: p.id(idx), Kind: IOWrite, ReqID: req.ID, Device: req.Device, Layer: l,
+			e.io = IO{ID: p.id(idx), Kind: IOWrite, ReqID: req.ID, Device: dev, Layer: l,
 				OffsetBytes: off, Bytes: n, DeadlineNs: t.DeadlineNs}
 			d.saveQ = append(d.saveQ, idx)
 			d.queuedSaveNs += e.svcNs

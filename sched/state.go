@@ -45,37 +45,62 @@ type devState struct {
 	jobsInFlight int
 	jobHeld      bool // Dispatch scratch: a job waits so that this device's saves keep their bound
 
-	// scratch of PlanLoad
-	t0, d float64
-	nseg  int
+	// scratch of PlanLoad: where the request's reads can start; its reads
+	// of every layer (total), of its first layer read here (first, the
+	// layer firstL) and the last layer read here (lastL); its reads (n).
+	t0, total, first float64
+	firstL, lastL    int
+	n                int
 }
 
-// cursor is the queued reads of one plan on one device: for layer = 0..L-1,
-// for each of its segments, one read. Its place in the device's heap is the
-// deadline of its next read.
+// cursor is the queued reads of one plan on one device: its reads of layer
+// 0, then of layer 1, ... (each layer's in segment order; a segment whose
+// layer lies on another device has none here). Its place in the device's
+// heap is the deadline of its next read.
 type cursor struct {
-	reqID     uint64
-	dev       int
-	segs      []Segment
-	segNs     []float64 // predicted busy time of each segment's read
-	segCumNs  []float64 // len(segs)+1 prefix sums of segNs
-	segCumB   []int64   // len(segs)+1 prefix sums of bytes
-	deadline  []int64   // per layer, shared by the plan's cursors
-	t0, dNs   float64   // layer l's j-th read planned done at t0 + l·dNs + segCumNs[j+1]
-	slackMin  []float64 // suffix minima over layers ≥ l of deadline − planned done
-	slackMinH []float64 // suffix minima of deadline − (1+SlackFrac)·planned done
-	layer, si int       // next read
-	seq       uint64
-	live      bool
+	reqID uint64
+	dev   int
+	segs  []Segment // the plan's, shared
+	reads []cread
+	// cumNs and cumB (len(reads)+1) are prefix sums of the reads'
+	// predicted busy time and bytes: read i is planned done at t0 +
+	// cumNs[i+1].
+	cumNs []float64
+	cumB  []int64
+	// layerAt[l] (len Layers+1) is the first read of layer l or later.
+	layerAt  []int32
+	deadline []int64 // per layer, shared by the plan's cursors
+	t0       float64
+	// slackMin and slackMinH (len(reads)+1) are suffix minima over reads
+	// ≥ i of deadline − planned done and deadline − (1+SlackFrac)·planned
+	// done.
+	slackMin  []float64
+	slackMinH []float64
+	// pos is the next read: not yet dispatched (a queued cursor) or not yet
+	// retired (a Whole plan's, where layer is the next layer to retire).
+	pos, layer int
+	seq        uint64
+	live       bool
 }
 
-// remaining returns the reads, bytes and busy time not yet dispatched.
-func (c *cursor) remaining(layers int) (n int, bytes int64, ns float64) {
-	left := layers - c.layer
-	n = left*len(c.segs) - c.si
-	bytes = int64(left)*c.segCumB[len(c.segs)] - c.segCumB[c.si]
-	ns = float64(left)*c.segCumNs[len(c.segs)] - c.segCumNs[c.si]
-	return n, bytes, ns
+// cread is one read of a cursor: layer layer of segment segs[seg], of
+// predicted busy time ns.
+type cread struct {
+	layer, seg int32
+	ns         float64
+}
+
+// totalNs is the busy time of all of c's reads.
+func (c *cursor) totalNs() float64 { return c.cumNs[len(c.reads)] }
+
+// nextDeadline is the deadline of c's next read.
+func (c *cursor) nextDeadline() int64 { return c.deadline[c.reads[c.pos].layer] }
+
+// remaining returns the reads, bytes and busy time not yet dispatched (or
+// retired).
+func (c *cursor) remaining() (n int, bytes int64, ns float64) {
+	end := len(c.reads)
+	return end - c.pos, c.cumB[end] - c.cumB[c.pos], c.cumNs[end] - c.cumNs[c.pos]
 }
 
 func (p *Planner) alloc() (int32, bool) {
@@ -119,7 +144,7 @@ func (p *Planner) releaseCursor(i int32) {
 
 func (p *Planner) less(a, b int32) bool {
 	ca, cb := &p.cursors[a], &p.cursors[b]
-	da, db := ca.deadline[ca.layer], cb.deadline[cb.layer]
+	da, db := ca.nextDeadline(), cb.nextDeadline()
 	if da != db {
 		return da < db
 	}

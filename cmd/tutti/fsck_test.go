@@ -32,7 +32,7 @@ func makeStore(t *testing.T, dir string, n int) []objmap.RunInfo {
 			t.Fatal(err)
 		}
 		r := res[0]
-		f, err := os.OpenFile(m.Files()[r.File].Path, os.O_WRONLY, 0)
+		f, err := os.OpenFile(m.Files()[r.File].Path, os.O_WRONLY, 0) // one directory: every layer in the run's file
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,8 +40,11 @@ func makeStore(t *testing.T, dir string, n int) []objmap.RunInfo {
 			ChunkCRCs: make([]uint32, g.Layers*r.Chunks)}
 		for l := 0; l < g.Layers; l++ {
 			p := bytes.Repeat([]byte{byte(i), byte(l)}, int(objmap.ObjectBytes(g, r.Chunks)/2))
-			off, _ := objmap.ObjectOffset(g, r.Chunks, l)
-			if _, err := f.WriteAt(p, r.Offset+off); err != nil {
+			obj, err := m.Layout().Where(r.Place(), l, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt(p, obj.Offset); err != nil {
 				t.Fatal(err)
 			}
 			if err := objmap.UpdateChunkCRCs(g, req.ChunkCRCs[l*r.Chunks:(l+1)*r.Chunks], 0, p); err != nil {
@@ -122,8 +125,8 @@ func TestFsckVerdicts(t *testing.T) {
 			patch(t, filepath.Join(dir, seg), st.Size(), []byte{40, 0, 0, 0, 1, 2})
 		}, 0, []string{"recovered 3", "torn tail of 6 bytes dropped", "clean"}},
 		{"payload byte flipped", func(t *testing.T, dir string, runs []objmap.RunInfo) {
-			off, _ := objmap.ObjectOffset(fsckGeom, 2, 2)
-			patch(t, filepath.Join(dir, "pool-0000.dat"), runs[0].Offset+off+5, []byte{0xee})
+			obj, _ := fsckLayout().Where(runs[0].Place(), 2, 0)
+			patch(t, filepath.Join(dir, "pool-0000.dat"), obj.Offset+5, []byte{0xee})
 		}, 1, []string{"corrupt 1", "corrupt run 1 (file 0 offset 0)", "layer 2 chunk 0"}},
 		{"run header bit flipped", func(t *testing.T, dir string, runs []objmap.RunInfo) {
 			p := filepath.Join(dir, "pool-0000.dat")
@@ -207,7 +210,16 @@ func TestFsckVerdicts(t *testing.T) {
 }
 
 // runsOff is the offset of the i-th run makeStore commits (all of two chunks).
-func runsOff(i int) int64 { return int64(i) * objmap.RunBytes(fsckGeom, 2) }
+func runsOff(i int) int64 { return int64(i) * fsckLayout().RunBytes(2) }
+
+// fsckLayout is where makeStore's one-directory store puts its runs.
+func fsckLayout() objmap.Layout {
+	lay, err := objmap.NewLayout(fsckGeom, 1, 1, 0)
+	if err != nil {
+		panic(err)
+	}
+	return lay
+}
 
 // TestFsckUsageAndLock: usage errors and a store a writer has open
 // (refused, naming the writer's pid).

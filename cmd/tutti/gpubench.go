@@ -25,7 +25,7 @@ func runGPUBench(args []string, stdout, stderr io.Writer) error {
 	tokens := fs.Int("tokens", 32768, "prefix length in tokens")
 	dir := fs.String("dir", "", "directory for the data file (real disk)")
 	devices := fs.String("devices", "", "comma-separated files or block devices to stripe the prefix over (--stripe; their contents are overwritten, a regular file is sized to the data, with a .layout sidecar for --reuse)")
-	stripe := fs.String("stripe", gpubench.StripeRuns, "layout on the devices: runs (as the object store: runs of consecutive pages, run r on device r mod D, object l of a run = layer l of its pages) or layers (layer l's whole object on device l mod D, gpubench's layout before the runs)")
+	stripe := fs.String("stripe", gpubench.StripeRuns, "layout on the devices: runs (as the object store places them, objmap.Layout: runs of consecutive pages, object l of a run = layer l of its pages, layer l of run r on device (r+l) mod D), runs-one-device (run r whole on device r mod D: a store made before objmap's manifest version 3) or layers (layer l's whole object on device l mod D, gpubench's layout before the runs)")
 	runPages := fs.Int("run-pages", 0, "--stripe runs: pages per run, whole chain blocks of the model (32 pages for the eval/model profiles), at most objmap.MaxRunChunks blocks (0: the fewest runs per device that fit, of equal length rounded up to whole blocks)")
 	label := fs.String("label", "", "storage label printed with the results")
 	jsonPath := fs.String("json", "", "write JSON rows (one per line) to this file ('-' = stdout)")

@@ -179,7 +179,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		return usageErr(fs.Usage, fmt.Errorf("--pages %d: want %d..%d (one chain block of model %s is %d pages)",
 			*pages, g.ChunkPages, nodeMaxPages, prof.Name, g.ChunkPages))
 	}
-	cfg := runtime.Config{Dirs: dirs.dirs, CapacityBytes: runtime.CapacityForBlocks(g, *capBlocks), Geometry: g,
+	cfg := runtime.Config{Dirs: dirs.dirs, CapacityBytes: runtime.CapacityForBlocksOn(g, *capBlocks, len(dirs.dirs)), Geometry: g,
 		Layout: kvshape.LayoutPerLayer, NumPages: *pages, KVEvents: ev}
 	s, err := runtime.Open(cfg)
 	if err != nil {

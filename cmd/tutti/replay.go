@@ -30,16 +30,16 @@ const defaultWindowRequests = 100
 
 // replayFlags are replay's flags, parsed into by its FlagSet.
 type replayFlags struct {
-	fs                                                                                         *flag.FlagSet
-	tracePath, storageLabel, backends, modelName, out, capBytes, computeMode, kvMem            *string
-	requests, blockTokens, capBlocks, qd, gpus, saveBoundMs, gpuWindow, gpuMaxIO, gpuLookahead *int
-	prefillEvery                                                                               *int
-	fromMs, toMs, timeScale, sloMs, gpuTFLOPs, warmMs                                          *float64
-	jsonOut, skipBad, noEBPF, noCeiling, keep, planner, aloneCheck                             *bool
-	wl                                                                                         *workloadFlags
-	dir                                                                                        *dirsFlag
-	kf                                                                                         kvFlags
-	kind                                                                                       string // the workload (workloadFlags.kind)
+	fs                                                                                                   *flag.FlagSet
+	tracePath, storageLabel, backends, modelName, out, capBytes, computeMode, kvMem                      *string
+	requests, blockTokens, capBlocks, qd, gpus, saveBoundMs, gpuWindow, gpuMaxIO, gpuLookahead, runWidth *int
+	prefillEvery                                                                                         *int
+	fromMs, toMs, timeScale, sloMs, gpuTFLOPs, warmMs                                                    *float64
+	jsonOut, skipBad, noEBPF, noCeiling, keep, planner, aloneCheck                                       *bool
+	wl                                                                                                   *workloadFlags
+	dir                                                                                                  *dirsFlag
+	kf                                                                                                   kvFlags
+	kind                                                                                                 string // the workload (workloadFlags.kind)
 }
 
 // newReplayFlags defines replay's flags.
@@ -78,6 +78,7 @@ func newReplayFlags(stderr io.Writer) *replayFlags {
 	f.gpus = fs.Int("gpus", 1, "tensor-parallel ranks: run tutti-cpu over N ranks (runtime/tp: each rank its own store and its shard of the KV heads; a block is a hit only when every rank committed it)")
 	f.warmMs = fs.Float64("warm-ms", 0, "start the window warm: before it, every caching backend saves (untimed, no prefill) the blocks the window references that the trace's requests of the previous D ms (timestamps in [window start - D, window start)) referenced, in their order, within the capacity; 0 = every store starts empty")
 	f.saveBoundMs = fs.Int("tutti-save-bound-ms", 60000, "tutti's save bound (runtime Config.SaveBoundMs; 0: the runtime's default, 2000). The scheduler cuts a save to what it can write within the bound; the replay compares restores of the same cached blocks, and with the runtime's 2 s a 70B request bringing several GB of new KV would keep only its leading blocks where the baselines keep all")
+	f.runWidth = fs.Int("tutti-run-width", 0, "tutti: devices each run of the store spreads its layers over (runtime Config.RunWidth; 0: the runtime's default, every --dir device; 1: each run whole on one device, the layout before objmap's manifest version 3, to compare against)")
 	f.gpuWindow = fs.Int("tutti-gpu-window", 0, "tutti-gpu: GPU reads in flight (0: sized to the store's devices, runtime.GPUReadWindow)")
 	f.gpuMaxIO = fs.Int("tutti-gpu-max-io", 0, "tutti-gpu: largest read in bytes (0: the largest read every store device takes unsplit, from max_sectors_kb, at most 4 MiB)")
 	f.gpuLookahead = fs.Int("tutti-gpu-lookahead", 0, "tutti-gpu: layers in flight beyond the one waited for, 0..16 (0: runtime.GPULookaheadToFill, layers enough to fill the read window, at least one per store device and 2, at most 16)")
@@ -288,7 +289,7 @@ func (f *replayFlags) selectBackends(prof model.Profile, comp harness.Compute, s
 		names = harness.BackendNames
 	}
 	bs, notes, err = harness.SelectBackends(harness.BackendChoice{Names: names, Explicit: explicit, Planner: plannerModel, Dirs: storeDirs,
-		GPUWindow: *f.gpuWindow, GPUMaxIO: *f.gpuMaxIO, GPULookahead: *f.gpuLookahead, SaveBoundMs: *f.saveBoundMs})
+		GPUWindow: *f.gpuWindow, GPUMaxIO: *f.gpuMaxIO, GPULookahead: *f.gpuLookahead, SaveBoundMs: *f.saveBoundMs, RunWidth: *f.runWidth})
 	if err != nil {
 		return nil, nil, false, usageErr(f.fs.Usage, err)
 	}

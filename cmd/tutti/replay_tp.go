@@ -54,17 +54,17 @@ func (t *tpBackend) Open(env harness.Env) error {
 		return fmt.Errorf("%s: %w", t.Name(), err)
 	}
 	t.shard = shard
+	roots := env.Dirs
+	if len(roots) == 0 {
+		roots = []string{env.Dir}
+	}
 	cfg := tp.Config{Ranks: t.ranks, Store: runtime.Config{
-		CapacityBytes: runtime.CapacityForBlocks(shard, env.CapacityBlocks),
+		CapacityBytes: runtime.CapacityForBlocksOn(shard, env.CapacityBlocks, len(roots)),
 		Geometry:      env.Geometry, Layout: kvshape.LayoutPerLayer, NumPages: env.KV.NumPages,
 		Path: runtime.PathCPU, QueueDepth: env.QueueDepth,
 	}}
 	if t.compute != nil {
 		cfg.Store.Compute = t.compute.Model()
-	}
-	roots := env.Dirs
-	if len(roots) == 0 {
-		roots = []string{env.Dir}
 	}
 	for r := 0; r < t.ranks; r++ {
 		// each rank's store stripes over every dir of the replay

@@ -7,6 +7,7 @@ package gpubench
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kvshape"
@@ -16,12 +17,16 @@ import (
 // Stripes of --stripe.
 const (
 	// StripeRuns lays the prefix out as the object store does: the pages
-	// are cut into runs of consecutive pages, run r on device r%D at
-	// (r/D)*runStride, and object l of a run (layer l of the run's pages)
-	// at l*objStride inside it. The store puts a header region (header and
-	// chunk CRC table, kvshape.Geometry.HeaderRegionBytes) before a run's
-	// objects; gpubench does not read it, so it leaves it out.
+	// are cut into runs of consecutive pages, each run placed by
+	// objmap.Layout (the store's placement rule, asked here as the store
+	// asks it) for a store over D directories: a run's layers spread over
+	// the devices, layer l of run r on device (r + l) mod D, its objects
+	// after the run's header region (which gpubench does not read).
 	StripeRuns = "runs"
+	// StripeRunsOneDevice is StripeRuns in a store of run width 1 (a store
+	// made before objmap's manifest version 3): run r whole on device r%D
+	// (kept for A/B runs).
+	StripeRunsOneDevice = "runs-one-device"
 	// StripeLayers is gpubench's layout before the runs: layer l's whole
 	// object on device l%D at (l/D)*objStride (kept for A/B runs).
 	StripeLayers = "layers"
@@ -39,6 +44,10 @@ type benchLayout struct {
 	// runPages: StripeRuns: pages per run (the last run may hold fewer);
 	// StripeLayers: pages (a layer's object is one piece).
 	runPages int
+	// store and runs: the runs' places in a store over the devices, one
+	// pool file per device (StripeRuns, StripeRunsOneDevice).
+	store objmap.Layout
+	runs  []objmap.Place
 }
 
 // layoutPiece is part of one layer's object on one device: request pages
@@ -84,7 +93,7 @@ func newBenchLayout(shape kvshape.Geometry, pages, devices int, stripe string, r
 			return benchLayout{}, fmt.Errorf("--run-pages %d: runs are laid out only with --stripe %s", runPages, StripeRuns)
 		}
 		lay.runPages = pages
-	case StripeRuns:
+	case StripeRuns, StripeRunsOneDevice:
 		maxRun := maxRunPages(shape)
 		switch {
 		case runPages == 0:
@@ -95,10 +104,41 @@ func newBenchLayout(shape kvshape.Geometry, pages, devices int, stripe string, r
 		default:
 			lay.runPages = runPages
 		}
+		if err := lay.placeRuns(shape); err != nil {
+			return benchLayout{}, err
+		}
 	default:
-		return benchLayout{}, fmt.Errorf("--stripe %q: want %s or %s", stripe, StripeRuns, StripeLayers)
+		return benchLayout{}, fmt.Errorf("--stripe %q: want %s, %s or %s", stripe, StripeRuns, StripeRunsOneDevice, StripeLayers)
 	}
 	return lay, nil
+}
+
+// placeRuns places the runs as a fresh store of shape over the devices
+// (one pool file each) allocates them, one after another: run r's home is
+// pool file r%D (the allocator's round-robin), its extent next in its
+// stripe group, each run of its own length (a short last run holds
+// ceil(pages/ChunkPages) chunks).
+func (p *benchLayout) placeRuns(shape kvshape.Geometry) error {
+	width := 0
+	if p.stripe == StripeRunsOneDevice {
+		width = 1
+	}
+	store, err := objmap.NewLayout(shape, p.devices, 1, width)
+	if err != nil {
+		return err
+	}
+	p.store = store
+	next := map[int]int64{} // per stripe group (its first file): the next free offset
+	for r := 0; r*p.runPages < p.pages; r++ {
+		n := min(p.runPages, p.pages-r*p.runPages)
+		chunks := ceilDiv(n, shape.ChunkPages)
+		home := r % p.devices
+		group := store.RunFiles(home, nil)
+		key := slices.Min(group)
+		p.runs = append(p.runs, objmap.Place{File: home, Offset: next[key], Chunks: chunks})
+		next[key] += store.RunBytes(chunks)
+	}
+	return nil
 }
 
 // piecesPerLayer is how many pieces every layer's object is cut into: the
@@ -109,23 +149,19 @@ func (p benchLayout) piecesPerLayer() int { return ceilDiv(p.pages, p.runPages) 
 // to 4 KiB (kvshape.Geometry.ObjectStride for whole chunks).
 func (p benchLayout) objStride(n int) int64 { return alignBlock(int64(n) * p.pageBytes) }
 
-// runStride is the spacing of the runs on a device: Layers objects of a
-// full run (no header region: see StripeRuns).
-func (p benchLayout) runStride() int64 { return int64(p.layers) * p.objStride(p.runPages) }
-
 // pieces appends layer l's pieces to dst, in page order. Every layer is
 // cut alike (kernels.Request wants that); only dev and off differ.
 func (p benchLayout) pieces(l int, dst []layoutPiece) []layoutPiece {
 	if p.stripe == StripeLayers {
 		return append(dst, layoutPiece{dev: l % p.devices, off: int64(l/p.devices) * p.objStride(p.pages), first: 0, pages: p.pages})
 	}
-	for r := 0; r*p.runPages < p.pages; r++ {
+	for r, place := range p.runs {
 		first := r * p.runPages
-		n := min(p.runPages, p.pages-first)
-		// a short last run is a run of its own length: its objects are
-		// spaced by its own object stride, as the store spaces them
-		off := int64(r/p.devices)*p.runStride() + int64(l)*p.objStride(n)
-		dst = append(dst, layoutPiece{dev: r % p.devices, off: off, first: first, pages: n})
+		loc, err := p.store.Where(place, l, 0)
+		if err != nil {
+			panic(fmt.Sprintf("gpubench: run %d layer %d: %v", r, l, err)) // placeRuns placed it
+		}
+		dst = append(dst, layoutPiece{dev: loc.Device, off: loc.Offset, first: first, pages: min(p.runPages, p.pages-first)})
 	}
 	return dst
 }
@@ -217,6 +253,10 @@ func (p benchLayout) String() string {
 	last := ""
 	if n := p.pages - (runs-1)*p.runPages; n != p.runPages {
 		last = fmt.Sprintf(" (the last %d)", n)
+	}
+	if w := p.store.Width(); w > 1 {
+		return fmt.Sprintf("runs of %d pages%s spread over %s (layer l of run r on device (r+l)%%%d), %d runs; %.1f MiB per layer piece",
+			p.runPages, last, devs, w, runs, mib)
 	}
 	return fmt.Sprintf("runs of %d pages%s striped over %s, %s per device; %.1f MiB per layer piece",
 		p.runPages, last, devs, perDevice(runs, p.devices), mib)

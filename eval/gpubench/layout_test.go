@@ -14,7 +14,6 @@ import (
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kernels/testkit"
 	"github.com/tutti-io/tutti/kvshape"
-	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/uring"
 	"golang.org/x/sys/unix"
 )
@@ -32,8 +31,8 @@ func shapeMLA(chunkPages int) kvshape.Geometry {
 // TestPlacementTable: every (layer, page) lies in exactly one piece, pieces
 // are cut alike for every layer, never overlap on a device, stay within the
 // bytes writeData writes per device, sit where the object store puts a
-// run's objects (less its header region), and balance the devices when the
-// pages divide evenly; --stripe layers is gpubench's old layout exactly.
+// run's objects (objmap.Layout), and balance the devices when the pages
+// divide evenly; --stripe layers is gpubench's old layout exactly.
 func TestPlacementTable(t *testing.T) {
 	for _, tc := range []struct {
 		name                  string
@@ -55,6 +54,8 @@ func TestPlacementTable(t *testing.T) {
 		{"MLA 32K 1 device", shapeMLA(32), 2048, 1, StripeRuns, 0, 2048, 1},
 		{"MLA odd runs", shapeMLA(1), 1001, 4, StripeRuns, 7, 7, 143},
 		{"MLA 1-page blocks 2 devices", shapeMLA(1), 2047, 2, StripeRuns, 0, 342, 6},
+		{"70B 32K 4 devices, runs on one device", shape70B(32), 2048, 4, StripeRunsOneDevice, 0, 512, 4},
+		{"MLA 1-page blocks 2 devices, runs on one device", shapeMLA(1), 2047, 2, StripeRunsOneDevice, 0, 342, 6},
 		{"70B layers 4 devices", shape70B(32), 2048, 4, StripeLayers, 0, 2048, 1},
 		{"70B layers 3 devices", shape70B(32), 2048, 3, StripeLayers, 0, 2048, 1},
 		{"MLA layers 4 devices", shapeMLA(32), 2047, 4, StripeLayers, 0, 2047, 1},
@@ -99,22 +100,17 @@ func TestPlacementTable(t *testing.T) {
 						if pc.dev != l%tc.devices || pc.off != int64(l/tc.devices)*stride {
 							t.Fatalf("layer %d: device %d at %d, the old layout had %d at %d", l, pc.dev, pc.off, l%tc.devices, int64(l/tc.devices)*stride)
 						}
-					case StripeRuns:
+					case StripeRuns, StripeRunsOneDevice:
 						r := k
-						if pc.dev != r%tc.devices {
-							t.Fatalf("run %d on device %d", r, pc.dev)
+						home := r % tc.devices
+						if tc.stripe == StripeRunsOneDevice && pc.dev != home {
+							t.Fatalf("run %d on device %d, want %d", r, pc.dev, home)
 						}
-						if pc.pages%tc.shape.ChunkPages != 0 {
-							break // a partial last chain block: the store keeps no such run
+						if tc.stripe == StripeRuns && pc.dev != (home+l)%tc.devices {
+							t.Fatalf("layer %d of run %d on device %d, want (r+l)%%D = %d", l, r, pc.dev, (home+l)%tc.devices)
 						}
-						chunks, full := pc.pages/tc.shape.ChunkPages, lay.runPages/tc.shape.ChunkPages
-						obj, err := objmap.ObjectOffset(tc.shape, chunks, l)
-						if err != nil {
-							t.Fatal(err)
-						}
-						runStride := objmap.RunBytes(tc.shape, full) - objmap.HeaderRegionBytes(tc.shape, full)
-						if want := int64(r/tc.devices)*runStride + obj - objmap.HeaderRegionBytes(tc.shape, chunks); pc.off != want {
-							t.Fatalf("layer %d run %d at %d, the store's layout less its header region: %d", l, r, pc.off, want)
+						if loc, err := lay.store.Where(lay.runs[r], l, 0); err != nil || loc.Device != pc.dev || loc.Offset != pc.off {
+							t.Fatalf("layer %d run %d on device %d at %d, the store's layout: %+v %v", l, r, pc.dev, pc.off, loc, err)
 						}
 					}
 				}
@@ -135,9 +131,11 @@ func TestPlacementTable(t *testing.T) {
 					t.Fatalf("device %d: objects end at %d, devBytes %d", d, end, devBytes[d])
 				}
 			}
-			if tc.stripe == StripeRuns && tc.pages%(tc.devices*lay.runPages) == 0 {
+			if tc.stripe != StripeLayers && tc.pages%(tc.devices*lay.runPages) == 0 {
+				// Spread runs end their last objects within one slot of each
+				// other (an empty slot ends a device's extent early).
 				for d := range held {
-					if held[d] != held[0] || devBytes[d] != devBytes[0] {
+					if held[d] != held[0] || max(devBytes[d]-devBytes[0], devBytes[0]-devBytes[d]) > lay.objStride(lay.runPages) {
 						t.Fatalf("pages divide evenly, devices unbalanced: object bytes %v, device bytes %v", held, devBytes)
 					}
 				}
@@ -176,9 +174,10 @@ func TestStripeHeaderLines(t *testing.T) {
 		stripe  string
 		want    string
 	}{
-		{"llama3-70b", 4, StripeRuns, "runs of 512 pages striped over 4 devices, 1 per device; 32.0 MiB per layer piece"},
+		{"llama3-70b", 4, StripeRuns, "runs of 512 pages spread over 4 devices (layer l of run r on device (r+l)%4), 4 runs; 32.0 MiB per layer piece"},
+		{"llama3-70b", 4, StripeRunsOneDevice, "runs of 512 pages striped over 4 devices, 1 per device; 32.0 MiB per layer piece"},
 		{"llama3-70b", 1, StripeRuns, "runs of 2048 pages striped over 1 device, 1 per device; 128.0 MiB per layer piece"},
-		{"deepseek-v3", 4, StripeRuns, "runs of 512 pages striped over 4 devices, 1 per device; 9.0 MiB per layer piece"},
+		{"deepseek-v3", 4, StripeRuns, "runs of 512 pages spread over 4 devices (layer l of run r on device (r+l)%4), 4 runs; 9.0 MiB per layer piece"},
 		{"deepseek-v3", 1, StripeRuns, "runs of 2048 pages striped over 1 device, 1 per device; 36.0 MiB per layer piece"},
 		{"llama3-70b", 4, StripeLayers, "layers striped over 4 devices (layer l on device l%4), 20 per device; 128.0 MiB per layer piece"},
 		{"deepseek-v3", 4, StripeLayers, "layers striped over 4 devices (layer l on device l%4), 15 or 16 per device; 36.0 MiB per layer piece"},
@@ -216,7 +215,7 @@ func TestStripeRefusals(t *testing.T) {
 		{"runs", -32, "--run-pages -32"},
 		{"runs", 461*32 + 32, "--run-pages 14784"},
 		{"layers", 64, "--run-pages 64: runs are laid out only with --stripe runs"},
-		{"pages", 0, `--stripe "pages": want runs or layers`},
+		{"pages", 0, `--stripe "pages": want runs, runs-one-device or layers`},
 	} {
 		if _, err := newBenchLayout(shape70B(32), 2048, 4, tc.stripe, tc.runPages); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("--stripe %s --run-pages %d: %v, want %q", tc.stripe, tc.runPages, err, tc.want)

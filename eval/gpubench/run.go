@@ -18,7 +18,7 @@ type Config struct {
 	Tokens    int
 	Dir       string // data file directory (comma-separated for GPUs > 1)
 	Devices   string // comma-separated files or block devices (overrides Dir)
-	Stripe    string // StripeRuns or StripeLayers
+	Stripe    string // StripeRuns, StripeRunsOneDevice or StripeLayers
 	RunPages  int
 	Label     string
 	JSONPath  string // "-": stdout; "": none

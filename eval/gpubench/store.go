@@ -273,7 +273,7 @@ func deviceProfile(c Ceilings, dirs int) sched.DeviceProfile {
 // storeCapacity is the store's capacity for a prefix of blocks over dirs
 // directories: every block with room to spare in each directory.
 func storeCapacity(g kvshape.Geometry, blocks, dirs int) int64 {
-	return runtime.CapacityForBlocks(g, blocks) + int64(dirs)*(64<<20)
+	return runtime.CapacityForBlocksOn(g, blocks, dirs) + int64(dirs)*(64<<20)
 }
 
 // runStorePath is one path's operations in one round: a fresh store in

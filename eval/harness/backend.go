@@ -115,9 +115,13 @@ type RestoreResult struct {
 	// (padding, bounce strides, whole objects read to verify a CRC): the
 	// read amplification is ReadBytes / Bytes.
 	ReadBytes int64
-	IOs       int64 // read operations issued
-	Runs      int   // contiguous stored spans read (files, runs, slots)
-	Fallbacks int   // I/O errors turned into recompute
+	// ReadBytesPerDir is ReadBytes by Env.Dirs entry (nil where the backend
+	// reads no directory: the DRAM tier): how evenly the restore spread
+	// over the devices.
+	ReadBytesPerDir []int64
+	IOs             int64 // read operations issued
+	Runs            int   // contiguous stored spans read (files, runs, slots)
+	Fallbacks       int   // I/O errors turned into recompute
 }
 
 // SaveResult describes one Save.

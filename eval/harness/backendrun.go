@@ -265,6 +265,14 @@ func (r *backendRun) restore(req *Request, svc *Service) (int, error) {
 	br.Fallbacks += int64(rr.Fallbacks)
 	br.RestoredBytes += rr.Bytes
 	br.ReadBytes += rr.ReadBytes
+	if rr.ReadBytesPerDir != nil {
+		if br.ReadBytesPerDir == nil {
+			br.ReadBytesPerDir = make([]int64, len(rr.ReadBytesPerDir))
+		}
+		for i, n := range rr.ReadBytesPerDir {
+			br.ReadBytesPerDir[i] += n
+		}
+	}
 	r.withHits++
 	r.hitBlocks += int64(rr.Blocks)
 	r.ios += rr.IOs
@@ -353,6 +361,7 @@ func (r *backendRun) summarize(m blockstat.Result, res *Result) {
 		br.HitRatio = float64(r.hitBlocks) / float64(refs)
 	}
 	br.RequestsWithHitsRestore = int(r.withHits)
+	br.ReadDirsMaxOverMean = maxOverMean(br.ReadBytesPerDir)
 	if r.withHits > 0 {
 		br.IOsPerRequestMean = float64(r.ios) / float64(r.withHits)
 		br.IOsPerLayerRequestMean = br.IOsPerRequestMean / float64(r.layers)
@@ -370,4 +379,18 @@ func (r *backendRun) summarize(m blockstat.Result, res *Result) {
 	}
 	br.CPUSPerGiB = blockstat.CPU{User: r.loadCPU}.PerGiB(br.RestoredBytes)
 	br.SaveCPUSPerGiB = blockstat.CPU{User: r.saveCPU}.PerGiB(br.SavedBytes)
+}
+
+// maxOverMean is the largest of ns over their mean (0 for none, or none
+// read).
+func maxOverMean(ns []int64) float64 {
+	var sum, most int64
+	for _, n := range ns {
+		sum += n
+		most = max(most, n)
+	}
+	if sum == 0 {
+		return 0
+	}
+	return float64(most) * float64(len(ns)) / float64(sum)
 }

@@ -99,11 +99,15 @@ func (c *chunkFiles) close() error {
 
 func (c *chunkFiles) path(id uint64, sub int) string {
 	dir := c.env.Dir
-	key := id*uint64(c.perBlock+1) + uint64(sub)
-	if n := len(c.env.Dirs); n > 0 {
-		dir = c.env.Dirs[spreadIndex(key, n)]
+	if len(c.env.Dirs) > 0 {
+		dir = c.env.Dirs[c.dirOf(id, sub)]
 	}
 	return filepath.Join(dir, fmt.Sprintf("%x-%d.kv", id, sub))
+}
+
+// dirOf is the Env.Dirs entry chunk sub of block id lies in.
+func (c *chunkFiles) dirOf(id uint64, sub int) int {
+	return spreadIndex(id*uint64(c.perBlock+1)+uint64(sub), len(c.env.Dirs))
 }
 
 func (c *chunkFiles) flags() int {
@@ -245,6 +249,14 @@ func (c *chunkFiles) restore(req *Request) (RestoreResult, error) {
 	res.Runs = req.Hit * c.perBlock
 	res.Bytes = int64(ok) * g.ChunkBytes()
 	res.ReadBytes = int64(ok*c.perBlock) * c.fileBytes
+	if n := len(c.env.Dirs); n > 0 {
+		res.ReadBytesPerDir = make([]int64, n)
+		for b := 0; b < ok; b++ {
+			for s := 0; s < c.perBlock; s++ {
+				res.ReadBytesPerDir[c.dirOf(req.Chain[b], s)] += c.fileBytes
+			}
+		}
+	}
 	return res, nil
 }
 

@@ -88,6 +88,9 @@ func (p *PageCache) path(id uint64) string {
 func (p *PageCache) Restore(req *Request) (RestoreResult, error) {
 	g := p.env.Geometry
 	res := RestoreResult{LayerReady: make([]time.Duration, g.Layers)}
+	if len(p.env.Dirs) > 0 {
+		res.ReadBytesPerDir = make([]int64, len(p.env.Dirs))
+	}
 	n := g.ChunkBytes()
 	start := time.Now()
 	for b := 0; b < req.Hit; b++ {
@@ -113,6 +116,9 @@ func (p *PageCache) Restore(req *Request) (RestoreResult, error) {
 		res.Runs++
 		res.Bytes += n
 		res.ReadBytes += p.stride
+		if res.ReadBytesPerDir != nil {
+			res.ReadBytesPerDir[spreadIndex(req.Chain[b], len(p.env.Dirs))] += p.stride
+		}
 	}
 	end := time.Since(start)
 	for l := range res.LayerReady {

@@ -285,6 +285,11 @@ loop:
 		perIO = p.stride
 	}
 	res.ReadBytes = res.IOs * perIO
+	// Slot s lies in file s % len(files) (Open), one file per directory.
+	res.ReadBytesPerDir = make([]int64, len(p.files))
+	for b := 0; b < res.Blocks; b++ {
+		res.ReadBytesPerDir[p.slots[req.Chain[b]]%int64(len(p.files))] += int64(g.Layers*g.ChunkPages) * perIO
+	}
 	return res, nil
 }
 

@@ -85,22 +85,27 @@ type BackendResult struct {
 	Storage string        `json:"storage,omitempty"` // Config.StorageLabel
 	Skipped string        `json:"skipped,omitempty"` // why it did not run
 
-	Requests               int     `json:"requests"`
-	TTFTmsP50              float64 `json:"ttft_ms_p50"`
-	TTFTmsP90              float64 `json:"ttft_ms_p90"`
-	TTFTmsP99              float64 `json:"ttft_ms_p99"`
-	MaxRateAtSLO           float64 `json:"max_rate_at_slo"`
-	MaxRateIsLowerBound    bool    `json:"max_rate_is_lower_bound,omitempty"` // the SLO held at every rate tried
-	BytesPerS              float64 `json:"bytes_per_s"`
-	CeilingFraction        float64 `json:"ceiling_fraction"`     // of Result.CeilingBytesPS (striped)
-	CeilingSumFraction     float64 `json:"ceiling_sum_fraction"` // of Result.CeilingSumBytesPS
-	CPUSPerGiB             float64 `json:"cpu_s_per_gib"`
-	DeviceReadBytes        uint64  `json:"device_read_bytes"`
-	DeviceBytesSource      string  `json:"device_bytes_source"`
-	VerifyMismatches       int64   `json:"verify_mismatches"` // restored pages (host check) or 8-byte words (DeviceVerifier) that differ: anything but 0 fails
-	HitBlocks              int64   `json:"hit_blocks"`
-	RestoredBytes          int64   `json:"restored_bytes"`
-	ReadBytes              int64   `json:"read_bytes"` // read from the backend's storage to restore them
+	Requests            int     `json:"requests"`
+	TTFTmsP50           float64 `json:"ttft_ms_p50"`
+	TTFTmsP90           float64 `json:"ttft_ms_p90"`
+	TTFTmsP99           float64 `json:"ttft_ms_p99"`
+	MaxRateAtSLO        float64 `json:"max_rate_at_slo"`
+	MaxRateIsLowerBound bool    `json:"max_rate_is_lower_bound,omitempty"` // the SLO held at every rate tried
+	BytesPerS           float64 `json:"bytes_per_s"`
+	CeilingFraction     float64 `json:"ceiling_fraction"`     // of Result.CeilingBytesPS (striped)
+	CeilingSumFraction  float64 `json:"ceiling_sum_fraction"` // of Result.CeilingSumBytesPS
+	CPUSPerGiB          float64 `json:"cpu_s_per_gib"`
+	DeviceReadBytes     uint64  `json:"device_read_bytes"`
+	DeviceBytesSource   string  `json:"device_bytes_source"`
+	VerifyMismatches    int64   `json:"verify_mismatches"` // restored pages (host check) or 8-byte words (DeviceVerifier) that differ: anything but 0 fails
+	HitBlocks           int64   `json:"hit_blocks"`
+	RestoredBytes       int64   `json:"restored_bytes"`
+	ReadBytes           int64   `json:"read_bytes"` // read from the backend's storage to restore them
+	// ReadBytesPerDir is ReadBytes from each store root (Config.Dirs, in
+	// their order; absent for a backend that reads no directory), and
+	// ReadDirsMaxOverMean the largest of them over their mean (1 = even).
+	ReadBytesPerDir        []int64 `json:"read_bytes_per_dir,omitempty"`
+	ReadDirsMaxOverMean    float64 `json:"read_dirs_max_over_mean,omitempty"`
 	IOsPerLayerRequestMean float64 `json:"ios_per_layer_request_mean"`
 	RunsPerRequestMean     float64 `json:"runs_per_request_mean"`
 	BlocksPerRequestMean   float64 `json:"blocks_per_request_mean"`

@@ -20,6 +20,10 @@ type BackendChoice struct {
 	Dirs                              []string
 	GPUWindow, GPUMaxIO, GPULookahead int
 	SaveBoundMs                       int // tutti's save bound; 0: the runtime's default
+	// RunWidth is tutti's runtime.Config.RunWidth (0: the runtime's
+	// default, every device; 1: each run on one device, the layout before
+	// objmap's manifest version 3, to compare against).
+	RunWidth int
 }
 
 // SelectBackends builds c's backends, in c.Names' order, with notes for
@@ -45,6 +49,10 @@ func SelectBackends(c BackendChoice) ([]Backend, []string, error) {
 				for _, u := range r.Unread {
 					notes = append(notes, "tutti-gpu: device not read: "+u)
 				}
+			}
+			if c.RunWidth > 0 {
+				t.SetRunWidth(c.RunWidth)
+				notes = append(notes, fmt.Sprintf("%s: each run spread over %d device(s) at most (--tutti-run-width; runtime.Config.RunWidth)", n, c.RunWidth))
 			}
 			if c.SaveBoundMs > 0 {
 				t.SetSaveBoundMs(c.SaveBoundMs)

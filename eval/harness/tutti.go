@@ -3,6 +3,7 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -42,6 +43,8 @@ type Tutti struct {
 	pinned []uintptr
 	// saveBoundMs: runtime.Config.SaveBoundMs (0: the runtime's default).
 	saveBoundMs int
+	// runWidth: runtime.Config.RunWidth (0: the runtime's default).
+	runWidth int
 	// saveNote: where the saves' time went (Stats.Saves.CopyNs, ...) and
 	// which I/Os went through a copy (Stats.Saves.StagedWrites,
 	// Stats.Loads.StagedReads), set at Close.
@@ -91,6 +94,11 @@ func (t *Tutti) SetGPUReads(window, maxIOBytes, lookahead int) {
 // where the other backends keep all of them.
 func (t *Tutti) SetSaveBoundMs(ms int) { t.saveBoundMs = ms }
 
+// SetRunWidth sets the store's run width (runtime.Config.RunWidth) for the
+// next Open: 1 puts each run on one device (the layout before objmap's
+// manifest version 3), 0 keeps the runtime's default (every device).
+func (t *Tutti) SetRunWidth(w int) { t.runWidth = w }
+
 // NewTuttiCPU is tutti's CPU path (io_uring from Go into host KV memory).
 // compute, when non-nil, is given to the scheduler so it loads only where
 // loading beats recomputing.
@@ -134,9 +142,12 @@ func (t *Tutti) Open(env Env) error {
 	}
 	// striped over every dir; the runtime splits the capacity evenly
 	cfg := runtime.Config{
-		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocks(env.Geometry, env.CapacityBlocks),
+		Dirs: dirs, CapacityBytes: runtime.CapacityForBlocksOn(env.Geometry, env.CapacityBlocks, len(dirs)),
 		Geometry: env.Geometry, Layout: kvshape.LayoutPerLayer, NumPages: env.KV.NumPages,
-		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs, KVEvents: t.kvEvents,
+		Path: t.path, QueueDepth: env.QueueDepth, SaveBoundMs: t.saveBoundMs, KVEvents: t.kvEvents, RunWidth: t.runWidth,
+	}
+	if t.runWidth == 1 { // each run in one file: a one-directory store's footprint
+		cfg.CapacityBytes = runtime.CapacityForBlocksOn(env.Geometry, env.CapacityBlocks, 1)
 	}
 	if t.path == runtime.PathGPU {
 		cfg.GPU.IOWindow, cfg.GPU.MaxIOBytes, cfg.GPU.Lookahead = t.gpuWindow, t.gpuMaxIO, t.gpuLookahead
@@ -169,7 +180,7 @@ func (t *Tutti) Open(env Env) error {
 	if err := s.RegisterKV(runtime.KVMemory{Layers: regions}); err != nil {
 		return fmt.Errorf("%s: %w", t.Name(), err)
 	}
-	t.label = fmt.Sprintf("store capacity %d MiB on disk (runtime.CapacityForBlocks: its index holds at least the %d blocks the others hold); planner compute model: %v",
+	t.label = fmt.Sprintf("store capacity %d MiB on disk (runtime.CapacityForBlocksOn: its index holds at least the %d blocks the others hold); planner compute model: %v",
 		cfg.CapacityBytes>>20, env.CapacityBlocks, t.compute != nil)
 	if t.path == runtime.PathGPU {
 		var how string
@@ -218,6 +229,7 @@ func (t *Tutti) Restore(req *Request) (RestoreResult, error) {
 	res.Blocks = l.Blocks()
 	res.Bytes = after.Loads.RestoredBytes - before.Loads.RestoredBytes
 	res.ReadBytes = res.Bytes + after.Loads.OverreadBytes - before.Loads.OverreadBytes
+	res.ReadBytesPerDir = t.perDir(before.Devices, after.Devices)
 	res.IOs = after.Loads.ReadIOs - before.Loads.ReadIOs
 	res.Runs = int((res.IOs - (after.Loads.SplitIOs - before.Loads.SplitIOs)) / int64(g.Layers))
 	for i := range after.Loads.MissBlocks {
@@ -225,6 +237,24 @@ func (t *Tutti) Restore(req *Request) (RestoreResult, error) {
 	}
 	t.plannedRecompute += int64(l.Cached() - l.Planned())
 	return res, nil
+}
+
+// perDir is the bytes the store read from each of Env.Dirs between two
+// Stats (the store orders its directories its own way: matched by path).
+func (t *Tutti) perDir(before, after runtime.DeviceStats) []int64 {
+	dirs := t.env.Dirs
+	if len(dirs) == 0 {
+		dirs = []string{t.env.Dir}
+	}
+	out := make([]int64, len(dirs))
+	for i, d := range after.Dirs {
+		for j, e := range dirs {
+			if filepath.Clean(e) == filepath.Clean(d) && i < len(before.ReadBytes) {
+				out[j] += after.ReadBytes[i] - before.ReadBytes[i]
+			}
+		}
+	}
+	return out
 }
 
 func (t *Tutti) Save(req *Request) (SaveResult, error) {

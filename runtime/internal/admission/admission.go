@@ -168,8 +168,9 @@ func (t *Txn) admit(from, n int) {
 		if cut >= 0 {
 			continue
 		}
-		id, tk, err := st.Sched.EnqueueSave(sched.SaveRequest{Device: st.Ctl.DeviceOf(r.File), Blocks: r.Chunks,
-			BytesPerLayerPerBlock: st.Geo.ChunkBytesPerLayer()}, t.ios)
+		lay := st.Ctl.Layout()
+		id, tk, err := st.Sched.EnqueueSave(sched.SaveRequest{Device: lay.Device(r.File), LayerDevices: lay.LayerDevices(r.File),
+			Blocks: r.Chunks, BytesPerLayerPerBlock: st.Geo.ChunkBytesPerLayer()}, t.ios)
 		if err != nil {
 			panic(fmt.Sprintf("admission: enqueueing a save: %v", err)) // only bad arguments
 		}
@@ -244,9 +245,14 @@ func reservedChunks(resv []objmap.Reservation) int {
 const minStripeLayerBytes = 1 << 20
 
 // saveWays is how many runs a save of chunks blocks is cut into: one per
-// directory (a run is written and read on one device, so a save in one run
-// moves at one device's rate however many there are), fewer when the runs'
-// per-layer objects would fall below minStripeLayerBytes.
+// directory, fewer when the runs' per-layer objects would fall below
+// minStripeLayerBytes. Each run spreads its layers over the devices
+// (objmap.Layout) and consecutive runs start on consecutive devices, so
+// every layer of a restore of several runs reads from several devices at
+// once: layers arrive one after another rather than Width at a time (the
+// GPU path's window of reads in flight, which spans a few layers, then
+// holds every device), and where a run lies on one device (a store of run
+// width 1) a save in one run would move at one device's rate.
 func (st *Store) saveWays(chunks int) int {
 	byBytes := int64(chunks) * st.Geo.ChunkBytesPerLayer() / minStripeLayerBytes
 	return int(max(1, min(int64(st.Dirs), int64(chunks), byBytes)))

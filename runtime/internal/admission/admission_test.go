@@ -57,7 +57,7 @@ func newStore(t *testing.T, dirs int, capacity, budget int64) *Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(sc.Close)
-	return &Store{Ctl: &Local{Index: idx, Catalog: cat, Map: m, Geo: geo}, Sched: sc, Geo: geo, Dirs: dirs, MaxWriteIOBytes: maxWrite}
+	return &Store{Ctl: &Local{Index: idx, Catalog: cat, Map: m}, Sched: sc, Geo: geo, Dirs: dirs, MaxWriteIOBytes: maxWrite}
 }
 
 // tally is what a transaction reported.
@@ -214,7 +214,11 @@ func TestWriteFailureGivesUpTheRest(t *testing.T) {
 // TestPoolShortfall: blocks the index took but the pool has no room for are
 // given up as NoSpace; the leading ones are admitted and committed.
 func TestPoolShortfall(t *testing.T) {
-	runBytes := objmap.RunBytes(geo, 4)
+	lay, err := objmap.NewLayout(geo, 1, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runBytes := lay.RunBytes(4)
 	st := newStore(t, 1, 8*runBytes, 0)
 	c := chain(300, 24)
 	var got tally

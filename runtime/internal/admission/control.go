@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tutti-io/tutti/kvshape"
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
 	"github.com/tutti-io/tutti/runtime/internal/catalog"
@@ -42,8 +41,9 @@ type Control interface {
 	// fdatasync, journal) and serves them (catalog.Commit). On an error
 	// none is served and the pool holds none of them.
 	Commit(reqs []objmap.CommitRequest) error
-	// DeviceOf is the device (directory) of pool file file.
-	DeviceOf(file int) int
+	// Layout is where the pool's runs lie (objmap.Layout, the one home of
+	// placement): a connected store's is the service's, sent in its hello.
+	Layout() objmap.Layout
 }
 
 // Local is the Control of a store's own index, catalog and map.
@@ -51,7 +51,6 @@ type Local struct {
 	Index   *kvmeta.Index
 	Catalog *catalog.Catalog
 	Map     *objmap.Map
-	Geo     kvshape.Geometry
 }
 
 func (l *Local) Lookup(chain []uint64) int { return l.Index.Lookup(chain) }
@@ -88,7 +87,7 @@ func (l *Local) Allocate(n, ways int) ([]objmap.Reservation, error) {
 			_ = l.Map.Abort(r)
 		}
 		if try == 1 {
-			l.Catalog.EvictRuns(objmap.RunBytes(l.Geo, n-got))
+			l.Catalog.EvictRuns(l.Map.Layout().RunBytes(n - got))
 		}
 		if serr := l.Map.Sync(); serr != nil {
 			return nil, serr
@@ -133,4 +132,4 @@ func (l *Local) Commit(reqs []objmap.CommitRequest) error {
 	return nil
 }
 
-func (l *Local) DeviceOf(file int) int { return l.Catalog.DeviceOf(file) }
+func (l *Local) Layout() objmap.Layout { return l.Map.Layout() }

@@ -27,7 +27,9 @@ const IndexShare = 0.9
 
 // Run is a committed run as the store serves it: objmap's RunInfo (extent,
 // chain, per-(layer, chunk) CRC32C) plus what loads need at hand. Its
-// exported fields are immutable after registration.
+// exported fields are immutable after registration. File and Device are
+// its home pool file (header and chunk table) and that file's device; its
+// layers lie where the object map's Layout puts them.
 type Run struct {
 	Info   objmap.RunInfo
 	ID     objmap.RunID
@@ -60,8 +62,8 @@ type Catalog struct {
 }
 
 // New is the catalog of map m and index idx, both empty of runs until
-// Recover; dirs is the store's directory count (file i lies in directory
-// i%dirs), bytesPerBlock what one block costs in the index's capacity.
+// Recover; dirs is the store's directory count, bytesPerBlock what one
+// block costs in the index's capacity.
 func New(m *objmap.Map, idx *kvmeta.Index, dirs int, bytesPerBlock int64) *Catalog {
 	return &Catalog{m: m, idx: idx, dirs: dirs, bytesPerBlock: bytesPerBlock, runs: make(map[objmap.RunID]*Run)}
 }
@@ -69,8 +71,8 @@ func New(m *objmap.Map, idx *kvmeta.Index, dirs int, bytesPerBlock int64) *Catal
 // BytesPerBlock is what one chain block costs in the index's capacity.
 func (c *Catalog) BytesPerBlock() int64 { return c.bytesPerBlock }
 
-// DeviceOf maps a pool file to its device: file i lies in directory i%dirs.
-func (c *Catalog) DeviceOf(file int) int { return file % c.dirs }
+// DeviceOf maps a pool file to its device (objmap.Layout.Device).
+func (c *Catalog) DeviceOf(file int) int { return c.m.Layout().Device(file) }
 
 func (c *Catalog) newRun(info objmap.RunInfo) *Run {
 	return &Run{Info: info, ID: info.ID, File: c.m.Files()[info.File], Device: c.DeviceOf(info.File),

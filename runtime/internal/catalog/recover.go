@@ -191,7 +191,9 @@ func (c *Catalog) placeRun(info *objmap.RunInfo, full, blocks []uint64, lo int) 
 	return res.N, nil
 }
 
-// indexCapacity is the prefix index's byte capacity: IndexShare of the pool.
+// indexCapacity is the prefix index's byte capacity: IndexShare of the
+// pool's object slots the layers fill (objmap.Layout.SlotFill: all of them
+// unless the run width leaves some empty).
 func (c *Catalog) indexCapacity() int64 {
-	return max(int64(float64(c.m.Stats().CapacityBytes)*IndexShare), 1)
+	return max(int64(float64(c.m.Stats().CapacityBytes)*IndexShare*c.m.Layout().SlotFill()), 1)
 }

@@ -34,6 +34,18 @@ type Counters struct {
 	// staging, ChecksumNs the checksums of writes not copied, summed over
 	// the stage workers (runtime.SaveStats says more).
 	CopyNs, ChecksumNs atomic.Int64
+	// ReadBytes and WriteBytes are the bytes restores read and saves wrote
+	// (as submitted: O_DIRECT rounding included) on each device, by
+	// objmap.Layout's device index; the store sizes them.
+	ReadBytes, WriteBytes []atomic.Int64
+}
+
+// Count adds n to device dev's entry of perDev (ReadBytes, WriteBytes),
+// where the store sized it.
+func Count(perDev []atomic.Int64, dev int, n int64) {
+	if dev >= 0 && dev < len(perDev) {
+		perDev[dev].Add(n)
+	}
 }
 
 // CountStaged counts a staged I/O in n, keeping the first one's cause and

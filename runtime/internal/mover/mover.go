@@ -13,6 +13,8 @@
 package mover
 
 import (
+	"fmt"
+
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime/internal/ring"
 	"github.com/tutti-io/tutti/sched"
@@ -56,14 +58,49 @@ type Region struct {
 }
 
 // Run is one run of a restore: chunks [First, First+K) of the committed run
-// Info (in pool file File on device Device) are restored into the pages of
-// block table positions [ChainPos, ChainPos+K).
+// Info (wherever the store's Pool puts each layer of it) are restored into
+// the pages of block table positions [ChainPos, ChainPos+K).
 type Run struct {
 	Info     *objmap.RunInfo
-	File     *uring.File
-	Device   int
 	First, K int
 	ChainPos int
+}
+
+// Pool is where a store's runs lie: objmap's Layout (the one home of
+// placement) and the pool files it names (objmap.Map.Files, registered
+// with the store's ring). Movers and the save pipeline ask it for every
+// offset they read or write.
+type Pool struct {
+	Layout objmap.Layout
+	Files  []*uring.File
+}
+
+// Span is the one read of layer layer of run r (its chunks [r.First,
+// r.First+r.K)) and the pool file it reads. The store restores only runs
+// inside their extents, so an error here is a runtime bug.
+func (p Pool) Span(r Run, layer int) (objmap.Span, *uring.File) {
+	sp, err := p.Layout.Span(r.Info.Place(), layer, r.First, r.K)
+	if err != nil {
+		panic(fmt.Sprintf("mover: span of run %d layer %d chunks [%d,+%d): %v", r.Info.ID, layer, r.First, r.K, err))
+	}
+	return sp, p.Files[sp.File]
+}
+
+// Object is where chunk chunk of layer layer of run r lies, with its pool
+// file (panics as Span).
+func (p Pool) Object(r Run, layer, chunk int) (objmap.Location, *uring.File) {
+	return p.At(r.Info.Place(), layer, chunk)
+}
+
+// At is where chunk chunk of layer layer of the run at place lies (a
+// committed run or a save's reservation), with its pool file; it panics
+// as Span.
+func (p Pool) At(place objmap.Place, layer, chunk int) (objmap.Location, *uring.File) {
+	loc, err := p.Layout.Where(place, layer, chunk)
+	if err != nil {
+		panic(fmt.Sprintf("mover: run at %+v layer %d chunk %d: %v", place, layer, chunk, err))
+	}
+	return loc, p.Files[loc.File]
 }
 
 // Restore is one load's restore as its mover sees it. The mover reads it,
@@ -130,7 +167,8 @@ type StreamWaiter interface {
 }
 
 // Write is one save write as a Gatherer sees it: the bytes [Off, Off+Bytes)
-// of Layer's object of a run of Chunks chunks, written at FileOff of File.
+// of Layer's object of a run of Chunks chunks, written at FileOff of File
+// (where the store's Pool puts that layer).
 type Write struct {
 	Layer      int
 	Off, Bytes int64

@@ -23,7 +23,10 @@ import (
 )
 
 // Version is the protocol version; it changes with any frame or payload.
-const Version = 1
+//
+//	1: the first.
+//	2: HelloResp carries the store's layout (FilesPerDir, RunWidth).
+const Version = 2
 
 // MaxFrameBytes bounds a frame's body (a pin's runs with their chunk CRC
 // tables are the largest).

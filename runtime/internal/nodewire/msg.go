@@ -53,10 +53,15 @@ type Meta struct {
 
 // Responses' payloads.
 type (
+	// HelloResp: the store's placement is objmap.NewLayout(the geometry,
+	// len(Dirs), FilesPerDir, RunWidth), the service's own; an engine
+	// builds it from these and never derives a run width itself.
 	HelloResp struct {
-		Dirs, Files   []string // the store's directories and pool files (file i on device i%len(Dirs))
-		Buffered      bool     // the pool is opened without O_DIRECT (tests)
-		KeepsMeta     bool     // the service publishes KV events: saves send their metadata
+		Dirs, Files   []string // the store's directories (its device order) and pool files (objmap.Map.Files' order)
+		FilesPerDir   int
+		RunWidth      int
+		Buffered      bool // the pool is opened without O_DIRECT (tests)
+		KeepsMeta     bool // the service publishes KV events: saves send their metadata
 		CapacityBytes int64
 	}
 	Count   struct{ N int }
@@ -133,6 +138,8 @@ func (m *HelloResp) Encode(e *Enc) {
 	for _, s := range m.Files {
 		e.Str(s)
 	}
+	e.Int(m.FilesPerDir)
+	e.Int(m.RunWidth)
 	e.Bool(m.Buffered)
 	e.Bool(m.KeepsMeta)
 	e.Int(int(m.CapacityBytes))
@@ -276,6 +283,7 @@ func DecodeResponse(op Op, payload []byte) (Msg, error, error) {
 	case OpHello:
 		h := &HelloResp{Dirs: decodeStrs(d)}
 		h.Files = decodeStrs(d)
+		h.FilesPerDir, h.RunWidth = d.Int(maxInt), d.Int(maxInt)
 		h.Buffered, h.KeepsMeta, h.CapacityBytes = d.Bool(), d.Bool(), d.I64()
 		m = h
 	case OpLookup, OpDiscard:

@@ -34,7 +34,7 @@ var requests = map[Op]Msg{
 
 // responses is one response payload of every op.
 var responses = map[Op]Msg{
-	OpHello:       &HelloResp{Dirs: []string{"/a", "/b"}, Files: []string{"/a/p0", "/b/p1"}, KeepsMeta: true, CapacityBytes: 1 << 30},
+	OpHello:       &HelloResp{Dirs: []string{"/a", "/b"}, Files: []string{"/a/p0", "/b/p1"}, FilesPerDir: 1, RunWidth: 2, KeepsMeta: true, CapacityBytes: 1 << 30},
 	OpLookup:      &Count{N: 3},
 	OpPin:         &PinResp{ID: 1, N: 2, Spans: []Span{{Info: objmap.RunInfo{ID: 1, File: 1, Offset: 8192, Length: 1 << 20, Chain: []uint64{1, 2}, Kept: 2, ChunkCRCs: []uint32{5, 6}}, K: 2}}},
 	OpUnpin:       &Empty{},

@@ -21,7 +21,6 @@ import (
 	"github.com/tutti-io/tutti/runtime/internal/staging"
 	"github.com/tutti-io/tutti/runtime/internal/workpool"
 	"github.com/tutti-io/tutti/sched"
-	"github.com/tutti-io/tutti/uring"
 )
 
 // MaxWriteBytes bounds one save write (a smaller staging slot bounds it
@@ -49,15 +48,13 @@ func WriteBytes(g kvshape.Geometry, limit, unit int64) int64 {
 // outlive it.
 type Config struct {
 	Geometry kvshape.Geometry
-	Files    []*uring.File // the pool files, by objmap's file index
-	// Devices is the store's device count, DeviceOf a pool file's device
-	// (catalog.DeviceOf).
-	Devices  int
-	DeviceOf func(file int) int
-	Staging  *staging.Pool
-	Worker   *ring.Worker
-	Sched    *iosched.Scheduler
-	Mover    mover.Mover
+	// Pool is where the store's runs lie: every write's file and offset
+	// (a write's device is the scheduler's, sched.IO.Device).
+	Pool    mover.Pool
+	Staging *staging.Pool
+	Worker  *ring.Worker
+	Sched   *iosched.Scheduler
+	Mover   mover.Mover
 	// MaxWriteIOBytes is the scheduler's largest save write (WriteBytes).
 	MaxWriteIOBytes int64
 	// WriteIOs counts payload writes submitted (Stats); LoadsInFlight
@@ -65,6 +62,8 @@ type Config struct {
 	// save's writes ran beside reads).
 	WriteIOs      *atomic.Int64
 	LoadsInFlight func() bool
+	// WriteBytes counts the bytes written on each device (mover.Counters').
+	WriteBytes []atomic.Int64
 }
 
 // Pipeline is the store's save write machinery, shared by its saves.
@@ -170,10 +169,9 @@ func (d *driver) stage(b *buf) {
 	g := p.cfg.Geometry
 	io := b.io
 	res, chainPos := d.txn.Target(b.run)
-	objOff, _ := objmap.ObjectOffset(g, res.Chunks, io.Layer)
+	obj, f := p.cfg.Pool.At(res.Place(), io.Layer, 0)
 	b.w = mover.Write{Layer: io.Layer, Off: io.OffsetBytes, Bytes: io.Bytes, IOBytes: b.ioBytes, Chunks: res.Chunks,
-		Pages: d.pages[chainPos*g.ChunkPages:], File: p.cfg.Files[res.File],
-		FileOff: uint64(res.Offset + objOff + io.OffsetBytes), Parts: b.w.Parts[:0]}
+		Pages: d.pages[chainPos*g.ChunkPages:], File: f, FileOff: uint64(obj.Offset + io.OffsetBytes), Parts: b.w.Parts[:0]}
 	b.gatherErr = nil
 	direct, err := b.g.Gather(&b.w, &b.req)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/runtime/internal/admission"
 	"github.com/tutti-io/tutti/runtime/internal/iosched"
+	"github.com/tutti-io/tutti/runtime/internal/mover"
 	"github.com/tutti-io/tutti/runtime/internal/staging"
 	"github.com/tutti-io/tutti/sched"
 	"golang.org/x/sys/unix"
@@ -91,7 +92,7 @@ func (p *Pipeline) Drive(sv Save) Timing {
 	d.timing.WritesNs = sc.NowNs() - d.startNs
 	d.releaseSlots()
 	d.txn.Settle()
-	d.timing.DeviceWritesNs = make([]int64, p.cfg.Devices)
+	d.timing.DeviceWritesNs = make([]int64, p.cfg.Pool.Layout.Dirs())
 	for dev, b := range d.batches {
 		if b.Ops > 0 {
 			sc.ObserveWrites(dev, b.Bytes, int(b.Ops), b.LastNs-b.FirstNs, d.withReads)
@@ -132,8 +133,8 @@ func (d *driver) stageQueued() {
 		if d.timing.FirstWriteNs == 0 {
 			d.timing.FirstWriteNs = max(1, now-d.startNs)
 		}
-		res, _ := d.txn.Target(ri)
-		iosched.BatchOf(&d.batches, p.cfg.DeviceOf(res.File)).Start(now, b.ioBytes)
+		iosched.BatchOf(&d.batches, io.Device).Start(now, b.ioBytes)
+		mover.Count(p.cfg.WriteBytes, io.Device, b.ioBytes)
 		d.withReads = d.withReads || p.cfg.LoadsInFlight()
 		d.txn.Started(ri)
 		d.busy++
@@ -194,7 +195,7 @@ func (d *driver) completed(b *buf) {
 		d.gathered1()
 	}
 	res, _ := d.txn.Target(ri)
-	iosched.BatchOf(&d.batches, d.p.cfg.DeviceOf(res.File)).LastNs = d.p.cfg.Sched.NowNs()
+	iosched.BatchOf(&d.batches, b.io.Device).LastNs = d.p.cfg.Sched.NowNs()
 	var err error
 	switch {
 	case b.gatherErr != nil:

@@ -26,6 +26,8 @@ import (
 type Config struct {
 	Geometry kvshape.Geometry
 	Layout   kvshape.Layout
+	// Pool is where the store's runs lie (every read's file and offset).
+	Pool     mover.Pool
 	NumPages int
 	Staging  *staging.Pool
 	Worker   *ring.Worker
@@ -37,6 +39,7 @@ type Config struct {
 type Mover struct {
 	g        kvshape.Geometry
 	layout   kvshape.Layout
+	pool     mover.Pool
 	numPages int
 	staging  *staging.Pool
 	worker   *ring.Worker
@@ -61,7 +64,7 @@ type slotState struct {
 
 // New is the mover of cfg, with its consume pool started.
 func New(cfg Config) *Mover {
-	m := &Mover{g: cfg.Geometry, layout: cfg.Layout, numPages: cfg.NumPages, staging: cfg.Staging, worker: cfg.Worker,
+	m := &Mover{g: cfg.Geometry, layout: cfg.Layout, pool: cfg.Pool, numPages: cfg.NumPages, staging: cfg.Staging, worker: cfg.Worker,
 		sched: cfg.Sched, counters: cfg.Counters, slots: make([]slotState, len(cfg.Staging.Slots()))}
 	m.consumers = newConsumePool(m, len(m.slots))
 	m.newReadIovecs(m.g.PageBytesPerPlane())

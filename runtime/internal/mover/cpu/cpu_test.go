@@ -40,7 +40,8 @@ func (l *loadLog) Corrupt(i int)       { l.mu.Lock(); l.corrupt = append(l.corru
 func (l *loadLog) Done(r mover.Result) { l.done <- r }
 
 // savedRun commits a run of k chunks of g whose layer objects hold pattern
-// bytes, written to its pool file by hand, with their chunk CRCs.
+// bytes, written by hand where the map's layout puts them, with their chunk
+// CRCs.
 func savedRun(t *testing.T, m *objmap.Map, g kvshape.Geometry, k int) (objmap.RunInfo, [][]byte) {
 	t.Helper()
 	rs, err := m.Allocate(k)
@@ -48,11 +49,6 @@ func savedRun(t *testing.T, m *objmap.Map, g kvshape.Geometry, k int) (objmap.Ru
 		t.Fatalf("allocate: %v %v", rs, err)
 	}
 	res := rs[0]
-	f, err := os.OpenFile(m.Files()[res.File].Path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	cb := g.ChunkBytesPerLayer()
 	crcs := make([]uint32, g.Layers*k)
 	objects := make([][]byte, g.Layers)
@@ -61,13 +57,7 @@ func savedRun(t *testing.T, m *objmap.Map, g kvshape.Geometry, k int) (objmap.Ru
 		for i := range obj {
 			obj[i] = byte(i*7 + l*13 + 1)
 		}
-		off, err := objmap.ObjectOffset(g, k, l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.WriteAt(obj, res.Offset+off); err != nil {
-			t.Fatal(err)
-		}
+		writeAt(t, m, res.Place(), l, 0, obj)
 		for c := range k {
 			crcs[l*k+c] = objmap.CRC32C(obj[int64(c)*cb : int64(c+1)*cb])
 		}
@@ -87,29 +77,42 @@ func savedRun(t *testing.T, m *objmap.Map, g kvshape.Geometry, k int) (objmap.Ru
 	return info, objects
 }
 
+// writeAt writes b at byte off of layer layer's object of the run at p.
+func writeAt(t *testing.T, m *objmap.Map, p objmap.Place, layer int, off int64, b []byte) {
+	t.Helper()
+	loc, err := m.Layout().Where(p, layer, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(m.Files()[loc.File].Path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(b, loc.Offset+off); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestMoverRestores drives PathCPU's mover through the mover interface
-// alone: a planned restore of a run lands in the engine's pages, reports
-// every layer done in order and ends; with a byte flipped on disk it
-// fails the run as a CRC miss and reports it corrupt.
+// alone: a planned restore of a run (spread over two directories) lands in
+// the engine's pages, reports every layer done in order and ends; with a
+// byte flipped on disk it fails the run as a CRC miss and reports it
+// corrupt.
 func TestMoverRestores(t *testing.T) {
-	g := kvshape.Geometry{Layers: 3, KVHeads: 2, HeadDim: 16, DType: kvshape.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
+	g := kvshape.Geometry{Layers: 4, KVHeads: 2, HeadDim: 16, DType: kvshape.BF16, Planes: 2, PageTokens: 4, ChunkPages: 2}
 	const k, numPages = 5, 32
 	for _, corrupt := range []bool{false, true} {
-		m, err := objmap.Open(objmap.Options{Dirs: []string{t.TempDir()}, CapacityBytes: 16 << 20, Geometry: g, Buffered: true})
+		m, err := objmap.Open(objmap.Options{Dirs: []string{t.TempDir(), t.TempDir()}, CapacityBytes: 16 << 20, Geometry: g, Buffered: true})
 		if err != nil {
 			t.Fatal(err)
 		}
+		if m.Layout().Width() != 2 {
+			t.Fatalf("run width %d", m.Layout().Width())
+		}
 		info, objects := savedRun(t, m, g, k)
 		if corrupt {
-			f, err := os.OpenFile(m.Files()[info.File].Path, os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			off, _ := objmap.ObjectOffset(g, k, 1)
-			if _, err := f.WriteAt([]byte{0xff ^ objects[1][3]}, info.Offset+off+3); err != nil {
-				t.Fatal(err)
-			}
-			f.Close()
+			writeAt(t, m, info.Place(), 1, 3, []byte{0xff ^ objects[1][3]})
 		}
 		st, err := staging.New(64<<10, 8<<10)
 		if err != nil {
@@ -119,22 +122,23 @@ func TestMoverRestores(t *testing.T) {
 		p := sched.DeviceProfile{ReadBytesPerSec: 2e9, WriteBytesPerSec: 1e9, ReadIOPS: 2e5, WriteIOPS: 1e5,
 			ReadLatencyNs: 1e5, ReadShareUnderWrites: 0.5, WriteShareUnderReads: 0.5}
 		sc, err := iosched.New(sched.Config{Layers: g.Layers, BlockTokens: g.ChunkPages * g.PageTokens,
-			Compute: sched.ComputeModel{PerTokenNs: 1e6}, Devices: []sched.DeviceConfig{{Profile: p}}})
+			Compute: sched.ComputeModel{PerTokenNs: 1e6}, Devices: []sched.DeviceConfig{{Profile: p}, {Profile: p}}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var mv mover.Mover = New(Config{Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: numPages, Staging: st, Worker: w,
-			Sched: sc, Counters: &mover.Counters{}})
+		var mv mover.Mover = New(Config{Geometry: g, Layout: kvshape.LayoutPerLayer, Pool: mover.Pool{Layout: m.Layout(), Files: m.Files()},
+			NumPages: numPages, Staging: st, Worker: w, Sched: sc, Counters: &mover.Counters{}})
 		kv := shiftedViews(t, g, kvshape.LayoutPerLayer, numPages, 0)
 		if err := mv.Bind(kv.regions()); err != nil {
 			t.Fatal(err)
 		}
-		runs := []mover.Run{{Info: &info, File: m.Files()[info.File], Device: 0, K: k}}
+		runs := []mover.Run{{Info: &info, K: k}}
 		if got := mv.Cut(runs, k); got != k || mv.Whole() {
 			t.Fatalf("Cut %d, Whole %v: the CPU mover takes every block, read by read", got, mv.Whole())
 		}
 		ios := make(chan sched.IO, g.Layers)
-		plan, err := sc.PlanLoad(sched.LoadRequest{Runs: []sched.Run{{Device: 0, Blocks: k, BytesPerLayerPerBlock: g.ChunkBytesPerLayer()}}}, ios)
+		plan, err := sc.PlanLoad(sched.LoadRequest{Runs: []sched.Run{{Device: m.Layout().Device(info.File), LayerDevices: m.Layout().LayerDevices(info.File),
+			Blocks: k, BytesPerLayerPerBlock: g.ChunkBytesPerLayer()}}}, ios)
 		if err != nil || plan.LoadBlocks != k {
 			t.Fatalf("plan %+v, %v", plan, err)
 		}

@@ -65,20 +65,21 @@ func (rs *restore) directRead(sl *staging.Slot, seg *segment, r mover.Run, align
 	return d.flush(), true
 }
 
-// prepRead prepares sl's read of seg of run r at off of its file: into the
-// pages when directRead allows, else into the slot (counted when it had
-// payload).
+// prepRead prepares sl's read of seg of run r at off of the pool file its
+// span reads: into the pages when directRead allows, else into the slot
+// (counted when it had payload).
 func (rs *restore) prepRead(sl *staging.Slot, seg *segment, r mover.Run, off uint64) {
 	c := rs.m.counters
-	why, payload := rs.directRead(sl, seg, r, r.File.DirectAlign)
+	f := rs.m.pool.Files[seg.span.File]
+	why, payload := rs.directRead(sl, seg, r, f.DirectAlign)
 	switch {
 	case payload && why.kind == mover.StageNone:
 		seg.direct = true
 		c.DirectReads.Add(1)
-		sl.Req.C.PrepReadv(r.File, rs.m.slots[sl.ID].iov, off)
+		sl.Req.C.PrepReadv(f, rs.m.slots[sl.ID].iov, off)
 		return
 	case payload:
 		mover.CountStaged(&c.StagedReads, &c.FirstStagedRead, why.kind, why.String)
 	}
-	sl.Req.C.PrepRead(r.File, sl.Buf.Addr(), uint32(seg.ioBytes), off)
+	sl.Req.C.PrepRead(f, sl.Buf.Addr(), uint32(seg.ioBytes), off)
 }

@@ -61,15 +61,12 @@ func (m *Mover) Restore(r *mover.Restore) mover.StreamWaiter {
 	return nil
 }
 
-// span is the one read of (layer, run): exactly the loaded chunks
-// [First, First+K), rounded out to O_DIRECT blocks; each chunk is verified
-// against its own CRC32C from the run's chunk table.
+// span is the one read of (layer, run), where the store's pool puts the
+// layer: exactly the loaded chunks [First, First+K), rounded out to
+// O_DIRECT blocks; each chunk is verified against its own CRC32C from the
+// run's chunk table.
 func (rs *restore) span(r mover.Run, layer int) objmap.Span {
-	sp, err := objmap.ChunkSpan(rs.m.g, len(r.Info.Chain), layer, r.First, r.K)
-	if err != nil {
-		// The store only restores runs inside their extent.
-		panic(fmt.Sprintf("cpu mover: span of run %d layer %d chunks [%d,+%d): %v", r.Info.ID, layer, r.First, r.K, err))
-	}
+	sp, _ := rs.m.pool.Span(r, layer)
 	return sp
 }
 
@@ -123,11 +120,12 @@ func (rs *restore) drive() {
 			}
 			st := &m.slots[sl.ID]
 			sl.Sink, st.completed = rs.done, false
-			rs.prepRead(sl, &seg, run, uint64(run.Info.Offset+sp.Off+seg.objOff))
+			rs.prepRead(sl, &seg, run, uint64(sp.Off+seg.objOff))
 			st.seg = seg
 			ring = append(ring, sl)
 			rs.res.IOs++
-			iosched.BatchOf(&rs.batches, run.Device).Start(m.sched.NowNs(), seg.ioBytes)
+			iosched.BatchOf(&rs.batches, sp.Device).Start(m.sched.NowNs(), seg.ioBytes)
+			mover.Count(m.counters.ReadBytes, sp.Device, seg.ioBytes)
 			if seg.objOff > 0 {
 				rs.res.SplitIOs++
 			}

@@ -27,6 +27,8 @@ import (
 type Config struct {
 	Geometry kvshape.Geometry
 	Layout   kvshape.Layout
+	// Pool is where the store's runs lie (every extent's file and offset).
+	Pool     mover.Pool
 	NumPages int
 
 	Device     int

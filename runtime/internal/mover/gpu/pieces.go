@@ -26,15 +26,22 @@ func (c Config) MaxExtents() int {
 
 // pieces cuts a GPU restore's runs into the extents of its request and
 // orders them round-robin over the runs: piece 0 of every run, then piece 1
-// of every run, and so on.
+// of every run, and so on. devs[i] is the device run i lies on, where each
+// run lies on one device (a store of run width 1); nil where the runs
+// spread over the devices layer by layer (objmap.Layout): then the runs
+// stay whole.
 //
 // Why: the kernels submit a layer's reads in extent order, as the window
-// (window reads in flight over all devices) frees, and a run lies on one
-// device. With one extent per run, a layer whose runs are longer than
+// (window reads in flight over all devices) frees. Where a run lies on one
+// device, with one extent per run, a layer whose runs are longer than
 // window/devices reads keeps the window on a few devices at a time and the
 // others idle (BENCHMARKS.md, What the defaults rest on). Pieces of at most
 // window/(2*devices) reads put every device's share of any window near
-// 1/devices.
+// 1/devices. Where runs spread, consecutive layers of a run lie on
+// consecutive devices and the window spans Lookahead layers (at least one
+// per directory: runtime.GPULookaheadToFill), so every device is in it;
+// a piece of a (layer, run) lies on the same device as the rest of it, so
+// cutting would only add extents.
 //
 // A piece is a whole number of chunks whose per-layer bytes are a multiple
 // of objmap.BlockBytes (so every extent starts on an O_DIRECT boundary, as
@@ -42,9 +49,9 @@ func (c Config) MaxExtents() int {
 // maxIOBytes where the run is that long. There are at most maxExtents
 // pieces (at least len(runs) must be allowed); on one device the runs stay
 // whole. runs with k < 1 are not allowed.
-func pieces(runs []mover.Run, g kvshape.Geometry, window, maxIOBytes, maxExtents int) []piece {
+func pieces(runs []mover.Run, devs []int, g kvshape.Geometry, window, maxIOBytes, maxExtents int) []piece {
 	var dst []piece
-	pc := pieceChunks(runs, g, window, maxIOBytes, maxExtents)
+	pc := pieceChunks(runs, devs, g, window, maxIOBytes, maxExtents)
 	for j, more := 0, true; more; j++ {
 		more = false
 		for ri, r := range runs {
@@ -60,12 +67,14 @@ func pieces(runs []mover.Run, g kvshape.Geometry, window, maxIOBytes, maxExtents
 }
 
 // pieceChunks is the chunks of a pieces piece (pieces' doc).
-func pieceChunks(runs []mover.Run, g kvshape.Geometry, window, maxIOBytes, maxExtents int) int {
+func pieceChunks(runs []mover.Run, devs []int, g kvshape.Geometry, window, maxIOBytes, maxExtents int) int {
 	longest := 0
 	devices := map[int]bool{}
-	for _, r := range runs {
+	for i, r := range runs {
 		longest = max(longest, r.K)
-		devices[r.Device] = true
+		if devs != nil {
+			devices[devs[i]] = true
+		}
 	}
 	if len(devices) < 2 {
 		return max(longest, 1)

@@ -19,8 +19,8 @@ func piecesGeometry() kvshape.Geometry {
 func runsOn(ks, devs []int) []mover.Run {
 	var rs []mover.Run
 	pos := 0
-	for i, k := range ks {
-		rs = append(rs, mover.Run{Info: &objmap.RunInfo{Chain: make([]uint64, k)}, Device: devs[i], K: k, ChainPos: pos})
+	for _, k := range ks {
+		rs = append(rs, mover.Run{Info: &objmap.RunInfo{Chain: make([]uint64, k)}, K: k, ChainPos: pos})
 		pos += k
 	}
 	return rs
@@ -56,12 +56,14 @@ func TestGPUPieces(t *testing.T) {
 		{"extent-limit", piecesGeometry(), []int{20, 20, 20, 20, 20, 20, 20, 20}, eight, 128, 1 << 20, 16, 10},
 		// One device: the runs stay whole.
 		{"one-device", piecesGeometry(), []int{20, 20, 3}, []int{2, 2, 2}, 128, 1 << 20, 256, 20},
+		// Runs spread over the devices layer by layer: they stay whole.
+		{"spread", piecesGeometry(), []int{20, 20, 3}, nil, 128, 1 << 20, 256, 20},
 		// Uneven runs: the longer ones' last pieces come last.
 		{"uneven", piecesGeometry(), []int{4, 13, 9}, []int{0, 1, 0}, 4, 1 << 20, 256, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runs := runsOn(tc.ks, tc.devs)
-			ps := pieces(runs, tc.g, tc.window, tc.maxIO, tc.maxExtents)
+			ps := pieces(runs, tc.devs, tc.g, tc.window, tc.maxIO, tc.maxExtents)
 			if len(ps) > tc.maxExtents {
 				t.Fatalf("%d pieces, limit %d", len(ps), tc.maxExtents)
 			}
@@ -91,7 +93,7 @@ func TestGPUPieces(t *testing.T) {
 			if full != tc.wantChunks {
 				t.Fatalf("pieces of %d chunks, want %d", full, tc.wantChunks)
 			}
-			checkWindowSpread(t, runs, ps, tc.g, tc.window, tc.maxIO, full)
+			checkWindowSpread(t, runs, tc.devs, ps, tc.g, tc.window, tc.maxIO, full)
 		})
 	}
 }
@@ -99,13 +101,16 @@ func TestGPUPieces(t *testing.T) {
 // checkWindowSpread: in every span of window consecutive reads of a layer's
 // entries (kernels' submission order), each device's reads are within one
 // piece of its share of the whole layer.
-func checkWindowSpread(t *testing.T, runs []mover.Run, ps []piece, g kvshape.Geometry, window, maxIO, pieceChunks int) {
+func checkWindowSpread(t *testing.T, runs []mover.Run, devs []int, ps []piece, g kvshape.Geometry, window, maxIO, pieceChunks int) {
 	t.Helper()
+	if devs == nil {
+		return // spread runs: every layer's reads lie on the devices the layout gives
+	}
 	var dev []int // device of each read of one layer, in submission order
 	for _, p := range ps {
 		bytes := int64(p.k) * g.ChunkBytesPerLayer()
 		for n := (bytes + int64(maxIO) - 1) / int64(maxIO); n > 0; n-- {
-			dev = append(dev, runs[p.run].Device)
+			dev = append(dev, devs[p.run])
 		}
 	}
 	total := map[int]int{}

@@ -19,6 +19,7 @@ type restore struct {
 	// pieces are the request's extents: extent i of every layer is piece i
 	// (drive maps failed entries back to runs by it).
 	pieces  []piece
+	devRead []int64  // the request's bytes on each device
 	io      sched.IO // the scheduler's IORestore of it
 	firstNs int64    // when it was submitted
 	ios     int64
@@ -59,7 +60,13 @@ func (rs *restore) request() kernels.Request {
 	cfg := rs.m.cfg
 	g := cfg.Geometry
 	runs := rs.r.Runs
-	rs.pieces = pieces(runs, g, cfg.IOWindow, cfg.MaxIOBytes, cfg.MaxExtents())
+	var devs []int // where each run lies, when it lies on one device
+	if cfg.Pool.Layout.Width() == 1 {
+		for _, r := range runs {
+			devs = append(devs, cfg.Pool.Layout.Device(r.Info.File))
+		}
+	}
+	rs.pieces = pieces(runs, devs, g, cfg.IOWindow, cfg.MaxIOBytes, cfg.MaxExtents())
 	req := kernels.Request{Layers: make([][]kernels.Extent, g.Layers)}
 	for _, p := range rs.pieces {
 		base := (runs[p.run].ChainPos + p.first) * g.ChunkPages
@@ -69,9 +76,13 @@ func (rs *restore) request() kernels.Request {
 		req.Layers[layer] = make([]kernels.Extent, 0, len(rs.pieces))
 		for _, p := range rs.pieces {
 			r := runs[p.run]
-			off, _ := objmap.ObjectOffset(g, len(r.Info.Chain), layer)
-			req.Layers[layer] = append(req.Layers[layer], kernels.Extent{FD: r.File.FD, Align: r.File.DirectAlign,
-				Offset: r.Info.Offset + off + int64(r.First+p.first)*g.ChunkBytesPerLayer(), Pages: p.k * g.ChunkPages})
+			loc, f := cfg.Pool.Object(r, layer, r.First+p.first)
+			req.Layers[layer] = append(req.Layers[layer], kernels.Extent{FD: f.FD, Align: f.DirectAlign,
+				Offset: loc.Offset, Pages: p.k * g.ChunkPages})
+			for len(rs.devRead) <= loc.Device {
+				rs.devRead = append(rs.devRead, 0)
+			}
+			rs.devRead[loc.Device] += (int64(p.k)*g.ChunkBytesPerLayer() + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
 		}
 	}
 	return req
@@ -92,6 +103,9 @@ func (rs *restore) submit(io sched.IO, req kernels.Request) {
 	} else {
 		rs.x = x
 		rs.ios = int64(rs.m.cfg.Geometry.Layers * len(rs.r.Runs))
+		for dev, n := range rs.devRead {
+			mover.Count(rs.m.cfg.Counters.ReadBytes, dev, n)
+		}
 	}
 	rs.mu.Unlock()
 	rs.cond.Broadcast()
@@ -152,9 +166,9 @@ func (rs *restore) wait(x Restoration) {
 }
 
 // observeReads reports a finished restore's reads to each device's model:
-// each piece's bytes to the device that holds its run, the reads counted
-// as kernels cuts them (MaxIOBytes), busy from submission to the last
-// layer.
+// each piece's bytes of each layer to the device that holds that layer of
+// its run, the reads counted as kernels cuts them (MaxIOBytes), busy from
+// submission to the last layer.
 func (rs *restore) observeReads() {
 	cfg := rs.m.cfg
 	g := cfg.Geometry
@@ -166,9 +180,11 @@ func (rs *restore) observeReads() {
 		}
 		perLayer := (int64(p.k)*g.ChunkBytesPerLayer() + objmap.BlockBytes - 1) &^ (objmap.BlockBytes - 1)
 		reads := (perLayer + int64(cfg.MaxIOBytes) - 1) / int64(cfg.MaxIOBytes)
-		b := iosched.BatchOf(&bs, rs.r.Runs[p.run].Device)
-		b.Bytes += perLayer * int64(g.Layers)
-		b.Ops += reads * int64(g.Layers)
+		for _, dev := range cfg.Pool.Layout.LayerDevices(rs.r.Runs[p.run].Info.File) {
+			b := iosched.BatchOf(&bs, dev)
+			b.Bytes += perLayer
+			b.Ops += reads
+		}
 	}
 	for dev, b := range bs {
 		if b.Ops > 0 {
