@@ -243,8 +243,8 @@ func benchEngine(f serveBenchFlags) engineResult {
 		fail(err)
 		return r
 	}
-	defer kv.free()
-	if err := s.RegisterKV(kv.memory()); err != nil {
+	defer kv.Free()
+	if err := s.RegisterKV(kv.Memory()); err != nil {
 		fail(err)
 		return r
 	}

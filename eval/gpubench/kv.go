@@ -13,58 +13,59 @@ import (
 	"github.com/tutti-io/tutti/runtime"
 )
 
-// benchKV is the engine's KV memory of one product-path row: host memory
-// (store-cpu) or HBM tensors with a host mirror they are filled from
-// (store-gpu). Page i of the prefix lives at engine page dst[i] and holds
-// internal/kvdata's content of Key{Block: seed + i, Layer, Plane, Page: 0},
-// the content testkit's GPU verify checks.
-type benchKV struct {
-	g        kvshape.Geometry
-	numPages int
-	host     *runtime.HostKV // store-cpu: the KV; store-gpu: the mirror
-	dev      []uint64        // store-gpu: one tensor per layer
-	device   int
+// KV is an engine's KV memory for a benchmark (gpubench's product-path rows,
+// `tutti serve-bench`): host memory (store-cpu) or HBM tensors with a host
+// mirror they are filled from (store-gpu). In gpubench's rows page i of the
+// prefix lives at engine page dst[i] and holds internal/kvdata's content of
+// Key{Block: seed + i, Layer, Plane, Page: 0}, the content testkit's GPU
+// verify checks. Free releases both.
+type KV struct {
+	G        kvshape.Geometry
+	NumPages int
+	Host     *runtime.HostKV // store-cpu: the KV; store-gpu: the mirror
+	Dev      []uint64        // store-gpu: one tensor per layer
+	Device   int
 }
 
-// newBenchKV allocates per-layer KV memory; onGPU puts it in HBM on device.
-func newBenchKV(g kvshape.Geometry, numPages int, onGPU bool, device int) (*benchKV, error) {
+// NewKV allocates per-layer KV memory; onGPU puts it in HBM on device.
+func NewKV(g kvshape.Geometry, numPages int, onGPU bool, device int) (*KV, error) {
 	h, err := runtime.AllocHostKV(g, kvshape.LayoutPerLayer, numPages)
 	if err != nil {
 		return nil, err
 	}
-	k := &benchKV{g: g, numPages: numPages, host: h, device: device}
+	k := &KV{G: g, NumPages: numPages, Host: h, Device: device}
 	if !onGPU {
 		return k, nil
 	}
 	for _, r := range h.Memory().Layers {
 		p, err := kernels.DevAllocOn(device, r.LenBytes)
 		if err != nil {
-			k.free()
+			k.Free()
 			return nil, fmt.Errorf("KV tensors in HBM: %w", err)
 		}
-		k.dev = append(k.dev, p)
+		k.Dev = append(k.Dev, p)
 	}
 	return k, nil
 }
 
-// memory is what the store registers.
-func (k *benchKV) memory() runtime.KVMemory {
-	if k.dev == nil {
-		return k.host.Memory()
+// Memory is what the store registers.
+func (k *KV) Memory() runtime.KVMemory {
+	if k.Dev == nil {
+		return k.Host.Memory()
 	}
 	var m runtime.KVMemory
-	for i, r := range k.host.Memory().Layers {
-		m.Layers = append(m.Layers, runtime.Region{Addr: uintptr(k.dev[i]), LenBytes: r.LenBytes})
+	for i, r := range k.Host.Memory().Layers {
+		m.Layers = append(m.Layers, runtime.Region{Addr: uintptr(k.Dev[i]), LenBytes: r.LenBytes})
 	}
 	return m
 }
 
-func (k *benchKV) free() {
-	for _, p := range k.dev {
+func (k *KV) Free() {
+	for _, p := range k.Dev {
 		kernels.DevFree(p)
 	}
-	k.dev = nil
-	k.host.Free()
+	k.Dev = nil
+	k.Host.Free()
 }
 
 // forLayers runs f for every layer on up to GOMAXPROCS goroutines and
@@ -95,24 +96,29 @@ func forLayers(layers int, f func(l int) error) error {
 
 // fill writes the prefix's content into the pages dst (and uploads it to
 // HBM on store-gpu).
-func (k *benchKV) fill(seed uint64, dst []int32) error {
-	err := forLayers(k.g.Layers, func(l int) error {
+func (k *KV) fill(seed uint64, dst []int32) error {
+	err := forLayers(k.G.Layers, func(l int) error {
 		for i, p := range dst {
-			for pl := 0; pl < k.g.Planes; pl++ {
-				kvdata.Fill(k.host.Page(l, pl, p), kvdata.Key{Block: seed + uint64(i), Layer: l, Plane: pl})
+			for pl := 0; pl < k.G.Planes; pl++ {
+				kvdata.Fill(k.Host.Page(l, pl, p), kvdata.Key{Block: seed + uint64(i), Layer: l, Plane: pl})
 			}
 		}
 		return nil
 	})
-	if err != nil || k.dev == nil {
+	if err != nil || k.Dev == nil {
 		return err
 	}
-	return k.upload()
+	return k.Upload()
 }
 
-func (k *benchKV) upload() error {
-	for i, r := range k.host.Memory().Layers {
-		if err := kernels.CopyToDevice(k.dev[i], r.Addr, r.LenBytes); err != nil {
+// Upload copies the host pages into the HBM tensors (store-gpu; a no-op
+// on store-cpu, whose KV is the host memory).
+func (k *KV) Upload() error {
+	if k.Dev == nil {
+		return nil
+	}
+	for i, r := range k.Host.Memory().Layers {
+		if err := kernels.CopyToDevice(k.Dev[i], r.Addr, r.LenBytes); err != nil {
 			return fmt.Errorf("uploading layer %d: %w", i, err)
 		}
 	}
@@ -121,12 +127,12 @@ func (k *benchKV) upload() error {
 
 // poison sets every byte of the KV memory to 0xA5, so that a page a restore
 // did not write cannot verify.
-func (k *benchKV) poison() error {
-	if k.dev == nil {
-		return forLayers(k.g.Layers, func(l int) error {
-			for p := 0; p < k.numPages; p++ {
-				for pl := 0; pl < k.g.Planes; pl++ {
-					b := k.host.Page(l, pl, int32(p))
+func (k *KV) poison() error {
+	if k.Dev == nil {
+		return forLayers(k.G.Layers, func(l int) error {
+			for p := 0; p < k.NumPages; p++ {
+				for pl := 0; pl < k.G.Planes; pl++ {
+					b := k.Host.Page(l, pl, int32(p))
 					for i := range b {
 						b[i] = 0xA5
 					}
@@ -135,8 +141,8 @@ func (k *benchKV) poison() error {
 			return nil
 		})
 	}
-	for i, r := range k.host.Memory().Layers {
-		if err := kernels.MemsetDevice(k.dev[i], 0xA5, r.LenBytes); err != nil {
+	for i, r := range k.Host.Memory().Layers {
+		if err := kernels.MemsetDevice(k.Dev[i], 0xA5, r.LenBytes); err != nil {
 			return fmt.Errorf("poisoning layer %d: %w", i, err)
 		}
 	}
@@ -145,26 +151,26 @@ func (k *benchKV) poison() error {
 
 // verify counts the 8-byte words of pages dst[:n] that differ from their
 // content: in HBM with testkit's kernel (store-gpu), on the CPU otherwise.
-func (k *benchKV) verify(seed uint64, dst []int32) (uint64, error) {
+func (k *KV) verify(seed uint64, dst []int32) (uint64, error) {
 	if len(dst) == 0 {
 		return 0, nil
 	}
-	if k.dev != nil {
+	if k.Dev != nil {
 		pm := make([]kernels.PageMap, len(dst))
 		for i, p := range dst {
 			pm[i] = kernels.PageMap{DstPage: uint32(p)}
 		}
-		cfg := kernels.Config{Device: k.device, Geometry: k.g, Layout: kernels.LayoutPerLayer,
-			NumPages: k.numPages, KV: k.dev}
-		return testkit.VerifyTensors(cfg, seed, pm, 0, k.g.Layers)
+		cfg := kernels.Config{Device: k.Device, Geometry: k.G, Layout: kernels.LayoutPerLayer,
+			NumPages: k.NumPages, KV: k.Dev}
+		return testkit.VerifyTensors(cfg, seed, pm, 0, k.G.Layers)
 	}
 	var bad atomic.Uint64
-	err := forLayers(k.g.Layers, func(l int) error {
-		want := make([]byte, k.g.PageBytesPerPlane())
+	err := forLayers(k.G.Layers, func(l int) error {
+		want := make([]byte, k.G.PageBytesPerPlane())
 		for i, p := range dst {
-			for pl := 0; pl < k.g.Planes; pl++ {
+			for pl := 0; pl < k.G.Planes; pl++ {
 				key := kvdata.Key{Block: seed + uint64(i), Layer: l, Plane: pl}
-				got := k.host.Page(l, pl, p)
+				got := k.Host.Page(l, pl, p)
 				if kvdata.Verify(got, key) < 0 {
 					continue
 				}

@@ -290,11 +290,11 @@ func runStorePath(ctx context.Context, cfg StoreConfig, path string, g kvshape.G
 	}
 	defer cleanup()
 	onGPU := path == PathStoreGPU
-	kv, err := newBenchKV(g, numPages, onGPU, cfg.Device)
+	kv, err := NewKV(g, numPages, onGPU, cfg.Device)
 	if err != nil {
 		return nil, err
 	}
-	defer kv.free()
+	defer kv.Free()
 	chain, dst := chainAndPages(cfg.Seed, blocks, pages, numPages)
 	// The save is measured whole: its bound and budget hold all of it (what
 	// a default budget would cut is the replay's to count, not this row's).
@@ -312,7 +312,7 @@ func runStorePath(ctx context.Context, cfg StoreConfig, path string, g kvshape.G
 	}
 	defer s.Close()
 	opened := time.Now()
-	if err := s.RegisterKV(kv.memory()); err != nil {
+	if err := s.RegisterKV(kv.Memory()); err != nil {
 		return nil, err
 	}
 	if err := kv.fill(cfg.Seed, dst); err != nil {
@@ -375,7 +375,7 @@ type storePathRun struct {
 	ctx   context.Context
 	c     *storeCeilings
 	s     *runtime.Store
-	kv    *benchKV
+	kv    *KV
 	seed  uint64
 	chain []uint64
 	dst   []int32

@@ -66,11 +66,11 @@ func TestRunStoreCPU(t *testing.T) {
 
 // TestVerifyCountsCorruption: a word changed after the restore is counted.
 func TestVerifyCountsCorruption(t *testing.T) {
-	k, err := newBenchKV(mustGeometry(t, "tiny"), 10, false, 0)
+	k, err := NewKV(mustGeometry(t, "tiny"), 10, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer k.free()
+	defer k.Free()
 	dst := []int32{7, 2, 5}
 	if err := k.fill(5, dst); err != nil {
 		t.Fatal(err)
@@ -78,8 +78,8 @@ func TestVerifyCountsCorruption(t *testing.T) {
 	if bad, err := k.verify(5, dst); err != nil || bad != 0 {
 		t.Fatalf("clean: %d, %v", bad, err)
 	}
-	k.host.Page(1, 1, 2)[17] ^= 1
-	k.host.Page(0, 0, 7)[0] ^= 1
+	k.Host.Page(1, 1, 2)[17] ^= 1
+	k.Host.Page(0, 0, 7)[0] ^= 1
 	if bad, err := k.verify(5, dst); err != nil || bad != 2 {
 		t.Fatalf("two flipped words: counted %d, %v", bad, err)
 	}
