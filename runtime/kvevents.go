@@ -52,11 +52,12 @@ func (s *Store) copyMeta(chain []uint64, meta []BlockMeta) ([]kvmeta.Meta, error
 }
 
 // openServed wraps the index (kvmeta.Open: with Config.KVEvents, the
-// publisher and the sidecar in the first directory).
+// publisher and the sidecar in the store's first directory, in the map's
+// order as every other per-store file, whatever order Config.Dirs lists).
 func (s *Store) openServed(idx *prefix.Index) (*kvmeta.Index, error) {
 	// The catalog is made after the index: the publisher asks for the
 	// contents only once Open returned.
-	return kvmeta.Open(idx, s.cfg.KVEvents, s.cfg.Dirs[0], s.geo.ChunkPages*s.geo.PageTokens,
+	return kvmeta.Open(idx, s.cfg.KVEvents, s.storeDirs()[0], s.geo.ChunkPages*s.geo.PageTokens,
 		func(emit func(kvevents.Event)) { s.cat.Contents(emit) })
 }
 

@@ -36,6 +36,7 @@ func TestKVEventsRestart(t *testing.T) {
 	st0 := s.Stats().Events
 	closeKV(t, s, kv)
 
+	first := cfg.Dirs[0] // the sidecar's directory, whatever order a reopen lists
 	for _, tc := range []struct {
 		name     string
 		prepare  func()
@@ -43,7 +44,7 @@ func TestKVEventsRestart(t *testing.T) {
 	}{
 		{"sidecar", func() {}, false},
 		{"torn sidecar tail", func() {
-			p := filepath.Join(cfg.Dirs[0], kvmeta.FileName)
+			p := filepath.Join(first, kvmeta.FileName)
 			b, err := os.ReadFile(p)
 			if err != nil {
 				t.Fatal(err)
@@ -53,8 +54,9 @@ func TestKVEventsRestart(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, false},
+		{"directories listed the other way", func() { cfg.Dirs = []string{cfg.Dirs[1], cfg.Dirs[0]} }, false},
 		{"no sidecar", func() {
-			if err := os.Remove(filepath.Join(cfg.Dirs[0], kvmeta.FileName)); err != nil {
+			if err := os.Remove(filepath.Join(first, kvmeta.FileName)); err != nil {
 				t.Fatal(err)
 			}
 		}, true},
