@@ -11,7 +11,6 @@ import (
 	"github.com/tutti-io/tutti/prefix"
 	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
 	"github.com/tutti-io/tutti/runtime/internal/mover"
-	"github.com/tutti-io/tutti/runtime/internal/mover/gpu"
 	"github.com/tutti-io/tutti/runtime/internal/nodewire"
 	"github.com/tutti-io/tutti/runtime/internal/prewrite"
 	"github.com/tutti-io/tutti/uring"
@@ -48,21 +47,12 @@ func Connect(socket string, cfg Config) (*Store, error) {
 			ErrSettingsMismatch, socket, rc.lay.Width(), cfg.RunWidth)
 	}
 	cfg.Dirs, cfg.CapacityBytes, cfg.RunWidth, cfg.buffered = hello.Dirs, hello.CapacityBytes, rc.lay.Width(), hello.Buffered
-	if err := cfg.Validate(); err != nil {
+	s, userDevice, err := newStore(cfg, "connect")
+	if err != nil {
 		_ = rc.close()
 		return nil, err
 	}
-	userDevice := cfg.Device != (DeviceProfile{})
-	cfg = cfg.withDefaults()
-	gpuReads := cfg.sizeGPUReads()
-	if cfg.Path == PathGPU && cfg.gpuBind == nil {
-		if err := gpu.Available(cfg.GPU.Device); err != nil {
-			_ = rc.close()
-			return nil, fmt.Errorf("runtime: connect with path gpu: %w: %w", ErrGPUUnavailable, err)
-		}
-	}
-	s := &Store{cfg: cfg, geo: cfg.Geometry, loadN: make(chan struct{}, cfg.MaxLoads), gpuReads: gpuReads, ctl: rc, remote: rc}
-	s.savesCond.L = &s.mu
+	s.ctl, s.remote = rc, rc
 	if err := rc.openFiles(hello.Files, hello.Buffered); err != nil {
 		_ = rc.close()
 		return nil, fmt.Errorf("runtime: connect: %w", err)

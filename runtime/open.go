@@ -60,23 +60,11 @@ var ErrGPUUnavailable = errors.New("runtime: GPU path unavailable")
 // wrapping ErrGPUUnavailable when the kernels cannot run (see
 // OpenWithFallback).
 func Open(cfg Config) (*Store, error) {
-	if err := cfg.Validate(); err != nil {
+	s, userDevice, err := newStore(cfg, "open")
+	if err != nil {
 		return nil, err
 	}
-	userDevice := cfg.Device != (DeviceProfile{})
-	cfg = cfg.withDefaults()
-	// Sized on either path, so that Stats.GPU.Reads says what PathGPU uses
-	// on these devices; sized values are within Validate's ranges
-	// (TestDeviceSizedGPUReads).
-	gpuReads := cfg.sizeGPUReads()
-	if cfg.Path == PathGPU && cfg.gpuBind == nil {
-		if err := gpu.Available(cfg.GPU.Device); err != nil {
-			return nil, fmt.Errorf("runtime: open with path gpu: %w: %w", ErrGPUUnavailable, err)
-		}
-	}
-	s := &Store{cfg: cfg, geo: cfg.Geometry, loadN: make(chan struct{}, cfg.MaxLoads), gpuReads: gpuReads}
-	s.savesCond.L = &s.mu
-	var err error
+	cfg = s.cfg
 	s.m, err = objmap.Open(objmap.Options{Dirs: cfg.Dirs, CapacityBytes: cfg.CapacityBytes, Geometry: cfg.Geometry, WritePool: cfg.WritePool,
 		Buffered: cfg.buffered, SegmentBytes: cfg.segmentBytes, RunWidth: cfg.RunWidth})
 	if err != nil {
@@ -90,6 +78,31 @@ func Open(cfg Config) (*Store, error) {
 	}
 	s.pre = prewrite.Start(s.m, cfg.NoPrewrite, "Config.NoPrewrite")
 	return s, nil
+}
+
+// newStore is the beginning Open and Connect share: it validates cfg,
+// fills its defaults and checks that PathGPU's kernels can run (an error
+// wrapping ErrGPUUnavailable names op). userDevice says whether cfg gave a
+// device profile (openIO probes the devices otherwise). The store has no
+// parts yet: the caller opens them and, on failure, closes what it opened.
+func newStore(cfg Config, op string) (s *Store, userDevice bool, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, false, err
+	}
+	userDevice = cfg.Device != (DeviceProfile{})
+	cfg = cfg.withDefaults()
+	// Sized on either path, so that Stats.GPU.Reads says what PathGPU uses
+	// on these devices; sized values are within Validate's ranges
+	// (TestDeviceSizedGPUReads).
+	gpuReads := cfg.sizeGPUReads()
+	if cfg.Path == PathGPU && cfg.gpuBind == nil {
+		if err := gpu.Available(cfg.GPU.Device); err != nil {
+			return nil, false, fmt.Errorf("runtime: %s with path gpu: %w: %w", op, ErrGPUUnavailable, err)
+		}
+	}
+	s = &Store{cfg: cfg, geo: cfg.Geometry, loadN: make(chan struct{}, cfg.MaxLoads), gpuReads: gpuReads}
+	s.savesCond.L = &s.mu
+	return s, userDevice, nil
 }
 
 // openIndex opens the prefix index (with its KV events publisher) and
