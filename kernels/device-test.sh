@@ -10,7 +10,11 @@
 # most 8 files); the summary is printed last and is in summary.txt.
 #
 # Knobs (environment):
-#   TK_STEPS   which steps, of "build selftest tests bench" (default all)
+#   TK_STEPS   which steps, of "build selftest tests serve oneblock bench"
+#              (default all). serve: a `tutti serve` over 4 loops (ext4) and
+#              serve-bench's GPU-path engines restoring through it, one then
+#              two at once then one (about 110 s); oneblock: runtime's
+#              BenchmarkLoadOneBlock on 8 loops, GPU path (about 60 s)
 #   TK_BENCH   product (default) store-gpu and store-cpu (runtime.Store's
 #                    Save and Load) beside the kernels-only rows (GPU kick
 #                    mode, (a); per-block and cuFile compat on 8 loops) for
@@ -42,7 +46,7 @@
 set -u
 OUT=${OUT:-$PWD/out}
 W=${TK_WORK:-/tmp/device-test}
-STEPS=${TK_STEPS:-build selftest tests bench}
+STEPS=${TK_STEPS:-build selftest tests serve oneblock bench}
 BENCH=${TK_BENCH:-product}
 BENCH_S=${TK_BENCH_S:-480}
 RUN_S=${TK_RUN_S:-400}
@@ -176,6 +180,47 @@ mountloops() { # ext4 on every loop, mounted under /mnt/tk-loopN; sets STORE_DIR
 	done
 	STORE_DIRS=$(IFS=,; echo "${dirs[*]}")
 }
+# serve: two engine processes on one GPU restoring through one node service
+# (issue 50): the pair's total against one engine alone, every byte verified.
+servestep() {
+	loops 4 6G || { note "serve: loop devices: ${#LOOPS[@]} of 4 set up"; unloops; return; }
+	mountloops || { note "serve: ext4 on the loops failed"; unloops; return; }
+	local sock=/tmp/tk-serve.sock pid rc line
+	rm -f "$sock"
+	bin/gpu/tutti serve --dir "$STORE_DIRS" --socket "$sock" --model llama3-8b --capacity-blocks 256 --no-prewrite >"$W/serve.log" 2>&1 &
+	pid=$!
+	for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+	local B=(bin/gpu/tutti serve-bench --socket "$sock" --model llama3-8b --path gpu --prefixes 8 --min-blocks 8 --max-blocks 8 --load-only --duration 20s)
+	for run in "populate --engines 1 --populate" "two --engines 2" "one --engines 1"; do
+		set -- $run
+		local name=$1
+		shift
+		timeout 120 "${B[@]}" "$@" >"$W/serve-bench-$name.txt" 2>&1
+		rc=$?
+		line=$(grep -E '^total' "$W/serve-bench-$name.txt" | tail -1 | cut -c1-200)
+		note "serve-bench $name: rc $rc ${line:-$(tail -2 "$W/serve-bench-$name.txt" | tr '\n' ' ' | cut -c1-200)}"
+	done
+	kill -INT "$pid" 2>/dev/null
+	for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+	kill -9 "$pid" 2>/dev/null
+	unloops
+}
+if step serve; then
+	if [ -x bin/gpu/tutti ]; then servestep; else note "serve: bin/gpu/tutti missing (make gpu-bins)"; fi
+fi
+
+# oneblock: the fixed cost of a Load (issue 46): one block restored on the GPU path
+# over 8 loops (ext4), spread against one device per run.
+if step oneblock; then
+	if loops 8 2G && mountloops; then
+		(cd runtime && TUTTI_BENCH_PATH=gpu TUTTI_BENCH_DIRS=$STORE_DIRS timeout 200 "$ROOT/bin/gpu/runtime.test" \
+			-test.run '^$' -test.bench 'LoadOneBlock$' -test.benchtime 20x) >"$W/oneblock.txt" 2>&1
+		note "oneblock: rc $?"
+		while IFS= read -r line; do SUMMARY+=("  ${line}"); done < <(grep -E '^Benchmark' "$W/oneblock.txt" | cut -c1-200)
+	else note "oneblock: loops or ext4 failed"; fi
+	unloops
+fi
+
 budget() { # true while the bench is within TK_BENCH_S of the script's start
 	[ $(($(date +%s) - t0)) -lt "$BENCH_S" ] && return 0
 	note "bench: time budget ${BENCH_S} s spent, the rest skipped"
