@@ -14,7 +14,7 @@ STATICCHECK_VERSION := v0.8.2
 GOBIN_DIR   := $(or $(shell $(GO) env GOBIN),$(firstword $(subst :, ,$(shell $(GO) env GOPATH)))/bin)
 STATICCHECK := $(GOBIN_DIR)/staticcheck
 
-.PHONY: all build test test-deps test-go vet lint bench kernels gpu-bins device-test python-test clean
+.PHONY: all build test test-deps test-go vet lint bench kernels gpu-bins gpu-pack device-test python-test clean
 
 all: build
 
@@ -69,6 +69,12 @@ gpu-bins:
 	$(GO) test -c -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/tp.test ./runtime/tp
 	$(GO) test -c -ldflags='$(GPU_LDFLAGS)' -o $(BIN)/gpu/harness.test ./eval/harness
 	$(GO) build -ldflags='$(GPU_LDFLAGS)' -buildmode=c-shared -o $(BIN)/libtutti.so ./runtime/capi
+
+# bin/gpu.tar.xz: bin/gpu and bin/libtutti.so packed (about 17 of their 61 MB)
+# to fit a device call's 64 MiB carry; unpack there with
+# `tar xJf bin/gpu.tar.xz -C bin`.
+gpu-pack: gpu-bins
+	tar cf - -C $(BIN) gpu libtutti.so | xz -T2 -6 >$(BIN)/gpu.tar.xz
 
 # Everything the GPU machine runs in one call (build, every GPU test,
 # gpubench, the pool): see kernels/device-test.sh. Needs `make gpu-bins` first.
