@@ -58,6 +58,8 @@
 #   REPLAY_ARGS  extra replay flags for every run
 #   STORE        real-disk store (default /var/tmp/tutti-eval)
 #   NLOOPS, LOOP_GIB  loop devices and their size (default 4 × 12 GiB)
+#   EMU_RATE_BPS each loop's read and write limit (scripts/emuloop.sh; default 1.5e9, 0 = none);
+#                its steadiness (EMU_STEADY_SAMPLES samples, default 8) is printed before the runs
 #   BUDGET_S     seconds for the whole script (default 540); MAX_RUN_S per replay (default 480)
 #   ESTIMATE_ONLY=1  print the estimate and exit (no GPU, no loops: runs anywhere)
 #   OUT          where eval.tgz goes (default out/device-run)
@@ -108,6 +110,7 @@ finish() {
 	trap - EXIT INT TERM
 	[ -n "$CLOCKS_PID" ] && kill "$CLOCKS_PID" 2>/dev/null
 	for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
+	emu_unlimit "${LOOPS[@]}"
 	for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null; done
 	for f in "${SHMFILES[@]}"; do rm -f "$f"; done
 	rm -rf "$STORE" "$MNT"
@@ -311,7 +314,7 @@ setup_loops() {
 		return 1
 	fi
 	mkdir -p "$MNT"
-	local i f dev dirs=() files=()
+	local i f dev line dirs=() files=()
 	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/tutti-eval-loop$i"); done
 	SHMFILES+=("${files[@]}")
 	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || { say "writing the loops' backing files failed"; return 1; }
@@ -319,6 +322,15 @@ setup_loops() {
 		f=${files[$i]}
 		dev=$(losetup --find --show --direct-io=on "$f") || { say "losetup $f failed"; return 1; }
 		LOOPS+=("$dev")
+	done
+	if [ "$EMU_RATE_BPS" = 0 ]; then EMU_LIMIT="unlimited (EMU_RATE_BPS=0): rates follow the host's copies"
+	elif emu_limit "${LOOPS[@]}" >>"$WORK/run.log"; then EMU_LIMIT="iocost-limited to $EMU_RATE_BPS B/s read and write each"
+	else EMU_LIMIT="unlimited (iocost refused): rates follow the host's copies"; fi
+	say "$EMU_LIMIT"
+	emu_steady "$TUTTI" "${EMU_STEADY_SAMPLES:-8}" 1GiB "${LOOPS[@]}" >"$WORK/steady.txt" 2>&1
+	while IFS= read -r line; do say "$line"; done < <(grep ceiling "$WORK/steady.txt")
+	for ((i = 0; i < NLOOPS; i++)); do
+		dev=${LOOPS[$i]}
 		# inode tables and journal written now, not by ext4lazyinit during a run
 		mkfs.ext4 -q -F -m 0 -E lazy_itable_init=0,lazy_journal_init=0 "$dev" >>"$WORK/run.log" 2>&1 || { say "mkfs.ext4 $dev failed"; return 1; }
 		mkdir -p "$MNT/m$i"
@@ -366,7 +378,7 @@ for run in "${ORDERED[@]}"; do
 	emulated)
 		[ -n "$EMU_DIRS" ] || { say "$run: no emulated storage"; continue; }
 		dirs=$EMU_DIRS
-		label="emulated storage ($NLOOPS RAM-backed loop devices in /dev/shm, $LOOP_IO, ext4 each; every backend striped over them; not an SSD)"
+		label="emulated storage ($NLOOPS RAM-backed loop devices in /dev/shm, $LOOP_IO, $EMU_LIMIT, ext4 each; every backend striped over them; not an SSD)"
 		;;
 	*) say "unknown storage $storage"; continue ;;
 	esac

@@ -152,19 +152,26 @@ gb() { # name gpubench-args...
 	local line # the product rows and their ceilings, in the summary too
 	while IFS= read -r line; do SUMMARY+=("  $name: ${line## }"); done < <(grep -E '^  store-(gpu|cpu)[ /]|^ceilings over' "$W/$name.txt" | cut -c1-200)
 }
-loops() { # n size: sets up n loop devices over /dev/shm files, O_DIRECT
-	local n=$1 size=$2 i d files=()
+loops() { # n size [steady]: n loop devices over /dev/shm files, O_DIRECT, under emu_limit; with
+	# "steady", emu_steady samples their ceilings first (EMU_STEADY_SAMPLES, default 8) into the summary
+	local n=$1 size=$2 i d files=() line
 	for ((i = 0; i < n; i++)); do files+=("/dev/shm/tk-loop$i"); done
 	emu_backing_many "$size" "${files[@]}" || return 1
 	for ((i = 0; i < n; i++)); do
 		d=$(losetup --find --show --direct-io=on /dev/shm/tk-loop$i) || return 1
 		LOOPS+=("$d")
 	done
+	note "$(emu_limit "${LOOPS[@]}")"
+	[ "${3:-}" = steady ] || return 0
+	emu_steady bin/gpu/tutti "${EMU_STEADY_SAMPLES:-8}" 1GiB "${LOOPS[@]}" >"$W/steady-$n.txt" 2>&1
+	while IFS= read -r line; do note "$line"; done < <(grep ceiling "$W/steady-$n.txt")
+	return 0
 }
 unloops() { # detaches the loops (and unmounts their filesystems)
 	local d
 	for d in "${MOUNTS[@]}"; do umount "$d"; done
 	MOUNTS=()
+	emu_unlimit "${LOOPS[@]}"
 	for d in "${LOOPS[@]}"; do losetup -d "$d"; done
 	LOOPS=()
 	rm -f /dev/shm/tk-loop*
@@ -187,9 +194,10 @@ servestep() {
 	mountloops || { note "serve: ext4 on the loops failed"; unloops; return; }
 	local sock=/tmp/tk-serve.sock pid rc line
 	rm -f "$sock"
-	bin/gpu/tutti serve --dir "$STORE_DIRS" --socket "$sock" --model llama3-8b --capacity-blocks 256 --no-prewrite >"$W/serve.log" 2>&1 &
+	bin/gpu/tutti serve --dir "$STORE_DIRS" --socket "$sock" --model llama3-8b --capacity-blocks 128 --no-prewrite >"$W/serve.log" 2>&1 &
 	pid=$!
-	for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+	for _ in $(seq 300); do [ -S "$sock" ] && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+	[ -S "$sock" ] || { note "serve: no socket: $(tail -3 "$W/serve.log" | tr '\n' ' ' | cut -c1-300)"; kill -9 "$pid" 2>/dev/null; unloops; return; }
 	local B=(bin/gpu/tutti serve-bench --socket "$sock" --model llama3-8b --path gpu --prefixes 8 --min-blocks 8 --max-blocks 8 --load-only --duration 20s)
 	for run in "populate --engines 1 --populate" "two --engines 2" "one --engines 1"; do
 		set -- $run
@@ -236,7 +244,7 @@ product() {
 		size=$([ "$n" = 4 ] && echo 5G || echo 3G)
 		kp=gpu-kick,uring
 		[ "$n" = 8 ] && kp=gpu-kick,uring,per-block,cufile-compat
-		loops "$n" "$size" || { note "loop devices: ${#LOOPS[@]} of $n set up"; return 1; }
+		loops "$n" "$size" steady || { note "loop devices: ${#LOOPS[@]} of $n set up"; return 1; }
 		local devs label="emulated storage ($n RAM-backed loop devices)"
 		devs=$(IFS=,; echo "${LOOPS[*]}")
 		for m in llama3-8b llama3-70b deepseek-v3; do
@@ -270,7 +278,7 @@ if step bench && [ "$BENCH" != none ]; then
 	mkdir -p "$DISK"
 	files=()
 	if [ "$BENCH" != product ]; then
-		loops 4 3G || { note "loop devices: ${#LOOPS[@]} of 4 set up"; exit 1; }
+		loops 4 3G steady || { note "loop devices: ${#LOOPS[@]} of 4 set up"; exit 1; }
 		devs=$(IFS=,; echo "${LOOPS[*]}")
 	fi
 	case $BENCH in

@@ -25,3 +25,80 @@ emu_backing_many() {
 	for f in "${pids[@]}"; do wait "$f" || rc=1; done
 	return $rc
 }
+
+# The limit that makes a loop device hold still: without one, a loop's rate
+# is whatever the host's copies reach at that moment (striped ceilings of 8
+# loops sampled 19-31 GB/s in one call) and its copies compete with the
+# product's own CPU work. iocost with a fixed linear model (vrate pinned at
+# 100%) charges every bio, so short transfers see the limit as long ones do;
+# blk-throttle (io.max) admits about 100 ms of its rate at once after an idle
+# spell, so a restore of tens of MB a device ran at the host's speed under it
+# (BENCHMARKS.md, Emulated storage).
+#
+# EMU_RATE_BPS: every loop's read and write rate in bytes/s (default
+# 1500000000, a PCIe Gen4 NVMe drive's order: 12 GB/s over 8 loops, 6 over
+# 4); 0 leaves the loops unlimited (then nothing holds them still).
+EMU_RATE_BPS=${EMU_RATE_BPS:-1500000000}
+
+# emu_limit DEV...: the iocost limit on every DEV (a loop device); prints
+# what it set, or why it could not (then the run says unlimited).
+emu_limit() {
+	local d n rc=0
+	if [ "$EMU_RATE_BPS" = 0 ]; then
+		echo "emulated storage: no rate limit (EMU_RATE_BPS=0): rates follow the host's copies"
+		return 0
+	fi
+	if [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" != cgroup2fs ]; then
+		echo "emulated storage: iocost limit REFUSED: /sys/fs/cgroup is not cgroup v2 here: rates follow the host's copies"
+		return 1
+	fi
+	for d in "$@"; do
+		n=$(cat "/sys/block/${d#/dev/}/dev") || { rc=1; continue; }
+		echo "$n ctrl=user model=linear rbps=$EMU_RATE_BPS rseqiops=2000000 rrandiops=2000000 wbps=$EMU_RATE_BPS wseqiops=2000000 wrandiops=2000000" \
+			>/sys/fs/cgroup/io.cost.model 2>/dev/null &&
+			echo "$n enable=1 ctrl=user rpct=0 rlat=0 wpct=0 wlat=0 min=100 max=100" >/sys/fs/cgroup/io.cost.qos 2>/dev/null || rc=1
+		grep -q "^$n enable=1 " /sys/fs/cgroup/io.cost.qos 2>/dev/null || rc=1
+	done
+	if [ $rc = 0 ]; then
+		echo "emulated storage: iocost limit $EMU_RATE_BPS B/s read and write on each of $# loop devices"
+	else
+		echo "emulated storage: iocost limit REFUSED on some of $* (no cgroup v2 io controller or iocost here): rates follow the host's copies"
+	fi
+	return $rc
+}
+
+# emu_unlimit DEV...: takes the limit off (before the loop is detached).
+emu_unlimit() {
+	local d n
+	for d in "$@"; do
+		n=$(cat "/sys/block/${d#/dev/}/dev" 2>/dev/null) || continue
+		echo "$n enable=0" >/sys/fs/cgroup/io.cost.qos 2>/dev/null
+	done
+	return 0
+}
+
+# emu_steady TUTTI SAMPLES SIZE DEV...: the striped read and write ceilings
+# of the DEVs (`tutti devbench --striped`, SIZE a device a sample) sampled
+# SAMPLES times each, one line a sample, then one line each of min, max and
+# max/min. Writes overwrite the devices: call it before mkfs. Returns 1 when
+# either max/min is above 1.03 (the devices do not hold still).
+emu_steady() {
+	local t=$1 n=$2 size=$3 op i v vals rc=0 paths
+	shift 3
+	paths=$(IFS=,; echo "$*")
+	for op in randread seqwrite; do
+		vals=()
+		for ((i = 0; i < n; i++)); do
+			v=$(timeout 60 "$t" devbench --striped --path "$paths" --size "$size" --buffer 256MiB --ops "$op" --allow-holes 2>&1 |
+				sed -nE 's/^striped (read|write) ceiling ([0-9.]+) MB\/s.*/\2/p' | head -1)
+			echo "emulated storage $# loops $op #$i: ${v:-failed} MB/s"
+			[ -n "$v" ] && vals+=("$v")
+		done
+		printf '%s\n' "${vals[@]}" | awk -v op="$op" -v want="$n" -v d=$# '
+			NR == 1 { lo = $1; hi = $1 } { if ($1 < lo) lo = $1; if ($1 > hi) hi = $1 }
+			END { if (NR < want || lo <= 0) { printf "emulated storage %d loops %s: %d of %d samples\n", d, op, NR, want; exit 1 }
+				r = hi / lo; printf "emulated storage %d loops %s ceiling: min %.0f max %.0f MB/s, max/min %.3f (%s)\n", d, op, lo, hi, r, r <= 1.03 ? "steady" : "NOT steady: above 1.03"
+				exit r <= 1.03 ? 0 : 1 }' || rc=1
+	done
+	return $rc
+}
