@@ -29,10 +29,10 @@ $B --path gpu --populate >/dev/null 2>&1
 rb() { awk '{for(i=2;i<=NF;i++) if($i ~ /^rbytes=/){split($i,a,"="); s+=a[2]}} END{print s+0}' $CG/io.stat; }
 run() {
 	local p=$1 tag=$2 b0 b1 t0 t1
-	b0=$(rb); t0=$(date +%s.%N)
+	b0=$(rb); t0=$(date +%s%N)
 	$B --path $p 2>&1 | tail -1 | sed -E 's/.*"load_gb_per_s":([0-9.]+).*/\1/' | xargs printf "$tag $p path: serve-bench %s GB/s"
-	b1=$(rb); t1=$(date +%s.%N)
-	awk -v b="$((b1 - b0))" -v t="$(echo "$t1 - $t0" | bc)" 'BEGIN{printf "; devices read %.1f GB in %.1f s (%.2f GB/s; limit 6)\n", b/1e9, t, b/1e9/t}'
+	b1=$(rb); t1=$(date +%s%N)
+	awk -v b="$((b1 - b0))" -v t="$(((t1 - t0) / 1000000))e-3" 'BEGIN{printf "; devices read %.1f GB in %.1f s (%.2f GB/s; limit 6)\n", b/1e9, t, b/1e9/t}'
 }
 run gpu "iocost"
 run cpu "iocost"
