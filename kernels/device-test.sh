@@ -26,6 +26,11 @@
 #              paths every path (GPU, (a), per-block, cuFile,
 #                    cuFile compat, page cache, DRAM), both models, both
 #                    storages, one round each;
+#              threshold  the product path's thresholds on steady emulated
+#                    storage: ceilings sampled on 4 and 8 loops (emu_steady),
+#                    then on 8 loops llama3-8b's kernels rows (GPU kick,
+#                    per-block, cuFile compat) on the raw loops and its store
+#                    rows (ext4), TK_ROUNDS rounds each (default 6)
 #              none
 #   TK_ROUNDS  gpubench rounds per file (default 6 for pool, 1 for paths;
 #              keep it even for a pool: the paths' order is balanced over
@@ -51,6 +56,7 @@ BENCH=${TK_BENCH:-product}
 BENCH_S=${TK_BENCH_S:-480}
 RUN_S=${TK_RUN_S:-400}
 ROUNDS=${TK_ROUNDS:-$([ "$BENCH" = paths ] && echo 1 || echo 6)}
+SERVE_S=${TK_SERVE_S:-20}
 STORE_ROUNDS=${TK_STORE_ROUNDS:-1}
 TOKENS=${TK_TOKENS:-32768}
 FLAGS=${TK_FLAGS:-}
@@ -198,7 +204,7 @@ servestep() {
 	pid=$!
 	for _ in $(seq 300); do [ -S "$sock" ] && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 	[ -S "$sock" ] || { note "serve: no socket: $(tail -3 "$W/serve.log" | tr '\n' ' ' | cut -c1-300)"; kill -9 "$pid" 2>/dev/null; unloops; return; }
-	local B=(bin/gpu/tutti serve-bench --socket "$sock" --model llama3-8b --path gpu --prefixes 8 --min-blocks 8 --max-blocks 8 --load-only --duration 20s)
+	local B=(bin/gpu/tutti serve-bench --socket "$sock" --model llama3-8b --path gpu --prefixes 8 --min-blocks 8 --max-blocks 8 --load-only --duration "${SERVE_S}s")
 	for run in "populate --engines 1 --populate" "two --engines 2" "one --engines 1"; do
 		set -- $run
 		local name=$1
@@ -277,13 +283,26 @@ if step bench && [ "$BENCH" != none ]; then
 	REAL="real disk (virtio)"
 	mkdir -p "$DISK"
 	files=()
-	if [ "$BENCH" != product ]; then
+	if [ "$BENCH" != product ] && [ "$BENCH" != threshold ]; then
 		loops 4 3G steady || { note "loop devices: ${#LOOPS[@]} of 4 set up"; exit 1; }
 		devs=$(IFS=,; echo "${LOOPS[*]}")
 	fi
 	case $BENCH in
 	product)
 		product
+		;;
+	threshold)
+		loops 4 2G steady
+		unloops
+		loops 8 3G steady || { note "loop devices: ${#LOOPS[@]} of 8 set up"; exit 1; }
+		devs=$(IFS=,; echo "${LOOPS[*]}")
+		label="emulated storage (8 RAM-backed loop devices, $EMU_RATE_BPS B/s each)"
+		gb emu8-llama3-8b --model llama3-8b --devices "$devs" --label "$label" --rounds "$ROUNDS" --paths gpu-kick,per-block,cufile-compat
+		files+=("$W/emu8-llama3-8b.json")
+		if mountloops; then
+			gb emu8-store-llama3-8b --model llama3-8b --store-dirs "$STORE_DIRS" --label "$label (ext4)" --rounds "$ROUNDS" --paths store-gpu,store-cpu
+		else note "ext4 on the 8 loops failed"; fi
+		unloops
 		;;
 	pool)
 		gb g1 --model llama3-70b --devices "$devs" --label "$EMU" --paths gpu-kick,uring,per-block --rounds "$ROUNDS"
@@ -304,7 +323,7 @@ if step bench && [ "$BENCH" != none ]; then
 		done
 		;;
 	*)
-		note "TK_BENCH=$BENCH: want product, pool, paths or none"
+		note "TK_BENCH=$BENCH: want product, threshold, pool, paths or none"
 		exit 1
 		;;
 	esac

@@ -29,19 +29,25 @@ emu_backing_many() {
 # The limit that makes a loop device hold still: without one, a loop's rate
 # is whatever the host's copies reach at that moment (striped ceilings of 8
 # loops sampled 19-31 GB/s in one call) and its copies compete with the
-# product's own CPU work. iocost with a fixed linear model (vrate pinned at
-# 100%) charges every bio, so short transfers see the limit as long ones do;
-# blk-throttle (io.max) admits about 100 ms of its rate at once after an idle
-# spell, so a restore of tens of MB a device ran at the host's speed under it
-# (BENCHMARKS.md, Emulated storage).
+# product's own CPU work. Two limiters, each covering what the other lets
+# through (scripts/emuleak.sh measured both; BENCHMARKS.md, Emulated storage):
+# iocost with a fixed linear model (vrate pinned at 100%) charges every bio
+# from the first, so a short transfer after an idle spell sees the limit
+# (blk-throttle admits about 100 ms of its rate at once there); blk-throttle
+# (io.max) holds the GPU path's deep sustained reads, which iocost alone let
+# through at 1.4x its limit. io.max needs a cgroup other than the root: the
+# calling shell ($$) and everything it starts later move into
+# /sys/fs/cgroup/tutti-emu until emu_unlimit.
 #
 # EMU_RATE_BPS: every loop's read and write rate in bytes/s (default
 # 1500000000, a PCIe Gen4 NVMe drive's order: 12 GB/s over 8 loops, 6 over
 # 4); 0 leaves the loops unlimited (then nothing holds them still).
 EMU_RATE_BPS=${EMU_RATE_BPS:-1500000000}
+EMU_CGROUP=/sys/fs/cgroup/tutti-emu
+EMU_FROM=/tmp/tutti-emu.from # the cgroup the shell came from
 
-# emu_limit DEV...: the iocost limit on every DEV (a loop device); prints
-# what it set, or why it could not (then the run says unlimited).
+# emu_limit DEV...: both limits on every DEV (a loop device); prints what
+# it set, or why it could not (then the run says unlimited) and returns 1.
 emu_limit() {
 	local d n rc=0
 	if [ "$EMU_RATE_BPS" = 0 ]; then
@@ -49,31 +55,43 @@ emu_limit() {
 		return 0
 	fi
 	if [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" != cgroup2fs ]; then
-		echo "emulated storage: iocost limit REFUSED: /sys/fs/cgroup is not cgroup v2 here: rates follow the host's copies"
+		echo "emulated storage: rate limit REFUSED: /sys/fs/cgroup is not cgroup v2 here: rates follow the host's copies"
 		return 1
 	fi
+	[ -f "$EMU_FROM" ] || sed -n 's/^0:://p' "/proc/$$/cgroup" >"$EMU_FROM" 2>/dev/null
+	mkdir -p "$EMU_CGROUP" && echo $$ >"$EMU_CGROUP/cgroup.procs" || rc=1
 	for d in "$@"; do
 		n=$(cat "/sys/block/${d#/dev/}/dev") || { rc=1; continue; }
 		echo "$n ctrl=user model=linear rbps=$EMU_RATE_BPS rseqiops=2000000 rrandiops=2000000 wbps=$EMU_RATE_BPS wseqiops=2000000 wrandiops=2000000" \
 			>/sys/fs/cgroup/io.cost.model 2>/dev/null &&
 			echo "$n enable=1 ctrl=user rpct=0 rlat=0 wpct=0 wlat=0 min=100 max=100" >/sys/fs/cgroup/io.cost.qos 2>/dev/null || rc=1
 		grep -q "^$n enable=1 " /sys/fs/cgroup/io.cost.qos 2>/dev/null || rc=1
+		echo "$n rbps=$EMU_RATE_BPS wbps=$EMU_RATE_BPS" >"$EMU_CGROUP/io.max" 2>/dev/null || rc=1
+		grep -q "^$n rbps=$EMU_RATE_BPS wbps=$EMU_RATE_BPS" "$EMU_CGROUP/io.max" 2>/dev/null || rc=1
 	done
 	if [ $rc = 0 ]; then
-		echo "emulated storage: iocost limit $EMU_RATE_BPS B/s read and write on each of $# loop devices"
+		echo "emulated storage: $EMU_RATE_BPS B/s read and write on each of $# loop devices (iocost and io.max)"
 	else
-		echo "emulated storage: iocost limit REFUSED on some of $* (no cgroup v2 io controller or iocost here): rates follow the host's copies"
+		echo "emulated storage: rate limit REFUSED on some of $* (cgroup v2 io controller, iocost or io.max missing): rates follow the host's copies"
 	fi
 	return $rc
 }
 
-# emu_unlimit DEV...: takes the limit off (before the loop is detached).
+# emu_unlimit DEV...: takes the limits off (before the loops are detached)
+# and moves the calling shell back to the cgroup it came from.
 emu_unlimit() {
-	local d n
+	local d n from
 	for d in "$@"; do
 		n=$(cat "/sys/block/${d#/dev/}/dev" 2>/dev/null) || continue
 		echo "$n enable=0" >/sys/fs/cgroup/io.cost.qos 2>/dev/null
+		echo "$n rbps=max wbps=max" >"$EMU_CGROUP/io.max" 2>/dev/null
 	done
+	if [ -f "$EMU_FROM" ]; then
+		from=$(cat "$EMU_FROM")
+		echo $$ >"/sys/fs/cgroup$from/cgroup.procs" 2>/dev/null
+		rm -f "$EMU_FROM"
+	fi
+	rmdir "$EMU_CGROUP" 2>/dev/null
 	return 0
 }
 
