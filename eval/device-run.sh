@@ -58,7 +58,7 @@
 #   REPLAY_ARGS  extra replay flags for every run
 #   STORE        real-disk store (default /var/tmp/tutti-eval)
 #   NLOOPS, LOOP_GIB  loop devices and their size (default 4 × 12 GiB)
-#   EMU_RATE_BPS each loop's read and write limit (scripts/emuloop.sh; default 1.5e9, 0 = none);
+#   EMU_LIMITER, EMU_RATE_BPS  the loops' rate limit (scripts/emuloop.sh; default none);
 #                its steadiness (EMU_STEADY_SAMPLES samples, default 8) is printed before the runs
 #   BUDGET_S     seconds for the whole script (default 540); MAX_RUN_S per replay (default 480)
 #   ESTIMATE_ONLY=1  print the estimate and exit (no GPU, no loops: runs anywhere)
@@ -323,9 +323,9 @@ setup_loops() {
 		dev=$(losetup --find --show --direct-io=on "$f") || { say "losetup $f failed"; return 1; }
 		LOOPS+=("$dev")
 	done
-	if [ "$EMU_RATE_BPS" = 0 ]; then EMU_LIMIT="unlimited (EMU_RATE_BPS=0): rates follow the host's copies"
-	elif emu_limit "${LOOPS[@]}" >>"$WORK/run.log"; then EMU_LIMIT="iocost-limited to $EMU_RATE_BPS B/s read and write each"
-	else EMU_LIMIT="unlimited (iocost refused): rates follow the host's copies"; fi
+	if [ "$EMU_LIMITER" = none ]; then EMU_LIMIT="unlimited: rates follow the host's copies"
+	elif emu_limit "${LOOPS[@]}" >>"$WORK/run.log"; then EMU_LIMIT="limited ($EMU_LIMITER) to $EMU_RATE_BPS B/s read and write each"
+	else EMU_LIMIT="unlimited ($EMU_LIMITER refused): rates follow the host's copies"; fi
 	say "$EMU_LIMIT"
 	emu_steady "$TUTTI" "${EMU_STEADY_SAMPLES:-8}" 1GiB "${LOOPS[@]}" >"$WORK/steady.txt" 2>&1
 	while IFS= read -r line; do say "$line"; done < <(grep ceiling "$WORK/steady.txt")

@@ -296,7 +296,7 @@ if step bench && [ "$BENCH" != none ]; then
 		unloops
 		loops 8 3G steady || { note "loop devices: ${#LOOPS[@]} of 8 set up"; exit 1; }
 		devs=$(IFS=,; echo "${LOOPS[*]}")
-		label="emulated storage (8 RAM-backed loop devices, $EMU_RATE_BPS B/s each)"
+		label="emulated storage (8 RAM-backed loop devices, limit: $EMU_LIMITER at $EMU_RATE_BPS B/s each)"
 		gb emu8-llama3-8b --model llama3-8b --devices "$devs" --label "$label" --rounds "$ROUNDS" --paths gpu-kick,per-block,cufile-compat
 		files+=("$W/emu8-llama3-8b.json")
 		if mountloops; then
