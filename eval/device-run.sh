@@ -58,7 +58,7 @@
 #   REPLAY_ARGS  extra replay flags for every run
 #   STORE        real-disk store (default /var/tmp/tutti-eval)
 #   NLOOPS, LOOP_GIB  loop devices and their size (default 4 × 12 GiB)
-#   EMU_LIMITER, EMU_RATE_BPS  the loops' rate limit (scripts/emuloop.sh; default none);
+#   EMU_LIMITER, EMU_RATE_BPS  the loops' rate limit (scripts/emuloop.sh; default iomax at 1.5e9);
 #                its steadiness (EMU_STEADY_SAMPLES samples, default 8) is printed before the runs
 #   BUDGET_S     seconds for the whole script (default 540); MAX_RUN_S per replay (default 480)
 #   ESTIMATE_ONLY=1  print the estimate and exit (no GPU, no loops: runs anywhere)

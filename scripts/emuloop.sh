@@ -29,26 +29,30 @@ emu_backing_many() {
 # The limit that makes a loop device hold still: without one, a loop's rate
 # is whatever the host's copies reach at that moment (striped ceilings of 8
 # loops sampled 19-31 GB/s in one call) and its copies compete with the
-# product's own CPU work. The kernel offers two limiters, and on the GPU
-# machine's kernel each holds some I/O patterns and not others
-# (scripts/emuprobe.sh, scripts/emuleak.sh; BENCHMARKS.md, Emulated storage):
-#   iocost  a fixed linear model, vrate pinned at 100%: devbench's striped
-#           samples hold within 1%, long and short, but the GPU path's
-#           restores pass at about 1.4x the limit;
-#   iomax   blk-throttle (cgroup v2 io.max): long transfers hold, but about
-#           100 ms of the rate passes at once after an idle spell, so a short
-#           restore runs at the host's speed;
-#   both    samples hold within 2.5% and the node service's GPU restores sit
-#           at the limit, but gpubench's paths drop to about 0.22 of it.
+# product's own CPU work. The kernel offers two limiters; on the GPU
+# machine's kernel (6.18) each holds some I/O patterns and not others
+# (scripts/emuprobe.sh, emuleak.sh, emustore.sh; BENCHMARKS.md, Emulated
+# storage):
+#   iomax   blk-throttle (cgroup v2 io.max), the default: the product's own
+#           saves and restores (gpubench store rows) run at the limit, and
+#           1-2 GiB samples hold within 1%; but about one throttle slice
+#           (20-30 ms) of the rate passes at once after an idle spell, so a
+#           short transfer (gpubench's 512 MiB ceiling samples, a docqa
+#           restore) reads above it;
+#   iocost  a fixed linear model, vrate pinned at 100%: devbench's samples
+#           hold within 1%, long and short, but gpubench's product rows drop
+#           to about 0.2 of the limit while the GPU path's docqa and node
+#           service restores pass at up to 1.4x it;
+#   both    as iocost for gpubench's rows (about 0.22).
 # io.max needs a cgroup other than the root: the calling shell ($$) and
 # everything it starts later move into /sys/fs/cgroup/tutti-emu until
 # emu_unlimit.
 #
-# EMU_LIMITER: none (default: until one holds every pattern), iocost, iomax
-# or both. EMU_RATE_BPS: every loop's read and write rate in bytes/s under a
-# limiter (default 1500000000, a PCIe Gen4 NVMe drive's order: 12 GB/s over
-# 8 loops, 6 over 4).
-EMU_LIMITER=${EMU_LIMITER:-none}
+# EMU_LIMITER: iomax (default), iocost, both or none (the host's copies set
+# the rate). EMU_RATE_BPS: every loop's read and write rate in bytes/s
+# under a limiter (default 1500000000, a PCIe Gen4 NVMe drive's order:
+# 12 GB/s over 8 loops, 6 over 4).
+EMU_LIMITER=${EMU_LIMITER:-iomax}
 EMU_RATE_BPS=${EMU_RATE_BPS:-1500000000}
 EMU_CGROUP=/sys/fs/cgroup/tutti-emu
 EMU_FROM=/tmp/tutti-emu.from # the cgroup the shell came from

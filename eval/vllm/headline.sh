@@ -140,16 +140,20 @@ ONE_PATH_LABEL=""
 stripe_up() { # a dm-stripe over NLOOPS more RAM-backed loops, ext4: the one path of a one-path backend
 	if [ -f /tmp/vl-stripe ]; then
 		ONE_PATH_LABEL="one dm-stripe (128 KiB chunks) over $NLOOPS more such loop devices, ext4"
+		log "$(emu_limit $(cat /tmp/vl-sloopdevs))"
 		return 0
 	fi
 	command -v dmsetup >/dev/null || { log "stripe: no dmsetup here; one-path backends get the first loop device alone"; return 1; }
 	local i d f devs=() files=() sectors table
+	rm -f /tmp/vl-sloopdevs
 	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/vl-sloop$i"); done
 	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || return 1
 	for f in "${files[@]}"; do
 		d=$(losetup --find --show --direct-io=on "$f") || return 1
 		devs+=("$d")
+		echo "$d" >>/tmp/vl-sloopdevs
 	done
+	log "$(emu_limit "${devs[@]}")"
 	sectors=$(($(blockdev --getsz "${devs[0]}") / 256 * 256))
 	table="0 $((sectors * NLOOPS)) striped $NLOOPS 256"
 	for d in "${devs[@]}"; do table+=" $d 0"; done
@@ -168,7 +172,7 @@ one_path() { # BACKEND: true for a backend that takes one directory per GPU
 
 storage_label() {
 	case $1 in
-	loops) echo "$NLOOPS RAM-backed loop devices of $LOOP_GIB GiB (emulated storage, ext4)" ;;
+	loops) echo "$NLOOPS RAM-backed loop devices of $LOOP_GIB GiB (emulated storage, $EMU_LIMITER limit at $EMU_RATE_BPS B/s each, ext4)" ;;
 	disk) echo "the machine's disk (/var/tmp, ext4)" ;;
 	esac
 }

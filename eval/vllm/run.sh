@@ -120,19 +120,23 @@ loops_up() { # NLOOPS loop devices with ext4, mounted under /mnt/vl-loopN (kept 
 	local i d m files=() dirs=()
 	if [ -f /tmp/vl-loops ]; then
 		LOOPDIRS=$(cat /tmp/vl-loops)
+		log "$(emu_limit $(cat /tmp/vl-loopdevs))" # io.max holds the cgroup this call's shell joins
 		return 0
 	fi
+	rm -f /tmp/vl-loopdevs
 	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/vl-loop$i"); done
 	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || return 1
 	for ((i = 0; i < NLOOPS; i++)); do
 		d=$(losetup --find --show --direct-io=on "/dev/shm/vl-loop$i") || return 1
+		echo "$d" >>/tmp/vl-loopdevs
 		m=/mnt/vl-loop$i
 		mkdir -p "$m" && mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$d" && mount "$d" "$m" || return 1
 		dirs+=("\"$m/tutti\"")
 	done
 	LOOPDIRS=$(IFS=,; echo "${dirs[*]}")
 	echo "$LOOPDIRS" >/tmp/vl-loops
-	log "storage: $NLOOPS RAM-backed loop devices of $LOOP_GIB GiB (emulated storage), ext4, O_DIRECT"
+	log "$(emu_limit $(cat /tmp/vl-loopdevs))"
+	log "storage: $NLOOPS RAM-backed loop devices of $LOOP_GIB GiB (emulated storage, $EMU_LIMITER limit), ext4, O_DIRECT"
 }
 
 phase() { # model phase out [extra-config]
