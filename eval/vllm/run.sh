@@ -8,7 +8,7 @@
 # the pieces go over back-to-back calls, then the checks run:
 #
 #   run carry=[.vllm-stage/piece-00, .vllm-stage/MANIFEST]  'bash eval/vllm/run.sh recv'
-#   run carry=[.vllm-stage/piece-01, .vllm-stage/MANIFEST]  'bash eval/vllm/run.sh recv'
+#   ... one call per piece (stage.sh prints them: 3 with the hybrid models' packages)
 #   run carry=[.vllm-stage/MANIFEST, bin/libtutti.so]       'bash eval/vllm/run.sh check CASE...'
 #
 # recv checks each piece it has against MANIFEST (sha256) and says what is
@@ -33,7 +33,7 @@
 #   baseline's (where they part: the first position and both top logits),
 #   the second process restored from tutti.
 #
-# Time on the GPU machine: the two recv calls about a minute each with the
+# Time on the GPU machine: the recv calls about a minute each with the
 # machine's start; a vLLM process under a minute (import, engine start with dummy
 # weights and no graph capture, the waves), so a model's baseline and first case
 # about 2 minutes and each further case about 1; every model, storage and path
