@@ -112,6 +112,7 @@ finish() {
 	for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
 	emu_unlimit "${LOOPS[@]}"
 	for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null; done
+	emu_devices_stop >>"$WORK/run.log"
 	for f in "${SHMFILES[@]}"; do rm -f "$f"; done
 	rm -rf "$STORE" "$MNT"
 	say "done in $(($(date +%s) - T0)) s (exit $rc)"
@@ -318,6 +319,8 @@ setup_loops() {
 	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/tutti-eval-loop$i"); done
 	SHMFILES+=("${files[@]}")
 	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || { say "writing the loops' backing files failed"; return 1; }
+	mapfile -t files < <(EMU_TUTTI=$TUTTI emu_devices "${files[@]}" 2>>"$WORK/run.log")
+	[ ${#files[@]} = "$NLOOPS" ] || { say "emulated devices ($EMU_LIMITER): ${#files[@]} of $NLOOPS (run.log)"; return 1; }
 	for ((i = 0; i < NLOOPS; i++)); do
 		f=${files[$i]}
 		dev=$(losetup --find --show --direct-io=on "$f") || { say "losetup $f failed"; return 1; }

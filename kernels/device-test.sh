@@ -163,8 +163,10 @@ loops() { # n size [steady]: n loop devices over /dev/shm files, O_DIRECT, under
 	local n=$1 size=$2 i d files=() line
 	for ((i = 0; i < n; i++)); do files+=("/dev/shm/tk-loop$i"); done
 	emu_backing_many "$size" "${files[@]}" || return 1
-	for ((i = 0; i < n; i++)); do
-		d=$(losetup --find --show --direct-io=on /dev/shm/tk-loop$i) || return 1
+	mapfile -t files < <(emu_devices "${files[@]}" 2>>"$W/emudev.txt")
+	[ ${#files[@]} = "$n" ] || { note "emulated devices: ${#files[@]} of $n ($EMU_LIMITER; emudev.txt)"; return 1; }
+	for f in "${files[@]}"; do
+		d=$(losetup --find --show --direct-io=on "$f") || return 1
 		LOOPS+=("$d")
 	done
 	note "$(emu_limit "${LOOPS[@]}")"
@@ -180,6 +182,7 @@ unloops() { # detaches the loops (and unmounts their filesystems)
 	emu_unlimit "${LOOPS[@]}"
 	for d in "${LOOPS[@]}"; do losetup -d "$d"; done
 	LOOPS=()
+	emu_devices_stop >>"$W/emudev.txt"
 	rm -f /dev/shm/tk-loop*
 }
 mountloops() { # ext4 on every loop, mounted under /mnt/tk-loopN; sets STORE_DIRS

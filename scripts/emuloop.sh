@@ -29,33 +29,81 @@ emu_backing_many() {
 # The limit that makes a loop device hold still: without one, a loop's rate
 # is whatever the host's copies reach at that moment (striped ceilings of 8
 # loops sampled 19-31 GB/s in one call) and its copies compete with the
-# product's own CPU work. The kernel offers two limiters; on the GPU
-# machine's kernel (6.18) each holds some I/O patterns and not others
-# (scripts/emuprobe.sh, emuleak.sh, emustore.sh; BENCHMARKS.md, Emulated
-# storage):
-#   iomax   blk-throttle (cgroup v2 io.max), the default: the product's own
-#           saves and restores (gpubench store rows) run at the limit, and
-#           1-2 GiB samples hold within 1%; but about one throttle slice
-#           (20-30 ms) of the rate passes at once after an idle spell, so a
-#           short transfer (gpubench's 512 MiB ceiling samples, a docqa
-#           restore) reads above it;
+# product's own CPU work. Limiters (scripts/emuprobe.sh, emuleak.sh;
+# BENCHMARKS.md, Emulated storage):
+#   iomax   blk-throttle (cgroup v2 io.max), the default where /dev/fuse is
+#           missing: the product's own saves and restores
+#           (gpubench store rows) run at the limit and 1-2 GiB samples hold
+#           within 1%; but one or two throttle slices (20 ms each) of the
+#           rate pass at once after an idle spell, so a short transfer (a
+#           512 MiB ceiling sample, a docqa restore) reads above it;
 #   iocost  a fixed linear model, vrate pinned at 100%: devbench's samples
-#           hold within 1%, long and short, but gpubench's product rows drop
-#           to about 0.2 of the limit while the GPU path's docqa and node
-#           service restores pass at up to 1.4x it;
-#   both    as iocost for gpubench's rows (about 0.22).
+#           hold, long and short, but gpubench's product rows drop to about
+#           0.2 of the limit while the GPU path's restores pass at up to 1.4x;
+#   both    as iocost for gpubench's rows;
+#   emudev  the default: the loops go over RAM-backed FUSE files that
+#           `tutti emudev` (eval/emudev) paces as devices of an exact rate,
+#           first come first served, no burst after idle: whatever the
+#           pattern, one rate (dev VM: ceilings at the limit, store-cpu's rows
+#           0.95-0.998 of them); its cost is a second copy of every byte on
+#           the host's CPUs (about 0.7 CPU s a GB there);
+#   none    the host's copies set the rate.
 # io.max needs a cgroup other than the root: the calling shell ($$) and
 # everything it starts later move into /sys/fs/cgroup/tutti-emu until
 # emu_unlimit.
 #
-# EMU_LIMITER: iomax (default), iocost, both or none (the host's copies set
-# the rate). EMU_RATE_BPS: every loop's read and write rate in bytes/s
-# under a limiter (default 1500000000, a PCIe Gen4 NVMe drive's order:
-# 12 GB/s over 8 loops, 6 over 4).
-EMU_LIMITER=${EMU_LIMITER:-iomax}
+# EMU_LIMITER picks one (every run's label names it). EMU_RATE_BPS: every loop's read and write rate in
+# bytes/s under a limiter (default 1500000000, a PCIe Gen4 NVMe drive's
+# order: 12 GB/s over 8 loops, 6 over 4). EMU_TUTTI: the CLI for emudev
+# (default bin/gpu/tutti, else bin/tutti).
+EMU_LIMITER=${EMU_LIMITER:-$([ -c /dev/fuse ] && echo emudev || echo iomax)}
 EMU_RATE_BPS=${EMU_RATE_BPS:-1500000000}
 EMU_CGROUP=/sys/fs/cgroup/tutti-emu
 EMU_FROM=/tmp/tutti-emu.from # the cgroup the shell came from
+EMU_DEV=/tmp/tutti-emudev     # emudev's mounts, pid and log
+EMU_TUTTI=${EMU_TUTTI:-$([ -x bin/gpu/tutti ] && echo bin/gpu/tutti || echo bin/tutti)}
+
+# emu_devices FILE...: what the loop devices go over, one path a line, in
+# FILE's order: the backing files themselves, or under EMU_LIMITER=emudev
+# the files `tutti emudev` serves over them (started here, in the
+# background; emu_devices_stop ends it once the loops are detached).
+emu_devices() {
+	if [ "$EMU_LIMITER" != emudev ]; then
+		printf '%s\n' "$@"
+		return 0
+	fi
+	local files i
+	files=$(IFS=,; echo "$*")
+	emu_devices_stop
+	mkdir -p "$EMU_DEV/mnt" || return 1
+	"$EMU_TUTTI" emudev --backing "$files" --mount "$EMU_DEV/mnt" --read-bytes-per-sec "$EMU_RATE_BPS" \
+		--write-bytes-per-sec "$EMU_RATE_BPS" >"$EMU_DEV/log" 2>&1 </dev/null &
+	echo $! >"$EMU_DEV/pid"
+	for ((i = 0; i < 300; i++)); do
+		grep -q '"op":"ready"' "$EMU_DEV/log" 2>/dev/null && break
+		kill -0 "$(cat "$EMU_DEV/pid")" 2>/dev/null || break
+		sleep 0.1
+	done
+	if ! grep -q '"op":"ready"' "$EMU_DEV/log" 2>/dev/null; then
+		echo "emudev did not start: $(tail -3 "$EMU_DEV/log" 2>/dev/null | tr '\n' ' ')" >&2
+		return 1
+	fi
+	grep '"op":"ready"' "$EMU_DEV/log" | head -1 | grep -o '"paths":\[[^]]*\]' | grep -o '"/[^"]*"' | tr -d '"'
+}
+
+# emu_devices_stop: ends a running `tutti emudev` (after the loop devices
+# over its files are detached) and prints its per-device counters' line.
+emu_devices_stop() {
+	local pid i
+	[ -f "$EMU_DEV/pid" ] || return 0
+	pid=$(cat "$EMU_DEV/pid")
+	rm -f "$EMU_DEV/pid"
+	kill -TERM "$pid" 2>/dev/null || return 0
+	for ((i = 0; i < 300; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+	kill -9 "$pid" 2>/dev/null
+	grep '"op":"stats"' "$EMU_DEV/log" 2>/dev/null | cut -c1-400
+	return 0
+}
 
 # emu_limit DEV...: EMU_LIMITER's limit on every DEV (a loop device);
 # prints what it set, or why it could not and returns 1.
@@ -66,9 +114,17 @@ emu_limit() {
 		echo "emulated storage: no rate limit (EMU_LIMITER=none): rates follow the host's copies"
 		return 0
 		;;
+	emudev)
+		if [ -f "$EMU_DEV/pid" ] && kill -0 "$(cat "$EMU_DEV/pid")" 2>/dev/null; then
+			echo "emulated storage: $EMU_RATE_BPS B/s read and write on each of $# loop devices (emudev: paced FUSE files)"
+			return 0
+		fi
+		echo "emulated storage: EMU_LIMITER=emudev but no tutti emudev runs (emu_devices starts it): rates unknown"
+		return 1
+		;;
 	iocost | iomax | both) ;;
 	*)
-		echo "emulated storage: EMU_LIMITER=$EMU_LIMITER: want none, iocost, iomax or both"
+		echo "emulated storage: EMU_LIMITER=$EMU_LIMITER: want none, iocost, iomax, both or emudev"
 		return 1
 		;;
 	esac
@@ -84,12 +140,12 @@ emu_limit() {
 		n=$(cat "/sys/block/${d#/dev/}/dev") || { rc=1; continue; }
 		if [ "$EMU_LIMITER" != iomax ]; then
 			echo "$n ctrl=user model=linear rbps=$EMU_RATE_BPS rseqiops=2000000 rrandiops=2000000 wbps=$EMU_RATE_BPS wseqiops=2000000 wrandiops=2000000" \
-				>/sys/fs/cgroup/io.cost.model 2>/dev/null &&
-				echo "$n enable=1 ctrl=user rpct=0 rlat=0 wpct=0 wlat=0 min=100 max=100" >/sys/fs/cgroup/io.cost.qos 2>/dev/null || rc=1
+				2>/dev/null >/sys/fs/cgroup/io.cost.model &&
+				echo "$n enable=1 ctrl=user rpct=0 rlat=0 wpct=0 wlat=0 min=100 max=100" 2>/dev/null >/sys/fs/cgroup/io.cost.qos || rc=1
 			grep -q "^$n enable=1 " /sys/fs/cgroup/io.cost.qos 2>/dev/null || rc=1
 		fi
 		if [ "$EMU_LIMITER" != iocost ]; then
-			echo "$n rbps=$EMU_RATE_BPS wbps=$EMU_RATE_BPS" >"$EMU_CGROUP/io.max" 2>/dev/null || rc=1
+			echo "$n rbps=$EMU_RATE_BPS wbps=$EMU_RATE_BPS" 2>/dev/null >"$EMU_CGROUP/io.max" || rc=1
 			grep -q "^$n rbps=$EMU_RATE_BPS wbps=$EMU_RATE_BPS" "$EMU_CGROUP/io.max" 2>/dev/null || rc=1
 		fi
 	done
@@ -107,8 +163,8 @@ emu_unlimit() {
 	local d n from
 	for d in "$@"; do
 		n=$(cat "/sys/block/${d#/dev/}/dev" 2>/dev/null) || continue
-		echo "$n enable=0" >/sys/fs/cgroup/io.cost.qos 2>/dev/null
-		echo "$n rbps=max wbps=max" >"$EMU_CGROUP/io.max" 2>/dev/null
+		echo "$n enable=0" 2>/dev/null >/sys/fs/cgroup/io.cost.qos
+		echo "$n rbps=max wbps=max" 2>/dev/null >"$EMU_CGROUP/io.max"
 	done
 	if [ -f "$EMU_FROM" ]; then
 		from=$(cat "$EMU_FROM")
@@ -121,7 +177,7 @@ emu_unlimit() {
 
 # emu_steady TUTTI SAMPLES SIZE DEV...: the striped read and write ceilings
 # of the DEVs (`tutti devbench --striped`, SIZE a device a sample) sampled
-# SAMPLES times each, one line a sample, then one line each of min, max and
+# SAMPLES times each (EMU_STEADY_GAP_S: seconds idle after each), one line a sample, then one line each of min, max and
 # max/min. Writes overwrite the devices: call it before mkfs. Returns 1 when
 # either max/min is above 1.03 (the devices do not hold still).
 emu_steady() {
@@ -134,6 +190,7 @@ emu_steady() {
 			v=$(timeout 60 "$t" devbench --striped --path "$paths" --size "$size" --buffer 256MiB --ops "$op" --allow-holes 2>&1 |
 				sed -nE 's/^striped (read|write) ceiling ([0-9.]+) MB\/s.*/\2/p' | head -1)
 			echo "emulated storage $# loops $op #$i: ${v:-failed} MB/s"
+			[ -n "${EMU_STEADY_GAP_S:-}" ] && sleep "$EMU_STEADY_GAP_S"
 			[ -n "$v" ] && vals+=("$v")
 		done
 		printf '%s\n' "${vals[@]}" | awk -v op="$op" -v want="$n" -v d=$# '

@@ -1,79 +1,76 @@
 #!/usr/bin/env bash
-# scripts/emuprobe.sh: how steady can emulated storage be on this kernel? A
-# diagnostic for choosing the limiter of RAM-backed loop devices (emulated
-# storage), run as root on the GPU machine in one device call (about 90 s):
+# scripts/emuprobe.sh: which limiter of scripts/emuloop.sh holds emulated
+# storage still, for every I/O pattern? Run as root on the GPU machine in one
+# device call (about 70 s a limiter): bash scripts/emuprobe.sh (needs
+# bin/gpu/tutti: make gpu-pack, carry it; nvcc for the store rows' GPU path).
 #
-#   bash scripts/emuprobe.sh            (needs bin/gpu/tutti: make gpu-bins, carry it)
-#
-# It prints the kernel's block-layer options (throttling, iocost, null_blk,
-# ublk), then the striped ceiling (`tutti devbench --striped`) of 8 and 4
-# loop devices sampled several times, long (2 GiB a device) and short
-# (128 MiB a device, a restore of a few blocks), under: no limit; cgroup v2
-# io.max (blk-throttle); iocost with a fixed linear model (vrate pinned at
-# 100%). blk-throttle admits about one 100 ms slice of its rate at once
-# after an idle spell, so a short transfer runs at the host's copy speed
-# and only long ones see the limit; iocost charges every bio against the
-# model, which this probe measures. Results: stdout and $OUT/emuprobe.txt.
-#
-# Knobs: RATE_BPS (per-device limit, default 1500000000), LOOP_SIZE (3G).
+# For each limiter in LIMITERS (default "emudev iomax"), on NLOOPS (8) fresh
+# RAM-backed loop devices at RATE_BPS (1.5e9) each: the striped read and write
+# ceilings sampled 6 times long (2 GiB a device) and 6 times short (128 MiB a
+# device, half a second idle after each: a restore after a pause; knobs
+# LOOP_SIZE, LONG_SIZE, SHORT_SIZE), then
+# gpubench's store rows (llama3-8b, 32K tokens, ROUNDS rounds: the product's
+# own saves and restores, store-gpu and store-cpu) on ext4 over the loops;
+# with emudev, its CPU seconds (what emulating costs the host). The kernel's
+# block-layer options are printed first. Results: stdout and $OUT/emuprobe.txt.
 set -u
 OUT=${OUT:-/tmp/out}
-RATE=${RATE_BPS:-1500000000}
-SIZE=${LOOP_SIZE:-3G}
 T=${TUTTI:-bin/gpu/tutti}
+N=${NLOOPS:-8}
+EMU_RATE_BPS=${RATE_BPS:-1500000000}
+ROUNDS=${ROUNDS:-2}
+SIZE=${LOOP_SIZE:-3G}
+LONG=${LONG_SIZE:-2GiB}
+SHORT=${SHORT_SIZE:-128MiB}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/emuprobe.txt") 2>&1
 . "$(dirname "$0")/emuloop.sh"
+EMU_TUTTI=$T
 [ -x "$T" ] || { echo "emuprobe: $T missing (make gpu-bins)"; exit 2; }
-echo "kernel $(uname -r), $(nproc) CPUs; cgroup v2 controllers: $(cat /sys/fs/cgroup/cgroup.controllers 2>&1)"
+echo "kernel $(uname -r), $(nproc) CPUs; cgroup v2 controllers: $(cat /sys/fs/cgroup/cgroup.controllers 2>&1); /dev/fuse: $([ -c /dev/fuse ] && echo yes || echo no)"
 (zcat /proc/config.gz 2>/dev/null || cat "/boot/config-$(uname -r)" 2>/dev/null) |
-	grep -E 'BLK_DEV_THROTTLING=|BLK_CGROUP_IOCOST=|BLK_DEV_NULL_BLK|BLK_DEV_UBLK|BLK_DEV_NBD|CONFIGFS_FS'
-FILES=(/dev/shm/emuprobe-{0..7})
-LOOPS=()
-cleanup() {
-	local l
-	for l in "${LOOPS[@]}"; do
-		echo "$(cat "/sys/block/${l#/dev/}/dev") enable=0" >/sys/fs/cgroup/io.cost.qos 2>/dev/null
-		losetup -d "$l"
-	done
-	rm -f "${FILES[@]}"
-	rmdir /sys/fs/cgroup/emuprobe 2>/dev/null
-}
-trap cleanup EXIT
-emu_backing_many "$SIZE" "${FILES[@]}" || { echo "emuprobe: backing files failed"; exit 1; }
-for f in "${FILES[@]}"; do LOOPS+=("$(losetup --find --show --direct-io=on "$f")") || exit 1; done
-devno() { cat "/sys/block/${1#/dev/}/dev"; }
-P8=$(IFS=,; echo "${LOOPS[*]}")
-P4=$(IFS=,; echo "${LOOPS[*]:0:4}")
-sample() { # label paths op rounds size-per-device
-	local i
-	for ((i = 0; i < $4; i++)); do
-		timeout 60 "$T" devbench --striped --path "$2" --size "$5" --buffer 256MiB --ops "$3" --allow-holes 2>&1 |
-			grep -E '^striped|rror' | head -1 | sed "s|^|$1 $3 $5 #$i: |"
-	done
-}
-echo "== no limit"
-sample raw8 "$P8" randread 3 2GiB
-sample raw8 "$P8" randread 3 128MiB
-sample raw8 "$P8" seqwrite 2 2GiB
-echo "== io.max rbps=wbps=$RATE a device (cgroup v2, this shell moved into it)"
-if mkdir -p /sys/fs/cgroup/emuprobe; then
-	for l in "${LOOPS[@]}"; do echo "$(devno "$l") rbps=$RATE wbps=$RATE" >/sys/fs/cgroup/emuprobe/io.max; done
-	(
-		echo $BASHPID >/sys/fs/cgroup/emuprobe/cgroup.procs || exit 1
-		sample max8 "$P8" randread 4 2GiB
-		sample max8 "$P8" randread 4 128MiB
-		sample max4 "$P4" randread 3 2GiB
-	)
-	for l in "${LOOPS[@]}"; do echo "$(devno "$l") rbps=max wbps=max" >/sys/fs/cgroup/emuprobe/io.max; done
+	grep -E 'BLK_DEV_THROTTLING|BLK_CGROUP_IOCOST=|BLK_DEV_NULL_BLK=|BLK_DEV_UBLK=|FUSE_FS='
+if [ -f kernels/build/libtutti_kernels.so ] || make -C kernels NVCC=nvcc >/tmp/emuprobe-build.log 2>&1; then
+	export TUTTI_KERNELS_LIB=$PWD/kernels/build/libtutti_kernels.so
 fi
-echo "== iocost, linear model at $RATE B/s a device, vrate pinned at 100%"
-for l in "${LOOPS[@]}"; do
-	echo "$(devno "$l") ctrl=user model=linear rbps=$RATE rseqiops=2000000 rrandiops=2000000 wbps=$RATE wseqiops=2000000 wrandiops=2000000" >/sys/fs/cgroup/io.cost.model || echo "iocost model refused for $l"
-	echo "$(devno "$l") enable=1 ctrl=user rpct=0 rlat=0 wpct=0 wlat=0 min=100 max=100" >/sys/fs/cgroup/io.cost.qos || echo "iocost qos refused for $l"
+FILES=()
+for ((i = 0; i < N; i++)); do FILES+=("/dev/shm/emuprobe-$i"); done
+LOOPS=()
+MOUNTS=()
+down() {
+	local l
+	for l in "${MOUNTS[@]}"; do umount "$l"; done
+	emu_unlimit "${LOOPS[@]}"
+	for l in "${LOOPS[@]}"; do losetup -d "$l"; done
+	LOOPS=()
+	MOUNTS=()
+	emu_devices_stop | sed 's/^/emudev: /'
+}
+trap 'down; rm -f "${FILES[@]}"' EXIT
+emu_backing_many "$SIZE" "${FILES[@]}" || { echo "emuprobe: backing files failed"; exit 1; }
+for lim in ${LIMITERS:-emudev iomax}; do
+	EMU_LIMITER=$lim
+	echo "== $lim at $EMU_RATE_BPS B/s a device"
+	mapfile -t devs < <(emu_devices "${FILES[@]}")
+	[ ${#devs[@]} = "$N" ] || { echo "$lim: ${#devs[@]} of $N devices"; continue; }
+	for d in "${devs[@]}"; do LOOPS+=("$(losetup --find --show --direct-io=on "$d")"); done
+	emu_limit "${LOOPS[@]}"
+	emu_steady "$T" 6 "$LONG" "${LOOPS[@]}" | grep ceiling | sed "s/^/$lim long: /"
+	EMU_STEADY_GAP_S=0.5 emu_steady "$T" 6 "$SHORT" "${LOOPS[@]}" | grep ceiling | sed "s/^/$lim short: /"
+	dirs=()
+	for ((i = 0; i < N; i++)); do
+		m=/mnt/emuprobe-$i
+		mkdir -p "$m" && mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "${LOOPS[$i]}" && mount "${LOOPS[$i]}" "$m" || break
+		MOUNTS+=("$m")
+		dirs+=("$m")
+	done
+	cpu0=$( [ -f "$EMU_DEV/pid" ] && awk '{print $14 + $15}' "/proc/$(cat "$EMU_DEV/pid")/stat" 2>/dev/null)
+	timeout 200 "$T" gpubench --model llama3-8b --tokens 32768 --store-dirs "$(IFS=,; echo "${dirs[*]}")" --rounds "$ROUNDS" \
+		--paths "${PATHS:-store-gpu,store-cpu}" --label "$N loops, $lim" >"$OUT/emuprobe-$lim-gpubench.txt" 2>&1
+	grep -E '^ceilings over|^  store-(gpu|cpu) ' "$OUT/emuprobe-$lim-gpubench.txt" | sed "s/^/$lim: /" | cut -c1-160
+	if [ -n "${cpu0:-}" ]; then
+		cpu1=$(awk '{print $14 + $15}' "/proc/$(cat "$EMU_DEV/pid")/stat" 2>/dev/null)
+		echo "$lim: emudev CPU during the store rows: $(((cpu1 - cpu0) / $(getconf CLK_TCK))) s"
+	fi
+	down
 done
-sample cost8 "$P8" randread 4 2GiB
-sample cost8 "$P8" randread 4 128MiB
-sample cost4 "$P4" randread 3 2GiB
-sample cost8 "$P8" seqwrite 3 2GiB
-sample cost8 "$P8" seqwrite 2 128MiB

@@ -73,6 +73,9 @@ CAPACITY_GIB=${CAPACITY_GIB:-24}
 BUDGET_S=${BUDGET_S:-540}
 DRIVE_ARGS=${DRIVE_ARGS:-}
 CHECK=${CHECK:-1}
+# These loops stay while the machine is warm, across calls that carry no
+# bin/gpu/tutti: a kernel limiter, not emudev.
+EMU_LIMITER=${EMU_LIMITER:-iomax}
 . "$ROOT/scripts/emuloop.sh"
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 

@@ -10,8 +10,8 @@ const module = "github.com/tutti-io/tutti"
 // cannot import each other, and the save pipeline above the admission it
 // settles.
 var layers = [][]string{
-	0:  {"internal/kvdata", "internal/trace", "internal/crashtest", "internal/archtest", "internal/abicheck", "internal/faultfs"},
-	1:  {"kvshape", "uring", "prefix", "sched", "kvevents"},
+	0:  {"internal/kvdata", "internal/trace", "internal/crashtest", "internal/archtest", "internal/abicheck", "internal/fusefile"},
+	1:  {"kvshape", "uring", "prefix", "sched", "kvevents", "internal/faultfs"},
 	2:  {"objmap", "devbench"},
 	3:  {"kernels", "internal/benchenv"},
 	4:  {"runtime/internal/ring", "runtime/internal/iosched", "runtime/internal/workpool", "runtime/internal/devprobe", "runtime/internal/prewrite", "runtime/internal/kvmeta", "runtime/internal/lrufile", "runtime/internal/nodewire"},
@@ -26,7 +26,7 @@ var layers = [][]string{
 // testSupport are the packages (and their subpackages) that only tests, the
 // harness (eval/) and the CLI (cmd/) may import from non-test code: no
 // product package (runtime's internal ones included) imports them.
-var testSupport = []string{"internal/kvdata", "internal/crashtest", "internal/benchenv", "internal/abicheck", "uring/uringsim", "membership/etcdtest", "internal/faultfs", "kvevents/kvindex", "kernels/testkit", "runtime/internal/mover/gpu/gputest"}
+var testSupport = []string{"internal/kvdata", "internal/crashtest", "internal/benchenv", "internal/abicheck", "uring/uringsim", "membership/etcdtest", "internal/faultfs", "internal/fusefile", "kvevents/kvindex", "kernels/testkit", "runtime/internal/mover/gpu/gputest"}
 
 // leaves are the packages (and their subpackages) whose non-test code
 // imports nothing of the module, so that whoever needs only them (an engine
