@@ -66,7 +66,8 @@ EMU_TUTTI=${EMU_TUTTI:-$([ -x bin/gpu/tutti ] && echo bin/gpu/tutti || echo bin/
 # emu_devices FILE...: what the loop devices go over, one path a line, in
 # FILE's order: the backing files themselves, or under EMU_LIMITER=emudev
 # the files `tutti emudev` serves over them (started here, in the
-# background; emu_devices_stop ends it once the loops are detached).
+# background; emu_devices_stop ends it once the loops are detached). One
+# emulator per EMU_DEV directory: set EMU_DEV to run several.
 emu_devices() {
 	if [ "$EMU_LIMITER" != emudev ]; then
 		printf '%s\n' "$@"
@@ -75,13 +76,16 @@ emu_devices() {
 	local files i
 	files=$(IFS=,; echo "$*")
 	emu_devices_stop
+	emu_devices_unmount
 	mkdir -p "$EMU_DEV/mnt" || return 1
-	"$EMU_TUTTI" emudev --backing "$files" --mount "$EMU_DEV/mnt" --read-bytes-per-sec "$EMU_RATE_BPS" \
+	# its own session: a device call's leftover processes are ended when it
+	# returns, and kept loops (eval/vllm/run.sh) need it after
+	setsid "$EMU_TUTTI" emudev --backing "$files" --mount "$EMU_DEV/mnt" --read-bytes-per-sec "$EMU_RATE_BPS" \
 		--write-bytes-per-sec "$EMU_RATE_BPS" >"$EMU_DEV/log" 2>&1 </dev/null &
 	echo $! >"$EMU_DEV/pid"
 	for ((i = 0; i < 300; i++)); do
 		grep -q '"op":"ready"' "$EMU_DEV/log" 2>/dev/null && break
-		kill -0 "$(cat "$EMU_DEV/pid")" 2>/dev/null || break
+		emu_devices_alive || break
 		sleep 0.1
 	done
 	if ! grep -q '"op":"ready"' "$EMU_DEV/log" 2>/dev/null; then
@@ -89,6 +93,22 @@ emu_devices() {
 		return 1
 	fi
 	grep '"op":"ready"' "$EMU_DEV/log" | head -1 | grep -o '"paths":\[[^]]*\]' | grep -o '"/[^"]*"' | tr -d '"'
+}
+
+# emu_devices_alive: true while EMU_DEV's emudev runs (a zombie is not
+# running: an unreaped one still answers kill -0).
+emu_devices_alive() {
+	local p
+	p=$(cat "$EMU_DEV/pid" 2>/dev/null) || return 1
+	[ -n "$p" ] && grep -q '^State:[[:space:]]*[RSD]' "/proc/$p/status" 2>/dev/null
+}
+
+# emu_devices_unmount: lazily unmounts what an emudev of EMU_DEV left
+# mounted (one killed, not stopped: its mounts answer ENOTCONN).
+emu_devices_unmount() {
+	local m
+	for m in "$EMU_DEV"/mnt/*; do umount -l "$m" 2>/dev/null; done
+	return 0
 }
 
 # emu_devices_stop: ends a running `tutti emudev` (after the loop devices
@@ -99,7 +119,7 @@ emu_devices_stop() {
 	pid=$(cat "$EMU_DEV/pid")
 	rm -f "$EMU_DEV/pid"
 	kill -TERM "$pid" 2>/dev/null || return 0
-	for ((i = 0; i < 300; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+	for ((i = 0; i < 300; i++)); do grep -q '^State:[[:space:]]*[RSD]' "/proc/$pid/status" 2>/dev/null || break; sleep 0.1; done
 	kill -9 "$pid" 2>/dev/null
 	grep '"op":"stats"' "$EMU_DEV/log" 2>/dev/null | cut -c1-400
 	return 0
@@ -115,7 +135,7 @@ emu_limit() {
 		return 0
 		;;
 	emudev)
-		if [ -f "$EMU_DEV/pid" ] && kill -0 "$(cat "$EMU_DEV/pid")" 2>/dev/null; then
+		if emu_devices_alive; then
 			echo "emulated storage: $EMU_RATE_BPS B/s read and write on each of $# loop devices (emudev: paced FUSE files)"
 			return 0
 		fi

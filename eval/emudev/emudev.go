@@ -102,6 +102,10 @@ func Start(cfg Config) (*Emulator, error) {
 			d.read.bytesPerSec, d.write.bytesPerSec = cfg.ReadBytesPerSec, cfg.WriteBytesPerSec
 			dir := filepath.Join(cfg.MountDir, strconv.Itoa(i))
 			var s *fusefile.Server
+			if _, serr := os.Stat(dir); errors.Is(serr, syscall.ENOTCONN) {
+				// a mount an emulator left when it was killed: nothing answers it
+				_ = unix.Unmount(dir, unix.MNT_DETACH)
+			}
 			if err = os.MkdirAll(dir, 0o755); err == nil {
 				s, err = fusefile.Mount(dir, "tutti-emudev", int64(len(d.mem)), d, fusefile.Options{AsyncDIO: true, MaxBackground: maxInFlight})
 			}

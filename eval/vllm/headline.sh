@@ -7,15 +7,17 @@
 #
 # Stage here first: `bash eval/vllm/stage.sh` (vLLM, .vllm-stage/piece-NN) and
 # `make gpu-bins` (bin/libtutti.so); optionally `bash eval/vllm/stage.sh
-# --lmcache` (.vllm-stage/lmcache.tar.xz, ~7 MiB). Then two device calls, back
-# to back on one warm machine (what they leave in /tmp lives only while it is
-# held; eval/vllm/run.sh's header):
+# --lmcache` (.vllm-stage/lmcache.tar.xz, ~7 MiB), and `make gpu-pack`
+# (bin/gpu.tar.xz: libtutti.so and the CLI whose `tutti emudev` paces the
+# loops). Then device calls, back to back on one warm machine (what they
+# leave in /tmp lives only while it is held; eval/vllm/run.sh's header):
 #
-#   1. carry [.vllm-stage/piece-00, .vllm-stage/MANIFEST]
-#        bash eval/vllm/run.sh recv                     (~1 min with the machine's start;
-#                                                        tutti's kernels build in the background)
-#   2. carry [.vllm-stage/piece-01, .vllm-stage/MANIFEST, bin/libtutti.so]
-#        bash eval/vllm/headline.sh run                 (~8.5 min: it unpacks vLLM, ~40 s, then
+#   1. carry [.vllm-stage/piece-0N, .vllm-stage/MANIFEST], once per piece
+#        bash eval/vllm/run.sh recv                     (~1 min each, the first with the machine's
+#                                                        start; tutti's kernels build in the background)
+#   2. carry [.vllm-stage/MANIFEST, bin/gpu.tar.xz]
+#        tar xJf bin/gpu.tar.xz -C bin && bash eval/vllm/headline.sh run
+#                                                       (~8.5 min: it unpacks vLLM, ~40 s, then
 #                                                        runs within BUDGET_S=540 of the call's 600)
 #   With LMCache: call 1 also carries .vllm-stage/lmcache.tar.xz and runs
 #        `bash eval/vllm/run.sh recv && bash eval/vllm/headline.sh lmcache`, which starts
@@ -138,16 +140,25 @@ storage_dirs() { # STORAGE -> JSON list of directories
 
 ONE_PATH_LABEL=""
 stripe_up() { # a dm-stripe over NLOOPS more RAM-backed loops, ext4: the one path of a one-path backend
+	local i d f devs=() files=() sectors table EMU_DEV=/tmp/vl-emudev-stripe
+	if [ -f /tmp/vl-stripe ] && [ "$EMU_LIMITER" = emudev ] && ! emu_devices_alive; then
+		log "the kept stripe's emudev is gone: stripe rebuilt"
+		umount /mnt/vl-stripe 2>/dev/null || umount -l /mnt/vl-stripe 2>/dev/null
+		dmsetup remove vl-stripe 2>/dev/null
+		for d in $(cat /tmp/vl-sloopdevs 2>/dev/null); do losetup -d "$d" 2>/dev/null; done
+		rm -f /tmp/vl-stripe /tmp/vl-sloopdevs
+	fi
 	if [ -f /tmp/vl-stripe ]; then
 		ONE_PATH_LABEL="one dm-stripe (128 KiB chunks) over $NLOOPS more such loop devices, ext4"
 		log "$(emu_limit $(cat /tmp/vl-sloopdevs))"
 		return 0
 	fi
 	command -v dmsetup >/dev/null || { log "stripe: no dmsetup here; one-path backends get the first loop device alone"; return 1; }
-	local i d f devs=() files=() sectors table
 	rm -f /tmp/vl-sloopdevs
 	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/vl-sloop$i"); done
 	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || return 1
+	mapfile -t files < <(EMU_TUTTI=$ROOT/bin/gpu/tutti emu_devices "${files[@]}")
+	[ ${#files[@]} = "$NLOOPS" ] || { log "stripe: emulated devices ($EMU_LIMITER): ${#files[@]} of $NLOOPS"; return 1; }
 	for f in "${files[@]}"; do
 		d=$(losetup --find --show --direct-io=on "$f") || return 1
 		devs+=("$d")
@@ -162,7 +173,7 @@ stripe_up() { # a dm-stripe over NLOOPS more RAM-backed loops, ext4: the one pat
 		mount /dev/mapper/vl-stripe /mnt/vl-stripe || return 1
 	echo /mnt/vl-stripe >/tmp/vl-stripe
 	ONE_PATH_LABEL="one dm-stripe (128 KiB chunks) over $NLOOPS more such loop devices, ext4"
-	log "stripe: $NLOOPS more RAM-backed loop devices of $LOOP_GIB GiB as one dm-stripe, ext4: the one path of vLLM's file tier and LMCache"
+	log "stripe: $NLOOPS more RAM-backed loop devices of $LOOP_GIB GiB as one dm-stripe, ext4 ($EMU_LIMITER limit): the one path of vLLM's file tier and LMCache"
 }
 
 one_path() { # BACKEND: true for a backend that takes one directory per GPU

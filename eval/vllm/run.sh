@@ -11,6 +11,10 @@
 #   ... one call per piece (stage.sh prints them: 3 with the hybrid models' packages)
 #   run carry=[.vllm-stage/MANIFEST, bin/libtutti.so]       'bash eval/vllm/run.sh check CASE...'
 #
+# With `make gpu-pack`, carry bin/gpu.tar.xz instead of bin/libtutti.so and run
+# `tar xJf bin/gpu.tar.xz -C bin && bash eval/vllm/run.sh ...`: the loops are
+# then paced by `tutti emudev` (scripts/emuloop.sh), else limited by io.max.
+#
 # recv checks each piece it has against MANIFEST (sha256) and says what is
 # still missing; the first recv also starts building the CUDA kernels in the
 # background. Once all pieces are there, vLLM is unpacked into /tmp/vllm-site
@@ -73,9 +77,11 @@ CAPACITY_GIB=${CAPACITY_GIB:-24}
 BUDGET_S=${BUDGET_S:-540}
 DRIVE_ARGS=${DRIVE_ARGS:-}
 CHECK=${CHECK:-1}
-# These loops stay while the machine is warm, across calls that carry no
-# bin/gpu/tutti: a kernel limiter, not emudev.
-EMU_LIMITER=${EMU_LIMITER:-iomax}
+# The loops' limiter: emudev where the call carries bin/gpu/tutti (bin/gpu.tar.xz,
+# unpacked) and /dev/fuse exists, else io.max; every storage label names it.
+# The loops and their emudev (its own session: it outlives the call) stay
+# while the machine is warm.
+EMU_LIMITER=${EMU_LIMITER:-$([ -c /dev/fuse ] && [ -x "$ROOT/bin/gpu/tutti" ] && echo emudev || echo iomax)}
 . "$ROOT/scripts/emuloop.sh"
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
@@ -120,7 +126,13 @@ kernels_wait() {
 
 LOOPDIRS=""
 loops_up() { # NLOOPS loop devices with ext4, mounted under /mnt/vl-loopN (kept while warm)
-	local i d m files=() dirs=()
+	local i d m files=() dirs=() EMU_DEV=/tmp/vl-emudev
+	if [ -f /tmp/vl-loops ] && [ "$EMU_LIMITER" = emudev ] && ! emu_devices_alive; then
+		log "the kept loops' emudev is gone: loops rebuilt"
+		for ((i = 0; i < NLOOPS; i++)); do umount "/mnt/vl-loop$i" 2>/dev/null || umount -l "/mnt/vl-loop$i" 2>/dev/null; done
+		for d in $(cat /tmp/vl-loopdevs 2>/dev/null); do losetup -d "$d" 2>/dev/null; done
+		rm -f /tmp/vl-loops /tmp/vl-loopdevs
+	fi
 	if [ -f /tmp/vl-loops ]; then
 		LOOPDIRS=$(cat /tmp/vl-loops)
 		log "$(emu_limit $(cat /tmp/vl-loopdevs))" # io.max holds the cgroup this call's shell joins
@@ -129,8 +141,10 @@ loops_up() { # NLOOPS loop devices with ext4, mounted under /mnt/vl-loopN (kept 
 	rm -f /tmp/vl-loopdevs
 	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/vl-loop$i"); done
 	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || return 1
+	mapfile -t files < <(EMU_TUTTI=$ROOT/bin/gpu/tutti emu_devices "${files[@]}")
+	[ ${#files[@]} = "$NLOOPS" ] || { log "emulated devices ($EMU_LIMITER): ${#files[@]} of $NLOOPS"; return 1; }
 	for ((i = 0; i < NLOOPS; i++)); do
-		d=$(losetup --find --show --direct-io=on "/dev/shm/vl-loop$i") || return 1
+		d=$(losetup --find --show --direct-io=on "${files[$i]}") || return 1
 		echo "$d" >>/tmp/vl-loopdevs
 		m=/mnt/vl-loop$i
 		mkdir -p "$m" && mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$d" && mount "$d" "$m" || return 1
