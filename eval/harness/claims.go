@@ -24,7 +24,10 @@ type Claim struct {
 	Goal     float64 `json:"goal"`
 	AtLeast  bool    `json:"at_least"` // the goal is Measured ≥ Goal (else ≤)
 	Met      bool    `json:"met"`
-	Detail   string  `json:"detail"` // the values compared and, where the goal is missed, what the run shows about why
+	// NoRatio: the baseline never meets the SLO, so a ratio of rates has no
+	// value (Measured 0); Met says whether tutti does.
+	NoRatio bool   `json:"no_ratio,omitempty"`
+	Detail  string `json:"detail"` // the values compared and, where the goal is missed, what the run shows about why
 }
 
 // String is the one line the summary prints.
@@ -35,6 +38,9 @@ func (c Claim) String() string {
 	}
 	if c.Met {
 		verdict = "met"
+	}
+	if c.NoRatio {
+		return fmt.Sprintf("%s: no ratio, %s never meets the SLO (goal %s %.1f×, %s): %s", c.Name, c.Against, op, c.Goal, verdict, c.Detail)
 	}
 	return fmt.Sprintf("%s: %.2f× (goal %s %.1f×, %s): %s", c.Name, c.Measured, op, c.Goal, verdict, c.Detail)
 }
@@ -145,7 +151,7 @@ func rateClaim(t, b *BackendResult) Claim {
 	c := Claim{Name: "rate at SLO against " + b.Backend, Backend: t.Backend, Against: b.Backend, Goal: claimRateGoal, AtLeast: true}
 	if b.MaxRateAtSLO <= 0 {
 		c.Detail = fmt.Sprintf("%s never meets the SLO; %s up to %.2f req/s", b.Backend, t.Backend, t.MaxRateAtSLO)
-		c.Met = t.MaxRateAtSLO > 0
+		c.NoRatio, c.Met = true, t.MaxRateAtSLO > 0
 		return c
 	}
 	c.Measured = t.MaxRateAtSLO / b.MaxRateAtSLO

@@ -97,3 +97,23 @@ func TestClaims(t *testing.T) {
 		t.Errorf("claims with no tutti backend: %v", c)
 	}
 }
+
+func TestRateClaimWithoutRatio(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		tRate, bRate float64
+		met, noRatio bool
+		says         string
+	}{
+		{"baseline never meets it", 0.63, 0, true, true, "no ratio, vllm-fs never meets the SLO (goal ≥ 2.0×, met)"},
+		{"neither meets it", 0, 0, false, true, "no ratio, vllm-fs never meets the SLO (goal ≥ 2.0×, missed)"},
+		{"both meet it", 4, 2, true, false, "2.00× (goal ≥ 2.0×, met)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rateClaim(&BackendResult{Backend: "tutti-cpu", MaxRateAtSLO: tc.tRate}, &BackendResult{Backend: "vllm-fs", MaxRateAtSLO: tc.bRate})
+			if c.Met != tc.met || c.NoRatio != tc.noRatio || !strings.Contains(c.String(), tc.says) {
+				t.Fatalf("claim %+v, line %q: want met %v, no ratio %v, saying %q", c, c, tc.met, tc.noRatio, tc.says)
+			}
+		})
+	}
+}

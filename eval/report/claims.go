@@ -23,6 +23,10 @@ func writeClaims(p func(string, ...any), res *harness.Result) {
 		if c.RatePerS > 0 {
 			rate = fmt.Sprintf("%.2f", c.RatePerS)
 		}
-		p("| %s | %s | %s | %.2f× | %s %.1f× | %v | %s |\n", c.Name, c.Against, rate, c.Measured, op, c.Goal, c.Met, c.Detail)
+		measured := fmt.Sprintf("%.2f×", c.Measured)
+		if c.NoRatio {
+			measured = "no ratio (" + c.Against + " never meets the SLO)"
+		}
+		p("| %s | %s | %s | %s | %s %.1f× | %v | %s |\n", c.Name, c.Against, rate, measured, op, c.Goal, c.Met, c.Detail)
 	}
 }
