@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Where does an iocost-limited loop device let reads through above its limit?
-# In a child cgroup: devbench at deep queues; a GPU-path and CPU-path restore through
-# a node service under iocost alone, then under iocost plus io.max on the same cgroup;
-# short striped samples under both.
+# scripts/emuleak.sh: where does an iocost-limited loop device let reads
+# through above its limit (a diagnostic of the kernel limiters that
+# scripts/emuloop.sh offers; the GPU machine, one device call, ~70 s)? In a
+# child cgroup: devbench at deep queues; a GPU-path and a CPU-path restore
+# through a node service under iocost alone, then under iocost plus io.max on
+# the same cgroup; then unlimited. Needs bin/gpu (make gpu-pack) and nvcc.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/emuleak.txt") 2>&1
+EMU_LIMITER=iocost
 . scripts/emuloop.sh
 T=bin/gpu/tutti
 R=1500000000
