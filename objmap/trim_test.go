@@ -1,7 +1,6 @@
 package objmap
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -186,22 +185,7 @@ func TestManifestVersions(t *testing.T) {
 	m.Close()
 	setVersion := func(v int) {
 		t.Helper()
-		path := filepath.Join(dir, manifestName)
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var raw map[string]any
-		if err := json.Unmarshal(b, &raw); err != nil {
-			t.Fatal(err)
-		}
-		raw["version"] = v
-		if b, err = json.Marshal(raw); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		editManifests(t, []string{dir}, "version", v)
 	}
 	version := func() int {
 		t.Helper()

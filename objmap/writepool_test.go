@@ -14,28 +14,13 @@ import (
 // extents unwritten, written ones are not) checks that parser too.
 func unwrittenExtents(t *testing.T, path string) (n int, ok bool) {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := fiemapUnwritten(int(f.Fd()), st.Size())
-	if errors.Is(err, ErrPrewriteUnsupported) {
-		return 0, false
-	}
-	if err != nil {
-		t.Fatalf("FIEMAP %s: %v", path, err)
-	}
-	return len(u), true
+	u, ok := unwrittenOf(t, path)
+	return len(u), ok
 }
 
-// unwrittenBytes is the bytes of path's unwritten extents (FIEMAP); ok is
-// false where the file system does not report them.
-func unwrittenBytes(t *testing.T, path string) (n int64, ok bool) {
+// unwrittenOf is the unwritten ranges of the file at path (FIEMAP, through
+// fiemapUnwritten); ok false where the file system cannot say.
+func unwrittenOf(t *testing.T, path string) (u []extent, ok bool) {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -46,17 +31,25 @@ func unwrittenBytes(t *testing.T, path string) (n int64, ok bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := fiemapUnwritten(int(f.Fd()), st.Size())
+	u, err = fiemapUnwritten(int(f.Fd()), st.Size())
 	if errors.Is(err, ErrPrewriteUnsupported) {
-		return 0, false
+		return nil, false
 	}
 	if err != nil {
 		t.Fatalf("FIEMAP %s: %v", path, err)
 	}
+	return u, true
+}
+
+// unwrittenBytes is the bytes of path's unwritten extents (FIEMAP); ok is
+// false where the file system does not report them.
+func unwrittenBytes(t *testing.T, path string) (n int64, ok bool) {
+	t.Helper()
+	u, ok := unwrittenOf(t, path)
 	for _, e := range u {
 		n += e.n
 	}
-	return n, true
+	return n, ok
 }
 
 // WritePool leaves no unwritten extent in the pool files (a fresh store's
