@@ -63,39 +63,14 @@ func loadOneBlock(b *testing.B, g kvshape.Geometry, dirs []string, width int) {
 	const blocks = 1
 	cfg := Config{Dirs: dirs, RunWidth: width, CapacityBytes: CapacityForBlocks(g, 4) + int64(len(dirs))*(64<<20), Geometry: g,
 		Layout: kvshape.LayoutPerLayer, NumPages: blocks * g.ChunkPages, SaveBoundMs: 600000}
-	gpu := benchenv.GPU()
-	if gpu {
-		cfg.Path, cfg.GPU.MaxPages = PathGPU, blocks*g.ChunkPages
-	}
-	s, err := Open(cfg)
-	if errors.Is(err, ErrGPUUnavailable) {
-		b.Skip(err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	var kv *HostKV
-	var dkv *deviceKV
-	if gpu {
-		dkv = newDeviceKV(b, g, cfg.Layout, cfg.NumPages)
-		kv, err = dkv.mirror, s.RegisterKV(dkv.mem)
-	} else {
-		if kv, err = AllocHostKV(g, cfg.Layout, cfg.NumPages); err == nil {
-			defer kv.Free()
-			err = s.RegisterKV(kv.Memory())
-		}
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, kv, dkv := openBenchStore(b, cfg)
 	chain := chainOf(1<<41, blocks)
 	pages := make([]int32, blocks*g.ChunkPages)
 	for i := range pages {
 		pages[i] = int32(i)
 	}
 	fill(kv, g, chain, pages)
-	if gpu {
+	if dkv != nil {
 		dkv.upload(b)
 	}
 	sv, err := s.Save(chain, pages)

@@ -34,42 +34,14 @@ func BenchmarkRestore70B(b *testing.B) {
 	cfg := Config{Dirs: []string{dir}, Geometry: g, Layout: kvshape.LayoutPerLayer, NumPages: blocks,
 		CapacityBytes: z.CapacityBytes, StagingBytes: z.StagingBytes, StagingSlotBytes: z.StagingSlotBytes,
 		QueueDepth: z.QueueDepth, SaveBoundMs: z.SaveBoundMs, SaveBudgetBytes: z.SaveBudgetBytes}
-	gpu := benchenv.GPU()
-	if gpu {
-		cfg.Path = PathGPU
-		cfg.GPU.MaxPages = blocks
-	}
-	s, err := Open(cfg)
-	if errors.Is(err, ErrGPUUnavailable) {
-		b.Skip(err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	var kv *HostKV
-	var dkv *deviceKV
-	if gpu {
-		dkv = newDeviceKV(b, g, cfg.Layout, cfg.NumPages)
-		kv = dkv.mirror
-		err = s.RegisterKV(dkv.mem)
-	} else {
-		if kv, err = AllocHostKV(g, cfg.Layout, cfg.NumPages); err != nil {
-			b.Fatal(err)
-		}
-		defer kv.Free()
-		err = s.RegisterKV(kv.Memory())
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, kv, dkv := openBenchStore(b, cfg)
 	chain := chainOf(1<<40, blocks)
 	pages := make([]int32, blocks)
 	for i := range pages {
 		pages[i] = int32(i)
 	}
 	fill(kv, g, chain, pages)
-	if gpu {
+	if dkv != nil {
 		dkv.upload(b)
 	}
 	sv, err := s.Save(chain, pages)
@@ -85,13 +57,13 @@ func BenchmarkRestore70B(b *testing.B) {
 		b.Fatal(err)
 	}
 	scramble(kv, g, cfg.NumPages)
-	if gpu {
+	if dkv != nil {
 		dkv.upload(b)
 	}
 	bw := benchenv.TimeLoads(b, blocks, payload, func() (*Load, error) { return s.Load(chain, pages) }, func(l *Load) string {
 		return fmt.Sprintf(" (planned %d; first failure: %v): %v", l.Planned(), l.Failure(), s.Stats())
 	})
-	if gpu {
+	if dkv != nil {
 		dkv.download(b)
 	}
 	if err := verify(kv, g, chain, pages, blocks); err != nil {
@@ -102,4 +74,44 @@ func BenchmarkRestore70B(b *testing.B) {
 	b.ReportMetric(ceiling/1e9, "ceiling-GB/s")
 	b.ReportMetric(bw/ceiling, "of-ceiling")
 	b.ReportMetric(float64(st.Loads.ReadIOs)/float64(st.Loads.Calls)/float64(g.Layers), "reads/layer")
+}
+
+// openBenchStore opens cfg for a benchmark, on PathGPU with KV in HBM where
+// TUTTI_BENCH_PATH=gpu asks (skipping b where that cannot run), else with
+// host KV, and registers the KV. kv is what the benchmark fills and
+// verifies: on PathGPU dkv's host mirror (dkv.upload and dkv.download move
+// it), dkv nil otherwise. The store closes at b's cleanup, before the KV
+// memory it was given is freed.
+func openBenchStore(b *testing.B, cfg Config) (s *Store, kv *HostKV, dkv *deviceKV) {
+	b.Helper()
+	gpu := benchenv.GPU()
+	if gpu {
+		cfg.Path, cfg.GPU.MaxPages = PathGPU, cfg.NumPages
+	}
+	s, err := Open(cfg)
+	if errors.Is(err, ErrGPUUnavailable) {
+		b.Skip(err)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	registered := false
+	defer func() {
+		if !registered { // a Fatal below
+			_ = s.Close()
+		}
+	}()
+	if gpu {
+		dkv = newDeviceKV(b, cfg.Geometry, cfg.Layout, cfg.NumPages)
+		kv, err = dkv.mirror, s.RegisterKV(dkv.mem)
+	} else if kv, err = AllocHostKV(cfg.Geometry, cfg.Layout, cfg.NumPages); err == nil {
+		b.Cleanup(func() { _ = kv.Free() })
+		err = s.RegisterKV(kv.Memory())
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	registered = true
+	b.Cleanup(func() { _ = s.Close() }) // registered last, so run first
+	return s, kv, dkv
 }
