@@ -62,7 +62,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from tutti.kvcheck import read_summaries  # noqa: E402
+from sched_verdict import check_mode, finish  # noqa: E402
 
 LAYERS, HEADS, HEAD = 4, 2, 64
 MOD = 2039  # values < 2048 are exact in float16
@@ -306,24 +306,12 @@ def main(argv=None):
         print(f"restart: a new process (PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}) matched {got} tokens from tutti")
         ok &= got["doc-restart"] == 592 and all(v > 0 for v in got.values())
     R.worker.shutdown()  # the check mode's summary is written at close
-    chk = read_summaries(f"{a.dir}-check")
-    res["check"] = chk
-    print(f"{a.phase}: check mode: {chk['match']} restored block-layers equal to what was saved, "
-          f"{chk['mismatch']} differ, {chk['unknown']} unknown")
-    ok &= chk["mismatch"] == 0 and chk["unknown"] == 0 and (a.phase == "first" or chk["match"] > 0)
+    ok &= check_mode(a, res, need_match=a.phase != "first")
     res["verified_tokens"] = R.verified_tokens
     res["bad"] = R.bad
     ok &= not R.bad
     print(f"{a.phase}: {R.verified_tokens} computed-or-restored tokens verified in every layer, {len(R.bad)} wrong")
-    for b in R.bad[:8]:
-        print("  " + b)
-    res["ok"] = bool(ok)
-    print(f"{a.phase}: {'PASS' if ok else 'FAIL'}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f)
-    return 0 if ok else 1
-
+    return finish(a, res, ok, R.bad)
 
 if __name__ == "__main__":
     sys.exit(main())
