@@ -62,10 +62,9 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from sched_verdict import check_mode, finish  # noqa: E402
+from sched_common import HEAD, HEADS, check_mode, expect_kv, finish, prefix_hashes  # noqa: E402
 
-LAYERS, HEADS, HEAD = 4, 2, 64
-MOD = 2039  # values < 2048 are exact in float16
+LAYERS = 4
 
 
 class Runner:
@@ -110,23 +109,6 @@ class Runner:
         self.preempted: dict[str, int] = {}
         self.finished: dict[str, str] = {}
 
-    # -- the stand-in model: KV as a function of the prefix
-    @staticmethod
-    def prefix_hashes(tokens):
-        h, out = 17, []
-        for t in tokens:
-            h = (h * 1000003 + t) % (1 << 31)
-            out.append(h)
-        return out
-
-    def expect(self, hashes, layer, p0, p1):
-        """The K and V of positions [p0, p1) of a request in one layer."""
-        h = torch.tensor(hashes[p0:p1], dtype=torch.int64).view(-1, 1, 1)
-        j = torch.arange(HEADS * HEAD, dtype=torch.int64).view(1, HEADS, HEAD)
-        k = ((h + 7 * layer + j) % MOD).to(torch.float16)
-        v = ((h + 7 * layer + j + 1000) % MOD).to(torch.float16)
-        return k, v
-
     def slots(self, rid, p0, p1):
         bs = self.a.block_size
         t = self.tables[rid]
@@ -136,10 +118,10 @@ class Runner:
     def verify(self, rid, tokens, upto):
         if upto == 0:
             return
-        hs = self.prefix_hashes(tokens[:upto])
+        hs = prefix_hashes(tokens[:upto])
         blk, off = self.slots(rid, 0, upto)
         for li, n in enumerate(self.names):
-            k, v = self.expect(hs, li, 0, upto)
+            k, v = expect_kv(hs, li, 0, upto)
             got_k, got_v = self.kv[n][0, blk, off], self.kv[n][1, blk, off]
             if not (torch.equal(got_k, k) and torch.equal(got_v, v)):
                 bad = (got_k != k).flatten(1).any(1) | (got_v != v).flatten(1).any(1)
@@ -168,7 +150,7 @@ class Runner:
             elif nb is not None:
                 self.tables[rid].extend(nb[0])
             work.append((rid, cr.num_computed_tokens[i], resumed))
-        hashes = {rid: self.prefix_hashes(reqs[rid].all_token_ids[:nc + so.num_scheduled_tokens[rid]])
+        hashes = {rid: prefix_hashes(reqs[rid].all_token_ids[:nc + so.num_scheduled_tokens[rid]])
                   for rid, nc, _ in work}
         with set_current_vllm_config(self.vc), set_forward_context(None, self.vc):
             w.bind_connector_metadata(so.kv_connector_metadata)
@@ -183,7 +165,7 @@ class Runner:
                 for rid, nc, _ in work:
                     n_new = so.num_scheduled_tokens[rid]
                     hs = hashes[rid]
-                    k, v = self.expect(hs, li, nc, nc + n_new)
+                    k, v = expect_kv(hs, li, nc, nc + n_new)
                     blk, off = self.slots(rid, nc, nc + n_new)
                     self.kv[n][0, blk, off] = k
                     self.kv[n][1, blk, off] = v

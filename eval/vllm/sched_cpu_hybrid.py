@@ -57,10 +57,9 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from sched_verdict import check_mode, finish  # noqa: E402
+from sched_common import HEAD, HEADS, MOD, check_mode, expect_kv, finish, prefix_hashes  # noqa: E402
 
-PER_GROUP, HEADS, HEAD = 2, 2, 64
-MOD = 2039  # values < 2048 are exact in float16
+PER_GROUP = 2
 CONV, SSM = (4, 128), (2, 32, 16)  # a Mamba layer's states: float16 conv, float32 ssm (5120 bytes, padded)
 
 
@@ -128,20 +127,6 @@ class Runner:
         self.finished: dict[str, str] = {}
 
     @staticmethod
-    def prefix_hashes(tokens):
-        h, out = 17, []
-        for t in tokens:
-            h = (h * 1000003 + t) % (1 << 31)
-            out.append(h)
-        return out
-
-    @staticmethod
-    def expect_kv(hashes, layer, p0, p1):
-        h = torch.tensor(hashes[p0:p1], dtype=torch.int64).view(-1, 1, 1)
-        j = torch.arange(HEADS * HEAD, dtype=torch.int64).view(1, HEADS, HEAD)
-        return ((h + 7 * layer + j) % MOD).to(torch.float16), ((h + 7 * layer + j + 1000) % MOD).to(torch.float16)
-
-    @staticmethod
     def expect_state(h, layer):
         conv = ((h + 13 * layer + torch.arange(CONV[0] * CONV[1])) % MOD).to(torch.float16).view(CONV)
         ssm = ((h * 3 + layer + torch.arange(SSM[0] * SSM[1] * SSM[2])) % 1000003).to(torch.float32).view(SSM)
@@ -168,7 +153,7 @@ class Runner:
                 self._bad(f"{rid}: {kind} layer {n}: a null block inside what it attends to at {nc}")
                 continue
             blk, off = torch.tensor([t[p // bs] for p in pos]), torch.tensor(pos) % bs
-            k, v = self.expect_kv(hashes, g * PER_GROUP + i, lo, nc)
+            k, v = expect_kv(hashes, g * PER_GROUP + i, lo, nc)
             if not (torch.equal(self.kv[n][blk, 0, off], k) and torch.equal(self.kv[n][blk, 1, off], v)):
                 self._bad(f"{rid}: {kind} layer {n}: tokens [{lo}, {nc}) hold the wrong KV")
                 continue
@@ -191,7 +176,7 @@ class Runner:
                 b = t[cdiv(nc + n_new, bs) - 1]
                 conv[b], ssm[b] = self.expect_state(hashes[nc + n_new - 1], li)
                 continue
-            k, v = self.expect_kv(hashes, li, nc, nc + n_new)
+            k, v = expect_kv(hashes, li, nc, nc + n_new)
             pos = torch.arange(nc, nc + n_new)
             blk = torch.tensor([t[p // bs] for p in range(nc, nc + n_new)])
             self.kv[n][blk, 0, pos % bs] = k
@@ -215,7 +200,7 @@ class Runner:
                 for have, more in zip(self.tables[rid], nb):
                     have.extend(more)
             work.append((rid, cr.num_computed_tokens[i], rid in cr.resumed_req_ids))
-        hashes = {rid: self.prefix_hashes(reqs[rid].all_token_ids[:nc + so.num_scheduled_tokens[rid]])
+        hashes = {rid: prefix_hashes(reqs[rid].all_token_ids[:nc + so.num_scheduled_tokens[rid]])
                   for rid, nc, _ in work}
         with set_current_vllm_config(self.vc), set_forward_context(None, self.vc):
             w.bind_connector_metadata(so.kv_connector_metadata)
