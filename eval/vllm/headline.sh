@@ -139,32 +139,21 @@ storage_dirs() { # STORAGE -> JSON list of directories
 }
 
 ONE_PATH_LABEL=""
+stripe_down() { # the stripe's file system and device, on loops that no longer serve
+	umount -l /mnt/vl-stripe
+	dmsetup remove vl-stripe
+}
+
 stripe_up() { # a dm-stripe over NLOOPS more RAM-backed loops, ext4: the one path of a one-path backend
-	local i d f devs=() files=() sectors table EMU_DEV=/tmp/vl-emudev-stripe
-	if [ -f /tmp/vl-stripe ] && [ "$EMU_LIMITER" = emudev ] && ! emu_devices_alive; then
-		log "the kept stripe's emudev is gone: stripe rebuilt"
-		umount /mnt/vl-stripe 2>/dev/null || umount -l /mnt/vl-stripe 2>/dev/null
-		dmsetup remove vl-stripe 2>/dev/null
-		for d in $(cat /tmp/vl-sloopdevs 2>/dev/null); do losetup -d "$d" 2>/dev/null; done
-		rm -f /tmp/vl-stripe /tmp/vl-sloopdevs
-	fi
-	if [ -f /tmp/vl-stripe ]; then
-		ONE_PATH_LABEL="one dm-stripe (128 KiB chunks) over $NLOOPS more such loop devices, ext4"
-		log "$(emu_limit $(cat /tmp/vl-sloopdevs))"
+	local d devs=() sectors table
+	ONE_PATH_LABEL="one dm-stripe (128 KiB chunks) over $NLOOPS more such loop devices, ext4"
+	if [ -f /tmp/vl-stripe ] && loops_kept sloop stripe_down; then
 		return 0
 	fi
+	rm -f /tmp/vl-stripe
 	command -v dmsetup >/dev/null || { log "stripe: no dmsetup here; one-path backends get the first loop device alone"; return 1; }
-	rm -f /tmp/vl-sloopdevs
-	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/vl-sloop$i"); done
-	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || return 1
-	mapfile -t files < <(EMU_TUTTI=$ROOT/bin/gpu/tutti emu_devices "${files[@]}")
-	[ ${#files[@]} = "$NLOOPS" ] || { log "stripe: emulated devices ($EMU_LIMITER): ${#files[@]} of $NLOOPS"; return 1; }
-	for f in "${files[@]}"; do
-		d=$(losetup --find --show --direct-io=on "$f") || return 1
-		devs+=("$d")
-		echo "$d" >>/tmp/vl-sloopdevs
-	done
-	log "$(emu_limit "${devs[@]}")"
+	loops_make sloop || return 1
+	mapfile -t devs </tmp/vl-sloop.devs
 	sectors=$(($(blockdev --getsz "${devs[0]}") / 256 * 256))
 	table="0 $((sectors * NLOOPS)) striped $NLOOPS 256"
 	for d in "${devs[@]}"; do table+=" $d 0"; done
@@ -172,7 +161,6 @@ stripe_up() { # a dm-stripe over NLOOPS more RAM-backed loops, ext4: the one pat
 	mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/mapper/vl-stripe && mkdir -p /mnt/vl-stripe &&
 		mount /dev/mapper/vl-stripe /mnt/vl-stripe || return 1
 	echo /mnt/vl-stripe >/tmp/vl-stripe
-	ONE_PATH_LABEL="one dm-stripe (128 KiB chunks) over $NLOOPS more such loop devices, ext4"
 	log "stripe: $NLOOPS more RAM-backed loop devices of $LOOP_GIB GiB as one dm-stripe, ext4 ($EMU_LIMITER limit): the one path of vLLM's file tier and LMCache"
 }
 

@@ -125,34 +125,64 @@ kernels_wait() {
 }
 
 LOOPDIRS=""
-loops_up() { # NLOOPS loop devices with ext4, mounted under /mnt/vl-loopN (kept while warm)
-	local i d m files=() dirs=() EMU_DEV=/tmp/vl-emudev
-	if [ -f /tmp/vl-loops ] && [ "$EMU_LIMITER" = emudev ] && ! emu_devices_alive; then
-		log "the kept loops' emudev is gone: loops rebuilt"
-		for ((i = 0; i < NLOOPS; i++)); do umount "/mnt/vl-loop$i" 2>/dev/null || umount -l "/mnt/vl-loop$i" 2>/dev/null; done
-		for d in $(cat /tmp/vl-loopdevs 2>/dev/null); do losetup -d "$d" 2>/dev/null; done
-		rm -f /tmp/vl-loops /tmp/vl-loopdevs
-	fi
-	if [ -f /tmp/vl-loops ]; then
-		LOOPDIRS=$(cat /tmp/vl-loops)
-		log "$(emu_limit $(cat /tmp/vl-loopdevs))" # io.max holds the cgroup this call's shell joins
-		return 0
-	fi
-	rm -f /tmp/vl-loopdevs
-	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/vl-loop$i"); done
+# loops_make TAG: NLOOPS loop devices with direct I/O over RAM-backed files
+# /dev/shm/vl-TAG<i>, paced by EMU_LIMITER (emudev: its own, EMU_DEV
+# /tmp/vl-emudev-TAG), listed in /tmp/vl-TAG.devs, limited, and kept while
+# the machine is warm (loops_kept).
+loops_make() {
+	local tag=$1 i d files=() EMU_DEV=/tmp/vl-emudev-$1
+	rm -f "/tmp/vl-$tag.devs"
+	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/vl-$tag$i"); done
 	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || return 1
 	mapfile -t files < <(EMU_TUTTI=$ROOT/bin/gpu/tutti emu_devices "${files[@]}")
-	[ ${#files[@]} = "$NLOOPS" ] || { log "emulated devices ($EMU_LIMITER): ${#files[@]} of $NLOOPS"; return 1; }
+	[ ${#files[@]} = "$NLOOPS" ] || { log "$tag: emulated devices ($EMU_LIMITER): ${#files[@]} of $NLOOPS"; return 1; }
 	for ((i = 0; i < NLOOPS; i++)); do
 		d=$(losetup --find --show --direct-io=on "${files[$i]}") || return 1
-		echo "$d" >>/tmp/vl-loopdevs
+		echo "$d" >>"/tmp/vl-$tag.devs"
+	done
+	log "$(emu_limit $(cat "/tmp/vl-$tag.devs"))"
+}
+
+# loops_kept TAG RELEASE: true while the loops loops_make TAG made still
+# serve (their limit set again: io.max holds the cgroup this call's shell
+# joins). When their emudev is gone, RELEASE (a function: what is built on
+# them comes down) runs, the loop devices are detached and it is false, as
+# when none were made.
+loops_kept() {
+	local tag=$1 release=$2 d EMU_DEV=/tmp/vl-emudev-$1
+	[ -f "/tmp/vl-$tag.devs" ] || return 1
+	if [ "$EMU_LIMITER" = emudev ] && ! emu_devices_alive; then
+		log "$tag: the kept loops' emudev is gone: they are made again"
+		"$release" 2>/dev/null
+		for d in $(cat "/tmp/vl-$tag.devs"); do losetup -d "$d" 2>/dev/null; done
+		rm -f "/tmp/vl-$tag.devs"
+		return 1
+	fi
+	log "$(emu_limit $(cat "/tmp/vl-$tag.devs"))"
+}
+
+loops_unmount() { # the file systems on the kept loops, lazily
+	local i
+	for ((i = 0; i < NLOOPS; i++)); do umount -l "/mnt/vl-loop$i"; done
+}
+
+loops_up() { # NLOOPS loop devices with ext4, mounted under /mnt/vl-loopN (kept while warm)
+	local i d m dirs=()
+	if [ -f /tmp/vl-loops ] && loops_kept loop loops_unmount; then
+		LOOPDIRS=$(cat /tmp/vl-loops)
+		return 0
+	fi
+	rm -f /tmp/vl-loops
+	loops_make loop || return 1
+	i=0
+	for d in $(cat /tmp/vl-loop.devs); do
 		m=/mnt/vl-loop$i
 		mkdir -p "$m" && mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$d" && mount "$d" "$m" || return 1
 		dirs+=("\"$m/tutti\"")
+		i=$((i + 1))
 	done
 	LOOPDIRS=$(IFS=,; echo "${dirs[*]}")
 	echo "$LOOPDIRS" >/tmp/vl-loops
-	log "$(emu_limit $(cat /tmp/vl-loopdevs))"
 	log "storage: $NLOOPS RAM-backed loop devices of $LOOP_GIB GiB (emulated storage, $EMU_LIMITER limit), ext4, O_DIRECT"
 }
 
