@@ -315,17 +315,13 @@ setup_loops() {
 		return 1
 	fi
 	mkdir -p "$MNT"
-	local i f dev line dirs=() files=()
+	local i dev line dirs=() files=()
 	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/tutti-eval-loop$i"); done
 	SHMFILES+=("${files[@]}")
 	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || { say "writing the loops' backing files failed"; return 1; }
-	mapfile -t files < <(EMU_TUTTI=$TUTTI emu_devices "${files[@]}" 2>>"$WORK/run.log")
-	[ ${#files[@]} = "$NLOOPS" ] || { say "emulated devices ($EMU_LIMITER): ${#files[@]} of $NLOOPS (run.log)"; return 1; }
-	for ((i = 0; i < NLOOPS; i++)); do
-		f=${files[$i]}
-		dev=$(losetup --find --show --direct-io=on "$f") || { say "losetup $f failed"; return 1; }
-		LOOPS+=("$dev")
-	done
+	mapfile -t files < <(EMU_TUTTI=$TUTTI emu_loops "${files[@]}" 2>>"$WORK/run.log")
+	LOOPS+=("${files[@]}")
+	[ ${#files[@]} = "$NLOOPS" ] || { say "loop devices ($EMU_LIMITER): ${#files[@]} of $NLOOPS (run.log)"; return 1; }
 	if [ "$EMU_LIMITER" = none ]; then EMU_LIMIT="unlimited: rates follow the host's copies"
 	elif emu_limit "${LOOPS[@]}" >>"$WORK/run.log"; then EMU_LIMIT="limited ($EMU_LIMITER) to $EMU_RATE_BPS B/s read and write each"
 	else EMU_LIMIT="unlimited ($EMU_LIMITER refused): rates follow the host's copies"; fi

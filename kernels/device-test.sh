@@ -160,15 +160,12 @@ gb() { # name gpubench-args...
 }
 loops() { # n size [steady]: n loop devices over /dev/shm files, O_DIRECT, under emu_limit; with
 	# "steady", emu_steady samples their ceilings first (EMU_STEADY_SAMPLES, default 8) into the summary
-	local n=$1 size=$2 i d files=() line
+	local n=$1 size=$2 i files=() line
 	for ((i = 0; i < n; i++)); do files+=("/dev/shm/tk-loop$i"); done
 	emu_backing_many "$size" "${files[@]}" || return 1
-	mapfile -t files < <(emu_devices "${files[@]}" 2>>"$W/emudev.txt")
-	[ ${#files[@]} = "$n" ] || { note "emulated devices: ${#files[@]} of $n ($EMU_LIMITER; emudev.txt)"; return 1; }
-	for f in "${files[@]}"; do
-		d=$(losetup --find --show --direct-io=on "$f") || return 1
-		LOOPS+=("$d")
-	done
+	mapfile -t files < <(emu_loops "${files[@]}" 2>>"$W/emudev.txt")
+	LOOPS+=("${files[@]}")
+	[ ${#files[@]} = "$n" ] || { note "loop devices: ${#files[@]} of $n ($EMU_LIMITER; emudev.txt)"; return 1; }
 	note "$(emu_limit "${LOOPS[@]}")"
 	[ "${3:-}" = steady ] || return 0
 	emu_steady bin/gpu/tutti "${EMU_STEADY_SAMPLES:-8}" 1GiB "${LOOPS[@]}" >"$W/steady-$n.txt" 2>&1

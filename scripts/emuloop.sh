@@ -95,6 +95,20 @@ emu_devices() {
 	grep '"op":"ready"' "$EMU_DEV/log" | head -1 | grep -o '"paths":\[[^]]*\]' | grep -o '"/[^"]*"' | tr -d '"'
 }
 
+# emu_loops FILE...: a loop device with direct I/O over what emu_devices
+# serves for each FILE (backing files written whole), one path a line in
+# FILE's order; on an error it says what failed on stderr and stops short
+# (callers compare the count).
+emu_loops() {
+	local f devs=()
+	mapfile -t devs < <(emu_devices "$@")
+	if [ ${#devs[@]} != $# ]; then
+		echo "emulated devices ($EMU_LIMITER): ${#devs[@]} of $#" >&2
+		return 1
+	fi
+	for f in "${devs[@]}"; do losetup --find --show --direct-io=on "$f" || return 1; done
+}
+
 # emu_devices_alive: true while EMU_DEV's emudev runs (a zombie is not
 # running: an unreaped one still answers kill -0).
 emu_devices_alive() {

@@ -51,9 +51,8 @@ emu_backing_many "$SIZE" "${FILES[@]}" || { echo "emuprobe: backing files failed
 for lim in ${LIMITERS:-emudev iomax}; do
 	EMU_LIMITER=$lim
 	echo "== $lim at $EMU_RATE_BPS B/s a device"
-	mapfile -t devs < <(emu_devices "${FILES[@]}")
-	[ ${#devs[@]} = "$N" ] || { echo "$lim: ${#devs[@]} of $N devices"; continue; }
-	for d in "${devs[@]}"; do LOOPS+=("$(losetup --find --show --direct-io=on "$d")"); done
+	mapfile -t LOOPS < <(emu_loops "${FILES[@]}")
+	[ ${#LOOPS[@]} = "$N" ] || { echo "$lim: ${#LOOPS[@]} of $N loop devices"; down; continue; }
 	emu_limit "${LOOPS[@]}"
 	emu_steady "$T" 6 "$LONG" "${LOOPS[@]}" | grep ceiling | sed "s/^/$lim long: /"
 	EMU_STEADY_GAP_S=0.5 emu_steady "$T" 6 "$SHORT" "${LOOPS[@]}" | grep ceiling | sed "s/^/$lim short: /"

@@ -130,16 +130,12 @@ LOOPDIRS=""
 # /tmp/vl-emudev-TAG), listed in /tmp/vl-TAG.devs, limited, and kept while
 # the machine is warm (loops_kept).
 loops_make() {
-	local tag=$1 i d files=() EMU_DEV=/tmp/vl-emudev-$1
-	rm -f "/tmp/vl-$tag.devs"
+	local tag=$1 i files=() EMU_DEV=/tmp/vl-emudev-$1
 	for ((i = 0; i < NLOOPS; i++)); do files+=("/dev/shm/vl-$tag$i"); done
 	emu_backing_many "${LOOP_GIB}G" "${files[@]}" || return 1
-	mapfile -t files < <(EMU_TUTTI=$ROOT/bin/gpu/tutti emu_devices "${files[@]}")
-	[ ${#files[@]} = "$NLOOPS" ] || { log "$tag: emulated devices ($EMU_LIMITER): ${#files[@]} of $NLOOPS"; return 1; }
-	for ((i = 0; i < NLOOPS; i++)); do
-		d=$(losetup --find --show --direct-io=on "${files[$i]}") || return 1
-		echo "$d" >>"/tmp/vl-$tag.devs"
-	done
+	mapfile -t files < <(EMU_TUTTI=$ROOT/bin/gpu/tutti emu_loops "${files[@]}")
+	printf '%s\n' "${files[@]}" >"/tmp/vl-$tag.devs"
+	[ ${#files[@]} = "$NLOOPS" ] || { log "$tag: loop devices ($EMU_LIMITER): ${#files[@]} of $NLOOPS"; return 1; }
 	log "$(emu_limit $(cat "/tmp/vl-$tag.devs"))"
 }
 
