@@ -65,6 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--gpu-blocks", type=int, default=1024, help="num_gpu_blocks_override: the GPU prefix cache")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--additional-config", default="{}",
+                   help="vLLM's additional_config, JSON (a model's kernel choice, say)")
     p.add_argument("--max-steps", type=int, default=20000, help="bound on engine steps per wave")
     p.add_argument("--reserve-full-isl", default="on", choices=("on", "off"),
                    help="vLLM's scheduler_reserve_full_isl: on (vLLM 0.26's default) admits a request only when its "
@@ -258,7 +260,8 @@ def main(argv=None):
               max_num_batched_tokens=a.budget_tokens, enable_chunked_prefill=True,
               num_gpu_blocks_override=a.gpu_blocks, block_size=a.block_size, seed=a.seed,
               disable_log_stats=False, gpu_memory_utilization=0.85,
-              scheduler_reserve_full_isl=a.reserve_full_isl == "on", **kw)
+              scheduler_reserve_full_isl=a.reserve_full_isl == "on",
+              additional_config=json.loads(a.additional_config), **kw)
     res = {"phase": a.phase, "connector": a.connector, "model": os.path.basename(a.model.rstrip("/")),
            "args": vars(a), "import_s": t_start - t_import, "engine_start_s": time.monotonic() - t_start,
            "pythonhashseed": os.environ.get("PYTHONHASHSEED"), "requests": {}, "waves": []}
