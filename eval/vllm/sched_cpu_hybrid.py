@@ -319,6 +319,10 @@ def main(argv=None):
         print(f"restart: a new process matched {got} tokens from tutti (doc-restart: want {want})")
         ok &= got["doc-restart"] == want and all(v > 0 for v in got.values())
     R.worker.shutdown()  # the check mode's summary is written at close
+    # capacity_bytes is the rank's: every group's store preallocates its share of it, not the whole.
+    res["store_bytes"] = sum(os.stat(os.path.join(d, f)).st_blocks * 512 for d, _, fs in os.walk(a.dir) for f in fs)
+    print(f"the groups' stores take {res['store_bytes']} bytes of a capacity of {extra['capacity_bytes']}")
+    ok &= res["store_bytes"] <= extra["capacity_bytes"] + (16 << 20)  # + the stores' metadata
     ok &= check_mode(a, res, need_match=True)
     res["verified"], res["bad"] = R.verified, R.bad
     ok &= not R.bad

@@ -68,6 +68,18 @@ class RulesTest(unittest.TestCase):
         for kind, w, saved, full, pb, ct, want in cases:
             self.assertEqual(GroupRule(kind, 16, w).save_ranges(saved, full, pb, ct), want, (kind, saved, full))
 
+    def test_capacity_shares(self):
+        # One rank's capacity over the groups' stores, by their bytes of a block (Gemma 3: 6 sliding groups, 1 full).
+        got = groups.capacity_shares(24 << 30, [4, 4, 4, 4, 3, 3, 4])
+        self.assertLessEqual(sum(got), 24 << 30)
+        self.assertGreater(sum(got), (24 << 30) - 7)
+        self.assertEqual(got[0], got[6])
+        self.assertEqual(got[4] * 4, got[0] * 3)
+        self.assertEqual(groups.capacity_shares(10, [1]), [10])
+        for cap, w in ((3, [1, 1, 1, 1]), (0, [1]), (10, []), (10, [1, 0])):
+            with self.assertRaises(ValueError):
+                groups.capacity_shares(cap, w)
+
     def test_bad_rules(self):
         for args in (("attention", 16), ("sliding", 16, 0), ("full", 16, 8), ("full", 0)):
             with self.assertRaises((ValueError, TypeError), msg=args):

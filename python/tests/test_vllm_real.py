@@ -70,6 +70,7 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertEqual(first["checks"]["chunked"]["matched"], 256, p.stdout)
         self.assertGreater(first["checks"]["preempt"]["preemptions"], 0, p.stdout)
         self.assertGreater(first["verified"]["state"], 0, p.stdout)
+        self.assertLessEqual(first["store_bytes"], (1 << 30) + (16 << 20), p.stdout)  # capacity_bytes over every group
         self.assertTrue(first["ok"], p.stdout)
         second, p = self.phase("restart", None, "sched_cpu_hybrid.py", args)
         self.assertEqual(second["bad"], [], p.stdout)

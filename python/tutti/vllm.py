@@ -212,9 +212,14 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         self._keys = RequestKeys(self.block_size, seed_of(key_identity(vllm_config)), _extra_keys_fn)
         self.rules = group_rules(kv_cache_config, self.block_size)
         self._group_layers = [list(g.layer_names) for g in kv_cache_config.kv_cache_groups] if self.rules else None
+        self._group_capacity = None
         if self.rules is not None:  # the hybrid store's directory names every group's rule
             rules = "|".join(f"{r.kind}:{r.window_tokens}" for r in self.rules)
             self._hybrid_tag = hashlib.sha256(f"{model}|{rules}|{self.block_size}".encode()).hexdigest()[:12]
+            if self.settings.capacity_bytes is not None:  # capacity_bytes is the rank's, over every group's store
+                self._group_capacity = groups.capacity_shares(
+                    self.settings.capacity_bytes,
+                    [int(g.kv_cache_spec.page_size_bytes) * len(g.layer_names) for g in kv_cache_config.kv_cache_groups])
         self._server: Optional[LookupServer] = None
         self._errors: set = set()
         self._load_started_at = None
@@ -285,7 +290,8 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
             os.makedirs(d, exist_ok=True)
         first_full = next(j for j, r in enumerate(self.rules) if r.kind == "full") if any(
             r.kind == "full" for r in self.rules) else 0
-        st = self._open_store(lay, dirs=dirs, kv_events=i == first_full, shared=False)
+        st = self._open_store(lay, dirs=dirs, kv_events=i == first_full, shared=False,
+                              capacity_bytes=self._group_capacity[i] if self._group_capacity else None)
         self._hybrid.attach(i, st)
         if i == len(self.rules) - 1:
             want = groups.manifest(self.rules, self._group_tags)
@@ -297,7 +303,8 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         return st
 
     def _open_store(self, lay: KVLayout, dirs: Optional[List[str]] = None, kv_events: bool = True,
-                    shared: bool = True) -> Store:
+                    shared: bool = True, capacity_bytes: Optional[int] = None) -> Store:
+        """``capacity_bytes``: a hybrid group's share (default: the rank's)."""
         g = lay.geometry
         if self.tp_size > 1 and g.planes == 2:  # the store takes the whole model's heads and keeps its rank's share
             g = Geometry(g.layers, g.kv_heads * self.tp_size, g.head_dim, g.dtype, g.planes, g.page_tokens, g.chunk_pages)
@@ -325,7 +332,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
                                      "each; a node service serves one (leave 'connect' out for this model)")
                 return Store(connect=self.settings.connect, geometry=g, num_pages=lay.num_pages, layout=lay.layout,
                              path=path, tp_rank=self.rank, tp_size=self.tp_size, **opt_groups)
-            return Store(dirs or self._store_dirs(lay), self.settings.capacity_bytes, g, lay.num_pages,
+            return Store(dirs or self._store_dirs(lay), capacity_bytes or self.settings.capacity_bytes, g, lay.num_pages,
                          layout=lay.layout, path=path, tp_rank=self.rank, tp_size=self.tp_size, kv_events=kv_events,
                          **opt_groups)
         try:
