@@ -11,9 +11,12 @@ per block).
 The stand-in model: an attention layer's K and V at a position are a
 function of the prefix up to it and of the layer (exact in float16); a Mamba
 layer's state after c tokens is a function of the prefix of c tokens. Each
-step reads a request's running state from the block vLLM's align mode keeps
-it in (block ceil(c/B) - 1 of the group's table) and checks it, then writes
-the state after the step into block ceil((c+n)/B) - 1. Before a request first
+step first copies a request's state as vLLM's align mode does, before the
+connector's load starts: from the block it was in (block ceil(c/B) - 1 of
+the group's table for a request starting at c computed tokens, a restored
+state's block) into the block the step runs it in, block ceil((c+n)/B) - 1;
+it reads and checks the state there, then writes the state after the step
+there. Before a request first
 computes, every full-attention token and every sliding-window token inside
 the window of the next token must hold its prefix's values. So every block
 and state restored from tutti is checked.
@@ -121,6 +124,7 @@ class Runner:
         self.hasher = get_request_block_hasher(bs, hash_fn)
         self.tables: dict[str, list[list[int]]] = {}
         self.first_computed: dict[str, int] = {}
+        self.state_idx: dict[str, int] = {}  # the block index each request's state runs in (vLLM's mamba_state_idx)
         self.verified = {"full": 0, "sliding": 0, "state": 0}
         self.bad: list[str] = []
         self.preempted: dict[str, int] = {}
@@ -159,6 +163,26 @@ class Runner:
                 continue
             self.verified[kind] += nc - lo
 
+    def preprocess_states(self, work, sched):
+        """vLLM's align mode before the step's forward, and before the
+        connector's start_load_kv (gpu_model_runner.py: preprocess_mamba):
+        each request's state is copied from the block it was in (a new or
+        resumed request's: block ceil(c/B) - 1 of its c computed tokens, a
+        connector's restored state among them) into the block this step
+        runs it in, block ceil((c+n)/B) - 1."""
+        bs = self.a.block_size
+        for rid, nc, first in work:
+            prev = (nc - 1) // bs if first else self.state_idx.get(rid, (nc - 1) // bs)
+            curr = cdiv(nc + sched[rid], bs) - 1
+            self.state_idx[rid] = curr
+            if prev < 0 or prev == curr:
+                continue
+            for n, g, kind, _ in self.layers:
+                if kind == "state":
+                    t = self.tables[rid][g]
+                    for x in self.kv[n]:
+                        x[t[curr]] = x[t[prev]]
+
     def compute(self, rid, hashes, nc, n_new):
         bs = self.a.block_size
         for n, g, kind, i in self.layers:
@@ -166,14 +190,13 @@ class Runner:
             li = g * PER_GROUP + i
             if kind == "state":
                 conv, ssm = self.kv[n]
+                b = t[self.state_idx[rid]]  # the state runs in its block of this step (preprocess_states)
                 if nc > 0:
-                    b = t[cdiv(nc, bs) - 1]
                     ec, es = self.expect_state(hashes[nc - 1], li)
                     if b == 0 or not (torch.equal(conv[b], ec) and torch.equal(ssm[b], es)):
                         self._bad(f"{rid}: state layer {n}: the state after {nc} tokens (block {b}) is wrong")
                     else:
                         self.verified["state"] += 1
-                b = t[cdiv(nc + n_new, bs) - 1]
                 conv[b], ssm[b] = self.expect_state(hashes[nc + n_new - 1], li)
                 continue
             k, v = expect_kv(hashes, li, nc, nc + n_new)
@@ -202,6 +225,7 @@ class Runner:
             work.append((rid, cr.num_computed_tokens[i], rid in cr.resumed_req_ids))
         hashes = {rid: prefix_hashes(reqs[rid].all_token_ids[:nc + so.num_scheduled_tokens[rid]])
                   for rid, nc, _ in work}
+        self.preprocess_states(work, so.num_scheduled_tokens)
         with set_current_vllm_config(self.vc), set_forward_context(None, self.vc):
             w.bind_connector_metadata(so.kv_connector_metadata)
             w.start_load_kv(get_forward_context())

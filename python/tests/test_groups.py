@@ -370,7 +370,33 @@ class HybridEngine:
             for layer in range(2):
                 if not self.holds(1, layer, tables[1][j], chain[j]):
                     return False
-        return n == 0 or all(self.holds(2, layer, tables[2][n - 1], chain[n - 1]) for layer in range(2))
+        # vLLM runs the state in the group's last block and copied it there before the load: tutti copies it again.
+        return n == 0 or all(self.holds(2, layer, tables[2][j], chain[n - 1]) for layer in range(2) for j in (n - 1, -1))
+
+
+class StateRunsInTest(unittest.TestCase):
+    """A state group's load names the block vLLM runs the request's state in
+    (align mode: the last one allocated), which vLLM filled before the load."""
+
+    class Matcher:
+        def match(self, req_id, chain, skip):
+            return 3
+
+        def release(self, req_id):
+            pass
+
+    def loads(self, state_ids):
+        s = SchedulerSide(self.Matcher(), B, rules=[GroupRule("full", B), GroupRule("state", B)])
+        self.assertEqual(s.get_num_new_matched_tokens("r", list(range(100, 106)), 6 * B + 5, 0), 3 * B)
+        s.update_state_after_alloc("r", [list(range(1, len(state_ids) + 1)), state_ids], 3 * B)
+        return {ld.group: ld for ld in s._loads}
+
+    def test_copy_to(self):
+        got = self.loads([0, 0, 7, 0, 9])  # restored into block 2 (7), run in block 4 (9)
+        self.assertEqual((got[1].block_ids, got[1].copy_to), ([7], [9]))
+        self.assertEqual(got[0].copy_to, [])
+        got = self.loads([0, 0, 7])  # nothing after the restored block: no copy
+        self.assertEqual((got[1].block_ids, got[1].copy_to), ([7], []))
 
 
 @unittest.skipIf(torch is None, NO_TORCH)
