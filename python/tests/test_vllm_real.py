@@ -78,6 +78,28 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertGreater(second["verified"]["sliding"], 0, p.stdout)
         self.assertTrue(second["ok"], p.stdout)
 
+    def test_hybrid_worker_tensors(self):
+        """The KV tensors vLLM 0.26's model runner hands a connector for the
+        hybrid eval models (built by vLLM's own code on the CPU: groups,
+        shared tensors, FlashAttention's layout, Mamba states' padded pages):
+        tutti registers every group and moves its pages bit for bit, touching
+        nothing else of the tensors the groups share (eval/vllm/worker_cpu_hybrid.py)."""
+        out = os.path.join(self.dir, "worker.json")
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        env.setdefault("TUTTI_LIB", os.path.join(ROOT, "bin", "libtutti.so"))
+        p = subprocess.run([PY, os.path.join(ROOT, "eval", "vllm", "worker_cpu_hybrid.py"), "--dir",
+                            os.path.join(self.dir, "store"), "--json", out], env=env, cwd=self.dir,
+                           capture_output=True, text=True, timeout=600)
+        if not os.path.exists(out):
+            self.fail(f"worker_cpu_hybrid.py wrote no result (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        with open(out) as f:
+            r = json.load(f)
+        g3, qn = r["gemma3-1b"], r["qwen3-next-tiny"]
+        self.assertEqual([g["spec"] for g in g3["groups"]], ["SlidingWindowSpec"] * 6 + ["FullAttentionSpec"], p.stdout)
+        self.assertEqual(qn["block_size"], 272, p.stdout)  # the attention page aligned to the Mamba state's
+        self.assertEqual([g["spec"] for g in qn["groups"]], ["MambaSpec"] * 3 + ["FullAttentionSpec"], p.stdout)
+        self.assertEqual((r["ok"], g3["bad"], qn["bad"]), (True, [], []), p.stdout)
+
     def test_sliding_window_first(self):
         """A gpt-oss/Gemma-3-shaped model (full attention and a sliding
         window): the hit is every shared block, the window restored only."""
