@@ -113,6 +113,32 @@ class VLLMGroupsTest(unittest.TestCase):
                          _spec("MambaSpec", mamba_cache_mode="align"), _spec("MLAAttentionSpec"))
         self.assertEqual([(r.kind, r.window_tokens) for r in got], [("full", 0), ("sliding", 512), ("state", 0), ("full", 0)])
 
+    def test_engine_hit_incomplete(self):
+        from tutti.vllm_groups import engine_hit_incomplete
+
+        class Pool:  # vLLM's BlockPool.get_cached_block: blocks of every group asked, or None
+            hash_block_size = 16
+
+            def __init__(self, cached):
+                self.cached = cached  # {(hash, group)}
+
+            def get_cached_block(self, h, gids):
+                return [object() for _ in gids] if all((h, g) in self.cached for g in gids) else None
+
+        req = SimpleNamespace(block_hashes=[b"h0", b"h1", b"h2"])
+        kinds = ["full", "state"]
+        every = {(h, g) for h in req.block_hashes for g in (0, 1)}
+        self.assertFalse(engine_hit_incomplete(Pool(every), req, 32, 16, kinds))
+        self.assertTrue(engine_hit_incomplete(Pool(every - {(b"h1", 1)}), req, 32, 16, kinds))  # no state at the end
+        self.assertTrue(engine_hit_incomplete(Pool(every - {(b"h0", 0)}), req, 32, 16, kinds))  # a full block gone
+        self.assertFalse(engine_hit_incomplete(Pool(every - {(b"h0", 1)}), req, 32, 16, kinds))  # an earlier state
+        for pool, nc, k in ((Pool(set()), 32, ["full", "sliding"]), (None, 32, kinds), (Pool(set()), 0, kinds),
+                            (Pool(set()), 24, kinds)):
+            self.assertFalse(engine_hit_incomplete(pool, req, nc, 16, k))  # nothing to tell
+        other = Pool(set())
+        other.hash_block_size = 8
+        self.assertFalse(engine_hit_incomplete(other, req, 32, 16, kinds))
+
     def test_refused(self):
         full = _spec("FullAttentionSpec")
         for bad, why in ((_spec("MambaSpec", mamba_cache_mode="all"), "align"),

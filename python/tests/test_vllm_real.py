@@ -78,6 +78,17 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertGreater(second["verified"]["sliding"], 0, p.stdout)
         self.assertTrue(second["ok"], p.stdout)
 
+    def test_hybrid_engine_hit_without_state(self):
+        """vLLM 0.26 with a connector and Mamba layers takes its own hit group
+        by group: its states evicted, the attention blocks still there, it
+        resumes from its null block's state (vLLM's doing, docs/vllm.md);
+        tutti counts it (vllm:tutti_engine_hit_incomplete)."""
+        r, p = self.phase("evict-state", "1", "sched_cpu_hybrid.py", ("--groups", "full,sliding:48,state"))
+        c = r["checks"]["evict-state"]
+        self.assertEqual((c["engine_hit_incomplete"], c["resumed_at"]), (1, 480), p.stdout)
+        self.assertGreater(c["vllm_wrong_states"], 0, p.stdout)
+        self.assertTrue(r["ok"], p.stdout)
+
     def test_hybrid_worker_tensors(self):
         """The KV tensors vLLM 0.26's model runner hands a connector for the
         hybrid eval models (built by vLLM's own code on the CPU: groups,

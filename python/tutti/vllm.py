@@ -46,7 +46,7 @@ except ImportError:  # a vLLM without it: requests with extras are not keyed (mi
 
 from . import _lib, groups, hoststage, options
 from .group_worker import GroupWorkers
-from .vllm_groups import group_rules
+from .vllm_groups import engine_hit_incomplete, group_rules
 from .vllm_metrics import KVConnectorStats, _Stats
 from .vllm_metrics import TuttiConnectorStats, TuttiPromMetrics  # noqa: F401 (None without vLLM's stats)
 from .keys import Unkeyable, seed_of
@@ -221,6 +221,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
                     self.settings.capacity_bytes,
                     [int(g.kv_cache_spec.page_size_bytes) * len(g.layer_names) for g in kv_cache_config.kv_cache_groups])
         self._server: Optional[LookupServer] = None
+        self._block_pool = None  # vLLM's (the scheduler's), read only: bind_gpu_block_pool
         self._errors: set = set()
         self._load_started_at = None
         if role == KVConnectorRole.WORKER:
@@ -511,7 +512,16 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         if getattr(request, "skip_reading_prefix_cache", False):
             return 0, False  # saved, never read
         n = sched.get_num_new_matched_tokens(rid, chain, int(request.num_tokens), int(num_computed_tokens))
+        if n == 0 and engine_hit_incomplete(self._block_pool, request, int(num_computed_tokens), self.block_size,
+                                            [r.kind for r in self.rules or ()]):
+            sched.counters["engine_hit_incomplete"] += 1
+            log.warning("tutti: vLLM resumes request %s from its own hit of %d tokens with a KV cache group's part of "
+                        "it gone (docs/vllm.md): its outputs may part from a run without a connector", rid,
+                        num_computed_tokens)
         return n, False
+
+    def bind_gpu_block_pool(self, gpu_block_pool):
+        self._block_pool = gpu_block_pool  # read by engine_hit_incomplete only
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         ids = blocks.get_block_ids()
