@@ -60,7 +60,8 @@
 # A model's own drive.py flags: eval/vllm/models/MODEL/drive.args (every phase; DRIVE_ARGS come
 # after them and win). gemma3-1b's 7 KV cache groups (6 sliding-window, 1 full) share one pool:
 # vLLM 0.26's scheduler admits a 6k-token prompt only with about 1400 blocks of 16 tokens or
-# more (below, a wave never finishes), so it asks for 2048. The TTFT phase's OffloadingConnector
+# more (below, a wave never finishes: eval/vllm/drive_fit.py checks every hybrid model's
+# drive.args on the CPU, in CI), so it asks for 2048. The TTFT phase's OffloadingConnector
 # run failing on a model is logged and costs its row of the table only.
 #
 # Knobs (environment): NLOOPS (8), LOOP_GIB (4), CAPACITY_GIB (24, per store),

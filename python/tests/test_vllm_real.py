@@ -111,6 +111,23 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertEqual([g["spec"] for g in qn["groups"]], ["MambaSpec"] * 3 + ["FullAttentionSpec"], p.stdout)
         self.assertEqual((r["ok"], g3["bad"], qn["bad"]), (True, [], []), p.stdout)
 
+    def test_hybrid_drive_args_fit(self):
+        """drive.py's workload, with each hybrid eval model's drive.args,
+        finishes under vLLM 0.26's own scheduler with the model's KV cache
+        groups (Gemma 3's 7 groups need about 1400 blocks; below, vLLM never
+        admits a prompt and the GPU run would spin: eval/vllm/drive_fit.py)."""
+        out = os.path.join(self.dir, "fit.json")
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        p = subprocess.run([PY, os.path.join(ROOT, "eval", "vllm", "drive_fit.py"), "--json", out], env=env,
+                           cwd=self.dir, capture_output=True, text=True, timeout=600)
+        if not os.path.exists(out):
+            self.fail(f"drive_fit.py wrote no result (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        with open(out) as f:
+            r = json.load(f)
+        self.assertEqual(r["qwen3-next-tiny"]["block_size"], 272, p.stdout)
+        self.assertEqual(len(r["gemma3-1b"]["groups"]), 7, p.stdout)
+        self.assertTrue(r["ok"], p.stdout)
+
     def test_sliding_window_first(self):
         """A gpt-oss/Gemma-3-shaped model (full attention and a sliding
         window): the hit is every shared block, the window restored only."""
