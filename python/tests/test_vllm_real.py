@@ -78,6 +78,17 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertGreater(second["verified"]["sliding"], 0, p.stdout)
         self.assertTrue(second["ok"], p.stdout)
 
+    def test_hybrid_mamba_groups_first(self):
+        """Qwen3-Next's order (the Mamba groups before the attention group):
+        tutti's hits and states as in the other order; a preempted request
+        vLLM resumes from its own hit without its state (evicted first) is
+        counted, saved no more, and its wrong states are told apart as vLLM's."""
+        r, p = self.phase("first", "1", "sched_cpu_hybrid.py", ("--groups", "state,state,full"))
+        self.assertEqual(r["checks"]["chunked"]["matched"], 256, p.stdout)
+        self.assertGreater(r["checks"]["preempt"]["preemptions"], 0, p.stdout)
+        self.assertEqual(r["bad"], [], p.stdout)
+        self.assertTrue(r["ok"], p.stdout)
+
     def test_hybrid_engine_hit_without_state(self):
         """vLLM 0.26 with a connector and Mamba layers takes its own hit group
         by group: its states evicted, the attention blocks still there, it

@@ -33,6 +33,7 @@ API:
       durable chunk by chunk; decode tokens are not saved).
     * ``track(req_id, chain, request=, tokens_of=, hashes_of=)``: a request
       to save for (from its lookup).
+    * ``untrack(req_id)``: saves no more of the request.
     * ``request_finished(req_id) -> bool``: always False: the blocks of a
       finished request are freed at once; its queued saves are handed over
       by the workers before the blocks can be reused (``StepMeta.ended``).
@@ -238,6 +239,12 @@ class SchedulerSide:
             self._trackers[req_id] = _Tracker(list(chain), request, tokens_of, hashes_of)
         elif len(chain) > len(tr.chain):
             tr.chain = list(chain)
+
+    def untrack(self, req_id: str):
+        """Stops saving for a request (what it computes from now on is not
+        to be kept) and drops what its lookup promised."""
+        self._trackers.pop(req_id, None)
+        self._forget(req_id)
 
     def build_meta(self, step) -> StepMeta:
         meta = StepMeta(loads=self._loads)

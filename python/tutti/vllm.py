@@ -73,7 +73,6 @@ _CHECK_KEYS = {"dir", "max_records"}
 _STORE_OPTIONS = (set(options.FLAT) - {"gpu_device"}) | options.NO_OP
 
 
-
 def _hash_bytes(request):
     """vLLM's own block hashes as bytes (BlockHash is bytes since v0.10), the
     ids a router that also hears vLLM's events knows; None for older vLLM
@@ -222,6 +221,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
                     [int(g.kv_cache_spec.page_size_bytes) * len(g.layer_names) for g in kv_cache_config.kv_cache_groups])
         self._server: Optional[LookupServer] = None
         self._block_pool = None  # vLLM's (the scheduler's), read only: bind_gpu_block_pool
+        self._incomplete: set = set()  # live requests counted in engine_hit_incomplete (once each)
         self._errors: set = set()
         self._load_started_at = None
         if role == KVConnectorRole.WORKER:
@@ -505,6 +505,8 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
             sched.counters["unkeyable"] += 1
             log.debug("tutti: request %s: not keyed, a miss: %s", rid, e)
             return 0, False
+        if rid in self._incomplete:
+            return 0, False  # vLLM resumes it from a broken hit: none of it is saved any more (below)
         if self.settings.kv_events:
             sched.track(rid, chain, request, tokens_of=prompt_tokens, hashes_of=_hash_bytes)
         else:
@@ -512,12 +514,14 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         if getattr(request, "skip_reading_prefix_cache", False):
             return 0, False  # saved, never read
         n = sched.get_num_new_matched_tokens(rid, chain, int(request.num_tokens), int(num_computed_tokens))
-        if n == 0 and engine_hit_incomplete(self._block_pool, request, int(num_computed_tokens), self.block_size,
-                                            [r.kind for r in self.rules or ()]):
+        if n == 0 and rid not in self._incomplete and engine_hit_incomplete(
+                self._block_pool, request, int(num_computed_tokens), self.block_size, [r.kind for r in self.rules or ()]):
+            self._incomplete.add(rid)
             sched.counters["engine_hit_incomplete"] += 1
+            sched.untrack(rid)  # what it computes from there is not what the tokens give: never stored
             log.warning("tutti: vLLM resumes request %s from its own hit of %d tokens with a KV cache group's part of "
-                        "it gone (docs/vllm.md): its outputs may part from a run without a connector", rid,
-                        num_computed_tokens)
+                        "it gone (docs/vllm.md): its outputs may part from a run without a connector; tutti saves "
+                        "none of it", rid, num_computed_tokens)
         return n, False
 
     def bind_gpu_block_pool(self, gpu_block_pool):
@@ -537,6 +541,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished(self, request, block_ids):
         self._keys.forget(request.request_id)
+        self._incomplete.discard(request.request_id)
         return self._scheduler().request_finished(request.request_id), None
 
     def request_finished_all_groups(self, request, block_ids):
