@@ -57,7 +57,12 @@
 #
 #   run carry=[.vllm-stage/MANIFEST, bin/libtutti.so]       'bash eval/vllm/run.sh hybrid'
 #
-# A model's own drive.py flags: eval/vllm/models/MODEL/drive.args (every phase).
+# A model's own drive.py flags: eval/vllm/models/MODEL/drive.args (every phase; DRIVE_ARGS come
+# after them and win). gemma3-1b's 7 KV cache groups (6 sliding-window, 1 full) share one pool:
+# vLLM 0.26's scheduler admits a 6k-token prompt only with about 1400 blocks of 16 tokens or
+# more (below, a wave never finishes: eval/vllm/drive_fit.py checks every hybrid model's
+# drive.args on the CPU, in CI), so it asks for 2048. The TTFT phase's OffloadingConnector
+# run failing on a model is logged and costs its row of the table only.
 #
 # Knobs (environment): NLOOPS (8), LOOP_GIB (4), CAPACITY_GIB (24, per store),
 # BUDGET_S (540), DRIVE_ARGS (extra flags for drive.py, every phase; a load that preempts:
@@ -245,9 +250,15 @@ ttft_case() { # MODEL:STORAGE:PATH: TTFT of restored prefixes, recompute vs tutt
 	extra=$(tutti_extra "$storage" "$path" "") || { log "$1: storage $storage failed"; return 1; }
 	phase "$model" ttft "$RES/ttft-none-$model.json" || return 1
 	phase "$model" ttft "$RES/ttft-tutti-${1//:/-}.json" "$extra" || return 1
-	phase "$model" ttft "$RES/ttft-offloading-$model.json" offloading || return 1
+	# vLLM's OffloadingConnector failing on a model (a hybrid one, say) costs its row, not tutti's.
+	local off=$RES/ttft-offloading-$model.json
+	if ! phase "$model" ttft "$off" offloading; then
+		log "$1: vLLM's OffloadingConnector failed on $model (its error: $OUT/vllm.log); the table has no row of it"
+		rm -f "$off"
+		off=""
+	fi
 	python3 eval/vllm/ttft_table.py --case "$1" --recompute "$RES/ttft-none-$model.json" \
-		--tutti "$RES/ttft-tutti-${1//:/-}.json" --offloading "$RES/ttft-offloading-$model.json" \
+		--tutti "$RES/ttft-tutti-${1//:/-}.json" ${off:+--offloading "$off"} \
 		--json "$OUT/ttft-${1//:/-}.json" | tee -a "$OUT/summary.txt"
 }
 

@@ -11,9 +11,12 @@ per block).
 The stand-in model: an attention layer's K and V at a position are a
 function of the prefix up to it and of the layer (exact in float16); a Mamba
 layer's state after c tokens is a function of the prefix of c tokens. Each
-step reads a request's running state from the block vLLM's align mode keeps
-it in (block ceil(c/B) - 1 of the group's table) and checks it, then writes
-the state after the step into block ceil((c+n)/B) - 1. Before a request first
+step first copies a request's state as vLLM's align mode does, before the
+connector's load starts: from the block it was in (block ceil(c/B) - 1 of
+the group's table for a request starting at c computed tokens, a restored
+state's block) into the block the step runs it in, block ceil((c+n)/B) - 1;
+it reads and checks the state there, then writes the state after the step
+there. Before a request first
 computes, every full-attention token and every sliding-window token inside
 the window of the next token must hold its prefix's values. So every block
 and state restored from tutti is checked.
@@ -121,6 +124,7 @@ class Runner:
         self.hasher = get_request_block_hasher(bs, hash_fn)
         self.tables: dict[str, list[list[int]]] = {}
         self.first_computed: dict[str, int] = {}
+        self.state_idx: dict[str, int] = {}  # the block index each request's state runs in (vLLM's mamba_state_idx)
         self.verified = {"full": 0, "sliding": 0, "state": 0}
         self.bad: list[str] = []
         self.preempted: dict[str, int] = {}
@@ -159,6 +163,26 @@ class Runner:
                 continue
             self.verified[kind] += nc - lo
 
+    def preprocess_states(self, work, sched):
+        """vLLM's align mode before the step's forward, and before the
+        connector's start_load_kv (gpu_model_runner.py: preprocess_mamba):
+        each request's state is copied from the block it was in (a new or
+        resumed request's: block ceil(c/B) - 1 of its c computed tokens, a
+        connector's restored state among them) into the block this step
+        runs it in, block ceil((c+n)/B) - 1."""
+        bs = self.a.block_size
+        for rid, nc, first in work:
+            prev = (nc - 1) // bs if first else self.state_idx.get(rid, (nc - 1) // bs)
+            curr = cdiv(nc + sched[rid], bs) - 1
+            self.state_idx[rid] = curr
+            if prev < 0 or prev == curr:
+                continue
+            for n, g, kind, _ in self.layers:
+                if kind == "state":
+                    t = self.tables[rid][g]
+                    for x in self.kv[n]:
+                        x[t[curr]] = x[t[prev]]
+
     def compute(self, rid, hashes, nc, n_new):
         bs = self.a.block_size
         for n, g, kind, i in self.layers:
@@ -166,14 +190,13 @@ class Runner:
             li = g * PER_GROUP + i
             if kind == "state":
                 conv, ssm = self.kv[n]
+                b = t[self.state_idx[rid]]  # the state runs in its block of this step (preprocess_states)
                 if nc > 0:
-                    b = t[cdiv(nc, bs) - 1]
                     ec, es = self.expect_state(hashes[nc - 1], li)
                     if b == 0 or not (torch.equal(conv[b], ec) and torch.equal(ssm[b], es)):
                         self._bad(f"{rid}: state layer {n}: the state after {nc} tokens (block {b}) is wrong")
                     else:
                         self.verified["state"] += 1
-                b = t[cdiv(nc + n_new, bs) - 1]
                 conv[b], ssm[b] = self.expect_state(hashes[nc + n_new - 1], li)
                 continue
             k, v = expect_kv(hashes, li, nc, nc + n_new)
@@ -202,6 +225,7 @@ class Runner:
             work.append((rid, cr.num_computed_tokens[i], rid in cr.resumed_req_ids))
         hashes = {rid: prefix_hashes(reqs[rid].all_token_ids[:nc + so.num_scheduled_tokens[rid]])
                   for rid, nc, _ in work}
+        self.preprocess_states(work, so.num_scheduled_tokens)
         with set_current_vllm_config(self.vc), set_forward_context(None, self.vc):
             w.bind_connector_metadata(so.kv_connector_metadata)
             w.start_load_kv(get_forward_context())
@@ -268,7 +292,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--dir", required=True)
-    p.add_argument("--phase", choices=("first", "restart"), required=True)
+    p.add_argument("--phase", choices=("first", "restart", "evict-state"), required=True)
     p.add_argument("--groups", default="full,sliding:48,state")
     p.add_argument("--json", default="")
     p.add_argument("--budget-tokens", type=int, default=256)
@@ -284,6 +308,25 @@ def main(argv=None):
     R = Runner(a, extra, kinds)
     has_state = any(k == "state" for k, _ in kinds)
     res, ok = {"phase": a.phase, "groups": a.groups, "checks": {}}, True
+    # vLLM 0.26 with a connector takes its own hit group by group (docs/vllm.md): a request it resumes with a
+    # group's part gone (a preempted one, its states evicted first when the state groups come first, as
+    # Qwen3-Next's do) reads its null block's state. tutti counts such requests (engine_hit_incomplete); their
+    # wrong states are vLLM's, told apart below.
+    conn, seen, flagged = R.sched.connector, {}, set()
+    take, ask = conn.get_kv_connector_stats, conn.get_num_new_matched_tokens
+
+    def stats():
+        st = take()
+        for k, v in (st.data if st is not None else {}).items():
+            seen[k] = seen.get(k, 0) + v
+        return st
+
+    def lookup(request, num_computed_tokens):
+        out = ask(request, num_computed_tokens)
+        if request.request_id in conn._incomplete:
+            flagged.add(request.request_id)
+        return out
+    conn.get_kv_connector_stats, conn.get_num_new_matched_tokens = stats, lookup
     # vLLM keeps its hybrid manager on (on a GPU platform) only for a connector it says supports it.
     res["supports_hma"] = bool(KVConnectorFactory.supports_hma_config(R.vc.kv_transfer_config))
     ok &= res["supports_hma"]
@@ -308,6 +351,26 @@ def main(argv=None):
         res["checks"]["preempt"] = {"preemptions": pre, "finished": fin}
         print(f"preempt: {pre} preemptions, {fin} of 3 long requests finished")
         ok &= pre > 0 and fin == 3
+    elif a.phase == "evict-state":
+        # vLLM 0.26 with a connector takes its own hit group by group (docs/vllm.md): the attention blocks of
+        # "doc" still there, its states evicted, tutti holding no state past the hit: vLLM resumes "doc-again"
+        # from its null block's bytes (the states read are wrong: vLLM's), and tutti counts it.
+        from vllm.v1.core.kv_cache_utils import get_group_id
+        R.add("doc", doc + q1)
+        R.run()
+        R.settle()
+        bp = R.sched.kv_cache_manager.block_pool
+        bp.evict_blocks({b.block_id for b in bp.blocks
+                         if b.block_hash is not None and kinds[get_group_id(b.block_hash)][0] == "state"})
+        R.add("doc-again", doc[:480] + q2)
+        R.run()
+        n = seen.get("engine_hit_incomplete", 0)
+        vllms = [b for b in R.bad if b.startswith("doc-again: state layer")]
+        res["checks"]["evict-state"] = {"engine_hit_incomplete": n, "vllm_wrong_states": len(vllms),
+                                        "resumed_at": R.first_computed.get("doc-again")}
+        print(f"evict-state: vLLM resumed doc-again at {R.first_computed.get('doc-again')} tokens with its states "
+              f"evicted: {len(vllms)} wrong states read (vLLM's), tutti counted {n}")
+        ok &= n == 1 and len(vllms) > 0 and flagged == {"doc-again"}
     else:
         R.add("doc-restart", doc + q2)
         for i, t in enumerate(longs):
@@ -319,7 +382,18 @@ def main(argv=None):
         print(f"restart: a new process matched {got} tokens from tutti (doc-restart: want {want})")
         ok &= got["doc-restart"] == want and all(v > 0 for v in got.values())
     R.worker.shutdown()  # the check mode's summary is written at close
-    ok &= check_mode(a, res, need_match=True)
+    # capacity_bytes is the rank's: every group's store preallocates its share of it, not the whole.
+    res["store_bytes"] = sum(os.stat(os.path.join(d, f)).st_blocks * 512 for d, _, fs in os.walk(a.dir) for f in fs)
+    print(f"the groups' stores take {res['store_bytes']} bytes of a capacity of {extra['capacity_bytes']}")
+    ok &= res["store_bytes"] <= extra["capacity_bytes"] + (16 << 20)  # + the stores' metadata
+    ok &= check_mode(a, res, need_match=a.phase != "evict-state")  # evict-state restores nothing
+    vllms = [b for b in R.bad if b.split(":", 1)[0] in flagged and ": state layer " in b]
+    res["engine_hit_incomplete"], res["vllm_wrong_states"] = seen.get("engine_hit_incomplete", 0), len(vllms)
+    if vllms:
+        print(f"{a.phase}: {len(vllms)} wrong states read by requests vLLM resumed without them ({sorted(flagged)}): "
+              f"vLLM's, not tutti's")
+    ok &= res["engine_hit_incomplete"] == len(flagged)
+    R.bad = [b for b in R.bad if b not in vllms]
     res["verified"], res["bad"] = R.verified, R.bad
     ok &= not R.bad
     print(f"{a.phase}: verified {R.verified} (full/sliding tokens before first compute, states read), {len(R.bad)} wrong")

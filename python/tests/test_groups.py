@@ -68,6 +68,18 @@ class RulesTest(unittest.TestCase):
         for kind, w, saved, full, pb, ct, want in cases:
             self.assertEqual(GroupRule(kind, 16, w).save_ranges(saved, full, pb, ct), want, (kind, saved, full))
 
+    def test_capacity_shares(self):
+        # One rank's capacity over the groups' stores, by their bytes of a block (Gemma 3: 6 sliding groups, 1 full).
+        got = groups.capacity_shares(24 << 30, [4, 4, 4, 4, 3, 3, 4])
+        self.assertLessEqual(sum(got), 24 << 30)
+        self.assertGreater(sum(got), (24 << 30) - 7)
+        self.assertEqual(got[0], got[6])
+        self.assertEqual(got[4] * 4, got[0] * 3)
+        self.assertEqual(groups.capacity_shares(10, [1]), [10])
+        for cap, w in ((3, [1, 1, 1, 1]), (0, [1]), (10, []), (10, [1, 0])):
+            with self.assertRaises(ValueError):
+                groups.capacity_shares(cap, w)
+
     def test_bad_rules(self):
         for args in (("attention", 16), ("sliding", 16, 0), ("full", 16, 8), ("full", 0)):
             with self.assertRaises((ValueError, TypeError), msg=args):
@@ -100,6 +112,32 @@ class VLLMGroupsTest(unittest.TestCase):
         got = self.rules(_spec("FullAttentionSpec"), _spec("SlidingWindowSpec", sliding_window=512),
                          _spec("MambaSpec", mamba_cache_mode="align"), _spec("MLAAttentionSpec"))
         self.assertEqual([(r.kind, r.window_tokens) for r in got], [("full", 0), ("sliding", 512), ("state", 0), ("full", 0)])
+
+    def test_engine_hit_incomplete(self):
+        from tutti.vllm_groups import engine_hit_incomplete
+
+        class Pool:  # vLLM's BlockPool.get_cached_block: blocks of every group asked, or None
+            hash_block_size = 16
+
+            def __init__(self, cached):
+                self.cached = cached  # {(hash, group)}
+
+            def get_cached_block(self, h, gids):
+                return [object() for _ in gids] if all((h, g) in self.cached for g in gids) else None
+
+        req = SimpleNamespace(block_hashes=[b"h0", b"h1", b"h2"])
+        kinds = ["full", "state"]
+        every = {(h, g) for h in req.block_hashes for g in (0, 1)}
+        self.assertFalse(engine_hit_incomplete(Pool(every), req, 32, 16, kinds))
+        self.assertTrue(engine_hit_incomplete(Pool(every - {(b"h1", 1)}), req, 32, 16, kinds))  # no state at the end
+        self.assertTrue(engine_hit_incomplete(Pool(every - {(b"h0", 0)}), req, 32, 16, kinds))  # a full block gone
+        self.assertFalse(engine_hit_incomplete(Pool(every - {(b"h0", 1)}), req, 32, 16, kinds))  # an earlier state
+        for pool, nc, k in ((Pool(set()), 32, ["full", "sliding"]), (None, 32, kinds), (Pool(set()), 0, kinds),
+                            (Pool(set()), 24, kinds)):
+            self.assertFalse(engine_hit_incomplete(pool, req, nc, 16, k))  # nothing to tell
+        other = Pool(set())
+        other.hash_block_size = 8
+        self.assertFalse(engine_hit_incomplete(other, req, 32, 16, kinds))
 
     def test_refused(self):
         full = _spec("FullAttentionSpec")
@@ -358,7 +396,33 @@ class HybridEngine:
             for layer in range(2):
                 if not self.holds(1, layer, tables[1][j], chain[j]):
                     return False
-        return n == 0 or all(self.holds(2, layer, tables[2][n - 1], chain[n - 1]) for layer in range(2))
+        # vLLM runs the state in the group's last block and copied it there before the load: tutti copies it again.
+        return n == 0 or all(self.holds(2, layer, tables[2][j], chain[n - 1]) for layer in range(2) for j in (n - 1, -1))
+
+
+class StateRunsInTest(unittest.TestCase):
+    """A state group's load names the block vLLM runs the request's state in
+    (align mode: the last one allocated), which vLLM filled before the load."""
+
+    class Matcher:
+        def match(self, req_id, chain, skip):
+            return 3
+
+        def release(self, req_id):
+            pass
+
+    def loads(self, state_ids):
+        s = SchedulerSide(self.Matcher(), B, rules=[GroupRule("full", B), GroupRule("state", B)])
+        self.assertEqual(s.get_num_new_matched_tokens("r", list(range(100, 106)), 6 * B + 5, 0), 3 * B)
+        s.update_state_after_alloc("r", [list(range(1, len(state_ids) + 1)), state_ids], 3 * B)
+        return {ld.group: ld for ld in s._loads}
+
+    def test_copy_to(self):
+        got = self.loads([0, 0, 7, 0, 9])  # restored into block 2 (7), run in block 4 (9)
+        self.assertEqual((got[1].block_ids, got[1].copy_to), ([7], [9]))
+        self.assertEqual(got[0].copy_to, [])
+        got = self.loads([0, 0, 7])  # nothing after the restored block: no copy
+        self.assertEqual((got[1].block_ids, got[1].copy_to), ([7], []))
 
 
 @unittest.skipIf(torch is None, NO_TORCH)

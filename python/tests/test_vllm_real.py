@@ -70,12 +70,74 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertEqual(first["checks"]["chunked"]["matched"], 256, p.stdout)
         self.assertGreater(first["checks"]["preempt"]["preemptions"], 0, p.stdout)
         self.assertGreater(first["verified"]["state"], 0, p.stdout)
+        self.assertLessEqual(first["store_bytes"], (1 << 30) + (16 << 20), p.stdout)  # capacity_bytes over every group
         self.assertTrue(first["ok"], p.stdout)
         second, p = self.phase("restart", None, "sched_cpu_hybrid.py", args)
         self.assertEqual(second["bad"], [], p.stdout)
         self.assertEqual(second["checks"]["restart"]["doc-restart"], 512, p.stdout)
         self.assertGreater(second["verified"]["sliding"], 0, p.stdout)
         self.assertTrue(second["ok"], p.stdout)
+
+    def test_hybrid_mamba_groups_first(self):
+        """Qwen3-Next's order (the Mamba groups before the attention group):
+        tutti's hits and states as in the other order; a preempted request
+        vLLM resumes from its own hit without its state (evicted first) is
+        counted, saved no more, and its wrong states are told apart as vLLM's."""
+        r, p = self.phase("first", "1", "sched_cpu_hybrid.py", ("--groups", "state,state,full"))
+        self.assertEqual(r["checks"]["chunked"]["matched"], 256, p.stdout)
+        self.assertGreater(r["checks"]["preempt"]["preemptions"], 0, p.stdout)
+        self.assertEqual(r["bad"], [], p.stdout)
+        self.assertTrue(r["ok"], p.stdout)
+
+    def test_hybrid_engine_hit_without_state(self):
+        """vLLM 0.26 with a connector and Mamba layers takes its own hit group
+        by group: its states evicted, the attention blocks still there, it
+        resumes from its null block's state (vLLM's doing, docs/vllm.md);
+        tutti counts it (vllm:tutti_engine_hit_incomplete)."""
+        r, p = self.phase("evict-state", "1", "sched_cpu_hybrid.py", ("--groups", "full,sliding:48,state"))
+        c = r["checks"]["evict-state"]
+        self.assertEqual((c["engine_hit_incomplete"], c["resumed_at"]), (1, 480), p.stdout)
+        self.assertGreater(c["vllm_wrong_states"], 0, p.stdout)
+        self.assertTrue(r["ok"], p.stdout)
+
+    def test_hybrid_worker_tensors(self):
+        """The KV tensors vLLM 0.26's model runner hands a connector for the
+        hybrid eval models (built by vLLM's own code on the CPU: groups,
+        shared tensors, FlashAttention's layout, Mamba states' padded pages):
+        tutti registers every group and moves its pages bit for bit, touching
+        nothing else of the tensors the groups share (eval/vllm/worker_cpu_hybrid.py)."""
+        out = os.path.join(self.dir, "worker.json")
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        env.setdefault("TUTTI_LIB", os.path.join(ROOT, "bin", "libtutti.so"))
+        p = subprocess.run([PY, os.path.join(ROOT, "eval", "vllm", "worker_cpu_hybrid.py"), "--dir",
+                            os.path.join(self.dir, "store"), "--json", out], env=env, cwd=self.dir,
+                           capture_output=True, text=True, timeout=600)
+        if not os.path.exists(out):
+            self.fail(f"worker_cpu_hybrid.py wrote no result (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        with open(out) as f:
+            r = json.load(f)
+        g3, qn = r["gemma3-1b"], r["qwen3-next-tiny"]
+        self.assertEqual([g["spec"] for g in g3["groups"]], ["SlidingWindowSpec"] * 6 + ["FullAttentionSpec"], p.stdout)
+        self.assertEqual(qn["block_size"], 272, p.stdout)  # the attention page aligned to the Mamba state's
+        self.assertEqual([g["spec"] for g in qn["groups"]], ["MambaSpec"] * 3 + ["FullAttentionSpec"], p.stdout)
+        self.assertEqual((r["ok"], g3["bad"], qn["bad"]), (True, [], []), p.stdout)
+
+    def test_hybrid_drive_args_fit(self):
+        """drive.py's workload, with each hybrid eval model's drive.args,
+        finishes under vLLM 0.26's own scheduler with the model's KV cache
+        groups (Gemma 3's 7 groups need about 1400 blocks; below, vLLM never
+        admits a prompt and the GPU run would spin: eval/vllm/drive_fit.py)."""
+        out = os.path.join(self.dir, "fit.json")
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        p = subprocess.run([PY, os.path.join(ROOT, "eval", "vllm", "drive_fit.py"), "--json", out], env=env,
+                           cwd=self.dir, capture_output=True, text=True, timeout=600)
+        if not os.path.exists(out):
+            self.fail(f"drive_fit.py wrote no result (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        with open(out) as f:
+            r = json.load(f)
+        self.assertEqual(r["qwen3-next-tiny"]["block_size"], 272, p.stdout)
+        self.assertEqual(len(r["gemma3-1b"]["groups"]), 7, p.stdout)
+        self.assertTrue(r["ok"], p.stdout)
 
     def test_sliding_window_first(self):
         """A gpt-oss/Gemma-3-shaped model (full attention and a sliding

@@ -14,7 +14,9 @@ of a :class:`tutti.groups.HybridStore`, behind the WorkerSide's own API.
 
     * a state group's loads are waited for in ``start_load`` (the engine
       calls no per-layer hook for recurrent layers, and the first of them may
-      run before any attention layer); its saves and a sliding group's are
+      run before any attention layer), then each restored state is copied
+      into the block the engine runs it in (``LoadSpec.copy_to``; vLLM 0.26
+      copies it there before the load); its saves and a sliding group's are
       handed over in the step that asks for them and gathered by
       ``wait_for_save`` (the engine frees their pages while the request still
       runs), never queued;
@@ -113,6 +115,7 @@ class GroupWorkers:
         self._started = False  # the bound step's loads started
         self.counters: Dict[str, int] = {}
         self.kv_layouts = []
+        self._states: List[Dict[str, list]] = []  # a state group's layers' state tensors (the engine's)
 
     @property
     def kv_layout(self):
@@ -134,6 +137,9 @@ class GroupWorkers:
                 raise ValueError(f"KV cache group {i}: recurrent state through host staging is not supported: use the "
                                  f"GPU path (kv_connector_extra_config.path \"gpu\")")
             self.kv_layouts.append(w.register(sub, block_size, layer_names=names, host_staging_bytes=share))
+            st = kv_caches[names[0]] if r.kind == "state" else None
+            self._states.append({n: list(kv_caches[n]) if isinstance(st, (list, tuple)) else [kv_caches[n]]
+                                 for n in names} if r.kind == "state" else {})
             for n in names:
                 self._group_of[n] = i
         return self.kv_layouts
@@ -201,14 +207,34 @@ class GroupWorkers:
         self._started = True
         for w in self.workers:
             w.start_load()
-        for w, r in zip(self.workers, self.rules):
+        for w, r, states in zip(self.workers, self.rules, self._states):
             if r.kind == "state" and w._loads:  # no per-layer hook runs for recurrent layers
                 for name in w.kv_layout.layer_names:
                     w.wait_for_layer(name)
+                self._copy_states(w, states)
         if self.holds is not None:  # every group's load pins for itself now
             for rid in self._load_reqs:
                 self.holds.release(rid)
             self._load_reqs = []
+
+    def _copy_states(self, w: WorkerSide, states: Dict[str, list]):
+        """A restored state copied into the block the engine runs the
+        request's state in (``LoadSpec.copy_to``: vLLM copied the state
+        there before the load), after the load: every state tensor of the
+        layer, as vLLM copies them, on torch's current stream, which waits
+        for the load (a GPU path), or once it is in (a CPU one)."""
+        moves = [(spec.block_ids[-1], dst) for _, spec in w._loads.values() for dst in spec.copy_to]
+        if not moves:
+            return
+        torch = sys.modules.get("torch")
+        for name in w.kv_layout.layer_names:
+            for x in states[name]:
+                if torch is None or not isinstance(x, torch.Tensor):
+                    raise TypeError(f"kv_caches[{name!r}]: a restored state is copied with torch, the layer's state "
+                                    f"is a {type(x).__name__}")
+                for src, dst in moves:
+                    x[dst].copy_(x[src])
+        self._count("state_copies", len(moves))
 
     def wait_for_layer(self, name: str):
         self.start_load()

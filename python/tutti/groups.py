@@ -135,6 +135,24 @@ class GroupRule:
         return out
 
 
+def capacity_shares(capacity_bytes: int, block_bytes: Sequence[int]) -> List[int]:
+    """One rank's ``capacity_bytes`` (the hybrid store's, as a plain store's
+    is: every group's store preallocates its own share) split over the
+    groups in proportion to ``block_bytes[i]``, group i's bytes of one chain
+    block (its layers' pages), so every group holds about as many blocks.
+    Raises ValueError when a share would be empty."""
+    capacity_bytes = _args.integer("capacity_bytes", capacity_bytes, 1)
+    w = [_args.integer(f"block_bytes[{i}]", b, 1) for i, b in enumerate(block_bytes)]
+    if not 1 <= len(w) <= MAX_GROUPS:
+        raise ValueError(f"{len(w)} KV cache groups: want 1..{MAX_GROUPS}")
+    total = sum(w)
+    out = [capacity_bytes * b // total for b in w]
+    if min(out) < 1:
+        raise ValueError(f"capacity_bytes = {capacity_bytes}: too small for {len(w)} KV cache groups of {w} bytes a "
+                         f"block")
+    return out
+
+
 def rules_of(kinds: Sequence[dict], block_tokens: int) -> List[GroupRule]:
     """GroupRules from ``[{"kind": ..., "window_tokens": ...}, ...]``."""
     if not 1 <= len(kinds) <= MAX_GROUPS:

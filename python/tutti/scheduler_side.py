@@ -33,6 +33,7 @@ API:
       durable chunk by chunk; decode tokens are not saved).
     * ``track(req_id, chain, request=, tokens_of=, hashes_of=)``: a request
       to save for (from its lookup).
+    * ``untrack(req_id)``: saves no more of the request.
     * ``request_finished(req_id) -> bool``: always False: the blocks of a
       finished request are freed at once; its queued saves are handed over
       by the workers before the blocks can be reused (``StepMeta.ended``).
@@ -222,7 +223,8 @@ class SchedulerSide:
                 if len(b) != end - first or NULL_BLOCK in b:
                     raise ValueError(f"request {req_id!r}: KV cache group {g} ({rule.kind}) has block ids {b} for "
                                      f"chain blocks [{first}, {end}): the load needs a page for each")
-                out.append(LoadSpec(_run_id(req_id, rule, g, root), list(p.chain[root:end]), first - root, b, group=g))
+                out.append(LoadSpec(_run_id(req_id, rule, g, root), list(p.chain[root:end]), first - root, b, group=g,
+                                    copy_to=_state_runs_in(rule, ids, end)))
         return out
 
     # -- saves
@@ -237,6 +239,12 @@ class SchedulerSide:
             self._trackers[req_id] = _Tracker(list(chain), request, tokens_of, hashes_of)
         elif len(chain) > len(tr.chain):
             tr.chain = list(chain)
+
+    def untrack(self, req_id: str):
+        """Stops saving for a request (what it computes from now on is not
+        to be kept) and drops what its lookup promised."""
+        self._trackers.pop(req_id, None)
+        self._forget(req_id)
 
     def build_meta(self, step) -> StepMeta:
         meta = StepMeta(loads=self._loads)
@@ -345,6 +353,20 @@ def _run_id(req_id: str, rule: GroupRule, group: int, root: int) -> str:
     """The id of one group's run of a request in the worker (a full group's
     is the request's: its saves queue per request)."""
     return req_id if rule.kind == "full" and root == 0 else f"{req_id}\x00g{group}.{root}"
+
+
+def _state_runs_in(rule: GroupRule, ids: Sequence[int], end: int) -> List[int]:
+    """A state group's block the engine runs the request's state in this
+    step, when it is not the restored one (block ``end - 1``): vLLM 0.26's
+    align mode runs it in the last block it allocated for the group
+    (MambaManager.allocate_new_blocks: block ceil((c + n) / B) - 1 for c
+    computed and n scheduled tokens) and copies the state there from block
+    ceil(c / B) - 1 before the connector's load starts (gpu_model_runner.py:
+    preprocess_mamba runs before maybe_get_kv_connector_output), so the
+    worker copies the restored page there again once it is loaded."""
+    if rule.kind != "state" or len(ids) <= end or int(ids[-1]) == NULL_BLOCK:
+        return []
+    return [int(ids[-1])]
 
 
 def base_request(run_id: str) -> str:

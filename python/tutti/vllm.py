@@ -46,7 +46,7 @@ except ImportError:  # a vLLM without it: requests with extras are not keyed (mi
 
 from . import _lib, groups, hoststage, options
 from .group_worker import GroupWorkers
-from .vllm_groups import group_rules
+from .vllm_groups import engine_hit_incomplete, group_rules
 from .vllm_metrics import KVConnectorStats, _Stats
 from .vllm_metrics import TuttiConnectorStats, TuttiPromMetrics  # noqa: F401 (None without vLLM's stats)
 from .keys import Unkeyable, seed_of
@@ -71,7 +71,6 @@ _CHECK_KEYS = {"dir", "max_records"}
 # store_options take the flat names of tutti.options.FLAT (a JSON object has
 # no dataclasses); the connector picks the CUDA device itself.
 _STORE_OPTIONS = (set(options.FLAT) - {"gpu_device"}) | options.NO_OP
-
 
 
 def _hash_bytes(request):
@@ -212,10 +211,17 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         self._keys = RequestKeys(self.block_size, seed_of(key_identity(vllm_config)), _extra_keys_fn)
         self.rules = group_rules(kv_cache_config, self.block_size)
         self._group_layers = [list(g.layer_names) for g in kv_cache_config.kv_cache_groups] if self.rules else None
+        self._group_capacity = None
         if self.rules is not None:  # the hybrid store's directory names every group's rule
             rules = "|".join(f"{r.kind}:{r.window_tokens}" for r in self.rules)
             self._hybrid_tag = hashlib.sha256(f"{model}|{rules}|{self.block_size}".encode()).hexdigest()[:12]
+            if self.settings.capacity_bytes is not None:  # capacity_bytes is the rank's, over every group's store
+                self._group_capacity = groups.capacity_shares(
+                    self.settings.capacity_bytes,
+                    [int(g.kv_cache_spec.page_size_bytes) * len(g.layer_names) for g in kv_cache_config.kv_cache_groups])
         self._server: Optional[LookupServer] = None
+        self._block_pool = None  # vLLM's (the scheduler's), read only: bind_gpu_block_pool
+        self._incomplete: set = set()  # live requests counted in engine_hit_incomplete (once each)
         self._errors: set = set()
         self._load_started_at = None
         if role == KVConnectorRole.WORKER:
@@ -285,7 +291,8 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
             os.makedirs(d, exist_ok=True)
         first_full = next(j for j, r in enumerate(self.rules) if r.kind == "full") if any(
             r.kind == "full" for r in self.rules) else 0
-        st = self._open_store(lay, dirs=dirs, kv_events=i == first_full, shared=False)
+        st = self._open_store(lay, dirs=dirs, kv_events=i == first_full, shared=False,
+                              capacity_bytes=self._group_capacity[i] if self._group_capacity else None)
         self._hybrid.attach(i, st)
         if i == len(self.rules) - 1:
             want = groups.manifest(self.rules, self._group_tags)
@@ -297,7 +304,8 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         return st
 
     def _open_store(self, lay: KVLayout, dirs: Optional[List[str]] = None, kv_events: bool = True,
-                    shared: bool = True) -> Store:
+                    shared: bool = True, capacity_bytes: Optional[int] = None) -> Store:
+        """``capacity_bytes``: a hybrid group's share (default: the rank's)."""
         g = lay.geometry
         if self.tp_size > 1 and g.planes == 2:  # the store takes the whole model's heads and keeps its rank's share
             g = Geometry(g.layers, g.kv_heads * self.tp_size, g.head_dim, g.dtype, g.planes, g.page_tokens, g.chunk_pages)
@@ -325,7 +333,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
                                      "each; a node service serves one (leave 'connect' out for this model)")
                 return Store(connect=self.settings.connect, geometry=g, num_pages=lay.num_pages, layout=lay.layout,
                              path=path, tp_rank=self.rank, tp_size=self.tp_size, **opt_groups)
-            return Store(dirs or self._store_dirs(lay), self.settings.capacity_bytes, g, lay.num_pages,
+            return Store(dirs or self._store_dirs(lay), capacity_bytes or self.settings.capacity_bytes, g, lay.num_pages,
                          layout=lay.layout, path=path, tp_rank=self.rank, tp_size=self.tp_size, kv_events=kv_events,
                          **opt_groups)
         try:
@@ -497,6 +505,8 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
             sched.counters["unkeyable"] += 1
             log.debug("tutti: request %s: not keyed, a miss: %s", rid, e)
             return 0, False
+        if rid in self._incomplete:
+            return 0, False  # vLLM resumes it from a broken hit: none of it is saved any more (below)
         if self.settings.kv_events:
             sched.track(rid, chain, request, tokens_of=prompt_tokens, hashes_of=_hash_bytes)
         else:
@@ -504,7 +514,18 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         if getattr(request, "skip_reading_prefix_cache", False):
             return 0, False  # saved, never read
         n = sched.get_num_new_matched_tokens(rid, chain, int(request.num_tokens), int(num_computed_tokens))
+        if n == 0 and rid not in self._incomplete and engine_hit_incomplete(
+                self._block_pool, request, int(num_computed_tokens), self.block_size, [r.kind for r in self.rules or ()]):
+            self._incomplete.add(rid)
+            sched.counters["engine_hit_incomplete"] += 1
+            sched.untrack(rid)  # what it computes from there is not what the tokens give: never stored
+            log.warning("tutti: vLLM resumes request %s from its own hit of %d tokens with a KV cache group's part of "
+                        "it gone (docs/vllm.md): its outputs may part from a run without a connector; tutti saves "
+                        "none of it", rid, num_computed_tokens)
         return n, False
+
+    def bind_gpu_block_pool(self, gpu_block_pool):
+        self._block_pool = gpu_block_pool  # read by engine_hit_incomplete only
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         ids = blocks.get_block_ids()
@@ -520,6 +541,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished(self, request, block_ids):
         self._keys.forget(request.request_id)
+        self._incomplete.discard(request.request_id)
         return self._scheduler().request_finished(request.request_id), None
 
     def request_finished_all_groups(self, request, block_ids):

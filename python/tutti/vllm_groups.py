@@ -4,7 +4,7 @@ module imports nothing of vLLM (and serves its test double alike)."""
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from . import groups
 
@@ -43,3 +43,29 @@ def group_rules(kv_cache_config, block_size: int) -> Optional[List[groups.GroupR
             raise ValueError(f"KV cache group {i}: {kind} is not a kind tutti keeps (full attention, sliding window, "
                              f"Mamba/linear-attention state)")
     return rules
+
+
+
+def engine_hit_incomplete(block_pool, request, num_computed_tokens: int, block_size: int,
+                          kinds: Sequence[str]) -> bool:
+    """Whether vLLM 0.26 resumes ``request`` from its own prefix hit of
+    ``num_computed_tokens`` with a group's part of it missing: with a
+    connector and Mamba layers it takes each group's hit on its own
+    (``find_longest_cache_hit_per_group``) and the longest of them, so the
+    recurrent state at its end, or full-attention blocks before it, may be
+    gone (vLLM then reads its null block's bytes or unwritten pages;
+    docs/vllm.md). ``kinds``: the groups' rule kinds. Read from vLLM's block
+    pool; False where that cannot be told (no pool, hashes of another block
+    size) and for a model without a state group (vLLM takes the common hit)."""
+    if "state" not in kinds or block_pool is None or num_computed_tokens <= 0 or num_computed_tokens % block_size:
+        return False
+    if getattr(block_pool, "hash_block_size", None) != block_size:
+        return False
+    hashes = list(getattr(request, "block_hashes", None) or [])
+    j = num_computed_tokens // block_size - 1
+    if j >= len(hashes):
+        return False
+    state = [i for i, k in enumerate(kinds) if k == "state"]
+    full = [i for i, k in enumerate(kinds) if k == "full"]
+    return block_pool.get_cached_block(hashes[j], state) is None or (
+        bool(full) and any(block_pool.get_cached_block(h, full) is None for h in hashes[:j + 1]))

@@ -64,6 +64,9 @@ if KVConnectorStats is not None:
             "hit_tokens": ("vllm:tutti_hit_tokens", "Tokens tutti promised to restore"),
             "load_error_blocks": ("vllm:tutti_load_error_blocks", "Promised blocks not restored"),
             "fallbacks": ("vllm:tutti_lookup_fallbacks", "Lookups answered as misses because a rank failed or was late"),
+            "engine_hit_incomplete": ("vllm:tutti_engine_hit_incomplete",
+                                      "Requests vLLM resumed from its own hit with a KV cache group's part of it gone "
+                                      "(Mamba models; docs/vllm.md)"),
             "unkeyable": ("vllm:tutti_unkeyable_lookups", "Lookups of requests whose extra keys tutti cannot represent (misses, never saved)"),
             "save_gave_up_blocks": ("vllm:tutti_save_gave_up_blocks", "Blocks of a save never committed after its retries"),
             "save_dropped_blocks": ("vllm:tutti_save_dropped_blocks", "Queued blocks not saved: their pages were reused"),

@@ -87,6 +87,9 @@ class LoadSpec:
     skip: int
     block_ids: List[int]
     group: int = 0  # the KV cache group (tutti.groups; 0 for a model of one group)
+    # A state group's (tutti.group_worker): the blocks the loaded page is then
+    # copied into, where the engine runs the request's state this step.
+    copy_to: List[int] = field(default_factory=list)
 
 
 @dataclass
