@@ -260,7 +260,7 @@ def main(argv=None):
               max_num_batched_tokens=a.budget_tokens, enable_chunked_prefill=True,
               num_gpu_blocks_override=a.gpu_blocks, block_size=a.block_size, seed=a.seed,
               disable_log_stats=False, gpu_memory_utilization=0.85,
-              scheduler_reserve_full_isl=a.reserve_full_isl == "on",
+              scheduler_reserve_full_isl=a.reserve_full_isl == "on", enable_prefix_caching=True,
               additional_config=json.loads(a.additional_config), **kw)
     res = {"phase": a.phase, "connector": a.connector, "model": os.path.basename(a.model.rstrip("/")),
            "args": vars(a), "import_s": t_start - t_import, "engine_start_s": time.monotonic() - t_start,

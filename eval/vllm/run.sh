@@ -233,7 +233,7 @@ check_case() { # MODEL:STORAGE:PATH
 tutti_extra() { # storage path check-dir -> kv_connector_extra_config (dirs emptied: a new store)
 	local storage=$1 path=$2 chk=$3 dirs extra
 	case $storage in
-	loops) loops_up || return 1; dirs=$LOOPDIRS ;;
+	loops) loops_up >&2 || return 1; dirs=$LOOPDIRS ;; # its log lines are not the config
 	disk) dirs="\"/var/tmp/tutti-vllm\"" ;;
 	*) return 1 ;;
 	esac

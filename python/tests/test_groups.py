@@ -89,7 +89,7 @@ class RulesTest(unittest.TestCase):
 
 
 def _spec(kind, **kw):
-    return type(kind, (), dict(block_size=16, **kw))()
+    return type(kind, (), {"block_size": 16, **kw})()
 
 
 class VLLMGroupsTest(unittest.TestCase):
@@ -142,6 +142,7 @@ class VLLMGroupsTest(unittest.TestCase):
     def test_refused(self):
         full = _spec("FullAttentionSpec")
         for bad, why in ((_spec("MambaSpec", mamba_cache_mode="all"), "align"),
+                         (_spec("MambaSpec", mamba_cache_mode="none", block_size=8192), "enable-prefix-caching"),
                          (_spec("MambaSpec", mamba_cache_mode="align", num_speculative_blocks=1), "speculative"),
                          (_spec("ChunkedLocalAttentionSpec"), "not a kind"),
                          (_spec("RSWASpec"), "not a kind")):

@@ -171,6 +171,37 @@ class RoundTripTest(unittest.TestCase):
         self.assertEqual(res.restored_blocks, {"b": 2})
         self.assertEqual(res.error_block_ids, {6, 7})
 
+    def test_load_whose_wait_fails_ends_with_the_step(self):
+        kv, _ = layouts()["flash-nhd"]
+        d = tempfile.mkdtemp(prefix="tutti-ws-")
+        self.addCleanup(shutil.rmtree, d, True)
+        w = self.open_worker(d)
+        w.register(kv, BS)
+        self.addCleanup(w.close)
+        names = list(kv)
+        chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
+        self.step(w, names, saves=[ws.SaveSpec("a", chain, [0, 1, 2, 3])])
+        w.store.wait_saves()
+        w.bind([ws.LoadSpec("b", chain, 0, [4, 5, 6, 7]), ws.LoadSpec("c", chain, 0, [8, 9, 10, 11])])
+        w.start_load()
+        for n in names:
+            w.wait_for_layer(n)
+        broken = w._loads["b"][0]
+        real_wait = broken.wait
+
+        def wait():
+            real_wait()
+            raise tutti.TuttiError("the mover failed", op="tutti_load_wait")
+        broken.wait = wait
+        res = w.finish_step()  # b's end is unknown: all its blocks are recomputed; c is restored
+        w.unbind()
+        self.assertEqual(res.restored_blocks, {"b": 0, "c": 4})
+        self.assertEqual(res.error_block_ids, {4, 5, 6, 7})
+        self.assertIsInstance(res.failures["b"], tutti.TuttiError)
+        self.assertEqual((broken.handle, w._loads), (0, {}))
+        res = self.step(w, names, loads=[ws.LoadSpec("d", chain, 0, [4, 5, 6, 7])])  # the next step waits on its own loads only
+        self.assertEqual((res.restored_blocks, res.error_block_ids), ({"d": 4}, set()))
+
     def test_sending_reported_once_after_saves(self):
         kv, _ = layouts()["mla"]
         d = tempfile.mkdtemp(prefix="tutti-ws-")

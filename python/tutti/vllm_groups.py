@@ -22,13 +22,18 @@ def group_rules(kv_cache_config, block_size: int) -> Optional[List[groups.GroupR
         spec = g.kv_cache_spec
         kind = type(spec).__name__
         bs = int(getattr(spec, "block_size", block_size))
+        mode = getattr(spec, "mamba_cache_mode", "none")
+        if kind == "MambaSpec" and mode == "none":  # its block is then max_model_len tokens
+            raise ValueError(f"KV cache group {i} (MambaSpec): vLLM keeps no prefix of the model's Mamba/linear-attention "
+                             f"state (prefix caching off, mamba_cache_mode 'none'; vLLM turns prefix caching off for "
+                             f"hybrid models unless asked): start it with --enable-prefix-caching (mamba_cache_mode "
+                             f"'align', vLLM's default then)")
         if bs != block_size:
             raise ValueError(f"KV cache group {i} ({kind}) has {bs} tokens per block, the engine's block_size is "
                              f"{block_size}: tutti keys every group by one chain")
         if hasattr(spec, "sliding_window") and "SlidingWindow" in kind:
             rules.append(groups.GroupRule("sliding", bs, int(spec.sliding_window)))
         elif kind == "MambaSpec":
-            mode = getattr(spec, "mamba_cache_mode", "none")
             if mode != "align":
                 raise ValueError(f"KV cache group {i} (MambaSpec) has mamba_cache_mode {mode!r}: tutti keeps recurrent "
                                  f"state at block boundaries, as vLLM's 'align' mode holds it (enable prefix caching, "

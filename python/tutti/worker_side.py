@@ -396,17 +396,24 @@ class WorkerSide:
         self.start_load()
         res, self._result = self._result, StepResult()
         cp = self.store.geometry.chunk_pages if self.store is not None else 1
-        for req_id, (ld, spec) in list(self._loads.items()):
-            blocks = ld.wait()
-            failure = ld.failure()
-            ld.release()
-            res.restored_blocks[req_id] = blocks
-            if failure is not None:
-                res.failures[req_id] = failure
-            res.error_block_ids.update(spec.block_ids[blocks * cp:])
-            if self.check is not None:
-                self.check.restored(spec, blocks)
-        self._loads.clear()
+        loads, self._loads = list(self._loads.items()), {}
+        try:
+            for req_id, (ld, spec) in loads:
+                try:
+                    blocks = ld.wait()
+                    failure = ld.failure()
+                except Exception as e:  # how far it got is unknown: every block of it is recomputed
+                    blocks, failure = 0, e
+                ld.release()
+                res.restored_blocks[req_id] = blocks
+                if failure is not None:
+                    res.failures[req_id] = failure
+                res.error_block_ids.update(spec.block_ids[blocks * cp:])
+                if self.check is not None:
+                    self.check.restored(spec, blocks)
+        finally:  # whatever raised, no load of this step outlives it (a released one would be waited on next step)
+            for _, (ld, _) in loads:
+                ld.release()
         done = [r for r in self._await_sending if r not in self._saves]  # the step's saves are waited for in wait_for_save
         self.end_requests(done)  # and queued ones handed over: the engine reuses the pages once told
         res.sending.update(done)
