@@ -98,15 +98,27 @@ emu_devices() {
 # emu_loops FILE...: a loop device with direct I/O over what emu_devices
 # serves for each FILE (backing files written whole), one path a line in
 # FILE's order; on an error it says what failed on stderr and stops short
-# (callers compare the count).
+# (callers compare the count). emudev's loops are read once before they are
+# handed out: the emulator's stack (FUSE readers, its runtime's threads and
+# heap) grows on its first parallel load, and the first reads after setup
+# ran slower than every later pass.
 emu_loops() {
-	local f devs=()
+	local f l devs=() loops=()
 	mapfile -t devs < <(emu_devices "$@")
 	if [ ${#devs[@]} != $# ]; then
 		echo "emulated devices ($EMU_LIMITER): ${#devs[@]} of $#" >&2
 		return 1
 	fi
-	for f in "${devs[@]}"; do losetup --find --show --direct-io=on "$f" || return 1; done
+	for f in "${devs[@]}"; do
+		l=$(losetup --find --show --direct-io=on "$f") || break
+		loops+=("$l")
+	done
+	if [ ${#loops[@]} = $# ] && [ "$EMU_LIMITER" = emudev ]; then
+		"$EMU_TUTTI" devbench --striped --path "$(IFS=,; echo "${loops[*]}")" --size 256MiB --buffer 256MiB \
+			--ops randread --allow-holes >/dev/null 2>&1 || echo "emulated devices: the warm-up read failed" >&2
+	fi
+	[ ${#loops[@]} = 0 ] || printf '%s\n' "${loops[@]}"
+	[ ${#loops[@]} = $# ]
 }
 
 # emu_devices_alive: true while EMU_DEV's emudev runs (a zombie is not
