@@ -46,7 +46,7 @@ except ImportError:  # a vLLM without it: requests with extras are not keyed (mi
 
 from . import _lib, groups, hoststage, options
 from .group_worker import GroupWorkers
-from .vllm_groups import engine_hit_incomplete, group_rules
+from .vllm_groups import engine_hit_incomplete, group_capacities, group_rules
 from .vllm_metrics import KVConnectorStats, _Stats
 from .vllm_metrics import TuttiConnectorStats, TuttiPromMetrics  # noqa: F401 (None without vLLM's stats)
 from .keys import Unkeyable, seed_of
@@ -215,10 +215,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         if self.rules is not None:  # the hybrid store's directory names every group's rule
             rules = "|".join(f"{r.kind}:{r.window_tokens}" for r in self.rules)
             self._hybrid_tag = hashlib.sha256(f"{model}|{rules}|{self.block_size}".encode()).hexdigest()[:12]
-            if self.settings.capacity_bytes is not None:  # capacity_bytes is the rank's, over every group's store
-                self._group_capacity = groups.capacity_shares(
-                    self.settings.capacity_bytes,
-                    [int(g.kv_cache_spec.page_size_bytes) * len(g.layer_names) for g in kv_cache_config.kv_cache_groups])
+            self._group_capacity = group_capacities(self.settings.capacity_bytes, kv_cache_config)
         self._server: Optional[LookupServer] = None
         self._block_pool = None  # vLLM's (the scheduler's), read only: bind_gpu_block_pool
         self._incomplete: set = set()  # live requests counted in engine_hit_incomplete (once each)

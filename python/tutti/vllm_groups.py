@@ -9,6 +9,15 @@ from typing import List, Optional, Sequence
 from . import groups
 
 
+def group_capacities(capacity_bytes: Optional[int], kv_cache_config) -> Optional[List[int]]:
+    """A hybrid rank's ``capacity_bytes`` shared over its groups' stores by
+    their bytes per block (tutti.groups.capacity_shares); None: the default."""
+    if capacity_bytes is None:
+        return None
+    return groups.capacity_shares(capacity_bytes, [int(g.kv_cache_spec.page_size_bytes) * len(g.layer_names)
+                                                   for g in kv_cache_config.kv_cache_groups])
+
+
 def group_rules(kv_cache_config, block_size: int) -> Optional[List[groups.GroupRule]]:
     """The KV cache groups of a hybrid model (vLLM's hybrid manager on) as
     tutti's rules (tutti.groups), with each group's layer names; None for a
