@@ -127,10 +127,11 @@ func (s *sim) step(ev event) {
 			return
 		}
 		s.waiting = false
-		got := len(s.pending)
 		s.post(now, s.pending)
 		s.pending = s.pending[:0]
-		s.lag = s.lag && got == 0
+		// The wait ended on completions (the CQ tail moved) or on its
+		// timeout (an error return): either way not a lagging GPU.
+		s.lag = false
 		s.push(now+s.c.Kick.GapNs, evEnter, 0, 0)
 	case evEnter:
 		s.enter(now)
