@@ -90,7 +90,11 @@
 // I/O in flight, at most WakeBatch, ramping up from 1 at a restore's start:
 // WakeRamp) or a timeout (BatchWait while I/O is in flight, WakeInterval,
 // backed off, while none is); while no restore is live
-// it sleeps on a futex. NewKickRing makes the ring this loop wants: created
+// it sleeps on a futex. The SQEs the GPU publishes after the loop entered
+// wait for its next return, so the devices hold up to two batches less than
+// the window; with reads issued in plan order, the plan must spread every
+// window over the devices (kernels/winsim models the window, the order and
+// the batches against paced devices). NewKickRing makes the ring this loop wants: created
 // disabled with DEFER_TASKRUN, handed to the loop's thread, which registers
 // the staging pool and enables it, so completions run as its deferred task
 // work and the kernel wakes it once per batch instead of once per I/O. The

@@ -135,6 +135,10 @@ type StoreRow struct {
 	SubmittedS  float64 `json:"submitted_s,omitempty"`
 	FirstLayerS float64 `json:"first_layer_s,omitempty"`
 	LastLayerS  float64 `json:"last_layer_s,omitempty"`
+	// Threads is a restore's CPU by thread of this process, most first
+	// (threadCPUDelta: "name[tid]=ms"; the GPU ring's kick loop is one of
+	// the Go-named threads), read outside the clock: where CPUSPerGiB goes.
+	Threads string `json:"threads,omitempty"`
 	// A save's stage work (runtime.Stats.Saves.CopyNs, ChecksumNs),
 	// summed over the stage workers: bytes into staging (store-gpu: the
 	// HBM gathers) and their checksums.
@@ -207,6 +211,9 @@ func Summary(r StoreRow) string {
 			if r.StagedReason != "" {
 				s += " (" + r.StagedReason + ")"
 			}
+		}
+		if r.Threads != "" {
+			s += ", threads: " + r.Threads
 		}
 	}
 	return s
@@ -522,6 +529,7 @@ func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g kvshape.Geometry)
 		return r, errors.New("nothing of the saved prefix is cached")
 	}
 	before := s.Stats()
+	th0 := readThreadCPU()
 	h0, c0, t0 := readHostCPU(), cpuSeconds(), time.Now()
 	l, err := s.Load(chain[:n], dst[:n*g.ChunkPages])
 	if err != nil {
@@ -540,6 +548,7 @@ func timeLoad(s *runtime.Store, chain []uint64, dst []int32, g kvshape.Geometry)
 	r.Blocks, r.Planned = l.Blocks(), l.Planned()
 	r.Bytes = int64(r.Blocks) * g.ChunkBytes()
 	rate(&r, t0, c0, h0)
+	r.Threads = threadCPUDelta(th0, readThreadCPU(), 0)
 	after := s.Stats()
 	r.DirectReads = after.Loads.DirectReads - before.Loads.DirectReads
 	if r.StagedReads = after.Loads.StagedReads - before.Loads.StagedReads; r.StagedReads > 0 {

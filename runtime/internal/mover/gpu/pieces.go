@@ -26,22 +26,23 @@ func (c Config) MaxExtents() int {
 
 // pieces cuts a GPU restore's runs into the extents of its request and
 // orders them round-robin over the runs: piece 0 of every run, then piece 1
-// of every run, and so on. devs[i] is the device run i lies on, where each
-// run lies on one device (a store of run width 1); nil where the runs
-// spread over the devices layer by layer (objmap.Layout): then the runs
-// stay whole.
+// of every run, and so on. devs[i] is the device layer 0 of run i lies on
+// (objmap.Layout.LayerDevices; with a run width W > 1 layer l of every run
+// lies W-rotated from there, so every layer's extents spread over as many
+// devices as layer 0's); nil, or a single device: the runs stay whole.
 //
 // Why: the kernels submit a layer's reads in extent order, as the window
-// (window reads in flight over all devices) frees. Where a run lies on one
-// device, with one extent per run, a layer whose runs are longer than
-// window/devices reads keeps the window on a few devices at a time and the
-// others idle (BENCHMARKS.md, What the defaults rest on). Pieces of at most
-// window/(2*devices) reads put every device's share of any window near
-// 1/devices. Where runs spread, consecutive layers of a run lie on
-// consecutive devices and the window spans Lookahead layers (at least one
-// per directory: runtime.GPULookaheadToFill), so every device is in it;
-// a piece of a (layer, run) lies on the same device as the rest of it, so
-// cutting would only add extents.
+// (window reads in flight over all devices) frees, and a device idles once
+// the reads it holds are done before the window reaches its next ones. With
+// one extent per (layer, run) of R reads, a device's reads come R at a time,
+// and where runs spread layer by layer the device first in layer l is last
+// in layer l+1: 2R(runs-1) reads go by between its extents, more than its R
+// reads last while the window is short of full (the kick loop holds up to
+// two batches of it out of the devices: kernels/winsim). Measured on 8
+// paced devices (llama3-8b, R = 16): the devices idle 9% of the time.
+// Pieces of at most window/(2*devices) reads put every device's share of
+// any window near 1/devices, whether a run lies on one device or spreads
+// (kernels/winsim models both orders: TestPlanOrder).
 //
 // A piece is a whole number of chunks whose per-layer bytes are a multiple
 // of objmap.BlockBytes (so every extent starts on an O_DIRECT boundary, as

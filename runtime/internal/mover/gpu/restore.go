@@ -60,11 +60,9 @@ func (rs *restore) request() kernels.Request {
 	cfg := rs.m.cfg
 	g := cfg.Geometry
 	runs := rs.r.Runs
-	var devs []int // where each run lies, when it lies on one device
-	if cfg.Pool.Layout.Width() == 1 {
-		for _, r := range runs {
-			devs = append(devs, cfg.Pool.Layout.Device(r.Info.File))
-		}
+	devs := make([]int, len(runs)) // where each run's layer 0 lies
+	for i, r := range runs {
+		devs[i] = cfg.Pool.Layout.LayerDevices(r.Info.File)[0]
 	}
 	rs.pieces = pieces(runs, devs, g, cfg.IOWindow, cfg.MaxIOBytes, cfg.MaxExtents())
 	req := kernels.Request{Layers: make([][]kernels.Extent, g.Layers)}
