@@ -38,9 +38,8 @@ func (c Config) MaxExtents() int {
 // and where runs spread layer by layer the device first in layer l is last
 // in layer l+1: 2R(runs-1) reads go by between its extents, more than its R
 // reads last while the window is short of full (the kick loop holds up to
-// two batches of it out of the devices: kernels/winsim). Measured on 8
-// paced devices (llama3-8b, R = 16): the devices idle 9% of the time.
-// Pieces of at most window/(2*devices) reads put every device's share of
+// two batches of it out of the devices: kernels/winsim; BENCHMARKS.md,
+// Save and restore through the store). Pieces of at most window/(2*devices) reads put every device's share of
 // any window near 1/devices, whether a run lies on one device or spreads
 // (kernels/winsim models both orders: TestPlanOrder).
 //
