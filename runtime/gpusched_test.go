@@ -199,7 +199,8 @@ func TestGPULoadsBeyondRestoreSlots(t *testing.T) {
 			t.Fatalf("load %d: %v", i, err)
 		}
 	}
-	if gpu.Calls() != loads || gpu.MaxLive() > 4 {
-		t.Errorf("%d GPU restores, at most %d live at once: want %d, at most 4", gpu.Calls(), gpu.MaxLive(), loads)
+	if w := s.Stats().Loads.GPUSlotWaits; gpu.Calls() != loads || gpu.MaxLive() != 4 || w != loads-4 {
+		t.Errorf("%d GPU restores, at most %d live at once, %d waited for a slot: want %d, 4, %d", gpu.Calls(), gpu.MaxLive(),
+			w, loads, loads-4)
 	}
 }

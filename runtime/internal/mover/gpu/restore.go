@@ -50,6 +50,7 @@ func (m *Mover) Restore(r *mover.Restore) mover.StreamWaiter {
 			rs.submit(io, req)
 			go rs.drive()
 		default:
+			m.cfg.Counters.SlotWaits.Add(1)
 			go func() {
 				m.restoreSlots <- struct{}{}
 				rs.submit(io, req)
@@ -59,12 +60,23 @@ func (m *Mover) Restore(r *mover.Restore) mover.StreamWaiter {
 	default:
 		go func() {
 			io := <-r.IOs
-			m.restoreSlots <- struct{}{}
+			m.slot()
 			rs.submit(io, req)
 			rs.drive()
 		}()
 	}
 	return rs
+}
+
+// slot takes a GPU request slot for a restore, waiting (counted) while
+// every one is live.
+func (m *Mover) slot() {
+	select {
+	case m.restoreSlots <- struct{}{}:
+	default:
+		m.cfg.Counters.SlotWaits.Add(1)
+		m.restoreSlots <- struct{}{}
+	}
 }
 
 // request is the kernels request of the restore's runs, cut into pieces
