@@ -118,7 +118,8 @@ func PlanLimits(cfg Config) Limits {
 	g := cfg.Geometry
 	slotBytes := stagingSlotBytes(cfg, g)
 	return Limits{Layers: g.Layers, NumPages: cfg.NumPages, MaxPages: cfg.MaxPages, SlotBytes: slotBytes,
-		MaxIOBytes: cfg.MaxIOBytes, MaxEntries: int((slotBytes+int64(cfg.MaxIOBytes)-1)/int64(cfg.MaxIOBytes)) + cfg.MaxExtents}
+		MaxIOBytes: cfg.MaxIOBytes, MaxEntries: int((slotBytes+int64(cfg.MaxIOBytes)-1)/int64(cfg.MaxIOBytes)) + cfg.MaxExtents,
+		MaxRequests: cfg.MaxRequests}
 }
 
 // checkFeed checks the feeder's settings (after defaults).

@@ -136,6 +136,10 @@ type Limits struct {
 	MaxEntries int   // entries per layer
 	SlotBytes  int64 // staging slot size
 	MaxIOBytes int   // largest single read (multiple of StagingAlign)
+	// MaxRequests is how many restores may be live at once (Restore
+	// refuses one more with ErrBusy until one is released); BuildPlan does
+	// not read it.
+	MaxRequests int
 }
 
 // BuildPlan checks req against g and lim and fills p (reusing its slices), so

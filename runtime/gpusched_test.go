@@ -151,3 +151,56 @@ func TestGPUFailedEntryMapsToRun(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestGPULoadsBeyondRestoreSlots: the GPU takes kernels.Config.MaxRequests
+// (4) restores live at once; more loads of one store in flight (vLLM's
+// step of 5 restored requests, every group's store a load per request)
+// wait for a restore to be released, each then restored whole: none fails
+// (the first hybrid run in vLLM saw the fifth load's Wait return the
+// kernels' ErrBusy).
+func TestGPULoadsBeyondRestoreSlots(t *testing.T) {
+	const numPages, loads, blocks = 64, 6, 2
+	gate := make(chan struct{})
+	s, kv, gpu := gpuStoreOnCPU(t, numPages, gate)
+	defer closeKV(t, s, kv)
+	var open sync.Once
+	release := func() { open.Do(func() { close(gate) }) }
+	defer release() // before closeKV: a failed test must not leave the restores held
+	g := s.Geometry()
+	rng := rand.New(rand.NewPCG(21, 3))
+	perm := rng.Perm(numPages)
+	per := blocks * g.ChunkPages
+	chains, tables := make([][]uint64, loads), make([][]int32, loads)
+	for i := range chains {
+		chains[i] = chainOf(uint64(9400+100*i), blocks)
+		for _, p := range perm[i*per : (i+1)*per] {
+			tables[i] = append(tables[i], int32(p))
+		}
+		fill(kv, g, chains[i], tables[i])
+		if sv := saveWait(t, s, chains[i], tables[i]); sv.Saved() != blocks {
+			t.Fatalf("chain %d: saved %d of %d", i, sv.Saved(), blocks)
+		}
+	}
+	scramble(kv, g, numPages)
+	ls := make([]*Load, loads)
+	for i := range ls { // every restore held at its first layer: all live at once
+		l, err := s.Load(chains[i], tables[i])
+		if err != nil {
+			t.Fatalf("load %d: %v", i, err)
+		}
+		ls[i] = l
+	}
+	release()
+	for i, l := range ls {
+		if err := l.Wait(); err != nil || l.Blocks() != blocks {
+			t.Fatalf("load %d of %d in flight: %d of %d blocks, %v (%v)", i, loads, l.Blocks(), blocks, err, l.Failure())
+		}
+		if err := verify(kv, g, chains[i], tables[i], blocks); err != nil {
+			t.Fatalf("load %d: %v", i, err)
+		}
+	}
+	if w := s.Stats().Loads.GPUSlotWaits; gpu.Calls() != loads || gpu.MaxLive() != 4 || w != loads-4 {
+		t.Errorf("%d GPU restores, at most %d live at once, %d waited for a slot: want %d, 4, %d", gpu.Calls(), gpu.MaxLive(),
+			w, loads, loads-4)
+	}
+}

@@ -100,6 +100,9 @@ type LoadStats struct {
 	StagedReads  int64      `json:"staged_reads"`
 	StagedCause  StageCause `json:"staged_cause"`
 	StagedReason string     `json:"staged_reason"`
+	// GPUSlotWaits counts PathGPU restores that waited for a GPU request
+	// slot (the kernels take 4 restores live at once) before they started.
+	GPUSlotWaits int64 `json:"gpu_slot_waits"`
 }
 
 // SaveStats counts saves.
@@ -373,7 +376,7 @@ func (c *counters) snapshot(m *mover.Counters) Stats {
 		RestoredBlocks: c.restoredBlocks.Load(), RestoredBytes: c.restoredBytes.Load(),
 		ReadIOs: c.readIOs.Load(), SplitIOs: c.splitIOs.Load(), OverreadBytes: c.overrd.Load(),
 		CorruptDroppedRuns: c.corruptDropped.Load(),
-		DirectReads:        m.DirectReads.Load(), StagedReads: m.StagedReads.Load()}
+		DirectReads:        m.DirectReads.Load(), StagedReads: m.StagedReads.Load(), GPUSlotWaits: m.SlotWaits.Load()}
 	s.Saves = SaveStats{Calls: c.saves.Load(), AskedBlocks: c.saveBlocks.Load(), SavedBlocks: c.savedBlocks.Load(),
 		SavedBytes: c.savedBytes.Load(), WriteIOs: c.writeIOs.Load(), CommittedRuns: c.committedRuns.Load(),
 		CopyNs: m.CopyNs.Load(), ChecksumNs: m.ChecksumNs.Load(),

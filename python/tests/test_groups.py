@@ -483,5 +483,27 @@ class HybridEngineTest(unittest.TestCase):
         self.assertEqual(e.hybrid.lookup(chain), 0)
         e.run("c", doc + self.toks(8, 4), expect_hit=0)
 
+    def test_a_group_failing_its_step_end_leaves_the_others_ended(self):
+        """One group's finish_step raising still ends every other group's
+        step (their loads released, never waited on next step), then raises."""
+        e, doc = self.e, self.toks(160, 1)
+        e.run("a", doc + self.toks(8, 2), expect_hit=0)
+        loads = []
+        for i, w in enumerate(e.workers.workers):
+            real = w.finish_step
+
+            def finish(ids=(), i=i, w=w, real=real):
+                loads.append((i, len(w._loads)))
+                res = real(ids)
+                if i == 0:
+                    raise RuntimeError("group 0 broke")
+                return res
+            w.finish_step = finish
+        with self.assertLogs("tutti.group_worker", "ERROR"), self.assertRaisesRegex(RuntimeError, "group 0 broke"):
+            e.run("b", doc + self.toks(8, 3), expect_hit=160)  # its first step loads in every group
+        self.assertEqual([i for i, _ in loads], list(range(len(KINDS))))
+        self.assertTrue(all(n > 0 for _, n in loads), loads)
+        self.assertEqual([w._loads for w in e.workers.workers], [{}] * len(KINDS))
+
 if __name__ == "__main__":
     unittest.main()

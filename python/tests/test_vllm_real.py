@@ -139,6 +139,39 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertEqual(len(r["gemma3-1b"]["groups"]), 7, p.stdout)
         self.assertTrue(r["ok"], p.stdout)
 
+    def test_hybrid_drive_async_restart(self):
+        """drive.py's workload for gemma3-1b (its 7 real KV cache groups and
+        tensors, smaller documents) as vLLM 0.26 on the GPU machine runs it:
+        the AsyncScheduler with EngineCore's batch queue of 2 (step N+1
+        scheduled and run before step N's output is applied), the V2 model
+        runner's connector calls, a first process saving and a second one
+        restoring every document's question and the aborted request's
+        document in one step (10 loads of one group: two window runs per
+        request), every restored token checked (eval/vllm/sched_cpu_drive.py;
+        the first GPU run died in that step)."""
+        cfg = ["--", "--doc-tokens", "1040", "--budget-tokens", "1024", "--gpu-blocks", "2048"]
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        env.setdefault("TUTTI_LIB", os.path.join(ROOT, "bin", "libtutti.so"))
+        res = {}
+        for phase in ("first", "second"):
+            out = os.path.join(self.dir, f"{phase}.json")
+            p = subprocess.run([PY, os.path.join(ROOT, "eval", "vllm", "sched_cpu_drive.py"), "--dir",
+                                os.path.join(self.dir, "store"), "--capacity-mib", "512", "--phase", phase,
+                                "--json", out, *cfg], env=env, cwd=self.dir, capture_output=True, text=True,
+                               timeout=600)
+            if not os.path.exists(out):
+                self.fail(f"sched_cpu_drive.py {phase} wrote no result (rc {p.returncode}):\n{p.stdout[-3000:]}\n"
+                          f"{p.stderr[-3000:]}")
+            with open(out) as f:
+                res[phase] = r = json.load(f)
+            self.assertEqual((r["error"], r["bad"], r["load_error_blocks"]), (None, [], 0), p.stdout[-3000:])
+            self.assertTrue(r["ok"], p.stdout[-3000:])
+        second = res["second"]
+        self.assertEqual(second["first_computed"], {f"d{d}q2": 1040 for d in range(4)} | {"x-after": 1040})
+        self.assertGreaterEqual(second["max_group_loads"], 10)
+        self.assertGreater(second["verified_tokens"], 0)
+        self.assertEqual(len(second["check_per_group"]), 7)
+
     def test_sliding_window_first(self):
         """A gpt-oss/Gemma-3-shaped model (full attention and a sliding
         window): the hit is every shared block, the window restored only."""

@@ -28,6 +28,7 @@ of a :class:`tutti.groups.HybridStore`, behind the WorkerSide's own API.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -36,6 +37,8 @@ from .save_queue import FLUSH_WAIT_MS
 from .scheduler_side import base_request
 from .tensor import RawTensor
 from .worker_side import LoadSpec, SaveSpec, StepResult, WorkerSide
+
+log = logging.getLogger("tutti.group_worker")
 
 PIN_TTL_MS = 60000  # a pin of a save's stored prefix outlives the save's gather by far
 
@@ -252,9 +255,14 @@ class GroupWorkers:
 
     def finish_step(self, finished_req_ids: Sequence[str] = ()) -> StepResult:
         self.start_load()  # as WorkerSide's: a step nobody started loads for still ends them (and the holds)
-        out = StepResult()
-        for w, r in zip(self.workers, self.rules):
-            res = w.finish_step(finished_req_ids)
+        out, err = StepResult(), None
+        for i, (w, r) in enumerate(zip(self.workers, self.rules)):
+            try:
+                res = w.finish_step(finished_req_ids)
+            except Exception as e:  # every group's step still ends (its loads released), then the first error raises
+                log.exception("tutti: KV cache group %d: ending the step's loads and saves failed", i)
+                err = err or e
+                continue
             if r.kind == "full" and not out.restored_blocks:
                 out.restored_blocks = dict(res.restored_blocks)
             if res.restored_blocks and w.store is not None:  # every group's bytes (tutti_load_bytes)
@@ -269,6 +277,8 @@ class GroupWorkers:
         for k, v in self.counters.items():
             out.counters[k] += v
         self.counters = {}
+        if err is not None:
+            raise err
         return out
 
     def unbind(self):

@@ -38,6 +38,9 @@ type Counters struct {
 	// (as submitted: O_DIRECT rounding included) on each device, by
 	// objmap.Layout's device index; the store sizes them.
 	ReadBytes, WriteBytes []atomic.Int64
+	// SlotWaits counts PathGPU restores that waited for one of the GPU's
+	// request slots (its restores live at once) before they were submitted.
+	SlotWaits atomic.Int64
 }
 
 // Count adds n to device dev's entry of perDev (ReadBytes, WriteBytes),

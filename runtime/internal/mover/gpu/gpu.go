@@ -59,6 +59,10 @@ type Mover struct {
 	r     Restorer
 	ring  *uring.Ring // nil with Config.Bind
 	lanes chan int    // the restorer's free gather lanes: a stage worker holds one per gather
+	// restoreSlots holds a token per restore live on the GPU (submitted,
+	// not released): the kernels take kernels.Config.MaxRequests at once
+	// and refuse one more (ErrBusy), where the store takes MaxLoads loads.
+	restoreSlots chan struct{}
 	// planeShift combines the GPU's plane CRCs of a save's gathers into
 	// chunk CRCs (the plane length's objmap.CRCShift).
 	planeShift *objmap.CRCShift
@@ -134,6 +138,13 @@ func KernelsConfig(cfg Config, ptrs []uint64, ring *uring.Ring) kernels.Config {
 		IOWindow: cfg.IOWindow, MaxIOBytes: cfg.MaxIOBytes, Lookahead: cfg.Lookahead}
 }
 
+// MaxRestores is how many restores the kernels bound for cfg take live at
+// once (kernels.Config.MaxRequests, as KernelsConfig leaves it); the mover
+// queues the store's other loads until one is released.
+func MaxRestores(cfg Config) int {
+	return max(1, kernels.PlanLimits(KernelsConfig(cfg, nil, nil)).MaxRequests)
+}
+
 // bound takes restorer r with all its gather lanes free. On an error it
 // closes r.
 func (m *Mover) bound(r Restorer) error {
@@ -143,6 +154,7 @@ func (m *Mover) bound(r Restorer) error {
 		return fmt.Errorf("binding the GPU: the restorer has %d gather lanes", n)
 	}
 	m.r, m.lanes, m.closed = r, make(chan int, n), false
+	m.restoreSlots = make(chan struct{}, MaxRestores(m.cfg))
 	m.planeShift = objmap.NewCRCShift(m.cfg.Geometry.PageBytesPerPlane())
 	for i := range n {
 		m.lanes <- i

@@ -34,24 +34,49 @@ type restore struct {
 }
 
 // Restore builds the load's GPU request and submits it once the scheduler
-// dispatched it (Whole): at once when the plan's round dispatched it, else
-// from the restore's goroutine when saves near their bound hold it. A
-// goroutine then waits for the GPU layer by layer.
+// dispatched it (Whole) and the GPU has a request slot for it (MaxRestores
+// live at once): at once when the plan's round dispatched it and a slot is
+// free, else from the restore's goroutine once saves near their bound no
+// longer hold it and an earlier restore released its slot. A goroutine
+// then waits for the GPU layer by layer.
 func (m *Mover) Restore(r *mover.Restore) mover.StreamWaiter {
 	rs := &restore{m: m, r: r}
 	rs.cond.L = &rs.mu
 	req := rs.request()
 	select {
 	case io := <-r.IOs:
-		rs.submit(io, req)
-		go rs.drive()
+		select {
+		case m.restoreSlots <- struct{}{}:
+			rs.submit(io, req)
+			go rs.drive()
+		default:
+			m.cfg.Counters.SlotWaits.Add(1)
+			go func() {
+				m.restoreSlots <- struct{}{}
+				rs.submit(io, req)
+				rs.drive()
+			}()
+		}
 	default:
 		go func() {
-			rs.submit(<-r.IOs, req)
+			io := <-r.IOs
+			m.slot()
+			rs.submit(io, req)
 			rs.drive()
 		}()
 	}
 	return rs
+}
+
+// slot takes a GPU request slot for a restore, waiting (counted) while
+// every one is live.
+func (m *Mover) slot() {
+	select {
+	case m.restoreSlots <- struct{}{}:
+	default:
+		m.cfg.Counters.SlotWaits.Add(1)
+		m.restoreSlots <- struct{}{}
+	}
 }
 
 // request is the kernels request of the restore's runs, cut into pieces
@@ -119,8 +144,9 @@ func (rs *restore) drive() {
 	x := rs.x
 	rs.mu.Unlock()
 	if x != nil {
-		rs.wait(x)
+		rs.wait(x) // released there
 	}
+	<-rs.m.restoreSlots // its slot, taken before submit, free again
 	rs.m.cfg.Sched.Complete(rs.io, true)
 	rs.r.Load.Done(mover.Result{IOs: rs.ios, Err: rs.err})
 }
@@ -192,9 +218,11 @@ func (rs *restore) observeReads() {
 }
 
 // StreamWaitLayer makes a CUDA stream wait until layer is in the KV
-// tensors. A restore the scheduler has not dispatched yet (saves near their
-// bound hold it) is not on the GPU's streams: it waits for its submission
-// first, or the stream would not wait at all. Once the restore was
+// tensors. A restore not submitted yet (the scheduler has not dispatched it,
+// saves near their bound holding it, or it waits for a request slot that an
+// earlier restore frees once its last layer is in) is not on the GPU's
+// streams: it waits for its submission first, or the stream would not wait
+// at all. Once the restore was
 // released (or refused) there is nothing to wait for.
 func (rs *restore) StreamWaitLayer(layer int, stream uintptr) error {
 	rs.mu.Lock()

@@ -5,9 +5,10 @@
 // goroutine, and GatherLane copies pages out in object layout. Its gather
 // lanes are checked as the library checks them (range, one call per lane
 // at a time, MaxPages, 16-byte alignment), and its requests by
-// kernels.BuildPlan under the store's kernels limits, so a mover that
-// shares a lane, misaligns a gather or builds a request the kernels refuse
-// fails in CI too.
+// kernels.BuildPlan under the store's kernels limits, and at most the
+// kernels' MaxRequests restores are live (unreleased) at once, so a mover
+// that shares a lane, misaligns a gather, builds a request the kernels
+// refuse or has more restores live than they take fails in CI too.
 package gputest
 
 import (
@@ -49,6 +50,8 @@ type Restorer struct {
 
 	mu       sync.Mutex
 	restores int             // Restore calls the plan accepted
+	live     int             // restores not released yet (kernels.Limits.MaxRequests at most)
+	maxLive  int             // the most live at once
 	last     kernels.Request // the last of them
 	plan     kernels.Plan
 }
@@ -68,6 +71,13 @@ func (c *Restorer) Calls() int {
 	return c.restores
 }
 
+// MaxLive is the most restores that were live at once.
+func (c *Restorer) MaxLive() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.maxLive
+}
+
 // Last is the last request the kernels' plan accepted.
 func (c *Restorer) Last() kernels.Request {
 	c.mu.Lock()
@@ -83,8 +93,13 @@ func (c *Restorer) Restore(req kernels.Request) (gpu.Restoration, error) {
 	c.mu.Lock()
 	// What the kernels would refuse is refused here too.
 	err := kernels.BuildPlan(c.g, c.lim, req, &c.plan)
+	if err == nil && c.live >= c.lim.MaxRequests {
+		err = fmt.Errorf("%d restores live: %w", c.live, kernels.ErrBusy)
+	}
 	if err == nil {
 		c.restores++
+		c.live++
+		c.maxLive = max(c.maxLive, c.live)
 		c.last = req
 	}
 	c.mu.Unlock()
@@ -148,10 +163,11 @@ func (c *Restorer) BatchTimeouts() int64        { return 0 }
 func (c *Restorer) Close() error                { return nil }
 
 type cpuRestore struct {
-	c      *Restorer
-	req    kernels.Request
-	done   []chan struct{}         // closed once the layer is scattered
-	failed [][]*kernels.EntryError // per layer, written before done closes
+	c        *Restorer
+	released atomic.Bool
+	req      kernels.Request
+	done     []chan struct{}         // closed once the layer is scattered
+	failed   [][]*kernels.EntryError // per layer, written before done closes
 }
 
 func (x *cpuRestore) run() {
@@ -236,5 +252,10 @@ func (x *cpuRestore) Wait() (*kernels.Result, error) {
 
 func (x *cpuRestore) Release() error {
 	<-x.done[len(x.done)-1]
+	if !x.released.Swap(true) {
+		x.c.mu.Lock()
+		x.c.live--
+		x.c.mu.Unlock()
+	}
 	return nil
 }
