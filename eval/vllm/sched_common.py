@@ -43,6 +43,27 @@ def check_mode(a, res: dict, need_match: bool) -> bool:
     return chk["mismatch"] == 0 and chk["unknown"] == 0 and (not need_match or chk["match"] > 0)
 
 
+
+def step_tables(so, tables: dict, groups: int) -> list:
+    """A scheduler output's block tables, as the model runner keeps them:
+    ``tables[req_id]`` (a list of block ids per KV cache group) set for new
+    and resumed requests and grown for running ones. Returns the step's
+    work: (req_id, computed tokens before the step, new or resumed)."""
+    work = []
+    for nr in so.scheduled_new_reqs:
+        tables[nr.req_id] = [list(g) for g in nr.block_ids]
+        work.append((nr.req_id, nr.num_computed_tokens, True))
+    cr = so.scheduled_cached_reqs
+    for i, rid in enumerate(cr.req_ids):
+        nb = cr.new_block_ids[i]
+        if rid in cr.resumed_req_ids:
+            tables[rid] = [list(g) for g in nb] if nb is not None else [[] for _ in range(groups)]
+        elif nb is not None:
+            for have, more in zip(tables[rid], nb):
+                have.extend(more)
+        work.append((rid, cr.num_computed_tokens[i], rid in cr.resumed_req_ids))
+    return work
+
 def finish(a, res: dict, ok: bool, bad: list) -> int:
     """Prints the first wrong values and the verdict, writes res to
     ``a.json`` when asked; the exit status."""

@@ -46,7 +46,7 @@ import worker_cpu_hybrid as W  # noqa: E402 (sets vLLM's CPU platform first)
 import torch  # noqa: E402
 
 import drive  # noqa: E402
-from sched_common import prefix_hashes  # noqa: E402
+from sched_common import prefix_hashes, step_tables  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig,  # noqa: E402
                          VllmConfig, set_current_vllm_config)
@@ -148,19 +148,7 @@ class Engine:
     # -- the model runner (the V2 runner's connector calls)
     def execute(self, so):
         w, reqs = self.worker, self.sched.requests
-        work = []
-        for nr in so.scheduled_new_reqs:
-            self.tables[nr.req_id] = [list(g) for g in nr.block_ids]
-            work.append((nr.req_id, nr.num_computed_tokens, True))
-        cr = so.scheduled_cached_reqs
-        for i, rid in enumerate(cr.req_ids):
-            nb = cr.new_block_ids[i]
-            if rid in cr.resumed_req_ids:
-                self.tables[rid] = [list(g) for g in nb] if nb is not None else [[] for _ in self.kcc.kv_cache_groups]
-            elif nb is not None:
-                for have, more in zip(self.tables[rid], nb):
-                    have.extend(more)
-            work.append((rid, cr.num_computed_tokens[i], rid in cr.resumed_req_ids))
+        work = step_tables(so, self.tables, len(self.kcc.kv_cache_groups))
         meta = so.kv_connector_metadata
         per_group = {}
         for ld in meta.loads:

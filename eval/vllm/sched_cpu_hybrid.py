@@ -60,7 +60,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from sched_common import HEAD, HEADS, MOD, check_mode, expect_kv, finish, prefix_hashes  # noqa: E402
+from sched_common import HEAD, HEADS, MOD, check_mode, expect_kv, finish, prefix_hashes, step_tables  # noqa: E402
 
 PER_GROUP = 2
 CONV, SSM = (4, 128), (2, 32, 16)  # a Mamba layer's states: float16 conv, float32 ssm (5120 bytes, padded)
@@ -210,19 +210,7 @@ class Runner:
         w, reqs = self.worker, self.sched.requests
         for rid, r in reqs.items():
             self.preempted[rid] = max(self.preempted.get(rid, 0), r.num_preemptions)
-        work = []
-        for nr in so.scheduled_new_reqs:
-            self.tables[nr.req_id] = [list(g) for g in nr.block_ids]
-            work.append((nr.req_id, nr.num_computed_tokens, True))
-        cr = so.scheduled_cached_reqs
-        for i, rid in enumerate(cr.req_ids):
-            nb = cr.new_block_ids[i]
-            if rid in cr.resumed_req_ids:
-                self.tables[rid] = [list(g) for g in nb] if nb is not None else [[] for _ in self.kinds]
-            elif nb is not None:
-                for have, more in zip(self.tables[rid], nb):
-                    have.extend(more)
-            work.append((rid, cr.num_computed_tokens[i], rid in cr.resumed_req_ids))
+        work = step_tables(so, self.tables, len(self.kinds))
         hashes = {rid: prefix_hashes(reqs[rid].all_token_ids[:nc + so.num_scheduled_tokens[rid]])
                   for rid, nc, _ in work}
         self.preprocess_states(work, so.num_scheduled_tokens)

@@ -104,6 +104,16 @@ class RoundTripTest(unittest.TestCase):
                                io=tutti.IOOptions(staging_bytes=4 << 20, staging_slot_bytes=1 << 20))
         return ws.WorkerSide(opener)
 
+    def registered(self, layout: str):
+        """A worker over a new store with layout's tensors registered: (worker, tensors)."""
+        kv, _ = layouts()[layout]
+        d = tempfile.mkdtemp(prefix="tutti-ws-")
+        self.addCleanup(shutil.rmtree, d, True)
+        w = self.open_worker(d)
+        w.register(kv, BS)
+        self.addCleanup(w.close)
+        return w, kv
+
     def step(self, w, names, loads=(), saves=(), start_first=True):
         w.bind(loads, saves)
         if start_first:
@@ -156,12 +166,7 @@ class RoundTripTest(unittest.TestCase):
                 self.assertFalse(bool(page(kv[n], bdim, p).any()), f"{lay.tag}: page {p} written by a load")
 
     def test_failed_promise_is_a_load_error(self):
-        kv, _ = layouts()["flash-nhd"]
-        d = tempfile.mkdtemp(prefix="tutti-ws-")
-        self.addCleanup(shutil.rmtree, d, True)
-        w = self.open_worker(d)
-        w.register(kv, BS)
-        self.addCleanup(w.close)
+        w, kv = self.registered("flash-nhd")
         chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
         self.step(w, list(kv), saves=[ws.SaveSpec("a", chain[:2], [0, 1])])
         w.store.wait_saves()
@@ -172,12 +177,7 @@ class RoundTripTest(unittest.TestCase):
         self.assertEqual(res.error_block_ids, {6, 7})
 
     def test_load_whose_wait_fails_ends_with_the_step(self):
-        kv, _ = layouts()["flash-nhd"]
-        d = tempfile.mkdtemp(prefix="tutti-ws-")
-        self.addCleanup(shutil.rmtree, d, True)
-        w = self.open_worker(d)
-        w.register(kv, BS)
-        self.addCleanup(w.close)
+        w, kv = self.registered("flash-nhd")
         names = list(kv)
         chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
         self.step(w, names, saves=[ws.SaveSpec("a", chain, [0, 1, 2, 3])])
@@ -203,12 +203,7 @@ class RoundTripTest(unittest.TestCase):
         self.assertEqual((res.restored_blocks, res.error_block_ids), ({"d": 4}, set()))
 
     def test_sending_reported_once_after_saves(self):
-        kv, _ = layouts()["mla"]
-        d = tempfile.mkdtemp(prefix="tutti-ws-")
-        self.addCleanup(shutil.rmtree, d, True)
-        w = self.open_worker(d)
-        w.register(kv, BS)
-        self.addCleanup(w.close)
+        w, kv = self.registered("mla")
         chain = tutti.chain_from_tokens(list(range(2 * BS)), BS)
         w.bind(saves=[ws.SaveSpec("x", chain, [0, 1])], await_sending=["x"])
         for n in kv:
