@@ -171,15 +171,8 @@ func TestGPUConcurrentLoads(t *testing.T) {
 	if err := s.RegisterKV(d.mem); err != nil {
 		t.Fatal(err)
 	}
-	rng := rand.New(rand.NewPCG(5, 6))
-	perm := rng.Perm(numPages)
-	per := blocks * g.ChunkPages
-	chains, tables := make([][]uint64, loads), make([][]int32, loads)
+	chains, tables := disjointLoads(rand.New(rand.NewPCG(5, 6)), g, numPages, loads, blocks, 7100)
 	for i := range chains {
-		chains[i] = chainOf(uint64(7100+100*i), blocks)
-		for _, p := range perm[i*per : (i+1)*per] {
-			tables[i] = append(tables[i], int32(p))
-		}
 		fill(d.mirror, g, chains[i], tables[i])
 	}
 	d.upload(t)

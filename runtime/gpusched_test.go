@@ -167,15 +167,8 @@ func TestGPULoadsBeyondRestoreSlots(t *testing.T) {
 	release := func() { open.Do(func() { close(gate) }) }
 	defer release() // before closeKV: a failed test must not leave the restores held
 	g := s.Geometry()
-	rng := rand.New(rand.NewPCG(21, 3))
-	perm := rng.Perm(numPages)
-	per := blocks * g.ChunkPages
-	chains, tables := make([][]uint64, loads), make([][]int32, loads)
+	chains, tables := disjointLoads(rand.New(rand.NewPCG(21, 3)), g, numPages, loads, blocks, 9400)
 	for i := range chains {
-		chains[i] = chainOf(uint64(9400+100*i), blocks)
-		for _, p := range perm[i*per : (i+1)*per] {
-			tables[i] = append(tables[i], int32(p))
-		}
 		fill(kv, g, chains[i], tables[i])
 		if sv := saveWait(t, s, chains[i], tables[i]); sv.Saved() != blocks {
 			t.Fatalf("chain %d: saved %d of %d", i, sv.Saved(), blocks)

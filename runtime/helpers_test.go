@@ -77,6 +77,22 @@ func pageTable(rng *rand.Rand, g kvshape.Geometry, numPages, blocks int) []int32
 	return pages
 }
 
+// disjointLoads is n chains of blocks blocks each (ids from base, 100
+// apart) over page tables of distinct random pages, none shared between
+// chains: loads of them can be live at once.
+func disjointLoads(rng *rand.Rand, g kvshape.Geometry, numPages, n, blocks int, base uint64) ([][]uint64, [][]int32) {
+	perm := rng.Perm(numPages)
+	per := blocks * g.ChunkPages
+	chains, tables := make([][]uint64, n), make([][]int32, n)
+	for i := range chains {
+		chains[i] = chainOf(base+uint64(100*i), blocks)
+		for _, p := range perm[i*per : (i+1)*per] {
+			tables[i] = append(tables[i], int32(p))
+		}
+	}
+	return chains, tables
+}
+
 // pageMem is host KV memory seen page plane by page plane: a HostKV, or
 // views over memory a test laid out itself (shiftedKV).
 type pageMem interface {
