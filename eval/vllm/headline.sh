@@ -81,6 +81,7 @@ ROUNDS=${ROUNDS:-2}
 UNLOADED=${UNLOADED:-24}
 GPU_BLOCKS=${GPU_BLOCKS:-2048}
 CPU_GIB=${CPU_GIB:-16}
+FS_CPU_GIB=${FS_CPU_GIB:-2}
 SLO_MS=${SLO_MS:-0}
 HEADLINE_ARGS=${HEADLINE_ARGS:-}
 DROP_CACHES=${DROP_CACHES:-1}
@@ -130,15 +131,34 @@ lmcache_ready() { # waits up to $1 s for the build; true when its ops loaded
 	return 1
 }
 
-storage_dirs() { # STORAGE -> JSON list of directories
+storage_dirs() { # STORAGE -> JSON list of directories (nothing else on stdout: callers capture it)
+	local d
 	case $1 in
-	loops) loops_up >/dev/null || return 1; echo "[${LOOPDIRS//\/tutti/\/headline}]" ;;
-	disk) echo '["/var/tmp/headline"]' ;;
+	loops)
+		loops_up >/dev/null || return 1
+		# run.sh's stores (/mnt/vl-loopN/tutti) stay on the kept loops after its calls, each
+		# with CAPACITY_GIB preallocated: beside them tutti's store here would not fit (ENOSPC).
+		# No run.sh runs beside this call; it empties them itself before each case.
+		for d in $(echo "$LOOPDIRS" | tr -d '"' | tr , ' '); do rm -rf "${d:?}"; done
+		echo "[${LOOPDIRS//\/tutti/\/headline}]"
+		;;
+	disk) rm -rf /var/tmp/tutti-vllm && echo '["/var/tmp/headline"]' ;; # run.sh's disk store, likewise
 	*) return 1 ;;
 	esac
 }
 
+shm_avail_gib() { df -B1G --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' '; }
+
+shm_need_gib() { # BACKEND -> GiB it maps in /dev/shm (vLLM's CPU tier: /dev/shm/vllm_offload_<engine>.mmap, pinned)
+	case $1 in
+	offload-cpu) echo $((CPU_GIB + 1)) ;;
+	offload-fs) echo $((FS_CPU_GIB + 1)) ;;
+	*) echo 0 ;;
+	esac
+}
+
 ONE_PATH_LABEL=""
+STRIPE_WHY=""
 stripe_down() { # the stripe's file system and device, on loops that no longer serve
 	umount -l /mnt/vl-stripe
 	dmsetup remove vl-stripe
@@ -151,15 +171,24 @@ stripe_up() { # a dm-stripe over NLOOPS more RAM-backed loops, ext4: the one pat
 		return 0
 	fi
 	rm -f /tmp/vl-stripe
-	command -v dmsetup >/dev/null || { log "stripe: no dmsetup here; one-path backends get the first loop device alone"; return 1; }
+	command -v dmsetup >/dev/null || { STRIPE_WHY="no dmsetup for a stripe"; log "stripe: $STRIPE_WHY; one-path backends get the first loop device alone"; return 1; }
+	# Its backing files are written in full (emu_backing) beside the first loops' and the CPU tier's.
+	local need=$((NLOOPS * LOOP_GIB + FS_CPU_GIB + 2)) have
+	have=$(shm_avail_gib)
+	if [ "${have:-0}" -lt "$need" ]; then
+		STRIPE_WHY="/dev/shm has ${have:-?} GiB free, a stripe needs $need"
+		log "stripe: $STRIPE_WHY; one-path backends get the first loop device alone"
+		return 1
+	fi
+	STRIPE_WHY="the stripe failed (summary.txt)"
 	loops_make sloop || return 1
 	mapfile -t devs </tmp/vl-sloop.devs
 	sectors=$(($(blockdev --getsz "${devs[0]}") / 256 * 256))
 	table="0 $((sectors * NLOOPS)) striped $NLOOPS 256"
 	for d in "${devs[@]}"; do table+=" $d 0"; done
-	echo "$table" | dmsetup create vl-stripe || return 1
+	echo "$table" | dmsetup create vl-stripe || { log "stripe: dmsetup create failed"; return 1; }
 	mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/mapper/vl-stripe && mkdir -p /mnt/vl-stripe &&
-		mount /dev/mapper/vl-stripe /mnt/vl-stripe || return 1
+		mount /dev/mapper/vl-stripe /mnt/vl-stripe || { log "stripe: ext4 on it failed"; return 1; }
 	echo /mnt/vl-stripe >/tmp/vl-stripe
 	log "stripe: $NLOOPS more RAM-backed loop devices of $LOOP_GIB GiB as one dm-stripe, ext4 ($EMU_LIMITER limit): the one path of vLLM's file tier and LMCache"
 }
@@ -177,7 +206,7 @@ storage_label() {
 }
 
 run_backend() { # BACKEND STORAGE
-	local b=$1 st=$2 dirs left out extra=() pp="$SITE:$ROOT/python" rc pid
+	local b=$1 st=$2 dirs left out extra=() pp="$SITE:$ROOT/python" rc pid shm_before shm_need shm_have f
 	left=$((BUDGET_S - (SECONDS - T0)))
 	if [ "$left" -lt "$START_MIN_S" ]; then
 		log "$b on $st: not run, ${left} s of the call's $BUDGET_S s left"
@@ -191,8 +220,12 @@ run_backend() { # BACKEND STORAGE
 		if stripe_up >/dev/null; then
 			dirs='["/mnt/vl-stripe/headline"]'
 		else
-			ONE_PATH_LABEL="the first loop device alone ($LOOP_GIB GiB; no dmsetup for a stripe)"
+			ONE_PATH_LABEL="the first loop device alone ($LOOP_GIB GiB; $STRIPE_WHY)"
 			extra+=(--capacity-gib $((LOOP_GIB - 1))) # what fits one loop device
+			if [ "$b" = offload-fs ]; then # its file tier never evicts: one run's ~10 GiB of KV would not fit
+				log "$b on $st: not run, $ONE_PATH_LABEL: its file tier never evicts and a run writes ~10 GiB"
+				return 1
+			fi
 		fi
 	fi
 	[ -n "$ONE_PATH_LABEL" ] && extra+=(--one-path-label "$ONE_PATH_LABEL")
@@ -205,6 +238,15 @@ run_backend() { # BACKEND STORAGE
 		;;
 	esac
 	[ "$b" != none ] && [ "$SLO_MS" != 0 ] && extra+=(--slo-ms "$SLO_MS")
+	extra+=(--fs-cpu-gib "$FS_CPU_GIB")
+	# A pinned CPU tier in a full /dev/shm dies of SIGBUS mid-start: say so instead.
+	shm_need=$(shm_need_gib "$b")
+	shm_have=$(shm_avail_gib)
+	if [ "$shm_need" -gt 0 ] && [ "${shm_have:-0}" -lt "$shm_need" ]; then
+		log "$b on $st: not run, /dev/shm has ${shm_have:-?} GiB free, its CPU tier needs $shm_need (loops and stripe live there too)"
+		return 1
+	fi
+	shm_before=$(ls /dev/shm/vllm_offload_*.mmap 2>/dev/null)
 	for d in $(echo "$dirs" | tr -d '[]"' | tr , ' '); do rm -rf "${d:?}/$b"; done
 	[ "$DROP_CACHES" = 1 ] && sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null # every backend starts with a cold page cache
 	log "$b on $st: starting, ${left} s left"
@@ -218,6 +260,11 @@ run_backend() { # BACKEND STORAGE
 	wait $pid
 	rc=$?
 	kill -- -$pid 2>/dev/null
+	# vLLM unlinks its CPU tier's file only on a clean shutdown: one killed here would keep CPU_GIB of /dev/shm.
+	sleep 1
+	for f in /dev/shm/vllm_offload_*.mmap; do
+		[ -e "$f" ] && ! grep -qxF "$f" <<<"$shm_before" && rm -f "$f" && log "$b on $st: removed its CPU tier's $f"
+	done
 	grep -E '^\[' "$OUT/headline-$b-$st.log" | tee -a "$OUT/summary.txt"
 	[ $rc = 0 ] || { log "$b on $st: rc $rc; last lines:"; tail -15 "$OUT/headline-$b-$st.log" | tee -a "$OUT/summary.txt"; }
 	if [ "$b" = none ] && [ "$SLO_MS" = 0 ] && [ -f "$out" ]; then
@@ -234,6 +281,9 @@ run_backend() { # BACKEND STORAGE
 	for d in $(echo "$dirs" | tr -d '[]"' | tr , ' '); do rm -rf "${d:?}/$b"; done
 	return $rc
 }
+
+# Sourced (python/tests/test_headline.py): the functions above, nothing run.
+[[ "${BASH_SOURCE[0]}" != "$0" ]] && return 0
 
 case ${1:-} in
 lmcache)

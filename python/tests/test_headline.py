@@ -355,3 +355,36 @@ class DriverTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ShellTest(unittest.TestCase):
+    """eval/vllm/headline.sh's functions, sourced with the machine's pieces
+    stubbed: what a caller captures holds no log line, and a missing stripe
+    or a full /dev/shm is said, not met mid-start."""
+
+    def sh(self, script):
+        d = tempfile.mkdtemp(prefix="headline-sh-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
+        env = dict(os.environ, OUT=d)
+        # $0 beside the script: run.sh and headline.sh find the root from it; not the script's name: sourced.
+        p = subprocess.run(["bash", "-c", f'. eval/vllm/headline.sh\n{script}', os.path.join(ROOT, "eval", "vllm", "t")],
+                           cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return p.stdout
+
+    def test_storage_dirs_prints_only_the_json(self):
+        out = self.sh('loops_up() { log "storage: a log line"; LOOPDIRS=\'"/nonexistent/a/tutti","/nonexistent/b/tutti"\'; }\n'
+                      'x=$(storage_dirs loops); echo "$x"')
+        self.assertEqual(json.loads(out), ["/nonexistent/a/headline", "/nonexistent/b/headline"])
+
+    def test_stripe_refused_on_a_full_dev_shm(self):
+        out = self.sh('dmsetup() { :; }; shm_avail_gib() { echo 20; }; loops_make() { echo MADE; }\n'
+                      'stripe_up >/dev/null; echo "rc=$? why=$STRIPE_WHY"')
+        self.assertIn("rc=1", out)
+        self.assertIn("/dev/shm has 20 GiB free", out)
+        self.assertNotIn("MADE", out)
+
+    def test_cpu_tiers_need_dev_shm(self):
+        out = self.sh('echo $(shm_need_gib offload-cpu) $(shm_need_gib offload-fs) $(shm_need_gib tutti-gpu)')
+        self.assertEqual(out.split(), ["17", "3", "0"])
