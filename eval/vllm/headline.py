@@ -207,6 +207,19 @@ async def one(engine, rid, toks, at, sp, rec):
     rec["finish_reason"] = last.outputs[0].finish_reason if last.outputs else None
 
 
+async def reset_gpu_cache(engine, tries: int = 20, wait_s: float = 0.25) -> bool:
+    """Empties vLLM's GPU prefix cache; False when it would not. vLLM 0.26
+    refuses (returns False, nothing reset) while any block is held, e.g. a
+    finished request's blocks a connector still saves from: retried for up
+    to tries x wait_s. A run after a refused reset is still valid (its salt
+    hits nothing earlier) but starts with a fuller GPU cache: recorded."""
+    for _ in range(tries):
+        if await engine.reset_prefix_cache() is not False:
+            return True
+        await asyncio.sleep(wait_s)
+    return False
+
+
 async def run_once(engine, plan, prompts, arrivals, sp, salt, prefix):
     """One run: every request at its arrival; returns the records."""
     loop = asyncio.get_running_loop()
@@ -297,7 +310,8 @@ async def amain(a, make_engine=make_vllm_engine) -> int:
     if a.unloaded:
         uplan = docqa.Plan(plan.workload, plan.params, plan.requests[:a.unloaded])
         toks = docqa.prompts(uplan, vocab, "unloaded")
-        await engine.reset_prefix_cache()
+        if not await reset_gpu_cache(engine):
+            print(f"[{a.backend}] unloaded: vLLM refused to reset its GPU prefix cache", flush=True)
         recs = []
         for i in range(len(toks)):
             rec = {"index": i}
@@ -327,11 +341,15 @@ async def amain(a, make_engine=make_vllm_engine) -> int:
             toks = docqa.prompts(plan, vocab, salt)
             if a.backend == "offload-fs":
                 drop_fs_tier_files(cfg["dirs"][0])
-            await engine.reset_prefix_cache()
+            reset = await reset_gpu_cache(engine)
             before = metrics()
             recs, wall = await run_once(engine, plan, toks, arr, sp, salt, a.backend)
             await asyncio.sleep(a.settle_s)  # the run's saves finish before the next run starts
             rec = run_record(rate, rnd, salt, recs, wall, before, metrics(), a.backend, kvb)
+            rec["gpu_cache_reset"] = reset
+            if not reset:
+                print(f"[{a.backend}] round {rnd} rate {rate:g}: ran without a GPU prefix cache reset "
+                      "(vLLM refused: blocks still held)", flush=True)
             res["runs"].append(rec)
             save()
             missed = slo is not None and not hs.meets(rec, slo)

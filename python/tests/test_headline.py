@@ -262,6 +262,7 @@ class FakeEngine:
 
     def __init__(self):
         self.seen, self.inflight, self.resets, self.loaded = set(), 0, 0, 0
+        self.refuse = set()  # reset calls (1-based) answered False
         self.requests = []
 
     async def generate(self, prompt, sp, rid):
@@ -279,6 +280,7 @@ class FakeEngine:
 
     async def reset_prefix_cache(self):
         self.resets += 1
+        return self.resets not in self.refuse  # vLLM 0.26: False when a block is still held
 
     def shutdown(self):
         pass
@@ -321,6 +323,20 @@ class DriverTest(unittest.TestCase):
         self.assertEqual(eng.resets, 5)
         self.assertEqual({rid.rsplit("-", 1)[0] for rid, _ in eng.requests},
                          {"warmup", "unloaded", *(f"tutti-gpu-r{k}-{r}" for k in (0, 1) for r in (40, 80))})
+
+    def test_refused_reset_is_retried_and_recorded(self):
+        async def go():
+            eng = FakeEngine()
+            eng.refuse = {1, 2}
+            ok = await headline.reset_gpu_cache(eng, tries=3, wait_s=0)
+            eng2 = FakeEngine()
+            eng2.refuse = {1, 2, 3}
+            return ok, eng.resets, await headline.reset_gpu_cache(eng2, tries=3, wait_s=0)
+
+        import asyncio
+        self.assertEqual(asyncio.run(go()), (True, 3, False))
+        r, _ = self.drive()
+        self.assertTrue(all(x["gpu_cache_reset"] for x in r["runs"]))
 
     def test_a_missed_rate_skips_the_higher_ones(self):
         r, _ = self.drive("--slo-ms", "1")
