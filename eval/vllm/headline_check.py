@@ -61,6 +61,15 @@ def _check(backend: str, a, cfg: dict) -> str:
     vc = AsyncEngineArgs(**headline.engine_kwargs(a, ktc)).create_engine_config()
     got = (f"max_model_len {vc.model_config.max_model_len}, {vc.cache_config.num_gpu_blocks_override} GPU blocks "
            f"of {vc.cache_config.block_size}, {vc.scheduler_config.max_num_batched_tokens} tokens a step")
+    # What vLLM's own defaults may turn off or shrink for a model class: the GPU run would measure another engine.
+    cc, mc = vc.cache_config, vc.model_config
+    if not cc.enable_prefix_caching:
+        raise ValueError("vLLM turned prefix caching off")
+    if not mc.enforce_eager and not a.cuda_graphs:
+        raise ValueError("vLLM turned enforce_eager off")
+    if cc.num_gpu_blocks_override * cc.block_size < mc.max_model_len:
+        raise ValueError(f"{cc.num_gpu_blocks_override} blocks of {cc.block_size} tokens hold less than "
+                         f"max_model_len {mc.max_model_len}: vLLM would not start")
     if ktc is None:
         return got
     with open(os.path.join(a.model, "config.json")) as f:

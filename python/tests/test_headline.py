@@ -227,6 +227,13 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual(os.listdir(base), [])
         self.assertTrue(os.path.exists(os.path.join(d, "config.json")))
 
+    def test_every_prompt_fits_max_model_len(self):
+        # vLLM fails a request whose prompt and output exceed max_model_len: a row of failed requests.
+        a = headline.parse_args(["run", "--backend", "none", "--out", "x", "--requests", "0"])
+        plan = docqa.load_plan(a.plan, 0)
+        self.assertLessEqual(max(q.prompt_tokens for q in plan.requests) + a.max_tokens, a.max_model_len)
+        self.assertGreaterEqual(a.gpu_blocks * a.block_size, a.max_model_len)
+
     def test_engine_is_the_same_but_the_connector(self):
         a = self.args()
         none, tutti = headline.engine_kwargs(a, None), headline.engine_kwargs(a, {"kv_connector": "x"})
