@@ -298,7 +298,7 @@ run)
 		log "lmcache: its build is still running; waiting for it (up to 300 s) before timing anything"
 		for ((i = 0; i < 300; i++)); do lmcache_building || break; sleep 1; done
 	fi
-	log "headline: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader), $(python3 -c 'import torch; print("torch", torch.__version__)'); backends: $BACKENDS; storages: $STORAGES; rates $RATES; $ROUNDS rounds; requests $REQUESTS"
+	log "headline: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader), $(python3 -c 'import torch; print("torch", torch.__version__)'); backends: $BACKENDS; storages: $STORAGES; rates $RATES; $ROUNDS rounds; requests $REQUESTS; /dev/shm $(shm_avail_gib) GiB free, RAM $(free -g | awk '/^Mem:/ {print $7}') GiB available"
 	rc=0
 	none_done=0
 	for st in $STORAGES; do
