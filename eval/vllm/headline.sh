@@ -248,7 +248,10 @@ run_backend() { # BACKEND STORAGE
 	fi
 	shm_before=$(ls /dev/shm/vllm_offload_*.mmap 2>/dev/null)
 	for d in $(echo "$dirs" | tr -d '[]"' | tr , ' '); do rm -rf "${d:?}/$b"; done
-	[ "$DROP_CACHES" = 1 ] && sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null # every backend starts with a cold page cache
+	if [ "$DROP_CACHES" = 1 ]; then # every backend starts with a cold page cache, or its row says not
+		sync
+		{ echo 3 >/proc/sys/vm/drop_caches; } 2>/dev/null || log "$b on $st: page cache not dropped (/proc/sys/vm/drop_caches refused)"
+	fi
 	log "$b on $st: starting, ${left} s left"
 	# Its own process group (setsid): vLLM's engine core, a child, goes with it whatever way it ends.
 	PYTHONPATH=$pp TUTTI_LIB="$ROOT/bin/libtutti.so" TUTTI_KERNELS_LIB="$ROOT/kernels/build/libtutti_kernels.so" \
