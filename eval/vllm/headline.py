@@ -104,7 +104,8 @@ def backend_config(name: str, a) -> dict:
             what = "local disk backend"
         else:
             cfg.update({"gds_path": sub[0], "gds_buffer_size": a.gds_buffer_mib})
-            what = f"GDS backend (cuFile, {a.gds_buffer_mib} MiB registered buffer)"
+            what = (f"GDS backend (cuFile, {a.gds_buffer_mib} MiB registered buffer; no eviction: earlier runs' "
+                    f"files deleted between runs)")
         path = os.path.join(a.work_dir, f"lmcache-{name}.yaml")
         out["files"][path] = "".join(f"{k}: {json.dumps(v)}\n" for k, v in cfg.items())  # JSON values are YAML
         # PYTHONHASHSEED: LMCache keys chunks with Python's hash() here (vLLM 0.26 gives it no other) and asks for it.
@@ -116,19 +117,41 @@ def backend_config(name: str, a) -> dict:
     return out
 
 
-def drop_fs_tier_files(root_dir: str) -> int:
-    """Deletes the block files of vLLM's file tier under root_dir (it keeps
-    them in <root_dir>/<model>_<digest>_r<rank>/...): the tier never evicts,
-    and earlier runs' blocks (other salts) are never hit again. Between runs
-    only, with no request in flight: a lookup then finds no file, a miss.
-    Returns the files deleted."""
+# Backends whose storage never evicts -> is this file one of their blocks?
+# vLLM's file tier: <root>/<model>_<digest>_r<rank>/.../<hash>.bin (and
+# <...>_<n>.tmp while written); LMCache 0.5.3's GDS backend ("does not support
+# eviction"): <gds_path>/<l1>/<l2>/<key>.kvcache.safetensors, its .metadata
+# and their .tmp<8> files. A run of the default plan writes ~10 GiB: kept,
+# they fill the stripe (32 GiB) by the fourth run, the machine's disk soon after.
+NO_EVICTION = {
+    "offload-fs": lambda f: f.endswith(".bin") or f.endswith(".tmp"),
+    "lmcache-gds": lambda f: ".kvcache.safetensors" in f,
+}
+
+
+def drop_unevicted_files(backend: str, root_dir: str) -> int:
+    """Deletes the block files of a backend that never evicts (NO_EVICTION)
+    under root_dir; earlier runs' blocks (other salts) are never hit again.
+    Between runs only, with no request in flight: a lookup then finds no
+    file (vLLM's tier) or asks for a key no later run has (LMCache's index,
+    which outlives the file). Directories stay (LMCache caches which it
+    made). Returns the files deleted."""
+    want = NO_EVICTION[backend]
     n = 0
     for dirpath, _, files in os.walk(root_dir):
         for f in files:
-            if f.endswith(".bin") or f.endswith(".tmp"):
-                os.unlink(os.path.join(dirpath, f))
+            if want(f):
+                try:
+                    os.unlink(os.path.join(dirpath, f))
+                except FileNotFoundError:  # a late save's temporary file, renamed meanwhile
+                    continue
                 n += 1
     return n
+
+
+def drop_fs_tier_files(root_dir: str) -> int:
+    """drop_unevicted_files for vLLM's file tier."""
+    return drop_unevicted_files("offload-fs", root_dir)
 
 
 def engine_kwargs(a, kv_transfer_config) -> dict:
@@ -339,8 +362,8 @@ async def amain(a, make_engine=make_vllm_engine) -> int:
                 print(f"[{a.backend}] round {rnd} rate {rate:g}: skipped ({why})", flush=True)
                 continue
             toks = docqa.prompts(plan, vocab, salt)
-            if a.backend == "offload-fs":
-                drop_fs_tier_files(cfg["dirs"][0])
+            if a.backend in NO_EVICTION:
+                drop_unevicted_files(a.backend, cfg["dirs"][0])
             reset = await reset_gpu_cache(engine)
             before = metrics()
             recs, wall = await run_once(engine, plan, toks, arr, sp, salt, a.backend)

@@ -50,10 +50,13 @@
 # LOOP_GIB=4 (emulated storage, ext4, O_DIRECT loops; run.sh's), tutti striped
 # over all 8; vLLM's file tier and LMCache take one path per GPU, so on loops
 # they get one ext4 over a dm-stripe of 8 more such loops (as mdadm would give
-# a one-path system 8 drives; the first loop alone where dmsetup is missing,
-# said in their row); vLLM's file tier has no eviction, so its files of
-# earlier runs (other salts: never hit again) are deleted between runs; disk =
-# /var/tmp on the machine's disk. RAM: with the stripe, 2 x 32 GiB in /dev/shm.
+# a one-path system 8 drives; the first loop alone where dmsetup is missing or
+# /dev/shm lacks room, said in their row, and then neither offload-fs nor
+# lmcache-gds runs); vLLM's file tier and LMCache's GDS backend never evict,
+# so their files of earlier runs (other salts: never hit again) are deleted
+# between runs (headline.NO_EVICTION); disk = /var/tmp on the machine's disk.
+# /dev/shm holds the loops (32 GiB), with the stripe 32 more, and vLLM's CPU
+# tier (CPU_GIB, pinned): a backend that would not fit is not run, said why.
 #
 # Budget: BUDGET_S (540) for the whole call; a backend is not started with under
 # 100 s left, and each gets --deadline-s so it stops starting runs in time.
@@ -222,8 +225,8 @@ run_backend() { # BACKEND STORAGE
 		else
 			ONE_PATH_LABEL="the first loop device alone ($LOOP_GIB GiB; $STRIPE_WHY)"
 			extra+=(--capacity-gib $((LOOP_GIB - 1))) # what fits one loop device
-			if [ "$b" = offload-fs ]; then # its file tier never evicts: one run's ~10 GiB of KV would not fit
-				log "$b on $st: not run, $ONE_PATH_LABEL: its file tier never evicts and a run writes ~10 GiB"
+			if [ "$b" = offload-fs ] || [ "$b" = lmcache-gds ]; then # never evict: one run's ~10 GiB would not fit
+				log "$b on $st: not run, $ONE_PATH_LABEL: it never evicts and a run writes ~10 GiB"
 				return 1
 			fi
 		fi

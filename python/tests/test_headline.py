@@ -227,6 +227,19 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual(os.listdir(base), [])
         self.assertTrue(os.path.exists(os.path.join(d, "config.json")))
 
+    def test_gds_files_dropped_between_runs(self):
+        d = tempfile.mkdtemp(prefix="headline-gds-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
+        base = os.path.join(d, "12", "34")
+        os.makedirs(base)
+        k = "vllm%40model%401%400%401234abcd%40bfloat16"
+        for name in (k + ".kvcache.safetensors", k + ".kvcache.safetensors.metadata",
+                     k + ".kvcache.safetensors.tmpAbCdEfGh", "other.txt"):
+            open(os.path.join(base, name), "w").close()
+        self.assertEqual(headline.drop_unevicted_files("lmcache-gds", d), 3)
+        self.assertEqual(os.listdir(base), ["other.txt"])  # its directories stay: LMCache remembers making them
+        self.assertEqual(set(headline.NO_EVICTION), {"offload-fs", "lmcache-gds"})
+
     def test_every_prompt_fits_max_model_len(self):
         # vLLM fails a request whose prompt and output exceed max_model_len: a row of failed requests.
         a = headline.parse_args(["run", "--backend", "none", "--out", "x", "--requests", "0"])
