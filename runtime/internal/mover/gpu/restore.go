@@ -45,22 +45,22 @@ func (m *Mover) Restore(r *mover.Restore) mover.StreamWaiter {
 	req := rs.request()
 	select {
 	case io := <-r.IOs:
-		select {
-		case m.restoreSlots <- struct{}{}:
+		if m.trySlot() {
 			rs.submit(io, req)
 			go rs.drive()
-		default:
-			m.cfg.Counters.SlotWaits.Add(1)
-			go func() {
-				m.restoreSlots <- struct{}{}
-				rs.submit(io, req)
-				rs.drive()
-			}()
+			return rs
 		}
+		go func() {
+			m.waitSlot()
+			rs.submit(io, req)
+			rs.drive()
+		}()
 	default:
 		go func() {
 			io := <-r.IOs
-			m.slot()
+			if !m.trySlot() {
+				m.waitSlot()
+			}
 			rs.submit(io, req)
 			rs.drive()
 		}()
@@ -68,15 +68,20 @@ func (m *Mover) Restore(r *mover.Restore) mover.StreamWaiter {
 	return rs
 }
 
-// slot takes a GPU request slot for a restore, waiting (counted) while
-// every one is live.
-func (m *Mover) slot() {
+// trySlot takes a GPU request slot for a restore if one is free.
+func (m *Mover) trySlot() bool {
 	select {
 	case m.restoreSlots <- struct{}{}:
+		return true
 	default:
-		m.cfg.Counters.SlotWaits.Add(1)
-		m.restoreSlots <- struct{}{}
+		return false
 	}
+}
+
+// waitSlot takes a GPU request slot once one is free, counted as a wait.
+func (m *Mover) waitSlot() {
+	m.cfg.Counters.SlotWaits.Add(1)
+	m.restoreSlots <- struct{}{}
 }
 
 // request is the kernels request of the restore's runs, cut into pieces
