@@ -140,8 +140,7 @@ class GroupWorkers:
                 raise ValueError(f"KV cache group {i}: recurrent state through host staging is not supported: use the "
                                  f"GPU path (kv_connector_extra_config.path \"gpu\")")
             self.kv_layouts.append(w.register(sub, block_size, layer_names=names, host_staging_bytes=share))
-            st = kv_caches[names[0]] if r.kind == "state" else None
-            self._states.append({n: list(kv_caches[n]) if isinstance(st, (list, tuple)) else [kv_caches[n]]
+            self._states.append({n: list(kv_caches[n]) if isinstance(kv_caches[n], (list, tuple)) else [kv_caches[n]]
                                  for n in names} if r.kind == "state" else {})
             for n in names:
                 self._group_of[n] = i

@@ -59,7 +59,6 @@ def group_rules(kv_cache_config, block_size: int) -> Optional[List[groups.GroupR
     return rules
 
 
-
 def engine_hit_incomplete(block_pool, request, num_computed_tokens: int, block_size: int,
                           kinds: Sequence[str]) -> bool:
     """Whether vLLM 0.26 resumes ``request`` from its own prefix hit of

@@ -404,14 +404,13 @@ class WorkerSide:
                     failure = ld.failure()
                 except Exception as e:  # how far it got is unknown: every block of it is recomputed
                     blocks, failure = 0, e
-                ld.release()
                 res.restored_blocks[req_id] = blocks
                 if failure is not None:
                     res.failures[req_id] = failure
                 res.error_block_ids.update(spec.block_ids[blocks * cp:])
                 if self.check is not None:
                     self.check.restored(spec, blocks)
-        finally:  # whatever raised, no load of this step outlives it (a released one would be waited on next step)
+        finally:  # every load ends with its step, whatever raised (a released one would be waited on next step)
             for _, (ld, _) in loads:
                 ld.release()
         done = [r for r in self._await_sending if r not in self._saves]  # the step's saves are waited for in wait_for_save
