@@ -135,14 +135,13 @@ lmcache_ready() { # waits up to $1 s for the build; true when its ops loaded
 }
 
 storage_dirs() { # STORAGE -> JSON list of directories (nothing else on stdout: callers capture it)
-	local d
 	case $1 in
 	loops)
 		loops_up >/dev/null || return 1
 		# run.sh's stores (/mnt/vl-loopN/tutti) stay on the kept loops after its calls, each
 		# with CAPACITY_GIB preallocated: beside them tutti's store here would not fit (ENOSPC).
 		# No run.sh runs beside this call; it empties them itself before each case.
-		for d in $(echo "$LOOPDIRS" | tr -d '"' | tr , ' '); do rm -rf "${d:?}"; done
+		dirs_clear "$LOOPDIRS"
 		echo "[${LOOPDIRS//\/tutti/\/headline}]"
 		;;
 	disk) rm -rf /var/tmp/tutti-vllm && echo '["/var/tmp/headline"]' ;; # run.sh's disk store, likewise
@@ -250,7 +249,7 @@ run_backend() { # BACKEND STORAGE
 		return 1
 	fi
 	shm_before=$(ls /dev/shm/vllm_offload_*.mmap 2>/dev/null)
-	for d in $(echo "$dirs" | tr -d '[]"' | tr , ' '); do rm -rf "${d:?}/$b"; done
+	dirs_clear "$dirs" "$b"
 	if [ "$DROP_CACHES" = 1 ]; then # every backend starts with a cold page cache, or its row says not
 		sync
 		{ echo 3 >/proc/sys/vm/drop_caches; } 2>/dev/null || log "$b on $st: page cache not dropped (/proc/sys/vm/drop_caches refused)"
@@ -284,7 +283,7 @@ run_backend() { # BACKEND STORAGE
 			done; } >>"$OUT/cufile.txt"
 		log "cuFile mode: $(grep -m1 -oE 'Using GDS backend[^(]*|GDS disabled, using POSIX fallback' "$OUT/headline-$b-$st.log" || echo 'not stated in the log'); see cufile.txt"
 	fi
-	for d in $(echo "$dirs" | tr -d '[]"' | tr , ' '); do rm -rf "${d:?}/$b"; done
+	dirs_clear "$dirs" "$b"
 	return $rc
 }
 

@@ -130,6 +130,13 @@ kernels_wait() {
 }
 
 LOOPDIRS=""
+# dirs_clear DIRS [SUB]: removes every directory of DIRS (a JSON list of
+# paths, or its quoted comma-separated members), or SUB under each.
+dirs_clear() {
+	local d
+	for d in $(echo "$1" | tr -d '[]"' | tr , ' '); do rm -rf "${d:?}${2:+/$2}"; done
+}
+
 # loops_make TAG: NLOOPS loop devices with direct I/O over RAM-backed files
 # /dev/shm/vl-TAG<i>, paced by EMU_LIMITER (emudev: its own, EMU_DEV
 # /tmp/vl-emudev-TAG), listed in /tmp/vl-TAG.devs, limited, and kept while
@@ -215,7 +222,7 @@ check_case() { # MODEL:STORAGE:PATH
 	*) log "$1: unknown storage $storage"; return 1 ;;
 	esac
 	# A new store per case: its directories and the check digests are emptied.
-	for d in $(echo "$dirs" | tr -d '"' | tr , ' '); do rm -rf "$d"; done
+	dirs_clear "$dirs"
 	rm -rf "$RES/check-$1" && mkdir -p "$RES/check-$1"
 	extra="{\"dirs\":[$dirs],\"capacity_bytes\":$((CAPACITY_GIB << 30)),\"path\":\"$path\""
 	[ "$CHECK" = 1 ] && extra+=",\"check\":{\"dir\":\"$RES/check-$1\"}"
@@ -237,7 +244,7 @@ tutti_extra() { # storage path check-dir -> kv_connector_extra_config (dirs empt
 	disk) dirs="\"/var/tmp/tutti-vllm\"" ;;
 	*) return 1 ;;
 	esac
-	for d in $(echo "$dirs" | tr -d '"' | tr , ' '); do rm -rf "$d"; done
+	dirs_clear "$dirs"
 	extra="{\"dirs\":[$dirs],\"capacity_bytes\":$((CAPACITY_GIB << 30)),\"path\":\"$path\""
 	[ -n "$chk" ] && extra+=",\"check\":{\"dir\":\"$chk\"}"
 	echo "$extra${TUTTI_EXTRA:+,$TUTTI_EXTRA}}"
