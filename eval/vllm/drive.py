@@ -188,6 +188,31 @@ def run_wave(engine, wave, sp, max_steps):
     return recs, steps, time.monotonic() - t0
 
 
+def record_zero_output_steps(engine) -> bool:
+    """vLLM 0.26's LLMEngine.step records a step's scheduler stats only when
+    the step has request outputs (fixed later upstream, vllm#48668), so a step
+    of prefill chunks alone loses them: its connector's counters and vLLM's
+    own connector hits. Records those steps' stats too, on an engine that
+    needs it; returns whether it did."""
+    import inspect
+
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    if engine.logger_manager is None or "len(outputs.outputs) > 0" not in inspect.getsource(LLMEngine.step):
+        return False
+    core, get = engine.engine_core, engine.engine_core.get_output
+
+    def get_output():
+        out = get()
+        if out.scheduler_stats is not None and not out.outputs:
+            engine.logger_manager.record(scheduler_stats=out.scheduler_stats, iteration_stats=None,
+                                         engine_idx=out.engine_index)
+        return out
+
+    core.get_output = get_output
+    return True
+
+
 def kv_groups_of(llm) -> list:
     """The engine's KV cache groups (the hybrid manager's), as names."""
     try:
@@ -208,7 +233,7 @@ def ttft_phase(a, llm, vocab, res) -> int:
     lo, hi = 1000, vocab - 1000
     docs = [[rng.randrange(lo, hi) for _ in range(a.doc_tokens)] for _ in range(a.docs)]
     qs = [[rng.randrange(lo, hi) for _ in range(a.question_tokens)] for _ in range(2 * a.docs)]
-    sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    sp = SamplingParams(temperature=0.0, max_tokens=1, logprobs=a.logprobs, ignore_eos=True)
     engine = llm.llm_engine
     recs, steps, secs = run_wave(engine, [(f"d{d}-prefill", docs[d] + qs[d], "run") for d in range(a.docs)], sp,
                                  a.max_steps)
@@ -220,7 +245,8 @@ def ttft_phase(a, llm, vocab, res) -> int:
         r, _, _ = run_wave(engine, [(f"d{d}-ttft", docs[d] + qs[a.docs + d], "run")], sp, a.max_steps)
         res["requests"].update(r)
         rec = r[f"d{d}-ttft"]
-        ttft.append({"request": f"d{d}-ttft", "ttft_s": rec.get("first_token_s"), "cached": rec.get("num_cached_tokens")})
+        ttft.append({"request": f"d{d}-ttft", "ttft_s": rec.get("first_token_s"),
+                     "cached": rec.get("num_cached_tokens"), "tokens": rec.get("tokens"), "top": rec.get("top")})
     res["ttft"] = ttft
     res["metrics"] = metrics_of(llm)
     with open(a.out, "w") as f:
@@ -267,6 +293,7 @@ def main(argv=None):
            "pythonhashseed": os.environ.get("PYTHONHASHSEED"), "requests": {}, "waves": []}
     if a.init == "normal":
         res["params"] = llm.apply_model(reinit_weights)[0]
+    res["zero_output_stats_recorded"] = record_zero_output_steps(llm.llm_engine)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     res["block_size"] = llm.llm_engine.vllm_config.cache_config.block_size
     res["kv_cache_groups"] = kv_groups_of(llm)

@@ -111,7 +111,9 @@ class Engine:
         self.tables, self.queue = {}, deque()
         self.verified, self.bad, self.first_computed = 0, [], {}
         self.max_group_loads, self.steps_with_loads = 0, 0
-        self.counters = {}
+        self.counters = {}  # the worker role's
+        self.sched_counters = {}  # the scheduler role's
+        self.vllm_external_hit_tokens = 0
         self.invalid = 0
 
     # -- the stand-in model
@@ -230,6 +232,14 @@ class Engine:
             return []
         fut, so = self.queue.pop()
         eco = self.sched.update_from_output(so, fut.result())
+        for o in eco.values():  # the scheduler role's counters and vLLM's own, as its metrics get them
+            st = o.scheduler_stats
+            if st is None:
+                continue
+            for k, v in (st.kv_connector_stats or {}).items():
+                self.sched_counters[k] = self.sched_counters.get(k, 0) + v
+            if st.connector_prefix_cache_stats is not None:
+                self.vllm_external_hit_tokens += st.connector_prefix_cache_stats.hits
         return eco[0].outputs if eco.get(0) is not None else []
 
     def run_wave(self, wave, sp, max_steps):
@@ -314,7 +324,8 @@ def main(argv=None):
     if o.phase == "second":
         ok = ok and chk["match"] > 0 and e.verified > 0
     res["ok"] = ok
-    print(f"[{o.phase}] error {err}; connector {e.counters}")
+    print(f"[{o.phase}] error {err}; connector {e.counters}; scheduler role {e.sched_counters}; vLLM counted "
+          f"{e.vllm_external_hit_tokens} external hit tokens")
     print(f"[{o.phase}] most loads of one group in one step {e.max_group_loads}; first computed at "
           f"{e.first_computed}; {e.verified} restored token-layers checked; check mode {chk['match']} match, "
           f"{chk['mismatch']} mismatch, {chk['unknown']} unknown; per group {per_group}")

@@ -7,6 +7,13 @@ question per document, one request at a time. Prints the median TTFT of
 each backend, the ratios against recompute and against the
 OffloadingConnector, and the tokens each backend served from its cache
 (vLLM's ``num_cached_tokens``); --json writes them.
+
+Each run also keeps every question's first token and its top log-probs.
+tutti and the OffloadingConnector restore the same KV at the same point and
+compute the question alone in both processes, so where both served the
+same tokens from their caches their first tokens and log-probs must be
+equal bit for bit: a difference there is a wrong restore, not arithmetic.
+Against recompute (other batches) only the first tokens are compared.
 """
 
 from __future__ import annotations
@@ -23,7 +30,30 @@ def summary(path):
     t = [x["ttft_s"] for x in r.get("ttft", []) if x.get("ttft_s") is not None]
     return {"median_s": statistics.median(t) if t else None, "ttft_s": t,
             "cached_tokens": [x.get("cached") for x in r.get("ttft", [])],
+            "outputs": {x["request"]: (x.get("tokens"), x.get("top")) for x in r.get("ttft", []) if x.get("request")},
             "block_size": r.get("block_size"), "kv_cache_groups": r.get("kv_cache_groups")}
+
+
+def agreement(a, b, exact):
+    """Of the questions both runs answered (and, with exact, served the same
+    cached tokens): how many gave the same first token, and how many the
+    same top log-probs too; the requests that differ."""
+    cached_a = dict(zip(a["outputs"], a["cached_tokens"]))
+    cached_b = dict(zip(b["outputs"], b["cached_tokens"]))
+    n = same_token = same_top = 0
+    differ = []
+    for rid, (tok, top) in a["outputs"].items():
+        if rid not in b["outputs"] or tok is None or b["outputs"][rid][0] is None:
+            continue
+        if exact and cached_a.get(rid) != cached_b.get(rid):
+            continue
+        n += 1
+        tok_b, top_b = b["outputs"][rid]
+        same_token += tok == tok_b
+        same_top += tok == tok_b and top == top_b
+        if tok != tok_b or (exact and top != top_b):
+            differ.append(rid)
+    return {"compared": n, "same_first_token": same_token, "same_top_logprobs": same_top, "differ": differ}
 
 
 def main(argv=None):
@@ -49,6 +79,19 @@ def main(argv=None):
     if ok:
         vs_off = f", {off / tut:.2f}x lower than OffloadingConnector (CPU tier)" if off else ""
         print(f"  tutti: {rec / tut:.2f}x lower than recompute{vs_off}")
+    agree = {"recompute": agreement(rows["tutti"], rows["recompute"], exact=False)}
+    if "offloading" in rows:
+        agree["offloading"] = agreement(rows["tutti"], rows["offloading"], exact=True)
+        g = agree["offloading"]
+        print(f"  tutti = OffloadingConnector (same cached tokens): first token {g['same_first_token']} of "
+              f"{g['compared']}, top log-probs bit for bit {g['same_top_logprobs']}" +
+              (f"; differ: {g['differ']}" if g["differ"] else ""))
+        ok = ok and not g["differ"]
+    g = agree["recompute"]
+    print(f"  tutti = recompute: first token {g['same_first_token']} of {g['compared']}")
+    for r in rows.values():
+        r.pop("outputs", None)
+    rows["agreement"] = agree
     rows["ok"], rows["offloading_ran"] = ok, off is not None
     if a.json:
         with open(a.json, "w") as f:

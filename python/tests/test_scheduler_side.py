@@ -63,6 +63,20 @@ class SchedulerSideTest(unittest.TestCase):
         with self.assertRaises(ValueError):  # fewer blocks than the load needs: refused, named
             s.update_state_after_alloc("short", [1, 2], 4 * BT)
 
+    def test_hit_tokens_count_what_vllm_allocated(self):
+        """vLLM asks a waiting request's lookup again every step until it is
+        allocated: hit_tokens counts the tokens allocated for, once."""
+        s = SchedulerSide(FakeMatcher(stored=4), BT)
+        chain = chain_of(2, 5)
+        for _ in range(3):  # no room this step, nor the next
+            self.assertEqual(s.get_num_new_matched_tokens("w", chain, 5 * BT + 3, 0), 4 * BT)
+        self.assertEqual(s.counters["hit_tokens"], 0)
+        s.update_state_after_alloc("w", list(range(6)), 4 * BT)
+        self.assertEqual((s.counters["hit_tokens"], s.counters["lookups"]), (4 * BT, 3))
+        self.assertEqual(s.get_num_new_matched_tokens("n", chain, 5 * BT + 3, 0), 4 * BT)
+        s.update_state_after_alloc("n", list(range(6)), 0)  # allocated without them: no hit
+        self.assertEqual(s.counters["hit_tokens"], 4 * BT)
+
     def test_unreachable_matcher_is_a_counted_miss(self):
         class Down:
             def match(self, *a):

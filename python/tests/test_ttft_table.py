@@ -20,10 +20,12 @@ class TTFTTableTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="tutti-ttft-")
 
-    def run_json(self, name, ttfts):
+    def run_json(self, name, ttfts, tokens=(7, 9), top=-1.5, cached=32):
         p = os.path.join(self.dir, name + ".json")
         with open(p, "w") as f:
-            json.dump({"ttft": [{"ttft_s": t, "cached": 32} for t in ttfts], "block_size": 16,
+            json.dump({"ttft": [{"request": f"d{i}-ttft", "ttft_s": t, "cached": cached, "tokens": [tokens[i]],
+                                 "top": [[[tokens[i], top], [3, top - 0.5]]]} for i, t in enumerate(ttfts)],
+                       "block_size": 16,
                        "kv_cache_groups": [{"spec": "SlidingWindowSpec"}, {"spec": "FullAttentionSpec"}]}, f)
         return p
 
@@ -42,6 +44,28 @@ class TTFTTableTest(unittest.TestCase):
         self.assertEqual((rc, r["ok"], r["offloading_ran"]), (0, True, False))
         self.assertNotIn("offloading", r)
         self.assertEqual(r["tutti"]["median_s"], 0.1)
+
+    def test_outputs_against_offloading_and_recompute(self):
+        # Same KV restored at the same point: first tokens and log-probs equal bit for bit.
+        rc, r = self.table("--offloading", self.run_json("off", [0.2, 0.2]))
+        self.assertEqual(r["agreement"]["offloading"],
+                         {"compared": 2, "same_first_token": 2, "same_top_logprobs": 2, "differ": []})
+        # A log-prob off in the last bit is a wrong restore: the table fails.
+        rc, r = self.table("--offloading", self.run_json("off", [0.2, 0.2], top=-1.5000001))
+        self.assertEqual((rc, r["ok"], r["agreement"]["offloading"]["differ"]), (1, False, ["d0-ttft", "d1-ttft"]))
+        # The OffloadingConnector served other cached tokens: nothing to compare exactly, nothing failed.
+        rc, r = self.table("--offloading", self.run_json("off", [0.2, 0.2], tokens=(8, 8), cached=16))
+        self.assertEqual((rc, r["agreement"]["offloading"]["compared"]), (0, 0))
+        # Recompute ran other batches: first tokens only, a difference is reported, never a failure.
+        out = os.path.join(self.dir, "out.json")
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = ttft_table.main(["--case", "m:loops:gpu",
+                                  "--recompute", self.run_json("none", [0.4, 0.6], tokens=(7, 8)),
+                                  "--tutti", self.run_json("tutti", [0.1, 0.1]), "--json", out])
+        with open(out) as f:
+            r = json.load(f)
+        self.assertEqual((rc, r["agreement"]["recompute"]["same_first_token"], r["agreement"]["recompute"]["differ"]),
+                         (0, 1, ["d1-ttft"]))
 
 
 if __name__ == "__main__":

@@ -180,6 +180,43 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertEqual(first["checks"]["chunked"]["matched"], 480, p.stdout)
         self.assertTrue(first["ok"], p.stdout)
 
+    def test_zero_output_steps_keep_their_stats(self):
+        """vLLM 0.26's LLMEngine.step drops the scheduler stats of a step with
+        no request outputs; drive.py records them (once, and only those)."""
+        code = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import drive
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.metrics.stats import SchedulerStats
+
+class Logger:
+    def __init__(self): self.got = []
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+        self.got.append((scheduler_stats.kv_connector_stats, iteration_stats, engine_idx))
+
+class Core:
+    def __init__(self, outs): self.outs = list(outs)
+    def get_output(self): return self.outs.pop(0)
+
+class Engine: pass
+
+e = Engine()
+e.logger_manager = Logger()
+def stats(n):
+    return SchedulerStats(kv_connector_stats={"hit_tokens": n})
+
+e.engine_core = Core([EngineCoreOutputs(outputs=[], scheduler_stats=stats(64), engine_index=1),
+                      EngineCoreOutputs(outputs=[object()], scheduler_stats=stats(16)),
+                      EngineCoreOutputs(outputs=[])])
+print(drive.record_zero_output_steps(e))
+for _ in range(3): e.engine_core.get_output()
+print(e.logger_manager.got)
+"""
+        p = subprocess.run([PY, "-c", code, os.path.join(ROOT, "eval", "vllm")], capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(p.stdout.splitlines()[-2:], ["True", "[({'hit_tokens': 64}, None, 1)]"], p.stderr[-3000:])
+
 
 if __name__ == "__main__":
     unittest.main()

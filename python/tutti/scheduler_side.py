@@ -181,7 +181,6 @@ class SchedulerSide:
                 self._forget(req_id)
                 return 0
         self._pending[req_id] = _Pending(list(chain[:skip + blocks]), skip, blocks)
-        self.counters["hit_tokens"] += tokens
         return tokens
 
     def _count_lookup(self, num_tokens: int, num_computed_tokens: int):
@@ -199,6 +198,8 @@ class SchedulerSide:
             if p is not None:
                 self.matcher.release(req_id)
             return
+        # Counted here, once: vLLM asks a waiting request's lookup again each step until it is allocated.
+        self.counters["hit_tokens"] += num_external_tokens
         if self.rules is not None:
             self._loads.extend(self._group_loads(req_id, p, block_ids))
             self.counters["promised_blocks"] += p.blocks

@@ -61,7 +61,7 @@ if KVConnectorStats is not None:
             "lookups": ("vllm:tutti_lookups", "Lookups answered (get_num_new_matched_tokens)"),
             "lookups_deferred": ("vllm:tutti_lookups_deferred", "Lookups answered 'ask again' (a rank's answer not in yet)"),
             "lookup_tokens": ("vllm:tutti_lookup_tokens", "Tokens looked up beyond local hits"),
-            "hit_tokens": ("vllm:tutti_hit_tokens", "Tokens tutti promised to restore"),
+            "hit_tokens": ("vllm:tutti_hit_tokens", "Tokens tutti promised to restore and vLLM allocated for"),
             "load_error_blocks": ("vllm:tutti_load_error_blocks", "Promised blocks not restored"),
             "fallbacks": ("vllm:tutti_lookup_fallbacks", "Lookups answered as misses because a rank failed or was late"),
             "engine_hit_incomplete": ("vllm:tutti_engine_hit_incomplete",
