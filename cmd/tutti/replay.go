@@ -31,7 +31,7 @@ const defaultWindowRequests = 100
 // replayFlags are replay's flags, parsed into by its FlagSet.
 type replayFlags struct {
 	fs                                                                                                   *flag.FlagSet
-	tracePath, storageLabel, backends, modelName, out, capBytes, computeMode, kvMem                      *string
+	tracePath, storageLabel, backends, modelName, out, capBytes, computeMode, kvMem, atRates             *string
 	requests, blockTokens, capBlocks, qd, gpus, saveBoundMs, gpuWindow, gpuMaxIO, gpuLookahead, runWidth *int
 	prefillEvery                                                                                         *int
 	fromMs, toMs, timeScale, sloMs, gpuTFLOPs, warmMs                                                    *float64
@@ -62,6 +62,7 @@ func newReplayFlags(stderr io.Writer) *replayFlags {
 	f.blockTokens = fs.Int("block-tokens", trace.DefaultBlockTokens, "tokens per hash id in the trace")
 	f.capBlocks = fs.Int("capacity-blocks", 0, "storage capacity per backend in chain blocks (0 = every distinct block fits)")
 	f.capBytes = fs.String("capacity", "", "storage capacity per backend in bytes (e.g. 2GiB); overrides --capacity-blocks")
+	f.atRates = fs.String("at-rates", "", "docqa: also give each backend's JSON row the timeline at these request rates (comma-separated req/s; arrivals scaled as eval/vllm/docqa.py scales the same plan), every request's TTFT at each: the figures eval/vllm/harness_check.py holds against real vLLM's")
 	f.sloMs = fs.Float64("slo-ms", 0, "TTFT SLO on p90 in ms (0 = 2 × recompute's unloaded p90)")
 	f.gpuTFLOPs = fs.Float64("gpu-tflops", harness.DefaultGPUFLOPs/1e12, "simulated GPU prefill rate (TFLOP/s)")
 	f.computeMode = fs.String("compute", harness.ComputeAuto, "prefill compute: gpu (cuBLAS GEMMs sized from the model's FLOPs, run next to each restore and measured; "+
@@ -135,6 +136,13 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
+	atRates, err := parseAtRates(*f.atRates)
+	if err == nil && atRates != nil && f.kind != workloadDocQA {
+		err = errors.New("needs --workload docqa: it scales a generated workload's arrivals")
+	}
+	if err != nil {
+		return usageErr(fs.Usage, fmt.Errorf("--at-rates: %w", err))
+	}
 	if *f.wl.pick {
 		if f.kind == workloadDocQA {
 			return usageErr(fs.Usage, needsTrace("--pick-window picks windows of a trace"))
@@ -207,6 +215,7 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	if res.Oversize > 0 {
 		fmt.Fprintf(stderr, "left out %d requests whose KV exceeds the engine memory bound (--kv-mem)\n", res.Oversize)
 	}
+	addAtRates(res, atRates, f.wl.docqa.RatePerS, *f.timeScale, traceDesc)
 	notes = append(notes, harness.TuttiNotes(bs)...)
 	notes = append(notes, kvEventsNotes(bs)...)
 	notes = append(notes, harness.GPUComputeNotes(gpuCompute)...)

@@ -144,6 +144,13 @@ type BackendResult struct {
 	WarmEvictedBlocks int64  `json:"warm_evicted_blocks,omitempty"`
 	WarmFallbacks     int64  `json:"warm_fallbacks,omitempty"`
 	WarmNote          string `json:"warm_note,omitempty"`
+	// AtRates: the timeline at given request rates (RatesTTFT; replay's
+	// --at-rates), each with every request's TTFT, for a check against a
+	// real engine's runs at those rates (eval/vllm/harness_check.py).
+	AtRates []RateTTFT `json:"at_rates,omitempty"`
+	// Workload is the generated workload's own description (replay fills it
+	// with --at-rates), so a check can tell it ran the same requests.
+	Workload string `json:"workload,omitempty"`
 
 	// Not in JSON: for the report and plots.
 	TTFTms     []float64      `json:"-"`

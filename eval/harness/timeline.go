@@ -160,6 +160,37 @@ func TTFTAt(svc []Service, ratePerS float64) (q metrics.Summary, ok bool) {
 	return metrics.Summarize(Simulate(svc, base/ratePerS).TTFTms), true
 }
 
+// RateTTFT is the timeline at one request rate: every request's TTFT (ms,
+// in arrival order) and their nearest-rank percentiles.
+type RateTTFT struct {
+	RatePerS float64   `json:"rate_per_s"`
+	P50ms    float64   `json:"ttft_ms_p50"`
+	P90ms    float64   `json:"ttft_ms_p90"`
+	P99ms    float64   `json:"ttft_ms_p99"`
+	TTFTms   []float64 `json:"ttft_ms"`
+}
+
+// RatesTTFT replays svc at each of ratesPerS, with arrivals scaled by
+// nominalPerS/rate: svc's ArrivalMs are taken as drawn at nominalPerS
+// requests/s (a generated workload's own rate, as eval/vllm/docqa.arrivals_s
+// scales the same plan), not at the window's measured rate TTFTAt uses. Nil
+// for no services or a rate or nominalPerS that is not > 0.
+func RatesTTFT(svc []Service, nominalPerS float64, ratesPerS []float64) []RateTTFT {
+	if len(svc) == 0 || !(nominalPerS > 0) {
+		return nil
+	}
+	out := make([]RateTTFT, 0, len(ratesPerS))
+	for _, r := range ratesPerS {
+		if !(r > 0) {
+			return nil
+		}
+		t := Simulate(svc, nominalPerS/r).TTFTms
+		q := metrics.Summarize(t)
+		out = append(out, RateTTFT{RatePerS: r, P50ms: q.P50, P90ms: q.P90, P99ms: q.P99, TTFTms: t})
+	}
+	return out
+}
+
 // MaxRateTried reports whether maxRate is the highest rate Sweep tried (so
 // the SLO holds beyond it: a lower bound, not the maximum).
 func MaxRateTried(curve []RatePoint, maxRate float64) bool {

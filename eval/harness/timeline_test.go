@@ -113,3 +113,39 @@ func TestSettleSLO(t *testing.T) {
 		t.Fatalf("a given SLO was replaced: %v (%s)", given.SLOms, given.SLOSource)
 	}
 }
+
+// RatesTTFT scales arrivals by nominal/rate: at twice the nominal rate it is
+// Simulate at half the time scale, whatever the window's measured rate.
+func TestRatesTTFT(t *testing.T) {
+	svc := []Service{
+		{ArrivalMs: 0, Layers: 2, LayerCompute: 10 * time.Millisecond},
+		{ArrivalMs: 30, Layers: 2, LayerCompute: 10 * time.Millisecond},
+		{ArrivalMs: 35, Layers: 2, LayerCompute: 10 * time.Millisecond},
+	}
+	got := RatesTTFT(svc, 1, []float64{1, 2})
+	if len(got) != 2 {
+		t.Fatalf("got %+v", got)
+	}
+	for i, scale := range []float64{1, 0.5} {
+		want := Simulate(svc, scale).TTFTms
+		if len(got[i].TTFTms) != len(want) {
+			t.Fatalf("rate %g: %v, want %v", got[i].RatePerS, got[i].TTFTms, want)
+		}
+		for k := range want {
+			if got[i].TTFTms[k] != want[k] {
+				t.Fatalf("rate %g: %v, want %v", got[i].RatePerS, got[i].TTFTms, want)
+			}
+		}
+	}
+	if got[1].P90ms <= got[0].P90ms {
+		t.Fatalf("p90 at 2x the rate %g, at 1x %g: want more queueing", got[1].P90ms, got[0].P90ms)
+	}
+	for _, bad := range [][]float64{{0}, {-1}, {math.NaN()}} {
+		if RatesTTFT(svc, 1, bad) != nil {
+			t.Fatalf("rates %v: want nil", bad)
+		}
+	}
+	if RatesTTFT(svc, 0, []float64{1}) != nil || RatesTTFT(nil, 1, []float64{1}) != nil {
+		t.Fatal("no nominal rate or no services: want nil")
+	}
+}
