@@ -5,7 +5,7 @@ eval/vllm/headline.py's result files (headline-<backend>-<storage>.json: vLLM
 0.26 serving the same docqa requests through each backend).
 
   python3 harness_check.py check --replay REPLAY.json [--slo-ms X] [--json OUT] [--md OUT] HEADLINE.json...
-  python3 harness_check.py replay-args --requests N --rates R1,R2,...
+  python3 harness_check.py replay-args --requests N --rates R1,R2,... [--backends "none tutti-gpu ..."]
 
 check prints per design, at each rate both ran, the harness's TTFT p50, p90
 and p99 against the real backend's (the real one's rounds pooled), and the
@@ -172,6 +172,8 @@ def compare(replay: Dict[str, dict], real: Dict[str, dict], slo: float) -> List[
     for design, backend in DESIGNS.items():
         e = {"design": design, "real": backend}
         h, r = replay.get(design), real.get(backend)
+        if h is None and r is None:
+            continue  # neither side ran it: nothing to say
         if h is None or r is None or h["skipped"] or not r["runs"]:
             e["not_compared"] = ("the replay did not run it" if h is None else f"the replay skipped it: {h['skipped']}"
                                  if h["skipped"] else f"real {backend} not run" if r is None
@@ -272,15 +274,24 @@ def check(a) -> int:
     return 0
 
 
-def replay_args(plan: docqa.Plan, requests: int, rates: str) -> List[str]:
+def replay_args(plan: docqa.Plan, requests: int, rates: str, backends: str = "") -> List[str]:
     """The `tutti replay` flags that generate ``plan``'s first ``requests``
-    requests and give each design's timeline at ``rates``."""
+    requests and give each design's timeline at ``rates``; with ``backends``
+    (the real ones, space- or comma-separated), --backends of the designs
+    that re-implement them (DESIGNS)."""
     p = plan.params
+    real = backends.replace(",", " ").split()
+    by_real = {v: k for k, v in DESIGNS.items()}
+    unknown = [b for b in real if b not in by_real]
+    if unknown:
+        raise InputError(f"--backends: {unknown} re-implemented by no design of the replay (known: {sorted(by_real)})")
     flags = {"--workload": "docqa", "--docqa-docs": p["Documents"], "--docqa-min-doc-tokens": p["MinDocTokens"],
              "--docqa-max-doc-tokens": p["MaxDocTokens"], "--docqa-questions": p["QuestionsPerDoc"],
              "--docqa-min-question-tokens": p["MinQuestionTokens"], "--docqa-max-question-tokens": p["MaxQuestionTokens"],
              "--docqa-rate": p["RatePerS"], "--docqa-seed": p["Seed"], "--block-tokens": p["BlockTokens"],
              "--requests": requests, "--at-rates": rates}
+    if real:
+        flags["--backends"] = ",".join(by_real[b] for b in real)
     return [x for k, v in flags.items() for x in (k, f"{v:g}" if isinstance(v, float) else str(v))]
 
 
@@ -296,14 +307,15 @@ def main(argv=None) -> int:
     r = sub.add_parser("replay-args", help="the replay flags of the headline's plan")
     r.add_argument("--requests", type=int, required=True)
     r.add_argument("--rates", required=True)
+    r.add_argument("--backends", default="", help="the real backends (headline.sh's BACKENDS): --backends of their designs")
     r.add_argument("--plan", default=docqa.PLAN_PATH)
     a = p.parse_args(argv)
     try:
         if a.cmd == "replay-args":
-            print(" ".join(replay_args(docqa.load_plan(a.plan), a.requests, a.rates)))
+            print(" ".join(replay_args(docqa.load_plan(a.plan), a.requests, a.rates, a.backends)))
             return 0
         return check(a)
-    except InputError as e:
+    except ValueError as e:  # InputError, or docqa's plan file naming itself
         print(f"harness_check: {e}", file=sys.stderr)
         return 1
 

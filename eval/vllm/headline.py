@@ -29,7 +29,8 @@ The no-connector backend (`none`) runs an unloaded pass first, one request at
 a time (--unloaded N requests): the SLO is SLO_FACTOR x its p90
 (headline_stats). With --slo-ms given, a round stops starting rates once one
 missed the SLO (the rest are recorded as skipped: they cannot raise that
-round's rate at SLO).
+round's rate at SLO). eval/vllm/harness_check.py holds the replay harness's
+designs against these results (headline.sh's header: HARNESS=1).
 """
 
 from __future__ import annotations

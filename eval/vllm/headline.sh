@@ -58,6 +58,24 @@
 # /dev/shm holds the loops (32 GiB), with the stripe 32 more, and vLLM's CPU
 # tier (CPU_GIB, pinned): a backend that would not fit is not run, said why.
 #
+# The harness against the real systems (issue 48): `tutti replay` re-implements
+# these designs (recompute = none, dram = offload-cpu, vllm-fs = offload-fs, the
+# rest by name); HARNESS=1 runs it after the backends, in the same call, on the
+# same storage (its own directories), plan, REQUESTS and RATES (`tutti replay
+# --at-rates`: each design's timeline at those rates, every request's TTFT;
+# --compute gpu --gpu-prefill-every 8, llama3-8b, 256-token blocks, no GPU prefix
+# cache: every hit is restored), then eval/vllm/harness_check.py holds its TTFT
+# p50/p90/p99 per rate and its rate at SLO, under this call's SLO, against the real
+# rows: harness-<storage>.json, harness-check-<storage>.json/.md, the table in
+# summary.txt; a figure off by more than 15% is flagged (to be corrected in the
+# harness or explained in its label). It keeps HARNESS_S=150 s per storage back
+# from the backends (the replay itself: ~1 min for the default three designs and
+# 64 requests, ~2.5 min for all seven and 102, estimated from device-run.sh's
+# rates). `headline.sh harness` runs it alone (carry bin/gpu.tar.xz, unpack it;
+# the same BACKENDS, STORAGES, REQUESTS, RATES), then here: `python3
+# eval/vllm/harness_check.py check --replay harness-loops.json [--slo-ms X]
+# headline-*.json` over one storage's results and none's.
+#
 # Budget: BUDGET_S (540) for the whole call; a backend is not started with under
 # 100 s left, and each gets --deadline-s so it stops starting runs in time.
 # Results under $OUT: headline-<backend>-<storage>.json (every request), the
@@ -87,6 +105,11 @@ CPU_GIB=${CPU_GIB:-16}
 FS_CPU_GIB=${FS_CPU_GIB:-2}
 SLO_MS=${SLO_MS:-0}
 HEADLINE_ARGS=${HEADLINE_ARGS:-}
+HARNESS=${HARNESS:-0}
+HARNESS_S=${HARNESS_S:-150} # kept back from the backends per storage with HARNESS=1
+HARNESS_ARGS=${HARNESS_ARGS:-}
+TUTTI_CLI=$ROOT/bin/gpu/tutti
+RESERVE_S=0
 DROP_CACHES=${DROP_CACHES:-1}
 LMC_STAGE=/tmp/lmcache-stage
 LMC_SITE=/tmp/lmcache-site
@@ -209,7 +232,7 @@ storage_label() {
 
 run_backend() { # BACKEND STORAGE
 	local b=$1 st=$2 dirs left out extra=() pp="$SITE:$ROOT/python" rc pid shm_before shm_need shm_have f
-	left=$((BUDGET_S - (SECONDS - T0)))
+	left=$((BUDGET_S - RESERVE_S - (SECONDS - T0)))
 	if [ "$left" -lt "$START_MIN_S" ]; then
 		log "$b on $st: not run, ${left} s of the call's $BUDGET_S s left"
 		return 1
@@ -287,6 +310,41 @@ run_backend() { # BACKEND STORAGE
 	return $rc
 }
 
+harness_run() { # STORAGE: the replay's designs on the same plan, requests, rates and storage, then harness_check
+	local st=$1 left dirs args rc t=$SECONDS reals=() f slo=()
+	left=$((BUDGET_S - (SECONDS - T0) - 20))
+	[ -x "$TUTTI_CLI" ] || { log "harness on $st: not run, no $TUTTI_CLI (make gpu-pack here; carry and unpack bin/gpu.tar.xz)"; return 1; }
+	[ "$left" -ge 60 ] || { log "harness on $st: not run, ${left} s left"; return 1; }
+	args=$(python3 eval/vllm/harness_check.py replay-args --requests "$REQUESTS" --rates "$RATES" --backends "$BACKENDS") ||
+		{ log "harness on $st: replay-args failed"; return 1; }
+	dirs=$(storage_dirs "$st") || { log "harness on $st: storage failed"; return 1; }
+	dirs=$(echo "$dirs" | tr -d '[]"' | sed 's|/headline|/harness|g')
+	dirs_clear "$dirs"
+	for f in ${dirs//,/ }; do mkdir -p "$f"; done
+	log "harness on $st: $TUTTI_CLI replay $args (timeout ${left} s)"
+	# shellcheck disable=SC2086 # args and HARNESS_ARGS are word lists
+	TUTTI_KERNELS_LIB="$ROOT/kernels/build/libtutti_kernels.so" timeout -s INT -k 20 "$left" "$TUTTI_CLI" replay $args \
+		--model llama3-8b --compute gpu --gpu-prefill-every 8 --no-ceiling --json --dir "$dirs" \
+		--storage-label "$(storage_label "$st")" --out "$OUT/harness-$st" $HARNESS_ARGS \
+		>"$OUT/harness-$st.json" 2>"$OUT/harness-$st.log"
+	rc=$?
+	dirs_clear "$dirs"
+	log "harness on $st: exit $rc in $((SECONDS - t)) s"
+	[ $rc = 0 ] || tail -5 "$OUT/harness-$st.log" | tee -a "$OUT/summary.txt"
+	[ -s "$OUT/harness-$st.json" ] || return 1
+	for f in "$OUT"/headline-*-"$st".json "$OUT"/headline-none-*.json; do
+		[ -f "$f" ] && [[ " ${reals[*]} " != *" $f "* ]] && reals+=("$f")
+	done
+	if [ ${#reals[@]} = 0 ]; then # another call's results: the check runs on the dev machine
+		log "harness on $st: no headline results in this call; check there: python3 eval/vllm/harness_check.py check --replay harness-$st.json headline-*.json"
+		return $rc
+	fi
+	[ "$SLO_MS" != 0 ] && slo=(--slo-ms "$SLO_MS")
+	python3 eval/vllm/harness_check.py check --replay "$OUT/harness-$st.json" "${slo[@]}" --json "$OUT/harness-check-$st.json" \
+		--md "$OUT/harness-check-$st.md" "${reals[@]}" >>"$OUT/summary.txt" 2>&1 || { log "harness on $st: check failed (summary.txt)"; return 1; }
+	return $rc
+}
+
 # Sourced (python/tests/test_headline.py): the functions above, nothing run.
 [[ "${BASH_SOURCE[0]}" != "$0" ]] && return 0
 
@@ -306,6 +364,7 @@ run)
 	log "headline: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader), $(python3 -c 'import torch; print("torch", torch.__version__)'); backends: $BACKENDS; storages: $STORAGES; rates $RATES; $ROUNDS rounds; requests $REQUESTS; /dev/shm $(shm_avail_gib) GiB free, RAM $(free -g | awk '/^Mem:/ {print $7}') GiB available"
 	rc=0
 	none_done=0
+	[ "$HARNESS" = 1 ] && RESERVE_S=$((HARNESS_S * $(wc -w <<<"$STORAGES")))
 	for st in $STORAGES; do
 		for b in $BACKENDS; do
 			if [ "$b" = none ]; then
@@ -315,6 +374,9 @@ run)
 			run_backend "$b" "$st" || rc=1
 		done
 	done
+	if [ "$HARNESS" = 1 ]; then
+		for st in $STORAGES; do harness_run "$st" || rc=1; done
+	fi
 	slo=() # the report takes the SLO from none's unloaded pass when this call ran it
 	[ $none_done = 0 ] && [ "$SLO_MS" != 0 ] && slo=(--slo-ms "$SLO_MS")
 	python3 eval/vllm/headline.py report --out-dir "$OUT" "${slo[@]}" "$OUT"/headline-*-*.json \
@@ -322,8 +384,15 @@ run)
 	log "headline: $((SECONDS - T0)) s"
 	exit $rc
 	;;
+harness)
+	T0=$SECONDS
+	kernels_wait || exit 1
+	rc=0
+	for st in $STORAGES; do harness_run "$st" || rc=1; done
+	exit $rc
+	;;
 *)
-	echo "usage: $0 lmcache | run   (knobs and device calls: this script's header)" >&2
+	echo "usage: $0 lmcache | run | harness   (knobs and device calls: this script's header)" >&2
 	exit 2
 	;;
 esac

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -203,6 +204,50 @@ class ReplayArgsTest(unittest.TestCase):
                          ("docqa", str(p["Documents"]), str(p["MinDocTokens"]), str(p["MaxDocTokens"]),
                           str(p["QuestionsPerDoc"]), str(p["BlockTokens"]), "102", "2,3,4"))
         self.assertFalse(math.isnan(float(got["--docqa-rate"])))
+        self.assertNotIn("--backends", got)
+
+    def test_backends_become_their_designs(self):
+        code, out, _ = run_main(["replay-args", "--requests", "64", "--rates", "3", "--backends", "none tutti-gpu offload-cpu"])
+        self.assertEqual(code, 0)
+        a = out.split()
+        self.assertEqual(a[a.index("--backends") + 1], "recompute,tutti-gpu,dram")
+        code, _, err = run_main(["replay-args", "--requests", "64", "--rates", "3", "--backends", "none,nosuch"])
+        self.assertEqual(code, 1)
+        self.assertIn("'nosuch'", err)
+
+
+class HeadlineShellTest(unittest.TestCase):
+    """headline.sh's harness_run, sourced with the storage stubbed and a
+    stand-in for the replay: it asks for the plan's flags, the call's rates
+    and backends' designs and the storage's own directories (named harness),
+    then checks the replay's rows against this call's headline results."""
+
+    def test_harness_run(self):
+        f = Files(self)
+        d = f.d.name
+        t = {r: ttfts(0.1) for r in RATES}
+        f.put("headline-none-loops.json", real_file("none", t))
+        f.put("headline-tutti-gpu-loops.json", real_file("tutti-gpu", t))
+        rows = f.put("rows.json", [replay_row("recompute", t), replay_row("tutti-gpu", t)])
+        cli = f.put("tutti", f'#!/bin/sh\necho "$@" >{d}/args.txt\ncat {rows}\n')
+        os.chmod(cli, 0o755)
+        script = (f'. eval/vllm/headline.sh\nTUTTI_CLI={cli}; T0=$SECONDS\n'
+                  f'loops_up() {{ LOOPDIRS=\'"{d}/l0/tutti","{d}/l1/tutti"\'; }}\n'
+                  'harness_run loops; echo "rc=$?"')
+        env = dict(os.environ, OUT=d, REQUESTS=str(N), RATES="2,3,4", BACKENDS="none tutti-gpu", BUDGET_S="540")
+        p = subprocess.run(["bash", "-c", script, os.path.join(ROOT, "eval", "vllm", "t")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertIn("rc=0", p.stdout, p.stdout + p.stderr)
+        with open(os.path.join(d, "args.txt")) as fh:
+            args = fh.read().split()
+        self.assertEqual(args[args.index("--at-rates") + 1], "2,3,4")
+        self.assertEqual(args[args.index("--backends") + 1], "recompute,tutti-gpu")
+        self.assertEqual(args[args.index("--requests") + 1], str(N))
+        self.assertEqual(args[args.index("--dir") + 1], f"{d}/l0/harness,{d}/l1/harness")
+        with open(os.path.join(d, "harness-check-loops.json")) as fh:
+            got = {e["design"]: e for e in json.load(fh)["designs"]}
+        self.assertFalse(got["tutti-gpu"]["flagged"])
+        self.assertTrue(os.path.exists(os.path.join(d, "harness-check-loops.md")))
 
 
 if __name__ == "__main__":
