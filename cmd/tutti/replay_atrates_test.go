@@ -74,3 +74,25 @@ func TestReplayAtRatesErrors(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseAtRates: any input is a list of at most maxAtRates rates, each
+// > 0 and finite, or an error; never a panic.
+func FuzzParseAtRates(f *testing.F) {
+	for _, s := range []string{"", "2,3,4", "0", "x", "1e9", "NaN", "+Inf", "2,,3", strings.Repeat("1,", 40) + "1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		rates, err := parseAtRates(s)
+		if err != nil {
+			return
+		}
+		if len(rates) > maxAtRates || (s != "" && len(rates) == 0) {
+			t.Fatalf("%q: %d rates", s, len(rates))
+		}
+		for _, r := range rates {
+			if !(r > 0) || math.IsInf(r, 0) {
+				t.Fatalf("%q: rate %v", s, r)
+			}
+		}
+	})
+}
