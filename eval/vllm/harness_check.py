@@ -184,6 +184,10 @@ def compare(replay: Dict[str, dict], real: Dict[str, dict], slo: float) -> List[
             sorted({run["rate"] for run in r["runs"]})
         have = sorted(h["at"])
         common = [x for x in grid if any(math.isclose(x, y) for y in have)]
+        if not common:
+            e["not_compared"] = f"no rate both ran (real {grid}, the replay's --at-rates {have})"
+            out.append(e)
+            continue
         e["rates"] = []
         for rate in common:
             real_t = hs.pooled_at(r["runs"], rate)

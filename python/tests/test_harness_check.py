@@ -141,6 +141,11 @@ class CompareTest(unittest.TestCase):
         self.assertNotIn("not_compared", got["tutti-gpu"])
         self.assertIn("| dram (offload-cpu) | not compared", out)
 
+    def test_no_common_rate(self):
+        t = {r: ttfts(0.1) for r in RATES}
+        got, _, _ = self.check([replay_row("tutti-cpu", {7.0: t[2.0]})], [real_file("tutti-cpu", t), real_file("none", t)])
+        self.assertIn("no rate both ran", got["tutti-cpu"]["not_compared"])
+
     def test_missing_rate_is_said(self):
         t = {r: ttfts(0.1) for r in RATES}
         got, _, _ = self.check([replay_row("tutti-cpu", {2.0: t[2.0], 3.0: t[3.0]})],
