@@ -39,7 +39,8 @@ type replayFlags struct {
 	wl                                                                                                   *workloadFlags
 	dir                                                                                                  *dirsFlag
 	kf                                                                                                   kvFlags
-	kind                                                                                                 string // the workload (workloadFlags.kind)
+	kind                                                                                                 string    // the workload (workloadFlags.kind)
+	rates                                                                                                []float64 // --at-rates, parsed by check
 }
 
 // newReplayFlags defines replay's flags.
@@ -136,13 +137,6 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	atRates, err := parseAtRates(*f.atRates)
-	if err == nil && atRates != nil && f.kind != workloadDocQA {
-		err = errors.New("needs --workload docqa: it scales a generated workload's arrivals")
-	}
-	if err != nil {
-		return usageErr(fs.Usage, fmt.Errorf("--at-rates: %w", err))
-	}
 	if *f.wl.pick {
 		if f.kind == workloadDocQA {
 			return usageErr(fs.Usage, needsTrace("--pick-window picks windows of a trace"))
@@ -215,7 +209,7 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 	if res.Oversize > 0 {
 		fmt.Fprintf(stderr, "left out %d requests whose KV exceeds the engine memory bound (--kv-mem)\n", res.Oversize)
 	}
-	addAtRates(res, atRates, f.wl.docqa.RatePerS, *f.timeScale, traceDesc)
+	addAtRates(res, f.rates, f.wl.docqa.RatePerS, *f.timeScale, traceDesc)
 	notes = append(notes, harness.TuttiNotes(bs)...)
 	notes = append(notes, kvEventsNotes(bs)...)
 	notes = append(notes, harness.GPUComputeNotes(gpuCompute)...)
@@ -227,7 +221,8 @@ func runReplay(args []string, stdout, stderr io.Writer) (err error) {
 }
 
 // check checks the flags that need no work done (the workload, the model,
-// its block size, --qd, --dir, --warm-ms) and fills in --requests' default.
+// its block size, --qd, --dir, --warm-ms, --at-rates) and fills in
+// --requests' default and f.rates.
 func (f *replayFlags) check() (prof model.Profile, storeDirs []string, err error) {
 	fs := f.fs
 	if f.kind, err = f.wl.kind(fs, *f.tracePath); err != nil {
@@ -259,6 +254,9 @@ func (f *replayFlags) check() (prof model.Profile, storeDirs []string, err error
 	storeDirs = f.dir.dirs
 	if *f.warmMs < 0 || math.IsNaN(*f.warmMs) || math.IsInf(*f.warmMs, 0) {
 		return prof, nil, usageErr(fs.Usage, fmt.Errorf("--warm-ms %v: want a duration ≥ 0", *f.warmMs))
+	}
+	if f.rates, err = f.atRatesOf(); err != nil {
+		return prof, nil, usageErr(fs.Usage, err)
 	}
 	return prof, storeDirs, nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -31,6 +32,19 @@ func parseAtRates(s string) ([]float64, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// atRatesOf is --at-rates, checked against the workload: only a generated
+// one's arrivals can be scaled to a rate.
+func (f *replayFlags) atRatesOf() ([]float64, error) {
+	rates, err := parseAtRates(*f.atRates)
+	if err == nil && rates != nil && f.kind != workloadDocQA {
+		err = errors.New("needs --workload docqa: it scales a generated workload's arrivals")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--at-rates: %w", err)
+	}
+	return rates, nil
 }
 
 // addAtRates gives every backend row that ran its timeline at rates (each
