@@ -144,17 +144,22 @@ def metrics_of(llm) -> dict:
     return out
 
 
+def abort_now(action: str, steps: int, started: bool) -> bool:
+    """Whether a wave's request with this action (workload's third field) is
+    aborted after step ``steps``; ``started``: it has its first token."""
+    return action == f"abort-after-step:{steps}" or (action == "abort-after-first-token" and started)
+
+
 def run_wave(engine, wave, sp, max_steps):
     """Adds the wave's requests, steps the engine until all finish or abort.
     Returns {request id: record}."""
     from vllm.inputs import TokensPrompt
 
-    recs, actions = {}, {}
+    recs = {}
     t0 = time.monotonic()
     for rid, toks, action in wave:
         engine.add_request(rid, TokensPrompt(prompt_token_ids=toks), sp)
         recs[rid] = {"prompt_tokens": len(toks), "action": action, "added_s": time.monotonic() - t0}
-        actions[rid] = action
     steps = 0
     live = set(recs)
     while live and steps < max_steps:
@@ -177,9 +182,7 @@ def run_wave(engine, wave, sp, max_steps):
                                 for pos in c.logprobs]
                 live.discard(o.request_id)
         for rid in list(live):
-            act = actions[rid]
-            if (act == f"abort-after-step:{steps}" or
-                    (act == "abort-after-first-token" and "first_token_s" in recs[rid])):
+            if abort_now(recs[rid]["action"], steps, "first_token_s" in recs[rid]):
                 engine.abort_request([rid])
                 recs[rid]["aborted_at_step"] = steps
                 live.discard(rid)

@@ -262,8 +262,7 @@ class Engine:
                     r["finish_reason"] = str(o.finish_reason)
                     live.discard(o.request_id)
             for rid in list(live):
-                act = recs[rid]["action"]
-                if act == f"abort-after-step:{steps}" or (act == "abort-after-first-token" and "first_token_step" in recs[rid]):
+                if drive.abort_now(recs[rid]["action"], steps, "first_token_step" in recs[rid]):
                     self.sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
                     recs[rid]["aborted_at_step"] = steps
                     live.discard(rid)
