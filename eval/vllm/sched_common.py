@@ -2,11 +2,12 @@
 cache group, sched_cpu_hybrid.py for several): the stand-in model's attention
 KV, a function of each token's prefix exact in float16, and the verdict they
 end with (the connector's check mode read back, the wrong values listed, PASS
-or FAIL, the result file)."""
+or FAIL, the result file), and the one worker's process group."""
 
 from __future__ import annotations
 
 import json
+import tempfile
 
 import torch
 
@@ -14,6 +15,22 @@ from tutti.kvcheck import read_summaries
 
 HEADS, HEAD = 2, 64  # an attention layer's KV heads and head size
 MOD = 2039  # values < 2048 are exact in float16
+
+
+_RENDEZVOUS = None  # the process group's rendezvous directory, removed at exit
+
+
+def init_one_worker():
+    """One worker of tensor-parallel size 1, as vLLM's uniprocess executor sets
+    it up (gloo; call inside set_current_vllm_config, once a process), its
+    rendezvous file in a directory of its own removed when the process exits."""
+    global _RENDEZVOUS
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    _RENDEZVOUS = tempfile.TemporaryDirectory(prefix="tutti-gloo-")
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"file://{_RENDEZVOUS.name}/dist")
+    initialize_model_parallel(1, 1)
 
 
 def prefix_hashes(tokens) -> list[int]:

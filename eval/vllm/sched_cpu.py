@@ -36,7 +36,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,7 +49,6 @@ _platforms._current_platform = CpuPlatform()  # no GPU here: vLLM's CPU platform
 from vllm import SamplingParams  # noqa: E402
 from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig,  # noqa: E402
                          VllmConfig, set_current_vllm_config)
-from vllm.distributed import init_distributed_environment, initialize_model_parallel  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.forward_context import get_forward_context, set_forward_context  # noqa: E402
@@ -62,7 +60,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from sched_common import HEAD, HEADS, check_mode, expect_kv, finish, prefix_hashes  # noqa: E402
+from sched_common import HEAD, HEADS, check_mode, expect_kv, finish, init_one_worker, prefix_hashes  # noqa: E402
 
 LAYERS = 4
 
@@ -90,9 +88,7 @@ class Runner:
         self.kv = {n: torch.zeros((2, a.blocks, a.block_size, HEADS, HEAD), dtype=torch.float16) for n in names}
         with set_current_vllm_config(self.vc):
             # One worker of tensor-parallel size 1, as vLLM's uniprocess executor sets it up.
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"file://{tempfile.mkdtemp()}/dist")
-            initialize_model_parallel(1, 1)
+            init_one_worker()
             # The worker role is built and registers its caches first (as in vLLM).
             self.worker = KVConnectorFactory.create_connector(self.vc, KVConnectorRole.WORKER, self.kcc)
             self.worker.register_kv_caches(self.kv)

@@ -37,7 +37,6 @@ import os
 import re
 import shlex
 import sys
-import tempfile
 from collections import deque
 from concurrent.futures import Future
 
@@ -46,11 +45,10 @@ import worker_cpu_hybrid as W  # noqa: E402 (sets vLLM's CPU platform first)
 import torch  # noqa: E402
 
 import drive  # noqa: E402
-from sched_common import prefix_hashes, step_tables  # noqa: E402
+from sched_common import init_one_worker, prefix_hashes, step_tables  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig,  # noqa: E402
                          VllmConfig, set_current_vllm_config)
-from vllm.distributed import init_distributed_environment, initialize_model_parallel  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.forward_context import get_forward_context, set_forward_context  # noqa: E402
@@ -81,9 +79,7 @@ class Engine:
                               kv_connector_extra_config=extra)
         self.vc = vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kt)
         with set_current_vllm_config(vc):
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"file://{tempfile.mkdtemp()}/dist")
-            initialize_model_parallel(1, 1)
+            init_one_worker()
             self.kcc = kcc = get_kv_cache_config_from_groups(vc, get_kv_cache_groups(vc, W.layer_specs(vc)), 1 << 30)
             cc.num_gpu_blocks = kcc.num_blocks
             self.kv, _ = W.vllm_kv_caches(vc, kcc)

@@ -33,7 +33,6 @@ import argparse
 import os
 import random
 import sys
-import tempfile
 
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,7 +46,6 @@ _platforms._current_platform = CpuPlatform()
 from vllm import SamplingParams  # noqa: E402
 from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig,  # noqa: E402
                          VllmConfig, set_current_vllm_config)
-from vllm.distributed import init_distributed_environment, initialize_model_parallel  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.forward_context import get_forward_context, set_forward_context  # noqa: E402
@@ -60,7 +58,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from sched_common import HEAD, HEADS, MOD, check_mode, expect_kv, finish, prefix_hashes, step_tables  # noqa: E402
+from sched_common import HEAD, HEADS, MOD, check_mode, expect_kv, finish, init_one_worker, prefix_hashes, step_tables  # noqa: E402
 
 PER_GROUP = 2
 CONV, SSM = (4, 128), (2, 32, 16)  # a Mamba layer's states: float16 conv, float32 ssm (5120 bytes, padded)
@@ -111,9 +109,7 @@ class Runner:
             else:  # blocks-first, as vLLM lays attention out next to Mamba layers
                 self.kv[n] = raw.view(torch.float16).view(a.blocks, 2, bs, HEADS, HEAD)
         with set_current_vllm_config(self.vc):
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"file://{tempfile.mkdtemp()}/dist")
-            initialize_model_parallel(1, 1)
+            init_one_worker()
             self.worker = KVConnectorFactory.create_connector(self.vc, KVConnectorRole.WORKER, self.kcc)
             self.worker.register_kv_caches(self.kv)
             self.sched = Scheduler(vllm_config=self.vc, kv_cache_config=self.kcc,

@@ -36,7 +36,6 @@ from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 _platforms._current_platform = CpuPlatform()
 
 from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
-from vllm.distributed import init_distributed_environment, initialize_model_parallel  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.model_executor.models.config import HybridAttentionMambaModelConfig  # noqa: E402
@@ -47,6 +46,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWind
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 from vllm.v1.worker.utils import prepare_kernel_block_sizes  # noqa: E402
 
+from sched_common import init_one_worker  # noqa: E402
 from tutti.worker_side import LoadSpec, SaveSpec  # noqa: E402
 
 MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
@@ -161,7 +161,10 @@ def main(argv=None):
     p.add_argument("--dir", default="")
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
-    root = a.dir or tempfile.mkdtemp(prefix="tutti-worker-hybrid-")
+    # Without --dir, a directory of its own, removed when main returns (its stores preallocate a GiB a model).
+    tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="tutti-worker-hybrid-")
+    root = a.dir or tmp.name
+    os.makedirs(root, exist_ok=True)
     res, ok, first = {}, True, True
     for model in a.models.split(","):
         d = os.path.join(MODELS, model)
@@ -174,9 +177,7 @@ def main(argv=None):
         vc = VllmConfig(model_config=mc, cache_config=cc, kv_transfer_config=kt)
         with set_current_vllm_config(vc):
             if first:
-                init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                             distributed_init_method=f"file://{tempfile.mkdtemp()}/dist")
-                initialize_model_parallel(1, 1)
+                init_one_worker()
                 first = False
             kcc = get_kv_cache_config_from_groups(vc, get_kv_cache_groups(vc, layer_specs(vc)), 1 << 30)
             kv, raw = vllm_kv_caches(vc, kcc)

@@ -23,7 +23,7 @@ import docqa  # noqa: E402
 import headline  # noqa: E402
 import headline_stats as hs  # noqa: E402
 
-VENV = os.environ.get("VLLM_VENV", os.path.join(ROOT, ".venv-vllm"))
+from vllm_venv import PY as VENV_PY, missing as venv_missing  # noqa: E402
 VOCAB = 128256
 
 
@@ -254,12 +254,11 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual((none["num_gpu_blocks_override"], none["max_num_batched_tokens"]), (2048, 8192))
         self.assertGreaterEqual(none["max_model_len"], max(q.prompt_tokens for q in docqa.load_plan().requests) + 8)
 
-    @unittest.skipUnless(os.path.exists(os.path.join(VENV, ".stamp")),
-                         f"no vLLM environment at {VENV}: scripts/vllm-venv.sh makes it (make test-deps does)")
+    @unittest.skipIf(venv_missing(), venv_missing())
     def test_vllm_builds_every_backend(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
         env.setdefault("TUTTI_LIB", os.path.join(ROOT, "bin", "libtutti.so"))
-        p = subprocess.run([os.path.join(VENV, "bin", "python"), os.path.join(ROOT, "eval", "vllm", "headline_check.py")],
+        p = subprocess.run([VENV_PY, os.path.join(ROOT, "eval", "vllm", "headline_check.py")],
                            env=env, capture_output=True, text=True, timeout=600)
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
         for b in ("none", "offload-cpu", "offload-fs", "tutti-gpu", "tutti-cpu"):

@@ -11,6 +11,7 @@ double of vLLM. The wire checks need pyzmq and msgpack, which Debian's
 import ctypes
 import os
 import socket
+import shutil
 import sys
 import tempfile
 import unittest
@@ -236,6 +237,7 @@ class VLLMPathTest(unittest.TestCase):
     def config(self, events_on=True):
         from vllm.config import CacheConfig, KVEventsConfig, KVTransferConfig, ParallelConfig, VllmConfig
         root = tempfile.mkdtemp(prefix="tutti-kvev-")
+        self.addCleanup(shutil.rmtree, root, True)
         ex = {"dirs": [root], "capacity_bytes": 1 << 20, "kv_events": "vllm", "lookup_socket_dir": root}
         return VllmConfig(kv_transfer_config=KVTransferConfig("TuttiConnector", "tutti.vllm", "kv_both", ex, "ev"),
                           cache_config=CacheConfig(SMALL.page_tokens), parallel_config=ParallelConfig(2),

@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -19,6 +20,7 @@ import ttft_table  # noqa: E402
 class TTFTTableTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="tutti-ttft-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
 
     def run_json(self, name, ttfts, tokens=(7, 9), top=-1.5, cached=32):
         p = os.path.join(self.dir, name + ".json")

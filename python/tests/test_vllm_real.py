@@ -2,7 +2,7 @@
 in the virtual environment of scripts/vllm-venv.sh (made by `make test-deps`), a first
 process and then a second one with another PYTHONHASHSEED, each checking every restored
 token's KV in every layer. Skipped, saying why, where that environment is missing
-(VLLM_VENV, default .venv-vllm); `make test` always makes it."""
+(VLLM_VENV, default .venv-vllm); `make test` makes it where the disk holds it."""
 
 import json
 import os
@@ -12,13 +12,10 @@ import sys
 import tempfile
 import unittest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-VENV = os.environ.get("VLLM_VENV", os.path.join(ROOT, ".venv-vllm"))
-PY = os.path.join(VENV, "bin", "python")
+from vllm_venv import PY, ROOT, missing
 
 
-@unittest.skipUnless(os.path.exists(os.path.join(VENV, ".stamp")),
-                     f"no vLLM environment at {VENV}: scripts/vllm-venv.sh makes it (make test-deps does)")
+@unittest.skipIf(missing(), missing())
 class RealSchedulerTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="tutti-vllm-real-")
@@ -220,3 +217,27 @@ print(e.logger_manager.got)
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class VenvScriptTest(unittest.TestCase):
+    def test_small_disk_skips_saying_why(self):
+        """scripts/vllm-venv.sh on a disk with less free than the install
+        needs: exit 0, no environment (nor a partial one), the reason in
+        <venv>.skipped, which the tests above print as their skip reason."""
+        d = tempfile.mkdtemp(prefix="tutti-venv-skip-")
+        self.addCleanup(shutil.rmtree, d, True)
+        venv = os.path.join(d, "venv")
+        os.makedirs(os.path.join(venv, "bin"))  # a stale environment, no stamp: removed
+        env = dict(os.environ, VLLM_VENV=venv, VLLM_VENV_NEED_MB=str(1 << 40))
+        p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "vllm-venv.sh")], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertFalse(os.path.exists(venv), p.stdout)
+        with open(venv + ".skipped") as f:
+            reason = f.read()
+        self.assertIn(f"needs {1 << 40} MB", reason)
+        import vllm_venv
+        old = vllm_venv.VENV
+        vllm_venv.VENV = venv
+        self.addCleanup(setattr, vllm_venv, "VENV", old)
+        self.assertIn(reason.strip(), vllm_venv.missing())
