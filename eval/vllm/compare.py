@@ -3,10 +3,12 @@ connector run against the baseline (no connector) of the same model.
 
 A case passes when:
   - every request that was not aborted on purpose finished (no error finish),
-  - greedy outputs equal the baseline's, token for token; where they part, the
-    report gives the first position and both runs' top logprobs there, so a
-    difference of arithmetic (different batches give different roundings) can
-    be told from a wrong KV,
+  - where the baseline and the phase both ran vLLM's batch-invariant kernels
+    (drive.py's ``batch_invariant``: VLLM_BATCH_INVARIANT=1), greedy outputs
+    equal the baseline's token for token; without them outputs are compared
+    and reported, not required: where they part, the report gives the first
+    position and both runs' top logprobs there, since different batches give
+    different roundings (the check mode below is what tells a wrong KV),
   - the connector's check mode compared restored blocks with the KV vLLM
     computed for them and found none different and none without a digest
     (tutti.kvcheck's summary files under --check-dir),
@@ -95,6 +97,11 @@ def main(argv=None):
         for d in failed:
             print(f"  {d['request']} did not finish: {d['finish_reason']}")
         ok &= not failed
+        invariant = bool(base.get("batch_invariant") and run.get("batch_invariant"))
+        rep["phases"][name]["batch_invariant"] = invariant
+        if invariant:
+            print(f"  batch-invariant kernels in both runs: outputs must be equal, {len(parted)} part")
+            ok &= not parted
     ok &= metric(second, "vllm:tutti_hit_tokens") > 0 and metric(second, "vllm:tutti_load_error_blocks") == 0
     if a.check_dir:
         c = read_summaries(a.check_dir)

@@ -31,6 +31,12 @@ seed per parameter name, as N(0, 0.02) with norms at 1: the same model in
 every process, with logits that separate tokens. That needs the engine in
 this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set here); ``--init dummy``
 keeps vLLM's default process layout and weights.
+
+With VLLM_BATCH_INVARIANT=1 in the environment, vLLM's batch-invariant kernels
+(attention backends that support them: FlashAttention, not the Mamba ones)
+make a token's logits independent of its batch; the result records it
+(``batch_invariant``), and compare.py and ttft_table.py then require runs that
+both had them to agree bit for bit, against recompute too.
 """
 
 from __future__ import annotations
@@ -271,6 +277,7 @@ def main(argv=None):
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t_import = time.monotonic()
+    import vllm.envs as vllm_envs
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
@@ -299,6 +306,9 @@ def main(argv=None):
     res["zero_output_stats_recorded"] = record_zero_output_steps(llm.llm_engine)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     res["block_size"] = llm.llm_engine.vllm_config.cache_config.block_size
+    # vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1): a token's logits do not depend on its batch, so
+    # runs that both had them must agree bit for bit (compare.py, ttft_table.py).
+    res["batch_invariant"] = bool(vllm_envs.VLLM_BATCH_INVARIANT)
     res["kv_cache_groups"] = kv_groups_of(llm)
     if a.phase == "ttft":
         return ttft_phase(a, llm, vocab, res)

@@ -51,6 +51,13 @@
 #
 #   run carry=[.vllm-stage/MANIFEST, bin/libtutti.so]       'bash eval/vllm/run.sh ttft CASE...'
 #
+# With VLLM_BATCH_INVARIANT=1 in the command's environment every phase runs vLLM's
+# batch-invariant kernels, and compare.py and ttft_table.py then require greedy
+# outputs and log-probs equal to recompute's bit for bit (attention-only models:
+# vLLM 0.26's Mamba backends refuse the mode), e.g.
+#
+#   run carry=[...]     'VLLM_BATCH_INVARIANT=1 bash eval/vllm/run.sh ttft gemma3-1b:loops:gpu'
+#
 # Hybrid models in one command (the checks, then the TTFTs, of gemma3-1b:loops:gpu and
 # qwen3-next-tiny:loops:gpu, or the cases named; about 15 minutes, so call it again
 # when BUDGET_S runs out: what was done on this warm machine is skipped):
@@ -74,6 +81,9 @@ cd "$ROOT"
 ST=$ROOT/.vllm-stage
 SITE=/tmp/vllm-site
 RES=/tmp/vllm-results
+# A baseline kept on a warm machine serves only runs of its own kernels.
+BASE_TAG=
+[ "${VLLM_BATCH_INVARIANT:-0}" = 1 ] && BASE_TAG=-invariant
 OUT=${OUT:-$ROOT/out}
 mkdir -p "$OUT" "$RES"
 NLOOPS=${NLOOPS:-8}
@@ -227,12 +237,12 @@ check_case() { # MODEL:STORAGE:PATH
 	extra="{\"dirs\":[$dirs],\"capacity_bytes\":$((CAPACITY_GIB << 30)),\"path\":\"$path\""
 	[ "$CHECK" = 1 ] && extra+=",\"check\":{\"dir\":\"$RES/check-$1\"}"
 	extra+="${TUTTI_EXTRA:+,$TUTTI_EXTRA}}"
-	if [ ! -f "$RES/baseline-$model.json" ]; then
-		phase "$model" baseline "$RES/baseline-$model.json" || return 1
+	if [ ! -f "$RES/baseline-$model$BASE_TAG.json" ]; then
+		phase "$model" baseline "$RES/baseline-$model$BASE_TAG.json" || return 1
 	fi
 	phase "$model" first "$RES/first-$1.json" "$extra" || return 1
 	phase "$model" second "$RES/second-$1.json" "$extra" || return 1
-	python3 eval/vllm/compare.py --case "$1" --baseline "$RES/baseline-$model.json" \
+	python3 eval/vllm/compare.py --case "$1" --baseline "$RES/baseline-$model$BASE_TAG.json" \
 		--first "$RES/first-$1.json" --second "$RES/second-$1.json" --check-dir "$RES/check-$1" \
 		--json "$OUT/vllm-${1//:/-}.json" | tee -a "$OUT/summary.txt"
 }

@@ -13,7 +13,10 @@ tutti and the OffloadingConnector restore the same KV at the same point and
 compute the question alone in both processes, so where both served the
 same tokens from their caches their first tokens and log-probs must be
 equal bit for bit: a difference there is a wrong restore, not arithmetic.
-Against recompute (other batches) only the first tokens are compared.
+Against recompute (other batches) only the first tokens are compared, unless
+both runs had vLLM's batch-invariant kernels (drive.py's ``batch_invariant``:
+VLLM_BATCH_INVARIANT=1): then a token's logits do not depend on its batch and
+the top log-probs must be equal bit for bit there too.
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ def summary(path):
     return {"median_s": statistics.median(t) if t else None, "ttft_s": t,
             "cached_tokens": [x.get("cached") for x in r.get("ttft", [])],
             "outputs": {x["request"]: (x.get("tokens"), x.get("top")) for x in r.get("ttft", []) if x.get("request")},
-            "block_size": r.get("block_size"), "kv_cache_groups": r.get("kv_cache_groups")}
+            "block_size": r.get("block_size"), "kv_cache_groups": r.get("kv_cache_groups"),
+            "batch_invariant": bool(r.get("batch_invariant"))}
 
 
-def agreement(a, b, exact):
-    """Of the questions both runs answered (and, with exact, served the same
-    cached tokens): how many gave the same first token, and how many the
-    same top log-probs too; the requests that differ."""
+def agreement(a, b, same_cached, bitwise):
+    """Of the questions both runs answered (and, with same_cached, served the
+    same cached tokens): how many gave the same first token, and how many the
+    same top log-probs too; the requests that differ (in the first token, or
+    with bitwise in the log-probs too)."""
     cached_a = dict(zip(a["outputs"], a["cached_tokens"]))
     cached_b = dict(zip(b["outputs"], b["cached_tokens"]))
     n = same_token = same_top = 0
@@ -45,13 +50,13 @@ def agreement(a, b, exact):
     for rid, (tok, top) in a["outputs"].items():
         if rid not in b["outputs"] or tok is None or b["outputs"][rid][0] is None:
             continue
-        if exact and cached_a.get(rid) != cached_b.get(rid):
+        if same_cached and cached_a.get(rid) != cached_b.get(rid):
             continue
         n += 1
         tok_b, top_b = b["outputs"][rid]
         same_token += tok == tok_b
         same_top += tok == tok_b and top == top_b
-        if tok != tok_b or (exact and top != top_b):
+        if tok != tok_b or (bitwise and top != top_b):
             differ.append(rid)
     return {"compared": n, "same_first_token": same_token, "same_top_logprobs": same_top, "differ": differ}
 
@@ -79,20 +84,27 @@ def main(argv=None):
     if ok:
         vs_off = f", {off / tut:.2f}x lower than OffloadingConnector (CPU tier)" if off else ""
         print(f"  tutti: {rec / tut:.2f}x lower than recompute{vs_off}")
-    agree = {"recompute": agreement(rows["tutti"], rows["recompute"], exact=False)}
+    invariant = rows["tutti"]["batch_invariant"] and rows["recompute"]["batch_invariant"]
+    agree = {"recompute": agreement(rows["tutti"], rows["recompute"], same_cached=False, bitwise=invariant)}
     if "offloading" in rows:
-        agree["offloading"] = agreement(rows["tutti"], rows["offloading"], exact=True)
+        agree["offloading"] = agreement(rows["tutti"], rows["offloading"], same_cached=True, bitwise=True)
         g = agree["offloading"]
         print(f"  tutti = OffloadingConnector (same cached tokens): first token {g['same_first_token']} of "
               f"{g['compared']}, top log-probs bit for bit {g['same_top_logprobs']}" +
               (f"; differ: {g['differ']}" if g["differ"] else ""))
         ok = ok and not g["differ"]
     g = agree["recompute"]
-    print(f"  tutti = recompute: first token {g['same_first_token']} of {g['compared']}")
+    if invariant:  # batch-invariant kernels in both: recompute's logits are tutti's, bit for bit
+        print(f"  tutti = recompute (batch-invariant kernels): first token {g['same_first_token']} of "
+              f"{g['compared']}, top log-probs bit for bit {g['same_top_logprobs']}" +
+              (f"; differ: {g['differ']}" if g["differ"] else ""))
+        ok = ok and not g["differ"]
+    else:
+        print(f"  tutti = recompute: first token {g['same_first_token']} of {g['compared']}")
     for r in rows.values():
         r.pop("outputs", None)
     rows["agreement"] = agree
-    rows["ok"], rows["offloading_ran"] = ok, off is not None
+    rows["ok"], rows["offloading_ran"], rows["batch_invariant"] = ok, off is not None, invariant
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -22,12 +22,12 @@ class TTFTTableTest(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="tutti-ttft-")
         self.addCleanup(shutil.rmtree, self.dir, True)
 
-    def run_json(self, name, ttfts, tokens=(7, 9), top=-1.5, cached=32):
+    def run_json(self, name, ttfts, tokens=(7, 9), top=-1.5, cached=32, invariant=False):
         p = os.path.join(self.dir, name + ".json")
         with open(p, "w") as f:
             json.dump({"ttft": [{"request": f"d{i}-ttft", "ttft_s": t, "cached": cached, "tokens": [tokens[i]],
                                  "top": [[[tokens[i], top], [3, top - 0.5]]]} for i, t in enumerate(ttfts)],
-                       "block_size": 16,
+                       "block_size": 16, "batch_invariant": invariant,
                        "kv_cache_groups": [{"spec": "SlidingWindowSpec"}, {"spec": "FullAttentionSpec"}]}, f)
         return p
 
@@ -68,6 +68,29 @@ class TTFTTableTest(unittest.TestCase):
             r = json.load(f)
         self.assertEqual((rc, r["agreement"]["recompute"]["same_first_token"], r["agreement"]["recompute"]["differ"]),
                          (0, 1, ["d1-ttft"]))
+
+    def test_batch_invariant_recompute_is_bitwise(self):
+        """Both runs with vLLM's batch-invariant kernels: recompute's log-probs
+        must be tutti's bit for bit (a difference fails); with them in one run
+        only, first tokens alone are compared, as without."""
+        def run(recompute_top, tutti_invariant=True):
+            out = os.path.join(self.dir, "out.json")
+            with contextlib.redirect_stdout(io.StringIO()):
+                rc = ttft_table.main(["--case", "m:loops:gpu", "--json", out,
+                                      "--recompute", self.run_json("none", [0.4, 0.6], top=recompute_top, cached=0,
+                                                                   invariant=True),
+                                      "--tutti", self.run_json("tutti", [0.1, 0.1], invariant=tutti_invariant)])
+            with open(out) as f:
+                return rc, json.load(f)
+        rc, r = run(-1.5)
+        self.assertEqual((rc, r["ok"], r["batch_invariant"]), (0, True, True))
+        self.assertEqual(r["agreement"]["recompute"],
+                         {"compared": 2, "same_first_token": 2, "same_top_logprobs": 2, "differ": []})
+        rc, r = run(-1.5000001)
+        self.assertEqual((rc, r["ok"], r["agreement"]["recompute"]["differ"]), (1, False, ["d0-ttft", "d1-ttft"]))
+        rc, r = run(-1.5000001, tutti_invariant=False)
+        self.assertEqual((rc, r["ok"], r["batch_invariant"], r["agreement"]["recompute"]["differ"]),
+                         (0, True, False, []))
 
 
 if __name__ == "__main__":
