@@ -250,16 +250,6 @@ def markdown(entries: List[dict], slo: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _no_nan(o):
-    if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
-        return None if math.isnan(o) else ("inf" if o > 0 else "-inf")
-    if isinstance(o, dict):
-        return {k: _no_nan(v) for k, v in o.items()}
-    if isinstance(o, list):
-        return [_no_nan(v) for v in o]
-    return o
-
-
 def check(a) -> int:
     replay = load_replay(a.replay)
     real = load_real(a.files)
@@ -270,8 +260,8 @@ def check(a) -> int:
     print(md, end="")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(_no_nan({"replay": a.replay, "real": a.files, "slo_s": slo, "tolerance": TOLERANCE,
-                               "designs": entries}), f, indent=1)
+            json.dump(hs.json_safe({"replay": a.replay, "real": a.files, "slo_s": slo, "tolerance": TOLERANCE,
+                                    "designs": entries}), f, indent=1, allow_nan=False)
     if a.md:
         with open(a.md, "w") as f:
             f.write(md)

@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import glob
 import json
-import math
 import os
 import sys
 import time
@@ -395,17 +394,6 @@ def load_results(paths):
     return out
 
 
-def _no_nan(o):
-    """NaN (an empty sample's percentile) as null: JSON has no NaN."""
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    if isinstance(o, dict):
-        return {k: _no_nan(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_no_nan(v) for v in o]
-    return o
-
-
 def report(a) -> int:
     """Every backend's JSON -> headline.json and headline.md under
     --out-dir, one table per storage label. The SLO comes from the
@@ -451,7 +439,7 @@ def report(a) -> int:
         md.append("")
     os.makedirs(a.out_dir, exist_ok=True)
     with open(os.path.join(a.out_dir, "headline.json"), "w") as f:
-        json.dump(_no_nan(out), f, indent=1)
+        json.dump(hs.json_safe(out), f, indent=1, allow_nan=False)
     with open(os.path.join(a.out_dir, "headline.md"), "w") as f:
         f.write("\n".join(md))
     print("\n".join(md))

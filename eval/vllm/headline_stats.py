@@ -224,3 +224,16 @@ def markdown(summ: Dict[str, dict], slo: float, order: Sequence[str], notes: Dic
                          f"({', '.join(_ms(x) for x in r['p90_rounds'])}) | {_ms(r['p99'])} | {r['failed']} | "
                          f"{gib} | {bw} |")
     return "\n".join(lines) + "\n"
+
+
+def json_safe(o):
+    """o with what strict JSON lacks spelled out: NaN (an empty sample's
+    percentile) as null, an infinite ratio (a baseline of zero) as "inf" or
+    "-inf"; for json.dump(..., allow_nan=False)."""
+    if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
+        return None if math.isnan(o) else ("inf" if o > 0 else "-inf")
+    if isinstance(o, dict):
+        return {k: json_safe(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [json_safe(v) for v in o]
+    return o

@@ -145,6 +145,16 @@ class StatsTest(unittest.TestCase):
         self.assertFalse(g["tutti-gpu at or above offload-cpu on every rate"]["met"])  # p90 worse at every rate
         self.assertIsNone(hs.goals({"tutti-gpu": summ["tutti-gpu"]})[0]["met"])  # GDS did not run: n/a
 
+    def test_json_safe_is_strict_json(self):
+        """A GDS rate at SLO of zero makes tutti's ratio infinite: the report
+        writes it as "inf" (strict JSON), an empty sample's NaN as null."""
+        g = hs.goals({"tutti-gpu": hs.backend_summary([run(2, 0, [40] * 10)], 0.2),
+                      "lmcache-gds": hs.backend_summary([run(2, 0, [900] * 10)], 0.2)})
+        self.assertEqual(g[0]["value"], float("inf"))
+        o = hs.json_safe({"goals": g, "p50": float("nan"), "low": (-float("inf"), 1.5)})
+        back = json.loads(json.dumps(o, allow_nan=False))
+        self.assertEqual((back["goals"][0]["value"], back["p50"], back["low"]), ("inf", None, ["-inf", 1.5]))
+
     def test_report_end_to_end(self):
         d = tempfile.mkdtemp(prefix="headline-report-")
         self.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
