@@ -87,7 +87,6 @@ class Runner:
         # FlashAttention's layout: (2, num_blocks, block_size, heads, head_size) per layer.
         self.kv = {n: torch.zeros((2, a.blocks, a.block_size, HEADS, HEAD), dtype=torch.float16) for n in names}
         with set_current_vllm_config(self.vc):
-            # One worker of tensor-parallel size 1, as vLLM's uniprocess executor sets it up.
             init_one_worker()
             # The worker role is built and registers its caches first (as in vLLM).
             self.worker = KVConnectorFactory.create_connector(self.vc, KVConnectorRole.WORKER, self.kcc)

@@ -164,7 +164,6 @@ def main(argv=None):
     # Without --dir, a directory of its own, removed when main returns (its stores preallocate a GiB a model).
     tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="tutti-worker-hybrid-")
     root = a.dir or tmp.name
-    os.makedirs(root, exist_ok=True)
     res, ok, first = {}, True, True
     for model in a.models.split(","):
         d = os.path.join(MODELS, model)
