@@ -109,6 +109,7 @@ HARNESS=${HARNESS:-0}
 HARNESS_S=${HARNESS_S:-150} # kept back from the backends per storage with HARNESS=1
 HARNESS_ARGS=${HARNESS_ARGS:-}
 TUTTI_CLI=$ROOT/bin/gpu/tutti
+TESTKIT_LIB=${TESTKIT_LIB:-$ROOT/kernels/build/libtutti_testkit.so} # the replay's GPU prefill (--compute gpu)
 RESERVE_S=0
 DROP_CACHES=${DROP_CACHES:-1}
 LMC_STAGE=/tmp/lmcache-stage
@@ -315,6 +316,7 @@ harness_run() { # STORAGE: the replay's designs on the same plan, requests, rate
 	left=$((BUDGET_S - (SECONDS - T0) - 20))
 	[ -x "$TUTTI_CLI" ] || { log "harness on $st: not run, no $TUTTI_CLI (make gpu-pack here; carry and unpack bin/gpu.tar.xz)"; return 1; }
 	[ "$left" -ge 60 ] || { log "harness on $st: not run, ${left} s left"; return 1; }
+	[ -f "$TESTKIT_LIB" ] || { log "harness on $st: not run, no $TESTKIT_LIB (its GPU prefill; run.sh's kernels_bg builds it: /tmp/kernels-build.log)"; return 1; }
 	args=$(python3 eval/vllm/harness_check.py replay-args --requests "$REQUESTS" --rates "$RATES" --backends "$BACKENDS") ||
 		{ log "harness on $st: replay-args failed"; return 1; }
 	dirs=$(storage_dirs "$st") || { log "harness on $st: storage failed"; return 1; }
@@ -323,7 +325,7 @@ harness_run() { # STORAGE: the replay's designs on the same plan, requests, rate
 	for f in ${dirs//,/ }; do mkdir -p "$f"; done
 	log "harness on $st: $TUTTI_CLI replay $args (timeout ${left} s)"
 	# shellcheck disable=SC2086 # args and HARNESS_ARGS are word lists
-	TUTTI_KERNELS_LIB="$ROOT/kernels/build/libtutti_kernels.so" timeout -s INT -k 20 "$left" "$TUTTI_CLI" replay $args \
+	TUTTI_KERNELS_LIB="$ROOT/kernels/build/libtutti_kernels.so" TUTTI_TESTKIT_LIB="$TESTKIT_LIB" timeout -s INT -k 20 "$left" "$TUTTI_CLI" replay $args \
 		--model llama3-8b --compute gpu --gpu-prefill-every 8 --no-ceiling --json --dir "$dirs" \
 		--storage-label "$(storage_label "$st")" --out "$OUT/harness-$st" $HARNESS_ARGS \
 		>"$OUT/harness-$st.json" 2>"$OUT/harness-$st.log"

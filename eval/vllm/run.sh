@@ -122,14 +122,16 @@ install_site() {
 	log "vLLM unpacked into $SITE in $((SECONDS - t)) s ($(du -sm "$SITE" | cut -f1) MiB)"
 }
 
-kernels_bg() { # the CUDA kernels, built in the background while pieces arrive
-	[ -f kernels/build/libtutti_kernels.so ] && return 0
+kernels_bg() { # the CUDA kernels, built in the background while pieces arrive: the connector's
+	# library and the testkit (the harness's GPU prefill: headline.sh)
+	[ -f kernels/build/libtutti_kernels.so ] && [ -f kernels/build/libtutti_testkit.so ] && return 0
 	pgrep -f "make -C kernels" >/dev/null && return 0
-	setsid nohup make -C kernels NVCC=nvcc build/libtutti_kernels.so >/tmp/kernels-build.log 2>&1 </dev/null &
+	setsid nohup make -C kernels -j "$(nproc)" NVCC=nvcc build/libtutti_kernels.so build/libtutti_testkit.so \
+		>/tmp/kernels-build.log 2>&1 </dev/null &
 	log "kernels: building in the background (/tmp/kernels-build.log)"
 }
 
-kernels_wait() {
+kernels_wait() { # the whole build (nvcc on every core beside a timed run would skew it)
 	local i
 	for ((i = 0; i < 300; i++)); do
 		pgrep -f "make -C kernels" >/dev/null || break

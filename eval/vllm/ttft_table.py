@@ -61,6 +61,24 @@ def agreement(a, b, same_cached, bitwise):
     return {"compared": n, "same_first_token": same_token, "same_top_logprobs": same_top, "differ": differ}
 
 
+def parts(a, b, rids):
+    """Where a's and b's answers to the requests rids part: both first tokens,
+    both top log-probs there (the first position whose tokens or tops
+    differ) and the largest log-prob difference of the tokens in both tops
+    (a last-bit difference or a wrong restore: the figure says which)."""
+    out = {}
+    for rid in rids:
+        (tok_a, top_a), (tok_b, top_b) = a["outputs"][rid], b["outputs"][rid]
+        tops = list(zip(top_a or [], top_b or []))
+        i = next((k for k, (x, y) in enumerate(tops) if x != y or (tok_a or [])[k:k + 1] != (tok_b or [])[k:k + 1]), 0)
+        x, y = tops[i] if tops else ([], [])
+        lp_b = {int(t): float(v) for t, v in y}
+        common = [abs(float(v) - lp_b[int(t)]) for t, v in x if int(t) in lp_b]
+        out[rid] = {"position": i, "tokens": [tok_a, tok_b], "top": [x, y],
+                    "max_logprob_diff": max(common) if common else None}
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", required=True)
@@ -93,14 +111,17 @@ def main(argv=None):
               f"{g['compared']}, top log-probs bit for bit {g['same_top_logprobs']}" +
               (f"; differ: {g['differ']}" if g["differ"] else ""))
         ok = ok and not g["differ"]
+        show_parts("OffloadingConnector", parts(rows["tutti"], rows["offloading"], g["differ"]))
     g = agree["recompute"]
     if invariant:  # batch-invariant kernels in both: recompute's logits are tutti's, bit for bit
         print(f"  tutti = recompute (batch-invariant kernels): first token {g['same_first_token']} of "
               f"{g['compared']}, top log-probs bit for bit {g['same_top_logprobs']}" +
               (f"; differ: {g['differ']}" if g["differ"] else ""))
         ok = ok and not g["differ"]
+        show_parts("recompute", parts(rows["tutti"], rows["recompute"], g["differ"]))
     else:
         print(f"  tutti = recompute: first token {g['same_first_token']} of {g['compared']}")
+    rows["parts"] = {k: parts(rows["tutti"], rows[k], g["differ"]) for k, g in agree.items()}
     for r in rows.values():
         r.pop("outputs", None)
     rows["agreement"] = agree
@@ -109,6 +130,13 @@ def main(argv=None):
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
     return 0 if ok else 1
+
+
+def show_parts(other, ps):
+    for rid, x in ps.items():
+        d = x["max_logprob_diff"]
+        print(f"    {rid} parts from {other} at position {x['position']}: tokens {x['tokens'][0]} vs {x['tokens'][1]}, "
+              f"largest log-prob difference {'n/a' if d is None else f'{d:.3g}'}; top {x['top'][0]} vs {x['top'][1]}")
 
 
 if __name__ == "__main__":

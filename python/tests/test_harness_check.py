@@ -234,12 +234,14 @@ class HeadlineShellTest(unittest.TestCase):
         f.put("headline-none-loops.json", real_file("none", t))
         f.put("headline-tutti-gpu-loops.json", real_file("tutti-gpu", t))
         rows = f.put("rows.json", [replay_row("recompute", t), replay_row("tutti-gpu", t)])
-        cli = f.put("tutti", f'#!/bin/sh\necho "$@" >{d}/args.txt\ncat {rows}\n')
+        testkit = f.put("libtutti_testkit.so", "")
+        cli = f.put("tutti", f'#!/bin/sh\necho "$@" >{d}/args.txt\necho "$TUTTI_TESTKIT_LIB" >{d}/testkit.txt\ncat {rows}\n')
         os.chmod(cli, 0o755)
         script = (f'. eval/vllm/headline.sh\nTUTTI_CLI={cli}; T0=$SECONDS\n'
                   f'loops_up() {{ LOOPDIRS=\'"{d}/l0/tutti","{d}/l1/tutti"\'; }}\n'
                   'harness_run loops; echo "rc=$?"')
-        env = dict(os.environ, OUT=d, REQUESTS=str(N), RATES="2,3,4", BACKENDS="none tutti-gpu", BUDGET_S="540")
+        env = dict(os.environ, OUT=d, REQUESTS=str(N), RATES="2,3,4", BACKENDS="none tutti-gpu", BUDGET_S="540",
+                   TESTKIT_LIB=testkit)
         p = subprocess.run(["bash", "-c", script, os.path.join(ROOT, "eval", "vllm", "t")], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=60)
         self.assertIn("rc=0", p.stdout, p.stdout + p.stderr)
@@ -248,6 +250,8 @@ class HeadlineShellTest(unittest.TestCase):
         self.assertEqual(args[args.index("--at-rates") + 1], "2,3,4")
         self.assertEqual(args[args.index("--backends") + 1], "recompute,tutti-gpu")
         self.assertEqual(args[args.index("--requests") + 1], str(N))
+        with open(os.path.join(d, "testkit.txt")) as fh:  # its GPU prefill's library (a device run lacked it)
+            self.assertEqual(fh.read().strip(), testkit)
         self.assertEqual(args[args.index("--dir") + 1], f"{d}/l0/harness,{d}/l1/harness")
         with open(os.path.join(d, "harness-check-loops.json")) as fh:
             got = {e["design"]: e for e in json.load(fh)["designs"]}

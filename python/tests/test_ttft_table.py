@@ -55,6 +55,11 @@ class TTFTTableTest(unittest.TestCase):
         # A log-prob off in the last bit is a wrong restore: the table fails.
         rc, r = self.table("--offloading", self.run_json("off", [0.2, 0.2], top=-1.5000001))
         self.assertEqual((rc, r["ok"], r["agreement"]["offloading"]["differ"]), (1, False, ["d0-ttft", "d1-ttft"]))
+        # ... and where they part is kept: the position, both tops, the largest log-prob difference.
+        p = r["parts"]["offloading"]["d0-ttft"]
+        self.assertEqual((p["position"], p["tokens"], p["top"][1][0]), (0, [[7], [7]], [7, -1.5000001]))
+        self.assertAlmostEqual(p["max_logprob_diff"], 1e-7, delta=1e-9)
+        self.assertEqual(r["parts"]["recompute"], {})
         # The OffloadingConnector served other cached tokens: nothing to compare exactly, nothing failed.
         rc, r = self.table("--offloading", self.run_json("off", [0.2, 0.2], tokens=(8, 8), cached=16))
         self.assertEqual((rc, r["agreement"]["offloading"]["compared"]), (0, 0))

@@ -214,5 +214,90 @@ class RoundTripTest(unittest.TestCase):
         self.assertEqual(w.finish_step().sending, set())
 
 
+class Watched:
+    """A Save whose waits and release are logged as (event, request)."""
+
+    def __init__(self, sv, rid, log):
+        self.sv, self.rid, self.log = sv, rid, log
+
+    def wait_gathered(self):
+        self.log.append(("wait", self.rid))
+        self.sv.wait_gathered()
+
+    def release(self):
+        self.log.append(("release", self.rid))
+        self.sv.release()
+
+
+@unittest.skipIf(torch is None, NO_TORCH)
+class SaveAfterStepTest(unittest.TestCase):
+    """ends_requests: a save reads its request's pages after the step, until
+    the engine ends the request; the step never waits for it."""
+
+    def worker(self, ends_requests):
+        d = tempfile.mkdtemp(prefix="tutti-ws-")
+        self.addCleanup(shutil.rmtree, d, True)
+
+        def opener(lay):
+            return tutti.Store([d], 64 << 20, lay.geometry, lay.num_pages, layout=lay.layout, path=path_under_test(),
+                               io=tutti.IOOptions(staging_bytes=4 << 20, staging_slot_bytes=1 << 20))
+        w = ws.WorkerSide(opener, ends_requests=ends_requests)
+        kv, _ = layouts()["flash-nhd"]
+        w.register(kv, BS)
+        self.addCleanup(w.close)
+        log, real = [], w.store.save
+        w.store.save = lambda chain, pages, **kw: Watched(real(chain, pages, **kw), self.rid, log)
+        return w, kv, log
+
+    def step(self, w, kv, rid, saves=(), loads=(), ended=()):
+        self.rid = rid
+        w.bind(loads, saves, ended=ended)
+        for n in kv:
+            w.wait_for_layer(n)
+            w.save_layer(n)
+        w.wait_for_save()
+        res = w.finish_step()
+        w.unbind()
+        return res
+
+    def test_when_the_pages_are_let_go(self):
+        for ends, after_step in ((False, [("wait", "r"), ("release", "r")]), (True, [])):
+            with self.subTest(ends_requests=ends):
+                w, kv, log = self.worker(ends)
+                gen = torch.Generator().manual_seed(9)
+                for t in kv.values():
+                    t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+                want = {n: t[:, :4].clone() for n, t in kv.items()}
+                chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
+                self.step(w, kv, "r", saves=[ws.SaveSpec("r", chain, [0, 1, 2, 3])])
+                self.assertEqual(log, after_step)
+                self.assertEqual(sorted(w._inflight), ["r"] if ends else [])
+                w.end_requests(ended=["r"])  # the engine may reuse r's pages from here on
+                self.assertEqual(log, [("wait", "r"), ("release", "r")])
+                self.assertEqual(w._inflight, {})
+                w.store.wait_saves()
+                for t in kv.values():
+                    t[:, :4].zero_()
+                res = self.step(w, kv, "s", loads=[ws.LoadSpec("s", chain, 0, [4, 5, 6, 7])])
+                self.assertEqual((res.restored_blocks, res.error_block_ids), ({"s": 4}, set()))
+                for n, t in kv.items():
+                    self.assertTrue(torch.equal(t[:, 4:8], want[n]), n)
+
+    def test_saves_in_flight_are_bounded(self):
+        w, kv, log = self.worker(True)
+        chain = tutti.chain_from_tokens(list(range(6 * BS)), BS)
+        old, ws.MAX_INFLIGHT_SAVES = ws.MAX_INFLIGHT_SAVES, 2
+        self.addCleanup(setattr, ws, "MAX_INFLIGHT_SAVES", old)
+        counts = []
+        for i, rid in enumerate(("a", "b", "c")):
+            res = self.step(w, kv, rid, saves=[ws.SaveSpec(rid, chain[:2 * i + 2], list(range(2 * i + 2)))])
+            counts.append(res.counters.get("save_inflight_cap_waits", 0))
+        self.assertEqual(counts, [0, 0, 1])
+        self.assertEqual(log, [("wait", "a"), ("release", "a")])  # the oldest
+        self.assertEqual(sorted(w._inflight), ["b", "c"])
+        w.close()  # waits for the rest
+        self.assertEqual(sorted(log), sorted([("wait", r) for r in "abc"] + [("release", r) for r in "abc"]))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -70,6 +70,8 @@ if KVConnectorStats is not None:
             "unkeyable": ("vllm:tutti_unkeyable_lookups", "Lookups of requests whose extra keys tutti cannot represent (misses, never saved)"),
             "save_gave_up_blocks": ("vllm:tutti_save_gave_up_blocks", "Blocks of a save never committed after its retries"),
             "save_dropped_blocks": ("vllm:tutti_save_dropped_blocks", "Queued blocks not saved: their pages were reused"),
+            "save_inflight_cap_waits": ("vllm:tutti_save_inflight_cap_waits",
+                                        "Saves waited for in a step: more than MAX_INFLIGHT_SAVES still read their pages"),
             "save_flush_timeouts": ("vllm:tutti_save_flush_timeouts", "A finishing request's last save handed over before the one before it committed"),
             "check_match": ("vllm:tutti_check_match", "Check mode: restored block-layers equal to what the engine computed"),
             "check_mismatch": ("vllm:tutti_check_mismatch", "Check mode: restored block-layers unlike what the engine computed"),

@@ -9,9 +9,11 @@ API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
 
 ``WorkerSide(store_opener, ..., ends_requests=False)``
     ``ends_requests``: the engine calls ``end_requests`` for every request
-    whose pages may be reused, before they are (vLLM's adapter does); then a
-    request's save waits on the worker for the chunk before it to commit and
-    is retried while not committed.
+    whose pages may be reused, before they are (vLLM's adapter does), and a
+    request's saved pages do not change while it runs (full attention's
+    blocks); then a request's save waits on the worker for the chunk before
+    it to commit and is retried while not committed, and its pages are read
+    after the step, while the request runs (``wait_for_save``).
     ``register(kv_caches, block_size, host_staging_bytes=None, chunk_pages=1)``
     once: describes the tensors, opens the store through
     ``store_opener(layout)`` (so directories and geometry come from the
@@ -43,7 +45,13 @@ API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
       queued saves of earlier steps whose chunk before them is committed.
     * ``wait_for_save()``: returns once every save of the step copied its
       pages out (the pages may be reused after), bounded by the store's
-      ``save_bound_ms``; durability is later (``Store.wait_saves``).
+      ``save_bound_ms``; durability is later (``Store.wait_saves``). With
+      ``ends_requests`` and the engine's own pages (no host staging) it
+      returns at once: a save keeps reading its request's pages after the
+      step, and ``end_requests`` waits for it before they can be reused (a
+      save on the step's critical path would stall every request of the
+      batch for its writes); at most MAX_INFLIGHT_SAVES such saves, the
+      oldest waited for beyond that (counted: ``save_inflight_cap_waits``).
     * ``finish_step(finished_req_ids) -> StepResult``: ends the step's loads;
       reports per request the blocks restored, the block ids promised but not
       restored (load errors), which requests waiting on their saves are done
@@ -68,6 +76,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _args
 from .save_queue import FLUSH_WAIT_MS, SaveQueue
+
+MAX_INFLIGHT_SAVES = 4096  # saves still reading a running request's pages (ends_requests); beyond: the oldest is waited for
 from .store import Load, Save, Store
 from .kv_layout import KVLayout, LayoutError, check_fits, describe_kv_caches  # noqa: F401 (the worker side's API)
 from .tensor import DeviceMismatch, describe
@@ -197,6 +207,11 @@ class WorkerSide:
         self._loads_started = False
         self._saves: Dict[str, List[Save]] = {}
         self._saves_started = False
+        # ends_requests: saves issued, possibly still reading their request's
+        # pages, until end_requests names the request (insertion order: oldest first)
+        self._inflight: Dict[str, List[Save]] = {}
+        self._inflight_n = 0
+        self._counters = Counter()
         self._await_sending: Set[str] = set()  # finished requests whose blocks wait on their saves
         self._result = StepResult()
 
@@ -281,6 +296,7 @@ class WorkerSide:
         ``handle_preemptions``)."""
         if self.queue is None:
             return
+        self._wait_inflight(list(ended) + list(dropped))
         self.queue.drop(dropped)
         specs = self.queue.flush(ended)
         if not specs:
@@ -354,9 +370,38 @@ class WorkerSide:
         if not specs:
             return
         self._device_sync()  # the KV to save must be written before tutti's copies read it
-        saves = [self._issue(spec, keep=not wait) for spec in specs]
-        for sv in saves if wait else ():
-            if sv is not None:
+        saves = [(spec.req_id, self._issue(spec, keep=not wait)) for spec in specs]
+        if wait:
+            self._let_go(saves)
+
+    def _defers(self) -> bool:
+        """Whether issued saves may read their pages after the step (module doc)."""
+        return self._ends_requests and self.staging is None
+
+    def _let_go(self, saves: Sequence[Tuple[str, Optional[Save]]]):
+        """Ends the caller's wait on (request, save) pairs: kept in flight
+        until the request ends where the pages stay the request's
+        (:meth:`_defers`), else waited until gathered and released."""
+        for rid, sv in saves:
+            if sv is None:
+                continue
+            if not self._defers():
+                sv.wait_gathered()
+                sv.release()
+                continue
+            while self._inflight_n >= MAX_INFLIGHT_SAVES:
+                oldest = next(iter(self._inflight))
+                self._counters["save_inflight_cap_waits"] += 1
+                self._wait_inflight([oldest])
+            self._inflight.setdefault(rid, []).append(sv)
+            self._inflight_n += 1
+
+    def _wait_inflight(self, req_ids: Sequence[str]):
+        """Waits until the requests' saves in flight stopped reading their
+        pages, and releases them."""
+        for rid in req_ids:
+            for sv in self._inflight.pop(rid, ()):
+                self._inflight_n -= 1
                 sv.wait_gathered()
                 sv.release()
 
@@ -380,13 +425,12 @@ class WorkerSide:
         return sv
 
     def wait_for_save(self):
-        """Every save of the step has copied its pages out when this returns."""
+        """Every save of the step has copied its pages out when this returns,
+        or, where saves read their pages after the step (:meth:`_defers`),
+        is in flight until its request ends."""
         self._start_saves()
-        for saves in self._saves.values():
-            for sv in saves:
-                sv.wait_gathered()
-                sv.release()
-        self._saves.clear()
+        saves, self._saves = self._saves, {}
+        self._let_go([(rid, sv) for rid, svs in saves.items() for sv in svs])
 
     def finish_step(self, finished_req_ids: Sequence[str] = ()) -> StepResult:
         """Ends the step's loads (waits for the rest of them) and returns the
@@ -413,6 +457,7 @@ class WorkerSide:
         finally:  # every load ends with its step, whatever raised (a released one would be waited on next step)
             for _, (ld, _) in loads:
                 ld.release()
+        self._wait_inflight(sorted(self._await_sending))  # the blocks held for them are freed once reported
         done = [r for r in self._await_sending if r not in self._saves]  # the step's saves are waited for in wait_for_save
         self.end_requests(done)  # and queued ones handed over: the engine reuses the pages once told
         res.sending.update(done)
@@ -420,6 +465,8 @@ class WorkerSide:
         if self.queue is not None:
             self._hand_ready(wait=True)  # a chunk whose one before committed during the step goes now
             res.counters.update(self.queue.take_counters())
+        res.counters.update(self._counters)
+        self._counters.clear()
         return res
 
     def unbind(self):
@@ -441,6 +488,7 @@ class WorkerSide:
             for sv in saves:
                 sv.release()
         self._saves.clear()
+        self._wait_inflight(list(self._inflight))
         if self.staging is not None:  # waits for its saves to gather, then frees the pool
             self.staging.close()
             self.staging = None
