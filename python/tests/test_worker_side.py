@@ -50,6 +50,22 @@ def page(t, block_dim, p):
     return t.select(block_dim, p).clone()
 
 
+def run_step(w, names, loads=(), saves=(), start_first=True):
+    """One engine step through the per-layer hooks; its StepResult."""
+    w.bind(loads, saves)
+    if start_first:
+        w.start_load()
+    for n in names:
+        w.wait_for_layer(n)
+        w.save_layer(n)
+    w.wait_for_save()
+    if not start_first:
+        w.start_load()  # after the forward: a no-op, the waits started the loads
+    res = w.finish_step()
+    w.unbind()
+    return res
+
+
 @unittest.skipIf(torch is None, NO_TORCH)
 class DescribeTest(unittest.TestCase):
     def test_layouts_read_from_strides(self):
@@ -115,18 +131,7 @@ class RoundTripTest(unittest.TestCase):
         return w, kv
 
     def step(self, w, names, loads=(), saves=(), start_first=True):
-        w.bind(loads, saves)
-        if start_first:
-            w.start_load()
-        for n in names:
-            w.wait_for_layer(n)
-            w.save_layer(n)
-        w.wait_for_save()
-        if not start_first:
-            w.start_load()  # after the forward: a no-op, the waits started the loads
-        res = w.finish_step()
-        w.unbind()
-        return res
+        return run_step(w, names, loads, saves, start_first)
 
     def test_every_layout(self):
         for name, (kv, bdim) in layouts().items():
@@ -249,16 +254,9 @@ class SaveAfterStepTest(unittest.TestCase):
         w.store.save = lambda chain, pages, **kw: Watched(real(chain, pages, **kw), self.rid, log)
         return w, kv, log
 
-    def step(self, w, kv, rid, saves=(), loads=(), ended=()):
-        self.rid = rid
-        w.bind(loads, saves, ended=ended)
-        for n in kv:
-            w.wait_for_layer(n)
-            w.save_layer(n)
-        w.wait_for_save()
-        res = w.finish_step()
-        w.unbind()
-        return res
+    def step(self, w, kv, rid, saves=(), loads=()):
+        self.rid = rid  # the request the next saves are logged under
+        return run_step(w, list(kv), loads, saves)
 
     def test_when_the_pages_are_let_go(self):
         for ends, after_step in ((False, [("wait", "r"), ("release", "r")]), (True, [])):
