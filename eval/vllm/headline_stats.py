@@ -99,6 +99,22 @@ def pooled_at(runs: Iterable[dict], rate: float) -> List[float]:
     return out
 
 
+def by_cache(runs: Iterable[dict]) -> Dict[str, dict]:
+    """TTFTs of the runs' requests split by what vLLM found cached for them
+    (``num_cached_tokens``): ``cold``, nothing (a document's first request,
+    computed whole), ``cached``, a prefix from the GPU cache or a connector;
+    what a backend adds to each says where its time goes (its saves weigh on
+    the first, its restores on the second)."""
+    cold: List[float] = []
+    warm: List[float] = []
+    for r in runs:
+        for q in r.get("requests") or []:
+            if q.get("ttft_s") is None or q.get("num_cached_tokens") is None:
+                continue
+            (warm if q["num_cached_tokens"] > 0 else cold).append(q["ttft_s"])
+    return {"cold": summary(cold), "cached": summary(warm)}
+
+
 def backend_summary(runs: List[dict], slo: float) -> dict:
     """One backend over its rounds: rate at SLO per round and its spread,
     TTFT percentiles per rate (rounds pooled, and each round's p90 for the
@@ -119,7 +135,7 @@ def backend_summary(runs: List[dict], slo: float) -> dict:
                      "restore_gbps": (b / s / 1e9) if s > 0 else None,
                      "external_hit_tokens": sum(r.get("external_hit_tokens") or 0 for r in at),
                      "implied_restored_bytes": sum(r.get("implied_restored_bytes") or 0 for r in at) or None,
-                     "meets": [meets(r, slo) for r in by]})
+                     "meets": [meets(r, slo) for r in by], "by_cache": by_cache(at)})
     got = [v[0] for v in per_round.values()]
     # A round that met the SLO at every rate tried gives a lower bound, and
     # so does the median of rounds among which one did.
@@ -223,6 +239,14 @@ def markdown(summ: Dict[str, dict], slo: float, order: Sequence[str], notes: Dic
             lines.append(f"| {b} | {r['rate']:g} | {r['n']} | {_ms(r['p50'])} | {_ms(r['p90'])} "
                          f"({', '.join(_ms(x) for x in r['p90_rounds'])}) | {_ms(r['p99'])} | {r['failed']} | "
                          f"{gib} | {bw} |")
+    lines += ["", "TTFT by what vLLM found cached for a request (cold: nothing, a document's first request; cached: a "
+              "prefix from the GPU cache or the backend):", "",
+              "| backend | rate | cold: n, p50 ms, p90 ms | cached: n, p50 ms, p90 ms |", "|---|---|---|---|"]
+    for b in order:
+        for r in summ[b]["rates"] if b in summ else ():
+            c, w = r["by_cache"]["cold"], r["by_cache"]["cached"]
+            lines.append(f"| {b} | {r['rate']:g} | {c['n']}, {_ms(c['p50'])}, {_ms(c['p90'])} | "
+                         f"{w['n']}, {_ms(w['p50'])}, {_ms(w['p90'])} |")
     return "\n".join(lines) + "\n"
 
 

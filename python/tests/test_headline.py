@@ -126,6 +126,18 @@ class StatsTest(unittest.TestCase):
         self.assertEqual(r6["meets"], [False, True])
         self.assertEqual(hs.tried_at_or_below(s, 4.5), 3)
 
+    def test_ttft_by_what_was_cached(self):
+        """A request nothing was cached for (a document's first) and one that
+        found a prefix are told apart, from vLLM's num_cached_tokens."""
+        r = run(3, 0, [400, 100, 120, 90])
+        r["requests"] = [{"ttft_s": t / 1e3, "num_cached_tokens": c}
+                         for t, c in ((400, 0), (100, 4096), (120, 6144), (90, 256))] + [{"ttft_s": None}]
+        row = hs.row_at(hs.backend_summary([r], 0.2), 3)["by_cache"]
+        self.assertEqual((row["cold"]["n"], row["cold"]["p50"]), (1, 0.4))
+        self.assertEqual((row["cached"]["n"], row["cached"]["p50"], row["cached"]["max"]), (3, 0.1, 0.12))
+        md = hs.markdown({"tutti-gpu": hs.backend_summary([r], 0.2)}, 0.2, ["tutti-gpu"], {})
+        self.assertIn("| tutti-gpu | 3 | 1, 400.0, 400.0 | 3, 100.0, 120.0 |", md)
+
     def test_goals(self):
         slo = 0.2
         summ = {
