@@ -15,6 +15,14 @@ A case passes when:
   - the second process, a new one, restored from tutti (tutti's hit tokens
     above zero there) and no promised block failed.
 Prints one line per finding and a verdict; --json writes them all.
+
+With --control (the first phase run with vLLM's own OffloadingConnector
+instead, same workload and kernels: run.sh's CONTROL=1) it also reports that
+run's outputs against the baseline's and tutti's against that run's,
+request by request with the cached tokens of each: where the engine parts
+from the baseline with its own connector too, from the same cached prefix,
+the parting is the engine's computation after a cached prefix, not tutti's
+restore. Reported only: the verdict is unchanged.
 """
 
 from __future__ import annotations
@@ -60,6 +68,26 @@ def compare_outputs(base, run):
     return same, parted, failed
 
 
+def control_report(case, base, first, control):
+    """The control run (module doc) against the baseline, and tutti's first
+    phase against the control: counts, and per parted request both cached
+    token counts, printed and returned."""
+    same_c, parted_c, failed_c = compare_outputs(base, control)
+    same_t, parted_t, _ = compare_outputs(control, first)
+    cached = {rid: r.get("num_cached_tokens") for rid, r in first["requests"].items()}
+    for d in parted_t:
+        d["tutti_cached_tokens"], d["control_cached_tokens"] = cached.get(d["request"]), d.pop("baseline_cached_tokens")
+        d.pop("cached_tokens", None)
+    print(f"{case} control (vLLM's OffloadingConnector, first phase): {same_c} outputs equal the baseline's, "
+          f"{len(parted_c)} part, {len(failed_c)} failed; tutti's equal the control's: {same_t}, part: {len(parted_t)}")
+    for d in parted_t[:4]:
+        print(f"  {d['request']}: tutti parts from the control at token {d['position']} (cached tokens: tutti "
+              f"{d['tutti_cached_tokens']}, control {d['control_cached_tokens']}); top {d['top']} vs {d['baseline_top']}")
+    return {"equal_to_baseline": same_c, "parted_from_baseline": parted_c, "failed": failed_c,
+            "tutti_equal_to_control": same_t, "tutti_parted_from_control": parted_t,
+            "batch_invariant": bool(control.get("batch_invariant"))}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", required=True)
@@ -67,6 +95,7 @@ def main(argv=None):
     p.add_argument("--first", required=True)
     p.add_argument("--second", required=True)
     p.add_argument("--check-dir", default="")
+    p.add_argument("--control", default="", help="the first phase with vLLM's OffloadingConnector (module doc)")
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
     base, first, second = load(a.baseline), load(a.first), load(a.second)
@@ -102,6 +131,8 @@ def main(argv=None):
         if invariant:
             print(f"  batch-invariant kernels in both runs: outputs must be equal, {len(parted)} part")
             ok &= not parted
+    if a.control:
+        rep["control"] = control_report(a.case, base, first, load(a.control))
     ok &= metric(second, "vllm:tutti_hit_tokens") > 0 and metric(second, "vllm:tutti_load_error_blocks") == 0
     if a.check_dir:
         c = read_summaries(a.check_dir)

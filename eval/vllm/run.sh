@@ -74,7 +74,9 @@
 # Knobs (environment): NLOOPS (8), LOOP_GIB (4), CAPACITY_GIB (24, per store),
 # BUDGET_S (540), DRIVE_ARGS (extra flags for drive.py, every phase; a load that preempts:
 # "--gpu-blocks 400 --max-model-len 4608 --doc-tokens 4096 --reserve-full-isl off"), CHECK (1: the
-# connector's check mode on), TUTTI_EXTRA (more kv_connector_extra_config keys, JSON members).
+# connector's check mode on), CONTROL (1: check also runs the first phase through vLLM's OffloadingConnector,
+# once per model, and compare.py reports tutti's outputs against it: eval/vllm/compare.py's doc),
+# TUTTI_EXTRA (more kv_connector_extra_config keys, JSON members).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -92,6 +94,7 @@ CAPACITY_GIB=${CAPACITY_GIB:-24}
 BUDGET_S=${BUDGET_S:-540}
 DRIVE_ARGS=${DRIVE_ARGS:-}
 CHECK=${CHECK:-1}
+CONTROL=${CONTROL:-0}
 # The loops' limiter: emudev where the call carries bin/gpu/tutti (bin/gpu.tar.xz,
 # unpacked) and /dev/fuse exists, else io.max; every storage label names it.
 # The loops and their emudev (its own session: it outlives the call) stay
@@ -244,9 +247,17 @@ check_case() { # MODEL:STORAGE:PATH
 	fi
 	phase "$model" first "$RES/first-$1.json" "$extra" || return 1
 	phase "$model" second "$RES/second-$1.json" "$extra" || return 1
+	local control=() cf="$RES/control-first-$model$BASE_TAG.json"
+	if [ "$CONTROL" = 1 ]; then # the first phase through vLLM's own OffloadingConnector (compare.py's doc)
+		if [ -f "$cf" ] || phase "$model" first "$cf" offloading; then
+			control=(--control "$cf")
+		else
+			log "$1: the control run (vLLM's OffloadingConnector) failed (its error: $OUT/vllm.log)"
+		fi
+	fi
 	python3 eval/vllm/compare.py --case "$1" --baseline "$RES/baseline-$model$BASE_TAG.json" \
 		--first "$RES/first-$1.json" --second "$RES/second-$1.json" --check-dir "$RES/check-$1" \
-		--json "$OUT/vllm-${1//:/-}.json" | tee -a "$OUT/summary.txt"
+		"${control[@]}" --json "$OUT/vllm-${1//:/-}.json" | tee -a "$OUT/summary.txt"
 }
 
 tutti_extra() { # storage path check-dir -> kv_connector_extra_config (dirs emptied: a new store)

@@ -57,6 +57,30 @@ class CompareTest(unittest.TestCase):
                 if want_parted:
                     self.assertEqual(r["phases"]["first"]["parted"][0]["position"], 1)
 
+    def test_control_is_reported_not_judged(self):
+        """--control: vLLM's OffloadingConnector's first phase against the
+        baseline, tutti's against it, with the cached tokens of each; the
+        verdict stays the baseline's."""
+        out = os.path.join(self.dir, "out.json")
+        base = self.run_json("base", [[1, 2, 3], [4, 5, 6]], True)
+        first = self.run_json("first", [[1, 2, 3], [4, 7, 6]], True)
+        control = self.run_json("control", [[1, 2, 3], [4, 7, 8]], True)
+        with open(first) as f:
+            r = json.load(f)
+        r["requests"]["d0q1"]["num_cached_tokens"] = 6144
+        with open(first, "w") as f:
+            json.dump(r, f)
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = compare.main(["--case", "m:loops:gpu", "--json", out, "--baseline", base, "--first", first,
+                               "--second", self.run_json("second", [[1, 2, 3], [4, 5, 6]], True, hits=64),
+                               "--control", control])
+        with open(out) as f:
+            c = json.load(f)["control"]
+        self.assertEqual(rc, 1)  # tutti's d0q1 parts from the baseline under invariant kernels: still a failure
+        self.assertEqual((c["equal_to_baseline"], len(c["parted_from_baseline"]), c["tutti_equal_to_control"]), (1, 1, 1))
+        d = c["tutti_parted_from_control"][0]
+        self.assertEqual((d["request"], d["position"], d["tutti_cached_tokens"]), ("d0q1", 2, 6144))
+
 
 if __name__ == "__main__":
     unittest.main()
