@@ -76,11 +76,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _args
 from .save_queue import FLUSH_WAIT_MS, SaveQueue
-
-MAX_INFLIGHT_SAVES = 4096  # saves still reading a running request's pages (ends_requests); beyond: the oldest is waited for
 from .store import Load, Save, Store
 from .kv_layout import KVLayout, LayoutError, check_fits, describe_kv_caches  # noqa: F401 (the worker side's API)
 from .tensor import DeviceMismatch, describe
+
+MAX_INFLIGHT_SAVES = 4096  # saves still reading a running request's pages (ends_requests); beyond: the oldest is waited for
 
 
 # --------------------------------------------------------------- step specs
@@ -365,7 +365,8 @@ class WorkerSide:
 
     def _hand_ready(self, wait: bool):
         """Hands the queued saves that may go now to the store; ``wait``: and
-        waits until their pages are copied out (outside the step's saves)."""
+        ends the wait on them here (:meth:`_let_go`), outside the step's saves;
+        else wait_for_save does."""
         specs = self.queue.ready() if self.queue is not None and len(self.queue) else []
         if not specs:
             return
