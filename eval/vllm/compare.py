@@ -74,10 +74,8 @@ def control_report(case, base, first, control):
     token counts, printed and returned."""
     same_c, parted_c, failed_c = compare_outputs(base, control)
     same_t, parted_t, _ = compare_outputs(control, first)
-    cached = {rid: r.get("num_cached_tokens") for rid, r in first["requests"].items()}
-    for d in parted_t:
-        d["tutti_cached_tokens"], d["control_cached_tokens"] = cached.get(d["request"]), d.pop("baseline_cached_tokens")
-        d.pop("cached_tokens", None)
+    for d in parted_t:  # compare_outputs' run is tutti's, its baseline the control
+        d["tutti_cached_tokens"], d["control_cached_tokens"] = d.pop("cached_tokens"), d.pop("baseline_cached_tokens")
     print(f"{case} control (vLLM's OffloadingConnector, first phase): {same_c} outputs equal the baseline's, "
           f"{len(parted_c)} part, {len(failed_c)} failed; tutti's equal the control's: {same_t}, part: {len(parted_t)}")
     for d in parted_t[:4]:

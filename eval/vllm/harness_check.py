@@ -165,6 +165,11 @@ def _flag(x) -> bool:
     return x is not None and abs(x - 1) > TOLERANCE
 
 
+def _at(h: dict, rate: float) -> List[float]:
+    """A replay design's TTFTs at ``rate`` (one of its --at-rates)."""
+    return next(v for k, v in h["at"].items() if math.isclose(k, rate))
+
+
 def compare(replay: Dict[str, dict], real: Dict[str, dict], slo: float) -> List[dict]:
     """One entry per design: why not compared, or every common rate's
     percentiles and the rates at SLO, with ratios harness/real and flags."""
@@ -193,15 +198,14 @@ def compare(replay: Dict[str, dict], real: Dict[str, dict], slo: float) -> List[
             real_t = hs.pooled_at(r["runs"], rate)
             if not real_t:
                 continue  # every round skipped it (a lower rate missed the SLO)
-            ht = next(v for k, v in h["at"].items() if math.isclose(k, rate))
+            sh, sr = hs.summary(_at(h, rate)), hs.summary(real_t)
             row = {"rate": rate}
             for q in ("p50", "p90", "p99"):
-                a, b = hs.summary(ht)[q], hs.summary(real_t)[q]
-                row[q] = {"harness_s": a, "real_s": b, "ratio": _ratio(a, b), "flag": _flag(_ratio(a, b))}
+                x = _ratio(sh[q], sr[q])
+                row[q] = {"harness_s": sh[q], "real_s": sr[q], "ratio": x, "flag": _flag(x)}
             e["rates"].append(row)
         summ = hs.backend_summary(r["runs"], slo)
-        hr, hlow = hs.rate_at_slo([{"rate": x, "round": 0, "ttft_s": next(v for k, v in h["at"].items()
-                                                                        if math.isclose(k, x))} for x in common], slo)
+        hr, hlow = hs.rate_at_slo([{"rate": x, "round": 0, "ttft_s": _at(h, x)} for x in common], slo)
         rr = summ["rate_at_slo"]["median"]
         e["rate_at_slo"] = {"harness": hr, "harness_lower_bound": hlow, "real": rr,
                             "real_lower_bound": summ["rate_at_slo_lower_bound"], "real_rounds": summ["rate_at_slo_rounds"],

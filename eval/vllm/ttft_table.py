@@ -106,22 +106,14 @@ def main(argv=None):
     agree = {"recompute": agreement(rows["tutti"], rows["recompute"], same_cached=False, bitwise=invariant)}
     if "offloading" in rows:
         agree["offloading"] = agreement(rows["tutti"], rows["offloading"], same_cached=True, bitwise=True)
-        g = agree["offloading"]
-        print(f"  tutti = OffloadingConnector (same cached tokens): first token {g['same_first_token']} of "
-              f"{g['compared']}, top log-probs bit for bit {g['same_top_logprobs']}" +
-              (f"; differ: {g['differ']}" if g["differ"] else ""))
-        ok = ok and not g["differ"]
-        show_parts("OffloadingConnector", parts(rows["tutti"], rows["offloading"], g["differ"]))
+    rows["parts"] = {k: parts(rows["tutti"], rows[k], g["differ"]) for k, g in agree.items()}
+    if "offloading" in rows:
+        ok = bitwise("OffloadingConnector (same cached tokens)", agree["offloading"], rows["parts"]["offloading"]) and ok
     g = agree["recompute"]
     if invariant:  # batch-invariant kernels in both: recompute's logits are tutti's, bit for bit
-        print(f"  tutti = recompute (batch-invariant kernels): first token {g['same_first_token']} of "
-              f"{g['compared']}, top log-probs bit for bit {g['same_top_logprobs']}" +
-              (f"; differ: {g['differ']}" if g["differ"] else ""))
-        ok = ok and not g["differ"]
-        show_parts("recompute", parts(rows["tutti"], rows["recompute"], g["differ"]))
+        ok = bitwise("recompute (batch-invariant kernels)", g, rows["parts"]["recompute"]) and ok
     else:
         print(f"  tutti = recompute: first token {g['same_first_token']} of {g['compared']}")
-    rows["parts"] = {k: parts(rows["tutti"], rows[k], g["differ"]) for k, g in agree.items()}
     for r in rows.values():
         r.pop("outputs", None)
     rows["agreement"] = agree
@@ -132,11 +124,16 @@ def main(argv=None):
     return 0 if ok else 1
 
 
-def show_parts(other, ps):
+def bitwise(other, g, ps) -> bool:
+    """Prints an agreement that must hold bit for bit (agreement's g, parts'
+    ps of its differing requests); whether it held."""
+    print(f"  tutti = {other}: first token {g['same_first_token']} of {g['compared']}, top log-probs bit for bit "
+          f"{g['same_top_logprobs']}" + (f"; differ: {g['differ']}" if g["differ"] else ""))
     for rid, x in ps.items():
         d = x["max_logprob_diff"]
-        print(f"    {rid} parts from {other} at position {x['position']}: tokens {x['tokens'][0]} vs {x['tokens'][1]}, "
+        print(f"    {rid} parts at position {x['position']}: tokens {x['tokens'][0]} vs {x['tokens'][1]}, "
               f"largest log-prob difference {'n/a' if d is None else f'{d:.3g}'}; top {x['top'][0]} vs {x['top'][1]}")
+    return not g["differ"]
 
 
 if __name__ == "__main__":
