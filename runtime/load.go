@@ -163,6 +163,15 @@ func (l *Load) Wait() error {
 	return l.err
 }
 
+// Done reports, without blocking, whether the load ended: Wait would return
+// at once and Blocks is final. On the GPU path the restored pages are then
+// written on the device, so work the engine enqueues afterwards sees them.
+func (l *Load) Done() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.finished
+}
+
 // StreamWaitLayer makes a CUDA stream wait until layer is in the KV tensors,
 // with no host round trip (PathGPU only; ErrNotGPU otherwise). A failed
 // entry leaves its pages unwritten; Blocks after Wait says how far the load

@@ -125,3 +125,61 @@ func layersOf(ios []sched.IO) []string {
 	}
 	return out
 }
+
+// gatedReads is an engine whose reads are submitted only once gate is
+// closed (writes go at once).
+type gatedReads struct {
+	uring.Engine
+	gate chan struct{}
+}
+
+func (e *gatedReads) Submit(c *uring.Completion) error {
+	if c.Op().IsRead() {
+		<-e.gate
+	}
+	return e.Engine.Submit(c)
+}
+
+// TestLoadDoneOnlyOnceEnded: Done never blocks, is false while a read of
+// the load is held back, and true once the load ended, with every block
+// restored (an engine polling it, as vLLM's asynchronous loads do, then
+// finds the pages written).
+func TestLoadDoneOnlyOnceEnded(t *testing.T) {
+	g := tinyGeometry()
+	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
+	eng := &gatedReads{gate: make(chan struct{})}
+	cfg.NewEngine = func() (uring.Engine, error) {
+		eng.Engine = uringsim.New(uringsim.Config{Seed: 3})
+		return eng, nil
+	}
+	s, kv := openKV(t, cfg)
+	defer closeKV(t, s, kv)
+	rng := rand.New(rand.NewPCG(3, 9))
+	chain := chainOf(1<<33, 3)
+	pages := pageTable(rng, g, cfg.NumPages, len(chain))
+	fill(kv, g, chain, pages)
+	if sv := saveWait(t, s, chain, pages); sv.Saved() != len(chain) {
+		t.Fatalf("saved %d of %d blocks", sv.Saved(), len(chain))
+	}
+	scramble(kv, g, cfg.NumPages)
+	l, err := s.Load(chain, pages)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	for i := 0; i < 100; i++ {
+		if l.Done() {
+			close(eng.gate)
+			t.Fatalf("Done while its reads are held back (poll %d)", i)
+		}
+	}
+	close(eng.gate)
+	if err := l.Wait(); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if !l.Done() || l.Blocks() != len(chain) {
+		t.Fatalf("after Wait: Done %v, %d of %d blocks", l.Done(), l.Blocks(), len(chain))
+	}
+	if err := verify(kv, g, chain, pages, len(chain)); err != nil {
+		t.Fatal(err)
+	}
+}

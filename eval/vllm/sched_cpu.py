@@ -103,6 +103,7 @@ class Runner:
         self.bad: list[str] = []
         self.preempted: dict[str, int] = {}
         self.finished: dict[str, str] = {}
+        self.waited_remote: set[str] = set()  # requests vLLM held in WAITING_FOR_REMOTE_KVS (async_loads)
 
     def slots(self, rid, p0, p1):
         bs = self.a.block_size
@@ -132,6 +133,8 @@ class Runner:
         reqs = self.sched.requests
         for rid, r in reqs.items():  # preemptions are counted on the request when schedule() preempts
             self.preempted[rid] = max(self.preempted.get(rid, 0), r.num_preemptions)
+            if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.waited_remote.add(rid)
         work = []
         for nr in so.scheduled_new_reqs:
             self.tables[nr.req_id] = list(nr.block_ids[0])
@@ -285,6 +288,7 @@ def main(argv=None):
     R.worker.shutdown()  # the check mode's summary is written at close
     ok &= check_mode(a, res, need_match=a.phase != "first")
     res["verified_tokens"] = R.verified_tokens
+    res["waited_remote"] = sorted(R.waited_remote)
     res["bad"] = R.bad
     ok &= not R.bad
     print(f"{a.phase}: {R.verified_tokens} computed-or-restored tokens verified in every layer, {len(R.bad)} wrong")

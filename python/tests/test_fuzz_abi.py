@@ -73,6 +73,8 @@ class FuzzABITest(unittest.TestCase):
             lambda: lib.tutti_load_plan(handle(), ctypes.byref(out32a), ctypes.byref(out32b)),
             lambda: lib.tutti_load_release(handle()),
             lambda: lib.tutti_load_failure(handle(), ctypes.byref(st32)),
+            lambda: lib.tutti_load_done(handle(), ctypes.byref(st32)),
+            lambda: lib.tutti_load_done(handle(), None),
             lambda: lib.tutti_save_wait_gathered(handle()),
             lambda: lib.tutti_save_release(handle()),
             lambda: lib.tutti_register_kv(handle(), rnd.randrange(4), regions, count(1 << 16)),

@@ -21,8 +21,11 @@ class RealSchedulerTest(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="tutti-vllm-real-")
         self.addCleanup(shutil.rmtree, self.dir, True)
 
-    def phase(self, name, hashseed, script="sched_cpu.py", args=()):
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    def phase(self, name, hashseed, script="sched_cpu.py", args=(), extra=None):
+        """``extra``: kv_connector_extra_config keys over the script's (TUTTI_EXTRA)."""
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHASHSEED", "TUTTI_EXTRA")}
+        if extra:
+            env["TUTTI_EXTRA"] = json.dumps(extra)
         if hashseed is not None:
             env["PYTHONHASHSEED"] = hashseed
         env["PYTHONPATH"] = os.path.join(ROOT, "python")
@@ -38,14 +41,25 @@ class RealSchedulerTest(unittest.TestCase):
             return json.load(f), p
 
     def test_first_then_restart(self):
-        first, p = self.phase("first", "1")
+        self.first_then_restart()
+
+    def test_async_loads_first_then_restart(self):
+        """async_loads: vLLM holds each hit in WAITING_FOR_REMOTE_KVS until a
+        worker reports its load ended; the same checks hold."""
+        first, second = self.first_then_restart({"async_loads": True})
+        self.assertIn("doc-again", first["waited_remote"])
+        self.assertEqual(sorted(second["waited_remote"]), ["doc-restart"] + [f"long{i}-restart" for i in range(3)])
+
+    def first_then_restart(self, extra=None):
+        first, p = self.phase("first", "1", extra=extra)
+        self.assertEqual(first.get("waited_remote") != [], bool(extra), p.stdout)
         self.assertEqual(first["bad"], [], p.stdout)
         self.assertEqual(first["checks"]["chunked"]["matched"], 480, p.stdout)
         self.assertGreater(first["checks"]["preempt"]["preemptions"], 0, p.stdout)
         self.assertEqual(first["checks"]["preempt"]["finished"], 3, p.stdout)
         self.assertTrue(first["ok"], p.stdout)
         # A new process: vLLM's NONE_HASH is random again (no PYTHONHASHSEED).
-        second, p = self.phase("restart", None)
+        second, p = self.phase("restart", None, extra=extra)
         self.assertEqual(second["bad"], [], p.stdout)
         self.assertEqual(second["checks"]["restart"]["doc-restart"], 592, p.stdout)
         self.assertGreater(second["verified_tokens"], 0, p.stdout)
@@ -53,6 +67,7 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertGreater(second["check"]["match"], 0, p.stdout)
         self.assertEqual((second["check"]["mismatch"], second["check"]["unknown"]), (0, 0), p.stdout)
         self.assertTrue(second["ok"], p.stdout)
+        return first, second
 
 
     def test_hybrid_first_then_restart(self):

@@ -218,6 +218,45 @@ class RoundTripTest(unittest.TestCase):
         w.bind()
         self.assertEqual(w.finish_step().sending, set())
 
+    def test_background_load_is_reported_once_when_it_ended(self):
+        """A background load (vLLM's asynchronous loads): no layer of its
+        step waits for it, a step's finish reports it in ``recving`` once it
+        ended (never before), and its bytes are restored; one whose promise
+        fails is still reported, with its blocks as load errors."""
+        w, kv = self.registered("flash-nhd")
+        names = list(kv)
+        gen = torch.Generator().manual_seed(9)
+        for t in kv.values():
+            t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+        chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
+        want = {(n, i): page(kv[n], 1, p) for n in names for i, p in enumerate([0, 1, 2, 3])}
+        self.step(w, names, saves=[ws.SaveSpec("a", chain, [0, 1, 2, 3])])
+        w.store.wait_saves()
+        for t in kv.values():
+            t.zero_()
+        other = tutti.chain_from_tokens(list(range(100, 100 + 2 * BS)), BS)  # never saved: its promise fails
+        loads = [ws.LoadSpec("b", chain, 0, [4, 5, 6, 7], background=True),
+                 ws.LoadSpec("c", other, 0, [8, 9], background=True)]
+        res = self.step(w, names, loads=loads)
+        seen, steps = set(res.recving), 1
+        got = dict(res.restored_blocks)
+        errors = set(res.error_block_ids)
+        while seen != {"b", "c"} and steps < 10000:
+            res = self.step(w, names)
+            self.assertFalse(res.recving & seen, "a background load reported twice")
+            seen |= res.recving
+            got.update(res.restored_blocks)
+            errors |= res.error_block_ids
+            steps += 1
+        self.assertEqual(seen, {"b", "c"})
+        self.assertEqual(got, {"b": 4, "c": 0})
+        self.assertEqual(errors, {8, 9})
+        self.assertEqual((w._loads, w._recving), ({}, {}))
+        for n in names:
+            for i, p in enumerate([4, 5, 6, 7]):
+                self.assertTrue(torch.equal(page(kv[n], 1, p), want[(n, i)]), f"{n} block {i}")
+        self.assertEqual(self.step(w, names).recving, set())
+
 
 class Watched:
     """A Save whose waits and release are logged as (event, request)."""

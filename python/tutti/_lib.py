@@ -26,8 +26,9 @@ ABI_MAJOR = 1
 # 1.4: TUTTI_ERR_SETTINGS_MISMATCH (a 1.3 library reports a reopen with other settings as Internal);
 # 1.5: tutti_take_kv_events (kv_events="engine");
 # 1.6: tutti_get_stats_json (Store.stats);
-# 1.7: tutti_connect (Store(connect=...): a node's shared store, tutti serve).
-ABI_MINOR_NEEDED = 7
+# 1.7: tutti_connect (Store(connect=...): a node's shared store, tutti serve);
+# 1.8: tutti_load_done (Load.done: vLLM's asynchronous loads).
+ABI_MINOR_NEEDED = 8
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
@@ -209,6 +210,7 @@ def _prototype(lib):
         "tutti_load_wait_layer": (i32, [u64, i32]),
         "tutti_load_stream_wait_layer": (i32, [u64, i32, u64]),
         "tutti_load_wait": (i32, [u64, p(u32)]),
+        "tutti_load_done": (i32, [u64, p(i32)]),
         "tutti_load_plan": (i32, [u64, p(u32), p(u32)]),
         "tutti_load_failure": (i32, [u64, p(i32)]),
         "tutti_load_release": (i32, [u64]),

@@ -3,11 +3,14 @@ engine decides, per step, what each request computes (vLLM's EngineCore).
 
 API:
 
-``SchedulerSide(matcher, block_tokens, chunk_pages=1, rules=None)``
+``SchedulerSide(matcher, block_tokens, chunk_pages=1, rules=None, async_loads=False)``
     ``rules``: the KV cache groups' :class:`tutti.groups.GroupRule` (a
     hybrid model: block ids then come per group, a tuple of lists, and each
     load and save is per group and run, ``LoadSpec.group``; the matcher is
     a :class:`tutti.groups.HybridStore`'s). None: one group.
+    ``async_loads`` (one group only): hits load in the background, beside
+    the engine's steps; ``background(req_id)`` says so of a lookup's hit, and
+    ``recv_ended(req_ids)`` takes the worker's reports of their ends.
     * ``get_num_new_matched_tokens(req_id, chain, num_tokens, num_computed_tokens) -> int | None``:
       tokens beyond the engine's local hits (``num_computed_tokens``, whole
       blocks) that tutti promises to restore; ``chain`` keys the prompt's
@@ -58,6 +61,8 @@ from . import _args
 from .groups import NULL_BLOCK, GroupRule
 from .store import Hold, Store
 from .worker_side import LoadSpec, SaveSpec
+
+MAX_ASYNC_LOADS = 64  # background loads the scheduler has in flight; beyond, a hit loads inside its step
 
 
 @dataclass
@@ -125,10 +130,15 @@ class _Pending:
     chain: List[int]
     skip: int
     blocks: int
+    background: bool = False  # the load runs beside the engine's steps (LoadSpec.background)
 
 
 class SchedulerSide:
-    def __init__(self, matcher, block_tokens: int, chunk_pages: int = 1, rules: Optional[Sequence[GroupRule]] = None):
+    def __init__(self, matcher, block_tokens: int, chunk_pages: int = 1, rules: Optional[Sequence[GroupRule]] = None,
+                 async_loads: bool = False):
+        """``async_loads``: a hit of a model of one KV group is loaded in the
+        background (:meth:`background`), at most MAX_ASYNC_LOADS at once
+        (beyond: inside its step, counted ``loads_async_cap``)."""
         if not callable(getattr(matcher, "release", None)) or not (callable(getattr(matcher, "match", None))
                                                                    or callable(getattr(matcher, "query", None))):
             raise TypeError(f"matcher = {matcher!r}: want an object with match (or query) and release")
@@ -142,6 +152,8 @@ class SchedulerSide:
         self._pending: Dict[str, _Pending] = {}
         self._loads: List[LoadSpec] = []
         self._trackers: Dict[str, _Tracker] = {}
+        self._async = _args.boolean("async_loads", async_loads) and self.rules is None
+        self._recving: set = set()  # requests whose background load has not been reported ended
         self.counters = Counter()
 
     # -- lookup
@@ -180,8 +192,23 @@ class SchedulerSide:
             if tokens <= 0:
                 self._forget(req_id)
                 return 0
-        self._pending[req_id] = _Pending(list(chain[:skip + blocks]), skip, blocks)
+        background = self._async and len(self._recving) < MAX_ASYNC_LOADS
+        if self._async and not background:
+            self.counters["loads_async_cap"] += 1
+        self._pending[req_id] = _Pending(list(chain[:skip + blocks]), skip, blocks, background)
         return tokens
+
+    def background(self, req_id: str) -> bool:
+        """Whether the hit the last lookup of req_id found is loaded in the
+        background: the engine then waits for the load's end, reported by
+        the worker (StepResult.recving, given to :meth:`recv_ended`), before
+        it computes the request."""
+        p = self._pending.get(req_id)
+        return p is not None and p.background
+
+    def recv_ended(self, req_ids):
+        """The worker reported these background loads ended."""
+        self._recving.difference_update(req_ids)
 
     def _count_lookup(self, num_tokens: int, num_computed_tokens: int):
         self.counters["lookups"] += 1
@@ -209,7 +236,9 @@ class SchedulerSide:
         if len(ids) != p.blocks * cp:
             raise ValueError(f"request {req_id!r}: {len(block_ids)} blocks allocated, the load needs blocks "
                              f"[{p.skip * cp}, {(p.skip + p.blocks) * cp})")
-        self._loads.append(LoadSpec(req_id, p.chain, p.skip, ids))
+        self._loads.append(LoadSpec(req_id, p.chain, p.skip, ids, background=p.background))
+        if p.background:
+            self._recving.add(req_id)
         self.counters["promised_blocks"] += p.blocks
 
     def _group_loads(self, req_id: str, p: "_Pending", block_ids) -> List[LoadSpec]:

@@ -526,6 +526,14 @@ class Load(_Handle):
         _lib.check(self.store._lib.tutti_load_stream_wait_layer(self.handle, layer, stream),
                    "tutti_load_stream_wait_layer")
 
+    def done(self) -> bool:
+        """Whether the load ended (never blocks): :meth:`wait` then returns
+        at once. GPU path: its pages are written on the device, so kernels
+        enqueued afterwards see them."""
+        out = ctypes.c_int32()
+        _lib.check(self.store._lib.tutti_load_done(self.handle, ctypes.byref(out)), "tutti_load_done")
+        return out.value == 1
+
     def wait(self) -> int:
         """Blocks until done; returns the leading blocks restored (the rest
         must be recomputed)."""

@@ -19,10 +19,9 @@ import hashlib
 import logging
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -44,7 +43,8 @@ try:  # vLLM's own block extras (LoRA, cache salt, multimodal inputs, prompt emb
 except ImportError:  # a vLLM without it: requests with extras are not keyed (misses, counted)
     _extra_keys_fn = None
 
-from . import _lib, groups, hoststage, options
+from . import _lib, groups, options
+from .vllm_settings import Settings
 from .group_worker import GroupWorkers
 from .vllm_groups import engine_hit_incomplete, group_capacities, group_rules
 from .vllm_metrics import KVConnectorStats, _Stats
@@ -53,7 +53,6 @@ from .keys import Unkeyable, seed_of
 from .kvcheck import MAX_RECORDS, KVCheck
 from .lookup_service import LookupServer, RemoteMatcher, socket_path
 from .request_keys import RequestKeys, prompt_tokens
-from .save_queue import FLUSH_WAIT_MS
 from .scheduler_side import LocalMatcher, SchedulerSide
 from .store import Geometry, Store
 from .worker_side import KVLayout, LoadSpec, SaveSpec, WorkerSide, process_store, shared_store
@@ -65,14 +64,6 @@ log = logging.getLogger("tutti.vllm")
 VLLM_VERSIONS = ("0.26.0",)
 VLLM_COMMITS = ("003df29", "00f4240")
 
-_KEYS = {"dirs", "capacity_bytes", "connect", "path", "hold_ttl_ms", "lookup_socket_dir", "lookup_timeout_ms",
-         "pythonhashseed", "store_options", "kv_events", "host_staging_bytes", "save_flush_wait_ms", "check"}
-_CHECK_KEYS = {"dir", "max_records"}
-# store_options take the flat names of tutti.options.FLAT (a JSON object has
-# no dataclasses); the connector picks the CUDA device itself.
-_STORE_OPTIONS = (set(options.FLAT) - {"gpu_device"}) | options.NO_OP
-
-
 def _hash_bytes(request):
     """vLLM's own block hashes as bytes (BlockHash is bytes since v0.10), the
     ids a router that also hears vLLM's events knows; None for older vLLM
@@ -81,77 +72,6 @@ def _hash_bytes(request):
     if hs and all(isinstance(h, (bytes, bytearray)) and 0 < len(h) <= 64 for h in hs) and len({len(h) for h in hs}) == 1:
         return [bytes(h) for h in hs]
     return None
-
-@dataclass
-class Settings:
-    """kv_connector_extra_config, checked (every key is in docs/vllm.md)."""
-
-    dirs: Optional[List[str]] = None  # required unless connect
-    capacity_bytes: Optional[int] = None  # required unless connect
-    connect: Optional[str] = None  # the socket of the node's `tutti serve` (docs/serve.md)
-    path: str = "auto"
-    hold_ttl_ms: int = 30000
-    lookup_socket_dir: str = field(default_factory=tempfile.gettempdir)
-    lookup_timeout_ms: int = 2000
-    pythonhashseed: Optional[str] = None  # deprecated, no effect (blocks are keyed by their tokens)
-    store_options: Dict[str, Any] = field(default_factory=dict)
-    # "vllm" (vLLM publishes tutti's blocks with its own, any TP) or a tutti
-    # publisher's spec "tcp://HOST:PORT?replay=...&topic=kv@pod@model" (TP = 1): docs/routers.md
-    kv_events: Optional[str] = None
-    host_staging_bytes: int = hoststage.HOST_STAGING_BYTES_DEFAULT  # path "cpu" on a GPU KV cache: pinned pool per rank
-    save_flush_wait_ms: int = FLUSH_WAIT_MS
-    check: Optional[Dict[str, Any]] = None  # {"dir": PATH, "max_records": N}: check mode (tutti.kvcheck)
-
-    @staticmethod
-    def parse(extra: Optional[dict]) -> "Settings":
-        extra = dict(extra or {})
-        unknown = set(extra) - _KEYS
-        if unknown:
-            raise ValueError(f"kv_connector_extra_config: unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}")
-        conn = extra.get("connect")
-        service_keys = {"dirs", "capacity_bytes", "kv_events"} & set(extra)
-        if "connect" in extra and (not isinstance(conn, str) or not conn or service_keys):
-            raise ValueError(f"kv_connector_extra_config.connect = {conn!r}: want the socket of `tutti serve`, and no dirs, "
-                             "capacity_bytes or kv_events (the service's)")
-        for k in ("dirs", "capacity_bytes"):
-            if k not in extra and conn is None:
-                raise ValueError(f"kv_connector_extra_config: {k!r} is required unless 'connect' (see docs/vllm.md)")
-        s = Settings(**extra)
-        if conn is None and (isinstance(s.dirs, str) or not s.dirs or not all(isinstance(d, str) and d for d in s.dirs)):
-            raise ValueError(f"kv_connector_extra_config.dirs = {s.dirs!r}: want a non-empty list of directories")
-        if conn is None and (not isinstance(s.capacity_bytes, int) or s.capacity_bytes <= 0):
-            raise ValueError(f"kv_connector_extra_config.capacity_bytes = {s.capacity_bytes!r}: want bytes > 0 (per rank)")
-        if s.path not in ("gpu", "cpu", "auto"):
-            raise ValueError(f"kv_connector_extra_config.path = {s.path!r}: want 'gpu', 'cpu' or 'auto'")
-        hoststage.check_host_staging_bytes(s.host_staging_bytes, "kv_connector_extra_config.host_staging_bytes")
-        if s.kv_events is not None and (not isinstance(s.kv_events, str) or
-                                        (s.kv_events != "vllm" and not s.kv_events.startswith("tcp://"))):
-            raise ValueError(f"kv_connector_extra_config.kv_events = {s.kv_events!r}: want 'vllm' or an endpoint string "
-                             "(docs/routers.md)")
-        if s.pythonhashseed is not None:
-            if s.pythonhashseed not in ("require", "warn"):
-                raise ValueError(f"kv_connector_extra_config.pythonhashseed = {s.pythonhashseed!r}: deprecated, and "
-                                 f"'require' or 'warn' if given")
-            log.warning("kv_connector_extra_config.pythonhashseed is deprecated and has no effect: tutti keys blocks "
-                        "by their tokens, the same in every process; PYTHONHASHSEED is not needed")
-        if s.check is not None:
-            if not isinstance(s.check, dict) or set(s.check) - _CHECK_KEYS or not isinstance(s.check.get("dir"), str) \
-                    or not s.check["dir"]:
-                raise ValueError(f"kv_connector_extra_config.check = {s.check!r}: want {{\"dir\": PATH}} and optionally "
-                                 f"\"max_records\" (keys {sorted(_CHECK_KEYS)})")
-            mr = s.check.get("max_records", MAX_RECORDS)
-            if not isinstance(mr, int) or isinstance(mr, bool) or mr <= 0:
-                raise ValueError(f"kv_connector_extra_config.check.max_records = {mr!r}: want an int > 0")
-        bad = set(s.store_options) - _STORE_OPTIONS
-        if bad:
-            raise ValueError(f"kv_connector_extra_config.store_options: unknown {sorted(bad)}; known: {sorted(_STORE_OPTIONS)}")
-        for k in ("hold_ttl_ms", "lookup_timeout_ms"):
-            if not isinstance(getattr(s, k), int) or not 0 < getattr(s, k) <= 3600 * 1000:
-                raise ValueError(f"kv_connector_extra_config.{k} = {getattr(s, k)!r}: want 1..3600000")
-        if not isinstance(s.save_flush_wait_ms, int) or not 0 <= s.save_flush_wait_ms <= 600 * 1000:
-            raise ValueError(f"kv_connector_extra_config.save_flush_wait_ms = {s.save_flush_wait_ms!r}: want 0..600000")
-        return s
-
 
 def key_identity(vllm_config) -> str:
     """What the chain seed names (tutti.keys): the model (and revision) whose
@@ -397,11 +317,11 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker.wait_for_save()
 
     def get_finished(self, finished_req_ids):
-        """Loads are synchronous (inside the forward) and saves are gathered
-        before wait_for_save returns (or, queued, before a finished request's
-        blocks can be reused): no request ever waits on tutti, so there is
-        nothing to report (an id here would be one vLLM's scheduler is not
-        waiting for)."""
+        """(None, requests whose background loads ended): saves are handed
+        over before a finished request's blocks can be reused, so no finished
+        request waits on tutti; a background load (async_loads) is reported
+        once, when it ended, whether its request still waits or was aborted
+        (vLLM frees its blocks then)."""
         res = self._worker.finish_step(finished_req_ids)
         st = self._worker.store
         if res.restored_blocks and st is not None:
@@ -422,7 +342,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
             for k, v in self._worker.check.take_counts().items():
                 self._stats.add(k, v)
         self._errors |= res.error_block_ids
-        return None, None
+        return None, (res.recving or None)
 
     def get_kv_connector_kv_cache_events(self):
         st = self._worker.store if self._worker is not None else None
@@ -487,13 +407,14 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
             else:
                 paths = [socket_path(self.settings.lookup_socket_dir, self._key, r) for r in range(self.tp_size)]
                 matcher = RemoteMatcher(paths, self.settings.lookup_timeout_ms / 1000)
-            self._sched = SchedulerSide(matcher, self.block_size, rules=self.rules)
+            self._sched = SchedulerSide(matcher, self.block_size, rules=self.rules, async_loads=self.settings.async_loads)
         return self._sched
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        """(tokens tutti restores beyond the local hits, False): loads are
-        synchronous. (None, False) while a rank's answer is not in: vLLM asks
-        again at a later step."""
+        """(tokens tutti restores beyond the local hits, whether the load runs
+        in the background: async_loads, vLLM's WAITING_FOR_REMOTE_KVS).
+        (None, False) while a rank's answer is not in: vLLM asks again at a
+        later step."""
         sched = self._scheduler()
         rid = request.request_id
         try:
@@ -519,7 +440,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
             log.warning("tutti: vLLM resumes request %s from its own hit of %d tokens with a KV cache group's part of "
                         "it gone (docs/vllm.md): its outputs may part from a run without a connector; tutti saves "
                         "none of it", rid, num_computed_tokens)
-        return n, False
+        return n, bool(n) and sched.background(rid)
 
     def bind_gpu_block_pool(self, gpu_block_pool):
         self._block_pool = gpu_block_pool  # read by engine_hit_incomplete only
@@ -548,6 +469,8 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         return self.request_finished(request, block_ids)
 
     def update_connector_output(self, connector_output):
+        if self._sched is not None:
+            self._sched.recv_ended(getattr(connector_output, "finished_recving", None) or ())
         if self._events is not None:
             self._events.update(getattr(connector_output, "kv_cache_events", None))
 

@@ -100,6 +100,10 @@ class LoadSpec:
     # A state group's (tutti.group_worker): the blocks the loaded page is then
     # copied into, where the engine runs the request's state this step.
     copy_to: List[int] = field(default_factory=list)
+    # The engine does not compute the request in this step and waits for the
+    # load's end (vLLM's asynchronous loads): no layer of the step waits for
+    # it; finish_step reports it in ``recving`` once it ended.
+    background: bool = False
 
 
 @dataclass
@@ -129,6 +133,7 @@ class StepResult:
     restored_blocks: Dict[str, int] = field(default_factory=dict)
     error_block_ids: Set[int] = field(default_factory=set)  # promised, not restored
     sending: Set[str] = field(default_factory=set)  # requests whose saves are done (waited for)
+    recving: Set[str] = field(default_factory=set)  # requests whose background loads ended (LoadSpec.background)
     failures: Dict[str, Exception] = field(default_factory=dict)
     counters: Counter = field(default_factory=Counter)  # the save queue's (tutti.save_queue)
 
@@ -204,6 +209,7 @@ class WorkerSide:
         self._loads_spec: List[LoadSpec] = []
         self._saves_spec: List[SaveSpec] = []
         self._loads: Dict[str, Tuple[Load, LoadSpec]] = {}
+        self._recving: Dict[str, Tuple[Load, LoadSpec]] = {}  # background loads in flight, over steps
         self._loads_started = False
         self._saves: Dict[str, List[Save]] = {}
         self._saves_started = False
@@ -325,14 +331,23 @@ class WorkerSide:
             if len(spec.block_ids) != want:
                 raise ValueError(f"request {spec.req_id!r}: {len(spec.block_ids)} block ids for {len(spec.chain) - spec.skip} "
                                  f"blocks after {spec.skip} local ones (need {want})")
+            into = self._loads
+            if spec.background and self.staging is None:
+                into = self._recving
+            elif spec.background:  # staged rounds share the step's pool pages: it ends with this step
+                self._counters["loads_background_staged"] += 1
             try:
                 if want and self.staging is not None:  # host staging: through the pool
-                    self._loads[spec.req_id] = (self.staging.load(spec), spec)
+                    into[spec.req_id] = (self.staging.load(spec), spec)
                 elif want:
-                    self._loads[spec.req_id] = (st.load_with(spec.chain, spec.block_ids, skip=spec.skip, promised=True), spec)
+                    into[spec.req_id] = (st.load_with(spec.chain, spec.block_ids, skip=spec.skip, promised=True), spec)
+                elif spec.background:
+                    self._result.recving.add(spec.req_id)  # nothing to restore: ended already
             except Exception as e:  # a promise not kept: every block of it is a load error
                 self._result.failures[spec.req_id] = e
                 self._result.error_block_ids.update(spec.block_ids)
+                if spec.background:
+                    self._result.recving.add(spec.req_id)  # the engine waits for its end: this is it
             finally:
                 if self.holds is not None:
                     self.holds.release(spec.req_id)
@@ -440,23 +455,16 @@ class WorkerSide:
         ``sending`` once their saves are done)."""
         self.start_load()
         res, self._result = self._result, StepResult()
-        cp = self.store.geometry.chunk_pages if self.store is not None else 1
         loads, self._loads = list(self._loads.items()), {}
+        ended = [(rid, x) for rid, x in self._recving.items() if x[0].done()]  # background: those that ended
+        for rid, _ in ended:
+            del self._recving[rid]
+        res.recving.update(rid for rid, (_, spec) in loads + ended if spec.background)
         try:
-            for req_id, (ld, spec) in loads:
-                try:
-                    blocks = ld.wait()
-                    failure = ld.failure()
-                except Exception as e:  # how far it got is unknown: every block of it is recomputed
-                    blocks, failure = 0, e
-                res.restored_blocks[req_id] = blocks
-                if failure is not None:
-                    res.failures[req_id] = failure
-                res.error_block_ids.update(spec.block_ids[blocks * cp:])
-                if self.check is not None:
-                    self.check.restored(spec, blocks)
+            for req_id, (ld, spec) in loads + ended:
+                self._end_load(res, req_id, ld, spec, whole=spec.background)
         finally:  # every load ends with its step, whatever raised (a released one would be waited on next step)
-            for _, (ld, _) in loads:
+            for _, (ld, _) in loads + ended:
                 ld.release()
         self._wait_inflight(sorted(self._await_sending))  # the blocks held for them are freed once reported
         done = [r for r in self._await_sending if r not in self._saves]  # the step's saves are waited for in wait_for_save
@@ -470,6 +478,25 @@ class WorkerSide:
         self._counters.clear()
         return res
 
+    def _end_load(self, res: StepResult, req_id: str, ld: Load, spec: LoadSpec, whole: bool):
+        """Records an ended load in res (``whole``: the check digests every
+        layer now: no step waited for its layers)."""
+        cp = self.store.geometry.chunk_pages if self.store is not None else 1
+        try:
+            blocks = ld.wait()
+            failure = ld.failure()
+        except Exception as e:  # how far it got is unknown: every block of it is recomputed
+            blocks, failure = 0, e
+        res.restored_blocks[req_id] = blocks
+        if failure is not None:
+            res.failures[req_id] = failure
+        res.error_block_ids.update(spec.block_ids[blocks * cp:])
+        if self.check is not None:
+            if whole:
+                for name in self._layer_index:
+                    self.check.layer_loaded(name, [spec])
+            self.check.restored(spec, blocks)
+
     def unbind(self):
         self._loads_spec, self._saves_spec = [], []
 
@@ -482,9 +509,10 @@ class WorkerSide:
         ``close_store`` is False: a shared store). Host staging's pool is
         freed here either way, once its loads and saves drained: a store
         left open no longer reads or writes it."""
-        for ld, _ in self._loads.values():
-            ld.release()
+        for ld, _ in list(self._loads.values()) + list(self._recving.values()):
+            ld.release()  # waits: a load writes its pages until it ended
         self._loads.clear()
+        self._recving.clear()
         for saves in self._saves.values():
             for sv in saves:
                 sv.release()

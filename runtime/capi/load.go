@@ -140,6 +140,25 @@ func waitLoad(h C.uint64_t, out *C.uint32_t) error {
 	return nil
 }
 
+//export tutti_load_done
+func tutti_load_done(load C.uint64_t, outDone *C.int32_t) (rc C.int32_t) {
+	defer guard("tutti_load_done", &rc)
+	return finish("tutti_load_done", func() error {
+		if outDone == nil {
+			return errorf(errInvalidArgument, "out_done is NULL")
+		}
+		*outDone = 0
+		le, err := loadArg(load)
+		if err != nil {
+			return err
+		}
+		if le.l.Done() {
+			*outDone = 1
+		}
+		return nil
+	}())
+}
+
 //export tutti_load_plan
 func tutti_load_plan(load C.uint64_t, outCached, outPlanned *C.uint32_t) (rc C.int32_t) {
 	defer guard("tutti_load_plan", &rc)

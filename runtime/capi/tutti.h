@@ -47,7 +47,7 @@ extern "C" {
  * and minor >= the minor it needs. tutti_abi_version() returns
  * (major << 16) | minor. */
 #define TUTTI_ABI_MAJOR 1
-#define TUTTI_ABI_MINOR 7
+#define TUTTI_ABI_MINOR 8
 
 typedef enum tutti_status {
 	TUTTI_OK = 0,
@@ -293,6 +293,12 @@ int32_t tutti_load_stream_wait_layer(uint64_t load, int32_t layer, uint64_t stre
 /* Blocks until the whole load is done; *out_blocks (may be NULL) = leading
  * blocks restored, the rest are to be recomputed. */
 int32_t tutti_load_wait(uint64_t load, uint32_t *out_blocks);
+
+/* ABI 1.8: *out_done = 1 once the load ended (tutti_load_wait would not
+ * block; GPU path: its pages are written on the device, so work enqueued after
+ * the return sees them), else 0. Never blocks: an engine that runs other
+ * requests while a load is in flight polls it (vLLM's asynchronous loads). */
+int32_t tutti_load_done(uint64_t load, int32_t *out_done);
 
 /* Why a load restored fewer blocks than planned, for diagnostics: *out_status
  * = the status class of the first error that turned a run into a miss (e.g.
