@@ -55,7 +55,9 @@ API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
     * ``finish_step(finished_req_ids) -> StepResult``: ends the step's loads;
       reports per request the blocks restored, the block ids promised but not
       restored (load errors), which requests waiting on their saves are done
-      (``sending``), and the save queue's counters.
+      (``sending``), which background loads (``LoadSpec.background``, of
+      this step or earlier ones: never waited for by a layer) ended since the
+      last call (``recving``, each once), and the save queue's counters.
     * ``unbind()``.
 
 ``take_stats()``: the worker's counters since the last call (host staging's,
