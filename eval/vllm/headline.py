@@ -47,8 +47,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import docqa  # noqa: E402
 import headline_stats as hs  # noqa: E402
 
-BACKENDS = ("none", "offload-cpu", "offload-fs", "tutti-gpu", "tutti-gpu-async", "tutti-cpu", "lmcache-disk",
-            "lmcache-gds")
+BACKENDS = ("none", "offload-cpu", "offload-fs", "tutti-gpu", "tutti-gpu-async", "tutti-gpu-auto", "tutti-cpu",
+            "lmcache-disk", "lmcache-gds")
+ASYNC_LOADS = {"async": True, "auto": "auto"}  # a tutti backend's suffix -> its async_loads
 GIB = 1 << 30
 LMCACHE_CHUNK_TOKENS = 256  # LMCache's default chunk, the replay's 256-token blocks
 DRAIN_S = 8.0  # allowance after a run's last arrival, for --deadline-s
@@ -92,15 +93,15 @@ def backend_config(name: str, a) -> dict:
         out["note"] = (f"vLLM's OffloadingConnector, TieringOffloadingSpec: CPU tier of {a.fs_cpu_gib} GiB, then its "
                        f"file tier (one root_dir: {one}; no eviction: earlier runs' files deleted between runs)")
         out["dirs"] = sub[:1]
-    elif name in ("tutti-gpu", "tutti-gpu-async", "tutti-cpu"):
-        path = name.split("-")[1]
+    elif name.startswith("tutti-"):
+        path, mode = (name.split("-") + [""])[1:3]
         extra = {"dirs": sub, "capacity_bytes": a.capacity_gib * GIB, "path": path}
-        if name.endswith("-async"):
-            extra["async_loads"] = True
+        if mode:
+            extra["async_loads"] = ASYNC_LOADS[mode]
         out["kv_transfer_config"] = {"kv_connector": "TuttiConnector", "kv_connector_module_path": "tutti.vllm",
                                      "kv_role": "kv_both", "kv_connector_extra_config": extra}
         out["note"] = (f"tutti, {path.upper()} path, striped over {where}, {a.capacity_gib} GiB"
-                       + (", asynchronous loads (vLLM's WAITING_FOR_REMOTE_KVS)" if name.endswith("-async") else ""))
+                       + (f", async_loads {json.dumps(extra['async_loads'])} (vLLM's WAITING_FOR_REMOTE_KVS)" if mode else ""))
     else:
         cfg = {"chunk_size": LMCACHE_CHUNK_TOKENS, "local_cpu": False, "max_local_cpu_size": a.lmcache_cpu_gib}
         if name == "lmcache-disk":

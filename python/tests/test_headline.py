@@ -217,6 +217,9 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual((t["kv_connector"], t["kv_connector_module_path"]), ("TuttiConnector", "tutti.vllm"))
         self.assertEqual(t["kv_connector_extra_config"]["dirs"], [f"/mnt/l{i}/tutti-cpu" for i in range(8)])
         self.assertEqual(t["kv_connector_extra_config"]["path"], "cpu")
+        for b, want in (("tutti-gpu", None), ("tutti-gpu-async", True), ("tutti-gpu-auto", "auto")):
+            extra = got[b]["kv_transfer_config"]["kv_connector_extra_config"]
+            self.assertEqual((extra["path"], extra.get("async_loads")), ("gpu", want), b)
         for b in ("lmcache-disk", "lmcache-gds"):
             (path, text), = got[b]["files"].items()
             self.assertEqual(got[b]["env"]["LMCACHE_CONFIG_FILE"], path)

@@ -63,6 +63,40 @@ class SchedulerSideTest(unittest.TestCase):
         with self.assertRaises(ValueError):  # fewer blocks than the load needs: refused, named
             s.update_state_after_alloc("short", [1, 2], 4 * BT)
 
+    def test_background_loads(self):
+        """async_loads: which hits load in the background (True: every one;
+        "auto": only beside another live request; False: none), the flag on
+        the load, and the bound on background loads not yet reported ended."""
+        import tutti.scheduler_side as ss
+        chain = chain_of(3, 4)
+        for mode, alone, beside in ((False, False, False), (True, True, True), ("auto", False, True)):
+            with self.subTest(async_loads=mode):
+                s = SchedulerSide(FakeMatcher(stored=4), BT, async_loads=mode)
+                s.track("a", chain)
+                self.assertEqual(s.get_num_new_matched_tokens("a", chain, 4 * BT + 1, 0), 4 * BT)
+                self.assertEqual(s.background("a"), alone)
+                s.track("b", chain)
+                s.get_num_new_matched_tokens("b", chain, 4 * BT + 1, 0)
+                self.assertEqual(s.background("b"), beside)
+                s.update_state_after_alloc("b", list(range(5)), 4 * BT)
+                self.assertEqual([ld.background for ld in s.build_meta(NS(num_scheduled_tokens={})).loads], [beside])
+        s = SchedulerSide(FakeMatcher(stored=4), BT, async_loads=True)
+        old, ss.MAX_ASYNC_LOADS = ss.MAX_ASYNC_LOADS, 2
+        try:
+            for r in ("x", "y", "z"):
+                s.get_num_new_matched_tokens(r, chain, 4 * BT + 1, 0)
+                s.update_state_after_alloc(r, list(range(5)), 4 * BT)
+            self.assertEqual([ld.background for ld in s.build_meta(NS(num_scheduled_tokens={})).loads], [True, True, False])
+            self.assertEqual(s.counters["loads_async_cap"], 1)
+            s.recv_ended(["x"])  # one reported ended: room for the next
+            s.get_num_new_matched_tokens("w", chain, 4 * BT + 1, 0)
+            self.assertTrue(s.background("w"))
+        finally:
+            ss.MAX_ASYNC_LOADS = old
+        for bad in ("yes", 1, None):
+            with self.assertRaises(ValueError):
+                SchedulerSide(FakeMatcher(stored=4), BT, async_loads=bad)
+
     def test_hit_tokens_count_what_vllm_allocated(self):
         """vLLM asks a waiting request's lookup again every step until it is
         allocated: hit_tokens counts the tokens allocated for, once."""

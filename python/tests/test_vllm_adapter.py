@@ -382,7 +382,8 @@ class VLLMAdapterTest(unittest.TestCase):
                           ({"host_staging_bytes": "1G"}, "host_staging_bytes"), ({"check": {"dir": ""}}, "check"),
                           ({"check": {"dir": "/x", "zap": 1}}, "check"), ({"check": "/x"}, "check"),
                           ({"check": {"dir": "/x", "max_records": 0}}, "max_records"),
-                          ({"save_flush_wait_ms": -1}, "save_flush_wait_ms")):
+                          ({"save_flush_wait_ms": -1}, "save_flush_wait_ms"), ({"async_loads": 1}, "async_loads"),
+                          ({"async_loads": "always"}, "async_loads")):
             with self.assertRaises(ValueError) as cm:
                 KVConnectorFactory.create_connector(_config(self.root, bad), KVConnectorRole.SCHEDULER, None)
             self.assertIn(frag, str(cm.exception))

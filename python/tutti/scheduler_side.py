@@ -8,8 +8,11 @@ API:
     hybrid model: block ids then come per group, a tuple of lists, and each
     load and save is per group and run, ``LoadSpec.group``; the matcher is
     a :class:`tutti.groups.HybridStore`'s). None: one group.
-    ``async_loads`` (one group only): hits load in the background, beside
-    the engine's steps; ``background(req_id)`` says so of a lookup's hit, and
+    ``async_loads`` (one group only): True: hits load in the background,
+    beside the engine's steps; "auto": only while the engine has other live
+    requests (alone, a load inside its step overlaps the request's own
+    compute layer by layer, which a background load cannot);
+    ``background(req_id)`` says so of a lookup's hit, and
     ``recv_ended(req_ids)`` takes the worker's reports of their ends.
     * ``get_num_new_matched_tokens(req_id, chain, num_tokens, num_computed_tokens) -> int | None``:
       tokens beyond the engine's local hits (``num_computed_tokens``, whole
@@ -135,10 +138,11 @@ class _Pending:
 
 class SchedulerSide:
     def __init__(self, matcher, block_tokens: int, chunk_pages: int = 1, rules: Optional[Sequence[GroupRule]] = None,
-                 async_loads: bool = False):
-        """``async_loads``: a hit of a model of one KV group is loaded in the
-        background (:meth:`background`), at most MAX_ASYNC_LOADS at once
-        (beyond: inside its step, counted ``loads_async_cap``)."""
+                 async_loads=False):
+        """``async_loads`` (False, True or "auto"): a hit of a model of one KV
+        group is loaded in the background (:meth:`background`; "auto": while
+        another request is live), at most MAX_ASYNC_LOADS at once (beyond:
+        inside its step, counted ``loads_async_cap``)."""
         if not callable(getattr(matcher, "release", None)) or not (callable(getattr(matcher, "match", None))
                                                                    or callable(getattr(matcher, "query", None))):
             raise TypeError(f"matcher = {matcher!r}: want an object with match (or query) and release")
@@ -152,7 +156,9 @@ class SchedulerSide:
         self._pending: Dict[str, _Pending] = {}
         self._loads: List[LoadSpec] = []
         self._trackers: Dict[str, _Tracker] = {}
-        self._async = _args.boolean("async_loads", async_loads) and self.rules is None
+        if not (isinstance(async_loads, bool) or async_loads == "auto"):
+            raise ValueError(f"async_loads = {async_loads!r}: want False, True or 'auto'")
+        self._async = async_loads if self.rules is None else False
         self._recving: set = set()  # requests whose background load has not been reported ended
         self.counters = Counter()
 
@@ -192,8 +198,9 @@ class SchedulerSide:
             if tokens <= 0:
                 self._forget(req_id)
                 return 0
-        background = self._async and len(self._recving) < MAX_ASYNC_LOADS
-        if self._async and not background:
+        want = self._async is True or (self._async == "auto" and len(self._trackers) > (req_id in self._trackers))
+        background = want and len(self._recving) < MAX_ASYNC_LOADS
+        if want and not background:
             self.counters["loads_async_cap"] += 1
         self._pending[req_id] = _Pending(list(chain[:skip + blocks]), skip, blocks, background)
         return tokens

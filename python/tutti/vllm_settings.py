@@ -44,8 +44,9 @@ class Settings:
     save_flush_wait_ms: int = FLUSH_WAIT_MS
     check: Optional[Dict[str, Any]] = None  # {"dir": PATH, "max_records": N}: check mode (tutti.kvcheck)
     # Restores run beside the engine's steps (vLLM's WAITING_FOR_REMOTE_KVS)
-    # instead of inside their request's step (docs/vllm.md).
-    async_loads: bool = False
+    # instead of inside their request's step; "auto": while other requests
+    # are live (docs/vllm.md).
+    async_loads: Any = False
 
     @staticmethod
     def parse(extra: Optional[dict]) -> "Settings":
@@ -93,8 +94,8 @@ class Settings:
         for k in ("hold_ttl_ms", "lookup_timeout_ms"):
             if not isinstance(getattr(s, k), int) or not 0 < getattr(s, k) <= 3600 * 1000:
                 raise ValueError(f"kv_connector_extra_config.{k} = {getattr(s, k)!r}: want 1..3600000")
-        if not isinstance(s.async_loads, bool):
-            raise ValueError(f"kv_connector_extra_config.async_loads = {s.async_loads!r}: want true or false")
+        if not (isinstance(s.async_loads, bool) or s.async_loads == "auto"):
+            raise ValueError(f"kv_connector_extra_config.async_loads = {s.async_loads!r}: want true, false or \"auto\"")
         if not isinstance(s.save_flush_wait_ms, int) or not 0 <= s.save_flush_wait_ms <= 600 * 1000:
             raise ValueError(f"kv_connector_extra_config.save_flush_wait_ms = {s.save_flush_wait_ms!r}: want 0..600000")
         return s
