@@ -312,6 +312,10 @@ class SaveAfterStepTest(unittest.TestCase):
                 w.end_requests(ended=["r"])  # the engine may reuse r's pages from here on
                 self.assertEqual(log, [("wait", "r"), ("release", "r")])
                 self.assertEqual(w._inflight, {})
+                waits = w.finish_step().counters  # the wait at end_requests, counted only where it happened
+                self.assertEqual(waits.get("save_end_waits", 0), 1 if ends else 0)
+                self.assertEqual(waits.get("save_end_wait_s", 0) > 0, ends)
+                w.unbind()
                 w.store.wait_saves()
                 for t in kv.values():
                     t[:, :4].zero_()

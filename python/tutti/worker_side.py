@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
@@ -304,7 +305,13 @@ class WorkerSide:
         ``handle_preemptions``)."""
         if self.queue is None:
             return
-        self._wait_inflight(list(ended) + list(dropped))
+        if any(r in self._inflight for r in list(ended) + list(dropped)):
+            # the engine's step waits here: how long, counted (a save still
+            # copying out a finished request's pages holds the whole batch)
+            t0 = time.monotonic()
+            self._wait_inflight(list(ended) + list(dropped))
+            self._counters["save_end_waits"] += 1
+            self._counters["save_end_wait_s"] += time.monotonic() - t0
         self.queue.drop(dropped)
         specs = self.queue.flush(ended)
         if not specs:
