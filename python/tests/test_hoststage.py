@@ -135,6 +135,35 @@ class Base:
         self.assert_pages(kv, bdim, want, [0, 1, 2, 3, 4, 5], "rounds, stale promise")
         self.assertEqual(w.staging.pages_in_use, 0)
 
+    def test_background_load_ends_with_its_step(self):
+        """A background load (vLLM's asynchronous loads) through host staging:
+        no layer of its step waits for it (the layers' waits see only the
+        step's own loads), it ends within that step, reported in recving and
+        counted (loads_background_staged), its bytes restored."""
+        kv, bdim = layouts(self.DEV)["flash-nhd"]
+        w = self.worker(kv, pool_blocks=4)
+        self.fill(kv)
+        chain = tutti.chain_from_tokens(list(range(3 * BS)), BS)
+        want = self.saved(kv, bdim, w, chain, [0, 1, 2])
+        waited = []
+        w.bind([ws.LoadSpec("bg", chain, 0, [5, 6, 7], background=True)])
+        w.start_load()
+        (ld, _), = w._loads.values()
+        ld.wait_layer = lambda layer: (waited.append(layer), type(ld).wait_layer(ld, layer))
+        for n in kv:
+            w.wait_for_layer(n)
+            w.save_layer(n)
+        w.wait_for_save()
+        del ld.wait_layer  # finish_step's wait copies every layer through it
+        res = w.finish_step()
+        w.unbind()
+        self.sync()
+        self.assertEqual(waited, [])
+        self.assertEqual((res.recving, res.restored_blocks, res.error_block_ids), ({"bg"}, {"bg": 3}, set()))
+        self.assertEqual(res.counters["loads_background_staged"], 1)
+        self.assert_pages(kv, bdim, want, [5, 6, 7], "background")
+        self.assertEqual(w.staging.pages_in_use, 0)
+
     def test_concurrent_loads_exhaust_the_pool(self):
         kv, bdim = layouts(self.DEV)["flash-nhd"]
         w = self.worker(kv, pool_blocks=2)

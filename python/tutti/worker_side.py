@@ -305,11 +305,12 @@ class WorkerSide:
         ``handle_preemptions``)."""
         if self.queue is None:
             return
-        if any(r in self._inflight for r in list(ended) + list(dropped)):
+        gone = list(ended) + list(dropped)
+        if any(r in self._inflight for r in gone):
             # the engine's step waits here: how long, counted (a save still
             # copying out a finished request's pages holds the whole batch)
             t0 = time.monotonic()
-            self._wait_inflight(list(ended) + list(dropped))
+            self._wait_inflight(gone)
             self._counters["save_end_waits"] += 1
             self._counters["save_end_wait_s"] += time.monotonic() - t0
         self.queue.drop(dropped)
@@ -364,15 +365,18 @@ class WorkerSide:
     def wait_for_layer(self, name: str):
         layer = self.layer_index(name)
         self.start_load()
+        # A background load through host staging ends with the step, in
+        # finish_step, but no layer waits for it (LoadSpec.background).
+        loads = [(ld, spec) for ld, spec in self._loads.values() if not spec.background]
         if self._stream_wait:
             stream = sys.modules["torch"].cuda.current_stream().cuda_stream
-            for ld, _ in self._loads.values():
+            for ld, _ in loads:
                 ld.stream_wait_layer(layer, stream)
         else:
-            for ld, _ in self._loads.values():
+            for ld, _ in loads:
                 ld.wait_layer(layer)
-        if self.check is not None and self._loads:
-            self.check.layer_loaded(name, [spec for _, spec in self._loads.values()])
+        if self.check is not None and loads:
+            self.check.layer_loaded(name, [spec for _, spec in loads])
 
     def save_layer(self, name: str):
         if self.layer_index(name) == len(self._layer_index) - 1:
@@ -489,7 +493,7 @@ class WorkerSide:
 
     def _end_load(self, res: StepResult, req_id: str, ld: Load, spec: LoadSpec, whole: bool):
         """Records an ended load in res (``whole``: the check digests every
-        layer now: no step waited for its layers)."""
+        layer now: no layer waited for it, a background load)."""
         cp = self.store.geometry.chunk_pages if self.store is not None else 1
         try:
             blocks = ld.wait()
