@@ -273,6 +273,7 @@ def run_record(rate, rnd, salt, recs, wall_s, before, after, backend, kv_bytes_p
             rec["restore_s"] = metric_delta(before, after, *s)
     if backend.startswith("tutti"):  # the batch's waits on ended requests' saves (docs/vllm.md, Metrics)
         rec["save_end_wait_s"] = metric_delta(before, after, "vllm:tutti_save_end_wait_seconds")
+        rec["save_end_reuses"] = metric_delta(before, after, "vllm:tutti_save_end_reuses")
     if rec.get("restored_bytes") is None and rec["external_hit_tokens"]:
         # Not reported by the backend (LMCache here): what vLLM counted as
         # external hits, in bytes of KV; labelled implied in the report.
@@ -281,7 +282,8 @@ def run_record(rate, rnd, salt, recs, wall_s, before, after, backend, kv_bytes_p
     print(f"[{backend}] round {rnd} rate {rate:g}: {len(ok)}/{len(recs)} ok, TTFT p50 {s['p50'] * 1e3:.1f} "
           f"p90 {s['p90'] * 1e3:.1f} p99 {s['p99'] * 1e3:.1f} ms, external hits {rec['external_hit_tokens']}, "
           f"GPU-cache hits {rec['local_hit_tokens']}, restored {rec.get('restored_bytes')}, "
-          f"steps waiting on ended requests' saves {rec.get('save_end_wait_s')} s, {wall_s:.1f} s",
+          f"steps waiting on ended requests' saves {rec.get('save_end_wait_s')} s "
+          f"({rec.get('save_end_reuses')} finished requests' blocks reused under their saves), {wall_s:.1f} s",
           flush=True)
     return rec
 

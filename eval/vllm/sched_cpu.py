@@ -36,6 +36,7 @@ import json
 import os
 import random
 import sys
+from collections import Counter
 
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -104,6 +105,7 @@ class Runner:
         self.preempted: dict[str, int] = {}
         self.finished: dict[str, str] = {}
         self.waited_remote: set[str] = set()  # requests vLLM held in WAITING_FOR_REMOTE_KVS (async_loads)
+        self.stats: Counter = Counter()  # the worker role's connector stats, summed over steps
 
     def slots(self, rid, p0, p1):
         bs = self.a.block_size
@@ -171,6 +173,8 @@ class Runner:
             w.wait_for_save()
             sending, recving = w.get_finished(so.finished_req_ids)
             invalid = w.get_block_ids_with_load_errors()
+            st = w.get_kv_connector_stats()
+            self.stats.update(st.data if st is not None else {})
             w.clear_connector_metadata()
         sampled, ids = [], []
         for rid, nc, _ in work:
@@ -289,6 +293,7 @@ def main(argv=None):
     ok &= check_mode(a, res, need_match=a.phase != "first")
     res["verified_tokens"] = R.verified_tokens
     res["waited_remote"] = sorted(R.waited_remote)
+    res["stats"] = {k: R.stats[k] for k in ("save_ends_deferred", "save_end_reuses", "save_end_waits", "save_end_wait_s")}
     res["bad"] = R.bad
     ok &= not R.bad
     print(f"{a.phase}: {R.verified_tokens} computed-or-restored tokens verified in every layer, {len(R.bad)} wrong")

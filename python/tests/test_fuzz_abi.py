@@ -75,6 +75,8 @@ class FuzzABITest(unittest.TestCase):
             lambda: lib.tutti_load_failure(handle(), ctypes.byref(st32)),
             lambda: lib.tutti_load_done(handle(), ctypes.byref(st32)),
             lambda: lib.tutti_load_done(handle(), None),
+            lambda: lib.tutti_save_gathered(handle(), ctypes.byref(st32)),
+            lambda: lib.tutti_save_gathered(handle(), None),
             lambda: lib.tutti_save_wait_gathered(handle()),
             lambda: lib.tutti_save_release(handle()),
             lambda: lib.tutti_register_kv(handle(), rnd.randrange(4), regions, count(1 << 16)),

@@ -231,7 +231,7 @@ class Base:
         w.wait_for_layer(names[0])
         w._start_saves()
         self.assertEqual(stg.pages_in_use, 4)
-        handles = [ld._ld for ld, _ in w._loads.values()] + [sv._sv for svs in w._saves.values() for sv in svs]
+        handles = [ld._ld for ld, _ in w._loads.values()] + [sv._sv for svs in w._saves.values() for sv, _ in svs]
         w.close()
         self.assertEqual(seen, [4], "pages still in use when the pool was freed")
         self.assertIsNone(pool._mm)

@@ -28,6 +28,7 @@ class LoadWithTest(unittest.TestCase):
     def saved(self, chain, pages):
         with self.st.save(chain, pages) as sv:
             sv.wait_gathered()
+            self.assertTrue(sv.gathered())  # polled, never blocking: once waited for, it says so
         self.st.wait_saves()
         g = SMALL
         return {(l, pl, i): self.fx.page_bytes(l, pl, p) for l in range(g.layers) for pl in range(g.planes)

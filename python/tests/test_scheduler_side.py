@@ -131,15 +131,17 @@ class SchedulerSideTest(unittest.TestCase):
         new = NS(req_id="r", block_ids=([7, 8],), num_computed_tokens=0)
         m1 = s.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None, num_scheduled_tokens={"r": 2 * BT}))
         self.assertEqual([(x.chain, x.block_ids, x.start) for x in m1.saves], [(chain[:2], [7, 8], 0)])
+        self.assertEqual(m1.reused, [7, 8])  # not looked up: every block of it is written afresh
         cached = NS(req_ids=["r"], new_block_ids=[([9, 10],)], num_computed_tokens=[2 * BT], resumed_req_ids=set())
         m2 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": BT + 5}))
         self.assertEqual([(x.chain, x.block_ids, x.start) for x in m2.saves], [(chain, [7, 8, 9], 2)])
+        self.assertEqual(m2.reused, [9, 10])
         cached = NS(req_ids=["r"], new_block_ids=[None], num_computed_tokens=[3 * BT + 5], resumed_req_ids=set())
         m3 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 1}))
         self.assertEqual(m3.saves, [])  # decode: not saved
         m4 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=None, num_scheduled_tokens={},
                              preempted_req_ids={"r"}))
-        self.assertEqual(m4.ended, ["r"])  # its queued saves go before its blocks are reused
+        self.assertEqual((m4.ended, m4.finished), (["r"], []))  # its queued saves go before its blocks are reused
         # Resumed with new blocks: saved again from them; anything queued from the old ones is dropped.
         cached = NS(req_ids=["r"], new_block_ids=[([1, 2, 3, 4],)], num_computed_tokens=[0], resumed_req_ids={"r"})
         m5 = s.build_meta(NS(scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 3 * BT + 6}))
@@ -147,7 +149,32 @@ class SchedulerSideTest(unittest.TestCase):
         self.assertEqual(m5.dropped, ["r"])
         self.assertEqual(s.request_finished("r"), False)
         m6 = s.build_meta(NS(num_scheduled_tokens={"r": 1}, finished_req_ids={"r"}))
-        self.assertEqual((m6.saves, m6.ended), ([], ["r"]))
+        # finished: its blocks keep its KV until allocated again (reused names them then)
+        self.assertEqual((m6.saves, m6.ended, m6.finished, m6.reused), ([], [], ["r"], []))
+
+    def test_reused_blocks(self):
+        """The blocks a step writes afresh: a new request's beyond the
+        engine's own hit (tutti's load into them included), a running one's
+        new blocks, all of one never looked up; none for a hybrid model (its
+        finished requests end in the step)."""
+        s = SchedulerSide(FakeMatcher(3), BT)
+        chain = chain_of(3, 5)
+        s.track("r", chain)
+        self.assertEqual(s.get_num_new_matched_tokens("r", chain, 5 * BT, BT), 2 * BT)  # 1 local block, 2 of tutti's
+        s.update_state_after_alloc("r", [5, 6, 7, 8, 9], 2 * BT)
+        new = [NS(req_id="r", block_ids=([5, 6, 7, 8, 9],), num_computed_tokens=3 * BT),
+               NS(req_id="u", block_ids=([1, 2],), num_computed_tokens=BT)]
+        cached = NS(req_ids=["q"], new_block_ids=[([11],)], num_computed_tokens=[4 * BT], resumed_req_ids=set())
+        m = s.build_meta(NS(scheduled_new_reqs=new, scheduled_cached_reqs=cached, finished_req_ids={"f"},
+                            num_scheduled_tokens={"r": 2 * BT, "u": BT, "q": 1}))
+        self.assertEqual([x.block_ids for x in m.loads], [[6, 7]])
+        self.assertEqual(sorted(set(m.reused)), [1, 2, 6, 7, 8, 9, 11])  # 5: the engine's own hit, only read
+        self.assertEqual((m.ended, m.finished), ([], ["f"]))
+        from tutti.groups import GroupRule
+        h = SchedulerSide(FakeMatcher(0), BT, rules=[GroupRule("full", BT), GroupRule("sliding", BT, window_tokens=2 * BT)])
+        m = h.build_meta(NS(scheduled_new_reqs=[NS(req_id="u", block_ids=([1], [2]), num_computed_tokens=0)],
+                            scheduled_cached_reqs=None, finished_req_ids={"f"}, num_scheduled_tokens={"u": BT}))
+        self.assertEqual((m.ended, m.finished, m.reused), (["f"], [], []))
 
     def test_save_carries_tokens_and_engine_hashes(self):
         """For KV events: the save of a tracked request carries its prompt's

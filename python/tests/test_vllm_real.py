@@ -57,6 +57,8 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertEqual(first["checks"]["chunked"]["matched"], 480, p.stdout)
         self.assertGreater(first["checks"]["preempt"]["preemptions"], 0, p.stdout)
         self.assertEqual(first["checks"]["preempt"]["finished"], 3, p.stdout)
+        # finished requests' saves went on reading their blocks, no wait, until vLLM allocated them again
+        self.assertGreater(first["stats"]["save_ends_deferred"], 0, p.stdout)
         self.assertTrue(first["ok"], p.stdout)
         # A new process: vLLM's NONE_HASH is random again (no PYTHONHASHSEED).
         second, p = self.phase("restart", None, extra=extra)

@@ -268,6 +268,9 @@ class Watched:
         self.log.append(("wait", self.rid))
         self.sv.wait_gathered()
 
+    def gathered(self):
+        return self.sv.gathered()
+
     def release(self):
         self.log.append(("release", self.rid))
         self.sv.release()
@@ -278,14 +281,14 @@ class SaveAfterStepTest(unittest.TestCase):
     """ends_requests: a save reads its request's pages after the step, until
     the engine ends the request; the step never waits for it."""
 
-    def worker(self, ends_requests):
+    def worker(self, ends_requests, **kw):
         d = tempfile.mkdtemp(prefix="tutti-ws-")
         self.addCleanup(shutil.rmtree, d, True)
 
         def opener(lay):
             return tutti.Store([d], 64 << 20, lay.geometry, lay.num_pages, layout=lay.layout, path=path_under_test(),
                                io=tutti.IOOptions(staging_bytes=4 << 20, staging_slot_bytes=1 << 20))
-        w = ws.WorkerSide(opener, ends_requests=ends_requests)
+        w = ws.WorkerSide(opener, ends_requests=ends_requests, **kw)
         kv, _ = layouts()["flash-nhd"]
         w.register(kv, BS)
         self.addCleanup(w.close)
@@ -323,6 +326,52 @@ class SaveAfterStepTest(unittest.TestCase):
                 self.assertEqual((res.restored_blocks, res.error_block_ids), ({"s": 4}, set()))
                 for n, t in kv.items():
                     self.assertTrue(torch.equal(t[:, 4:8], want[n]), n)
+
+    def test_finished_request_ends_when_its_pages_are_reused(self):
+        """A finished request's saves in flight go on reading its pages, no
+        wait, until a step writes one of them afresh (reused), then they are
+        waited for; the bound ends the oldest; a finished request's saves
+        that gathered are released at a step's end, no wait."""
+        w, kv, log = self.worker(True)
+        chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
+        self.step(w, kv, "r", saves=[ws.SaveSpec("r", chain, [0, 1, 2, 3])])
+        w.end_requests(finished=["r"], reused=[8, 9])
+        w.end_requests(reused=[10])
+        self.assertEqual((log, sorted(w._inflight), w._deferred.requests()), ([], ["r"], ["r"]))
+        w.end_requests(reused=[11, 2])  # a page r's save reads
+        self.assertEqual(log, [("wait", "r"), ("release", "r")])
+        self.assertEqual((w._inflight, w._deferred.requests()), ({}, []))
+        c = w.finish_step().counters
+        self.assertEqual([c.get(k, 0) for k in ("save_ends_deferred", "save_end_reuses", "save_end_waits")], [1, 1, 1])
+        w.unbind()
+
+        log.clear()
+        old, ws.MAX_DEFERRED_ENDS = ws.MAX_DEFERRED_ENDS, 1
+        self.addCleanup(setattr, ws, "MAX_DEFERRED_ENDS", old)
+        w2, kv2, log2 = self.worker(True)
+        for rid, pages in (("a", [0, 1]), ("b", [2, 3])):
+            self.step(w2, kv2, rid, saves=[ws.SaveSpec(rid, chain[:2], pages)])
+        w2.end_requests(finished=["a", "b"])
+        self.assertEqual((log2, w2._deferred.requests()), ([("wait", "a"), ("release", "a")], ["b"]))
+        self.assertEqual(w2.finish_step().counters.get("save_ends_deferred_cap", 0), 1)
+        w2.store.wait_saves()  # b's save gathered: released at the step's end, never waited for
+        w2.finish_step()
+        self.assertEqual(log2[2:], [("release", "b")])
+        self.assertEqual((w2._inflight, w2._deferred.requests()), ({}, []))
+
+    def test_finished_request_with_a_queued_chunk_ends_now(self):
+        """A queued chunk is handed over only at a step, and the engine may
+        not step again: a finished request with one is ended at once."""
+        w, kv, log = self.worker(True, save_flush_wait_ms=20)
+        chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
+        w.queue._lookup = lambda c: 0  # nothing commits: the second chunk stays queued
+        self.step(w, kv, "q", saves=[ws.SaveSpec("q", chain[:2], [0, 1])])
+        self.step(w, kv, "q", saves=[ws.SaveSpec("q", chain, [0, 1, 2, 3], start=2)])
+        self.assertTrue(w.queue.pending("q"))
+        w.end_requests(finished=["q"])
+        self.assertEqual((w.queue.pending("q"), w._deferred.requests(), w._inflight), (False, [], {}))
+        c = w.finish_step().counters
+        self.assertEqual([c.get(k, 0) for k in ("save_ends_deferred", "save_end_waits", "save_flush_timeouts")], [0, 1, 1])
 
     def test_saves_in_flight_are_bounded(self):
         w, kv, log = self.worker(True)

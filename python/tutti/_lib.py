@@ -27,8 +27,9 @@ ABI_MAJOR = 1
 # 1.5: tutti_take_kv_events (kv_events="engine");
 # 1.6: tutti_get_stats_json (Store.stats);
 # 1.7: tutti_connect (Store(connect=...): a node's shared store, tutti serve);
-# 1.8: tutti_load_done (Load.done: vLLM's asynchronous loads).
-ABI_MINOR_NEEDED = 8
+# 1.8: tutti_load_done (Load.done: vLLM's asynchronous loads);
+# 1.9: tutti_save_gathered (Save.gathered: a finished request's pages wait until reused).
+ABI_MINOR_NEEDED = 9
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
@@ -219,6 +220,7 @@ def _prototype(lib):
         "tutti_hold_release": (i32, [u64]),
         "tutti_save": (i32, [u64, p(u64), u32, p(i32), u32, p(u64)]),
         "tutti_save_wait_gathered": (i32, [u64]),
+        "tutti_save_gathered": (i32, [u64, p(i32)]),
         "tutti_save_release": (i32, [u64]),
         "tutti_wait_saves": (i32, [u64]),
         "tutti_get_stats": (i32, [u64, p(tutti_stats)]),

@@ -160,12 +160,18 @@ class GroupWorkers:
         return any(w.stream_wait for w in self.workers)
 
     # -- the step
-    def end_requests(self, ended: Sequence[str] = (), dropped: Sequence[str] = ()):
+    def end_requests(self, ended: Sequence[str] = (), dropped: Sequence[str] = (), finished: Sequence[str] = (),
+                     reused: Sequence[int] = ()):
+        """As WorkerSide's; ``finished`` end here too (the scheduler of a
+        hybrid model names its finished requests in ``ended``: other groups'
+        blocks are freed while a request runs), ``reused`` is not needed."""
+        ended = sorted(set(ended) | set(finished))
         for w in self.workers:
             w.end_requests(ended, dropped)
 
     def bind(self, loads: Sequence[LoadSpec] = (), saves: Sequence[SaveSpec] = (), ended: Sequence[str] = (),
-             dropped: Sequence[str] = ()):
+             dropped: Sequence[str] = (), finished: Sequence[str] = (), reused: Sequence[int] = ()):
+        ended = sorted(set(ended) | set(finished))
         by = [([], []) for _ in self.workers]
         for ld in loads:
             by[ld.group][0].append(ld)

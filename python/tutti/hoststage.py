@@ -470,6 +470,9 @@ class _StagedSave:
     def wait_gathered(self):
         """The engine's pages may be reused (they were copied out before)."""
 
+    def gathered(self) -> bool:
+        return True  # copied into the pool by HostStaging.save
+
     def release(self):
         """Hands the save to the pool, which takes its pages back once the
         save gathered them (waited for when it needs the pages, or at close)."""

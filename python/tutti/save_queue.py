@@ -74,6 +74,16 @@ class SaveQueue:
     def pending(self, req_id: str) -> bool:
         return req_id in self._wants
 
+    def unhanded(self, req_id: str) -> int:
+        """Blocks of the request's want never handed to the store yet."""
+        w = self._wants.get(req_id)
+        return len(w.spec.chain) - w.handed if w is not None else 0
+
+    def pages(self, req_id: str) -> List[int]:
+        """The page ids the request's want saves from (empty if none)."""
+        w = self._wants.get(req_id)
+        return list(w.spec.block_ids) if w is not None else []
+
     def add(self, spec):
         """The request's newest save (its chain extends the one queued)."""
         w = self._wants.get(spec.req_id)

@@ -41,8 +41,10 @@ API:
       to save for (from its lookup).
     * ``untrack(req_id)``: saves no more of the request.
     * ``request_finished(req_id) -> bool``: always False: the blocks of a
-      finished request are freed at once; its queued saves are handed over
-      by the workers before the blocks can be reused (``StepMeta.ended``).
+      finished request are freed at once; its saves go on reading them on
+      the workers until a step writes one of them afresh
+      (``StepMeta.finished``, ``StepMeta.reused``), or are ended at the next
+      step's start for a hybrid model (``StepMeta.ended``).
     * ``counters``: lookups (answered), lookups_deferred, hit tokens,
       promised blocks, save blocks, fallbacks by reason.
 
@@ -80,6 +82,12 @@ class StepMeta:
     # a preemption the engine did not report (their queued saves are dropped).
     ended: List[str] = field(default_factory=list)
     dropped: List[str] = field(default_factory=list)
+    # A model of one KV group: its finished requests, whose blocks keep their
+    # KV until allocated again, and the blocks this step writes afresh (its
+    # allocations beyond local hits, and its loads'): a finished request's
+    # saves end once a block they read is among them (WorkerSide.end_requests).
+    finished: List[str] = field(default_factory=list)
+    reused: List[int] = field(default_factory=list)
 
 
 class LocalMatcher:
@@ -126,6 +134,7 @@ class _Tracker:
     block_ids: List[int] = field(default_factory=list)  # per group (a list of lists) with rules
     computed: int = 0  # tokens computed once the step runs
     saved: int = 0  # chain blocks handed to a save so far
+    local: Optional[int] = None  # the engine's own hit (tokens) at its last lookup; None: not looked up
 
 
 @dataclass
@@ -166,6 +175,9 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, req_id: str, chain: Sequence[int], num_tokens: int,
                                    num_computed_tokens: int) -> Optional[int]:
         bt = self.block_tokens
+        tr = self._trackers.get(req_id)
+        if tr is not None:
+            tr.local = num_computed_tokens
         skip = num_computed_tokens // bt
         if self.rules is not None:
             # Whole blocks short of the last token, as vLLM's own hits of
@@ -287,17 +299,24 @@ class SchedulerSide:
         meta = StepMeta(loads=self._loads)
         self._loads = []
         sched = getattr(step, "num_scheduled_tokens", {}) or {}
+        fresh: List[int] = []  # blocks the step allocated (models of one group)
         for nr in getattr(step, "scheduled_new_reqs", ()) or ():
             tr = self._trackers.get(nr.req_id)
             if tr is not None:
                 tr.block_ids, tr.saved = self._ids(nr.block_ids), 0
                 tr.computed = nr.num_computed_tokens + sched.get(nr.req_id, 0)
+            if self.rules is None and nr.block_ids is not None:
+                # the engine's own hit is read, never written: the rest is fresh (all, for a request not looked up)
+                local = tr.local if tr is not None and tr.local is not None else 0
+                fresh.extend(_group0(nr.block_ids)[local // self.block_tokens * self.chunk_pages:])
         cached = getattr(step, "scheduled_cached_reqs", None)
         if cached is not None:
             resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
             flags = getattr(cached, "resumed_from_preemption", None)
             for i, rid in enumerate(cached.req_ids):
                 new = cached.new_block_ids[i]
+                if self.rules is None and new is not None:
+                    fresh.extend(_group0(new))
                 if rid in resumed or (flags is not None and flags[i]):
                     meta.dropped.append(rid)  # anything queued from its pages before the preemption is stale
                     tr = self._trackers.get(rid)
@@ -314,7 +333,12 @@ class SchedulerSide:
                 if tr is not None:
                     tr.computed = cached.num_computed_tokens[i] + sched.get(rid, 0)
         finished = set(getattr(step, "finished_req_ids", ()) or ())
-        meta.ended = sorted(finished | set(getattr(step, "preempted_req_ids", None) or ()))
+        preempted = set(getattr(step, "preempted_req_ids", None) or ())
+        if self.rules is None:
+            meta.ended, meta.finished = sorted(preempted), sorted(finished - preempted)
+            meta.reused = [int(b) for b in fresh] + [int(b) for ld in meta.loads for b in ld.block_ids]
+        else:  # other groups' blocks are freed while their request runs: their saves end in the step
+            meta.ended = sorted(finished | preempted)
         for rid in sched:
             tr = self._trackers.get(rid)
             if tr is not None:

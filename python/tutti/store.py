@@ -551,6 +551,13 @@ class Save(_Handle):
         """Blocks until the pages have been copied out (they may change after)."""
         _lib.check(self.store._lib.tutti_save_wait_gathered(self.handle), "tutti_save_wait_gathered")
 
+    def gathered(self) -> bool:
+        """Whether the pages have been copied out (never blocks):
+        :meth:`wait_gathered` then returns at once."""
+        out = ctypes.c_int32()
+        _lib.check(self.store._lib.tutti_save_gathered(self.handle, ctypes.byref(out)), "tutti_save_gathered")
+        return out.value == 1
+
 
 class Hold(_Handle):
     """A prefix promised by :meth:`Store.match`, pinned until released (or

@@ -85,13 +85,18 @@ def key_identity(vllm_config) -> str:
 @dataclass
 class TuttiConnectorMetadata(KVConnectorMetadata):
     """One step's loads and saves, from the scheduler to every worker, and
-    the requests whose blocks may be reused from this step on (finished or
-    preempted: hand over their queued saves; resumed: drop them)."""
+    the requests whose blocks may be reused from this step on (preempted, or
+    finished where blocks of other kinds than full attention's are: hand over
+    their queued saves; resumed: drop them; finished, one KV group: their
+    saves go on until ``reused``, the blocks the step writes afresh, names a
+    block they read: tutti.scheduler_side.StepMeta)."""
 
     loads: List[LoadSpec] = field(default_factory=list)
     saves: List[SaveSpec] = field(default_factory=list)
     ended: List[str] = field(default_factory=list)
     dropped: List[str] = field(default_factory=list)
+    finished: List[str] = field(default_factory=list)
+    reused: List[int] = field(default_factory=list)
 
 
 def _slug(s: str) -> str:
@@ -290,12 +295,13 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         """vLLM calls this first in a step, before anything writes the KV
         cache: the queued saves of requests whose blocks may be reused from
         this step on are handed over (or dropped) now."""
-        self._worker.end_requests(kv_connector_metadata.ended, kv_connector_metadata.dropped)
+        m = kv_connector_metadata
+        self._worker.end_requests(m.ended, m.dropped, m.finished, m.reused)
 
     def bind_connector_metadata(self, connector_metadata):
         super().bind_connector_metadata(connector_metadata)  # the per-layer hooks run only while metadata is bound
         m = connector_metadata
-        self._worker.bind(m.loads, m.saves, ended=m.ended, dropped=m.dropped)
+        self._worker.bind(m.loads, m.saves, ended=m.ended, dropped=m.dropped, finished=m.finished, reused=m.reused)
         self._load_started_at = None
 
     def clear_connector_metadata(self):
@@ -455,7 +461,8 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output):
         m = self._scheduler().build_meta(scheduler_output)
-        return TuttiConnectorMetadata(loads=m.loads, saves=m.saves, ended=m.ended, dropped=m.dropped)
+        return TuttiConnectorMetadata(loads=m.loads, saves=m.saves, ended=m.ended, dropped=m.dropped, finished=m.finished,
+                                      reused=m.reused)
 
     def request_finished(self, request, block_ids):
         self._keys.forget(request.request_id)

@@ -26,13 +26,15 @@ API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
     "cpu", the pool's pages, the tensors' tag) and must open a CPU-path store.
     Per engine step, in any of the orders engines use:
 
-    * ``end_requests(ended, dropped)``: before anything of the step writes
-      the KV cache (vLLM: ``handle_preemptions``), requests whose pages may
-      be reused from now on: their queued saves are handed over one last time
-      (``ended``) or forgotten (``dropped``).
-    * ``bind(loads, saves, ended=, dropped=)``: this step's :class:`LoadSpec` /
-      :class:`SaveSpec` lists (plain data: they cross processes in the
-      scheduler's metadata); ends ``ended``/``dropped`` if not done yet.
+    * ``end_requests(ended, dropped, finished, reused)``: before anything of
+      the step writes the KV cache (vLLM: ``handle_preemptions``), requests
+      whose pages may be reused from now on: their queued saves are handed
+      over one last time (``ended``) or forgotten (``dropped``); finished
+      ones' saves go on until ``reused`` names a page they read.
+    * ``bind(loads, saves, ended=, dropped=, finished=, reused=)``: this
+      step's :class:`LoadSpec` / :class:`SaveSpec` lists (plain data: they
+      cross processes in the scheduler's metadata); ends requests as
+      ``end_requests`` if not done yet.
     * ``start_load()``: starts every load of the step and returns at once
       (also started by the first ``wait_for_layer``, so calling it before the
       forward, after it, or not at all works).
@@ -75,15 +77,17 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import _args
+from .deferred_ends import DeferredEnds
 from .save_queue import FLUSH_WAIT_MS, SaveQueue
 from .store import Load, Save, Store
 from .kv_layout import KVLayout, LayoutError, check_fits, describe_kv_caches  # noqa: F401 (the worker side's API)
 from .tensor import DeviceMismatch, describe
 
 MAX_INFLIGHT_SAVES = 4096  # saves still reading a running request's pages (ends_requests); beyond: the oldest is waited for
+MAX_DEFERRED_ENDS = 1024  # finished requests whose saves still read their pages; beyond: the oldest is ended (waited for)
 
 
 # --------------------------------------------------------------- step specs
@@ -214,12 +218,15 @@ class WorkerSide:
         self._loads: Dict[str, Tuple[Load, LoadSpec]] = {}
         self._recving: Dict[str, Tuple[Load, LoadSpec]] = {}  # background loads in flight, over steps
         self._loads_started = False
-        self._saves: Dict[str, List[Save]] = {}
+        self._saves: Dict[str, List[Tuple[Save, Sequence[int]]]] = {}  # the step's: (save, its pages) per request
         self._saves_started = False
         # ends_requests: saves issued, possibly still reading their request's
         # pages, until end_requests names the request (insertion order: oldest first)
-        self._inflight: Dict[str, List[Save]] = {}
+        self._inflight: Dict[str, List[Tuple[Save, Sequence[int]]]] = {}
         self._inflight_n = 0
+        # finished requests whose saves still read (or are queued to read) their
+        # pages, which stay theirs until reused (end_requests' finished/reused)
+        self._deferred = DeferredEnds(MAX_DEFERRED_ENDS)
         self._counters = Counter()
         self._await_sending: Set[str] = set()  # finished requests whose blocks wait on their saves
         self._result = StepResult()
@@ -286,43 +293,91 @@ class WorkerSide:
 
     # -- the step
     def bind(self, loads: Sequence[LoadSpec] = (), saves: Sequence[SaveSpec] = (), await_sending: Sequence[str] = (),
-             ended: Sequence[str] = (), dropped: Sequence[str] = ()):
+             ended: Sequence[str] = (), dropped: Sequence[str] = (), finished: Sequence[str] = (),
+             reused: Iterable[int] = ()):
         """The step's transfers; ``await_sending``: requests the scheduler
         finished with their blocks held until their saves are done (reported
-        once each in ``finish_step().sending``); ``ended``/``dropped``: see
-        :meth:`end_requests` (a no-op if it ran for them already)."""
-        self.end_requests(ended, dropped)
+        once each in ``finish_step().sending``); ``ended``/``dropped``/
+        ``finished``/``reused``: see :meth:`end_requests` (a no-op if it ran
+        for them already)."""
+        self.end_requests(ended, dropped, finished, reused)
+        again = sorted({s.req_id for s in list(loads) + list(saves) if s.req_id in self._deferred})
+        if again:  # an id used again: the saves of its finished namesake end first
+            self.end_requests(again)
         self._loads_spec, self._saves_spec = list(loads), list(saves)
         self._loads_started = self._saves_started = False
         self._await_sending.update(await_sending)
 
-    def end_requests(self, ended: Sequence[str] = (), dropped: Sequence[str] = ()):
-        """Requests whose pages may be reused from this step on: ``ended``
-        (finished or preempted: their pages still hold their KV) hand their
-        queued saves to the store one last time and wait until the pages are
-        copied out; ``dropped`` (pages possibly already reused) forget theirs.
-        Call before anything of the step writes the KV cache (vLLM:
-        ``handle_preemptions``)."""
+    def end_requests(self, ended: Sequence[str] = (), dropped: Sequence[str] = (), finished: Sequence[str] = (),
+                     reused: Iterable[int] = ()):
+        """Call before anything of the step writes the KV cache (vLLM:
+        ``handle_preemptions``). ``ended`` (finished or preempted: their pages
+        still hold their KV) hand their queued saves to the store one last
+        time and wait until the pages are copied out; ``dropped`` (pages
+        possibly already reused) forget theirs. ``finished`` (pages that keep
+        their KV until allocated again: full attention's) go on reading them,
+        no wait (``save_ends_deferred``), until ``reused`` (the pages this
+        step writes afresh: allocations, loads) names one they read: their
+        saves in flight are waited for then, not their commits
+        (``save_end_reuses``). One with a chunk never handed over ends as
+        ``ended`` do: only a step hands it over, and the engine may not step
+        again. At most MAX_DEFERRED_ENDS deferred (beyond, the oldest ends:
+        ``save_ends_deferred_cap``)."""
         if self.queue is None:
             return
-        gone = list(ended) + list(dropped)
-        if any(r in self._inflight for r in gone):
-            # the engine's step waits here: how long, counted (a save still
-            # copying out a finished request's pages holds the whole batch)
-            t0 = time.monotonic()
-            self._wait_inflight(gone)
-            self._counters["save_end_waits"] += 1
-            self._counters["save_end_wait_s"] += time.monotonic() - t0
+        ended, late = list(ended), []  # late: deferred ones ended now
+        for rid in finished:
+            if rid in ended or rid in self._deferred:
+                continue
+            if self.queue.unhanded(rid):  # a queued chunk goes only at a step: the engine may not step again
+                ended.append(rid)
+                continue
+            pages = [p for _, pg in self._inflight.get(rid, ()) for p in pg] + self.queue.pages(rid)
+            self._counters["save_ends_deferred"] += bool(pages)
+            over = self._deferred.add(rid, pages)
+            self._counters["save_ends_deferred_cap"] += len(over)
+            late.extend(over)
+        hit = self._deferred.readers(reused)
+        self._counters["save_end_reuses"] += len(hit)
+        late.extend(hit)
+        for rid in late + ended + list(dropped):
+            self._deferred.remove(rid)
+        self.queue.drop(late)  # handed over whole: their commits go on, no retry once the pages are reused
+        gone = ended + late + list(dropped)
+        if not any(r in self._inflight or self.queue.pending(r) for r in gone):
+            return
+        # the engine's step waits here: how long, counted (a save still copying
+        # out a finished request's pages, or its last chunk waiting for the one
+        # before it to commit, holds the whole batch)
+        t0 = time.monotonic()
+        self._wait_inflight(gone)
         self.queue.drop(dropped)
         specs = self.queue.flush(ended)
-        if not specs:
-            return
-        self._device_sync()  # the KV they save may still be being written
-        saves = [self._issue(spec, keep=False) for spec in specs]
-        for sv in saves:
-            if sv is not None:
-                sv.wait_gathered()
+        if specs:
+            self._device_sync()  # the KV they save may still be being written
+            saves = [self._issue(spec, keep=False) for spec in specs]
+            for sv in saves:
+                if sv is not None:
+                    sv.wait_gathered()
+                    sv.release()
+        self._counters["save_end_waits"] += 1
+        self._counters["save_end_wait_s"] += time.monotonic() - t0
+
+    def _reap_deferred(self):
+        """Releases the deferred requests' saves that gathered their pages
+        (never blocks); a request with none left in flight or queued is done."""
+        for rid in self._deferred.requests():
+            svs = self._inflight.get(rid, [])
+            done = {id(sv): sv for sv, _ in svs if sv.gathered()}
+            for sv in done.values():
                 sv.release()
+            self._inflight_n -= len(done)
+            svs[:] = [(sv, pg) for sv, pg in svs if id(sv) not in done]
+            if svs:
+                continue
+            self._inflight.pop(rid, None)
+            if not self.queue.pending(rid):  # its want, handed over whole, is retried until committed
+                self._deferred.remove(rid)
 
     def start_load(self):
         """Starts the bound step's loads (once; returns at once)."""
@@ -399,7 +454,7 @@ class WorkerSide:
         if not specs:
             return
         self._device_sync()  # the KV to save must be written before tutti's copies read it
-        saves = [(spec.req_id, self._issue(spec, keep=not wait)) for spec in specs]
+        saves = [(spec.req_id, self._issue(spec, keep=not wait), spec.block_ids) for spec in specs]
         if wait:
             self._let_go(saves)
 
@@ -407,11 +462,11 @@ class WorkerSide:
         """Whether issued saves may read their pages after the step (module doc)."""
         return self._ends_requests and self.staging is None
 
-    def _let_go(self, saves: Sequence[Tuple[str, Optional[Save]]]):
-        """Ends the caller's wait on (request, save) pairs: kept in flight
-        until the request ends where the pages stay the request's
+    def _let_go(self, saves: Sequence[Tuple[str, Optional[Save], Sequence[int]]]):
+        """Ends the caller's wait on (request, save, its pages): kept in
+        flight until the request ends where the pages stay the request's
         (:meth:`_defers`), else waited until gathered and released."""
-        for rid, sv in saves:
+        for rid, sv, pages in saves:
             if sv is None:
                 continue
             if not self._defers():
@@ -422,14 +477,14 @@ class WorkerSide:
                 oldest = next(iter(self._inflight))
                 self._counters["save_inflight_cap_waits"] += 1
                 self._wait_inflight([oldest])
-            self._inflight.setdefault(rid, []).append(sv)
+            self._inflight.setdefault(rid, []).append((sv, pages))
             self._inflight_n += 1
 
     def _wait_inflight(self, req_ids: Sequence[str]):
         """Waits until the requests' saves in flight stopped reading their
         pages, and releases them."""
         for rid in req_ids:
-            for sv in self._inflight.pop(rid, ()):
+            for sv, _ in self._inflight.pop(rid, ()):
                 self._inflight_n -= 1
                 sv.wait_gathered()
                 sv.release()
@@ -450,7 +505,7 @@ class WorkerSide:
         save = self.staging.save if self.staging is not None else st.save  # host staging: None when skipped
         sv = save(spec.chain[:n], spec.block_ids[:n * cp], tokens=tokens, hashes=hashes)
         if keep and sv is not None:
-            self._saves.setdefault(spec.req_id, []).append(sv)
+            self._saves.setdefault(spec.req_id, []).append((sv, spec.block_ids))
         return sv
 
     def wait_for_save(self):
@@ -459,7 +514,7 @@ class WorkerSide:
         is in flight until its request ends."""
         self._start_saves()
         saves, self._saves = self._saves, {}
-        self._let_go([(rid, sv) for rid, svs in saves.items() for sv in svs])
+        self._let_go([(rid, sv, pg) for rid, svs in saves.items() for sv, pg in svs])
 
     def finish_step(self, finished_req_ids: Sequence[str] = ()) -> StepResult:
         """Ends the step's loads (waits for the rest of them) and returns the
@@ -486,6 +541,7 @@ class WorkerSide:
         self._await_sending.difference_update(done)
         if self.queue is not None:
             self._hand_ready(wait=True)  # a chunk whose one before committed during the step goes now
+            self._reap_deferred()
             res.counters.update(self.queue.take_counters())
         res.counters.update(self._counters)
         self._counters.clear()
@@ -527,10 +583,11 @@ class WorkerSide:
         self._loads.clear()
         self._recving.clear()
         for saves in self._saves.values():
-            for sv in saves:
+            for sv, _ in saves:
                 sv.release()
         self._saves.clear()
         self._wait_inflight(list(self._inflight))
+        self._deferred.clear()
         if self.staging is not None:  # waits for its saves to gather, then frees the pool
             self.staging.close()
             self.staging = None

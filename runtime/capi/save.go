@@ -46,6 +46,27 @@ func tutti_save_wait_gathered(save C.uint64_t) (rc C.int32_t) {
 	}())
 }
 
+//export tutti_save_gathered
+func tutti_save_gathered(save C.uint64_t, outGathered *C.int32_t) (rc C.int32_t) {
+	defer guard("tutti_save_gathered", &rc)
+	return finish("tutti_save_gathered", func() error {
+		if outGathered == nil {
+			return errorf(errInvalidArgument, "out_gathered is NULL")
+		}
+		*outGathered = 0
+		se, err := saveArg(save)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-se.s.Gathered():
+			*outGathered = 1
+		default:
+		}
+		return nil
+	}())
+}
+
 //export tutti_save_release
 func tutti_save_release(save C.uint64_t) (rc C.int32_t) {
 	defer guard("tutti_save_release", &rc)

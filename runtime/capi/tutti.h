@@ -47,7 +47,7 @@ extern "C" {
  * and minor >= the minor it needs. tutti_abi_version() returns
  * (major << 16) | minor. */
 #define TUTTI_ABI_MAJOR 1
-#define TUTTI_ABI_MINOR 8
+#define TUTTI_ABI_MINOR 9
 
 typedef enum tutti_status {
 	TUTTI_OK = 0,
@@ -353,6 +353,12 @@ int32_t tutti_save(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t 
 
 /* Blocks until the save has copied its pages out of KV memory. */
 int32_t tutti_save_wait_gathered(uint64_t save);
+
+/* ABI 1.9: *out_gathered = 1 once the save has copied its pages out of KV
+ * memory (tutti_save_wait_gathered would not block; the pages may change),
+ * else 0. Never blocks: an engine that lets a finished request's pages wait
+ * until they are reused polls it. */
+int32_t tutti_save_gathered(uint64_t save, int32_t *out_gathered);
 
 /* Waits for gathering if needed, then frees the save handle (the write itself
  * continues; tutti_wait_saves waits for it). */
