@@ -3,14 +3,14 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tutti-io/tutti/objmap"
 	"github.com/tutti-io/tutti/prefix"
 	"github.com/tutti-io/tutti/runtime/internal/kvmeta"
-	"github.com/tutti-io/tutti/runtime/internal/mover"
 	"github.com/tutti-io/tutti/runtime/internal/nodewire"
 	"github.com/tutti-io/tutti/runtime/internal/prewrite"
 	"github.com/tutti-io/tutti/uring"
@@ -19,7 +19,7 @@ import (
 
 // ErrServiceLost is wrapped by the control calls of a connected store
 // whose service went away: its loads are misses and its saves are skipped
-// (SkipIOError) until the engine connects again.
+// (SkipIOError) until the store has connected again (remoteControl).
 var ErrServiceLost = errors.New("runtime: node service connection lost")
 
 // Connect is Open for an engine on a node whose store is served by a
@@ -34,8 +34,9 @@ var ErrServiceLost = errors.New("runtime: node service connection lost")
 // Match and Discard work as on an opened store and see every engine's
 // saves; what the service owns is not here: TakeKVEvents and Check return
 // errors (the service publishes KV events and registers the node once),
-// Stats has no Index or Map. Close closes the connection: the service releases
-// whatever the store still held.
+// Stats has no Index or Map. A lost connection is dialed again in the
+// background (remoteControl; Stats.Service). Close closes the connection:
+// the service releases whatever the store still held.
 func Connect(socket string, cfg Config) (*Store, error) {
 	rc, hello, err := dialService(socket, cfg)
 	if err != nil {
@@ -67,52 +68,66 @@ func Connect(socket string, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// remoteControl is the control path of a connected store: each call is a
-// request to the service, answered on the connection's reader goroutine.
+// remoteControl is the control path of a connected store: its calls go to
+// the service over the current session (connect_session.go). When that
+// session is lost, calls fail (misses, skipped saves) while the store dials
+// again in the background, backing off from ReconnectMinDelay to
+// ReconnectMaxDelay; it takes the new session once every load and save of
+// the lost one ended, and only if the service serves the same store: the
+// same directories, layout and pool files (the very inodes this process
+// has open). A service that restarted on other files is refused for good
+// (Stats.Service.ReconnectError): the engine must connect again.
 type remoteControl struct {
-	conn   *net.UnixConn
-	socket string
+	socket      string
+	fingerprint string
 	// lay is the service's layout (from its hello): where every run's
 	// bytes lie, for this store's own reads and writes.
-	lay     objmap.Layout
-	keeps   bool
-	files   []*uring.File
-	wmu     sync.Mutex
-	next    atomic.Uint64
-	mu      sync.Mutex
-	waiting map[uint64]chan reply
-	lost    error
-	done    chan struct{}
+	lay    objmap.Layout
+	hello  nodewire.HelloResp // the first hello: a later one must name the same store
+	keeps  atomic.Bool
+	files  []*uring.File
+	fileID []fileID
+
+	mu       sync.Mutex
+	cur      *session
+	closed   bool
+	dialing  bool
+	stop     chan struct{}
+	dialDone chan struct{}
+	refused  error // why a reconnect was refused for good
+
 	// errs counts control calls that failed (their loads missed, their
 	// saves were skipped); lastErr is the last one's.
-	errs    atomic.Int64
-	lastErr atomic.Value
+	errs       atomic.Int64
+	lastErr    atomic.Value
+	reconnects atomic.Int64
 }
 
-type reply struct {
-	payload []byte
-	err     error
-}
+// Reconnect pacing: the first retry after a loss, and the longest wait
+// between two.
+const (
+	ReconnectMinDelay = 50 * time.Millisecond
+	ReconnectMaxDelay = 5 * time.Second
+)
+
+// fileID is a pool file's identity: a service restarted on files made
+// anew (same paths, other inodes) is another store.
+type fileID struct{ dev, ino uint64 }
 
 // dialService connects to socket and says hello.
 func dialService(socket string, cfg Config) (*remoteControl, *nodewire.HelloResp, error) {
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+	rc := &remoteControl{socket: socket, fingerprint: fingerprint(cfg.Geometry), stop: make(chan struct{})}
+	s, h, err := rc.dialSession()
 	if err != nil {
-		return nil, nil, fmt.Errorf("runtime: connect to %s: %w", socket, err)
+		return nil, nil, err
 	}
-	rc := &remoteControl{conn: c, socket: socket, waiting: make(map[uint64]chan reply), done: make(chan struct{})}
-	go rc.read()
-	m, err := rc.call(nodewire.OpHello, &nodewire.Hello{Version: nodewire.Version, Fingerprint: fingerprint(cfg.Geometry)})
-	if err != nil {
-		_ = rc.close()
-		return nil, nil, fmt.Errorf("runtime: connect to %s: %w", socket, err)
-	}
-	h := m.(*nodewire.HelloResp)
 	if rc.lay, err = helloLayout(cfg, h); err != nil {
-		_ = rc.close()
+		s.close()
 		return nil, nil, fmt.Errorf("runtime: connect to %s: %w", socket, err)
 	}
-	rc.keeps = h.KeepsMeta
+	rc.hello = *h
+	rc.keeps.Store(h.KeepsMeta)
+	rc.adopt(s)
 	return rc, h, nil
 }
 
@@ -147,70 +162,137 @@ func (rc *remoteControl) openFiles(paths []string, buffered bool) error {
 			return fmt.Errorf("opening pool file %s the service named: %w", p, err)
 		}
 		rc.files = append(rc.files, f)
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.FD), &st); err != nil {
+			return fmt.Errorf("pool file %s: %w", p, err)
+		}
+		rc.fileID = append(rc.fileID, fileID{uint64(st.Dev), st.Ino})
 	}
 	return nil
 }
 
-// read dispatches responses until the connection fails; then every call
-// waiting and every later one fails with ErrServiceLost.
-func (rc *remoteControl) read() {
-	defer close(rc.done)
+// session is the current session (lost or not).
+func (rc *remoteControl) session() *session {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.cur
+}
+
+// lost starts dialing again once the current session is lost (unless the
+// store closes or a reconnect was refused for good).
+func (rc *remoteControl) lost(s *session) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.closed || rc.dialing || rc.refused != nil || s != rc.cur {
+		return
+	}
+	rc.dialing, rc.dialDone = true, make(chan struct{})
+	go rc.redial(s, rc.dialDone)
+}
+
+// redial dials until a session serves this store again, the store closes,
+// or the service turns out to serve another store.
+func (rc *remoteControl) redial(old *session, done chan struct{}) {
+	defer close(done)
+	delay := ReconnectMinDelay
 	for {
-		f, _, err := nodewire.ReadFrame(rc.conn, nil)
-		if err == nil {
-			rc.mu.Lock()
-			ch := rc.waiting[f.ID]
-			delete(rc.waiting, f.ID)
-			rc.mu.Unlock()
-			if ch != nil {
-				ch <- reply{payload: f.Payload}
-			}
-			continue
+		select {
+		case <-rc.stop:
+			rc.endDial(nil)
+			return
+		case <-time.After(delay):
 		}
-		rc.mu.Lock()
-		rc.lost = fmt.Errorf("%w: %w", ErrServiceLost, err)
-		for id, ch := range rc.waiting {
-			ch <- reply{err: rc.lost}
-			delete(rc.waiting, id)
+		delay = min(2*delay, ReconnectMaxDelay)
+		if old.io.Load() > 0 {
+			continue // the lost session's reads and writes first
 		}
-		rc.mu.Unlock()
+		s, h, err := rc.dialSession()
+		if err != nil {
+			continue // the service is not back yet
+		}
+		if err := rc.sameStore(h); err != nil {
+			s.close()
+			rc.endDial(rc.failed(fmt.Errorf("runtime: reconnect to %s refused: %w", rc.socket, err)))
+			return
+		}
+		rc.keeps.Store(h.KeepsMeta)
+		rc.endDial(nil)
+		if !rc.adopt(s) {
+			s.close() // the store closed meanwhile
+			return
+		}
+		rc.reconnects.Add(1)
 		return
 	}
 }
 
-// call sends req as op and waits for its response.
-func (rc *remoteControl) call(op nodewire.Op, req nodewire.Msg) (nodewire.Msg, error) {
-	id := rc.next.Add(1)
-	ch := make(chan reply, 1)
+// endDial ends a redial, refused for good if refused is not nil.
+func (rc *remoteControl) endDial(refused error) {
 	rc.mu.Lock()
-	if rc.lost != nil {
-		err := rc.lost
+	defer rc.mu.Unlock()
+	rc.dialing = false
+	if refused != nil {
+		rc.refused = refused
+	}
+}
+
+// adopt makes s the current session unless the store closed; a session
+// lost before it was adopted (its reader found it was not the current
+// one) is dialed again now.
+func (rc *remoteControl) adopt(s *session) bool {
+	rc.mu.Lock()
+	if rc.closed {
 		rc.mu.Unlock()
-		return nil, rc.failed(err)
+		return false
 	}
-	rc.waiting[id] = ch
+	rc.cur = s
 	rc.mu.Unlock()
-	e := nodewire.Enc{}
-	req.Encode(&e)
-	rc.wmu.Lock()
-	_, werr := rc.conn.Write(nodewire.AppendFrame(nil, op, id, e.B))
-	rc.wmu.Unlock()
-	if werr != nil {
-		_ = rc.conn.Close() // the reader fails every waiter, this one too
+	s.mu.Lock()
+	lost := s.lost != nil
+	s.mu.Unlock()
+	if lost {
+		rc.lost(s)
 	}
-	r := <-ch
-	if r.err != nil {
-		return nil, rc.failed(r.err)
+	return true
+}
+
+// sameStore checks that a new hello names the store this one placed its
+// bytes by: same directories, layout and pool files, still the inodes
+// this process has open.
+func (rc *remoteControl) sameStore(h *nodewire.HelloResp) error {
+	was := rc.hello
+	if !slices.Equal(h.Dirs, was.Dirs) || !slices.Equal(h.Files, was.Files) || h.FilesPerDir != was.FilesPerDir ||
+		h.RunWidth != was.RunWidth || h.Buffered != was.Buffered {
+		return fmt.Errorf("%w: the service now serves directories %v (%d files each, runs over %d devices), "+
+			"this engine connected to %v (%d, %d)", ErrSettingsMismatch, h.Dirs, h.FilesPerDir, h.RunWidth,
+			was.Dirs, was.FilesPerDir, was.RunWidth)
 	}
-	m, rerr, err := nodewire.DecodeResponse(op, r.payload)
-	if err != nil {
-		_ = rc.conn.Close()
-		return nil, rc.failed(fmt.Errorf("%w: %w", ErrServiceLost, err))
+	for i, p := range h.Files {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			return fmt.Errorf("pool file %s: %w", p, err)
+		}
+		if (fileID{uint64(st.Dev), st.Ino}) != rc.fileID[i] {
+			return fmt.Errorf("%w: pool file %s was made anew since this engine opened it", ErrSettingsMismatch, p)
+		}
 	}
-	if rerr != nil {
-		rc.failed(rerr)
+	return nil
+}
+
+// link is Stats.Service.
+func (rc *remoteControl) link() ServiceLink {
+	l := ServiceLink{Socket: rc.socket, ControlErrors: rc.errs.Load(), Reconnects: rc.reconnects.Load()}
+	l.LastError, _ = rc.lastErr.Load().(string)
+	rc.mu.Lock()
+	s := rc.cur
+	if rc.refused != nil {
+		l.ReconnectError = rc.refused.Error()
 	}
-	return m, rerr
+	rc.mu.Unlock()
+	s.mu.Lock()
+	l.Connected = s.lost == nil
+	s.mu.Unlock()
+	return l
 }
 
 // failed counts a failed call and returns its error.
@@ -221,58 +303,51 @@ func (rc *remoteControl) failed(err error) error {
 }
 
 func (rc *remoteControl) close() error {
-	err := rc.conn.Close()
-	<-rc.done
+	rc.mu.Lock()
+	rc.closed = true
+	close(rc.stop)
+	dialing, done, s := rc.dialing, rc.dialDone, rc.cur
+	rc.mu.Unlock()
+	if dialing {
+		<-done
+	}
+	err := s.conn.Close()
+	<-s.done
 	for _, f := range rc.files {
 		_ = unix.Close(int(f.FD))
 	}
 	return err
 }
 
-func (rc *remoteControl) Lookup(chain []uint64) int {
-	m, err := rc.call(nodewire.OpLookup, &nodewire.Lookup{Chain: chain})
-	if err != nil {
-		return 0 // a miss, counted in failed
-	}
-	return min(m.(*nodewire.Count).N, len(chain))
+// bind is the session a save's transaction calls (its reservations are
+// that connection's), counted in its io until the save ends (Save.finish).
+func (rc *remoteControl) bind() *session {
+	s := rc.session()
+	s.io.Add(1)
+	return s
 }
 
-// Reserve leaves ready to the service, which checks its own journal.
-func (rc *remoteControl) Reserve(chain []uint64, meta []kvmeta.Meta, _ func() error) (int, int, prefix.StopReason, error) {
-	req := &nodewire.Reserve{Chain: chain}
-	for _, x := range meta {
-		req.Meta = append(req.Meta, nodewire.Meta(x))
-	}
-	m, err := rc.call(nodewire.OpReserve, req)
-	r, _ := m.(*nodewire.ReserveResp)
-	if r == nil {
-		return 0, 0, 0, err
-	}
-	if r.From > len(chain) || r.N > len(chain)-r.From {
-		return 0, 0, 0, rc.failed(fmt.Errorf("%w: reserved %d blocks after %d of %d", nodewire.ErrProtocol, r.N, r.From, len(chain)))
-	}
-	return r.From, r.N, r.Stop, err
+// The control interface, over the current session.
+
+func (rc *remoteControl) Lookup(chain []uint64) int { return rc.session().Lookup(chain) }
+
+func (rc *remoteControl) Reserve(chain []uint64, meta []kvmeta.Meta, ready func() error) (int, int, prefix.StopReason, error) {
+	return rc.session().Reserve(chain, meta, ready)
 }
 
 func (rc *remoteControl) Allocate(n, ways int) ([]objmap.Reservation, error) {
-	m, err := rc.call(nodewire.OpAllocate, &nodewire.Allocate{N: n, Ways: ways})
-	if m == nil {
-		return nil, err
-	}
-	return rc.checkRes(m.(*nodewire.Reservations).Res, err)
+	return rc.session().Allocate(n, ways)
 }
 
 func (rc *remoteControl) AllocateOne(k int) (objmap.Reservation, error) {
-	m, err := rc.call(nodewire.OpAllocateOne, &nodewire.AllocateOne{K: k})
-	if err != nil {
-		return objmap.Reservation{}, err
-	}
-	res, err := rc.checkRes(m.(*nodewire.Reservations).Res, nil)
-	if err != nil || len(res) != 1 || res[0].Chunks != k {
-		return objmap.Reservation{}, rc.failed(fmt.Errorf("%w: one run of %d blocks asked, %d runs given (%v)", nodewire.ErrProtocol, k, len(res), err))
-	}
-	return res[0], nil
+	return rc.session().AllocateOne(k)
 }
+
+func (rc *remoteControl) Abort(r objmap.Reservation) error { return rc.session().Abort(r) }
+
+func (rc *remoteControl) Unreserve(ids []uint64) error { return rc.session().Unreserve(ids) }
+
+func (rc *remoteControl) Commit(reqs []objmap.CommitRequest) error { return rc.session().Commit(reqs) }
 
 // checkRes fails closed on a reservation the layout cannot place (a file
 // this store does not have, a misaligned offset, a bad chunk count).
@@ -285,56 +360,19 @@ func (rc *remoteControl) checkRes(res []objmap.Reservation, err error) ([]objmap
 	return res, err
 }
 
-func (rc *remoteControl) Abort(r objmap.Reservation) error {
-	_, err := rc.call(nodewire.OpAbort, &nodewire.Abort{Res: r})
-	return err
-}
-
-func (rc *remoteControl) Unreserve(ids []uint64) error {
-	_, err := rc.call(nodewire.OpUnreserve, &nodewire.Unreserve{IDs: ids})
-	return err
-}
-
-func (rc *remoteControl) Commit(reqs []objmap.CommitRequest) error {
-	_, err := rc.call(nodewire.OpCommit, &nodewire.Commit{Reqs: reqs})
-	return err
-}
-
 func (rc *remoteControl) Layout() objmap.Layout { return rc.lay }
 
 func (rc *remoteControl) pin(chain []uint64, skip int, miss *[numMissCauses]int64) *pinned {
-	p := &pinned{chain: chain}
-	m, err := rc.call(nodewire.OpPin, &nodewire.Pin{Chain: chain, Skip: skip})
-	if err != nil {
-		return p // a miss, counted in failed
-	}
-	r := m.(*nodewire.PinResp)
-	p.n, p.id = min(r.N, len(chain)), r.ID
-	miss[MissNotFound] += int64(r.NotFound)
-	for i := range r.Spans {
-		sp := &r.Spans[i]
-		if _, err := rc.lay.Span(sp.Info.Place(), 0, sp.First, sp.K); err != nil {
-			rc.failed(fmt.Errorf("%w: run %d: %w", nodewire.ErrProtocol, sp.Info.ID, err))
-			break // the prefix ends before a run this store cannot read
-		}
-		p.runs = append(p.runs, mover.Run{Info: &sp.Info, First: sp.First, K: sp.K, ChainPos: sp.ChainPos})
-	}
-	return p
+	return rc.session().pin(chain, skip, miss)
 }
 
-func (rc *remoteControl) unpin(p *pinned) {
-	if p.id != 0 {
-		_, _ = rc.call(nodewire.OpUnpin, &nodewire.Unpin{ID: p.id}) // a lost service released it
-	}
-}
+// unpin and corrupt go to the pin's own session.
+func (rc *remoteControl) unpin(p *pinned) { p.sess.unpin(p) }
 
-func (rc *remoteControl) corrupt(p *pinned, i int) bool {
-	m, err := rc.call(nodewire.OpCorrupt, &nodewire.Corrupt{ID: p.id, Run: i})
-	return err == nil && m.(*nodewire.Flag).V
-}
+func (rc *remoteControl) corrupt(p *pinned, i int) bool { return p.sess.corrupt(p, i) }
 
 func (rc *remoteControl) discard(id uint64) (int, error) {
-	m, err := rc.call(nodewire.OpDiscard, &nodewire.Discard{Block: id})
+	m, err := rc.session().call(nodewire.OpDiscard, &nodewire.Discard{Block: id})
 	if err != nil {
 		return 0, err
 	}
@@ -342,7 +380,7 @@ func (rc *remoteControl) discard(id uint64) (int, error) {
 }
 
 func (rc *remoteControl) resident() []ResidentBlock {
-	m, err := rc.call(nodewire.OpResident, &nodewire.Resident{})
+	m, err := rc.session().call(nodewire.OpResident, &nodewire.Resident{})
 	if err != nil {
 		return nil
 	}
@@ -357,7 +395,7 @@ func (rc *remoteControl) resident() []ResidentBlock {
 // journalReady: the service checks its journal when a save reserves.
 func (rc *remoteControl) journalReady() error { return nil }
 
-func (rc *remoteControl) keepsMeta() bool { return rc.keeps }
+func (rc *remoteControl) keepsMeta() bool { return rc.keeps.Load() }
 
 // servicePool is a connected store's prewrite pool: the service's store
 // prewrites, so this one is off and reports nothing written here.

@@ -45,6 +45,21 @@ type pinned struct {
 	runs    []mover.Run
 	entries []*catalog.Run // local: runs[i]'s in the catalog
 	id      uint64         // remote: the service's handle
+	sess    *session       // remote: the connection the handle is of
+}
+
+// ioBegin and ioEnd bracket a load's reads of p's runs: a remote pin's
+// session counts them (a lost session is redialed only once none is left).
+func (p *pinned) ioBegin() {
+	if p.sess != nil {
+		p.sess.io.Add(1)
+	}
+}
+
+func (p *pinned) ioEnd() {
+	if p.sess != nil {
+		p.sess.io.Add(-1)
+	}
 }
 
 // localControl is the control path of an opened store: its own index,

@@ -197,6 +197,7 @@ func (s *Store) startLoad(chain []uint64, pages []int32, opts LoadOptions) (*Loa
 	l := &Load{s: s, chain: chain, pages: pages, skip: opts.Skip}
 	l.cond.L = &l.mu
 	l.pin = s.ctl.pin(chain, opts.Skip, &l.missBlocks)
+	l.pin.ioBegin()
 	l.pinned, l.runs = l.pin.n, l.pin.runs
 	cached := 0
 	for _, r := range l.runs {
@@ -335,6 +336,7 @@ func (l *Load) finish() {
 	// Account and unpin before Wait returns, so the caller's next Stats or
 	// Lookup sees this load whole.
 	if l.pin != nil {
+		l.pin.ioEnd()
 		s.ctl.unpin(l.pin)
 	}
 	st := &s.stats

@@ -69,6 +69,7 @@ func skipCauseOf(err error) SkipCause {
 type Save struct {
 	s        *Store
 	txn      *admission.Txn // its reservations; the driver's until done
+	sess     *session       // a connected store's: the connection txn's reservations are of
 	gathered chan struct{}
 	done     chan struct{}
 	startNs  int64      // the scheduler's clock at Save's call
@@ -143,7 +144,12 @@ func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta) (*Save, 
 	sv := &Save{s: s, gathered: make(chan struct{}), done: make(chan struct{}), startNs: s.sched.NowNs()}
 	s.stats.saves.Add(1)
 	s.stats.saveBlocks.Add(int64(len(chain)))
-	txn := admission.Admit(&admission.Store{Ctl: s.ctl, Sched: s.sched, Geo: s.geo,
+	ctl := admission.Control(s.ctl)
+	if s.remote != nil { // the transaction's reservations are one connection's
+		sv.sess = s.remote.bind()
+		ctl = sv.sess
+	}
+	txn := admission.Admit(&admission.Store{Ctl: ctl, Sched: s.sched, Geo: s.geo,
 		Dirs: len(s.cfg.Dirs), MaxWriteIOBytes: s.maxWriteIOBytes}, chain, meta, s.journalReady,
 		admission.Events{Skip: sv.skip, Saved: sv.commit})
 	sv.txn = txn
@@ -205,6 +211,9 @@ func (sv *Save) finish() {
 	case <-sv.gathered:
 	default:
 		close(sv.gathered)
+	}
+	if sv.sess != nil {
+		sv.sess.io.Add(-1)
 	}
 	close(sv.done)
 	s.endOp()

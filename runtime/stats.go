@@ -50,6 +50,13 @@ type ServiceLink struct {
 	// for; LastError is the last one's.
 	ControlErrors int64  `json:"control_errors"`
 	LastError     string `json:"last_error"`
+	// Connected says whether the current connection is up; Reconnects
+	// counts connections made again after one was lost; ReconnectError
+	// says why the store stopped dialing (the service serves another
+	// store now: the engine must connect again), empty while it dials.
+	Connected      bool   `json:"connected"`
+	Reconnects     int64  `json:"reconnects"`
+	ReconnectError string `json:"reconnect_error"`
 }
 
 // PathStats is the data path the store runs on.
@@ -260,8 +267,7 @@ func (s *Store) snapshot() Stats {
 	st.Devices.Reprobes, st.Devices.ReprobeFailures, st.Devices.ReprobeSkips, st.Devices.ReprobeError = s.reprobe.Stats()
 	st.Prewrite = s.prewriteStats()
 	if rc := s.remote; rc != nil {
-		st.Service.Socket, st.Service.ControlErrors = rc.socket, rc.errs.Load()
-		st.Service.LastError, _ = rc.lastErr.Load().(string)
+		st.Service = rc.link()
 	}
 	return st
 }

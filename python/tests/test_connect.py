@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import tutti
@@ -27,10 +28,13 @@ class ConnectTest(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="tutti-pyserve-")
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.socket = os.path.join(self.dir, "s.sock")
+        self.start()
+        self.addCleanup(self.stop)
+
+    def start(self):
         self.proc = subprocess.Popen([os.environ["TUTTI_BIN"], "serve", "--dir", os.path.join(self.dir, "d"),
                                       "--socket", self.socket, "--model", "tiny", "--capacity-blocks", "64"],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.addCleanup(self.stop)
         ready = json.loads(self.proc.stdout.readline())
         self.assertEqual(ready["op"], "ready")
 
@@ -68,6 +72,37 @@ class ConnectTest(unittest.TestCase):
             for plane in range(TINY.planes):
                 for p in pages:
                     self.assertEqual(self.page(bbufs, layer, plane, p), self.page(abufs, layer, plane, p))
+
+    def test_engine_connects_again_after_the_service_was_killed(self):
+        """kill -9 of `tutti serve`: the engine fails closed (misses), then,
+        once a service is back on the same store, connects again by itself
+        and restores what it saved before, bit for bit."""
+        a, bufs = self.engine()
+        for i, buf in enumerate(bufs):
+            buf.fill_random(11 + i)
+        blocks = 2
+        chain = tutti.chain_from_tokens(list(range(5, 5 + blocks * TINY.block_tokens)), TINY.block_tokens)
+        pages = list(range(blocks * TINY.chunk_pages))
+        want = [self.page(bufs, l, pl, p) for l in range(TINY.layers) for pl in range(TINY.planes) for p in pages]
+        with a.save(chain, pages) as sv:
+            sv.wait_gathered()
+        a.wait_saves()
+        self.proc.kill()
+        self.proc.communicate(timeout=30)
+        self.assertEqual(a.lookup(chain), 0)
+        self.assertFalse(a.stats().service.connected)
+        self.start()
+        deadline = time.monotonic() + 20
+        while a.stats().service.reconnects < 1:
+            self.assertLess(time.monotonic(), deadline, a.stats().service)
+            time.sleep(0.02)
+        self.assertEqual(a.lookup(chain), blocks)
+        for buf in bufs:
+            buf.fill_random(99)
+        with a.load(chain, pages) as ld:
+            self.assertEqual(ld.wait(), blocks)
+        got = [self.page(bufs, l, pl, p) for l in range(TINY.layers) for pl in range(TINY.planes) for p in pages]
+        self.assertEqual(got, want)
 
     def test_bad_arguments(self):
         with self.assertRaises(ValueError):

@@ -200,7 +200,7 @@ class Engine:
         ``check_layer(l)``: the layer is in memory) and the save hook, the
         save point, the step's end."""
         w = self.worker
-        w.bind(meta.loads, meta.saves, ended=meta.ended, dropped=meta.dropped)
+        w.bind(meta.loads, meta.saves, ended=meta.ended, dropped=meta.dropped, finished=meta.finished, reused=meta.reused)
         w.start_load()
         for layer, n in enumerate(self.names):
             w.wait_for_layer(n)
@@ -258,7 +258,8 @@ class ConnectorFlowTest(unittest.TestCase):
         self.assertEqual(sched.get_num_new_matched_tokens("b", chain_b, len(prompt_b), 0), 3 * bt)
         sched.update_state_after_alloc("b", pages_b, 3 * bt)  # as vLLM's scheduler would
         meta = sched.build_meta(NS(num_scheduled_tokens={}, finished_req_ids={"a"}))
-        self.assertEqual(meta.ended, ["a"])
+        self.assertEqual((meta.ended, meta.finished), ([], ["a"]))  # its pages keep its KV until allocated again
+        self.assertEqual(sorted(meta.reused), pages_b[:3 * cp])  # b's load writes these
         self.assertEqual([(x.req_id, x.chain, x.skip, x.block_ids) for x in meta.loads], [("b", chain, 0, pages_b[:3 * cp])])
 
         def layer_restored(layer):  # bit-exact once its wait returned, before the next layer's
