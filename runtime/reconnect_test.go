@@ -20,6 +20,32 @@ func serveAt(t *testing.T, cfg Config, socket string) *Service {
 	return v
 }
 
+// servedEngine is an engine connected to a service whose socket path a
+// restarted service can take again; the engine closes with the test.
+func servedEngine(t *testing.T) (Config, string, *Service, *Store, *HostKV) {
+	t.Helper()
+	cfg := testConfig(t, tinyGeometry(), kvshape.LayoutPerLayer, 64)
+	socket := filepath.Join(t.TempDir(), "tutti.sock")
+	v := serveAt(t, cfg, socket)
+	a, kv := connectKV(t, v, cfg)
+	t.Cleanup(func() { closeKV(t, a, kv) })
+	return cfg, socket, v, a, kv
+}
+
+// saveFilled fills fresh pages with chain's blocks and saves them through
+// s; it returns the pages and the blocks saved.
+func saveFilled(t *testing.T, s *Store, kv *HostKV, rng *rand.Rand, chain []uint64) ([]int32, int) {
+	t.Helper()
+	pages := pageTable(rng, s.geo, s.cfg.NumPages, len(chain))
+	fill(kv, s.geo, chain, pages)
+	sv, err := s.Save(chain, pages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv.Wait()
+	return pages, sv.Saved()
+}
+
 // waitLink polls s's link to its service until ok holds (10 s at most).
 func waitLink(t *testing.T, s *Store, what string, ok func(ServiceLink) bool) ServiceLink {
 	t.Helper()
@@ -43,23 +69,12 @@ func waitLink(t *testing.T, s *Store, what string, ok func(ServiceLink) bool) Se
 // name another pin there: the service would refuse the call and drop the
 // connection).
 func TestConnectedStoreReconnects(t *testing.T) {
-	g := tinyGeometry()
-	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
-	socket := filepath.Join(t.TempDir(), "tutti.sock")
-	v := serveAt(t, cfg, socket)
-	a, kv := connectKV(t, v, cfg)
-	defer closeKV(t, a, kv)
+	cfg, socket, v, a, kv := servedEngine(t)
+	g := cfg.Geometry
 	rng := rand.New(rand.NewPCG(3, 4))
 	chain := chainOf(0x21, 8)
-	pages := pageTable(rng, g, cfg.NumPages, len(chain))
-	fill(kv, g, chain, pages)
-	sv, err := a.Save(chain, pages)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv.Wait()
-	if sv.Saved() != len(chain) {
-		t.Fatalf("saved %d of %d", sv.Saved(), len(chain))
+	if _, n := saveFilled(t, a, kv, rng, chain); n != len(chain) {
+		t.Fatalf("saved %d of %d", n, len(chain))
 	}
 	h, err := a.Match(chain, 0, 1<<40)
 	if err != nil || h.Blocks() != len(chain) {
@@ -94,15 +109,8 @@ func TestConnectedStoreReconnects(t *testing.T) {
 		t.Fatal(err)
 	}
 	more := chainOf(0x900, 4)
-	mp := pageTable(rng, g, cfg.NumPages, len(more))
-	fill(kv, g, more, mp)
-	sv2, err := a.Save(more, mp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv2.Wait()
-	if sv2.Saved() != len(more) || v2.Store().Lookup(more) != len(more) {
-		t.Errorf("save after the reconnect: %d of %d, the service finds %d", sv2.Saved(), len(more), v2.Store().Lookup(more))
+	if _, n := saveFilled(t, a, kv, rng, more); n != len(more) || v2.Store().Lookup(more) != len(more) {
+		t.Errorf("save after the reconnect: %d of %d, the service finds %d", n, len(more), v2.Store().Lookup(more))
 	}
 	if st := v2.Stats(); st.Refused != 0 || st.Live != 1 {
 		t.Errorf("service after the reconnect: %+v", st)
@@ -113,12 +121,7 @@ func TestConnectedStoreReconnects(t *testing.T) {
 // connection may still read or write the pool, no new connection is made
 // (a restarted service could hand that space out again).
 func TestReconnectWaitsForTheLostSessionsIO(t *testing.T) {
-	g := tinyGeometry()
-	cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
-	socket := filepath.Join(t.TempDir(), "tutti.sock")
-	v := serveAt(t, cfg, socket)
-	a, kv := connectKV(t, v, cfg)
-	defer closeKV(t, a, kv)
+	cfg, socket, v, a, _ := servedEngine(t)
 	old := a.remote.session()
 	old.io.Add(1) // as a load whose reads are in flight
 	if err := v.Close(); err != nil {
@@ -162,12 +165,7 @@ func TestReconnectRefusesAnotherStore(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			g := tinyGeometry()
-			cfg := testConfig(t, g, kvshape.LayoutPerLayer, 64)
-			socket := filepath.Join(t.TempDir(), "tutti.sock")
-			v := serveAt(t, cfg, socket)
-			a, kv := connectKV(t, v, cfg)
-			defer closeKV(t, a, kv)
+			cfg, socket, v, a, _ := servedEngine(t)
 			if err := v.Close(); err != nil {
 				t.Fatal(err)
 			}
