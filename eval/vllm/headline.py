@@ -274,6 +274,8 @@ def run_record(rate, rnd, salt, recs, wall_s, before, after, backend, kv_bytes_p
     if backend.startswith("tutti"):  # the batch's waits on ended requests' saves (docs/vllm.md, Metrics)
         rec["save_end_wait_s"] = metric_delta(before, after, "vllm:tutti_save_end_wait_seconds")
         rec["save_end_reuses"] = metric_delta(before, after, "vllm:tutti_save_end_reuses")
+        rec["save_sync_s"] = metric_delta(before, after, "vllm:tutti_save_sync_seconds")
+        rec["save_issue_s"] = metric_delta(before, after, "vllm:tutti_save_issue_seconds")
     if rec.get("restored_bytes") is None and rec["external_hit_tokens"]:
         # Not reported by the backend (LMCache here): what vLLM counted as
         # external hits, in bytes of KV; labelled implied in the report.
@@ -283,7 +285,8 @@ def run_record(rate, rnd, salt, recs, wall_s, before, after, backend, kv_bytes_p
           f"p90 {s['p90'] * 1e3:.1f} p99 {s['p99'] * 1e3:.1f} ms, external hits {rec['external_hit_tokens']}, "
           f"GPU-cache hits {rec['local_hit_tokens']}, restored {rec.get('restored_bytes')}, "
           f"steps waiting on ended requests' saves {rec.get('save_end_wait_s')} s "
-          f"({rec.get('save_end_reuses')} finished requests' blocks reused under their saves), {wall_s:.1f} s",
+          f"({rec.get('save_end_reuses')} finished requests' blocks reused under their saves), host in the save "
+          f"point {rec.get('save_sync_s')} s waiting, {rec.get('save_issue_s')} s issuing, {wall_s:.1f} s",
           flush=True)
     return rec
 

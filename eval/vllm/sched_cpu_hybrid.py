@@ -276,7 +276,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--dir", required=True)
-    p.add_argument("--phase", choices=("first", "restart", "evict-state"), required=True)
+    p.add_argument("--phase", choices=("first", "restart", "evict-state", "ttft"), required=True)
+    p.add_argument("--doc-tokens", type=int, default=384, help="ttft: tokens of each of 4 documents")
     p.add_argument("--groups", default="full,sliding:48,state")
     p.add_argument("--json", default="")
     p.add_argument("--budget-tokens", type=int, default=256)
@@ -355,6 +356,22 @@ def main(argv=None):
         print(f"evict-state: vLLM resumed doc-again at {R.first_computed.get('doc-again')} tokens with its states "
               f"evicted: {len(vllms)} wrong states read (vLLM's), tutti counted {n}")
         ok &= n == 1 and len(vllms) > 0 and flagged == {"doc-again"}
+    elif a.phase == "ttft":
+        # eval/vllm/drive.py's ttft phase: 4 documents (with a question each) that do not all fit the GPU
+        # cache prefilled together, the prefix cache reset, then one question per document, one at a time.
+        docs = [toks(rng, a.doc_tokens) for _ in range(4)]
+        qs = [toks(rng, 8) for _ in range(8)]
+        for d in range(4):
+            R.add(f"d{d}-prefill", docs[d] + qs[d], max_tokens=1)
+        R.run()
+        R.settle()
+        R.sched.reset_prefix_cache()
+        for d in range(4):
+            R.add(f"d{d}-ttft", docs[d] + qs[4 + d], max_tokens=1)
+            R.run()
+        got = {f"d{d}": R.first_computed.get(f"d{d}-ttft", 0) for d in range(4)}
+        res["checks"]["ttft"] = {"matched": got, "preemptions": sum(R.preempted.values())}
+        print(f"ttft: {sum(R.preempted.values())} preemptions in the prefill; each question matched {got}")
     else:
         R.add("doc-restart", doc + q2)
         for i, t in enumerate(longs):

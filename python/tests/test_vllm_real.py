@@ -103,6 +103,19 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertEqual(r["bad"], [], p.stdout)
         self.assertTrue(r["ok"], p.stdout)
 
+    def test_hybrid_ttft_workload(self):
+        """drive.py's ttft phase in Qwen3-Next's order at its proportions (4
+        documents that do not all fit the cache, prefilled together, then one
+        question each after a prefix-cache reset): every question hits every
+        whole block of its document, and every state and token restored is
+        the one its prefix gives (on the GPU, 2 of qwen3-next-tiny's 4 answers
+        part: BENCHMARKS.md)."""
+        r, p = self.phase("ttft", "1", "sched_cpu_hybrid.py", ("--groups", "state,state,state,full", "--blocks", "64",
+                                                               "--budget-tokens", "480", "--doc-tokens", "370"))
+        self.assertEqual(r["checks"]["ttft"]["matched"], {f"d{d}": 368 for d in range(4)}, p.stdout)
+        self.assertEqual(r["bad"], [], p.stdout)
+        self.assertTrue(r["ok"], p.stdout)
+
     def test_hybrid_engine_hit_without_state(self):
         """vLLM 0.26 with a connector and Mamba layers takes its own hit group
         by group: its states evicted, the attention blocks still there, it

@@ -297,9 +297,7 @@ class WorkerSide:
              reused: Iterable[int] = ()):
         """The step's transfers; ``await_sending``: requests the scheduler
         finished with their blocks held until their saves are done (reported
-        once each in ``finish_step().sending``); ``ended``/``dropped``/
-        ``finished``/``reused``: see :meth:`end_requests` (a no-op if it ran
-        for them already)."""
+        once each in ``finish_step().sending``); the rest: :meth:`end_requests`."""
         self.end_requests(ended, dropped, finished, reused)
         again = sorted({s.req_id for s in list(loads) + list(saves) if s.req_id in self._deferred})
         if again:  # an id used again: the saves of its finished namesake end first
@@ -453,8 +451,12 @@ class WorkerSide:
         specs = self.queue.ready() if self.queue is not None and len(self.queue) else []
         if not specs:
             return
+        t0 = time.monotonic()
         self._device_sync()  # the KV to save must be written before tutti's copies read it
+        t1 = time.monotonic()
         saves = [(spec.req_id, self._issue(spec, keep=not wait), spec.block_ids) for spec in specs]
+        self._counters["save_sync_s"] += t1 - t0  # the host's time here holds the step: counted
+        self._counters["save_issue_s"] += time.monotonic() - t1
         if wait:
             self._let_go(saves)
 
