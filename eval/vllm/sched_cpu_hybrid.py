@@ -278,6 +278,7 @@ def main(argv=None):
     p.add_argument("--dir", required=True)
     p.add_argument("--phase", choices=("first", "restart", "evict-state", "ttft"), required=True)
     p.add_argument("--doc-tokens", type=int, default=384, help="ttft: tokens of each of 4 documents")
+    p.add_argument("--question-tokens", type=int, default=8, help="ttft: tokens of each question")
     p.add_argument("--groups", default="full,sliding:48,state")
     p.add_argument("--json", default="")
     p.add_argument("--budget-tokens", type=int, default=256)
@@ -360,7 +361,7 @@ def main(argv=None):
         # eval/vllm/drive.py's ttft phase: 4 documents (with a question each) that do not all fit the GPU
         # cache prefilled together, the prefix cache reset, then one question per document, one at a time.
         docs = [toks(rng, a.doc_tokens) for _ in range(4)]
-        qs = [toks(rng, 8) for _ in range(8)]
+        qs = [toks(rng, a.question_tokens) for _ in range(8)]
         for d in range(4):
             R.add(f"d{d}-prefill", docs[d] + qs[d], max_tokens=1)
         R.run()
