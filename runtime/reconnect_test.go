@@ -32,20 +32,6 @@ func servedEngine(t *testing.T) (Config, string, *Service, *Store, *HostKV) {
 	return cfg, socket, v, a, kv
 }
 
-// saveFilled fills fresh pages with chain's blocks and saves them through
-// s; it returns the pages and the blocks saved.
-func saveFilled(t *testing.T, s *Store, kv *HostKV, rng *rand.Rand, chain []uint64) ([]int32, int) {
-	t.Helper()
-	pages := pageTable(rng, s.geo, s.cfg.NumPages, len(chain))
-	fill(kv, s.geo, chain, pages)
-	sv, err := s.Save(chain, pages)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv.Wait()
-	return pages, sv.Saved()
-}
-
 // waitLink polls s's link to its service until ok holds (10 s at most).
 func waitLink(t *testing.T, s *Store, what string, ok func(ServiceLink) bool) ServiceLink {
 	t.Helper()
@@ -70,10 +56,9 @@ func waitLink(t *testing.T, s *Store, what string, ok func(ServiceLink) bool) Se
 // connection).
 func TestConnectedStoreReconnects(t *testing.T) {
 	cfg, socket, v, a, kv := servedEngine(t)
-	g := cfg.Geometry
 	rng := rand.New(rand.NewPCG(3, 4))
 	chain := chainOf(0x21, 8)
-	if _, n := saveFilled(t, a, kv, rng, chain); n != len(chain) {
+	if n := saveFresh(t, a, kv, rng, chain).Saved(); n != len(chain) {
 		t.Fatalf("saved %d of %d", n, len(chain))
 	}
 	h, err := a.Match(chain, 0, 1<<40)
@@ -96,20 +81,9 @@ func TestConnectedStoreReconnects(t *testing.T) {
 	if n := a.Lookup(chain); n != len(chain) {
 		t.Fatalf("lookup after the reconnect: %d of %d", n, len(chain))
 	}
-	scramble(kv, g, cfg.NumPages)
-	into := pageTable(rng, g, cfg.NumPages, len(chain))
-	l, err := a.Load(chain, into)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Wait(); err != nil || l.Blocks() != len(chain) {
-		t.Fatalf("loaded %d of %d: %v (%v)", l.Blocks(), len(chain), err, l.Failure())
-	}
-	if err := verify(kv, g, chain, into, len(chain)); err != nil {
-		t.Fatal(err)
-	}
+	loadExact(t, a, kv, rng, chain, len(chain))
 	more := chainOf(0x900, 4)
-	if _, n := saveFilled(t, a, kv, rng, more); n != len(more) || v2.Store().Lookup(more) != len(more) {
+	if n := saveFresh(t, a, kv, rng, more).Saved(); n != len(more) || v2.Store().Lookup(more) != len(more) {
 		t.Errorf("save after the reconnect: %d of %d, the service finds %d", n, len(more), v2.Store().Lookup(more))
 	}
 	if st := v2.Stats(); st.Refused != 0 || st.Live != 1 {

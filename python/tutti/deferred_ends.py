@@ -27,9 +27,6 @@ class DeferredEnds:
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._pages
 
-    def __len__(self) -> int:
-        return len(self._pages)
-
     def requests(self) -> List[str]:
         return list(self._pages)
 
