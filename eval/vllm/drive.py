@@ -74,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--additional-config", default="{}",
                    help="vLLM's additional_config, JSON (a model's kernel choice, say)")
     p.add_argument("--max-steps", type=int, default=20000, help="bound on engine steps per wave")
+    p.add_argument("--state-probe", action="store_true",
+                   help="ttft: digests of the KV pages and states around each forward (eval/vllm/state_probe.py; "
+                        "a diagnostic, not a timing run; needs --init normal)")
     p.add_argument("--reserve-full-isl", default="on", choices=("on", "off"),
                    help="vLLM's scheduler_reserve_full_isl: on (vLLM 0.26's default) admits a request only when its "
                         "whole prompt fits, so only decode growth preempts; off admits on the first chunk, so "
@@ -81,6 +84,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.questions < 2:
         p.error("--questions must be at least 2 (one for each phase)")
+    if a.state_probe and (a.phase != "ttft" or a.init != "normal"):
+        p.error("--state-probe needs --phase ttft and --init normal (the engine in this process)")
     if a.doc_tokens + a.question_tokens + a.max_tokens > a.max_model_len:
         p.error("--doc-tokens + --question-tokens + --max-tokens exceed --max-model-len")
     return a
@@ -233,9 +238,35 @@ def kv_groups_of(llm) -> list:
              "block_size": g.kv_cache_spec.block_size} for g in cfg.kv_cache_groups]
 
 
-def ttft_phase(a, llm, vocab, res) -> int:
+RESET_MAX_STEPS = 200
+
+
+def reset_prefix_cache(llm, engine) -> int:
+    """Empties vLLM's GPU prefix cache, stepping the engine until it can: a
+    reset fails while any block is held, and with a connector and async
+    scheduling vLLM 0.26 frees a finished request's blocks only once the
+    step in flight after its last one is processed (Scheduler.deferred_frees),
+    which the wave's end leaves unprocessed. Returns the engine steps it
+    took; raises when it never could (the TTFTs would then measure vLLM's own
+    cache, not the restores)."""
+    for i in range(RESET_MAX_STEPS):
+        if llm.reset_prefix_cache():
+            return i
+        engine.step()
+        time.sleep(0.01)
+    raise RuntimeError(f"vLLM's prefix cache could not be reset in {RESET_MAX_STEPS} engine steps: blocks still held")
+
+
+def hit_counts(llm) -> dict:
+    """vLLM's own prefix-cache hits and a connector's (tokens), so far."""
+    m = metrics_of(llm)
+    return {k: m.get(f"vllm:{k}", 0) for k in ("prefix_cache_hits", "external_prefix_cache_hits")}
+
+
+def ttft_phase(a, llm, vocab, res, probe=None) -> int:
     """See the module doc: TTFT of each document's question, one at a time,
-    after the documents were prefilled and the GPU's prefix cache reset."""
+    after the documents were prefilled and the GPU's prefix cache reset;
+    ``probe``: a state_probe.Probe whose records the result carries."""
     from vllm import SamplingParams
 
     rng = random.Random(a.seed)
@@ -248,15 +279,21 @@ def ttft_phase(a, llm, vocab, res) -> int:
                                  a.max_steps)
     res["requests"].update(recs)
     time.sleep(a.settle_s)
-    llm.reset_prefix_cache()
+    res["prefix_cache_reset_steps"] = reset_prefix_cache(llm, engine)
     ttft = []
     for d in range(a.docs):
+        before = hit_counts(llm)
         r, _, _ = run_wave(engine, [(f"d{d}-ttft", docs[d] + qs[a.docs + d], "run")], sp, a.max_steps)
+        after = hit_counts(llm)
         res["requests"].update(r)
         rec = r[f"d{d}-ttft"]
         ttft.append({"request": f"d{d}-ttft", "ttft_s": rec.get("first_token_s"),
-                     "cached": rec.get("num_cached_tokens"), "tokens": rec.get("tokens"), "top": rec.get("top")})
+                     "cached": rec.get("num_cached_tokens"), "tokens": rec.get("tokens"), "top": rec.get("top"),
+                     "hits": {k: after[k] - before.get(k, 0) for k in after}})
     res["ttft"] = ttft
+    if probe is not None:
+        res["state_probe"], res["state_probe_dropped"] = probe.records, probe.dropped
+        res["state_probe_error"] = probe.error
     res["metrics"] = metrics_of(llm)
     with open(a.out, "w") as f:
         json.dump(res, f)
@@ -311,7 +348,12 @@ def main(argv=None):
     res["batch_invariant"] = bool(vllm_envs.VLLM_BATCH_INVARIANT)
     res["kv_cache_groups"] = kv_groups_of(llm)
     if a.phase == "ttft":
-        return ttft_phase(a, llm, vocab, res)
+        probe = None
+        if a.state_probe:
+            import state_probe
+
+            probe = state_probe.install(llm)
+        return ttft_phase(a, llm, vocab, res, probe)
     first, second = workload(a, vocab)
     waves = {"baseline": first + second, "first": first, "second": second}[a.phase]
     sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, logprobs=a.logprobs, ignore_eos=True)

@@ -76,7 +76,9 @@
 # "--gpu-blocks 400 --max-model-len 4608 --doc-tokens 4096 --reserve-full-isl off"), CHECK (1: the
 # connector's check mode on), CONTROL (1: check also runs the first phase through vLLM's OffloadingConnector,
 # once per model, and compare.py reports tutti's outputs against it: eval/vllm/compare.py's doc),
-# TUTTI_EXTRA (more kv_connector_extra_config keys, JSON members).
+# TUTTI_EXTRA (more kv_connector_extra_config keys, JSON members), TTFT_OFFLOADING (0: ttft runs no
+# OffloadingConnector row). DRIVE_ARGS=--state-probe makes ttft a diagnostic of where tutti's restored KV
+# parts from what vLLM computed (eval/vllm/state_probe.py; its timings are not TTFTs).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -95,6 +97,7 @@ BUDGET_S=${BUDGET_S:-540}
 DRIVE_ARGS=${DRIVE_ARGS:-}
 CHECK=${CHECK:-1}
 CONTROL=${CONTROL:-0}
+TTFT_OFFLOADING=${TTFT_OFFLOADING:-1}
 # The loops' limiter: emudev where the call carries bin/gpu/tutti (bin/gpu.tar.xz,
 # unpacked) and /dev/fuse exists, else io.max; every storage label names it.
 # The loops and their emudev (its own session: it outlives the call) stay
@@ -280,9 +283,15 @@ ttft_case() { # MODEL:STORAGE:PATH: TTFT of restored prefixes, recompute vs tutt
 	extra=$(tutti_extra "$storage" "$path" "") || { log "$1: storage $storage failed"; return 1; }
 	phase "$model" ttft "$RES/ttft-none-$model.json" || return 1
 	phase "$model" ttft "$RES/ttft-tutti-${1//:/-}.json" "$extra" || return 1
+	if [[ " $DRIVE_ARGS " == *" --state-probe "* ]]; then # a diagnostic run: where tutti's restored prefix parts
+		python3 eval/vllm/state_probe.py --recompute "$RES/ttft-none-$model.json" \
+			--tutti "$RES/ttft-tutti-${1//:/-}.json" | tee -a "$OUT/summary.txt"
+	fi
 	# vLLM's OffloadingConnector failing on a model (a hybrid one, say) costs its row, not tutti's.
 	local off=$RES/ttft-offloading-$model.json
-	if ! phase "$model" ttft "$off" offloading; then
+	if [ "$TTFT_OFFLOADING" = 0 ]; then
+		off=""
+	elif ! phase "$model" ttft "$off" offloading; then
 		log "$1: vLLM's OffloadingConnector failed on $model (its error: $OUT/vllm.log); the table has no row of it"
 		rm -f "$off"
 		off=""

@@ -33,6 +33,9 @@ def summary(path):
     t = [x["ttft_s"] for x in r.get("ttft", []) if x.get("ttft_s") is not None]
     return {"median_s": statistics.median(t) if t else None, "ttft_s": t,
             "cached_tokens": [x.get("cached") for x in r.get("ttft", [])],
+            # of them, vLLM's own prefix cache's and the connector's (drive.py's hit_counts; None: not recorded)
+            "local_hit_tokens": [(x.get("hits") or {}).get("prefix_cache_hits") for x in r.get("ttft", [])],
+            "connector_hit_tokens": [(x.get("hits") or {}).get("external_prefix_cache_hits") for x in r.get("ttft", [])],
             "outputs": {x["request"]: (x.get("tokens"), x.get("top")) for x in r.get("ttft", []) if x.get("request")},
             "block_size": r.get("block_size"), "kv_cache_groups": r.get("kv_cache_groups"),
             "batch_invariant": bool(r.get("batch_invariant"))}
@@ -93,9 +96,16 @@ def main(argv=None):
     groups = rows["tutti"]["kv_cache_groups"] or []
     print(f"{a.case} TTFT (median of {len(rows['tutti']['ttft_s'])} restored prefixes, block_size "
           f"{rows['tutti']['block_size']}, KV cache groups {[g['spec'] for g in groups]}):")
+    local = []
     for k, r in rows.items():
         m = r["median_s"]
-        print(f"  {k:<11} {m * 1000 if m else float('nan'):8.1f} ms   cached tokens {r['cached_tokens']}")
+        print(f"  {k:<11} {m * 1000 if m else float('nan'):8.1f} ms   cached tokens {r['cached_tokens']}"
+              + (f" (vLLM's own {r['local_hit_tokens']}, the connector's {r['connector_hit_tokens']})"
+                 if None not in r["local_hit_tokens"] else ""))
+        if k != "recompute" and any(r["local_hit_tokens"] or [None]):
+            local.append(k)
+    if local:  # the reset left vLLM's cache holding a document: its TTFT is no restore's
+        print(f"  NOT RESTORES: {', '.join(local)} served questions from vLLM's own prefix cache")
     if "offloading" not in rows:
         print("  offloading  failed: vLLM's OffloadingConnector did not run on this model (run.sh logs why)")
     ok = None not in (rec, tut)
@@ -117,7 +127,9 @@ def main(argv=None):
     for r in rows.values():
         r.pop("outputs", None)
     rows["agreement"] = agree
+    ok = ok and not local
     rows["ok"], rows["offloading_ran"], rows["batch_invariant"] = ok, off is not None, invariant
+    rows["served_from_vllm_cache"] = local
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -217,9 +217,11 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual((t["kv_connector"], t["kv_connector_module_path"]), ("TuttiConnector", "tutti.vllm"))
         self.assertEqual(t["kv_connector_extra_config"]["dirs"], [f"/mnt/l{i}/tutti-cpu" for i in range(8)])
         self.assertEqual(t["kv_connector_extra_config"]["path"], "cpu")
-        for b, want in (("tutti-gpu", None), ("tutti-gpu-async", True), ("tutti-gpu-auto", "auto")):
+        for b, want, role in (("tutti-gpu", None, "kv_both"), ("tutti-gpu-async", True, "kv_both"),
+                              ("tutti-gpu-auto", "auto", "kv_both"), ("tutti-gpu-save", None, "kv_producer")):
             extra = got[b]["kv_transfer_config"]["kv_connector_extra_config"]
-            self.assertEqual((extra["path"], extra.get("async_loads")), ("gpu", want), b)
+            self.assertEqual((extra["path"], extra.get("async_loads"), got[b]["kv_transfer_config"]["kv_role"]),
+                             ("gpu", want, role), b)
         for b in ("lmcache-disk", "lmcache-gds"):
             (path, text), = got[b]["files"].items()
             self.assertEqual(got[b]["env"]["LMCACHE_CONFIG_FILE"], path)

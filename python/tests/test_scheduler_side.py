@@ -152,6 +152,31 @@ class SchedulerSideTest(unittest.TestCase):
         # finished: its blocks keep its KV until allocated again (reused names them then)
         self.assertEqual((m6.saves, m6.ended, m6.finished, m6.reused), ([], [], ["r"], []))
 
+    def test_kv_roles(self):
+        """vLLM's kv_role: a producer's lookups miss (the store is not
+        asked, nothing held) and its steps save; a consumer loads and saves
+        nothing; kv_both does both. An unknown role is refused, named."""
+        from tutti.vllm_settings import kv_role_parts
+        chain = chain_of(5, 3)
+        for role, hit, saved in (("kv_both", 2 * BT, 1), ("kv_producer", 0, 1), ("kv_consumer", 2 * BT, 0)):
+            with self.subTest(role=role):
+                loads, saves = kv_role_parts(role)
+                m = FakeMatcher(stored=2)
+                s = SchedulerSide(m, BT, loads=loads, saves=saves)
+                s.track("r", chain)
+                self.assertEqual(s.get_num_new_matched_tokens("r", chain, 3 * BT + 1, 0), hit)
+                self.assertEqual("r" in m.held, bool(hit))
+                s.update_state_after_alloc("r", [4, 5, 6, 7], hit)
+                new = NS(req_id="r", block_ids=([4, 5, 6, 7],), num_computed_tokens=hit)
+                meta = s.build_meta(NS(scheduled_new_reqs=[new], scheduled_cached_reqs=None,
+                                       num_scheduled_tokens={"r": 3 * BT + 1 - hit}))
+                self.assertEqual(len(meta.loads), int(bool(hit)))
+                self.assertEqual(len(meta.saves), saved)
+        with self.assertRaisesRegex(ValueError, "kv_role = 'kv_bogus'"):
+            kv_role_parts("kv_bogus")
+        with self.assertRaisesRegex(ValueError, "kv_role = None"):
+            kv_role_parts(None)
+
     def test_reused_blocks(self):
         """The blocks a step writes afresh: a new request's beyond the
         engine's own hit (tutti's load into them included), a running one's

@@ -22,11 +22,14 @@ class TTFTTableTest(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="tutti-ttft-")
         self.addCleanup(shutil.rmtree, self.dir, True)
 
-    def run_json(self, name, ttfts, tokens=(7, 9), top=-1.5, cached=32, invariant=False):
+    def run_json(self, name, ttfts, tokens=(7, 9), top=-1.5, cached=32, invariant=False, local=None):
         p = os.path.join(self.dir, name + ".json")
         with open(p, "w") as f:
             json.dump({"ttft": [{"request": f"d{i}-ttft", "ttft_s": t, "cached": cached, "tokens": [tokens[i]],
-                                 "top": [[[tokens[i], top], [3, top - 0.5]]]} for i, t in enumerate(ttfts)],
+                                 "top": [[[tokens[i], top], [3, top - 0.5]]],
+                                 **({"hits": {"prefix_cache_hits": local[i], "external_prefix_cache_hits":
+                                              cached - local[i]}} if local else {})}
+                                for i, t in enumerate(ttfts)],
                        "block_size": 16, "batch_invariant": invariant,
                        "kv_cache_groups": [{"spec": "SlidingWindowSpec"}, {"spec": "FullAttentionSpec"}]}, f)
         return p
@@ -46,6 +49,25 @@ class TTFTTableTest(unittest.TestCase):
         self.assertEqual((rc, r["ok"], r["offloading_ran"]), (0, True, False))
         self.assertNotIn("offloading", r)
         self.assertEqual(r["tutti"]["median_s"], 0.1)
+
+    def test_a_question_from_vllms_own_cache_is_no_restore(self):
+        """A connector's question served by vLLM's own prefix cache (a reset
+        that left a document there) fails the table; recompute's hits and
+        a connector's are fine."""
+        out = os.path.join(self.dir, "out.json")
+
+        def run(tutti_local):
+            with contextlib.redirect_stdout(io.StringIO()):
+                rc = ttft_table.main(["--case", "m:loops:gpu", "--json", out,
+                                      "--recompute", self.run_json("none", [0.4, 0.6], local=(32, 0)),
+                                      "--tutti", self.run_json("tutti", [0.1, 0.1], local=tutti_local)])
+            with open(out) as f:
+                return rc, json.load(f)
+        rc, r = run((0, 0))
+        self.assertEqual((rc, r["ok"], r["served_from_vllm_cache"], r["tutti"]["connector_hit_tokens"]),
+                         (0, True, [], [32, 32]))
+        rc, r = run((0, 16))
+        self.assertEqual((rc, r["ok"], r["served_from_vllm_cache"]), (1, False, ["tutti"]))
 
     def test_outputs_against_offloading_and_recompute(self):
         # Same KV restored at the same point: first tokens and log-probs equal bit for bit.

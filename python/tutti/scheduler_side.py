@@ -147,11 +147,13 @@ class _Pending:
 
 class SchedulerSide:
     def __init__(self, matcher, block_tokens: int, chunk_pages: int = 1, rules: Optional[Sequence[GroupRule]] = None,
-                 async_loads=False):
+                 async_loads=False, loads: bool = True, saves: bool = True):
         """``async_loads`` (False, True or "auto"): a hit of a model of one KV
         group is loaded in the background (:meth:`background`; "auto": while
         another request is live), at most MAX_ASYNC_LOADS at once (beyond:
-        inside its step, counted ``loads_async_cap``)."""
+        inside its step, counted ``loads_async_cap``). ``loads``, ``saves``:
+        False makes every lookup a miss (vLLM's kv_role "kv_producer"), or
+        builds no save (kv_role "kv_consumer")."""
         if not callable(getattr(matcher, "release", None)) or not (callable(getattr(matcher, "match", None))
                                                                    or callable(getattr(matcher, "query", None))):
             raise TypeError(f"matcher = {matcher!r}: want an object with match (or query) and release")
@@ -169,6 +171,8 @@ class SchedulerSide:
             raise ValueError(f"async_loads = {async_loads!r}: want False, True or 'auto'")
         self._async = async_loads if self.rules is None else False
         self._recving: set = set()  # requests whose background load has not been reported ended
+        self._loads_on = _args.boolean("loads", loads)
+        self._saves_on = _args.boolean("saves", saves)
         self.counters = Counter()
 
     # -- lookup
@@ -186,7 +190,7 @@ class SchedulerSide:
             # from the state after the whole block; the groups' parts are
             # matched at the hit's end.
             chain = chain[:max(0, num_tokens - 1) // bt]
-        if num_computed_tokens % bt or skip >= len(chain):
+        if num_computed_tokens % bt or skip >= len(chain) or not self._loads_on:
             self._forget(req_id)
             self._count_lookup(num_tokens, num_computed_tokens)
             return 0
@@ -339,7 +343,7 @@ class SchedulerSide:
             meta.reused = [int(b) for b in fresh] + [int(b) for ld in meta.loads for b in ld.block_ids]
         else:  # other groups' blocks are freed while their request runs: their saves end in the step
             meta.ended = sorted(finished | preempted)
-        for rid in sched:
+        for rid in sched if self._saves_on else ():
             tr = self._trackers.get(rid)
             if tr is not None:
                 if self.rules is not None:

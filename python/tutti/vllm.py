@@ -44,7 +44,7 @@ except ImportError:  # a vLLM without it: requests with extras are not keyed (mi
     _extra_keys_fn = None
 
 from . import _lib, groups, options
-from .vllm_settings import Settings
+from .vllm_settings import Settings, kv_role_parts
 from .group_worker import GroupWorkers
 from .vllm_groups import engine_hit_incomplete, group_capacities, group_rules
 from .vllm_metrics import KVConnectorStats, _Stats
@@ -125,6 +125,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)
         ktc = vllm_config.kv_transfer_config
         self.settings = Settings.parse(getattr(ktc, "kv_connector_extra_config", None))
+        self.loads, self.saves = kv_role_parts(getattr(ktc, "kv_role", None))
         self.block_size = int(vllm_config.cache_config.block_size)
         self.tp_size = _tp(vllm_config)
         model = str(getattr(getattr(vllm_config, "model_config", None), "model", "model"))
@@ -413,7 +414,8 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
             else:
                 paths = [socket_path(self.settings.lookup_socket_dir, self._key, r) for r in range(self.tp_size)]
                 matcher = RemoteMatcher(paths, self.settings.lookup_timeout_ms / 1000)
-            self._sched = SchedulerSide(matcher, self.block_size, rules=self.rules, async_loads=self.settings.async_loads)
+            self._sched = SchedulerSide(matcher, self.block_size, rules=self.rules, async_loads=self.settings.async_loads,
+                                        loads=self.loads, saves=self.saves)
         return self._sched
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import hoststage, options
 from .kvcheck import MAX_RECORDS
@@ -99,3 +99,14 @@ class Settings:
         if not isinstance(s.save_flush_wait_ms, int) or not 0 <= s.save_flush_wait_ms <= 600 * 1000:
             raise ValueError(f"kv_connector_extra_config.save_flush_wait_ms = {s.save_flush_wait_ms!r}: want 0..600000")
         return s
+
+
+KV_ROLES = {"kv_both": (True, True), "kv_producer": (False, True), "kv_consumer": (True, False)}
+
+
+def kv_role_parts(role) -> Tuple[bool, bool]:
+    """vLLM's kv_role as (loads, saves): a producer only saves, a consumer
+    only loads (what it restores was saved by another engine)."""
+    if role not in KV_ROLES:
+        raise ValueError(f"kv_transfer_config.kv_role = {role!r}: want one of {sorted(KV_ROLES)}")
+    return KV_ROLES[role]
