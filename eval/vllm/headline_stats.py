@@ -105,14 +105,18 @@ def by_cache(runs: Iterable[dict]) -> Dict[str, dict]:
     computed whole), ``cached``, a prefix from the GPU cache or a connector;
     what a backend adds to each says where its time goes (its saves weigh on
     the first, its restores on the second)."""
-    cold: List[float] = []
-    warm: List[float] = []
+    out = {"cold": ([], []), "cached": ([], [])}  # (TTFTs, queue times)
     for r in runs:
         for q in r.get("requests") or []:
             if q.get("ttft_s") is None or q.get("num_cached_tokens") is None:
                 continue
-            (warm if q["num_cached_tokens"] > 0 else cold).append(q["ttft_s"])
-    return {"cold": summary(cold), "cached": summary(warm)}
+            t, qs = out["cached" if q["num_cached_tokens"] > 0 else "cold"]
+            t.append(q["ttft_s"])
+            if q.get("queue_s") is not None:
+                qs.append(q["queue_s"])
+    # queue_p50: of the TTFT, the median time waiting to be scheduled (the
+    # engine's load) as against computing and restoring (the request's own)
+    return {k: {**summary(t), "queue_p50": summary(qs)["p50"]} for k, (t, qs) in out.items()}
 
 
 def backend_summary(runs: List[dict], slo: float) -> dict:
@@ -241,12 +245,13 @@ def markdown(summ: Dict[str, dict], slo: float, order: Sequence[str], notes: Dic
                          f"{gib} | {bw} |")
     lines += ["", "TTFT by what vLLM found cached for a request (cold: nothing, a document's first request; cached: a "
               "prefix from the GPU cache or the backend):", "",
-              "| backend | rate | cold: n, p50 ms, p90 ms | cached: n, p50 ms, p90 ms |", "|---|---|---|---|"]
+              "| backend | rate | cold: n, p50 ms, p90 ms, queued p50 ms | cached: n, p50 ms, p90 ms, queued p50 ms |",
+              "|---|---|---|---|"]
     for b in order:
         for r in summ[b]["rates"] if b in summ else ():
             c, w = r["by_cache"]["cold"], r["by_cache"]["cached"]
-            lines.append(f"| {b} | {r['rate']:g} | {c['n']}, {_ms(c['p50'])}, {_ms(c['p90'])} | "
-                         f"{w['n']}, {_ms(w['p50'])}, {_ms(w['p90'])} |")
+            lines.append(f"| {b} | {r['rate']:g} | {c['n']}, {_ms(c['p50'])}, {_ms(c['p90'])}, {_ms(c.get('queue_p50'))} | "
+                         f"{w['n']}, {_ms(w['p50'])}, {_ms(w['p90'])}, {_ms(w.get('queue_p50'))} |")
     return "\n".join(lines) + "\n"
 
 

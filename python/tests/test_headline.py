@@ -130,13 +130,14 @@ class StatsTest(unittest.TestCase):
         """A request nothing was cached for (a document's first) and one that
         found a prefix are told apart, from vLLM's num_cached_tokens."""
         r = run(3, 0, [400, 100, 120, 90])
-        r["requests"] = [{"ttft_s": t / 1e3, "num_cached_tokens": c}
-                         for t, c in ((400, 0), (100, 4096), (120, 6144), (90, 256))] + [{"ttft_s": None}]
+        r["requests"] = [{"ttft_s": t / 1e3, "num_cached_tokens": c, "queue_s": qs / 1e3}
+                         for t, c, qs in ((400, 0, 300), (100, 4096, 20), (120, 6144, 40), (90, 256, 10))]
+        r["requests"] += [{"ttft_s": None}, {"ttft_s": 0.05, "num_cached_tokens": 16}]  # no queue time: not in its p50
         row = hs.row_at(hs.backend_summary([r], 0.2), 3)["by_cache"]
-        self.assertEqual((row["cold"]["n"], row["cold"]["p50"]), (1, 0.4))
-        self.assertEqual((row["cached"]["n"], row["cached"]["p50"], row["cached"]["max"]), (3, 0.1, 0.12))
+        self.assertEqual((row["cold"]["n"], row["cold"]["p50"], row["cold"]["queue_p50"]), (1, 0.4, 0.3))
+        self.assertEqual((row["cached"]["n"], row["cached"]["max"], row["cached"]["queue_p50"]), (4, 0.12, 0.02))
         md = hs.markdown({"tutti-gpu": hs.backend_summary([r], 0.2)}, 0.2, ["tutti-gpu"], {})
-        self.assertIn("| tutti-gpu | 3 | 1, 400.0, 400.0 | 3, 100.0, 120.0 |", md)
+        self.assertIn("| tutti-gpu | 3 | 1, 400.0, 400.0, 300.0 | 4, 90.0, 120.0, 20.0 |", md)
 
     def test_goals(self):
         slo = 0.2
