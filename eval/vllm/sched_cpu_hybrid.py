@@ -23,7 +23,8 @@ and state restored from tutti is checked.
 
 Scenarios: chunked (a prompt computed over several steps, then one sharing
 most of it after the GPU prefix cache is reset), preempt, restart (a new
-process). ``--groups`` picks the groups, e.g. ``full,sliding:48,state``
+process), evict-state, ttft (drive.py's), mixed (a hit in vLLM's own cache
+extended by tutti's). ``--groups`` picks the groups, e.g. ``full,sliding:48,state``
 (every kind) or ``full,sliding:48`` (a gpt-oss/Gemma-3-shaped model).
 """
 
@@ -276,7 +277,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--dir", required=True)
-    p.add_argument("--phase", choices=("first", "restart", "evict-state", "ttft"), required=True)
+    p.add_argument("--phase", choices=("first", "restart", "evict-state", "ttft", "mixed"), required=True)
     p.add_argument("--doc-tokens", type=int, default=384, help="ttft: tokens of each of 4 documents")
     p.add_argument("--question-tokens", type=int, default=8, help="ttft: tokens of each question")
     p.add_argument("--groups", default="full,sliding:48,state")
@@ -307,8 +308,11 @@ def main(argv=None):
             seen[k] = seen.get(k, 0) + v
         return st
 
+    asked = {}  # request -> (vLLM's own hit, tutti's) at its last lookup
+
     def lookup(request, num_computed_tokens):
         out = ask(request, num_computed_tokens)
+        asked[request.request_id] = (num_computed_tokens, out[0])
         if request.request_id in conn._incomplete:
             flagged.add(request.request_id)
         return out
@@ -357,6 +361,23 @@ def main(argv=None):
         print(f"evict-state: vLLM resumed doc-again at {R.first_computed.get('doc-again')} tokens with its states "
               f"evicted: {len(vllms)} wrong states read (vLLM's), tutti counted {n}")
         ok &= n == 1 and len(vllms) > 0 and flagged == {"doc-again"}
+    elif a.phase == "mixed":
+        # A question that finds its document's first blocks in vLLM's own cache and the rest in tutti's: the
+        # document prefilled in steps, vLLM's blocks of it from chain block 14 on evicted, then the question.
+        from vllm.v1.core.kv_cache_utils import get_block_hash
+        d = toks(rng, a.doc_tokens)
+        R.add("doc", d + toks(rng, a.question_tokens), max_tokens=1)
+        tail = set(R.sched.requests["doc"].block_hashes[14:])
+        R.run()
+        R.settle()
+        bp = R.sched.kv_cache_manager.block_pool
+        bp.evict_blocks({b.block_id for b in bp.blocks if b.block_hash is not None and get_block_hash(b.block_hash) in tail})
+        R.add("doc-again", d + toks(rng, a.question_tokens), max_tokens=1)
+        R.run()
+        local, ext = asked.get("doc-again", (0, 0))
+        res["checks"]["mixed"] = {"vllm_hit": local, "tutti_hit": ext}
+        print(f"mixed: the question found {local} tokens in vLLM's cache and {ext} more in tutti's")
+        ok &= 0 < local and ext > 0
     elif a.phase == "ttft":
         # eval/vllm/drive.py's ttft phase: 4 documents (with a question each) that do not all fit the GPU
         # cache prefilled together, the prefix cache reset, then one question per document, one at a time.

@@ -118,6 +118,18 @@ class RealSchedulerTest(unittest.TestCase):
         self.assertEqual(r["bad"], [], p.stdout)
         self.assertTrue(r["ok"], p.stdout)
 
+    def test_hybrid_mixed_hit(self):
+        """A question whose document's first blocks are in vLLM's own cache
+        and the rest in tutti's (what a prefix-cache reset that failed leaves
+        drive.py's ttft phase): vLLM's hit then tutti's, every state and
+        token restored the one its prefix gives."""
+        r, p = self.phase("mixed", "1", "sched_cpu_hybrid.py", ("--groups", "state,state,state,full", "--blocks", "64",
+                                                                "--budget-tokens", "120", "--doc-tokens", "361",
+                                                                "--question-tokens", "4"))
+        self.assertEqual(r["checks"]["mixed"], {"vllm_hit": 224, "tutti_hit": 128}, p.stdout)
+        self.assertEqual(r["bad"], [], p.stdout)
+        self.assertTrue(r["ok"], p.stdout)
+
     def test_hybrid_engine_hit_without_state(self):
         """vLLM 0.26 with a connector and Mamba layers takes its own hit group
         by group: its states evicted, the attention blocks still there, it
