@@ -14,6 +14,7 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "eval", "vllm"))
 
+import drive  # noqa: E402
 import ttft_table  # noqa: E402
 
 
@@ -118,6 +119,42 @@ class TTFTTableTest(unittest.TestCase):
         rc, r = run(-1.5000001, tutti_invariant=False)
         self.assertEqual((rc, r["ok"], r["batch_invariant"], r["agreement"]["recompute"]["differ"]),
                          (0, True, False, []))
+
+
+
+class ResetTest(unittest.TestCase):
+    """drive.py's prefix-cache reset before the questions: vLLM refuses it
+    while a block is held (a connector run's last frees wait for a later
+    step), so it steps the engine until the reset succeeds, or fails."""
+
+    class Engine:
+        def __init__(self, held_steps):
+            self.held, self.steps = held_steps, 0
+
+        def step(self):
+            self.steps += 1
+            self.held = max(0, self.held - 1)
+            return []
+
+    class LLM:
+        def __init__(self, engine):
+            self.engine = engine
+
+        def reset_prefix_cache(self):
+            return self.engine.held == 0
+
+    def test_steps_until_the_reset_succeeds(self):
+        e = self.Engine(held_steps=2)
+        self.assertEqual(drive.reset_prefix_cache(self.LLM(e), e), 2)
+        self.assertEqual(e.steps, 2)
+        e = self.Engine(held_steps=0)
+        self.assertEqual(drive.reset_prefix_cache(self.LLM(e), e), 0)
+
+    def test_a_reset_that_never_succeeds_raises(self):
+        e = self.Engine(held_steps=10 ** 6)
+        with self.assertRaisesRegex(RuntimeError, "could not be reset"):
+            drive.reset_prefix_cache(self.LLM(e), e)
+        self.assertEqual(e.steps, drive.RESET_MAX_STEPS)
 
 
 if __name__ == "__main__":
