@@ -1,6 +1,6 @@
 """eval/vllm/ttft_table.py: the TTFT table of run.sh's ttft phase, with or
 without vLLM's OffloadingConnector's row (it may fail on a hybrid model:
-that costs its row, not tutti's)."""
+that costs its row, not tutti's); drive.py's prefix-cache reset before it."""
 
 import contextlib
 import io
