@@ -260,7 +260,8 @@ def reset_prefix_cache(llm, engine) -> int:
 def hit_counts(llm) -> dict:
     """vLLM's own prefix-cache hits and a connector's (tokens), so far."""
     m = metrics_of(llm)
-    return {k: m.get(f"vllm:{k}", 0) for k in ("prefix_cache_hits", "external_prefix_cache_hits")}
+    return {k: sum(v for name, v in m.items() if name.split("{")[0] == f"vllm:{k}" and not isinstance(v, dict))
+            for k in ("prefix_cache_hits", "external_prefix_cache_hits")}
 
 
 def ttft_phase(a, llm, vocab, res, probe=None) -> int:

@@ -143,6 +143,13 @@ def _doc(req: str) -> str:
     return req.split("-", 1)[0]
 
 
+def _role(req: str) -> str:
+    """ "prefill" or "ttft": drive.py's request id, which vLLM's engine
+    suffixes ("d0-prefill-8815d94d")."""
+    parts = req.split("-")
+    return parts[1] if len(parts) > 1 else ""
+
+
 def _index(res):
     """{(doc, phase, kind, group, pos): sha} of one run: phase "prefill" (the
     state after a prefill step, a block a step completed) or "restored" (the
@@ -150,9 +157,9 @@ def _index(res):
     out = {}
     for r in res.get("state_probe", []):
         d = _doc(r["req"])
-        if r["req"].endswith("-prefill") and r["when"] == "out":
+        if _role(r["req"]) == "prefill" and r["when"] == "out":
             out[(d, "prefill", r["kind"], r["group"], r["pos"])] = r["sha"]
-        elif r["req"].endswith("-ttft") and r["when"] == "in" and r["first"] and r["pos"] > 0:
+        elif _role(r["req"]) == "ttft" and r["when"] == "in" and r["first"] and r["pos"] > 0:
             out[(d, "restored", r["kind"], r["group"], r["pos"])] = r["sha"]
     return out
 

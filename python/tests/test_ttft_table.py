@@ -157,5 +157,20 @@ class ResetTest(unittest.TestCase):
         self.assertEqual(e.steps, drive.RESET_MAX_STEPS)
 
 
+class HitCountsTest(unittest.TestCase):
+    def test_vllms_and_the_connectors_hits_summed_over_labels(self):
+        """drive.py's hit_counts: vLLM's own prefix-cache hits and a
+        connector's, whatever labels vLLM puts on them."""
+        from types import SimpleNamespace as N
+
+        class LLM:
+            def get_metrics(self):
+                return [N(name="vllm:prefix_cache_hits", value=5, labels={"model_name": "m"}),
+                        N(name="vllm:external_prefix_cache_hits", value=7, labels={"engine": "0"}),
+                        N(name="vllm:external_prefix_cache_hits", value=1, labels={"engine": "1"}),
+                        N(name="vllm:prefix_cache_queries", value=99, labels={})]
+        self.assertEqual(drive.hit_counts(LLM()), {"prefix_cache_hits": 5, "external_prefix_cache_hits": 8})
+
+
 if __name__ == "__main__":
     unittest.main()
