@@ -16,7 +16,9 @@ One process is one vLLM engine. eval/vllm/run.sh starts one per phase:
             prefilled, the GPU's prefix cache is reset (a connector keeps
             its copy), then one question per document, one request at a
             time; run with no connector (recompute), tutti, and vLLM's
-            OffloadingConnector (``--connector offloading``: its CPU tier)
+            OffloadingConnector (``--connector offloading``: its CPU tier);
+            with no connector and ``--ttft-reset off`` the questions hit
+            vLLM's own cache instead (the control of a restore)
 
 The workload is seeded token ids (no tokenizer): ``--docs`` documents of
 ``--doc-tokens`` tokens, each asked ``--questions`` questions of
@@ -74,6 +76,10 @@ def parse_args(argv=None):
     p.add_argument("--additional-config", default="{}",
                    help="vLLM's additional_config, JSON (a model's kernel choice, say)")
     p.add_argument("--max-steps", type=int, default=20000, help="bound on engine steps per wave")
+    p.add_argument("--ttft-reset", default="on", choices=("on", "off"),
+                   help="ttft: empty vLLM's prefix cache before the questions (on), or keep it (off, no connector: "
+                        "the questions hit vLLM's own cache; with --gpu-blocks that keeps every document, the control "
+                        "a restore is compared with)")
     p.add_argument("--state-probe", action="store_true",
                    help="ttft: digests of the KV pages and states around each forward (eval/vllm/state_probe.py; "
                         "a diagnostic, not a timing run; needs --init normal)")
@@ -84,6 +90,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.questions < 2:
         p.error("--questions must be at least 2 (one for each phase)")
+    if a.ttft_reset == "off" and (a.phase != "ttft" or a.connector != "none"):
+        p.error("--ttft-reset off: the ttft phase with no connector (vLLM's own cache is the control)")
     if a.state_probe and (a.phase != "ttft" or a.init != "normal"):
         p.error("--state-probe needs --phase ttft and --init normal (the engine in this process)")
     if a.doc_tokens + a.question_tokens + a.max_tokens > a.max_model_len:
@@ -280,7 +288,9 @@ def ttft_phase(a, llm, vocab, res, probe=None) -> int:
                                  a.max_steps)
     res["requests"].update(recs)
     time.sleep(a.settle_s)
-    res["prefix_cache_reset_steps"] = reset_prefix_cache(llm, engine)
+    # --ttft-reset off (no connector): the questions hit vLLM's own cache, where the prefill left the same KV a
+    # connector restores: outputs a restore must give bit for bit (a cache large enough to keep every document)
+    res["prefix_cache_reset_steps"] = reset_prefix_cache(llm, engine) if a.ttft_reset == "on" else None
     ttft = []
     for d in range(a.docs):
         before = hit_counts(llm)

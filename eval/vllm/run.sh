@@ -77,7 +77,9 @@
 # connector's check mode on), CONTROL (1: check also runs the first phase through vLLM's OffloadingConnector,
 # once per model, and compare.py reports tutti's outputs against it: eval/vllm/compare.py's doc),
 # TUTTI_EXTRA (more kv_connector_extra_config keys, JSON members), TTFT_OFFLOADING (0: ttft runs no
-# OffloadingConnector row). DRIVE_ARGS=--state-probe makes ttft a diagnostic of where tutti's restored KV
+# OffloadingConnector row), TTFT_CONTROL (1: ttft also runs no connector without the reset, so the questions hit
+# vLLM's own cache, and holds tutti's answers to it bit for bit; give every phase a GPU cache that keeps every
+# document, e.g. DRIVE_ARGS="--gpu-blocks 256" for qwen3-next-tiny). DRIVE_ARGS=--state-probe makes ttft a diagnostic of where tutti's restored KV
 # parts from what vLLM computed (eval/vllm/state_probe.py; its timings are not TTFTs).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -98,6 +100,7 @@ DRIVE_ARGS=${DRIVE_ARGS:-}
 CHECK=${CHECK:-1}
 CONTROL=${CONTROL:-0}
 TTFT_OFFLOADING=${TTFT_OFFLOADING:-1}
+TTFT_CONTROL=${TTFT_CONTROL:-0}
 # The loops' limiter: emudev where the call carries bin/gpu/tutti (bin/gpu.tar.xz,
 # unpacked) and /dev/fuse exists, else io.max; every storage label names it.
 # The loops and their emudev (its own session: it outlives the call) stay
@@ -212,9 +215,9 @@ loops_up() { # NLOOPS loop devices with ext4, mounted under /mnt/vl-loopN (kept 
 	log "storage: $NLOOPS RAM-backed loop devices of $LOOP_GIB GiB (emulated storage, $EMU_LIMITER limit), ext4, O_DIRECT"
 }
 
-phase() { # model phase out [extra-config]
+phase() { # model phase out [extra-config [drive.py args...]]
 	local model=$1 ph=$2 out=$3 extra=${4:-}
-	local args=(--model "eval/vllm/models/$model" --phase "$ph" --out "$out")
+	local args=(--model "eval/vllm/models/$model" --phase "$ph" --out "$out" "${@:5}")
 	case $extra in
 	"") ;;
 	offloading) args+=(--connector offloading) ;;
@@ -287,6 +290,11 @@ ttft_case() { # MODEL:STORAGE:PATH: TTFT of restored prefixes, recompute vs tutt
 		python3 eval/vllm/state_probe.py --recompute "$RES/ttft-none-$model.json" \
 			--tutti "$RES/ttft-tutti-${1//:/-}.json" | tee -a "$OUT/summary.txt"
 	fi
+	local ctl=""
+	if [ "$TTFT_CONTROL" = 1 ]; then # no connector, no reset: the questions hit vLLM's own cache (the control)
+		ctl=$RES/ttft-vllmcache-$model.json
+		phase "$model" ttft "$ctl" "" --ttft-reset off || { log "$1: the control run failed"; ctl=""; }
+	fi
 	# vLLM's OffloadingConnector failing on a model (a hybrid one, say) costs its row, not tutti's.
 	local off=$RES/ttft-offloading-$model.json
 	if [ "$TTFT_OFFLOADING" = 0 ]; then
@@ -297,7 +305,7 @@ ttft_case() { # MODEL:STORAGE:PATH: TTFT of restored prefixes, recompute vs tutt
 		off=""
 	fi
 	python3 eval/vllm/ttft_table.py --case "$1" --recompute "$RES/ttft-none-$model.json" \
-		--tutti "$RES/ttft-tutti-${1//:/-}.json" ${off:+--offloading "$off"} \
+		--tutti "$RES/ttft-tutti-${1//:/-}.json" ${off:+--offloading "$off"} ${ctl:+--vllm-cache "$ctl"} \
 		--json "$OUT/ttft-${1//:/-}.json" | tee -a "$OUT/summary.txt"
 }
 

@@ -8,6 +8,13 @@ each backend, the ratios against recompute and against the
 OffloadingConnector, and the tokens each backend served from its cache
 (vLLM's ``num_cached_tokens``); --json writes them.
 
+With --vllm-cache (no connector, the questions served by vLLM's own prefix
+cache, which the same prefill filled: drive.py --ttft-reset off), tutti's
+answers must equal that run's bit for bit wherever both served the same
+cached tokens: the KV a restore hands the engine is the KV the engine's own
+cache would, whatever vLLM's kernels do with the batch and the chunks (a
+Mamba model's recurrent state depends on both, so recompute may part).
+
 Each run also keeps every question's first token and its top log-probs.
 tutti and the OffloadingConnector restore the same KV at the same point and
 compute the question alone in both processes, so where both served the
@@ -88,9 +95,11 @@ def main(argv=None):
     p.add_argument("--recompute", required=True)
     p.add_argument("--tutti", required=True)
     p.add_argument("--offloading", default="", help="left out: the OffloadingConnector's run failed (no row)")
+    p.add_argument("--vllm-cache", default="", help="no connector, questions from vLLM's own cache (drive.py "
+                                                      "--ttft-reset off): the control tutti's answers must equal")
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
-    rows = {k: summary(getattr(a, k)) for k in ("recompute", "tutti", "offloading") if getattr(a, k)}
+    rows = {k: summary(getattr(a, k)) for k in ("recompute", "tutti", "offloading", "vllm_cache") if getattr(a, k)}
     rec, tut = rows["recompute"]["median_s"], rows["tutti"]["median_s"]
     off = rows["offloading"]["median_s"] if "offloading" in rows else None
     groups = rows["tutti"]["kv_cache_groups"] or []
@@ -98,11 +107,13 @@ def main(argv=None):
           f"{rows['tutti']['block_size']}, KV cache groups {[g['spec'] for g in groups]}):")
     local = []
     for k, r in rows.items():
+        if k == "vllm_cache":
+            continue  # a control of outputs: its TTFTs are of vLLM's own cache
         m = r["median_s"]
         print(f"  {k:<11} {m * 1000 if m else float('nan'):8.1f} ms   cached tokens {r['cached_tokens']}"
               + (f" (vLLM's own {r['local_hit_tokens']}, the connector's {r['connector_hit_tokens']})"
                  if None not in r["local_hit_tokens"] else ""))
-        if k != "recompute" and any(r["local_hit_tokens"] or [None]):
+        if k not in ("recompute", "vllm_cache") and any(r["local_hit_tokens"] or [None]):
             local.append(k)
     if local:  # the reset left vLLM's cache holding a document: its TTFT is no restore's
         print(f"  NOT RESTORES: {', '.join(local)} served questions from vLLM's own prefix cache")
@@ -114,11 +125,14 @@ def main(argv=None):
         print(f"  tutti: {rec / tut:.2f}x lower than recompute{vs_off}")
     invariant = rows["tutti"]["batch_invariant"] and rows["recompute"]["batch_invariant"]
     agree = {"recompute": agreement(rows["tutti"], rows["recompute"], same_cached=False, bitwise=invariant)}
-    if "offloading" in rows:
-        agree["offloading"] = agreement(rows["tutti"], rows["offloading"], same_cached=True, bitwise=True)
+    for k in ("offloading", "vllm_cache"):
+        if k in rows:
+            agree[k] = agreement(rows["tutti"], rows[k], same_cached=True, bitwise=True)
     rows["parts"] = {k: parts(rows["tutti"], rows[k], g["differ"]) for k, g in agree.items()}
     if "offloading" in rows:
         ok = bitwise("OffloadingConnector (same cached tokens)", agree["offloading"], rows["parts"]["offloading"]) and ok
+    if "vllm_cache" in rows:  # the same prefill's KV from vLLM's own cache: tutti's answers, bit for bit
+        ok = bitwise("vLLM's own prefix cache (same cached tokens)", agree["vllm_cache"], rows["parts"]["vllm_cache"]) and ok
     g = agree["recompute"]
     if invariant:  # batch-invariant kernels in both: recompute's logits are tutti's, bit for bit
         ok = bitwise("recompute (batch-invariant kernels)", g, rows["parts"]["recompute"]) and ok

@@ -70,6 +70,27 @@ class TTFTTableTest(unittest.TestCase):
         rc, r = run((0, 16))
         self.assertEqual((rc, r["ok"], r["served_from_vllm_cache"]), (1, False, ["tutti"]))
 
+    def test_vllms_own_cache_is_the_control(self):
+        """--vllm-cache: no connector, the questions from vLLM's own cache
+        (its hits are its own, not a flaw): tutti's answers must equal it
+        bit for bit where both served the same cached tokens."""
+        out = os.path.join(self.dir, "out.json")
+
+        def run(top):
+            with contextlib.redirect_stdout(io.StringIO()):
+                rc = ttft_table.main(["--case", "m:loops:gpu", "--json", out,
+                                      "--recompute", self.run_json("none", [0.4, 0.6], tokens=(8, 8), cached=0),
+                                      "--tutti", self.run_json("tutti", [0.1, 0.1], local=(0, 0)),
+                                      "--vllm-cache", self.run_json("ctl", [0.05, 0.05], top=top, local=(32, 32))])
+            with open(out) as f:
+                return rc, json.load(f)
+        rc, r = run(-1.5)
+        self.assertEqual((rc, r["ok"], r["served_from_vllm_cache"]), (0, True, []))
+        self.assertEqual(r["agreement"]["vllm_cache"],
+                         {"compared": 2, "same_first_token": 2, "same_top_logprobs": 2, "differ": []})
+        rc, r = run(-1.25)
+        self.assertEqual((rc, r["ok"], r["agreement"]["vllm_cache"]["differ"]), (1, False, ["d0-ttft", "d1-ttft"]))
+
     def test_outputs_against_offloading_and_recompute(self):
         # Same KV restored at the same point: first tokens and log-probs equal bit for bit.
         rc, r = self.table("--offloading", self.run_json("off", [0.2, 0.2]))
