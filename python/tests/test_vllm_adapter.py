@@ -387,6 +387,17 @@ class VLLMAdapterTest(unittest.TestCase):
             with self.assertRaises(ValueError) as cm:
                 KVConnectorFactory.create_connector(_config(self.root, bad), KVConnectorRole.SCHEDULER, None)
             self.assertIn(frag, str(cm.exception))
+        # vLLM's kv_role: a producer only saves, a consumer only loads; another role is refused, named.
+        for role, want in (("kv_both", (True, True)), ("kv_producer", (False, True)), ("kv_consumer", (True, False))):
+            cfg = _config(self.root)
+            cfg.kv_transfer_config.kv_role = role
+            conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, None)
+            sched = conn._scheduler()
+            self.assertEqual((sched._loads_on, sched._saves_on), want, role)
+        cfg = _config(self.root)
+        cfg.kv_transfer_config.kv_role = "kv_relay"
+        with self.assertRaisesRegex(ValueError, "kv_role = 'kv_relay'"):
+            KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, None)
         # Prometheus: vLLM passes its metric classes in; tutti's own names.
         from vllm.distributed.kv_transfer.kv_connector.v1.metrics import Counter, Gauge, Histogram
         made = {}
