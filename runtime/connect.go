@@ -101,6 +101,10 @@ type remoteControl struct {
 	errs       atomic.Int64
 	lastErr    atomic.Value
 	reconnects atomic.Int64
+	// dialFails counts redials that found no service (it is not back yet);
+	// lastDial is the last one's error.
+	dialFails atomic.Int64
+	lastDial  atomic.Value
 }
 
 // Reconnect pacing: the first retry after a loss, and the longest wait
@@ -207,8 +211,10 @@ func (rc *remoteControl) redial(old *session, done chan struct{}) {
 			continue // the lost session's reads and writes first
 		}
 		s, h, err := rc.dialSession()
-		if err != nil {
-			continue // the service is not back yet
+		if err != nil { // the service is not back yet
+			rc.dialFails.Add(1)
+			rc.lastDial.Store(err.Error())
+			continue
 		}
 		if err := rc.sameStore(h); err != nil {
 			s.close()
@@ -281,8 +287,10 @@ func (rc *remoteControl) sameStore(h *nodewire.HelloResp) error {
 
 // link is Stats.Service.
 func (rc *remoteControl) link() ServiceLink {
-	l := ServiceLink{Socket: rc.socket, ControlErrors: rc.errs.Load(), Reconnects: rc.reconnects.Load()}
+	l := ServiceLink{Socket: rc.socket, ControlErrors: rc.errs.Load(), Reconnects: rc.reconnects.Load(),
+		DialFailures: rc.dialFails.Load()}
 	l.LastError, _ = rc.lastErr.Load().(string)
+	l.LastDialError, _ = rc.lastDial.Load().(string)
 	rc.mu.Lock()
 	s := rc.cur
 	if rc.refused != nil {

@@ -74,6 +74,8 @@ func TestConnectedStoreReconnects(t *testing.T) {
 	if l := a.Stats().Service; l.Connected || l.Reconnects != 0 {
 		t.Errorf("link with the service down: %+v", l)
 	}
+	// It dials, finds no service, and counts each attempt.
+	waitLink(t, a, "a failed redial", func(l ServiceLink) bool { return l.DialFailures > 0 && l.LastDialError != "" })
 	v2 := serveAt(t, cfg, socket)
 	defer v2.Close()
 	waitLink(t, a, "reconnect", func(l ServiceLink) bool { return l.Reconnects == 1 && l.Connected })

@@ -57,6 +57,11 @@ type ServiceLink struct {
 	Connected      bool   `json:"connected"`
 	Reconnects     int64  `json:"reconnects"`
 	ReconnectError string `json:"reconnect_error"`
+	// DialFailures counts redials that found no service while the link
+	// was down (one per attempt, ReconnectMinDelay to ReconnectMaxDelay
+	// apart); LastDialError is the last one's.
+	DialFailures  int64  `json:"dial_failures"`
+	LastDialError string `json:"last_dial_error"`
 }
 
 // PathStats is the data path the store runs on.
