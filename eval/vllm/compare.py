@@ -35,14 +35,16 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 from tutti.kvcheck import read_summaries  # noqa: E402
 
+from drive import metric_total  # noqa: E402  (drive.py writes the metrics this reads)
+
 
 def load(p):
     with open(p) as f:
         return json.load(f)
 
 
-def metric(run, prefix):
-    return sum(v for k, v in run.get("metrics", {}).items() if k.split("{")[0] == prefix and not isinstance(v, dict))
+def metric(run, name):
+    return metric_total(run.get("metrics", {}), name)
 
 
 def compare_outputs(base, run):

@@ -265,11 +265,16 @@ def reset_prefix_cache(llm, engine) -> int:
     raise RuntimeError(f"vLLM's prefix cache could not be reset in {RESET_MAX_STEPS} engine steps: blocks still held")
 
 
+def metric_total(metrics: dict, name: str):
+    """The sum of every series of ``name`` in metrics_of's dict, whatever
+    its labels (histograms left out)."""
+    return sum(v for k, v in metrics.items() if k.split("{")[0] == name and not isinstance(v, dict))
+
+
 def hit_counts(llm) -> dict:
     """vLLM's own prefix-cache hits and a connector's (tokens), so far."""
     m = metrics_of(llm)
-    return {k: sum(v for name, v in m.items() if name.split("{")[0] == f"vllm:{k}" and not isinstance(v, dict))
-            for k in ("prefix_cache_hits", "external_prefix_cache_hits")}
+    return {k: metric_total(m, f"vllm:{k}") for k in ("prefix_cache_hits", "external_prefix_cache_hits")}
 
 
 def ttft_phase(a, llm, vocab, res, probe=None) -> int:

@@ -113,7 +113,7 @@ def main(argv=None):
         print(f"  {k:<11} {m * 1000 if m else float('nan'):8.1f} ms   cached tokens {r['cached_tokens']}"
               + (f" (vLLM's own {r['local_hit_tokens']}, the connector's {r['connector_hit_tokens']})"
                  if None not in r["local_hit_tokens"] else ""))
-        if k not in ("recompute", "vllm_cache") and any(r["local_hit_tokens"] or [None]):
+        if k not in ("recompute", "vllm_cache") and any(r["local_hit_tokens"]):
             local.append(k)
     if local:  # the reset left vLLM's cache holding a document: its TTFT is no restore's
         print(f"  NOT RESTORES: {', '.join(local)} served questions from vLLM's own prefix cache")
@@ -125,14 +125,14 @@ def main(argv=None):
         print(f"  tutti: {rec / tut:.2f}x lower than recompute{vs_off}")
     invariant = rows["tutti"]["batch_invariant"] and rows["recompute"]["batch_invariant"]
     agree = {"recompute": agreement(rows["tutti"], rows["recompute"], same_cached=False, bitwise=invariant)}
-    for k in ("offloading", "vllm_cache"):
-        if k in rows:
-            agree[k] = agreement(rows["tutti"], rows[k], same_cached=True, bitwise=True)
+    # The same KV at the same point (the same prefill's, from vLLM's own cache): tutti's answers, bit for bit.
+    exact = {k: label for k, label in (("offloading", "OffloadingConnector"), ("vllm_cache", "vLLM's own prefix cache"))
+             if k in rows}
+    for k in exact:
+        agree[k] = agreement(rows["tutti"], rows[k], same_cached=True, bitwise=True)
     rows["parts"] = {k: parts(rows["tutti"], rows[k], g["differ"]) for k, g in agree.items()}
-    if "offloading" in rows:
-        ok = bitwise("OffloadingConnector (same cached tokens)", agree["offloading"], rows["parts"]["offloading"]) and ok
-    if "vllm_cache" in rows:  # the same prefill's KV from vLLM's own cache: tutti's answers, bit for bit
-        ok = bitwise("vLLM's own prefix cache (same cached tokens)", agree["vllm_cache"], rows["parts"]["vllm_cache"]) and ok
+    for k, label in exact.items():
+        ok = bitwise(f"{label} (same cached tokens)", agree[k], rows["parts"][k]) and ok
     g = agree["recompute"]
     if invariant:  # batch-invariant kernels in both: recompute's logits are tutti's, bit for bit
         ok = bitwise("recompute (batch-invariant kernels)", g, rows["parts"]["recompute"]) and ok
