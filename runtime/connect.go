@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -320,6 +321,9 @@ func (rc *remoteControl) close() error {
 		<-done
 	}
 	err := s.conn.Close()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil // closed already, as a call that failed on it closes it: a loss counted there, not Close's
+	}
 	<-s.done
 	for _, f := range rc.files {
 		_ = unix.Close(int(f.FD))

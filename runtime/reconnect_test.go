@@ -158,3 +158,17 @@ func TestReconnectRefusesAnotherStore(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseAfterACallClosedTheConnection: a call whose write or response
+// fails closes the connection itself (the reader then fails every waiter);
+// the store's Close afterwards is not an error.
+func TestCloseAfterACallClosedTheConnection(t *testing.T) {
+	_, _, _, a, _ := servedEngine(t)
+	if err := a.remote.session().conn.Close(); err != nil { // as call does on a failed write
+		t.Fatal(err)
+	}
+	if n := a.Lookup(chainOf(0x31, 2)); n != 0 {
+		t.Errorf("lookup on a closed connection: %d blocks", n)
+	}
+	// servedEngine's cleanup closes the store and fails the test on an error.
+}
