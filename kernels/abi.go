@@ -38,7 +38,7 @@ static struct {
 	tk_status (*copy_event)(uint64_t, uint32_t);
 	tk_status (*copy_event_wait)(uint64_t, uint32_t);
 	tk_status (*sync)(uint64_t);
-	tk_status (*gather_lane)(uint64_t, uint32_t, const tk_page_map *, uint32_t, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t *);
+	tk_status (*gather_lane)(uint64_t, uint32_t, const tk_page_map *, uint32_t, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t *, uint64_t);
 } T;
 
 static int tkl_load(const char *path, char *err, int n) {
@@ -80,8 +80,8 @@ tk_status tkl_scatter_dev(uint64_t c, uint32_t l, uint64_t a, uint64_t n) { retu
 tk_status tkl_copy_event(uint64_t c, uint32_t i) { return T.copy_event(c, i); }
 tk_status tkl_copy_event_wait(uint64_t c, uint32_t i) { return T.copy_event_wait(c, i); }
 tk_status tkl_sync(uint64_t c) { return T.sync(c); }
-tk_status tkl_gather_lane(uint64_t c, uint32_t lane, const tk_page_map *m, uint32_t n, uint32_t l0, uint32_t nl, uint64_t dst, uint64_t stride, uint32_t *crcs) {
-	return T.gather_lane(c, lane, m, n, l0, nl, dst, stride, crcs);
+tk_status tkl_gather_lane(uint64_t c, uint32_t lane, const tk_page_map *m, uint32_t n, uint32_t l0, uint32_t nl, uint64_t dst, uint64_t stride, uint32_t *crcs, uint64_t ev) {
+	return T.gather_lane(c, lane, m, n, l0, nl, dst, stride, crcs, ev);
 }
 */
 import "C"

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tutti-io/tutti/kernels"
 	"github.com/tutti-io/tutti/kernels/testkit"
@@ -126,7 +127,7 @@ func TestGPUGatherLanes(t *testing.T) {
 					clear(bufs[w].Bytes())
 					pw := pagesOf(w, k)
 					crcs := make([]uint32, g.Layers*len(pw)*g.Planes)
-					if err := r.GatherLane(w, pw, 0, g.Layers, bufs[w].Addr(), stride, crcs); err != nil {
+					if err := r.GatherLane(w, pw, 0, g.Layers, bufs[w].Addr(), stride, crcs, 0); err != nil {
 						t.Errorf("%v lane %d round %d: %v", layout, w, k, err)
 						return
 					}
@@ -158,11 +159,84 @@ func TestGPUGatherLanes(t *testing.T) {
 		gatherLaneRefusals(t, r, g, numPages, bufs[0], stride)
 		// Layers [1, 3) on the last lane after the refusals: the lanes still work.
 		pw := pagesOf(0, 0)
-		if err := r.GatherLane(lanes-1, pw, 1, 2, bufs[0].Addr(), stride, nil); err != nil {
+		if err := r.GatherLane(lanes-1, pw, 1, 2, bufs[0].Addr(), stride, nil, 0); err != nil {
 			t.Fatalf("%v: gather after the refusals: %v", layout, err)
 		}
 		if err := checkGathered(g, seed, pw, 1, bufs[0].Bytes()[:2*stride], stride); err != nil {
 			t.Fatalf("%v: gather of layers [1,3): %v", layout, err)
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestGPUGatherLaneAfterEvent: an engine writes its pages on a stream of its
+// own, behind a spin, and records an event; a gather given that event copies
+// what the engine wrote, though its host never waited for the engine's
+// stream. The control, the same gather without the event, copies the bytes
+// from before the engine's writes: the ordering is the event's.
+func TestGPUGatherLaneAfterEvent(t *testing.T) {
+	gpuOrSkip(t)
+	g := kvshape.Geometry{Layers: 3, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}
+	const numPages, spin = 32, 300 * time.Millisecond
+	pw := []int32{3, 17, 9, 30}
+	stride := int64(len(pw)) * g.PageBytesPerLayer()
+	for _, layout := range []kernels.Layout{kernels.LayoutPerLayer, kernels.LayoutCrossLayer} {
+		r, err := kernels.Bind(kernels.Config{Geometry: g, Layout: layout, NumPages: numPages, KV: kvTensors(t, g, layout, numPages), MaxPages: numPages})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := registeredBuffer(t, int64(g.Layers)*stride)
+		for _, c := range []struct {
+			name        string
+			afterEvent  bool
+			old, engine byte
+		}{{"after the event", true, 0x11, 0x5A}, {"control: no event", false, 0x22, 0x6B}} {
+			if err := testkit.FillKV(r, c.old); err != nil {
+				t.Fatal(err)
+			}
+			ev, err := testkit.FillKVAfter(r, c.engine, spin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if done, err := testkit.EventDone(ev); err != nil || done {
+				t.Fatalf("%v, %s: the engine's event completed before the gather (%v): the spin is too short to test", layout, c.name, err)
+			}
+			after := uintptr(0)
+			if c.afterEvent {
+				after = ev
+			}
+			if err := r.GatherLane(1, pw, 0, g.Layers, buf.Addr(), stride, nil, after); err != nil {
+				t.Fatalf("%v, %s: %v", layout, c.name, err)
+			}
+			want := c.old
+			if c.afterEvent {
+				want = c.engine
+			}
+			for i, b := range buf.Bytes() {
+				if b != want {
+					t.Errorf("%v, %s: gathered byte %d is %#x, want %#x", layout, c.name, i, b, want)
+					break
+				}
+			}
+			// The next fill must not race the engine's: wait for its event, at most 20 spins' time.
+			for i := 0; ; i++ {
+				done, err := testkit.EventDone(ev)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if done {
+					break
+				}
+				if i == int(20*spin/(10*time.Millisecond)) {
+					t.Fatalf("%v, %s: the engine's event is not done %v after its spin", layout, c.name, 20*spin)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := testkit.EventDestroy(ev); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := r.Close(); err != nil {
 			t.Fatal(err)
@@ -198,11 +272,11 @@ func gatherLaneRefusals(t *testing.T, r *kernels.Restorer, g kvshape.Geometry, n
 		{"misaligned destination", 0, few, buf.Addr() + 8, stride},
 		{"misaligned stride", 0, few, buf.Addr(), int64(len(few))*g.PageBytesPerLayer() + 8},
 	} {
-		if err := r.GatherLane(c.lane, c.pages, 0, 1, c.dst, c.stride, nil); !errors.Is(err, kernels.ErrInvalid) {
+		if err := r.GatherLane(c.lane, c.pages, 0, 1, c.dst, c.stride, nil, 0); !errors.Is(err, kernels.ErrInvalid) {
 			t.Errorf("gather lane, %s: %v, want ErrInvalid", c.name, err)
 		}
 	}
-	if err := r.GatherLane(0, few, 0, 1, buf.Addr(), stride, make([]uint32, len(few)*g.Planes-1)); !errors.Is(err, kernels.ErrInvalid) {
+	if err := r.GatherLane(0, few, 0, 1, buf.Addr(), stride, make([]uint32, len(few)*g.Planes-1), 0); !errors.Is(err, kernels.ErrInvalid) {
 		t.Errorf("gather lane, one plane CRC short: %v, want ErrInvalid", err)
 	}
 }

@@ -10,7 +10,7 @@ tk_status tkl_scatter_dev(uint64_t c, uint32_t l, uint64_t a, uint64_t n);
 tk_status tkl_copy_event(uint64_t c, uint32_t i);
 tk_status tkl_copy_event_wait(uint64_t c, uint32_t i);
 tk_status tkl_sync(uint64_t c);
-tk_status tkl_gather_lane(uint64_t c, uint32_t lane, const tk_page_map *m, uint32_t n, uint32_t l0, uint32_t nl, uint64_t dst, uint64_t stride, uint32_t *crcs);
+tk_status tkl_gather_lane(uint64_t c, uint32_t lane, const tk_page_map *m, uint32_t n, uint32_t l0, uint32_t nl, uint64_t dst, uint64_t stride, uint32_t *crcs, uint64_t ev);
 */
 import "C"
 
@@ -110,7 +110,12 @@ func (r *Restorer) GatherLanes() int { return r.cfg.GatherLanes }
 // the GPU from the KV tensors, planeCRCs[(l*len(pages)+i)*Planes+p] for
 // layer firstLayer+l, page i, plane p, so that the caller need not read the
 // bytes in dst to checksum them. Its contents are undefined after an error.
-func (r *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32) error {
+//
+// afterEvent, if not 0, is a cudaEvent_t of the device recorded where the
+// engine's stream has written the pages: the copies start once it completed
+// (the engine's host need not wait for its stream first). The caller keeps
+// the event alive until GatherLane returned.
+func (r *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32, afterEvent uintptr) error {
 	op := fmt.Sprintf("gather lane %d", lane)
 	pm, err := r.gatherMap(pages, firstLayer, layers, layerStride)
 	if err != nil {
@@ -133,7 +138,7 @@ func (r *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, d
 	// pm and planeCRCs hold no Go pointers, so C may use them for the
 	// call's duration.
 	return status(op, C.tkl_gather_lane(r.ctx, C.uint32_t(lane), (*C.tk_page_map)(unsafe.Pointer(&pm[0])), C.uint32_t(len(pm)),
-		C.uint32_t(firstLayer), C.uint32_t(layers), C.uint64_t(dst), C.uint64_t(layerStride), crcs))
+		C.uint32_t(firstLayer), C.uint32_t(layers), C.uint64_t(dst), C.uint64_t(layerStride), crcs, C.uint64_t(afterEvent)))
 }
 
 // gatherMap checks a gather's arguments and returns its page map, the one

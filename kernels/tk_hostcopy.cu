@@ -100,10 +100,14 @@ extern "C" tk_status tk_sync(uint64_t h) {
 // returns: the next call on the lane overwrites ln.h_map, which an
 // unfinished upload would still read.
 static tk_status lane_gather(Ctx *c, Lane &ln, const tk_page_map *pages, uint32_t n, uint32_t first_layer,
-                             uint32_t layers, uint64_t obj_dev, uint64_t layer_stride, uint32_t *plane_crcs) {
+                             uint32_t layers, uint64_t obj_dev, uint64_t layer_stride, uint32_t *plane_crcs,
+                        uint64_t after_event) {
   CK(cudaSetDevice(c->device));
   memcpy(ln.h_map, pages, sizeof(tk_page_map) * n);
-  cudaError_t e = cudaMemcpyAsync(ln.d_map, ln.h_map, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice, ln.stream);
+  cudaError_t e = cudaSuccess;
+  if (after_event) e = cudaStreamWaitEvent(ln.stream, (cudaEvent_t)after_event, 0);  // the engine wrote the pages
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(ln.d_map, ln.h_map, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice, ln.stream);
   for (uint32_t l = 0; e == cudaSuccess && l < layers; l++) {
     launch_copy_layer(ln.stream, false, (char *)(obj_dev + l * layer_stride), ln.d_map, n, nullptr, c->d_kvp, c->geo,
                       first_layer + l);
@@ -133,7 +137,7 @@ static tk_status lane_gather(Ctx *c, Lane &ln, const tk_page_map *pages, uint32_
 // no lock; lookup's table has its own.
 extern "C" tk_status tk_gather_lane(uint64_t h, uint32_t lane, const tk_page_map *pages, uint32_t n,
                                     uint32_t first_layer, uint32_t layers, uint64_t dst, uint64_t layer_stride,
-                                    uint32_t *plane_crcs) {
+                                    uint32_t *plane_crcs, uint64_t after_event) {
   Ctx *c = as_ctx(h);
   if (!c) return fail(TK_ERR_INVALID, "tk_gather_lane: null context");
   if (lane >= c->n_lanes) return fail(TK_ERR_INVALID, "tk_gather_lane: lane %u of %u", lane, c->n_lanes);
@@ -156,7 +160,7 @@ extern "C" tk_status tk_gather_lane(uint64_t h, uint32_t lane, const tk_page_map
   Lane &ln = c->lanes[lane];
   if (__atomic_exchange_n(&ln.busy, 1u, __ATOMIC_ACQUIRE))
     return fail(TK_ERR_BUSY, "tk_gather_lane: lane %u is in another call", lane);
-  s = lane_gather(c, ln, pages, n, first_layer, layers, d, layer_stride, plane_crcs);
+  s = lane_gather(c, ln, pages, n, first_layer, layers, d, layer_stride, plane_crcs, after_event);
   __atomic_store_n(&ln.busy, 0u, __ATOMIC_RELEASE);
   return s;
 }

@@ -172,3 +172,48 @@ extern "C" tk_status tkt_legacy_busy(int32_t device, int32_t *busy) {
   *busy = 0;
   return TK_OK;
 }
+
+extern "C" tk_status tkt_kv_fill_after(const tk_kv *kv, int32_t device, uint32_t v, uint64_t ns, uint64_t *event) {
+  if (!event) return tk_fail_msg(TK_ERR_INVALID, "tkt_kv_fill_after: null event");
+  if (!ns || ns > 60ull * 1000000000ull) return tk_fail_msg(TK_ERR_INVALID, "fill after a spin of %llu ns (1 ns..60 s)", (unsigned long long)ns);
+  tk_status s = check_desc(kv);
+  if (s) return s;
+  CK(cudaSetDevice(device));
+  const Geo g = geo_of(*kv);
+  const uint64_t per_layer = g.plane_bytes * g.planes * g.num_pages;
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaEvent_t ev = nullptr;
+  legacy_spin_kernel<<<1, 32, 0, st>>>(ns);
+  cudaError_t e = cudaGetLastError();
+  const uint32_t n = kv->layout == TK_LAYOUT_PER_LAYER ? kv->layers : 1;
+  const uint64_t bytes = kv->layout == TK_LAYOUT_PER_LAYER ? per_layer : per_layer * kv->layers;
+  for (uint32_t l = 0; e == cudaSuccess && l < n; l++) e = cudaMemsetAsync((void *)kv->kv_ptrs[l], (int)(v & 0xff), bytes, st);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(ev, st);
+  cudaStreamDestroy(st);  // its work still runs; the stream's resources go when it ends
+  if (e != cudaSuccess) {
+    if (ev) cudaEventDestroy(ev);
+    return tk_fail_msg(TK_ERR_CUDA, "tkt_kv_fill_after: %s (%d)", cudaGetErrorString(e), (int)e);
+  }
+  *event = (uint64_t)ev;
+  return TK_OK;
+}
+
+extern "C" tk_status tkt_event_done(uint64_t event, int32_t *done) {
+  if (!event || !done) return tk_fail_msg(TK_ERR_INVALID, "tkt_event_done: null argument");
+  cudaError_t e = cudaEventQuery((cudaEvent_t)event);
+  if (e == cudaErrorNotReady) {
+    *done = 0;
+    return TK_OK;
+  }
+  CK(e);
+  *done = 1;
+  return TK_OK;
+}
+
+extern "C" tk_status tkt_event_destroy(uint64_t event) {
+  if (!event) return tk_fail_msg(TK_ERR_INVALID, "tkt_event_destroy: null event");
+  CK(cudaEventDestroy((cudaEvent_t)event));
+  return TK_OK;
+}

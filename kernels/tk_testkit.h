@@ -41,6 +41,17 @@ tk_status tkt_kv_verify(const tk_kv *kv, int32_t device, uint64_t seed, const tk
 tk_status tkt_legacy_spin(int32_t device, uint64_t ns);
 tk_status tkt_legacy_busy(int32_t device, int32_t *busy);
 
+/* An engine that writes its KV on a stream of its own and records an event
+ * after it: tkt_kv_fill_after enqueues, on a new stream of device, a kernel
+ * that runs for spin_ns (1 ns..60 s) and then sets every byte of the KV
+ * memory to byte_value, records an event behind them and returns at once
+ * with the event (a cudaEvent_t) in *event. tkt_event_done says whether it
+ * completed; tkt_event_destroy frees it. What a test of a save ordered after
+ * the engine's writes (tk_gather_lane's after_event) uses. */
+tk_status tkt_kv_fill_after(const tk_kv *kv, int32_t device, uint32_t byte_value, uint64_t spin_ns, uint64_t *event);
+tk_status tkt_event_done(uint64_t event, int32_t *done);
+tk_status tkt_event_destroy(uint64_t event);
+
 /* ---- cuFile (GDS), loaded with dlopen ---- */
 /* Opens the cuFile driver and registers path; returns TK_OK, or the error with
  * cuFile's code in *cufile_err and its text in tkt_last_error. */

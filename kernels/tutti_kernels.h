@@ -28,7 +28,7 @@
 extern "C" {
 #endif
 
-#define TK_ABI_VERSION 5
+#define TK_ABI_VERSION 6
 
 /* Gather lanes (tk_gather_lane) a context has when tk_bind_params.gather_lanes
  * is 0, and the most it may ask for. */
@@ -240,9 +240,15 @@ tk_status tk_sync(uint64_t ctx);
  * of every page plane gathered, computed on the GPU from the KV tensors:
  * plane_crcs[(l*n + i)*planes + p] for layer first_layer+l, page i, plane p
  * (layers*n*planes entries of host memory the caller owns; written before
- * the call returns, undefined after a failure). (ABI 5.) */
+ * the call returns, undefined after a failure). (ABI 5.)
+ * after_event, if not 0, is a cudaEvent_t of the same device (an engine's,
+ * recorded on the stream that writes the pages): the lane's copies start
+ * once it completed, so the engine's host need not wait for its own stream
+ * before a save; the call still returns only when the bytes are in dst. The
+ * caller keeps the event alive until the call returned. (ABI 6.) */
 tk_status tk_gather_lane(uint64_t ctx, uint32_t lane, const tk_page_map *pages, uint32_t n, uint32_t first_layer,
-                         uint32_t layers, uint64_t dst, uint64_t layer_stride, uint32_t *plane_crcs);
+                         uint32_t layers, uint64_t dst, uint64_t layer_stride, uint32_t *plane_crcs,
+                         uint64_t after_event);
 
 #ifdef __cplusplus
 }

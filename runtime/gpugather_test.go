@@ -1,12 +1,15 @@
 package runtime
 
 import (
+	"errors"
 	"math/rand/v2"
 	goruntime "runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tutti-io/tutti/kvshape"
 )
 
 // TestGPUSaveGathersConcurrently: on PathGPU the stage workers' gathers of
@@ -77,5 +80,66 @@ func TestGPUSaveGathersConcurrently(t *testing.T) {
 	}
 	if err := verify(kv, g, a, pl, len(a)); err != nil {
 		t.Fatalf("restore of the concurrently gathered save: %v", err)
+	}
+}
+
+// TestGPUSaveAfterEvent: a save given the engine's event
+// (SaveOptions.AfterEvent) gathers what the engine wrote before the event,
+// not what the pages held at the call: here the engine writes the KV only
+// after Save returned, then completes the event; until then nothing is
+// gathered. The save restores bit-exact. On PathCPU the option is ErrNotGPU.
+func TestGPUSaveAfterEvent(t *testing.T) {
+	const numPages = 64
+	s, kv, gpu := gpuStoreOnCPU(t, numPages, nil)
+	defer closeKV(t, s, kv)
+	g := s.Geometry()
+	rng := rand.New(rand.NewPCG(5, 8))
+	a := chainOf(9700, 6)
+	pa := pageTable(rng, g, numPages, len(a))
+	scramble(kv, g, numPages) // the pages before the engine's writes
+	ev := gpu.NewEvent()
+	sv, err := s.SaveWith(a, pa, SaveOptions{AfterEvent: ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sv.Gathered():
+		t.Fatal("the save was gathered before the engine's event completed")
+	case <-time.After(50 * time.Millisecond):
+	}
+	fill(kv, g, a, pa) // the engine's step, then its event
+	gpu.Complete(ev)
+	select {
+	case <-sv.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the save did not end 10 s after the engine's event")
+	}
+	if sv.Saved() != len(a) {
+		t.Fatalf("saved %d of %d blocks: %+v", sv.Saved(), len(a), s.Stats())
+	}
+	scramble(kv, g, numPages)
+	pl := pageTable(rng, g, numPages, len(a))
+	if l := loadWait(t, s, a, pl); l.Blocks() != len(a) {
+		t.Fatalf("restored %d of %d blocks (%v)", l.Blocks(), len(a), l.Failure())
+	}
+	if err := verify(kv, g, a, pl, len(a)); err != nil {
+		t.Fatalf("the save gathered the pages before the engine's writes: %v", err)
+	}
+	// An event of no engine's: the gathers fail, the save skips its blocks.
+	b := chainOf(9800, 2)
+	pb := pageTable(rng, g, numPages, len(b))
+	sv, err = s.SaveWith(b, pb, SaveOptions{AfterEvent: 0xBAD0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv.Wait()
+	if sv.Saved() != 0 || sv.Skipped(SkipIOError) != len(b) {
+		t.Fatalf("a save after an unknown event: saved %d, skipped %d as io-error, want 0 and %d", sv.Saved(), sv.Skipped(SkipIOError), len(b))
+	}
+
+	cs, ckv := openKV(t, testConfig(t, g, kvshape.LayoutPerLayer, numPages))
+	defer closeKV(t, cs, ckv)
+	if _, err := cs.SaveWith(a, pa, SaveOptions{AfterEvent: 1}); !errors.Is(err, ErrNotGPU) {
+		t.Fatalf("PathCPU save after an event: %v, want ErrNotGPU", err)
 	}
 }

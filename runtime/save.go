@@ -127,11 +127,11 @@ func (sv *Save) Skipped(cause SkipCause) int {
 	return sv.skipped[cause]
 }
 
-// save is Save with the blocks' KV-event metadata (SaveWithMeta; nil:
-// none), kept from their reservation on: it admits the save
-// (admission.Admit) and hands its writes to the pipeline's driver, on a
-// goroutine of the save's own.
-func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta) (*Save, error) {
+// save is SaveWith with the blocks' KV-event metadata copied (nil: none),
+// kept from their reservation on: it admits the save (admission.Admit) and
+// hands its writes to the pipeline's driver, on a goroutine of the save's
+// own.
+func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta, afterEvent uintptr) (*Save, error) {
 	if err := s.checkRequest("save", chain, pages); err != nil {
 		return nil, err
 	}
@@ -159,7 +159,7 @@ func (s *Store) save(chain []uint64, pages []int32, meta []kvmeta.Meta) (*Save, 
 		return sv, nil
 	}
 	go func() {
-		t := s.writes.Drive(savewrite.Save{Txn: txn, Pages: pages, Gathered: sv.gathered, StartNs: sv.startNs})
+		t := s.writes.Drive(savewrite.Save{Txn: txn, Pages: pages, AfterEvent: afterEvent, Gathered: sv.gathered, StartNs: sv.startNs})
 		sv.timing.FirstWriteNs, sv.timing.WritesNs, sv.timing.DeviceWritesNs = t.FirstWriteNs, t.WritesNs, t.DeviceWritesNs
 		sv.finish()
 	}()

@@ -244,18 +244,43 @@ func (s *Store) LoadWith(chain []uint64, pages []int32, opts LoadOptions) (*Load
 // error skips the run and everything after it, counted. The pages must stay
 // unchanged until Gathered.
 func (s *Store) Save(chain []uint64, pages []int32) (*Save, error) {
-	return s.save(chain, pages, nil)
+	return s.SaveWith(chain, pages, SaveOptions{})
 }
 
-// SaveWithMeta is Save with meta[i] for chain block i, kept (bounded by
-// KVEvents.MaxTokenBytes) while the block is served and published with it.
-// Without Config.KVEvents it is Save. The store copies meta.
+// SaveWithMeta is Save with meta[i] for chain block i (SaveOptions.Meta).
 func (s *Store) SaveWithMeta(chain []uint64, pages []int32, meta []BlockMeta) (*Save, error) {
-	kept, err := s.copyMeta(chain, meta)
-	if err != nil {
-		return nil, err
+	return s.SaveWith(chain, pages, SaveOptions{Meta: meta})
+}
+
+// SaveOptions are a save's optional inputs (SaveWith).
+type SaveOptions struct {
+	// Meta, if not nil, is chain block i's metadata at i, kept (bounded by
+	// KVEvents.MaxTokenBytes) while the block is served and published
+	// with it. Without Config.KVEvents it is checked and dropped. The
+	// store copies it.
+	Meta []BlockMeta
+	// AfterEvent (PathGPU only, else ErrNotGPU), if not 0, is a
+	// cudaEvent_t of the store's device, recorded on the engine's stream
+	// where the pages' KV is written: the save's gathers copy the pages
+	// only once it completed, so the engine's host need not wait for its
+	// stream before saving. The caller keeps the event alive (not
+	// destroyed; it may be recorded again only after) until Gathered.
+	AfterEvent uintptr
+}
+
+// SaveWith is Save with opts.
+func (s *Store) SaveWith(chain []uint64, pages []int32, opts SaveOptions) (*Save, error) {
+	if opts.AfterEvent != 0 && s.cfg.Path != PathGPU {
+		return nil, fmt.Errorf("runtime: save after a CUDA event: %w", ErrNotGPU)
 	}
-	return s.save(chain, pages, kept)
+	var kept []kvmeta.Meta
+	if opts.Meta != nil {
+		var err error
+		if kept, err = s.copyMeta(chain, opts.Meta); err != nil {
+			return nil, err
+		}
+	}
+	return s.save(chain, pages, kept, opts.AfterEvent)
 }
 
 // Match is the lookup of an engine that commits to a hit before it loads

@@ -48,10 +48,12 @@ import docqa  # noqa: E402
 import headline_stats as hs  # noqa: E402
 
 BACKENDS = ("none", "offload-cpu", "offload-fs", "tutti-gpu", "tutti-gpu-async", "tutti-gpu-auto", "tutti-gpu-save",
-            "tutti-cpu", "lmcache-disk", "lmcache-gds")
+            "tutti-gpu-hostwait", "tutti-cpu", "lmcache-disk", "lmcache-gds")
 ASYNC_LOADS = {"async": True, "auto": "auto"}  # a tutti backend's suffix -> its async_loads
 # "save": kv_role kv_producer, every lookup a miss: what tutti's saves alone cost the engine (a diagnostic row)
 KV_ROLE = {"save": "kv_producer"}
+# "hostwait": save_wait "host", the host waits for the engine's stream at the save point (the control of "device")
+SAVE_WAIT = {"hostwait": "host"}
 GIB = 1 << 30
 LMCACHE_CHUNK_TOKENS = 256  # LMCache's default chunk, the replay's 256-token blocks
 DRAIN_S = 8.0  # allowance after a run's last arrival, for --deadline-s
@@ -100,6 +102,8 @@ def backend_config(name: str, a) -> dict:
         extra = {"dirs": sub, "capacity_bytes": a.capacity_gib * GIB, "path": path}
         if mode in ASYNC_LOADS:
             extra["async_loads"] = ASYNC_LOADS[mode]
+        if mode in SAVE_WAIT:
+            extra["save_wait"] = SAVE_WAIT[mode]
         role = KV_ROLE.get(mode, "kv_both")
         out["kv_transfer_config"] = {"kv_connector": "TuttiConnector", "kv_connector_module_path": "tutti.vllm",
                                      "kv_role": role, "kv_connector_extra_config": extra}
@@ -107,7 +111,9 @@ def backend_config(name: str, a) -> dict:
                        + (f", async_loads {json.dumps(extra['async_loads'])} (vLLM's WAITING_FOR_REMOTE_KVS)"
                           if mode in ASYNC_LOADS else "")
                        + (f", kv_role {role}: saves only, every lookup a miss (what the saves cost)" if mode in KV_ROLE
-                          else ""))
+                          else "")
+                       + (f", save_wait {SAVE_WAIT[mode]!r}: the host waits for the engine's stream at the save point"
+                          if mode in SAVE_WAIT else ""))
     else:
         cfg = {"chunk_size": LMCACHE_CHUNK_TOKENS, "local_cpu": False, "max_local_cpu_size": a.lmcache_cpu_gib}
         if name == "lmcache-disk":

@@ -29,7 +29,9 @@
 # tutti-gpu-async and tutti-gpu-auto are tutti's GPU path with async_loads true
 # and "auto" (docs/vllm.md: loads beside the engine's steps); tutti-gpu-save is
 # its GPU path as kv_role kv_producer (saves, never loads: what the saves alone
-# cost the engine); in no default set.
+# cost the engine); tutti-gpu-hostwait has save_wait "host" (the host waits for
+# the engine's stream at the save point: the control of the default "device");
+# in no default set.
 # Default (one call, ~8.5 min): BACKENDS="none tutti-gpu offload-cpu", STORAGES=loops,
 # RATES=3,6,12 req/s, ROUNDS=2, REQUESTS=64 (the first 64 of the replay's docqa plan:
 # 12 documents of 4K-8K tokens, 17 questions each; the 64 touch all 12), each backend

@@ -240,10 +240,10 @@ static int restore_case(const char *name, Shape s, unsigned layout, unsigned pag
     CHECK(p_tk_host_register((uint64_t)g2, 2 * obj) == 0, "register lane gather buffer");
     const unsigned planes = (unsigned)(page / plane);
     uint32_t *crcs = calloc((size_t)2 * pages * planes, sizeof(uint32_t));
-    st = p_tk_gather_lane(ctx, TK_GATHER_LANES - 1, pm, pages, 1, 2, (uint64_t)g2, obj, crcs);
+    st = p_tk_gather_lane(ctx, TK_GATHER_LANES - 1, pm, pages, 1, 2, (uint64_t)g2, obj, crcs, 0);
     if (st) tkerr("gather lane", st);
     CHECK(st == TK_OK, "gather lane");
-    CHECK(p_tk_gather_lane(ctx, TK_GATHER_LANES, pm, pages, 1, 1, (uint64_t)g2, obj, NULL) == TK_ERR_INVALID,
+    CHECK(p_tk_gather_lane(ctx, TK_GATHER_LANES, pm, pages, 1, 1, (uint64_t)g2, obj, NULL, 0) == TK_ERR_INVALID,
           "gather on a lane past the last accepted");
     // the lane's plane CRCs against a bitwise CRC32C of the gathered bytes
     uint64_t cbad = 0;

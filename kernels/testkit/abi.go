@@ -25,6 +25,9 @@ static struct {
 	tk_status (*kv_verify)(const tk_kv *, int32_t, uint64_t, const tk_page_map *, uint32_t, uint32_t, uint32_t, uint64_t *);
 	tk_status (*legacy_spin)(int32_t, uint64_t);
 	tk_status (*legacy_busy)(int32_t, int32_t *);
+	tk_status (*kv_fill_after)(const tk_kv *, int32_t, uint32_t, uint64_t, uint64_t *);
+	tk_status (*event_done)(uint64_t, int32_t *);
+	tk_status (*event_destroy)(uint64_t);
 	tk_status (*cufile_probe)(const char *, int32_t *);
 	tk_status (*cufile_batch_read)(const char *, const uint64_t *, const uint64_t *, const uint32_t *, uint32_t, uint64_t, uint64_t);
 } T;
@@ -37,6 +40,7 @@ static int tkt_load(const char *path, char *err, int n) {
 #define S(f, sym) if (!(*(void **)&T.f = dlsym(h, sym))) { snprintf(err, n, "%s lacks %s", path, sym); dlclose(h); memset(&T, 0, sizeof T); return -1; }
 	S(abi_version, "tkt_abi_version") S(last_error, "tkt_last_error") S(kv_fill, "tkt_kv_fill") S(kv_verify, "tkt_kv_verify")
 	S(legacy_spin, "tkt_legacy_spin") S(legacy_busy, "tkt_legacy_busy")
+	S(kv_fill_after, "tkt_kv_fill_after") S(event_done, "tkt_event_done") S(event_destroy, "tkt_event_destroy")
 	S(cufile_probe, "tk_cufile_probe") S(cufile_batch_read, "tk_cufile_batch_read")
 #undef S
 	tkt_handle = h;
@@ -49,6 +53,9 @@ static tk_status tkt_fill(const tk_kv *kv, int32_t d, uint32_t v) { return T.kv_
 static tk_status tkt_verify(const tk_kv *kv, int32_t d, uint64_t seed, const tk_page_map *m, uint32_t n, uint32_t fl, uint32_t nl, uint64_t *out) { return T.kv_verify(kv, d, seed, m, n, fl, nl, out); }
 static tk_status tkt_spin(int32_t d, uint64_t ns) { return T.legacy_spin(d, ns); }
 static tk_status tkt_busy(int32_t d, int32_t *b) { return T.legacy_busy(d, b); }
+static tk_status tkt_fill_after(const tk_kv *kv, int32_t d, uint32_t v, uint64_t ns, uint64_t *ev) { return T.kv_fill_after(kv, d, v, ns, ev); }
+static tk_status tkt_ev_done(uint64_t ev, int32_t *done) { return T.event_done(ev, done); }
+static tk_status tkt_ev_destroy(uint64_t ev) { return T.event_destroy(ev); }
 static tk_status tkt_cf_probe(const char *p, int32_t *e) { return T.cufile_probe(p, e); }
 static tk_status tkt_cf_read(const char *p, const uint64_t *fo, const uint64_t *dof, const uint32_t *len, uint32_t n, uint64_t d, uint64_t db) { return T.cufile_batch_read(p, fo, dof, len, n, d, db); }
 */
@@ -231,6 +238,43 @@ func LegacyBusy(device int) (bool, error) {
 	var b C.int32_t
 	err := status("legacy stream query", C.tkt_busy(C.int32_t(device), &b))
 	return b != 0, err
+}
+
+// FillKVAfter is an engine writing its KV on a stream of its own: on a new
+// stream of r's device, a kernel that runs for spin, then every byte of r's
+// KV tensors set to b, and an event recorded behind them, which it returns at
+// once (a cudaEvent_t, to EventDestroy). What a save ordered after the
+// engine's writes (GatherLane's afterEvent) is tested with.
+func FillKVAfter(r *kernels.Restorer, b byte, spin time.Duration) (event uintptr, err error) {
+	if err := Load(); err != nil {
+		return 0, err
+	}
+	cfg := r.Config()
+	kv, err := kvDesc(cfg)
+	if err != nil {
+		return 0, err
+	}
+	var ev C.uint64_t
+	err = status("fill kv after a spin", C.tkt_fill_after(&kv, C.int32_t(cfg.Device), C.uint32_t(b), C.uint64_t(spin.Nanoseconds()), &ev))
+	return uintptr(ev), err
+}
+
+// EventDone says whether FillKVAfter's event completed.
+func EventDone(event uintptr) (bool, error) {
+	if err := Load(); err != nil {
+		return false, err
+	}
+	var d C.int32_t
+	err := status("event query", C.tkt_ev_done(C.uint64_t(event), &d))
+	return d != 0, err
+}
+
+// EventDestroy frees FillKVAfter's event.
+func EventDestroy(event uintptr) error {
+	if err := Load(); err != nil {
+		return err
+	}
+	return status("event destroy", C.tkt_ev_destroy(C.uint64_t(event)))
 }
 
 // CuFileProbe opens the cuFile driver and registers path with it. On failure

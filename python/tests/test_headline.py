@@ -218,11 +218,13 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual((t["kv_connector"], t["kv_connector_module_path"]), ("TuttiConnector", "tutti.vllm"))
         self.assertEqual(t["kv_connector_extra_config"]["dirs"], [f"/mnt/l{i}/tutti-cpu" for i in range(8)])
         self.assertEqual(t["kv_connector_extra_config"]["path"], "cpu")
-        for b, want, role in (("tutti-gpu", None, "kv_both"), ("tutti-gpu-async", True, "kv_both"),
-                              ("tutti-gpu-auto", "auto", "kv_both"), ("tutti-gpu-save", None, "kv_producer")):
+        for b, want, role, wait in (("tutti-gpu", None, "kv_both", None), ("tutti-gpu-async", True, "kv_both", None),
+                                    ("tutti-gpu-auto", "auto", "kv_both", None),
+                                    ("tutti-gpu-save", None, "kv_producer", None),
+                                    ("tutti-gpu-hostwait", None, "kv_both", "host")):
             extra = got[b]["kv_transfer_config"]["kv_connector_extra_config"]
-            self.assertEqual((extra["path"], extra.get("async_loads"), got[b]["kv_transfer_config"]["kv_role"]),
-                             ("gpu", want, role), b)
+            self.assertEqual((extra["path"], extra.get("async_loads"), got[b]["kv_transfer_config"]["kv_role"],
+                              extra.get("save_wait")), ("gpu", want, role, wait), b)
         for b in ("lmcache-disk", "lmcache-gds"):
             (path, text), = got[b]["files"].items()
             self.assertEqual(got[b]["env"]["LMCACHE_CONFIG_FILE"], path)

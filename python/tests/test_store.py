@@ -252,6 +252,23 @@ class ArgumentErrorTest(unittest.TestCase):
         with self.assertRaises(tutti.GeometryMismatch):
             self.st.save(chain_of(1, 2), [0])
 
+    def test_save_after_an_event(self):
+        """after_event is the GPU path's: refused on the CPU path, by the
+        library, after the binding refused what is no event."""
+        self.st.register_kv(self.fx.regions())
+
+        class Recorded:
+            cuda_event = 0x7F00
+
+        with self.assertRaises(tutti.NotSupported) as cm:
+            self.st.save(chain_of(1, 2), [0, 1], after_event=Recorded())
+        self.assertIn("tutti_save_after", str(cm.exception))
+        for bad in (0, True, "ev", object(), -5):
+            with self.assertRaises(ValueError, msg=repr(bad)) as cm:
+                self.st.save(chain_of(1, 2), [0, 1], after_event=bad)
+            self.assertIn("after_event", str(cm.exception))
+        self.assertEqual(self.st.lookup(chain_of(1, 2)), 0)
+
     def test_duplicate_load_pages(self):
         self.st.register_kv(self.fx.regions())
         with self.assertRaises(tutti.InvalidArgument) as cm:

@@ -383,7 +383,8 @@ class VLLMAdapterTest(unittest.TestCase):
                           ({"check": {"dir": "/x", "zap": 1}}, "check"), ({"check": "/x"}, "check"),
                           ({"check": {"dir": "/x", "max_records": 0}}, "max_records"),
                           ({"save_flush_wait_ms": -1}, "save_flush_wait_ms"), ({"async_loads": 1}, "async_loads"),
-                          ({"async_loads": "always"}, "async_loads")):
+                          ({"async_loads": "always"}, "async_loads"), ({"save_wait": "gpu"}, "save_wait"),
+                          ({"save_wait": None}, "save_wait")):
             with self.assertRaises(ValueError) as cm:
                 KVConnectorFactory.create_connector(_config(self.root, bad), KVConnectorRole.SCHEDULER, None)
             self.assertIn(frag, str(cm.exception))

@@ -327,6 +327,36 @@ class SaveAfterStepTest(unittest.TestCase):
                 for n, t in kv.items():
                     self.assertTrue(torch.equal(t[:, 4:8], want[n]), n)
 
+    def test_saves_wait_for_the_engines_event(self):
+        """save_event: each hand-over makes one event, every save of it is
+        given that event, and the host never waits for the stream; False:
+        the host waits (device_sync) and no save gets an event."""
+        class Event:
+            cuda_event = 0xE0
+
+        for use_event in (True, False):
+            with self.subTest(save_event=use_event):
+                events, syncs, got = [], [], []
+
+                def make():
+                    events.append(Event())
+                    return events[-1]
+                w, kv, _ = self.worker(True, save_event=make if use_event else False,
+                                       device_sync=lambda: syncs.append(1))
+                real = w.store.save
+
+                def save(chain, pages, after_event=None, **kw):
+                    got.append(after_event)  # the CPU path refuses events: the real save gets none
+                    return real(chain, pages, **kw)
+                w.store.save = save
+                self.rid = "r"
+                chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
+                run_step(w, list(kv), saves=[ws.SaveSpec("r", chain[:2], [0, 1]), ws.SaveSpec("q", chain[2:], [2, 3])])
+                w.end_requests(ended=["r", "q"])
+                self.assertEqual(len(events), 1 if use_event else 0)
+                self.assertEqual(got, [events[0]] * 2 if use_event else [None, None])
+                self.assertEqual(len(syncs), 0 if use_event else 1)
+
     def test_finished_request_ends_when_its_pages_are_reused(self):
         """A finished request's saves in flight go on reading its pages, no
         wait, until a step writes one of them afresh (reused), then they are

@@ -29,7 +29,8 @@ ABI_MAJOR = 1
 # 1.7: tutti_connect (Store(connect=...): a node's shared store, tutti serve);
 # 1.8: tutti_load_done (Load.done: vLLM's asynchronous loads);
 # 1.9: tutti_save_gathered (Save.gathered: a finished request's pages wait until reused).
-ABI_MINOR_NEEDED = 9
+# 1.10: tutti_save_after (Store.save(after_event=): the gathers wait for the engine's CUDA event).
+ABI_MINOR_NEEDED = 10
 
 # enum tutti_path / tutti_dtype / tutti_layout / tutti_memory
 PATH_CPU, PATH_GPU = 1, 2
@@ -231,6 +232,7 @@ def _prototype(lib):
         "tutti_open_kv_events": (i32, [p(tutti_config), ctypes.c_char_p, p(u64)]),
         "tutti_save_tokens": (i32, [u64, p(u64), u32, p(i32), u32, p(u32), u64, p(u64)]),
         "tutti_save_meta": (i32, [u64, p(u64), u32, p(i32), u32, p(u32), u64, p(ctypes.c_uint8), u32, p(u64)]),
+        "tutti_save_after": (i32, [u64, p(u64), u32, p(i32), u32, p(u32), u64, p(ctypes.c_uint8), u32, u64, p(u64)]),
         "tutti_take_kv_events": (i32, [u64, p(ctypes.c_uint8), u64, p(u64), p(u32), p(u32)]),
     }
     for name, (res, args) in protos.items():

@@ -101,9 +101,9 @@ class GroupWorkers:
     """A WorkerSide per KV cache group (see the module doc)."""
 
     def __init__(self, open_group: Callable, rules: Sequence[GroupRule], store: HybridStore, holds=None,
-                 save_flush_wait_ms: int = FLUSH_WAIT_MS, checks: Optional[Sequence[object]] = None):
+                 save_flush_wait_ms: int = FLUSH_WAIT_MS, checks: Optional[Sequence[object]] = None, save_event=None):
         """``checks[i]``: group i's :class:`tutti.kvcheck.KVCheck` (check
-        mode), or None."""
+        mode), or None; ``save_event``: each group's WorkerSide's."""
         self.rules = list(rules)
         self.store = store
         self.holds = holds
@@ -111,7 +111,8 @@ class GroupWorkers:
         self.workers: List[WorkerSide] = []
         for i, r in enumerate(self.rules):
             self.workers.append(WorkerSide(lambda lay, i=i: open_group(i, lay), save_flush_wait_ms=save_flush_wait_ms,
-                                           ends_requests=r.kind == "full", check=checks[i] if checks else None))
+                                           ends_requests=r.kind == "full", check=checks[i] if checks else None,
+                                           save_event=save_event))
         self._group_of: Dict[str, int] = {}
         self._pins: list = []
         self._load_reqs: List[str] = []

@@ -130,6 +130,15 @@ def _u32_array(values: Sequence[int], what: str):
     return _c_array("I", ctypes.c_uint32, values, what)
 
 
+def _event_handle(event) -> int:
+    """The cudaEvent_t of ``event``: its ``cuda_event`` (a torch.cuda.Event,
+    recorded) or the integer itself; never 0."""
+    h = getattr(event, "cuda_event", event)
+    if isinstance(h, bool) or not isinstance(h, int) or h == 0:
+        raise ValueError(f"after_event = {event!r}: want a recorded CUDA event (with cuda_event) or its non-zero handle")
+    return _args.uint64("after_event", h)
+
+
 def chain_from_tokens(tokens: Sequence[int], block_tokens: int, seed: int = 0):
     """The block-hash chain of ``tokens``, computed by the library with the Go
     prefix package's ChainFromTokens (so Python and Go never disagree): one
@@ -365,17 +374,23 @@ class Store:
         return Hold(self, h.value, n.value)
 
     def save(self, chain: Sequence[int], pages: Sequence[int], tokens: Sequence[int] = None,
-             hashes: Sequence[bytes] = None) -> "Save":
+             hashes: Sequence[bytes] = None, after_event=None) -> "Save":
         """Starts saving ``chain``'s blocks from ``pages``; the pages must
         stay unchanged until :meth:`Save.wait_gathered`. For a store opened
         with ``kv_events``: ``tokens`` (the blocks' token ids, block_tokens
         per chain block) are published with the blocks, and ``hashes`` (the
         engine's own hash of each block, e.g. vLLM's block hash bytes, all of
-        one length, 1..64 bytes) are published instead of the chain ids."""
+        one length, 1..64 bytes) are published instead of the chain ids.
+        ``after_event`` (GPU path): a recorded CUDA event of the store's
+        device, e.g. a ``torch.cuda.Event``, behind the engine's writes of
+        the pages; the gathers copy them once it completed, so the host
+        need not wait for the engine's stream first. The Save keeps it
+        referenced until released."""
         c, nc = _u64_array(chain, "chain")
         p, np_ = _i32_array(pages, "pages")
         h = ctypes.c_uint64()
-        if tokens is None and hashes is None:
+        ev = _event_handle(after_event) if after_event is not None else 0
+        if tokens is None and hashes is None and not ev:
             _lib.check(self._lib.tutti_save(self._h(), c, nc, p, np_, ctypes.byref(h)), "tutti_save")
             return Save(self, h.value)
         t, nt = _u32_array(tokens, "tokens") if tokens is not None else (None, 0)
@@ -395,6 +410,12 @@ class Store:
                 raise ValueError(f"hashes: lengths {sorted({len(x) for x in hashes})}, want one length")
             joined = b"".join(hashes)
             hb = (ctypes.c_uint8 * max(len(joined), 1)).from_buffer_copy(joined.ljust(max(len(joined), 1), b"\0"))
+        if ev:
+            _lib.check(self._lib.tutti_save_after(self._h(), c, nc, p, np_, t, nt, hb, hlen, ev, ctypes.byref(h)),
+                       "tutti_save_after")
+            sv = Save(self, h.value)
+            sv.after_event = after_event  # alive while the gathers may wait for it
+            return sv
         _lib.check(self._lib.tutti_save_meta(self._h(), c, nc, p, np_, t, nt, hb, hlen, ctypes.byref(h)), "tutti_save_meta")
         return Save(self, h.value)
 

@@ -154,6 +154,7 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
             if self.settings.check is not None:
                 check = KVCheck(self.settings.check["dir"], self._store_subdir,
                                 self.settings.check.get("max_records", MAX_RECORDS))
+            save_event = None if self.settings.save_wait == "device" else False
             if self.rules is not None:
                 checks = None
                 if self.settings.check is not None:  # one per group, in the group's folder of the hybrid store's
@@ -161,10 +162,12 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
                                       self.settings.check.get("max_records", MAX_RECORDS)) for i in range(len(self.rules))]
                 self._hybrid = groups.HybridStore(self.rules)
                 self._worker = GroupWorkers(self._open_group, self.rules, self._hybrid, holds=_HoldsProxy(self),
-                                            save_flush_wait_ms=self.settings.save_flush_wait_ms, checks=checks)
+                                            save_flush_wait_ms=self.settings.save_flush_wait_ms, checks=checks,
+                                            save_event=save_event)
             else:
                 self._worker = WorkerSide(self._open_store, holds=_HoldsProxy(self), ends_requests=True,
-                                          save_flush_wait_ms=self.settings.save_flush_wait_ms, check=check)
+                                          save_flush_wait_ms=self.settings.save_flush_wait_ms, check=check,
+                                          save_event=save_event)
         else:
             self.rank = None
         self._events = None  # kv_events "vllm": the scheduler's side (tutti.vllm_events)

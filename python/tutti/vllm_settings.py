@@ -17,7 +17,7 @@ log = logging.getLogger("tutti.vllm")
 
 _KEYS = {"dirs", "capacity_bytes", "connect", "path", "hold_ttl_ms", "lookup_socket_dir", "lookup_timeout_ms",
          "pythonhashseed", "store_options", "kv_events", "host_staging_bytes", "save_flush_wait_ms", "check",
-         "async_loads"}
+         "async_loads", "save_wait"}
 _CHECK_KEYS = {"dir", "max_records"}
 # store_options take the flat names of tutti.options.FLAT (a JSON object has
 # no dataclasses); the connector picks the CUDA device itself.
@@ -47,6 +47,10 @@ class Settings:
     # instead of inside their request's step; "auto": while other requests
     # are live (docs/vllm.md).
     async_loads: Any = False
+    # Where a step's saves wait for its KV writes on the GPU path: "device"
+    # (the gathers wait for an event of the engine's stream) or "host" (the
+    # host waits for the stream at the save point).
+    save_wait: str = "device"
 
     @staticmethod
     def parse(extra: Optional[dict]) -> "Settings":
@@ -96,6 +100,8 @@ class Settings:
                 raise ValueError(f"kv_connector_extra_config.{k} = {getattr(s, k)!r}: want 1..3600000")
         if not (isinstance(s.async_loads, bool) or s.async_loads == "auto"):
             raise ValueError(f"kv_connector_extra_config.async_loads = {s.async_loads!r}: want true, false or \"auto\"")
+        if s.save_wait not in ("device", "host"):
+            raise ValueError(f"kv_connector_extra_config.save_wait = {s.save_wait!r}: want \"device\" or \"host\"")
         if not isinstance(s.save_flush_wait_ms, int) or not 0 <= s.save_flush_wait_ms <= 600 * 1000:
             raise ValueError(f"kv_connector_extra_config.save_flush_wait_ms = {s.save_flush_wait_ms!r}: want 0..600000")
         return s

@@ -73,7 +73,6 @@ Ownership: the WorkerSide holds references to the registered tensors until
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -84,6 +83,7 @@ from .deferred_ends import DeferredEnds
 from .save_queue import FLUSH_WAIT_MS, SaveQueue
 from .store import Load, Save, Store
 from .kv_layout import KVLayout, LayoutError, check_fits, describe_kv_caches  # noqa: F401 (the worker side's API)
+from .process_stores import process_store, shared_store  # noqa: F401 (the worker side's API)
 from .tensor import DeviceMismatch, describe
 
 MAX_INFLIGHT_SAVES = 4096  # saves still reading a running request's pages (ends_requests); beyond: the oldest is waited for
@@ -151,28 +151,12 @@ def _torch_stream_sync():
         torch.cuda.current_stream().synchronize()
 
 
-# ---------------------------------------------------------- one store per process
-
-_stores_lock = threading.Lock()
-_stores: Dict[str, Store] = {}
-
-
-def process_store(key: str, opener: Callable[[], Store]) -> Store:
-    """The store of this process under ``key`` (opened by ``opener`` the first
-    time): an engine that puts its scheduler and worker in one process
-    (vLLM at TP = 1) gets one store for both, since a store's directories are
-    locked per process."""
-    with _stores_lock:
-        st = _stores.get(key)
-        if st is None or st.closed:
-            st = _stores[key] = opener()
-        return st
-
-
-def shared_store(key: str) -> Optional[Store]:
-    with _stores_lock:
-        st = _stores.get(key)
-        return st if st is not None and not st.closed else None
+def _torch_save_event():
+    """An event recorded on torch's current CUDA stream, behind the step's
+    writes of the KV: the saves' gathers wait for it on the device."""
+    ev = sys.modules["torch"].cuda.Event()
+    ev.record()
+    return ev
 
 
 # ------------------------------------------------------------------ the worker
@@ -184,7 +168,7 @@ class WorkerSide:
 
     def __init__(self, store_opener: Callable[[KVLayout], Store], device_sync: Optional[Callable[[], None]] = None,
                  stream_wait: Optional[bool] = None, holds=None, save_flush_wait_ms: int = FLUSH_WAIT_MS, check=None,
-                 ends_requests: bool = False):
+                 ends_requests: bool = False, save_event: Optional[Callable[[], object]] = None):
         """``holds``: what the scheduler's lookups hold in this process (an
         object with ``release(req_id)``, e.g. a
         :class:`tutti.scheduler_side.LocalMatcher`): a request's hold is
@@ -196,15 +180,22 @@ class WorkerSide:
         the engine names every request whose pages may be reused
         (:meth:`end_requests`) before they are: then a request's saves wait
         for the chunk before them and are retried while not committed
-        (tutti.save_queue); otherwise each is handed over in its step only."""
+        (tutti.save_queue); otherwise each is handed over in its step only.
+        ``save_event``: makes, where saves are handed over, an event of the
+        engine's stream behind its KV writes (with ``cuda_event``) for the
+        gathers to wait for on the device; None: torch's on the GPU path
+        without host staging; ``False``: the host waits (``device_sync``)."""
         self._opener = _args.function("store_opener", store_opener)
         _args.function("device_sync", device_sync, optional=True)
+        if save_event is not False:
+            _args.function("save_event", save_event, optional=True)
         if stream_wait is not None:
             _args.boolean("stream_wait", stream_wait)
         _args.boolean("ends_requests", ends_requests)
         self.holds = holds
         self.check = check
         self._device_sync = device_sync
+        self._save_event = save_event
         self._stream_wait = stream_wait
         self._flush_wait_ms, self._ends_requests = save_flush_wait_ms, ends_requests
         self.store: Optional[Store] = None
@@ -240,6 +231,8 @@ class WorkerSide:
         that size (module doc); the store then holds the pool's pages."""
         if self.store is not None:
             raise RuntimeError("register called twice")
+        if self._save_event and host_staging_bytes is not None:
+            raise ValueError("save_event: host staging copies the pages itself; pass save_event=None or False")
         lay = describe_kv_caches(kv_caches, block_size, layer_names, chunk_pages)
         # -- host staging: the store moves the pool's pages, not the tensors'
         mem, staging = lay, None
@@ -270,6 +263,8 @@ class WorkerSide:
             self._device_sync = _torch_stream_sync if st.path == "gpu" else (lambda: None)
         if self._stream_wait is None:
             self._stream_wait = st.path == "gpu" and "torch" in sys.modules
+        if self._save_event is None:
+            self._save_event = st.path == "gpu" and staging is None and "torch" in sys.modules and _torch_save_event
         if self.check is not None:
             self.check.register(kv_caches, lay, block_size)
         return lay
@@ -451,10 +446,12 @@ class WorkerSide:
         specs = self.queue.ready() if self.queue is not None and len(self.queue) else []
         if not specs:
             return
-        t0 = time.monotonic()
-        self._device_sync()  # the KV to save must be written before tutti's copies read it
+        t0 = time.monotonic()  # the KV must be written before the copies read it: they wait for an event, or the host does
+        after = self._save_event() if self._save_event else None
+        if after is None:
+            self._device_sync()
         t1 = time.monotonic()
-        saves = [(spec.req_id, self._issue(spec, keep=not wait), spec.block_ids) for spec in specs]
+        saves = [(spec.req_id, self._issue(spec, keep=not wait, after=after), spec.block_ids) for spec in specs]
         self._counters["save_sync_s"] += t1 - t0  # the host's time here holds the step: counted
         self._counters["save_issue_s"] += time.monotonic() - t1
         if wait:
@@ -491,9 +488,11 @@ class WorkerSide:
                 sv.wait_gathered()
                 sv.release()
 
-    def _issue(self, spec: SaveSpec, keep: bool = True) -> Optional[Save]:
-        """Hands spec's blocks to the store (it skips those it has); the
-        Save is waited for in wait_for_save if ``keep``, else by the caller."""
+    def _issue(self, spec: SaveSpec, keep: bool = True, after=None) -> Optional[Save]:
+        """Hands spec's blocks to the store (it skips those it has), its
+        gathers after the engine's event ``after`` (save_event's) if not
+        None; the Save is waited for in wait_for_save if ``keep``, else by
+        the caller."""
         st = self._need_store()
         cp = st.geometry.chunk_pages
         n = min(len(spec.chain), len(spec.block_ids) // cp)
@@ -505,7 +504,8 @@ class WorkerSide:
         if self.check is not None:
             self.check.saving(spec.req_id, spec.chain[:n], spec.block_ids[:n * cp], st.lookup(spec.chain[:n]))
         save = self.staging.save if self.staging is not None else st.save  # host staging: None when skipped
-        sv = save(spec.chain[:n], spec.block_ids[:n * cp], tokens=tokens, hashes=hashes)
+        kw = {"after_event": after} if after is not None else {}
+        sv = save(spec.chain[:n], spec.block_ids[:n * cp], tokens=tokens, hashes=hashes, **kw)
         if keep and sv is not None:
             self._saves.setdefault(spec.req_id, []).append((sv, spec.block_ids))
         return sv

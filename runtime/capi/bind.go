@@ -11,7 +11,7 @@ import (
 // ABI version of this library (TUTTI_ABI_MAJOR/MINOR in tutti.h).
 const (
 	abiMajor = 1
-	abiMinor = 9
+	abiMinor = 10
 )
 
 // Values of the enums in tutti.h (TestHeaderEnums keeps them equal).

@@ -42,22 +42,30 @@ func tutti_open_kv_events(cfg *C.tutti_config, spec *C.char, outStore *C.uint64_
 func tutti_save_tokens(store C.uint64_t, chain *C.uint64_t, chainLen C.uint32_t, pages *C.int32_t, numPages C.uint32_t,
 	tokens *C.uint32_t, numTokens C.uint64_t, outSave *C.uint64_t) (rc C.int32_t) {
 	defer guard("tutti_save_tokens", &rc)
-	return finish("tutti_save_tokens", saveMeta(store, chain, chainLen, pages, numPages, tokens, numTokens, nil, 0, outSave, true))
+	return finish("tutti_save_tokens", saveMeta(store, chain, chainLen, pages, numPages, tokens, numTokens, nil, 0, 0, outSave, true))
 }
 
 //export tutti_save_meta
 func tutti_save_meta(store C.uint64_t, chain *C.uint64_t, chainLen C.uint32_t, pages *C.int32_t, numPages C.uint32_t,
 	tokens *C.uint32_t, numTokens C.uint64_t, hashes *C.uint8_t, hashBytes C.uint32_t, outSave *C.uint64_t) (rc C.int32_t) {
 	defer guard("tutti_save_meta", &rc)
-	return finish("tutti_save_meta", saveMeta(store, chain, chainLen, pages, numPages, tokens, numTokens, hashes, hashBytes, outSave, false))
+	return finish("tutti_save_meta", saveMeta(store, chain, chainLen, pages, numPages, tokens, numTokens, hashes, hashBytes, 0, outSave, false))
+}
+
+//export tutti_save_after
+func tutti_save_after(store C.uint64_t, chain *C.uint64_t, chainLen C.uint32_t, pages *C.int32_t, numPages C.uint32_t,
+	tokens *C.uint32_t, numTokens C.uint64_t, hashes *C.uint8_t, hashBytes C.uint32_t, afterEvent C.uint64_t, outSave *C.uint64_t) (rc C.int32_t) {
+	defer guard("tutti_save_after", &rc)
+	return finish("tutti_save_after", saveMeta(store, chain, chainLen, pages, numPages, tokens, numTokens, hashes, hashBytes, uintptr(afterEvent), outSave, false))
 }
 
 // saveMeta is tutti_save with each block's BlockMeta: its token ids (tokens,
 // num_tokens = chain_len * block tokens; required when needTokens) and the
 // engine's own hash of it (hashes: chain_len hashes of hash_bytes each, at
-// most kvevents.MaxHashBytes). Both are copied before it returns.
+// most kvevents.MaxHashBytes), both copied before it returns; and the
+// engine's CUDA event the gathers wait for (SaveOptions.AfterEvent; 0: none).
 func saveMeta(store C.uint64_t, chain *C.uint64_t, chainLen C.uint32_t, pages *C.int32_t, numPages C.uint32_t,
-	tokens *C.uint32_t, numTokens C.uint64_t, hashes *C.uint8_t, hashBytes C.uint32_t, outSave *C.uint64_t, needTokens bool) error {
+	tokens *C.uint32_t, numTokens C.uint64_t, hashes *C.uint8_t, hashBytes C.uint32_t, afterEvent uintptr, outSave *C.uint64_t, needTokens bool) error {
 	e, ch, pg, err := requestArgs(store, chain, uint64(chainLen), pages, uint64(numPages), outSave, "out_save", false)
 	if err != nil {
 		return err
@@ -89,7 +97,7 @@ func saveMeta(store C.uint64_t, chain *C.uint64_t, chainLen C.uint32_t, pages *C
 			meta[i].Hash = all[uint64(i)*hb : uint64(i+1)*hb : uint64(i+1)*hb]
 		}
 	}
-	sv, err := e.s.SaveWithMeta(ch, pg, meta)
+	sv, err := e.s.SaveWith(ch, pg, runtime.SaveOptions{Meta: meta, AfterEvent: afterEvent})
 	if err != nil {
 		return err
 	}

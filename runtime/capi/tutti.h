@@ -47,7 +47,7 @@ extern "C" {
  * and minor >= the minor it needs. tutti_abi_version() returns
  * (major << 16) | minor. */
 #define TUTTI_ABI_MAJOR 1
-#define TUTTI_ABI_MINOR 9
+#define TUTTI_ABI_MINOR 10
 
 typedef enum tutti_status {
 	TUTTI_OK = 0,
@@ -420,6 +420,18 @@ int32_t tutti_save_tokens(uint64_t store, uint64_t *chain, uint32_t chain_len, i
  * copied before the call returns. */
 int32_t tutti_save_meta(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t *pages, uint32_t num_pages,
                         uint32_t *tokens, uint64_t num_tokens, uint8_t *hashes, uint32_t hash_bytes, uint64_t *out_save);
+
+/* ABI 1.10: tutti_save_meta (tokens and hashes may both be NULL with 0)
+ * whose gathers copy the pages only once after_event completed: a
+ * cudaEvent_t of the store's device (as an integer), recorded on the
+ * engine's stream behind its writes of the pages, so that the engine's host
+ * need not wait for its stream before saving. 0 is tutti_save_meta. GPU path
+ * only (TUTTI_ERR_NOT_SUPPORTED otherwise). The caller keeps the event
+ * alive, and does not record it again, until tutti_save_wait_gathered
+ * returned (or tutti_save_gathered said 1). */
+int32_t tutti_save_after(uint64_t store, uint64_t *chain, uint32_t chain_len, int32_t *pages, uint32_t num_pages,
+                         uint32_t *tokens, uint64_t num_tokens, uint8_t *hashes, uint32_t hash_bytes, uint64_t after_event,
+                         uint64_t *out_save);
 
 /* ABI 1.5: hands the events of a store opened with kv_events "engine" to the
  * engine that publishes them itself (vLLM: its workers report them and vLLM

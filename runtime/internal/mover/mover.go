@@ -179,9 +179,13 @@ type Write struct {
 	// Pages are the engine's pages of the run from its first chunk: page p
 	// of the run is Pages[p]. The engine's, unchanged until the save's
 	// Gathered.
-	Pages   []int32
-	File    *uring.File
-	FileOff uint64
+	Pages []int32
+	// AfterEvent, if not 0 (GPU movers only), is a CUDA event of the
+	// engine's after which Pages hold the KV to write: the gather's copies
+	// wait for it on the device, not on the host.
+	AfterEvent uintptr
+	File       *uring.File
+	FileOff    uint64
 	// Parts is where Gather puts the CRC32C of each chunk piece the write
 	// covers (Piece.Idx counted over the run's chunk table).
 	Parts []Piece

@@ -171,7 +171,7 @@ func (d *driver) stage(b *buf) {
 	res, chainPos := d.txn.Target(b.run)
 	obj, f := p.cfg.Pool.At(res.Place(), io.Layer, 0)
 	b.w = mover.Write{Layer: io.Layer, Off: io.OffsetBytes, Bytes: io.Bytes, IOBytes: b.ioBytes, Chunks: res.Chunks,
-		Pages: d.pages[chainPos*g.ChunkPages:], File: f, FileOff: uint64(obj.Offset + io.OffsetBytes), Parts: b.w.Parts[:0]}
+		Pages: d.pages[chainPos*g.ChunkPages:], AfterEvent: d.afterEvent, File: f, FileOff: uint64(obj.Offset + io.OffsetBytes), Parts: b.w.Parts[:0]}
 	b.gatherErr = nil
 	direct, err := b.g.Gather(&b.w, &b.req)
 	if err != nil {

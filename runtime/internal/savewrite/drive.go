@@ -19,6 +19,9 @@ type Save struct {
 	// Pages is the save's block table, the engine's: page j of chain
 	// block i is Pages[i*ChunkPages+j]; read until Gathered is closed.
 	Pages []int32
+	// AfterEvent, if not 0, is the engine's CUDA event after which the
+	// pages hold the KV to save (mover.Write.AfterEvent).
+	AfterEvent uintptr
 	// Gathered is closed once the save no longer reads the pages (every
 	// write gathered or given up); Drive closes it if the writes did not.
 	Gathered chan struct{}
@@ -40,6 +43,7 @@ type driver struct {
 	p          *Pipeline
 	txn        *admission.Txn
 	pages      []int32
+	afterEvent uintptr
 	sink       chan *buf // completions of the save's writes; room for every buffer it can hold
 	gathered   chan struct{}
 	gatherLeft atomic.Int64 // writes not yet gathered (driver and stage workers)
@@ -66,7 +70,7 @@ type driver struct {
 // idle while writes wait. It returns once every write is retired and every
 // run settled; Gathered is closed by then.
 func (p *Pipeline) Drive(sv Save) Timing {
-	d := &driver{p: p, txn: sv.Txn, pages: sv.Pages, gathered: sv.Gathered, startNs: sv.StartNs,
+	d := &driver{p: p, txn: sv.Txn, pages: sv.Pages, afterEvent: sv.AfterEvent, gathered: sv.Gathered, startNs: sv.StartNs,
 		writesLeft: sv.Txn.Writes(), sink: make(chan *buf, cap(p.slotTokens)*p.perSlot)}
 	d.gatherLeft.Store(int64(sv.Txn.GatherWrites()))
 	d.queue = make([]sched.IO, 0, d.writesLeft)

@@ -34,7 +34,7 @@ func (g *gatherer) Gather(w *mover.Write, req *ring.Req) (direct bool, err error
 	pages := w.Pages[first : first+int(w.Bytes/pb)]
 	g.planeCRCs = g.planeCRCs[:len(pages)*geo.Planes]
 	t0 := time.Now()
-	if err := m.gather(pages, w.Layer, g.addr, w.Bytes, g.planeCRCs); err != nil {
+	if err := m.gather(pages, w.Layer, g.addr, w.Bytes, g.planeCRCs, w.AfterEvent); err != nil {
 		return false, fmt.Errorf("from the GPU: %w", err)
 	}
 	t1 := time.Now()
@@ -50,11 +50,12 @@ func (g *gatherer) Gather(w *mover.Write, req *ring.Req) (direct bool, err error
 // slot) in object layout, and the CRC32C of each of their planes into
 // planeCRCs (len(pages)*Planes), on a free gather lane: the stage workers'
 // gathers run at once, up to the lanes (one lock over them all serialized
-// every save behind every other).
-func (m *Mover) gather(pages []int32, layer int, dst uintptr, bytes int64, planeCRCs []uint32) error {
+// every save behind every other). The copies wait on the device for
+// afterEvent, the engine's, where not 0.
+func (m *Mover) gather(pages []int32, layer int, dst uintptr, bytes int64, planeCRCs []uint32, afterEvent uintptr) error {
 	lane := <-m.lanes
 	defer func() { m.lanes <- lane }()
-	return m.r.GatherLane(lane, pages, layer, 1, dst, bytes, planeCRCs)
+	return m.r.GatherLane(lane, pages, layer, 1, dst, bytes, planeCRCs, afterEvent)
 }
 
 // combinePlaneCRCs folds g.planeCRCs, the CRC32C of each page plane of the

@@ -13,9 +13,9 @@ type Restorer interface {
 	Restore(req kernels.Request) (Restoration, error)
 	// GatherLanes and GatherLane: kernels.Restorer's (the save's gathers,
 	// one call per lane at a time, lanes handed out by the mover, with the
-	// planes' CRC32Cs into planeCRCs).
+	// planes' CRC32Cs into planeCRCs, after the engine's afterEvent).
 	GatherLanes() int
-	GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32) error
+	GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32, afterEvent uintptr) error
 	FixedBuffers() (bool, error)
 	Wakeups() int64
 	BatchTimeouts() int64

@@ -49,10 +49,11 @@ type Restorer struct {
 	lim kernels.Limits // what the store binds the kernels for
 
 	mu       sync.Mutex
-	restores int             // Restore calls the plan accepted
-	live     int             // restores not released yet (kernels.Limits.MaxRequests at most)
-	maxLive  int             // the most live at once
-	last     kernels.Request // the last of them
+	events   map[uintptr]chan struct{} // NewEvent's, closed by Complete
+	restores int                       // Restore calls the plan accepted
+	live     int                       // restores not released yet (kernels.Limits.MaxRequests at most)
+	maxLive  int                       // the most live at once
+	last     kernels.Request           // the last of them
 	plan     kernels.Plan
 }
 
@@ -62,6 +63,27 @@ type Restorer struct {
 func New(cfg gpu.Config, kv []mover.Region, gate chan struct{}) *Restorer {
 	return &Restorer{v: cpu.NewViews(cfg.Geometry, cfg.Layout, cfg.NumPages, kv), g: cfg.Geometry, maxPages: cfg.MaxPages,
 		gate: gate, laneBusy: make([]atomic.Bool, gatherLanes), lim: kernels.PlanLimits(gpu.KernelsConfig(cfg, nil, nil))}
+}
+
+// NewEvent is a CPU stand-in for an engine's CUDA event recorded behind its
+// writes of the pages (GatherLane's afterEvent): a gather given it copies
+// only after Complete, as the device's copies would wait for the event.
+func (c *Restorer) NewEvent() uintptr {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.events == nil {
+		c.events = map[uintptr]chan struct{}{}
+	}
+	ev := uintptr(0xE0000 + len(c.events)*16) // any distinct non-zero value
+	c.events[ev] = make(chan struct{})
+	return ev
+}
+
+// Complete completes NewEvent's ev: the engine's writes before it are done.
+func (c *Restorer) Complete(ev uintptr) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	close(c.events[ev])
 }
 
 // Calls is how many restores the kernels' plan accepted.
@@ -121,8 +143,9 @@ const gatherLanes = 8
 func (c *Restorer) GatherLanes() int { return len(c.laneBusy) }
 
 // GatherLane copies pages of one layer out in object layout, with their
-// planes' CRC32C, as the kernels do.
-func (c *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32) error {
+// planes' CRC32C, as the kernels do: after afterEvent (NewEvent's) completed,
+// where not 0; an event not NewEvent's is ErrInvalid.
+func (c *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, dst uintptr, layerStride int64, planeCRCs []uint32, afterEvent uintptr) error {
 	n := int64(len(pages)) * c.g.PageBytesPerLayer()
 	switch {
 	case lane < 0 || lane >= len(c.laneBusy):
@@ -140,6 +163,15 @@ func (c *Restorer) GatherLane(lane int, pages []int32, firstLayer, layers int, d
 	defer c.laneBusy[lane].Store(false)
 	if c.OnGather != nil {
 		c.OnGather(lane)
+	}
+	if afterEvent != 0 {
+		c.mu.Lock()
+		done, ok := c.events[afterEvent]
+		c.mu.Unlock()
+		if !ok {
+			return fmt.Errorf("cpu restorer: gather after event %#x, not one of NewEvent's: %w", afterEvent, kernels.ErrInvalid)
+		}
+		<-done
 	}
 	if planeCRCs != nil && len(planeCRCs) != len(pages)*c.g.Planes {
 		return fmt.Errorf("cpu restorer: %d plane CRCs for %d pages: %w", len(planeCRCs), len(pages), kernels.ErrInvalid)
