@@ -170,6 +170,36 @@ class RoundTripTest(unittest.TestCase):
             for p in (0, 6):
                 self.assertFalse(bool(page(kv[n], bdim, p).any()), f"{lay.tag}: page {p} written by a load")
 
+    @unittest.skipUnless(path_under_test() == "gpu", "the GPU path's test (TUTTI_TEST_PATH=gpu, kernels/device-test.sh)")
+    def test_saves_wait_for_writes_still_queued(self):
+        """GPU path: each layer's KV is written on torch's stream behind a
+        spin, still queued when the step hands its saves over; the saves
+        (ordered by an event of that stream, not by the host) hold the
+        written KV, not the zeros before it."""
+        w, kv = self.registered("flash-nhd")
+        self.assertTrue(w._save_event, "the GPU path with torch orders saves by an event")
+        names = list(kv)
+        gen = torch.Generator().manual_seed(8)
+        want = {n: torch.randn(t.shape, generator=gen).to(t.dtype).to(t.device) for n, t in kv.items()}
+        chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
+        w.bind(saves=[ws.SaveSpec("r", chain, [0, 1, 2, 3])])
+        for n in names:
+            w.wait_for_layer(n)
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU clock before the layer's writes
+            kv[n].copy_(want[n])
+            w.save_layer(n)
+        w.wait_for_save()
+        w.finish_step()
+        w.end_requests(ended=["r"])
+        w.unbind()
+        w.store.wait_saves()
+        for t in kv.values():
+            t.zero_()
+        res = self.step(w, names, loads=[ws.LoadSpec("s", chain, 0, [4, 5, 6, 7])])
+        self.assertEqual((res.restored_blocks, res.error_block_ids), ({"s": 4}, set()))
+        for n in names:
+            self.assertTrue(torch.equal(kv[n][:, 4:8], want[n][:, 0:4]), n)
+
     def test_failed_promise_is_a_load_error(self):
         w, kv = self.registered("flash-nhd")
         chain = tutti.chain_from_tokens(list(range(4 * BS)), BS)
