@@ -97,6 +97,11 @@ import (
 // ABIVersion is the version of tutti_kernels.h this package was built with.
 const ABIVersion = C.TK_ABI_VERSION
 
+// GatherStageBytes is each gather lane's device staging (HBM, allocated at
+// Bind unless BenchOptions.ZeroCopyGather), or one page of one layer where
+// that is larger.
+const GatherStageBytes = C.TK_GATHER_STAGE_BYTES
+
 var (
 	loadOnce sync.Once
 	loadErr  error

@@ -21,6 +21,12 @@ type BenchOptions struct {
 	// takes to deliver the layer, which slows the engine's own kernels next
 	// to it.
 	ZeroCopyScatter bool
+	// ZeroCopyGather: a save's gather kernel writes the pages into pinned
+	// host memory itself. By default it copies them within HBM into its
+	// lane's device staging (TK_GATHER_STAGE_BYTES each, allocated at Bind)
+	// and the copy engine moves them to the host: a zero-copy gather holds
+	// blocks of SMs for as long as PCIe takes, beside the engine's kernels.
+	ZeroCopyGather bool
 	// NoFixedBuffers keeps the staging pool unregistered with the ring: every
 	// SQE is a plain READ/WRITE and the kernel pins the pages of each I/O
 	// itself. By default the pool is registered slot by slot (buffer index =

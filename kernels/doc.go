@@ -36,12 +36,14 @@
 //	(*Restore).StreamWaitLayer(l, stream)    the engine's compute stream waits for layer l
 //	(*Restore).WaitLayer(l) / Wait()         host waits; per-entry results, failed pages
 //	(*Restore).Release()                     frees the request slot (always call it)
-//	(*Restorer).GatherLane(lane, pages, l0, n, dst, stride, crcs)
+//	(*Restorer).GatherLane(lane, pages, l0, n, dst, stride, crcs, afterEvent)
 //	                                         save path: HBM -> registered host memory in
-//	                                         object layout, and each page plane's CRC32C
-//	                                         computed on the GPU; the CPU then writes it (uring).
-//	                                         GatherLanes() lanes, each its own stream and
-//	                                         page map: concurrent savers, no shared lock
+//	                                         object layout (within HBM into the lane's device
+//	                                         staging, then the copy engine), after the engine's
+//	                                         event, and each page plane's CRC32C computed on the
+//	                                         GPU; the CPU then writes it (uring). GatherLanes()
+//	                                         lanes, each its own stream, staging and page map:
+//	                                         concurrent savers, no shared lock
 //	(*Restorer).Gather(pages, l0, n, dst, stride)
 //	                                         the same through the host map and copy stream
 //	                                         (one at a time, waits for every host copy)

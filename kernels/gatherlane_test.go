@@ -171,6 +171,55 @@ func TestGPUGatherLanes(t *testing.T) {
 	}
 }
 
+// TestGPUGatherLaneStagedAndZeroCopy: a gather larger than a lane's device
+// staging (several parts, each moved by the copy engine) gives the bytes and
+// plane CRCs of the generator, and the same bytes as the zero-copy gather
+// (BenchOptions.ZeroCopyGather), for every layout.
+func TestGPUGatherLaneStagedAndZeroCopy(t *testing.T) {
+	gpuOrSkip(t)
+	g := kvshape.Geometry{Layers: 3, Planes: 2, PageTokens: 16, KVHeads: 8, HeadDim: 128, DType: kvshape.BF16}
+	const numPages, seed = 256, 31
+	pb := g.PageBytesPerLayer()
+	n := int(3*kernels.GatherStageBytes/pb) + 5 // three parts of a lane's staging and a few pages
+	if n > numPages {
+		t.Fatalf("%d pages to gather, %d in the pool", n, numPages)
+	}
+	pw := make([]int32, n)
+	for i := range pw {
+		pw[i] = int32((i*37 + 11) % numPages) // distinct: 37 is prime to 256
+	}
+	stride := int64(n) * pb
+	for _, layout := range []kernels.Layout{kernels.LayoutPerLayer, kernels.LayoutCrossLayer} {
+		var got [2][]byte
+		for k, zc := range []bool{false, true} {
+			r, err := kernels.BindBench(kernels.Config{Geometry: g, Layout: layout, NumPages: numPages,
+				KV: kvTensors(t, g, layout, numPages), MaxPages: numPages}, kernels.BenchOptions{ZeroCopyGather: zc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fillAllPages(t, r, g, numPages, seed)
+			buf := registeredBuffer(t, int64(g.Layers)*stride)
+			crcs := make([]uint32, g.Layers*n*g.Planes)
+			if err := r.GatherLane(2, pw, 0, g.Layers, buf.Addr(), stride, crcs, 0); err != nil {
+				t.Fatalf("%v, zero copy %v: %v", layout, zc, err)
+			}
+			if err := checkGathered(g, seed, pw, 0, buf.Bytes(), stride); err != nil {
+				t.Errorf("%v, zero copy %v: %v", layout, zc, err)
+			}
+			if err := checkPlaneCRCs(g, n, buf.Bytes(), stride, crcs); err != nil {
+				t.Errorf("%v, zero copy %v: %v", layout, zc, err)
+			}
+			got[k] = append([]byte(nil), buf.Bytes()...)
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !bytes.Equal(got[0], got[1]) {
+			t.Errorf("%v: the staged gather's bytes differ from the zero-copy gather's", layout)
+		}
+	}
+}
+
 // TestGPUGatherLaneAfterEvent: an engine writes its pages on a stream of its
 // own, behind a spin, and records an event; a gather given that event copies
 // what the engine wrote, though its host never waited for the engine's

@@ -135,6 +135,9 @@ func BindBench(cfg Config, opts BenchOptions) (*Restorer, error) {
 	if opts.ZeroCopyScatter {
 		p.zero_copy_scatter = 1
 	}
+	if opts.ZeroCopyGather {
+		p.zero_copy_gather = 1
+	}
 	if cfg.Ring != nil {
 		rd := (*C.tk_ring)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tk_ring{}))))
 		defer C.free(unsafe.Pointer(rd))

@@ -177,6 +177,11 @@ extern "C" tk_status tk_bind(const tk_bind_params *p, uint64_t *out) {
     TRYC(cudaMalloc(&ln.d_map, sizeof(tk_page_map) * c->max_pages));
     TRYC(cudaHostAlloc(&ln.h_crc, sizeof(uint32_t) * c->max_pages * c->kv.planes, cudaHostAllocDefault));
     TRYC(cudaMalloc(&ln.d_crc, sizeof(uint32_t) * c->max_pages * c->kv.planes));
+    if (!p->zero_copy_gather) {
+      const uint64_t pb = c->geo.plane_bytes * c->geo.planes;
+      ln.stage_bytes = pb > TK_GATHER_STAGE_BYTES ? pb : TK_GATHER_STAGE_BYTES;
+      TRYC(cudaMalloc(&ln.d_stage, ln.stage_bytes));
+    }
   }
   {
     tk_crc_plan plan;
@@ -237,6 +242,7 @@ static void free_ctx(Ctx *c) {
     if (ln.d_map) cudaFree(ln.d_map);
     if (ln.h_crc) cudaFreeHost(ln.h_crc);
     if (ln.d_crc) cudaFree(ln.d_crc);
+    if (ln.d_stage) cudaFree(ln.d_stage);
   }
   free(c->lanes);
   if (c->d_crc_plan) cudaFree(c->d_crc_plan);

@@ -71,7 +71,9 @@ struct Lane {
   tk_page_map *d_map;   // the kernel's copy, max_pages entries
   uint32_t *d_crc;      // crc_planes_kernel's output, max_pages*planes entries
   uint32_t *h_crc;      // pinned download buffer of d_crc
-  uint32_t busy;        // 1 while a call holds the lane (__atomic builtins)
+  char *d_stage;        // device staging of stage_bytes (NULL: zero-copy gathers)
+  uint64_t stage_bytes;
+  uint32_t busy;  // 1 while a call holds the lane (__atomic builtins)
 };
 
 struct Ctx {

@@ -95,26 +95,63 @@ extern "C" tk_status tk_sync(uint64_t h) {
 
 // ---------------------------------------------------------------- gather lanes
 
+// staged_layer copies one layer of the n pages of the lane's uploaded map
+// (slot offsets relative to their part: lane_gather) into the lane's device
+// staging a part at a time, and the copy engine moves each part to dst (host
+// memory, registered): page i to dst + pages[i].slot_off, pages adjacent
+// there in one copy. No SM waits on PCIe (a zero-copy gather's kernel does,
+// beside the engine's GEMMs). Stream order lets a part's kernel overwrite
+// the staging only after the previous part's copy read it.
+static cudaError_t staged_layer(Ctx *c, Lane &ln, const tk_page_map *pages, uint32_t n, uint32_t layer, char *dst) {
+  const uint64_t pb = c->geo.plane_bytes * c->geo.planes;
+  const uint32_t part = (uint32_t)(ln.stage_bytes / pb);
+  for (uint32_t k = 0; k < n; k += part) {
+    const uint32_t m = n - k < part ? n - k : part;
+    launch_copy_layer(ln.stream, false, ln.d_stage, ln.d_map + k, m, nullptr, c->d_kvp, c->geo, layer);
+    cudaError_t e = cudaGetLastError();
+    for (uint32_t j = 0; e == cudaSuccess && j < m;) {
+      const uint64_t off = pages[k + j].slot_off;
+      uint32_t r = 1;
+      while (j + r < m && pages[k + j + r].slot_off == off + r * pb) r++;
+      e = cudaMemcpyAsync(dst + off, ln.d_stage + (uint64_t)j * pb, r * pb, cudaMemcpyDeviceToHost, ln.stream);
+      j += r;
+    }
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 // lane_gather is tk_gather_lane's work once its arguments are checked and
-// the lane is held. Whatever fails, the lane's stream is drained before it
-// returns: the next call on the lane overwrites ln.h_map, which an
-// unfinished upload would still read.
+// the lane is held: dst is the host destination, dst_dev its device mapping
+// (a zero-copy gather's kernel writes there). Whatever fails, the lane's
+// stream is drained before it returns: the next call on the lane overwrites
+// ln.h_map, which an unfinished upload would still read.
 static tk_status lane_gather(Ctx *c, Lane &ln, const tk_page_map *pages, uint32_t n, uint32_t first_layer,
-                             uint32_t layers, uint64_t obj_dev, uint64_t layer_stride, uint32_t *plane_crcs,
-                        uint64_t after_event) {
+                             uint32_t layers, uint64_t dst, uint64_t dst_dev, uint64_t layer_stride,
+                             uint32_t *plane_crcs, uint64_t after_event) {
   CK(cudaSetDevice(c->device));
   memcpy(ln.h_map, pages, sizeof(tk_page_map) * n);
+  if (ln.d_stage) {  // the kernel writes each part from the staging's start
+    const uint64_t pb = c->geo.plane_bytes * c->geo.planes;
+    const uint32_t part = (uint32_t)(ln.stage_bytes / pb);
+    for (uint32_t i = 0; i < n; i++) ln.h_map[i].slot_off = (uint32_t)((i % part) * pb);
+  }
   cudaError_t e = cudaSuccess;
   if (after_event) e = cudaStreamWaitEvent(ln.stream, (cudaEvent_t)after_event, 0);  // the engine wrote the pages
   if (e == cudaSuccess)
     e = cudaMemcpyAsync(ln.d_map, ln.h_map, sizeof(tk_page_map) * n, cudaMemcpyHostToDevice, ln.stream);
   for (uint32_t l = 0; e == cudaSuccess && l < layers; l++) {
-    launch_copy_layer(ln.stream, false, (char *)(obj_dev + l * layer_stride), ln.d_map, n, nullptr, c->d_kvp, c->geo,
-                      first_layer + l);
-    e = cudaGetLastError();  // the runtime's error state is per thread: this launch's
+    if (ln.d_stage) {
+      e = staged_layer(c, ln, pages, n, first_layer + l, (char *)(dst + l * layer_stride));
+    } else {
+      launch_copy_layer(ln.stream, false, (char *)(dst_dev + l * layer_stride), ln.d_map, n, nullptr, c->d_kvp, c->geo,
+                        first_layer + l);
+      e = cudaGetLastError();  // the runtime's error state is per thread: this launch's
+    }
     if (e != cudaSuccess || !plane_crcs) continue;
-    // The layer's checksums, from the same pages in HBM; one layer's fit
-    // the lane's buffers, so each is downloaded before the next.
+    // The layer's checksums, from the same pages in HBM (the map's
+    // dst_page); one layer's fit the lane's buffers, so each is downloaded
+    // before the next.
     const uint64_t nc = (uint64_t)n * c->geo.planes;
     launch_crc_planes(ln.stream, ln.d_map, n, c->d_kvp, c->geo, first_layer + l, c->d_crc_plan, ln.d_crc);
     e = cudaGetLastError();
@@ -160,7 +197,7 @@ extern "C" tk_status tk_gather_lane(uint64_t h, uint32_t lane, const tk_page_map
   Lane &ln = c->lanes[lane];
   if (__atomic_exchange_n(&ln.busy, 1u, __ATOMIC_ACQUIRE))
     return fail(TK_ERR_BUSY, "tk_gather_lane: lane %u is in another call", lane);
-  s = lane_gather(c, ln, pages, n, first_layer, layers, d, layer_stride, plane_crcs, after_event);
+  s = lane_gather(c, ln, pages, n, first_layer, layers, dst, d, layer_stride, plane_crcs, after_event);
   __atomic_store_n(&ln.busy, 0u, __ATOMIC_RELEASE);
   return s;
 }

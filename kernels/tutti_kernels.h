@@ -34,6 +34,9 @@ extern "C" {
  * is 0, and the most it may ask for. */
 #define TK_GATHER_LANES 8
 #define TK_MAX_GATHER_LANES 64
+/* Each gather lane's device staging (tk_bind_params.zero_copy_gather 0), or
+ * one page of one layer where that is larger. */
+#define TK_GATHER_STAGE_BYTES (4u << 20)
 
 typedef int32_t tk_status;
 enum {
@@ -123,6 +126,12 @@ typedef struct tk_bind_params {
 	 * at most TK_MAX_GATHER_LANES). Each has its own stream and page map
 	 * buffers for max_pages pages. ABI 4. */
 	uint32_t gather_lanes;
+	/* 0: a gather copies its pages within HBM into the lane's device staging
+	 * (TK_GATHER_STAGE_BYTES, allocated here), a part at a time, and the copy
+	 * engine moves each part to the host destination; 1: the gather kernel
+	 * writes the host destination itself (zero copy: no device staging, but
+	 * its SMs wait on PCIe while the engine computes). ABI 6. */
+	uint32_t zero_copy_gather;
 } tk_bind_params;
 
 /* One read (or write) of a restore. offset/len are bytes in the file; slot_off
@@ -228,7 +237,9 @@ tk_status tk_sync(uint64_t ctx);
  * [first_layer, first_layer+layers) of the n pages of map (n <= max_pages;
  * page i's object bytes at pages[i].slot_off, entries unused) from the KV
  * tensors into dst in object layout, layer first_layer+l at
- * dst + l*layer_stride, and returns once the bytes are in dst.
+ * dst + l*layer_stride, and returns once the bytes are in dst: through the
+ * lane's device staging and the copy engine (ABI 6), or written by the copy
+ * kernel itself with tk_bind_params.zero_copy_gather.
  * dst..dst+layers*layer_stride must lie in tk_host_register'ed memory (or the
  * staging pool); dst and layer_stride are multiples of 16, and every page of
  * the map fits in layer_stride. The map is copied before the call returns

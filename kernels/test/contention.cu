@@ -1,5 +1,6 @@
-// contention.cu — which part of a GPU-driven restore slows a prefill's GEMMs
-// running beside it (its figures: BENCHMARKS.md, What a serving workload gains, the live check).
+// contention.cu — which part of a GPU-driven restore, or of a save's gather,
+// slows a prefill's GEMMs running beside it (its figures: BENCHMARKS.md, What a
+// serving workload gains, the live check).
 //
 // The prefill is the harness's stand-in for one docqa question (llama3-8b,
 // tokens in cuBLAS's n): per layer the linear GEMM and the attention GEMM.
@@ -15,6 +16,11 @@
 //             threads, 16-byte vectors) from device staging into the pages;
 //   zc        the zero-copy scatter: the same kernel reading pinned host
 //             memory over PCIe;
+//   gather-zc the save's gather as it was (tk_gather_lane, ABI 5): the copy
+//             kernel from the pages into pinned host memory, writing over PCIe;
+//   gather-staged  the product's gather (ABI 6): the copy kernel within HBM into
+//             device staging, then cudaMemcpyAsync to pinned host memory (the
+//             copy engine), the same bytes per period;
 // and their combinations. Prints the prefill's time per layer (median of
 // REPS) and its ratio to alone.
 //
@@ -91,8 +97,18 @@ __global__ void scatter_kernel(const char *src, char *dst, const uint32_t *perm,
   }
 }
 
+// gather_kernel: the copy kernel's save direction, page perm[i] of src to
+// dst page i.
+__global__ void gather_kernel(const char *src, char *dst, const uint32_t *perm, uint32_t n_pages, uint32_t page_bytes) {
+  for (uint32_t i = blockIdx.x; i < n_pages; i += gridDim.x) {
+    const uint4 *s = (const uint4 *)(src + (uint64_t)perm[i] * page_bytes);
+    uint4 *d = (uint4 *)(dst + (uint64_t)i * page_bytes);
+    for (uint32_t v = threadIdx.x; v < page_bytes / 16; v += blockDim.x) d[v] = s[v];
+  }
+}
+
 struct Bg {
-  bool spin = false, h2d = false, scatter = false, zc = false;
+  bool spin = false, h2d = false, scatter = false, zc = false, gzc = false, gstaged = false;
   uint32_t nap_ns = 0, grid = 1024;
   std::string name;
 };
@@ -135,6 +151,11 @@ static void *drive(void *arg) {
       scatter_kernel<<<grid, 256, 0, w->sc>>>(w->dev_stage, w->pool, w->perm, w->n_pages, kPageBytes);
     if (d->bg.zc)
       scatter_kernel<<<grid, 256, 0, w->sc>>>(w->host_stage, w->pool, w->perm, w->n_pages, kPageBytes);
+    if (d->bg.gzc) gather_kernel<<<grid, 256, 0, w->sc>>>(w->pool, w->host_stage, w->perm, w->n_pages, kPageBytes);
+    if (d->bg.gstaged) {
+      gather_kernel<<<grid, 256, 0, w->sc>>>(w->pool, w->dev_stage, w->perm, w->n_pages, kPageBytes);
+      CK(cudaMemcpyAsync(w->host_stage, w->dev_stage, w->layer_bytes, cudaMemcpyDeviceToHost, w->sc));
+    }
     CK(cudaGetLastError());
     // pace: one layer per period, like a restore bound by its devices
     CK(cudaStreamSynchronize(w->sc));
@@ -183,7 +204,7 @@ static float run(World *w, const Bg &bg, int reps) {
   d.w = w;
   d.bg = bg;
   pthread_t th;
-  const bool any = bg.spin || bg.h2d || bg.scatter || bg.zc;
+  const bool any = bg.spin || bg.h2d || bg.scatter || bg.zc || bg.gzc || bg.gstaged;
   if (any) {
     pthread_create(&th, nullptr, drive, &d);
     usleep(5000);
@@ -256,6 +277,17 @@ int main(int argc, char **argv) {
   add("spin-nap1us+h2d+scatter g1024", true, 1000, true, true, false, 1024, false);
   add("spin-nap1us+h2d+scatter g132", true, 1000, true, true, false, 132, false);
   add("spin-nap1us+h2d+scatter g32", true, 1000, true, true, false, 32, false);
+  for (uint32_t g : {1024u, 132u}) {
+    Bg b;
+    b.grid = g;
+    b.gzc = true;
+    b.name = "gather-zc g" + std::to_string(g);
+    cases.push_back(b);
+    b.gzc = false;
+    b.gstaged = true;
+    b.name = "gather-staged g" + std::to_string(g);
+    cases.push_back(b);
+  }
   float alone = 0;
   for (int prio = 0; prio < 2; prio++) {
     const int pr = prio == 0 ? hi : lo;
