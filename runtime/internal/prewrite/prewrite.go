@@ -71,7 +71,8 @@ type Prewriter struct {
 }
 
 // Start starts the background prewrite of pool unless off (the reason then
-// says who turned it off) or the pool has nothing unwritten. Stop ends it.
+// says who turned it off) or the pool has nothing unwritten; its first write
+// comes after Idle without a load or save. Stop ends it.
 func Start(pool Pool, off bool, reason string) *Prewriter {
 	p := &Prewriter{pool: pool}
 	switch {
@@ -86,6 +87,10 @@ func Start(pool Pool, off bool, reason string) *Prewriter {
 		return p
 	}
 	p.state = Running
+	// A store just opened is about to be used: the first write waits Idle
+	// as after an operation (and a Begin right after Start is never behind
+	// a write).
+	p.lastEndNs.Store(time.Now().UnixNano())
 	p.quit, p.done = make(chan struct{}), make(chan struct{})
 	go p.loop()
 	return p
