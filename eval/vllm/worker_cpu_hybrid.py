@@ -34,6 +34,11 @@ import vllm.platforms as _platforms  # noqa: E402
 from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 
 _platforms._current_platform = CpuPlatform()
+# The GPU machine's pages on any CPU: vLLM's CPU platform makes Mamba states
+# float32 where the CPU has AMX tiles (its own GDN kernels' need), which would
+# double a Qwen3-Next state page and the attention block aligned to it.
+# Nothing here runs those kernels.
+torch.cpu._is_amx_tile_supported = lambda: False
 
 from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
