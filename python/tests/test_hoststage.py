@@ -8,6 +8,7 @@ Bytes compared, counters checked."""
 
 import shutil
 import tempfile
+import threading
 import unittest
 
 import tutti
@@ -23,6 +24,23 @@ from test_worker_side import BS, L, NB, NO_TORCH, layouts, page
 BLOCK_BYTES = L * 2 * BS * 2 * 32 * 2  # one chain block of every layout in layouts(): L layers x 4 KiB
 
 
+class _Gated:
+    """A copies' event that also waits for a gate: copies not yet complete
+    (on CPU tensors, where copies are synchronous, the gate alone)."""
+
+    def __init__(self, gate, ev):
+        self.gate, self.ev = gate, ev
+
+    def query(self):
+        return self.gate.is_set() and (self.ev is None or self.ev.query())
+
+    def synchronize(self):
+        if not self.gate.wait(60):
+            raise TimeoutError("the test never opened the gate")
+        if self.ev is not None:
+            self.ev.synchronize()
+
+
 class Base:
     DEV = "cpu"
 
@@ -30,7 +48,7 @@ class Base:
         if self.DEV == "cuda":
             torch.cuda.synchronize()
 
-    def worker(self, kv, pool_blocks, **store_kw):
+    def worker(self, kv, pool_blocks, ends_requests=False, **store_kw):
         d = tempfile.mkdtemp(prefix="tutti-hs-")
         self.addCleanup(shutil.rmtree, d, True)
         opened = []
@@ -39,12 +57,31 @@ class Base:
             opened.append(lay)
             return tutti.Store([d], 64 << 20, lay.geometry, lay.num_pages, layout=lay.layout, path="cpu",
                                io=tutti.IOOptions(staging_bytes=4 << 20, staging_slot_bytes=1 << 20), **store_kw)
-        w = ws.WorkerSide(opener)
+        w = ws.WorkerSide(opener, ends_requests=ends_requests)
         w.register(kv, BS, host_staging_bytes=pool_blocks * BLOCK_BYTES)
         self.addCleanup(w.close)
         self.assertEqual((opened[0].device, opened[0].num_pages, opened[0].layout), ("cpu", pool_blocks, "per_layer"))
         self.assertEqual(w.kv_layout.num_pages, NB)  # the engine's layout stays the tensors'
         return w
+
+    @staticmethod
+    def durable(w):
+        """Every save so far handed to the store (on CUDA the staging's thread
+        hands each once its copies completed) and durable."""
+        w.staging.drain()
+        w.store.wait_saves()
+
+    @staticmethod
+    def gate_copies(stg):
+        """Copies from now on complete only once the returned function is
+        called (which ends the gating)."""
+        gate, mark = threading.Event(), stg._streams.mark
+        stg._streams.mark = lambda blocking=False: _Gated(gate, mark(blocking))
+
+        def open_gate():
+            stg._streams.mark = mark
+            gate.set()
+        return open_gate
 
     def fill(self, kv):
         gen = torch.Generator().manual_seed(11)
@@ -70,7 +107,7 @@ class Base:
         want = {(n, i): page(kv[n], bdim, p) for n in kv for i, p in enumerate(src)}
         res = self.step(w, list(kv), saves=[ws.SaveSpec("s", chain, src)])
         self.assertEqual(res.error_block_ids, set())
-        w.store.wait_saves()
+        self.durable(w)
         for t in kv.values():
             t.zero_()
         self.sync()
@@ -120,7 +157,7 @@ class Base:
         want.update({(n, 3 + i): page(kv[n], bdim, p) for n in kv for i, p in enumerate([3, 4, 5])})
         # Blocks 0-2 are stored: only 3-5 take pool pages (the pool holds 3).
         self.step(w, list(kv), saves=[ws.SaveSpec("s2", chain[:6], [0, 1, 2, 3, 4, 5])])
-        w.store.wait_saves()
+        self.durable(w)
         w.take_stats()
         dst = [11, 10, 9, 8, 7, 6]
         res = self.step(w, list(kv), loads=[ws.LoadSpec("big", chain[:6], 0, dst)])
@@ -194,12 +231,12 @@ class Base:
         chain = tutti.chain_from_tokens(list(range(3 * BS)), BS)
         res = self.step(w, list(kv), saves=[ws.SaveSpec("big", chain, [0, 1, 2])])
         self.assertEqual(res.error_block_ids, set())
-        w.store.wait_saves()
+        self.durable(w)
         self.assertEqual(w.store.lookup(chain), 0)
         self.assertEqual(w.take_stats(), {"staging_skipped_saves": 1, "staging_skipped_save_blocks": 3})
         # A step's save after its loads: their pages come back once copied.
         self.step(w, list(kv), saves=[ws.SaveSpec("small", chain[:2], [0, 1])])
-        w.store.wait_saves()
+        self.durable(w)
         self.assertEqual(w.take_stats()["staging_saves"], 1)
         want = {(n, i): page(kv[n], bdim, p) for n in kv for i, p in enumerate([0, 1, 2])}
         res = self.step(w, list(kv), loads=[ws.LoadSpec("l", chain[:2], 0, [4, 5])],
@@ -208,8 +245,73 @@ class Base:
         self.assert_pages(kv, bdim, want, [4, 5], "load beside a save")
         st = w.take_stats()
         self.assertEqual((st["staging_saves"], st.get("staging_skipped_saves", 0)), (1, 0))
-        w.store.wait_saves()
+        self.durable(w)
         self.assertEqual(w.store.lookup(chain[:2] + [777]), 3)
+
+    def test_saves_go_to_the_store_once_their_copies_completed(self):
+        kv, bdim = layouts(self.DEV)["flash-nhd"]
+        w = self.worker(kv, pool_blocks=4, ends_requests=True)
+        self.fill(kv)
+        stg = w.staging
+        open_gate = self.gate_copies(stg)
+        chain = tutti.chain_from_tokens(list(range(2 * BS)), BS)
+        want = {(n, i): page(kv[n], bdim, p) for n in kv for i, p in enumerate([0, 1])}
+        self.step(w, list(kv), saves=[ws.SaveSpec("s", chain, [0, 1])])  # nothing waits for the copies
+        w.store.wait_saves()
+        self.assertEqual(w.store.lookup(chain), 0, "handed to the store before its copies completed")
+        self.assertEqual(stg.pages_in_use, 2)
+        (sv, pages), = w._inflight["s"]
+        self.assertEqual((sv.gathered(), list(pages)), (False, [0, 1]))  # the request's pages are still read
+        open_gate()
+        self.durable(w)
+        self.assertEqual(w.store.lookup(chain), 2)
+        w.end_requests(ended=["s"])
+        self.assertEqual(w._inflight, {})
+        for t in kv.values():
+            t.zero_()
+        self.sync()
+        res = self.step(w, list(kv), loads=[ws.LoadSpec("l", chain, 0, [4, 5])])
+        self.assertEqual(res.restored_blocks, {"l": 2})
+        self.assert_pages(kv, bdim, want, [4, 5], "restored")
+        # Every pool page came back: a save of the whole pool goes.
+        self.fill(kv)
+        four = tutti.chain_from_tokens(list(range(500, 500 + 4 * BS)), BS)
+        self.step(w, list(kv), saves=[ws.SaveSpec("all", four, [0, 1, 2, 3])])
+        w.end_requests(ended=["all"])
+        self.durable(w)
+        self.assertEqual(w.store.lookup(four), 4)
+        st = w.take_stats()
+        self.assertEqual((st["staging_saves"], st.get("staging_skipped_saves", 0)), (2, 0))
+
+    def test_a_save_refused_once_its_copies_completed_is_counted(self):
+        kv, _ = layouts(self.DEV)["flash-nhd"]
+        w = self.worker(kv, pool_blocks=2, ends_requests=True)
+        self.fill(kv)
+        stg = w.staging
+        open_gate = self.gate_copies(stg)
+        chain = tutti.chain_from_tokens(list(range(2 * BS)), BS)
+        self.step(w, list(kv), saves=[ws.SaveSpec("s", chain, [0, 1])])
+        save = stg.store.save
+
+        def refuse(*a, **kw):
+            raise tutti._lib.Busy("store busy", op="tutti_save")
+        stg.store.save = refuse
+        open_gate()
+        self.durable(w)
+        stg.store.save = save
+        self.assertEqual(w.store.lookup(chain), 0)
+        self.assertEqual(w.take_stats(), {"staging_saves": 1, "staging_failed_saves": 1, "staging_d2h_bytes": 2 * BLOCK_BYTES})
+        w.end_requests(ended=["s"])  # not committed: handed over again at its end (tutti.save_queue)
+        self.durable(w)
+        self.assertEqual(w.store.lookup(chain), 2)
+        # Its pages came back: the next save of the whole pool goes.
+        other = tutti.chain_from_tokens(list(range(300, 300 + 2 * BS)), BS)
+        self.step(w, list(kv), saves=[ws.SaveSpec("t", other, [2, 3])])
+        w.end_requests(ended=["t"])
+        self.durable(w)
+        self.assertEqual(w.store.lookup(other), 2)
+        st = w.take_stats()
+        self.assertEqual((st["staging_saves"], st.get("staging_failed_saves", 0), st.get("staging_skipped_saves", 0)), (2, 0, 0))
 
     def test_close_releases_everything(self):
         kv, _ = layouts(self.DEV)["flashinfer"]
@@ -217,7 +319,7 @@ class Base:
         self.fill(kv)
         chain = tutti.chain_from_tokens(list(range(2 * BS)), BS)
         self.step(w, list(kv), saves=[ws.SaveSpec("s", chain, [0, 1])])
-        w.store.wait_saves()
+        self.durable(w)
         stg, st = w.staging, w.store
         pool = stg._pool
         seen = []
@@ -231,6 +333,7 @@ class Base:
         w.wait_for_layer(names[0])
         w._start_saves()
         self.assertEqual(stg.pages_in_use, 4)
+        stg.drain()  # on CUDA the save reaches the store once its copies completed
         handles = [ld._ld for ld, _ in w._loads.values()] + [sv._sv for svs in w._saves.values() for sv, _ in svs]
         w.close()
         self.assertEqual(seen, [4], "pages still in use when the pool was freed")

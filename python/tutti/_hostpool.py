@@ -1,10 +1,13 @@
-"""The pieces under tutti.hoststage: the pinned host page pool and the
-streams its copies run on (torch imported on first use)."""
+"""The pieces under tutti.hoststage: the pinned host page pool, the
+streams its copies run on (torch imported on first use) and the thread that
+hands its saves to the store."""
 
 from __future__ import annotations
 
 import logging
 import mmap
+import threading
+from collections import deque
 from contextlib import contextmanager
 from typing import List, Optional, Tuple
 
@@ -140,11 +143,12 @@ class Streams:
         with torch.cuda.device(self.device), torch.cuda.stream(self.side):
             yield
 
-    def mark(self):
-        """An event after every copy issued so far (None: they are done)."""
+    def mark(self, blocking: bool = False):
+        """An event after every copy issued so far (None: they are done);
+        ``blocking``: a host thread waiting for it sleeps instead of spinning."""
         if not self.cuda:
             return None
-        ev = torch_module().cuda.Event()
+        ev = torch_module().cuda.Event(blocking=blocking)
         ev.record(self.side)
         return ev
 
@@ -160,3 +164,46 @@ class Streams:
     def sync(ev):
         if ev is not None:
             ev.synchronize()
+
+
+class Issuer:
+    """A thread that runs each put item's ``issue()`` (which never raises), in
+    order: host staging's, handing saves to the store once their copies
+    completed, so that neither the engine's step nor its host waits for the
+    copies. Its queue is bounded by the pool: every save in it holds pool
+    pages. Started by the first put, ended by close."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._q: deque = deque()
+        self._cv = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+
+    def put(self, sv):
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("host staging closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._q.append(sv)
+            self._cv.notify()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._q and not self._closed:
+                    self._cv.wait()
+                if not self._q:
+                    return
+                sv = self._q.popleft()
+            sv.issue()
+
+    def close(self):
+        """Ends the thread once every save put was handed over."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join()

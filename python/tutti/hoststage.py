@@ -14,10 +14,18 @@ every transfer is one extra copy through the pool:
   the engine's current stream is made to wait for (no host round trip). The
   pages go back to the pool once the copies are complete (a CUDA event).
 * **save**: the blocks after the stored prefix are copied from the engine's
-  pages (every layer) into pool pages (device-to-host, synchronized), then
-  ``Store.save`` writes from the pool. The engine's pages are free from
-  then on (``wait_for_save`` does not wait for the disks); the pool pages go
-  back once the save gathered them, waited for only when the pool needs them.
+  pages (every layer) into pool pages with an asynchronous device-to-host
+  copy on the side stream, after the engine's work so far (no host round
+  trip: neither the engine's stream nor its host waits). A thread of the
+  staging's own (``tutti-staged-saves``) waits for each save's copies,
+  oldest first, and hands it to the store (``Store.save`` from the pool).
+  The engine's pages are free once the copies completed (the save's
+  ``gathered``; ``wait_gathered`` waits for them); the pool pages go back
+  once the store gathered them, waited for only when the pool needs them.
+  :meth:`HostStaging.drain` returns once every save so far was handed to
+  the store (``Store.wait_saves`` then covers them). A save the store
+  refuses then (closed, busy) is counted (``staging_failed_saves``) and
+  logged, its pool pages given back.
 
 Limits and partial results. The pool is ``host_staging_bytes`` (default
 :data:`HOST_STAGING_BYTES_DEFAULT`, at most :data:`HOST_STAGING_BYTES_MAX`,
@@ -44,10 +52,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _lib
-from ._hostpool import Extents, expand, int_dtype, Pool, Streams, torch_module
+from ._hostpool import Extents, expand, int_dtype, Issuer, Pool, Streams, torch_module
 
 log = logging.getLogger("tutti.hoststage")
 
@@ -62,6 +71,7 @@ COUNTERS = (
     "staging_saves",  # saves started from the pool
     "staging_skipped_saves",  # saves skipped: too few free pool pages
     "staging_skipped_save_blocks",  # their blocks
+    "staging_failed_saves",  # saves the store refused once their copies completed (closed, busy): pages given back
     "staging_h2d_bytes",  # bytes copied pool -> engine pages
     "staging_d2h_bytes",  # bytes copied engine pages -> pool
 )
@@ -153,8 +163,8 @@ class HostStaging:
         self._warned = set()
         self._share: Dict[str, int] = {}  # request -> pool pages planned for its load this step
         self._active: List["_StagedLoad"] = []  # loads whose pages are still theirs
-        self._saves: List["_StagedSave"] = []  # saves whose pages are still theirs
-        self._gathering: List["_StagedSave"] = []  # of those, the ones released by the worker, oldest first
+        self._saves: List["_StagedSave"] = []  # saves whose pool pages are still theirs, oldest first
+        self._issuer = Issuer("tutti-staged-saves")
         self._pending: List[Tuple[Extents, object]] = []  # pages back once the event completes
         log.info("tutti: host staging for a KV cache on %s: %d pages of %d layers, %d MiB%s", lay.device, pages, g.layers,
                  self._pool.nbytes >> 20, " pinned" if self._streams.cuda else "")
@@ -175,17 +185,21 @@ class HostStaging:
             self._warned.add(key)
 
     def take_counters(self) -> Dict[str, int]:
-        """The counters' growth since the last call (non-zero ones)."""
+        """The counters' growth since the last call (non-zero ones); saves
+        the store refused since are counted first."""
+        if self._pool is not None:
+            self._reclaim(wait=False)
         out = {k: v - self._reported[k] for k, v in self.counters.items() if v != self._reported[k]}
         self._reported = dict(self.counters)
         return out
 
     # -- pages
     def _reclaim(self, wait: bool, need: int = 0):
-        """Gives back the pages of loads whose copies completed; ``wait``:
-        waits for the copies already issued, then, oldest first, for released
-        saves to gather until ``need`` pages are free (each wait ends on its
-        own: copies complete, a save gathers within the save bound)."""
+        """Gives back the pages of loads whose copies completed and of saves
+        the store gathered; ``wait``: waits for the copies already issued,
+        then, oldest first, for saves to be handed over and gathered until
+        ``need`` pages are free (each wait ends on its own: copies complete,
+        a save gathers within the save bound)."""
         keep = []
         for ext, ev in self._pending:
             if wait:
@@ -195,8 +209,16 @@ class HostStaging:
             else:
                 keep.append((ext, ev))
         self._pending = keep
-        while wait and self._gathering and self._pool.free_pages < need:
-            self._gathering[0]._finish()
+        for sv in [sv for sv in self._saves if sv.stored()]:
+            sv.finish()
+        while wait and self._saves and self._pool.free_pages < need:
+            self._saves[0].finish()
+
+    def drain(self):
+        """Returns once every save so far was handed to the store (its
+        copies completed): ``Store.wait_saves`` then covers them."""
+        for sv in list(self._saves):
+            sv.wait_handed()
 
     def _release_after(self, extents: Extents, ev):
         self._pending.append((extents, ev))
@@ -233,11 +255,13 @@ class HostStaging:
                 ld.wait()
 
     def save(self, chain: Sequence[int], block_ids: Sequence[int], tokens=None, hashes=None) -> Optional["_StagedSave"]:
-        """Copies the blocks' engine pages (every layer) into pool pages, then
-        starts ``Store.save`` from them; None when every block is stored or
-        too few pages are free (the save is skipped, counted). The KV must
-        have been written by the engine's current stream (the copy waits for
-        it)."""
+        """Copies the blocks' engine pages (every layer) into pool pages, on
+        the side stream after the engine's work so far (its current stream
+        wrote the KV), and hands the save to the store once the copies
+        completed (the staging's thread; at once where they are synchronous,
+        and then the store's error is raised here); returns without waiting
+        for them. None when every block is stored or too few pages are free
+        (the save is skipped, counted)."""
         cp = self.geometry.chunk_pages
         # The stored prefix (local hits, loaded blocks) takes no pool page: it
         # is pinned until the save has reserved past it, and the store skips it.
@@ -245,6 +269,7 @@ class HostStaging:
         try:
             stored = hold.blocks
             if stored >= len(chain):
+                hold.release()
                 return None
             new = list(block_ids[stored * cp:])
             ext = self._pool.take(len(new))
@@ -253,22 +278,32 @@ class HostStaging:
                 self._reclaim(wait=True, need=len(new))
                 ext = self._pool.take(len(new))
             if ext is None:
+                hold.release()
                 self._count("staging_skipped_save_blocks", len(chain) - stored)
                 self._count("staging_skipped_saves", why=f"a save of {len(chain) - stored} blocks skipped: {len(new)} pages "
                             f"wanted, {self._pool.free_pages} of {self.pages} free (host_staging_bytes = {self.host_staging_bytes})")
                 return None
-            try:
-                self._copy_out(ext, new)
-                pages = expand(ext)
-                sv = self.store.save(chain, pages[:cp] * stored + pages, tokens=tokens, hashes=hashes)
-            except BaseException:
-                self._pool.give(ext)
-                raise
-        finally:
+        except BaseException:
             hold.release()
-        self.counters["staging_saves"] += 1
-        out = _StagedSave(self, sv, ext)
+            raise
+        try:
+            ev = self._copy_out(ext, new)
+        except BaseException:
+            hold.release()
+            self._pool.give(ext)
+            raise
+        pages = expand(ext)
+        out = _StagedSave(self, ext, ev, hold, (chain, pages[:cp] * stored + pages, tokens, hashes))
         self._saves.append(out)
+        self.counters["staging_saves"] += 1
+        if ev is not None:
+            self._issuer.put(out)
+            return out
+        out.issue()  # the copies were synchronous: the store's refusal is the caller's
+        if out.failure is not None:
+            out.finish(count=False)
+            self.counters["staging_saves"] -= 1
+            raise out.failure
         return out
 
     def _segments(self, extents: Extents, dev_ids: Sequence[int]):
@@ -285,6 +320,9 @@ class HostStaging:
         return out
 
     def _copy_out(self, extents: Extents, dev_ids: Sequence[int]):
+        """Issues the copies of the engine pages dev_ids into the pool pages
+        of extents, after the engine's work so far; returns their event
+        (None: done)."""
         torch = torch_module()
         with self._streams.on_side(after_engine=True):
             segs = self._segments(extents, dev_ids)
@@ -295,9 +333,9 @@ class HostStaging:
                             host[q, a:a + n].copy_(view[q].index_select(0, idx), non_blocking=True)
                         else:
                             torch.index_select(view[q], 0, idx, out=host[q, a:a + n])
-            ev = self._streams.mark()
-        self._streams.sync(ev)  # the store reads the pool from another thread
+            ev = self._streams.mark(blocking=True)  # the staging's thread waits for it without spinning
         self.counters["staging_d2h_bytes"] += len(dev_ids) * self.geometry.layers * self.geometry.page_bytes_per_layer
+        return ev
 
     def _copy_in(self, layer: int, segs):
         """Issues the copies of one layer's pool pages into the engine's; the
@@ -321,7 +359,8 @@ class HostStaging:
         for ld in list(self._active):
             ld.release()
         for sv in list(self._saves):
-            sv._finish()
+            sv.finish()
+        self._issuer.close()
         self._reclaim(wait=True)
         self._pool.close()
         self._pool = None
@@ -459,39 +498,75 @@ class _StagedLoad:
 
 
 class _StagedSave:
-    """A save from pool pages, with Save's interface as WorkerSide uses it.
-    The engine's pages were copied into the pool by :meth:`HostStaging.save`,
-    so :meth:`wait_gathered` returns at once and the step goes on while the
-    store writes; the pool pages stay the save's until it gathered them."""
+    """A save through the pool, with Save's interface as WorkerSide uses it:
+    ``gathered`` / ``wait_gathered`` (the engine's pages were copied into the
+    pool: they may be reused), ``release`` (nothing: the pool pages are the
+    staging's, given back once the store gathered them). Its copies' event,
+    the hold on the stored prefix and the store's arguments are kept until
+    :meth:`issue` (the staging's thread) hands it to the store."""
 
-    def __init__(self, stg: HostStaging, sv, extents: Extents):
-        self._stg, self._sv, self._extents = stg, sv, extents
+    def __init__(self, stg: HostStaging, extents: Extents, ev, hold, args: tuple):
+        self._stg, self._extents, self._ev, self._hold, self._args = stg, extents, ev, hold, args
+        self._sv = None
+        self.failure: Optional[BaseException] = None  # the store's refusal, once handed
+        self._handed = threading.Event()
 
     def wait_gathered(self):
-        """The engine's pages may be reused (they were copied out before)."""
+        """Returns once the engine's pages were copied into the pool."""
+        Streams.sync(self._ev)
 
     def gathered(self) -> bool:
-        return True  # copied into the pool by HostStaging.save
+        return Streams.done(self._ev)
 
     def release(self):
-        """Hands the save to the pool, which takes its pages back once the
-        save gathered them (waited for when it needs the pages, or at close)."""
-        if self._sv is not None and self not in self._stg._gathering:
-            self._stg._gathering.append(self)
+        """The worker is done with it; the staging gives the pool pages back
+        once the store gathered them (waited for when it needs the pages, or
+        at close)."""
 
-    def _finish(self):
-        """Waits until the store gathered the pool pages (bounded by the
-        store's save bound), releases the save and gives the pages back."""
-        if self._sv is None:
-            return
+    def issue(self):
+        """Waits for the copies and hands the save to the store; never raises
+        (a refusal is kept in ``failure``). Once, on one thread."""
         try:
-            self._sv.wait_gathered()
-            self._sv.release()
-        except _lib.TuttiError:  # the store closed: nothing reads the pages any more
-            pass
-        self._sv = None
-        self._stg._pool.give(self._extents)
-        self._extents = []
-        self._stg._saves.remove(self)
-        if self in self._stg._gathering:
-            self._stg._gathering.remove(self)
+            Streams.sync(self._ev)
+            self._sv = self._stg.store.save(*self._args)
+        except Exception as e:
+            self.failure = e
+        finally:
+            self._args = None
+            try:
+                self._hold.release()
+            except Exception as e:  # the store closed meanwhile
+                self.failure = self.failure or e
+            self._handed.set()
+
+    def wait_handed(self):
+        self._handed.wait()
+
+    def stored(self) -> bool:
+        """Handed to the store, and the store gathered the pool pages (never
+        blocks)."""
+        return self._handed.is_set() and (self._sv is None or self._sv.gathered())
+
+    def finish(self, count: bool = True):
+        """Waits until it was handed over and the store gathered the pool
+        pages (bounded by the store's save bound), releases the store's save
+        and gives the pages back; a refusal is counted (``count``). Caller's
+        thread: the worker's."""
+        if self._extents is None:
+            return
+        self._handed.wait()
+        stg = self._stg
+        if self.failure is not None and count:
+            stg._count("staging_failed_saves", why=f"a save of {sum(n for _, n in self._extents)} pool pages refused by "
+                       f"the store once copied: {self.failure}")
+        if self._sv is not None:
+            try:
+                self._sv.wait_gathered()
+                self._sv.release()
+            except _lib.TuttiError:  # the store closed: nothing reads the pages any more
+                pass
+            self._sv = None
+        stg._pool.give(self._extents)
+        self._extents = None
+        stg._saves.remove(self)
+

@@ -99,6 +99,8 @@ if KVConnectorStats is not None:
             "staging_short_blocks": ("vllm:tutti_staging_short_blocks",
                                      "Promised blocks not restored: no host staging page was free"),
             "staging_skipped_saves": ("vllm:tutti_staging_skipped_saves", "Saves skipped: too few host staging pages free"),
+            "staging_failed_saves": ("vllm:tutti_staging_failed_saves",
+                                     "Saves through host staging the store refused once their copies completed"),
         }
 
         def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):

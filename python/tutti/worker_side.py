@@ -48,11 +48,11 @@ API (everything an engine adapter — vLLM's, a Hugging Face loop — needs):
     * ``wait_for_save()``: returns once every save of the step copied its
       pages out (the pages may be reused after), bounded by the store's
       ``save_bound_ms``; durability is later (``Store.wait_saves``). With
-      ``ends_requests`` and the engine's own pages (no host staging) it
-      returns at once: a save keeps reading its request's pages after the
-      step, and ``end_requests`` waits for it before they can be reused (a
-      save on the step's critical path would stall every request of the
-      batch for its writes); at most MAX_INFLIGHT_SAVES such saves, the
+      ``ends_requests`` it returns at once: a save keeps reading its
+      request's pages after the step (the gathers, or host staging's copies
+      into its pool), and ``end_requests`` waits for it before they can be
+      reused (a save on the step's critical path would stall every request
+      of the batch for its copies); at most MAX_INFLIGHT_SAVES such saves, the
       oldest waited for beyond that (counted: ``save_inflight_cap_waits``).
     * ``finish_step(finished_req_ids) -> StepResult``: ends the step's loads;
       reports per request the blocks restored, the block ids promised but not
@@ -459,7 +459,7 @@ class WorkerSide:
 
     def _defers(self) -> bool:
         """Whether issued saves may read their pages after the step (module doc)."""
-        return self._ends_requests and self.staging is None
+        return self._ends_requests
 
     def _let_go(self, saves: Sequence[Tuple[str, Optional[Save], Sequence[int]]]):
         """Ends the caller's wait on (request, save, its pages): kept in
