@@ -9,9 +9,8 @@
 #   - Debian packages of the tests against real servers and real tensors: etcd-server
 #     (KV-event membership tests start /usr/bin/etcd on 127.0.0.1), python3-zmq and
 #     python3-msgpack (a second implementation of the KV-event wire format),
-#     python3-torch (CPU tensors for the Python binding's tests; /usr/bin/python3 sees it), and
-#     python3-prometheus-client (the vLLM connector's metrics registered beside vLLM's own), and
-#     clang (kernels/syntax-check.sh: the CUDA sources type-checked without nvcc).
+#     python3-torch (CPU tensors for the Python binding's tests; /usr/bin/python3 sees it)
+#     and python3-prometheus-client (the vLLM connector's metrics registered beside vLLM's own).
 # Tests that need one of these skip, saying so, where it is missing and cannot be
 # installed (not root, no apt-get); CI installs everything.
 set -euo pipefail
@@ -31,7 +30,7 @@ if command -v modprobe >/dev/null 2>&1; then
 	[ -e /dev/loop-control ] || modprobe loop 2>/dev/null || true
 fi
 command -v apt-get >/dev/null 2>&1 || exit 0
-pkgs=(etcd-server python3-zmq python3-msgpack python3-torch python3-prometheus-client clang)
+pkgs=(etcd-server python3-zmq python3-msgpack python3-torch python3-prometheus-client)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
