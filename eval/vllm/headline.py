@@ -100,6 +100,8 @@ def backend_config(name: str, a) -> dict:
     elif name.startswith("tutti-"):
         path, mode = (name.split("-") + [""])[1:3]
         extra = {"dirs": sub, "capacity_bytes": a.capacity_gib * GIB, "path": path}
+        if path == "cpu":  # vLLM's KV cache is on the GPU: the CPU path goes through pinned host staging
+            extra["host_staging_bytes"] = int(a.host_staging_gib * GIB)
         if mode in ASYNC_LOADS:
             extra["async_loads"] = ASYNC_LOADS[mode]
         if mode in SAVE_WAIT:
@@ -108,6 +110,7 @@ def backend_config(name: str, a) -> dict:
         out["kv_transfer_config"] = {"kv_connector": "TuttiConnector", "kv_connector_module_path": "tutti.vllm",
                                      "kv_role": role, "kv_connector_extra_config": extra}
         out["note"] = (f"tutti, {path.upper()} path, striped over {where}, {a.capacity_gib} GiB"
+                       + (f", host staging of {a.host_staging_gib:g} GiB pinned" if path == "cpu" else "")
                        + (f", async_loads {json.dumps(extra['async_loads'])} (vLLM's WAITING_FOR_REMOTE_KVS)"
                           if mode in ASYNC_LOADS else "")
                        + (f", kv_role {role}: saves only, every lookup a miss (what the saves cost)" if mode in KV_ROLE
@@ -492,6 +495,8 @@ def add_engine_flags(p):
     p.add_argument("--fs-cpu-gib", type=int, default=2, help="offload-fs: its CPU tier in front of the files")
     p.add_argument("--lmcache-cpu-gib", type=float, default=4, help="LMCache max_local_cpu_size (its staging)")
     p.add_argument("--gds-buffer-mib", type=int, default=4096, help="LMCache gds_buffer_size")
+    p.add_argument("--host-staging-gib", type=float, default=4,
+                   help="tutti-cpu's host_staging_bytes in GiB (LMCache's max_local_cpu_size by default)")
     p.add_argument("--seed", type=int, default=0)
 
 

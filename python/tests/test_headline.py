@@ -218,6 +218,8 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual((t["kv_connector"], t["kv_connector_module_path"]), ("TuttiConnector", "tutti.vllm"))
         self.assertEqual(t["kv_connector_extra_config"]["dirs"], [f"/mnt/l{i}/tutti-cpu" for i in range(8)])
         self.assertEqual(t["kv_connector_extra_config"]["path"], "cpu")
+        self.assertEqual(t["kv_connector_extra_config"]["host_staging_bytes"], 4 << 30)  # LMCache's CPU buffer's size
+        self.assertNotIn("host_staging_bytes", got["tutti-gpu"]["kv_transfer_config"]["kv_connector_extra_config"])
         for b, want, role, wait in (("tutti-gpu", None, "kv_both", None), ("tutti-gpu-async", True, "kv_both", None),
                                     ("tutti-gpu-auto", "auto", "kv_both", None),
                                     ("tutti-gpu-save", None, "kv_producer", None),
