@@ -39,6 +39,13 @@ class RulesTest(unittest.TestCase):
         for w, k in ((1, 1), (2, 1), (16, 1), (17, 1), (18, 2), (48, 3), (49, 3), (50, 4), (4096, 256)):
             self.assertEqual(GroupRule("sliding", 16, w).k, k, w)  # vLLM's cdiv(W - 1, B), at least 1
 
+    def test_staging_tokens(self):
+        """What host staging is sized by per group: a request's every block
+        (full), two segments (sliding), one block (state)."""
+        for kind, w, tokens, want in (("full", 0, 8704, 8704), ("sliding", 48, 8704, 96), ("sliding", 48, 40, 40),
+                                      ("sliding", 4096, 8704, 8192), ("state", 0, 8704, 16)):
+            self.assertEqual(GroupRule(kind, 16, w).staging_tokens(tokens), want, (kind, w, tokens))
+
     def test_hit_ranges(self):
         cases = [  # kind, window, n, skip -> (root, first, end) runs
             ("full", 0, 10, 0, [(0, 0, 10)]),
@@ -424,6 +431,40 @@ class StateRunsInTest(unittest.TestCase):
         self.assertEqual(got[0].copy_to, [])
         got = self.loads([0, 0, 7])  # nothing after the restored block: no copy
         self.assertEqual((got[1].block_ids, got[1].copy_to), ([7], []))
+
+
+@unittest.skipIf(torch is None, NO_TORCH)
+class HybridStagingTest(unittest.TestCase):
+    def test_each_group_sized_for_what_it_moves(self):
+        """Host staging sized by default (hoststage.SizedFor): each group's
+        pool for what its rule moves of the engine's longest request, the
+        floor divided among the groups, cut to the engine's cache; a state
+        group through host staging is refused, as with a size given."""
+        from tutti import hoststage
+        d = tempfile.mkdtemp(prefix="tutti-hybrid-")
+        self.addCleanup(shutil.rmtree, d, True)
+        nb = 200
+        rules = [GroupRule("full", B), GroupRule("sliding", B, W)]
+        kv = {f"l{g}": torch.zeros(nb, 2, B, H, D, dtype=torch.float16) for g in range(2)}
+
+        def opener(i, lay, sub="a"):
+            return tutti.Store([os.path.join(d, sub, f"g{i}")], 1 << 20, lay.geometry, lay.num_pages, layout=lay.layout,
+                               path="cpu")
+        w = GroupWorkers(opener, rules, HybridStore(rules))
+        self.addCleanup(w.close)
+        tokens = 1 << 22
+        w.register(kv, B, [["l0"], ["l1"]], host_staging_bytes=hoststage.SizedFor(tokens))
+        block = 2 * B * H * D * 2  # one layer's page: K and V in fp16
+        # full: two requests' blocks (2 GiB, within its half of [1 GiB, 16 GiB]);
+        # sliding: two segments of 3 blocks, below the floor's half.
+        self.assertEqual([x.staging.host_staging_bytes for x in w.workers],
+                         [2 * (tokens // B) * block, hoststage.HOST_STAGING_BYTES_DEFAULT // 2])
+        self.assertEqual([x.staging.pages for x in w.workers], [nb, nb])  # cut to the engine's cache
+        rules = [GroupRule("full", B), GroupRule("state", B)]
+        w = GroupWorkers(lambda i, lay: opener(i, lay, "b"), rules, HybridStore(rules))
+        self.addCleanup(w.close)
+        with self.assertRaisesRegex(ValueError, "recurrent state through host staging"):
+            w.register({"a": kv["l0"], "b": kv["l1"]}, B, [["a"], ["b"]], host_staging_bytes=hoststage.SizedFor(64))
 
 
 @unittest.skipIf(torch is None, NO_TORCH)

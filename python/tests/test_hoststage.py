@@ -342,6 +342,29 @@ class Base:
         self.assertTrue(st.closed)
         self.assertEqual([h.handle for h in handles], [0, 0])
 
+    def test_pool_sized_for_the_longest_request(self):
+        """host_staging_bytes by default: room for two requests of the
+        engine's longest, within [1 GiB, 16 GiB] (each divided among a hybrid
+        model's groups), then cut to the engine's cache."""
+        from tutti import hoststage
+        g = tutti.Geometry(32, 8, 128, "bf16", 2, 16)  # Llama-3-8B: 2 MiB a block of 16 tokens
+        mib = 1 << 20
+        for sized, want in ((hoststage.SizedFor(8704), 2 * 544 * 2 * mib), (hoststage.SizedFor(100), 1 << 30),
+                            (hoststage.SizedFor(131072), 16 << 30), (hoststage.SizedFor(100, 4), 256 * mib),
+                            (hoststage.SizedFor(8704, 2), 2 * 544 * 2 * mib), (hoststage.SizedFor(131072, 4), 4 << 30)):
+            with self.subTest(sized=sized):
+                self.assertEqual(hoststage.default_bytes(g, sized), want)
+        for bad in ((0, 1), (5, 0), (True, 1), (1.5, 1)):
+            with self.assertRaises(ValueError):
+                hoststage.SizedFor(*bad)
+        kv, _ = layouts(self.DEV)["flash-nhd"]
+        d = tempfile.mkdtemp(prefix="tutti-hs-")
+        self.addCleanup(shutil.rmtree, d, True)
+        w = ws.WorkerSide(lambda lay: tutti.Store([d], 1 << 20, lay.geometry, lay.num_pages, layout=lay.layout, path="cpu"))
+        self.addCleanup(w.close)
+        w.register(kv, BS, host_staging_bytes=hoststage.SizedFor(4 * BS))
+        self.assertEqual((w.staging.pages, w.staging.host_staging_bytes), (NB, 1 << 30))  # the floor, cut to the cache
+
     def test_refusals(self):
         kv, _ = layouts(self.DEV)["flash-nhd"]
         d = tempfile.mkdtemp(prefix="tutti-hs-")

@@ -75,7 +75,7 @@ def worker_main(pipe, rank, store_root, engine_id, extra=None, dev=DEV):
         # No GPU here: CPU tensors stand in for the GPU KV cache, so the path
         # decision (staging for a cache outside host memory) is told to stage.
         import tutti.vllm
-        tutti.vllm.TuttiConnector._host_staging_bytes = lambda self, kv: self.settings.host_staging_bytes
+        tutti.vllm.TuttiConnector._host_staging_bytes = lambda self, kv: self._staging_size()
     conn = KVConnectorFactory.create_connector(_config(store_root, extra, engine_id=engine_id), KVConnectorRole.WORKER, None)
     kv = {f"model.layers.{i}.self_attn.attn": torch.zeros(2, NB, BS, H // TP, D, dtype=torch.bfloat16, device=dev)
           for i in range(L)}
@@ -350,6 +350,24 @@ class VLLMAdapterTest(unittest.TestCase):
             conn.shutdown()
         st.close()
         self.skipTest("the GPU path opens here (a GPU and the kernels library)")
+
+    def test_host_staging_sized_for_max_model_len(self):
+        """host_staging_bytes left out: host staging is sized for vLLM's
+        max_model_len (tutti.hoststage.default_bytes); given, as given; no
+        max_model_len to size by: the start fails naming the key."""
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from tutti import hoststage
+        cfg = _config(self.root, {"path": "cpu"})
+        cfg.model_config.max_model_len = 8704
+        conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, None)
+        self.assertEqual(conn._staging_size(), hoststage.SizedFor(8704))
+        cfg = _config(self.root, {"path": "cpu", "host_staging_bytes": 3 << 20})
+        self.assertEqual(KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, None)._staging_size(), 3 << 20)
+        cfg = _config(self.root, {"path": "cpu"})
+        cfg.model_config.max_model_len = None
+        with self.assertRaisesRegex(ValueError, "host_staging_bytes"):
+            KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, None)._staging_size()
 
     def test_pythonhashseed_is_deprecated(self):
         """No PYTHONHASHSEED is needed; the old key is accepted with a warning,

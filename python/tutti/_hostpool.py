@@ -1,6 +1,6 @@
-"""The pieces under tutti.hoststage: the pinned host page pool, the
-streams its copies run on (torch imported on first use) and the thread that
-hands its saves to the store."""
+"""The pieces under tutti.hoststage: the pool's default size, the pinned
+host page pool, the streams its copies run on (torch imported on first use)
+and the thread that hands its saves to the store."""
 
 from __future__ import annotations
 
@@ -9,11 +9,48 @@ import mmap
 import threading
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 log = logging.getLogger("tutti.hoststage")
 
 Extents = List[Tuple[int, int]]  # (first pool page, pages)
+
+HOST_STAGING_BYTES_DEFAULT = 1 << 30  # the least a pool sized by default_bytes is
+HOST_STAGING_BYTES_AUTO_MAX = 16 << 30  # the most a pool sized by default_bytes is
+STAGING_REQUESTS = 2  # a pool sized by default_bytes holds this many of the engine's longest requests
+
+
+@dataclass(frozen=True)
+class SizedFor:
+    """A ``host_staging_bytes`` of :func:`default_bytes` for requests of at
+    most ``tokens`` tokens (an engine's longest, e.g. vLLM's max_model_len);
+    ``parts``: the pool is one of that many (a hybrid model's groups), its
+    floor and cap divided among them."""
+
+    tokens: int
+    parts: int = 1
+
+    def __post_init__(self):
+        for k in ("tokens", "parts"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"SizedFor.{k} = {v!r}: want an integer >= 1")
+
+
+def default_bytes(geometry, sized: SizedFor) -> int:
+    """The pool when none is given: room for STAGING_REQUESTS requests of
+    ``sized.tokens`` tokens of this KV (every layer, whole chain blocks: a
+    save needs all its new blocks' pages free at once, else it is skipped;
+    a load larger than its share goes in rounds), at least
+    HOST_STAGING_BYTES_DEFAULT and at most HOST_STAGING_BYTES_AUTO_MAX (each
+    divided by ``sized.parts``). HostStaging then cuts it to the engine's
+    cache."""
+    block_tokens = geometry.page_tokens * geometry.chunk_pages
+    block_bytes = geometry.layers * geometry.page_bytes_per_layer * geometry.chunk_pages
+    want = STAGING_REQUESTS * -(-sized.tokens // block_tokens) * block_bytes
+    return min(max(want, HOST_STAGING_BYTES_DEFAULT // sized.parts), HOST_STAGING_BYTES_AUTO_MAX // sized.parts)
+
 
 _torch = None
 

@@ -33,6 +33,7 @@ import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .groups import NULL_BLOCK, GroupRule, HybridStore
+from .hoststage import SizedFor
 from .save_queue import FLUSH_WAIT_MS
 from .scheduler_side import base_request
 from .tensor import RawTensor
@@ -126,11 +127,17 @@ class GroupWorkers:
         return self.kv_layouts[0] if self.kv_layouts else None
 
     def register(self, kv_caches: Dict[str, object], block_size: int, group_layers: Sequence[Sequence[str]],
-                 host_staging_bytes: Optional[int] = None):
+                 host_staging_bytes=None):
+        """``host_staging_bytes``: split evenly over the groups, or a
+        :class:`tutti.hoststage.SizedFor`: each group's pool sized for what
+        its rule moves of such a request (GroupRule.staging_tokens)."""
         if len(group_layers) != len(self.rules):
             raise ValueError(f"{len(group_layers)} layer lists for {len(self.rules)} KV cache groups")
-        share = None if host_staging_bytes is None else max(1, host_staging_bytes // len(self.rules))
-        for i, (w, names, r) in enumerate(zip(self.workers, group_layers, self.rules)):
+        if isinstance(host_staging_bytes, SizedFor):
+            shares = [SizedFor(r.staging_tokens(host_staging_bytes.tokens), len(self.rules)) for r in self.rules]
+        else:
+            shares = [None if host_staging_bytes is None else max(1, host_staging_bytes // len(self.rules))] * len(self.rules)
+        for i, (w, names, r, share) in enumerate(zip(self.workers, group_layers, self.rules, shares)):
             names = list(names)
             missing = [n for n in names if n not in kv_caches]
             if not names or missing:

@@ -107,6 +107,17 @@ class GroupRule:
             out.append((root, max(a, root), min(n, root + k)))
         return out
 
+    def staging_tokens(self, tokens: int) -> int:
+        """The tokens of a request of ``tokens`` tokens this group's blocks
+        move at most in one load or save (host staging's pool is sized by
+        it): every block (full), two segments of k blocks (sliding), one
+        block (state)."""
+        if self.kind == "full":
+            return tokens
+        if self.kind == "state":
+            return self.block_tokens
+        return min(tokens, 2 * self.k * self.block_tokens)
+
     def needed(self, n: int, skip: int = 0) -> List[Tuple[int, int]]:
         """``(root, end)`` per run that must be stored for a hit at ``n``
         over the engine's own ``[0, skip)``."""

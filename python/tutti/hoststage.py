@@ -27,9 +27,10 @@ every transfer is one extra copy through the pool:
   refuses then (closed, busy) is counted (``staging_failed_saves``) and
   logged, its pool pages given back.
 
-Limits and partial results. The pool is ``host_staging_bytes`` (default
-:data:`HOST_STAGING_BYTES_DEFAULT`, at most :data:`HOST_STAGING_BYTES_MAX`,
-never more pages than the engine's cache: a staging area, not a mirror).
+Limits and partial results. The pool is ``host_staging_bytes`` (at most
+:data:`HOST_STAGING_BYTES_MAX`; by default, :class:`SizedFor` the engine's
+longest request: :func:`default_bytes`), never more pages than the engine's
+cache: a staging area, not a mirror.
 The loads of a step share the free pages; a load larger than its share runs
 in rounds of that share (every round but the last is read and copied whole
 at the step's first layer wait, so its layers are not pipelined with the
@@ -57,10 +58,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _lib
 from ._hostpool import Extents, expand, int_dtype, Issuer, Pool, Streams, torch_module
+from ._hostpool import HOST_STAGING_BYTES_AUTO_MAX, HOST_STAGING_BYTES_DEFAULT, STAGING_REQUESTS  # noqa: F401 (API)
+from ._hostpool import SizedFor, default_bytes  # noqa: F401 (API)
 
 log = logging.getLogger("tutti.hoststage")
 
-HOST_STAGING_BYTES_DEFAULT = 1 << 30
 HOST_STAGING_BYTES_MAX = 64 << 30
 
 #: What a HostStaging counts (reported through ``WorkerSide.take_stats``).
@@ -136,13 +138,16 @@ class HostStaging:
     registered with), bound to the store by :meth:`bind`, closed after the
     store stopped using the pool (:meth:`close`)."""
 
-    def __init__(self, kv_caches, lay, host_staging_bytes: int, hold_ttl_ms: int = 30000):
+    def __init__(self, kv_caches, lay, host_staging_bytes, hold_ttl_ms: int = 30000):
         """``lay``: the engine tensors' KVLayout (describe_kv_caches);
-        ``hold_ttl_ms``: how long a load in rounds pins the blocks of its
-        later rounds at most."""
+        ``host_staging_bytes``: the pool's bytes, or a :class:`SizedFor`
+        (:func:`default_bytes` of this KV); ``hold_ttl_ms``: how long a load
+        in rounds pins the blocks of its later rounds at most."""
         torch = torch_module()
-        check_host_staging_bytes(host_staging_bytes)
         g = lay.geometry
+        if isinstance(host_staging_bytes, SizedFor):
+            host_staging_bytes = default_bytes(g, host_staging_bytes)
+        check_host_staging_bytes(host_staging_bytes)
         block_bytes = g.layers * g.page_bytes_per_layer * g.chunk_pages
         pages = min(host_staging_bytes // block_bytes, lay.num_pages // g.chunk_pages) * g.chunk_pages
         if pages == 0:

@@ -46,6 +46,7 @@ except ImportError:  # a vLLM without it: requests with extras are not keyed (mi
 from . import _lib, groups, options
 from .vllm_settings import Settings, kv_role_parts
 from .group_worker import GroupWorkers
+from .hoststage import SizedFor
 from .vllm_groups import engine_hit_incomplete, group_capacities, group_rules
 from .vllm_metrics import KVConnectorStats, _Stats
 from .vllm_metrics import TuttiConnectorStats, TuttiPromMetrics  # noqa: F401 (None without vLLM's stats)
@@ -130,6 +131,8 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         self.tp_size = _tp(vllm_config)
         model = str(getattr(getattr(vllm_config, "model_config", None), "model", "model"))
         self._model = model
+        mml = getattr(getattr(vllm_config, "model_config", None), "max_model_len", None)
+        self._max_model_len = mml if isinstance(mml, int) and not isinstance(mml, bool) and mml > 0 else None
         self._key = f"{getattr(ktc, 'engine_id', '')}|{model}|{'|'.join(self.settings.dirs)}"
         self._stats = _Stats()
         self._worker: Optional[WorkerSide] = None
@@ -273,14 +276,24 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         log.info("tutti: rank %d of %d, %s, store %s (%s path)", self.rank, self.tp_size, lay.tag, st.shard_geometry, path)
         return st
 
-    def _host_staging_bytes(self, kv_caches) -> Optional[int]:
+    def _host_staging_bytes(self, kv_caches):
         """Path "cpu" on a KV cache outside host memory: the CPU path through
-        host staging of host_staging_bytes (None: the tensors themselves)."""
+        host staging (None: the tensors themselves)."""
         first = next(iter(kv_caches.values()), None)
         if isinstance(first, (list, tuple)) and first:  # a recurrent layer's state tensors
             first = first[0]
         on_host = str(getattr(first, "device", "cpu")) == "cpu"
-        return self.settings.host_staging_bytes if self.settings.path == "cpu" and not on_host else None
+        return self._staging_size() if self.settings.path == "cpu" and not on_host else None
+
+    def _staging_size(self):
+        """host_staging_bytes, or by default a pool sized for the engine's
+        longest request (hoststage.SizedFor max_model_len)."""
+        if self.settings.host_staging_bytes is not None:
+            return self.settings.host_staging_bytes
+        if self._max_model_len is None:
+            raise ValueError("kv_connector_extra_config.host_staging_bytes: not given, and vLLM's config has no "
+                             "model_config.max_model_len to size host staging by: set it")
+        return SizedFor(self._max_model_len)
 
     def _register(self, kv_caches):
         try:

@@ -40,7 +40,7 @@ class Settings:
     # "vllm" (vLLM publishes tutti's blocks with its own, any TP) or a tutti
     # publisher's spec "tcp://HOST:PORT?replay=...&topic=kv@pod@model" (TP = 1): docs/routers.md
     kv_events: Optional[str] = None
-    host_staging_bytes: int = hoststage.HOST_STAGING_BYTES_DEFAULT  # path "cpu" on a GPU KV cache: pinned pool per rank
+    host_staging_bytes: Optional[int] = None  # path "cpu" on a GPU KV cache: pinned pool per rank (None: hoststage.SizedFor max_model_len)
     save_flush_wait_ms: int = FLUSH_WAIT_MS
     check: Optional[Dict[str, Any]] = None  # {"dir": PATH, "max_records": N}: check mode (tutti.kvcheck)
     # Restores run beside the engine's steps (vLLM's WAITING_FOR_REMOTE_KVS)
@@ -73,7 +73,8 @@ class Settings:
             raise ValueError(f"kv_connector_extra_config.capacity_bytes = {s.capacity_bytes!r}: want bytes > 0 (per rank)")
         if s.path not in ("gpu", "cpu", "auto"):
             raise ValueError(f"kv_connector_extra_config.path = {s.path!r}: want 'gpu', 'cpu' or 'auto'")
-        hoststage.check_host_staging_bytes(s.host_staging_bytes, "kv_connector_extra_config.host_staging_bytes")
+        if s.host_staging_bytes is not None:
+            hoststage.check_host_staging_bytes(s.host_staging_bytes, "kv_connector_extra_config.host_staging_bytes")
         if s.kv_events is not None and (not isinstance(s.kv_events, str) or
                                         (s.kv_events != "vllm" and not s.kv_events.startswith("tcp://"))):
             raise ValueError(f"kv_connector_extra_config.kv_events = {s.kv_events!r}: want 'vllm' or an endpoint string "

@@ -27,6 +27,7 @@ class ParallelConfig:
 class ModelConfig:
     model: str = "facebook/opt-125m"
     revision: Optional[str] = None
+    max_model_len: int = 2048
 
 
 @dataclass
