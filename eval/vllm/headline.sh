@@ -140,8 +140,9 @@ lmcache_build_bg() { # unpack .vllm-stage/lmcache.tar.xz, build LMCache's ops in
 		cd $LMC_SRC && PYTHONPATH=/tmp/lmcache-build PATH=\$nb:\$PATH \
 			BUILD_WITH_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=\$(nproc) SETUPTOOLS_SCM_PRETEND_VERSION=0.5.3 \
 			python3 setup.py build_ext --inplace || exit 1
-		# The check that matters: the compiled ops load beside this torch (else LMCache runs pure-PyTorch ops).
-		PYTHONPATH=$LMC_SRC:$LMC_SITE python3 -c 'import torch, lmcache.c_ops as c, lmcache.native_storage_ops as n; print("lmcache ops:", c.__file__, n.__file__, "torch", torch.__version__)' || exit 1
+		# The check that matters: LMCache binds the compiled ops beside this torch (else it runs
+		# pure-PyTorch ops; its lmcache.c_ops is a shim over them: eval/vllm/lmcache_ops.py).
+		PYTHONPATH=$LMC_SRC:$LMC_SITE python3 $ROOT/eval/vllm/lmcache_ops.py || exit 1
 		touch $LMC_SITE/.built
 	EOF
 	setsid nohup bash /tmp/lmcache-build.sh >/tmp/lmcache-build.log 2>&1 </dev/null &

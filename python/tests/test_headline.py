@@ -420,6 +420,60 @@ class DriverTest(unittest.TestCase):
         self.assertEqual(len(r["skipped"]), 4)
 
 
+
+_FAKE_LMCACHE = {
+    "lmcache/__init__.py": "torch_device_type = {dev!r}\n",
+    "lmcache/native_storage_ops.py": "",
+    "lmcache/v1/__init__.py": "",
+    "lmcache/v1/platform/__init__.py": (
+        "import math\n"
+        "class CudaDeviceOps:\n"
+        "    def copy(self): pass\n"
+        "def resolve_device_ops(dev):\n"
+        "    ops = CudaDeviceOps()\n"
+        "    for i, f in enumerate({bound}):\n"
+        "        setattr(ops, f'op{{i}}', getattr(math, f) if isinstance(f, str) else f)\n"
+        "    return ops\n"),
+}
+
+
+class LMCacheOpsTest(unittest.TestCase):
+    """eval/vllm/lmcache_ops.py against stand-ins of LMCache 0.5's layout:
+    compiled functions (builtins) bound on the CUDA ops object pass; pure
+    Python ones, a missing extension file or a CPU device fail, saying why."""
+
+    def check(self, dev, bound, so=True):
+        d = tempfile.mkdtemp(prefix="tutti-lmc-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
+        for rel, text in _FAKE_LMCACHE.items():
+            os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+            with open(os.path.join(d, rel), "w") as f:
+                f.write(text.format(dev=dev, bound=bound))
+        if so:
+            open(os.path.join(d, "lmcache", "c_ops.cpython-312-x86_64-linux-gnu.so"), "w").close()
+        os.makedirs(os.path.join(d, "torch"))
+        with open(os.path.join(d, "torch", "__init__.py"), "w") as f:
+            f.write("__version__ = '2.11.0+cu130'\nclass cuda:\n    is_available = staticmethod(lambda: False)\n")
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "eval", "vllm", "lmcache_ops.py")], capture_output=True,
+                           text=True, env=dict(os.environ, PYTHONPATH=d), timeout=60)
+        return p.returncode, p.stdout
+
+    def test_compiled_ops_bound(self):
+        rc, out = self.check("cuda", ["sqrt", "floor", "ceil", "fabs", "exp", "log", "sin", "cos", "tan", "atan", "erf"])
+        self.assertEqual(rc, 0, out)
+        self.assertIn("11 compiled functions", out)
+
+    def test_pure_python_ops_or_no_extension_or_cpu(self):
+        for dev, bound, so, why in (("cuda", "[lambda: 0] * 12", True, "0 compiled functions"),
+                                    ("cuda", ["sqrt"] * 3, True, "3 compiled functions"),
+                                    ("cuda", ["sqrt", "floor", "ceil", "fabs", "exp", "log", "sin", "cos", "tan", "atan",
+                                              "erf"], False, "extension files: none"),
+                                    ("cpu", ["sqrt"] * 11, True, "not 'cuda'")):
+            with self.subTest(dev=dev, bound=bound, so=so):
+                rc, out = self.check(dev, bound, so)
+                self.assertEqual(rc, 1, out)
+                self.assertIn(why, out)
+
 if __name__ == "__main__":
     unittest.main()
 
