@@ -271,10 +271,10 @@ class HostStaging:
         # The stored prefix (local hits, loaded blocks) takes no pool page: it
         # is pinned until the save has reserved past it, and the store skips it.
         hold = self.store.match(chain, skip=0, ttl_ms=self.hold_ttl_ms)
+        ext, taken = None, False  # taken: the save owns the hold and the pages
         try:
             stored = hold.blocks
             if stored >= len(chain):
-                hold.release()
                 return None
             new = list(block_ids[stored * cp:])
             ext = self._pool.take(len(new))
@@ -283,32 +283,28 @@ class HostStaging:
                 self._reclaim(wait=True, need=len(new))
                 ext = self._pool.take(len(new))
             if ext is None:
-                hold.release()
                 self._count("staging_skipped_save_blocks", len(chain) - stored)
                 self._count("staging_skipped_saves", why=f"a save of {len(chain) - stored} blocks skipped: {len(new)} pages "
                             f"wanted, {self._pool.free_pages} of {self.pages} free (host_staging_bytes = {self.host_staging_bytes})")
                 return None
-        except BaseException:
-            hold.release()
-            raise
-        try:
             ev = self._copy_out(ext, new)
-        except BaseException:
-            hold.release()
-            self._pool.give(ext)
-            raise
-        pages = expand(ext)
-        out = _StagedSave(self, ext, ev, hold, (chain, pages[:cp] * stored + pages, tokens, hashes))
+            pages = expand(ext)
+            out = _StagedSave(self, ext, ev, hold, (chain, pages[:cp] * stored + pages, tokens, hashes))
+            if ev is not None:
+                self._issuer.put(out)
+            taken = True
+        finally:
+            if not taken:
+                hold.release()
+                if ext is not None:
+                    self._pool.give(ext)
         self._saves.append(out)
+        if ev is None:
+            out.issue()  # the copies were synchronous: the store's refusal is the caller's
+            if out.failure is not None:
+                out.finish(count=False)
+                raise out.failure
         self.counters["staging_saves"] += 1
-        if ev is not None:
-            self._issuer.put(out)
-            return out
-        out.issue()  # the copies were synchronous: the store's refusal is the caller's
-        if out.failure is not None:
-            out.finish(count=False)
-            self.counters["staging_saves"] -= 1
-            raise out.failure
         return out
 
     def _segments(self, extents: Extents, dev_ids: Sequence[int]):
